@@ -1,0 +1,1 @@
+"""The dekube-node command line."""

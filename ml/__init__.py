@@ -1,0 +1,1 @@
+"""ML runtime: gradient codecs, compressed all-reduce, trainers, model and dataset registry."""

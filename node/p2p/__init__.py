@@ -1,0 +1,1 @@
+"""libp2p-compatible transport on asyncio: multistream, noise, yamux, identify, ping, host."""

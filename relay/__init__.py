@@ -1,0 +1,1 @@
+"""Backbone relays: circuit relay v2 hop/stop, relay client, DCUtR hole punching, usage receipts."""
