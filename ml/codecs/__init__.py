@@ -1,6 +1,24 @@
 """Gradient codecs behind one interface (see ml/codecs/base.py): fp32/fp16/bf16, blockwise
-int8/int4, top-k and sign (with ErrorFeedback), PowerSGD, lz4 framing, and per-tensor choice."""
-from . import float_codecs  # noqa: F401  (registers fp32, fp16, bf16)
+int8/int4, top-k and sign (use them through ErrorFeedback), PowerSGD, lz4 framing, and the
+per-tensor choice of codec."""
+from . import blockwise, float_codecs  # noqa: F401  (register their codecs)
 from .base import Codec, CodecError, codec_names, get_codec
+from .error_feedback import ErrorFeedback
+from .powersgd import PowerSGD, compression_ratio, from_matrix, matrix_shape, to_matrix, worthwhile
+from .selection import choose_codec, powersgd_rank
 
-__all__ = ["Codec", "CodecError", "codec_names", "get_codec"]
+__all__ = [
+    "Codec",
+    "CodecError",
+    "ErrorFeedback",
+    "PowerSGD",
+    "choose_codec",
+    "codec_names",
+    "compression_ratio",
+    "from_matrix",
+    "get_codec",
+    "matrix_shape",
+    "powersgd_rank",
+    "to_matrix",
+    "worthwhile",
+]

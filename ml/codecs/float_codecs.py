@@ -12,6 +12,7 @@ from .base import (
     CODEC_IDS,
     HEADER_SIZE,
     CodecError,
+    all_finite,
     check_input,
     pack_header,
     read_header,
@@ -47,7 +48,7 @@ class FloatCodec:
             y = x
         else:
             y = x.to(self._dtype)
-            if numel and not bool(torch.isfinite(y).all()):
+            if not all_finite(y):
                 require_finite(x)  # real NaN/Inf in the input: reject
                 y = x.clamp(-self._max, self._max).to(self._dtype)  # finite overflow: saturate
         return pack_header(self._id, 0, 0, numel) + tensor_bytes(y)
@@ -57,9 +58,10 @@ class FloatCodec:
         require_length(data, self.max_encoded_size(numel))
         raw = view_array(data, self._wire_np, HEADER_SIZE, numel)
         values = raw if self._dtype == torch.float32 else raw.view(self._dtype)
-        if numel and not bool(torch.isfinite(values).all()):
+        out = values.to(torch.float32, copy=True)
+        if not all_finite(out):
             raise CodecError(f"{self.name} payload contains NaN or Inf")
-        return values.to(torch.float32, copy=True)
+        return out
 
 
 def _fp32() -> FloatCodec:

@@ -1,0 +1,181 @@
+"""Blockwise symmetric absmax quantization: int8 (levels -127..127) and int4 (-7..7, two per byte).
+
+Each block of `block` values gets one 2-byte scale. Scales are bfloat16 (the range of fp32, so tiny
+and huge gradient blocks both survive), rounded *up* from absmax/levels, and values are quantized
+against the rounded scale, so the scale's short mantissa never adds error beyond the step size
+(docs/adr/0031). Layout after the header (param = block size):
+    scales: ceil(numel / block) x bf16 | codes: int8 per value, or int4 nibbles (value + 8, low
+    nibble first; an odd count pads the last high nibble with 0).
+Decoding rejects negative/NaN/too-large scales and the codes the encoder never emits (-128, and
+nibble 0 for int4), so a valid encoding is always finite.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import (
+    CODEC_IDS,
+    HEADER_SIZE,
+    CodecError,
+    check_input,
+    pack_header,
+    read_header,
+    register_codec,
+    require_finite,
+    require_length,
+    tensor_bytes,
+    view_array,
+)
+
+_SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
+
+
+def _max_scale_bits(levels: int) -> int:
+    """Largest bf16 bit pattern s with (levels + 1) * s finite in fp32."""
+    limit = torch.finfo(torch.float32).max / (levels + 1)
+    bits = int(torch.tensor([limit], dtype=torch.float32).view(torch.int32)) >> 16  # rounds down
+    return bits
+
+
+def _round_up_to_bf16(s: torch.Tensor) -> torch.Tensor:
+    """bf16 bit patterns (int16) of the smallest bf16 values >= s (s >= 0, finite)."""
+    bits = s.view(torch.int32)
+    return ((bits + 0xFFFF) >> 16).to(torch.int16)
+
+
+def _bf16_bits_to_float(bits: torch.Tensor) -> torch.Tensor:
+    return (bits.to(torch.int32) << 16).view(torch.float32)
+
+
+class BlockwiseCodec:
+    """Symmetric absmax quantization to `bits` (8 or 4) with one bf16 scale per `block` values."""
+
+    def __init__(self, bits: int, block: int):
+        if bits not in (8, 4):
+            raise ValueError("bits must be 8 or 4")
+        if not (2 <= block <= 32768 and block % 2 == 0):
+            raise ValueError("block must be even and in [2, 32768]")
+        self.bits = bits
+        self.block = block
+        self.name = "int8" if bits == 8 else "int4"
+        self._id = CODEC_IDS[self.name]
+        self._levels = 127 if bits == 8 else 7
+        self._max_scale_bits = _max_scale_bits(self._levels)
+
+    def __repr__(self) -> str:
+        return f"BlockwiseCodec({self.name}, block={self.block})"
+
+    def _sizes(self, numel: int) -> tuple[int, int]:
+        n_blocks = -(-numel // self.block)
+        code_bytes = numel if self.bits == 8 else (numel + 1) // 2
+        return n_blocks, code_bytes
+
+    def max_encoded_size(self, numel: int) -> int:
+        n_blocks, code_bytes = self._sizes(numel)
+        return HEADER_SIZE + 2 * n_blocks + code_bytes
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    def _quantize_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows [r, block] -> (scale bits int16 [r], codes int8 [r, block] in -levels..levels)."""
+        lo, hi = torch.aminmax(rows, dim=1)
+        absmax = torch.maximum(-lo, hi)
+        if not bool(torch.isfinite(absmax).all()):
+            raise CodecError("tensor contains NaN or Inf")
+        scale = (absmax / self._levels).clamp_min_(_SMALLEST_NORMAL)
+        scale_bits = _round_up_to_bf16(scale)
+        saturated = bool((scale_bits > self._max_scale_bits).any())
+        if saturated:  # |x| near fp32 max: cap the scale so decoding stays finite, clamp codes
+            scale_bits.clamp_(max=self._max_scale_bits)
+        inv = 1.0 / _bf16_bits_to_float(scale_bits)
+        scaled = (rows * inv[:, None]).round_()
+        if saturated:
+            scaled.clamp_(-self._levels, self._levels)
+        return scale_bits, scaled.to(torch.int8)
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        numel = check_input(x)
+        n_full = numel // self.block
+        tail = numel - n_full * self.block
+        scale_parts, code_parts = [], []
+        if n_full:
+            s, q = self._quantize_rows(x[: n_full * self.block].view(n_full, self.block))
+            scale_parts.append(s)
+            code_parts.append(q.view(-1))
+        if tail:
+            padded = torch.zeros(1, self.block)
+            padded[0, :tail] = x[n_full * self.block :]
+            s, q = self._quantize_rows(padded)
+            scale_parts.append(s)
+            code_parts.append(q.view(-1)[:tail])
+        if numel == 0:
+            require_finite(x)
+        header = pack_header(self._id, 0, self.block, numel)
+        scales = b"".join(tensor_bytes(s) for s in scale_parts)
+        if self.bits == 8:
+            return b"".join([header, scales, *(tensor_bytes(q) for q in code_parts)])
+        codes = code_parts[0] if len(code_parts) == 1 else torch.cat(code_parts)
+        return b"".join([header, scales, tensor_bytes(_pack_nibbles(codes))])
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
+        flags, block = read_header(data, self._id, numel)
+        if flags != 0:
+            raise CodecError(f"{self.name}: unknown flags {flags:#x}")
+        if block != self.block:
+            raise CodecError(f"{self.name}: block size {block} in header, expected {self.block}")
+        require_length(data, self.max_encoded_size(numel))
+        n_blocks, code_bytes = self._sizes(numel)
+        scale_bits = view_array(data, np.dtype("<i2"), HEADER_SIZE, n_blocks)
+        if n_blocks and not bool(((scale_bits >= 0) & (scale_bits <= self._max_scale_bits)).all()):
+            raise CodecError(f"{self.name}: negative, non-finite or out-of-range block scale")
+        scales = _bf16_bits_to_float(scale_bits)
+        code_offset = HEADER_SIZE + 2 * n_blocks
+        if self.bits == 8:
+            codes = view_array(data, np.dtype("i1"), code_offset, code_bytes)
+            if numel and bool((codes == -128).any()):
+                raise CodecError("int8: code -128 is never emitted")
+            out = codes.to(torch.float32)
+        else:
+            packed = view_array(data, np.dtype("u1"), code_offset, code_bytes)
+            out = _unpack_nibbles(packed, numel)
+        n_full = numel // self.block
+        if n_full:
+            out[: n_full * self.block].view(n_full, self.block).mul_(scales[:n_full, None])
+        if n_full < n_blocks:
+            out[n_full * self.block :].mul_(scales[n_full])
+        return out
+
+
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes in -7..7 -> uint8 bytes, two codes (value + 8) per byte, low nibble first."""
+    biased = (codes + 8).view(torch.uint8)
+    if biased.numel() % 2:
+        biased = torch.cat([biased, torch.zeros(1, dtype=torch.uint8)])
+    pairs = biased.view(-1, 2)
+    return pairs[:, 0] | (pairs[:, 1] << 4)
+
+
+def _unpack_nibbles(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    """Inverse of _pack_nibbles to float32 values -7..7; CodecError on nibble 0 or bad padding."""
+    nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).view(-1)
+    if numel % 2 and nibbles[-1] != 0:
+        raise CodecError("int4: padding nibble must be 0")
+    nibbles = nibbles[:numel]
+    if numel and bool((nibbles == 0).any()):
+        raise CodecError("int4: nibble 0 is never emitted")
+    return nibbles.to(torch.float32).sub_(8.0)
+
+
+def _int8(block: int = 128) -> BlockwiseCodec:
+    return BlockwiseCodec(8, block)
+
+
+def _int4(block: int = 64) -> BlockwiseCodec:
+    return BlockwiseCodec(4, block)
+
+
+register_codec("int8", _int8)
+register_codec("int4", _int4)
