@@ -1,0 +1,373 @@
+"""libp2p ``/noise``: Noise_XX_25519_ChaChaPoly_SHA256 handshake and transport framing, sans-I/O.
+
+Follows the libp2p noise spec: empty prologue; every message (handshake and transport) is a
+2-byte big-endian length followed by at most 65535 bytes; the handshake payload is the protobuf
+``NoiseHandshakePayload{identity_key=1, identity_sig=2, extensions=4}`` where ``identity_sig``
+is the ed25519 signature over ``"noise-libp2p-static-key:" + static X25519 public key``. The
+initiator's first message carries no payload; the responder sends its payload in message 2,
+the initiator in message 3. ChaChaPoly nonces are 4 zero bytes then the 64-bit counter,
+little-endian. The transport cipher encrypts straight into the output buffer through
+libsodium (pynacl's cffi bindings) to keep the hot path free of extra copies.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+import nacl.bindings
+import nacl.exceptions
+import nacl.utils
+from nacl._sodium import ffi, lib
+
+from node.identity import (
+    Identity,
+    InvalidPeerId,
+    peer_id_from_public_key,
+    public_key_from_protobuf,
+    verify,
+)
+
+from .errors import ProtocolError
+from .protobuf import ProtobufError, decode_fields, field_bytes, single_bytes_field
+
+PROTOCOL_ID = "/noise"
+PROTOCOL_NAME = b"Noise_XX_25519_ChaChaPoly_SHA256"
+SIGNATURE_PREFIX = b"noise-libp2p-static-key:"
+MAX_MESSAGE = 65535
+TAG_LEN = 16
+MAX_PLAINTEXT = MAX_MESSAGE - TAG_LEN
+DH_LEN = 32
+_MAX_NONCE = (1 << 64) - 1
+_NONCE = struct.Struct("<4xQ")
+_LEN = struct.Struct(">H")
+
+
+class NoiseError(ProtocolError):
+    """Handshake or transport message failed: bad framing, bad MAC, bad identity."""
+
+
+class PeerIdMismatch(NoiseError):
+    """The remote proved an identity other than the one we dialed."""
+
+
+def _hkdf2(chaining_key: bytes, ikm: bytes) -> tuple[bytes, bytes]:
+    temp = hmac.new(chaining_key, ikm, hashlib.sha256).digest()
+    out1 = hmac.new(temp, b"\x01", hashlib.sha256).digest()
+    out2 = hmac.new(temp, out1 + b"\x02", hashlib.sha256).digest()
+    return out1, out2
+
+
+def _dh(private: bytes, public: bytes) -> bytes:
+    try:
+        return nacl.bindings.crypto_scalarmult(private, public)
+    except (nacl.exceptions.RuntimeError, nacl.exceptions.CryptoError, nacl.exceptions.TypeError) as exc:
+        raise NoiseError("invalid X25519 public key") from exc
+
+
+class CipherState:
+    """One direction of ChaChaPoly with a 64-bit counter nonce (Noise CipherState)."""
+
+    __slots__ = ("key", "nonce", "_key_c", "_clen")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.nonce = 0
+        self._key_c = ffi.from_buffer(key)
+        self._clen = ffi.new("unsigned long long *")
+
+    def _next_nonce(self) -> bytes:
+        n = self.nonce
+        if n >= _MAX_NONCE:
+            raise NoiseError("nonce exhausted")
+        self.nonce = n + 1
+        return _NONCE.pack(n)
+
+    def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
+        return nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(
+            bytes(plaintext), ad or None, self._next_nonce(), self.key)
+
+    def decrypt(self, ad: bytes, ciphertext: bytes) -> bytes:
+        if len(ciphertext) < TAG_LEN:
+            raise NoiseError("ciphertext shorter than the MAC")
+        nonce = self._next_nonce()
+        try:
+            return nacl.bindings.crypto_aead_chacha20poly1305_ietf_decrypt(
+                bytes(ciphertext), ad or None, nonce, self.key)
+        except nacl.exceptions.CryptoError as exc:
+            raise NoiseError("decryption failed (bad MAC)") from exc
+
+    def encrypt_into(self, out, offset: int, src, src_offset: int, length: int) -> None:
+        """Encrypt ``src[src_offset:src_offset+length]`` into ``out[offset:]`` (length + 16 bytes).
+
+        ``out`` and ``src`` are cffi buffers (``ffi.from_buffer``); no Python-level copies.
+        """
+        nonce = self._next_nonce()
+        lib.crypto_aead_chacha20poly1305_ietf_encrypt(
+            out + offset, self._clen, src + src_offset, length, ffi.NULL, 0, ffi.NULL, nonce, self._key_c)
+
+    def decrypt_into(self, out, offset: int, src, src_offset: int, length: int) -> int:
+        """Decrypt ``length`` ciphertext bytes into ``out[offset:]``; returns the plaintext length."""
+        if length < TAG_LEN:
+            raise NoiseError("transport message shorter than the MAC")
+        nonce = self._next_nonce()
+        rc = lib.crypto_aead_chacha20poly1305_ietf_decrypt(
+            out + offset, self._clen, ffi.NULL, src + src_offset, length, ffi.NULL, 0, nonce, self._key_c)
+        if rc != 0:
+            raise NoiseError("transport message failed authentication")
+        return length - TAG_LEN
+
+
+class _SymmetricState:
+    def __init__(self) -> None:
+        self.h = PROTOCOL_NAME  # exactly 32 bytes = HASHLEN, used as is
+        self.ck = self.h
+        self.cipher: CipherState | None = None
+        self.mix_hash(b"")  # empty prologue
+
+    def mix_hash(self, data: bytes) -> None:
+        self.h = hashlib.sha256(self.h + data).digest()
+
+    def mix_key(self, ikm: bytes) -> None:
+        self.ck, key = _hkdf2(self.ck, ikm)
+        self.cipher = CipherState(key)
+
+    def encrypt_and_hash(self, plaintext: bytes) -> bytes:
+        out = self.cipher.encrypt(self.h, plaintext) if self.cipher else plaintext
+        self.mix_hash(out)
+        return out
+
+    def decrypt_and_hash(self, ciphertext: bytes) -> bytes:
+        out = self.cipher.decrypt(self.h, ciphertext) if self.cipher else ciphertext
+        self.mix_hash(ciphertext)
+        return out
+
+    def split(self) -> tuple[CipherState, CipherState]:
+        k1, k2 = _hkdf2(self.ck, b"")
+        return CipherState(k1), CipherState(k2)
+
+
+def generate_static_keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair (private, public) for the noise static key."""
+    private = nacl.utils.random(32)
+    return private, nacl.bindings.crypto_scalarmult_base(private)
+
+
+def encode_handshake_payload(identity: Identity, static_public: bytes) -> bytes:
+    signature = identity.sign(SIGNATURE_PREFIX + static_public)
+    return field_bytes(1, identity.public_key_protobuf) + field_bytes(2, signature)
+
+
+def verify_handshake_payload(payload: bytes, remote_static: bytes) -> str:
+    """Check the remote's signed payload against its static key; return its peer ID."""
+    try:
+        fields = decode_fields(payload)
+        key_proto = single_bytes_field(fields, 1)
+        signature = single_bytes_field(fields, 2)
+    except ProtobufError as exc:
+        raise NoiseError(f"malformed handshake payload: {exc}") from exc
+    if key_proto is None or signature is None:
+        raise NoiseError("handshake payload lacks identity_key or identity_sig")
+    try:
+        public_key = public_key_from_protobuf(key_proto)
+    except InvalidPeerId as exc:
+        raise NoiseError(f"unsupported identity key: {exc}") from exc
+    if not verify(public_key, SIGNATURE_PREFIX + remote_static, signature):
+        raise NoiseError("identity signature over the noise static key does not verify")
+    return peer_id_from_public_key(public_key)
+
+
+class NoiseHandshake:
+    """The XX handshake for one connection; feed bytes, send bytes, read the outcome.
+
+    When ``complete`` is True: ``remote_peer`` is the verified peer ID, ``send_cipher`` and
+    ``recv_cipher`` are the transport CipherStates and ``unused`` holds bytes received after
+    the last handshake message (already transport frames).
+    """
+
+    def __init__(self, identity: Identity, is_initiator: bool, expected_peer: str | None = None,
+                 static_keypair: tuple[bytes, bytes] | None = None) -> None:
+        self._identity = identity
+        self.is_initiator = is_initiator
+        self._expected_peer = expected_peer
+        self._s_priv, self._s_pub = static_keypair or generate_static_keypair()
+        self._e_priv, self._e_pub = generate_static_keypair()
+        self._re = b""
+        self._rs = b""
+        self._ss = _SymmetricState()
+        self._buf = bytearray()
+        self._out = bytearray()
+        self._step = 0  # messages processed (sent + received)
+        self.complete = False
+        self.remote_peer: str | None = None
+        self.send_cipher: CipherState | None = None
+        self.recv_cipher: CipherState | None = None
+        self.unused = b""
+        if is_initiator:
+            self._write_message_1()
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def receive_data(self, data: bytes) -> None:
+        if self.complete:
+            raise NoiseError("handshake already complete")
+        self._buf += data
+        while not self.complete and len(self._buf) >= 2:
+            (length,) = _LEN.unpack_from(self._buf)
+            if len(self._buf) < 2 + length:
+                return
+            message = bytes(self._buf[2:2 + length])
+            del self._buf[:2 + length]
+            self._on_message(message)
+        if self.complete:
+            self.unused = bytes(self._buf)
+            self._buf.clear()
+
+    def _send(self, message: bytes) -> None:
+        self._out += _LEN.pack(len(message)) + message
+        self._step += 1
+
+    def _on_message(self, message: bytes) -> None:
+        if self.is_initiator and self._step == 1:
+            self._read_message_2(message)
+            self._write_message_3()
+            self._finish()
+        elif not self.is_initiator and self._step == 0:
+            self._read_message_1(message)
+            self._write_message_2()
+        elif not self.is_initiator and self._step == 2:
+            self._read_message_3(message)
+            self._finish()
+        else:
+            raise NoiseError("unexpected handshake message")
+
+    def _write_message_1(self) -> None:
+        ss = self._ss
+        ss.mix_hash(self._e_pub)
+        self._send(self._e_pub + ss.encrypt_and_hash(b""))
+
+    def _read_message_1(self, message: bytes) -> None:
+        if len(message) < DH_LEN:
+            raise NoiseError("handshake message 1 too short")
+        ss = self._ss
+        self._re = message[:DH_LEN]
+        ss.mix_hash(self._re)
+        ss.decrypt_and_hash(message[DH_LEN:])  # no key yet: plaintext early data, ignored
+        self._step += 1
+
+    def _write_message_2(self) -> None:
+        ss = self._ss
+        ss.mix_hash(self._e_pub)
+        ss.mix_key(_dh(self._e_priv, self._re))
+        encrypted_s = ss.encrypt_and_hash(self._s_pub)
+        ss.mix_key(_dh(self._s_priv, self._re))
+        payload = ss.encrypt_and_hash(encode_handshake_payload(self._identity, self._s_pub))
+        self._send(self._e_pub + encrypted_s + payload)
+
+    def _read_message_2(self, message: bytes) -> None:
+        if len(message) < DH_LEN + DH_LEN + TAG_LEN + TAG_LEN:
+            raise NoiseError("handshake message 2 too short")
+        ss = self._ss
+        self._re = message[:DH_LEN]
+        ss.mix_hash(self._re)
+        ss.mix_key(_dh(self._e_priv, self._re))
+        self._rs = ss.decrypt_and_hash(message[DH_LEN:DH_LEN + DH_LEN + TAG_LEN])
+        ss.mix_key(_dh(self._e_priv, self._rs))
+        payload = ss.decrypt_and_hash(message[DH_LEN + DH_LEN + TAG_LEN:])
+        self._accept_remote(payload)
+        self._step += 1
+
+    def _write_message_3(self) -> None:
+        ss = self._ss
+        encrypted_s = ss.encrypt_and_hash(self._s_pub)
+        ss.mix_key(_dh(self._s_priv, self._re))
+        payload = ss.encrypt_and_hash(encode_handshake_payload(self._identity, self._s_pub))
+        self._send(encrypted_s + payload)
+
+    def _read_message_3(self, message: bytes) -> None:
+        if len(message) < DH_LEN + TAG_LEN + TAG_LEN:
+            raise NoiseError("handshake message 3 too short")
+        ss = self._ss
+        self._rs = ss.decrypt_and_hash(message[:DH_LEN + TAG_LEN])
+        ss.mix_key(_dh(self._e_priv, self._rs))
+        payload = ss.decrypt_and_hash(message[DH_LEN + TAG_LEN:])
+        self._accept_remote(payload)
+        self._step += 1
+
+    def _accept_remote(self, payload: bytes) -> None:
+        peer = verify_handshake_payload(payload, self._rs)
+        if self._expected_peer is not None and peer != self._expected_peer:
+            raise PeerIdMismatch(f"dialed {self._expected_peer} but remote is {peer}")
+        self.remote_peer = peer
+
+    def _finish(self) -> None:
+        c1, c2 = self._ss.split()
+        self.send_cipher, self.recv_cipher = (c1, c2) if self.is_initiator else (c2, c1)
+        self.complete = True
+        self._e_priv = b""
+
+
+class NoiseTransport:
+    """Transport-phase framing: plaintext in, framed ciphertext out, and the reverse.
+
+    ``encrypt`` returns the frames for any amount of plaintext as one buffer (several frames
+    per write). ``receive_data`` buffers partial frames and returns the decrypted plaintext of
+    all complete frames at once.
+    """
+
+    def __init__(self, send_cipher: CipherState, recv_cipher: CipherState) -> None:
+        self._send = send_cipher
+        self._recv = recv_cipher
+        self._partial = bytearray()
+
+    def encrypt(self, data: bytes | bytearray | memoryview) -> bytearray:
+        total = len(data)
+        if total == 0:
+            return bytearray()
+        frames = -(-total // MAX_PLAINTEXT)
+        out = bytearray(total + frames * (2 + TAG_LEN))
+        out_c = ffi.from_buffer(out)
+        src_c = ffi.from_buffer(data)
+        pack_len = _LEN.pack_into
+        pos = 0
+        offset = 0
+        cipher = self._send
+        while pos < total:
+            n = total - pos if total - pos < MAX_PLAINTEXT else MAX_PLAINTEXT
+            pack_len(out, offset, n + TAG_LEN)
+            cipher.encrypt_into(out_c, offset + 2, src_c, pos, n)
+            offset += 2 + n + TAG_LEN
+            pos += n
+        ffi.release(src_c)
+        return out
+
+    def receive_data(self, data: bytes | bytearray) -> bytearray:
+        if self._partial:
+            self._partial += data
+            buf = self._partial
+            self._partial = bytearray()
+        else:
+            buf = data
+        end = len(buf)
+        out = bytearray(end)
+        out_c = ffi.from_buffer(out)
+        src_c = ffi.from_buffer(buf)
+        unpack_len = _LEN.unpack_from
+        cipher = self._recv
+        pos = 0
+        written = 0
+        while end - pos >= 2:
+            (length,) = unpack_len(buf, pos)
+            if end - pos - 2 < length:
+                break
+            written += cipher.decrypt_into(out_c, written, src_c, pos + 2, length)
+            pos += 2 + length
+        if pos < end:
+            self._partial = bytearray(buf[pos:] if isinstance(buf, bytearray) else memoryview(buf)[pos:])
+        ffi.release(out_c)
+        ffi.release(src_c)
+        del out[written:]
+        return out
