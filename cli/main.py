@@ -1,0 +1,48 @@
+"""``dekube-node``: the command line. Each subcommand lives in its own cli/*.py module that
+exposes ``register(subparsers)``; adding one (testnet, wallet, task) is one line in SUBCOMMANDS.
+
+User errors (bad config, unsafe or missing key, refused overwrite) print one line on stderr and
+exit with status 1; argparse usage errors exit with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from cli.errors import CliError
+from node.config import ConfigError
+from node.keystore import KeystoreError
+from node.roles import RoleError
+
+SUBCOMMANDS = (
+    "cli.init",
+    "cli.keys",
+    "cli.start",
+)
+USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dekube-node", description="dekube decentralized AI compute node")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"dekube-node: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""Node configuration: a schema table, TOML file, environment and flag overrides, validation.
+
+Precedence (lowest first): schema defaults < ``config.toml`` < environment variables
+``DEKUBE_<SECTION>_<KEY>`` (e.g. ``DEKUBE_RPC_PORT=9000``, ``DEKUBE_P2P_MAX_CONNECTIONS=64``)
+< command-line flags. Every value passes the same typed parsing and checks wherever it comes from,
+and every error names its source (file, variable or flag) and the key.
+
+Adding a key is one line in ``SCHEMA`` (section -> key -> ``Key``). Environment variables whose
+prefix is not a known section (e.g. ``DEKUBE_HOME``, ``DEKUBE_SLOW``) are not config and are ignored.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from node.identity import is_valid_peer_id
+
+CONFIG_FILE_NAME = "config.toml"
+ENV_PREFIX = "DEKUBE_"
+ROLE_NAMES = ("validator", "relay", "compute")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the source and the key."""
+
+
+# ---------------------------------------------------------------- value checks
+
+
+def check_port(value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range 0-65535")
+
+
+def check_positive(value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"must be positive, got {value}")
+
+
+def check_host(value: str) -> None:
+    if not value or len(value) > 253:
+        raise ValueError(f"invalid host {value!r}")
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if not re.fullmatch(r"(?=.{1,253}$)([A-Za-z0-9-]{1,63})(\.[A-Za-z0-9-]{1,63})*", value):
+        raise ValueError(f"invalid host {value!r} (need an IP address or a DNS name)")
+
+
+def check_multiaddr(value: str) -> None:
+    """Accept ``/ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>`` with optional ``/p2p/<peer id>`` and
+    ``/p2p-circuit`` hops (relayed addresses); raise ValueError with the reason otherwise."""
+    if not value.startswith("/"):
+        raise ValueError(f"bad multiaddr {value!r}: must start with '/'")
+    parts = value.split("/")[1:]
+    i = 0
+    saw_transport = False
+    while i < len(parts):
+        proto = parts[i]
+        if proto == "p2p-circuit":
+            if not saw_transport:
+                raise ValueError(f"bad multiaddr {value!r}: /p2p-circuit needs a relay address before it")
+            i += 1
+            continue
+        if i + 1 >= len(parts):
+            raise ValueError(f"bad multiaddr {value!r}: /{proto} needs a value")
+        arg = parts[i + 1]
+        if proto == "ip4":
+            _parse_ip(value, arg, ipaddress.IPv4Address)
+        elif proto == "ip6":
+            _parse_ip(value, arg, ipaddress.IPv6Address)
+        elif proto in ("dns", "dns4", "dns6"):
+            try:
+                check_host(arg)
+            except ValueError:
+                raise ValueError(f"bad multiaddr {value!r}: invalid DNS name {arg!r}") from None
+        elif proto == "tcp":
+            if not arg.isdigit() or int(arg) > 65535:
+                raise ValueError(f"bad multiaddr {value!r}: invalid tcp port {arg!r}")
+            saw_transport = True
+        elif proto == "p2p":
+            if not is_valid_peer_id(arg):
+                raise ValueError(f"bad multiaddr {value!r}: invalid peer ID {arg!r}")
+        else:
+            raise ValueError(f"bad multiaddr {value!r}: unsupported protocol /{proto}")
+        i += 2
+    if not saw_transport:
+        raise ValueError(f"bad multiaddr {value!r}: needs an address and /tcp/<port>")
+
+
+def _parse_ip(whole: str, text: str, kind: type) -> None:
+    try:
+        kind(text)
+    except ValueError:
+        raise ValueError(f"bad multiaddr {whole!r}: invalid address {text!r}") from None
+
+
+def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+
+    return check
+
+
+def check_roles(value: list[str]) -> None:
+    for role in value:
+        if role not in ROLE_NAMES:
+            raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLE_NAMES)})")
+    if len(set(value)) != len(value):
+        raise ValueError("a role is listed twice")
+
+
+def each(check: Callable[[Any], None]) -> Callable[[list], None]:
+    def check_all(values: list) -> None:
+        for item in values:
+            check(item)
+
+    return check_all
+
+
+# ---------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its type (str, int, float, bool or list of str), default, help, check."""
+
+    kind: type
+    default: Any
+    help: str
+    check: Callable[[Any], None] | None = None
+
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "node": {
+        "roles": Key(list, [], "roles this node runs: validator, relay, compute (combine freely)", check_roles),
+        "log_format": Key(str, "text", "log output: text or json (one JSON object per line)", check_choice(LOG_FORMATS)),
+        "log_level": Key(str, "info", "debug, info, warning or error", check_choice(LOG_LEVELS)),
+    },
+    "p2p": {
+        "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "multiaddrs to listen on", each(check_multiaddr)),
+        "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_multiaddr)),
+        "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
+    },
+    "rpc": {
+        "enabled": Key(bool, True, "serve HTTP: /health, /status, /metrics, JSON-RPC and /ws"),
+        "host": Key(str, "127.0.0.1", "address the HTTP server binds (keep 127.0.0.1 unless firewalled)", check_host),
+        "port": Key(int, 8645, "HTTP port (0 picks a free port)", check_port),
+        "max_body_bytes": Key(int, 1 << 20, "largest accepted HTTP/JSON-RPC request body", check_positive),
+        "max_batch": Key(int, 100, "most requests in one JSON-RPC batch", check_positive),
+        "ws_queue": Key(int, 256, "messages queued per websocket subscription before it is dropped", check_positive),
+    },
+    "consensus": {
+        "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),
+    },
+}
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_text(section: str, key: str, text: str) -> Any:
+    """Parse a value given as text (environment variable or flag) into the key's type.
+
+    Lists are comma-separated; booleans accept true/false, 1/0, yes/no, on/off.
+    """
+    spec = _spec(section, key)
+    if spec.kind is str:
+        return text
+    if spec.kind is int:
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+    if spec.kind is float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+    if spec.kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if spec.kind is list:
+        return [item.strip() for item in text.split(",") if item.strip()]
+    raise AssertionError(f"unsupported kind {spec.kind}")
+
+
+def _spec(section: str, key: str) -> Key:
+    if section not in SCHEMA:
+        raise KeyError(f"unknown section [{section}] (sections: {', '.join(SCHEMA)})")
+    if key not in SCHEMA[section]:
+        raise KeyError(f"unknown key {key!r} in [{section}] (keys: {', '.join(SCHEMA[section])})")
+    return SCHEMA[section][key]
+
+
+def _validate(section: str, key: str, value: Any, source: str) -> Any:
+    try:
+        spec = _spec(section, key)
+    except KeyError as exc:
+        raise ConfigError(f"{source}: {exc.args[0]}") from None
+    where = f"{source}: [{section}] {key}"
+    if spec.kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings, got {_show(value)}")
+        value = list(value)
+    elif spec.kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {_show(value)}")
+        value = float(value)
+    elif spec.kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {_show(value)}")
+    elif not isinstance(value, spec.kind):
+        raise ConfigError(f"{where} must be a {spec.kind.__name__}, got {_show(value)}")
+    if spec.check is not None:
+        try:
+            spec.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
+def _show(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+# ---------------------------------------------------------------- the config object
+
+
+class Config:
+    """Validated settings: ``config["rpc"]["port"]`` or ``config.get("rpc", "port")``."""
+
+    def __init__(self, values: dict[str, dict[str, Any]]):
+        self._values = values
+
+    def __getitem__(self, section: str) -> dict[str, Any]:
+        return dict(self._values[section])
+
+    def get(self, section: str, key: str) -> Any:
+        return self._values[section][key]
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {section: dict(keys) for section, keys in self._values.items()}
+
+    def to_toml(self) -> str:
+        return render_toml(self._values)
+
+
+def defaults() -> Config:
+    return Config({s: {k: _copy(spec.default) for k, spec in keys.items()} for s, keys in SCHEMA.items()})
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def load_config(
+    file: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, str], str] | None = None,
+) -> Config:
+    """Build the effective config: defaults < ``file`` (if given) < ``env`` < ``overrides``.
+
+    ``overrides`` maps (section, key) to a flag's text value; a missing or invalid file, an unknown
+    section or key, a value of the wrong type or one failing its check raises ConfigError.
+    """
+    values = defaults().as_dict()
+    if file is not None:
+        for section, key, value in _read_file(Path(file)):
+            values[section][key] = _validate(section, key, value, str(file))
+    for name, text in sorted((env or {}).items()):
+        target = _env_target(name)
+        if target is None:
+            continue
+        section, key = target
+        source = f"environment variable {name}"
+        values[section][key] = _validate(section, key, _parse_or_fail(section, key, text, source), source)
+    for (section, key), text in (overrides or {}).items():
+        source = f"flag for [{section}] {key}"
+        values[section][key] = _validate(section, key, _parse_or_fail(section, key, text, source), source)
+    return Config(values)
+
+
+def _parse_or_fail(section: str, key: str, text: str, source: str) -> Any:
+    try:
+        return parse_text(section, key, text)
+    except KeyError as exc:
+        raise ConfigError(f"{source}: {exc.args[0]}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: [{section}] {key}: {exc}") from None
+
+
+def _env_target(name: str) -> tuple[str, str] | None:
+    """Map ``DEKUBE_RPC_PORT`` to ("rpc", "port"); None for variables outside config sections."""
+    if not name.startswith(ENV_PREFIX):
+        return None
+    rest = name[len(ENV_PREFIX):].lower()
+    for section in SCHEMA:
+        if rest.startswith(section + "_"):
+            return section, rest[len(section) + 1:]
+    return None
+
+
+def _read_file(path: Path) -> list[tuple[str, str, Any]]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found; create it with 'dekube-node init --home DIR'") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    items = []
+    for section, table in doc.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"{path}: unknown section [{section}] (sections: {', '.join(SCHEMA)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {section!r} must be a [section] table")
+        for key, value in table.items():
+            items.append((section, key, value))
+    return items
+
+
+# ---------------------------------------------------------------- writing TOML
+
+
+def render_toml(values: Mapping[str, Mapping[str, Any]]) -> str:
+    """Write a config as commented TOML that tomllib reads back to the same values."""
+    lines = ["# dekube node configuration. Environment DEKUBE_<SECTION>_<KEY> and flags override it.", ""]
+    for section, keys in values.items():
+        lines.append(f"[{section}]")
+        for key, value in keys.items():
+            spec = SCHEMA.get(section, {}).get(key)
+            if spec is not None:
+                lines.append(f"# {spec.help}")
+            lines.append(f"{key} = {toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # JSON string escapes (\" \\ \n \uXXXX) are valid TOML basic-string escapes; TOML also
+        # forbids a raw DEL, which JSON leaves alone.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

@@ -1,0 +1,195 @@
+"""The Node: one asyncio process holding identity, config, RPC/HTTP server and roles.
+
+``Node.run()`` starts the HTTP server, then runs every role in one asyncio.TaskGroup until
+``request_stop()`` (wired to SIGINT/SIGTERM by ``run_until_signalled``) or until a role fails;
+either way every task is cancelled and every server closed before it returns. ``run_node()`` is
+the process entry point: uvloop, signal handlers, exit code.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import uvloop
+
+from node.config import Config
+from node.identity import Identity
+from node.metrics import Registry
+from node.roles import Role
+from node.rpc.dispatcher import Dispatcher
+from node.rpc.pubsub import Hub
+from node.rpc.server import HttpServer
+from node.rpc.status import StatusBoard
+
+log = logging.getLogger(__name__)
+
+
+def node_version() -> str:
+    try:
+        return importlib.metadata.version("dekube")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class NodeStartError(Exception):
+    """The node could not start (e.g. its HTTP port is taken); the message says why."""
+
+
+class _StopRequested(Exception):
+    """Raised inside the TaskGroup to unwind it when a stop was requested."""
+
+
+class Node:
+    """A running dekube node. Roles reach everything through it:
+
+    ``node.config``, ``node.identity``, ``node.peer_id``, ``node.home``, ``node.data_dir``,
+    ``node.rpc`` (Dispatcher: ``register("dkb_x", async_fn)``), ``node.hub`` (pub/sub topics),
+    ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.http`` (once started).
+    """
+
+    def __init__(self, config: Config, identity: Identity, roles: Sequence[Role], *, home: Path | None = None):
+        if not roles:
+            raise ValueError("a node needs at least one role")
+        self.config = config
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.roles = list(roles)
+        self.home = home
+        self.data_dir = home / "data" if home is not None else None
+        self.version = node_version()
+        self.metrics = Registry()
+        rpc = config["rpc"]
+        self.rpc = Dispatcher(max_body_bytes=rpc["max_body_bytes"], max_batch=rpc["max_batch"], metrics=self.metrics)
+        self.hub = Hub(queue_limit=rpc["ws_queue"], metrics=self.metrics)
+        self.status = StatusBoard(self._base_status)
+        self.http: HttpServer | None = None
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._started_monotonic: float | None = None
+        self._register_builtins()
+        for role in self.roles:
+            role.setup(self)
+
+    @property
+    def uptime(self) -> float:
+        return 0.0 if self._started_monotonic is None else time.monotonic() - self._started_monotonic
+
+    def request_stop(self) -> None:
+        """Ask ``run()`` to shut down; safe to call more than once, from the event loop thread."""
+        if not self._stop.is_set():
+            log.info("shutting down")
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Serve until ``request_stop()``; re-raises (as an ExceptionGroup) if a role fails."""
+        self._started_monotonic = time.monotonic()
+        try:
+            await self._start_servers()
+            log.info("node started", extra={"peer_id": self.peer_id, "roles": ",".join(r.name for r in self.roles)})
+            self.ready.set()
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(self._wait_for_stop(), name="stop-watch")
+                    for role in self.roles:
+                        tasks.create_task(self._run_role(role), name=f"role-{role.name}")
+            except* _StopRequested:
+                pass
+        finally:
+            await self._stop_servers()
+            log.info("node stopped")
+
+    async def _wait_for_stop(self) -> None:
+        await self._stop.wait()
+        raise _StopRequested
+
+    async def _run_role(self, role: Role) -> None:
+        await role.run(self)
+        log.warning("role finished on its own", extra={"role": role.name})
+
+    async def _start_servers(self) -> None:
+        rpc = self.config["rpc"]
+        if rpc["enabled"]:
+            http = HttpServer(dispatcher=self.rpc, hub=self.hub, status=self.status, metrics=self.metrics,
+                              host=rpc["host"], port=rpc["port"])
+            try:
+                await http.start()
+            except OSError as exc:
+                await http.stop()
+                raise NodeStartError(f"cannot serve HTTP on {http.url}: {exc.strerror or exc}") from None
+            self.http = http
+
+    async def _stop_servers(self) -> None:
+        self.hub.close()
+        if self.http is not None:
+            await self.http.stop()
+
+    def _base_status(self) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer_id,
+            "roles": [r.name for r in self.roles],
+            "version": self.version,
+            "uptime_s": round(self.uptime, 3),
+            "listen_addrs": [],
+            "rpc_url": self.http.url if self.http is not None else None,
+            "chain_id": self.config.get("consensus", "chain_id"),
+        }
+
+    def _register_builtins(self) -> None:
+        async def dkb_version() -> str:
+            return self.version
+
+        async def dkb_peer_id() -> str:
+            return self.peer_id
+
+        async def dkb_health() -> dict[str, Any]:
+            return {"ok": True, "uptime_s": round(self.uptime, 3)}
+
+        self.rpc.register("dkb_version", dkb_version)
+        self.rpc.register("dkb_peerId", dkb_peer_id)
+        self.rpc.register("dkb_health", dkb_health)
+        self.metrics.gauge("dekube_node_uptime_seconds", "Seconds since the node started.").set_function(
+            lambda: self.uptime)
+        info = self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
+                                  ["peer_id", "version", "roles"])
+        info.set(1, peer_id=self.peer_id, version=self.version, roles=",".join(r.name for r in self.roles))
+
+
+async def run_until_signalled(node: Node) -> int:
+    """Run ``node`` with SIGINT/SIGTERM mapped to a clean stop (a second signal exits at once)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if node._stop.is_set():
+            log.warning("second signal: exiting without clean shutdown")
+            os._exit(128 + signum)
+        node.request_stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await node.run()
+    except NodeStartError as exc:
+        log.error("%s", exc)
+        return 1
+    except Exception:
+        log.exception("node failed")
+        return 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return 0
+
+
+def run_node(node_factory: Callable[[], Node]) -> int:
+    """Process entry point: build the node inside a uvloop event loop and run it until signalled."""
+
+    async def main() -> int:
+        return await run_until_signalled(node_factory())
+
+    return uvloop.run(main())
