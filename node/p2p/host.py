@@ -1,0 +1,434 @@
+"""The Host: listens and dials TCP, upgrades connections and routes streams to handlers.
+
+Upgrade: TCP -> multistream ``/noise`` -> noise XX (peer ID checked when dialing) ->
+multistream ``/yamux/1.0.0`` -> ``MuxedConnection``. Each new stream is negotiated with
+multistream and handed to the handler set for its protocol as a ``HostStream`` (which adds
+``protocol``, ``remote_peer`` and ``connection``). One shared connection per peer carries
+control traffic (concurrent dials are coalesced); ``open_bulk_connection`` opens a dedicated one
+for bulk data. Identify runs on each new shared connection and fills the peer book. Every task is
+tracked and cancelled on ``stop``; an error on one connection closes only that connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from node.identity import Identity
+
+from .errors import ProtocolError
+from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
+from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
+from .limits import HostLimits
+from .multiaddr import Multiaddr
+from .muxer import MuxedConnection
+from .negotiate import accept_protocol, select_protocol
+from .noise import PROTOCOL_ID as NOISE_PROTOCOL
+from .noise import generate_static_keypair
+from .peerbook import PeerBook
+from .ping import PROTOCOL_ID as PING_PROTOCOL
+from .ping import ping_once, serve_ping
+from .secure_conn import SecureConn, TcpConnection, secure_connection
+
+YAMUX_PROTOCOL = "/yamux/1.0.0"
+log = logging.getLogger(__name__)
+
+Handler = Callable[["HostStream"], Awaitable[None]]
+
+
+class DialError(ConnectionError):
+    """No connection could be made to a peer (no address, refused, handshake failed)."""
+
+
+class HostStream:
+    """A negotiated stream: the yamux stream's API plus ``protocol`` and ``remote_peer``."""
+
+    def __init__(self, stream, connection: "Connection") -> None:
+        self._stream = stream
+        self.connection = connection
+        self.remote_peer = connection.remote_peer
+        self.protocol: str | None = None
+        self._pushback = b""
+
+    def _unread(self, data: bytes) -> None:
+        self._pushback = data + self._pushback
+
+    async def read(self, n: int = -1) -> bytes:
+        if self._pushback:
+            if n < 0 or n >= len(self._pushback):
+                data, self._pushback = self._pushback, b""
+            else:
+                data, self._pushback = self._pushback[:n], self._pushback[n:]
+            return data
+        return await self._stream.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        if not self._pushback:
+            return await self._stream.readexactly(n)
+        head = await self.read(n)
+        if len(head) == n:
+            return head
+        try:
+            return head + await self._stream.readexactly(n - len(head))
+        except asyncio.IncompleteReadError as exc:
+            raise asyncio.IncompleteReadError(head + exc.partial, n) from None
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+    def reset(self) -> None:
+        self._stream.reset()
+
+
+class Connection:
+    """One upgraded connection to a peer (shared control connection or a bulk one)."""
+
+    def __init__(self, host: "Host", secure: SecureConn, direction: str, bulk: bool) -> None:
+        self._host = host
+        self.secure = secure
+        self.remote_peer = secure.remote_peer
+        self.direction = direction  # "inbound" | "outbound"
+        self.bulk = bulk
+        peer = secure.tcp.peername
+        self.remote_addr = Multiaddr.from_tcp(peer[0], peer[1]) if peer else None
+        self.muxed: MuxedConnection | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.secure.is_closed or (self.muxed is not None and self.muxed.closed)
+
+    @property
+    def num_streams(self) -> int:
+        return self.muxed.num_streams if self.muxed else 0
+
+    async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
+        """Open a stream and negotiate the first of ``protocol`` the remote supports."""
+        protocols = [protocol] if isinstance(protocol, str) else list(protocol)
+        stream = HostStream(await self.muxed.open_stream(), self)
+        try:
+            stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,
+                                                    self._host.limits.negotiate_timeout)
+        except BaseException:
+            stream.reset()
+            raise
+        return stream
+
+    async def ping(self) -> float:
+        return await self.muxed.ping()
+
+    async def close(self) -> None:
+        if self.muxed is not None:
+            with contextlib.suppress(Exception):
+                await self.muxed.close()
+        await self.secure.close()
+
+
+class Host:
+    def __init__(self, identity: Identity, listen_addrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",), *,
+                 limits: HostLimits | None = None, agent_version: str = "dekube/0.1.0",
+                 muxer_options: dict | None = None) -> None:
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.limits = limits or HostLimits()
+        self.peerbook = PeerBook()
+        self._agent_version = agent_version
+        self._muxer_options = muxer_options or {}
+        self._requested_addrs = [Multiaddr.parse(a) for a in listen_addrs]
+        self._static_keypair = generate_static_keypair()
+        self._handlers: dict[str, Handler] = {}
+        self._servers: list[asyncio.AbstractServer] = []
+        self._bound_addrs: list[Multiaddr] = []
+        self._shared: dict[str, Connection] = {}
+        self._connections: set[Connection] = set()
+        self._dials: dict[str, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._pending_inbound = 0
+        self._running = False
+        self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
+        self.set_handler(PING_PROTOCOL, serve_ping)
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._running = True
+        for addr in self._requested_addrs:
+            host, port = addr.tcp_endpoint()
+            server = await loop.create_server(self._inbound_protocol, host, port, reuse_address=True)
+            self._servers.append(server)
+            for sock in server.sockets:
+                bound_host, bound_port = sock.getsockname()[:2]
+                self._bound_addrs.append(Multiaddr.from_tcp(bound_host, bound_port))
+
+    async def stop(self) -> None:
+        self._running = False
+        for server in self._servers:
+            server.close()
+        for conn in list(self._connections):
+            await conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        self._servers.clear()
+        self._connections.clear()
+        self._shared.clear()
+
+    async def __aenter__(self) -> "Host":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        return [str(a.with_peer_id(self.peer_id)) for a in self._bound_addrs]
+
+    def set_handler(self, protocol: str, handler: Handler) -> None:
+        self._handlers[protocol] = handler
+
+    def remove_handler(self, protocol: str) -> None:
+        self._handlers.pop(protocol, None)
+
+    def connections(self, peer_id: str | None = None) -> list[Connection]:
+        return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
+
+    def is_connected(self, peer_id: str) -> bool:
+        conn = self._shared.get(peer_id)
+        return conn is not None and not conn.closed
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- inbound
+    def _inbound_protocol(self) -> TcpConnection:
+        tcp = TcpConnection()
+        tcp.connected.add_done_callback(lambda _f: self._on_tcp_accepted(tcp))
+        return tcp
+
+    def _on_tcp_accepted(self, tcp: TcpConnection) -> None:
+        if (not self._running or len(self._connections) >= self.limits.max_connections
+                or self._pending_inbound >= self.limits.max_pending_inbound):
+            tcp.abort()
+            return
+        self._pending_inbound += 1
+        self._spawn(self._handle_inbound(tcp))
+
+    async def _handle_inbound(self, tcp: TcpConnection) -> None:
+        try:
+            try:
+                async with asyncio.timeout(self.limits.handshake_timeout):
+                    await accept_protocol(tcp.read, self._raw_write(tcp), tcp.unread, [NOISE_PROTOCOL],
+                                          self.limits.handshake_timeout)
+                    secure = await secure_connection(tcp, self.identity, False, None, self._static_keypair,
+                                                     self.limits.handshake_timeout)
+                    await accept_protocol(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL],
+                                          self.limits.handshake_timeout)
+            finally:
+                self._pending_inbound -= 1
+        except (ProtocolError, OSError, TimeoutError) as exc:
+            log.debug("inbound upgrade from %s failed: %s", tcp.peername, exc)
+            tcp.abort()
+            return
+        with contextlib.suppress(DialError):
+            await self._register(secure, "inbound", bulk=False)
+
+    @staticmethod
+    def _raw_write(tcp: TcpConnection):
+        async def write(data: bytes) -> None:
+            tcp.write(data)
+            await tcp.drain()
+        return write
+
+    # ---- outbound
+    async def _dial_tcp(self, addr: Multiaddr) -> TcpConnection:
+        host, port = addr.tcp_endpoint()
+        loop = asyncio.get_running_loop()
+        _transport, tcp = await loop.create_connection(TcpConnection, host, port)
+        return tcp
+
+    async def _dial(self, peer_id: str, addrs: Sequence[Multiaddr], bulk: bool) -> Connection:
+        if not self._running:
+            raise DialError("host is not running")
+        if len(self._connections) >= self.limits.max_connections:
+            raise DialError("connection limit reached")
+        if len(self.connections(peer_id)) >= self.limits.max_connections_per_peer:
+            raise DialError(f"per-peer connection limit reached for {peer_id}")
+        if peer_id == self.peer_id:
+            raise DialError("refusing to dial ourselves")
+        errors = []
+        for addr in addrs:
+            if addr.is_relayed:
+                errors.append(f"{addr}: relayed addresses are dialed through the relay client")
+                continue
+            tcp = None
+            try:
+                async with asyncio.timeout(self.limits.handshake_timeout):
+                    tcp = await self._dial_tcp(addr)
+                    await select_protocol(tcp.read, self._raw_write(tcp), tcp.unread, [NOISE_PROTOCOL],
+                                          self.limits.handshake_timeout)
+                    secure = await secure_connection(tcp, self.identity, True, peer_id, self._static_keypair,
+                                                     self.limits.handshake_timeout)
+                    await select_protocol(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL],
+                                          self.limits.handshake_timeout)
+            except (ProtocolError, OSError, TimeoutError) as exc:
+                if tcp is not None:
+                    tcp.abort()
+                errors.append(f"{addr}: {type(exc).__name__}: {exc}")
+                continue
+            return await self._register(secure, "outbound", bulk=bulk)
+        raise DialError(f"could not dial {peer_id}: " + ("; ".join(errors) or "no known address"))
+
+    async def connect(self, multiaddr: str) -> str:
+        """Connect to ``/ip4/.../tcp/.../p2p/<id>`` (reusing a live connection); return the peer ID."""
+        addr = Multiaddr.parse(multiaddr)
+        peer_id = addr.peer_id
+        if peer_id is None:
+            raise ValueError(f"multiaddr needs a /p2p/<peer id> suffix: {multiaddr}")
+        self.peerbook.add_addrs(peer_id, [addr])
+        await self._shared_connection(peer_id, [addr.without_peer_id()])
+        return peer_id
+
+    async def _shared_connection(self, peer_id: str, addrs: Sequence[Multiaddr] | None = None) -> Connection:
+        conn = self._shared.get(peer_id)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._dials.get(peer_id)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._dials[peer_id] = pending
+            try:
+                conn = await self._dial(peer_id, addrs if addrs is not None else self.peerbook.addrs(peer_id), False)
+            except BaseException as exc:
+                if not pending.done():
+                    pending.set_exception(exc if isinstance(exc, Exception) else DialError("dial cancelled"))
+                    pending.exception()  # mark retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                self._dials.pop(peer_id, None)
+            if not pending.done():
+                pending.set_result(conn)
+            return conn
+        return await asyncio.shield(pending)
+
+    async def open_stream(self, peer_id: str, protocol: str | Sequence[str]) -> HostStream:
+        """Open a negotiated stream on the shared connection, dialing from the peer book if needed."""
+        conn = await self._shared_connection(peer_id)
+        return await conn.open_stream(protocol)
+
+    async def open_bulk_connection(self, peer_id: str) -> Connection:
+        """A new dedicated connection to ``peer_id`` (not shared) for bulk traffic."""
+        addrs = self.peerbook.addrs(peer_id)
+        shared = self._shared.get(peer_id)
+        if shared is not None and shared.direction == "outbound" and shared.remote_addr is not None:
+            addrs = [shared.remote_addr] + [a for a in addrs if a != shared.remote_addr]
+        return await self._dial(peer_id, addrs, bulk=True)
+
+    async def ping(self, peer_id: str) -> float:
+        stream = await self.open_stream(peer_id, PING_PROTOCOL)
+        try:
+            return await ping_once(stream)
+        finally:
+            await stream.close()
+
+    # ---- connection registry and stream dispatch
+    async def _register(self, secure: SecureConn, direction: str, bulk: bool) -> Connection:
+        peer_id = secure.remote_peer
+        conn = Connection(self, secure, direction, bulk)
+        if (len(self.connections(peer_id)) >= self.limits.max_connections_per_peer
+                or len(self._connections) >= self.limits.max_connections or not self._running):
+            await secure.close()
+            raise DialError(f"connection limit reached for {peer_id}")
+        conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn),
+                                     **self._muxer_options)
+        self._connections.add(conn)
+        secure.tcp.connection_lost_callbacks.append(lambda: self._forget(conn))
+        await conn.muxed.start()
+        self.peerbook.touch(peer_id)
+        if not bulk:
+            current = self._shared.get(peer_id)
+            if current is None or current.closed:
+                self._shared[peer_id] = conn
+            self._spawn(self._identify(conn))
+        return conn
+
+    def _forget(self, conn: Connection) -> None:
+        self._connections.discard(conn)
+        if self._shared.get(conn.remote_peer) is conn:
+            del self._shared[conn.remote_peer]
+            replacement = next((c for c in self._connections
+                                if c.remote_peer == conn.remote_peer and not c.bulk and not c.closed), None)
+            if replacement is not None:
+                self._shared[conn.remote_peer] = replacement
+        if conn.muxed is not None and not conn.muxed.closed:
+            self._spawn(conn.close())
+
+    def _stream_handler(self, conn: Connection):
+        async def on_stream(raw_stream) -> None:
+            stream = HostStream(raw_stream, conn)
+            try:
+                stream.protocol = await accept_protocol(stream.read, stream.write, stream._unread,
+                                                        list(self._handlers), self.limits.negotiate_timeout)
+            except (ProtocolError, OSError, asyncio.IncompleteReadError) as exc:
+                log.debug("stream negotiation with %s failed: %s", conn.remote_peer, exc)
+                stream.reset()
+                return
+            handler = self._handlers.get(stream.protocol)
+            if handler is None:
+                stream.reset()
+                return
+            try:
+                await handler(stream)
+            except asyncio.CancelledError:
+                stream.reset()
+                raise
+            except Exception:
+                log.exception("handler for %s from %s failed", stream.protocol, conn.remote_peer)
+                stream.reset()
+        return on_stream
+
+    # ---- identify
+    def _identify_info(self, conn: Connection) -> IdentifyInfo:
+        return IdentifyInfo(public_key=self.identity.public_key_protobuf, listen_addrs=list(self._bound_addrs),
+                            protocols=list(self._handlers), observed_addr=conn.remote_addr,
+                            agent_version=self._agent_version)
+
+    async def _serve_identify(self, stream: HostStream) -> None:
+        await stream.write(encode_identify(self._identify_info(stream.connection)))
+        await stream.close()
+
+    async def _identify(self, conn: Connection) -> None:
+        try:
+            async with asyncio.timeout(self.limits.identify_timeout):
+                stream = await conn.open_stream(IDENTIFY_PROTOCOL)
+                chunks = []
+                size = 0
+                while True:
+                    data = await stream.read()
+                    if not data:
+                        break
+                    size += len(data)
+                    if size > MAX_IDENTIFY_BYTES:
+                        stream.reset()
+                        raise ProtocolError("identify response too large")
+                    chunks.append(data)
+                await stream.close()
+            info = decode_identify(b"".join(chunks))
+            if info.peer_id != conn.remote_peer:
+                raise ProtocolError("identify public key does not match the connection's peer")
+        except Exception as exc:  # identify is best effort: a failure only leaves the peer book stale
+            log.debug("identify with %s failed: %s", conn.remote_peer, exc)
+            return
+        self.peerbook.update_identify(conn.remote_peer, listen_addrs=info.listen_addrs, protocols=info.protocols,
+                                      agent_version=info.agent_version, protocol_version=info.protocol_version,
+                                      observed_addr=info.observed_addr)

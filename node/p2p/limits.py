@@ -1,0 +1,14 @@
+"""Resource limits of a Host: connections, handshake and negotiation time, identify size."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    max_connections: int = 1024          # all open connections (inbound + outbound + bulk)
+    max_connections_per_peer: int = 8    # shared + bulk connections to one peer
+    max_pending_inbound: int = 64        # inbound TCP connections still upgrading
+    handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection
+    negotiate_timeout: float = 10.0      # multistream selection on one stream
+    identify_timeout: float = 10.0
