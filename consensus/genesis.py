@@ -1,0 +1,143 @@
+"""Genesis: chain id, initial balances, bonded validators, chain parameters, genesis hash.
+
+A genesis is plain data; ``to_json``/``from_json`` give the file form the testnet writes,
+``hash`` is sha256 of its canonical encoding (stored in every database's meta key so a
+node never opens another chain's data). ``total_supply`` is what the supply invariant
+checks against for the whole life of the chain.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+from consensus.encoding import encode
+from node.identity import is_valid_peer_id
+
+
+class GenesisError(ValueError):
+    """A genesis document is malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Params:
+    committee_size: int = 4              # K: top-K bonded validators form the committee
+    epoch_length: int = 100              # blocks between committee re-elections
+    unbonding_period: int = 20           # blocks before unbonded funds return
+    min_validator_stake: int = 1_000
+    min_worker_stake: int = 100
+    min_verifier_stake: int = 100
+    min_fee: int = 0
+    max_tx_bytes: int = 16 * 1024
+    max_block_bytes: int = 4 * 1024 * 1024
+    max_block_txs: int = 20_000
+    task_timeout: int = 200              # blocks after assignment for all workers to commit
+    audit_window: int = 10               # blocks after the last commitment for audits/disputes
+    max_tasks_per_worker: int = 1
+    verifier_share_bps: int = 500        # of a task's price, split among its verifiers
+    relay_share_bps: int = 1_000         # of a task's price, budget for relay receipts
+    slash_double_sign_bps: int = 500     # of bonded+unbonding stake, per double-sign evidence
+    slash_mismatch_bps: int = 1_000      # of bonded+unbonding stake, per proven mismatch
+    evidence_max_age: int = 1_000        # blocks: older double-sign evidence is refused
+
+    def validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if type(value) is not int or value < 0:
+                raise GenesisError(f"param {f.name} must be a non-negative integer")
+        for name in ("committee_size", "epoch_length", "max_tx_bytes", "max_block_bytes", "max_block_txs",
+                     "max_tasks_per_worker"):
+            if getattr(self, name) == 0:
+                raise GenesisError(f"param {name} must be positive")
+        if self.verifier_share_bps + self.relay_share_bps > 10_000:
+            raise GenesisError("verifier_share_bps + relay_share_bps must not exceed 10000")
+        if max(self.slash_double_sign_bps, self.slash_mismatch_bps) > 10_000:
+            raise GenesisError("slash fractions are at most 10000 bps")
+
+
+@dataclass(frozen=True)
+class GenesisValidator:
+    peer_id: str
+    stake: int
+    listen_addrs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Genesis:
+    chain_id: str
+    genesis_time_ms: int
+    balances: dict[str, int] = field(default_factory=dict)
+    validators: tuple[GenesisValidator, ...] = ()
+    params: Params = field(default_factory=Params)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.chain_id, str) or not 1 <= len(self.chain_id) <= 64:
+            raise GenesisError("chain_id must be 1..64 characters")
+        if type(self.genesis_time_ms) is not int or self.genesis_time_ms < 0:
+            raise GenesisError("genesis_time_ms must be a non-negative integer")
+        for peer_id, amount in self.balances.items():
+            if not is_valid_peer_id(peer_id):
+                raise GenesisError(f"balance for invalid peer ID {peer_id!r}")
+            if type(amount) is not int or amount < 0:
+                raise GenesisError(f"balance of {peer_id} must be a non-negative integer")
+        seen = set()
+        for v in self.validators:
+            if not is_valid_peer_id(v.peer_id) or v.peer_id in seen:
+                raise GenesisError(f"invalid or duplicate validator {v.peer_id!r}")
+            seen.add(v.peer_id)
+            if type(v.stake) is not int or v.stake < self.params.min_validator_stake:
+                raise GenesisError(f"validator {v.peer_id} stake below min_validator_stake")
+        self.params.validate()
+
+    @property
+    def total_supply(self) -> int:
+        return sum(self.balances.values()) + sum(v.stake for v in self.validators)
+
+    def to_obj(self) -> dict:
+        return {
+            "chain_id": self.chain_id,
+            "genesis_time_ms": self.genesis_time_ms,
+            "balances": dict(self.balances),
+            "validators": [
+                {"peer_id": v.peer_id, "stake": v.stake, "listen_addrs": list(v.listen_addrs)}
+                for v in self.validators
+            ],
+            "params": asdict(self.params),
+        }
+
+    @property
+    def hash(self) -> bytes:
+        return hashlib.sha256(b"dekube/genesis/v1\x00" + encode(self.to_obj())).digest()
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_obj(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_obj(cls, obj: dict) -> "Genesis":
+        try:
+            known = {f.name for f in fields(Params)}
+            unknown = set(obj.get("params", {})) - known
+            if unknown:
+                raise GenesisError(f"unknown params {sorted(unknown)}")
+            return cls(
+                chain_id=obj["chain_id"],
+                genesis_time_ms=obj["genesis_time_ms"],
+                balances=dict(obj.get("balances", {})),
+                validators=tuple(
+                    GenesisValidator(v["peer_id"], v["stake"], tuple(v.get("listen_addrs", ())))
+                    for v in obj.get("validators", ())
+                ),
+                params=Params(**obj.get("params", {})),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise GenesisError(f"malformed genesis: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Genesis":
+        try:
+            return cls.from_obj(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise GenesisError(f"genesis is not JSON: {exc}") from None

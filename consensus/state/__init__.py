@@ -1,0 +1,1 @@
+"""The ledger state machine: records, handlers by concern, app hash, supply invariant."""

@@ -1,0 +1,267 @@
+"""The ledger state machine: genesis, transaction checks, block validation and execution.
+
+``Ledger.apply_block`` runs one committed block: release matured unbonding, apply block
+evidence, then each transaction (ante: signature, nonce, fee -- then the type's handler),
+then assign workers to open tasks; it returns receipts, events, the sorted change set for
+storage and the new app hash. Execution is deterministic: identical blocks on identical
+states give identical results on every replica.
+"""
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from consensus.block import Block, BlockError
+from consensus.encoding import encode
+from consensus.genesis import Genesis
+from consensus.state import accounts, nodes, relay, staking, tasks
+from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
+from consensus.state.context import BlockContext
+from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
+from consensus.state.records import NodeRecord
+from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
+from consensus.state.supply import check_supply
+from consensus.tx import Tx, decode_tx
+from consensus.txcodes import TxCode, TxError
+
+HANDLERS = {
+    "transfer": accounts.apply_transfer,
+    "bond": staking.apply_bond,
+    "unbond": staking.apply_unbond,
+    "register_node": nodes.apply_register_node,
+    "submit_task": tasks.apply_submit_task,
+    "cancel_task": tasks.apply_cancel_task,
+    "commit_result": tasks.apply_commit_result,
+    "audit_result": tasks.apply_audit_result,
+    "dispute": tasks.apply_dispute,
+    "finalize": tasks.apply_finalize,
+    "relay_receipt": relay.apply_relay_receipt,
+    "evidence": apply_evidence_tx,
+}
+
+VERIFY_CHUNK = 256
+
+
+@dataclass(slots=True)
+class TxReceipt:
+    tx_hash: bytes
+    height: int
+    index: int
+    code: TxCode
+    log: str = ""
+    fee_paid: int = 0
+
+    def to_obj(self) -> list:
+        return [self.tx_hash, self.height, self.index, int(self.code), self.log, self.fee_paid]
+
+    @classmethod
+    def from_obj(cls, obj: list) -> "TxReceipt":
+        tx_hash, height, index, code, log, fee_paid = obj
+        return cls(tx_hash, height, index, TxCode(code), log, fee_paid)
+
+    def to_json(self) -> dict:
+        return {"tx_hash": self.tx_hash.hex(), "height": self.height, "index": self.index,
+                "code": int(self.code), "status": self.code.name.lower(), "log": self.log,
+                "fee_paid": self.fee_paid}
+
+
+@dataclass
+class BlockResult:
+    height: int
+    block_hash: bytes
+    app_hash: bytes                          # state after this block (goes in the next header)
+    receipts: list[TxReceipt]
+    events: list[dict]
+    changes: list[tuple[bytes, bytes | None]] = field(repr=False)  # for Storage.commit_block
+
+
+def verify_tx_signatures(txs: list[Tx], executor: Executor | None = None) -> list[bool]:
+    """Signature validity of each tx; with an executor, chunks verify in parallel threads
+    (libsodium releases the GIL)."""
+    if executor is None or len(txs) <= VERIFY_CHUNK:
+        return [tx.verify_signature() for tx in txs]
+    chunks = [txs[i:i + VERIFY_CHUNK] for i in range(0, len(txs), VERIFY_CHUNK)]
+    out: list[bool] = []
+    for part in executor.map(lambda chunk: [tx.verify_signature() for tx in chunk], chunks):
+        out.extend(part)
+    return out
+
+
+class Ledger:
+    def __init__(self, genesis: Genesis, state: LedgerState):
+        self.genesis = genesis
+        self.params = genesis.params
+        self.chain_id = genesis.chain_id
+        self.state = state
+
+    @classmethod
+    def from_genesis(cls, genesis: Genesis) -> "Ledger":
+        state = LedgerState()
+        for peer_id, amount in sorted(genesis.balances.items()):
+            if amount:
+                state.credit(peer_id, amount)
+        for v in genesis.validators:
+            state.stake(v.peer_id).bonded += v.stake
+            state.touch(STAKE, v.peer_id)
+            state.nodes[v.peer_id] = NodeRecord(["validator"], list(v.listen_addrs), [], {})
+            state.touch(NODE, v.peer_id)
+        state.touch_meta()
+        state.take_changes()
+        state.app_hash = genesis_app_hash(genesis.hash, full_state_hash(state.items()))
+        check_supply(state, genesis.total_supply)
+        return cls(genesis, state)
+
+    # ---- chain position -------------------------------------------------------------------
+
+    @property
+    def height(self) -> int:
+        return self.state.height
+
+    @property
+    def app_hash(self) -> bytes:
+        return self.state.app_hash
+
+    @property
+    def last_block_hash(self) -> bytes:
+        return self.state.last_block_hash
+
+    def storage_items(self) -> list[tuple[bytes, bytes]]:
+        """The whole state as stored key/values (app hash included), e.g. for genesis."""
+        return self.state.items() + [(APP_HASH_KEY, encode(self.state.app_hash))]
+
+    # ---- transactions -----------------------------------------------------------------------
+
+    def decode_tx(self, raw: bytes) -> Tx:
+        return decode_tx(raw, max_bytes=self.params.max_tx_bytes, chain_id=self.chain_id)
+
+    def check_tx(self, tx: Tx, verify_signature: bool = True) -> None:
+        """Raise TxError unless ``tx`` could execute now as the sender's next transaction.
+
+        (The mempool allows nonces ahead of the account; this is the strict check.)
+        """
+        if verify_signature and not tx.verify_signature():
+            raise TxError(TxCode.BAD_SIGNATURE, "signature does not verify for the sender")
+        accounts.check_nonce_and_fee(self.state, self.params, tx)
+
+    # ---- blocks -----------------------------------------------------------------------------
+
+    def validate_block(self, block: Block) -> None:
+        """Raise BlockError unless ``block`` extends this ledger's chain (header, roots, limits)."""
+        h = block.header
+        if h.chain_id != self.chain_id:
+            raise BlockError(f"block is for chain {h.chain_id!r}, not {self.chain_id!r}")
+        if h.height != self.state.height + 1:
+            raise BlockError(f"block height {h.height}, expected {self.state.height + 1}")
+        if h.prev_hash != self.state.last_block_hash:
+            raise BlockError("prev_hash does not match the last committed block")
+        if h.app_hash != self.state.app_hash:
+            raise BlockError("app_hash does not match the state after the previous block")
+        if len(block.txs) > self.params.max_block_txs:
+            raise BlockError(f"{len(block.txs)} txs exceeds max_block_txs {self.params.max_block_txs}")
+        if sum(map(len, block.txs)) + sum(map(len, block.evidence)) > self.params.max_block_bytes:
+            raise BlockError("block exceeds max_block_bytes")
+        block.check_roots()
+
+    def apply_block(self, block: Block, verified: frozenset[bytes] | set[bytes] = frozenset(),
+                    executor: Executor | None = None) -> BlockResult:
+        """Validate and execute ``block``. ``verified``: hashes of txs whose signatures were
+        already checked (e.g. by the mempool); ``executor``: threads for signature checks."""
+        self.validate_block(block)
+        state, params = self.state, self.params
+        h = block.header
+        ctx = BlockContext(h.height, h.time_ms, h.proposer, block.hash, h.prev_hash)
+        state.events = []
+        staking.release_matured_unbonding(state, ctx.height)
+        for raw in block.evidence:
+            try:
+                apply_evidence_bytes(state, params, ctx, self.chain_id, raw)
+            except TxError as exc:
+                state.events.append({"type": "evidence_rejected", "code": int(exc.code), "log": exc.message})
+
+        receipts: list[TxReceipt | None] = [None] * len(block.txs)
+        decoded: list[tuple[int, Tx]] = []
+        for index, raw in enumerate(block.txs):
+            try:
+                decoded.append((index, self.decode_tx(raw)))
+            except TxError as exc:
+                receipts[index] = TxReceipt(hashlib.sha256(raw).digest(), ctx.height, index, exc.code, exc.message)
+        to_verify = [tx for _, tx in decoded if tx.hash not in verified]
+        bad = {tx.hash for tx, ok in zip(to_verify, verify_tx_signatures(to_verify, executor)) if not ok}
+        for index, tx in decoded:
+            receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)
+
+        tasks.assign_workers(state, params, ctx)
+        state.height = ctx.height
+        state.last_block_hash = block.hash
+        state.touch_meta()
+        changes = state.take_changes()
+        state.app_hash = next_app_hash(h.app_hash, ctx.height, changes)
+        changes.append((APP_HASH_KEY, encode(state.app_hash)))
+        events, state.events = state.events, []
+        return BlockResult(ctx.height, block.hash, state.app_hash, receipts, events, changes)
+
+    def _execute(self, ctx: BlockContext, index: int, tx: Tx, bad_signature: bool) -> TxReceipt:
+        if bad_signature:
+            return TxReceipt(tx.hash, ctx.height, index, TxCode.BAD_SIGNATURE, "signature does not verify")
+        try:
+            accounts.check_nonce_and_fee(self.state, self.params, tx)
+        except TxError as exc:
+            return TxReceipt(tx.hash, ctx.height, index, exc.code, exc.message)
+        accounts.charge_fee_and_nonce(self.state, ctx, tx)
+        try:
+            HANDLERS[tx.type](self.state, self.params, ctx, tx)
+        except TxError as exc:
+            return TxReceipt(tx.hash, ctx.height, index, exc.code, exc.message, tx.fee)
+        return TxReceipt(tx.hash, ctx.height, index, TxCode.OK, "", tx.fee)
+
+    # ---- queries (JSON-friendly) -------------------------------------------------------------
+
+    def balance(self, peer_id: str) -> int:
+        acct = self.state.accounts.get(peer_id)
+        return acct.balance if acct else 0
+
+    def nonce(self, peer_id: str) -> int:
+        acct = self.state.accounts.get(peer_id)
+        return acct.nonce if acct else 0
+
+    def stake_info(self, peer_id: str) -> dict:
+        stake = self.state.stakes.get(peer_id)
+        if stake is None:
+            return {"bonded": 0, "unbonding": [], "slashed": 0}
+        return stake.to_json()
+
+    def node_info(self, peer_id: str) -> dict | None:
+        node = self.state.nodes.get(peer_id)
+        return None if node is None else {"peer_id": peer_id, **node.to_json()}
+
+    def task_info(self, task_id: bytes) -> dict | None:
+        task = self.state.tasks.get(task_id)
+        return None if task is None else {"task_id": task_id.hex(), **task.to_json()}
+
+    def list_tasks(self, status: str | None = None, owner: str | None = None, limit: int = 100) -> list[dict]:
+        """Tasks in submission order (newest first), filtered by status and/or owner."""
+        found = sorted(self.state.tasks.items(), key=lambda item: -item[1].seq)
+        out = []
+        for task_id, task in found:
+            if (status is None or task.status == status) and (owner is None or task.owner == owner):
+                out.append({"task_id": task_id.hex(), **task.to_json()})
+                if len(out) >= limit:
+                    break
+        return out
+
+    def validators(self) -> list[tuple[str, int]]:
+        """Registered validators with at least min_validator_stake bonded, highest first."""
+        return staking.validator_candidates(self.state, self.params)
+
+    def validator_stakes(self) -> dict[str, int]:
+        """Input for ``ValidatorSet.elect(stakes, params.committee_size)``."""
+        return dict(self.validators())
+
+    def check_invariants(self) -> None:
+        """Raise SupplyInvariantError if tokens were created or destroyed."""
+        check_supply(self.state, self.genesis.total_supply)
+
+    def full_state_hash(self) -> bytes:
+        return full_state_hash(self.state.items())
+

@@ -1,0 +1,143 @@
+"""Ledger state records (accounts, stakes, nodes, tasks, relay channels) and their encoding.
+
+Each record is a small mutable object with ``to_obj()`` (a canonical-encodable list, field
+order fixed by ``FIELDS``) and ``from_obj()``. Storage keys are ``PREFIX + id``.
+"""
+from __future__ import annotations
+
+from consensus.encoding import decode, encode
+
+
+class Record:
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+
+    def to_obj(self) -> list:
+        return [getattr(self, name) for name in self.FIELDS]
+
+    @classmethod
+    def from_obj(cls, obj: list):
+        record = cls.__new__(cls)
+        for name, value in zip(cls.FIELDS, obj, strict=True):
+            setattr(record, name, value)
+        return record
+
+    def encode(self) -> bytes:
+        return encode(self.to_obj())
+
+    @classmethod
+    def decode(cls, raw: bytes):
+        return cls.from_obj(decode(raw))
+
+    def to_json(self) -> dict:
+        return {name: _jsonable(getattr(self, name)) for name in self.FIELDS}
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.to_obj() == other.to_obj()
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.FIELDS)})"
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Account(Record):
+    __slots__ = FIELDS = ("balance", "nonce")
+
+    def __init__(self, balance: int = 0, nonce: int = 0):
+        self.balance = balance
+        self.nonce = nonce
+
+
+class Stake(Record):
+    """Bonded stake, unbonding entries ``[release_height, amount]`` and the total slashed."""
+
+    __slots__ = FIELDS = ("bonded", "unbonding", "slashed")
+
+    def __init__(self, bonded: int = 0, unbonding: list | None = None, slashed: int = 0):
+        self.bonded = bonded
+        self.unbonding = unbonding if unbonding is not None else []
+        self.slashed = slashed
+
+    @property
+    def unbonding_total(self) -> int:
+        return sum(amount for _, amount in self.unbonding)
+
+
+class NodeRecord(Record):
+    __slots__ = FIELDS = ("roles", "listen_addrs", "relay_addrs", "hardware", "reputation",
+                          "registered_height", "active_tasks")
+
+    def __init__(self, roles, listen_addrs, relay_addrs, hardware, reputation=0, registered_height=0,
+                 active_tasks=0):
+        self.roles = roles
+        self.listen_addrs = listen_addrs
+        self.relay_addrs = relay_addrs
+        self.hardware = hardware
+        self.reputation = reputation
+        self.registered_height = registered_height
+        self.active_tasks = active_tasks
+
+
+class TaskStatus:
+    CREATED = "created"
+    ASSIGNED = "assigned"
+    RUNNING = "running"          # at least one worker committed its result
+    COMMITTED = "committed"      # every worker committed; audit window open
+    VERIFIED = "verified"        # every worker has a matching audit and none mismatches
+    DISPUTED = "disputed"        # some audit reported a mismatch
+    PAID = "paid"                # finalized: payouts done, escrow empty
+    CANCELLED = "cancelled"      # refunded before assignment
+
+    OPEN_FOR_COMMITS = frozenset({ASSIGNED, RUNNING})
+    AUDITABLE = frozenset({COMMITTED, VERIFIED, DISPUTED})
+    ACTIVE = frozenset({ASSIGNED, RUNNING, COMMITTED, VERIFIED, DISPUTED})
+
+
+class Task(Record):
+    """A training task: spec, escrow, lifecycle status, workers, commitments, audits, payouts.
+
+    ``commits``: worker -> [segments_root, result_hash, segments, height];
+    ``audits``: list of [verifier, worker, segment, match, height];
+    ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount.
+    """
+
+    __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
+                          "assigned_height", "workers", "commits", "audits", "disputes", "window_end",
+                          "relay_claims", "audit_seed", "payouts")
+
+    def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int):
+        self.owner = owner
+        self.seq = seq
+        self.spec = spec
+        self.price = price
+        self.escrow = price
+        self.status = TaskStatus.CREATED
+        self.created_height = created_height
+        self.assigned_height = 0
+        self.workers = []
+        self.commits = {}
+        self.audits = []
+        self.disputes = []
+        self.window_end = 0
+        self.relay_claims = {}
+        self.audit_seed = b""
+        self.payouts = {}
+
+
+class RelayChannel(Record):
+    """Cumulative bytes and amount already paid for one (relay, src, dst, session)."""
+
+    __slots__ = FIELDS = ("bytes_paid", "amount_paid")
+
+    def __init__(self, bytes_paid: int = 0, amount_paid: int = 0):
+        self.bytes_paid = bytes_paid
+        self.amount_paid = amount_paid

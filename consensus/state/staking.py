@@ -1,0 +1,84 @@
+"""Staking: bond, unbond (released after the unbonding period), slashing, validator set.
+
+Slashing takes a fraction of bonded plus unbonding stake (bonded first, then the newest
+unbonding entries) and burns it; the burned total keeps the supply invariant checkable.
+"""
+from __future__ import annotations
+
+from consensus.genesis import Params
+from consensus.state.accounts import debit
+from consensus.state.context import BlockContext
+from consensus.state.store import STAKE, LedgerState
+from consensus.tx import Tx
+from consensus.txcodes import TxCode, TxError
+
+
+def apply_bond(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    amount = tx.payload["amount"]
+    debit(state, tx.sender, amount)
+    state.stake(tx.sender).bonded += amount
+    state.touch(STAKE, tx.sender)
+
+
+def apply_unbond(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    amount = tx.payload["amount"]
+    stake = state.stakes.get(tx.sender)
+    bonded = stake.bonded if stake else 0
+    if bonded < amount:
+        raise TxError(TxCode.INSUFFICIENT_FUNDS, f"bonded stake {bonded} < {amount}")
+    release = ctx.height + params.unbonding_period
+    stake.bonded -= amount
+    stake.unbonding.append([release, amount])
+    state.unbonding_queue.setdefault(release, set()).add(tx.sender)
+    state.touch(STAKE, tx.sender)
+
+
+def release_matured_unbonding(state: LedgerState, height: int) -> None:
+    """Return every unbonding entry whose release height is ``height`` to its owner's balance."""
+    peers = state.unbonding_queue.pop(height, ())
+    for peer_id in sorted(peers):
+        stake = state.stakes[peer_id]
+        keep = []
+        for entry in stake.unbonding:
+            if entry[0] <= height:
+                state.credit(peer_id, entry[1])
+            else:
+                keep.append(entry)
+        stake.unbonding = keep
+        state.touch(STAKE, peer_id)
+
+
+def slash(state: LedgerState, peer_id: str, fraction_bps: int) -> int:
+    """Burn ``fraction_bps`` of the peer's bonded + unbonding stake; returns the amount burned."""
+    stake = state.stakes.get(peer_id)
+    if stake is None:
+        return 0
+    amount = (stake.bonded + stake.unbonding_total) * fraction_bps // 10_000
+    remaining = amount
+    taken = min(stake.bonded, remaining)
+    stake.bonded -= taken
+    remaining -= taken
+    for entry in reversed(stake.unbonding):
+        taken = min(entry[1], remaining)
+        entry[1] -= taken
+        remaining -= taken
+    stake.unbonding = [entry for entry in stake.unbonding if entry[1] > 0]
+    stake.slashed += amount
+    state.burned += amount
+    state.touch(STAKE, peer_id)
+    state.touch_meta()
+    return amount
+
+
+def validator_candidates(state: LedgerState, params: Params) -> list[tuple[str, int]]:
+    """``(peer_id, bonded)`` of registered validators with at least min_validator_stake,
+    highest stake first (ties by peer ID). The committee is a prefix of this list."""
+    out = []
+    for peer_id, node in state.nodes.items():
+        if "validator" not in node.roles:
+            continue
+        stake = state.stakes.get(peer_id)
+        if stake is not None and stake.bonded >= params.min_validator_stake:
+            out.append((peer_id, stake.bonded))
+    out.sort(key=lambda item: (-item[1], item[0]))
+    return out

@@ -1,0 +1,145 @@
+"""In-memory ledger state with dirty tracking, and its key/value form for storage.
+
+``LedgerState`` holds one dict per table (accounts, stakes, nodes, tasks, relay channels,
+evidence seen) plus chain scalars. Handlers mutate records and call ``touch``; at the end of
+a block ``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed
+record (sorted), which feed both the app hash and the storage write batch. ``load`` rebuilds
+the state (and its derived indexes) from those pairs.
+"""
+from __future__ import annotations
+
+from consensus.encoding import decode, encode
+from consensus.state.records import Account, NodeRecord, RelayChannel, Stake, Task, TaskStatus
+
+ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "task", "chan", "evid", "meta"
+_PREFIX = {name: name.encode() + b"/" for name in (ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META)}
+_RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel}
+_META_FIELDS = ("height", "last_block_hash", "burned", "task_seq")
+APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
+
+
+def _id_bytes(table: str, ident) -> bytes:
+    return ident if isinstance(ident, bytes) else ident.encode()
+
+
+def _id_from_bytes(table: str, raw: bytes):
+    return raw if table in (TASK, CHANNEL, EVIDENCE) else raw.decode()
+
+
+class LedgerState:
+    def __init__(self):
+        self.accounts: dict[str, Account] = {}
+        self.stakes: dict[str, Stake] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self.tasks: dict[bytes, Task] = {}
+        self.channels: dict[bytes, RelayChannel] = {}
+        self.evidence: dict[bytes, int] = {}       # evidence key -> height it was applied at
+        self.height = 0
+        self.app_hash = b""
+        self.last_block_hash = b""
+        self.burned = 0
+        self.task_seq = 0
+        # derived indexes (not stored; rebuilt by load)
+        self.open_tasks: dict[bytes, int] = {}     # created, waiting for workers: task_id -> seq
+        self.unbonding_queue: dict[int, set[str]] = {}  # release height -> peers
+        self.events: list[dict] = []               # this block's events (task assigned, paid, ...)
+        self._dirty: set[tuple[str, object]] = set()
+        self._meta_dirty = False
+
+    # ---- tables -------------------------------------------------------------------------
+
+    def table(self, name: str) -> dict:
+        return {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
+                CHANNEL: self.channels, EVIDENCE: self.evidence}[name]
+
+    def touch(self, table: str, ident) -> None:
+        self._dirty.add((table, ident))
+
+    def touch_meta(self) -> None:
+        self._meta_dirty = True
+
+    def account(self, peer_id: str) -> Account:
+        """The account of ``peer_id``, created empty (not yet dirty) if unknown."""
+        acct = self.accounts.get(peer_id)
+        if acct is None:
+            acct = self.accounts[peer_id] = Account()
+        return acct
+
+    def stake(self, peer_id: str) -> Stake:
+        stake = self.stakes.get(peer_id)
+        if stake is None:
+            stake = self.stakes[peer_id] = Stake()
+        return stake
+
+    def credit(self, peer_id: str, amount: int) -> None:
+        self.account(peer_id).balance += amount
+        self._dirty.add((ACCOUNT, peer_id))
+
+    # ---- change sets ----------------------------------------------------------------------
+
+    def take_changes(self) -> list[tuple[bytes, bytes | None]]:
+        """Encoded changes since the last call, sorted by key; clears the dirty set."""
+        changes = []
+        for table, ident in self._dirty:
+            key = _PREFIX[table] + _id_bytes(table, ident)
+            record = self.table(table).get(ident)
+            if record is None or _is_empty(table, record):
+                self.table(table).pop(ident, None)
+                changes.append((key, None))
+            elif table == EVIDENCE:
+                changes.append((key, encode(record)))
+            else:
+                changes.append((key, record.encode()))
+        if self._meta_dirty:
+            for name in _META_FIELDS:
+                changes.append((_PREFIX[META] + name.encode(), encode(getattr(self, name))))
+        self._dirty.clear()
+        self._meta_dirty = False
+        changes.sort(key=lambda kv: kv[0])
+        return changes
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """Every stored key/value of the state, sorted (for full-state hashes and snapshots)."""
+        out = []
+        for table in (ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE):
+            for ident, record in self.table(table).items():
+                if _is_empty(table, record):
+                    continue
+                value = encode(record) if table == EVIDENCE else record.encode()
+                out.append((_PREFIX[table] + _id_bytes(table, ident), value))
+        for name in _META_FIELDS:
+            out.append((_PREFIX[META] + name.encode(), encode(getattr(self, name))))
+        out.sort(key=lambda kv: kv[0])
+        return out
+
+    @classmethod
+    def load(cls, items) -> "LedgerState":
+        """Rebuild a state from stored ``(key, value)`` pairs (as ``items()`` produced)."""
+        state = cls()
+        for key, value in items:
+            prefix, _, ident = bytes(key).partition(b"/")
+            table = prefix.decode()
+            if table == META:
+                name = ident.decode()
+                if name != "app_hash" and name not in _META_FIELDS:
+                    raise ValueError(f"unknown state meta key {name!r}")
+                setattr(state, name, decode(value))
+            elif table == EVIDENCE:
+                state.evidence[ident] = decode(value)
+            else:
+                state.table(table)[_id_from_bytes(table, ident)] = _RECORD_TYPES[table].decode(value)
+        for task_id, task in state.tasks.items():
+            if task.status == TaskStatus.CREATED:
+                state.open_tasks[task_id] = task.seq
+        for peer_id, stake in state.stakes.items():
+            for release_height, _ in stake.unbonding:
+                state.unbonding_queue.setdefault(release_height, set()).add(peer_id)
+        return state
+
+
+def _is_empty(table: str, record) -> bool:
+    if table == ACCOUNT:
+        return record.balance == 0 and record.nonce == 0
+    if table == STAKE:
+        return record.bonded == 0 and not record.unbonding and record.slashed == 0
+    return False

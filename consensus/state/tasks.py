@@ -1,0 +1,283 @@
+"""Task lifecycle on chain: submit, cancel, assignment, commit, audit, dispute, finalize.
+
+created --(end of block: workers assigned)--> assigned --(first commit)--> running
+--(all committed)--> committed --(audits)--> verified | disputed --(finalize)--> paid;
+created --(cancel_task)--> cancelled. See docs/adr/0023 for assignment and payout rules.
+
+Handlers check every condition before they change anything, so a failing payload leaves
+the state untouched (the ante step has already taken the fee and nonce).
+"""
+from __future__ import annotations
+
+import hashlib
+
+from consensus.genesis import Params
+from consensus.state.accounts import debit
+from consensus.state.context import BlockContext
+from consensus.state.records import Task, TaskStatus
+from consensus.state.staking import slash
+from consensus.state.store import NODE, TASK, LedgerState
+from consensus.tx import Tx
+from consensus.txcodes import TxCode, TxError
+
+REPUTATION_PAID = 1
+REPUTATION_SLASHED = -10
+REPUTATION_NO_SHOW = -5
+REPUTATION_BOUNDS = (-50, 100)
+
+
+def task_id_for(owner: str, nonce: int) -> bytes:
+    """A task's id: sha256 of its submitter and the submitting transaction's nonce."""
+    return hashlib.sha256(b"dekube/task\x00" + owner.encode() + nonce.to_bytes(8, "big")).digest()
+
+
+def get_task(state: LedgerState, task_id: bytes) -> Task:
+    task = state.tasks.get(task_id)
+    if task is None:
+        raise TxError(TxCode.NOT_FOUND, f"unknown task {task_id.hex()}")
+    return task
+
+
+def _require_status(task: Task, allowed, action: str) -> None:
+    if task.status not in allowed:
+        raise TxError(TxCode.BAD_STATE, f"cannot {action} a task that is {task.status}")
+
+
+def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    p = tx.payload
+    debit(state, tx.sender, p["price"])
+    task_id = task_id_for(tx.sender, tx.nonce)
+    state.task_seq += 1
+    state.touch_meta()
+    spec = {k: p[k] for k in ("model", "dataset", "hyperparams", "workers", "sync_mode", "codec")}
+    state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height)
+    state.open_tasks[task_id] = state.task_seq
+    state.touch(TASK, task_id)
+    state.events.append({"type": "task_submitted", "task_id": task_id, "owner": tx.sender})
+
+
+def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    task_id = tx.payload["task_id"]
+    task = get_task(state, task_id)
+    if tx.sender != task.owner:
+        raise TxError(TxCode.UNAUTHORIZED, "only the task owner can cancel it")
+    _require_status(task, (TaskStatus.CREATED,), "cancel")
+    state.credit(task.owner, task.escrow)
+    task.payouts = {task.owner: task.escrow}
+    task.escrow = 0
+    task.status = TaskStatus.CANCELLED
+    state.open_tasks.pop(task_id, None)
+    state.touch(TASK, task_id)
+    state.events.append({"type": "task_cancelled", "task_id": task_id})
+
+
+# ---- assignment (run by every validator at the end of each block) -------------------------
+
+def worker_weight(state: LedgerState, peer_id: str) -> int:
+    """Bonded stake x (100 + reputation) x bandwidth class (bit length of declared Mbit/s + 1)."""
+    node = state.nodes[peer_id]
+    bonded = state.stakes[peer_id].bonded
+    bandwidth = int(node.hardware.get("bandwidth_mbps", 0))
+    return bonded * (100 + node.reputation) * (bandwidth.bit_length() + 1)
+
+
+def eligible_workers(state: LedgerState, params: Params) -> list[str]:
+    out = []
+    for peer_id, node in state.nodes.items():
+        if "compute" not in node.roles or node.active_tasks >= params.max_tasks_per_worker:
+            continue
+        stake = state.stakes.get(peer_id)
+        if stake is not None and stake.bonded >= params.min_worker_stake:
+            out.append(peer_id)
+    return out
+
+
+def assign_workers(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+    """Give each open task (oldest first) its workers: the highest-weight eligible compute
+    nodes, ties broken by sha256(task_id, peer_id). A task waits while too few are free."""
+    if not state.open_tasks:
+        return
+    candidates = eligible_workers(state, params)
+    if not candidates:
+        return
+    weights = {peer_id: worker_weight(state, peer_id) for peer_id in candidates}
+    for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__):
+        task = state.tasks[task_id]
+        wanted = task.spec["workers"]
+        pool = [peer_id for peer_id in candidates if peer_id != task.owner]
+        if len(pool) < wanted:
+            continue
+        pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
+        chosen = sorted(pool[:wanted])
+        for peer_id in chosen:
+            node = state.nodes[peer_id]
+            node.active_tasks += 1
+            state.touch(NODE, peer_id)
+            if node.active_tasks >= params.max_tasks_per_worker:
+                candidates.remove(peer_id)
+        task.workers = chosen
+        task.status = TaskStatus.ASSIGNED
+        task.assigned_height = ctx.height
+        del state.open_tasks[task_id]
+        state.touch(TASK, task_id)
+        state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen})
+
+
+# ---- results, audits, disputes -------------------------------------------------------------
+
+def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    p = tx.payload
+    task = get_task(state, p["task_id"])
+    if tx.sender not in task.workers:
+        raise TxError(TxCode.UNAUTHORIZED, "sender is not a worker of this task")
+    _require_status(task, TaskStatus.OPEN_FOR_COMMITS, "commit a result to")
+    if tx.sender in task.commits:
+        raise TxError(TxCode.ALREADY_KNOWN, "this worker already committed its result")
+    deadline = task.assigned_height + params.task_timeout
+    if ctx.height > deadline:
+        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {deadline}) has passed")
+    task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
+    if len(task.commits) == len(task.workers):
+        task.status = TaskStatus.COMMITTED
+        task.window_end = ctx.height + params.audit_window
+        task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + p["task_id"]).digest()
+    else:
+        task.status = TaskStatus.RUNNING
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender})
+
+
+def _audit_counts(task: Task, worker: str) -> tuple[int, int]:
+    matches = mismatches = 0
+    for _, audited, _, match, _ in task.audits:
+        if audited == worker:
+            if match:
+                matches += 1
+            else:
+                mismatches += 1
+    return matches, mismatches
+
+
+def _refresh_audit_status(task: Task) -> None:
+    counts = [_audit_counts(task, worker) for worker in task.workers]
+    if task.disputes or any(mismatches for _, mismatches in counts):
+        task.status = TaskStatus.DISPUTED
+    elif all(matches for matches, _ in counts):
+        task.status = TaskStatus.VERIFIED
+    else:
+        task.status = TaskStatus.COMMITTED
+
+
+def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    p = tx.payload
+    task = get_task(state, p["task_id"])
+    worker = p["worker"]
+    if tx.sender == task.owner or tx.sender in task.workers:
+        raise TxError(TxCode.UNAUTHORIZED, "the owner and the workers cannot audit their own task")
+    stake = state.stakes.get(tx.sender)
+    if stake is None or stake.bonded < params.min_verifier_stake:
+        raise TxError(TxCode.UNAUTHORIZED, f"verifiers need {params.min_verifier_stake} bonded stake")
+    _require_status(task, TaskStatus.AUDITABLE, "audit")
+    if worker not in task.commits:
+        raise TxError(TxCode.BAD_PAYLOAD, "that worker has no committed result in this task")
+    if p["segment"] >= task.commits[worker][2]:
+        raise TxError(TxCode.BAD_PAYLOAD, f"segment {p['segment']} out of range")
+    if any(v == tx.sender and w == worker for v, w, _, _, _ in task.audits):
+        raise TxError(TxCode.ALREADY_KNOWN, "this verifier already audited this worker")
+    task.audits.append([tx.sender, worker, p["segment"], p["match"], ctx.height])
+    if not p["match"]:
+        task.window_end = max(task.window_end, ctx.height + params.audit_window)
+    _refresh_audit_status(task)
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "task_audited", "task_id": p["task_id"], "worker": worker,
+                         "match": p["match"]})
+
+
+def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """The owner, or a worker with a mismatching audit, holds the task open for more audits."""
+    task_id = tx.payload["task_id"]
+    task = get_task(state, task_id)
+    if tx.sender != task.owner and tx.sender not in task.workers:
+        raise TxError(TxCode.UNAUTHORIZED, "only the owner or a worker can dispute a task")
+    _require_status(task, TaskStatus.AUDITABLE, "dispute")
+    if tx.sender in task.workers and not _audit_counts(task, tx.sender)[1]:
+        raise TxError(TxCode.BAD_STATE, "a worker can dispute only a mismatching audit of its result")
+    if tx.sender in task.disputes:
+        raise TxError(TxCode.ALREADY_KNOWN, "already disputed by this sender")
+    task.disputes.append(tx.sender)
+    task.window_end = max(task.window_end, ctx.height + params.audit_window)
+    _refresh_audit_status(task)
+    state.touch(TASK, task_id)
+    state.events.append({"type": "task_disputed", "task_id": task_id, "by": tx.sender})
+
+
+# ---- finalize: payouts and slashing --------------------------------------------------------
+
+def _check_finalizable(task: Task, params: Params, height: int) -> None:
+    _require_status(task, TaskStatus.ACTIVE, "finalize")
+    if task.status in TaskStatus.OPEN_FOR_COMMITS:
+        deadline = task.assigned_height + params.task_timeout
+        if height <= deadline:
+            raise TxError(TxCode.BAD_STATE, f"workers may commit until height {deadline}")
+    elif task.status != TaskStatus.VERIFIED and height < task.window_end:
+        raise TxError(TxCode.BAD_STATE, f"audit window open until height {task.window_end}")
+
+
+def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """Pay workers whose result stood, the verifiers who agreed with each verdict and the
+    relays' claims; slash workers whose mismatches outnumber their matches; refund the rest."""
+    task_id = tx.payload["task_id"]
+    task = get_task(state, task_id)
+    _check_finalizable(task, params, ctx.height)
+    verifier_pool = task.price * params.verifier_share_bps // 10_000
+    relay_budget = task.price * params.relay_share_bps // 10_000
+    worker_share = (task.price - verifier_pool - relay_budget) // len(task.workers)
+    payouts: dict[str, int] = {}
+
+    def pay(peer_id: str, amount: int) -> None:
+        if amount:
+            payouts[peer_id] = payouts.get(peer_id, 0) + amount
+
+    honest_verifiers: set[str] = set()
+    for worker in task.workers:
+        node = state.nodes.get(worker)
+        if worker not in task.commits:
+            delta = REPUTATION_NO_SHOW
+        else:
+            matches, mismatches = _audit_counts(task, worker)
+            cheated = mismatches > matches
+            honest_verifiers.update(v for v, w, _, match, _ in task.audits if w == worker and match != cheated)
+            if cheated:
+                slash(state, worker, params.slash_mismatch_bps)
+                delta = REPUTATION_SLASHED
+            else:
+                pay(worker, worker_share)
+                delta = REPUTATION_PAID
+        if node is not None:
+            node.active_tasks = max(0, node.active_tasks - 1)
+            node.reputation = min(max(node.reputation + delta, REPUTATION_BOUNDS[0]), REPUTATION_BOUNDS[1])
+            state.touch(NODE, worker)
+    if honest_verifiers:
+        each = verifier_pool // len(honest_verifiers)
+        for verifier in sorted(honest_verifiers):
+            pay(verifier, each)
+    for relay, amount in sorted(task.relay_claims.items()):
+        pay(relay, amount)
+    paid_out = sum(payouts.values())
+    pay(task.owner, task.escrow - paid_out)
+    for peer_id, amount in sorted(payouts.items()):
+        state.credit(peer_id, amount)
+    task.payouts = payouts
+    task.escrow = 0
+    task.status = TaskStatus.PAID
+    state.touch(TASK, task_id)
+    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts)})
+
+
+def claim_relay_budget(task: Task, params: Params, relay: str, amount: int) -> None:
+    """Reserve ``amount`` of the task's relay budget for ``relay`` (paid at finalize)."""
+    budget = task.price * params.relay_share_bps // 10_000
+    left = budget - sum(task.relay_claims.values())
+    if amount > left:
+        raise TxError(TxCode.INSUFFICIENT_FUNDS, f"task relay budget has {left} left, receipt claims {amount}")
+    task.relay_claims[relay] = task.relay_claims.get(relay, 0) + amount

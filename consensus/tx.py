@@ -1,0 +1,265 @@
+"""Ledger transactions: build, sign, encode/decode and verify (stateless checks only).
+
+Wire form: ``encode([VERSION, chain_id, from, nonce, type, payload, fee, signature])``.
+The signature covers ``SIGN_DOMAIN + encode([VERSION, chain_id, from, nonce, type, payload,
+fee])``; ``from`` is the sender's peer ID (the account address) and its embedded ed25519
+key verifies the signature. The tx hash is sha256 of the wire bytes. Payload shapes are
+checked here (exact keys, types, ranges); checks that need state live in consensus.state.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import nacl.bindings
+import nacl.exceptions
+
+from consensus.encoding import EncodingError, decode, encode, encode_uvarint
+from consensus.txcodes import TxCode, TxError
+from node.identity import Identity, InvalidPeerId, is_valid_peer_id, public_key_from_peer_id
+
+VERSION = 1
+SIGN_DOMAIN = b"dekube/tx/v1\x00"
+DEFAULT_MAX_TX_BYTES = 16 * 1024
+MAX_EVIDENCE_BYTES = 8192
+_SIGNATURE_SUFFIX = b"\x05\x40"  # bytes tag + length 64: how the signature field starts
+
+ROLES = frozenset({"validator", "compute", "relay", "verifier"})
+SYNC_MODES = frozenset({"allreduce", "diloco"})
+
+
+@functools.lru_cache(maxsize=65536)
+def public_key_for(peer_id: str) -> bytes | None:
+    """The ed25519 key inside a peer ID, or None when it is not a valid ed25519 peer ID."""
+    try:
+        return public_key_from_peer_id(peer_id)
+    except InvalidPeerId:
+        return None
+
+
+def verify_signature(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """ed25519 verify via libsodium (releases the GIL, so it scales in a thread pool)."""
+    try:
+        nacl.bindings.crypto_sign_open(signature + message, public_key)
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError, TypeError):
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Tx:
+    chain_id: str
+    sender: str
+    nonce: int
+    type: str
+    payload: dict
+    fee: int
+    signature: bytes
+    raw: bytes
+    hash: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.raw)
+
+    def signing_bytes(self) -> bytes:
+        # The unsigned body is the wire list minus its last item: re-tag the count as 7.
+        return SIGN_DOMAIN + b"\x07\x07" + self.raw[2:-66]
+
+    def verify_signature(self) -> bool:
+        public_key = public_key_for(self.sender)
+        return public_key is not None and verify_signature(public_key, self.signing_bytes(), self.signature)
+
+    def to_json(self) -> dict:
+        """A JSON-friendly view (bytes as hex) for RPC responses."""
+        return {
+            "hash": self.hash.hex(), "chain_id": self.chain_id, "from": self.sender,
+            "nonce": self.nonce, "type": self.type, "payload": _jsonable(self.payload), "fee": self.fee,
+        }
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def unsigned_body(chain_id: str, sender: str, nonce: int, tx_type: str, payload: dict, fee: int) -> bytes:
+    return encode([VERSION, chain_id, sender, nonce, tx_type, payload, fee])
+
+
+def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payload: dict, fee: int = 0) -> Tx:
+    """Sign a transaction with ``identity`` (its peer ID is the sender) and return it decoded."""
+    sender = identity.peer_id
+    body = unsigned_body(chain_id, sender, nonce, tx_type, payload, fee)
+    signature = identity.sign(SIGN_DOMAIN + body)
+    raw = b"\x07\x08" + body[2:] + _SIGNATURE_SUFFIX + signature
+    return decode_tx(raw, max_bytes=max(len(raw), DEFAULT_MAX_TX_BYTES))
+
+
+def decode_tx(raw: bytes, max_bytes: int = DEFAULT_MAX_TX_BYTES, chain_id: str | None = None) -> Tx:
+    """Decode and check a wire transaction's shape; the signature is NOT verified here.
+
+    Raises TxError with OVERSIZED, BAD_ENCODING, WRONG_CHAIN, UNKNOWN_TYPE or BAD_PAYLOAD.
+    """
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TxError(TxCode.BAD_ENCODING, "transaction must be bytes")
+    raw = bytes(raw)
+    if len(raw) > max_bytes:
+        raise TxError(TxCode.OVERSIZED, f"{len(raw)} bytes exceeds the limit of {max_bytes}")
+    try:
+        fields = decode(raw, max_size=max_bytes)
+    except EncodingError as exc:
+        raise TxError(TxCode.BAD_ENCODING, str(exc)) from None
+    if type(fields) is not list or len(fields) != 8:
+        raise TxError(TxCode.BAD_ENCODING, "a transaction is a list of 8 fields")
+    version, tx_chain, sender, nonce, tx_type, payload, fee, signature = fields
+    if version != VERSION or type(version) is not int:
+        raise TxError(TxCode.BAD_ENCODING, f"unsupported transaction version {version!r}")
+    if type(tx_chain) is not str or type(sender) is not str or type(tx_type) is not str:
+        raise TxError(TxCode.BAD_ENCODING, "chain_id, from and type must be text")
+    if type(nonce) is not int or type(fee) is not int or nonce < 0 or fee < 0:
+        raise TxError(TxCode.BAD_ENCODING, "nonce and fee must be non-negative integers")
+    if type(signature) is not bytes or len(signature) != 64:
+        raise TxError(TxCode.BAD_ENCODING, "signature must be 64 bytes")
+    if type(payload) is not dict:
+        raise TxError(TxCode.BAD_PAYLOAD, "payload must be a map")
+    if chain_id is not None and tx_chain != chain_id:
+        raise TxError(TxCode.WRONG_CHAIN, f"transaction is for chain {tx_chain!r}, not {chain_id!r}")
+    if public_key_for(sender) is None:
+        raise TxError(TxCode.BAD_PAYLOAD, "from is not a valid ed25519 peer ID")
+    schema = PAYLOAD_SCHEMAS.get(tx_type)
+    if schema is None:
+        raise TxError(TxCode.UNKNOWN_TYPE, f"unknown transaction type {tx_type!r}")
+    _check_fields(payload, schema, "payload")
+    return Tx(tx_chain, sender, nonce, tx_type, payload, fee, signature, raw, hashlib.sha256(raw).digest())
+
+
+# ---- payload schemas: field name -> checker(value) raising TxError -----------------------
+
+def _fail(path: str, why: str):
+    raise TxError(TxCode.BAD_PAYLOAD, f"{path}: {why}")
+
+
+def _check_fields(value, schema: dict, path: str) -> None:
+    if type(value) is not dict:
+        _fail(path, "must be a map")
+    if value.keys() != schema.keys():
+        missing = sorted(schema.keys() - value.keys())
+        extra = sorted(value.keys() - schema.keys())
+        _fail(path, f"missing fields {missing}, unexpected fields {extra}")
+    for name, check in schema.items():
+        check(value[name], f"{path}.{name}")
+
+
+def uint(minimum: int = 0, maximum: int = 2**128):
+    def check(value, path):
+        if type(value) is not int or not minimum <= value <= maximum:
+            _fail(path, f"must be an integer in [{minimum}, {maximum}]")
+    return check
+
+
+def text(max_len: int, allowed: frozenset | None = None, min_len: int = 0):
+    def check(value, path):
+        if type(value) is not str or not min_len <= len(value) <= max_len:
+            _fail(path, f"must be text of {min_len}..{max_len} characters")
+        if allowed is not None and value not in allowed:
+            _fail(path, f"must be one of {sorted(allowed)}")
+    return check
+
+
+def blob(*lengths: int):
+    allowed = frozenset(lengths)
+    shown = f"{min(lengths)}..{max(lengths)}" if len(lengths) > 4 else " or ".join(map(str, lengths))
+
+    def check(value, path):
+        if type(value) is not bytes or len(value) not in allowed:
+            _fail(path, f"must be bytes of length {shown}")
+    return check
+
+
+def peer_id(value, path):
+    if type(value) is not str or not is_valid_peer_id(value):
+        _fail(path, "must be an ed25519 peer ID")
+
+
+def boolean(value, path):
+    if type(value) is not bool:
+        _fail(path, "must be a boolean")
+
+
+def text_list(max_items: int, max_len: int, allowed: frozenset | None = None, sorted_unique: bool = False):
+    item_check = text(max_len, allowed, min_len=1)
+
+    def check(value, path):
+        if type(value) is not list or len(value) > max_items:
+            _fail(path, f"must be a list of at most {max_items} items")
+        for i, item in enumerate(value):
+            item_check(item, f"{path}[{i}]")
+        if sorted_unique and any(a >= b for a, b in zip(value, value[1:])):
+            _fail(path, "must be sorted and without duplicates")
+    return check
+
+
+def params_map(max_bytes: int):
+    def check(value, path):
+        if type(value) is not dict:
+            _fail(path, "must be a map")
+        if len(encode(value)) > max_bytes:
+            _fail(path, f"larger than {max_bytes} bytes")
+    return check
+
+
+def fields(schema: dict):
+    def check(value, path):
+        _check_fields(value, schema, path)
+    return check
+
+
+TASK_ID = blob(32)
+HASH32 = blob(32)
+HARDWARE = {
+    "cpu_cores": uint(0, 4096), "ram_mb": uint(0, 2**40), "gpu": text(64),
+    "gpu_mem_mb": uint(0, 2**40), "bandwidth_mbps": uint(0, 10**7),
+}
+RELAY_RECEIPT = {
+    "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
+    "bytes_total": uint(1, 2**64), "amount_total": uint(1), "task_id": blob(0, 32),
+}
+
+PAYLOAD_SCHEMAS: dict[str, dict] = {
+    "transfer": {"to": peer_id, "amount": uint(1)},
+    "bond": {"amount": uint(1)},
+    "unbond": {"amount": uint(1)},
+    "register_node": {
+        "roles": text_list(4, 16, ROLES, sorted_unique=True),
+        "listen_addrs": text_list(8, 256),
+        "relay_addrs": text_list(8, 256),
+        "hardware": fields(HARDWARE),
+    },
+    "submit_task": {
+        "model": text(128, min_len=1), "dataset": text(128, min_len=1), "hyperparams": params_map(4096),
+        "workers": uint(1, 64), "sync_mode": text(16, SYNC_MODES), "codec": text(32, min_len=1),
+        "price": uint(1),
+    },
+    "cancel_task": {"task_id": TASK_ID},
+    "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
+                      "segments": uint(1, 2**32)},
+    "audit_result": {"task_id": TASK_ID, "worker": peer_id, "segment": uint(0, 2**32), "match": boolean},
+    "dispute": {"task_id": TASK_ID},
+    "finalize": {"task_id": TASK_ID},
+    "relay_receipt": {"receipt": fields(RELAY_RECEIPT), "src_sig": blob(64), "dst_sig": blob(64)},
+    "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},
+}
+
+RECEIPT_DOMAIN = b"dekube/relay-receipt/v1\x00"
+
+
+def relay_receipt_signing_bytes(chain_id: str, receipt: dict) -> bytes:
+    """What both endpoints of a relayed connection sign for a usage receipt."""
+    return RECEIPT_DOMAIN + encode_uvarint(len(chain_id.encode())) + chain_id.encode() + encode(receipt)

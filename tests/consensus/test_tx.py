@@ -1,0 +1,98 @@
+"""Transactions: signing, strict decoding, payload schemas, junk never crashes."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from consensus.encoding import decode, encode
+from consensus.tx import PAYLOAD_SCHEMAS, build_tx, decode_tx
+from consensus.txcodes import TxCode, TxError
+from test_ledger_kit import CHAIN, ident
+
+A, B = ident(1), ident(2)
+
+
+def test_build_decode_verify_round_trip():
+    tx = build_tx(A, CHAIN, 7, "transfer", {"to": B.peer_id, "amount": 5}, fee=2)
+    again = decode_tx(tx.raw, chain_id=CHAIN)
+    assert again == tx
+    assert (tx.sender, tx.nonce, tx.fee, tx.type) == (A.peer_id, 7, 2, "transfer")
+    assert tx.verify_signature()
+    assert len(tx.hash) == 32
+
+
+def test_tampered_fields_break_the_signature():
+    tx = build_tx(A, CHAIN, 0, "transfer", {"to": B.peer_id, "amount": 5})
+    fields = decode(tx.raw)
+    for index, value in ((3, 1), (6, 9), (5, {"to": B.peer_id, "amount": 6}), (1, "other-chain")):
+        forged = list(fields)
+        forged[index] = value
+        assert not decode_tx(encode(forged)).verify_signature()
+    stolen = list(fields)
+    stolen[2] = B.peer_id  # claim another sender
+    assert not decode_tx(encode(stolen)).verify_signature()
+
+
+@pytest.mark.parametrize("mutate, code", [
+    (lambda f: f[:7], TxCode.BAD_ENCODING),
+    (lambda f: [2] + f[1:], TxCode.BAD_ENCODING),
+    (lambda f: f[:3] + [-1] + f[4:], TxCode.BAD_ENCODING),
+    (lambda f: f[:7] + [b"short"], TxCode.BAD_ENCODING),
+    (lambda f: f[:4] + ["mint"] + f[5:], TxCode.UNKNOWN_TYPE),
+    (lambda f: f[:5] + [{"to": B.peer_id}] + f[6:], TxCode.BAD_PAYLOAD),
+    (lambda f: f[:5] + [{"to": B.peer_id, "amount": 0}] + f[6:], TxCode.BAD_PAYLOAD),
+    (lambda f: f[:5] + [{"to": "12D3KooWnope", "amount": 1}] + f[6:], TxCode.BAD_PAYLOAD),
+    (lambda f: f[:5] + [{"to": B.peer_id, "amount": 1, "x": 1}] + f[6:], TxCode.BAD_PAYLOAD),
+    (lambda f: f[:2] + ["not-a-peer"] + f[3:], TxCode.BAD_PAYLOAD),
+])
+def test_malformed_transactions_get_clear_codes(mutate, code):
+    fields = decode(build_tx(A, CHAIN, 0, "transfer", {"to": B.peer_id, "amount": 5}).raw)
+    with pytest.raises(TxError) as info:
+        decode_tx(encode(mutate(fields)))
+    assert info.value.code == code
+
+
+def test_wrong_chain_and_oversize():
+    tx = build_tx(A, "other", 0, "transfer", {"to": B.peer_id, "amount": 5})
+    with pytest.raises(TxError) as info:
+        decode_tx(tx.raw, chain_id=CHAIN)
+    assert info.value.code == TxCode.WRONG_CHAIN
+    with pytest.raises(TxError) as info:
+        decode_tx(tx.raw, max_bytes=len(tx.raw) - 1)
+    assert info.value.code == TxCode.OVERSIZED
+
+
+def test_every_type_has_a_schema_that_rejects_an_empty_payload():
+    for tx_type in PAYLOAD_SCHEMAS:
+        with pytest.raises(TxError) as info:
+            build_tx(A, CHAIN, 0, tx_type, {})
+        assert info.value.code == TxCode.BAD_PAYLOAD
+
+
+def test_register_node_roles_must_be_sorted_known_and_unique():
+    hw = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
+    ok = {"roles": ["compute", "relay"], "listen_addrs": [], "relay_addrs": [], "hardware": hw}
+    build_tx(A, CHAIN, 0, "register_node", ok)
+    for roles in (["relay", "compute"], ["compute", "compute"], ["miner"]):
+        with pytest.raises(TxError):
+            build_tx(A, CHAIN, 0, "register_node", {**ok, "roles": roles})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=300))
+def test_junk_bytes_raise_tx_error_only(junk):
+    try:
+        decode_tx(junk)
+    except TxError as exc:
+        assert exc.code in TxCode
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_bit_flips_never_crash_and_never_verify(data):
+    raw = bytearray(build_tx(A, CHAIN, 3, "transfer", {"to": B.peer_id, "amount": 5}).raw)
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        tx = decode_tx(bytes(raw))
+    except TxError:
+        return
+    assert not tx.verify_signature()
