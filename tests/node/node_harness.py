@@ -1,0 +1,24 @@
+"""Test helper: a Node on 127.0.0.1 with an ephemeral HTTP port, and an aiohttp session for it."""
+import asyncio
+import contextlib
+
+import aiohttp
+
+from node.config import load_config
+from node.identity import Identity
+from node.roles import BasicRole
+from node.runtime import Node
+
+
+@contextlib.asynccontextmanager
+async def running_node(**rpc_overrides):
+    overrides = {("rpc", "port"): "0", **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
+    node = Node(load_config(None, overrides=overrides), Identity.generate(), [BasicRole("relay")])
+    task = asyncio.create_task(node.run())
+    await asyncio.wait_for(node.ready.wait(), 10)
+    try:
+        async with aiohttp.ClientSession(base_url=node.http.url) as session:
+            yield node, session
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(task, 10)
