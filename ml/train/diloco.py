@@ -1,0 +1,88 @@
+"""DiLoCo: each worker takes `inner_steps` (H) local AdamW steps from the shared parameters, the group
+averages the pseudo-gradients (start params - end params, compressed by the averager's codec), and
+every worker applies the same outer Nesterov-SGD step to the shared parameters.
+
+Segment hashes: one per outer step, the hash of this worker's pseudo-gradient. It depends only on the
+worker's state at the start of the outer step and its data shard, so a verifier replays it alone from
+a checkpoint (`replay_segment`).
+"""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from ml.train.reproducibility import hash_tensors
+from ml.train.worker import TrainerBase
+
+
+class DiLoCoTrainer(TrainerBase):
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outer = torch.optim.SGD(self.params, lr=self.spec.outer_lr,
+                                     momentum=self.spec.outer_momentum, nesterov=True)
+        self.outer_step = 0
+        self.checkpoints: dict[int, bytes] = {}   # outer step -> checkpoint at its start
+        self.keep_checkpoints = False
+
+    def _local_segment(self) -> tuple[list[torch.Tensor], float]:
+        """H inner steps from the current parameters; returns (pseudo-gradient, mean loss)."""
+        start = [p.detach().clone() for p in self.params]
+        losses = 0.0
+        for _ in range(self.spec.inner_steps):
+            losses += self._gradients(self.step)
+            self._inner_step(self.step)
+            self.step += 1
+        with torch.no_grad():
+            delta = [s - p for s, p in zip(start, self.params)]
+            for p, s in zip(self.params, start):
+                p.copy_(s)
+        return delta, losses / self.spec.inner_steps
+
+    def _outer_apply(self, averaged: list[torch.Tensor]) -> None:
+        for p, g in zip(self.params, averaged):
+            p.grad = g
+        self.outer.step()
+        for p in self.params:
+            p.grad = None
+
+    def segment_hash(self) -> str:
+        """Run this outer step's local segment (blocking) and return its hash, without averaging.
+
+        Used for replay: restore a checkpoint taken at the start of the outer step, then call this.
+        """
+        delta, _ = self._local_segment()
+        return hash_tensors(delta)
+
+    async def run(self, until_outer_step: int | None = None) -> dict:
+        """Train up to `until_outer_step` outer steps (default: all); returns the final evaluation."""
+        total = self.spec.outer_steps
+        target = total if until_outer_step is None else min(until_outer_step, total)
+        while self.outer_step < target:
+            if self.keep_checkpoints:
+                self.checkpoints[self.outer_step] = self.checkpoint()
+            delta, loss = await asyncio.to_thread(self._local_segment)
+            self._record_loss(loss)
+            self.segment_hashes.append(hash_tensors(delta))
+            averaged = await self.averager.average(delta, round_id=self.outer_step)
+            await asyncio.to_thread(self._outer_apply, averaged.tensors)
+            self.outer_step += 1
+            self.bytes_sent += averaged.bytes_sent
+            self.last_participants = averaged.participants
+            if self.outer_step < total:
+                self._report(outer_step=self.outer_step)
+        metrics = await self.evaluate()
+        self._report(outer_step=self.outer_step, metrics=metrics)
+        return metrics
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["outer"] = self.outer.state_dict()
+        state["outer_step"] = self.outer_step
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.outer.load_state_dict(state["outer"])
+        self.outer_step = state["outer_step"]

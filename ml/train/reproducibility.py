@@ -1,0 +1,61 @@
+"""Bit-reproducible CPU training: deterministic torch settings and canonical hashes of tensors.
+
+A verifier replays a training segment and compares hashes, so hashing is canonical: tensors in the
+given (or sorted-name) order, each hashed with its name, dtype and shape before its raw bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Mapping
+
+import torch
+
+_configured_threads: int | None = None
+
+
+def configure_determinism(threads: int = 1) -> None:
+    """Fixed intra-op thread count and deterministic algorithms for this process.
+
+    torch's thread count is process-wide; asking for a different count later raises, because two
+    jobs in one process with different counts would not be reproducible.
+    """
+    global _configured_threads
+    if _configured_threads is not None and _configured_threads != threads:
+        raise RuntimeError(f"torch already configured for {_configured_threads} threads, not {threads}")
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    _configured_threads = threads
+
+
+def _update(digest, name: str, tensor: torch.Tensor) -> None:
+    t = tensor.detach().cpu().contiguous()
+    digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def hash_tensors(tensors: Iterable[torch.Tensor]) -> str:
+    """sha256 hex digest of a sequence of tensors (order matters)."""
+    digest = hashlib.sha256()
+    for i, tensor in enumerate(tensors):
+        _update(digest, str(i), tensor)
+    return digest.hexdigest()
+
+
+def hash_state(state: Mapping[str, object]) -> str:
+    """sha256 hex digest of a (possibly nested) state dict's tensors and plain values, by sorted key."""
+    digest = hashlib.sha256()
+    _hash_nested(digest, "", state)
+    return digest.hexdigest()
+
+
+def _hash_nested(digest, prefix: str, value: object) -> None:
+    if isinstance(value, torch.Tensor):
+        _update(digest, prefix, value)
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            _hash_nested(digest, f"{prefix}/{key}", value[key])
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _hash_nested(digest, f"{prefix}[{i}]", item)
+    else:
+        digest.update(f"{prefix}={value!r};".encode())

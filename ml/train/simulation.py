@@ -1,0 +1,48 @@
+"""Run one training job with `world` simulated workers in this process (LocalAveragingGroup).
+
+This is what the convergence tests and bench/convergence.py use; real jobs use the same trainers
+over the network all-reduce (see ml/job/).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ml.train.averaging import Averager, LocalAveragingGroup
+from ml.train.data_parallel import DataParallelTrainer
+from ml.train.diloco import DiLoCoTrainer
+from ml.train.progress import ProgressFeed
+from ml.train.spec import TrainSpec
+from ml.train.worker import TrainerBase
+
+
+def make_trainer(spec: TrainSpec, rank: int, world: int, averager: Averager,
+                 feed: ProgressFeed | None = None) -> TrainerBase:
+    """The trainer for `spec.mode`."""
+    cls = DiLoCoTrainer if spec.mode == "diloco" else DataParallelTrainer
+    return cls(spec, rank, world, averager, feed)
+
+
+@dataclass
+class SimulatedRun:
+    trainers: list[TrainerBase]
+    metrics: list[dict]              # final evaluation per worker
+
+    @property
+    def bytes_sent_per_worker(self) -> int:
+        return max(t.bytes_sent for t in self.trainers)
+
+
+def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None) -> list[TrainerBase]:
+    group = LocalAveragingGroup(world, spec.codec, spec.codec_options)
+    return [make_trainer(spec, rank, world, group.member(rank), feed) for rank in range(world)]
+
+
+async def run_trainers(trainers: list[TrainerBase]) -> SimulatedRun:
+    metrics = await asyncio.gather(*(t.run() for t in trainers))
+    return SimulatedRun(trainers, list(metrics))
+
+
+def train_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None) -> SimulatedRun:
+    """Train `spec` with `world` in-process workers to the end (blocking; runs its own event loop)."""
+    return asyncio.run(run_trainers(build_simulated(spec, world, feed)))

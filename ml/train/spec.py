@@ -1,0 +1,83 @@
+"""TrainSpec: everything that determines a training job's result (model, data, mode, codec, seeds,
+hyper-parameters), validated and convertible to/from a plain dict for task descriptions on chain.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+MODES = ("data-parallel", "diloco")
+
+
+class InvalidSpec(ValueError):
+    """A TrainSpec with a bad or unknown field."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: str = "digits-mlp"
+    dataset: str = "digits"
+    mode: str = "data-parallel"
+    codec: str = "fp32"
+    codec_options: dict = field(default_factory=dict)   # e.g. {"ratio": 0.01} for topk
+    seed: int = 0
+    steps: int = 600              # optimizer steps per worker (DiLoCo: inner steps in total)
+    batch_size: int = 32          # per worker
+    lr: float = 3e-3              # peak learning rate (DiLoCo: of the inner AdamW)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    min_lr_fraction: float = 0.0  # cosine decay from lr to lr * min_lr_fraction at the last step
+    inner_steps: int = 50         # DiLoCo H: local steps per outer step
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    segment_steps: int = 10       # data-parallel: one segment hash every this many steps
+    report_every: int = 10        # steps between progress reports
+    threads: int = 1              # torch intra-op threads (part of the reproducibility contract)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.codec_options, dict):
+            raise InvalidSpec(f"codec_options must be an object, got {self.codec_options!r}")
+        if self.mode not in MODES:
+            raise InvalidSpec(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidSpec(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise InvalidSpec(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        for name in ("lr", "weight_decay", "min_lr_fraction", "outer_lr", "outer_momentum"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise InvalidSpec(f"{name} must be a finite non-negative number, got {value!r}")
+        if self.mode == "diloco" and self.steps % self.inner_steps:
+            raise InvalidSpec(f"DiLoCo steps ({self.steps}) must be a multiple of inner_steps "
+                              f"({self.inner_steps})")
+
+    @property
+    def outer_steps(self) -> int:
+        return self.steps // self.inner_steps
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine decay."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        span = max(1, self.steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        floor = self.lr * self.min_lr_fraction
+        return floor + (self.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainSpec":
+        if not isinstance(data, dict):
+            raise InvalidSpec(f"a train spec is a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise InvalidSpec(f"unknown train spec fields: {sorted(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise InvalidSpec(str(exc)) from None

@@ -1,0 +1,105 @@
+"""What both trainers share: one worker's model, data shard, local gradient step, checkpoints,
+state hashes and progress reports. Torch work runs in a worker thread, never on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import torch
+
+from ml.registry import build_model, get_dataset
+from ml.train.averaging import Averager
+from ml.train.progress import ProgressFeed, TrainProgress
+from ml.train.reproducibility import configure_determinism, hash_state
+from ml.train.spec import TrainSpec
+
+
+class TrainerBase:
+    """One worker (`rank` of `world`) of a training job described by `spec`."""
+
+    def __init__(self, spec: TrainSpec, rank: int, world: int, averager: Averager,
+                 feed: ProgressFeed | None = None):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside world of {world}")
+        configure_determinism(spec.threads)
+        self.spec = spec
+        self.rank = rank
+        self.world = world
+        self.averager = averager
+        self.feed = feed or ProgressFeed()
+        self.dataset = get_dataset(spec.dataset)
+        self.model = build_model(spec.model, self.dataset, spec.seed)
+        self.params = list(self.model.parameters())
+        self.inner = torch.optim.AdamW(self.params, lr=spec.lr, weight_decay=spec.weight_decay)
+        self.step = 0
+        self.bytes_sent = 0
+        self.segment_hashes: list[str] = []
+        self.last_participants: tuple = ()
+        self._loss_sum = 0.0
+        self._loss_count = 0
+
+    # -- local computation (called in a worker thread) -------------------------------------------
+    def _gradients(self, step: int) -> float:
+        """Forward/backward on this worker's batch for `step`; leaves gradients in `p.grad`."""
+        x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
+        for p in self.params:
+            p.grad = None
+        loss = self.dataset.loss(self.model(x), y)
+        loss.backward()
+        return float(loss.detach())
+
+    def _inner_step(self, step: int) -> None:
+        for group in self.inner.param_groups:
+            group["lr"] = self.spec.lr_at(step)
+        self.inner.step()
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = {
+            "model": self.model.state_dict(),
+            "inner": self.inner.state_dict(),
+            "step": self.step,
+            "bytes_sent": self.bytes_sent,
+            "segment_hashes": list(self.segment_hashes),
+        }
+        if hasattr(self.averager, "state_dict"):
+            state["averager"] = self.averager.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.inner.load_state_dict(state["inner"])
+        self.step = state["step"]
+        self.bytes_sent = state["bytes_sent"]
+        self.segment_hashes = list(state["segment_hashes"])
+        if "averager" in state and hasattr(self.averager, "load_state_dict"):
+            self.averager.load_state_dict(state["averager"])
+
+    def checkpoint(self) -> bytes:
+        """The full training state of this worker as bytes (torch.save)."""
+        buffer = io.BytesIO()
+        torch.save(self.state_dict(), buffer)
+        return buffer.getvalue()
+
+    def restore(self, checkpoint: bytes) -> None:
+        self.load_state_dict(torch.load(io.BytesIO(checkpoint), weights_only=True))
+
+    def params_hash(self) -> str:
+        """sha256 of the model parameters and buffers."""
+        return hash_state(self.model.state_dict())
+
+    async def evaluate(self) -> dict[str, float]:
+        return await asyncio.to_thread(self.dataset.evaluate, self.model)
+
+    # -- progress ---------------------------------------------------------------------------------
+    def _record_loss(self, loss: float) -> None:
+        self._loss_sum += loss
+        self._loss_count += 1
+
+    def _report(self, outer_step: int | None = None, metrics: dict | None = None) -> None:
+        loss = self._loss_sum / self._loss_count if self._loss_count else float("nan")
+        self._loss_sum, self._loss_count = 0.0, 0
+        self.feed.publish(TrainProgress(
+            rank=self.rank, step=self.step, loss=loss, bytes_sent=self.bytes_sent,
+            participants=len(self.last_participants), outer_step=outer_step, metrics=metrics or {}))
