@@ -1,0 +1,368 @@
+"""Tests of the asyncio yamux driver over in-memory pipes and loopback TCP."""
+import asyncio
+import contextlib
+import os
+
+import pytest
+
+from node.p2p import yamux as y
+from node.p2p.muxer import MuxedConnection, MuxerClosedError, StreamResetError
+
+CHUNK = 65535  # what the noise layer below hands out at most
+
+
+class PipeEnd:
+    """One end of an in-memory, bounded, chunked byte pipe with the secured-connection API."""
+
+    def __init__(self, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
+        self._inbox, self._outbox = inbox, outbox
+        self.closed = False
+
+    async def read(self) -> bytes:
+        if self.closed:
+            return b""
+        return await self._inbox.get()
+
+    async def write(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("pipe closed")
+        for i in range(0, len(data), CHUNK):
+            await self._outbox.put(bytes(data[i:i + CHUNK]))
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._outbox.put_nowait(b"")  # EOF for the peer
+            self._inbox.put_nowait(b"")
+
+
+class _Queue(asyncio.Queue):
+    """Bounded for data, but EOF markers always fit."""
+
+    def put_nowait(self, item):
+        if item == b"":
+            self._put(item)
+            self._wakeup_next(self._getters)
+            return
+        super().put_nowait(item)
+
+
+def memory_pipe(max_chunks: int = 16) -> tuple[PipeEnd, PipeEnd]:
+    a_to_b, b_to_a = _Queue(max_chunks), _Queue(max_chunks)
+    return PipeEnd(b_to_a, a_to_b), PipeEnd(a_to_b, b_to_a)
+
+
+class TcpConn:
+    """asyncio TCP streams with the secured-connection API."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def read(self) -> bytes:
+        return await self._reader.read(CHUNK)
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+async def tcp_pair() -> tuple[TcpConn, TcpConn, asyncio.Server]:
+    accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+    server = await asyncio.start_server(lambda r, w: accepted.set_result(TcpConn(r, w)), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = TcpConn(*await asyncio.open_connection("127.0.0.1", port))
+    return client, await accepted, server
+
+
+async def echo(stream) -> None:
+    while data := await stream.read():
+        await stream.write(data)
+    await stream.close()
+
+
+async def muxed_pair(on_stream=echo, *, tcp=False, **kw):
+    if tcp:
+        ca, cb, server = await tcp_pair()
+        server.close()
+    else:
+        ca, cb = memory_pipe()
+    a = MuxedConnection(ca, True, None, **kw)
+    b = MuxedConnection(cb, False, on_stream, **kw)
+    await a.start()
+    await b.start()
+    return a, b
+
+
+async def read_all(stream) -> bytes:
+    parts = []
+    while data := await stream.read():
+        parts.append(data)
+    return b"".join(parts)
+
+
+def run(coro, timeout: float = 30.0):
+    async def bounded():
+        async with asyncio.timeout(timeout):
+            return await coro
+    return asyncio.run(bounded())
+
+
+# ------------------------------------------------------------------ data path
+
+@pytest.mark.parametrize("tcp", [False, True])
+def test_echo_intact_and_half_close(tcp):
+    async def main():
+        a, b = await muxed_pair(tcp=tcp)
+        stream = await a.open_stream()
+        payload = os.urandom(3 * 1024 * 1024 + 7)
+        writer = asyncio.create_task(stream.write(payload))
+        got = await stream.readexactly(len(payload) // 2)
+        await writer
+        await stream.close()  # half-close: the echo still comes back
+        got += await read_all(stream)
+        assert got == payload
+        assert await stream.read() == b""
+        with pytest.raises(BrokenPipeError):
+            await stream.write(b"x")
+        await asyncio.sleep(0.05)
+        assert a.num_streams == 0 and b.num_streams == 0
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_readexactly_raises_incomplete_read_at_eof():
+    async def main():
+        async def send_three(stream):
+            await stream.write(b"abc")
+            await stream.close()
+        a, b = await muxed_pair(send_three)
+        stream = await a.open_stream()
+        assert await stream.readexactly(2) == b"ab"
+        with pytest.raises(asyncio.IncompleteReadError) as info:
+            await stream.readexactly(5)
+        assert info.value.partial == b"c"
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_slow_reader_blocks_writer_without_reset_or_unbounded_buffer():
+    async def main():
+        accepted: asyncio.Queue = asyncio.Queue()
+
+        async def park(stream):
+            await accepted.put(stream)
+            await asyncio.Event().wait()  # keep the handler alive; reading happens in the test
+
+        a, b = await muxed_pair(park, tcp=True, keepalive_interval=0.2, keepalive_timeout=0.2)
+        stream = await a.open_stream()
+        payload = os.urandom(8 * 1024 * 1024)
+        writer = asyncio.create_task(stream.write(payload))
+        remote = await accepted.get()
+        await asyncio.sleep(2.0)  # a stall of seconds: nothing gives up
+        assert not writer.done()
+        assert remote.buffered <= y.INITIAL_WINDOW  # nothing read: the window never grew
+        assert not a.closed and not b.closed
+        got = await remote.readexactly(len(payload))
+        await writer
+        assert got == payload
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_many_streams_in_parallel_share_the_connection_fairly():
+    async def main():
+        a, b = await muxed_pair(tcp=True)
+
+        async def roundtrip(i):
+            stream = await a.open_stream()
+            payload = os.urandom(100_000 + i)
+            writer = asyncio.create_task(stream.write(payload))
+            got = await stream.readexactly(len(payload))
+            await writer
+            await stream.close()
+            assert await stream.read() == b""
+            return got == payload
+
+        assert all(await asyncio.gather(*(roundtrip(i) for i in range(50))))
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_ten_thousand_concurrent_streams():
+    async def main():
+        a, b = await muxed_pair()
+        streams = [await a.open_stream() for _ in range(10_000)]
+        assert a.num_streams == 10_000
+        for stream in streams:
+            await stream.write(stream.stream_id.to_bytes(4, "big"))
+        replies = [await s.readexactly(4) for s in streams]
+        assert [int.from_bytes(r, "big") for r in replies] == [s.stream_id for s in streams]
+        assert b.num_streams == 10_000
+        await a.close()
+        await b.close()
+    run(main(), timeout=120)
+
+
+# ------------------------------------------------------------ reset and close
+
+def test_reset_reaches_the_peer_and_fails_blocked_writer():
+    async def main():
+        accepted: asyncio.Queue = asyncio.Queue()
+
+        async def park(stream):
+            await accepted.put(stream)
+            await asyncio.Event().wait()
+
+        a, b = await muxed_pair(park)
+        stream = await a.open_stream()
+        writer = asyncio.create_task(stream.write(bytes(2 * y.INITIAL_WINDOW)))
+        remote = await accepted.get()
+        reader = asyncio.create_task(remote.read(1))
+        await asyncio.sleep(0.05)
+        assert not writer.done()
+        remote.reset()
+        with pytest.raises(StreamResetError):
+            await writer
+        await asyncio.sleep(0)
+        assert reader.done()  # the first chunk was readable before the reset
+        with pytest.raises(StreamResetError):
+            await remote.read()
+        with pytest.raises(StreamResetError):
+            await stream.read()
+        assert a.num_streams == 0 and b.num_streams == 0
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_close_sends_go_away_and_peer_shuts_down_streams():
+    async def main():
+        a, b = await muxed_pair(tcp=True)
+        stream = await a.open_stream()
+        await stream.write(b"ping")
+        assert await stream.readexactly(4) == b"ping"
+        await b.close()
+        assert b.closed
+        with pytest.raises(StreamResetError):
+            await stream.read()
+        for _ in range(100):
+            if a.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert a.closed
+        with pytest.raises(MuxerClosedError):
+            await a.open_stream()
+    run(main())
+
+
+def test_stream_limit_resets_streams_beyond_it():
+    async def main():
+        async def hold(stream):
+            await asyncio.Event().wait()
+
+        near, far = memory_pipe()
+        a, b = MuxedConnection(near, True, None), MuxedConnection(far, False, hold, max_streams=3)
+        await a.start()
+        await b.start()
+        streams = [await a.open_stream() for _ in range(4)]
+        with pytest.raises(StreamResetError):
+            await streams[3].read()
+        assert b.num_streams == 3 and not a.closed
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_inbound_streams_are_refused_without_handler():
+    async def main():
+        a, b = await muxed_pair()
+        stream = await b.open_stream()  # a has no on_stream handler
+        with pytest.raises(StreamResetError):
+            await stream.read()
+        await a.close()
+        await b.close()
+    run(main())
+
+
+# -------------------------------------------------------------- pings, liveness
+
+def test_ping_returns_rtt():
+    async def main():
+        a, b = await muxed_pair(tcp=True)
+        rtt = await a.ping()
+        assert 0 < rtt < 1.0
+        assert a.rtt == rtt
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_keepalive_closes_a_silent_connection():
+    async def main():
+        near, far = memory_pipe(max_chunks=1000)
+        a = MuxedConnection(near, True, None, keepalive_interval=0.1, keepalive_timeout=0.2)
+        await a.start()
+        drained = asyncio.create_task(drain(far))  # a peer that reads but never answers
+        for _ in range(100):
+            if a.closed:
+                break
+            await asyncio.sleep(0.02)
+        assert a.closed and "keepalive" in a.close_reason
+        drained.cancel()
+    run(main())
+
+
+async def drain(conn) -> None:
+    while await conn.read():
+        pass
+
+
+def test_keepalive_keeps_a_live_idle_connection():
+    async def main():
+        a, b = await muxed_pair(keepalive_interval=0.05, keepalive_timeout=0.2)
+        await asyncio.sleep(0.5)
+        assert not a.closed and not b.closed
+        await a.close()
+        await b.close()
+    run(main())
+
+
+# -------------------------------------------------------------------- bad peer
+
+@pytest.mark.parametrize("junk", [
+    b"\x01" + bytes(11),  # bad version
+    y.encode_header(y.TYPE_DATA, 0, 1, 2**31),  # absurd length on an unknown stream
+    y.encode_header(y.TYPE_WINDOW_UPDATE, y.FLAG_SYN, 2, 0),  # initiator's parity from responder side
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+])
+def test_garbage_peer_closes_only_its_connection(junk):
+    async def main():
+        good_a, good_b = await muxed_pair()
+        near, far = memory_pipe()
+        victim = MuxedConnection(near, False, echo)
+        await victim.start()
+        await far.write(junk)
+        for _ in range(100):
+            if victim.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert victim.closed and "protocol error" in victim.close_reason
+        reply = b""
+        while chunk := await far.read():  # the victim answered with GoAway(protocol error)
+            reply += chunk
+        assert y.encode_header(y.TYPE_GO_AWAY, 0, 0, y.GO_AWAY_PROTOCOL_ERROR) in reply
+        stream = await good_a.open_stream()
+        await stream.write(b"still serving")
+        assert await stream.readexactly(13) == b"still serving"
+        await good_a.close()
+        await good_b.close()
+    run(main())
