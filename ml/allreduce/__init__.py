@@ -1,0 +1,25 @@
+"""Compressed, fault-tolerant all-reduce (mean) of float32 tensors among an agreed group of peers.
+
+    group = AllReduceGroup(transport, my_id, peers, mode="butterfly", codec="int8")
+    await group.start()
+    result = await group.allreduce(tensors, round_id)   # -> AllReduceResult
+
+`transport` is anything with `open_stream(peer, protocol)` and `set_handler(protocol, handler)`
+(see transport.py): `TcpTransport` for tests and benchmarks, the node's Host in production.
+"""
+from .deadlines import DeadlinePolicy
+from .group import PROTOCOL, AllReduceError, AllReduceGroup, AllReduceResult, ExcludedFromRound
+from .transport import Stream, TcpTransport, Transport, TransportError
+
+__all__ = [
+    "PROTOCOL",
+    "AllReduceError",
+    "AllReduceGroup",
+    "AllReduceResult",
+    "DeadlinePolicy",
+    "ExcludedFromRound",
+    "Stream",
+    "TcpTransport",
+    "Transport",
+    "TransportError",
+]

@@ -1,0 +1,108 @@
+"""What one attempt of a round shares between its algorithms (butterfly, ring), and their helpers.
+
+An attempt either fills `out` with the round's result or raises `PeerFailure` / `PlanMismatch`;
+the group (group.py) turns those into a VIEW and a new attempt. Heavy tensor work goes through
+`offload` (a thread pool; torch releases the GIL), never on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import torch
+
+from ml.codecs.base import Codec, CodecError, all_finite
+
+from .inbox import Inbox, PeerFailure
+from .links import PeerLinks
+from .plan import Plan
+from .wire import Frame, Kind, members_from_mask
+
+
+class PlanMismatch(Exception):
+    """A member planned this attempt over a different member set (its view diverged from ours)."""
+
+    def __init__(self, peer: str, members: list[str]):
+        super().__init__(f"{peer} planned over {len(members)} members")
+        self.peer = peer
+        self.members = members
+
+
+@dataclass
+class AttemptContext:
+    me: str
+    universe: list[str]            # the group's peers, sorted (member masks index into it)
+    plan: Plan
+    round_id: int
+    attempt: int
+    flat: torch.Tensor             # this peer's contribution, 1-D float32
+    out: torch.Tensor              # the result is written here
+    codec: Codec
+    links: PeerLinks
+    inbox: Inbox
+    offload: Callable[..., Awaitable[Any]]
+    started: float                 # loop time the attempt began
+    stall_s: float                 # stall timeout for this attempt
+    grace_s: float                 # extra wait for a member's first frame
+    first_meta: dict               # meta sent with each first chunk (plan digest, shapes, rate)
+    rates_seen: dict[str, float] = field(default_factory=dict)    # from members' first chunks
+    agreed_rates: dict[str, float] = field(default_factory=dict)  # the table all members adopt
+
+    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes, meta: dict | None = None) -> Frame:
+        return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)
+
+    async def take(self, kind: Kind, slot: int, chunk: int, sender: str, first: bool,
+                   stall_factor: float = 1.0) -> Frame:
+        since = self.started + (self.grace_s if first else 0.0)
+        key = (self.round_id, self.attempt, kind, slot, chunk, sender)
+        return await self.inbox.take(key, since, self.stall_s * stall_factor)
+
+    def check_first_meta(self, sender: str, meta: dict) -> None:
+        """Validate the meta of a member's first chunk: same plan, same tensor shapes."""
+        if meta.get("plan") != self.first_meta["plan"]:
+            try:
+                theirs = members_from_mask(meta.get("m"), self.universe)
+            except ValueError:
+                raise PeerFailure(sender, "malformed first-chunk meta") from None
+            raise PlanMismatch(sender, theirs)
+        if meta.get("shape") != self.first_meta["shape"]:
+            raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)")
+        rate = meta.get("rate")
+        if isinstance(rate, (int, float)) and rate > 0:
+            self.rates_seen[sender] = float(rate)
+
+
+def decode_checked(codec: Codec, payload: bytes, numel: int, sender: str, what: str) -> torch.Tensor:
+    """Decode a chunk; PeerFailure naming the sender if it is malformed or not finite."""
+    try:
+        values = codec.decode(payload, numel)
+    except (CodecError, ValueError, RuntimeError) as exc:
+        raise PeerFailure(sender, f"malformed {what}: {exc}") from None
+    if values.numel() != numel:
+        raise PeerFailure(sender, f"malformed {what}: {values.numel()} values, expected {numel}")
+    if not all_finite(values):
+        raise PeerFailure(sender, f"non-finite values (NaN/Inf) in {what}")
+    return values
+
+
+def encode_checked(codec: Codec, values: torch.Tensor, me: str) -> bytes:
+    """Encode local values; a local NaN/Inf makes this peer the one at fault."""
+    values = values.contiguous()
+    if not all_finite(values):
+        raise PeerFailure(me, "non-finite values (NaN/Inf) in local contribution")
+    return codec.encode(values)
+
+
+async def run_all(coros: list[Awaitable[None]]) -> None:
+    """Run coroutines concurrently; on the first failure cancel the rest and re-raise it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,445 @@
+"""AllReduceGroup: rounds of fault-tolerant all-reduce (mean) among an agreed set of peers.
+
+A round runs attempts. Attempt 0 includes every group peer. An attempt either completes (every
+reducer's result arrived) and the round commits, or fails for this peer (a member stalled past its
+adaptive deadline, sent bad data, or planned differently; or another member sent a VIEW saying the
+attempt failed for it). On failure a peer broadcasts a VIEW (the members it still considers alive
+and why it dropped the others) and waits for the VIEWs of those members; the next attempt runs
+over the intersection of all views received, minus members whose view did not arrive. All
+survivors see the same views, so they converge on one member set; a later attempt that still
+disagrees is caught by the plan digest and shrinks the set again. A peer that committed a round
+answers any VIEW or later-attempt frame of that round with the committed result (COMMITTED), and
+a peer that has not committed adopts it, so peers that saw a reducer die mid-broadcast still end
+with the same result as those that got everything. See docs/adr/0033.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from ml.codecs import get_codec
+from ml.codecs.base import all_finite
+
+from .attempt import AttemptContext, PlanMismatch
+from .butterfly import run_butterfly
+from .deadlines import DeadlinePolicy, StallEstimator
+from .inbox import Inbox, PeerFailure
+from .links import PeerLinks
+from .plan import Plan, make_plan
+from .ring import RING_CODECS, run_ring
+from .transport import Stream, Transport
+from .wire import (
+    DEFAULT_MAX_PAYLOAD,
+    Frame,
+    FrameError,
+    Kind,
+    members_from_mask,
+    members_mask,
+    read_frame,
+)
+
+PROTOCOL = "/dekube/allreduce/1"
+KEEP_COMMITTED_ROUNDS = 2
+log = logging.getLogger(__name__)
+
+
+class AllReduceError(RuntimeError):
+    """The round cannot finish: too few members left, or too many failed attempts."""
+
+
+class ExcludedFromRound(AllReduceError):
+    """The other members excluded this peer from the round (its reason is in `reason`)."""
+
+    def __init__(self, round_id: int, reason: str):
+        super().__init__(f"excluded from round {round_id}: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    tensors: list[torch.Tensor]          # the mean, one float32 tensor per input, same shapes
+    participants: tuple[str, ...]        # whose contributions the mean is over (sorted)
+    round_id: int
+    attempts: int                        # 1 when no member failed
+    excluded: dict[str, str] = field(default_factory=dict)  # peer -> why it was left out
+    bytes_sent: int = 0                  # by this peer during the round
+
+    def includes(self, peer: str) -> bool:
+        return peer in self.participants
+
+
+@dataclass
+class _Committed:
+    attempt: int
+    participants: tuple[str, ...]
+    excluded: dict[str, str]
+    flat: torch.Tensor
+    rates: dict[str, float]
+    pushed_to: set[str] = field(default_factory=set)
+
+
+class AllReduceGroup:
+    """Averages lists of float32 tensors with the same peers, round after round."""
+
+    def __init__(self, transport: Transport, my_id: str, peers: list[str], *, mode: str = "butterfly",
+                 codec: str = "fp32", non_reducers: set[str] | frozenset = frozenset(),
+                 chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DeadlinePolicy(),
+                 min_participants: int = 2, max_frame_bytes: int = DEFAULT_MAX_PAYLOAD,
+                 protocol: str = PROTOCOL, workers: int = 2):
+        if mode not in ("butterfly", "ring"):
+            raise ValueError(f"mode must be 'butterfly' or 'ring', not {mode!r}")
+        if mode == "ring" and codec not in RING_CODECS:
+            raise ValueError(f"ring re-encodes partial sums at every hop: use one of {RING_CODECS} "
+                             f"or the butterfly for {codec!r}")
+        if mode == "ring" and non_reducers:
+            raise ValueError("ring mode has no non-reducers: every member reduces a shard")
+        self._codec = get_codec(codec)
+        if self._codec.max_encoded_size(chunk_numel) > max_frame_bytes:
+            raise ValueError("chunk_numel encodes to more than max_frame_bytes")
+        self.my_id = my_id
+        self.mode = mode
+        self.codec_name = codec
+        self.non_reducers = frozenset(non_reducers)
+        self.chunk_numel = chunk_numel
+        self.min_participants = min_participants
+        self._transport = transport
+        self._protocol = protocol
+        self._max_frame = max_frame_bytes
+        self._estimator = StallEstimator(deadlines)
+        self._policy = deadlines
+        self._inbox = Inbox(self._estimator)
+        self._links = PeerLinks(transport, protocol, self._on_link_broken)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="allreduce")
+        self._peers: list[str] = []
+        self.set_peers(peers)
+        self._current_round = -1
+        self._round_active = False
+        self._committed: dict[int, _Committed] = {}
+        self._rates: dict[str, float] = {}
+        self._my_rate: float | None = None
+        self._background: set[asyncio.Task] = set()
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._transport.set_handler(self._protocol, self._on_stream)
+        self._started = True
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._links.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def set_peers(self, peers: list[str]) -> None:
+        """Change the membership (joins and leaves) between rounds; includes this peer."""
+        peers = sorted(set(peers))
+        if self.my_id not in peers:
+            raise ValueError("the group's peers must include this peer")
+        self._peers = peers
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self._peers)
+
+    # -- the round -------------------------------------------------------------------------
+
+    async def allreduce(self, tensors: list[torch.Tensor], round_id: int) -> AllReduceResult:
+        """The mean of every peer's `tensors` (same shapes everywhere) for round `round_id`.
+
+        Round ids must increase from call to call and agree among the peers.
+        """
+        if not self._started:
+            raise RuntimeError("call start() first")
+        if round_id <= self._current_round:
+            raise ValueError(f"round {round_id} is not after round {self._current_round}")
+        shapes = [tuple(t.shape) for t in tensors]
+        flat = await self._offload(_flatten, tensors)
+        self._current_round = round_id
+        self._round_active = True
+        self._inbox.forget_before(round_id)
+        bytes_before = self._links.bytes_sent
+        try:
+            committed = await self._run_round(flat, shapes, round_id)
+        finally:
+            self._round_active = False
+        self._my_rate = _smooth(self._my_rate, self._links.meter.take_rate())
+        if committed.rates:
+            self._rates = committed.rates
+        return AllReduceResult(_unflatten(committed.flat, shapes), committed.participants, round_id,
+                               committed.attempt + 1, dict(committed.excluded),
+                               self._links.bytes_sent - bytes_before)
+
+    async def _run_round(self, flat: torch.Tensor, shapes: list[tuple], round_id: int) -> _Committed:
+        members = list(self._peers)
+        excluded: dict[str, str] = {}
+        shape_digest = hashlib.blake2b(json.dumps(shapes).encode(), digest_size=8).hexdigest()
+        local_ok = await self._offload(all_finite, flat)
+        for attempt in range(len(self._peers) + 2):
+            if self.my_id not in members:
+                raise ExcludedFromRound(round_id, excluded.get(self.my_id, "dropped by the other members"))
+            if len(members) < self.min_participants:
+                raise AllReduceError(f"round {round_id}: only {len(members)} members left "
+                                     f"(minimum {self.min_participants}); excluded: {excluded}")
+            ctx = self._context(flat, members, shape_digest, round_id, attempt)
+            self._links.set_floor(round_id, attempt)
+            self._inbox.forget_before(round_id, attempt)
+            outcome = await self._run_attempt(ctx, local_ok, excluded)
+            if isinstance(outcome, _Committed):
+                return outcome
+            outcome = await self._agree_on_members(ctx, *outcome)
+            if isinstance(outcome, _Committed):
+                return outcome
+            members, dropped = outcome
+            excluded.update(dropped)
+        raise AllReduceError(f"round {round_id}: no agreement after {len(self._peers) + 2} attempts")
+
+    def _context(self, flat, members, shape_digest, round_id, attempt) -> AttemptContext:
+        plan = self._plan(members, flat.numel())
+        meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, self._peers)}
+        if self._my_rate:
+            meta["rate"] = round(self._my_rate)
+        return AttemptContext(
+            me=self.my_id, universe=self._peers, plan=plan, round_id=round_id, attempt=attempt,
+            flat=flat, out=torch.empty_like(flat), codec=self._codec, links=self._links,
+            inbox=self._inbox, offload=self._offload, started=asyncio.get_running_loop().time(),
+            stall_s=self._estimator.stall_timeout(),
+            grace_s=self._policy.first_frame_grace_s if attempt == 0 else 0.0, first_meta=meta)
+
+    def _plan(self, members: list[str], numel: int) -> Plan:
+        non_reducers = set() if self.mode == "ring" else set(self.non_reducers)
+        return make_plan(members, non_reducers, self._rates, numel, self.chunk_numel, self.codec_name)
+
+    async def _run_attempt(self, ctx: AttemptContext, local_ok: bool, excluded: dict[str, str]):
+        """The commit, or (suspects, their_members) saying why the attempt failed for this peer."""
+        if not local_ok:
+            return {self.my_id: "non-finite values (NaN/Inf) in local contribution"}, None
+        algorithm = run_ring if self.mode == "ring" else run_butterfly
+        task = asyncio.ensure_future(algorithm(ctx))
+        view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
+        pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+        try:
+            await asyncio.wait({task, view, pushed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        error = task.exception() if not task.cancelled() else None
+        if not task.cancelled() and error is None:
+            committed = _Committed(ctx.attempt, ctx.plan.members, dict(excluded), ctx.out, ctx.agreed_rates)
+            self._remember(ctx.round_id, committed)
+            return committed
+        if pushed.done():
+            adopted = await self._adopt(ctx)
+            if adopted is not None:
+                return adopted
+        if isinstance(error, PeerFailure):
+            return {error.peer: error.reason}, None
+        if isinstance(error, PlanMismatch):
+            return {}, error.members
+        if error is not None:
+            raise error
+        return {}, None
+
+    def _remember(self, round_id: int, committed: _Committed) -> None:
+        self._committed[round_id] = committed
+        for old in sorted(self._committed)[:-KEEP_COMMITTED_ROUNDS]:
+            del self._committed[old]
+        # members that gave up on this round before we committed get the result now
+        for key in self._inbox.pending(round_id, None, Kind.VIEW) + self._inbox.pending(round_id, None, Kind.PART):
+            if key[2] == Kind.VIEW or key[1] > committed.attempt:
+                self._push_committed(round_id, key[-1])
+
+    async def _agree_on_members(self, ctx: AttemptContext, suspects: dict[str, str],
+                                their_members: list[str] | None):
+        """Exchange VIEWs after a failed attempt: (next members, dropped with reasons), or a
+        commit pushed to us meanwhile."""
+        alive = set(ctx.plan.members) - set(suspects)
+        if their_members is not None:
+            alive &= set(their_members)
+        reasons = dict(suspects)
+        index = {p: i for i, p in enumerate(self._peers)}
+        meta = {"alive": members_mask(sorted(alive), self._peers),
+                "why": {str(index[p]): r[:200] for p, r in reasons.items()}}
+        others = [m for m in ctx.plan.members if m != self.my_id]
+        for member in others:
+            await self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta))
+        waited = [m for m in others if m in alive]
+        views = asyncio.ensure_future(asyncio.gather(
+            *(self._take_view(ctx, m) for m in waited), return_exceptions=True))
+        pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+        await asyncio.wait({views, pushed}, return_when=asyncio.FIRST_COMPLETED)
+        if pushed.done():
+            adopted = await self._adopt(ctx)
+            if adopted is not None:
+                views.cancel()
+                with contextlib.suppress(BaseException):
+                    await views
+                return adopted
+        for member, outcome in zip(waited, await views):
+            if isinstance(outcome, PeerFailure):
+                alive.discard(member)
+                reasons.setdefault(member, f"no view after failed attempt: {outcome.reason}")
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                their_alive, their_reasons = outcome
+                for peer in alive - their_alive:
+                    reasons.setdefault(peer, their_reasons.get(peer, f"dropped by {member}"))
+                alive &= their_alive
+        dropped = {p: reasons.get(p, "dropped") for p in ctx.plan.members if p not in alive}
+        log.info("round %d attempt %d failed; next members %s, dropped %s",
+                 ctx.round_id, ctx.attempt, sorted(alive), dropped)
+        return sorted(alive), dropped
+
+    async def _take_view(self, ctx: AttemptContext, member: str) -> tuple[set[str], dict[str, str]]:
+        loop = asyncio.get_running_loop()
+        frame = await self._inbox.take((ctx.round_id, ctx.attempt, Kind.VIEW, 0, 0, member),
+                                       loop.time(), self._estimator.stall_timeout())
+        try:
+            alive = set(members_from_mask(frame.meta.get("alive"), self._peers))
+        except FrameError as exc:
+            raise PeerFailure(member, f"malformed view: {exc}") from None
+        why = frame.meta.get("why") if isinstance(frame.meta.get("why"), dict) else {}
+        reasons = {self._peers[int(i)]: str(r)[:200] for i, r in why.items()
+                   if isinstance(i, str) and i.isdigit() and int(i) < len(self._peers)}
+        return alive, reasons
+
+    # -- committed results: push to stragglers, adopt when pushed ---------------------------
+
+    def _push_committed(self, round_id: int, peer: str) -> None:
+        committed = self._committed.get(round_id)
+        if committed is None or peer in committed.pushed_to or peer == self.my_id:
+            return
+        committed.pushed_to.add(peer)
+        task = asyncio.ensure_future(self._send_committed(round_id, committed, peer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_committed(self, round_id: int, committed: _Committed, peer: str) -> None:
+        flat = committed.flat
+        starts = range(0, flat.numel(), self.chunk_numel)
+        index = {p: i for i, p in enumerate(self._peers)}
+        meta = {"attempt": committed.attempt, "m": members_mask(list(committed.participants), self._peers),
+                "why": {str(index[p]): r for p, r in committed.excluded.items() if p in index},
+                "numel": flat.numel(), "chunks": len(starts),
+                "rates": {str(index[p]): r for p, r in committed.rates.items() if p in index}}
+        for c, start in enumerate(starts):
+            payload = await self._offload(_raw_bytes, flat[start:start + self.chunk_numel])
+            await self._links.send(peer, Frame(Kind.COMMITTED, round_id, 0, 0, c, meta if c == 0 else {},
+                                               payload))
+
+    async def _adopt(self, ctx: AttemptContext) -> _Committed | None:
+        """Take a result another member committed for this round; None if it is unusable."""
+        for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
+            if key[4] != 0:
+                continue
+            sender = key[-1]
+            first = self._inbox.pop(key)
+            try:
+                return await self._receive_committed(ctx, sender, first)
+            except (PeerFailure, FrameError, ValueError, KeyError) as exc:
+                log.warning("round %d: unusable committed result from %s: %s", ctx.round_id, sender, exc)
+        self._inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
+        return None
+
+    async def _receive_committed(self, ctx: AttemptContext, sender: str, first: Frame) -> _Committed:
+        meta = first.meta
+        numel = ctx.flat.numel()
+        chunks = math.ceil(numel / self.chunk_numel)
+        if meta.get("numel") != numel or meta.get("chunks") != chunks or not isinstance(meta.get("attempt"), int):
+            raise ValueError("committed result of another layout")
+        participants = tuple(members_from_mask(meta.get("m"), self._peers))
+        why = meta.get("why") if isinstance(meta.get("why"), dict) else {}
+        excluded = {self._peers[int(i)]: str(r) for i, r in why.items() if i.isdigit() and int(i) < len(self._peers)}
+        rates_meta = meta.get("rates") if isinstance(meta.get("rates"), dict) else {}
+        rates = {self._peers[int(i)]: float(r) for i, r in rates_meta.items()
+                 if i.isdigit() and int(i) < len(self._peers) and isinstance(r, (int, float)) and r > 0}
+        out = torch.empty_like(ctx.flat)
+        loop = asyncio.get_running_loop()
+        for c in range(chunks):
+            frame = first if c == 0 else await self._inbox.take(
+                (ctx.round_id, 0, Kind.COMMITTED, 0, c, sender), loop.time(), self._estimator.stall_timeout())
+            start = c * self.chunk_numel
+            stop = min(start + self.chunk_numel, numel)
+            out[start:stop] = await self._offload(_from_raw, frame.payload, stop - start, sender)
+        committed = _Committed(meta["attempt"], participants, excluded, out, rates)
+        self._remember(ctx.round_id, committed)
+        return committed
+
+    # -- incoming streams ------------------------------------------------------------------
+
+    async def _on_stream(self, stream: Stream, remote: str) -> None:
+        if remote not in self._peers:
+            stream.reset()
+            return
+        while True:
+            try:
+                frame = await read_frame(stream, self._max_frame)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial or self._round_active:
+                    self._inbox.record_fault(remote, self._current_round, "connection closed")
+                return
+            except (FrameError, ConnectionError) as exc:
+                self._inbox.record_fault(remote, self._current_round, f"bad frame: {exc}")
+                stream.reset()
+                return
+            self._on_frame(remote, frame)
+
+    def _on_frame(self, sender: str, frame: Frame) -> None:
+        committed = self._committed.get(frame.round_id)
+        if committed is not None:
+            if frame.kind == Kind.VIEW or (frame.kind == Kind.PART and frame.attempt > committed.attempt):
+                self._push_committed(frame.round_id, sender)
+            if frame.kind != Kind.COMMITTED:
+                return
+        self._inbox.put(sender, frame)
+
+    def _on_link_broken(self, peer: str, reason: str) -> None:
+        if self._round_active:
+            self._inbox.record_fault(peer, self._current_round, reason)
+
+    async def _offload(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+
+def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if not tensors:
+        raise ValueError("nothing to all-reduce")
+    return torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, shapes: list[tuple]) -> list[torch.Tensor]:
+    sizes = [math.prod(s) for s in shapes]
+    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
+
+
+def _raw_bytes(values: torch.Tensor) -> bytes:
+    return values.contiguous().numpy().tobytes()
+
+
+def _from_raw(payload: bytes, numel: int, sender: str) -> torch.Tensor:
+    if len(payload) != numel * 4:
+        raise PeerFailure(sender, f"committed chunk of {len(payload)} bytes, expected {numel * 4}")
+    values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
+    if not all_finite(values):
+        raise PeerFailure(sender, "non-finite values in committed result")
+    return values
+
+
+def _smooth(previous: float | None, measured: float | None) -> float | None:
+    if measured is None:
+        return previous
+    return measured if previous is None else 0.5 * previous + 0.5 * measured

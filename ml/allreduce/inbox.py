@@ -1,0 +1,128 @@
+"""Where incoming all-reduce frames wait until the round logic takes them.
+
+Frames are keyed by (round, attempt, kind, slot, chunk, sender), so they may arrive before the
+receiver starts that round. `take` waits for one key with a stall deadline: it fails with
+`PeerFailure` when nothing at all arrived from the sender for the stall timeout, or at once when
+the sender has a recorded fault (malformed frame, bad contribution) for this round. Every frame
+feeds its gap since the sender's previous frame of the same attempt to the stall estimator.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .deadlines import StallEstimator
+from .wire import Frame, Kind
+
+Key = tuple[int, int, Kind, int, int, str]
+
+
+class PeerFailure(Exception):
+    """A member failed this attempt: it stalled, sent bad data, or reported a mismatching plan."""
+
+    def __init__(self, peer: str, reason: str):
+        super().__init__(f"{peer}: {reason}")
+        self.peer = peer
+        self.reason = reason
+
+
+class Inbox:
+    def __init__(self, estimator: StallEstimator):
+        self.estimator = estimator
+        self._frames: dict[Key, Frame] = {}
+        self._waiters: dict[Key, asyncio.Future] = {}
+        self._signals: dict[tuple, asyncio.Future] = {}
+        self._last_seen: dict[str, tuple[float, int, int]] = {}
+        self._faults: dict[str, tuple[int, str]] = {}
+        self._min_round = 0
+
+    @staticmethod
+    def key(frame: Frame, sender: str) -> Key:
+        return (frame.round_id, frame.attempt, frame.kind, frame.slot, frame.chunk, sender)
+
+    def put(self, sender: str, frame: Frame) -> None:
+        if frame.round_id < self._min_round:
+            return
+        now = asyncio.get_running_loop().time()
+        previous = self._last_seen.get(sender)
+        if previous is not None and previous[1:] == (frame.round_id, frame.attempt):
+            self.estimator.observe_gap(now - previous[0])
+        self._last_seen[sender] = (now, frame.round_id, frame.attempt)
+        key = self.key(frame, sender)
+        self._frames[key] = frame
+        self._resolve(self._waiters.pop(key, None))
+        for signal in ((frame.round_id, frame.attempt, frame.kind), (frame.round_id, None, frame.kind)):
+            self._resolve(self._signals.get(signal))
+
+    def record_fault(self, sender: str, round_id: int, reason: str) -> None:
+        """Mark `sender` faulty from `round_id` on; waits on it fail at once."""
+        if sender not in self._faults or self._faults[sender][0] < round_id:
+            self._faults[sender] = (round_id, reason)
+        for key, waiter in list(self._waiters.items()):
+            if key[-1] == sender:
+                self._resolve(self._waiters.pop(key))
+
+    def fault(self, sender: str, round_id: int) -> str | None:
+        entry = self._faults.get(sender)
+        return entry[1] if entry is not None and entry[0] >= round_id else None
+
+    def signal(self, round_id: int, attempt: int | None, kind: Kind) -> asyncio.Future:
+        """A future done once any frame of this kind (and attempt; None: any) arrived for the round."""
+        key = (round_id, attempt, kind)
+        fut = self._signals.get(key)
+        if fut is None:
+            fut = self._signals[key] = asyncio.get_running_loop().create_future()
+            if any(k[0] == round_id and k[2] == kind and (attempt is None or k[1] == attempt)
+                   for k in self._frames):
+                fut.set_result(None)
+        return fut
+
+    def clear_signal(self, round_id: int, attempt: int | None, kind: Kind) -> None:
+        """Forget a signal so the next `signal` call reflects only frames still waiting."""
+        self._signals.pop((round_id, attempt, kind), None)
+
+    def pending(self, round_id: int, attempt: int | None, kind: Kind) -> list[Key]:
+        return [k for k in self._frames
+                if k[0] == round_id and k[2] == kind and (attempt is None or k[1] == attempt)]
+
+    def pop(self, key: Key) -> Frame | None:
+        return self._frames.pop(key, None)
+
+    async def take(self, key: Key, since: float, stall_s: float) -> Frame:
+        """Wait for the frame `key`; PeerFailure if its sender is faulty or silent for `stall_s`."""
+        sender = key[-1]
+        loop = asyncio.get_running_loop()
+        while True:
+            frame = self._frames.pop(key, None)
+            if frame is not None:
+                return frame
+            reason = self.fault(sender, key[0])
+            if reason is not None:
+                raise PeerFailure(sender, reason)
+            seen = self._last_seen.get(sender)
+            last = max(seen[0] if seen else since, since)
+            remaining = last + stall_s - loop.time()
+            if remaining <= 0:
+                raise PeerFailure(sender, f"stalled: nothing received for {stall_s:.1f}s")
+            waiter = self._waiters.get(key)
+            if waiter is None or waiter.done():
+                waiter = self._waiters[key] = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), remaining)
+            except TimeoutError:
+                pass
+
+    def forget_before(self, round_id: int, attempt: int = 0) -> None:
+        """Drop frames and signals of rounds/attempts before (round_id, attempt)."""
+        self._min_round = max(self._min_round, round_id)
+        for store in (self._frames, self._signals):
+            for key in [k for k in store if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
+                item = store.pop(key)
+                if store is self._signals:
+                    self._resolve(item)
+        for key in [k for k in self._waiters if (k[0], k[1]) < (round_id, attempt)]:
+            self._resolve(self._waiters.pop(key))
+
+    @staticmethod
+    def _resolve(fut: asyncio.Future | None) -> None:
+        if fut is not None and not fut.done():
+            fut.set_result(None)

@@ -1,0 +1,113 @@
+"""Outgoing frames: one stream per peer, fed by a bounded queue and drained by one writer task.
+
+A single writer per peer keeps frames whole on the stream (cancelling an attempt never cuts a
+frame in half) and gives back-pressure: `send` waits while the queue is full. Data frames (PART,
+RESULT) of an attempt that was abandoned are skipped rather than sent. A stream that cannot be
+opened or written marks the peer faulty through `on_broken`. The links also measure this node's
+upload rate (bytes written per second of writing) for bandwidth-proportional shards.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Callable
+
+from .transport import Transport
+from .wire import Frame, Kind, encode_frame
+
+QUEUE_FRAMES = 8
+OPEN_TIMEOUT_S = 10.0
+DATA_KINDS = (Kind.PART, Kind.RESULT)
+
+
+class UploadMeter:
+    """Bytes written and the wall time during which at least one write was in progress."""
+
+    def __init__(self):
+        self.bytes = 0
+        self.busy_s = 0.0
+        self._active = 0
+        self._since = 0.0
+
+    def begin(self) -> None:
+        if self._active == 0:
+            self._since = asyncio.get_running_loop().time()
+        self._active += 1
+
+    def end(self, nbytes: int) -> None:
+        self._active -= 1
+        self.bytes += nbytes
+        if self._active == 0:
+            self.busy_s += asyncio.get_running_loop().time() - self._since
+
+    def take_rate(self) -> float | None:
+        """Bytes/s since the last call (None if too little was sent to tell), then reset."""
+        rate = self.bytes / self.busy_s if self.bytes >= 1 << 20 and self.busy_s > 0 else None
+        self.bytes, self.busy_s = 0, 0.0
+        return rate
+
+
+class PeerLinks:
+    def __init__(self, transport: Transport, protocol: str, on_broken: Callable[[str, str], None]):
+        self._transport = transport
+        self._protocol = protocol
+        self._on_broken = on_broken
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._writers: set[asyncio.Task] = set()
+        self._floor = (0, 0)
+        self.meter = UploadMeter()
+        self.bytes_sent = 0
+
+    def set_floor(self, round_id: int, attempt: int) -> None:
+        """Skip queued data frames of rounds/attempts before this one."""
+        self._floor = (round_id, attempt)
+
+    async def send(self, peer: str, frame: Frame) -> None:
+        queue = self._queues.get(peer)
+        if queue is None:
+            queue = self._queues[peer] = asyncio.Queue(QUEUE_FRAMES)
+            self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
+        await queue.put(frame)
+
+    async def close(self) -> None:
+        for task in self._writers:
+            task.cancel()
+        for task in self._writers:
+            with contextlib.suppress(BaseException):
+                await task
+        self._writers.clear()
+        self._queues.clear()
+
+    async def _write_loop(self, peer: str, queue: asyncio.Queue) -> None:
+        stream = None
+        try:
+            while True:
+                frame = await queue.get()
+                if frame.kind in DATA_KINDS and (frame.round_id, frame.attempt) < self._floor:
+                    continue
+                if stream is None:
+                    stream = await asyncio.wait_for(
+                        self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
+                buffers = encode_frame(frame)
+                size = sum(len(b) for b in buffers)
+                self.meter.begin()
+                try:
+                    for buf in buffers:
+                        await stream.write(buf)
+                finally:
+                    self.meter.end(size)
+                self.bytes_sent += size
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any stream failure means the link is gone
+            if self._queues.get(peer) is queue:
+                del self._queues[peer]  # the next send opens a fresh link
+            if stream is not None:
+                stream.reset()
+            self._on_broken(peer, f"link failed: {type(exc).__name__}: {exc}")
+            while True:  # frames already queued here are undeliverable: discard, never block senders
+                await queue.get()
+        finally:
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(stream.close(), 1.0)

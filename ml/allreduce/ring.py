@@ -1,0 +1,107 @@
+"""Ring all-reduce (reduce-scatter then all-gather) for one attempt, pipelined in chunks.
+
+Member i sends to i+1 and receives from i-1. In reduce-scatter step t it forwards the running sum
+of shard (i - t) and adds its own values to shard (i - t - 1); after n-1 steps it holds the full
+sum of shard (i + 1), divides it by n, encodes it once and keeps that encoding's decoding. The
+all-gather forwards those bytes unchanged, so every member decodes the same bits. Partial sums
+are re-encoded at every hop, so use the ring only with float codecs (fp32/fp16/bf16); quantizing
+codecs belong to the butterfly. Each first chunk also carries the upload rates seen so far, so
+after the reduce-scatter every member knows every member's self-measured rate.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from .attempt import AttemptContext, decode_checked, encode_checked, run_all
+from .wire import Kind
+
+RING_CODECS = ("fp32", "fp16", "bf16")
+
+
+async def run_ring(ctx: AttemptContext) -> None:
+    members = ctx.plan.members
+    n = len(members)
+    i = members.index(ctx.me)
+    ready: dict[tuple[int, int], asyncio.Future] = {}
+
+    def slot_future(slot: int, chunk: int) -> asyncio.Future:
+        key = (slot, chunk)
+        if key not in ready:
+            ready[key] = asyncio.get_running_loop().create_future()
+        return ready[key]
+
+    own_rate = ctx.first_meta.get("rate")
+    if isinstance(own_rate, (int, float)) and own_rate > 0:
+        ctx.agreed_rates[ctx.me] = float(own_rate)
+    for c, (a, b) in enumerate(ctx.plan.chunks(i)):
+        slot_future(0, c).set_result(None)  # step 0 sends our own shard: encoded by the sender
+    await run_all([_sender(ctx, i, n, members[(i + 1) % n], slot_future),
+                   _receiver(ctx, i, n, members[(i - 1) % n], slot_future)])
+
+
+def _send_shard(i: int, n: int, slot: int) -> int:
+    return (i - slot) % n if slot < n - 1 else (i + 1 - (slot - (n - 1))) % n
+
+
+async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_future) -> None:
+    for slot in range(2 * (n - 1)):
+        shard = _send_shard(i, n, slot)
+        for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
+            payload = await slot_future(slot, c)
+            if payload is None:
+                payload = await ctx.offload(encode_checked, ctx.codec, ctx.flat[a:b], ctx.me)
+            meta = None
+            if c == 0 and slot < n - 1:
+                index = {p: k for k, p in enumerate(ctx.universe)}
+                meta = dict(ctx.first_meta, rates={str(index[p]): r for p, r in sorted(ctx.agreed_rates.items())})
+            await ctx.links.send(successor, ctx.frame(Kind.PART if slot < n - 1 else Kind.RESULT,
+                                                      slot, c, payload, meta))
+
+
+async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_future) -> None:
+    for step in range(n - 1):  # reduce-scatter
+        shard = (i - step - 1) % n
+        for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
+            frame = await ctx.take(Kind.PART, step, c, predecessor, first=(step == 0 and c == 0),
+                                   stall_factor=1.0 + step)
+            if c == 0:
+                if step == 0:
+                    ctx.check_first_meta(predecessor, frame.meta)
+                _merge_rates(ctx, frame.meta)
+            last = step == n - 2
+            payload, final = await ctx.offload(_add_own, ctx, frame.payload, a, b, predecessor, last, n)
+            if last:
+                ctx.out[a:b] = final
+                slot_future(n - 1, c).set_result(payload)
+            else:
+                slot_future(step + 1, c).set_result(payload)
+    for step in range(n - 1):  # all-gather
+        shard = (i - step) % n
+        for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
+            frame = await ctx.take(Kind.RESULT, n - 1 + step, c, predecessor, first=False, stall_factor=float(n))
+            ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, predecessor, "result")
+            if step < n - 2:
+                slot_future(n + step, c).set_result(frame.payload)
+
+
+def _merge_rates(ctx: AttemptContext, meta: dict) -> None:
+    rates = meta.get("rates")
+    if not isinstance(rates, dict):
+        return
+    for index, rate in rates.items():
+        if index.isdigit() and int(index) < len(ctx.universe) and isinstance(rate, (int, float)) and rate > 0:
+            ctx.agreed_rates.setdefault(ctx.universe[int(index)], float(rate))
+
+
+def _add_own(ctx: AttemptContext, payload: bytes, a: int, b: int, sender: str, last: bool,
+             n: int) -> tuple[bytes, torch.Tensor | None]:
+    """Add our values to a received partial sum; on the last step divide and encode once."""
+    acc = decode_checked(ctx.codec, payload, b - a, sender, "partial sum")
+    acc.add_(ctx.flat[a:b])
+    if not last:
+        return ctx.codec.encode(acc), None
+    acc.div_(n)
+    encoded = ctx.codec.encode(acc)
+    return encoded, ctx.codec.decode(encoded, b - a)
