@@ -1,0 +1,106 @@
+"""Scaled sign compression: one bit per value plus one bf16 scale (mean |x|) per block.
+
+A value decodes to +scale if it was >= 0, else -scale (computed as 2 * scale * bit - scale, exact;
+scales are capped so 2 * scale stays finite). Meant to run inside `ErrorFeedback`
+(EF-SignSGD, Karimireddy et al. 2019, with per-block instead of per-tensor scales).
+Layout after the header (param = block size):
+    scales: ceil(numel / block) x bf16 | signs: ceil(numel / 8) bytes, little-endian bit order,
+    padding bits 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import (
+    CODEC_IDS,
+    HEADER_SIZE,
+    CodecError,
+    check_input,
+    pack_header,
+    read_header,
+    register_codec,
+    require_finite,
+    require_length,
+    tensor_bytes,
+    view_array,
+)
+
+_MAX_SCALE_BITS = 0x7EFF  # largest bfloat16 s with 2 * s finite (decoding computes 2s * bit - s)
+
+
+def _block_means(rows: torch.Tensor) -> torch.Tensor:
+    """Mean |x| of each row (float32); rows whose float32 sum overflows are redone in float64."""
+    means = rows.abs().mean(dim=1)
+    if not bool(torch.isfinite(means).all()):
+        require_finite(rows)
+        means = rows.abs().to(torch.float64).mean(dim=1).to(torch.float32)
+    return means
+
+
+def _to_bf16_bits(means: torch.Tensor) -> torch.Tensor:
+    """Nearest bfloat16 bit patterns, capped at _MAX_SCALE_BITS."""
+    return means.to(torch.bfloat16).view(torch.int16).clamp_(max=_MAX_SCALE_BITS)
+
+
+class SignCodec:
+    """1 bit per value and a bf16 mean-magnitude scale per `block` values."""
+
+    name = "sign"
+
+    def __init__(self, block: int = 256):
+        if not (8 <= block <= 32768 and block % 8 == 0):
+            raise ValueError("block must be a multiple of 8 in [8, 32768]")
+        self.block = block
+        self._id = CODEC_IDS["sign"]
+
+    def __repr__(self) -> str:
+        return f"SignCodec(block={self.block})"
+
+    def max_encoded_size(self, numel: int) -> int:
+        return HEADER_SIZE + 2 * (-(-numel // self.block)) + (numel + 7) // 8
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        numel = check_input(x)
+        n_full = numel // self.block
+        means = []
+        if n_full:
+            means.append(_block_means(x[: n_full * self.block].view(n_full, self.block)))
+        if numel > n_full * self.block:
+            means.append(_block_means(x[n_full * self.block :].view(1, -1)))
+        signs = np.packbits((x >= 0).numpy(), bitorder="little")
+        scales = b"".join(tensor_bytes(_to_bf16_bits(m)) for m in means)
+        return b"".join([pack_header(self._id, 0, self.block, numel), scales, signs.tobytes()])
+
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
+        flags, block = read_header(data, self._id, numel)
+        if flags != 0:
+            raise CodecError(f"sign: unknown flags {flags:#x}")
+        if block != self.block:
+            raise CodecError(f"sign: block size {block} in header, expected {self.block}")
+        require_length(data, self.max_encoded_size(numel))
+        n_blocks = -(-numel // self.block)
+        scale_bits = view_array(data, np.dtype("<i2"), HEADER_SIZE, n_blocks)
+        if n_blocks and not bool(((scale_bits >= 0) & (scale_bits <= _MAX_SCALE_BITS)).all()):
+            raise CodecError("sign: negative or out-of-range block scale")
+        scales = scale_bits.view(torch.bfloat16).to(torch.float32)
+        packed = np.frombuffer(data, dtype=np.uint8, count=(numel + 7) // 8, offset=HEADER_SIZE + 2 * n_blocks)
+        if numel % 8 and packed[-1] >> (numel % 8):
+            raise CodecError("sign: padding bits must be 0")
+        bits = np.unpackbits(packed, count=numel, bitorder="little")
+        out = torch.from_numpy(bits).to(torch.float32)  # 1.0 for >= 0, 0.0 for < 0
+        n_full = numel // self.block
+        if n_full:
+            s = scales[:n_full, None]
+            out[: n_full * self.block].view(n_full, -1).mul_(2 * s).sub_(s)
+        if numel > n_full * self.block:
+            s = scales[n_full]
+            out[n_full * self.block :].mul_(2 * s).sub_(s)
+        return out
+
+
+def _sign(block: int = 256) -> SignCodec:
+    return SignCodec(block)
+
+
+register_codec("sign", _sign)
