@@ -1,0 +1,103 @@
+"""CLI init/keys and start's argument handling, run in-process: outputs, refusals and exit codes."""
+import json
+import os
+import stat
+
+import pytest
+
+from cli.main import build_parser, main
+from cli.start import flag_overrides
+from node.keystore import load_identity
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_init_writes_config_and_private_key(tmp_path, capsys):
+    home = tmp_path / "home"
+    code, out, err = run_cli(capsys, "init", "--home", str(home), "--role", "validator,relay")
+    assert code == 0 and err == ""
+    key = load_identity(home / "node_key.json")
+    assert key.peer_id in out
+    assert stat.S_IMODE(os.stat(home / "node_key.json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    assert 'roles = ["validator", "relay"]' in (home / "config.toml").read_text()
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path, capsys):
+    home = tmp_path / "home"
+    assert run_cli(capsys, "init", "--home", str(home))[0] == 0
+    before = load_identity(home / "node_key.json").peer_id
+    code, out, err = run_cli(capsys, "init", "--home", str(home))
+    assert code == 1 and "already exist" in err and "--force" in err and err.count("\n") == 1
+    assert load_identity(home / "node_key.json").peer_id == before
+    assert run_cli(capsys, "init", "--home", str(home), "--force")[0] == 0
+    assert load_identity(home / "node_key.json").peer_id != before
+
+
+def test_init_rejects_bad_role(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "init", "--home", str(tmp_path / "h"), "--role", "miner")
+    assert code == 1 and "unknown role 'miner'" in err
+    assert not (tmp_path / "h" / "node_key.json").exists()
+
+
+def test_keys_new_and_show(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DEKUBE_HOME", str(tmp_path / "envhome"))
+    code, out, _ = run_cli(capsys, "keys", "new")
+    assert code == 0
+    peer_id = load_identity(tmp_path / "envhome" / "node_key.json").peer_id
+    code, out, _ = run_cli(capsys, "keys", "show", "--json")
+    assert code == 0 and json.loads(out)["peer_id"] == peer_id
+    code, out, err = run_cli(capsys, "keys", "new")
+    assert code == 1 and "refusing to overwrite" in err
+    assert run_cli(capsys, "keys", "new", "--force")[0] == 0
+    code, out, _ = run_cli(capsys, "keys", "show")
+    assert code == 0 and "peer_id:" in out and peer_id not in out
+
+
+def test_keys_show_refuses_unsafe_key(tmp_path, capsys):
+    home = tmp_path / "h"
+    run_cli(capsys, "keys", "new", "--home", str(home))
+    os.chmod(home / "node_key.json", 0o644)
+    code, out, err = run_cli(capsys, "keys", "show", "--home", str(home))
+    assert code == 1 and "chmod 600" in err and out == ""
+
+
+def test_start_errors_are_one_line(tmp_path, capsys):
+    home = tmp_path / "h"
+    code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay")
+    assert code == 1 and "not found" in err and "dekube-node init" in err
+    run_cli(capsys, "init", "--home", str(home))
+    code, _, err = run_cli(capsys, "start", "--home", str(home))
+    assert code == 1 and "no role to run" in err
+    code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay", "--rpc-port", "http")
+    assert code == 1 and "expected an integer" in err
+    code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay", "--listen", "/ip4/x/tcp/1")
+    assert code == 1 and "bad multiaddr" in err
+    code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay", "--set", "rpc.nope=1")
+    assert code == 1 and "unknown key 'nope'" in err
+    code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay", "--set", "justtext")
+    assert code == 1 and "SECTION.KEY=VALUE" in err
+
+
+def test_start_flags_map_to_config_overrides():
+    args = build_parser().parse_args([
+        "start", "--role", "validator,relay", "--rpc-port", "9000", "--listen", "/ip4/1.2.3.4/tcp/1",
+        "--listen", "/ip4/1.2.3.4/tcp/2", "--log-format", "json", "--set", "p2p.max_connections=8",
+    ])
+    assert flag_overrides(args) == {
+        ("node", "roles"): "validator,relay",
+        ("rpc", "port"): "9000",
+        ("p2p", "listen"): "/ip4/1.2.3.4/tcp/1,/ip4/1.2.3.4/tcp/2",
+        ("node", "log_format"): "json",
+        ("p2p", "max_connections"): "8",
+    }
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["frobnicate"])
+    assert exit_info.value.code == 2

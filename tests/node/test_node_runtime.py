@@ -1,0 +1,117 @@
+"""Node lifecycle: roles set up before serving, run in one TaskGroup, cancelled on stop; failures surface."""
+import asyncio
+
+import aiohttp
+import pytest
+
+from node import roles as role_registry
+from node.config import load_config
+from node.identity import Identity
+from node.roles import BasicRole, Role, RoleError, create_role
+from node.runtime import Node
+
+
+def config(overrides=None):
+    return load_config(None, overrides={("rpc", "port"): "0", **(overrides or {})})
+
+
+class CountingRole(Role):
+    """A role that registers an RPC method and a status section, and records its cancellation."""
+
+    name = "compute"
+
+    def __init__(self):
+        self.ticks = 0
+        self.cancelled = False
+
+    def setup(self, node):
+        async def dkb_ticks() -> int:
+            return self.ticks
+
+        node.rpc.register("dkb_ticks", dkb_ticks)
+        node.status.add_section("compute", lambda: {"ticks": self.ticks})
+
+    async def run(self, node):
+        try:
+            while True:
+                self.ticks += 1
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+class FailingRole(Role):
+    name = "relay"
+
+    async def run(self, node):
+        await asyncio.sleep(0.05)
+        raise RuntimeError("relay broke")
+
+
+def test_roles_register_methods_and_are_cancelled_on_stop():
+    async def scenario():
+        role = CountingRole()
+        node = Node(config(), Identity.generate(), [role])
+        task = asyncio.create_task(node.run())
+        await asyncio.wait_for(node.ready.wait(), 10)
+        await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(node.http.url, json={"jsonrpc": "2.0", "id": 1, "method": "dkb_ticks"}) as resp:
+                assert (await resp.json())["result"] > 0
+            async with http.get(node.http.url + "/status") as resp:
+                assert (await resp.json())["compute"]["ticks"] > 0
+        url = node.http.url
+        node.request_stop()
+        node.request_stop()  # idempotent
+        await asyncio.wait_for(task, 10)
+        assert role.cancelled
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await http.get(url + "/health")
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_failing_role_stops_the_node_and_surfaces_the_error():
+    async def scenario():
+        other = CountingRole()
+        node = Node(config(), Identity.generate(), [other, FailingRole()])
+        with pytest.raises(ExceptionGroup) as group:
+            await node.run()
+        assert group.group_contains(RuntimeError, match="relay broke")
+        assert other.cancelled
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_rpc_can_be_disabled():
+    async def scenario():
+        node = Node(config({("rpc", "enabled"): "false"}), Identity.generate(), [BasicRole("relay")])
+        task = asyncio.create_task(node.run())
+        await asyncio.wait_for(node.ready.wait(), 10)
+        assert node.http is None
+        node.request_stop()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+
+
+def test_node_needs_a_role():
+    with pytest.raises(ValueError, match="at least one role"):
+        Node(config(), Identity.generate(), [])
+
+
+def test_role_registry(monkeypatch):
+    basic = create_role("validator")
+    assert isinstance(basic, BasicRole) and basic.name == "validator"
+    with pytest.raises(RoleError, match="unknown role 'miner'"):
+        create_role("miner")
+    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "compute", f"{__name__}:CountingRole")
+    assert isinstance(create_role("compute"), CountingRole)
+    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", f"{__name__}:CountingRole")
+    with pytest.raises(RoleError, match="did not create a Role named 'relay'"):
+        create_role("relay")
+    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", "no.such.module:Relay")
+    with pytest.raises(RoleError, match="cannot load role implementation"):
+        create_role("relay")
