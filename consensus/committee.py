@@ -7,13 +7,14 @@ robin): each step adds every validator's power to its priority, picks the highes
 smallest peer ID bytes) and subtracts the total power from the winner, after rescaling priorities to
 a window of 2x the total power and centring them on zero. Step ``k = height - start_height + round``
 picks the proposer of (height, round), as CometBFT increments once per height and once per extra
-round. The set is immutable; the proposer schedule is computed lazily and memoised per set, so a
+round. ``verify_commit`` checks a commit certificate. The set is immutable; the proposer schedule is computed lazily and memoised per set, so a
 set should live for one epoch (the memo grows with the heights and rounds asked for).
 """
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from consensus.messages import Vote, VoteType, verify_vote
 from node.identity import b58decode, is_valid_peer_id
 
 PRIORITY_WINDOW_FACTOR = 2
@@ -95,6 +96,26 @@ class ValidatorSet:
     @property
     def quorum_power(self) -> int:
         return 2 * self.total_power // 3 + 1
+
+    def verify_commit(self, chain_id: str, height: int, value_id: bytes, certificate) -> bool:
+        """True if ``certificate`` holds validly signed precommits of one round for ``value_id``
+        at ``height`` from distinct members with more than 2/3 of the power."""
+        if not value_id:
+            return False
+        seen: set[str] = set()
+        power = 0
+        rounds = set()
+        for vote in certificate:
+            if not isinstance(vote, Vote) or vote.type is not VoteType.PRECOMMIT \
+                    or vote.height != height or vote.value_id != value_id \
+                    or vote.validator in seen or vote.validator not in self._powers:
+                return False
+            rounds.add(vote.round)
+            if len(rounds) > 1 or not verify_vote(vote, chain_id):
+                return False
+            seen.add(vote.validator)
+            power += self._powers[vote.validator]
+        return self.is_quorum(power)
 
     # proposer rotation
     def proposer(self, height: int, round_: int) -> str:

@@ -168,6 +168,21 @@ class Proposal:
         return Proposal(self.height, self.round, self.pol_round, self.value, self.proposer, signature)
 
 
+def vote_from_sign_bytes(sign_bytes: bytes, chain_id: str, signature: bytes) -> Vote:
+    """Rebuild a signed vote from its sign bytes (a restarted validator re-adopting its votes)."""
+    prefix = _VOTE_DOMAIN + _chain_id_bytes(chain_id)
+    if not sign_bytes.startswith(prefix):
+        raise MessageError("not vote sign bytes for this chain")
+    reader = _Reader(sign_bytes[len(prefix):])
+    vtype, height, round_, vid_len = reader.unpack(struct.Struct(">BQIB"))
+    vid = reader.take(vid_len)
+    validator = _peer_id_from_bytes(reader.take(len(reader.data) - reader.pos))
+    try:
+        return Vote(VoteType(vtype), height, round_, vid, validator, signature)
+    except ValueError as exc:
+        raise MessageError(f"bad vote sign bytes: {exc}") from exc
+
+
 def sign_vote(identity: Identity, chain_id: str, vote: Vote) -> Vote:
     """Sign ``vote`` (its validator must be ``identity``) without any double-sign guard."""
     if vote.validator != identity.peer_id:
