@@ -97,6 +97,20 @@ def check_multiaddr(value: str) -> None:
         raise ValueError(f"bad multiaddr {value!r}: needs an address and /tcp/<port>")
 
 
+def check_listen_multiaddr(value: str) -> None:
+    """A multiaddr this node can bind: a direct TCP address, no relay hop."""
+    check_multiaddr(value)
+    if "/p2p-circuit" in value:
+        raise ValueError(f"bad listen multiaddr {value!r}: cannot listen on a relayed (/p2p-circuit) address")
+
+
+def check_bootstrap_multiaddr(value: str) -> None:
+    """A peer to dial: an address that ends in the peer's ID."""
+    check_multiaddr(value)
+    if "/p2p/" not in value:
+        raise ValueError(f"bad bootstrap multiaddr {value!r}: needs a /p2p/<peer id> suffix")
+
+
 def _parse_ip(whole: str, text: str, kind: type) -> None:
     try:
         kind(text)
@@ -148,7 +162,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "log_level": Key(str, "info", "debug, info, warning or error", check_choice(LOG_LEVELS)),
     },
     "p2p": {
-        "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "multiaddrs to listen on", each(check_multiaddr)),
+        "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "TCP multiaddrs to listen on", each(check_listen_multiaddr)),
         "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_multiaddr)),
         "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
     },

@@ -21,6 +21,8 @@ import uvloop
 from node.config import Config
 from node.identity import Identity
 from node.metrics import Registry
+from node.p2p.host import Host
+from node.p2p.limits import HostLimits
 from node.roles import Role
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.pubsub import Hub
@@ -28,6 +30,8 @@ from node.rpc.server import HttpServer
 from node.rpc.status import StatusBoard
 
 log = logging.getLogger(__name__)
+
+BOOTSTRAP_REDIAL_S = 30.0
 
 
 def node_version() -> str:
@@ -50,7 +54,8 @@ class Node:
 
     ``node.config``, ``node.identity``, ``node.peer_id``, ``node.home``, ``node.data_dir``,
     ``node.rpc`` (Dispatcher: ``register("dkb_x", async_fn)``), ``node.hub`` (pub/sub topics),
-    ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.http`` (once started).
+    ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.host`` (the p2p Host:
+    ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``.
     """
 
     def __init__(self, config: Config, identity: Identity, roles: Sequence[Role], *, home: Path | None = None):
@@ -68,6 +73,9 @@ class Node:
         self.rpc = Dispatcher(max_body_bytes=rpc["max_body_bytes"], max_batch=rpc["max_batch"], metrics=self.metrics)
         self.hub = Hub(queue_limit=rpc["ws_queue"], metrics=self.metrics)
         self.status = StatusBoard(self._base_status)
+        p2p = config["p2p"]
+        self.host = Host(identity, p2p["listen"], limits=HostLimits(max_connections=p2p["max_connections"]),
+                         agent_version=f"dekube/{self.version}")
         self.http: HttpServer | None = None
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -96,6 +104,8 @@ class Node:
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(self._wait_for_stop(), name="stop-watch")
+                    if self.config.get("p2p", "bootstrap"):
+                        tasks.create_task(self._keep_bootstrap_peers(), name="bootstrap")
                     for role in self.roles:
                         tasks.create_task(self._run_role(role), name=f"role-{role.name}")
             except* _StopRequested:
@@ -112,7 +122,31 @@ class Node:
         await role.run(self)
         log.warning("role finished on its own", extra={"role": role.name})
 
+    async def _keep_bootstrap_peers(self) -> None:
+        """Dial every bootstrap peer now, and again whenever it is disconnected."""
+        while True:
+            for addr in self.config.get("p2p", "bootstrap"):
+                peer_id = addr.rsplit("/p2p/", 1)[-1] if "/p2p/" in addr else None
+                if peer_id is not None and self.host.is_connected(peer_id):
+                    continue
+                try:
+                    await self.host.connect(addr)
+                    log.info("connected to bootstrap peer", extra={"addr": addr})
+                except Exception as exc:  # a dead or misbehaving peer must not stop the node
+                    log.warning("bootstrap dial failed", extra={"addr": addr, "error": f"{type(exc).__name__}: {exc}"})
+            await asyncio.sleep(BOOTSTRAP_REDIAL_S)
+
+    def peers(self) -> list[str]:
+        """Peer IDs with an open connection."""
+        return sorted({conn.remote_peer for conn in self.host.connections() if not conn.closed})
+
     async def _start_servers(self) -> None:
+        try:
+            await self.host.start()
+        except OSError as exc:
+            raise NodeStartError(
+                f"cannot listen on {', '.join(self.config.get('p2p', 'listen'))}: {exc.strerror or exc}") from None
+        log.info("p2p listening", extra={"addrs": " ".join(self.host.listen_addrs)})
         rpc = self.config["rpc"]
         if rpc["enabled"]:
             http = HttpServer(dispatcher=self.rpc, hub=self.hub, status=self.status, metrics=self.metrics,
@@ -128,6 +162,7 @@ class Node:
         self.hub.close()
         if self.http is not None:
             await self.http.stop()
+        await self.host.stop()
 
     def _base_status(self) -> dict[str, Any]:
         return {
@@ -135,7 +170,8 @@ class Node:
             "roles": [r.name for r in self.roles],
             "version": self.version,
             "uptime_s": round(self.uptime, 3),
-            "listen_addrs": [],
+            "listen_addrs": self.host.listen_addrs,
+            "peers": self.peers(),
             "rpc_url": self.http.url if self.http is not None else None,
             "chain_id": self.config.get("consensus", "chain_id"),
         }
@@ -150,11 +186,19 @@ class Node:
         async def dkb_health() -> dict[str, Any]:
             return {"ok": True, "uptime_s": round(self.uptime, 3)}
 
+        async def dkb_peers() -> list[str]:
+            return self.peers()
+
         self.rpc.register("dkb_version", dkb_version)
+        self.rpc.register("dkb_peers", dkb_peers)
         self.rpc.register("dkb_peerId", dkb_peer_id)
         self.rpc.register("dkb_health", dkb_health)
         self.metrics.gauge("dekube_node_uptime_seconds", "Seconds since the node started.").set_function(
             lambda: self.uptime)
+        self.metrics.gauge("dekube_p2p_peers", "Peers with an open connection.").set_function(
+            lambda: len(self.peers()))
+        self.metrics.gauge("dekube_p2p_connections", "Open p2p connections (shared and bulk).").set_function(
+            lambda: len(self.host.connections()))
         info = self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
                                   ["peer_id", "version", "roles"])
         info.set(1, peer_id=self.peer_id, version=self.version, roles=",".join(r.name for r in self.roles))

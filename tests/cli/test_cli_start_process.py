@@ -59,7 +59,8 @@ def home(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
-    proc = start(home, "--role", "validator,relay", "--rpc-port", "0", "--log-format", "json")
+    proc = start(home, "--role", "validator,relay", "--rpc-port", "0", "--listen", "/ip4/127.0.0.1/tcp/0",
+                 "--log-format", "json")
     lines, seen = queue.Queue(), []
     threading.Thread(target=read_lines, args=(proc.stderr, lines), daemon=True).start()
     try:

@@ -10,10 +10,16 @@ from node.roles import BasicRole
 from node.runtime import Node
 
 
+def local_config(overrides=None):
+    """Config for tests: HTTP and p2p on 127.0.0.1 with ephemeral ports, plus ``overrides``."""
+    base = {("rpc", "port"): "0", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0"}
+    return load_config(None, overrides={**base, **(overrides or {})})
+
+
 @contextlib.asynccontextmanager
 async def running_node(**rpc_overrides):
-    overrides = {("rpc", "port"): "0", **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
-    node = Node(load_config(None, overrides=overrides), Identity.generate(), [BasicRole("relay")])
+    node = Node(local_config({("rpc", k): str(v) for k, v in rpc_overrides.items()}), Identity.generate(),
+                [BasicRole("relay")])
     task = asyncio.create_task(node.run())
     await asyncio.wait_for(node.ready.wait(), 10)
     try:

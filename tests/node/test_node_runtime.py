@@ -3,16 +3,12 @@ import asyncio
 
 import aiohttp
 import pytest
+from node_harness import local_config
 
 from node import roles as role_registry
-from node.config import load_config
 from node.identity import Identity
 from node.roles import BasicRole, Role, RoleError, create_role
 from node.runtime import Node
-
-
-def config(overrides=None):
-    return load_config(None, overrides={("rpc", "port"): "0", **(overrides or {})})
 
 
 class CountingRole(Role):
@@ -52,7 +48,7 @@ class FailingRole(Role):
 def test_roles_register_methods_and_are_cancelled_on_stop():
     async def scenario():
         role = CountingRole()
-        node = Node(config(), Identity.generate(), [role])
+        node = Node(local_config(), Identity.generate(), [role])
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         await asyncio.sleep(0.05)
@@ -76,7 +72,7 @@ def test_roles_register_methods_and_are_cancelled_on_stop():
 def test_failing_role_stops_the_node_and_surfaces_the_error():
     async def scenario():
         other = CountingRole()
-        node = Node(config(), Identity.generate(), [other, FailingRole()])
+        node = Node(local_config(), Identity.generate(), [other, FailingRole()])
         with pytest.raises(ExceptionGroup) as group:
             await node.run()
         assert group.group_contains(RuntimeError, match="relay broke")
@@ -87,7 +83,7 @@ def test_failing_role_stops_the_node_and_surfaces_the_error():
 
 def test_rpc_can_be_disabled():
     async def scenario():
-        node = Node(config({("rpc", "enabled"): "false"}), Identity.generate(), [BasicRole("relay")])
+        node = Node(local_config({("rpc", "enabled"): "false"}), Identity.generate(), [BasicRole("relay")])
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         assert node.http is None
@@ -99,7 +95,7 @@ def test_rpc_can_be_disabled():
 
 def test_node_needs_a_role():
     with pytest.raises(ValueError, match="at least one role"):
-        Node(config(), Identity.generate(), [])
+        Node(local_config(), Identity.generate(), [])
 
 
 def test_role_registry(monkeypatch):
@@ -115,3 +111,51 @@ def test_role_registry(monkeypatch):
     monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", "no.such.module:Relay")
     with pytest.raises(RoleError, match="cannot load role implementation"):
         create_role("relay")
+
+
+def test_p2p_host_listens_and_bootstrap_connects_nodes():
+    async def scenario():
+        a = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+        a_task = asyncio.create_task(a.run())
+        await asyncio.wait_for(a.ready.wait(), 10)
+        a_addr = a.host.listen_addrs[0]
+        assert a_addr.startswith("/ip4/127.0.0.1/tcp/") and a_addr.endswith(f"/p2p/{a.peer_id}")
+        dead = f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"
+        b = Node(local_config({("p2p", "bootstrap"): f"{dead},{a_addr}"}), Identity.generate(),
+                 [BasicRole("compute")])
+        b_task = asyncio.create_task(b.run())
+        await asyncio.wait_for(b.ready.wait(), 10)
+        for _ in range(200):
+            if a.peers() == [b.peer_id] and b.peers() == [a.peer_id]:
+                break
+            await asyncio.sleep(0.025)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(b.http.url + "/status") as resp:
+                status = await resp.json()
+            assert status["peers"] == [a.peer_id] and status["listen_addrs"] == b.host.listen_addrs
+            async with http.post(a.http.url, json={"jsonrpc": "2.0", "id": 1, "method": "dkb_peers"}) as resp:
+                assert (await resp.json())["result"] == [b.peer_id]
+            async with http.get(a.http.url + "/metrics") as resp:
+                assert "dekube_p2p_peers 1" in await resp.text()
+        for node, task in ((b, b_task), (a, a_task)):
+            node.request_stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_p2p_port_in_use_is_a_clear_start_error():
+    from node.runtime import NodeStartError
+
+    async def scenario():
+        a = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+        a_task = asyncio.create_task(a.run())
+        await asyncio.wait_for(a.ready.wait(), 10)
+        taken = a.host.listen_addrs[0].split("/p2p/")[0]
+        b = Node(local_config({("p2p", "listen"): taken}), Identity.generate(), [BasicRole("relay")])
+        with pytest.raises(NodeStartError, match=f"cannot listen on {taken}"):
+            await b.run()
+        a.request_stop()
+        await asyncio.wait_for(a_task, 10)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
