@@ -392,6 +392,9 @@ class Host:
             except asyncio.CancelledError:
                 stream.reset()
                 raise
+            except (ConnectionError, ProtocolError, asyncio.IncompleteReadError) as exc:
+                log.debug("stream %s from %s ended: %r", stream.protocol, conn.remote_peer, exc)
+                stream.reset()
             except Exception:
                 log.exception("handler for %s from %s failed", stream.protocol, conn.remote_peer)
                 stream.reset()

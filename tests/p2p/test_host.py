@@ -1,0 +1,183 @@
+"""Host-to-Host over loopback: upgrade, streams, identify, ping, dedupe, bulk connections,
+limits, handshake timeout, and a garbage-sending client that is dropped while another peer
+keeps being served."""
+import asyncio
+import os
+
+import pytest
+
+from node.identity import Identity
+from node.p2p.host import DialError, Host
+from node.p2p.limits import HostLimits
+from node.p2p.multistream import NoCommonProtocol
+
+ECHO = "/test/echo/1"
+
+
+async def echo_handler(stream) -> None:
+    while True:
+        data = await stream.read()
+        if not data:
+            break
+        await stream.write(data)
+    await stream.close()
+
+
+async def until(predicate, timeout=5.0):
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def run(coro_fn, **host_kwargs):
+    async def main():
+        a = Host(Identity.generate(), **host_kwargs)
+        b = Host(Identity.generate(), **host_kwargs)
+        b.set_handler(ECHO, echo_handler)
+        await a.start()
+        await b.start()
+        try:
+            await asyncio.wait_for(coro_fn(a, b), 30)
+        finally:
+            await a.stop()
+            await b.stop()
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not leftover, leftover
+    asyncio.run(main())
+
+
+def test_connect_stream_identify_ping():
+    async def body(a, b):
+        assert b.listen_addrs[0].endswith("/p2p/" + b.peer_id)
+        assert await a.connect(b.listen_addrs[0]) == b.peer_id
+        stream = await a.open_stream(b.peer_id, ["/nope/1", ECHO])
+        assert stream.protocol == ECHO and stream.remote_peer == b.peer_id
+        payload = os.urandom(300_000)
+        await stream.write(payload)
+        assert await stream.readexactly(len(payload)) == payload
+        await stream.close()
+        assert await stream.read() == b""
+        assert 0 < await a.ping(b.peer_id) < 1
+        await until(lambda: (a.peerbook.get(b.peer_id) or None) and a.peerbook.get(b.peer_id).protocols
+                    and b.peerbook.get(a.peer_id) and b.peerbook.get(a.peer_id).protocols)
+        record = a.peerbook.get(b.peer_id)
+        assert ECHO in record.protocols and record.agent_version == "dekube/0.1.0"
+        assert str(record.addrs[0]) + f"/p2p/{b.peer_id}" == b.listen_addrs[0]
+        assert b.peerbook.get(a.peer_id).observed_addr is not None
+    run(body)
+
+
+def test_open_stream_dials_from_peerbook_and_dedupes():
+    async def body(a, b):
+        a.peerbook.add_addrs(b.peer_id, b.listen_addrs)
+        streams = await asyncio.gather(*(a.open_stream(b.peer_id, ECHO) for _ in range(10)))
+        assert len(a.connections(b.peer_id)) == 1
+        for s in streams:
+            await s.write(b"x")
+            assert await s.readexactly(1) == b"x"
+        await a.connect(b.listen_addrs[0])
+        assert len(a.connections(b.peer_id)) == 1
+    run(body)
+
+
+def test_bulk_connection_is_dedicated():
+    async def body(a, b):
+        await a.connect(b.listen_addrs[0])
+        shared = a.connections(b.peer_id)[0]
+        bulk = await a.open_bulk_connection(b.peer_id)
+        assert bulk is not shared and bulk.bulk and len(a.connections(b.peer_id)) == 2
+        stream = await bulk.open_stream(ECHO)
+        await stream.write(b"bulk")
+        assert await stream.readexactly(4) == b"bulk"
+        other = await a.open_stream(b.peer_id, ECHO)
+        assert other.connection is shared
+        await bulk.close()
+        await until(lambda: len(a.connections(b.peer_id)) == 1)
+        assert a.is_connected(b.peer_id)
+    run(body)
+
+
+def test_wrong_peer_id_and_unknown_protocol():
+    async def body(a, b):
+        impostor = Identity.generate().peer_id
+        wrong = b.listen_addrs[0].rsplit("/p2p/", 1)[0] + "/p2p/" + impostor
+        with pytest.raises(DialError, match="PeerIdMismatch"):
+            await a.connect(wrong)
+        await a.connect(b.listen_addrs[0])
+        with pytest.raises(NoCommonProtocol):
+            await a.open_stream(b.peer_id, "/unknown/1")
+        stream = await a.open_stream(b.peer_id, ECHO)  # the connection survives
+        await stream.write(b"ok")
+        assert await stream.readexactly(2) == b"ok"
+    run(body)
+
+
+def test_failing_handler_resets_only_its_stream():
+    async def body(a, b):
+        async def broken(stream):
+            raise RuntimeError("handler bug")
+        b.set_handler("/broken/1", broken)
+        await a.connect(b.listen_addrs[0])
+        with pytest.raises(ConnectionError):  # the reset may even overtake the negotiation reply
+            stream = await a.open_stream(b.peer_id, "/broken/1")
+            await stream.readexactly(1)
+        assert a.is_connected(b.peer_id)
+        assert 0 < await a.ping(b.peer_id)
+    run(body)
+
+
+def test_garbage_client_dropped_while_other_peer_served():
+    async def body(a, b):
+        await a.connect(b.listen_addrs[0])
+        stream = await a.open_stream(b.peer_id, ECHO)
+        host, port = b.listen_addrs[0].split("/")[2], int(b.listen_addrs[0].split("/")[4])
+        garbage = [b"\x13/multistream/1.0.0\n\x07/noise\n" + os.urandom(5000), os.urandom(3000),
+                   b"\xff" * 64, b"\x13/multistream/1.0.0\n\x07/noise\n\x00\x20" + b"\x00" * 32]
+        for junk in garbage:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(junk)
+            await writer.drain()
+            await stream.write(b"ping")
+            assert await stream.readexactly(4) == b"ping"
+            rest = await asyncio.wait_for(reader.read(), 5)  # the node closes on us
+            assert len(rest) < 1000
+            writer.close()
+        assert len(b.connections()) == 1
+        assert 0 < await a.ping(b.peer_id)
+    run(body, limits=HostLimits(handshake_timeout=1.0))
+
+
+def test_handshake_timeout_and_connection_limits():
+    async def body(a, b):
+        host, port = b.listen_addrs[0].split("/")[2], int(b.listen_addrs[0].split("/")[4])
+        reader, writer = await asyncio.open_connection(host, port)
+        assert await asyncio.wait_for(reader.read(), 5) == b"\x13/multistream/1.0.0\n"  # then dropped
+        writer.close()
+        await a.connect(b.listen_addrs[0])
+        await a.open_bulk_connection(b.peer_id)
+        with pytest.raises(DialError, match="limit"):
+            await a.open_bulk_connection(b.peer_id)
+    run(body, limits=HostLimits(handshake_timeout=0.5, max_connections_per_peer=2))
+
+
+def test_remote_stop_forgets_connection_and_redials():
+    async def main():
+        a, b = Host(Identity.generate()), Host(Identity.from_seed(b"\x05" * 32))
+        b.set_handler(ECHO, echo_handler)
+        await a.start()
+        await b.start()
+        addr = b.listen_addrs[0]
+        await a.connect(addr)
+        await b.stop()
+        await until(lambda: not a.is_connected(b.peer_id))
+        b2 = Host(Identity.from_seed(b"\x05" * 32), listen_addrs=[addr.rsplit("/p2p/", 1)[0]])
+        b2.set_handler(ECHO, echo_handler)
+        await b2.start()
+        stream = await a.open_stream(b2.peer_id, ECHO)  # redials from the peer book
+        await stream.write(b"again")
+        assert await stream.readexactly(5) == b"again"
+        await a.stop()
+        await b2.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
