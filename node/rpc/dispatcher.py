@@ -190,12 +190,6 @@ class Dispatcher:
 
         return decorate
 
-    def names(self) -> list[str]:
-        own = set(self._methods)
-        if self._parent is not None:
-            own.update(self._parent.names())
-        return sorted(own)
-
     def _lookup(self, name: str) -> _Method | None:
         found = self._methods.get(name)
         if found is None and self._parent is not None:

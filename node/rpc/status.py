@@ -26,9 +26,6 @@ class StatusBoard:
             raise ValueError(f"status section {name!r} already exists")
         self._sections[name] = provider
 
-    def remove_section(self, name: str) -> None:
-        self._sections.pop(name, None)
-
     async def snapshot(self) -> dict[str, Any]:
         doc = dict(self._base())
         for name, provider in list(self._sections.items()):

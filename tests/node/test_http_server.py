@@ -91,6 +91,8 @@ def test_websocket_subscribe_receive_unsubscribe():
                                 "params": {"subscription": sub_id, "result": {"height": 1}}}
                 await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "dkb_peerId"}))
                 assert json.loads((await ws.receive()).data)["result"] == node.peer_id
+                await ws.send_bytes(b"\xff\x00junk")
+                assert json.loads((await ws.receive()).data)["error"]["code"] == -32700
                 await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "dkb_subscribe",
                                               "params": ["noSuchTopic"]}))
                 assert json.loads((await ws.receive()).data)["error"]["code"] == -32602
