@@ -1,0 +1,78 @@
+"""Supply invariant and replica determinism under random transaction sequences (hypothesis)."""
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from consensus.state.tasks import task_id_for
+from consensus.state.supply import SupplyInvariantError, check_supply
+from consensus.tx import relay_receipt_signing_bytes
+from test_ledger_kit import CHAIN, Chain, ident
+
+PEOPLE = [ident(i) for i in range(1, 7)]
+HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
+
+
+def random_tx(draw, chain, submitted):
+    who = draw(st.sampled_from(PEOPLE))
+    other = draw(st.sampled_from(PEOPLE))
+    amount = draw(st.integers(1, 400_000))
+    task_id = draw(st.sampled_from(submitted)) if submitted and draw(st.booleans()) else b"\x07" * 32
+    kind = draw(st.sampled_from(["transfer", "bond", "unbond", "register_node", "submit_task", "cancel_task",
+                                 "commit_result", "audit_result", "dispute", "finalize", "relay_receipt"]))
+    payloads = {
+        "transfer": {"to": other.peer_id, "amount": amount},
+        "bond": {"amount": amount},
+        "unbond": {"amount": amount},
+        "register_node": {"roles": draw(st.sampled_from([["compute"], ["relay"], ["compute", "relay"]])),
+                          "listen_addrs": [], "relay_addrs": [], "hardware": HW},
+        "submit_task": {"model": "m", "dataset": "d", "hyperparams": {}, "workers": draw(st.integers(1, 3)),
+                        "sync_mode": "allreduce", "codec": "fp16", "price": amount},
+        "cancel_task": {"task_id": task_id},
+        "commit_result": {"task_id": task_id, "segments_root": b"\x01" * 32, "result_hash": b"\x02" * 32,
+                          "segments": 4},
+        "audit_result": {"task_id": task_id, "worker": other.peer_id, "segment": 1, "match": draw(st.booleans())},
+        "dispute": {"task_id": task_id},
+        "finalize": {"task_id": task_id},
+    }
+    if kind == "relay_receipt":
+        src, dst = draw(st.permutations(PEOPLE))[:2]
+        receipt = {"relay": who.peer_id, "src": src.peer_id, "dst": dst.peer_id, "payer": src.peer_id,
+                   "session": b"x" * 16, "bytes_total": amount, "amount_total": amount, "task_id": b""}
+        message = relay_receipt_signing_bytes(CHAIN, receipt)
+        payload = {"receipt": receipt, "src_sig": src.sign(message), "dst_sig": dst.sign(message)}
+    else:
+        payload = payloads[kind]
+    fee = draw(st.integers(0, 50))
+    if kind == "submit_task":
+        submitted.append(task_id_for(who.peer_id, chain.nonces.get(who.peer_id, chain.ledger.nonce(who.peer_id))))
+    return chain.tx(who, kind, payload, fee)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_supply_conserved_and_replicas_agree(data):
+    chain, replica = Chain(balance=500_000), Chain(balance=500_000)
+    submitted: list[bytes] = []
+    for _ in range(data.draw(st.integers(1, 12))):
+        txs = [random_tx(data.draw, chain, submitted) for _ in range(data.draw(st.integers(0, 6)))]
+        result = chain.block(txs)  # Chain.block checks the supply invariant after every block
+        again = replica.block(txs)
+        assert result.app_hash == again.app_hash
+        assert [r.code for r in result.receipts] == [r.code for r in again.receipts]
+    assert chain.ledger.full_state_hash() == replica.ledger.full_state_hash()
+
+
+def test_checker_detects_created_or_destroyed_tokens():
+    chain = Chain()
+    chain.ledger.state.accounts[PEOPLE[0].peer_id].balance += 1
+    try:
+        chain.ledger.check_invariants()
+    except SupplyInvariantError as exc:
+        assert "supply" in str(exc)
+    else:
+        raise AssertionError("minted token not detected")
+    chain.ledger.state.accounts[PEOPLE[0].peer_id].balance -= 2
+    try:
+        check_supply(chain.ledger.state, chain.genesis.total_supply)
+    except SupplyInvariantError:
+        pass
+    else:
+        raise AssertionError("burned token not detected")
