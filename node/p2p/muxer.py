@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 OUTBOUND_HIGH_WATER = 1024 * 1024
 # The reader stops reading while our queue exceeds this (a peer flooding pings it never reads).
 READER_PAUSE_THRESHOLD = 8 * 1024 * 1024
+# A read returns a first buffered chunk of at least this size alone instead of joining more.
+_COALESCE_BELOW = 16 * 1024
 DEFAULT_KEEPALIVE_INTERVAL = 30.0
 DEFAULT_KEEPALIVE_TIMEOUT = 30.0
 _CLOSE_FLUSH_TIMEOUT = 1.0
@@ -174,16 +176,20 @@ class YamuxStream:
             raise BrokenPipeError(f"yamux stream {self.stream_id} is closed for writing")
 
     def _take(self, n: int) -> bytes:
+        """Up to `n` buffered bytes (n < 0: up to all); a big first chunk is returned uncopied."""
         chunks = self._chunks
         first = chunks[0]
         offset = self._offset
-        if offset == 0 and (n < 0 or n >= self._buffered) and len(chunks) == 1:
-            chunks.clear()
-            self._buffered = 0
-            return first
         if n < 0 or n > self._buffered:
             n = self._buffered
-        if len(first) - offset >= n:  # served from the first chunk
+        head = len(first) - offset
+        if n > head and head >= _COALESCE_BELOW:
+            n = head  # a big first chunk alone, uncopied, rather than joined with what follows
+        if head >= n:  # served from the first chunk
+            if offset == 0 and n == head:
+                chunks.popleft()
+                self._buffered -= n
+                return first
             data = first[offset:offset + n]
             offset += n
             if offset == len(first):

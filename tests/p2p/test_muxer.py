@@ -2,6 +2,7 @@
 import asyncio
 import contextlib
 import os
+import random
 
 import pytest
 
@@ -365,4 +366,41 @@ def test_garbage_peer_closes_only_its_connection(junk):
         assert await stream.readexactly(13) == b"still serving"
         await good_a.close()
         await good_b.close()
+    run(main())
+
+
+def test_reads_of_any_size_return_the_byte_stream_in_order():
+    async def main():
+        rng = random.Random(7)
+        payload = os.urandom(600_000)
+
+        async def send_in_random_pieces(stream):
+            pos = 0
+            while pos < len(payload):
+                size = rng.choice([1, 7, 100, 5000, 70_000])
+                await stream.write(payload[pos:pos + size])
+                pos += size
+            await stream.close()
+
+        a, b = await muxed_pair(send_in_random_pieces)
+        stream = await a.open_stream()
+        got = bytearray()
+        while True:
+            size = rng.choice([-1, 1, 3, 12, 4096, 20_000, 100_000])
+            if rng.random() < 0.3:
+                size = min(abs(size), len(payload) - len(got)) or 1
+                if len(got) + size > len(payload):
+                    break
+                data = await stream.readexactly(size)
+                assert len(data) == size
+            else:
+                data = await stream.read(size)
+                assert size < 0 or len(data) <= size
+                if not data:
+                    break
+            got += data
+        assert await stream.read() == b""
+        assert bytes(got) == payload
+        await a.close()
+        await b.close()
     run(main())
