@@ -224,6 +224,13 @@ class YamuxStream:
         self._eof = True
         self._wake_reader()
 
+    def _on_connection_lost(self) -> None:
+        if self._eof:  # the peer finished sending: what it sent stays readable
+            self._write_closed = True
+            self._wake_writer()
+        else:
+            self._on_reset()
+
     def _on_reset(self) -> None:
         self._reset = True
         self._wake_reader()
@@ -445,6 +452,9 @@ class MuxedConnection:
             await self._on_stream(stream)
         except asyncio.CancelledError:
             raise
+        except ConnectionError as exc:  # the stream or connection went away under the handler
+            log.debug("yamux: stream handler on stream %d ended: %r", stream.stream_id, exc)
+            stream.reset()
         except Exception:
             log.exception("yamux: stream handler failed on stream %d", stream.stream_id)
             stream.reset()
@@ -491,7 +501,7 @@ class MuxedConnection:
         if self.close_reason is None:
             self.close_reason = reason
         for stream in self._streams.values():
-            stream._on_reset()
+            stream._on_connection_lost()
         self._streams.clear()
         for pong in self._pongs.values():
             if not pong.done():

@@ -265,6 +265,35 @@ def test_close_sends_go_away_and_peer_shuts_down_streams():
     run(main())
 
 
+def test_data_finished_before_the_connection_drops_stays_readable():
+    async def main():
+        accepted: asyncio.Queue = asyncio.Queue()
+
+        async def reply_and_hang_up(stream):
+            await stream.write(b"last words")
+            await stream.close()
+            await accepted.put(stream)
+
+        a, b = await muxed_pair(reply_and_hang_up)
+        finished, unfinished = await a.open_stream(), await a.open_stream()
+        await accepted.get()
+        await accepted.get()
+        await unfinished.readexactly(4)  # half of the reply read; it ended too
+        await asyncio.sleep(0.05)
+        await b.close()
+        for _ in range(100):
+            if a.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert a.closed
+        assert await finished.readexactly(10) == b"last words"
+        assert await finished.read() == b""
+        assert await unfinished.read() == b" words"
+        with pytest.raises(ConnectionError):
+            await finished.write(b"too late")
+    run(main())
+
+
 def test_stream_limit_resets_streams_beyond_it():
     async def main():
         async def hold(stream):
