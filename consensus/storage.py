@@ -76,11 +76,16 @@ class Storage:
         try:
             db = Rdict(path, options)
         except Exception as exc:  # rocksdict raises a bare Exception for corruption and I/O errors
+            if "LOCK" in str(exc) or "lock hold" in str(exc):
+                raise StorageError(f"database at {path} is in use by another process: {exc}") from None
             raise CorruptDatabase(f"cannot open database at {path}: {exc}") from None
         try:
-            chain_id = db.get(_META + b"chain_id")
-            if chain_id is None:
-                if any(True for _ in db.keys()):
+            if db.get(_META + b"chain_id") is None:
+                it = db.iter()
+                it.seek_to_first()
+                has_data = it.valid()
+                it.status()
+                if has_data:
                     raise CorruptDatabase(f"{path} holds data but no dekube metadata")
                 cls._write_genesis(db, genesis)
             else:
@@ -88,9 +93,12 @@ class Storage:
             storage = cls(path, db, genesis)
             storage._check_consistency()
             return storage
-        except BaseException:
+        except StorageError:
             db.close()
             raise
+        except Exception as exc:  # checksum mismatches and I/O errors surface as bare Exceptions
+            db.close()
+            raise CorruptDatabase(f"database at {path} is damaged: {exc}") from None
 
     @staticmethod
     def _write_genesis(db: Rdict, genesis: Genesis) -> None:
@@ -121,11 +129,22 @@ class Storage:
             raise CorruptDatabase(f"{path} has unsupported storage format {fmt!r}")
 
     def _check_consistency(self) -> None:
-        state_height = self._db.get(_STATE + b"meta/height")
+        state_height = self._get(_STATE + b"meta/height")
         if state_height is None or decode(state_height) != self.height:
             raise CorruptDatabase(f"{self.path}: state height does not match block height {self.height}")
         if self.height and self.block_by_height(self.height) is None:
             raise CorruptDatabase(f"{self.path}: block {self.height} is missing")
+
+    def check_integrity(self) -> None:
+        """Read every key (RocksDB verifies block checksums) and check that no block is missing."""
+        expected = 1
+        for key, _ in self._scan(b""):
+            if key.startswith(_BLOCK):
+                if int.from_bytes(key[2:], "big") != expected:
+                    raise CorruptDatabase(f"{self.path}: block {expected} is missing")
+                expected += 1
+        if expected - 1 != self.height:
+            raise CorruptDatabase(f"{self.path}: blocks end at {expected - 1}, height is {self.height}")
 
     def close(self) -> None:
         self._db.close()
@@ -139,7 +158,7 @@ class Storage:
     # ---- helpers ----------------------------------------------------------------------------------
 
     def _meta_int(self, name: bytes) -> int:
-        raw = self._db.get(_META + name)
+        raw = self._get(_META + name)
         if raw is None:
             raise CorruptDatabase(f"{self.path}: meta key {name.decode()} missing")
         try:
@@ -150,19 +169,36 @@ class Storage:
             raise CorruptDatabase(f"{self.path}: meta key {name.decode()} is not an integer")
         return value
 
+    def _get(self, key: bytes) -> bytes | None:
+        try:
+            return self._db.get(key)
+        except Exception as exc:  # rocksdict raises a bare Exception on checksum mismatches
+            raise CorruptDatabase(f"{self.path}: reading {key[:2]!r} keys failed: {exc}") from None
+
+    def _check_iterator(self, it) -> None:
+        try:
+            it.status()
+        except Exception as exc:  # an iterator just stops at corruption unless its status is checked
+            raise CorruptDatabase(f"{self.path}: scan failed: {exc}") from None
+
     def _last_key(self, prefix: bytes) -> bytes | None:
-        for key in self._db.keys(backwards=True, from_key=_prefix_end(prefix)):
-            if key.startswith(prefix):
-                return key
-            if key < prefix:
-                return None
-        return None
+        it = self._db.iter()
+        it.seek_for_prev(_prefix_end(prefix))
+        key = it.key() if it.valid() else None
+        self._check_iterator(it)
+        return key if key is not None and key.startswith(prefix) else None
 
     def _scan(self, prefix: bytes):
-        for key, value in self._db.items(from_key=prefix):
+        """Every (key, value) under ``prefix`` in key order; raises CorruptDatabase on damage."""
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
             if not key.startswith(prefix):
                 break
-            yield key, value
+            yield key, it.value()
+            it.next()
+        self._check_iterator(it)
 
     # ---- blocks and state -----------------------------------------------------------------------
 
@@ -195,7 +231,7 @@ class Storage:
         return Ledger(self.genesis, state)
 
     def block_by_height(self, height: int) -> Block | None:
-        raw = self._db.get(_BLOCK + _u64(height))
+        raw = self._get(_BLOCK + _u64(height))
         if raw is None:
             return None
         try:
@@ -204,11 +240,11 @@ class Storage:
             raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
 
     def block_by_hash(self, block_hash: bytes) -> Block | None:
-        height = self._db.get(_BLOCK_HASH + block_hash)
+        height = self._get(_BLOCK_HASH + block_hash)
         return None if height is None else self.block_by_height(int.from_bytes(height, "big"))
 
     def receipt(self, tx_hash: bytes) -> TxReceipt | None:
-        raw = self._db.get(_RECEIPT + tx_hash)
+        raw = self._get(_RECEIPT + tx_hash)
         return None if raw is None else TxReceipt.from_obj(decode(raw))
 
     # ---- consensus write-ahead log --------------------------------------------------------------
@@ -233,4 +269,4 @@ class Storage:
         self._db.put(_SIGNER, bytes(state), self._sync)
 
     def load_signer_state(self) -> bytes | None:
-        return self._db.get(_SIGNER)
+        return self._get(_SIGNER)

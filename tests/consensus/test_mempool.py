@@ -1,0 +1,134 @@
+"""Mempool: entry checks, nonce gaps and promotion, replacement, bounds, fair eviction, reap, update."""
+import pytest
+
+from consensus.block import build_block
+from consensus.encoding import decode, encode
+from consensus.mempool import Mempool
+from consensus.tx import build_tx
+from consensus.txcodes import TxCode, TxError
+from test_ledger_kit import CHAIN, Chain, ident
+
+A, B, C, D = ident(1), ident(2), ident(3), ident(4)
+
+
+def transfer(who, nonce, amount=1, fee=0, to=B):
+    return build_tx(who, CHAIN, nonce, "transfer", {"to": to.peer_id, "amount": amount}, fee)
+
+
+def code_of(pool, raw):
+    with pytest.raises(TxError) as info:
+        pool.add(raw)
+    return info.value.code
+
+
+def test_entry_checks_give_clear_codes():
+    chain = Chain(balances={A.peer_id: 1000, B.peer_id: 10})
+    pool = Mempool(chain.ledger, max_nonce_ahead=4)
+    good = transfer(A, 0)
+    pool.add(good.raw)
+    assert code_of(pool, good.raw) == TxCode.ALREADY_KNOWN
+    assert code_of(pool, transfer(A, 5).raw) == TxCode.NONCE_TOO_HIGH
+    assert code_of(pool, transfer(B, 0, amount=11).raw) == TxCode.INSUFFICIENT_FUNDS
+    fields = decode(transfer(A, 1).raw)
+    fields[7] = bytes(64)
+    assert code_of(pool, encode(fields)) == TxCode.BAD_SIGNATURE
+    assert code_of(pool, b"\x00junk") == TxCode.BAD_ENCODING
+    assert code_of(pool, b"\x07" * (chain.params.max_tx_bytes + 1)) == TxCode.OVERSIZED
+    assert code_of(pool, build_tx(A, "other", 1, "bond", {"amount": 1}).raw) == TxCode.WRONG_CHAIN
+    chain.block([good])
+    pool.update([good.hash])
+    assert code_of(pool, good.raw) == TxCode.NONCE_TOO_LOW
+
+
+def test_balance_covers_all_queued_spends():
+    chain = Chain(balances={A.peer_id: 100})
+    pool = Mempool(chain.ledger)
+    pool.add(transfer(A, 0, amount=60, fee=5).raw)
+    assert code_of(pool, transfer(A, 1, amount=40).raw) == TxCode.INSUFFICIENT_FUNDS
+    pool.add(transfer(A, 1, amount=35).raw)
+    assert len(pool) == 2
+
+
+def test_gap_holds_back_later_nonces_until_filled():
+    chain = Chain()
+    pool = Mempool(chain.ledger)
+    pool.add(transfer(A, 2).raw)
+    pool.add(transfer(A, 1).raw)
+    assert pool.reap(10**6, 100) == []
+    assert pool.pending_nonce(A.peer_id) == 0
+    pool.add(transfer(A, 0).raw)
+    assert pool.pending_nonce(A.peer_id) == 3
+    reaped = pool.reap(10**6, 100)
+    assert [decode(raw)[3] for raw in reaped] == [0, 1, 2]
+
+
+def test_replacement_needs_a_higher_fee():
+    chain = Chain()
+    pool = Mempool(chain.ledger)
+    first = pool.add(transfer(A, 0, fee=5).raw)
+    assert code_of(pool, transfer(A, 0, fee=5, amount=2).raw) == TxCode.REPLACEMENT_UNDERPRICED
+    better = pool.add(transfer(A, 0, fee=6).raw)
+    assert first.hash not in pool and better.hash in pool and len(pool) == 1
+
+
+def test_reap_orders_by_fee_across_accounts_and_respects_limits():
+    chain = Chain()
+    pool = Mempool(chain.ledger)
+    pool.add(transfer(A, 0, fee=1).raw)
+    pool.add(transfer(A, 1, fee=9).raw)   # high fee but behind A's nonce 0
+    pool.add(transfer(B, 0, fee=5, to=A).raw)
+    pool.add(transfer(C, 0, fee=3).raw)
+    order = [(decode(raw)[2], decode(raw)[3]) for raw in pool.reap(10**6, 100)]
+    assert order == [(B.peer_id, 0), (C.peer_id, 0), (A.peer_id, 0), (A.peer_id, 1)]
+    assert len(pool.reap(10**6, 2)) == 2
+    one = len(transfer(A, 0).raw)
+    assert len(pool.reap(one * 2 + 1, 100)) == 2
+
+
+def test_bounded_size_evicts_lowest_fee_tail_and_rejects_cheap_newcomers():
+    chain = Chain()
+    pool = Mempool(chain.ledger, max_txs=3)
+    pool.add(transfer(A, 0, fee=4).raw)
+    pool.add(transfer(A, 1, fee=2).raw)
+    pool.add(transfer(B, 0, fee=3, to=A).raw)
+    assert code_of(pool, transfer(C, 0, fee=2).raw) == TxCode.MEMPOOL_FULL
+    pool.add(transfer(C, 0, fee=5).raw)  # evicts A's tail (fee 2), never A's nonce 0
+    assert len(pool) == 3
+    assert transfer(A, 1, fee=2).hash not in pool and transfer(A, 0, fee=4).hash in pool
+
+
+def test_byte_bound_and_per_account_cap():
+    chain = Chain()
+    size = len(transfer(A, 0).raw)
+    pool = Mempool(chain.ledger, max_bytes=size * 2, max_per_account=2)
+    pool.add(transfer(A, 0, fee=1).raw)
+    pool.add(transfer(A, 1, fee=1).raw)
+    assert code_of(pool, transfer(A, 2, fee=9).raw) == TxCode.MEMPOOL_FULL  # per-account cap
+    pool.add(transfer(B, 0, fee=3, to=A).raw)                              # evicts by bytes
+    assert pool.size_bytes <= size * 2 and len(pool) == 2
+
+
+def test_update_after_commit_removes_included_and_rechecks_the_rest():
+    chain = Chain(balances={A.peer_id: 100, B.peer_id: 100})
+    pool = Mempool(chain.ledger)
+    t0 = pool.add(transfer(A, 0, amount=10).raw)
+    t1 = pool.add(transfer(A, 1, amount=10).raw)
+    t2 = pool.add(transfer(A, 2, amount=10).raw)
+    b0 = pool.add(transfer(B, 0, amount=50, to=C).raw)
+    # a block (from another proposer) drains A's balance and includes B's tx
+    competing = build_tx(A, CHAIN, 0, "transfer", {"to": C.peer_id, "amount": 85})
+    result = chain.block([competing, b0])
+    pool.update([r.tx_hash for r in result.receipts])
+    assert b0.hash not in pool and t0.hash not in pool  # included / stale nonce
+    assert t1.hash in pool                               # 10 of the 15 left
+    assert t2.hash not in pool                           # no longer affordable
+    assert pool.reap(10**6, 10) == [t1.raw]
+
+
+def test_verified_hashes_skip_reverification_in_apply_block():
+    chain = Chain()
+    pool = Mempool(chain.ledger)
+    tx = pool.add(transfer(A, 0).raw)
+    led = chain.ledger
+    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer, pool.reap(10**6, 10))
+    assert led.apply_block(block, verified=pool.verified_hashes).receipts[0].tx_hash == tx.hash
