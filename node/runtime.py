@@ -26,7 +26,7 @@ from node.p2p.limits import HostLimits
 from node.roles import Role
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.pubsub import Hub
-from node.rpc.server import HttpServer
+from node.rpc.server import BUILTIN_PATHS, HttpServer, JsonGet
 from node.rpc.status import StatusBoard
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,25 @@ class Node:
         self.host = Host(identity, p2p["listen"], limits=HostLimits(max_connections=p2p["max_connections"]),
                          agent_version=f"dekube/{self.version}")
         self.http: HttpServer | None = None
+        self._json_gets: dict[str, JsonGet] = {}
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._started_monotonic: float | None = None
         self._register_builtins()
         for role in self.roles:
             role.setup(self)
+
+    def add_json_get(self, path: str, handler: JsonGet) -> None:
+        """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
+
+        Raise ``InvalidParams``/``InvalidInput`` (400), ``ResourceNotFound`` (404) or
+        ``ResourceUnavailable`` (503) for a client-visible error.
+        """
+        if self.ready.is_set():
+            raise RuntimeError("HTTP routes must be added before the node starts (in Role.setup)")
+        if not path.startswith("/") or path in self._json_gets or path in BUILTIN_PATHS:
+            raise ValueError(f"cannot add HTTP route {path!r}")
+        self._json_gets[path] = handler
 
     @property
     def uptime(self) -> float:
@@ -150,7 +163,7 @@ class Node:
         rpc = self.config["rpc"]
         if rpc["enabled"]:
             http = HttpServer(dispatcher=self.rpc, hub=self.hub, status=self.status, metrics=self.metrics,
-                              host=rpc["host"], port=rpc["port"])
+                              host=rpc["host"], port=rpc["port"], json_gets=self._json_gets)
             try:
                 await http.start()
             except OSError as exc:

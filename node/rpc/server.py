@@ -1,4 +1,5 @@
-"""aiohttp server: GET /health, /status, /metrics; POST / and /rpc (JSON-RPC 2.0); GET /ws.
+"""aiohttp server: GET /health, /status, /metrics; POST / and /rpc (JSON-RPC 2.0); GET /ws;
+plus JSON GET routes that components add (e.g. ``/block?height=``).
 
 A thin driver around the sans-I/O Dispatcher, the pub/sub Hub and the StatusBoard. The websocket
 speaks the same JSON-RPC plus ``dkb_subscribe(topic)`` / ``dkb_unsubscribe(id)``; notifications are
@@ -11,19 +12,31 @@ import asyncio
 import json
 import logging
 import weakref
-from typing import Any
+from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from node.metrics import CONTENT_TYPE, Registry
 from node.rpc.dispatcher import Dispatcher, encode_json
-from node.rpc.errors import InvalidParams, LimitExceeded, MethodNotSupported
+from node.rpc.errors import (
+    INVALID_INPUT,
+    INVALID_PARAMS,
+    RESOURCE_NOT_FOUND,
+    RESOURCE_UNAVAILABLE,
+    InvalidParams,
+    LimitExceeded,
+    MethodNotSupported,
+    RpcError,
+)
 from node.rpc.pubsub import Hub, Subscription, SubscriptionClosed, UnknownTopic
 from node.rpc.status import StatusBoard
 
 log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 32
+BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws"})
+JsonGet = Callable[[Mapping[str, str]], Awaitable[Any]]
+_HTTP_STATUS_FOR_CODE = {INVALID_PARAMS: 400, INVALID_INPUT: 400, RESOURCE_NOT_FOUND: 404, RESOURCE_UNAVAILABLE: 503}
 _DROP_NOTICE_TIMEOUT_S = 1.0
 
 
@@ -31,8 +44,9 @@ class HttpServer:
     """Serves one node's HTTP endpoints; ``start()`` binds (port 0 picks one), ``stop()`` closes."""
 
     def __init__(self, *, dispatcher: Dispatcher, hub: Hub, status: StatusBoard, metrics: Registry,
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, json_gets: Mapping[str, JsonGet] | None = None):
         self.dispatcher = dispatcher
+        self.json_gets = dict(json_gets or {})
         self.hub = hub
         self.status = status
         self.metrics = metrics
@@ -58,6 +72,8 @@ class HttpServer:
         app.router.add_post("/", self._rpc)
         app.router.add_post("/rpc", self._rpc)
         app.router.add_get("/ws", self._websocket)
+        for path, handler in self.json_gets.items():
+            app.router.add_get(path, self._json_get_handler(handler))
         app.on_shutdown.append(self._close_websockets)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -98,6 +114,22 @@ class HttpServer:
         if answer is None:
             return web.Response(status=204)
         return web.Response(body=answer, content_type="application/json")
+
+    @staticmethod
+    def _json_get_handler(handler: JsonGet) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """Wrap ``handler(query) -> JSON``: RpcErrors become 400/404/503 with the error object, others 500."""
+
+        async def serve(request: web.Request) -> web.Response:
+            try:
+                result = await handler(dict(request.query))
+            except RpcError as exc:
+                return web.json_response({"error": exc.to_json()}, status=_HTTP_STATUS_FOR_CODE.get(exc.code, 400))
+            except Exception:
+                log.exception("HTTP GET %s failed", request.path)
+                return web.json_response({"error": {"code": -32603, "message": "Internal error"}}, status=500)
+            return web.json_response(result, dumps=_dumps_lenient)
+
+        return serve
 
     async def _subscribe_over_http(self, *args: Any) -> None:
         raise MethodNotSupported("Method not supported: subscriptions need a websocket connection at /ws")

@@ -159,3 +159,50 @@ def test_p2p_port_in_use_is_a_clear_start_error():
         await asyncio.wait_for(a_task, 10)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+class BlockRole(Role):
+    """Serves GET /block?height= the way the validator role will."""
+
+    name = "validator"
+
+    def setup(self, node):
+        from node.rpc.errors import InvalidParams, ResourceNotFound
+
+        async def block(query):
+            if "height" not in query or not query["height"].isdigit():
+                raise InvalidParams("height must be a non-negative integer")
+            if int(query["height"]) > 10:
+                raise ResourceNotFound(f"no block at height {query['height']}")
+            if query["height"] == "7":
+                raise RuntimeError("secret detail")
+            return {"height": int(query["height"])}
+
+        node.add_json_get("/block", block)
+        with pytest.raises(ValueError):
+            node.add_json_get("/status", block)
+
+    async def run(self, node):
+        await asyncio.Event().wait()
+
+
+def test_roles_add_json_get_routes():
+    async def scenario():
+        node = Node(local_config(), Identity.generate(), [BlockRole()])
+        task = asyncio.create_task(node.run())
+        await asyncio.wait_for(node.ready.wait(), 10)
+        with pytest.raises(RuntimeError, match="before the node starts"):
+            node.add_json_get("/late", None)
+        async with aiohttp.ClientSession(base_url=node.http.url) as http:
+            async with http.get("/block", params={"height": "3"}) as resp:
+                assert resp.status == 200 and await resp.json() == {"height": 3}
+            async with http.get("/block") as resp:
+                assert resp.status == 400 and (await resp.json())["error"]["code"] == -32602
+            async with http.get("/block", params={"height": "99"}) as resp:
+                assert resp.status == 404 and "no block" in (await resp.json())["error"]["message"]
+            async with http.get("/block", params={"height": "7"}) as resp:
+                assert resp.status == 500 and "secret" not in await resp.text()
+        node.request_stop()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
