@@ -71,7 +71,7 @@ class YamuxStream:
     """One yamux stream: asyncio reads and writes with window back-pressure."""
 
     __slots__ = ("stream_id", "_muxer", "_chunks", "_offset", "_buffered", "_eof", "_reset",
-                 "_write_closed", "_read_waiter", "_window_waiter")
+                 "_write_closed", "_writing", "_read_waiter", "_window_waiter")
 
     def __init__(self, muxer: MuxedConnection, stream_id: int) -> None:
         self.stream_id = stream_id
@@ -82,6 +82,7 @@ class YamuxStream:
         self._eof = False
         self._reset = False
         self._write_closed = False
+        self._writing = False
         self._read_waiter: asyncio.Future | None = None
         self._window_waiter: asyncio.Future | None = None
 
@@ -91,7 +92,10 @@ class YamuxStream:
         return self._buffered
 
     async def read(self, n: int = -1) -> bytes:
-        """Return up to `n` bytes (n < 0: all buffered), waiting for at least one; b"" at EOF."""
+        """Return up to `n` bytes (n < 0: what is buffered), waiting for at least one; b"" at EOF.
+
+        One reader at a time: a second task waiting concurrently gets RuntimeError.
+        """
         if n == 0:
             return b""
         while not self._buffered:
@@ -99,6 +103,8 @@ class YamuxStream:
                 raise StreamResetError(f"yamux stream {self.stream_id} was reset")
             if self._eof:
                 return b""
+            if self._read_waiter is not None:
+                raise RuntimeError(f"yamux stream {self.stream_id}: another task is already reading")
             self._read_waiter = self._muxer._loop.create_future()
             try:
                 await self._read_waiter
@@ -123,14 +129,25 @@ class YamuxStream:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def write(self, data: bytes) -> None:
-        """Send `data`, waiting for send window and outbound room (back-pressure)."""
+        """Send `data`, waiting for send window and outbound room (back-pressure).
+
+        One writer at a time: a second task writing concurrently gets RuntimeError.
+        """
+        if self._writing:
+            raise RuntimeError(f"yamux stream {self.stream_id}: another task is already writing")
         if type(data) is not bytes:
             data = bytes(data)  # snapshot: the frames reference it until the sender joins them
+        self._writing = True
+        try:
+            await self._write_all(memoryview(data))
+        finally:
+            self._writing = False
+
+    async def _write_all(self, view: memoryview) -> None:
         muxer = self._muxer
         session = muxer._session
-        view = memoryview(data)
         pos = 0
-        total = len(data)
+        total = len(view)
         while pos < total:
             self._check_writable()
             if session.outbound_size >= OUTBOUND_HIGH_WATER:

@@ -433,3 +433,26 @@ def test_reads_of_any_size_return_the_byte_stream_in_order():
         await a.close()
         await b.close()
     run(main())
+
+
+def test_concurrent_readers_or_writers_on_one_stream_are_refused():
+    async def main():
+        async def hold(stream):
+            await asyncio.Event().wait()
+
+        a, b = await muxed_pair(hold)
+        stream = await a.open_stream()
+        first_reader = asyncio.create_task(stream.read())
+        first_writer = asyncio.create_task(stream.write(bytes(2 * y.INITIAL_WINDOW)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="already reading"):
+            await stream.read()
+        with pytest.raises(RuntimeError, match="already writing"):
+            await stream.write(b"x")
+        stream.reset()
+        for task in (first_reader, first_writer):
+            with pytest.raises(StreamResetError):
+                await task
+        await a.close()
+        await b.close()
+    run(main())
