@@ -20,10 +20,6 @@ from typing import Callable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-# Decoders view read-only `bytes` through torch without copying and never write to those views.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-
 HEADER = struct.Struct("<BBHI")  # codec id, flags, 16-bit parameter, numel
 HEADER_SIZE = HEADER.size
 MAX_NUMEL = 2**32 - 1
@@ -156,7 +152,12 @@ def view_array(data: bytes | memoryview, dtype: np.dtype, offset: int, count: in
     The caller must have checked the length; the result must never be written to or returned.
     """
     arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    return torch.from_numpy(arr)
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    # torch warns (once per process) that the view is read-only; decoders never write to it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
