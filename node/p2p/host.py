@@ -349,8 +349,8 @@ class Host:
                 or len(self._connections) >= self.limits.max_connections or not self._running):
             await secure.close()
             raise DialError(f"connection limit reached for {peer_id}")
-        conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn),
-                                     **self._muxer_options)
+        options = {"max_streams": self.limits.max_streams_per_connection, **self._muxer_options}
+        conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn), **options)
         self._connections.add(conn)
         secure.tcp.connection_lost_callbacks.append(lambda: self._forget(conn))
         await conn.muxed.start()

@@ -9,6 +9,7 @@ class HostLimits:
     max_connections: int = 1024          # all open connections (inbound + outbound + bulk)
     max_connections_per_peer: int = 8    # shared + bulk connections to one peer
     max_pending_inbound: int = 64        # inbound TCP connections still upgrading
+    max_streams_per_connection: int = 10_240  # yamux streams open at once on one connection
     handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection
     negotiate_timeout: float = 10.0      # multistream selection on one stream
     identify_timeout: float = 10.0

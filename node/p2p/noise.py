@@ -41,6 +41,7 @@ DH_LEN = 32
 _MAX_NONCE = (1 << 64) - 1
 _NONCE = struct.Struct("<4xQ")
 _LEN = struct.Struct(">H")
+RECV_SCRATCH_BYTES = 64 * 1024  # grows to the largest read seen (about 1 MiB under load)
 
 
 class NoiseError(ProtocolError):
@@ -314,14 +315,16 @@ class NoiseTransport:
     """Transport-phase framing: plaintext in, framed ciphertext out, and the reverse.
 
     ``encrypt`` returns the frames for any amount of plaintext as one buffer (several frames
-    per write). ``receive_data`` buffers partial frames and returns the decrypted plaintext of
-    all complete frames at once.
+    per write). ``receive_data``/``receive_chunks`` buffer a partial frame and return the
+    decrypted plaintext of all complete frames at once.
     """
 
     def __init__(self, send_cipher: CipherState, recv_cipher: CipherState) -> None:
         self._send = send_cipher
         self._recv = recv_cipher
         self._partial = bytearray()
+        self._scratch = bytearray(RECV_SCRATCH_BYTES)
+        self._scratch_c = ffi.from_buffer(self._scratch)
 
     def encrypt(self, data: bytes | bytearray | memoryview) -> bytearray:
         total = len(data)
@@ -344,30 +347,56 @@ class NoiseTransport:
         ffi.release(src_c)
         return out
 
-    def receive_data(self, data: bytes | bytearray) -> bytearray:
-        if self._partial:
-            self._partial += data
-            buf = self._partial
-            self._partial = bytearray()
-        else:
-            buf = data
-        end = len(buf)
-        out = bytearray(end)
-        out_c = ffi.from_buffer(out)
-        src_c = ffi.from_buffer(buf)
-        unpack_len = _LEN.unpack_from
+    def receive_data(self, data: bytes) -> bytes:
+        """Decrypt every complete frame in ``data`` (plus any buffered partial frame)."""
+        return self.receive_chunks((data,))
+
+    def receive_chunks(self, chunks) -> bytes:
+        """Decrypt the complete frames in a sequence of received chunks, in order.
+
+        Frames are decrypted in place from each chunk; only a frame split across chunks is
+        copied (into ``_partial``). The plaintext is gathered in a reusable scratch buffer and
+        returned as one bytes object.
+        """
+        total = sum(len(c) for c in chunks) + len(self._partial)
+        if total > len(self._scratch):
+            self._scratch = bytearray(max(total, 2 * len(self._scratch)))
+            self._scratch_c = ffi.from_buffer(self._scratch)
+        out_c = self._scratch_c
         cipher = self._recv
-        pos = 0
+        unpack_len = _LEN.unpack_from
         written = 0
-        while end - pos >= 2:
-            (length,) = unpack_len(buf, pos)
-            if end - pos - 2 < length:
-                break
-            written += cipher.decrypt_into(out_c, written, src_c, pos + 2, length)
-            pos += 2 + length
-        if pos < end:
-            self._partial = bytearray(buf[pos:] if isinstance(buf, bytearray) else memoryview(buf)[pos:])
-        ffi.release(out_c)
-        ffi.release(src_c)
-        del out[written:]
-        return out
+        for chunk in chunks:
+            end = len(chunk)
+            pos = 0
+            partial = self._partial
+            if partial:
+                if len(partial) < 2:
+                    pos = 2 - len(partial) if end >= 2 - len(partial) else end
+                    partial += chunk[:pos]
+                    if len(partial) < 2:
+                        continue
+                need = 2 + ((partial[0] << 8) | partial[1]) - len(partial)
+                take = need if need <= end - pos else end - pos
+                partial += memoryview(chunk)[pos:pos + take]
+                pos += take
+                if take < need:
+                    continue
+                partial_c = ffi.from_buffer(partial)
+                written += cipher.decrypt_into(out_c, written, partial_c, 2, len(partial) - 2)
+                ffi.release(partial_c)
+                self._partial = bytearray()
+            src_c = ffi.from_buffer(chunk)
+            while end - pos >= 2:
+                (length,) = unpack_len(chunk, pos)
+                if end - pos - 2 < length:
+                    break
+                written += cipher.decrypt_into(out_c, written, src_c, pos + 2, length)
+                pos += 2 + length
+            ffi.release(src_c)
+            if pos < end:
+                self._partial = bytearray(memoryview(chunk)[pos:])
+        if not written:
+            return b""
+        with memoryview(self._scratch) as view:
+            return bytes(view[:written])

@@ -18,7 +18,7 @@ from .errors import HandshakeTimeout, ProtocolError
 from .noise import NoiseHandshake, NoiseTransport
 
 READ_HIGH_WATER = 1 << 20
-READ_CHUNK_JOIN = 1 << 20
+READ_BATCH_BYTES = 1 << 20
 
 
 class TcpConnection(asyncio.Protocol):
@@ -91,32 +91,48 @@ class TcpConnection(asyncio.Protocol):
     def sockname(self) -> tuple[str, int] | None:
         return self.transport.get_extra_info("sockname") if self.transport else None
 
-    async def read(self) -> bytes:
-        """Every byte received so far (up to ~1 MiB in one piece), or b"" at EOF."""
+    async def _wait_data(self) -> bool:
         while not self._chunks:
             if self._eof:
-                return b""
+                return False
             self._data_waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._data_waiter
             finally:
                 self._data_waiter = None
-        chunks = self._chunks
-        if len(chunks) == 1:
-            data = chunks.popleft()
-        else:
-            parts = []
-            size = 0
-            while chunks and size < READ_CHUNK_JOIN:
-                part = chunks.popleft()
-                parts.append(part)
-                size += len(part)
-            data = b"".join(parts)
-        self._buffered -= len(data)
+        return True
+
+    def _consumed(self, size: int) -> None:
+        self._buffered -= size
         if self._paused_reading and self._buffered <= self._high_water // 2 and self.transport:
             self._paused_reading = False
             self.transport.resume_reading()
+
+    async def read(self) -> bytes:
+        """The next received chunk, or b"" at EOF."""
+        if not await self._wait_data():
+            return b""
+        data = self._chunks.popleft()
+        self._consumed(len(data))
         return data
+
+    async def read_chunks(self, max_bytes: int = READ_BATCH_BYTES) -> list[bytes]:
+        """Received chunks (at least one, about ``max_bytes`` in all), or [] at EOF."""
+        if not await self._wait_data():
+            return []
+        chunks = self._chunks
+        if len(chunks) == 1:
+            batch = [chunks.popleft()]
+            size = len(batch[0])
+        else:
+            batch = []
+            size = 0
+            while chunks and size < max_bytes:
+                part = chunks.popleft()
+                batch.append(part)
+                size += len(part)
+        self._consumed(size)
+        return batch
 
     def unread(self, data: bytes) -> None:
         """Put bytes back in front of the receive queue (negotiation leftovers)."""
@@ -175,12 +191,12 @@ class SecureConn:
             data, self._pushback = self._pushback, b""
             return data
         while True:
-            raw = await self._tcp.read()
-            if not raw:
+            chunks = await self._tcp.read_chunks()
+            if not chunks:
                 return b""
-            plain = self._noise.receive_data(raw)
+            plain = self._noise.receive_chunks(chunks)
             if plain:
-                return bytes(plain)
+                return plain
 
     def unread(self, data: bytes) -> None:
         """Return plaintext to the front of the stream (bytes a negotiation read too far)."""
