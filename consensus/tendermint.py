@@ -46,6 +46,7 @@ from consensus.signer import DoubleSignRefused, Lock, SignerGuard, Step
 
 NIL = b""
 MAX_FUTURE_ROUNDS_PER_VALIDATOR = 2
+MAX_VALUES_PER_VALIDATOR_STEP = 3
 MAX_BUFFERED_PER_SENDER = 8
 MAX_BUFFERED_SENDERS = 1024
 
@@ -131,33 +132,50 @@ def decode_lock_proof(data: bytes) -> tuple[bytes, list[Vote]]:
 
 
 class _Tally:
-    """One vote per validator for one (round, type), with power per value id."""
+    """The votes of one (round, type): each validator's first vote, and per value every
+    validator that signed it (a double-voter counts for each value it signed, as in CometBFT,
+    so a polka or commit that includes it is still recognised by every honest node)."""
 
-    __slots__ = ("votes", "power_by_value", "total", "quorum_value")
+    __slots__ = ("votes", "by_value", "power_by_value", "total", "quorum_value")
 
     def __init__(self) -> None:
-        self.votes: dict[str, Vote] = {}
+        self.votes: dict[str, Vote] = {}  # first vote per validator
+        self.by_value: dict[bytes, dict[str, Vote]] = {}
         self.power_by_value: dict[bytes, int] = {}
-        self.total = 0
-        self.quorum_value: bytes | None = None
+        self.total = 0  # power of distinct validators that voted
+        self.quorum_value: bytes | None = None  # the first value with more than 2/3
+
+    def has(self, vote: Vote) -> bool:
+        return vote.validator in self.by_value.get(vote.value_id, ())
+
+    def values_signed_by(self, validator: str) -> int:
+        return sum(1 for voters in self.by_value.values() if validator in voters)
+
+    def votes_for(self, vid: bytes) -> list[Vote]:
+        return list(self.by_value.get(vid, {}).values())
 
     def add(self, vote: Vote, power: int, validators: ValidatorSet) -> None:
-        self.votes[vote.validator] = vote
-        self.total += power
+        if vote.validator not in self.votes:
+            self.votes[vote.validator] = vote
+            self.total += power
+        self.by_value.setdefault(vote.value_id, {})[vote.validator] = vote
         p = self.power_by_value.get(vote.value_id, 0) + power
         self.power_by_value[vote.value_id] = p
         if self.quorum_value is None and validators.is_quorum(p):
             self.quorum_value = vote.value_id
 
     def remove(self, validator: str, power: int) -> None:
-        vote = self.votes.pop(validator, None)
-        if vote is not None:
-            self.total -= power
-            left = self.power_by_value[vote.value_id] - power
+        if self.votes.pop(validator, None) is None:
+            return
+        self.total -= power
+        for vid in [vid for vid, voters in self.by_value.items() if validator in voters]:
+            del self.by_value[vid][validator]
+            left = self.power_by_value[vid] - power
             if left:
-                self.power_by_value[vote.value_id] = left
+                self.power_by_value[vid] = left
             else:
-                del self.power_by_value[vote.value_id]
+                del self.power_by_value[vid]
+                del self.by_value[vid]
 
 
 @dataclass
@@ -259,11 +277,11 @@ class TendermintCore:
         tally = None
         if rs is not None:
             tally = rs.prevotes if vote.type is VoteType.PREVOTE else rs.precommits
+            if tally.has(vote):
+                return []
             existing = tally.votes.get(vote.validator)
             if existing is not None:
-                if existing == vote or existing.value_id == vote.value_id:
-                    return []
-                return self._equivocation(existing, vote)
+                return self._conflicting_vote(existing, vote, tally, power)
         if not self._verifier(vote) or not self._admit_round(vote.validator, r):
             return []
         out: list[Output] = []
@@ -319,7 +337,7 @@ class TendermintCore:
             power = self.validators.power(vote.validator)
             if (power and vote.type is VoteType.PREVOTE and vote.height == self.height
                     and vote.round == lock.round and vote.value_id == lock.value_id
-                    and vote.validator not in self._round_state(lock.round).prevotes.votes
+                    and not self._round_state(lock.round).prevotes.has(vote)
                     and self._verifier(vote)):
                 self._add_vote(vote, power)
 
@@ -334,16 +352,14 @@ class TendermintCore:
         if proposal is not None:
             out.append(proposal)
         if self.valid_round >= 0:  # the polka behind validValue, for re-proposals (line 28)
-            polka = self.rounds[self.valid_round].prevotes.votes.values()
-            out.extend(v for v in polka if v.value_id == self.valid_value_id)
+            out.extend(self.rounds[self.valid_round].prevotes.votes_for(self.valid_value_id))
         me = self.signer.peer_id if self.signer is not None else None
         if me is not None and me in self.validators:
             for r in sorted(self.rounds):
                 rs = self.rounds[r]
                 for tally in (rs.prevotes, rs.precommits):
-                    vote = tally.votes.get(me)
-                    if vote is not None:
-                        out.append(vote)
+                    out.extend(v for voters in tally.by_value.values() for v in voters.values()
+                               if v.validator == me)
         return out
 
     # ------------------------------------------------------------------ state
@@ -447,12 +463,22 @@ class TendermintCore:
             rs.senders.add(sender)
             rs.sender_power += self.validators.power(sender)
 
-    def _equivocation(self, first: Vote, second: Vote) -> list[Output]:
-        key = (second.validator, second.round, second.type)
-        if key in self._equivocators or not self._verifier(second):
+    def _conflicting_vote(self, first: Vote, vote: Vote, tally: _Tally, power: int) -> list[Output]:
+        """A second vote for another value in one step: evidence (once per step), and the vote
+        still counts for its value if that value matters here (nil, a proposed value) or the
+        validator has signed only a few values in this step (bounded memory)."""
+        if not self._verifier(vote):
             return []
-        self._equivocators.add(key)
-        return [EvidenceFound(DoubleVoteEvidence(first, second))]
+        out: list[Output] = []
+        key = (vote.validator, vote.round, vote.type)
+        if key not in self._equivocators:
+            self._equivocators.add(key)
+            out.append(EvidenceFound(DoubleVoteEvidence(first, vote)))
+        if vote.is_nil or vote.value_id in self.values \
+                or tally.values_signed_by(vote.validator) < MAX_VALUES_PER_VALIDATOR_STEP:
+            self._add_vote(vote, power)
+            self._after_event(out, vote.round)
+        return out
 
     def _valid(self, vid: bytes) -> bool:
         known = self._validity.get(vid)
@@ -482,7 +508,7 @@ class TendermintCore:
         if not vid or not self._valid(vid):
             return
         self.decided = True
-        certificate = tuple(v for v in rs.precommits.votes.values() if v.value_id == vid)
+        certificate = tuple(rs.precommits.votes_for(vid))
         out.append(Commit(self.height, r, self.values[vid], certificate))
 
     def _run_rules(self, out: list[Output]) -> None:
@@ -498,7 +524,8 @@ class TendermintCore:
                     self._prevote(out, vid if ok else NIL)
                     continue
                 pol = self.rounds.get(proposal.pol_round)
-                if pol is not None and pol.prevotes.quorum_value == vid:  # line 28
+                if pol is not None and self.validators.is_quorum(
+                        pol.prevotes.power_by_value.get(vid, 0)):  # line 28
                     ok = self._valid(vid) and (self.locked_round <= proposal.pol_round
                                                or self.locked_value_id == vid)
                     self._prevote(out, vid if ok else NIL)
@@ -563,7 +590,7 @@ class TendermintCore:
         if vtype is VoteType.PREVOTE:
             signed = self._sign(out, vote, Step.PREVOTE)
         elif vid:
-            polka = [v for v in self.rounds[self.round].prevotes.votes.values() if v.value_id == vid]
+            polka = self.rounds[self.round].prevotes.votes_for(vid)
             proof = encode_lock_proof(self.values[vid], polka)
             signed = self._sign(out, vote, Step.PRECOMMIT, lock=vid, lock_proof=proof)
         else:
