@@ -15,17 +15,20 @@ from cli.errors import CliError
 from node.config import ConfigError
 from node.keystore import KeystoreError
 from node.roles import RoleError
+from node.runtime import node_version
 
 SUBCOMMANDS = (
     "cli.init",
     "cli.keys",
     "cli.start",
+    "cli.status",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dekube-node", description="dekube decentralized AI compute node")
+    parser.add_argument("--version", action="version", version=f"dekube-node {node_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)

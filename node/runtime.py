@@ -38,7 +38,7 @@ def node_version() -> str:
     try:
         return importlib.metadata.version("dekube")
     except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+        return "unknown"
 
 
 class NodeStartError(Exception):

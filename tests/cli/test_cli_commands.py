@@ -101,3 +101,16 @@ def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["frobnicate"])
     assert exit_info.value.code == 2
+
+
+def test_status_url_comes_from_config(tmp_path, capsys, monkeypatch):
+    from cli.status import node_url
+
+    home = tmp_path / "h"
+    run_cli(capsys, "init", "--home", str(home))
+    args = build_parser().parse_args(["status", "--home", str(home)])
+    assert node_url(args) == "http://127.0.0.1:8645"
+    monkeypatch.setenv("DEKUBE_RPC_HOST", "0.0.0.0")
+    monkeypatch.setenv("DEKUBE_RPC_PORT", "9100")
+    assert node_url(args) == "http://127.0.0.1:9100"
+    assert node_url(build_parser().parse_args(["status", "--url", "http://x:1/"])) == "http://x:1"

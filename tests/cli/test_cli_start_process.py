@@ -76,6 +76,8 @@ def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
                 time.sleep(0.1)
         with urllib.request.urlopen(url + "/status", timeout=2) as resp:
             assert json.loads(resp.read())["roles"] == ["validator", "relay"]
+        shown = cli("status", "--url", url)
+        assert shown.returncode == 0 and json.loads(shown.stdout)["roles"] == ["validator", "relay"]
         proc.send_signal(signum)
         assert proc.wait(timeout=20) == 0
         wait_for_log(lines, seen, lambda r: r["msg"] == "node stopped", timeout=5)
@@ -84,6 +86,16 @@ def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_status_without_a_running_node(home):
+    result = cli("status", "--home", str(home), "--url", "http://127.0.0.1:1")
+    assert result.returncode == 1 and "no node answering at http://127.0.0.1:1/status" in result.stderr
+
+
+def test_version_flag():
+    result = cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("dekube-node ")
 
 
 def test_start_refuses_a_world_readable_key(home):
