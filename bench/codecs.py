@@ -1,0 +1,114 @@
+"""Codec benchmark: single-thread encode/decode MB/s on fp32 input, compression ratio and relative
+error per codec, and PowerSGD's step times; prints one JSON object as its last line.
+
+    python bench/codecs.py [--numel 25000000] [--repeats 3] [--sweep]
+
+MB/s counts fp32 input bytes (4 * numel / 1e6) per second, best of `repeats`. Relative error is
+||decode(encode(x)) - x|| / ||x|| for one shot on Gaussian x (top-k and sign are meant to run with
+error feedback, which carries what one shot loses). --sweep adds block-size variants of int8/int4/sign.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ml.codecs import PowerSGD, get_codec, matrix_shape, to_matrix  # noqa: E402
+
+CODECS = [
+    ("fp32", {}), ("fp16", {}), ("bf16", {}), ("int8", {}), ("int4", {}),
+    ("topk", {"ratio": 0.01}), ("sign", {}), ("fp16+lz4", {}), ("int8+lz4", {}),
+]
+SWEEP = [
+    ("int8", {"block": 64}), ("int8", {"block": 256}), ("int4", {"block": 32}), ("int4", {"block": 128}),
+    ("sign", {"block": 1024}), ("topk", {"ratio": 0.001}), ("topk", {"ratio": 0.1}),
+]
+
+
+def best_time(fn, repeats: int):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def label(name: str, opts: dict) -> str:
+    return name + "".join(f":{k}={v}" for k, v in opts.items())
+
+
+def bench_codec(name: str, opts: dict, x: torch.Tensor, repeats: int) -> dict:
+    codec = get_codec(name, **opts)
+    mb = 4 * x.numel() / 1e6
+    t_enc, data = best_time(lambda: codec.encode(x), repeats)
+    t_dec, y = best_time(lambda: codec.decode(data, x.numel()), repeats)
+    rel = float((y.double() - x.double()).norm() / x.double().norm())
+    return {
+        "encode_MBps": round(mb / t_enc, 1),
+        "decode_MBps": round(mb / t_dec, 1),
+        "ratio": round(4 * x.numel() / len(data), 2),
+        "rel_err": float(f"{rel:.4g}"),
+    }
+
+
+def bench_powersgd(x: torch.Tensor, rank: int, repeats: int) -> dict:
+    shape = matrix_shape(x.shape)
+    m = to_matrix(x, shape)
+    peer = PowerSGD(shape, rank=rank, seed=0)
+
+    def step():
+        t0 = time.perf_counter()
+        p = peer.p_step(m)
+        t1 = time.perf_counter()
+        q = peer.q_step(p)
+        t2 = time.perf_counter()
+        approx = peer.finish(q)
+        return (t1 - t0, t2 - t1, time.perf_counter() - t2), approx
+
+    times = []
+    for _ in range(repeats):
+        phase_times, approx = step()
+        times.append(phase_times)
+    p_s, q_s, f_s = (min(t[i] for t in times) for i in range(3))
+    rel = float((approx.double() - m.double()).norm() / m.double().norm())
+    total = p_s + q_s + f_s
+    return {
+        "shape": list(shape),
+        "p_step_s": round(p_s, 4),
+        "q_step_s": round(q_s, 4),
+        "finish_s": round(f_s, 4),
+        "MBps": round(4 * x.numel() / 1e6 / total, 1),
+        "ratio": round(m.numel() / (rank * sum(shape)), 1),
+        "rel_err_last_step": float(f"{rel:.4g}"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numel", type=int, default=25_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sweep", action="store_true", help="also block-size and ratio variants")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
+    results: dict[str, dict] = {}
+    for name, opts in CODECS + (SWEEP if args.sweep else []):
+        key = label(name, opts)
+        results[key] = bench_codec(name, opts, x, args.repeats)
+        print(key, results[key], flush=True)
+    powersgd = {}
+    for rank in (1, 4):
+        powersgd[f"r{rank}"] = bench_powersgd(x, rank, args.repeats)
+        print(f"powersgd r{rank}", powersgd[f"r{rank}"], flush=True)
+    print(json.dumps({"numel": args.numel, "threads": 1, "codecs": results, "powersgd": powersgd}))
+
+
+if __name__ == "__main__":
+    main()
