@@ -101,6 +101,10 @@ class Node:
     def uptime(self) -> float:
         return 0.0 if self._started_monotonic is None else time.monotonic() - self._started_monotonic
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_stop(self) -> None:
         """Ask ``run()`` to shut down; safe to call more than once, from the event loop thread."""
         if not self._stop.is_set():
@@ -222,7 +226,7 @@ async def run_until_signalled(node: Node) -> int:
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
-        if node._stop.is_set():
+        if node.stopping:
             log.warning("second signal: exiting without clean shutdown")
             os._exit(128 + signum)
         node.request_stop()

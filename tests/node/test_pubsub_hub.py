@@ -78,3 +78,22 @@ def test_websocket_gets_a_drop_notice_when_too_slow():
                 assert json.loads((await ws.receive(timeout=5)).data)["result"] == node.peer_id  # connection lives
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_subscriptions_per_connection_are_limited():
+    from node.rpc.server import MAX_SUBSCRIPTIONS_PER_CONNECTION
+
+    async def scenario():
+        async with running_node() as (node, http):
+            node.hub.add_topic("newHeads")
+            async with http.ws_connect("/ws") as ws:
+                codes = []
+                for i in range(MAX_SUBSCRIPTIONS_PER_CONNECTION + 1):
+                    await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": i, "method": "dkb_subscribe",
+                                                  "params": ["newHeads"]}))
+                    answer = json.loads((await ws.receive(timeout=5)).data)
+                    codes.append(answer.get("error", {}).get("code"))
+                assert codes[:-1] == [None] * MAX_SUBSCRIPTIONS_PER_CONNECTION and codes[-1] == -32005
+                assert node.hub.count() == MAX_SUBSCRIPTIONS_PER_CONNECTION
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
