@@ -41,7 +41,7 @@ DH_LEN = 32
 _MAX_NONCE = (1 << 64) - 1
 _NONCE = struct.Struct("<4xQ")
 _LEN = struct.Struct(">H")
-RECV_SCRATCH_BYTES = 64 * 1024  # grows to the largest read seen (about 1 MiB under load)
+SMALL_READ_BYTES = 16 * 1024
 
 
 class NoiseError(ProtocolError):
@@ -323,8 +323,8 @@ class NoiseTransport:
         self._send = send_cipher
         self._recv = recv_cipher
         self._partial = bytearray()
-        self._scratch = bytearray(RECV_SCRATCH_BYTES)
-        self._scratch_c = ffi.from_buffer(self._scratch)
+        self._scratch: bytearray | None = None  # reused for bulk reads, dropped on small ones
+        self._scratch_c = None
 
     def encrypt(self, data: bytes | bytearray | memoryview) -> bytearray:
         total = len(data)
@@ -355,14 +355,20 @@ class NoiseTransport:
         """Decrypt the complete frames in a sequence of received chunks, in order.
 
         Frames are decrypted in place from each chunk; only a frame split across chunks is
-        copied (into ``_partial``). The plaintext is gathered in a reusable scratch buffer and
-        returned as one bytes object.
+        copied (into ``_partial``). The plaintext of bulk reads is gathered in a reusable scratch
+        buffer, freed again once reads turn small, and returned as one bytes object.
         """
         total = sum(len(c) for c in chunks) + len(self._partial)
-        if total > len(self._scratch):
-            self._scratch = bytearray(max(total, 2 * len(self._scratch)))
-            self._scratch_c = ffi.from_buffer(self._scratch)
-        out_c = self._scratch_c
+        if total <= SMALL_READ_BYTES:  # control traffic: no buffer kept, idle connections stay small
+            self._scratch = self._scratch_c = None
+            out = bytearray(total)
+            out_c = ffi.from_buffer(out)
+        else:
+            if self._scratch is None or total > len(self._scratch):
+                self._scratch = bytearray(total)
+                self._scratch_c = ffi.from_buffer(self._scratch)
+            out = self._scratch
+            out_c = self._scratch_c
         cipher = self._recv
         unpack_len = _LEN.unpack_from
         written = 0
@@ -398,5 +404,5 @@ class NoiseTransport:
                 self._partial = bytearray(memoryview(chunk)[pos:])
         if not written:
             return b""
-        with memoryview(self._scratch) as view:
+        with memoryview(out) as view:
             return bytes(view[:written])

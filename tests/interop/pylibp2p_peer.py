@@ -4,7 +4,8 @@ Run as a subprocess; it prints one line ``ADDR <multiaddr>`` once listening, the
 Modes:
   listen                      serve echo/sink/ping/identify until stdin closes
   dial MADDR ECHO_MIB         dial us: identify, ping, echo ECHO_MIB MiB (sha256 checked); print JSON
-  send MADDR MIB              send MIB MiB on the sink protocol (1 MiB writes); print JSON with MBps
+  send MADDR MIB              send MIB MiB on the sink protocol (1 MiB writes); print JSON with
+                              MBps and the CPU seconds of both sides
   rtt MADDR COUNT             COUNT 1 KiB echo round trips; print JSON with the median in us
 """
 from __future__ import annotations
@@ -49,14 +50,14 @@ async def echo_handler(stream) -> None:
 
 async def sink_handler(stream) -> None:
     total = 0
-    digest = hashlib.sha256()
+    cpu_start = time.process_time()
     while True:
         data = await read_some(stream)
         if not data:
             break
         total += len(data)
-        digest.update(data)
-    await stream.write(json.dumps({"bytes": total, "sha256": digest.hexdigest()}).encode())
+    cpu = time.process_time() - cpu_start
+    await stream.write(json.dumps({"bytes": total, "cpu": cpu}).encode())
     await stream.close_write()
 
 
@@ -120,9 +121,11 @@ async def run(mode: str, args: list[str]) -> None:
             stream = await host.new_stream(info.peer_id, [SINK])
             payload = bytes(CHUNK)
             start = time.perf_counter()
+            cpu_start = time.process_time()
             for _ in range(mib):
                 await stream.write(payload)
             await stream.close_write()
+            cpu = time.process_time() - cpu_start
             reply = b""
             while True:
                 data = await read_some(stream)
@@ -130,7 +133,7 @@ async def run(mode: str, args: list[str]) -> None:
                     break
                 reply += data
             elapsed = time.perf_counter() - start
-            emit({"MBps": mib * CHUNK / elapsed / 1e6, "reply": json.loads(reply)})
+            emit({"MBps": mib * CHUNK / elapsed / 1e6, "cpu": cpu, "reply": json.loads(reply)})
         elif mode == "rtt":
             stream = await host.new_stream(info.peer_id, [ECHO])
             payload = os.urandom(1024)
