@@ -87,12 +87,12 @@ def _encode_into(out: bytearray, value, depth: int) -> None:
         for raw_key, item in items:
             out += encode_uvarint(len(raw_key))
             out += raw_key
-            _encode_into(out, item, depth + 1)
+            _encode_item(out, item, depth + 1)
     elif kind is list or kind is tuple:
         out.append(T_LIST)
         out += encode_uvarint(len(value))
         for item in value:
-            _encode_into(out, item, depth + 1)
+            _encode_item(out, item, depth + 1)
     elif value is None:
         out.append(T_NULL)
     elif value is True:
@@ -101,6 +101,30 @@ def _encode_into(out: bytearray, value, depth: int) -> None:
         out.append(T_FALSE)
     else:
         raise EncodingError(f"cannot encode {type(value).__name__}")
+
+
+def _encode_item(out: bytearray, item, depth: int) -> None:
+    """Container element: short text/bytes and small ints inline (the hot path), else recurse."""
+    kind = type(item)
+    if kind is str:
+        raw = item.encode("utf-8")
+        if len(raw) < 128:
+            out.append(T_TEXT)
+            out.append(len(raw))
+            out += raw
+            return
+    elif kind is bytes:
+        if len(item) < 128:
+            out.append(T_BYTES)
+            out.append(len(item))
+            out += item
+            return
+    elif kind is int:
+        if 0 <= item < 128:
+            out.append(T_UINT)
+            out.append(item)
+            return
+    _encode_into(out, item, depth)
 
 
 def decode(data: bytes, max_size: int = DEFAULT_MAX_SIZE):
@@ -173,9 +197,29 @@ def _decode_at(data: bytes, pos: int, depth: int):
         count, pos = _read_uvarint(data, pos)
         if count > len(data) - pos:
             raise EncodingError("element count exceeds input size")
+        end_of_data = len(data)
         if tag == T_LIST:
             items = []
             for _ in range(count):
+                item_tag = data[pos]
+                if item_tag == T_BYTES or item_tag == T_TEXT:  # inline fast path: short text/bytes
+                    length = data[pos + 1]
+                    end = pos + 2 + length
+                    if length < 0x80 and end <= end_of_data:
+                        if item_tag == T_BYTES:
+                            items.append(data[pos + 2:end])
+                            pos = end
+                            continue
+                        try:
+                            items.append(data[pos + 2:end].decode("utf-8"))
+                        except UnicodeDecodeError:
+                            raise EncodingError("invalid utf-8 text") from None
+                        pos = end
+                        continue
+                elif item_tag == T_UINT and data[pos + 1] < 0x80:
+                    items.append(data[pos + 1])
+                    pos += 2
+                    continue
                 item, pos = _decode_at(data, pos, depth + 1)
                 items.append(item)
             return items, pos

@@ -17,7 +17,7 @@ import nacl.exceptions
 
 from consensus.encoding import EncodingError, decode, encode, encode_uvarint
 from consensus.txcodes import TxCode, TxError
-from node.identity import Identity, InvalidPeerId, is_valid_peer_id, public_key_from_peer_id
+from node.identity import Identity, InvalidPeerId, public_key_from_peer_id
 
 VERSION = 1
 SIGN_DOMAIN = b"dekube/tx/v1\x00"
@@ -184,7 +184,7 @@ def blob(*lengths: int):
 
 
 def peer_id(value, path):
-    if type(value) is not str or not is_valid_peer_id(value):
+    if type(value) is not str or public_key_for(value) is None:
         _fail(path, "must be an ed25519 peer ID")
 
 
