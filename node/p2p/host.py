@@ -167,8 +167,7 @@ class Host:
         self._running = False
         for server in self._servers:
             server.close()
-        for conn in list(self._connections):
-            await conn.close()
+        await asyncio.gather(*(conn.close() for conn in list(self._connections)), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

@@ -10,6 +10,8 @@ from node.identity import Identity
 from node.p2p.host import DialError, Host
 from node.p2p.limits import HostLimits
 from node.p2p.multistream import NoCommonProtocol
+from node.p2p.negotiate import select_protocol
+from node.p2p.secure_conn import TcpConnection, secure_connection
 
 ECHO = "/test/echo/1"
 
@@ -181,3 +183,33 @@ def test_remote_stop_forgets_connection_and_redials():
         await a.stop()
         await b2.stop()
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_authenticated_peer_sending_junk_is_dropped_alone():
+    """Past the handshake: a bad noise frame, and junk inside valid noise frames (bad yamux)."""
+    async def body(a, b):
+        await a.connect(b.listen_addrs[0])
+        stream = await a.open_stream(b.peer_id, ECHO)
+        host, port = b.listen_addrs[0].split("/")[2], int(b.listen_addrs[0].split("/")[4])
+        loop = asyncio.get_running_loop()
+        for mode in ("bad-mac", "bad-yamux"):
+            _, tcp = await loop.create_connection(TcpConnection, host, port)
+
+            async def raw_write(data):
+                tcp.write(data)
+
+            await select_protocol(tcp.read, raw_write, tcp.unread, ["/noise"], 5)
+            mallory = Identity.generate()
+            secure = await secure_connection(tcp, mallory, True, b.peer_id)
+            await select_protocol(secure.read, secure.write, secure.unread, ["/yamux/1.0.0"], 5)
+            await until(lambda: mallory.peer_id in {c.remote_peer for c in b.connections()})
+            if mode == "bad-mac":
+                tcp.write(b"\x00\x40" + os.urandom(64))
+            else:
+                await secure.write(b"\x07" + os.urandom(200))  # yamux version 7: protocol error
+            await until(lambda: mallory.peer_id not in {c.remote_peer for c in b.connections()})
+            await until(lambda: tcp.is_closed)
+            await stream.write(b"still")
+            assert await stream.readexactly(5) == b"still"
+        assert [c.remote_peer for c in b.connections()] == [a.peer_id]
+    run(body)
