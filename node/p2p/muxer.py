@@ -183,7 +183,7 @@ class YamuxStream:
         if not muxer.closed:
             muxer._session.reset_stream(self.stream_id)
             muxer._wake_sender()
-        muxer._streams.pop(self.stream_id, None)
+        muxer._drop_stream(self.stream_id)
         self._on_reset()
 
     def _check_writable(self) -> None:
@@ -298,6 +298,7 @@ class MuxedConnection:
         self._outbound_room = asyncio.Event()
         self._outbound_room.set()
         self._last_received = self._loop.time()
+        self._all_streams_done: asyncio.Event | None = None  # set up by close(drain_timeout=...)
         self._shut_down = False
         self.closed = False
         self.close_reason: str | None = None
@@ -353,11 +354,19 @@ class MuxedConnection:
         finally:
             self._pongs.pop(opaque, None)
 
-    async def close(self) -> None:
-        """Send GoAway, flush briefly, close the connection; open streams are reset."""
+    async def close(self, *, drain_timeout: float = 0.0) -> None:
+        """Send GoAway, let open streams finish for up to `drain_timeout` seconds (no new ones are
+        accepted meanwhile), then close the connection; streams still open are reset."""
         if self.closed:
             return
         self._session.go_away(GO_AWAY_NORMAL)
+        self._wake_sender()
+        if drain_timeout > 0 and self._streams and not self._shut_down:
+            self._all_streams_done = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._all_streams_done.wait(), drain_timeout)
+            except asyncio.TimeoutError:
+                log.debug("yamux: %d streams still open after %.1fs", len(self._streams), drain_timeout)
         await self._shutdown("closed locally", flush=True)
 
     # ------------------------------------------------------------------ tasks
@@ -444,7 +453,7 @@ class MuxedConnection:
                     stream._on_eof()
                     self._forget_if_finished(stream)
             elif kind is StreamReset:
-                stream = streams.pop(event.stream_id, None)
+                stream = self._drop_stream(event.stream_id)
                 if stream is not None:
                     stream._on_reset()
             elif kind is PongReceived:
@@ -487,7 +496,13 @@ class MuxedConnection:
 
     def _forget_if_finished(self, stream: YamuxStream) -> None:
         if not self._session.has_stream(stream.stream_id):
-            self._streams.pop(stream.stream_id, None)
+            self._drop_stream(stream.stream_id)
+
+    def _drop_stream(self, stream_id: int) -> YamuxStream | None:
+        stream = self._streams.pop(stream_id, None)
+        if not self._streams and self._all_streams_done is not None:
+            self._all_streams_done.set()
+        return stream
 
     def _wake_sender(self) -> None:
         self._sender_idle.clear()
@@ -520,6 +535,8 @@ class MuxedConnection:
         for stream in self._streams.values():
             stream._on_connection_lost()
         self._streams.clear()
+        if self._all_streams_done is not None:
+            self._all_streams_done.set()
         for pong in self._pongs.values():
             if not pong.done():
                 pong.set_exception(MuxerClosedError(f"connection closed: {reason}"))

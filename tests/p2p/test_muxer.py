@@ -153,7 +153,8 @@ def test_readexactly_raises_incomplete_read_at_eof():
     run(main())
 
 
-def test_slow_reader_blocks_writer_without_reset_or_unbounded_buffer():
+@pytest.mark.parametrize("stall_seconds", [2.0, pytest.param(8.0, marks=pytest.mark.slow)])
+def test_slow_reader_blocks_writer_without_reset_or_unbounded_buffer(stall_seconds):
     async def main():
         accepted: asyncio.Queue = asyncio.Queue()
 
@@ -166,7 +167,7 @@ def test_slow_reader_blocks_writer_without_reset_or_unbounded_buffer():
         payload = os.urandom(8 * 1024 * 1024)
         writer = asyncio.create_task(stream.write(payload))
         remote = await accepted.get()
-        await asyncio.sleep(2.0)  # a stall of seconds: nothing gives up
+        await asyncio.sleep(stall_seconds)  # py-libp2p resets a stream stalled for 5 s; we never do
         assert not writer.done()
         assert remote.buffered <= y.INITIAL_WINDOW  # nothing read: the window never grew
         assert not a.closed and not b.closed
@@ -262,6 +263,27 @@ def test_close_sends_go_away_and_peer_shuts_down_streams():
         assert a.closed
         with pytest.raises(MuxerClosedError):
             await a.open_stream()
+    run(main())
+
+
+def test_graceful_close_lets_open_streams_finish_and_refuses_new_ones():
+    async def main():
+        a, b = await muxed_pair(tcp=True)
+        stream = await a.open_stream()
+        await stream.write(b"before")
+        assert await stream.readexactly(6) == b"before"
+        closing = asyncio.create_task(b.close(drain_timeout=5.0))
+        await asyncio.sleep(0.05)
+        with pytest.raises(MuxerClosedError, match="GoAway"):
+            await a.open_stream()
+        await stream.write(b"after GoAway")
+        assert await stream.readexactly(12) == b"after GoAway"
+        assert not closing.done()
+        await stream.close()
+        assert await stream.read() == b""
+        await asyncio.wait_for(closing, 2.0)
+        assert b.closed
+        await a.close()
     run(main())
 
 
