@@ -160,6 +160,6 @@ def view_array(data: bytes | memoryview, dtype: np.dtype, offset: int, count: in
         return torch.from_numpy(arr)
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """The raw bytes of a contiguous CPU tensor."""
-    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy byte view of a CPU tensor (made contiguous), for b"".join to copy once."""
+    return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy())

@@ -51,7 +51,7 @@ class FloatCodec:
             if not all_finite(y):
                 require_finite(x)  # real NaN/Inf in the input: reject
                 y = x.clamp(-self._max, self._max).to(self._dtype)  # finite overflow: saturate
-        return pack_header(self._id, 0, 0, numel) + tensor_bytes(y)
+        return b"".join([pack_header(self._id, 0, 0, numel), tensor_bytes(y)])
 
     def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         read_header(data, self._id, numel)

@@ -70,7 +70,7 @@ class SignCodec:
             means.append(_block_means(x[n_full * self.block :].view(1, -1)))
         signs = np.packbits((x >= 0).numpy(), bitorder="little")
         scales = b"".join(tensor_bytes(_to_bf16_bits(m)) for m in means)
-        return b"".join([pack_header(self._id, 0, self.block, numel), scales, signs.tobytes()])
+        return b"".join([pack_header(self._id, 0, self.block, numel), scales, signs.data])
 
     def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         flags, block = read_header(data, self._id, numel)

@@ -110,11 +110,11 @@ class TopKCodec:
         if fmt == BITMAP:
             mask = torch.zeros(numel, dtype=torch.bool)
             mask[indices] = True
-            index_part = np.packbits(mask.numpy(), bitorder="little").tobytes()
+            index_part = np.packbits(mask.numpy(), bitorder="little").data
         else:
             counts = torch.bincount(indices >> 16, minlength=-(-numel // SEGMENT)).to(torch.int32)
             offsets = (indices & (SEGMENT - 1)).numpy().astype("<u2")
-            index_part = tensor_bytes(counts) + offsets.tobytes()
+            index_part = b"".join([tensor_bytes(counts), offsets.data])
         return b"".join(
             [pack_header(self._id, fmt, 0, numel), count.to_bytes(4, "little"), index_part, tensor_bytes(values)]
         )
