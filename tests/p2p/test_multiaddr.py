@@ -48,3 +48,10 @@ def test_bad_text_raises(bad):
 def test_bad_bytes_raise(bad):
     with pytest.raises(MultiaddrError):
         Multiaddr.from_bytes(bad)
+
+
+def test_encapsulate_and_value_of():
+    relay = Multiaddr.parse(f"/ip4/10.0.0.1/tcp/1/p2p/{PEER}")
+    circuit = relay.encapsulate(f"/p2p-circuit/p2p/{PEER}")
+    assert str(circuit) == ADDRS[4].replace("1.2.3.4", "10.0.0.1")
+    assert circuit.value_of("tcp") == "1" and circuit.value_of("udp") is None
