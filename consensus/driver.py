@@ -1,0 +1,376 @@
+"""Asyncio driver of the SDBFT core over the node's transport (protocol ``/dekube/consensus/1.0.0``).
+
+It owns no consensus logic: it feeds the ``TendermintCore`` one event at a time from a queue
+(messages from peers, timers, synced blocks), and carries out its outputs in order: awaits the
+``persist`` hook before anything after it is sent (the signer state is fsync'd before the vote
+leaves), sends proposals and votes to every peer, arms real timers, hands each commit to the
+application's ``commit`` hook (which executes and stores the block and returns the next height's
+validator set), and re-sends ``core.gossip_messages()`` every ``gossip_interval`` so lost messages
+are recovered. A node that sees messages from heights it has not reached asks that peer for the
+committed blocks (``SYNC_REQUEST``); blocks arrive as ``SYNC_BLOCK`` frames and are applied only
+with a valid commit certificate (checked in a worker thread).
+
+Wire: one long-lived outbound stream per peer carrying frames ``len u32 | payload``; the payload's
+first byte is its kind (vote 0x01, proposal 0x02, sync request 0x10, sync block 0x11). A malformed
+or oversized frame closes that stream only. Per-peer send queues are bounded (oldest dropped:
+gossip recovers them), so a slow peer never blocks consensus.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from typing import Awaitable, Callable, Iterable
+
+from consensus.committee import ValidatorSet
+from consensus.messages import (
+    MAX_PROPOSAL_VALUE_BYTES,
+    PROPOSAL_TAG,
+    VOTE_TAG,
+    DoubleVoteEvidence,
+    MessageError,
+    decode_message,
+    decode_vote,
+    encode_message,
+    encode_vote,
+    value_id,
+)
+from consensus.tendermint import (
+    Broadcast,
+    Commit,
+    EvidenceFound,
+    PersistSignerState,
+    ScheduleTimeout,
+    TendermintCore,
+)
+
+PROTOCOL = "/dekube/consensus/1.0.0"
+SYNC_REQUEST_TAG = 0x10
+SYNC_BLOCK_TAG = 0x11
+MAX_CERTIFICATE_VOTES = 1024
+MAX_FRAME_BYTES = MAX_PROPOSAL_VALUE_BYTES + 256 * MAX_CERTIFICATE_VOTES
+_LEN = struct.Struct(">I")
+_SYNC_REQUEST = struct.Struct(">BQ")
+_SYNC_BLOCK_HEAD = struct.Struct(">BQII")
+log = logging.getLogger(__name__)
+
+
+class FrameError(MessageError):
+    """A frame on the consensus protocol is malformed or too large."""
+
+
+# ---------------------------------------------------------------------------- framing
+def frame(payload: bytes) -> bytes:
+    return _LEN.pack(len(payload)) + payload
+
+
+async def read_frame(stream, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """One frame's payload; ``asyncio.IncompleteReadError`` at a clean end of stream."""
+    (length,) = _LEN.unpack(await stream.readexactly(4))
+    if length == 0 or length > max_bytes:
+        raise FrameError(f"frame of {length} bytes outside 1..{max_bytes}")
+    return await stream.readexactly(length)
+
+
+def encode_sync_request(from_height: int) -> bytes:
+    return _SYNC_REQUEST.pack(SYNC_REQUEST_TAG, from_height)
+
+
+def decode_sync_request(payload: bytes) -> int:
+    if len(payload) != _SYNC_REQUEST.size or payload[0] != SYNC_REQUEST_TAG:
+        raise FrameError("malformed sync request")
+    return _SYNC_REQUEST.unpack(payload)[1]
+
+
+def encode_sync_block(commit: Commit) -> bytes:
+    parts = [_SYNC_BLOCK_HEAD.pack(SYNC_BLOCK_TAG, commit.height, commit.round, len(commit.value)),
+             commit.value, struct.pack(">H", len(commit.certificate))]
+    for vote in commit.certificate:
+        raw = encode_vote(vote)
+        parts += [struct.pack(">H", len(raw)), raw]
+    return b"".join(parts)
+
+
+def decode_sync_block(payload: bytes) -> Commit:
+    try:
+        tag, height, round_, value_len = _SYNC_BLOCK_HEAD.unpack_from(payload, 0)
+        if tag != SYNC_BLOCK_TAG or value_len > MAX_PROPOSAL_VALUE_BYTES:
+            raise FrameError("malformed sync block header")
+        pos = _SYNC_BLOCK_HEAD.size
+        value = payload[pos:pos + value_len]
+        pos += value_len
+        (count,) = struct.unpack_from(">H", payload, pos)
+        pos += 2
+        if count > MAX_CERTIFICATE_VOTES:
+            raise FrameError("certificate too large")
+        votes = []
+        for _ in range(count):
+            (n,) = struct.unpack_from(">H", payload, pos)
+            votes.append(decode_vote(payload[pos + 2:pos + 2 + n]))
+            pos += 2 + n
+    except struct.error as exc:
+        raise FrameError("sync block truncated") from exc
+    if pos != len(payload) or len(value) != value_len:
+        raise FrameError("sync block truncated or has trailing bytes")
+    return Commit(height, round_, value, tuple(votes))
+
+
+# ---------------------------------------------------------------------------- per-peer sender
+class _PeerSender:
+    """A bounded queue and a task writing frames to one peer over one long-lived stream."""
+
+    def __init__(self, host, peer_id: str, max_queue: int, open_timeout: float) -> None:
+        self.host = host
+        self.peer_id = peer_id
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(max_queue)
+        self.open_timeout = open_timeout
+        self.stream = None
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, data: bytes) -> None:
+        if self.queue.full():
+            self.queue.get_nowait()  # drop the oldest; periodic gossip recovers it
+        self.queue.put_nowait(data)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            data = await self.queue.get()
+            try:
+                if self.stream is None:
+                    self.stream = await asyncio.wait_for(
+                        self.host.open_stream(self.peer_id, PROTOCOL), self.open_timeout)
+                await self.stream.write(data)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the peer is down or the stream broke: drop, retry later
+                log.debug("consensus send to %s failed: %s", self.peer_id, exc)
+                await self._drop_stream()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _drop_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+        await self._drop_stream()
+
+
+# ---------------------------------------------------------------------------- the driver
+CommitHook = Callable[[Commit], Awaitable[ValidatorSet]]
+
+
+class ConsensusDriver:
+    """Runs one ``TendermintCore`` over a ``Host``-like transport.
+
+    ``host``: ``set_handler(protocol, handler)``, ``remove_handler(protocol)``, ``await
+    open_stream(peer_id, protocol)`` giving streams with ``read``/``readexactly``/``write``/``close``
+    and (on accepted streams) ``remote_peer``. ``peers()``: the peer IDs to gossip with (the
+    committee, or every validator candidate). ``persist(state)``: store the signer state durably.
+    ``commit(commit)``: execute and store the block, return the next height's ``ValidatorSet``.
+    ``get_block(height)``: a stored ``Commit`` (for peers that sync) or ``None``.
+    ``on_evidence(evidence)``: equivocation seen (for the mempool / next block).
+    """
+
+    def __init__(
+        self,
+        host,
+        core: TendermintCore,
+        *,
+        peers: Callable[[], Iterable[str]],
+        persist: Callable[[bytes], Awaitable[None]],
+        commit: CommitHook,
+        get_block: Callable[[int], Commit | None],
+        on_evidence: Callable[[DoubleVoteEvidence], None] | None = None,
+        gossip_interval: float = 0.5,
+        sync_delay: float = 0.5,
+        sync_batch: int = 32,
+        max_send_queue: int = 1024,
+        open_timeout: float = 3.0,
+    ) -> None:
+        self.host = host
+        self.core = core
+        self.peers = peers
+        self.persist = persist
+        self.commit = commit
+        self.get_block = get_block
+        self.on_evidence = on_evidence
+        self.gossip_interval = gossip_interval
+        self.sync_delay = sync_delay
+        self.sync_batch = sync_batch
+        self.max_send_queue = max_send_queue
+        self.open_timeout = open_timeout
+        self.self_id = core.signer.peer_id if core.signer is not None else None
+        self.events: asyncio.Queue = asyncio.Queue(4096)
+        self._senders: dict[str, _PeerSender] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._timers: list[asyncio.TimerHandle] = []
+        self._behind_since: float | None = None
+        self._last_sync_request = 0.0
+        self.rejected_frames = 0
+        self.commits = 0
+
+    @property
+    def height(self) -> int:
+        return self.core.height
+
+    async def start(self, height: int, validators: ValidatorSet) -> None:
+        self.host.set_handler(PROTOCOL, self._handle_stream)
+        await self._act(self.core.start_height(height, validators))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._event_loop()), loop.create_task(self._gossip_loop())]
+
+    async def stop(self) -> None:
+        self.host.remove_handler(PROTOCOL)
+        for timer in self._timers:
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for sender in list(self._senders.values()):
+            await sender.close()
+        self._senders.clear()
+
+    # ------------------------------------------------------------------ inbound
+    async def _handle_stream(self, stream) -> None:
+        peer = getattr(stream, "remote_peer", None)
+        try:
+            while True:
+                payload = await read_frame(stream)
+                self._on_payload(peer, payload)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        except MessageError as exc:
+            self.rejected_frames += 1
+            log.info("closing consensus stream from %s: %s", peer, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+    def _on_payload(self, peer: str | None, payload: bytes) -> None:
+        kind = payload[0]
+        if kind in (VOTE_TAG, PROPOSAL_TAG):
+            event = ("message", peer, decode_message(payload))
+        elif kind == SYNC_REQUEST_TAG:
+            event = ("sync_request", peer, decode_sync_request(payload))
+        elif kind == SYNC_BLOCK_TAG:
+            event = ("sync_block", peer, decode_sync_block(payload))
+        else:
+            raise FrameError(f"unknown frame kind {kind:#x}")
+        if self.events.full():
+            self.events.get_nowait()  # overloaded: shed the oldest input, gossip recovers it
+        self.events.put_nowait(event)
+
+    # ------------------------------------------------------------------ the event loop
+    async def _event_loop(self) -> None:
+        while True:
+            kind, a, b = await self.events.get()
+            try:
+                if kind == "message":
+                    self._note_height(a, b.height)
+                    await self._act(self.core.on_message(b))
+                elif kind == "timeout":
+                    step, height, round_ = b
+                    await self._act(self.core.on_timeout(step, height, round_))
+                elif kind == "sync_request":
+                    self._serve_sync(a, b)
+                elif kind == "sync_block":
+                    await self._apply_synced(b)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop consensus; it is logged loudly
+                log.exception("consensus event %s failed", kind)
+
+    async def _act(self, outputs) -> None:
+        for out in outputs:
+            if isinstance(out, PersistSignerState):
+                await self.persist(out.state)
+            elif isinstance(out, Broadcast):
+                self._send_all(frame(encode_message(out.message)))
+            elif isinstance(out, ScheduleTimeout):
+                loop = asyncio.get_running_loop()
+                self._timers = [t for t in self._timers if not t.cancelled() and t.when() > loop.time()]
+                self._timers.append(loop.call_later(
+                    out.delay, self._fire_timeout, (out.step, out.height, out.round)))
+            elif isinstance(out, Commit):
+                await self._commit(out)
+            elif isinstance(out, EvidenceFound) and self.on_evidence is not None:
+                self.on_evidence(out.evidence)
+
+    def _fire_timeout(self, args) -> None:
+        if not self.events.full():
+            self.events.put_nowait(("timeout", None, args))
+
+    async def _commit(self, commit: Commit) -> None:
+        next_validators = await self.commit(commit)
+        self.commits += 1
+        self._behind_since = None
+        await self._act(self.core.start_height(commit.height + 1, next_validators))
+
+    # ------------------------------------------------------------------ gossip and sending
+    def _sender(self, peer: str) -> _PeerSender:
+        sender = self._senders.get(peer)
+        if sender is None:
+            sender = self._senders[peer] = _PeerSender(self.host, peer, self.max_send_queue,
+                                                        self.open_timeout)
+        return sender
+
+    def _send_all(self, data: bytes) -> None:
+        for peer in self.peers():
+            if peer != self.self_id:
+                self._sender(peer).send(data)
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.gossip_interval)
+            for message in self.core.gossip_messages():
+                self._send_all(frame(encode_message(message)))
+
+    # ------------------------------------------------------------------ block sync
+    def _note_height(self, peer: str | None, height: int) -> None:
+        """Ask ``peer`` for blocks once we have seen it ahead of us for a while."""
+        core_height = self.core.height
+        if peer is None or height <= core_height:
+            return
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        far_ahead = height > core_height + 1
+        if (far_ahead or now - self._behind_since >= self.sync_delay) \
+                and now - self._last_sync_request >= self.sync_delay:
+            self._last_sync_request = now
+            self._sender(peer).send(frame(encode_sync_request(core_height)))
+
+    def _serve_sync(self, peer: str | None, from_height: int) -> None:
+        if peer is None:
+            return
+        for height in range(from_height, from_height + self.sync_batch):
+            block = self.get_block(height)
+            if block is None:
+                break
+            self._sender(peer).send(frame(encode_sync_block(block)))
+
+    async def _apply_synced(self, block: Commit) -> None:
+        core = self.core
+        if block.height != core.height or core.decided:
+            return
+        validators = core.validators
+        ok = await asyncio.get_running_loop().run_in_executor(
+            None, validators.verify_commit, core.chain_id, block.height, value_id(block.value),
+            block.certificate)
+        if not ok or block.height != core.height or core.decided:
+            return
+        if not core.is_valid(block.height, block.value):
+            return
+        await self._commit(block)

@@ -1,0 +1,250 @@
+"""Asyncio consensus driver: commits over an in-memory network and over real Hosts on 127.0.0.1,
+persist-before-send, block sync of a late node, junk frames."""
+import asyncio
+import struct
+
+import pytest
+
+from consensus.committee import ValidatorSet
+from consensus.driver import (
+    PROTOCOL,
+    ConsensusDriver,
+    FrameError,
+    decode_sync_block,
+    encode_sync_block,
+    frame,
+)
+from consensus.messages import MessageError, Vote, VoteType, decode_message, sign_vote, value_id
+from consensus.signer import SignerGuard
+from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
+from node.identity import Identity
+
+CHAIN = "driver-test"
+IDS = [Identity.from_seed(bytes([40 + i]) * 32) for i in range(4)]
+VS = ValidatorSet({ident.peer_id: 1 for ident in IDS})
+FAST = TimeoutConfig(propose=0.4, propose_delta=0.2, prevote=0.2, prevote_delta=0.1,
+                     precommit=0.2, precommit_delta=0.1)
+
+
+class FakeStream:
+    def __init__(self, net, src, dst, incoming, outgoing):
+        self.net, self.src, self.dst = net, src, dst
+        self.remote_peer = dst
+        self._in, self._out = incoming, outgoing
+
+    async def read(self, n=-1):
+        return await self._in.read(n)
+
+    async def readexactly(self, n):
+        return await self._in.readexactly(n)
+
+    async def write(self, data):
+        if self.net.down(self.src) or self.net.down(self.dst):
+            raise ConnectionError("peer down")
+        self.net.on_write(self.src, data)
+        self._out.feed_data(data)
+
+    async def close(self):
+        if not self._out.at_eof():
+            self._out.feed_eof()
+
+
+class FakeHost:
+    def __init__(self, net, peer_id):
+        self.net, self.peer_id, self.handlers = net, peer_id, {}
+
+    def set_handler(self, protocol, handler):
+        self.handlers[protocol] = handler
+
+    def remove_handler(self, protocol):
+        self.handlers.pop(protocol, None)
+
+    async def open_stream(self, peer_id, protocol):
+        remote = self.net.hosts.get(peer_id)
+        if remote is None or self.net.down(peer_id) or protocol not in remote.handlers:
+            raise ConnectionError(f"cannot reach {peer_id}")
+        a, b = asyncio.StreamReader(), asyncio.StreamReader()
+        local = FakeStream(self.net, self.peer_id, peer_id, incoming=b, outgoing=a)
+        far = FakeStream(self.net, peer_id, self.peer_id, incoming=a, outgoing=b)
+        far.remote_peer = self.peer_id
+        self.net.tasks.add(asyncio.get_running_loop().create_task(remote.handlers[protocol](far)))
+        return local
+
+
+class FakeNet:
+    def __init__(self):
+        self.hosts = {}
+        self.stopped = set()
+        self.tasks = set()
+        self.write_hook = None
+
+    def down(self, peer_id):
+        return peer_id in self.stopped
+
+    def on_write(self, src, data):
+        if self.write_hook:
+            self.write_hook(src, data)
+
+
+class Node:
+    """A validator: core + driver + a dict block store as the 'application'."""
+
+    def __init__(self, host, ident, peers, timeouts=FAST):
+        self.ident = ident
+        self.blocks: dict[int, Commit] = {}
+        self.persisted: list[bytes] = []
+        self.core = TendermintCore(CHAIN, SignerGuard(ident),
+                                   get_value=lambda h: b"block %d by " % h + ident.peer_id.encode(),
+                                   is_valid=lambda h, v: v.startswith(b"block %d " % h),
+                                   timeouts=timeouts)
+        self.driver = ConsensusDriver(host, self.core, peers=lambda: peers, persist=self._persist,
+                                      commit=self._commit, get_block=self.blocks.get,
+                                      gossip_interval=0.2, sync_delay=0.2)
+
+    async def _persist(self, state):
+        self.persisted.append(state)
+
+    async def _commit(self, commit):
+        assert commit.height not in self.blocks
+        self.blocks[commit.height] = commit
+        return VS
+
+
+async def wait_until(predicate, timeout):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def assert_same_chain(nodes, heights):
+    for h in range(heights):
+        values = {n.blocks[h].value for n in nodes}
+        assert len(values) == 1, f"divergence at height {h}"
+        (block,) = {n.blocks[h] for n in nodes[:1]}
+        assert VS.verify_commit(CHAIN, h, value_id(block.value), block.certificate)
+
+
+def test_four_drivers_commit_the_same_chain_and_persist_before_sending():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        by_peer = {n.ident.peer_id: n for n in nodes}
+        unpersisted, checked = [], []
+
+        def check_persisted(src, data):
+            message = decode_message(data[4:]) if data[4] in (1, 2) else None
+            if message is None or getattr(message, "validator", getattr(message, "proposer", None)) != src:
+                return
+            checked.append(message)
+            last = SignerGuard.restore(by_peer[src].ident, by_peer[src].persisted[-1]).last_hrs \
+                if by_peer[src].persisted else None
+            step = 1 if not isinstance(message, Vote) else 1 + int(message.type)
+            if last is None or last < (message.height, message.round, step):
+                unpersisted.append(message)
+
+        net.write_hook = check_persisted
+        for node in nodes:
+            await node.driver.start(0, VS)
+        try:
+            assert await wait_until(lambda: all(len(n.blocks) >= 5 for n in nodes), 30)
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+        assert_same_chain(nodes, 5)
+        assert len(checked) > 20 and not unpersisted
+    asyncio.run(main())
+
+
+def test_late_node_catches_up_by_block_sync_and_joins():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        late = nodes[3]
+        net.stopped.add(late.ident.peer_id)
+        for node in nodes[:3]:
+            await node.driver.start(0, VS)
+        try:
+            assert await wait_until(lambda: all(len(n.blocks) >= 6 for n in nodes[:3]), 30)
+            net.stopped.clear()
+            await late.driver.start(0, VS)
+            target = max(len(n.blocks) for n in nodes[:3]) + 2
+            assert await wait_until(lambda: all(len(n.blocks) >= target for n in nodes), 30)
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+        assert_same_chain(nodes, target)
+    asyncio.run(main())
+
+
+def test_junk_frames_close_only_that_stream():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        attacker = FakeHost(net, Identity.from_seed(b"x" * 32).peer_id)
+        for node in nodes:
+            await node.driver.start(0, VS)
+        try:
+            target = nodes[0].ident.peer_id
+            for junk in (struct.pack(">I", 2**31) + b"x", frame(b"\x7f junk"), frame(b"\x01 not a vote"),
+                         frame(b"\x11" + b"\0" * 5)):
+                stream = await attacker.open_stream(target, PROTOCOL)
+                await stream.write(junk)
+            assert await wait_until(lambda: nodes[0].driver.rejected_frames == 4, 10)
+            assert await wait_until(lambda: all(len(n.blocks) >= 3 for n in nodes), 30)
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+    asyncio.run(main())
+
+
+def test_sync_block_codec_is_strict():
+    vote = sign_vote(IDS[0], CHAIN, Vote(VoteType.PRECOMMIT, 3, 1, value_id(b"v"), IDS[0].peer_id))
+    commit = Commit(3, 1, b"v", (vote,))
+    data = encode_sync_block(commit)
+    assert decode_sync_block(data) == commit
+    for bad in (data[:-1], data + b"\0", b"\x11", b"\x10" + data[1:]):
+        with pytest.raises(MessageError):  # FrameError is a MessageError
+            decode_sync_block(bad)
+    with pytest.raises(FrameError, match="certificate too large"):
+        decode_sync_block(b"\x11" + b"\0" * 16 + b"\xff\xff")
+
+
+def test_drivers_over_real_hosts_on_localhost():
+    from node.p2p.host import Host
+
+    async def main():
+        hosts = [Host(ident) for ident in IDS]
+        for host in hosts:
+            await host.start()
+        peers = [i.peer_id for i in IDS]
+        nodes = [Node(host, ident, peers) for host, ident in zip(hosts, IDS)]
+        try:
+            for a in hosts:
+                for b in hosts:
+                    if a is not b:
+                        a.peerbook.add_addrs(b.peer_id, [b._bound_addrs[0]])
+            for node in nodes:
+                await node.driver.start(0, VS)
+            assert await wait_until(lambda: all(len(n.blocks) >= 3 for n in nodes), 40)
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+            for host in hosts:
+                await host.stop()
+        assert_same_chain(nodes, 3)
+    asyncio.run(main())
