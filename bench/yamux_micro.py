@@ -1,6 +1,7 @@
 """Micro-benchmark of the yamux muxer alone (no noise) over loopback TCP between two processes.
 
-Measures: single-stream throughput (256 MiB in 1 MiB writes) next to raw TCP, 1 KiB echo round trip
+Measures: single-stream throughput (256 MiB in 1 MiB writes) next to raw TCP, the same through an
+in-memory pipe in one process (the muxer's own cost, both ends on one core), 1 KiB echo round trip
 (median), concurrent streams opened and used on one connection, and memory per idle connection.
 Usage: python bench/yamux_micro.py [--mib 256] [--streams 10000]; the last line is one JSON object.
 """
@@ -141,6 +142,42 @@ async def bench_muxed(port: int, total: int, streams: int) -> dict:
             "streams_ok": ok}
 
 
+class QueueConn:
+    """One end of an in-memory pipe: no crypto, no sockets, only the muxer's own work."""
+
+    def __init__(self, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
+        self._inbox, self._outbox = inbox, outbox
+
+    async def read(self) -> bytes:
+        return await self._inbox.get()
+
+    async def write(self, data: bytes) -> None:
+        await self._outbox.put(data)
+
+    async def close(self) -> None:
+        self._outbox.put_nowait(b"")
+
+
+async def bench_in_memory(total: int) -> float:
+    a_to_b, b_to_a = asyncio.Queue(8), asyncio.Queue(8)
+    near = MuxedConnection(QueueConn(b_to_a, a_to_b), True, None)
+    far = MuxedConnection(QueueConn(a_to_b, b_to_a), False, serve_stream)
+    await near.start()
+    await far.start()
+    stream = await near.open_stream()
+    await stream.write(b"S")
+    block = os.urandom(WRITE_SIZE)
+    start = time.perf_counter()
+    for _ in range(total // WRITE_SIZE):
+        await stream.write(block)
+    await stream.close()
+    assert int.from_bytes(await stream.readexactly(8), "big") == total
+    elapsed = time.perf_counter() - start
+    await near.close()
+    await far.close()
+    return total / elapsed / 1e6
+
+
 class IdleConn:
     """A peer that never sends: the muxer's reader waits forever."""
 
@@ -178,6 +215,7 @@ async def client_main(port: int, mib: int, streams: int) -> dict:
     total = mib * 1024 * 1024
     result = {"raw_tcp_MBps": round(await bench_raw(port, total), 1)}
     result.update(await bench_muxed(port, total, streams))
+    result["yamux_in_memory_MBps"] = round(await bench_in_memory(total), 1)
     result["idle_conn_kib"] = await idle_conn_kib()
     return result
 
