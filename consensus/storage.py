@@ -204,8 +204,10 @@ class Storage:
 
     def commit_block(self, block: Block, result: BlockResult) -> None:
         """Atomically and durably store ``block``, its receipts and its state changes."""
-        if block.height != self.height + 1 or result.height != block.height:
+        if block.height != self.height + 1:
             raise StorageError(f"commit of height {block.height} on top of height {self.height}")
+        if result.block_hash != block.hash:
+            raise StorageError("the execution result is not for this block")
         batch = WriteBatch(raw_mode=True)
         height_key = _u64(block.height)
         batch.put(_BLOCK + height_key, block.encode())

@@ -22,7 +22,7 @@ from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
 from consensus.state.records import NodeRecord
 from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
 from consensus.state.supply import check_supply
-from consensus.tx import Tx, decode_tx
+from consensus.tx import Tx, decode_tx, public_key_for
 from consensus.txcodes import TxCode, TxError
 
 HANDLERS = {
@@ -157,6 +157,11 @@ class Ledger:
             raise BlockError("prev_hash does not match the last committed block")
         if h.app_hash != self.state.app_hash:
             raise BlockError("app_hash does not match the state after the previous block")
+        floor = max(self.state.last_block_time_ms, self.genesis.genesis_time_ms)
+        if h.time_ms < floor:
+            raise BlockError(f"block time {h.time_ms} is before the previous block's {floor}")
+        if public_key_for(h.proposer) is None:
+            raise BlockError("proposer is not a valid ed25519 peer ID")
         if len(block.txs) > self.params.max_block_txs:
             raise BlockError(f"{len(block.txs)} txs exceeds max_block_txs {self.params.max_block_txs}")
         if sum(map(len, block.txs)) + sum(map(len, block.evidence)) > self.params.max_block_bytes:
@@ -194,6 +199,7 @@ class Ledger:
         tasks.assign_workers(state, params, ctx)
         state.height = ctx.height
         state.last_block_hash = block.hash
+        state.last_block_time_ms = h.time_ms
         state.touch_meta()
         changes = state.take_changes()
         state.app_hash = next_app_hash(h.app_hash, ctx.height, changes)

@@ -1,7 +1,9 @@
 """Ledger basics: transfers, nonces, fees, staking, node registry, block validation, app hash."""
 import pytest
 
-from consensus.block import BlockError, build_block
+from hypothesis import given, settings, strategies as st
+
+from consensus.block import Block, BlockError, build_block
 from consensus.encoding import decode, encode
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode
@@ -111,12 +113,14 @@ def test_register_node_and_validator_candidates():
     ("height", 5, "height"),
     ("prev_hash", b"\x01" * 32, "prev_hash"),
     ("app_hash", b"\x02" * 32, "app_hash"),
+    ("time_ms", 999, "before the previous"),
+    ("proposer", "nobody", "proposer"),
 ])
 def test_block_that_does_not_extend_the_chain_is_refused(field, value, error):
     chain = Chain()
     chain.empty_blocks(1)
     led = chain.ledger
-    args = dict(chain_id=CHAIN, height=2, time_ms=1, prev_hash=led.last_block_hash, app_hash=led.app_hash,
+    args = dict(chain_id=CHAIN, height=2, time_ms=2000, prev_hash=led.last_block_hash, app_hash=led.app_hash,
                 proposer=chain.proposer, txs=[])
     args[field] = value
     with pytest.raises(BlockError, match=error):
@@ -152,3 +156,29 @@ def test_block_result_lists_sorted_changes_with_app_hash_last():
     assert keys[-1] == b"meta/app_hash"
     assert keys[:-1] == sorted(keys[:-1])
     assert b"acct/" + A.peer_id.encode() in keys and b"acct/" + B.peer_id.encode() in keys
+
+
+def test_block_encoding_round_trip_and_hash():
+    chain = Chain()
+    led = chain.ledger
+    block = build_block(CHAIN, 1, 5, b"", led.app_hash, chain.proposer,
+                        [chain.tx(A, "bond", {"amount": 1}).raw], [b"ev"], b"commit-cert")
+    again = Block.decode(block.encode(), max_bytes=10**6)
+    assert again == block and again.hash == block.hash
+    again.check_roots()
+    assert block.header.to_json()["hash"] == block.hash.hex()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_junk_block_bytes_raise_block_error_only(junk):
+    try:
+        Block.decode(junk, max_bytes=10**6)
+    except BlockError:
+        pass
+
+
+def test_oversized_block_is_refused():
+    chain = Chain()
+    with pytest.raises(BlockError, match="exceeds"):
+        Block.decode(b"\x07" * 100, max_bytes=50)
