@@ -516,9 +516,12 @@ class MuxedConnection:
 
     async def _flush_briefly(self) -> None:
         """Best effort: let the sender write what is queued (e.g. our GoAway) before closing."""
-        if not self._tasks or not self._session.outbound_size:
+        if not self._tasks:
             return
-        self._wake_sender()
+        if self._session.outbound_size:
+            self._wake_sender()
+        if self._sender_idle.is_set():
+            return
         try:
             await asyncio.wait_for(self._sender_idle.wait(), _CLOSE_FLUSH_TIMEOUT)
         except asyncio.TimeoutError:
