@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from consensus.block import Block, BlockError, build_block
 from consensus.encoding import decode, encode
 from consensus.tx import build_tx
-from consensus.txcodes import TxCode
+from consensus.txcodes import TxCode, TxError
 from test_ledger_kit import CHAIN, Chain, ident
 
 A, B, C = ident(1), ident(2), ident(3)
@@ -182,3 +182,31 @@ def test_oversized_block_is_refused():
     chain = Chain()
     with pytest.raises(BlockError, match="exceeds"):
         Block.decode(b"\x07" * 100, max_bytes=50)
+
+
+def test_threaded_signature_checks_match_inline_ones():
+    from concurrent.futures import ThreadPoolExecutor
+    from consensus.state.ledger import VERIFY_CHUNK
+    inline, threaded = Chain(), Chain()
+    txs = [inline.tx(ident(1 + i % 9), "transfer", {"to": A.peer_id, "amount": 1}) for i in range(VERIFY_CHUNK + 40)]
+    fields = decode(txs[VERIFY_CHUNK + 3].raw)
+    fields[7] = bytes(64)
+    raws = [tx.raw for tx in txs]
+    raws[VERIFY_CHUNK + 3] = encode(fields)
+    one = inline.block(raws)
+    with ThreadPoolExecutor(2) as pool:
+        led = threaded.ledger
+        block = build_block(CHAIN, 1, 1000, b"", led.app_hash, threaded.proposer, raws)
+        two = led.apply_block(block, executor=pool)
+    assert [r.code for r in one.receipts] == [r.code for r in two.receipts]
+    assert one.receipts[VERIFY_CHUNK + 3].code == TxCode.BAD_SIGNATURE
+    assert one.app_hash == two.app_hash
+
+
+def test_check_tx_is_the_strict_next_nonce_check():
+    chain = Chain()
+    tx = chain.tx(A, "transfer", {"to": B.peer_id, "amount": 1}, nonce=1)
+    with pytest.raises(TxError) as info:
+        chain.ledger.check_tx(tx)
+    assert info.value.code == TxCode.NONCE_TOO_HIGH
+    chain.ledger.check_tx(chain.tx(A, "transfer", {"to": B.peer_id, "amount": 1}, nonce=0))

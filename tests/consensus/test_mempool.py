@@ -1,5 +1,6 @@
 """Mempool: entry checks, nonce gaps and promotion, replacement, bounds, fair eviction, reap, update."""
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from consensus.block import build_block
 from consensus.encoding import decode, encode
@@ -132,3 +133,35 @@ def test_verified_hashes_skip_reverification_in_apply_block():
     led = chain.ledger
     block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer, pool.reap(10**6, 10))
     assert led.apply_block(block, verified=pool.verified_hashes).receipts[0].tx_hash == tx.hash
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_traffic_keeps_bounds_and_reaped_blocks_execute_cleanly(data):
+    people = [ident(i) for i in range(1, 6)]
+    chain = Chain(balances={p.peer_id: 400 for p in people})
+    pool = Mempool(chain.ledger, max_txs=12, max_bytes=12 * 260, max_per_account=4, max_nonce_ahead=3)
+    for _ in range(data.draw(st.integers(1, 6))):
+        for _ in range(data.draw(st.integers(0, 15))):
+            who = data.draw(st.sampled_from(people))
+            nonce = chain.ledger.nonce(who.peer_id) + data.draw(st.integers(-1, 4))
+            tx = build_tx(who, CHAIN, max(nonce, 0), "transfer",
+                          {"to": data.draw(st.sampled_from(people)).peer_id, "amount": data.draw(st.integers(1, 150))},
+                          data.draw(st.integers(0, 9)))
+            try:
+                pool.add(tx.raw)
+            except TxError:
+                pass
+            assert len(pool) <= 12 and pool.size_bytes <= 12 * 260
+        reaped = pool.reap(data.draw(st.integers(200, 4000)), data.draw(st.integers(1, 12)))
+        result = chain.block(reaped)
+        assert all(r.code == TxCode.OK for r in result.receipts), result.receipts
+        pool.update([r.tx_hash for r in result.receipts])
+        assert not any(r.tx_hash in pool for r in result.receipts)
+
+
+def test_rpc_codes_for_wallet_errors():
+    assert TxCode.NONCE_TOO_LOW.rpc_code == -32001
+    assert TxCode.ALREADY_KNOWN.rpc_code == -32005
+    assert TxCode.BAD_PAYLOAD.rpc_code == -32000
+    assert TxError(TxCode.NONCE_TOO_HIGH).message == "nonce too high"
