@@ -187,14 +187,17 @@ async def bench_ours(args) -> dict:
         for _ in range(args.mib):
             await stream.write(payload)
         await stream.close()
-        send_cpu = time.process_time() - cpu_start
         reply = json.loads(await read_all(stream))
         elapsed = time.perf_counter() - start
+        send_cpu = time.process_time() - cpu_start
         assert reply["bytes"] == args.mib * MIB, reply
         result["ours_MBps"] = args.mib * MIB / elapsed / 1e6
         result["ours_cpu_bound_MBps"] = args.mib * MIB / max(send_cpu, reply["cpu"]) / 1e6
         log(f"ours: {result['ours_MBps']:.0f} MB/s (sender {send_cpu:.2f} s CPU, receiver {reply['cpu']:.2f} s CPU)")
         await bulk.close()
+
+        result["streams_ok"] = await many_streams(host, peer, args.streams)
+        log(f"streams ok: {result['streams_ok']}")
     finally:
         await host.stop()
         await finish(proc)

@@ -125,7 +125,6 @@ async def run(mode: str, args: list[str]) -> None:
             for _ in range(mib):
                 await stream.write(payload)
             await stream.close_write()
-            cpu = time.process_time() - cpu_start
             reply = b""
             while True:
                 data = await read_some(stream)
@@ -133,6 +132,7 @@ async def run(mode: str, args: list[str]) -> None:
                     break
                 reply += data
             elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu_start
             emit({"MBps": mib * CHUNK / elapsed / 1e6, "cpu": cpu, "reply": json.loads(reply)})
         elif mode == "rtt":
             stream = await host.new_stream(info.peer_id, [ECHO])
