@@ -213,3 +213,20 @@ def test_authenticated_peer_sending_junk_is_dropped_alone():
             assert await stream.readexactly(5) == b"still"
         assert [c.remote_peer for c in b.connections()] == [a.peer_id]
     run(body)
+
+
+def test_dial_errors_are_clear():
+    async def body(a, b):
+        stranger = Identity.generate().peer_id
+        with pytest.raises(DialError, match="no known address"):
+            await a.open_stream(stranger, ECHO)
+        a.peerbook.add_addrs(stranger, ["/ip4/127.0.0.1/tcp/1"])  # nothing listens there
+        with pytest.raises(DialError, match="ConnectionRefused"):
+            await a.open_stream(stranger, ECHO)
+        with pytest.raises(DialError, match="ourselves"):
+            await a.connect(a.listen_addrs[0])
+        with pytest.raises(ValueError):
+            await a.connect("/ip4/127.0.0.1/tcp/1")  # no /p2p suffix
+        with pytest.raises(ValueError):
+            a.peerbook.add_addrs(stranger, [b.listen_addrs[0]])  # an address of another peer
+    run(body)
