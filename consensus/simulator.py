@@ -242,7 +242,7 @@ class Simulator:
         self._verified: dict = {}
         n = config.validators
         identities = [Identity.from_seed(hashlib.sha256(b"sim-validator-%d" % i).digest()) for i in range(n)]
-        stakes = {ident.peer_id: 100 - 7 * i for i, ident in enumerate(identities)}
+        stakes = {ident.peer_id: 50 + 10 * (n - i) for i, ident in enumerate(identities)}
         self.nodes = [SimNode(i, ident, SimApp(stakes, config.committee_size, config.epoch_length))
                       for i, ident in enumerate(identities)]
         self.byzantine = 1 if config.byzantine else None
