@@ -88,11 +88,24 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     return torch.stack(done, dim=1).to(torch.float32)
 
 
+_OUTER_CHUNK_VALUES = 1 << 16  # rows per chunk sized so a chunk's partial sums stay in cache
+
+
 def outer_sum(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """p @ q.T for thin p [n, r], q [m, r] as r element-wise multiply-adds in order (bit-reproducible)."""
-    out = p[:, 0:1] * q[:, 0][None, :]
-    for k in range(1, p.shape[1]):
-        out += p[:, k : k + 1] * q[:, k][None, :]
+    """p @ q.T for thin p [n, r], q [m, r] as r element-wise multiply-adds in order (bit-reproducible),
+    a block of rows at a time so the partial sums stay in cache."""
+    rows, cols, rank = p.shape[0], q.shape[0], p.shape[1]
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    step = max(1, _OUTER_CHUNK_VALUES // max(1, cols))
+    scratch = torch.empty(min(step, rows), cols, dtype=torch.float32)
+    q_rows = [q[:, k][None, :] for k in range(rank)]
+    for start in range(0, rows, step):
+        block = out[start : start + step]
+        torch.mul(p[start : start + step, 0:1], q_rows[0], out=block)
+        tmp = scratch[: block.shape[0]]
+        for k in range(1, rank):
+            torch.mul(p[start : start + step, k : k + 1], q_rows[k], out=tmp)
+            block += tmp
     return out
 
 
