@@ -18,7 +18,7 @@ _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "ta
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
 
 
-def _id_bytes(table: str, ident) -> bytes:
+def _id_bytes(ident) -> bytes:
     return ident if isinstance(ident, bytes) else ident.encode()
 
 
@@ -44,14 +44,15 @@ class LedgerState:
         self.open_tasks: dict[bytes, int] = {}     # created, waiting for workers: task_id -> seq
         self.unbonding_queue: dict[int, set[str]] = {}  # release height -> peers
         self.events: list[dict] = []               # this block's events (task assigned, paid, ...)
+        self._tables = {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
+                        CHANNEL: self.channels, EVIDENCE: self.evidence}
         self._dirty: set[tuple[str, object]] = set()
         self._meta_dirty = False
 
     # ---- tables -------------------------------------------------------------------------
 
     def table(self, name: str) -> dict:
-        return {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
-                CHANNEL: self.channels, EVIDENCE: self.evidence}[name]
+        return self._tables[name]
 
     def touch(self, table: str, ident) -> None:
         self._dirty.add((table, ident))
@@ -82,7 +83,7 @@ class LedgerState:
         """Encoded changes since the last call, sorted by key; clears the dirty set."""
         changes = []
         for table, ident in self._dirty:
-            key = _PREFIX[table] + _id_bytes(table, ident)
+            key = _PREFIX[table] + _id_bytes(ident)
             record = self.table(table).get(ident)
             if record is None or _is_empty(table, record):
                 self.table(table).pop(ident, None)
@@ -107,7 +108,7 @@ class LedgerState:
                 if _is_empty(table, record):
                     continue
                 value = encode(record) if table == EVIDENCE else record.encode()
-                out.append((_PREFIX[table] + _id_bytes(table, ident), value))
+                out.append((_PREFIX[table] + _id_bytes(ident), value))
         for name in _META_FIELDS:
             out.append((_PREFIX[META] + name.encode(), encode(getattr(self, name))))
         out.sort(key=lambda kv: kv[0])

@@ -179,7 +179,6 @@ def test_junk_block_bytes_raise_block_error_only(junk):
 
 
 def test_oversized_block_is_refused():
-    chain = Chain()
     with pytest.raises(BlockError, match="exceeds"):
         Block.decode(b"\x07" * 100, max_bytes=50)
 
