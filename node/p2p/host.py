@@ -37,6 +37,19 @@ log = logging.getLogger(__name__)
 Handler = Callable[["HostStream"], Awaitable[None]]
 
 
+def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[Multiaddr]:
+    """Listen addresses as a peer can dial them: a wildcard host (0.0.0.0, ::) is replaced by the
+    local IP that peer reached us on (same address family), or left out when unknown."""
+    out = []
+    for addr in bound:
+        host, port = addr.tcp_endpoint()
+        if host not in ("0.0.0.0", "::"):
+            out.append(addr)
+        elif local_ip is not None and (":" in local_ip) == (host == "::"):
+            out.append(Multiaddr.from_tcp(local_ip, port))
+    return out
+
+
 class DialError(ConnectionError):
     """No connection could be made to a peer (no address, refused, handshake failed)."""
 
@@ -401,7 +414,9 @@ class Host:
 
     # ---- identify
     def _identify_info(self, conn: Connection) -> IdentifyInfo:
-        return IdentifyInfo(public_key=self.identity.public_key_protobuf, listen_addrs=list(self._bound_addrs),
+        local = conn.secure.tcp.sockname
+        listen_addrs = advertised_addrs(self._bound_addrs, local[0] if local else None)
+        return IdentifyInfo(public_key=self.identity.public_key_protobuf, listen_addrs=listen_addrs,
                             protocols=list(self._handlers), observed_addr=conn.remote_addr,
                             agent_version=self._agent_version)
 

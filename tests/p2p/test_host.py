@@ -230,3 +230,13 @@ def test_dial_errors_are_clear():
         with pytest.raises(ValueError):
             a.peerbook.add_addrs(stranger, [b.listen_addrs[0]])  # an address of another peer
     run(body)
+
+
+def test_wildcard_listen_addresses_are_advertised_as_the_reached_ip():
+    from node.p2p.host import advertised_addrs
+    from node.p2p.multiaddr import Multiaddr
+    bound = [Multiaddr.parse(a) for a in ("/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001", "/ip4/10.1.2.3/tcp/5")]
+    assert [str(a) for a in advertised_addrs(bound, "192.168.1.7")] == ["/ip4/192.168.1.7/tcp/4001",
+                                                                        "/ip4/10.1.2.3/tcp/5"]
+    assert [str(a) for a in advertised_addrs(bound, "fe80::1")] == ["/ip6/fe80::1/tcp/4001", "/ip4/10.1.2.3/tcp/5"]
+    assert [str(a) for a in advertised_addrs(bound, None)] == ["/ip4/10.1.2.3/tcp/5"]
