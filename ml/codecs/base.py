@@ -146,20 +146,26 @@ def require_length(data: bytes | memoryview, expected: int) -> None:
         raise CodecError(f"encoding is {len(data)} bytes, expected {expected}")
 
 
+_readonly_warning_silenced = False
+
+
 def view_array(data: bytes | memoryview, dtype: np.dtype, offset: int, count: int) -> torch.Tensor:
-    """Zero-copy read-only tensor over `count` items of `dtype` at byte `offset` of `data`.
+    """Zero-copy tensor over `count` items of `dtype` at byte `offset` of `data`.
 
     The caller must have checked the length; the result must never be written to or returned.
     """
+    global _readonly_warning_silenced
     arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    if arr.flags.writeable:
+    if arr.flags.writeable or _readonly_warning_silenced:
         return torch.from_numpy(arr)
-    # torch warns (once per process) that the view is read-only; decoders never write to it.
+    # torch warns once per process that a view of read-only memory is unsafe to write; we never write.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr)
+        view = torch.from_numpy(arr)
+    _readonly_warning_silenced = True
+    return view
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a CPU tensor (made contiguous), for b"".join to copy once."""
-    return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy())
+    return memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy())

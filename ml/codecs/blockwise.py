@@ -99,6 +99,7 @@ class BlockwiseCodec:
 
     def encode(self, x: torch.Tensor) -> bytes:
         numel = check_input(x)
+        x = x.detach()
         n_full = numel // self.block
         tail = numel - n_full * self.block
         scale_parts, code_parts = [], []

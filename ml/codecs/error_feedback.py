@@ -27,7 +27,7 @@ class ErrorFeedback:
     def encode(self, x: torch.Tensor) -> bytes:
         if check_input(x) != self.numel:
             raise CodecError(f"error feedback holds {self.numel} values, got {x.numel()}")
-        corrected = x + self.residual
+        corrected = x.detach() + self.residual
         data = self.codec.encode(corrected)
         self.residual = corrected.sub_(self.codec.decode(data, self.numel))
         return data

@@ -43,6 +43,7 @@ class FloatCodec:
 
     def encode(self, x: torch.Tensor) -> bytes:
         numel = check_input(x)
+        x = x.detach()
         if self._dtype == torch.float32:
             require_finite(x)
             y = x

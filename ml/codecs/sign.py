@@ -62,6 +62,7 @@ class SignCodec:
 
     def encode(self, x: torch.Tensor) -> bytes:
         numel = check_input(x)
+        x = x.detach()
         n_full = numel // self.block
         means = []
         if n_full:

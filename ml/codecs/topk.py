@@ -100,6 +100,7 @@ class TopKCodec:
 
     def encode(self, x: torch.Tensor) -> bytes:
         numel = check_input(x)
+        x = x.detach()
         if not all_finite(x):
             raise CodecError("tensor contains NaN or Inf")
         k = self.k(numel)

@@ -240,3 +240,10 @@ def test_choose_codec_by_size_and_role():
         choose_codec(10, "gradient-ish", "int8")
     with pytest.raises(ValueError):
         choose_codec(10, "weight", "int3")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tensors_that_require_grad_are_encoded_detached(name):
+    x = gaussian(500).requires_grad_()
+    codec = get_codec(name)
+    assert codec.encode(x) == codec.encode(x.detach())
