@@ -13,6 +13,7 @@ Wire layouts (big-endian integers):
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from node.identity import (
     b58decode,
     b58encode,
     public_key_from_peer_id_bytes,
-    verify_by_peer_id,
+    verify,
 )
 
 VOTE_TAG = 0x01
@@ -67,15 +68,21 @@ def _chain_id_bytes(chain_id: str) -> bytes:
     return bytes([len(raw)]) + raw
 
 
+@functools.lru_cache(maxsize=4096)
 def _peer_id_to_bytes(peer_id: str) -> bytes:
     try:
         raw = b58decode(peer_id)
         public_key_from_peer_id_bytes(raw)
-    except InvalidPeerId as exc:
+    except (InvalidPeerId, AttributeError) as exc:
         raise MessageError(f"invalid validator peer id: {exc}") from exc
     return raw
 
 
+def _public_key(peer_id: str) -> bytes:
+    return public_key_from_peer_id_bytes(_peer_id_to_bytes(peer_id))
+
+
+@functools.lru_cache(maxsize=4096)
 def _peer_id_from_bytes(raw: bytes) -> str:
     try:
         public_key_from_peer_id_bytes(raw)
@@ -200,16 +207,16 @@ def sign_proposal(identity: Identity, chain_id: str, proposal: Proposal) -> Prop
 def verify_vote(vote: Vote, chain_id: str) -> bool:
     """True if the vote's signature is valid for its validator on ``chain_id``; never raises."""
     try:
-        return verify_by_peer_id(vote.validator, vote.sign_bytes(chain_id), vote.signature)
-    except MessageError:
+        return verify(_public_key(vote.validator), vote.sign_bytes(chain_id), vote.signature)
+    except (MessageError, TypeError):
         return False
 
 
 def verify_proposal(proposal: Proposal, chain_id: str) -> bool:
     """True if the proposal's signature is valid for its proposer on ``chain_id``; never raises."""
     try:
-        return verify_by_peer_id(proposal.proposer, proposal.sign_bytes(chain_id), proposal.signature)
-    except MessageError:
+        return verify(_public_key(proposal.proposer), proposal.sign_bytes(chain_id), proposal.signature)
+    except (MessageError, TypeError):
         return False
 
 

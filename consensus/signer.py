@@ -72,12 +72,9 @@ class SignerGuard:
 
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
+        self.peer_id = identity.peer_id
         self.entries: list[SignedEntry] = []  # the last signed (height, round), by step
         self.lock: Lock | None = None
-
-    @property
-    def peer_id(self) -> str:
-        return self.identity.peer_id
 
     @property
     def last_hrs(self) -> tuple[int, int, int] | None:

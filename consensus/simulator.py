@@ -250,6 +250,7 @@ class Simulator:
             else config.heights // 2
         self.faults_active = True
         self.fault_end_time: float | None = None
+        self._next_liveness_check = 0.0
         self.partition: list[set[int]] | None = None
         self.committed: dict[int, bytes] = {}
         self.app_hashes: dict[int, bytes] = {}
@@ -381,7 +382,7 @@ class Simulator:
 
     def _apply(self, node: SimNode, height: int, value: bytes, certificate) -> None:
         vid = value_id(value)
-        if not node.app.validators(height).verify_commit(CHAIN_ID, height, vid, certificate):
+        if not node.app.validators(height).verify_commit(CHAIN_ID, height, vid, certificate, self._verify):
             self.violations.append(f"node {node.index} committed height {height} without a valid certificate")
         first = self.committed.setdefault(height, vid)
         if first != vid:
@@ -541,8 +542,11 @@ class Simulator:
             if self.faults_active and (len(self.committed) >= self.fault_until or t >= fault_max_time):
                 self._end_faults()
             if not self.faults_active:
-                self._check_liveness()
-                if all(len(n.chain) >= target for n in self.nodes):
+                if t >= self._next_liveness_check:
+                    self._next_liveness_check = t + 1.0
+                    self._check_liveness()
+                if kind == "msg" and len(self.nodes[payload[1]].chain) >= target \
+                        and all(len(n.chain) >= target for n in self.nodes):
                     break
             if len(self.violations) > 20:
                 break
