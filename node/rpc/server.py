@@ -38,6 +38,7 @@ BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws"}
 JsonGet = Callable[[Mapping[str, str]], Awaitable[Any]]
 _HTTP_STATUS_FOR_CODE = {INVALID_PARAMS: 400, INVALID_INPUT: 400, RESOURCE_NOT_FOUND: 404, RESOURCE_UNAVAILABLE: 503}
 _DROP_NOTICE_TIMEOUT_S = 1.0
+SHUTDOWN_GRACE_S = 2.0  # in-flight requests get this long to finish when the node stops
 
 
 class HttpServer:
@@ -75,7 +76,7 @@ class HttpServer:
         for path, handler in self.json_gets.items():
             app.router.add_get(path, self._json_get_handler(handler))
         app.on_shutdown.append(self._close_websockets)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()

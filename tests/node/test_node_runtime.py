@@ -206,3 +206,28 @@ def test_roles_add_json_get_routes():
         await asyncio.wait_for(task, 10)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_stop_does_not_wait_forever_for_a_hanging_request():
+    async def scenario():
+        node = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+
+        @node.rpc.method("dkb_hang")
+        async def hang() -> None:
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(node.run())
+        await asyncio.wait_for(node.ready.wait(), 10)
+        async with aiohttp.ClientSession() as http:
+            request = asyncio.create_task(http.post(node.http.url, json={"jsonrpc": "2.0", "id": 1,
+                                                                         "method": "dkb_hang"}))
+            await asyncio.sleep(0.2)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            node.request_stop()
+            await asyncio.wait_for(task, 20)
+            assert loop.time() - started < 10
+            with pytest.raises(aiohttp.ClientError):
+                await request
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
