@@ -1,5 +1,6 @@
 """HTTP endpoints of a running Node: /health, /status, /metrics, JSON-RPC POST, body limit, /ws pub/sub."""
 import asyncio
+import contextlib
 import json
 
 import aiohttp
@@ -148,5 +149,21 @@ def test_port_in_use_is_a_clear_start_error():
                          Identity.generate(), [BasicRole("relay")])
             with pytest.raises(NodeStartError, match=f"cannot serve HTTP on http://127.0.0.1:{node.http.port}"):
                 await other.run()
+
+    run(scenario())
+
+
+def test_raw_tcp_junk_does_not_hurt_the_server():
+    async def scenario():
+        async with running_node() as (node, http):
+            for junk in (b"\x00\xff" * 500, b"GET / HTTP/9.9\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
+                reader, writer = await asyncio.open_connection("127.0.0.1", node.http.port)
+                writer.write(junk)
+                await writer.drain()
+                with contextlib.suppress(ConnectionError):
+                    await asyncio.wait_for(reader.read(4096), 5)
+                writer.close()
+            async with http.get("/health") as resp:
+                assert resp.status == 200
 
     run(scenario())
