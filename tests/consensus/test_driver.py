@@ -89,11 +89,11 @@ class FakeNet:
 class Node:
     """A validator: core + driver + a dict block store as the 'application'."""
 
-    def __init__(self, host, ident, peers, timeouts=FAST):
+    def __init__(self, host, ident, peers, timeouts=FAST, signer_state=b"", blocks=None):
         self.ident = ident
-        self.blocks: dict[int, Commit] = {}
+        self.blocks: dict[int, Commit] = dict(blocks or {})
         self.persisted: list[bytes] = []
-        self.core = TendermintCore(CHAIN, SignerGuard(ident),
+        self.core = TendermintCore(CHAIN, SignerGuard.restore(ident, signer_state),
                                    get_value=lambda h: b"block %d by " % h + ident.peer_id.encode(),
                                    is_valid=lambda h, v: v.startswith(b"block %d " % h),
                                    timeouts=timeouts)
@@ -184,6 +184,49 @@ def test_late_node_catches_up_by_block_sync_and_joins():
             for node in nodes:
                 await node.driver.stop()
         assert_same_chain(nodes, target)
+    asyncio.run(main())
+
+
+def test_restarted_validator_resumes_from_persisted_state_without_double_signing():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        victim = IDS[1].peer_id
+        signed = {}
+        conflicts = []
+
+        def watch(src, data):
+            if src == victim and data[4] == 1:
+                vote = decode_message(data[4:])
+                if vote.validator == victim:
+                    key = (vote.height, vote.round, vote.type)
+                    if signed.setdefault(key, vote.value_id) != vote.value_id:
+                        conflicts.append(key)
+
+        net.write_hook = watch
+        for node in nodes:
+            await node.driver.start(0, VS)
+        try:
+            assert await wait_until(lambda: all(len(n.blocks) >= 3 for n in nodes), 30)
+            old = nodes[1]
+            await old.driver.stop()  # "kill": only what was persisted survives
+            net.stopped.add(victim)
+            assert await wait_until(lambda: len(nodes[0].blocks) >= len(old.blocks) + 3, 30)
+            net.stopped.clear()
+            nodes[1] = Node(net.hosts[victim], IDS[1], peers, signer_state=old.persisted[-1],
+                            blocks=old.blocks)
+            await nodes[1].driver.start(len(old.blocks), VS)
+            target = max(len(n.blocks) for n in nodes) + 3
+            assert await wait_until(lambda: all(len(n.blocks) >= target for n in nodes), 30)
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+        assert_same_chain(nodes, target)
+        assert signed and not conflicts
     asyncio.run(main())
 
 

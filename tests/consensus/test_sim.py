@@ -30,6 +30,13 @@ def test_double_voter_is_caught_slashed_and_voted_out(seed):
     assert result.evidence_on_chain > 0 and result.slashed_at is not None
 
 
+def test_larger_committee_with_election_and_double_voter():
+    result = simulate(SimConfig(seed=9, validators=10, committee_size=7, heights=120,
+                                epoch_length=20, byzantine=True))
+    assert result.ok, result.violations
+    assert result.slashed_at is not None
+
+
 def test_same_seed_replays_identically():
     a = simulate(SimConfig(seed=42, heights=120, byzantine=True))
     b = simulate(SimConfig(seed=42, heights=120, byzantine=True))
