@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from node.identity import is_valid_peer_id
+from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
 CONFIG_FILE_NAME = "config.toml"
 ENV_PREFIX = "DEKUBE_"
@@ -56,66 +56,31 @@ def check_host(value: str) -> None:
         raise ValueError(f"invalid host {value!r} (need an IP address or a DNS name)")
 
 
-def check_multiaddr(value: str) -> None:
-    """Accept ``/ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>`` with optional ``/p2p/<peer id>`` and
-    ``/p2p-circuit`` hops (relayed addresses); raise ValueError with the reason otherwise."""
-    if not value.startswith("/"):
-        raise ValueError(f"bad multiaddr {value!r}: must start with '/'")
-    parts = value.split("/")[1:]
-    i = 0
-    saw_transport = False
-    while i < len(parts):
-        proto = parts[i]
-        if proto == "p2p-circuit":
-            if not saw_transport:
-                raise ValueError(f"bad multiaddr {value!r}: /p2p-circuit needs a relay address before it")
-            i += 1
-            continue
-        if i + 1 >= len(parts):
-            raise ValueError(f"bad multiaddr {value!r}: /{proto} needs a value")
-        arg = parts[i + 1]
-        if proto == "ip4":
-            _parse_ip(value, arg, ipaddress.IPv4Address)
-        elif proto == "ip6":
-            _parse_ip(value, arg, ipaddress.IPv6Address)
-        elif proto in ("dns", "dns4", "dns6"):
-            try:
-                check_host(arg)
-            except ValueError:
-                raise ValueError(f"bad multiaddr {value!r}: invalid DNS name {arg!r}") from None
-        elif proto == "tcp":
-            if not arg.isdigit() or int(arg) > 65535:
-                raise ValueError(f"bad multiaddr {value!r}: invalid tcp port {arg!r}")
-            saw_transport = True
-        elif proto == "p2p":
-            if not is_valid_peer_id(arg):
-                raise ValueError(f"bad multiaddr {value!r}: invalid peer ID {arg!r}")
-        else:
-            raise ValueError(f"bad multiaddr {value!r}: unsupported protocol /{proto}")
-        i += 2
-    if not saw_transport:
-        raise ValueError(f"bad multiaddr {value!r}: needs an address and /tcp/<port>")
+def _parse_multiaddr(value: str) -> Multiaddr:
+    try:
+        return Multiaddr.parse(value)
+    except MultiaddrError as exc:
+        raise ValueError(f"bad multiaddr {value!r}: {exc}") from None
 
 
 def check_listen_multiaddr(value: str) -> None:
-    """A multiaddr this node can bind: a direct TCP address, no relay hop."""
-    check_multiaddr(value)
-    if "/p2p-circuit" in value:
-        raise ValueError(f"bad listen multiaddr {value!r}: cannot listen on a relayed (/p2p-circuit) address")
-
-
-def check_bootstrap_multiaddr(value: str) -> None:
-    """A peer to dial: an address that ends in the peer's ID."""
-    check_multiaddr(value)
-    if "/p2p/" not in value:
-        raise ValueError(f"bad bootstrap multiaddr {value!r}: needs a /p2p/<peer id> suffix")
-
-
-def _parse_ip(whole: str, text: str, kind: type) -> None:
+    """An address this node can bind: ``/ip4|ip6|dns*/<host>/tcp/<port>``."""
     try:
-        kind(text)
-    except ValueError:
-        raise ValueError(f"bad multiaddr {whole!r}: invalid address {text!r}") from None
+        _parse_multiaddr(value).tcp_endpoint()
+    except MultiaddrError:
+        raise ValueError(f"bad listen multiaddr {value!r}: need a direct /ip4|ip6|dns/<host>/tcp/<port> address") from None
+
+
+def check_peer_multiaddr(value: str) -> None:
+    """A peer to dial: a direct TCP or relayed (/p2p-circuit) address ending in /p2p/<peer id>."""
+    addr = _parse_multiaddr(value)
+    if addr.peer_id is None:
+        raise ValueError(f"bad peer multiaddr {value!r}: needs a /p2p/<peer id> suffix")
+    if not addr.is_relayed:
+        try:
+            addr.tcp_endpoint()
+        except MultiaddrError:
+            raise ValueError(f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>") from None
 
 
 def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
@@ -163,7 +128,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "p2p": {
         "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "TCP multiaddrs to listen on", each(check_listen_multiaddr)),
-        "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_multiaddr)),
+        "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_peer_multiaddr)),
         "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
     },
     "rpc": {

@@ -23,6 +23,7 @@ from node.identity import Identity
 from node.metrics import Registry
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
+from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.pubsub import Hub
@@ -143,8 +144,7 @@ class Node:
         """Dial every bootstrap peer now, and again whenever it is disconnected."""
         while True:
             for addr in self.config.get("p2p", "bootstrap"):
-                peer_id = addr.rsplit("/p2p/", 1)[-1] if "/p2p/" in addr else None
-                if peer_id is not None and self.host.is_connected(peer_id):
+                if self.host.is_connected(Multiaddr.parse(addr).peer_id):
                     continue
                 try:
                     await self.host.connect(addr)
