@@ -2,6 +2,7 @@
 import tomllib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from node.config import (
     SCHEMA,
@@ -166,3 +167,13 @@ def test_rendered_toml_reads_back_identically(tmp_path):
 def test_render_rejects_unsupported_values():
     with pytest.raises(TypeError):
         render_toml({"node": {"roles": {"a": 1}}})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="/ip46tcdnsudp2-circuit0123456789.:abcfKooW", max_size=60))
+def test_junk_multiaddrs_give_value_errors_only(text):
+    for check in (check_listen_multiaddr, check_peer_multiaddr):
+        try:
+            check(text)
+        except ValueError:
+            pass
