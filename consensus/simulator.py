@@ -33,14 +33,13 @@ from consensus.committee import ValidatorSet
 from consensus.messages import (
     DoubleVoteEvidence,
     MessageError,
-    Proposal,
     Vote,
     sign_vote,
     value_id,
     verify_proposal,
     verify_vote,
 )
-from consensus.signer import SignerGuard, Step
+from consensus.signer import SignerGuard
 from consensus.tendermint import (
     Broadcast,
     Commit,

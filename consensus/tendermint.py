@@ -274,7 +274,6 @@ class TendermintCore:
             return []
         r = vote.round
         rs = self.rounds.get(r)
-        tally = None
         if rs is not None:
             tally = rs.prevotes if vote.type is VoteType.PREVOTE else rs.precommits
             if tally.has(vote):

@@ -62,7 +62,7 @@ def test_vote_round_trip_and_nil():
         data = encode_vote(vote)
         assert decode_vote(data) == vote
         assert decode_message(data) == vote
-        assert encode_vote(decode_vote(data)) == data
+        assert encode_message(decode_vote(data)) == data
     assert _vote(vid=b"").is_nil
 
 
@@ -72,7 +72,7 @@ def test_proposal_round_trip_and_signature():
     assert not verify_proposal(prop, "other")
     data = encode_proposal(prop)
     assert decode_proposal(data) == prop
-    assert decode_message(data) == prop
+    assert decode_message(data) == prop and encode_message(prop) == data
     forged = Proposal(7, 3, 1, b"y" * 1000, ALICE.peer_id, prop.signature)
     assert not verify_proposal(forged, CHAIN)
     assert prop.value_id == value_id(b"x" * 1000)
