@@ -3,10 +3,11 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from node.p2p import yamux as y
 from node.p2p.muxer import MuxedConnection
-from node.p2p.yamux import DataReceived, YamuxError, YamuxSession
+from node.p2p.yamux import DataReceived, StreamOpened, YamuxError, YamuxSession
 from test_muxer import echo, memory_pipe, muxed_pair
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,3 +132,100 @@ def test_driver_survives_garbage_and_keeps_other_connections(junk):
         await good_a.close()
         await good_b.close()
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+class TwoHonestPeers(RuleBasedStateMachine):
+    """Random operations on two sessions with bytes delivered in random pieces: honest peers never
+    trigger a protocol error, every stream delivers a prefix of what was sent, in order, and unread
+    data stays within the advertised window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers = (YamuxSession(True, max_streams=6), YamuxSession(False, max_streams=6))
+        self.in_flight = [b"", b""]  # bytes on the wire towards peer 0 / peer 1
+        self.sent: dict[tuple[int, int], bytearray] = {}  # (sender, stream id) -> bytes sent
+        self.got: dict[tuple[int, int], bytearray] = {}  # (receiver, stream id) -> bytes received
+        self.unread: dict[tuple[int, int], int] = {}
+        self.fin_sent: set[tuple[int, int]] = set()
+        self.now = 0.0
+
+    def _writable(self, side: int) -> list[int]:
+        return [sid for (s, sid) in self.sent
+                if s == side and self.peers[side].has_stream(sid) and (s, sid) not in self.fin_sent]
+
+    def _queue(self, side: int) -> None:
+        self.in_flight[1 - side] += self.peers[side].data_to_send()
+
+    @rule(side=st.integers(0, 1))
+    def open_stream(self, side):
+        peer = self.peers[side]
+        if peer.remote_go_away is None and not peer.local_go_away and peer.num_streams < 6:
+            self.sent[(side, peer.open_stream())] = bytearray()
+            self._queue(side)
+
+    @rule(side=st.integers(0, 1), pick=st.integers(0, 100),
+          size=st.one_of(st.sampled_from([1, 65_536, 200_000, 300_000]), st.integers(1, 300_000)))
+    def send(self, side, pick, size):
+        streams = self._writable(side)
+        if streams:
+            sid = streams[pick % len(streams)]
+            data = bytes([sid % 251]) * size
+            sent = self.peers[side].send_data(sid, data)
+            self.sent[(side, sid)] += data[:sent]
+            self._queue(side)
+
+    @rule(side=st.integers(0, 1), pick=st.integers(0, 100), reset=st.booleans())
+    def finish(self, side, pick, reset):
+        streams = self._writable(side)
+        if streams:
+            sid = streams[pick % len(streams)]
+            if reset:
+                self.peers[side].reset_stream(sid)
+            else:
+                self.peers[side].end_stream(sid)
+                self.fin_sent.add((side, sid))
+            self._queue(side)
+
+    @rule(side=st.integers(0, 1), fraction=st.floats(0, 1), elapsed=st.sampled_from([0.0001, 0.5]))
+    def consume(self, side, fraction, elapsed):
+        self.now += elapsed
+        for (receiver, sid), size in self.unread.items():
+            if receiver == side and size:
+                take = int(size * fraction)
+                self.peers[side].acknowledge_received(sid, take, self.now)
+                self.unread[(receiver, sid)] = size - take
+        self._queue(side)
+
+    @rule(side=st.integers(0, 1))
+    def ping_or_go_away(self, side):
+        peer = self.peers[side]
+        if self.now > 3 and not peer.local_go_away:
+            peer.go_away()
+        else:
+            peer.send_ping(self.now)
+        self._queue(side)
+
+    @rule(side=st.integers(0, 1), fraction=st.one_of(st.just(1.0), st.floats(0, 1)))
+    def deliver(self, side, fraction):
+        wire = self.in_flight[side]
+        cut = int(len(wire) * fraction)
+        self.in_flight[side] = wire[cut:]
+        for event in self.peers[side].receive_data(wire[:cut], self.now):
+            if type(event) is DataReceived:
+                key = (side, event.stream_id)
+                self.got.setdefault(key, bytearray()).extend(event.data)
+                self.unread[key] = self.unread.get(key, 0) + len(event.data)
+            elif type(event) is StreamOpened:  # the accepting side may send on it too
+                self.sent[(side, event.stream_id)] = bytearray()
+        self._queue(side)
+
+    @invariant()
+    def streams_deliver_prefixes_within_windows(self):
+        for (receiver, sid), data in self.got.items():
+            assert self.sent[(1 - receiver, sid)].startswith(data)
+            if self.peers[receiver].has_stream(sid):
+                assert self.unread[(receiver, sid)] <= self.peers[receiver].receive_window(sid)
+
+
+TwoHonestPeers.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+test_two_honest_peers = TwoHonestPeers.TestCase
