@@ -6,8 +6,8 @@ Follows the libp2p noise spec: empty prologue; every message (handshake and tran
 is the ed25519 signature over ``"noise-libp2p-static-key:" + static X25519 public key``. The
 initiator's first message carries no payload; the responder sends its payload in message 2,
 the initiator in message 3. ChaChaPoly nonces are 4 zero bytes then the 64-bit counter,
-little-endian. The transport cipher encrypts straight into the output buffer through
-libsodium (pynacl's cffi bindings) to keep the hot path free of extra copies.
+little-endian. Transport messages are encrypted and decrypted straight into caller buffers
+(``chachapoly``: OpenSSL when available, else libsodium) to keep the hot path free of copies.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import struct
 import nacl.bindings
 import nacl.exceptions
 import nacl.utils
-from nacl._sodium import ffi, lib
 
 from node.identity import (
     Identity,
@@ -28,6 +27,7 @@ from node.identity import (
     verify,
 )
 
+from .chachapoly import AuthenticationFailed, new_cipher
 from .errors import ProtocolError
 from .protobuf import ProtobufError, decode_fields, field_bytes, single_bytes_field
 
@@ -67,15 +67,22 @@ def _dh(private: bytes, public: bytes) -> bytes:
 
 
 class CipherState:
-    """One direction of ChaChaPoly with a 64-bit counter nonce (Noise CipherState)."""
+    """One direction of ChaChaPoly with a 64-bit counter nonce (Noise CipherState).
 
-    __slots__ = ("key", "nonce", "_key_c", "_clen")
+    ``encrypt``/``decrypt`` (with associated data) serve the handshake; ``seal_into``/``open_into``
+    serve transport messages, writing into caller buffers through the fastest AEAD backend.
+    """
 
-    def __init__(self, key: bytes) -> None:
+    __slots__ = ("key", "nonce", "_aead")
+
+    def __init__(self, key: bytes, backend: str | None = None) -> None:
         self.key = key
         self.nonce = 0
-        self._key_c = ffi.from_buffer(key)
-        self._clen = ffi.new("unsigned long long *")
+        self._aead = new_cipher(key, backend)
+
+    @property
+    def backend(self) -> str:
+        return self._aead.name
 
     def _next_nonce(self) -> bytes:
         n = self.nonce
@@ -98,25 +105,18 @@ class CipherState:
         except nacl.exceptions.CryptoError as exc:
             raise NoiseError("decryption failed (bad MAC)") from exc
 
-    def encrypt_into(self, out, offset: int, src, src_offset: int, length: int) -> None:
-        """Encrypt ``src[src_offset:src_offset+length]`` into ``out[offset:]`` (length + 16 bytes).
+    def seal_into(self, src: memoryview, dst: memoryview) -> None:
+        """Encrypt ``src`` into ``dst`` (exactly ``len(src) + 16`` bytes)."""
+        self._aead.seal_into(self._next_nonce(), src, dst)
 
-        ``out`` and ``src`` are cffi buffers (``ffi.from_buffer``); no Python-level copies.
-        """
-        nonce = self._next_nonce()
-        lib.crypto_aead_chacha20poly1305_ietf_encrypt(
-            out + offset, self._clen, src + src_offset, length, ffi.NULL, 0, ffi.NULL, nonce, self._key_c)
-
-    def decrypt_into(self, out, offset: int, src, src_offset: int, length: int) -> int:
-        """Decrypt ``length`` ciphertext bytes into ``out[offset:]``; returns the plaintext length."""
-        if length < TAG_LEN:
+    def open_into(self, src: memoryview, dst: memoryview) -> None:
+        """Decrypt ``src`` into ``dst`` (exactly ``len(src) - 16`` bytes); NoiseError on a bad tag."""
+        if len(src) < TAG_LEN:
             raise NoiseError("transport message shorter than the MAC")
-        nonce = self._next_nonce()
-        rc = lib.crypto_aead_chacha20poly1305_ietf_decrypt(
-            out + offset, self._clen, ffi.NULL, src + src_offset, length, ffi.NULL, 0, nonce, self._key_c)
-        if rc != 0:
-            raise NoiseError("transport message failed authentication")
-        return length - TAG_LEN
+        try:
+            self._aead.open_into(self._next_nonce(), src, dst)
+        except AuthenticationFailed as exc:
+            raise NoiseError("transport message failed authentication") from exc
 
 
 class _SymmetricState:
@@ -324,7 +324,6 @@ class NoiseTransport:
         self._recv = recv_cipher
         self._partial = bytearray()
         self._scratch: bytearray | None = None  # reused for bulk reads, dropped on small ones
-        self._scratch_c = None
 
     def encrypt(self, data: bytes | bytearray | memoryview) -> bytearray:
         total = len(data)
@@ -332,19 +331,18 @@ class NoiseTransport:
             return bytearray()
         frames = -(-total // MAX_PLAINTEXT)
         out = bytearray(total + frames * (2 + TAG_LEN))
-        out_c = ffi.from_buffer(out)
-        src_c = ffi.from_buffer(data)
+        seal = self._send.seal_into
         pack_len = _LEN.pack_into
         pos = 0
         offset = 0
-        cipher = self._send
-        while pos < total:
-            n = total - pos if total - pos < MAX_PLAINTEXT else MAX_PLAINTEXT
-            pack_len(out, offset, n + TAG_LEN)
-            cipher.encrypt_into(out_c, offset + 2, src_c, pos, n)
-            offset += 2 + n + TAG_LEN
-            pos += n
-        ffi.release(src_c)
+        with memoryview(out) as dst, memoryview(data) as src:
+            while pos < total:
+                n = total - pos if total - pos < MAX_PLAINTEXT else MAX_PLAINTEXT
+                pack_len(out, offset, n + TAG_LEN)
+                offset += 2
+                seal(src[pos:pos + n], dst[offset:offset + n + TAG_LEN])
+                offset += n + TAG_LEN
+                pos += n
         return out
 
     def receive_data(self, data: bytes) -> bytes:
@@ -360,49 +358,50 @@ class NoiseTransport:
         """
         total = sum(len(c) for c in chunks) + len(self._partial)
         if total <= SMALL_READ_BYTES:  # control traffic: no buffer kept, idle connections stay small
-            self._scratch = self._scratch_c = None
+            self._scratch = None
             out = bytearray(total)
-            out_c = ffi.from_buffer(out)
         else:
             if self._scratch is None or total > len(self._scratch):
                 self._scratch = bytearray(total)
-                self._scratch_c = ffi.from_buffer(self._scratch)
             out = self._scratch
-            out_c = self._scratch_c
-        cipher = self._recv
+        open_into = self._recv.open_into
         unpack_len = _LEN.unpack_from
         written = 0
-        for chunk in chunks:
-            end = len(chunk)
-            pos = 0
-            partial = self._partial
-            if partial:
-                if len(partial) < 2:
-                    pos = 2 - len(partial) if end >= 2 - len(partial) else end
-                    partial += chunk[:pos]
+        with memoryview(out) as dst:
+            for chunk in chunks:
+                end = len(chunk)
+                pos = 0
+                partial = self._partial
+                if partial:
                     if len(partial) < 2:
+                        pos = 2 - len(partial) if end >= 2 - len(partial) else end
+                        partial += chunk[:pos]
+                        if len(partial) < 2:
+                            continue
+                    need = 2 + ((partial[0] << 8) | partial[1]) - len(partial)
+                    take = need if need <= end - pos else end - pos
+                    partial += memoryview(chunk)[pos:pos + take]
+                    pos += take
+                    if take < need:
                         continue
-                need = 2 + ((partial[0] << 8) | partial[1]) - len(partial)
-                take = need if need <= end - pos else end - pos
-                partial += memoryview(chunk)[pos:pos + take]
-                pos += take
-                if take < need:
-                    continue
-                partial_c = ffi.from_buffer(partial)
-                written += cipher.decrypt_into(out_c, written, partial_c, 2, len(partial) - 2)
-                ffi.release(partial_c)
-                self._partial = bytearray()
-            src_c = ffi.from_buffer(chunk)
-            while end - pos >= 2:
-                (length,) = unpack_len(chunk, pos)
-                if end - pos - 2 < length:
-                    break
-                written += cipher.decrypt_into(out_c, written, src_c, pos + 2, length)
-                pos += 2 + length
-            ffi.release(src_c)
-            if pos < end:
-                self._partial = bytearray(memoryview(chunk)[pos:])
-        if not written:
-            return b""
-        with memoryview(out) as view:
-            return bytes(view[:written])
+                    n = len(partial) - 2 - TAG_LEN
+                    with memoryview(partial) as frame:
+                        open_into(frame[2:], dst[written:written + n])
+                    written += n
+                    self._partial = bytearray()
+                with memoryview(chunk) as src:
+                    while end - pos >= 2:
+                        (length,) = unpack_len(chunk, pos)
+                        if end - pos - 2 < length:
+                            break
+                        n = length - TAG_LEN
+                        if n < 0:
+                            raise NoiseError("transport message shorter than the MAC")
+                        open_into(src[pos + 2:pos + 2 + length], dst[written:written + n])
+                        written += n
+                        pos += 2 + length
+                    if pos < end:
+                        self._partial = bytearray(src[pos:])
+            if not written:
+                return b""
+            return bytes(dst[:written])

@@ -4,6 +4,7 @@ import pytest
 from noise.connection import Keypair, NoiseConnection
 
 from node.identity import Identity
+from node.p2p.chachapoly import BACKENDS
 from node.p2p.noise import (
     MAX_PLAINTEXT,
     CipherState,
@@ -157,3 +158,16 @@ def test_low_order_point_rejected():
     b = NoiseHandshake(BOB, False)
     with pytest.raises(NoiseError):
         b.receive_data(frame(b"\x00" * 32))
+
+
+@pytest.mark.parametrize("sender_backend,receiver_backend", [("libsodium", b) for b in sorted(BACKENDS)]
+                         + [(b, "libsodium") for b in sorted(BACKENDS)])
+def test_transport_across_backends(sender_backend, receiver_backend):
+    key = b"\x33" * 32
+    sender = NoiseTransport(CipherState(key, sender_backend), CipherState(b"\0" * 32))
+    receiver = NoiseTransport(CipherState(b"\0" * 32), CipherState(key, receiver_backend))
+    data = bytes(range(256)) * 2000  # 512000 bytes: 8 frames, the last one partial
+    wire = bytes(sender.encrypt(data))
+    chunks = [wire[i:i + 100_001] for i in range(0, len(wire), 100_001)]
+    got = receiver.receive_chunks(chunks[:3]) + receiver.receive_chunks(chunks[3:])
+    assert got == data
