@@ -55,7 +55,7 @@ except ImportError:  # cryptography is optional: libsodium is always there (pyna
 
 
 class OpenSSLChaChaPoly:
-    """OpenSSL's ChaCha20-Poly1305 via ``cryptography`` (needs encrypt_into, cryptography >= 45)."""
+    """OpenSSL's ChaCha20-Poly1305 via ``cryptography`` (its encrypt_into/decrypt_into, as in 50.x)."""
 
     name = "openssl"
 
