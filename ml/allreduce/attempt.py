@@ -59,15 +59,17 @@ class AttemptContext:
         return await self.inbox.take(key, since, self.stall_s * stall_factor)
 
     def check_first_meta(self, sender: str, meta: dict) -> None:
-        """Validate the meta of a member's first chunk: same plan, same tensor shapes."""
+        """Validate the meta of a member's first chunk: same tensor shapes, same plan."""
+        if meta.get("shape") != self.first_meta["shape"]:
+            raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)")
         if meta.get("plan") != self.first_meta["plan"]:
             try:
                 theirs = members_from_mask(meta.get("m"), self.universe)
             except ValueError:
                 raise PeerFailure(sender, "malformed first-chunk meta") from None
+            if theirs == list(self.plan.members):
+                raise PeerFailure(sender, "plan differs over the same members (codec, chunk size or rates)")
             raise PlanMismatch(sender, theirs)
-        if meta.get("shape") != self.first_meta["shape"]:
-            raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)")
         rate = meta.get("rate")
         if isinstance(rate, (int, float)) and rate > 0:
             self.rates_seen[sender] = float(rate)

@@ -15,7 +15,7 @@ with the same result as those that got everything. See docs/adr/0033.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import functools
 import hashlib
 import json
@@ -94,7 +94,7 @@ class AllReduceGroup:
                  codec: str = "fp32", non_reducers: set[str] | frozenset = frozenset(),
                  chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DeadlinePolicy(),
                  min_participants: int = 2, max_frame_bytes: int = DEFAULT_MAX_PAYLOAD,
-                 protocol: str = PROTOCOL, workers: int = 2):
+                 protocol: str = PROTOCOL, workers: int = 2, upload_rates: dict[str, float] | None = None):
         if mode not in ("butterfly", "ring"):
             raise ValueError(f"mode must be 'butterfly' or 'ring', not {mode!r}")
         if mode == "ring" and codec not in RING_CODECS:
@@ -121,10 +121,10 @@ class AllReduceGroup:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="allreduce")
         self._peers: list[str] = []
         self.set_peers(peers)
+        self._rates: dict[str, float] = dict(upload_rates or {})  # replaced by measurements each round
         self._current_round = -1
         self._round_active = False
         self._committed: dict[int, _Committed] = {}
-        self._rates: dict[str, float] = {}
         self._my_rate: float | None = None
         self._background: set[asyncio.Task] = set()
         self._started = False
@@ -143,15 +143,26 @@ class AllReduceGroup:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def set_peers(self, peers: list[str]) -> None:
-        """Change the membership (joins and leaves) between rounds; includes this peer."""
+        """Change the membership (joins and leaves) between rounds; includes this peer.
+
+        A changed membership resets the agreed upload rates (a joiner has none), so the next
+        round splits shards evenly and measures again.
+        """
         peers = sorted(set(peers))
         if self.my_id not in peers:
             raise ValueError("the group's peers must include this peer")
+        if self._peers and peers != self._peers:
+            self._rates = {}
         self._peers = peers
 
     @property
     def peers(self) -> list[str]:
         return list(self._peers)
+
+    @property
+    def upload_rates(self) -> dict[str, float]:
+        """The agreed upload rates (bytes/s) the next round's shard sizes are proportional to."""
+        return dict(self._rates)
 
     # -- the round -------------------------------------------------------------------------
 
@@ -198,7 +209,9 @@ class AllReduceGroup:
             outcome = await self._run_attempt(ctx, local_ok, excluded)
             if isinstance(outcome, _Committed):
                 return outcome
-            outcome = await self._agree_on_members(ctx, *outcome)
+            suspects, their_members = outcome
+            suspects = {**self._wrong_shapes_waiting(ctx), **suspects}
+            outcome = await self._agree_on_members(ctx, suspects, their_members)
             if isinstance(outcome, _Committed):
                 return outcome
             members, dropped = outcome
@@ -207,6 +220,7 @@ class AllReduceGroup:
 
     def _context(self, flat, members, shape_digest, round_id, attempt) -> AttemptContext:
         plan = self._plan(members, flat.numel())
+        stall_s = self._estimator.stall_timeout()  # later attempts: members leave the VIEW wait up to this apart
         meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, self._peers)}
         if self._my_rate:
             meta["rate"] = round(self._my_rate)
@@ -214,8 +228,8 @@ class AllReduceGroup:
             me=self.my_id, universe=self._peers, plan=plan, round_id=round_id, attempt=attempt,
             flat=flat, out=torch.empty_like(flat), codec=self._codec, links=self._links,
             inbox=self._inbox, offload=self._offload, started=asyncio.get_running_loop().time(),
-            stall_s=self._estimator.stall_timeout(),
-            grace_s=self._policy.first_frame_grace_s if attempt == 0 else 0.0, first_meta=meta)
+            stall_s=stall_s,
+            grace_s=self._policy.first_frame_grace_s if attempt == 0 else stall_s, first_meta=meta)
 
     def _plan(self, members: list[str], numel: int) -> Plan:
         non_reducers = set() if self.mode == "ring" else set(self.non_reducers)
@@ -234,8 +248,7 @@ class AllReduceGroup:
         finally:
             if not task.done():
                 task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await asyncio.wait({task})  # its outcome is read below; our own cancellation still propagates
         error = task.exception() if not task.cancelled() else None
         if not task.cancelled() and error is None:
             committed = _Committed(ctx.attempt, ctx.plan.members, dict(excluded), ctx.out, ctx.agreed_rates)
@@ -249,9 +262,24 @@ class AllReduceGroup:
             return {error.peer: error.reason}, None
         if isinstance(error, PlanMismatch):
             return {}, error.members
-        if error is not None:
-            raise error
+        if error is not None:  # a local failure (e.g. our codec): leave the round, tell the others
+            log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
+            return {self.my_id: f"local failure: {type(error).__name__}: {error}"}, None
         return {}, None
+
+    def _wrong_shapes_waiting(self, ctx: AttemptContext) -> dict[str, str]:
+        """Members whose first chunk of this failed attempt, not yet checked, has other shapes.
+
+        An attempt can be cut short (by another member's VIEW) before this peer checked every
+        first chunk; accusing wrong-shape members anyway keeps them from outvoting honest ones.
+        """
+        wrong = {}
+        for key in self._inbox.pending(ctx.round_id, ctx.attempt, Kind.PART):
+            if key[4] == 0:
+                frame = self._inbox.pop(key)
+                if frame.meta.get("shape") != ctx.first_meta["shape"]:
+                    wrong[key[-1]] = "wrong-shape contribution (tensor layout differs)"
+        return wrong
 
     def _remember(self, round_id: int, committed: _Committed) -> None:
         self._committed[round_id] = committed
@@ -265,46 +293,47 @@ class AllReduceGroup:
     async def _agree_on_members(self, ctx: AttemptContext, suspects: dict[str, str],
                                 their_members: list[str] | None):
         """Exchange VIEWs after a failed attempt: (next members, dropped with reasons), or a
-        commit pushed to us meanwhile."""
+        commit pushed to us meanwhile. See `_settle_views` for how views become one member set."""
         alive = set(ctx.plan.members) - set(suspects)
         if their_members is not None:
             alive &= set(their_members)
-        reasons = dict(suspects)
         index = {p: i for i, p in enumerate(self._peers)}
-        meta = {"alive": members_mask(sorted(alive), self._peers),
-                "why": {str(index[p]): r[:200] for p, r in reasons.items()}}
+        meta = {"alive": members_mask(sorted(alive), self._peers), "shape": ctx.first_meta["shape"],
+                "why": {str(index[p]): r[:200] for p, r in suspects.items()}}
         others = [m for m in ctx.plan.members if m != self.my_id]
+        log.debug("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
         for member in others:
             await self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta))
-        waited = [m for m in others if m in alive]
-        views = asyncio.ensure_future(asyncio.gather(
-            *(self._take_view(ctx, m) for m in waited), return_exceptions=True))
+        log.debug("%s: views sent", self.my_id)
+        views = {self.my_id: (alive, dict(suspects), ctx.first_meta["shape"])}
+        silent: dict[str, str] = {}
+        waits = {asyncio.ensure_future(self._take_view(ctx, m)): m for m in others}
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
-        await asyncio.wait({views, pushed}, return_when=asyncio.FIRST_COMPLETED)
-        if pushed.done():
-            adopted = await self._adopt(ctx)
-            if adopted is not None:
-                views.cancel()
-                with contextlib.suppress(BaseException):
-                    await views
-                return adopted
-        for member, outcome in zip(waited, await views):
-            if isinstance(outcome, PeerFailure):
-                alive.discard(member)
-                reasons.setdefault(member, f"no view after failed attempt: {outcome.reason}")
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                their_alive, their_reasons = outcome
-                for peer in alive - their_alive:
-                    reasons.setdefault(peer, their_reasons.get(peer, f"dropped by {member}"))
-                alive &= their_alive
-        dropped = {p: reasons.get(p, "dropped") for p in ctx.plan.members if p not in alive}
+        try:
+            while waits:
+                done, _ = await asyncio.wait({*waits, pushed}, return_when=asyncio.FIRST_COMPLETED)
+                if pushed.done():
+                    adopted = await self._adopt(ctx)
+                    if adopted is not None:
+                        return adopted
+                    pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+                for task in done:
+                    if task not in waits:
+                        continue
+                    member = waits.pop(task)
+                    try:
+                        views[member] = task.result()
+                    except PeerFailure as exc:
+                        silent[member] = f"no view after failed attempt: {exc.reason}"
+        finally:
+            for task in waits:
+                task.cancel()
+        members, dropped = _settle_views(list(ctx.plan.members), views, silent)
         log.info("round %d attempt %d failed; next members %s, dropped %s",
-                 ctx.round_id, ctx.attempt, sorted(alive), dropped)
-        return sorted(alive), dropped
+                 ctx.round_id, ctx.attempt, members, dropped)
+        return members, dropped
 
-    async def _take_view(self, ctx: AttemptContext, member: str) -> tuple[set[str], dict[str, str]]:
+    async def _take_view(self, ctx: AttemptContext, member: str) -> tuple[set[str], dict[str, str], str]:
         loop = asyncio.get_running_loop()
         frame = await self._inbox.take((ctx.round_id, ctx.attempt, Kind.VIEW, 0, 0, member),
                                        loop.time(), self._estimator.stall_timeout())
@@ -315,7 +344,7 @@ class AllReduceGroup:
         why = frame.meta.get("why") if isinstance(frame.meta.get("why"), dict) else {}
         reasons = {self._peers[int(i)]: str(r)[:200] for i, r in why.items()
                    if isinstance(i, str) and i.isdigit() and int(i) < len(self._peers)}
-        return alive, reasons
+        return alive, reasons, str(frame.meta.get("shape"))
 
     # -- committed results: push to stragglers, adopt when pushed ---------------------------
 
@@ -352,6 +381,9 @@ class AllReduceGroup:
                 return await self._receive_committed(ctx, sender, first)
             except (PeerFailure, FrameError, ValueError, KeyError) as exc:
                 log.warning("round %d: unusable committed result from %s: %s", ctx.round_id, sender, exc)
+                for leftover in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
+                    if leftover[-1] == sender:
+                        self._inbox.pop(leftover)
         self._inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
         return None
 
@@ -390,10 +422,10 @@ class AllReduceGroup:
                 frame = await read_frame(stream, self._max_frame)
             except asyncio.IncompleteReadError as exc:
                 if exc.partial or self._round_active:
-                    self._inbox.record_fault(remote, self._current_round, "connection closed")
+                    self._inbox.record_fault(remote, self._fault_round(), "connection closed")
                 return
             except (FrameError, ConnectionError) as exc:
-                self._inbox.record_fault(remote, self._current_round, f"bad frame: {exc}")
+                self._inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}")
                 stream.reset()
                 return
             self._on_frame(remote, frame)
@@ -407,12 +439,52 @@ class AllReduceGroup:
                 return
         self._inbox.put(sender, frame)
 
+    def _fault_round(self) -> int:
+        """The round a fault seen now counts against: the running one, else the next."""
+        return self._current_round if self._round_active else self._current_round + 1
+
     def _on_link_broken(self, peer: str, reason: str) -> None:
         if self._round_active:
             self._inbox.record_fault(peer, self._current_round, reason)
 
     async def _offload(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+
+def _settle_views(members: list[str], views: dict[str, tuple[set[str], dict[str, str], str]],
+                  silent: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Turn the views of a failed attempt into the next member set, the same on every member that
+    holds the same views. Members whose view is missing are dropped, and so are authors whose
+    tensor shapes differ from the most common shapes (ties: smallest digest). Then authors are
+    taken from the least accused to the most (ties by id); each author still trusted drops the
+    members its view excludes. A faulty member that accuses everyone is itself accused by all the
+    others and so loses its say before it can drop honest members.
+    """
+    accused = {m: 0 for m in members}
+    for alive, _, _ in views.values():
+        for peer in members:
+            if peer not in alive:
+                accused[peer] += 1
+    trusted = set(members) - set(silent)
+    dropped = {}
+    for peer, reason in silent.items():  # prefer a reason someone gave over "no view"
+        given = [r[peer] for _, r, _ in views.values() if peer in r]
+        dropped[peer] = given[0] if given else reason
+    shape_votes = collections.Counter(shape for _, _, shape in views.values())
+    common_shape = min(shape_votes, key=lambda shape: (-shape_votes[shape], shape))
+    for author, (_, _, shape) in views.items():
+        if shape != common_shape and author in trusted:
+            trusted.discard(author)
+            dropped[author] = "wrong-shape contribution (tensor layout differs from the majority)"
+    for author in sorted(views, key=lambda m: (accused[m], m)):
+        if author not in trusted:
+            continue
+        alive, reasons, _ = views[author]
+        for peer in members:
+            if peer not in alive and peer in trusted:
+                trusted.discard(peer)
+                dropped[peer] = reasons.get(peer, f"dropped by {author}")
+    return sorted(trusted), dropped
 
 
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:

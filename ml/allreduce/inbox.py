@@ -106,10 +106,9 @@ class Inbox:
             waiter = self._waiters.get(key)
             if waiter is None or waiter.done():
                 waiter = self._waiters[key] = loop.create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), remaining)
-            except TimeoutError:
-                pass
+            # asyncio.wait, not wait_for: wait_for (3.11) can swallow a cancellation that races
+            # with the waiter completing, leaving a cancelled attempt running on
+            await asyncio.wait({waiter}, timeout=remaining)
 
     def forget_before(self, round_id: int, attempt: int = 0) -> None:
         """Drop frames and signals of rounds/attempts before (round_id, attempt)."""

@@ -72,9 +72,8 @@ class PeerLinks:
     async def close(self) -> None:
         for task in self._writers:
             task.cancel()
-        for task in self._writers:
-            with contextlib.suppress(BaseException):
-                await task
+        if self._writers:
+            await asyncio.wait(self._writers)
         self._writers.clear()
         self._queues.clear()
 

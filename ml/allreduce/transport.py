@@ -107,6 +107,7 @@ class TcpTransport:
         self._handlers: dict[str, StreamHandler] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._streams: set[TcpStream] = set()
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -123,11 +124,10 @@ class TcpTransport:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        for stream in list(self._streams):
+            stream.reset()  # handlers see the stream end and return
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2.0)
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         self._handlers[protocol] = handler
@@ -148,6 +148,7 @@ class TcpTransport:
         task = asyncio.current_task()
         self._tasks.add(task)
         stream = TcpStream(reader, writer)
+        self._streams.add(stream)
         try:
             try:
                 remote, protocol = await asyncio.wait_for(_read_hello(reader), HELLO_TIMEOUT_S)
@@ -161,4 +162,5 @@ class TcpTransport:
             await handler(stream, remote)
         finally:
             self._tasks.discard(task)
+            self._streams.discard(stream)
             await stream.close()

@@ -1,0 +1,381 @@
+"""All-reduce among 2-4 in-process peers over loopback TCP: exact means, codec error bounds, uneven
+shards, non-reducers, rate agreement, joins, and exclusion of stalled, garbage, NaN and wrong-shape
+peers."""
+import asyncio
+import time
+
+import pytest
+import torch
+
+from ml.allreduce import (
+    AllReduceError,
+    AllReduceGroup,
+    DeadlinePolicy,
+    ExcludedFromRound,
+    TcpTransport,
+)
+from ml.allreduce.plan import make_plan
+from ml.allreduce.wire import HEADER, VERSION, Frame, Kind, encode_frame
+from ml.codecs.base import CODEC_IDS, pack_header
+
+FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
+CHUNK = 1024
+
+
+def ids(n):
+    return [f"peer{i}" for i in range(n)]
+
+
+async def make_groups(n, names=None, **kwargs):
+    names = names or ids(n)
+    transports = [TcpTransport(name) for name in names]
+    addresses = {t.my_id: await t.start() for t in transports}
+    for t in transports:
+        t.addresses.update(addresses)
+    kwargs.setdefault("chunk_numel", CHUNK)
+    kwargs.setdefault("deadlines", DeadlinePolicy())
+    groups = [AllReduceGroup(t, t.my_id, names, **kwargs) for t in transports]
+    for g in groups:
+        await g.start()
+    return groups, transports
+
+
+async def close_all(groups, transports):
+    for g in groups:
+        await g.close()
+    for t in transports:
+        await t.close()
+
+
+def contributions(n, numel, seed=0):
+    return [torch.randn(numel, generator=torch.Generator().manual_seed(seed + i)) for i in range(n)]
+
+
+def mean_in_order(xs):
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        acc.add_(x)
+    return acc.div_(len(xs))
+
+
+def flat(result):
+    return torch.cat([t.reshape(-1) for t in result.tensors])
+
+
+def run(coro, timeout=60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_butterfly_fp32_mean_is_bitwise_the_sorted_order_sum(n):
+    async def main():
+        groups, transports = await make_groups(n)
+        xs = contributions(n, 5000 + 330)
+        shapes = [(10, 33), (5000,)]
+        try:
+            results = await asyncio.gather(*(
+                g.allreduce([x[:330].view(10, 33), x[330:]], 7) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        expected = mean_in_order(xs)
+        for r in results:
+            assert [tuple(t.shape) for t in r.tensors] == shapes
+            assert torch.equal(flat(r), expected)
+            assert r.participants == tuple(ids(n)) and r.excluded == {} and r.attempts == 1
+            assert r.round_id == 7 and r.bytes_sent > 0
+    run(main())
+
+
+def test_ring_fp32_with_uneven_shards_is_exact_in_ring_order():
+    n, numel = 3, 9000
+    rates = {"peer0": 1e6, "peer1": 3e6, "peer2": 2e6}
+    plan = make_plan(ids(n), set(), rates, numel, CHUNK, "fp32")
+    sizes = [b - a for a, b in plan.shards]
+    assert len(set(sizes)) == 3 and sizes[1] > sizes[2] > sizes[0]
+
+    async def main():
+        groups, transports = await make_groups(n, mode="ring", upload_rates=rates)
+        xs = contributions(n, numel, seed=10)
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        expected = torch.empty(numel)
+        for s, (a, b) in enumerate(plan.shards):  # shard s is summed starting at member s
+            acc = xs[s][a:b].clone()
+            for k in range(1, n):
+                acc = acc + xs[(s + k) % n][a:b]
+            expected[a:b] = acc / n
+        for r in results:
+            assert torch.equal(flat(r), expected)
+            assert r.participants == tuple(ids(n))
+    run(main())
+
+
+def test_butterfly_uneven_shards_with_a_non_reducer():
+    n, numel = 4, 12345
+    rates = {"peer0": 5e6, "peer1": 1e6, "peer2": 2e6, "peer3": 9e6}
+    plan = make_plan(ids(n), {"peer3"}, rates, numel, CHUNK, "fp32")
+    assert plan.reducers == ("peer0", "peer1", "peer2")
+    assert [b - a for a, b in plan.shards][0] > 4 * [b - a for a, b in plan.shards][1] // 2
+
+    async def main():
+        groups, transports = await make_groups(n, non_reducers={"peer3"}, upload_rates=rates)
+        xs = contributions(n, numel, seed=20)
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        for r in results:
+            assert torch.equal(flat(r), mean_in_order(xs))
+        # the non-reducer sent only its contribution (about numel fp32 values), no results
+        assert results[3].bytes_sent < numel * 4 * 1.05
+    run(main())
+
+
+@pytest.mark.parametrize("codec,bound", [("fp16", 1e-3), ("bf16", 6e-3), ("int8", 1.5e-2), ("int4", 0.25)])
+def test_codec_error_bound_and_identical_results(codec, bound):
+    async def main():
+        groups, transports = await make_groups(4, codec=codec)
+        xs = contributions(4, 20000, seed=30)
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        exact = mean_in_order(xs)
+        err = float((flat(results[0]) - exact).norm() / exact.norm())
+        assert 0 < err < bound
+        assert all(torch.equal(flat(r), flat(results[0])) for r in results)
+    run(main())
+
+
+def test_int8_error_does_not_grow_with_group_size():
+    async def rel_err(n):
+        groups, transports = await make_groups(n, codec="int8")
+        xs = contributions(n, 20000, seed=40)
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        exact = mean_in_order(xs)
+        return float((flat(results[0]) - exact).norm() / exact.norm())
+
+    e2, e4, e8 = (run(rel_err(n)) for n in (2, 4, 8))
+    assert e4 < 1.25 * e2 and e8 < 1.25 * e2
+
+
+def test_agreed_upload_rates_and_join_between_rounds():
+    async def main():
+        groups, transports = await make_groups(4)
+        xs = contributions(4, 300_000, seed=50)
+        for g in groups[:3]:
+            g.set_peers(ids(3))
+        try:
+            for round_id in (0, 1):  # round 0 measures, round 1 shares the measurements
+                first = await asyncio.gather(*(g.allreduce([x], round_id) for g, x in zip(groups[:3], xs)))
+            rates = [g.upload_rates for g in groups[:3]]
+            assert set(rates[0]) == set(ids(3)) and all(r == rates[0] for r in rates)
+            for g in groups:
+                g.set_peers(ids(4))  # peer3 joins between rounds
+            second = await asyncio.gather(*(g.allreduce([x], 2) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        assert all(torch.equal(flat(r), mean_in_order(xs[:3])) for r in first)
+        assert all(torch.equal(flat(r), mean_in_order(xs)) and r.participants == tuple(ids(4)) for r in second)
+    run(main())
+
+
+def test_stalled_peer_is_excluded_within_deadline():
+    async def main():
+        groups, transports = await make_groups(4, deadlines=FAST)
+        xs = contributions(4, 50_000, seed=60)
+        start = time.monotonic()
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups[:3], xs)))
+        finally:
+            await close_all(groups, transports)
+        assert time.monotonic() - start < 8
+        for r in results:
+            assert r.participants == tuple(ids(3)) and r.attempts == 2
+            assert "stalled" in r.excluded["peer3"]
+            assert torch.equal(flat(r), mean_in_order(xs[:3]))
+    run(main())
+
+
+def test_local_nan_excludes_that_peer_and_it_is_told():
+    async def main():
+        groups, transports = await make_groups(4)
+        xs = contributions(4, 20_000, seed=70)
+        xs[2][123] = float("nan")
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)),
+                                           return_exceptions=True)
+        finally:
+            await close_all(groups, transports)
+        assert isinstance(results[2], ExcludedFromRound) and "non-finite" in results[2].reason
+        for r in (results[0], results[1], results[3]):
+            assert r.participants == ("peer0", "peer1", "peer3")
+            assert "non-finite" in r.excluded["peer2"]
+            assert torch.equal(flat(r), mean_in_order([xs[0], xs[1], xs[3]]))
+    run(main())
+
+
+class _NaNSendingCodec:
+    """A faulty peer's fp32 'codec': a well-formed header over NaN payloads."""
+    name = "fp32"
+
+    def __init__(self, real):
+        self._real = real
+
+    def encode(self, x):
+        return pack_header(CODEC_IDS["fp32"], 0, 0, x.numel()) + torch.full_like(x, float("nan")).numpy().tobytes()
+
+    def decode(self, data, numel):
+        return self._real.decode(data, numel)
+
+    def max_encoded_size(self, numel):
+        return self._real.max_encoded_size(numel)
+
+
+@pytest.mark.parametrize("mode", ["butterfly", "ring"])
+def test_peer_sending_nan_is_excluded_and_reported(mode):
+    async def main():
+        groups, transports = await make_groups(3 if mode == "ring" else 4, mode=mode)
+        n = len(groups)
+        groups[1]._codec = _NaNSendingCodec(groups[1]._codec)
+        xs = contributions(n, 20_000, seed=80)
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)),
+                                           return_exceptions=True)
+        finally:
+            await close_all(groups, transports)
+        honest = [r for i, r in enumerate(results) if i != 1]
+        assert isinstance(results[1], Exception)
+        for r in honest:
+            assert "peer1" not in r.participants and "NaN" in r.excluded["peer1"]
+            assert torch.equal(flat(r), flat(honest[0]))
+        if mode == "butterfly":
+            assert torch.equal(flat(honest[0]), mean_in_order([xs[0], xs[2], xs[3]]))
+    run(main())
+
+
+def test_wrong_shape_contribution_is_excluded():
+    async def main():
+        groups, transports = await make_groups(4)
+        xs = contributions(4, 110, seed=90)
+        tensors = [[x.view(11, 10)] for x in xs]
+        tensors[3] = [xs[3].view(10, 11)]
+        try:
+            results = await asyncio.gather(*(g.allreduce(t, 0) for g, t in zip(groups, tensors)),
+                                           return_exceptions=True)
+        finally:
+            await close_all(groups, transports)
+        assert isinstance(results[3], AllReduceError)
+        for r in results[:3]:
+            assert r.participants == tuple(ids(3)) and "wrong-shape" in r.excluded["peer3"]
+            assert r.tensors[0].shape == (11, 10)
+    run(main())
+
+
+async def _fake_peer_sends(transport, targets, payload_for):
+    for target in targets:
+        stream = await transport.open_stream(target, "/dekube/allreduce/1")
+        await stream.write(payload_for(target))
+
+
+@pytest.mark.parametrize("junk,reason", [
+    (b"\x07garbage that is not a frame at all" * 3, "bad frame"),
+    (HEADER.pack(VERSION, int(Kind.PART), 0, 0, 0, 0, 0, 1 << 30), "oversized"),
+])
+def test_garbage_or_oversized_frames_exclude_the_sender(junk, reason):
+    async def main():
+        groups, transports = await make_groups(3, names=ids(4))  # peer3 is the faulty one
+        faulty = TcpTransport("peer3", addresses={t.my_id: t.listen_address for t in transports})
+        xs = contributions(3, 20_000, seed=100)
+        start = time.monotonic()
+        try:
+            await _fake_peer_sends(faulty, ids(3), lambda _: junk)
+            await asyncio.sleep(0.2)
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        assert time.monotonic() - start < 8
+        for r in results[:3]:
+            assert r.participants == tuple(ids(3)) and reason in r.excluded["peer3"]
+            assert torch.equal(flat(r), mean_in_order(xs))
+    run(main())
+
+
+def test_frames_from_strangers_are_ignored():
+    async def main():
+        groups, transports = await make_groups(2)
+        stranger = TcpTransport("mallory", addresses={t.my_id: t.listen_address for t in transports})
+        xs = contributions(2, 5000, seed=110)
+        bogus = b"".join(encode_frame(Frame(Kind.COMMITTED, 0, 0, 0, 0, {"numel": 5000}, b"\0" * 16)))
+        try:
+            await _fake_peer_sends(stranger, ids(2), lambda _: bogus)
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+        finally:
+            await close_all(groups, transports)
+        assert all(torch.equal(flat(r), mean_in_order(xs)) and r.attempts == 1 for r in results)
+    run(main())
+
+
+def test_survivors_adopt_a_result_committed_by_a_member_that_saw_the_dead_reducer_finish():
+    """Reducer peer3 sends its results to peer0 only, then dies: peer0 commits, the others time out
+    on peer3, send VIEWs, and adopt peer0's commit instead of re-running without peer3."""
+    async def main():
+        groups, transports = await make_groups(4)
+        victim = groups[3]
+        real_send = victim._links.send
+        sent_to_peer0 = []
+
+        async def selective_send(peer, frame):
+            if frame.kind == Kind.RESULT:
+                if peer != "peer0":
+                    return
+                sent_to_peer0.append(frame.chunk)
+            await real_send(peer, frame)
+
+        victim._links.send = selective_send
+        xs = contributions(4, 40_000, seed=120)
+
+        async def victim_round():
+            task = asyncio.ensure_future(victim.allreduce([xs[3]], 0))
+            while len(sent_to_peer0) < len(make_plan(ids(4), set(), {}, 40_000, CHUNK, "fp32").chunks(3)):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # let the last frames drain
+            task.cancel()
+            await victim.close()
+            await transports[3].close()
+
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups[:3], xs)), victim_round())
+        finally:
+            await close_all(groups[:3], transports[:3])
+        for r in results[:3]:
+            assert r.participants == tuple(ids(4)) and r.attempts == 1
+            assert torch.equal(flat(r), mean_in_order(xs))
+    run(main())
+
+
+def test_round_ids_must_increase():
+    async def main():
+        groups, transports = await make_groups(2)
+        try:
+            await asyncio.gather(*(g.allreduce([torch.ones(10)], 5) for g in groups))
+            with pytest.raises(ValueError):
+                await groups[0].allreduce([torch.ones(10)], 5)
+        finally:
+            await close_all(groups, transports)
+    run(main())
+
+
+def test_ring_rejects_quantizing_codecs_and_non_reducers():
+    t = TcpTransport("peer0")
+    with pytest.raises(ValueError):
+        AllReduceGroup(t, "peer0", ids(2), mode="ring", codec="int8")
+    with pytest.raises(ValueError):
+        AllReduceGroup(t, "peer0", ids(2), mode="ring", non_reducers={"peer1"})
+    with pytest.raises(ValueError):
+        AllReduceGroup(t, "peer9", ids(2))
