@@ -29,12 +29,23 @@ from .base import (
 _MAX_SCALE_BITS = 0x7EFF  # largest bfloat16 s with 2 * s finite (decoding computes 2s * bit - s)
 
 
-def _block_means(rows: torch.Tensor) -> torch.Tensor:
-    """Mean |x| of each row (float32); rows whose float32 sum overflows are redone in float64."""
-    means = rows.abs().mean(dim=1)
+def _ordered_row_sums(rows: torch.Tensor) -> torch.Tensor:
+    """Row sums by a fixed pairwise tree of element-wise adds (same bits on any CPU or thread count;
+    torch's reductions vary their order with the SIMD width). Row length: a power of two."""
+    while rows.shape[1] > 1:
+        half = rows.shape[1] // 2
+        rows = rows[:, :half] + rows[:, half:]
+    return rows[:, 0]
+
+
+def _block_means(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """Mean |x| of each row over its first `count` values (the rest are zero padding), float32;
+    done again in float64 if the float32 sums overflow."""
+    magnitudes = rows.abs()
+    means = _ordered_row_sums(magnitudes) / count
     if not bool(torch.isfinite(means).all()):
         require_finite(rows)
-        means = rows.abs().to(torch.float64).mean(dim=1).to(torch.float32)
+        means = (_ordered_row_sums(magnitudes.to(torch.float64)) / count).to(torch.float32)
     return means
 
 
@@ -49,8 +60,8 @@ class SignCodec:
     name = "sign"
 
     def __init__(self, block: int = 256):
-        if not (8 <= block <= 32768 and block % 8 == 0):
-            raise ValueError("block must be a multiple of 8 in [8, 32768]")
+        if not (8 <= block <= 32768 and block & (block - 1) == 0):
+            raise ValueError("block must be a power of two in [8, 32768]")
         self.block = block
         self._id = CODEC_IDS["sign"]
 
@@ -66,9 +77,12 @@ class SignCodec:
         n_full = numel // self.block
         means = []
         if n_full:
-            means.append(_block_means(x[: n_full * self.block].view(n_full, self.block)))
-        if numel > n_full * self.block:
-            means.append(_block_means(x[n_full * self.block :].view(1, -1)))
+            means.append(_block_means(x[: n_full * self.block].view(n_full, self.block), self.block))
+        tail = numel - n_full * self.block
+        if tail:
+            padded = torch.zeros(1, self.block)
+            padded[0, :tail] = x[n_full * self.block :]
+            means.append(_block_means(padded, tail))
         signs = np.packbits((x >= 0).numpy(), bitorder="little")
         scales = b"".join(tensor_bytes(_to_bf16_bits(m)) for m in means)
         return b"".join([pack_header(self._id, 0, self.block, numel), scales, signs.data])

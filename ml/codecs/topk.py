@@ -1,7 +1,7 @@
 """Top-k sparsification: the k = ceil(ratio * numel) largest-magnitude values, with their indices.
 
 Meant to run inside `ErrorFeedback`, which carries what is not sent to later steps. Selection never
-sorts the whole tensor: a threshold estimated from a fixed strided sample keeps a few times k
+sorts the whole tensor: a threshold estimated from a fixed-seed random sample keeps a few times k
 candidates, and an exact k-th value among the candidates finishes it. The chosen set is canonical
 (largest |x|, ties to the lower index; zeros are never sent, so fewer than k values go when fewer are
 nonzero), hence deterministic bytes. Layout after the header (flags = index format):
@@ -75,8 +75,11 @@ class TopKCodec:
         """Ascending indices of the canonical top-k of |x| among its nonzero values."""
         magnitude = x.abs()
         numel = x.numel()
-        stride = max(1, numel // _SAMPLE_SIZE)
-        sample = magnitude[::stride].contiguous()
+        if numel <= _SAMPLE_SIZE:
+            sample = magnitude
+        else:  # fixed-seed positions: deterministic, and no aliasing with periodic layouts
+            positions = torch.randint(0, numel, (_SAMPLE_SIZE,), generator=torch.Generator().manual_seed(numel))
+            sample = magnitude[positions]
         candidates = None
         for margin in (*_CANDIDATE_MARGINS, None):
             threshold = 0.0

@@ -247,3 +247,39 @@ def test_tensors_that_require_grad_are_encoded_detached(name):
     x = gaussian(500).requires_grad_()
     codec = get_codec(name)
     assert codec.encode(x) == codec.encode(x.detach())
+
+
+def canonical_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Reference: the k largest |x| by a full stable sort (ties to lower index), zeros dropped."""
+    order = torch.sort(-x.abs(), stable=True).indices[:k]
+    order = order[x[order] != 0]
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[order] = True
+    return mask
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["ascending", "descending", "periodic", "constant", "mostly_zero", "outlier", "two_levels"],
+)
+def test_topk_matches_a_full_sort_on_adversarial_layouts(layout):
+    n = 300_000
+    x = gaussian(n, seed=6)
+    if layout == "ascending":
+        x = torch.sort(x).values
+    elif layout == "descending":
+        x = torch.sort(x, descending=True).values
+    elif layout == "periodic":
+        x = torch.where(torch.arange(n) % 4 == 0, 10.0 + x.abs(), x * 0.01)
+    elif layout == "constant":
+        x = torch.full((n,), -0.5)
+    elif layout == "mostly_zero":
+        x = torch.zeros(n)
+        x[::997] = gaussian(len(range(0, n, 997)))
+    elif layout == "outlier":
+        x[12345] = 1e30
+    elif layout == "two_levels":
+        x = torch.where(torch.arange(n) % 2 == 0, torch.full((n,), 3.0), torch.full((n,), 1.0))
+    codec = get_codec("topk", ratio=0.01)
+    y = codec.decode(codec.encode(x), n)
+    assert torch.equal(y != 0, canonical_topk(x, codec.k(n)))
