@@ -62,7 +62,8 @@ def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
     proc = start(home, "--role", "validator,relay", "--rpc-port", "0", "--listen", "/ip4/127.0.0.1/tcp/0",
                  "--log-format", "json")
     lines, seen = queue.Queue(), []
-    threading.Thread(target=read_lines, args=(proc.stderr, lines), daemon=True).start()
+    reader = threading.Thread(target=read_lines, args=(proc.stderr, lines), daemon=True)
+    reader.start()
     try:
         url = wait_for_log(lines, seen, lambda r: r["msg"] == "HTTP server listening")["url"]
         deadline = time.monotonic() + 20
@@ -85,7 +86,10 @@ def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.wait()
+        reader.join(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_status_without_a_running_node(home):
