@@ -162,7 +162,7 @@ def test_slow_reader_blocks_writer_without_reset_or_unbounded_buffer(stall_secon
             await accepted.put(stream)
             await asyncio.Event().wait()  # keep the handler alive; reading happens in the test
 
-        a, b = await muxed_pair(park, tcp=True, keepalive_interval=0.2, keepalive_timeout=0.2)
+        a, b = await muxed_pair(park, tcp=True, keepalive_interval=0.2, keepalive_timeout=2.0)
         stream = await a.open_stream()
         payload = os.urandom(8 * 1024 * 1024)
         writer = asyncio.create_task(stream.write(payload))
@@ -256,7 +256,7 @@ def test_close_sends_go_away_and_peer_shuts_down_streams():
         assert b.closed
         with pytest.raises(StreamResetError):
             await stream.read()
-        for _ in range(100):
+        for _ in range(500):
             if a.closed:
                 break
             await asyncio.sleep(0.01)
@@ -303,7 +303,7 @@ def test_data_finished_before_the_connection_drops_stays_readable():
         await unfinished.readexactly(4)  # half of the reply read; it ended too
         await asyncio.sleep(0.05)
         await b.close()
-        for _ in range(100):
+        for _ in range(500):
             if a.closed:
                 break
             await asyncio.sleep(0.01)
@@ -364,7 +364,7 @@ def test_keepalive_closes_a_silent_connection():
         a = MuxedConnection(near, True, None, keepalive_interval=0.1, keepalive_timeout=0.2)
         await a.start()
         drained = asyncio.create_task(drain(far))  # a peer that reads but never answers
-        for _ in range(100):
+        for _ in range(250):
             if a.closed:
                 break
             await asyncio.sleep(0.02)
@@ -380,7 +380,7 @@ async def drain(conn) -> None:
 
 def test_keepalive_keeps_a_live_idle_connection():
     async def main():
-        a, b = await muxed_pair(keepalive_interval=0.05, keepalive_timeout=0.2)
+        a, b = await muxed_pair(keepalive_interval=0.05, keepalive_timeout=2.0)
         await asyncio.sleep(0.5)
         assert not a.closed and not b.closed
         await a.close()
@@ -403,7 +403,7 @@ def test_garbage_peer_closes_only_its_connection(junk):
         victim = MuxedConnection(near, False, echo)
         await victim.start()
         await far.write(junk)
-        for _ in range(100):
+        for _ in range(500):
             if victim.closed:
                 break
             await asyncio.sleep(0.01)
