@@ -121,7 +121,7 @@ def test_driver_survives_garbage_and_keeps_other_connections(junk):
         await victim.start()
         await far.write(junk)
         await far.close()
-        for _ in range(200):
+        for _ in range(1000):
             if victim.closed:
                 break
             await asyncio.sleep(0.005)
