@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ml.codecs import get_codec
+from ml.codecs import ErrorFeedback, get_codec
 
 BIASED_CODECS = frozenset({"topk", "sign"})   # need error feedback to converge
 DENSE_CODECS = frozenset({"fp32", "fp16", "bf16", "int8", "int4"})
@@ -40,7 +40,7 @@ class Compressor:
         self.codec_name = codec.partition("+")[0]
         self.codec = get_codec(codec, **(options or {}))
         self.error_feedback = self.codec_name in BIASED_CODECS if error_feedback is None else error_feedback
-        self.residual: torch.Tensor | None = None
+        self._feedback: ErrorFeedback | None = None
 
     @property
     def dense(self) -> bool:
@@ -50,16 +50,24 @@ class Compressor:
     def encode(self, flat: torch.Tensor) -> bytes:
         if not self.error_feedback:
             return self.codec.encode(flat.contiguous())
-        corrected = flat if self.residual is None else flat + self.residual
-        data = self.codec.encode(corrected.contiguous())
-        self.residual = corrected - self.codec.decode(data, corrected.numel())
-        return data
+        if self._feedback is None or self._feedback.numel != flat.numel():
+            self._feedback = ErrorFeedback(self.codec, flat.numel())
+        return self._feedback.encode(flat.contiguous())
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         return self.codec.decode(data, numel)
+
+    @property
+    def residual(self) -> torch.Tensor | None:
+        return None if self._feedback is None else self._feedback.residual
 
     def state_dict(self) -> dict:
         return {"residual": self.residual}
 
     def load_state_dict(self, state: dict) -> None:
-        self.residual = state["residual"]
+        residual = state["residual"]
+        if residual is None:
+            self._feedback = None
+            return
+        self._feedback = ErrorFeedback(self.codec, residual.numel())
+        self._feedback.residual = residual.clone()

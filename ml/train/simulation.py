@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from ml.codecs import powersgd_rank
 from ml.train.averaging import Averager, LocalAveragingGroup
+from ml.train.powersgd_averager import PowerSGDAverager
 from ml.train.data_parallel import DataParallelTrainer
 from ml.train.diloco import DiLoCoTrainer
 from ml.train.progress import ProgressFeed
@@ -33,9 +35,18 @@ class SimulatedRun:
         return max(t.bytes_sent for t in self.trainers)
 
 
+def with_codec_layer(spec: TrainSpec, averager: Averager) -> Averager:
+    """Wrap a plain fp32 averager in the multi-phase codec `spec.codec` needs (PowerSGD), if any."""
+    rank = powersgd_rank(spec.codec)
+    return averager if rank is None else PowerSGDAverager(averager, rank, spec.seed)
+
+
 def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None) -> list[TrainerBase]:
-    group = LocalAveragingGroup(world, spec.codec, spec.codec_options)
-    return [make_trainer(spec, rank, world, group.member(rank), feed) for rank in range(world)]
+    """`world` trainers of `spec` sharing one in-process averaging group."""
+    plain_codec = "fp32" if powersgd_rank(spec.codec) is not None else spec.codec
+    group = LocalAveragingGroup(world, plain_codec, spec.codec_options)
+    return [make_trainer(spec, rank, world, with_codec_layer(spec, group.member(rank)), feed)
+            for rank in range(world)]
 
 
 async def run_trainers(trainers: list[TrainerBase]) -> SimulatedRun:

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 MODES = ("data-parallel", "diloco")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 class InvalidSpec(ValueError):
@@ -23,7 +24,8 @@ class TrainSpec:
     seed: int = 0
     steps: int = 600              # optimizer steps per worker (DiLoCo: inner steps in total)
     batch_size: int = 32          # per worker
-    lr: float = 3e-3              # peak learning rate (DiLoCo: of the inner AdamW)
+    optimizer: str = "adamw"      # the (inner) optimizer: "adamw", or "sgd" (Nesterov, momentum 0.9)
+    lr: float = 3e-3              # peak learning rate of that optimizer
     weight_decay: float = 0.0
     warmup_steps: int = 0
     min_lr_fraction: float = 0.0  # cosine decay from lr to lr * min_lr_fraction at the last step
@@ -37,6 +39,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.codec_options, dict):
             raise InvalidSpec(f"codec_options must be an object, got {self.codec_options!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidSpec(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.mode not in MODES:
             raise InvalidSpec(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads"):

@@ -15,6 +15,14 @@ from ml.train.reproducibility import configure_determinism, hash_state
 from ml.train.spec import TrainSpec
 
 
+def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The spec's (inner) optimizer over `params`."""
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, nesterov=True,
+                               weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+
+
 class TrainerBase:
     """One worker (`rank` of `world`) of a training job described by `spec`."""
 
@@ -31,7 +39,7 @@ class TrainerBase:
         self.dataset = get_dataset(spec.dataset)
         self.model = build_model(spec.model, self.dataset, spec.seed)
         self.params = list(self.model.parameters())
-        self.inner = torch.optim.AdamW(self.params, lr=spec.lr, weight_decay=spec.weight_decay)
+        self.inner = make_optimizer(spec, self.params)
         self.step = 0
         self.bytes_sent = 0
         self.segment_hashes: list[str] = []
