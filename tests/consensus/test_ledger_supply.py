@@ -1,5 +1,5 @@
 """Supply invariant and replica determinism under random transaction sequences (hypothesis)."""
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from consensus.state.tasks import task_id_for
 from consensus.state.supply import SupplyInvariantError, check_supply
@@ -32,6 +32,14 @@ def random_tx(draw, chain, submitted):
         "dispute": {"task_id": task_id},
         "finalize": {"task_id": task_id},
     }
+    task = chain.ledger.state.tasks.get(task_id)
+    if task is not None and task.workers and kind in ("commit_result", "dispute", "audit_result"):
+        chosen = draw(st.sampled_from(task.workers))
+        worker = next(p for p in PEOPLE if p.peer_id == chosen)
+        if kind == "audit_result":
+            payloads[kind]["worker"] = worker.peer_id  # audited by whoever was drawn
+        else:
+            who = worker  # steer toward transactions that succeed
     if kind == "relay_receipt":
         src, dst = draw(st.permutations(PEOPLE))[:2]
         receipt = {"relay": who.peer_id, "src": src.peer_id, "dst": dst.peer_id, "payer": src.peer_id,
@@ -46,10 +54,19 @@ def random_tx(draw, chain, submitted):
     return chain.tx(who, kind, payload, fee)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def market_chain() -> Chain:
+    """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
+    chain = Chain(balance=500_000)
+    chain.block([tx for p in PEOPLE[:4] for tx in (
+        chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [], "hardware": HW}),
+        chain.tx(p, "bond", {"amount": 1_000}))])
+    return chain
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_supply_conserved_and_replicas_agree(data):
-    chain, replica = Chain(balance=500_000), Chain(balance=500_000)
+    chain, replica = market_chain(), market_chain()
     submitted: list[bytes] = []
     for _ in range(data.draw(st.integers(1, 12))):
         txs = [random_tx(data.draw, chain, submitted) for _ in range(data.draw(st.integers(0, 6)))]
@@ -76,3 +93,21 @@ def test_checker_detects_created_or_destroyed_tokens():
         pass
     else:
         raise AssertionError("burned token not detected")
+
+
+def test_random_sequences_reach_task_lifecycle_states():
+    """Guards the property test above against exercising only rejections."""
+    seen = set()
+
+    @settings(max_examples=15, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def explore(data):
+        chain = market_chain()
+        submitted: list[bytes] = []
+        for _ in range(10):
+            chain.block([random_tx(data.draw, chain, submitted) for _ in range(8)])
+        seen.update(task.status for task in chain.ledger.state.tasks.values())
+
+    explore()
+    assert {"assigned", "running", "committed"} & seen, seen
