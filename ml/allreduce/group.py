@@ -243,8 +243,16 @@ class AllReduceGroup:
         task = asyncio.ensure_future(algorithm(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+        others = [m for m in ctx.plan.members if m != self.my_id]
+        faulty: dict[str, str] = {}
         try:
-            await asyncio.wait({task, view, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            # a member whose connection broke or who sent junk fails the attempt at once, even
+            # if this peer is not waiting on it right now
+            while not (faulty := self._inbox.faults_among(others, ctx.round_id)):
+                fault = self._inbox.fault_signal()
+                await asyncio.wait({task, view, pushed, fault}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done() or view.done() or pushed.done():
+                    break
         finally:
             if not task.done():
                 task.cancel()
@@ -259,13 +267,13 @@ class AllReduceGroup:
             if adopted is not None:
                 return adopted
         if isinstance(error, PeerFailure):
-            return {error.peer: error.reason}, None
+            return {**faulty, error.peer: error.reason}, None
         if isinstance(error, PlanMismatch):
             return {}, error.members
         if error is not None:  # a local failure (e.g. our codec): leave the round, tell the others
             log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
             return {self.my_id: f"local failure: {type(error).__name__}: {error}"}, None
-        return {}, None
+        return faulty, None
 
     def _wrong_shapes_waiting(self, ctx: AttemptContext) -> dict[str, str]:
         """Members whose first chunk of this failed attempt, not yet checked, has other shapes.

@@ -64,8 +64,9 @@ async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_
     for step in range(n - 1):  # reduce-scatter
         shard = (i - step - 1) % n
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
-            frame = await ctx.take(Kind.PART, step, c, predecessor, first=(step == 0 and c == 0),
-                                   stall_factor=1.0 + step)
+            # the first chunk of every step waits out the start grace: it depends on the chain
+            # of predecessors, each of which may itself be waiting out a late start
+            frame = await ctx.take(Kind.PART, step, c, predecessor, first=(c == 0), stall_factor=1.0 + step)
             if c == 0:
                 if step == 0:
                     ctx.check_first_meta(predecessor, frame.meta)
@@ -80,7 +81,8 @@ async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_
     for step in range(n - 1):  # all-gather
         shard = (i - step) % n
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
-            frame = await ctx.take(Kind.RESULT, n - 1 + step, c, predecessor, first=False, stall_factor=float(n))
+            frame = await ctx.take(Kind.RESULT, n - 1 + step, c, predecessor, first=(c == 0),
+                                   stall_factor=float(n))
             ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, predecessor, "result")
             if step < n - 2:
                 slot_future(n + step, c).set_result(frame.payload)
