@@ -2,8 +2,9 @@
 
 ``Ledger.apply_block`` runs one committed block: release matured unbonding, apply block
 evidence, then each transaction (ante: signature, nonce, fee -- then the type's handler),
-then assign workers to open tasks; it returns receipts, events, the sorted change set for
-storage and the new app hash. Execution is deterministic: identical blocks on identical
+then assign workers to open tasks and, every ``epoch_length`` blocks, elect the next
+committee; it returns receipts, events, the sorted change set for storage and the new app
+hash. Execution is deterministic: identical blocks on identical
 states give identical results on every replica.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from consensus.block import Block, BlockError
+from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
 from consensus.state import accounts, nodes, relay, staking, tasks
@@ -106,6 +108,7 @@ class Ledger:
             state.touch(STAKE, v.peer_id)
             state.nodes[v.peer_id] = NodeRecord(["validator"], list(v.listen_addrs), [], {})
             state.touch(NODE, v.peer_id)
+        staking.elect_committee(state, genesis.params, 1)
         state.touch_meta()
         state.take_changes()
         state.app_hash = genesis_app_hash(genesis.hash, full_state_hash(state.items()))
@@ -197,6 +200,8 @@ class Ledger:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)
 
         tasks.assign_workers(state, params, ctx)
+        if ctx.height % params.epoch_length == 0:
+            staking.elect_committee(state, params, ctx.height + 1)
         state.height = ctx.height
         state.last_block_hash = block.hash
         state.last_block_time_ms = h.time_ms
@@ -261,8 +266,11 @@ class Ledger:
         return staking.validator_candidates(self.state, self.params)
 
     def validator_stakes(self) -> dict[str, int]:
-        """Input for ``ValidatorSet.elect(stakes, params.committee_size)``."""
         return dict(self.validators())
+
+    def committee(self) -> ValidatorSet:
+        """The committee that decides the next height (re-elected every epoch_length blocks)."""
+        return ValidatorSet(self.state.committee, start_height=self.state.committee_start)
 
     def check_invariants(self) -> None:
         """Raise SupplyInvariantError if tokens were created or destroyed."""

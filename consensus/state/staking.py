@@ -1,10 +1,14 @@
 """Staking: bond, unbond (released after the unbonding period), slashing, validator set.
 
-Slashing takes a fraction of bonded plus unbonding stake (bonded first, then the newest
+The committee (top ``committee_size`` candidates by bonded stake) is part of the replicated
+state: elected from genesis for height 1 and again after every ``epoch_length``-th block, so
+every replica, including one restarted mid-epoch, agrees on who decides each height. Slashing
+takes a fraction of bonded plus unbonding stake (bonded first, then the newest
 unbonding entries) and burns it; the burned total keeps the supply invariant checkable.
 """
 from __future__ import annotations
 
+from consensus.committee import CommitteeError, ValidatorSet
 from consensus.genesis import Params
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
@@ -82,3 +86,15 @@ def validator_candidates(state: LedgerState, params: Params) -> list[tuple[str, 
             out.append((peer_id, stake.bonded))
     out.sort(key=lambda item: (-item[1], item[0]))
     return out
+
+
+def elect_committee(state: LedgerState, params: Params, start_height: int) -> None:
+    """Elect the committee for heights from ``start_height``; an election with no eligible
+    validator keeps the sitting committee (the chain would halt otherwise)."""
+    try:
+        elected = ValidatorSet.elect(dict(validator_candidates(state, params)), params.committee_size, start_height)
+    except CommitteeError:
+        return
+    state.committee = [[peer_id, power] for peer_id, power in elected.items()]
+    state.committee_start = start_height
+    state.touch_meta()

@@ -14,7 +14,8 @@ from consensus.state.records import Account, NodeRecord, RelayChannel, Stake, Ta
 ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "task", "chan", "evid", "meta"
 _PREFIX = {name: name.encode() + b"/" for name in (ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META)}
 _RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel}
-_META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq")
+_META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
+                "committee_start")
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
 
 
@@ -38,6 +39,8 @@ class LedgerState:
         self.app_hash = b""
         self.last_block_hash = b""
         self.last_block_time_ms = 0
+        self.committee: list[list] = []           # [[peer_id, power], ...] deciding heights >= committee_start
+        self.committee_start = 1
         self.burned = 0
         self.task_seq = 0
         # derived indexes (not stored; rebuilt by load)

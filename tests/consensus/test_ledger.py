@@ -209,3 +209,20 @@ def test_check_tx_is_the_strict_next_nonce_check():
         chain.ledger.check_tx(tx)
     assert info.value.code == TxCode.NONCE_TOO_HIGH
     chain.ledger.check_tx(chain.tx(A, "transfer", {"to": B.peer_id, "amount": 1}, nonce=0))
+
+
+def test_committee_is_top_k_and_changes_only_at_epoch_boundaries():
+    from consensus.genesis import Params
+    chain = Chain(validators=(0, 10, 11), params=Params(committee_size=2, epoch_length=3))
+    first = chain.ledger.committee()
+    assert len(first) == 2 and first.start_height == 1
+    payload = {"roles": ["validator"], "listen_addrs": [], "relay_addrs": [], "hardware": HW}
+    chain.ok(A, "register_node", payload)   # height 1
+    chain.ok(A, "bond", {"amount": 50_000})  # height 2
+    assert chain.ledger.committee() == first  # mid-epoch: unchanged
+    chain.empty_blocks(1)                      # height 3 ends the epoch
+    second = chain.ledger.committee()
+    assert second.start_height == 4 and A.peer_id in second and second.power(A.peer_id) == 50_000
+    chain.ok(A, "unbond", {"amount": 50_000})
+    chain.empty_blocks(2)                      # height 6: A is no longer a candidate
+    assert A.peer_id not in chain.ledger.committee() and len(chain.ledger.committee()) == 2
