@@ -4,11 +4,13 @@
     await group.start()
     result = await group.allreduce(tensors, round_id)   # -> AllReduceResult
 
+`PowerSGDAllReduce(fp32_group, shapes, rank)` averages low-rank factors instead.
 `transport` is anything with `open_stream(peer, protocol)` and `set_handler(protocol, handler)`
 (see transport.py): `TcpTransport` for tests and benchmarks, the node's Host in production.
 """
 from .deadlines import DeadlinePolicy
 from .group import PROTOCOL, AllReduceError, AllReduceGroup, AllReduceResult, ExcludedFromRound
+from .powersgd import PowerSGDAllReduce
 from .transport import Stream, TcpTransport, Transport, TransportError
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "AllReduceResult",
     "DeadlinePolicy",
     "ExcludedFromRound",
+    "PowerSGDAllReduce",
     "Stream",
     "TcpTransport",
     "Transport",

@@ -12,6 +12,7 @@ from ml.allreduce import (
     AllReduceGroup,
     DeadlinePolicy,
     ExcludedFromRound,
+    PowerSGDAllReduce,
     TcpTransport,
 )
 from ml.allreduce.plan import make_plan
@@ -379,3 +380,23 @@ def test_ring_rejects_quantizing_codecs_and_non_reducers():
         AllReduceGroup(t, "peer0", ids(2), mode="ring", non_reducers={"peer1"})
     with pytest.raises(ValueError):
         AllReduceGroup(t, "peer9", ids(2))
+
+
+def test_powersgd_allreduce_recovers_a_low_rank_mean_identically_everywhere():
+    async def main():
+        groups, transports = await make_groups(3)
+        basis = torch.randn(200, 2, generator=torch.Generator().manual_seed(1))
+        grads = [basis @ torch.randn(2, 100, generator=torch.Generator().manual_seed(10 + i)) for i in range(3)]
+        reducers = [PowerSGDAllReduce(g, [(200, 100)], rank=4, seed=5) for g in groups]
+        try:
+            results = await asyncio.gather(*(r.allreduce([m], 0) for r, m in zip(reducers, grads)))
+        finally:
+            await close_all(groups, transports)
+        exact = mean_in_order(grads)
+        approx = results[0].tensors[0]
+        assert approx.shape == (200, 100)
+        assert float((approx - exact).norm() / exact.norm()) < 1e-4
+        assert all(torch.equal(r.tensors[0], approx) for r in results)
+        assert results[0].participants == tuple(ids(3))
+        assert results[0].bytes_sent < 200 * 100 * 4 // 4  # far less than the dense matrix
+    run(main())
