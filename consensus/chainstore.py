@@ -1,0 +1,100 @@
+"""What a validator keeps beside blocks and state: commit certificates and epoch committees.
+
+Both go in the consensus WAL of ``Storage`` (``W/<height>/<seq>`` records, opaque to it):
+``C`` + certificate (the precommits that committed block ``height``), written (synced) before the
+block itself, so a stored block always has its certificate; ``S`` + committee, written at the first
+height of each epoch. The committee of heights ``E+1 .. E+L`` (``L`` = epoch length) is the top-K
+bonded validators of the state after block ``E``; a node restarted mid-epoch reads it back from the
+WAL (the state of block ``E`` is gone by then), a node replaying blocks computes it at ``E``.
+"""
+from __future__ import annotations
+
+from consensus.block import Block
+from consensus.committee import ValidatorSet
+from consensus.encoding import EncodingError, decode, encode
+from consensus.messages import MessageError, Vote, decode_vote, encode_vote
+from consensus.state.ledger import Ledger
+from consensus.storage import CorruptDatabase, Storage
+from consensus.tendermint import Commit
+
+CERTIFICATE_TAG = b"C"
+COMMITTEE_TAG = b"S"
+MAX_CERTIFICATE_BYTES = 1024 * 1024
+
+
+class CertificateError(ValueError):
+    """Bytes that are not an encoded commit certificate."""
+
+
+def encode_certificate(votes) -> bytes:
+    return encode([encode_vote(vote) for vote in votes])
+
+
+def decode_certificate(data: bytes) -> tuple[Vote, ...]:
+    try:
+        items = decode(data, max_size=MAX_CERTIFICATE_BYTES)
+    except EncodingError as exc:
+        raise CertificateError(f"malformed certificate: {exc}") from None
+    if type(items) is not list or not all(type(item) is bytes for item in items):
+        raise CertificateError("a certificate is a list of encoded votes")
+    try:
+        return tuple(decode_vote(item) for item in items)
+    except MessageError as exc:
+        raise CertificateError(f"malformed vote in certificate: {exc}") from None
+
+
+def epoch_start(height: int, epoch_length: int) -> int:
+    """The state height ``E`` whose stakes elect the committee of ``height`` (>= 1)."""
+    return (height - 1) // epoch_length * epoch_length
+
+
+class ChainStore:
+    """Storage plus certificates and committees; all methods block (run them off the event loop)."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+        self.params = storage.genesis.params
+
+    def save_certificate(self, height: int, votes) -> bytes:
+        raw = encode_certificate(votes)
+        self.storage.wal_append(height, CERTIFICATE_TAG + raw)
+        return raw
+
+    def certificate_bytes(self, height: int) -> bytes | None:
+        """The last stored certificate of ``height`` (encoded), or None."""
+        found = None
+        for record in self.storage.wal_records(height):
+            if record[:1] == CERTIFICATE_TAG:
+                found = record[1:]
+        return found
+
+    def stored_commit(self, height: int) -> Commit | None:
+        """Block ``height`` with its certificate, for peers that sync; None if either is missing."""
+        block = self.storage.block_by_height(height)
+        cert = self.certificate_bytes(height) if block is not None else None
+        if cert is None:
+            return None
+        votes = decode_certificate(cert)
+        return Commit(height, votes[0].round if votes else 0, block.encode(), votes)
+
+    def committee_for(self, height: int, ledger: Ledger) -> ValidatorSet:
+        """The committee of ``height``; ``ledger`` must be at ``height - 1``."""
+        start = epoch_start(height, self.params.epoch_length)
+        for record in self.storage.wal_records(start + 1):
+            if record[:1] == COMMITTEE_TAG:
+                return self._decode_committee(record[1:], start + 1)
+        if ledger.height != start:
+            raise CorruptDatabase(f"{self.storage.path}: committee of epoch starting at {start + 1} not stored")
+        committee = ValidatorSet.elect(ledger.validator_stakes(), self.params.committee_size, start_height=start + 1)
+        self.storage.wal_append(start + 1, COMMITTEE_TAG + encode([[pid, power] for pid, power in committee.items()]))
+        return committee
+
+    def _decode_committee(self, raw: bytes, start_height: int) -> ValidatorSet:
+        try:
+            items = decode(raw)
+            return ValidatorSet([(pid, power) for pid, power in items], start_height)
+        except (EncodingError, ValueError, TypeError) as exc:
+            raise CorruptDatabase(f"{self.storage.path}: stored committee unreadable: {exc}") from None
+
+    def block(self, height: int) -> Block | None:
+        return self.storage.block_by_height(height)

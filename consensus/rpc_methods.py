@@ -1,0 +1,146 @@
+"""The ledger's JSON-RPC methods (``dkb_*``), registered by the validator role.
+
+Addresses are peer IDs (``12D3KooW...``), hashes and task IDs hex (an optional ``0x`` prefix is
+accepted), amounts integers. ``dkb_sendRawTransaction`` maps a rejection onto the server codes of
+ADR 0021 (-32001 nonce too low, -32002 nonce too high, -32003 insufficient funds, -32004 bad
+signature, -32005 already known, -32000 anything else) with ``data = {"code": <TxCode name>,
+"tx_code": <int>}``. ``dkb_getTransactionReceipt`` is null while the transaction is pending.
+Reads that touch RocksDB run in a thread; the rest are in-memory lookups.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from consensus.txcodes import TxError
+from node.identity import is_valid_peer_id
+from node.rpc.errors import InvalidParams, RpcError
+
+if TYPE_CHECKING:
+    from consensus.validator import ValidatorRole
+
+MAX_RAW_TX_HEX = 2 * 64 * 1024
+MAX_LIST_TASKS = 1000
+
+
+def parse_hex(value: str, name: str, length: int | None = None, max_chars: int = MAX_RAW_TX_HEX) -> bytes:
+    text = value[2:] if value[:2] in ("0x", "0X") else value
+    if len(text) > max_chars:
+        raise InvalidParams(f"{name}: longer than {max_chars} hex characters")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise InvalidParams(f"{name}: not a hex string") from None
+    if length is not None and len(raw) != length:
+        raise InvalidParams(f"{name}: expected {length} bytes, got {len(raw)}")
+    return raw
+
+
+def check_address(address: str) -> str:
+    if not is_valid_peer_id(address):
+        raise InvalidParams(f"address {address[:80]!r} is not a valid peer ID")
+    return address
+
+
+def parse_height(number: int | str, latest: int) -> int:
+    if isinstance(number, int):
+        height = number
+    elif number in ("latest", "finalized", "safe"):
+        height = latest
+    elif number == "earliest":
+        height = 0
+    else:
+        try:
+            height = int(number, 16) if number[:2] in ("0x", "0X") else int(number)
+        except ValueError:
+            raise InvalidParams("block number must be an integer, a hex string or 'latest'") from None
+    if height < 0:
+        raise InvalidParams("block number must not be negative")
+    return height
+
+
+def tx_rejection(exc: TxError) -> RpcError:
+    return RpcError(f"transaction rejected: {exc.message}", data={"code": exc.code.name, "tx_code": int(exc.code)},
+                    code=exc.code.rpc_code)
+
+
+def register_methods(dispatcher, chain: "ValidatorRole") -> None:
+    """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``."""
+
+    def in_thread(fn, *args):
+        return asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def dkb_chainId() -> str:
+        return chain.node.config.get("consensus", "chain_id")
+
+    async def dkb_blockNumber() -> int:
+        chain.require_ready()
+        return chain.ledger.height
+
+    async def dkb_getBalance(address: str, block: str = "latest") -> int:
+        chain.require_ready()
+        return chain.ledger.balance(check_address(address))
+
+    async def dkb_getTransactionCount(address: str, block: str = "latest") -> int:
+        chain.require_ready()
+        check_address(address)
+        if block == "pending":
+            return chain.pending_nonce(address)
+        if block != "latest":
+            raise InvalidParams("block must be 'latest' or 'pending'")
+        return chain.ledger.nonce(address)
+
+    async def dkb_sendRawTransaction(tx: str) -> str:
+        raw = parse_hex(tx, "tx")
+        if not raw:
+            raise InvalidParams("tx: empty")
+        try:
+            accepted = await chain.submit(raw)
+        except TxError as exc:
+            raise tx_rejection(exc) from None
+        return accepted.hash.hex()
+
+    async def dkb_getTransactionReceipt(hash: str) -> dict | None:
+        chain.require_ready()
+        receipt = await in_thread(chain.store.storage.receipt, parse_hex(hash, "hash", 32))
+        return None if receipt is None else receipt.to_json()
+
+    async def dkb_getBlockByNumber(number: int | str = "latest", full: bool = False) -> dict | None:
+        chain.require_ready()
+        return await in_thread(chain.block_json, parse_height(number, chain.ledger.height), full)
+
+    async def dkb_getValidators() -> dict[str, Any]:
+        chain.require_ready()
+        committee = chain.committee
+        return {
+            "height": chain.ledger.height + 1,
+            "epoch_start": committee.start_height,
+            "total_power": committee.total_power,
+            "validators": [{"peer_id": pid, "power": power} for pid, power in committee.items()],
+            "candidates": [{"peer_id": pid, "bonded": stake} for pid, stake in chain.ledger.validators()],
+        }
+
+    async def dkb_getStake(address: str) -> dict:
+        chain.require_ready()
+        return chain.ledger.stake_info(check_address(address))
+
+    async def dkb_getNode(address: str) -> dict | None:
+        chain.require_ready()
+        return chain.ledger.node_info(check_address(address))
+
+    async def dkb_getTask(task_id: str) -> dict | None:
+        chain.require_ready()
+        return chain.ledger.task_info(parse_hex(task_id, "task_id", 32))
+
+    async def dkb_listTasks(status: str | None = None, owner: str | None = None, limit: int = 100) -> list:
+        chain.require_ready()
+        if not 1 <= limit <= MAX_LIST_TASKS:
+            raise InvalidParams(f"limit must be in 1..{MAX_LIST_TASKS}")
+        if owner is not None:
+            check_address(owner)
+        return chain.ledger.list_tasks(status, owner, limit)
+
+    for fn in (dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
+               dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
+               dkb_getTask, dkb_listTasks):
+        dispatcher.register(fn.__name__, fn)

@@ -1,0 +1,215 @@
+"""Transaction gossip between validators (protocol ``/dekube/tx/1.0.0``): batched, bounded, deduplicated.
+
+Wire: one long-lived stream per peer carrying frames ``len u32 | count u16 | (len u32 | tx)*``.
+Transactions a node accepted from its clients are queued in an outbox and flushed to every peer
+as one batch every ``flush_interval`` (validators are connected all-to-all, so one hop reaches
+everyone; a node that was down catches up through blocks). The receiving side reads a frame,
+drops hashes it has already seen (a bounded LRU), and awaits ``admit(batch)`` before reading the
+next frame, so a slow validator pushes back on its senders through TCP instead of buffering.
+Per-peer send queues are bounded (oldest batch dropped). A malformed frame closes that stream.
+
+``encode_batch``/``decode_batch``/``SeenCache`` are the sans-I/O parts; ``TxGossip`` drives them.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import struct
+from collections import OrderedDict
+from typing import Awaitable, Callable, Iterable
+
+PROTOCOL = "/dekube/tx/1.0.0"
+MAX_BATCH_TXS = 2048
+MAX_TX_BYTES = 64 * 1024
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+log = logging.getLogger(__name__)
+
+
+class GossipFrameError(ValueError):
+    """A malformed or oversized gossip frame."""
+
+
+def encode_batch(txs: list[bytes]) -> bytes:
+    """One frame (with its length prefix) carrying ``txs``."""
+    if not 0 < len(txs) <= MAX_BATCH_TXS:
+        raise ValueError(f"a batch holds 1..{MAX_BATCH_TXS} transactions")
+    body = [_U16.pack(len(txs))]
+    for tx in txs:
+        if not 0 < len(tx) <= MAX_TX_BYTES:
+            raise ValueError("transaction size outside 1..MAX_TX_BYTES")
+        body += [_U32.pack(len(tx)), tx]
+    payload = b"".join(body)
+    return _U32.pack(len(payload)) + payload
+
+
+def decode_batch(payload: bytes) -> list[bytes]:
+    """The transactions of one frame payload (without its length prefix)."""
+    if len(payload) < 2:
+        raise GossipFrameError("batch too short")
+    (count,) = _U16.unpack_from(payload, 0)
+    if not 0 < count <= MAX_BATCH_TXS:
+        raise GossipFrameError(f"batch of {count} transactions outside 1..{MAX_BATCH_TXS}")
+    pos, txs = 2, []
+    for _ in range(count):
+        if pos + 4 > len(payload):
+            raise GossipFrameError("batch truncated")
+        (length,) = _U32.unpack_from(payload, pos)
+        pos += 4
+        if not 0 < length <= MAX_TX_BYTES or pos + length > len(payload):
+            raise GossipFrameError("transaction length out of range or truncated")
+        txs.append(payload[pos:pos + length])
+        pos += length
+    if pos != len(payload):
+        raise GossipFrameError("trailing bytes after the batch")
+    return txs
+
+
+class SeenCache:
+    """The most recent ``capacity`` transaction hashes (LRU)."""
+
+    def __init__(self, capacity: int = 200_000):
+        self.capacity = capacity
+        self._hashes: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def add(self, tx_hash: bytes) -> bool:
+        """Remember ``tx_hash``; False if it was already known."""
+        if tx_hash in self._hashes:
+            self._hashes.move_to_end(tx_hash)
+            return False
+        self._hashes[tx_hash] = None
+        if len(self._hashes) > self.capacity:
+            self._hashes.popitem(last=False)
+        return True
+
+    def fresh(self, txs: Iterable[bytes]) -> list[bytes]:
+        """The transactions not seen before (and remember them)."""
+        return [tx for tx in txs if self.add(hashlib.sha256(tx).digest())]
+
+
+Admit = Callable[[list[bytes]], Awaitable[object]]
+
+
+class _Sender:
+    def __init__(self, host, peer_id: str, max_queue: int):
+        self.host, self.peer_id = host, peer_id
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(max_queue)
+        self.stream = None
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, frame: bytes) -> None:
+        if self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(frame)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            frame = await self.queue.get()
+            try:
+                if self.stream is None:
+                    self.stream = await asyncio.wait_for(self.host.open_stream(self.peer_id, PROTOCOL), 3.0)
+                await self.stream.write(frame)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the peer is down: drop this batch, it reaches the chain via others
+                log.debug("tx gossip to %s failed: %s", self.peer_id, exc)
+                await self._drop_stream()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _drop_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+        await self._drop_stream()
+
+
+class TxGossip:
+    """Sends accepted transactions to ``peers()`` and hands received ones to ``admit``."""
+
+    def __init__(self, host, self_id: str, peers: Callable[[], Iterable[str]], admit: Admit, *,
+                 flush_interval: float = 0.01, max_send_queue: int = 256, seen_capacity: int = 200_000):
+        self.host = host
+        self.self_id = self_id
+        self.peers = peers
+        self.admit = admit
+        self.flush_interval = flush_interval
+        self.max_send_queue = max_send_queue
+        self.seen = SeenCache(seen_capacity)
+        self.rejected_frames = 0
+        self.received = 0
+        self._outbox: list[bytes] = []
+        self._senders: dict[str, _Sender] = {}
+        self._flusher: asyncio.Task | None = None
+        self._wakeup = asyncio.Event()
+
+    async def start(self) -> None:
+        self.host.set_handler(PROTOCOL, self._handle_stream)
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def stop(self) -> None:
+        self.host.remove_handler(PROTOCOL)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        for sender in list(self._senders.values()):
+            await sender.close()
+        self._senders.clear()
+
+    def broadcast(self, txs: Iterable[bytes]) -> None:
+        """Queue transactions this node accepted for its peers."""
+        for tx in txs:
+            self.seen.add(hashlib.sha256(tx).digest())
+            self._outbox.append(tx)
+        self._wakeup.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await asyncio.sleep(self.flush_interval)  # let a batch build up
+            outbox, self._outbox = self._outbox, []
+            frames = [encode_batch(outbox[i:i + MAX_BATCH_TXS]) for i in range(0, len(outbox), MAX_BATCH_TXS)]
+            for peer in self.peers():
+                if peer == self.self_id:
+                    continue
+                sender = self._senders.get(peer)
+                if sender is None:
+                    sender = self._senders[peer] = _Sender(self.host, peer, self.max_send_queue)
+                for frame in frames:
+                    sender.send(frame)
+
+    async def _handle_stream(self, stream) -> None:
+        peer = getattr(stream, "remote_peer", None)
+        try:
+            while True:
+                (length,) = _U32.unpack(await stream.readexactly(4))
+                if not 0 < length <= MAX_FRAME_BYTES:
+                    raise GossipFrameError(f"frame of {length} bytes outside 1..{MAX_FRAME_BYTES}")
+                txs = self.seen.fresh(decode_batch(await stream.readexactly(length)))
+                self.received += len(txs)
+                if txs:
+                    await self.admit(txs)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        except GossipFrameError as exc:
+            self.rejected_frames += 1
+            log.info("closing tx gossip stream from %s: %s", peer, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()

@@ -1,0 +1,404 @@
+"""The validator role: storage + ledger + mempool + SDBFT driver + transaction gossip in one node.
+
+On start it opens the RocksDB in ``<home>/data/chain`` for the genesis in ``<home>/<genesis_file>``
+(a corrupt or foreign database stops the node with a clear error), loads the ledger, restores the
+double-sign guard and starts the ``ConsensusDriver`` at the next height with that height's
+committee. As proposer it builds blocks from the mempool (and pending equivocation evidence); it
+accepts a proposal only if the block extends its chain and carries a valid certificate of the
+previous block. Each commit is executed and stored in one worker thread (signature checks in a
+small pool, fsync'd RocksDB batch), after which the mempool is updated, ``newHeads`` is published
+and the next committee is returned to the driver. All ledger and mempool mutations happen in that
+one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
+
+A proposer with an empty mempool waits up to ``empty_block_wait`` for a transaction before it
+proposes, so an idle chain makes a few empty blocks a second instead of spinning.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from consensus.block import Block, BlockError, build_block
+from consensus.chainstore import CertificateError, ChainStore, decode_certificate, encode_certificate
+from consensus.committee import ValidatorSet
+from consensus.driver import ConsensusDriver
+from consensus.genesis import Genesis, GenesisError
+from consensus.mempool import Mempool
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.rpc_methods import register_methods
+from consensus.signer import SignerGuard, SignerStateError
+from consensus.state.ledger import BlockResult, Ledger
+from consensus.storage import Storage, StorageError
+from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
+from consensus.txcodes import TxCode, TxError
+from consensus.tx import decode_tx
+from consensus.txgossip import TxGossip
+from node.p2p.multiaddr import Multiaddr
+from node.roles import Role
+from node.rpc.errors import InvalidParams, ResourceNotFound, ResourceUnavailable
+
+log = logging.getLogger(__name__)
+
+NEW_HEADS = "newHeads"
+MAX_FUTURE_BLOCK_MS = 10_000
+PROPOSAL_BYTES_HEADROOM = 64 * 1024
+
+
+class ValidatorStartError(Exception):
+    """The validator cannot start (missing genesis, corrupt or foreign database, bad signer state)."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ValidatorRole(Role):
+    name = "validator"
+
+    def __init__(self) -> None:
+        self.node = None
+        self.genesis: Genesis | None = None
+        self.store: ChainStore | None = None
+        self.ledger: Ledger | None = None
+        self.mempool: Mempool | None = None
+        self.driver: ConsensusDriver | None = None
+        self.gossip: TxGossip | None = None
+        self.committee: ValidatorSet | None = None
+        self.ready = asyncio.Event()
+        self._prev_committee: ValidatorSet | None = None
+        self._last_value_id: bytes = b""
+        self._last_certificate: bytes = b""
+        self._blocks: dict[bytes, Block] = {}
+        self._evidence: dict[bytes, bytes] = {}
+        self._pool_lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="dekube-ledger")
+        self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix="dekube-verify")
+        self._tx_arrived = asyncio.Event()
+        self._fatal: asyncio.Future | None = None
+        self.last_commit_monotonic: float | None = None
+
+    # ------------------------------------------------------------------ role interface
+    def setup(self, node) -> None:
+        self.node = node
+        self.peer_id = node.peer_id
+        self.settings = node.config["consensus"]
+        register_methods(node.rpc, self)
+        node.hub.add_topic(NEW_HEADS)
+        node.status.add_section("consensus", self.status)
+        node.add_json_get("/block", self._http_block)
+        node.metrics.gauge("dekube_consensus_height", "Last committed block height.").set_function(
+            lambda: self.ledger.height if self.ledger is not None else 0)
+        node.metrics.gauge("dekube_mempool_txs", "Transactions waiting in the mempool.").set_function(
+            lambda: len(self.mempool) if self.mempool is not None else 0)
+
+    async def run(self, node) -> None:
+        loop = asyncio.get_running_loop()
+        self._fatal = loop.create_future()
+        try:
+            await loop.run_in_executor(self._worker, self._open)
+            self._add_genesis_addresses()
+            await self._start_consensus()
+            self.ready.set()
+            log.info("validator started", extra={"height": self.ledger.height, "chain_id": self.genesis.chain_id})
+            await self._fatal
+        finally:
+            if self.gossip is not None:
+                await self.gossip.stop()
+            if self.driver is not None:
+                await self.driver.stop()
+            await loop.run_in_executor(self._worker, self._close)
+            self._worker.shutdown(wait=False)
+            self._verify_pool.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ start and stop
+    def _open(self) -> None:
+        if self.node.home is None:
+            raise ValidatorStartError("the validator role needs a node home directory")
+        path = self.node.home / self.settings["genesis_file"]
+        try:
+            self.genesis = Genesis.from_json(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValidatorStartError(f"cannot read genesis {path}: {exc.strerror or exc} "
+                                      f"(write one with 'dekube-node testnet up' or copy the chain's)") from None
+        except GenesisError as exc:
+            raise ValidatorStartError(f"genesis {path} is invalid: {exc}") from None
+        if self.genesis.chain_id != self.settings["chain_id"]:
+            raise ValidatorStartError(f"genesis {path} is for chain {self.genesis.chain_id!r} but [consensus] "
+                                      f"chain_id is {self.settings['chain_id']!r}")
+        self.node.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            storage = Storage.open(str(self.node.data_dir / "chain"), self.genesis)
+        except StorageError as exc:
+            raise ValidatorStartError(str(exc)) from None
+        self.store = ChainStore(storage)
+        try:
+            self.ledger = storage.load_ledger()
+            self.signer = SignerGuard.restore(self.node.identity, storage.load_signer_state())
+            height = self.ledger.height
+            self.committee = self.store.committee_for(height + 1, self.ledger)
+            if height > 0:
+                self._prev_committee = self.store.committee_for(height, self.ledger)
+                self._last_value_id = value_id(self.store.block(height).encode())
+                self._last_certificate = self.store.certificate_bytes(height) or b""
+        except (StorageError, SignerStateError) as exc:
+            storage.close()
+            raise ValidatorStartError(f"{storage.path}: {exc}") from None
+        self.mempool = Mempool(self.ledger, max_txs=self.settings["mempool_max_txs"])
+
+    def _close(self) -> None:
+        if self.store is not None:
+            self.store.storage.close()
+
+    def _add_genesis_addresses(self) -> None:
+        book = self.node.host.peerbook
+        for v in self.genesis.validators:
+            if v.peer_id == self.peer_id:
+                continue
+            for addr in v.listen_addrs:
+                with contextlib.suppress(ValueError):
+                    book.add_addrs(v.peer_id, [Multiaddr.parse(addr)])
+
+    async def _start_consensus(self) -> None:
+        s = self.settings
+        propose, vote = s["timeout_propose"], s["timeout_vote"]
+        timeouts = TimeoutConfig(propose=propose, propose_delta=propose / 2, prevote=vote, prevote_delta=vote / 2,
+                                 precommit=vote, precommit_delta=vote / 2)
+        core = TendermintCore(self.genesis.chain_id, self.signer, self._propose, self._is_valid, timeouts)
+        self.driver = ConsensusDriver(
+            self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
+            get_block=self._stored_commit, on_evidence=self._on_evidence)
+        self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers)
+        await self.gossip.start()
+        await self.driver.start(self.ledger.height + 1, self.committee)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A storage or execution failure: stop the node rather than diverge from the chain."""
+        log.critical("validator failed: %s", exc)
+        if self._fatal is not None and not self._fatal.done():
+            self._fatal.set_exception(exc)
+
+    # ------------------------------------------------------------------ driver hooks
+    def _peers(self) -> tuple[str, ...]:
+        return self.committee.peer_ids if self.committee is not None else ()
+
+    async def _persist_signer(self, state: bytes) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.store.storage.save_signer_state, state)
+
+    def _stored_commit(self, height: int) -> Commit | None:
+        try:
+            return self.store.stored_commit(height)
+        except StorageError as exc:
+            log.error("cannot serve block %d to a syncing peer: %s", height, exc)
+            return None
+
+    def _on_evidence(self, evidence: DoubleVoteEvidence) -> None:
+        if len(self._evidence) < 64:
+            raw = evidence.encode()
+            self._evidence[evidence.evidence_id] = raw
+            log.warning("double vote by %s at height %d", evidence.validator, evidence.height)
+
+    def _propose(self, height: int) -> bytes:
+        ledger, params = self.ledger, self.ledger.params
+        evidence = list(self._evidence.values())
+        budget = min(params.max_block_bytes, MAX_PROPOSAL_VALUE_BYTES - PROPOSAL_BYTES_HEADROOM)
+        budget -= sum(map(len, evidence)) + len(self._last_certificate)
+        with self._pool_lock:
+            txs = self.mempool.reap(budget, min(params.max_block_txs, self.settings["max_block_txs"]))
+        block_time = max(now_ms(), ledger.state.last_block_time_ms, self.genesis.genesis_time_ms)
+        block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
+                            self.peer_id, txs, evidence, self._last_certificate)
+        raw = block.encode()
+        self._remember(raw, block)
+        return raw
+
+    def _remember(self, raw: bytes, block: Block) -> None:
+        if len(self._blocks) >= 16:
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[value_id(raw)] = block
+
+    def _is_valid(self, height: int, value: bytes) -> bool:
+        try:
+            block = Block.decode(value, MAX_PROPOSAL_VALUE_BYTES)
+            self.ledger.validate_block(block)
+            if block.header.proposer not in self.committee:
+                raise BlockError("proposer is not in the committee")
+            if block.header.time_ms > now_ms() + MAX_FUTURE_BLOCK_MS:
+                raise BlockError("block time is too far in the future")
+            if height > 1:
+                votes = decode_certificate(block.last_commit)
+                committee = self._prev_committee or self.committee
+                if not committee.verify_commit(self.genesis.chain_id, height - 1, self._last_value_id, votes):
+                    raise BlockError("last_commit is not a valid certificate of the previous block")
+            elif block.last_commit:
+                raise BlockError("block 1 has no previous block to certify")
+        except (BlockError, CertificateError) as exc:
+            log.info("rejecting proposed block at height %d: %s", height, exc)
+            return False
+        self._remember(value, block)
+        return True
+
+    async def _on_commit(self, commit: Commit) -> ValidatorSet:
+        vid = value_id(commit.value)
+        block = self._blocks.pop(vid, None) or Block.decode(commit.value, MAX_PROPOSAL_VALUE_BYTES)
+        loop = asyncio.get_running_loop()
+        try:
+            result, next_committee = await loop.run_in_executor(self._worker, self._execute, block, commit)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._blocks.clear()
+        self._prev_committee, self.committee = self.committee, next_committee
+        self._last_value_id = vid
+        self._last_certificate = encode_certificate(commit.certificate)
+        included = set(block.evidence)
+        self._evidence = {k: v for k, v in self._evidence.items() if v not in included}
+        self.last_commit_monotonic = time.monotonic()
+        self.node.hub.publish(NEW_HEADS, {**block.header.to_json(), "txs": len(block.txs),
+                                          "next_app_hash": result.app_hash.hex()})
+        await self._pace(block.height + 1)
+        return next_committee
+
+    def _execute(self, block: Block, commit: Commit) -> tuple[BlockResult, ValidatorSet]:
+        """Worker thread: store the certificate, execute and store the block, update the mempool."""
+        self.store.save_certificate(block.height, commit.certificate)
+        result = self.ledger.apply_block(block, verified=self.mempool.verified_hashes, executor=self._verify_pool)
+        self.store.storage.commit_block(block, result)
+        with self._pool_lock:
+            self.mempool.update(r.tx_hash for r in result.receipts)
+        return result, self.store.committee_for(block.height + 1, self.ledger)
+
+    async def _pace(self, next_height: int) -> None:
+        """As the next proposer with nothing to propose, wait a little for transactions."""
+        if self.committee.proposer(next_height, 0) != self.peer_id or len(self.mempool):
+            return
+        self._tx_arrived.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._tx_arrived.wait(), self.settings["empty_block_wait"])
+
+    # ------------------------------------------------------------------ transactions
+    def _admit_batch(self, raws: list[bytes], check_committed: bool) -> list[Any]:
+        """Worker thread: add each raw tx to the mempool; a Tx or the TxError per input."""
+        out: list[Any] = []
+        storage = self.store.storage
+        with self._pool_lock:
+            for raw in raws:
+                try:
+                    tx = self.mempool.add(raw)
+                except TxError as exc:
+                    if check_committed and exc.code == TxCode.NONCE_TOO_LOW:
+                        exc = self._committed_error(storage, raw) or exc
+                    out.append(exc)
+                else:
+                    out.append(tx)
+        return out
+
+    @staticmethod
+    def _committed_error(storage: Storage, raw: bytes) -> TxError | None:
+        receipt = storage.receipt(hashlib.sha256(raw).digest())
+        if receipt is None:
+            return None
+        return TxError(TxCode.ALREADY_KNOWN, f"transaction already committed in block {receipt.height}")
+
+    async def submit(self, raw: bytes):
+        """Admit one client transaction; returns the Tx or raises TxError. Accepted ones are gossiped."""
+        if not self.ready.is_set():
+            raise ResourceUnavailable("the chain is still loading")
+        (result,) = await asyncio.get_running_loop().run_in_executor(self._worker, self._admit_batch, [raw], True)
+        if isinstance(result, TxError):
+            raise result
+        self.gossip.broadcast([raw])
+        self._tx_arrived.set()
+        return result
+
+    async def _admit_from_peers(self, raws: list[bytes]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._admit_batch, raws, False)
+        self._tx_arrived.set()
+
+    # ------------------------------------------------------------------ queries
+    def require_ready(self) -> None:
+        if not self.ready.is_set():
+            raise ResourceUnavailable("the chain is still loading")
+
+    def pending_nonce(self, address: str) -> int:
+        with self._pool_lock:
+            return self.mempool.pending_nonce(address)
+
+    def is_catching_up(self) -> bool:
+        driver = self.driver
+        return driver is not None and getattr(driver, "_behind_since", None) is not None
+
+    def status(self) -> dict[str, Any]:
+        if not self.ready.is_set():
+            return {"ready": False}
+        core = self.driver.core
+        connected = set(self.node.peers())
+        return {
+            "ready": True,
+            "chain_id": self.genesis.chain_id,
+            "height": self.ledger.height,
+            "round": core.round,
+            "step": core.step.name.lower(),
+            "app_hash": self.ledger.app_hash.hex(),
+            "last_block_hash": self.ledger.last_block_hash.hex(),
+            "catching_up": self.is_catching_up(),
+            "in_committee": self.peer_id in self.committee,
+            "committee": len(self.committee),
+            "committee_peers_connected": sum(1 for p in self.committee.peer_ids if p in connected),
+            "mempool_txs": len(self.mempool),
+            "seconds_since_commit": (None if self.last_commit_monotonic is None
+                                     else round(time.monotonic() - self.last_commit_monotonic, 3)),
+        }
+
+    def block_json(self, height: int, full: bool = False) -> dict | None:
+        """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates)."""
+        block = self.store.block(height)
+        if block is None:
+            return None
+        doc = block.header.to_json()
+        if full:
+            txs = []
+            for raw in block.txs:
+                try:
+                    txs.append(decode_tx(raw, max_bytes=len(raw)).to_json())
+                except TxError as exc:
+                    txs.append({"hash": hashlib.sha256(raw).hexdigest(), "error": exc.message})
+            doc["transactions"] = txs
+        else:
+            doc["transactions"] = [hashlib.sha256(raw).hexdigest() for raw in block.txs]
+        doc["evidence"] = [raw.hex() for raw in block.evidence]
+        doc["last_commit"] = _votes_json(block.last_commit)
+        doc["commit"] = _votes_json(self.store.certificate_bytes(height) or b"")
+        return doc
+
+    async def _http_block(self, query: dict[str, str]) -> dict:
+        self.require_ready()
+        raw = query.get("height", "latest")
+        if raw == "latest":
+            height = self.ledger.height
+        else:
+            try:
+                height = int(raw)
+            except ValueError:
+                raise InvalidParams("height must be an integer or 'latest'") from None
+        doc = await asyncio.get_running_loop().run_in_executor(None, self.block_json, height, False)
+        if doc is None:
+            raise ResourceNotFound(f"no block at height {height}")
+        return doc
+
+
+def _votes_json(certificate: bytes) -> list[dict]:
+    if not certificate:
+        return []
+    try:
+        votes = decode_certificate(certificate)
+    except CertificateError:
+        return [{"error": "undecodable certificate"}]
+    return [{"type": vote.type.name.lower(), "height": vote.height, "round": vote.round,
+             "value_id": vote.value_id.hex(), "validator": vote.validator, "signature": vote.signature.hex()}
+            for vote in votes]
