@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # role name -> "module:factory", or None while the role has no implementation yet (BasicRole).
 ROLE_IMPLEMENTATIONS: dict[str, str | None] = {
-    "validator": None,
+    "validator": "consensus.validator:ValidatorRole",
     "relay": None,
     "compute": None,
 }
