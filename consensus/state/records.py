@@ -40,12 +40,13 @@ class Record:
 
 
 def _jsonable(value):
+    # list(...) snapshots in one C call, so RPC reads stay safe while a worker thread executes a block
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: _jsonable(v) for k, v in list(value.items())}
     if isinstance(value, list):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v) for v in list(value)]
     return value
 
 
