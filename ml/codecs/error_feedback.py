@@ -3,7 +3,7 @@
 Each step encodes x + residual and keeps what the encoding lost, residual = (x + residual) -
 decode(encoding), so nothing is dropped for good: the sum of decoded values over steps tracks the
 sum of inputs to within one step's error. A failed encode (e.g. NaN input) leaves the residual as
-it was.
+it was. `residual` is replaced, never modified in place, so a reference kept by a checkpoint stays valid.
 """
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ class ErrorFeedback:
 
     def reset(self) -> None:
         """Forget the residual (e.g. after the tensor's shape or owner changed)."""
-        self.residual.zero_()
+        self.residual = torch.zeros(self.numel, dtype=torch.float32)

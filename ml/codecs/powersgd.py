@@ -9,7 +9,8 @@ Everything computed from averaged (shared) inputs -- orthonormalization and the 
 -- uses only element-wise IEEE operations in a fixed order (no BLAS, no threaded reductions), so every
 peer gets the same bits from the same P_mean and Q_mean whatever its CPU or thread count. The initial Q
 comes from integer draws of a seeded generator, identical on every peer for the same seed.
-`matrix_shape`/`to_matrix`/`from_matrix` view any tensor as a matrix and `worthwhile` is the
+`error` and `q` are replaced each round, never modified in place, so references kept by a checkpoint
+stay valid. `matrix_shape`/`to_matrix`/`from_matrix` view any tensor as a matrix and `worthwhile` is the
 minimum-compression gate: tensors that would not shrink enough should go as fp16 instead.
 """
 from __future__ import annotations

@@ -153,3 +153,19 @@ def test_gate_and_matrix_views():
     mat = to_matrix(x, matrix_shape(x.shape))
     assert mat.shape == (4, 3) and mat.view(-1)[10:].eq(0).all()
     assert torch.equal(from_matrix(mat, 10), x)
+
+
+def test_state_handed_out_is_never_mutated_later():
+    ef = ErrorFeedback(get_codec("sign"), 1000)
+    ef.encode(torch.randn(1000))
+    kept = ef.residual
+    snapshot = kept.clone()
+    ef.encode(torch.randn(1000))
+    ef.reset()
+    assert torch.equal(kept, snapshot)
+    peer = PowerSGD((60, 50), rank=2, seed=1)
+    run_round([peer], [torch.randn(60, 50)])
+    kept_error, kept_q = peer.error, peer.q
+    snapshot = (kept_error.clone(), kept_q.clone())
+    run_round([peer], [torch.randn(60, 50)])
+    assert torch.equal(kept_error, snapshot[0]) and torch.equal(kept_q, snapshot[1])
