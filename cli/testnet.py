@@ -1,0 +1,82 @@
+"""``dekube-node testnet up|down|status``: a local multi-validator chain on 127.0.0.1.
+
+``up`` creates the testnet in ``--home`` (default ``./testnet``) unless one is there, starts every
+validator in the background, waits until blocks are produced and prints the RPC endpoints and the
+faucet key. ``down`` stops them (SIGTERM, SIGKILL after ``--timeout``). ``status`` shows pid and
+height per node.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cli.errors import CliError
+from consensus.testnet import MANIFEST, Testnet, TestnetError
+
+DEFAULT_HOME = Path("testnet")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("testnet", help="run a local multi-validator testnet")
+    actions = parser.add_subparsers(dest="testnet_command", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="create (if needed) and start the testnet")
+    up.add_argument("--validators", type=int, default=4, help="validators in a new testnet (default 4)")
+    up.add_argument("--chain-id", default="dekube-testnet", help="chain id of a new testnet")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the first blocks")
+    down = actions.add_parser("down", help="stop every validator")
+    down.add_argument("--timeout", type=float, default=10.0, help="seconds before SIGKILL (default 10)")
+    status = actions.add_parser("status", help="pid and height of every validator")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    for sub, handler in ((up, run_up), (down, run_down), (status, run_status)):
+        sub.add_argument("--home", type=Path, default=DEFAULT_HOME, help=f"testnet directory (default ./{DEFAULT_HOME})")
+        sub.set_defaults(handler=handler)
+
+
+def _guard(fn):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except TestnetError as exc:
+            raise CliError(str(exc)) from None
+    return run
+
+
+@_guard
+def run_up(args: argparse.Namespace) -> int:
+    home = args.home.expanduser().resolve()
+    if (home / MANIFEST).exists():
+        testnet = Testnet.load(home)
+        print(f"starting the existing testnet in {home}")
+    else:
+        if not 1 <= args.validators <= 100:
+            raise CliError("--validators must be in 1..100")
+        testnet = Testnet.create(home, args.validators, chain_id=args.chain_id)
+        print(f"created a {args.validators}-validator testnet in {home}")
+    testnet.up(wait_height=1, timeout=args.timeout)
+    print(f"chain {testnet.chain_id}: producing blocks")
+    for node in testnet.nodes:
+        print(f"  {node.name}  rpc {node.rpc_url}  p2p {node.p2p_addr}  log {node.log_file}")
+    print(f"faucet key: {testnet.faucet_key} ({testnet.faucet().peer_id})")
+    print(f"try: dekube-node wallet balance --rpc {testnet.nodes[0].rpc_url} --key {testnet.faucet_key}")
+    return 0
+
+
+@_guard
+def run_down(args: argparse.Namespace) -> int:
+    testnet = Testnet.load(args.home)
+    stopped = testnet.down(args.timeout)
+    print(f"stopped {', '.join(stopped)}" if stopped else "no validator was running")
+    return 0
+
+
+@_guard
+def run_status(args: argparse.Namespace) -> int:
+    rows = Testnet.load(args.home).status()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for row in rows:
+        state = f"pid {row['pid']}  height {row['height']}" if row["pid"] else "stopped"
+        print(f"{row['name']:4} {state:28} {row['rpc']}")
+    return 0

@@ -1,0 +1,144 @@
+"""``dekube-node wallet balance|nonce|send|bond|unbond``: sign locally with a key file, talk JSON-RPC.
+
+The key is the node's (``<home>/node_key.json``) unless ``--key FILE`` names another (e.g. the
+testnet faucet). The chain id and the next nonce (``pending``) come from the node at ``--rpc``;
+``--wait`` polls for the receipt and fails unless the transaction executed successfully.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from cli.errors import CliError
+from cli.home import add_home_argument, key_path, resolve_home
+from consensus import rpcclient
+from consensus.tx import build_tx
+from node.identity import Identity, is_valid_peer_id
+from node.keystore import load_identity
+
+DEFAULT_RPC = "http://127.0.0.1:8645"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("wallet", help="balances and signed transactions over JSON-RPC")
+    actions = parser.add_subparsers(dest="wallet_command", required=True, metavar="ACTION")
+
+    def action(name: str, help_text: str, handler) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help_text)
+        add_home_argument(sub)
+        sub.add_argument("--rpc", default=DEFAULT_RPC, help=f"node JSON-RPC URL (default {DEFAULT_RPC})")
+        sub.add_argument("--key", type=Path, help="key file to use instead of <home>/node_key.json")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    balance = action("balance", "show the balance (and stake) of an address", run_balance)
+    balance.add_argument("address", nargs="?", help="peer ID (default: the key's)")
+    nonce = action("nonce", "show the next nonce (latest and pending)", run_nonce)
+    nonce.add_argument("address", nargs="?", help="peer ID (default: the key's)")
+    send = action("send", "transfer tokens", run_send)
+    send.add_argument("to", help="recipient peer ID")
+    send.add_argument("amount", type=int)
+    for name, text in (("bond", "bond stake (become or strengthen a validator)"),
+                       ("unbond", "start unbonding stake")):
+        sub = action(name, text, run_stake)
+        sub.add_argument("amount", type=int)
+    for sub in (send, *(actions.choices[n] for n in ("bond", "unbond"))):
+        sub.add_argument("--fee", type=int, default=1, help="fee paid to the block proposer (default 1)")
+        sub.add_argument("--wait", action="store_true", help="wait for the receipt (fail unless it succeeded)")
+        sub.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits (default 30)")
+
+
+def _identity(args: argparse.Namespace) -> Identity:
+    return load_identity(args.key or key_path(resolve_home(args)))
+
+
+def _address(args: argparse.Namespace) -> str:
+    address = args.address or _identity(args).peer_id
+    if not is_valid_peer_id(address):
+        raise CliError(f"{address!r} is not a valid peer ID")
+    return address
+
+
+def _rpc(args: argparse.Namespace, method: str, *params):
+    try:
+        return rpcclient.call(args.rpc, method, *params)
+    except rpcclient.RpcUnreachable as exc:
+        raise CliError(f"cannot reach the node: {exc}") from None
+    except rpcclient.RpcCallError as exc:
+        raise CliError(f"{method}: {exc}") from None
+
+
+def _print(args: argparse.Namespace, doc: dict) -> None:
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for name, value in doc.items():
+            print(f"{name + ':':10}{value}")
+
+
+def run_balance(args: argparse.Namespace) -> int:
+    address = _address(args)
+    stake = _rpc(args, "dkb_getStake", address)
+    _print(args, {"address": address, "balance": _rpc(args, "dkb_getBalance", address),
+                  "bonded": stake["bonded"], "height": _rpc(args, "dkb_blockNumber")})
+    return 0
+
+
+def run_nonce(args: argparse.Namespace) -> int:
+    address = _address(args)
+    _print(args, {"address": address, "latest": _rpc(args, "dkb_getTransactionCount", address, "latest"),
+                  "pending": _rpc(args, "dkb_getTransactionCount", address, "pending")})
+    return 0
+
+
+def run_send(args: argparse.Namespace) -> int:
+    if not is_valid_peer_id(args.to):
+        raise CliError(f"recipient {args.to!r} is not a valid peer ID")
+    return _submit(args, "transfer", {"to": args.to, "amount": _positive(args.amount)})
+
+
+def run_stake(args: argparse.Namespace) -> int:
+    return _submit(args, args.wallet_command, {"amount": _positive(args.amount)})
+
+
+def _positive(amount: int) -> int:
+    if amount <= 0:
+        raise CliError("amount must be positive")
+    return amount
+
+
+def _submit(args: argparse.Namespace, tx_type: str, payload: dict) -> int:
+    if args.fee < 0:
+        raise CliError("fee must not be negative")
+    identity = _identity(args)
+    chain_id = _rpc(args, "dkb_chainId")
+    nonce = _rpc(args, "dkb_getTransactionCount", identity.peer_id, "pending")
+    tx = build_tx(identity, chain_id, nonce, tx_type, payload, args.fee)
+    tx_hash = _rpc(args, "dkb_sendRawTransaction", tx.raw.hex())
+    doc = {"tx_hash": tx_hash, "from": identity.peer_id, "nonce": nonce, "type": tx_type}
+    if args.wait:
+        receipt = wait_receipt(args.rpc, tx_hash, args.timeout)
+        doc.update(height=receipt["height"], status=receipt["status"])
+        if receipt["code"] != 0:
+            _print(args, doc)
+            raise CliError(f"transaction {tx_hash} failed in block {receipt['height']}: "
+                           f"{receipt['status']} {receipt['log']}".strip())
+    _print(args, doc)
+    return 0
+
+
+def wait_receipt(url: str, tx_hash: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            receipt = rpcclient.call(url, "dkb_getTransactionReceipt", tx_hash)
+        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError) as exc:
+            raise CliError(f"waiting for {tx_hash}: {exc}") from None
+        if receipt is not None:
+            return receipt
+        if time.monotonic() > deadline:
+            raise CliError(f"no receipt for {tx_hash} after {timeout:g} s (still pending?)")
+        time.sleep(0.1)
