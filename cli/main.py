@@ -22,6 +22,8 @@ SUBCOMMANDS = (
     "cli.keys",
     "cli.start",
     "cli.status",
+    "cli.testnet",
+    "cli.wallet",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
 
