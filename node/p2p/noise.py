@@ -66,11 +66,38 @@ def _dh(private: bytes, public: bytes) -> bytes:
         raise NoiseError("invalid X25519 public key") from exc
 
 
-class CipherState:
-    """One direction of ChaChaPoly with a 64-bit counter nonce (Noise CipherState).
+class _HandshakeCipher:
+    """Handshake-phase CipherState: small messages with the handshake hash as associated data."""
 
-    ``encrypt``/``decrypt`` (with associated data) serve the handshake; ``seal_into``/``open_into``
-    serve transport messages, writing into caller buffers through the fastest AEAD backend.
+    __slots__ = ("key", "nonce")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.nonce = 0
+
+    def _next_nonce(self) -> bytes:
+        n = self.nonce
+        self.nonce = n + 1  # at most 2 messages per key in XX: never near exhaustion
+        return _NONCE.pack(n)
+
+    def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
+        return nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(
+            bytes(plaintext), ad, self._next_nonce(), self.key)
+
+    def decrypt(self, ad: bytes, ciphertext: bytes) -> bytes:
+        if len(ciphertext) < TAG_LEN:
+            raise NoiseError("ciphertext shorter than the MAC")
+        nonce = self._next_nonce()
+        try:
+            return nacl.bindings.crypto_aead_chacha20poly1305_ietf_decrypt(bytes(ciphertext), ad, nonce, self.key)
+        except nacl.exceptions.CryptoError as exc:
+            raise NoiseError("decryption failed (bad MAC)") from exc
+
+
+class CipherState:
+    """One direction of transport messages: ChaChaPoly with a 64-bit counter nonce.
+
+    ``seal_into``/``open_into`` write into caller buffers through the fastest AEAD backend.
     """
 
     __slots__ = ("key", "nonce", "_aead")
@@ -91,20 +118,6 @@ class CipherState:
         self.nonce = n + 1
         return _NONCE.pack(n)
 
-    def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
-        return nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(
-            bytes(plaintext), ad or None, self._next_nonce(), self.key)
-
-    def decrypt(self, ad: bytes, ciphertext: bytes) -> bytes:
-        if len(ciphertext) < TAG_LEN:
-            raise NoiseError("ciphertext shorter than the MAC")
-        nonce = self._next_nonce()
-        try:
-            return nacl.bindings.crypto_aead_chacha20poly1305_ietf_decrypt(
-                bytes(ciphertext), ad or None, nonce, self.key)
-        except nacl.exceptions.CryptoError as exc:
-            raise NoiseError("decryption failed (bad MAC)") from exc
-
     def seal_into(self, src: memoryview, dst: memoryview) -> None:
         """Encrypt ``src`` into ``dst`` (exactly ``len(src) + 16`` bytes)."""
         self._aead.seal_into(self._next_nonce(), src, dst)
@@ -123,7 +136,7 @@ class _SymmetricState:
     def __init__(self) -> None:
         self.h = PROTOCOL_NAME  # exactly 32 bytes = HASHLEN, used as is
         self.ck = self.h
-        self.cipher: CipherState | None = None
+        self.cipher: _HandshakeCipher | None = None
         self.mix_hash(b"")  # empty prologue
 
     def mix_hash(self, data: bytes) -> None:
@@ -131,7 +144,7 @@ class _SymmetricState:
 
     def mix_key(self, ikm: bytes) -> None:
         self.ck, key = _hkdf2(self.ck, ikm)
-        self.cipher = CipherState(key)
+        self.cipher = _HandshakeCipher(key)
 
     def encrypt_and_hash(self, plaintext: bytes) -> bytes:
         out = self.cipher.encrypt(self.h, plaintext) if self.cipher else plaintext
