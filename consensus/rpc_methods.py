@@ -5,6 +5,7 @@ accepted), amounts integers. ``dkb_sendRawTransaction`` maps a rejection onto th
 ADR 0021 (-32001 nonce too low, -32002 nonce too high, -32003 insufficient funds, -32004 bad
 signature, -32005 already known, -32000 anything else) with ``data = {"code": <TxCode name>,
 "tx_code": <int>}``. ``dkb_getTransactionReceipt`` is null while the transaction is pending.
+``dkb_getSupply`` (beyond the issue's list) gives the supply breakdown for invariant checks.
 Reads that touch RocksDB run in a thread; the rest are in-memory lookups.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
 from node.rpc.errors import InvalidParams, RpcError
@@ -140,7 +142,12 @@ def register_methods(dispatcher, chain: "ValidatorRole") -> None:
             check_address(owner)
         return chain.ledger.list_tasks(status, owner, limit)
 
-    for fn in (dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
+    async def dkb_getSupply() -> dict[str, int]:
+        chain.require_ready()
+        parts = supply_breakdown(chain.ledger.state)
+        return {**parts, "total": sum(parts.values()), "genesis": chain.genesis.total_supply}
+
+    for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
                dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
                dkb_getTask, dkb_listTasks):
         dispatcher.register(fn.__name__, fn)
