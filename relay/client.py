@@ -1,0 +1,295 @@
+"""The endpoint side of circuit relay v2: reservations, relayed addresses, dialing through relays,
+accepting inbound circuits, and co-signing usage receipts.
+
+``RelayClient.maintain(candidates)`` keeps ``want`` reservations on the relays with the lowest
+measured round-trip time, refreshes each before it expires and replaces a relay at once when its
+connection dies; ``relayed_addrs`` lists ``<relay addr>/p2p-circuit/p2p/<us>`` for the node's ledger
+record. ``dial(target, circuit_addrs)`` connects through the first relay that works, trying relays
+that failed recently last. Inbound circuits are accepted only from relays where we hold a current,
+verified voucher, and the peer authenticated by the end-to-end noise handshake must be the one the
+relay announced.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from node.p2p.errors import ProtocolError
+from node.p2p.host import Connection, DialError, Host
+from node.p2p.multiaddr import Multiaddr
+
+from .messages import (
+    HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, RelayMessageError, Status, StopMessage,
+    StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
+)
+from .receipts import RECEIPT_PROTOCOL, CircuitCount, ReceiptSigner
+from .service import read_message
+from .transport import StreamPipe, upgrade_circuit
+from .voucher import VoucherError, open_voucher
+
+log = logging.getLogger(__name__)
+
+REFRESH_FRACTION = 0.5       # refresh when half the reservation's lifetime is left... at most
+REFRESH_MARGIN_S = 60.0      # ...or this long before it expires, whichever comes first
+HEALTH_CHECK_S = 0.5         # how often maintain() checks that reserved relays are still connected
+FAILED_RELAY_PENALTY_S = 30.0
+KEEP_CLOSED_SESSIONS = 1024  # closed circuits remembered for their final receipts
+
+
+class RelayRefused(ConnectionError):
+    """A relay answered a hop request with a status other than OK."""
+
+    def __init__(self, relay: str, status: Status | None) -> None:
+        super().__init__(f"relay {relay} refused: {status.name if status is not None else 'no status'}")
+        self.status = status
+
+
+@dataclass
+class ActiveReservation:
+    relay: str
+    relay_addr: Multiaddr     # the address we reach the relay on (with /p2p/<relay>)
+    expire: int
+    granted_at: float
+    addrs: tuple[Multiaddr, ...]
+    voucher: bytes | None
+    rtt: float = 0.0
+
+
+def split_circuit_addr(addr: str | Multiaddr) -> tuple[Multiaddr, str]:
+    """``<relay addr>/p2p/R/p2p-circuit/p2p/T`` -> (``<relay addr>/p2p/R``, T)."""
+    addr = Multiaddr.parse(addr)
+    names = [n for n, _ in addr.parts]
+    if "p2p-circuit" not in names:
+        raise ValueError(f"not a relayed address: {addr}")
+    cut = names.index("p2p-circuit")
+    relay_addr = Multiaddr(addr.parts[:cut])
+    target = addr.peer_id
+    if relay_addr.peer_id is None or target is None or cut != len(names) - 2:
+        raise ValueError(f"relayed address must be <relay>/p2p/R/p2p-circuit/p2p/T: {addr}")
+    return relay_addr, target
+
+
+class RelayClient:
+    def __init__(self, host: Host, *, chain_id: str = "dekube-local", max_price_per_mib: int = 1,
+                 want: int = 2) -> None:
+        self.host = host
+        self.want = want
+        self.reservations: dict[str, ActiveReservation] = {}
+        self.circuits: OrderedDict[bytes, tuple[CircuitCount, StreamPipe]] = OrderedDict()
+        self._failed: dict[str, float] = {}
+        self._signer = ReceiptSigner(host.identity, chain_id, self._lookup_circuit, max_price_per_mib)
+        self._changed = asyncio.Event()
+
+    def start(self) -> None:
+        self.host.set_handler(STOP_PROTOCOL, self._serve_stop)
+        self.host.set_handler(RECEIPT_PROTOCOL, self._signer.serve)
+
+    # ---- reservations
+    async def reserve(self, relay_addr: str | Multiaddr) -> ActiveReservation:
+        """Reserve a slot on the relay at ``relay_addr`` (``.../p2p/<relay>``); raises RelayRefused,
+        VoucherError, RelayMessageError, DialError or TimeoutError."""
+        relay_addr = Multiaddr.parse(relay_addr)
+        relay = await self.host.connect(str(relay_addr))
+        stream = await self.host.open_stream(relay, HOP_PROTOCOL)
+        try:
+            await stream.write(frame(encode_hop(HopMessage(HopType.RESERVE))))
+            answer, _ = await read_message(stream, decode_hop)
+        finally:
+            stream.reset()
+        if answer.type != HopType.STATUS or answer.status != Status.OK or answer.reservation is None:
+            raise RelayRefused(relay, answer.status)
+        rsvp = answer.reservation
+        if rsvp.voucher is not None:
+            open_voucher(rsvp.voucher, relay, self.host.peer_id, time.time())
+        record = ActiveReservation(relay, relay_addr, rsvp.expire, time.time(), rsvp.addrs, rsvp.voucher)
+        previous = self.reservations.get(relay)
+        record.rtt = previous.rtt if previous else 0.0
+        self.reservations[relay] = record
+        self._changed.set()
+        return record
+
+    @property
+    def relayed_addrs(self) -> list[str]:
+        """Our addresses through the relays we hold reservations on (for the ledger record)."""
+        out = []
+        for rsvp in sorted(self.reservations.values(), key=lambda r: r.rtt):
+            if rsvp.expire <= time.time():
+                continue
+            bases = [a for a in rsvp.addrs if not a.is_relayed] or [rsvp.relay_addr]
+            for base in bases:
+                out.append(str(base.with_peer_id(rsvp.relay).encapsulate(f"/p2p-circuit/p2p/{self.host.peer_id}")))
+        return out
+
+    def _needs_refresh(self, rsvp: ActiveReservation) -> bool:
+        lifetime = rsvp.expire - rsvp.granted_at
+        left = rsvp.expire - time.time()
+        return left <= min(lifetime * REFRESH_FRACTION, REFRESH_MARGIN_S)
+
+    async def _measure(self, relay_addr: Multiaddr) -> float:
+        relay = await self.host.connect(str(relay_addr))
+        return await self.host.ping(relay)
+
+    async def maintain(self, candidates: list[str]) -> None:
+        """Keep ``want`` live reservations among ``candidates`` (relay multiaddrs); runs until cancelled."""
+        addrs = [Multiaddr.parse(c) for c in candidates]
+        while True:
+            for relay, rsvp in list(self.reservations.items()):
+                if not self.host.is_connected(relay) or rsvp.expire <= time.time():
+                    log.info("relay %s lost; reserving elsewhere", relay)
+                    self._mark_failed(relay)
+                    del self.reservations[relay]
+                elif self._needs_refresh(rsvp):
+                    try:
+                        await self.reserve(rsvp.relay_addr)
+                    except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+                        log.info("refreshing the reservation on %s failed: %s", relay, exc)
+                        self._mark_failed(relay)
+                        self.reservations.pop(relay, None)
+            if len(self.reservations) < self.want:
+                await self._add_reservations(addrs)
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEALTH_CHECK_S):
+                    await self._changed.wait()
+
+    async def _add_reservations(self, addrs: list[Multiaddr]) -> None:
+        spare = [a for a in addrs if a.peer_id not in self.reservations and a.peer_id != self.host.peer_id]
+        results = await asyncio.gather(*(self._timed(self._measure(a), 5.0) for a in spare), return_exceptions=True)
+        ranked = sorted((rtt, i) for i, rtt in enumerate(results) if isinstance(rtt, float))
+        ranked.sort(key=lambda item: (self._recently_failed(spare[item[1]].peer_id), item[0]))
+        for rtt, i in ranked:
+            if len(self.reservations) >= self.want:
+                return
+            try:
+                rsvp = await self._timed(self.reserve(spare[i]), 10.0)
+            except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+                log.info("reservation on %s failed: %s", spare[i], exc)
+                self._mark_failed(spare[i].peer_id)
+                continue
+            rsvp.rtt = rtt
+
+    @staticmethod
+    async def _timed(coro, seconds: float):
+        async with asyncio.timeout(seconds):
+            return await coro
+
+    def _mark_failed(self, relay: str) -> None:
+        self._failed[relay] = time.monotonic()
+
+    def _recently_failed(self, relay: str) -> bool:
+        failed_at = self._failed.get(relay)
+        return failed_at is not None and time.monotonic() - failed_at < FAILED_RELAY_PENALTY_S
+
+    # ---- dialing through relays
+    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False) -> Connection:
+        """Connect through the first working relay among ``circuit_addrs`` (all for one target);
+        relays that failed recently are tried last. Raises DialError if none works."""
+        parsed = [split_circuit_addr(a) for a in circuit_addrs]
+        ordered = sorted(parsed, key=lambda p: self._recently_failed(p[0].peer_id))
+        errors = []
+        for relay_addr, target in ordered:
+            try:
+                return await self.dial_via(relay_addr, target, bulk=bulk)
+            except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+                self._mark_failed(relay_addr.peer_id)
+                errors.append(f"{relay_addr}: {type(exc).__name__}: {exc}")
+        raise DialError("no relay reached the target: " + ("; ".join(errors) or "no relayed address"))
+
+    async def dial_via(self, relay_addr: str | Multiaddr, target: str, *, bulk: bool = False) -> Connection:
+        """Open a circuit to ``target`` through the relay at ``relay_addr`` and upgrade it."""
+        relay_addr = Multiaddr.parse(relay_addr)
+        relay = await self.host.connect(str(relay_addr))
+        if bulk:
+            relay_conn = await self.host.open_bulk_connection(relay)
+            stream = await relay_conn.open_stream(HOP_PROTOCOL)
+        else:
+            stream = await self.host.open_stream(relay, HOP_PROTOCOL)
+        try:
+            await stream.write(frame(encode_hop(HopMessage(HopType.CONNECT, peer=Peer(target)))))
+            answer, rest = await read_message(stream, decode_hop)
+            if answer.type != HopType.STATUS or answer.status != Status.OK:
+                raise RelayRefused(relay, answer.status)
+            pipe = StreamPipe(stream, relay, answer.session)
+            pipe.unread(rest)
+            conn = await upgrade_circuit(self.host, pipe, True, target, bulk=bulk)
+        except BaseException:
+            stream.reset()
+            if bulk:
+                await relay_conn.close()
+            raise
+        if bulk:  # the dedicated relay connection lives as long as the circuit on it
+            pipe.connection_lost_callbacks.append(lambda: asyncio.ensure_future(relay_conn.close()))
+        self._remember(pipe, relay, target, is_source=True)
+        return conn
+
+    # ---- inbound circuits
+    async def _serve_stop(self, stream) -> None:
+        relay = stream.remote_peer
+        try:
+            msg, rest = await read_message(stream, decode_stop)
+        except RelayMessageError as exc:
+            log.debug("malformed stop message from %s: %s", relay, exc)
+            await self._stop_reply(stream, Status.MALFORMED_MESSAGE)
+            return
+        if msg.type != StopType.CONNECT or msg.peer is None:
+            await self._stop_reply(stream, Status.UNEXPECTED_MESSAGE)
+            return
+        if not self._holds_reservation(relay):
+            await self._stop_reply(stream, Status.PERMISSION_DENIED)
+            return
+        await stream.write(frame(encode_stop(StopMessage(StopType.STATUS, status=Status.OK))))
+        pipe = StreamPipe(stream, relay, msg.session)
+        pipe.unread(rest)
+        try:
+            conn = await upgrade_circuit(self.host, pipe, False, None)
+        except (ProtocolError, OSError, TimeoutError, DialError) as exc:
+            log.debug("inbound circuit via %s failed to upgrade: %s", relay, exc)
+            pipe.abort()
+            return
+        if conn.remote_peer != msg.peer.peer_id:
+            log.info("relay %s announced %s but %s answered; closing", relay, msg.peer.peer_id, conn.remote_peer)
+            await conn.close()
+            return
+        self._remember(pipe, relay, conn.remote_peer, is_source=False)
+
+    async def _stop_reply(self, stream, status: Status) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await stream.write(frame(encode_stop(StopMessage(StopType.STATUS, status=status))))
+            await stream.close()
+
+    def _holds_reservation(self, relay: str) -> bool:
+        rsvp = self.reservations.get(relay)
+        if rsvp is None or rsvp.expire <= time.time():
+            return False
+        if rsvp.voucher is None:
+            return True  # relays that issue no voucher (allowed by the spec): the reservation suffices
+        try:
+            open_voucher(rsvp.voucher, relay, self.host.peer_id, time.time())
+        except VoucherError:
+            return False
+        return True
+
+    # ---- accounting
+    def _remember(self, pipe: StreamPipe, relay: str, remote: str, is_source: bool) -> None:
+        if pipe.session is None:
+            return
+        count = CircuitCount(relay, remote, is_source, lambda: pipe.bytes_total)
+        self.circuits[pipe.session] = (count, pipe)
+        while len(self.circuits) > KEEP_CLOSED_SESSIONS:
+            oldest = next(iter(self.circuits))
+            if not self.circuits[oldest][1].is_closed:
+                break
+            self.circuits.popitem(last=False)
+
+    def _lookup_circuit(self, session: bytes) -> CircuitCount | None:
+        entry = self.circuits.get(session)
+        return entry[0] if entry else None
+
+    def pipe_for(self, conn: Connection) -> StreamPipe | None:
+        """The circuit under a relayed connection (None for direct ones)."""
+        tcp = conn.secure.tcp
+        return tcp if isinstance(tcp, StreamPipe) else None

@@ -1,0 +1,145 @@
+"""Relayed connections: noise + yamux over a circuit stream, registered with the Host like TCP ones.
+
+A circuit is a byte stream (a yamux stream to the relay, spliced by the relay to the other peer).
+``StreamPipe`` presents that stream with the interface ``secure_connection`` and the Host expect of
+a ``TcpConnection`` (chunk reads with unread, buffered write + drain, close/abort, lost-callbacks),
+and counts the bytes it carries both ways for relay receipts. ``upgrade_circuit`` runs the same
+upgrade as a TCP dial (multistream ``/noise``, noise XX, multistream ``/yamux/1.0.0``) and hands the
+result to the Host, so ``host.open_stream(peer, ...)`` works over the relayed connection.
+
+The Host has no public hook for foreign transports yet: this module calls ``Host._register`` (see
+ADR 0060 for the cleaner ``Host.add_secure_connection`` the lead could expose).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+from node.p2p.host import YAMUX_PROTOCOL, Connection, Host
+from node.p2p.negotiate import accept_protocol, select_protocol
+from node.p2p.noise import PROTOCOL_ID as NOISE_PROTOCOL
+from node.p2p.secure_conn import secure_connection
+
+CLOSE_GRACE_SECONDS = 5.0
+
+
+class StreamPipe:
+    """A relayed stream shaped like ``TcpConnection``, with byte counters for accounting."""
+
+    def __init__(self, stream, relay_peer: str, session: bytes | None = None) -> None:
+        self._stream = stream
+        self.relay_peer = relay_peer
+        self.session = session
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._pushback: deque[bytes] = deque()
+        self._pending: list[bytes] = []
+        self._write_lock = asyncio.Lock()
+        self._closed_exc: BaseException | None = None
+        self._eof = False
+        self._closer: asyncio.Task | None = None
+        self.connection_lost_callbacks: list = []
+        self.peername = None  # no IP endpoint: identify then advertises no observed address
+        self.sockname = None
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_sent + self.bytes_received
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed_exc is not None
+
+    def _lost(self, exc: BaseException) -> None:
+        if self._closed_exc is not None:
+            return
+        self._closed_exc = exc
+        callbacks, self.connection_lost_callbacks = self.connection_lost_callbacks, []
+        for callback in callbacks:
+            callback()
+
+    async def read(self) -> bytes:
+        """The next received chunk, or b"" at EOF (or when the circuit is gone)."""
+        if self._pushback:
+            return self._pushback.popleft()
+        if self._eof:
+            return b""
+        try:
+            data = await self._stream.read()
+        except ConnectionError as exc:
+            data = b""
+            self._lost(exc)
+        if not data:
+            self._eof = True
+            self._lost(ConnectionResetError("relayed stream ended"))
+            return b""
+        self.bytes_received += len(data)
+        return data
+
+    async def read_chunks(self, max_bytes: int = 0) -> list[bytes]:
+        data = await self.read()
+        return [data] if data else []
+
+    def unread(self, data: bytes) -> None:
+        if data:
+            self._pushback.appendleft(data)
+
+    def write(self, data) -> None:
+        if self._closed_exc is not None:
+            raise ConnectionResetError("relayed connection closed")
+        self._pending.append(bytes(data))
+
+    async def drain(self) -> None:
+        async with self._write_lock:
+            while self._pending:
+                if self._closed_exc is not None:
+                    raise ConnectionResetError("relayed connection closed")
+                data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+                self._pending.clear()
+                try:
+                    await self._stream.write(data)
+                except (ConnectionError, RuntimeError) as exc:
+                    self._lost(exc)
+                    raise ConnectionResetError(f"relayed stream failed: {exc}") from exc
+                self.bytes_sent += len(data)
+
+    def close(self) -> None:
+        """Half-close (FIN after everything written), then reset after a grace period."""
+        if self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(self._close_gracefully())
+        self._lost(ConnectionResetError("relayed connection closed"))
+
+    async def _close_gracefully(self) -> None:
+        with contextlib.suppress(Exception):
+            async with self._write_lock:
+                await self._stream.close()
+            await asyncio.sleep(CLOSE_GRACE_SECONDS)
+        self._stream.reset()
+
+    def abort(self) -> None:
+        self._stream.reset()
+        self._lost(ConnectionResetError("relayed connection aborted"))
+
+
+async def _write_now(pipe: StreamPipe, data: bytes) -> None:
+    pipe.write(data)
+    await pipe.drain()
+
+
+async def upgrade_circuit(host: Host, pipe: StreamPipe, is_initiator: bool, expected_peer: str | None,
+                          bulk: bool = False) -> Connection:
+    """Secure and multiplex a circuit and register it with ``host``; returns the Connection.
+
+    The dialing side (``is_initiator``) knows whom it expects; the accepting side learns the peer
+    from the noise handshake. Raises ProtocolError/OSError/TimeoutError on failure (the caller
+    aborts the pipe).
+    """
+    timeout = host.limits.handshake_timeout
+    async with asyncio.timeout(timeout):
+        negotiate = select_protocol if is_initiator else accept_protocol
+        await negotiate(pipe.read, lambda d: _write_now(pipe, d), pipe.unread, [NOISE_PROTOCOL], timeout)
+        secure = await secure_connection(pipe, host.identity, is_initiator, expected_peer,
+                                         host._static_keypair, timeout)
+        await negotiate(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL], timeout)
+    return await host._register(secure, "outbound" if is_initiator else "inbound", bulk=bulk)
