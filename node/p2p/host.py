@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from node.identity import Identity
 
-from .errors import ProtocolError
+from .errors import HandshakeTimeout, ProtocolError
 from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
 from .limits import HostLimits
@@ -239,13 +239,7 @@ class Host:
     async def _handle_inbound(self, tcp: TcpConnection) -> None:
         try:
             try:
-                async with asyncio.timeout(self.limits.handshake_timeout):
-                    await accept_protocol(tcp.read, self._raw_write(tcp), tcp.unread, [NOISE_PROTOCOL],
-                                          self.limits.handshake_timeout)
-                    secure = await secure_connection(tcp, self.identity, False, None, self._static_keypair,
-                                                     self.limits.handshake_timeout)
-                    await accept_protocol(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL],
-                                          self.limits.handshake_timeout)
+                secure = await self._secure(tcp, is_initiator=False, expected_peer=None)
             finally:
                 self._pending_inbound -= 1
         except (ProtocolError, OSError, TimeoutError) as exc:
@@ -255,18 +249,49 @@ class Host:
         with contextlib.suppress(DialError):
             await self._register(secure, "inbound", bulk=False)
 
-    @staticmethod
-    def _raw_write(tcp: TcpConnection):
-        async def write(data: bytes) -> None:
-            tcp.write(data)
-            await tcp.drain()
-        return write
+    # ---- the upgrade, for TCP and for any other byte pipe (relayed circuits)
+    async def _secure(self, pipe, *, is_initiator: bool, expected_peer: str | None) -> SecureConn:
+        """multistream /noise -> noise XX -> multistream /yamux/1.0.0, within the handshake timeout."""
+        timeout = self.limits.handshake_timeout
+        negotiate = select_protocol if is_initiator else accept_protocol
+
+        async def raw_write(data: bytes) -> None:
+            pipe.write(data)
+            await pipe.drain()
+
+        try:
+            async with asyncio.timeout(timeout):
+                await negotiate(pipe.read, raw_write, pipe.unread, [NOISE_PROTOCOL], timeout)
+                secure = await secure_connection(pipe, self.identity, is_initiator, expected_peer,
+                                                 self._static_keypair, timeout)
+                await negotiate(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL], timeout)
+        except TimeoutError as exc:
+            raise HandshakeTimeout(f"connection upgrade took longer than {timeout} s") from exc
+        return secure
+
+    async def upgrade(self, pipe, *, is_initiator: bool, expected_peer: str | None = None,
+                      bulk: bool = False) -> Connection:
+        """Secure and multiplex any ordered byte pipe and register it like a TCP connection.
+
+        ``pipe`` has TcpConnection's shape (``read``, ``read_chunks``, ``unread``, ``write``,
+        ``drain``, ``close``, ``abort``, ``is_closed``, ``connection_lost_callbacks``,
+        ``peername``, ``sockname``); the relay client uses this for circuits. The dialing side
+        names the peer it expects. On failure the pipe is aborted and the error (ProtocolError,
+        OSError, DialError for limits) propagates.
+        """
+        try:
+            secure = await self._secure(pipe, is_initiator=is_initiator, expected_peer=expected_peer)
+        except BaseException:
+            pipe.abort()
+            raise
+        return await self._register(secure, "outbound" if is_initiator else "inbound", bulk=bulk)
 
     # ---- outbound
     async def _dial_tcp(self, addr: Multiaddr) -> TcpConnection:
         host, port = addr.tcp_endpoint()
         loop = asyncio.get_running_loop()
-        _transport, tcp = await loop.create_connection(TcpConnection, host, port)
+        async with asyncio.timeout(self.limits.handshake_timeout):
+            _transport, tcp = await loop.create_connection(TcpConnection, host, port)
         return tcp
 
     async def _dial(self, peer_id: str, addrs: Sequence[Multiaddr], bulk: bool) -> Connection:
@@ -285,14 +310,8 @@ class Host:
                 continue
             tcp = None
             try:
-                async with asyncio.timeout(self.limits.handshake_timeout):
-                    tcp = await self._dial_tcp(addr)
-                    await select_protocol(tcp.read, self._raw_write(tcp), tcp.unread, [NOISE_PROTOCOL],
-                                          self.limits.handshake_timeout)
-                    secure = await secure_connection(tcp, self.identity, True, peer_id, self._static_keypair,
-                                                     self.limits.handshake_timeout)
-                    await select_protocol(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL],
-                                          self.limits.handshake_timeout)
+                tcp = await self._dial_tcp(addr)
+                secure = await self._secure(tcp, is_initiator=True, expected_peer=peer_id)
             except (ProtocolError, OSError, TimeoutError) as exc:
                 if tcp is not None:
                     tcp.abort()

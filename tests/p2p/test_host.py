@@ -8,6 +8,7 @@ import pytest
 
 from node.identity import Identity
 from node.p2p.host import DialError, Host
+from node.p2p.errors import ProtocolError
 from node.p2p.limits import HostLimits
 from node.p2p.multistream import NoCommonProtocol
 from node.p2p.negotiate import select_protocol
@@ -240,3 +241,33 @@ def test_wildcard_listen_addresses_are_advertised_as_the_reached_ip():
                                                                         "/ip4/10.1.2.3/tcp/5"]
     assert [str(a) for a in advertised_addrs(bound, "fe80::1")] == ["/ip6/fe80::1/tcp/4001", "/ip4/10.1.2.3/tcp/5"]
     assert [str(a) for a in advertised_addrs(bound, None)] == ["/ip4/10.1.2.3/tcp/5"]
+
+
+def test_upgrade_over_a_foreign_pipe():
+    """Host.upgrade secures any TcpConnection-shaped pipe (the relay client's circuits)."""
+    async def body(a, b):
+        loop = asyncio.get_running_loop()
+        accepted = loop.create_future()
+
+        # a plain TCP pair stands in for a circuit: a dials, b accepts, both through upgrade()
+        def factory():
+            tcp = TcpConnection()
+            accepted.set_result(tcp)
+            return tcp
+
+        server = await loop.create_server(factory, "127.0.0.1", 0)
+        _, pipe_a = await loop.create_connection(TcpConnection, "127.0.0.1", server.sockets[0].getsockname()[1])
+        pipe_b = await accepted
+        conn_a, conn_b = await asyncio.gather(a.upgrade(pipe_a, is_initiator=True, expected_peer=b.peer_id),
+                                              b.upgrade(pipe_b, is_initiator=False))
+        assert conn_a.remote_peer == b.peer_id and conn_b.remote_peer == a.peer_id
+        stream = await a.open_stream(b.peer_id, ECHO)
+        assert stream.connection is conn_a
+        await stream.write(b"relayed")
+        assert await stream.readexactly(7) == b"relayed"
+        _, bad_pipe = await loop.create_connection(TcpConnection, "127.0.0.1", int(b.listen_addrs[0].split("/")[4]))
+        with pytest.raises(ProtocolError):
+            await a.upgrade(bad_pipe, is_initiator=True, expected_peer=Identity.generate().peer_id)
+        assert bad_pipe.is_closed or bad_pipe.transport.is_closing()
+        server.close()
+    run(body)
