@@ -77,6 +77,7 @@ class NodeSpec:
 
 
 class Testnet:
+    __test__ = False  # not a pytest test class
     def __init__(self, root: Path, chain_id: str, nodes: list[NodeSpec]):
         self.root = root
         self.chain_id = chain_id
