@@ -1,0 +1,329 @@
+"""Benchmark: 4 peers averaging 25M fp32 values over 100 Mbit/s tbf links in network namespaces.
+
+Measures ours (fp32, fp16, int8, int4 butterfly; PowerSGD rank 4), torch.distributed gloo (fp32)
+and hivemind 1.1.12's DecentralizedAverager (fp32, fp16, 8-bit, from the venv at $HIVEMIND_PYTHON,
+default /tmp/hm/bin/python) in the same run, plus ours vs gloo over loopback. Per system: seconds
+per round (the slowest peer, mean over timed rounds after a warm-up round), MB sent per peer (the
+interface's tx bytes, headers included) and the relative error vs the exact mean. Needs root.
+Prints one JSON object as its last line.
+
+    python bench/allreduce.py [--numel 25000000] [--rounds 2] [--skip hivemind,gloo]
+
+Run as `bench/allreduce.py peer ...` it is one peer process (started by the driver).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = 4
+OUR_PORT = 7100
+GLOO_PORT = 29511
+ROUND_TIMEOUT_S = 300.0
+
+
+# ----------------------------------------------------------------------------- peer side
+
+def _contribution(index: int, numel: int):
+    import torch
+    return torch.randn(numel, generator=torch.Generator().manual_seed(index))
+
+
+def _exact_mean(n: int, numel: int):
+    acc = _contribution(0, numel)
+    for i in range(1, n):
+        acc.add_(_contribution(i, numel))
+    return acc.div_(n)
+
+
+def _rel_err(result, n: int, numel: int) -> float:
+    exact = _exact_mean(n, numel)
+    return float((result.reshape(-1)[:numel] - exact).norm() / exact.norm())
+
+
+def _say(tag: str, payload=None) -> None:
+    print(tag if payload is None else f"{tag} {json.dumps(payload)}", flush=True)
+
+
+def _await_go() -> None:
+    line = sys.stdin.readline()
+    if line.strip() != "GO":
+        raise SystemExit(f"expected GO, got {line!r}")
+
+
+def peer_ours(args, addrs: list[str]) -> None:
+    import asyncio
+
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from ml.allreduce import AllReduceGroup, PowerSGDAllReduce, TcpTransport
+
+    torch.set_num_threads(1)
+
+    async def main():
+        names = [f"peer{i}" for i in range(args.n)]
+        me = names[args.index]
+        transport = TcpTransport(me, addrs[args.index], args.port + (args.index if args.loopback else 0),
+                                 {p: (addrs[i], args.port + (i if args.loopback else 0)) for i, p in enumerate(names)})
+        await transport.start()
+        powersgd = args.codec.startswith("powersgd")
+        group = AllReduceGroup(transport, me, names, codec="fp32" if powersgd else args.codec, workers=2)
+        await group.start()
+        x = _contribution(args.index, args.numel)
+        reducer = PowerSGDAllReduce(group, [tuple(x.shape)], rank=int(args.codec[len("powersgd"):])) if powersgd else group
+        loop = asyncio.get_running_loop()
+        _say("READY0")
+        result = None
+        for round_id in range(args.rounds + 1):
+            await loop.run_in_executor(None, _await_go)
+            start = time.perf_counter()
+            result = await reducer.allreduce([x], round_id)
+            _say("DONE", {"s": time.perf_counter() - start, "sent": result.bytes_sent,
+                          "participants": len(result.participants)})
+        if args.check:
+            _say("CHECK", {"rel_err": await loop.run_in_executor(None, _rel_err, result.tensors[0], args.n, args.numel)})
+        await asyncio.sleep(0.5)  # let the last frames to slower peers drain
+        await group.close()
+        await transport.close()
+
+    asyncio.run(main())
+
+
+def peer_gloo(args, addrs: list[str]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo" if args.loopback else args.iface
+    dist.init_process_group("gloo", init_method=f"tcp://{addrs[0]}:{args.port}", rank=args.index,
+                            world_size=args.n)
+    x = _contribution(args.index, args.numel)
+    _say("READY0")
+    t = None
+    for _ in range(args.rounds + 1):
+        _await_go()
+        t = x.clone()
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        t.div_(args.n)
+        _say("DONE", {"s": time.perf_counter() - start})
+    if args.check:
+        _say("CHECK", {"rel_err": _rel_err(t, args.n, args.numel)})
+    dist.destroy_process_group()
+
+
+def peer_hivemind(args, addrs: list[str]) -> None:
+    import hivemind
+    import torch
+    from hivemind.compression import Float16Compression, NoCompression, Uniform8BitQuantization
+
+    torch.set_num_threads(1)
+    initial = json.loads(sys.stdin.readline())
+    dht = hivemind.DHT(host_maddrs=[f"/ip4/{addrs[args.index]}/tcp/0"], initial_peers=initial, start=True)
+    if args.index == 0:
+        _say("MADDRS", [str(m) for m in dht.get_visible_maddrs()])
+    compression = {"fp32": NoCompression(), "fp16": Float16Compression(), "int8": Uniform8BitQuantization()}[args.codec]
+    x = _contribution(args.index, args.numel)
+    averager = hivemind.averaging.DecentralizedAverager(
+        [x.clone()], dht, prefix="dekube_bench", target_group_size=args.n, min_group_size=args.n,
+        min_matchmaking_time=2.0, request_timeout=10.0, compression=compression, start=True)
+    _say("READY0")
+    result = None
+    for _ in range(args.rounds + 1):
+        _await_go()
+        with averager.get_tensors() as tensors:
+            tensors[0].copy_(x)
+        start = time.perf_counter()
+        info = averager.step(timeout=ROUND_TIMEOUT_S)
+        seconds = time.perf_counter() - start
+        with averager.get_tensors() as tensors:
+            result = tensors[0].clone()
+        _say("DONE", {"s": seconds, "group": len(info) if info else 0})
+    if args.check:
+        _say("CHECK", {"rel_err": _rel_err(result, args.n, args.numel)})
+    averager.shutdown()
+    dht.shutdown()
+
+
+def peer_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("system", choices=["ours", "gloo", "hivemind"])
+    p.add_argument("--codec", default="fp32")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--n", type=int, default=PEERS)
+    p.add_argument("--numel", type=int, required=True)
+    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--addrs", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--iface", default="")
+    p.add_argument("--loopback", action="store_true")
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args(argv)
+    addrs = args.addrs.split(",")
+    {"ours": peer_ours, "gloo": peer_gloo, "hivemind": peer_hivemind}[args.system](args, addrs)
+
+
+# ----------------------------------------------------------------------------- driver side
+
+class PeerProcess:
+    """One peer subprocess with a thread turning its stdout into a queue of tagged lines."""
+
+    def __init__(self, argv: list[str]):
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        self.lines: queue.Queue = queue.Queue()
+        self.stderr_tail: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True).start()
+
+    def _pump(self, stream, is_stdout: bool) -> None:
+        for line in stream:
+            if is_stdout:
+                self.lines.put(line.rstrip("\n"))
+            else:
+                self.stderr_tail = (self.stderr_tail + [line.rstrip("\n")])[-15:]
+        if is_stdout:
+            self.lines.put(None)
+
+    def expect(self, tag: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"timed out waiting for {tag}; stderr: {self.stderr_tail[-5:]}") from None
+            if line is None:
+                raise RuntimeError(f"peer exited before {tag}; stderr: {self.stderr_tail[-8:]}")
+            if line == tag or line.startswith(tag + " "):
+                rest = line[len(tag):].strip()
+                return json.loads(rest) if rest else None
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - a peer that does not exit is killed
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_system(system: str, codec: str, numel: int, rounds: int, lab=None) -> dict:
+    """Run one system/codec among PEERS processes; seconds, MB sent per peer, relative error."""
+    python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python") if system == "hivemind" else sys.executable
+    if lab is not None:
+        addrs = [lab.address(i) for i in range(PEERS)]
+    else:
+        addrs = ["127.0.0.1"] * PEERS
+    port = {"ours": OUR_PORT, "gloo": GLOO_PORT, "hivemind": 0}[system]
+    peers = []
+    try:
+        for i in range(PEERS):
+            argv = [python, str(Path(__file__).resolve()), "peer", system, "--codec", codec, "--index", str(i),
+                    "--numel", str(numel), "--rounds", str(rounds), "--addrs", ",".join(addrs),
+                    "--port", str(port)]
+            argv += ["--iface", lab.ifname(i)] if lab is not None else ["--loopback"]
+            argv += ["--check"] if i == 0 else []
+            peers.append(PeerProcess((lab.exec_prefix(i) if lab is not None else []) + argv))
+        if system == "hivemind":
+            peers[0].send("[]")
+            maddrs = peers[0].expect("MADDRS", 120)
+            for peer in peers[1:]:
+                peer.send(json.dumps(maddrs))
+        for peer in peers:
+            peer.expect("READY0", 180)
+        seconds, sent = [], []
+        for round_id in range(rounds + 1):
+            tx_before = [lab.tx_bytes(i) for i in range(PEERS)] if lab is not None else None
+            for peer in peers:
+                peer.send("GO")
+            done = [peer.expect("DONE", ROUND_TIMEOUT_S) for peer in peers]
+            if round_id == 0:
+                continue  # warm-up: connections, allocations, first bandwidth measurement
+            seconds.append(max(d["s"] for d in done))
+            if lab is not None:
+                sent.append(sum(lab.tx_bytes(i) - tx_before[i] for i in range(PEERS)) / PEERS)
+        check = peers[0].expect("CHECK", 300)
+        out = {"s": round(sum(seconds) / len(seconds), 3), "rel_err": float(f"{check['rel_err']:.3g}")}
+        if sent:
+            out["MB_per_peer"] = round(sum(sent) / len(sent) / 1e6, 2)
+        return out
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON, the run goes on
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    finally:
+        for peer in peers:
+            peer.stop()
+
+
+def hivemind_available() -> str | None:
+    python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python")
+    if not Path(python).exists():
+        return f"no hivemind venv at {python} (python -m venv /tmp/hm && /tmp/hm/bin/pip install hivemind==1.1.12 torch==2.13.0 'numpy<2.4')"
+    proc = subprocess.run([python, "-c", "import hivemind, numpy; print(hivemind.__version__, numpy.__version__)"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"hivemind does not import: {proc.stderr.strip()[-300:]}"
+    version, numpy_version = proc.stdout.split()
+    if version != "1.1.12":
+        return f"hivemind {version} installed, 1.1.12 expected"
+    if tuple(int(v) for v in numpy_version.split(".")[:2]) >= (2, 4):
+        return f"numpy {numpy_version} in the hivemind venv: its 8-bit codecs fail silently with numpy >= 2.4"
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--numel", type=int, default=25_000_000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--link-mbit", type=float, default=100.0)
+    p.add_argument("--skip", default="", help="comma-separated: ours,gloo,hivemind,loopback")
+    p.add_argument("--codecs", default="fp32,fp16,int8,int4,powersgd4")
+    args = p.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    sys.path.insert(0, str(REPO / "bench"))
+    from netns import Netlab, available
+
+    report = {"peers": PEERS, "numel": args.numel, "link_mbit": args.link_mbit}
+    why = available()
+    if why:
+        report["error"] = f"network namespaces unavailable: {why}"
+    else:
+        with Netlab(PEERS, args.link_mbit) as lab:
+            if "ours" not in skip:
+                report["ours"] = {c: run_system("ours", c, args.numel, args.rounds, lab) for c in args.codecs.split(",")}
+                print(json.dumps({"progress": "ours", **report["ours"]}), flush=True)
+            if "gloo" not in skip:
+                report["gloo"] = {"fp32": run_system("gloo", "fp32", args.numel, args.rounds, lab)}
+                print(json.dumps({"progress": "gloo", **report["gloo"]}), flush=True)
+            if "hivemind" not in skip:
+                why_not = hivemind_available()
+                report["hivemind"] = {"error": why_not} if why_not else {
+                    c: run_system("hivemind", c, args.numel, args.rounds, lab) for c in ("fp32", "fp16", "int8")}
+                print(json.dumps({"progress": "hivemind", **report["hivemind"]}), flush=True)
+    if "loopback" not in skip:
+        ours = run_system("ours", "fp32", args.numel, args.rounds)
+        gloo = run_system("gloo", "fp32", args.numel, args.rounds)
+        report["loopback"] = {"ours_fp32_s": ours.get("s", ours.get("error")),
+                              "gloo_fp32_s": gloo.get("s", gloo.get("error"))}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "peer":
+        peer_main(sys.argv[2:])
+    else:
+        main()
