@@ -159,7 +159,7 @@ class Host:
         self._connections: set[Connection] = set()
         self._dials: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._pending_inbound = 0
+        self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
         self._running = False
         self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
         self.set_handler(PING_PROTOCOL, serve_ping)
@@ -180,6 +180,9 @@ class Host:
         self._running = False
         for server in self._servers:
             server.close()
+        for tcp in list(self._upgrading):  # also those whose upgrade task has not started yet
+            tcp.abort()
+        self._upgrading.clear()
         await asyncio.gather(*(conn.close() for conn in list(self._connections)), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
@@ -230,10 +233,10 @@ class Host:
 
     def _on_tcp_accepted(self, tcp: TcpConnection) -> None:
         if (not self._running or len(self._connections) >= self.limits.max_connections
-                or self._pending_inbound >= self.limits.max_pending_inbound):
+                or len(self._upgrading) >= self.limits.max_pending_inbound):
             tcp.abort()
             return
-        self._pending_inbound += 1
+        self._upgrading.add(tcp)
         self._spawn(self._handle_inbound(tcp))
 
     async def _handle_inbound(self, tcp: TcpConnection) -> None:
@@ -241,11 +244,14 @@ class Host:
             try:
                 secure = await self._secure(tcp, is_initiator=False, expected_peer=None)
             finally:
-                self._pending_inbound -= 1
+                self._upgrading.discard(tcp)
         except (ProtocolError, OSError, TimeoutError) as exc:
             log.debug("inbound upgrade from %s failed: %s", tcp.peername, exc)
             tcp.abort()
             return
+        except BaseException:  # cancelled by stop(): never leave the socket open
+            tcp.abort()
+            raise
         with contextlib.suppress(DialError):
             await self._register(secure, "inbound", bulk=False)
 
@@ -317,6 +323,10 @@ class Host:
                     tcp.abort()
                 errors.append(f"{addr}: {type(exc).__name__}: {exc}")
                 continue
+            except BaseException:
+                if tcp is not None:
+                    tcp.abort()
+                raise
             return await self._register(secure, "outbound", bulk=bulk)
         raise DialError(f"could not dial {peer_id}: " + ("; ".join(errors) or "no known address"))
 

@@ -271,3 +271,22 @@ def test_upgrade_over_a_foreign_pipe():
         assert bad_pipe.is_closed or bad_pipe.transport.is_closing()
         server.close()
     run(body)
+
+
+def test_stop_during_pending_upgrades_leaves_no_sockets():
+    async def main():
+        host = Host(Identity.generate(), limits=HostLimits(handshake_timeout=30))
+        await host.start()
+        port = int(host.listen_addrs[0].split("/")[4])
+        clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]  # never speak
+        await until(lambda: len(host._upgrading) == 5)
+        await host.stop()
+        for reader, writer in clients:
+            try:  # aborted: EOF or reset, after at most our multistream header
+                data = await asyncio.wait_for(reader.read(), 5)
+            except ConnectionResetError:
+                data = b""
+            assert data in (b"", b"\x13/multistream/1.0.0\n")
+            writer.close()
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    asyncio.run(main())
