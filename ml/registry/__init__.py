@@ -22,7 +22,7 @@ DATASETS: dict[str, Callable[[], object]] = {
 
 MODELS: dict[str, Callable[[object], torch.nn.Module]] = {
     "digits-mlp": lambda dataset: DigitsMLP(dataset.num_features, (128, 64), dataset.num_classes),
-    "char-transformer": lambda dataset: CharTransformer(dataset.vocab_size, dataset.context),
+    "char-transformer": lambda dataset: CharTransformer(dataset.vocab_size, dataset.context, width=64),
 }
 
 DEFAULT_MODEL = {"digits": "digits-mlp", "shakespeare": "char-transformer"}

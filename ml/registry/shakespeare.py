@@ -56,7 +56,7 @@ class ShakespeareDataset:
 
     name = "shakespeare"
 
-    def __init__(self, context: int = 128, eval_chars: int = 65536) -> None:
+    def __init__(self, context: int = 64, eval_chars: int = 65536) -> None:
         self.vocab, self.train_tokens, self.valid_tokens = _load_corpus()
         self.context = context
         self.eval_chars = eval_chars
