@@ -290,3 +290,22 @@ def test_stop_during_pending_upgrades_leaves_no_sockets():
             writer.close()
         assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     asyncio.run(main())
+
+
+def test_total_connection_limit_refuses_inbound():
+    async def main():
+        server = Host(Identity.generate(), limits=HostLimits(max_connections=1))
+        first, second = Host(Identity.generate()), Host(Identity.generate())
+        for h in (server, first, second):
+            await h.start()
+        try:
+            await first.connect(server.listen_addrs[0])
+            await until(lambda: len(server.connections()) == 1)
+            with pytest.raises(DialError):
+                await second.connect(server.listen_addrs[0])
+            assert [c.remote_peer for c in server.connections()] == [first.peer_id]
+            assert 0 < await first.ping(server.peer_id)
+        finally:
+            for h in (server, first, second):
+                await h.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
