@@ -213,8 +213,7 @@ class RelayClient:
             answer, rest = await read_message(stream, decode_hop)
             if answer.type != HopType.STATUS or answer.status != Status.OK:
                 raise RelayRefused(relay, answer.status)
-            pipe = StreamPipe(stream, relay, answer.session)
-            pipe.unread(rest)
+            pipe = StreamPipe(stream, relay, answer.session, rest)
             conn = await upgrade_circuit(self.host, pipe, True, target, bulk=bulk)
         except BaseException:
             stream.reset()
@@ -242,8 +241,7 @@ class RelayClient:
             await self._stop_reply(stream, Status.PERMISSION_DENIED)
             return
         await stream.write(frame(encode_stop(StopMessage(StopType.STATUS, status=Status.OK))))
-        pipe = StreamPipe(stream, relay, msg.session)
-        pipe.unread(rest)
+        pipe = StreamPipe(stream, relay, msg.session, rest)
         try:
             conn = await upgrade_circuit(self.host, pipe, False, None)
         except (ProtocolError, OSError, TimeoutError, DialError) as exc:

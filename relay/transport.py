@@ -27,13 +27,14 @@ CLOSE_GRACE_SECONDS = 5.0
 class StreamPipe:
     """A relayed stream shaped like ``TcpConnection``, with byte counters for accounting."""
 
-    def __init__(self, stream, relay_peer: str, session: bytes | None = None) -> None:
+    def __init__(self, stream, relay_peer: str, session: bytes | None = None, leftover: bytes = b"") -> None:
+        """``leftover``: circuit bytes that arrived together with the relay's last message."""
         self._stream = stream
         self.relay_peer = relay_peer
         self.session = session
         self.bytes_sent = 0
-        self.bytes_received = 0
-        self._pushback: deque[bytes] = deque()
+        self.bytes_received = len(leftover)
+        self._pushback: deque[bytes] = deque([leftover] if leftover else [])
         self._pending: list[bytes] = []
         self._write_lock = asyncio.Lock()
         self._closed_exc: BaseException | None = None

@@ -1,0 +1,45 @@
+"""Reservation vouchers: signed envelope layout, verification, and every way a voucher is refused."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from node.identity import Identity
+from relay.voucher import DOMAIN, PAYLOAD_TYPE, VoucherError, decode_voucher, open_voucher, seal_voucher
+
+RELAY = Identity.from_seed(b"r" * 32)
+PEER = Identity.from_seed(b"p" * 32)
+OTHER = Identity.from_seed(b"o" * 32)
+
+
+def test_seal_and_open():
+    envelope = seal_voucher(RELAY, PEER.peer_id, 2_000)
+    record = open_voucher(envelope, RELAY.peer_id, PEER.peer_id, now=1_000)
+    assert (record.relay, record.peer, record.expiration) == (RELAY.peer_id, PEER.peer_id, 2_000)
+    assert PAYLOAD_TYPE == b"\x82\x06" and DOMAIN == b"libp2p-relay-rsvp"
+
+
+def test_refusals():
+    envelope = seal_voucher(RELAY, PEER.peer_id, 2_000)
+    with pytest.raises(VoucherError, match="expired"):
+        open_voucher(envelope, RELAY.peer_id, PEER.peer_id, now=2_000)
+    with pytest.raises(VoucherError, match="another peer"):
+        open_voucher(envelope, RELAY.peer_id, OTHER.peer_id, now=0)
+    with pytest.raises(VoucherError, match="not signed by this relay"):
+        open_voucher(seal_voucher(OTHER, PEER.peer_id, 2_000), RELAY.peer_id, PEER.peer_id, now=0)
+
+
+def test_tampered_payload_fails_signature():
+    envelope = bytearray(seal_voucher(RELAY, PEER.peer_id, 2_000))
+    envelope[-70] ^= 1  # inside the payload's expiration/peer, before the 64-byte signature field
+    record, signer, valid = decode_voucher(bytes(envelope))
+    assert signer == RELAY.peer_id and not valid
+    with pytest.raises(VoucherError):
+        open_voucher(bytes(envelope), RELAY.peer_id, PEER.peer_id, now=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_decode_voucher(data):
+    try:
+        decode_voucher(data)
+    except VoucherError:
+        pass
