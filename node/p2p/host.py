@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 from node.identity import Identity
@@ -32,6 +33,7 @@ from .ping import ping_once, serve_ping
 from .secure_conn import SecureConn, TcpConnection, secure_connection
 
 YAMUX_PROTOCOL = "/yamux/1.0.0"
+_ADDRESS_FAMILY = {"ip4": socket.AF_INET, "dns4": socket.AF_INET, "ip6": socket.AF_INET6, "dns6": socket.AF_INET6}
 log = logging.getLogger(__name__)
 
 Handler = Callable[["HostStream"], Awaitable[None]]
@@ -295,9 +297,10 @@ class Host:
     # ---- outbound
     async def _dial_tcp(self, addr: Multiaddr) -> TcpConnection:
         host, port = addr.tcp_endpoint()
+        family = _ADDRESS_FAMILY.get(addr.parts[0][0], socket.AF_UNSPEC)
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.limits.handshake_timeout):
-            _transport, tcp = await loop.create_connection(TcpConnection, host, port)
+            _transport, tcp = await loop.create_connection(TcpConnection, host, port, family=family)
         return tcp
 
     async def _dial(self, peer_id: str, addrs: Sequence[Multiaddr], bulk: bool) -> Connection:

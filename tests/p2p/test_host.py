@@ -82,6 +82,10 @@ def test_open_stream_dials_from_peerbook_and_dedupes():
             assert await s.readexactly(1) == b"x"
         await a.connect(b.listen_addrs[0])
         assert len(a.connections(b.peer_id)) == 1
+        port = b.listen_addrs[0].split("/")[4]
+        async with Host(Identity.generate()) as c:
+            assert await c.connect(f"/dns4/localhost/tcp/{port}/p2p/{b.peer_id}") == b.peer_id
+            assert c.connections(b.peer_id)[0].remote_addr.value_of("ip4") == "127.0.0.1"
     run(body)
 
 
