@@ -176,5 +176,7 @@ def kill_and_recover(tmp_path, kills, seed):
             assert replay.full_state_hash() == ledger.full_state_hash()
             signer = storage.load_signer_state()
             assert signer is not None and int(signer.split(b"-")[1]) >= storage.height
-            assert storage.wal_records(storage.height) == [b"prevote-%d" % storage.height]
+            # the WAL record for a block is written before it commits (twice if a kill came between)
+            records = storage.wal_records(storage.height)
+            assert records and set(records) == {b"prevote-%d" % storage.height}
     assert last_told > 0
