@@ -32,6 +32,7 @@ _SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 # Used instead of torch.round and per-row aminmax, which take ~20 ms even on tiny tensors when torch
 # runs more than one intra-op thread on a busy machine.
 _ROUNDING_MAGIC = 12582912.0
+_CHUNK_VALUES = 1 << 16  # values quantized per step (256 KiB of fp32 temporaries)
 
 
 def _max_scale_bits(levels: int) -> int:
@@ -80,8 +81,9 @@ class BlockwiseCodec:
 
     # -- encode ---------------------------------------------------------------------------------
 
-    def _quantize_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """rows [r, block] -> (scale bits int16 [r], codes int8 [r, block] in -levels..levels)."""
+    def _quantize_rows(self, rows: torch.Tensor, scale_bits_out: torch.Tensor, codes_out: torch.Tensor) -> None:
+        """rows [r, block] -> bf16 scale bits into scale_bits_out [r], codes -levels..levels into
+        codes_out [r, block] (int8)."""
         absmax = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_())
         if not bool(torch.isfinite(absmax).all()):
             raise CodecError("tensor contains NaN or Inf")
@@ -90,34 +92,32 @@ class BlockwiseCodec:
         saturated = bool((scale_bits > self._max_scale_bits).any())
         if saturated:  # |x| near fp32 max: cap the scale so decoding stays finite, clamp codes
             scale_bits.clamp_(max=self._max_scale_bits)
+        scale_bits_out.copy_(scale_bits)
         inv = 1.0 / _bf16_bits_to_float(scale_bits)
         scaled = (rows * inv[:, None]).add_(_ROUNDING_MAGIC).sub_(_ROUNDING_MAGIC)
         if saturated:
             scaled.clamp_(-self._levels, self._levels)
-        return scale_bits, scaled.to(torch.int8)
+        codes_out.copy_(scaled)  # integral values: the float -> int8 cast is exact
 
     def encode(self, x: torch.Tensor) -> bytes:
         numel = check_input(x)
         x = x.detach()
+        n_blocks, _ = self._sizes(numel)
         n_full = numel // self.block
-        tail = numel - n_full * self.block
-        scale_parts, code_parts = [], []
-        if n_full:
-            s, q = self._quantize_rows(x[: n_full * self.block].view(n_full, self.block))
-            scale_parts.append(s)
-            code_parts.append(q.view(-1))
-        if tail:
+        scale_bits = torch.empty(n_blocks, dtype=torch.int16)
+        codes = torch.empty(n_blocks, self.block, dtype=torch.int8)
+        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # temporaries stay in cache
+        for first in range(0, n_full, rows_per_chunk):
+            last = min(first + rows_per_chunk, n_full)
+            rows = x[first * self.block : last * self.block].view(-1, self.block)
+            self._quantize_rows(rows, scale_bits[first:last], codes[first:last])
+        if n_full < n_blocks:
             padded = torch.zeros(1, self.block)
-            padded[0, :tail] = x[n_full * self.block :]
-            s, q = self._quantize_rows(padded)
-            scale_parts.append(s)
-            code_parts.append(q.view(-1)[:tail])
-        header = pack_header(self._id, 0, self.block, numel)
-        scales = b"".join(tensor_bytes(s) for s in scale_parts)
-        if self.bits == 8:
-            return b"".join([header, scales, *(tensor_bytes(q) for q in code_parts)])
-        codes = torch.cat(code_parts) if code_parts else torch.zeros(0, dtype=torch.int8)
-        return b"".join([header, scales, tensor_bytes(_pack_nibbles(codes))])
+            padded[0, : numel - n_full * self.block] = x[n_full * self.block :]
+            self._quantize_rows(padded, scale_bits[n_full:], codes[n_full:])
+        codes = codes.view(-1)[:numel]
+        packed = codes if self.bits == 8 else _pack_nibbles(codes)
+        return b"".join([pack_header(self._id, 0, self.block, numel), tensor_bytes(scale_bits), tensor_bytes(packed)])
 
     # -- decode ---------------------------------------------------------------------------------
 
@@ -138,15 +138,18 @@ class BlockwiseCodec:
             codes = view_array(data, np.dtype("i1"), code_offset, code_bytes)
             if numel and bool((codes == -128).any()):
                 raise CodecError("int8: code -128 is never emitted")
-            out = codes.to(torch.float32)
         else:
-            packed = view_array(data, np.dtype("u1"), code_offset, code_bytes)
-            out = _unpack_nibbles(packed, numel)
+            codes = _unpack_nibbles(view_array(data, np.dtype("u1"), code_offset, code_bytes), numel)
+        out = torch.empty(numel, dtype=torch.float32)
         n_full = numel // self.block
-        if n_full:
-            out[: n_full * self.block].view(n_full, self.block).mul_(scales[:n_full, None])
+        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # convert and scale while in cache
+        for first in range(0, n_full, rows_per_chunk):
+            last = min(first + rows_per_chunk, n_full)
+            span = slice(first * self.block, last * self.block)
+            out[span].copy_(codes[span]).view(-1, self.block).mul_(scales[first:last, None])
         if n_full < n_blocks:
-            out[n_full * self.block :].mul_(scales[n_full])
+            span = slice(n_full * self.block, numel)
+            out[span].copy_(codes[span]).mul_(scales[n_full])
         return out
 
 
@@ -160,14 +163,14 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_nibbles(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """Inverse of _pack_nibbles to float32 values -7..7; CodecError on nibble 0 or bad padding."""
+    """Inverse of _pack_nibbles to int8 codes -7..7; CodecError on nibble 0 or bad padding."""
     nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).view(-1)
     if numel % 2 and nibbles[-1] != 0:
         raise CodecError("int4: padding nibble must be 0")
     nibbles = nibbles[:numel]
     if numel and bool((nibbles == 0).any()):
         raise CodecError("int4: nibble 0 is never emitted")
-    return nibbles.to(torch.float32).sub_(8.0)
+    return nibbles.view(torch.int8).sub(8)
 
 
 def _int8(block: int = 128) -> BlockwiseCodec:

@@ -36,6 +36,7 @@ SEGMENTED, BITMAP = 0, 1
 _SAMPLE_SIZE = 1 << 16
 _CANDIDATE_MARGINS = (1.5, 4.0, 16.0)  # candidates wanted, in multiples of k, before falling back
 _FP16_MAX = 65504.0
+_CHUNK = 1 << 18  # values per chunk of |x| (1 MiB)
 
 
 def index_bytes(fmt: int, count: int, numel: int) -> int:
@@ -73,13 +74,12 @@ class TopKCodec:
 
     def _select(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Ascending indices of the canonical top-k of |x| among its nonzero values."""
-        magnitude = x.abs()
         numel = x.numel()
         if numel <= _SAMPLE_SIZE:
-            sample = magnitude
+            sample = x.abs()
         else:  # fixed-seed positions: deterministic, and no aliasing with periodic layouts
             positions = torch.randint(0, numel, (_SAMPLE_SIZE,), generator=torch.Generator().manual_seed(numel))
-            sample = magnitude[positions]
+            sample = x[positions].abs_()
         candidates = None
         for margin in (*_CANDIDATE_MARGINS, None):
             threshold = 0.0
@@ -87,11 +87,10 @@ class TopKCodec:
                 below = sample.numel() - math.ceil(min(1.0, margin * k / numel) * sample.numel())
                 if below >= 1:
                     threshold = float(torch.kthvalue(sample, below).values)
-            mask = magnitude >= threshold if threshold > 0.0 else magnitude > 0.0
-            candidates = mask.nonzero().squeeze(1)
+            candidates = _at_least(x, threshold)
             if candidates.numel() >= k or threshold <= 0.0:
                 break
-        values = magnitude[candidates]
+        values = x[candidates].abs_()
         if values.numel() <= k:
             return candidates
         kth = torch.kthvalue(values, values.numel() - k + 1).values
@@ -147,6 +146,21 @@ class TopKCodec:
         out = torch.zeros(numel, dtype=torch.float32)
         out[indices] = values
         return out
+
+
+def _at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Ascending indices where |x| >= threshold (> 0 when threshold is 0), a cache-sized chunk of
+    |x| at a time so no full-size temporary is written."""
+    mask = torch.empty(x.numel(), dtype=torch.bool)
+    scratch = torch.empty(min(_CHUNK, x.numel()), dtype=torch.float32)
+    for start in range(0, x.numel(), _CHUNK):
+        stop = min(start + _CHUNK, x.numel())
+        magnitude = torch.abs(x[start:stop], out=scratch[: stop - start])
+        if threshold > 0.0:
+            torch.ge(magnitude, threshold, out=mask[start:stop])
+        else:
+            torch.gt(magnitude, 0.0, out=mask[start:stop])
+    return torch.from_numpy(np.flatnonzero(mask.numpy()))
 
 
 def _read_bitmap(data: bytes | memoryview, offset: int, count: int, numel: int) -> torch.Tensor:
