@@ -200,12 +200,17 @@ class NoiseHandshake:
     """
 
     def __init__(self, identity: Identity, is_initiator: bool, expected_peer: str | None = None,
-                 static_keypair: tuple[bytes, bytes] | None = None) -> None:
+                 static_keypair: tuple[bytes, bytes] | None = None,
+                 ephemeral_private: bytes | None = None) -> None:
+        """``ephemeral_private`` fixes the ephemeral key (test vectors only); normally random."""
         self._identity = identity
         self.is_initiator = is_initiator
         self._expected_peer = expected_peer
         self._s_priv, self._s_pub = static_keypair or generate_static_keypair()
-        self._e_priv, self._e_pub = generate_static_keypair()
+        if ephemeral_private is None:
+            self._e_priv, self._e_pub = generate_static_keypair()
+        else:
+            self._e_priv, self._e_pub = ephemeral_private, nacl.bindings.crypto_scalarmult_base(ephemeral_private)
         self._re = b""
         self._rs = b""
         self._ss = _SymmetricState()

@@ -1,5 +1,6 @@
 """libp2p noise: handshake checked against the `noiseprotocol` reference implementation,
 identity verification, tampering, and transport framing."""
+import nacl.bindings
 import pytest
 from noise.connection import Keypair, NoiseConnection
 
@@ -171,3 +172,39 @@ def test_transport_across_backends(sender_backend, receiver_backend):
     chunks = [wire[i:i + 100_001] for i in range(0, len(wire), 100_001)]
     got = receiver.receive_chunks(chunks[:3]) + receiver.receive_chunks(chunks[3:])
     assert got == data
+
+
+def test_fixed_key_vector_matches_reference_byte_for_byte():
+    """With every key fixed, our three handshake messages and transport keys equal the reference's."""
+    s_i, e_i, s_r, e_r = (bytes([n]) * 32 for n in (1, 2, 3, 4))
+    pub = nacl.bindings.crypto_scalarmult_base
+    ours_i = NoiseHandshake(ALICE, True, BOB.peer_id, (s_i, pub(s_i)), ephemeral_private=e_i)
+    ours_r = NoiseHandshake(BOB, False, None, (s_r, pub(s_r)), ephemeral_private=e_r)
+    m1 = ours_i.data_to_send()
+    ours_r.receive_data(m1)
+    m2 = ours_r.data_to_send()
+    ours_i.receive_data(m2)
+    m3 = ours_i.data_to_send()
+    ours_r.receive_data(m3)
+
+    def ref(initiator, static, ephemeral):
+        conn = NoiseConnection.from_name(b"Noise_XX_25519_ChaChaPoly_SHA256")
+        conn.set_keypair_from_private_bytes(Keypair.STATIC, static)
+        conn.set_keypair_from_private_bytes(Keypair.EPHEMERAL, ephemeral)
+        conn.set_as_initiator() if initiator else conn.set_as_responder()
+        conn.start_handshake()
+        return conn
+
+    ref_i, ref_r = ref(True, s_i, e_i), ref(False, s_r, e_r)
+    r1 = ref_i.write_message(b"")
+    ref_r.read_message(r1)
+    r2 = ref_r.write_message(encode_handshake_payload(BOB, pub(s_r)))
+    ref_i.read_message(r2)
+    r3 = ref_i.write_message(encode_handshake_payload(ALICE, pub(s_i)))
+    ref_r.read_message(r3)
+    assert (m1[2:], m2[2:], m3[2:]) == (r1, r2, r3)
+    assert m1[:2] == len(r1).to_bytes(2, "big")
+    transport = NoiseTransport(ours_i.send_cipher, ours_i.recv_cipher)
+    wire = transport.encrypt(b"vector")
+    assert ref_r.decrypt(bytes(wire[2:])) == b"vector"
+    assert ours_r.complete and ours_r.remote_peer == ALICE.peer_id
