@@ -18,9 +18,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-DIGITS_CODECS = {
-    "fp32": {}, "fp16": {}, "int8": {}, "int4": {},
-    "powersgd1": {}, "sign": {}, "topk1%": {"ratio": 0.01},
+DIGITS_CODECS = {  # label -> (codec, codec options)
+    "fp32": ("fp32", {}), "fp16": ("fp16", {}), "int8": ("int8", {}), "int4": ("int4", {}),
+    "powersgd1": ("powersgd1", {}), "sign": ("sign", {}), "topk1%": ("topk", {"ratio": 0.01}),
 }
 
 
@@ -47,8 +47,7 @@ def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
 def plan(args) -> list[tuple[str, str, dict]]:
     runs = []
     if not args.skip_digits:
-        for label, options in DIGITS_CODECS.items():
-            codec = label.rstrip("1%") if label.startswith("topk") else label
+        for label, (codec, options) in DIGITS_CODECS.items():
             runs.append((f"digits/{label}", "digits-data-parallel",
                          {"codec": codec, "codec_options": options, "steps": args.digits_steps}))
         runs.append(("digits/diloco-fp32", "digits-diloco", {"steps": args.digits_steps}))
