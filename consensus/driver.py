@@ -5,9 +5,9 @@ It owns no consensus logic: it feeds the ``TendermintCore`` one event at a time 
 ``persist`` hook before anything after it is sent (the signer state is fsync'd before the vote
 leaves), sends proposals and votes to every peer, arms real timers, hands each commit to the
 application's ``commit`` hook (which executes and stores the block and returns the next height's
-validator set), and re-sends ``core.gossip_messages()`` every ``gossip_interval`` so lost messages
-are recovered. A node that sees messages from heights it has not reached asks that peer for the
-committed blocks (``SYNC_REQUEST``); blocks arrive as ``SYNC_BLOCK`` frames and are applied only
+validator set), and re-sends ``core.gossip_messages()`` when the core made no progress for a whole
+``gossip_interval``, so lost messages are recovered. A node that sees messages from heights it
+has not reached asks that peer for the committed blocks (``SYNC_REQUEST``); blocks arrive as ``SYNC_BLOCK`` frames and are applied only
 with a valid commit certificate (checked in a worker thread).
 
 Wire: one long-lived outbound stream per peer carrying frames ``len u32 | payload``; the payload's
@@ -332,10 +332,15 @@ class ConsensusDriver:
                 self._sender(peer).send(data)
 
     async def _gossip_loop(self) -> None:
+        """Re-send the core's gossip when it made no progress for a whole interval."""
+        mark = None
         while True:
             await asyncio.sleep(self.gossip_interval)
-            for message in self.core.gossip_messages():
-                self._send_all(frame(encode_message(message)))
+            now = (self.core.height, self.core.round, self.core.step)
+            if now == mark:
+                for message in self.core.gossip_messages():
+                    self._send_all(frame(encode_message(message)))
+            mark = now
 
     # ------------------------------------------------------------------ block sync
     def _note_height(self, peer: str | None, height: int) -> None:

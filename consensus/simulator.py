@@ -54,7 +54,7 @@ from node.identity import Identity
 CHAIN_ID = "dekube-sim"
 MAX_EVIDENCE_PER_BLOCK = 8
 MAX_SYNC_BLOCKS = 64
-GOSSIP_INTERVAL = 0.5  # virtual seconds between re-sends of a node's current-height messages
+GOSSIP_INTERVAL = 0.5  # virtual seconds; a node that made no progress in one re-sends its gossip
 _U32 = struct.Struct(">I")
 
 
@@ -227,6 +227,7 @@ class SimNode:
         self.sync_pending = False
         self.seen_height = 0
         self.last_commit_time = 0.0
+        self.gossip_mark: tuple | None = None
 
 
 class Simulator:
@@ -300,10 +301,13 @@ class Simulator:
         node = self.nodes[index]
         if not node.up or node.incarnation != incarnation:
             return
-        for message in node.core.gossip_messages():
-            for peer in self.nodes:
-                if peer is not node:
-                    self._send(index, peer.index, "msg", message)
+        mark = (node.core.height, node.core.round, node.core.step)
+        if mark == node.gossip_mark:  # no progress for a whole interval: re-send (as the driver)
+            for message in node.core.gossip_messages():
+                for peer in self.nodes:
+                    if peer is not node:
+                        self._send(index, peer.index, "msg", message)
+        node.gossip_mark = mark
         self._push(GOSSIP_INTERVAL, "gossip", (index, incarnation))
 
     def _crash(self, node: SimNode) -> None:

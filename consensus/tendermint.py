@@ -20,7 +20,7 @@ Boundaries and choices:
   after a restart, with the locked value and its polka (stored as the lock's proof) as
   validValue/validRound, and a restarted validator re-enters the round it last signed in.
 - The paper assumes reliable gossip; a driver over a lossy network re-sends ``gossip_messages()``
-  periodically (the current proposal, the polka behind validValue, this node's own votes).
+  when progress stalls (current proposal and round votes, the polka behind validValue, own votes).
 """
 from __future__ import annotations
 
@@ -341,24 +341,28 @@ class TendermintCore:
                 self._add_vote(vote, power)
 
     def gossip_messages(self) -> list[Union[Proposal, Vote]]:
-        """What to re-send periodically so peers that lost messages still converge (the paper
-        assumes reliable gossip): the current round's proposal and this node's own votes at the
-        current height. Empty after the decision (peers then catch up by block sync)."""
-        if self.decided or self.validators is None:
+        """What to re-send when progress stalls, standing in for the paper's reliable gossip
+        (a message any correct node received reaches every correct node): the current round's
+        proposal, the proposal of validValue's round, and every vote held for this height (own
+        and relayed: a peer behind may need a byzantine validator's vote only we saw). Bounded
+        by the per-round memory limits. After the decision: a proposal of the decided value and
+        the commit's precommits, so peers still at this height decide too."""
+        if self.validators is None:
             return []
         out: list[Union[Proposal, Vote]] = []
-        proposal = self.proposals.get(self.round)
-        if proposal is not None:
-            out.append(proposal)
-        if self.valid_round >= 0:  # the polka behind validValue, for re-proposals (line 28)
-            out.extend(self.rounds[self.valid_round].prevotes.votes_for(self.valid_value_id))
-        me = self.signer.peer_id if self.signer is not None else None
-        if me is not None and me in self.validators:
-            for r in sorted(self.rounds):
-                rs = self.rounds[r]
-                for tally in (rs.prevotes, rs.precommits):
-                    out.extend(v for voters in tally.by_value.values() for v in voters.values()
-                               if v.validator == me)
+        if self.decided:
+            r, vid = self._decision
+            out.extend(p for p in self.proposals.values() if p.value_id == vid)
+            out.extend(self.rounds[r].precommits.votes_for(vid))
+            return out
+        for r in (self.round, self.valid_round):
+            proposal = self.proposals.get(r)
+            if proposal is not None and proposal not in out:
+                out.append(proposal)
+        for r in sorted(self.rounds):
+            rs = self.rounds[r]
+            for tally in (rs.prevotes, rs.precommits):
+                out.extend(v for voters in tally.by_value.values() for v in voters.values())
         return out
 
     # ------------------------------------------------------------------ state
@@ -376,6 +380,7 @@ class TendermintCore:
         self._validity: dict[bytes, bool] = {}
         self._future_rounds: dict[str, set[int]] = {}
         self._precommit_quorum_rounds: dict[bytes, int] = {}
+        self._decision: tuple[int, bytes] | None = None
         self._equivocators: set[tuple[str, int, VoteType]] = set()
 
     def _round_state(self, r: int) -> _RoundState:
@@ -507,6 +512,7 @@ class TendermintCore:
         if not vid or not self._valid(vid):
             return
         self.decided = True
+        self._decision = (r, vid)
         certificate = tuple(rs.precommits.votes_for(vid))
         out.append(Commit(self.height, r, self.values[vid], certificate))
 

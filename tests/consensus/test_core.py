@@ -306,7 +306,10 @@ def test_observer_follows_and_commits_without_signing():
     cores = [make_core(ident) for ident in IDS] + [observer]
     commits = run_network(cores, [c.start_height(0, VS) for c in cores])
     assert 4 in commits and commits[4].value == commits[0].value
-    assert observer.gossip_messages() == []
+    # after deciding it re-sends the decided proposal and the commit (for peers still deciding)
+    relayed = observer.gossip_messages()
+    assert [m.value for m in relayed if isinstance(m, Proposal)] == [commits[4].value]
+    assert {m for m in relayed if isinstance(m, Vote)} == set(commits[4].certificate)
 
 
 def test_restart_readopts_votes_and_lock_and_never_equivocates():
