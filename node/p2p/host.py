@@ -23,7 +23,7 @@ from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
 from .limits import HostLimits
 from .multiaddr import Multiaddr
-from .muxer import MuxedConnection
+from .muxer import MuxedConnection, MuxerClosedError
 from .negotiate import accept_protocol, select_protocol
 from .noise import PROTOCOL_ID as NOISE_PROTOCOL
 from .noise import generate_static_keypair
@@ -368,7 +368,12 @@ class Host:
     async def open_stream(self, peer_id: str, protocol: str | Sequence[str]) -> HostStream:
         """Open a negotiated stream on the shared connection, dialing from the peer book if needed."""
         conn = await self._shared_connection(peer_id)
-        return await conn.open_stream(protocol)
+        try:
+            return await conn.open_stream(protocol)
+        except MuxerClosedError:  # the connection died under us (GoAway, peer restart): redial once
+            self._forget(conn)
+            conn = await self._shared_connection(peer_id)
+            return await conn.open_stream(protocol)
 
     async def open_bulk_connection(self, peer_id: str) -> Connection:
         """A new dedicated connection to ``peer_id`` (not shared) for bulk traffic."""

@@ -313,3 +313,17 @@ def test_total_connection_limit_refuses_inbound():
             for h in (server, first, second):
                 await h.stop()
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_open_stream_redials_after_goaway():
+    async def body(a, b):
+        await a.connect(b.listen_addrs[0])
+        old = a.connections(b.peer_id)[0]
+        for conn in b.connections(a.peer_id):
+            await conn.muxed.close()  # GoAway: no new streams on that connection
+        await until(lambda: old.muxed.closed or old.closed)
+        stream = await a.open_stream(b.peer_id, ECHO)
+        assert stream.connection is not old
+        await stream.write(b"new")
+        assert await stream.readexactly(3) == b"new"
+    run(body)
