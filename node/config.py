@@ -148,6 +148,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
     },
+    "relay": {
+        "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
+        "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
+        "reservation_ttl": Key(int, 3600, "seconds a reservation and its voucher last", check_positive),
+        "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
+        "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
+        "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
+    },
 }
 
 

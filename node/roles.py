@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # role name -> "module:factory", or None while the role has no implementation yet (BasicRole).
 ROLE_IMPLEMENTATIONS: dict[str, str | None] = {
     "validator": "consensus.validator:ValidatorRole",
-    "relay": None,
+    "relay": "relay.role:RelayRole",
     "compute": None,
 }
 

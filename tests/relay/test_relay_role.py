@@ -1,0 +1,45 @@
+"""The relay role inside a Node: config-driven admission, reservations served, /status section."""
+import asyncio
+
+import pytest
+
+from node.config import load_config
+from node.identity import Identity
+from node.roles import RoleError, create_role
+from node.runtime import Node
+from relay.client import RelayRefused
+from relay.messages import Status
+from relay.role import RelayRole
+from relay_harness import start_endpoint, stop_all
+
+
+def node_config(allow):
+    return load_config(None, overrides={("rpc", "enabled"): "false", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
+                                        ("relay", "allow_list"): ",".join(allow), ("relay", "reservation_ttl"): "60"})
+
+
+def test_relay_role_serves_allow_listed_peers_only():
+    async def main():
+        member, outsider = await start_endpoint(), await start_endpoint()
+        node = Node(node_config([member.host.peer_id]), Identity.generate(), [create_role("relay")])
+        task = asyncio.create_task(node.run())
+        try:
+            await asyncio.wait_for(node.ready.wait(), 10)
+            addr = node.host.listen_addrs[0]
+            rsvp = await member.reserve(addr)
+            assert 55 <= rsvp.expire - rsvp.granted_at <= 61
+            with pytest.raises(RelayRefused) as info:
+                await outsider.reserve(addr)
+            assert info.value.status == Status.PERMISSION_DENIED
+            status = (await node.status.snapshot())["relay"]
+            assert status["reservations"] == 1 and status["reservations_refused"] == 1
+        finally:
+            node.request_stop()
+            await asyncio.wait_for(task, 10)
+            await stop_all(member, outsider)
+    asyncio.run(main())
+
+
+def test_bad_allow_list_is_a_clear_error():
+    with pytest.raises(RoleError, match="invalid peer IDs"):
+        Node(node_config(["not-a-peer"]), Identity.generate(), [RelayRole()])
