@@ -1,0 +1,68 @@
+"""Relay failover: reservations on two relays chosen by RTT and refreshed before expiry; when the
+relay carrying a transfer dies, new dials use another relay at once and the transfer resumes from
+the receiver's offset."""
+import asyncio
+import os
+import time
+
+from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
+from relay.service import RelayLimits
+from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
+
+MIB = 1 << 20
+
+
+def test_reservations_kept_on_two_relays_refreshed_and_replaced():
+    async def main():
+        b = await start_endpoint()
+        relays = [await start_relay({b.host.peer_id}, RelayLimits(reservation_ttl=2)) for _ in range(3)]
+        keeper = asyncio.create_task(b.maintain([r.host.listen_addrs[0] for r in relays]))
+        try:
+            await eventually(lambda: len(b.reservations) == 2)
+            assert len(b.relayed_addrs) == 2
+            first_expiry = {relay: rsvp.expire for relay, rsvp in b.reservations.items()}
+            await eventually(lambda: all(b.reservations.get(r, None) is not None and b.reservations[r].expire > e
+                                         for r, e in first_expiry.items()), timeout=6)
+            victim = next(r for r in relays if r.host.peer_id in b.reservations)
+            await stop_all(victim)
+            started = time.monotonic()
+            await eventually(lambda: len(b.reservations) == 2 and victim.host.peer_id not in b.reservations)
+            assert time.monotonic() - started < 3
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await stop_all(b, *relays)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_transfer_resumes_through_second_relay_when_first_dies():
+    async def main():
+        a, b = await start_endpoint(), await start_endpoint()
+        relays = [await start_relay({a.host.peer_id, b.host.peer_id}) for _ in range(2)]
+        receiver = ResumableReceiver()
+        b.host.set_handler(RESUMABLE_PROTOCOL, receiver.serve)
+        try:
+            for relay in relays:
+                await b.reserve(relay.host.listen_addrs[0])
+            addrs = b.relayed_addrs
+            used = []
+
+            async def open_path():
+                conn = await a.dial(addrs, bulk=True)
+                used.append(a.pipe_for(conn).relay_peer)
+                return await conn.open_stream(RESUMABLE_PROTOCOL)
+
+            data = pattern(48 * MIB)
+            transfer_id = os.urandom(16)
+            sender = asyncio.create_task(send_resumable(open_path, transfer_id, data))
+            await eventually(lambda: transfer_id in receiver.transfers
+                             and len(receiver.transfers[transfer_id].data) >= 8 * MIB, timeout=30)
+            victim = next(r for r in relays if r.host.peer_id == used[0])
+            await stop_all(victim)
+            starts = await asyncio.wait_for(sender, 60)
+            assert await receiver.wait(transfer_id) == data
+            assert len(used) == 2 and used[1] != used[0]
+            assert starts[0] == 0 and 8 * MIB <= starts[-1] < len(data)
+        finally:
+            await stop_all(a, b, *relays)
+    asyncio.run(asyncio.wait_for(main(), 90))
