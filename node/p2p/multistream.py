@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import ProtocolError
-from .varint import decode_uvarint, encode_uvarint
+from .varint import VarintError, decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/multistream/1.0.0"
 NA = "na"
@@ -52,7 +52,10 @@ class _MessageReader:
         self._buf += data
 
     def next_message(self) -> str | None:
-        header = decode_uvarint(self._buf)
+        try:
+            header = decode_uvarint(self._buf)
+        except VarintError as exc:
+            raise MultistreamError(f"bad multistream length prefix: {exc}") from exc
         if header is None:
             if len(self._buf) > 2:  # a valid length under the limit fits in 2 varint bytes
                 raise MultistreamError("oversized multistream length prefix")

@@ -96,3 +96,8 @@ def test_dialer_rejects_unexpected_reply():
     d = DialerNegotiator(["/a"])
     with pytest.raises(MultistreamError):
         d.receive_data(encode_message("/multistream/1.0.0") + encode_message("/b"))
+
+
+def test_non_minimal_length_prefix_is_a_multistream_error():
+    with pytest.raises(MultistreamError):
+        ListenerNegotiator(["/a"]).receive_data(b"\x80\x00")
