@@ -103,8 +103,10 @@ class ValidatorRole(Role):
         try:
             await loop.run_in_executor(self._worker, self._open)
             self._add_genesis_addresses()
+            self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers)
+            await self.gossip.start()
+            self.ready.set()  # ledger loaded: queries and submissions are served from here on
             await self._start_consensus()
-            self.ready.set()
             log.info("validator started", extra={"height": self.ledger.height, "chain_id": self.genesis.chain_id})
             await self._fatal
         finally:
@@ -173,8 +175,6 @@ class ValidatorRole(Role):
         self.driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
             get_block=self._stored_commit, on_evidence=self._on_evidence)
-        self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers)
-        await self.gossip.start()
         await self.driver.start(self.ledger.height + 1, self.committee)
 
     def _fail(self, exc: BaseException) -> None:

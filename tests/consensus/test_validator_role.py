@@ -1,0 +1,157 @@
+"""The validator role in one process: a two-validator chain commits client transactions (JSON-RPC,
+newHeads, /block, /status), restarts from its databases, and refuses a corrupt or foreign database.
+(Two validators, not one: the driver commits a one-validator height recursively inside start_height.)"""
+import asyncio
+
+import aiohttp
+import pytest
+
+from consensus.genesis import Genesis, GenesisValidator, Params
+from consensus.testnet import free_ports
+from consensus.tx import build_tx
+from consensus.validator import ValidatorRole, ValidatorStartError
+from node.config import load_config
+from node.identity import Identity
+from node.runtime import Node
+
+VALIDATOR = Identity.from_seed(b"\x61" * 32)
+PARTNER = Identity.from_seed(b"\x63" * 32)
+USER = Identity.from_seed(b"\x62" * 32)
+CHAIN = "role-test"
+
+
+PORTS = {}
+
+
+def make_home(tmp_path, chain_id=CHAIN, balance=10**6):
+    if not PORTS:
+        PORTS.update(zip((VALIDATOR.peer_id, PARTNER.peer_id), free_ports(2)))
+    validators = tuple(GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{PORTS[ident.peer_id]}",))
+                       for ident in (VALIDATOR, PARTNER))
+    genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, Params(committee_size=2))
+    for name in ("", "partner"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "genesis.json").write_text(genesis.to_json())
+    return tmp_path
+
+
+def config(identity):
+    return load_config(None, env={}, overrides={
+        ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{PORTS[identity.peer_id]}",
+        ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
+        ("consensus", "timeout_propose"): "0.5"})
+
+
+async def rpc(session, method, *params):
+    async with session.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)}) as r:
+        doc = await r.json()
+    if "error" in doc:
+        raise AssertionError(doc["error"])
+    return doc["result"]
+
+
+async def run_node(home, body):
+    role = ValidatorRole()
+    node = Node(config(VALIDATOR), VALIDATOR, [role], home=home)
+    partner = Node(config(PARTNER), PARTNER, [ValidatorRole()], home=home / "partner")
+    tasks = [asyncio.create_task(n.run()) for n in (node, partner)]
+    await asyncio.wait_for(node.ready.wait(), 10)
+    await asyncio.wait_for(role.ready.wait(), 10)
+    try:
+        async with aiohttp.ClientSession(base_url=node.http.url) as session:
+            return await body(node, role, session)
+    finally:
+        for n in (node, partner):
+            n.request_stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_single_validator_commits_transfers_and_restarts(tmp_path):
+    home = make_home(tmp_path)
+
+    async def first_run(node, role, session):
+        async with session.ws_connect("/ws") as ws:
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "dkb_subscribe", "params": ["newHeads"]})
+            await ws.receive_json(timeout=5)
+            head = (await ws.receive_json(timeout=5))["params"]["result"]
+            assert head["height"] >= 1 and len(head["hash"]) == 64
+        assert await rpc(session, "dkb_chainId") == CHAIN
+        tx = build_tx(USER, CHAIN, 0, "transfer", {"to": VALIDATOR.peer_id, "amount": 700}, 3)
+        assert await rpc(session, "dkb_sendRawTransaction", tx.raw.hex()) == tx.hash.hex()
+        assert await rpc(session, "dkb_getTransactionCount", USER.peer_id, "pending") == 1
+
+        async def receipt():
+            return await rpc(session, "dkb_getTransactionReceipt", tx.hash.hex()) is not None
+        await wait_for(receipt)
+        got = await rpc(session, "dkb_getTransactionReceipt", tx.hash.hex())
+        assert got["status"] == "ok" and got["fee_paid"] == 3
+        assert await rpc(session, "dkb_getBalance", USER.peer_id) == 10**6 - 703
+        assert await rpc(session, "dkb_getTransactionCount", USER.peer_id) == 1
+        block = await rpc(session, "dkb_getBlockByNumber", got["height"], True)
+        assert block["transactions"][0]["hash"] == tx.hash.hex()
+        assert block["transactions"][0]["payload"]["amount"] == 700
+        assert {v["validator"] for v in block["commit"]} == {VALIDATOR.peer_id, PARTNER.peer_id}
+        async with session.get("/block", params={"height": str(got["height"])}) as r:
+            assert (await r.json())["hash"] == block["hash"]
+        async with session.get("/block", params={"height": "999999"}) as r:
+            assert r.status == 404
+        async with session.get("/status") as r:
+            status = (await r.json())["consensus"]
+        assert status["ready"] and status["height"] >= got["height"] and status["catching_up"] is False
+        supply = await rpc(session, "dkb_getSupply")
+        assert supply["total"] == supply["genesis"]
+        validators = await rpc(session, "dkb_getValidators")
+        assert {v["peer_id"] for v in validators["validators"]} == {VALIDATOR.peer_id, PARTNER.peer_id}
+        return role.ledger.height, block["hash"]
+
+    height, block_hash = asyncio.run(run_node(home, first_run))
+
+    async def second_run(node, role, session):
+        assert role.ledger.height >= height                  # state reloaded from RocksDB
+        assert await rpc(session, "dkb_getBalance", USER.peer_id) == 10**6 - 703
+        assert (await rpc(session, "dkb_getBlockByNumber", height - 1 or 1))["height"] == (height - 1 or 1)
+        first = await rpc(session, "dkb_blockNumber")
+
+        async def advanced():
+            return await rpc(session, "dkb_blockNumber") > first + 1
+        await wait_for(advanced)                             # consensus resumes after the restart
+        return (await rpc(session, "dkb_getBlockByNumber", height))["hash"]
+
+    assert asyncio.run(run_node(home, second_run)) == block_hash
+
+
+def start_fails(home):
+    async def main():
+        node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole()], home=home)
+        await asyncio.wait_for(node.run(), 10)
+    with pytest.raises(BaseException) as info:
+        asyncio.run(main())
+    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]
+    assert all(isinstance(e, ValidatorStartError) for e in errors), errors
+    return str(errors[0])
+
+
+def test_missing_genesis_corrupt_and_foreign_databases_are_clear_errors(tmp_path):
+    assert "cannot read genesis" in start_fails(tmp_path)
+    (tmp_path / "genesis.json").write_text("{not json")
+    assert "genesis" in start_fails(tmp_path) and "invalid" in start_fails(tmp_path)
+    make_home(tmp_path, chain_id="other-chain")
+    assert "chain_id" in start_fails(tmp_path)
+    make_home(tmp_path)
+    (tmp_path / "data" / "chain").mkdir(parents=True)
+    (tmp_path / "data" / "chain" / "junk").write_bytes(b"\x00" * 100)
+    assert "not a RocksDB database" in start_fails(tmp_path)
+    (tmp_path / "data" / "chain" / "junk").unlink()
+
+    async def create(node, role, session):
+        return role.ledger.height
+    asyncio.run(run_node(tmp_path, create))                  # a good database for this genesis
+    make_home(tmp_path, balance=5)                           # same chain id, different genesis
+    assert "another genesis" in start_fails(tmp_path)
