@@ -26,6 +26,7 @@ from .base import (
     view_array,
 )
 
+_CHUNK_VALUES = 1 << 16  # values processed per step (256 KiB of fp32 temporaries)
 _MAX_SCALE_BITS = 0x7EFF  # largest bfloat16 s with 2 * s finite (decoding computes 2s * bit - s)
 
 
@@ -75,9 +76,11 @@ class SignCodec:
         numel = check_input(x)
         x = x.detach()
         n_full = numel // self.block
+        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # temporaries stay in cache
         means = []
-        if n_full:
-            means.append(_block_means(x[: n_full * self.block].view(n_full, self.block), self.block))
+        for first in range(0, n_full, rows_per_chunk):
+            last = min(first + rows_per_chunk, n_full)
+            means.append(_block_means(x[first * self.block : last * self.block].view(-1, self.block), self.block))
         tail = numel - n_full * self.block
         if tail:
             padded = torch.zeros(1, self.block)
@@ -102,15 +105,19 @@ class SignCodec:
         packed = np.frombuffer(data, dtype=np.uint8, count=(numel + 7) // 8, offset=HEADER_SIZE + 2 * n_blocks)
         if numel % 8 and packed[-1] >> (numel % 8):
             raise CodecError("sign: padding bits must be 0")
-        bits = np.unpackbits(packed, count=numel, bitorder="little")
-        out = torch.from_numpy(bits).to(torch.float32)  # 1.0 for >= 0, 0.0 for < 0
+        bits = torch.from_numpy(np.unpackbits(packed, count=numel, bitorder="little"))  # 1 for >= 0
+        out = torch.empty(numel, dtype=torch.float32)
         n_full = numel // self.block
-        if n_full:
-            s = scales[:n_full, None]
-            out[: n_full * self.block].view(n_full, -1).mul_(2 * s).sub_(s)
+        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # convert and scale while in cache
+        for first in range(0, n_full, rows_per_chunk):
+            last = min(first + rows_per_chunk, n_full)
+            span = slice(first * self.block, last * self.block)
+            s = scales[first:last, None]
+            out[span].copy_(bits[span]).view(-1, self.block).mul_(2 * s).sub_(s)
         if numel > n_full * self.block:
+            span = slice(n_full * self.block, numel)
             s = scales[n_full]
-            out[n_full * self.block :].mul_(2 * s).sub_(s)
+            out[span].copy_(bits[span]).mul_(2 * s).sub_(s)
         return out
 
 
