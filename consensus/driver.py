@@ -61,6 +61,10 @@ class FrameError(MessageError):
     """A frame on the consensus protocol is malformed or too large."""
 
 
+class PersistFailed(RuntimeError):
+    """The signer state could not be persisted: this validator stops taking part."""
+
+
 # ---------------------------------------------------------------------------- framing
 def frame(payload: bytes) -> bytes:
     return _LEN.pack(len(payload)) + payload
@@ -179,6 +183,8 @@ class ConsensusDriver:
     ``commit(commit)``: execute and store the block, return the next height's ``ValidatorSet``.
     ``get_block(height)``: a stored ``Commit`` (for peers that sync) or ``None``.
     ``on_evidence(evidence)``: equivocation seen (for the mempool / next block).
+    If ``persist`` raises, nothing after it is sent and the driver stops feeding the core
+    (``failure`` is set): a validator that cannot make its votes durable must not vote.
     """
 
     def __init__(
@@ -218,6 +224,7 @@ class ConsensusDriver:
         self._last_sync_request = 0.0
         self.rejected_frames = 0
         self.commits = 0
+        self.failure: PersistFailed | None = None
 
     @property
     def height(self) -> int:
@@ -289,13 +296,20 @@ class ConsensusDriver:
                     await self._apply_synced(b)
             except asyncio.CancelledError:
                 raise
+            except PersistFailed as exc:  # never send what is not durable: stop voting
+                log.critical("consensus stopped: %s", exc)
+                self.failure = exc
+                return
             except Exception:  # a bug must not stop consensus; it is logged loudly
                 log.exception("consensus event %s failed", kind)
 
     async def _act(self, outputs) -> None:
         for out in outputs:
             if isinstance(out, PersistSignerState):
-                await self.persist(out.state)
+                try:
+                    await self.persist(out.state)
+                except Exception as exc:
+                    raise PersistFailed(f"persisting signer state failed: {exc!r}") from exc
             elif isinstance(out, Broadcast):
                 self._send_all(frame(encode_message(out.message)))
             elif isinstance(out, ScheduleTimeout):
@@ -334,7 +348,7 @@ class ConsensusDriver:
     async def _gossip_loop(self) -> None:
         """Re-send the core's gossip when it made no progress for a whole interval."""
         mark = None
-        while True:
+        while self.failure is None:
             await asyncio.sleep(self.gossip_interval)
             now = (self.core.height, self.core.round, self.core.step)
             if now == mark:

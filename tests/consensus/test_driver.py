@@ -230,6 +230,51 @@ def test_restarted_validator_resumes_from_persisted_state_without_double_signing
     asyncio.run(main())
 
 
+def test_failed_persist_stops_the_validator_before_it_sends():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        broken = nodes[2]
+        calls = []
+
+        async def failing_persist(state):
+            calls.append(state)
+            if len(calls) > 3:
+                raise OSError("disk full")
+            broken.persisted.append(state)
+
+        broken.driver.persist = failing_persist
+        undurable = []
+
+        def check(src, data):
+            if src != broken.ident.peer_id or data[4] not in (1, 2):
+                return
+            message = decode_message(data[4:])
+            step = 1 + int(message.type) if isinstance(message, Vote) else 1
+            if getattr(message, "validator", getattr(message, "proposer", None)) == src:
+                last = SignerGuard.restore(broken.ident, broken.persisted[-1]).last_hrs
+                if last < (message.height, message.round, step):
+                    undurable.append(message)
+
+        net.write_hook = check
+        for node in nodes:
+            await node.driver.start(0, VS)
+        try:
+            assert await wait_until(lambda: broken.driver.failure is not None, 20)
+            assert await wait_until(lambda: all(len(n.blocks) >= 5 for n in nodes if n is not broken), 30)
+            await asyncio.sleep(0.5)  # gossip ticks pass
+        finally:
+            for node in nodes:
+                await node.driver.stop()
+        assert "disk full" in str(broken.driver.failure)
+        assert len(broken.persisted) == 3 and not undurable
+    asyncio.run(main())
+
+
 def test_junk_frames_close_only_that_stream():
     async def main():
         net = FakeNet()
