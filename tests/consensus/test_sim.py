@@ -66,6 +66,11 @@ def test_invariant_checker_flags_conflicting_commits():
     assert any(v.startswith("SAFETY") for v in result.violations)
 
 
+def test_invariant_checker_flags_missing_progress():
+    result = simulate(SimConfig(seed=1, heights=50, max_virtual_time=1.0))
+    assert any(v.startswith("LIVENESS") for v in result.violations)
+
+
 def test_cli_exit_status(capsys):
     assert main(["--seeds", "1", "--heights", "30"]) == 0
     assert '"failures": 0' in capsys.readouterr().out.strip().splitlines()[-1]
