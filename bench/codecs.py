@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ml.codecs import PowerSGD, get_codec, matrix_shape, to_matrix  # noqa: E402
+from ml.codecs import ErrorFeedback, PowerSGD, get_codec, matrix_shape, to_matrix  # noqa: E402
 
 CODECS = [
     ("fp32", {}), ("fp16", {}), ("bf16", {}), ("int8", {}), ("int4", {}),
@@ -66,6 +66,14 @@ def bench_codec(name: str, opts: dict, x: torch.Tensor, repeats: int) -> dict:
         "ratio": round(4 * x.numel() / len(data), 2),
         "rel_err": float(f"{rel:.4g}"),
     }
+
+
+def bench_error_feedback(name: str, opts: dict, x: torch.Tensor, repeats: int) -> dict:
+    """Encode throughput of ErrorFeedback around a codec (encode + decode + residual update)."""
+    feedback = ErrorFeedback(get_codec(name, **opts), x.numel())
+    t_enc, _ = best_time(lambda: feedback.encode(x), repeats)
+    mb = 4 * x.numel() / 1e6
+    return {"encode_MBps": round(mb / t_enc, 1), "encode_MBps_cpu": round(mb / CPU_TIMES[-1], 1)}
 
 
 def bench_powersgd(x: torch.Tensor, rank: int, repeats: int) -> dict:
@@ -119,6 +127,10 @@ def main() -> None:
         key = label(name, opts)
         results[key] = bench_codec(name, opts, x, args.repeats)
         print(key, results[key], flush=True)
+    feedback = {}
+    for name, opts in (("topk", {"ratio": 0.01}), ("sign", {}), ("int8", {})):
+        feedback[label(name, opts)] = bench_error_feedback(name, opts, x, args.repeats)
+        print("error feedback", label(name, opts), feedback[label(name, opts)], flush=True)
     k = get_codec("topk", ratio=0.01).k(args.numel)
     t_sort, _ = best_time(lambda: torch.topk(x.abs(), k, sorted=False), 1)
     print(f"reference: torch.topk of |x| (k={k}) {t_sort:.3f} s", flush=True)
@@ -127,7 +139,7 @@ def main() -> None:
         powersgd[f"r{rank}"] = bench_powersgd(x, rank, args.repeats)
         print(f"powersgd r{rank}", powersgd[f"r{rank}"], flush=True)
     print(json.dumps({
-        "numel": args.numel, "threads": 1, "codecs": results, "powersgd": powersgd,
+        "numel": args.numel, "threads": 1, "codecs": results, "error_feedback": feedback, "powersgd": powersgd,
         "torch_topk_1pct_s": round(t_sort, 3),
     }))
 
