@@ -49,7 +49,7 @@ def run_up(args: argparse.Namespace) -> int:
         testnet = Testnet.load(home)
         print(f"starting the existing testnet in {home}")
     else:
-        if not 2 <= args.validators <= 100:  # one validator: the driver commits recursively (see report)
+        if not 2 <= args.validators <= 100:  # one: the driver would commit every height recursively
             raise CliError("--validators must be in 2..100")
         testnet = Testnet.create(home, args.validators, chain_id=args.chain_id)
         print(f"created a {args.validators}-validator testnet in {home}")
