@@ -2,8 +2,8 @@
 
 Envelope (libp2p RFC 0002): ``PublicKey public_key = 1; bytes payload_type = 2; bytes payload = 3;
 bytes signature = 5``, the signature covering ``varint-prefixed(domain) | varint-prefixed(type) |
-varint-prefixed(payload)`` with domain ``libp2p-relay-rsvp`` and payload type the multicodec
-``0x0302`` (``/libp2p/relay-rsvp``). The record is ``bytes relay = 1; bytes peer = 2;
+varint-prefixed(payload)`` with domain ``libp2p-relay-rsvp`` and payload type the bytes ``03 02``
+(multicodec ``/libp2p/relay-rsvp``, written big-endian as go-libp2p's RecordCodec, not as a varint). The record is ``bytes relay = 1; bytes peer = 2;
 uint64 expiration = 3`` (unix seconds). ``open_voucher`` checks everything: structure, signer ==
 relay, peer, signature and expiry.
 """
@@ -20,7 +20,7 @@ from node.p2p.varint import encode_uvarint
 from .messages import RelayMessageError, decode_peer_id_bytes
 
 DOMAIN = b"libp2p-relay-rsvp"
-PAYLOAD_TYPE = encode_uvarint(0x0302)
+PAYLOAD_TYPE = b"\x03\x02"  # the multicodec 0x0302 as two raw bytes, as go-libp2p and py-libp2p send it
 MAX_VOUCHER_BYTES = 1024
 
 

@@ -14,7 +14,7 @@ def test_seal_and_open():
     envelope = seal_voucher(RELAY, PEER.peer_id, 2_000)
     record = open_voucher(envelope, RELAY.peer_id, PEER.peer_id, now=1_000)
     assert (record.relay, record.peer, record.expiration) == (RELAY.peer_id, PEER.peer_id, 2_000)
-    assert PAYLOAD_TYPE == b"\x82\x06" and DOMAIN == b"libp2p-relay-rsvp"
+    assert PAYLOAD_TYPE == b"\x03\x02" and DOMAIN == b"libp2p-relay-rsvp"
 
 
 def test_refusals():
