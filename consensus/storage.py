@@ -3,7 +3,7 @@
 One database, key prefixes:
     M/<name>               meta: format, chain_id, genesis_hash, height
     B/<height u64>         block bytes            H/<block hash>   height u64
-    R/<tx hash>            [height, index, receipt]
+    R/<tx hash>            the receipt (an executed one is never replaced by a later copy's)
     S/<state key>          ledger state (consensus.state.store keys)
     W/<height u64><seq u64> consensus write-ahead log records (opaque bytes)
     V/signer               signer (double-sign guard) state (opaque bytes)
@@ -212,7 +212,13 @@ class Storage:
         height_key = _u64(block.height)
         batch.put(_BLOCK + height_key, block.encode())
         batch.put(_BLOCK_HASH + block.hash, height_key)
+        written: set[bytes] = set()
         for receipt in result.receipts:
+            # A copy of a transaction that did not execute (replayed bytes, a nonce gap) must not
+            # hide the receipt of the one that did: only executed receipts overwrite.
+            if not receipt.executed and (receipt.tx_hash in written or self._get(_RECEIPT + receipt.tx_hash)):
+                continue
+            written.add(receipt.tx_hash)
             batch.put(_RECEIPT + receipt.tx_hash, encode(receipt.to_obj()))
         for key, value in result.changes:
             if value is None:

@@ -47,25 +47,30 @@ VERIFY_CHUNK = 256
 
 @dataclass(slots=True)
 class TxReceipt:
+    """The result of one transaction in a block. ``executed``: it passed the ante check, so its
+    nonce was consumed and its fee paid (whatever its payload did); the same bytes can never
+    execute again."""
+
     tx_hash: bytes
     height: int
     index: int
     code: TxCode
     log: str = ""
     fee_paid: int = 0
+    executed: bool = False
 
     def to_obj(self) -> list:
-        return [self.tx_hash, self.height, self.index, int(self.code), self.log, self.fee_paid]
+        return [self.tx_hash, self.height, self.index, int(self.code), self.log, self.fee_paid, self.executed]
 
     @classmethod
     def from_obj(cls, obj: list) -> "TxReceipt":
-        tx_hash, height, index, code, log, fee_paid = obj
-        return cls(tx_hash, height, index, TxCode(code), log, fee_paid)
+        tx_hash, height, index, code, log, fee_paid, executed = obj
+        return cls(tx_hash, height, index, TxCode(code), log, fee_paid, executed)
 
     def to_json(self) -> dict:
         return {"tx_hash": self.tx_hash.hex(), "height": self.height, "index": self.index,
                 "code": int(self.code), "status": self.code.name.lower(), "log": self.log,
-                "fee_paid": self.fee_paid}
+                "fee_paid": self.fee_paid, "executed": self.executed}
 
 
 @dataclass
@@ -223,8 +228,8 @@ class Ledger:
         try:
             HANDLERS[tx.type](self.state, self.params, ctx, tx)
         except TxError as exc:
-            return TxReceipt(tx.hash, ctx.height, index, exc.code, exc.message, tx.fee)
-        return TxReceipt(tx.hash, ctx.height, index, TxCode.OK, "", tx.fee)
+            return TxReceipt(tx.hash, ctx.height, index, exc.code, exc.message, tx.fee, True)
+        return TxReceipt(tx.hash, ctx.height, index, TxCode.OK, "", tx.fee, True)
 
     # ---- queries (JSON-friendly) -------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from consensus.block import build_block
 from consensus.genesis import Genesis
 from consensus.state.ledger import Ledger
 from consensus.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
+from consensus.txcodes import TxCode
 from test_ledger_kit import CHAIN, Chain, ident
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -180,3 +181,18 @@ def kill_and_recover(tmp_path, kills, seed):
             records = storage.wal_records(storage.height)
             assert records and set(records) == {b"prevote-%d" % storage.height}
     assert last_told > 0
+
+
+def test_replayed_transaction_does_not_hide_the_executed_receipt(tmp_path):
+    chain = Chain()
+    with Storage.open(str(tmp_path / "db"), chain.genesis) as storage:
+        tx = chain.tx(ident(1), "transfer", {"to": ident(2).peer_id, "amount": 1})
+        ahead = chain.tx(ident(3), "transfer", {"to": ident(2).peer_id, "amount": 1}, nonce=1)
+        for txs in ([ahead.raw], [tx.raw, tx.raw], [tx.raw]):  # gap first, then a duplicate, then a replay
+            led = chain.ledger
+            block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash,
+                                chain.proposer, txs)
+            storage.commit_block(block, led.apply_block(block))
+        receipt = storage.receipt(tx.hash)
+        assert (receipt.height, receipt.index, receipt.code, receipt.executed) == (2, 0, 0, True)
+        assert storage.receipt(ahead.hash).code == TxCode.NONCE_TOO_HIGH  # never executed: still reported
