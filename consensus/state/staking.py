@@ -41,7 +41,9 @@ def release_matured_unbonding(state: LedgerState, height: int) -> None:
     """Return every unbonding entry whose release height is ``height`` to its owner's balance."""
     peers = state.unbonding_queue.pop(height, ())
     for peer_id in sorted(peers):
-        stake = state.stakes[peer_id]
+        stake = state.stakes.get(peer_id)
+        if stake is None:
+            continue
         keep = []
         for entry in stake.unbonding:
             if entry[0] <= height:
