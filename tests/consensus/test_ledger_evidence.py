@@ -57,3 +57,15 @@ def test_block_evidence_slashes_and_junk_evidence_is_only_an_event():
     assert chain.ledger.stake_info(VALIDATOR.peer_id)["slashed"] == 500
     kinds = [event["type"] for event in result.events]
     assert kinds == ["validator_slashed", "evidence_rejected"]
+
+
+def test_slash_reaches_unbonding_stake_and_release_pays_only_the_rest():
+    from consensus.genesis import Params
+    chain = Chain(params=Params(slash_double_sign_bps=5_000, unbonding_period=3))
+    chain.ok(VALIDATOR, "unbond", {"amount": 8_000})          # height 1: releases at height 4
+    chain.ok(REPORTER, "evidence", {"evidence": double_vote(height=1)})  # 5_000 of 10_000
+    assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 0, "unbonding": [[4, 5_000]],
+                                                          "slashed": 5_000}
+    chain.empty_blocks(2)
+    assert chain.ledger.balance(VALIDATOR.peer_id) == 5_000
+    assert chain.ledger.state.burned == 5_000
