@@ -12,6 +12,7 @@ account's nonces in order. When full (``max_txs``/``max_bytes``), the pool drops
 cheapest tail transaction (lowest fee, then from the account with most queued, then the
 oldest) if the newcomer pays more; ``max_per_account`` caps any one sender. After a block
 commits, ``update`` removes included transactions and re-checks every queued one.
+Not thread-safe: one thread (or a lock) at a time; it reads the ledger it was given.
 """
 from __future__ import annotations
 
