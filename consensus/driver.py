@@ -8,7 +8,9 @@ application's ``commit`` hook (which executes and stores the block and returns t
 validator set), and re-sends ``core.gossip_messages()`` when the core made no progress for a whole
 ``gossip_interval``, so lost messages are recovered. A node that sees messages from heights it
 has not reached asks that peer for the committed blocks (``SYNC_REQUEST``); blocks arrive as ``SYNC_BLOCK`` frames and are applied only
-with a valid commit certificate (checked in a worker thread).
+with a valid commit certificate. The application's ``is_valid`` for received proposals and synced
+blocks, and certificate checks, run in a worker thread (the loop stays free); the core only reads
+the cached result.
 
 Wire: one long-lived outbound stream per peer carrying frames ``len u32 | payload``; the payload's
 first byte is its kind (vote 0x01, proposal 0x02, sync request 0x10, sync block 0x11). A malformed
@@ -31,6 +33,7 @@ from consensus.messages import (
     VOTE_TAG,
     DoubleVoteEvidence,
     MessageError,
+    Proposal,
     decode_message,
     decode_vote,
     encode_message,
@@ -286,6 +289,8 @@ class ConsensusDriver:
             try:
                 if kind == "message":
                     self._note_height(a, b.height)
+                    if isinstance(b, Proposal) and self.core.needs_validation(b):
+                        await self._validate_off_loop(b.height, b.value)
                     await self._act(self.core.on_message(b))
                 elif kind == "timeout":
                     step, height, round_ = b
@@ -321,6 +326,11 @@ class ConsensusDriver:
                 await self._commit(out)
             elif isinstance(out, EvidenceFound) and self.on_evidence is not None:
                 self.on_evidence(out.evidence)
+
+    async def _validate_off_loop(self, height: int, value: bytes) -> None:
+        """Run the application's ``is_valid`` (block checks, signatures) in a worker thread."""
+        ok = await asyncio.get_running_loop().run_in_executor(None, self.core.is_valid, height, value)
+        self.core.record_validity(height, value_id(value), ok)
 
     def _fire_timeout(self, args) -> None:
         if not self.events.full():
@@ -390,6 +400,7 @@ class ConsensusDriver:
             block.certificate)
         if not ok or block.height != core.height or core.decided:
             return
-        if not core.is_valid(block.height, block.value):
-            return
-        await self._commit(block)
+        valid = await asyncio.get_running_loop().run_in_executor(
+            None, core.is_valid, block.height, block.value)
+        if valid and block.height == core.height and not core.decided:
+            await self._commit(block)

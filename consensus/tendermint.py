@@ -241,6 +241,16 @@ class TendermintCore:
                 out.extend(self.on_message(message))
         return out
 
+    def needs_validation(self, proposal: Proposal) -> bool:
+        """True if ``is_valid`` has not yet been decided for this proposal's value at this height
+        (a driver may then run it off the event loop and hand the result to ``record_validity``)."""
+        return proposal.height == self.height and proposal.value_id not in self._validity
+
+    def record_validity(self, height: int, vid: bytes, ok: bool) -> None:
+        """Cache an ``is_valid`` result computed elsewhere (e.g. in a worker thread)."""
+        if height == self.height:
+            self._validity[vid] = bool(ok)
+
     def on_message(self, message: Union[Proposal, Vote]) -> list[Output]:
         if isinstance(message, Vote):
             return self.on_vote(message)
@@ -575,6 +585,7 @@ class TendermintCore:
                 proposal = Proposal(self.height, r, self.valid_round, self.valid_value, self.signer.peer_id)
                 signed = self._sign(out, proposal, Step.PROPOSE)
             if signed is not None:
+                self._validity.setdefault(signed.value_id, True)  # built by get_value: trusted
                 self._record_proposal(signed)
                 self._note_sender(r, signed.proposer)
                 out.append(Broadcast(signed))

@@ -2,6 +2,7 @@
 persist-before-send, block sync of a late node, junk frames."""
 import asyncio
 import struct
+import threading
 
 import pytest
 
@@ -93,13 +94,17 @@ class Node:
         self.ident = ident
         self.blocks: dict[int, Commit] = dict(blocks or {})
         self.persisted: list[bytes] = []
+        self.validated_on: set[int] = set()  # thread ids that ran is_valid
         self.core = TendermintCore(CHAIN, SignerGuard.restore(ident, signer_state),
                                    get_value=lambda h: b"block %d by " % h + ident.peer_id.encode(),
-                                   is_valid=lambda h, v: v.startswith(b"block %d " % h),
-                                   timeouts=timeouts)
+                                   is_valid=self._is_valid, timeouts=timeouts)
         self.driver = ConsensusDriver(host, self.core, peers=lambda: peers, persist=self._persist,
                                       commit=self._commit, get_block=self.blocks.get,
                                       gossip_interval=0.2, sync_delay=0.2)
+
+    def _is_valid(self, height, value):
+        self.validated_on.add(threading.get_ident())
+        return value.startswith(b"block %d " % height)
 
     async def _persist(self, state):
         self.persisted.append(state)
@@ -159,6 +164,8 @@ def test_four_drivers_commit_the_same_chain_and_persist_before_sending():
                 await node.driver.stop()
         assert_same_chain(nodes, 5)
         assert len(checked) > 20 and not unpersisted
+        validated_on = set().union(*(n.validated_on for n in nodes))
+        assert validated_on and threading.get_ident() not in validated_on  # off the event loop
     asyncio.run(main())
 
 
