@@ -9,6 +9,9 @@ No I/O, clocks or randomness inside; values are opaque bytes identified by sha25
 Boundaries and choices:
 - Signatures of incoming messages are checked by the core with the injected ``verifier`` (default:
   ed25519 over the chain id). A driver that has already verified may inject a cheaper one.
+- ``is_valid`` results are cached per value id for the height; a driver can compute them off the
+  event loop (``needs_validation`` / ``record_validity``). The node's own proposals (from
+  ``get_value``) are trusted.
 - After ``Commit`` the core waits: the driver executes the block and calls ``start_height(h + 1,
   next_validator_set)`` (the app decides the next committee). Messages for ``h + 1`` that arrive
   meanwhile are buffered (bounded per sender); anything further ahead or behind is dropped, a
