@@ -80,6 +80,7 @@ class ValidatorRole(Role):
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dekube-ledger")
         self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix="dekube-verify")
         self._tx_arrived = asyncio.Event()
+        self._submissions: list[tuple[bytes, asyncio.Future]] = []
         self._fatal: asyncio.Future | None = None
         self.last_commit_monotonic: float | None = None
 
@@ -306,15 +307,43 @@ class ValidatorRole(Role):
         return TxError(TxCode.ALREADY_KNOWN, f"transaction already committed in block {receipt.height}")
 
     async def submit(self, raw: bytes):
-        """Admit one client transaction; returns the Tx or raises TxError. Accepted ones are gossiped."""
+        """Admit one client transaction; returns the Tx or raises TxError. Accepted ones are gossiped.
+
+        Submissions arriving in the same event-loop iteration (e.g. a JSON-RPC batch) are admitted
+        by one job of the worker thread."""
         if not self.ready.is_set():
             raise ResourceUnavailable("the chain is still loading")
-        (result,) = await asyncio.get_running_loop().run_in_executor(self._worker, self._admit_batch, [raw], True)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._submissions:
+            loop.call_soon(self._flush_submissions)
+        self._submissions.append((raw, future))
+        result = await future
         if isinstance(result, TxError):
             raise result
-        self.gossip.broadcast([raw])
-        self._tx_arrived.set()
         return result
+
+    def _flush_submissions(self) -> None:
+        batch, self._submissions = self._submissions, []
+        job = asyncio.get_running_loop().run_in_executor(self._worker, self._admit_batch, [r for r, _ in batch], True)
+        job.add_done_callback(lambda done: self._submissions_admitted(batch, done))
+
+    def _submissions_admitted(self, batch, done: asyncio.Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        accepted = []
+        for (raw, future), result in zip(batch, done.result()):
+            if not isinstance(result, TxError):
+                accepted.append(raw)
+            if not future.done():
+                future.set_result(result)
+        if accepted:
+            self.gossip.broadcast(accepted)
+            self._tx_arrived.set()
 
     async def _admit_from_peers(self, raws: list[bytes]) -> None:
         await asyncio.get_running_loop().run_in_executor(self._worker, self._admit_batch, raws, False)

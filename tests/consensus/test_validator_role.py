@@ -109,7 +109,7 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
         assert supply["total"] == supply["genesis"]
         validators = await rpc(session, "dkb_getValidators")
         assert {v["peer_id"] for v in validators["validators"]} == {VALIDATOR.peer_id, PARTNER.peer_id}
-        return role.ledger.height, block["hash"]
+        return got["height"], block["hash"]
 
     height, block_hash = asyncio.run(run_node(home, first_run))
 
