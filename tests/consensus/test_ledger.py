@@ -226,3 +226,14 @@ def test_committee_is_top_k_and_changes_only_at_epoch_boundaries():
     chain.ok(A, "unbond", {"amount": 50_000})
     chain.empty_blocks(2)                      # height 6: A is no longer a candidate
     assert A.peer_id not in chain.ledger.committee() and len(chain.ledger.committee()) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=8))
+def test_junk_transactions_in_a_block_never_crash_execution(junk):
+    chain = Chain()
+    before = chain.ledger.balance(A.peer_id)
+    result = chain.block(junk)
+    assert len(result.receipts) == len(junk)
+    assert all(r.code != TxCode.OK and not r.executed for r in result.receipts)
+    assert chain.ledger.balance(A.peer_id) == before
