@@ -53,6 +53,7 @@ PROTOCOL = "/dekube/consensus/1.0.0"
 SYNC_REQUEST_TAG = 0x10
 SYNC_BLOCK_TAG = 0x11
 MAX_CERTIFICATE_VOTES = 1024
+MAX_PENDING_EVENTS = 4096
 MAX_FRAME_BYTES = MAX_PROPOSAL_VALUE_BYTES + 256 * MAX_CERTIFICATE_VOTES
 _LEN = struct.Struct(">I")
 _SYNC_REQUEST = struct.Struct(">BQ")
@@ -219,7 +220,8 @@ class ConsensusDriver:
         self.max_send_queue = max_send_queue
         self.open_timeout = open_timeout
         self.self_id = core.signer.peer_id if core.signer is not None else None
-        self.events: asyncio.Queue = asyncio.Queue(4096)
+        self.events: asyncio.Queue = asyncio.Queue()  # peer input is capped in _on_payload
+        self.shed_events = 0
         self._senders: dict[str, _PeerSender] = {}
         self._tasks: list[asyncio.Task] = []
         self._timers: list[asyncio.TimerHandle] = []
@@ -278,8 +280,9 @@ class ConsensusDriver:
             event = ("sync_block", peer, decode_sync_block(payload))
         else:
             raise FrameError(f"unknown frame kind {kind:#x}")
-        if self.events.full():
-            self.events.get_nowait()  # overloaded: shed the oldest input, gossip recovers it
+        if self.events.qsize() >= MAX_PENDING_EVENTS:
+            self.shed_events += 1  # overloaded: shed peer input (gossip recovers it), never timers
+            return
         self.events.put_nowait(event)
 
     # ------------------------------------------------------------------ the event loop
@@ -333,8 +336,7 @@ class ConsensusDriver:
         self.core.record_validity(height, value_id(value), ok)
 
     def _fire_timeout(self, args) -> None:
-        if not self.events.full():
-            self.events.put_nowait(("timeout", None, args))
+        self.events.put_nowait(("timeout", None, args))
 
     async def _commit(self, commit: Commit) -> None:
         next_validators = await self.commit(commit)
