@@ -227,6 +227,7 @@ class ConsensusDriver:
         self._timers: list[asyncio.TimerHandle] = []
         self._behind_since: float | None = None
         self._last_sync_request = 0.0
+        self._served: dict[str, float] = {}
         self.rejected_frames = 0
         self.commits = 0
         self.failure: PersistFailed | None = None
@@ -384,8 +385,13 @@ class ConsensusDriver:
             self._sender(peer).send(frame(encode_sync_request(core_height)))
 
     def _serve_sync(self, peer: str | None, from_height: int) -> None:
-        if peer is None:
+        """Send up to ``sync_batch`` blocks; at most one request per peer per ``sync_delay``."""
+        now = time.monotonic()
+        if peer is None or now - self._served.get(peer, -1e9) < self.sync_delay:
             return
+        self._served[peer] = now
+        if len(self._served) > 4096:
+            self._served = {p: t for p, t in self._served.items() if now - t < self.sync_delay}
         for height in range(from_height, from_height + self.sync_batch):
             block = self.get_block(height)
             if block is None:
