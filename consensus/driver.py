@@ -203,7 +203,7 @@ class ConsensusDriver:
         on_evidence: Callable[[DoubleVoteEvidence], None] | None = None,
         gossip_interval: float = 0.5,
         sync_delay: float = 0.5,
-        sync_batch: int = 32,
+        sync_batch: int = 128,
         max_send_queue: int = 1024,
         open_timeout: float = 3.0,
     ) -> None:
