@@ -327,3 +327,21 @@ def test_restart_readopts_votes_and_lock_and_never_equivocates():
     # the polka behind the lock is gossiped too, and nothing conflicting was signed
     assert sum(1 for m in own if isinstance(m, Vote) and m.type is VoteType.PREVOTE) >= 3
     assert not [m for m in broadcasts(out) if isinstance(m, Vote) and m.round == 0]
+
+
+def test_double_voter_counts_for_each_value_it_signed():
+    """An honest node that saw the byzantine's nil prevote first still sees the polka for v that
+    includes the byzantine's other prevote (otherwise a locked peer could never convince it)."""
+    me, byz, a, b = IDS
+    core = make_core(me)
+    core.start_height(0, VS)  # no proposal delivered: this node does not prevote itself
+    vid = value_id(b"value-V")
+    core.on_vote(vote(byz, VoteType.PREVOTE, 0, b""))
+    assert of_type(core.on_vote(vote(byz, VoteType.PREVOTE, 0, vid)), EvidenceFound)
+    core.on_vote(vote(a, VoteType.PREVOTE, 0, vid))
+    assert core.rounds[0].prevotes.quorum_value is None  # 20 of 40
+    core.on_vote(vote(b, VoteType.PREVOTE, 0, vid))
+    tally = core.rounds[0].prevotes
+    assert tally.quorum_value == vid and tally.power_by_value[vid] == 30
+    assert tally.total == 30  # distinct validators: the double-voter counts once
+    assert len(tally.votes_for(vid)) == 3
