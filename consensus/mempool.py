@@ -74,6 +74,11 @@ class Mempool:
         """Hashes whose signatures this pool checked (``Ledger.apply_block(verified=...)``)."""
         return set(self._by_hash)
 
+    @property
+    def known_txs(self) -> dict[bytes, Tx]:
+        """A snapshot of hash -> decoded, signature-checked Tx (``Ledger.apply_block(known_txs=...)``)."""
+        return dict(self._by_hash)
+
     def pending_nonce(self, peer_id: str) -> int:
         """The next nonce for ``peer_id`` counting its ready queued transactions ("pending")."""
         nonce = self.ledger.nonce(peer_id)

@@ -10,6 +10,7 @@ states give identical results on every replica.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -177,9 +178,11 @@ class Ledger:
         block.check_roots()
 
     def apply_block(self, block: Block, verified: frozenset[bytes] | set[bytes] = frozenset(),
-                    executor: Executor | None = None) -> BlockResult:
+                    executor: Executor | None = None, known_txs: Mapping[bytes, Tx] | None = None) -> BlockResult:
         """Validate and execute ``block``. ``verified``: hashes of txs whose signatures were
-        already checked (e.g. by the mempool); ``executor``: threads for signature checks."""
+        already checked; ``known_txs``: tx hash -> Tx already decoded and signature-checked by
+        this node (the mempool's ``known_txs``), so neither decoding nor verification is
+        repeated for them; ``executor``: threads for the remaining signature checks."""
         self.validate_block(block)
         state, params = self.state, self.params
         h = block.header
@@ -194,12 +197,22 @@ class Ledger:
 
         receipts: list[TxReceipt | None] = [None] * len(block.txs)
         decoded: list[tuple[int, Tx]] = []
+        to_verify: list[Tx] = []
+        sha256 = hashlib.sha256
         for index, raw in enumerate(block.txs):
+            if known_txs is not None:
+                tx = known_txs.get(sha256(raw).digest())
+                if tx is not None:
+                    decoded.append((index, tx))
+                    continue
             try:
-                decoded.append((index, self.decode_tx(raw)))
+                tx = self.decode_tx(raw)
             except TxError as exc:
-                receipts[index] = TxReceipt(hashlib.sha256(raw).digest(), ctx.height, index, exc.code, exc.message)
-        to_verify = [tx for _, tx in decoded if tx.hash not in verified]
+                receipts[index] = TxReceipt(sha256(raw).digest(), ctx.height, index, exc.code, exc.message)
+                continue
+            decoded.append((index, tx))
+            if tx.hash not in verified:
+                to_verify.append(tx)
         bad = {tx.hash for tx, ok in zip(to_verify, verify_tx_signatures(to_verify, executor)) if not ok}
         for index, tx in decoded:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)

@@ -135,6 +135,19 @@ def test_verified_hashes_skip_reverification_in_apply_block():
     assert led.apply_block(block, verified=pool.verified_hashes).receipts[0].tx_hash == tx.hash
 
 
+def test_known_txs_skip_decoding_and_match_a_full_execution():
+    fresh, pooled = Chain(), Chain()
+    pool = Mempool(pooled.ledger)
+    txs = [pool.add(transfer(who, 0, fee=1).raw) for who in (A, B, C)]
+    raws = [t.raw for t in txs] + [b"junk", transfer(D, 5).raw]
+    one = fresh.block(raws)
+    led = pooled.ledger
+    block = build_block(CHAIN, 1, 1000, b"", led.app_hash, pooled.proposer, raws)
+    two = led.apply_block(block, known_txs=pool.known_txs)
+    assert [(r.tx_hash, r.code) for r in one.receipts] == [(r.tx_hash, r.code) for r in two.receipts]
+    assert one.app_hash == two.app_hash
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_traffic_keeps_bounds_and_reaped_blocks_execute_cleanly(data):
