@@ -2,7 +2,10 @@
 
 Each must either accept the input or raise its own ProtocolError subclass; anything else
 (IndexError, struct.error, UnicodeDecodeError, ...) would crash a connection handler.
+DEKUBE_FUZZ_EXAMPLES=3000 runs a longer campaign (default 300 examples per decoder).
 """
+import os
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +19,7 @@ from node.p2p.ping import PingError, check_pong
 from node.p2p.protobuf import ProtobufError, decode_fields
 from node.p2p.varint import VarintError, decode_uvarint
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("DEKUBE_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALICE = Identity.from_seed(b"\x0a" * 32)
 BOB = Identity.from_seed(b"\x0b" * 32)
 
