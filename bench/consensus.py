@@ -202,9 +202,9 @@ def main() -> None:
     parser.add_argument("--accounts", type=int, default=3000)
     parser.add_argument("--latency-rate", type=float, default=50.0)
     parser.add_argument("--latency-s", type=float, default=10.0)
-    parser.add_argument("--rates", default="250,500,1000,1500,2000,3000",
+    parser.add_argument("--rates", default="250,500,1000,1250,1500,1750,2000,2500,3000",
                         type=lambda s: [float(x) for x in s.split(",") if x])
-    parser.add_argument("--phase-s", type=float, default=8.0)
+    parser.add_argument("--phase-s", type=float, default=10.0)
     parser.add_argument("--skip-pipeline", action="store_true")
     args = parser.parse_args()
 
