@@ -92,9 +92,10 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
 _OUTER_CHUNK_VALUES = 1 << 16  # rows per chunk sized so a chunk's partial sums stay in cache
 
 
-def outer_sum(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def outer_sum(p: torch.Tensor, q: torch.Tensor, subtract_from: torch.Tensor | None = None) -> torch.Tensor:
     """p @ q.T for thin p [n, r], q [m, r] as r element-wise multiply-adds in order (bit-reproducible),
-    a block of rows at a time so the partial sums stay in cache."""
+    a block of rows at a time so the partial sums stay in cache. If given, `subtract_from` [n, m] has
+    the result subtracted from it in place, block by block while the block is still in cache."""
     rows, cols, rank = p.shape[0], q.shape[0], p.shape[1]
     out = torch.empty(rows, cols, dtype=torch.float32)
     step = max(1, _OUTER_CHUNK_VALUES // max(1, cols))
@@ -107,6 +108,8 @@ def outer_sum(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         for k in range(1, rank):
             torch.mul(p[start : start + step, k : k + 1], q_rows[k], out=tmp)
             block += tmp
+        if subtract_from is not None:
+            subtract_from[start : start + step] -= block
     return out
 
 
@@ -141,19 +144,19 @@ class PowerSGD:
     def worthwhile(self) -> bool:
         return worthwhile(self.shape, self.rank, self.min_compression)
 
-    def _check(self, t: torch.Tensor, shape: tuple[int, int], what: str) -> None:
+    def _check(self, t: torch.Tensor, shape: tuple[int, int], what: str, finite: bool = True) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape:
             got = (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
             raise CodecError(f"PowerSGD {what}: expected float32 {shape}, got {got}")
-        if not all_finite(t):
+        if finite and not all_finite(t):
             raise CodecError(f"PowerSGD {what} contains NaN or Inf")
 
     def p_step(self, m: torch.Tensor) -> torch.Tensor:
         """Phase 1: P = (M + E) Q, to be averaged across peers."""
-        self._check(m, self.shape, "gradient")
+        self._check(m, self.shape, "gradient", finite=False)  # NaN/Inf in m shows in m + E
         corrected = m + self.error
         if not all_finite(corrected):
-            raise CodecError("PowerSGD gradient plus error overflows")
+            raise CodecError("PowerSGD gradient contains NaN or Inf (or overflows with the carried error)")
         self._corrected = corrected
         self._p_hat = None
         return corrected @ self.q
@@ -171,8 +174,8 @@ class PowerSGD:
         if self._corrected is None or self._p_hat is None:
             raise RuntimeError("finish before q_step")
         self._check(q_mean, (self.shape[1], self.rank), "Q mean")
-        approx = outer_sum(self._p_hat, q_mean)
-        self.error = self._corrected.sub_(approx)
+        approx = outer_sum(self._p_hat, q_mean, subtract_from=self._corrected)
+        self.error = self._corrected
         self.q = q_mean.clone()
         self._corrected = None
         self._p_hat = None
