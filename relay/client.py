@@ -234,6 +234,9 @@ class RelayClient:
             log.debug("malformed stop message from %s: %s", relay, exc)
             await self._stop_reply(stream, Status.MALFORMED_MESSAGE)
             return
+        except TimeoutError:
+            stream.reset()
+            return
         if msg.type != StopType.CONNECT or msg.peer is None:
             await self._stop_reply(stream, Status.UNEXPECTED_MESSAGE)
             return

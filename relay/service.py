@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from .voucher import seal_voucher
 log = logging.getLogger(__name__)
 
 MESSAGE_TIMEOUT = 10.0
+KEEP_RECEIPTS = 1024
 STOP_TIMEOUT = 10.0
 
 StakeLookup = Callable[[str], "int | None | Awaitable[int | None]"]
@@ -136,9 +138,10 @@ class RelayService:
         self.reservations: dict[str, ReservationRecord] = {}
         self.circuits: set[Circuit] = set()
         self._tasks: set[asyncio.Task] = set()
-        self.submitted: list[dict] = []  # receipts handed to submit (or kept when there is none)
+        # the latest co-signed receipts (handed to submit, or only kept here when there is none)
+        self.submitted: deque[dict] = deque(maxlen=KEEP_RECEIPTS)
         self.counters = {"reservations_refused": 0, "circuits_refused": 0, "malformed": 0,
-                         "receipts_failed": 0}
+                         "receipts": 0, "receipts_failed": 0}
 
     def start(self) -> None:
         self.host.set_handler(HOP_PROTOCOL, self.serve_hop)
@@ -163,6 +166,10 @@ class RelayService:
             self.counters["malformed"] += 1
             log.debug("malformed hop message from %s: %s", stream.remote_peer, exc)
             await self._reply(stream, Status.MALFORMED_MESSAGE)
+            return
+        except TimeoutError:
+            log.debug("no hop message from %s in time", stream.remote_peer)
+            stream.reset()
             return
         if msg.type == HopType.RESERVE:
             await self._reserve(stream)
@@ -339,6 +346,7 @@ class RelayService:
         payload = relay_receipt_payload(receipt, src_sig, dst_sig)
         circuit.receipt = payload
         self.submitted.append(payload)
+        self.counters["receipts"] += 1
         if self._submit is not None:
             try:
                 await self._submit(payload)
@@ -351,6 +359,5 @@ class RelayService:
             "reservations": sum(1 for r in self.reservations.values() if r.expire > now),
             "circuits": len(self.circuits),
             "bytes_relayed": sum(c.bytes_total for c in self.circuits),
-            "receipts": len(self.submitted),
             **self.counters,
         }

@@ -1,0 +1,309 @@
+"""Relay benchmark: direct vs relayed vs py-libp2p's relay on loopback, fairness, reservation latency.
+
+Loopback part (each function is self-contained and spawns its own processes; the relay, the
+receiver and the sender each run in their own process, so the numbers are CPU-bound on loopback):
+  loopback_direct_MBps()    MB/s (10^6 bytes) of one bulk stream A -> B on a direct connection
+  loopback_relayed_MBps()   the same A -> B through our relay (noise + yamux end to end, over the
+                            A-relay and relay-B connections)
+  pylibp2p_relay_MBps()     py-libp2p 0.8.1 peers through a py-libp2p relay (data cap lifted)
+  jain_8_flows()            Jain's fairness index of 8 concurrent flows (8 circuits) through one relay
+  reserve_p99_ms()          p99 of RESERVE round trips on an open connection to the relay
+The netlab part (``netlab_*``, ``failover_s``) comes from the netlab engineer.
+Prints progress to stderr and, as its last stdout line, one JSON object.
+Usage: python bench/relay.py [--mib 256]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from node.identity import Identity  # noqa: E402
+from node.p2p.host import Host  # noqa: E402
+from node.p2p.limits import HostLimits  # noqa: E402
+from relay.client import RelayClient  # noqa: E402
+from relay.service import Admission, RelayService  # noqa: E402
+
+PY_RELAY_PEER = ROOT / "tests" / "interop" / "relay_pylibp2p_peer.py"
+SINK = "/dekube/sink/1.0.0"
+MIB = 1 << 20
+CHUNK = MIB
+JAIN_FLOWS = 8
+JAIN_SECONDS = 4.0
+RESERVATIONS = 300
+# each bulk circuit rides its own relay connection: allow more than the default 8 per peer
+BENCH_LIMITS = HostLimits(max_connections_per_peer=64)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- child processes
+async def sink_handler(stream) -> None:
+    total = 0
+    while True:
+        data = await stream.read()
+        if not data:
+            break
+        total += len(data)
+    await stream.write(json.dumps({"bytes": total}).encode())
+    await stream.close()
+
+
+async def wait_stdin_closed() -> None:
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+async def serve_relay() -> None:
+    host = Host(Identity.generate(), limits=BENCH_LIMITS)
+    await host.start()
+    service = RelayService(host, Admission(stake_of=lambda peer: 1))  # every peer counts as registered
+    service.start()
+    print(f"ADDR {host.listen_addrs[0]}", flush=True)
+    await wait_stdin_closed()
+    await service.stop()
+    await host.stop()
+
+
+async def serve_sink(relay_addr: str | None) -> None:
+    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
+    client.host.set_handler(SINK, sink_handler)
+    await client.host.start()
+    client.start()
+    addr = client.host.listen_addrs[0]
+    if relay_addr:
+        await client.reserve(relay_addr)
+        addr = client.relayed_addrs[0]
+    print(f"ADDR {addr}", flush=True)
+    await wait_stdin_closed()
+    await client.host.stop()
+
+
+# ---------------------------------------------------------------- orchestration helpers
+async def spawn(*args: str, prefix: bytes = b"ADDR ") -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(*args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if not line:
+            raise RuntimeError(f"{args}: exited before printing {prefix!r}")
+        if line.startswith(prefix):
+            return proc, line.split()[1 if prefix == b"ADDR " else 2].decode()
+
+
+async def finish(*procs) -> None:
+    for proc in procs:
+        if proc.stdin and not proc.stdin.is_closing():
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def send(conn, mib: int) -> float:
+    """Send ``mib`` MiB on one sink stream; MB/s until the receiver confirmed every byte."""
+    stream = await conn.open_stream(SINK)
+    payload = bytes(CHUNK)
+    start = time.perf_counter()
+    for _ in range(mib):
+        await stream.write(payload)
+    await stream.close()
+    reply = b""
+    while data := await stream.read():
+        reply += data
+    elapsed = time.perf_counter() - start
+    if json.loads(reply)["bytes"] != mib * CHUNK:
+        raise RuntimeError(f"receiver got {reply!r}, expected {mib * CHUNK} bytes")
+    return mib * CHUNK / elapsed / 1e6
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (default: this process)."""
+    with open(f"/proc/{pid or 'self'}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds used by this process and the given children between start() and stop()."""
+
+    def __init__(self, *procs) -> None:
+        self.pids = [None] + [p.pid for p in procs]
+
+    def start(self) -> None:
+        self.begin = [cpu_seconds(pid) for pid in self.pids]
+
+    def busiest(self) -> float:
+        return max(cpu_seconds(pid) - b for pid, b in zip(self.pids, self.begin))
+
+
+def _run(coro):
+    return uvloop.run(coro)
+
+
+# ---------------------------------------------------------------- measurements
+async def _direct(mib: int) -> tuple[float, float]:
+    sink, addr = await spawn(sys.executable, __file__, "--serve", "sink")
+    host = Host(Identity.generate(), limits=BENCH_LIMITS)
+    await host.start()
+    try:
+        peer = await host.connect(addr)
+        conn = await host.open_bulk_connection(peer)
+        meter = CpuMeter(sink)
+        meter.start()
+        rate = await send(conn, mib)
+        return rate, mib * CHUNK / meter.busiest() / 1e6
+    finally:
+        await host.stop()
+        await finish(sink)
+
+
+async def _relayed(mib: int) -> tuple[float, float]:
+    relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay")
+    sink, circuit = await spawn(sys.executable, __file__, "--serve", "sink", "--relay", relay_addr)
+    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
+    await client.host.start()
+    try:
+        conn = await client.dial([circuit], bulk=True)
+        meter = CpuMeter(sink, relay)
+        meter.start()
+        rate = await send(conn, mib)
+        return rate, mib * CHUNK / meter.busiest() / 1e6
+    finally:
+        await client.host.stop()
+        await finish(sink, relay)
+
+
+async def _pylibp2p(mib: int) -> float:
+    relay, relay_addr = await spawn(sys.executable, str(PY_RELAY_PEER), "relay")
+    target, circuit = await spawn(sys.executable, str(PY_RELAY_PEER), "target", relay_addr, prefix=b"RESERVED ")
+    try:
+        sender = await asyncio.create_subprocess_exec(sys.executable, str(PY_RELAY_PEER), "send", circuit, str(mib),
+                                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(sender.communicate(), 600)
+        data = json.loads(out.decode().strip().splitlines()[-1])
+        if data["reply"]["bytes"] != mib * CHUNK:
+            raise RuntimeError(f"py-libp2p receiver got {data}")
+        return data["MBps"]
+    finally:
+        await finish(target, relay)
+
+
+async def _jain(flows: int, seconds: float) -> tuple[float, list[int]]:
+    relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay")
+    sink, circuit = await spawn(sys.executable, __file__, "--serve", "sink", "--relay", relay_addr)
+    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
+    await client.host.start()
+    try:
+        conns = [await client.dial([circuit], bulk=True) for _ in range(flows)]
+        streams = [await conn.open_stream(SINK) for conn in conns]
+        deadline = time.monotonic() + seconds
+        payload = bytes(256 * 1024)
+
+        async def flow(stream) -> int:
+            while time.monotonic() < deadline:
+                await stream.write(payload)
+            await stream.close()
+            reply = b""
+            while data := await stream.read():
+                reply += data
+            return json.loads(reply)["bytes"]
+
+        counts = await asyncio.gather(*(flow(s) for s in streams))
+    finally:
+        await client.host.stop()
+        await finish(sink, relay)
+    jain = sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts))
+    return jain, counts
+
+
+async def _reserve_latencies(count: int) -> list[float]:
+    relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay")
+    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
+    await client.host.start()
+    try:
+        await client.reserve(relay_addr)  # connection set up once; then each RESERVE is one round trip
+        samples = []
+        for _ in range(count):
+            start = time.perf_counter()
+            await client.reserve(relay_addr)
+            samples.append(time.perf_counter() - start)
+        return samples
+    finally:
+        await client.host.stop()
+        await finish(relay)
+
+
+def loopback_direct(mib: int = 256) -> tuple[float, float]:
+    """(wall-clock MB/s, CPU-bound MB/s = bytes / CPU seconds of the busiest process)."""
+    return _run(_direct(mib))
+
+
+def loopback_relayed(mib: int = 256) -> tuple[float, float]:
+    return _run(_relayed(mib))
+
+
+def loopback_direct_MBps(mib: int = 256) -> float:
+    return loopback_direct(mib)[0]
+
+
+def loopback_relayed_MBps(mib: int = 256) -> float:
+    return loopback_relayed(mib)[0]
+
+
+def pylibp2p_relay_MBps(mib: int = 64) -> float:
+    return _run(_pylibp2p(mib))
+
+
+def jain_8_flows() -> float:
+    jain, counts = _run(_jain(JAIN_FLOWS, JAIN_SECONDS))
+    log(f"8 flows, MiB each: {[round(c / MIB) for c in counts]}")
+    return jain
+
+
+def reserve_p99_ms() -> float:
+    samples = sorted(_run(_reserve_latencies(RESERVATIONS)))
+    return samples[int(0.99 * (len(samples) - 1))] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--pylibp2p-mib", type=int, default=64)
+    parser.add_argument("--serve", choices=["relay", "sink"], help=argparse.SUPPRESS)
+    parser.add_argument("--relay", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "relay":
+        return _run(serve_relay())
+    if args.serve == "sink":
+        return _run(serve_sink(args.relay))
+    result: dict = {"mib": args.mib}
+    result["direct_MBps"], result["direct_cpu_bound_MBps"] = loopback_direct(args.mib)
+    log(f"direct: {result['direct_MBps']:.0f} MB/s ({result['direct_cpu_bound_MBps']:.0f} CPU-bound)")
+    result["relayed_MBps"], result["relayed_cpu_bound_MBps"] = loopback_relayed(args.mib)
+    log(f"relayed: {result['relayed_MBps']:.0f} MB/s ({result['relayed_cpu_bound_MBps']:.0f} CPU-bound)")
+    result["pylibp2p_relay_MBps"] = pylibp2p_relay_MBps(args.pylibp2p_mib)
+    log(f"py-libp2p relay: {result['pylibp2p_relay_MBps']:.1f} MB/s")
+    result["jain_8_flows"] = jain_8_flows()
+    result["reserve_p99_ms"] = reserve_p99_ms()
+    result["relayed_vs_direct"] = result["relayed_MBps"] / result["direct_MBps"]
+    result["relayed_vs_direct_cpu_bound"] = result["relayed_cpu_bound_MBps"] / result["direct_cpu_bound_MBps"]
+    result["relayed_vs_pylibp2p"] = result["relayed_MBps"] / result["pylibp2p_relay_MBps"]
+    result["load_avg_1m"] = os.getloadavg()[0]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
