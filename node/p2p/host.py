@@ -401,13 +401,17 @@ class Host:
         options = {"max_streams": self.limits.max_streams_per_connection, **self._muxer_options}
         conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn), **options)
         self._connections.add(conn)
-        secure.tcp.connection_lost_callbacks.append(lambda: self._forget(conn))
-        await conn.muxed.start()
-        self.peerbook.touch(peer_id)
         if not bulk:
             current = self._shared.get(peer_id)
             if current is None or current.closed:
                 self._shared[peer_id] = conn
+        await conn.muxed.start()
+        if secure.is_closed:  # lost during the upgrade: its lost-callbacks already ran
+            self._forget(conn)
+            raise DialError(f"connection to {peer_id} closed during setup")
+        secure.tcp.connection_lost_callbacks.append(lambda: self._forget(conn))
+        self.peerbook.touch(peer_id)
+        if not bulk:
             self._spawn(self._identify(conn))
         return conn
 
