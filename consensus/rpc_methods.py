@@ -6,7 +6,8 @@ ADR 0021 (-32001 nonce too low, -32002 nonce too high, -32003 insufficient funds
 signature, -32005 already known, -32000 anything else) with ``data = {"code": <TxCode name>,
 "tx_code": <int>}``. ``dkb_getTransactionReceipt`` is null while the transaction is pending.
 ``dkb_getSupply`` (beyond the issue's list) gives the supply breakdown for invariant checks.
-Reads that touch RocksDB run in a thread; the rest are in-memory lookups.
+Reads that touch RocksDB run in a thread, reads that iterate the ledger state in the ledger worker
+thread (which mutates it), single lookups on the event loop.
 """
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ def register_methods(dispatcher, chain: "ValidatorRole") -> None:
             "epoch_start": committee.start_height,
             "total_power": committee.total_power,
             "validators": [{"peer_id": pid, "power": power} for pid, power in committee.items()],
-            "candidates": [{"peer_id": pid, "bonded": stake} for pid, stake in chain.ledger.validators()],
+            "candidates": [{"peer_id": pid, "bonded": stake}
+                           for pid, stake in await chain.read_state(chain.ledger.validators)],
         }
 
     async def dkb_getStake(address: str) -> dict:
@@ -140,11 +142,11 @@ def register_methods(dispatcher, chain: "ValidatorRole") -> None:
             raise InvalidParams(f"limit must be in 1..{MAX_LIST_TASKS}")
         if owner is not None:
             check_address(owner)
-        return chain.ledger.list_tasks(status, owner, limit)
+        return await chain.read_state(chain.ledger.list_tasks, status, owner, limit)
 
     async def dkb_getSupply() -> dict[str, int]:
         chain.require_ready()
-        parts = supply_breakdown(chain.ledger.state)
+        parts = await chain.read_state(supply_breakdown, chain.ledger.state)
         return {**parts, "total": sum(parts.values()), "genesis": chain.genesis.total_supply}
 
     for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,

@@ -284,20 +284,26 @@ class ValidatorRole(Role):
 
     # ------------------------------------------------------------------ transactions
     def _admit_batch(self, raws: list[bytes], check_committed: bool) -> list[Any]:
-        """Worker thread: add each raw tx to the mempool; a Tx or the TxError per input."""
+        """Worker thread: add each raw tx to the mempool; a Tx or the TxError per input. The lock is
+        taken per transaction, so the event loop never waits for a whole batch."""
         out: list[Any] = []
         storage = self.store.storage
-        with self._pool_lock:
-            for raw in raws:
-                try:
+        for raw in raws:
+            try:
+                with self._pool_lock:
                     tx = self.mempool.add(raw)
-                except TxError as exc:
-                    if check_committed and exc.code == TxCode.NONCE_TOO_LOW:
-                        exc = self._committed_error(storage, raw) or exc
-                    out.append(exc)
-                else:
-                    out.append(tx)
+            except TxError as exc:
+                if check_committed and exc.code == TxCode.NONCE_TOO_LOW:
+                    exc = self._committed_error(storage, raw) or exc
+                out.append(exc)
+            else:
+                out.append(tx)
         return out
+
+    async def read_state(self, fn, *args):
+        """Run ``fn(*args)`` in the worker thread, for reads that iterate the ledger state (which the
+        worker mutates while executing a block)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     @staticmethod
     def _committed_error(storage: Storage, raw: bytes) -> TxError | None:
