@@ -12,7 +12,7 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(values)
 def test_round_trip_and_reencode_is_identical(value):
     raw = encode(value)
@@ -30,7 +30,7 @@ def test_junk_either_decodes_canonically_or_raises_encoding_error(junk):
     assert encode(value) == junk  # anything accepted is the one canonical encoding
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(values, st.binary(min_size=1, max_size=4))
 def test_trailing_bytes_rejected(value, extra):
     with pytest.raises(EncodingError, match="trailing"):
