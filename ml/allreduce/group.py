@@ -135,7 +135,10 @@ class AllReduceGroup:
         self._transport.set_handler(self._protocol, self._on_stream)
         self._started = True
 
-    async def close(self) -> None:
+    async def close(self, linger_s: float = 30.0) -> None:
+        """Stop, after at most `linger_s` seconds spent delivering frames still queued (results
+        this peer reduced may still be on their way to slower members)."""
+        await self._links.flush(linger_s)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -69,6 +69,14 @@ class PeerLinks:
             self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
         await queue.put(frame)
 
+    async def flush(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) until every queued frame was written or dropped."""
+        joins = [asyncio.ensure_future(q.join()) for q in self._queues.values()]
+        if joins:
+            _, pending = await asyncio.wait(joins, timeout=timeout)
+            for join in pending:
+                join.cancel()
+
     async def close(self) -> None:
         for task in self._writers:
             task.cancel()
@@ -82,20 +90,23 @@ class PeerLinks:
         try:
             while True:
                 frame = await queue.get()
-                if frame.kind in DATA_KINDS and (frame.round_id, frame.attempt) < self._floor:
-                    continue
-                if stream is None:
-                    stream = await asyncio.wait_for(
-                        self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
-                buffers = encode_frame(frame)
-                size = sum(len(b) for b in buffers)
-                self.meter.begin()
                 try:
-                    for buf in buffers:
-                        await stream.write(buf)
+                    if frame.kind in DATA_KINDS and (frame.round_id, frame.attempt) < self._floor:
+                        continue
+                    if stream is None:
+                        stream = await asyncio.wait_for(
+                            self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
+                    buffers = encode_frame(frame)
+                    size = sum(len(b) for b in buffers)
+                    self.meter.begin()
+                    try:
+                        for buf in buffers:
+                            await stream.write(buf)
+                    finally:
+                        self.meter.end(size)
+                    self.bytes_sent += size
                 finally:
-                    self.meter.end(size)
-                self.bytes_sent += size
+                    queue.task_done()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any stream failure means the link is gone
@@ -106,6 +117,7 @@ class PeerLinks:
             self._on_broken(peer, f"link failed: {type(exc).__name__}: {exc}")
             while True:  # frames already queued here are undeliverable: discard, never block senders
                 await queue.get()
+                queue.task_done()
         finally:
             if stream is not None:
                 with contextlib.suppress(Exception):

@@ -37,7 +37,7 @@ async def worker(index: int, mode: str, codec: str, kill_after: str) -> None:
     print(f"PORT {port}", flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     transport.addresses.update({peer: ("127.0.0.1", p) for peer, p in json.loads(line).items()})
-    policy = DeadlinePolicy(floor_s=1.0, initial_s=3.0, first_frame_grace_s=3.0)
+    policy = DeadlinePolicy(floor_s=2.0, initial_s=5.0, first_frame_grace_s=5.0)
     group = AllReduceGroup(transport, me, names, mode=mode, codec=codec, chunk_numel=CHUNK, deadlines=policy)
     await group.start()
     if kill_after:  # "part:K" or "result:K": SIGKILL ourselves at the K-th such frame of KILL_ROUND

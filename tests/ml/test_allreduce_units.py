@@ -1,0 +1,140 @@
+"""Pure parts of the all-reduce: frame parsing, plans and shard splits, stall deadlines, and the
+settlement of views into one member set."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ml.allreduce.deadlines import DeadlinePolicy, StallEstimator
+from ml.allreduce.group import _settle_views
+from ml.allreduce.plan import ALIGN, make_plan, split_proportional
+from ml.allreduce.wire import (
+    HEADER,
+    HEADER_SIZE,
+    VERSION,
+    Frame,
+    FrameError,
+    Kind,
+    members_from_mask,
+    members_mask,
+    parse_header,
+    parse_meta,
+)
+
+
+def test_frame_roundtrip_through_header_and_meta():
+    from ml.allreduce.wire import encode_frame
+
+    frame = Frame(Kind.RESULT, 2**40, 3, 7, 9, {"m": [0, 2]}, b"payload")
+    head, payload = encode_frame(frame)
+    header = parse_header(head[:HEADER_SIZE])
+    assert (header.kind, header.round_id, header.attempt, header.slot, header.chunk) == (Kind.RESULT, 2**40, 3, 7, 9)
+    assert parse_meta(head[HEADER_SIZE:HEADER_SIZE + header.meta_len]) == {"m": [0, 2]}
+    assert header.payload_len == len(payload) == 7
+
+
+@pytest.mark.parametrize("raw,message", [
+    (HEADER.pack(VERSION + 1, 1, 0, 0, 0, 0, 0, 0), "version"),
+    (HEADER.pack(VERSION, 99, 0, 0, 0, 0, 0, 0), "kind"),
+    (HEADER.pack(VERSION, 1, 0, 0, 0, 0, 1 << 20, 0), "meta"),
+    (HEADER.pack(VERSION, 1, 0, 0, 0, 0, 0, 65 << 20), "oversized"),
+    (b"\x01\x01", "header is 2 bytes"),
+])
+def test_bad_headers_are_rejected(raw, message):
+    with pytest.raises(FrameError, match=message):
+        parse_header(raw)
+
+
+@pytest.mark.parametrize("meta", [b"\xff\xfe", b"[1, 2]", b"{not json"])
+def test_bad_meta_is_rejected(meta):
+    with pytest.raises(FrameError):
+        parse_meta(meta)
+
+
+@given(st.binary(min_size=HEADER_SIZE, max_size=HEADER_SIZE))
+def test_any_header_bytes_parse_or_raise_frame_error(raw):
+    try:
+        header = parse_header(raw)
+    except FrameError:
+        return
+    assert header.payload_len <= 64 << 20
+
+
+def test_member_masks_roundtrip_and_reject_junk():
+    universe = ["a", "b", "c", "d"]
+    assert members_from_mask(members_mask(["d", "b"], universe), universe) == ["b", "d"]
+    for junk in ([7], ["0"], "01", [-1], None):
+        with pytest.raises(FrameError):
+            members_from_mask(junk, universe)
+
+
+@given(st.integers(0, 10**7), st.lists(st.floats(0.01, 1e9), min_size=1, max_size=16))
+def test_proportional_split_covers_everything_on_aligned_bounds(numel, weights):
+    shards = split_proportional(numel, weights)
+    assert shards[0][0] == 0 and shards[-1][1] == numel
+    assert all(a <= b for a, b in shards) and all(shards[i][1] == shards[i + 1][0] for i in range(len(shards) - 1))
+    assert all(b % ALIGN == 0 or b == numel for _, b in shards[:-1])
+
+
+def test_split_follows_weights():
+    shards = split_proportional(1 << 20, [1.0, 3.0])
+    assert shards[0][1] == 1 << 18
+
+
+def test_plan_is_deterministic_and_its_digest_covers_the_layout():
+    members = ["p2", "p0", "p1"]
+    a = make_plan(members, set(), {"p0": 2e6, "p1": 1e6}, 10_000, 1024, "int8")
+    b = make_plan(list(reversed(members)), set(), {"p0": 2e6, "p1": 1e6}, 10_000, 1024, "int8")
+    assert a == b and a.digest() == b.digest() and a.members == ("p0", "p1", "p2")
+    assert make_plan(members, set(), {}, 10_000, 1024, "int8").digest() != a.digest()
+    assert make_plan(members, {"p1"}, {}, 10_000, 1024, "int8").reducers == ("p0", "p2")
+    assert make_plan(["p0"], {"p0"}, {}, 10, 4, "fp32").reducers == ("p0",)  # someone must reduce
+    chunks = a.chunks(0)
+    assert chunks[0][0] == a.shards[0][0] and chunks[-1][1] == a.shards[0][1]
+    assert all(b - a_ <= 1024 for a_, b in chunks)
+
+
+def test_stall_timeout_is_adaptive_but_clamped():
+    policy = DeadlinePolicy(floor_s=1.0, multiplier=10.0, ceiling_s=20.0, initial_s=4.0)
+    est = StallEstimator(policy)
+    assert est.stall_timeout() == 4.0
+    est.observe_gap(0.01)
+    assert est.stall_timeout() == 1.0
+    for _ in range(50):
+        est.observe_gap(0.5)
+    assert 4.9 < est.stall_timeout() <= 5.0
+    for _ in range(50):
+        est.observe_gap(100.0)
+    assert est.stall_timeout() == 20.0
+    with pytest.raises(ValueError):
+        DeadlinePolicy(floor_s=0)
+
+
+def _view(alive, reasons=None, shape="s"):
+    return set(alive), dict(reasons or {}), shape
+
+
+def test_settle_views_agrees_on_the_intersection_of_honest_views():
+    members = ["a", "b", "c", "d"]
+    views = {"a": _view("abc", {"d": "stalled"}), "b": _view("abcd"), "c": _view("abcd")}
+    assert _settle_views(members, views, {"d": "no view"}) == (["a", "b", "c"], {"d": "stalled"})
+
+
+def test_settle_views_ignores_a_member_that_accuses_everyone():
+    members = ["a", "b", "c", "d"]
+    views = {"a": _view("abc", {"d": "NaN"}), "b": _view("abc", {"d": "NaN"}), "c": _view("abc", {"d": "NaN"}),
+             "d": _view("d", {"a": "x", "b": "x", "c": "x"})}
+    assert _settle_views(members, views, {}) == (["a", "b", "c"], {"d": "NaN"})
+
+
+def test_settle_views_drops_the_minority_shape():
+    members = ["a", "b", "c"]
+    views = {"a": _view("abc"), "b": _view("abc"), "c": _view("abc", shape="other")}
+    kept, dropped = _settle_views(members, views, {})
+    assert kept == ["a", "b"] and "wrong-shape" in dropped["c"]
+
+
+def test_settle_views_is_independent_of_arrival_order():
+    members = ["a", "b", "c", "d"]
+    views = {"a": _view("abd", {"c": "x"}), "b": _view("bcd", {"a": "y"}), "c": _view("abcd"), "d": _view("abcd")}
+    reordered = dict(reversed(list(views.items())))
+    assert _settle_views(members, views, {}) == _settle_views(members, reordered, {})
