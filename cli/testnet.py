@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--validators", type=int, default=4, help="validators in a new testnet (default 4)")
     up.add_argument("--chain-id", default="dekube-testnet", help="chain id of a new testnet")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the first blocks")
+    up.add_argument("--base-port", type=int, default=0,
+                    help="validator I uses p2p port BASE+2I and RPC port BASE+2I+1 (default: free ports)")
     down = actions.add_parser("down", help="stop every validator")
     down.add_argument("--timeout", type=float, default=10.0, help="seconds before SIGKILL (default 10)")
     status = actions.add_parser("status", help="pid and height of every validator")
@@ -51,7 +53,7 @@ def run_up(args: argparse.Namespace) -> int:
     else:
         if not 2 <= args.validators <= 100:  # one: the driver would commit every height recursively
             raise CliError("--validators must be in 2..100")
-        testnet = Testnet.create(home, args.validators, chain_id=args.chain_id)
+        testnet = Testnet.create(home, args.validators, chain_id=args.chain_id, base_port=args.base_port)
         print(f"created a {args.validators}-validator testnet in {home}")
     testnet.up(wait_height=1, timeout=args.timeout)
     print(f"chain {testnet.chain_id}: producing blocks")

@@ -88,9 +88,10 @@ class Testnet:
     @classmethod
     def create(cls, root: Path | str, validators: int = 4, *, chain_id: str = "dekube-testnet",
                balances: dict[str, int] | None = None, params: dict[str, Any] | None = None,
-               settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE) -> "Testnet":
+               settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE, base_port: int = 0) -> "Testnet":
         """Write genesis, faucet key and validator homes. ``balances``: extra funded accounts;
-        ``params``: genesis params overrides; ``settings``: config overrides "section.key" -> text."""
+        ``params``: genesis params overrides; ``settings``: config overrides "section.key" -> text;
+        ``base_port``: node I listens on base_port + 2I (p2p) and base_port + 2I + 1 (RPC); 0: free ports."""
         root = Path(root).expanduser()
         if (root / MANIFEST).exists():
             raise TestnetError(f"{root} already holds a testnet (use it, or remove the directory)")
@@ -99,7 +100,9 @@ class Testnet:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         idents = [Identity.generate() for _ in range(validators)]
         faucet = Identity.generate()
-        ports = free_ports(2 * validators)
+        if base_port and not 1024 <= base_port <= 65535 - 2 * validators:
+            raise TestnetError(f"base port {base_port} leaves no room for {2 * validators} ports")
+        ports = list(range(base_port, base_port + 2 * validators)) if base_port else free_ports(2 * validators)
         nodes = [NodeSpec(f"v{i}", root / f"v{i}", ident.peer_id, ports[2 * i], ports[2 * i + 1])
                  for i, ident in enumerate(idents)]
         funded = {faucet.peer_id: DEFAULT_FAUCET, **{n.peer_id: 10**9 for n in nodes}, **(balances or {})}
