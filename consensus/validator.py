@@ -10,7 +10,8 @@ small pool, fsync'd RocksDB batch), after which the mempool is updated, ``newHea
 and the next committee is returned to the driver. All ledger and mempool mutations happen in that
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
-A proposer with an empty mempool waits up to ``empty_block_wait`` for a transaction before it
+A node whose key is not in the committee follows the chain (full node): it asks committee members
+for blocks and applies those with valid certificates. A proposer with an empty mempool waits up to ``empty_block_wait`` for a transaction before it
 proposes, so an idle chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,8 @@ from typing import Any
 from consensus.block import Block, BlockError, build_block
 from consensus.chainstore import CertificateError, ChainStore, decode_certificate, encode_certificate
 from consensus.committee import ValidatorSet
-from consensus.driver import ConsensusDriver
+from consensus.driver import PROTOCOL as CONSENSUS_PROTOCOL
+from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
 from consensus.mempool import Mempool
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 NEW_HEADS = "newHeads"
 MAX_FUTURE_BLOCK_MS = 10_000
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
+FOLLOW_INTERVAL = 0.5
 
 
 class ValidatorStartError(Exception):
@@ -109,7 +113,11 @@ class ValidatorRole(Role):
             self.ready.set()  # ledger loaded: queries and submissions are served from here on
             await self._start_consensus()
             log.info("validator started", extra={"height": self.ledger.height, "chain_id": self.genesis.chain_id})
-            await self._fatal
+            follower = loop.create_task(self._follow())
+            try:
+                await self._fatal
+            finally:
+                follower.cancel()
         finally:
             if self.gossip is not None:
                 await self.gossip.stop()
@@ -183,6 +191,24 @@ class ValidatorRole(Role):
         log.critical("validator failed: %s", exc)
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_exception(exc)
+
+    async def _follow(self) -> None:
+        """Outside the committee nobody sends us votes, so the driver never sees that it is behind:
+        ask a random committee member for the blocks from our height every ``FOLLOW_INTERVAL``
+        (they arrive as sync frames and are applied by the driver after checking their certificate)."""
+        while True:
+            await asyncio.sleep(FOLLOW_INTERVAL)
+            if self.peer_id in self.committee:
+                continue
+            peer = random.choice(self.committee.peer_ids)
+            try:
+                stream = await asyncio.wait_for(self.node.host.open_stream(peer, CONSENSUS_PROTOCOL), 3.0)
+                await stream.write(frame(encode_sync_request(self.driver.height)))
+                await stream.close()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # that member is unreachable; another is asked next time
+                log.debug("sync request to %s failed: %s", peer, exc)
 
     # ------------------------------------------------------------------ driver hooks
     def _peers(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from node.runtime import Node
 
 VALIDATOR = Identity.from_seed(b"\x61" * 32)
 PARTNER = Identity.from_seed(b"\x63" * 32)
+FOLLOWER = Identity.from_seed(b"\x64" * 32)
 USER = Identity.from_seed(b"\x62" * 32)
 CHAIN = "role-test"
 
@@ -29,15 +30,16 @@ def make_home(tmp_path, chain_id=CHAIN, balance=10**6):
     validators = tuple(GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{PORTS[ident.peer_id]}",))
                        for ident in (VALIDATOR, PARTNER))
     genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, Params(committee_size=2))
-    for name in ("", "partner"):
+    for name in ("", "partner", "follower"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "genesis.json").write_text(genesis.to_json())
     return tmp_path
 
 
 def config(identity):
+    port = PORTS.get(identity.peer_id, 0)
     return load_config(None, env={}, overrides={
-        ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{PORTS[identity.peer_id]}",
+        ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}",
         ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
         ("consensus", "timeout_propose"): "0.5"})
 
@@ -155,3 +157,29 @@ def test_missing_genesis_corrupt_and_foreign_databases_are_clear_errors(tmp_path
     asyncio.run(run_node(tmp_path, create))                  # a good database for this genesis
     make_home(tmp_path, balance=5)                           # same chain id, different genesis
     assert "another genesis" in start_fails(tmp_path)
+
+
+def test_a_node_outside_the_committee_follows_the_chain(tmp_path):
+    home = make_home(tmp_path)
+
+    async def body(node, role, session):
+        follower_role = ValidatorRole()
+        follower = Node(config(FOLLOWER), FOLLOWER, [follower_role], home=home / "follower")
+        task = asyncio.create_task(follower.run())
+        try:
+            await asyncio.wait_for(follower_role.ready.wait(), 10)
+            tx = build_tx(USER, CHAIN, 0, "transfer", {"to": FOLLOWER.peer_id, "amount": 50}, 1)
+            await rpc(session, "dkb_sendRawTransaction", tx.raw.hex())
+
+            async def synced():
+                return follower_role.ledger.height >= role.ledger.height >= 2 and \
+                    follower_role.ledger.balance(FOLLOWER.peer_id) == 50
+            await wait_for(synced, timeout=15)
+            height = follower_role.ledger.height
+            assert follower_role.store.block(height).hash == role.store.block(height).hash
+            assert follower_role.status()["in_committee"] is False
+        finally:
+            follower.request_stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(run_node(home, body))
