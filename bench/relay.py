@@ -7,6 +7,8 @@ receiver and the sender each run in their own process, so the numbers are CPU-bo
                             A-relay and relay-B connections)
   pylibp2p_relay_MBps()     py-libp2p 0.8.1 peers through a py-libp2p relay (data cap lifted)
   jain_8_flows()            Jain's fairness index of 8 concurrent flows (8 circuits) through one relay
+                            to one receiver with fixed yamux windows (``jain_8_flows_autotuned_windows``:
+                            with the receiver's default window auto-tuning)
   reserve_p99_ms()          p99 of RESERVE round trips on an open connection to the relay
 The netlab part (``netlab_*``, ``failover_s``) comes from the netlab engineer.
 Prints progress to stderr and, as its last stdout line, one JSON object.
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from node.identity import Identity  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
+from node.p2p.yamux import INITIAL_WINDOW  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 
@@ -76,8 +79,9 @@ async def serve_relay() -> None:
     await host.stop()
 
 
-async def serve_sink(relay_addr: str | None) -> None:
-    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
+async def serve_sink(relay_addr: str | None, max_window: int | None) -> None:
+    muxer_options = {} if max_window is None else {"max_window": max_window}
+    client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS, muxer_options=muxer_options))
     client.host.set_handler(SINK, sink_handler)
     await client.host.start()
     client.start()
@@ -201,9 +205,10 @@ async def _pylibp2p(mib: int) -> float:
         await finish(target, relay)
 
 
-async def _jain(flows: int, seconds: float) -> tuple[float, list[int]]:
+async def _jain(flows: int, seconds: float, autotune: bool) -> tuple[float, list[int]]:
     relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay")
-    sink, circuit = await spawn(sys.executable, __file__, "--serve", "sink", "--relay", relay_addr)
+    window = [] if autotune else ["--max-window", str(INITIAL_WINDOW)]
+    sink, circuit = await spawn(sys.executable, __file__, "--serve", "sink", "--relay", relay_addr, *window)
     client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
     await client.host.start()
     try:
@@ -267,9 +272,12 @@ def pylibp2p_relay_MBps(mib: int = 64) -> float:
     return _run(_pylibp2p(mib))
 
 
-def jain_8_flows() -> float:
-    jain, counts = _run(_jain(JAIN_FLOWS, JAIN_SECONDS))
-    log(f"8 flows, MiB each: {[round(c / MIB) for c in counts]}")
+def jain_8_flows(autotune: bool = False) -> float:
+    """Jain's index of 8 flows through one relay to one receiver. By default the receiver keeps
+    fixed 256 KiB yamux windows, so the index measures the relay's scheduling alone; with
+    ``autotune`` the receiver's window auto-tuning is on as in a default node."""
+    jain, counts = _run(_jain(JAIN_FLOWS, JAIN_SECONDS, autotune))
+    log(f"8 flows{' (autotuned windows)' if autotune else ''}, MiB each: {[round(c / MIB) for c in counts]}")
     return jain
 
 
@@ -284,11 +292,12 @@ def main() -> None:
     parser.add_argument("--pylibp2p-mib", type=int, default=64)
     parser.add_argument("--serve", choices=["relay", "sink"], help=argparse.SUPPRESS)
     parser.add_argument("--relay", help=argparse.SUPPRESS)
+    parser.add_argument("--max-window", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "relay":
         return _run(serve_relay())
     if args.serve == "sink":
-        return _run(serve_sink(args.relay))
+        return _run(serve_sink(args.relay, args.max_window))
     result: dict = {"mib": args.mib}
     result["direct_MBps"], result["direct_cpu_bound_MBps"] = loopback_direct(args.mib)
     log(f"direct: {result['direct_MBps']:.0f} MB/s ({result['direct_cpu_bound_MBps']:.0f} CPU-bound)")
@@ -297,6 +306,7 @@ def main() -> None:
     result["pylibp2p_relay_MBps"] = pylibp2p_relay_MBps(args.pylibp2p_mib)
     log(f"py-libp2p relay: {result['pylibp2p_relay_MBps']:.1f} MB/s")
     result["jain_8_flows"] = jain_8_flows()
+    result["jain_8_flows_autotuned_windows"] = jain_8_flows(autotune=True)
     result["reserve_p99_ms"] = reserve_p99_ms()
     result["relayed_vs_direct"] = result["relayed_MBps"] / result["direct_MBps"]
     result["relayed_vs_direct_cpu_bound"] = result["relayed_cpu_bound_MBps"] / result["direct_cpu_bound_MBps"]
