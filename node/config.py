@@ -155,6 +155,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
+        "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to (dkb_sendRawTransaction); empty: keep them in memory"),
     },
 }
 

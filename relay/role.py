@@ -3,8 +3,9 @@
 Settings come from the ``[relay]`` config section (allow-list, minimum stake, reservation TTL,
 per-IP and per-peer limits, price). Admission by ledger stake uses ``stake_of`` when the node
 provides one (a callable peer ID -> stake or None); until then only the allow-list is admitted.
-Co-signed receipts go to ``submit`` (an async callable taking the ``relay_receipt`` payload);
-without one they are kept in memory and counted in ``/status``.
+Co-signed receipts go to ``submit`` (an async callable taking the ``relay_receipt`` payload), by
+default a ``dkb_sendRawTransaction`` client of the ``[relay] receipt_rpc`` URL; without either they
+are only kept in memory and counted in ``/status``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from node.identity import is_valid_peer_id
 from node.roles import Role, RoleError
 
 from .service import Admission, RelayLimits, RelayService, StakeLookup, Submit
+from .submit import rpc_receipt_submitter
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -44,8 +46,11 @@ class RelayRole(Role):
                              max_reservations_per_ip=settings["max_reservations_per_ip"],
                              max_circuits_per_peer=settings["max_circuits_per_peer"],
                              price_per_mib=settings["price_per_mib"])
-        self.service = RelayService(node.host, admission, limits, chain_id=node.config["consensus"]["chain_id"],
-                                    submit=self._submit)
+        chain_id = node.config["consensus"]["chain_id"]
+        submit = self._submit
+        if submit is None and settings["receipt_rpc"]:
+            submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id)
+        self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
         self.service.start()
         node.status.add_section(self.name, self.service.status)
 

@@ -1,0 +1,33 @@
+"""Submitting co-signed relay receipts to the ledger over a node's JSON-RPC.
+
+``rpc_receipt_submitter(url, identity, chain_id)`` returns the async ``submit`` callable the relay
+service takes: it signs a ``relay_receipt`` transaction with the relay's identity (nonce from
+``dkb_getTransactionCount(..., "pending")``) and sends it with ``dkb_sendRawTransaction``. The
+blocking HTTP calls run in a worker thread, off the event loop; calls are serialised so nonces
+never collide.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from consensus import rpcclient
+from consensus.tx import build_tx
+from node.identity import Identity
+
+from .service import Submit
+
+
+def rpc_receipt_submitter(url: str, identity: Identity, chain_id: str, fee: int = 0,
+                          timeout: float = 10.0) -> Submit:
+    lock = asyncio.Lock()
+
+    def send(payload: dict) -> str:
+        nonce = rpcclient.call(url, "dkb_getTransactionCount", identity.peer_id, "pending", timeout=timeout)
+        tx = build_tx(identity, chain_id, nonce, "relay_receipt", payload, fee)
+        return rpcclient.call(url, "dkb_sendRawTransaction", tx.raw.hex(), timeout=timeout)
+
+    async def submit(payload: dict) -> None:
+        async with lock:
+            await asyncio.to_thread(send, payload)
+
+    return submit
