@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import torch
+
 from ml.train.worker import TrainerBase
 
 
@@ -26,7 +28,7 @@ class DataParallelTrainer(TrainerBase):
             step = self.step
             loss = await asyncio.to_thread(self._gradients, step)
             self._record_loss(loss)
-            grads = [p.grad for p in self.params]
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
             averaged = await self.averager.average(grads, round_id=step)
             await asyncio.to_thread(self._apply, averaged.tensors, step)
             self.step += 1

@@ -6,12 +6,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from ml.codecs import codec_names, powersgd_rank
+from ml.registry import DATASETS, MODELS
+
 MODES = ("data-parallel", "diloco")
 OPTIMIZERS = ("adamw", "sgd")
 
 
 class InvalidSpec(ValueError):
     """A TrainSpec with a bad or unknown field."""
+
+
+def _known_codec(name: str) -> bool:
+    try:
+        if powersgd_rank(name) is not None:
+            return True
+    except ValueError:
+        return False
+    base, _, suffix = name.partition("+")
+    return base in codec_names() and suffix in ("", "lz4")
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,11 @@ class TrainSpec:
             raise InvalidSpec(f"codec_options must be an object, got {self.codec_options!r}")
         if self.optimizer not in OPTIMIZERS:
             raise InvalidSpec(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.model not in MODELS or self.dataset not in DATASETS:
+            raise InvalidSpec(f"unknown model/dataset {self.model!r}/{self.dataset!r}; "
+                              f"known: {sorted(MODELS)} / {sorted(DATASETS)}")
+        if not isinstance(self.codec, str) or not _known_codec(self.codec):
+            raise InvalidSpec(f"unknown codec {self.codec!r}; known: {codec_names()} or powersgd<r>")
         if self.mode not in MODES:
             raise InvalidSpec(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads"):

@@ -109,3 +109,20 @@ def test_progress_reports_steps_loss_and_bytes_to_callbacks_and_streams():
     assert [e.bytes_sent for e in rank0] == sorted(e.bytes_sent for e in rank0) and rank0[0].bytes_sent > 0
     assert "accuracy" in rank0[-1].metrics and rank0[-1].to_dict()["step"] == 40
     assert streamed == seen == feed.history
+
+
+def test_spec_round_trips_and_rejects_bad_fields():
+    import pytest
+    from ml.train import InvalidSpec
+
+    spec = TrainSpec(mode="diloco", codec="powersgd2", steps=100, inner_steps=20)
+    assert TrainSpec.from_dict(spec.to_dict()) == spec
+    assert spec.outer_steps == 5
+    assert spec.lr_at(0) == spec.lr and spec.lr_at(99) < spec.lr / 100
+    for bad in ({"codec": "zip"}, {"mode": "async"}, {"steps": 0}, {"lr": float("nan")},
+                {"model": "gpt"}, {"mode": "diloco", "steps": 30, "inner_steps": 20},
+                {"optimizer": "lion"}, {"colour": "red"}):
+        with pytest.raises(InvalidSpec):
+            TrainSpec.from_dict(bad)
+    with pytest.raises(InvalidSpec):
+        TrainSpec.from_dict(["not", "a", "dict"])
