@@ -384,6 +384,11 @@ class ConsensusDriver:
             self._last_sync_request = now
             self._sender(peer).send(frame(encode_sync_request(core_height)))
 
+    def request_sync(self, peer: str) -> None:
+        """Ask ``peer`` for the blocks from our height on (e.g. a follower polling a validator)."""
+        self._last_sync_request = time.monotonic()
+        self._sender(peer).send(frame(encode_sync_request(self.core.height)))
+
     def _serve_sync(self, peer: str | None, from_height: int) -> None:
         """Send up to ``sync_batch`` blocks; at most one request per peer per ``sync_delay``."""
         now = time.monotonic()

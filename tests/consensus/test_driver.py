@@ -282,6 +282,41 @@ def test_failed_persist_stops_the_validator_before_it_sends():
     asyncio.run(main())
 
 
+def test_follower_without_a_key_catches_up_on_request():
+    async def main():
+        net = FakeNet()
+        peers = [i.peer_id for i in IDS]
+        nodes = []
+        for ident in IDS:
+            host = net.hosts[ident.peer_id] = FakeHost(net, ident.peer_id)
+            nodes.append(Node(host, ident, peers))
+        follower_id = Identity.from_seed(b"f" * 32).peer_id
+        host = net.hosts[follower_id] = FakeHost(net, follower_id)
+        blocks = {}
+
+        async def commit(c):
+            blocks[c.height] = c
+            return VS
+
+        core = TendermintCore(CHAIN, None, get_value=lambda h: b"", is_valid=lambda h, v: True)
+        follower = ConsensusDriver(host, core, peers=lambda: [], persist=None, commit=commit,
+                                   get_block=blocks.get, sync_delay=0.05)
+        for node in nodes:
+            await node.driver.start(0, VS)
+        try:
+            assert await wait_until(lambda: all(len(n.blocks) >= 4 for n in nodes), 30)
+            await follower.start(0, VS)
+            follower.request_sync(IDS[0].peer_id)
+            assert await wait_until(lambda: len(blocks) >= 4, 10)
+        finally:
+            await follower.stop()
+            for node in nodes:
+                await node.driver.stop()
+        for h, c in blocks.items():
+            assert c.value == nodes[0].blocks[h].value
+    asyncio.run(main())
+
+
 def test_junk_frames_close_only_that_stream():
     async def main():
         net = FakeNet()
