@@ -228,6 +228,7 @@ class ConsensusDriver:
         self._behind_since: float | None = None
         self._last_sync_request = 0.0
         self._served: dict[str, float] = {}
+        self._committing = False
         self.rejected_frames = 0
         self.commits = 0
         self.failure: PersistFailed | None = None
@@ -340,7 +341,11 @@ class ConsensusDriver:
         self.events.put_nowait(("timeout", None, args))
 
     async def _commit(self, commit: Commit) -> None:
-        next_validators = await self.commit(commit)
+        self._committing = True  # the app may take a while (execution, pacing): no gossip then
+        try:
+            next_validators = await self.commit(commit)
+        finally:
+            self._committing = False
         self.commits += 1
         self._behind_since = None
         await self._act(self.core.start_height(commit.height + 1, next_validators))
@@ -364,7 +369,7 @@ class ConsensusDriver:
         while self.failure is None:
             await asyncio.sleep(self.gossip_interval)
             now = (self.core.height, self.core.round, self.core.step)
-            if now == mark:
+            if now == mark and not self._committing:
                 for message in self.core.gossip_messages():
                     self._send_all(frame(encode_message(message)))
             mark = now
@@ -390,9 +395,9 @@ class ConsensusDriver:
         self._sender(peer).send(frame(encode_sync_request(self.core.height)))
 
     def _serve_sync(self, peer: str | None, from_height: int) -> None:
-        """Send up to ``sync_batch`` blocks; at most one request per peer per ``sync_delay``."""
+        """Send up to ``sync_batch`` blocks; at most two requests per peer per ``sync_delay``."""
         now = time.monotonic()
-        if peer is None or now - self._served.get(peer, -1e9) < self.sync_delay:
+        if peer is None or now - self._served.get(peer, -1e9) < self.sync_delay / 2:
             return
         self._served[peer] = now
         if len(self._served) > 4096:
