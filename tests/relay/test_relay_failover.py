@@ -26,8 +26,9 @@ def test_reservations_kept_on_two_relays_refreshed_and_replaced():
             victim = next(r for r in relays if r.host.peer_id in b.reservations)
             await stop_all(victim)
             started = time.monotonic()
-            await eventually(lambda: len(b.reservations) == 2 and victim.host.peer_id not in b.reservations)
-            assert time.monotonic() - started < 3
+            await eventually(lambda: len(b.reservations) == 2 and victim.host.peer_id not in b.reservations,
+                             timeout=10)
+            assert time.monotonic() - started < 5  # the failover target
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
