@@ -5,6 +5,8 @@ import struct
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consensus.committee import ValidatorSet
 from consensus.driver import (
@@ -12,6 +14,7 @@ from consensus.driver import (
     ConsensusDriver,
     FrameError,
     decode_sync_block,
+    decode_sync_request,
     encode_sync_block,
     frame,
 )
@@ -378,3 +381,13 @@ def test_drivers_over_real_hosts_on_localhost():
                 await host.stop()
         assert_same_chain(nodes, 3)
     asyncio.run(main())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600))
+def test_fuzz_sync_decoders_raise_only_message_error(data):
+    for decode in (decode_sync_block, decode_sync_request):
+        try:
+            decode(data)
+        except MessageError:
+            pass
