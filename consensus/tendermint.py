@@ -23,7 +23,9 @@ Boundaries and choices:
   after a restart, with the locked value and its polka (stored as the lock's proof) as
   validValue/validRound, and a restarted validator re-enters the round it last signed in.
 - The paper assumes reliable gossip; a driver over a lossy network re-sends ``gossip_messages()``
-  when progress stalls (current proposal and round votes, the polka behind validValue, own votes).
+  when progress stalls (proposals, every vote held for the height, or the decision).
+- A validator that signs two values for one step is reported once per step (``EvidenceFound``)
+  and counted for each value it signed (bounded), as CometBFT's vote sets do.
 """
 from __future__ import annotations
 
