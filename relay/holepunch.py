@@ -1,0 +1,283 @@
+"""The asyncio driver of DCUtR: upgrade a relayed connection to a direct one by TCP hole punching.
+
+A NAT maps one local port to one public port only if the node keeps using that local port, so the
+hole puncher owns a *punch port*: ``connect_public(addr)`` connects to a public peer (a relay) from
+it and learns, through identify on that connection, the address the NAT maps it to; those observed
+addresses are what the dcutr exchange offers. ``direct_connect(relayed)`` runs the initiator side
+(``relay/dcutr.py`` times it) up to ``attempts`` times; ``serve`` (the ``/libp2p/dcutr`` handler)
+runs the responder side. Both sides dial from the punch port at the agreed moment (simultaneous
+open through both NATs); the responder also listens on it for the punch window, so a SYN that
+finds no socket of its own still meets one. The initiator is the client of the noise handshake
+(as in go-libp2p). The new connection is registered with the Host like any other; the relayed one
+stays open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric
+NAT) the SYNs miss and ``direct_connect`` returns None: the peers stay relayed.
+
+The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
+itself and hands them to ``Host.upgrade``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+
+from node.p2p.errors import ProtocolError
+from node.p2p.host import Connection, DialError, Host
+from node.p2p.identify import MAX_IDENTIFY_BYTES, decode_identify
+from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
+from node.p2p.multiaddr import Multiaddr
+from node.p2p.secure_conn import TcpConnection
+
+from .dcutr import DCUTR_PROTOCOL, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_TIMEOUT = 10.0   # the whole CONNECT/CONNECT/SYNC exchange
+PUNCH_WINDOW = 5.0        # how long both sides keep dialing after the agreed moment
+REFUSED_RETRY_S = 0.02    # pause after an immediate refusal (RST) before dialing again
+ATTEMPTS = 3              # exchanges per direct_connect (the spec's retry count)
+_PUNCH_ERRORS = (DcutrError, ProtocolError, ConnectionError, TimeoutError, OSError, DialError,
+                 asyncio.IncompleteReadError)
+
+
+def _bound_socket(family: int, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setblocking(False)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _family(addr: Multiaddr) -> int:
+    return socket.AF_INET6 if addr.parts[0][0] == "ip6" else socket.AF_INET
+
+
+class HolePuncher:
+    def __init__(self, host: Host, punch_port: int = 0, *, attempts: int = ATTEMPTS,
+                 punch_window: float = PUNCH_WINDOW) -> None:
+        self.host = host
+        self.port = punch_port
+        self.attempts = attempts
+        self.punch_window = punch_window
+        self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
+        self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
+        self._punched = asyncio.Event()
+
+    def start(self) -> None:
+        """Register the responder; with port 0, pick the punch port now."""
+        if self.port == 0:
+            probe = _bound_socket(socket.AF_INET, 0)
+            self.port = probe.getsockname()[1]
+            probe.close()
+        self.host.set_handler(DCUTR_PROTOCOL, self.serve)
+
+    # ---- address discovery
+    async def connect_public(self, addr: str | Multiaddr) -> Multiaddr | None:
+        """Connect to the public peer at ``addr`` (``.../p2p/<id>``) from the punch port and return the
+        address it observed us at (None if it sent none). Raises DialError/ProtocolError/OSError."""
+        addr = Multiaddr.parse(addr)
+        peer = addr.peer_id
+        if peer is None:
+            raise ValueError(f"multiaddr needs a /p2p/<peer id> suffix: {addr}")
+        ip, port = addr.tcp_endpoint()
+        sock = _bound_socket(_family(addr), self.port)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.host.limits.handshake_timeout):
+                await loop.sock_connect(sock, (ip, port))
+            _transport, tcp = await loop.create_connection(TcpConnection, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self.host.peerbook.add_addrs(peer, [addr])
+        conn = await self.host.upgrade(tcp, is_initiator=True, expected_peer=peer)
+        observed = await self._observed_addr(conn)
+        if observed is not None:
+            self.observed[peer] = observed
+        return observed
+
+    async def _observed_addr(self, conn: Connection) -> Multiaddr | None:
+        async with asyncio.timeout(self.host.limits.identify_timeout):
+            stream = await conn.open_stream(IDENTIFY_PROTOCOL)
+            data = b""
+            while chunk := await stream.read():
+                data += chunk
+                if len(data) > MAX_IDENTIFY_BYTES:
+                    stream.reset()
+                    raise ProtocolError("identify response too large")
+            await stream.close()
+        return decode_identify(data).observed_addr
+
+    def own_addrs(self) -> list[Multiaddr]:
+        """Our punch port as public peers see it (what the dcutr exchange offers)."""
+        out = []
+        for addr in self.observed.values():
+            if addr not in out:
+                out.append(addr)
+        return out
+
+    # ---- initiator
+    async def direct_connect(self, relayed: Connection) -> Connection | None:
+        """Try to replace ``relayed`` by a direct connection to the same peer; None if every attempt
+        failed (the caller stays on the relayed connection)."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                conn = await self._initiate(relayed)
+            except _PUNCH_ERRORS as exc:
+                log.info("hole punch to %s, attempt %d: %s", relayed.remote_peer, attempt, exc)
+                if relayed.closed:
+                    return None
+                continue
+            self._record(conn)
+            return conn
+        return None
+
+    async def _initiate(self, relayed: Connection) -> Connection:
+        core = DcutrInitiator(self.own_addrs())
+        if not core.own_addrs:
+            raise DcutrError("no observed address yet: call connect_public first")
+        stream = await relayed.open_stream(DCUTR_PROTOCOL)
+        try:
+            async with asyncio.timeout(EXCHANGE_TIMEOUT):
+                await stream.write(core.start(time.monotonic()).data)
+                dial = None
+                while dial is None:
+                    data = await stream.read()
+                    if not data:
+                        raise DcutrError("stream ended during the exchange")
+                    for event in core.receive(data, time.monotonic()):
+                        if isinstance(event, Send):
+                            await stream.write(event.data)
+                        elif isinstance(event, Dial):
+                            dial = event
+            await stream.close()
+        except BaseException:
+            stream.reset()
+            raise
+        await asyncio.sleep(max(0.0, dial.at - time.monotonic()))
+        tcp = await self._punch(dial.addrs, listen=False)
+        return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
+
+    # ---- responder
+    async def serve(self, stream) -> None:
+        """The ``/libp2p/dcutr`` handler: answer CONNECT, punch on SYNC."""
+        core = DcutrResponder(self.own_addrs())
+        dial = None
+        try:
+            async with asyncio.timeout(EXCHANGE_TIMEOUT):
+                while dial is None:
+                    data = await stream.read()
+                    if not data:
+                        raise DcutrError("stream ended during the exchange")
+                    for event in core.receive(data, time.monotonic()):
+                        if isinstance(event, Send):
+                            await stream.write(event.data)
+                        elif isinstance(event, Dial):
+                            dial = event
+        except (DcutrError, TimeoutError) as exc:
+            log.debug("dcutr exchange with %s failed: %s", stream.remote_peer, exc)
+            stream.reset()
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await stream.close()
+        try:
+            tcp = await self._punch(dial.addrs, listen=True)
+            conn = await self.host.upgrade(tcp, is_initiator=False)
+        except _PUNCH_ERRORS as exc:
+            log.info("hole punch from %s failed: %s", stream.remote_peer, exc)
+            return
+        if conn.remote_peer != stream.remote_peer:
+            log.info("hole punch for %s reached %s; closing", stream.remote_peer, conn.remote_peer)
+            await conn.close()
+            return
+        self._record(conn)
+
+    def _record(self, conn: Connection) -> None:
+        self.direct[conn.remote_peer] = conn
+        self._punched.set()
+
+    async def wait_direct(self, peer: str, timeout: float) -> Connection | None:
+        """The direct connection punched to ``peer`` (by either side), waiting up to ``timeout``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while (conn := self.direct.get(peer)) is None or conn.closed:
+                    self._punched.clear()
+                    await self._punched.wait()
+                return conn
+        return None
+
+    # ---- the punch itself
+    async def _punch(self, addrs, *, listen: bool) -> TcpConnection:
+        """Dial every address from the punch port until one connects (and, when ``listen``, accept on
+        it too) within the punch window; the first connected socket wins, the rest are closed."""
+        deadline = time.monotonic() + self.punch_window
+        listener = None
+        tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
+        try:
+            if listen:
+                listener = _bound_socket(socket.AF_INET, self.port)
+                listener.listen(8)
+                tasks.append(asyncio.ensure_future(self._accept_one(listener)))
+            sock = await self._first_socket(tasks, deadline)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for result in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(result, socket.socket):
+                    result.close()
+            if listener is not None:
+                listener.close()
+        loop = asyncio.get_running_loop()
+        try:
+            _transport, tcp = await loop.create_connection(TcpConnection, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return tcp
+
+    @staticmethod
+    async def _first_socket(tasks: list[asyncio.Future], deadline: float) -> socket.socket:
+        pending = set(tasks)
+        errors = []
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()) + 1.0,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
+            for task in done:
+                if task.exception() is None:
+                    tasks.remove(task)
+                    return task.result()
+                errors.append(repr(task.exception()))
+        raise ConnectionError("hole punch found no path: " + ("; ".join(errors) or "timed out"))
+
+    async def _dial_until(self, addr: Multiaddr, deadline: float) -> socket.socket:
+        ip, port = addr.tcp_endpoint()
+        loop = asyncio.get_running_loop()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer from {addr} in the punch window")
+            sock = _bound_socket(_family(addr), self.port)
+            try:
+                async with asyncio.timeout(left):
+                    await loop.sock_connect(sock, (ip, port))
+                return sock
+            except ConnectionRefusedError:
+                sock.close()
+                await asyncio.sleep(REFUSED_RETRY_S)
+            except BaseException:
+                sock.close()
+                raise
+
+    @staticmethod
+    async def _accept_one(listener: socket.socket) -> socket.socket:
+        sock, _peer = await asyncio.get_running_loop().sock_accept(listener)
+        return sock

@@ -1,0 +1,186 @@
+"""DCUtR: message codec (with fuzzing), the sans-I/O exchange, and the driver on loopback."""
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node.p2p.multiaddr import Multiaddr
+from node.p2p.muxer import StreamResetError
+from node.p2p.protobuf import field_bytes, field_varint
+from node.p2p.varint import encode_uvarint
+from relay.dcutr import (
+    MAX_MESSAGE_BYTES, DcutrError, DcutrInitiator, DcutrResponder, Dial, FrameReader, HolePunch, HolePunchType,
+    Send, decode_holepunch, encode_holepunch,
+)
+from relay.holepunch import HolePuncher
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, \
+    start_relay, stop_all
+
+A1 = Multiaddr.parse("/ip4/10.0.0.1/tcp/4001")
+A2 = Multiaddr.parse("/ip4/10.0.0.2/tcp/4002")
+
+
+def body_of(framed: bytes) -> bytes:
+    bodies = FrameReader().feed(framed)
+    assert len(bodies) == 1
+    return bodies[0]
+
+
+# ---------------------------------------------------------------- messages
+def test_roundtrip_connect_and_sync():
+    for msg in (HolePunch(HolePunchType.CONNECT, (A1, A2)), HolePunch(HolePunchType.SYNC)):
+        assert decode_holepunch(body_of(encode_holepunch(msg))) == msg
+
+
+def test_wire_form_matches_the_spec_field_numbers():
+    framed = encode_holepunch(HolePunch(HolePunchType.CONNECT, (A1,)))
+    expected_body = field_varint(1, 100) + field_bytes(2, A1.to_bytes())
+    assert framed == encode_uvarint(len(expected_body)) + expected_body
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"", "lacks a type"),
+    (field_varint(1, 7), "unknown dcutr message type"),
+    (field_bytes(1, b"x"), "must be a varint"),
+    (field_varint(1, 100) + field_varint(2, 5), "must be bytes"),
+    (field_varint(1, 100) + field_bytes(2, b"\x04") * 17, "more than 16"),
+    (b"\xff\xff", "malformed"),
+])
+def test_malformed_messages_raise_clear_errors(body, reason):
+    with pytest.raises(DcutrError, match=reason):
+        decode_holepunch(body)
+
+
+def test_unknown_fields_and_unparsable_addrs_are_skipped():
+    body = field_varint(1, 300) + field_varint(9, 1) + field_bytes(2, b"\x99\x99\x01")
+    assert decode_holepunch(body) == HolePunch(HolePunchType.SYNC, ())
+
+
+def test_oversized_frame_is_refused_before_buffering_it():
+    with pytest.raises(DcutrError, match="exceeds"):
+        FrameReader().feed(encode_uvarint(MAX_MESSAGE_BYTES + 1))
+
+
+def test_frames_reassemble_from_single_bytes():
+    framed = encode_holepunch(HolePunch(HolePunchType.CONNECT, (A1,))) + encode_holepunch(HolePunch(HolePunchType.SYNC))
+    reader = FrameReader()
+    bodies = [b for i in range(len(framed)) for b in reader.feed(framed[i:i + 1])]
+    assert [decode_holepunch(b).type for b in bodies] == [HolePunchType.CONNECT, HolePunchType.SYNC]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600))
+def test_fuzz_decoder_raises_only_dcutr_error(data):
+    try:
+        decode_holepunch(data)
+    except DcutrError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=64), max_size=8))
+def test_fuzz_cores_raise_only_dcutr_error(chunks):
+    responder = DcutrResponder([A1])
+    initiator = DcutrInitiator([A1])
+    initiator.start(0.0)
+    for core in (responder, initiator):
+        try:
+            for chunk in chunks:
+                core.receive(chunk, 1.0)
+        except DcutrError:
+            pass
+
+
+# ---------------------------------------------------------------- the exchange
+def test_exchange_dials_at_half_the_round_trip():
+    initiator, responder = DcutrInitiator([A1, "/ip4/1.2.3.4/tcp/1/p2p-circuit"]), DcutrResponder([A2])
+    connect = initiator.start(now=10.0)
+    assert decode_holepunch(body_of(connect.data)).obs_addrs == (A1,)  # relayed addresses are not offered
+    (reply,) = responder.receive(connect.data, now=10.1)
+    assert isinstance(reply, Send)
+    sync, dial = initiator.receive(reply.data, now=10.3)
+    assert decode_holepunch(body_of(sync.data)).type == HolePunchType.SYNC
+    assert dial == Dial((A2,), pytest.approx(10.45), pytest.approx(0.3))
+    (responder_dial,) = responder.receive(sync.data, now=10.4)
+    assert responder_dial == Dial((A1,), 10.4, None)
+
+
+def test_exchange_refuses_out_of_order_and_empty_offers():
+    responder = DcutrResponder([A2])
+    with pytest.raises(DcutrError, match="expected CONNECT"):
+        responder.receive(encode_holepunch(HolePunch(HolePunchType.SYNC)), 0.0)
+    with pytest.raises(DcutrError, match="no dialable"):
+        DcutrResponder([A2]).receive(encode_holepunch(HolePunch(HolePunchType.CONNECT, ())), 0.0)
+    with pytest.raises(DcutrError, match="we have no dialable"):
+        DcutrResponder([]).receive(encode_holepunch(HolePunch(HolePunchType.CONNECT, (A1,))), 0.0)
+    initiator = DcutrInitiator([A1])
+    with pytest.raises(DcutrError, match="before the exchange"):
+        initiator.receive(b"", 0.0)
+    initiator.start(0.0)
+    with pytest.raises(DcutrError, match="expected CONNECT"):
+        initiator.receive(encode_holepunch(HolePunch(HolePunchType.SYNC)), 0.1)
+
+
+# ---------------------------------------------------------------- the driver on loopback
+async def _relayed_pair():
+    a, b = await start_endpoint(), await start_endpoint()
+    relay = await start_relay({a.host.peer_id, b.host.peer_id})
+    relay_addr = relay.host.listen_addrs[0]
+    punchers = []
+    for endpoint in (a, b):
+        puncher = HolePuncher(endpoint.host, punch_window=2.0)
+        puncher.start()
+        observed = await puncher.connect_public(relay_addr)
+        assert observed == Multiaddr.parse(f"/ip4/127.0.0.1/tcp/{puncher.port}")
+        punchers.append(puncher)
+    await b.reserve(relay_addr)
+    relayed = await a.dial(b.relayed_addrs)
+    return a, b, relay, relayed, punchers
+
+
+def test_direct_connect_upgrades_a_relayed_connection_on_loopback():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        sink = Sink()
+        b.host.set_handler(SINK_PROTOCOL, sink)
+        try:
+            assert a.pipe_for(relayed) is not None
+            direct = await pa.direct_connect(relayed)
+            assert direct is not None and a.pipe_for(direct) is None
+            assert direct.remote_peer == b.host.peer_id
+            assert direct.secure.tcp.peername == ("127.0.0.1", pb.port)
+            assert await pb.wait_direct(a.host.peer_id, 5) is not None
+            data = pattern(4 << 20)
+            assert await send_and_check(direct, data) == expected_answer(data)
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_direct_connect_gives_up_and_stays_relayed_when_no_path_exists():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        pb.observed = {"x": Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # nothing listens on port 9 (discard)
+        pa.attempts = 2
+        try:
+            assert await pa.direct_connect(relayed) is None
+            assert not relayed.closed  # still usable
+            assert await relayed.ping() >= 0
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_malformed_dcutr_stream_is_answered_with_a_reset_and_the_peer_keeps_serving():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        try:
+            stream = await relayed.open_stream("/libp2p/dcutr")
+            await stream.write(b"\x05\xff\xff\xff\xff\xff")
+            with pytest.raises(StreamResetError):
+                await stream.read()  # reset by the responder
+            assert await pa.direct_connect(relayed) is not None
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
