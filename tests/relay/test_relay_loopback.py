@@ -181,3 +181,43 @@ def test_back_pressure_without_loss():
         finally:
             await stop_all(a, b, relay)
     run(main())
+
+
+@pytest.mark.parametrize("junk", [b"\x03\x08\x05\x00", b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", b"\x02\x08\x00"])
+def test_malformed_stop_gets_status_and_target_stays_reachable(junk):
+    async def main():
+        a, b, rogue = await start_endpoint(), await start_endpoint(), await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id})
+        try:
+            await rogue.host.connect(b.host.listen_addrs[0])
+            stream = await rogue.host.open_stream(b.host.peer_id, STOP_PROTOCOL)
+            await stream.write(junk)
+            answer, _ = await read_message(stream, decode_stop)
+            assert answer.type == StopType.STATUS
+            assert answer.status in (Status.MALFORMED_MESSAGE, Status.UNEXPECTED_MESSAGE)
+            await b.reserve(relay.host.listen_addrs[0])
+            b.host.set_handler(SINK_PROTOCOL, Sink())
+            data = pattern(MIB)
+            assert await send_and_check(await a.dial(b.relayed_addrs), data) == expected_answer(data)
+        finally:
+            await stop_all(a, b, rogue, relay)
+    run(main())
+
+
+def test_circuit_limit_per_peer():
+    async def main():
+        a, b = await start_endpoint(), await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id}, RelayLimits(max_circuits_per_peer=2))
+        try:
+            await b.reserve(relay.host.listen_addrs[0])
+            conns = [await a.dial(b.relayed_addrs) for _ in range(2)]
+            assert len(relay.circuits) == 2
+            with pytest.raises(RelayRefused) as info:
+                await a.dial_via(relay.host.listen_addrs[0], b.host.peer_id)
+            assert info.value.status == Status.RESOURCE_LIMIT_EXCEEDED
+            await conns[0].close()
+            await eventually(lambda: len(relay.circuits) == 1)
+            await a.dial(b.relayed_addrs)  # room again once a circuit ends
+        finally:
+            await stop_all(a, b, relay)
+    run(main())
