@@ -41,15 +41,29 @@ def test_data_parallel_segment_replays_from_checkpoint():
 
 
 def test_error_feedback_residual_travels_in_the_checkpoint():
-    spec = TrainSpec(steps=20, segment_steps=5, codec="fp16", seed=1)
-    group = LocalAveragingGroup(1, "fp32")
-    member = group.member(0)
-    member.compressor.error_feedback = True
-    trainer = make_trainer(spec, 0, 1, member)
-    member.compressor.residual = torch.full((sum(p.numel() for p in trainer.params),), 0.5)
-    restored = make_trainer(spec, 0, 1, LocalAveragingGroup(1, "fp32").member(0))
-    restored.restore(trainer.checkpoint())
-    assert torch.equal(restored.averager.compressor.residual, member.compressor.residual)
+    spec = TrainSpec(steps=20, segment_steps=5, codec="sign", seed=1)
+
+    def fresh():
+        return make_trainer(spec, 0, 1, LocalAveragingGroup(1, "sign").member(0))
+
+    async def scenario():
+        original = fresh()
+        await original.run(until_step=10)
+        checkpoint = original.checkpoint()
+        assert original.averager.compressor.residual.abs().sum() > 0
+        await original.run()
+        resumed = fresh()
+        resumed.restore(checkpoint)
+        await resumed.run()
+        forgetful = fresh()
+        forgetful.restore(checkpoint)
+        forgetful.averager.compressor.load_state_dict({"residual": None})
+        await forgetful.run()
+        return original, resumed, forgetful
+
+    original, resumed, forgetful = asyncio.run(scenario())
+    assert resumed.params_hash() == original.params_hash()
+    assert forgetful.params_hash() != original.params_hash()
 
 
 def test_diloco_segment_hash_replays_alone_from_its_checkpoint():
