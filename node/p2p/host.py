@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from node.identity import Identity
 
+from .connection import Connection, HostStream
 from .errors import HandshakeTimeout, ProtocolError
 from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
@@ -54,92 +55,6 @@ def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[M
 
 class DialError(ConnectionError):
     """No connection could be made to a peer (no address, refused, handshake failed)."""
-
-
-class HostStream:
-    """A negotiated stream: the yamux stream's API plus ``protocol`` and ``remote_peer``."""
-
-    def __init__(self, stream, connection: "Connection") -> None:
-        self._stream = stream
-        self.connection = connection
-        self.remote_peer = connection.remote_peer
-        self.protocol: str | None = None
-        self._pushback = b""
-
-    def _unread(self, data: bytes) -> None:
-        self._pushback = data + self._pushback
-
-    async def read(self, n: int = -1) -> bytes:
-        if self._pushback:
-            if n < 0 or n >= len(self._pushback):
-                data, self._pushback = self._pushback, b""
-            else:
-                data, self._pushback = self._pushback[:n], self._pushback[n:]
-            return data
-        return await self._stream.read(n)
-
-    async def readexactly(self, n: int) -> bytes:
-        if not self._pushback:
-            return await self._stream.readexactly(n)
-        head = await self.read(n)
-        if len(head) == n:
-            return head
-        try:
-            return head + await self._stream.readexactly(n - len(head))
-        except asyncio.IncompleteReadError as exc:
-            raise asyncio.IncompleteReadError(head + exc.partial, n) from None
-
-    async def write(self, data: bytes) -> None:
-        await self._stream.write(data)
-
-    async def close(self) -> None:
-        await self._stream.close()
-
-    def reset(self) -> None:
-        self._stream.reset()
-
-
-class Connection:
-    """One upgraded connection to a peer (shared control connection or a bulk one)."""
-
-    def __init__(self, host: "Host", secure: SecureConn, direction: str, bulk: bool) -> None:
-        self._host = host
-        self.secure = secure
-        self.remote_peer = secure.remote_peer
-        self.direction = direction  # "inbound" | "outbound"
-        self.bulk = bulk
-        peer = secure.tcp.peername
-        self.remote_addr = Multiaddr.from_tcp(peer[0], peer[1]) if peer else None
-        self.muxed: MuxedConnection | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self.secure.is_closed or (self.muxed is not None and self.muxed.closed)
-
-    @property
-    def num_streams(self) -> int:
-        return self.muxed.num_streams if self.muxed else 0
-
-    async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
-        """Open a stream and negotiate the first of ``protocol`` the remote supports."""
-        protocols = [protocol] if isinstance(protocol, str) else list(protocol)
-        stream = HostStream(await self.muxed.open_stream(), self)
-        try:
-            stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,
-                                                    self._host.limits.negotiate_timeout)
-        except BaseException:
-            stream.reset()
-            raise
-        return stream
-
-    async def ping(self) -> float:
-        return await self.muxed.ping()
-
-    async def close(self) -> None:
-        if self.muxed is not None:
-            with contextlib.suppress(Exception):
-                await self.muxed.close()
-        await self.secure.close()
 
 
 class Host:
@@ -393,7 +308,7 @@ class Host:
     # ---- connection registry and stream dispatch
     async def _register(self, secure: SecureConn, direction: str, bulk: bool) -> Connection:
         peer_id = secure.remote_peer
-        conn = Connection(self, secure, direction, bulk)
+        conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout)
         if (len(self.connections(peer_id)) >= self.limits.max_connections_per_peer
                 or len(self._connections) >= self.limits.max_connections or not self._running):
             await secure.close()

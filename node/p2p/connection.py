@@ -1,0 +1,103 @@
+"""An upgraded connection to a peer and the negotiated streams on it.
+
+``Connection`` wraps one noise-secured, yamux-multiplexed connection (shared control connection
+or a dedicated bulk one); ``HostStream`` is a yamux stream after multistream negotiation, with
+``protocol``, ``remote_peer`` and ``connection`` added and any bytes read past the negotiation
+served first. The Host creates both; users get them from ``open_stream``/handlers.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from .multiaddr import Multiaddr
+from .muxer import MuxedConnection
+from .negotiate import select_protocol
+from .secure_conn import SecureConn
+
+
+class HostStream:
+    """A negotiated stream: the yamux stream's API plus ``protocol`` and ``remote_peer``."""
+
+    def __init__(self, stream, connection: "Connection") -> None:
+        self._stream = stream
+        self.connection = connection
+        self.remote_peer = connection.remote_peer
+        self.protocol: str | None = None
+        self._pushback = b""
+
+    def _unread(self, data: bytes) -> None:
+        self._pushback = data + self._pushback
+
+    async def read(self, n: int = -1) -> bytes:
+        if self._pushback:
+            if n < 0 or n >= len(self._pushback):
+                data, self._pushback = self._pushback, b""
+            else:
+                data, self._pushback = self._pushback[:n], self._pushback[n:]
+            return data
+        return await self._stream.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        if not self._pushback:
+            return await self._stream.readexactly(n)
+        head = await self.read(n)
+        if len(head) == n:
+            return head
+        try:
+            return head + await self._stream.readexactly(n - len(head))
+        except asyncio.IncompleteReadError as exc:
+            raise asyncio.IncompleteReadError(head + exc.partial, n) from None
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+    def reset(self) -> None:
+        self._stream.reset()
+
+
+class Connection:
+    """One upgraded connection to a peer (shared control connection or a bulk one)."""
+
+    def __init__(self, secure: SecureConn, direction: str, bulk: bool, negotiate_timeout: float) -> None:
+        self.secure = secure
+        self.remote_peer = secure.remote_peer
+        self.direction = direction  # "inbound" | "outbound"
+        self.bulk = bulk
+        peer = secure.tcp.peername
+        self.remote_addr = Multiaddr.from_tcp(peer[0], peer[1]) if peer else None
+        self.muxed: MuxedConnection | None = None
+        self._negotiate_timeout = negotiate_timeout
+
+    @property
+    def closed(self) -> bool:
+        return self.secure.is_closed or (self.muxed is not None and self.muxed.closed)
+
+    @property
+    def num_streams(self) -> int:
+        return self.muxed.num_streams if self.muxed else 0
+
+    async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
+        """Open a stream and negotiate the first of ``protocol`` the remote supports."""
+        protocols = [protocol] if isinstance(protocol, str) else list(protocol)
+        stream = HostStream(await self.muxed.open_stream(), self)
+        try:
+            stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,
+                                                    self._negotiate_timeout)
+        except BaseException:
+            stream.reset()
+            raise
+        return stream
+
+    async def ping(self) -> float:
+        return await self.muxed.ping()
+
+    async def close(self) -> None:
+        if self.muxed is not None:
+            with contextlib.suppress(Exception):
+                await self.muxed.close()
+        await self.secure.close()
