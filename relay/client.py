@@ -159,8 +159,8 @@ class RelayClient:
     async def _add_reservations(self, addrs: list[Multiaddr]) -> None:
         spare = [a for a in addrs if a.peer_id not in self.reservations and a.peer_id != self.host.peer_id]
         results = await asyncio.gather(*(self._timed(self._measure(a), 5.0) for a in spare), return_exceptions=True)
-        ranked = sorted((rtt, i) for i, rtt in enumerate(results) if isinstance(rtt, float))
-        ranked.sort(key=lambda item: (self._recently_failed(spare[item[1]].peer_id), item[0]))
+        ranked = sorted(((rtt, i) for i, rtt in enumerate(results) if isinstance(rtt, float)),
+                        key=lambda item: (self._recently_failed(spare[item[1]].peer_id), item[0]))
         for rtt, i in ranked:
             if len(self.reservations) >= self.want:
                 return
@@ -203,11 +203,16 @@ class RelayClient:
         """Open a circuit to ``target`` through the relay at ``relay_addr`` and upgrade it."""
         relay_addr = Multiaddr.parse(relay_addr)
         relay = await self.host.connect(str(relay_addr))
-        if bulk:
-            relay_conn = await self.host.open_bulk_connection(relay)
-            stream = await relay_conn.open_stream(HOP_PROTOCOL)
-        else:
-            stream = await self.host.open_stream(relay, HOP_PROTOCOL)
+        relay_conn = await self.host.open_bulk_connection(relay) if bulk else None
+        try:
+            if relay_conn is not None:
+                stream = await relay_conn.open_stream(HOP_PROTOCOL)
+            else:
+                stream = await self.host.open_stream(relay, HOP_PROTOCOL)
+        except BaseException:
+            if relay_conn is not None:
+                await relay_conn.close()
+            raise
         try:
             await stream.write(frame(encode_hop(HopMessage(HopType.CONNECT, peer=Peer(target)))))
             answer, rest = await read_message(stream, decode_hop)
@@ -217,11 +222,14 @@ class RelayClient:
             conn = await upgrade_circuit(self.host, pipe, True, target, bulk=bulk)
         except BaseException:
             stream.reset()
-            if bulk:
+            if relay_conn is not None:
                 await relay_conn.close()
             raise
-        if bulk:  # the dedicated relay connection lives as long as the circuit on it
-            pipe.connection_lost_callbacks.append(lambda: asyncio.ensure_future(relay_conn.close()))
+        if relay_conn is not None:  # the dedicated relay connection lives as long as the circuit on it
+            if pipe.is_closed:
+                await relay_conn.close()
+            else:
+                pipe.connection_lost_callbacks.append(lambda: asyncio.ensure_future(relay_conn.close()))
         self._remember(pipe, relay, target, is_source=True)
         return conn
 

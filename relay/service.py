@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from node.identity import Identity
 from node.p2p.errors import ProtocolError
-from node.p2p.host import Host
+from node.p2p.host import Host, advertised_addrs
 from node.p2p.multiaddr import Multiaddr
 
 from .messages import (
@@ -195,16 +195,15 @@ class RelayService:
         return record
 
     def _relay_addrs(self, stream) -> tuple[Multiaddr, ...]:
-        addrs = self._public_addrs if self._public_addrs is not None else self.host.listen_addrs
-        out = []
-        for text in addrs:
-            addr = Multiaddr.parse(text)
-            if addr.peer_id is None:
-                addr = addr.with_peer_id(self.host.peer_id)
-            host_ip = addr.value_of("ip4") or addr.value_of("ip6")
-            if host_ip not in ("0.0.0.0", "::"):
-                out.append(addr)
-        return tuple(out)
+        """Our addresses for the reservation: the configured public ones, else the listen addresses
+        with a wildcard host replaced by the IP this peer reached us on."""
+        if self._public_addrs is not None:
+            bases = [Multiaddr.parse(a) for a in self._public_addrs]
+        else:
+            local = stream.connection.secure.tcp.sockname
+            bound = [Multiaddr.parse(a).without_peer_id() for a in self.host.listen_addrs]
+            bases = advertised_addrs(bound, local[0] if local else None)
+        return tuple(a if a.peer_id is not None else a.with_peer_id(self.host.peer_id) for a in bases)
 
     async def _reserve(self, stream) -> None:
         peer = stream.remote_peer

@@ -6,12 +6,14 @@ import pytest
 
 from consensus.tx import build_tx, relay_receipt_signing_bytes
 from node.identity import Identity, verify_by_peer_id
+from node.p2p.host import Host
+from node.p2p.multiaddr import Multiaddr
 from relay.client import RelayRefused
 from relay.messages import (
     HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, Status, StopMessage, StopType, decode_hop, decode_stop,
     encode_hop, encode_stop, frame,
 )
-from relay.service import RelayLimits, read_message
+from relay.service import Admission, RelayLimits, RelayService, read_message
 from relay_harness import (
     SINK_PROTOCOL, Sink, eventually, expected_answer, pattern, send_and_check, start_endpoint, start_relay, stop_all,
 )
@@ -220,4 +222,21 @@ def test_circuit_limit_per_peer():
             await a.dial(b.relayed_addrs)  # room again once a circuit ends
         finally:
             await stop_all(a, b, relay)
+    run(main())
+
+
+def test_wildcard_listener_advertises_the_reached_address():
+    async def main():
+        host = Host(Identity.generate(), ["/ip4/0.0.0.0/tcp/0"])
+        await host.start()
+        relay = RelayService(host, Admission(stake_of=lambda peer: 1))
+        relay.start()
+        b = await start_endpoint()
+        try:
+            port = Multiaddr.parse(host.listen_addrs[0]).tcp_endpoint()[1]
+            rsvp = await b.reserve(f"/ip4/127.0.0.1/tcp/{port}/p2p/{host.peer_id}")
+            assert [str(a) for a in rsvp.addrs] == [f"/ip4/127.0.0.1/tcp/{port}/p2p/{host.peer_id}"]
+            assert b.relayed_addrs == [f"/ip4/127.0.0.1/tcp/{port}/p2p/{host.peer_id}/p2p-circuit/p2p/{b.host.peer_id}"]
+        finally:
+            await stop_all(b, relay)
     run(main())
