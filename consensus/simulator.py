@@ -5,7 +5,8 @@ fault phase lasts (until the chain reaches
 ``fault_until_height`` or the virtual clock ``fault_max_time``) the network delays, drops and
 partitions messages and honest validators crash and restart (a restart rebuilds the core from the
 persisted signer state and the committed chain, then catches up by block sync). An optional
-byzantine validator double-votes on every vote it casts. The application is minimal and
+byzantine validator double-votes on every vote it casts and sends two different blocks when it
+proposes. The application is minimal and
 deterministic (``SimApp``): blocks carry evidence and dummy transactions, state is the stake table,
 evidence slashes the offender's stake to zero and the next epoch's committee (top-K by stake)
 excludes it.
@@ -33,7 +34,9 @@ from consensus.committee import ValidatorSet
 from consensus.messages import (
     DoubleVoteEvidence,
     MessageError,
+    Proposal,
     Vote,
+    sign_proposal,
     sign_vote,
     value_id,
     verify_proposal,
@@ -256,7 +259,8 @@ class Simulator:
         self.app_hashes: dict[int, bytes] = {}
         self.honest_signed: dict[tuple, bytes] = {}
         self.violations: list[str] = []
-        self.faults = {"crash": 0, "partition": 0, "dropped": 0, "double_votes": 0, "syncs": 0}
+        self.faults = {"crash": 0, "partition": 0, "dropped": 0, "double_votes": 0,
+                       "double_proposals": 0, "syncs": 0}
         self.max_round = 0
         self.evidence_on_chain = 0
         self.slashed_at: int | None = None
@@ -350,9 +354,22 @@ class Simulator:
             else:
                 self._double_vote(node, message)
                 return
+        elif node.index == self.byzantine and message.pol_round == -1:
+            self._double_propose(node, message)
+            return
         for peer in self.nodes:
             if peer is not node:
                 self._send(node.index, peer.index, "msg", message)
+
+    def _double_propose(self, node: SimNode, proposal: Proposal) -> None:
+        """Equivocating proposer: a second valid block for the same round to some peers."""
+        other = SimBlock(proposal.height, node.peer_id, (), (self.rng.randbytes(16),)).encode()
+        twin = sign_proposal(node.identity, CHAIN_ID, Proposal(
+            proposal.height, proposal.round, -1, other, node.peer_id))
+        self.faults["double_proposals"] += 1
+        for peer in self.nodes:
+            if peer is not node:
+                self._send(node.index, peer.index, "msg", proposal if self.rng.random() < 0.5 else twin)
 
     def _double_vote(self, node: SimNode, vote: Vote) -> None:
         other_vid = b"" if vote.value_id else hashlib.sha256(b"evil%d" % self.rng.getrandbits(32)).digest()

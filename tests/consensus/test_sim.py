@@ -26,7 +26,7 @@ def test_safety_and_liveness_under_drops_partitions_crashes(seed):
 def test_double_voter_is_caught_slashed_and_voted_out(seed):
     result = simulate(SimConfig(seed=seed, heights=200, byzantine=True))
     assert result.ok, result.violations
-    assert result.faults["double_votes"] > 0
+    assert result.faults["double_votes"] > 0 and result.faults["double_proposals"] > 0
     assert result.evidence_on_chain > 0 and result.slashed_at is not None
 
 
