@@ -276,7 +276,7 @@ class ValidatorRole(Role):
         loop = asyncio.get_running_loop()
         try:
             result, next_committee = await loop.run_in_executor(self._worker, self._execute, block, commit)
-        except BaseException as exc:
+        except Exception as exc:
             self._fail(exc)
             raise
         self._blocks.clear()
