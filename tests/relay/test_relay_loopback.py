@@ -8,7 +8,7 @@ from consensus.tx import build_tx, relay_receipt_signing_bytes
 from node.identity import Identity, verify_by_peer_id
 from node.p2p.host import Host
 from node.p2p.multiaddr import Multiaddr
-from relay.client import RelayRefused
+from relay.client import RelayClient, RelayRefused
 from relay.messages import (
     HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, Status, StopMessage, StopType, decode_hop, decode_stop,
     encode_hop, encode_stop, frame,
@@ -239,4 +239,24 @@ def test_wildcard_listener_advertises_the_reached_address():
             assert b.relayed_addrs == [f"/ip4/127.0.0.1/tcp/{port}/p2p/{host.peer_id}/p2p-circuit/p2p/{b.host.peer_id}"]
         finally:
             await stop_all(b, relay)
+    run(main())
+
+
+def test_reservation_over_a_relayed_connection_refused():
+    async def main():
+        a = await start_endpoint()
+        outer = await start_relay({a.host.peer_id})
+        inner = await start_relay({a.host.peer_id})
+        inner_client = RelayClient(inner.host)  # the inner relay is itself reachable only via the outer one
+        inner_client.start()
+        outer.admission.allow_list.add(inner.host.peer_id)
+        try:
+            await inner_client.reserve(outer.host.listen_addrs[0])
+            conn = await a.dial(inner_client.relayed_addrs)
+            assert conn.remote_peer == inner.host.peer_id and a.host.is_connected(inner.host.peer_id)
+            with pytest.raises(RelayRefused) as info:
+                await a.reserve(inner.host.listen_addrs[0])  # reuses the live (relayed) connection
+            assert info.value.status == Status.PERMISSION_DENIED
+        finally:
+            await stop_all(a, outer, inner)
     run(main())
