@@ -144,7 +144,7 @@ class RelayService:
         # the latest co-signed receipts (handed to submit, or only kept here when there is none)
         self.submitted: deque[dict] = deque(maxlen=KEEP_RECEIPTS)
         self.counters = {"reservations_refused": 0, "circuits_refused": 0, "malformed": 0,
-                         "receipts": 0, "receipts_failed": 0}
+                         "receipts": 0, "receipts_failed": 0, "circuits_closed": 0, "bytes_closed_circuits": 0}
 
     def start(self) -> None:
         self.host.set_handler(HOP_PROTOCOL, self.serve_hop)
@@ -270,6 +270,8 @@ class RelayService:
             await self._splice(circuit, stream, stop_stream, stop_rest)
         finally:
             self.circuits.discard(circuit)
+            self.counters["circuits_closed"] += 1
+            self.counters["bytes_closed_circuits"] += circuit.bytes_total
             stop_stream.reset()
             # the final receipt outlives this handler (cancelled when the source's connection closes)
             self._spawn(self._receipt_round(circuit))

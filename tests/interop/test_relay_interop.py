@@ -65,6 +65,12 @@ def test_pylibp2p_peers_meet_through_our_relay():
             assert result["echo_ok"] and result["echo_bytes"] == 8 * MIB
             assert relay.counters["circuits_refused"] == 0
             assert await dialer.wait() == 0
+            await stop(target)
+            for _ in range(100):  # the circuit ends once both py-libp2p peers are gone
+                if relay.counters["circuits_closed"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert relay.counters["bytes_closed_circuits"] >= 16 * MIB  # the echo went through our relay
         finally:
             for proc in procs:
                 await stop(proc)
