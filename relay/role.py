@@ -53,6 +53,22 @@ class RelayRole(Role):
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
         self.service.start()
         node.status.add_section(self.name, self.service.status)
+        self._register_metrics(node)
+
+    def _register_metrics(self, node: "Node") -> None:
+        service = self.service
+        gauges = {
+            "dekube_relay_reservations": ("Live reservations on this relay.",
+                                          lambda: service.status()["reservations"]),
+            "dekube_relay_circuits": ("Circuits open through this relay.", lambda: len(service.circuits)),
+            "dekube_relay_bytes": ("Bytes relayed, both directions, open and closed circuits.",
+                                   lambda: service.counters["bytes_closed_circuits"]
+                                   + sum(c.bytes_total for c in service.circuits)),
+            "dekube_relay_receipts": ("Usage receipts co-signed by both endpoints.",
+                                      lambda: service.counters["receipts"]),
+        }
+        for name, (text, read) in gauges.items():
+            node.metrics.gauge(name, text).set_function(read)
 
     async def run(self, node: "Node") -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})
