@@ -121,6 +121,17 @@ def require_finite(x: torch.Tensor) -> None:
         raise CodecError("tensor contains NaN or Inf")
 
 
+_TORCH_GRAIN = 32768  # torch runs element-wise ops on fewer values than this on the calling thread
+
+
+def chunk_values() -> int:
+    """Values per step for the codecs' chunked loops: cache-sized when torch is single-threaded, and
+    well below torch's parallel grain otherwise, so no step opens a parallel region (one per small op
+    costs more than it saves, and on a busy host each can stall for a scheduler tick: we measured
+    2.4 s instead of 0.27 s for int8 on 25M values with 2 threads and 64k-value steps)."""
+    return 1 << 16 if torch.get_num_threads() == 1 else _TORCH_GRAIN // 2
+
+
 def pack_header(codec_id: int, flags: int, param: int, numel: int) -> bytes:
     return HEADER.pack(codec_id, flags, param, numel)
 

@@ -19,6 +19,7 @@ from .base import (
     HEADER_SIZE,
     CodecError,
     check_input,
+    chunk_values,
     pack_header,
     read_header,
     register_codec,
@@ -32,7 +33,6 @@ _SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 # Used instead of torch.round and per-row aminmax, which take ~20 ms even on tiny tensors when torch
 # runs more than one intra-op thread on a busy machine.
 _ROUNDING_MAGIC = 12582912.0
-_CHUNK_VALUES = 1 << 16  # values quantized per step (256 KiB of fp32 temporaries)
 
 
 def _max_scale_bits(levels: int) -> int:
@@ -106,7 +106,7 @@ class BlockwiseCodec:
         n_full = numel // self.block
         scale_bits = torch.empty(n_blocks, dtype=torch.int16)
         codes = torch.empty(n_blocks, self.block, dtype=torch.int8)
-        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # temporaries stay in cache
+        rows_per_chunk = max(1, chunk_values() // self.block)  # temporaries stay in cache
         for first in range(0, n_full, rows_per_chunk):
             last = min(first + rows_per_chunk, n_full)
             rows = x[first * self.block : last * self.block].view(-1, self.block)
@@ -142,7 +142,7 @@ class BlockwiseCodec:
             codes = _unpack_nibbles(view_array(data, np.dtype("u1"), code_offset, code_bytes), numel)
         out = torch.empty(numel, dtype=torch.float32)
         n_full = numel // self.block
-        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # convert and scale while in cache
+        rows_per_chunk = max(1, chunk_values() // self.block)  # convert and scale while in cache
         for first in range(0, n_full, rows_per_chunk):
             last = min(first + rows_per_chunk, n_full)
             span = slice(first * self.block, last * self.block)

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .base import CodecError, all_finite
+from .base import CodecError, all_finite, chunk_values
 
 DEFAULT_MIN_COMPRESSION = 4.0
 
@@ -89,16 +89,13 @@ def orthonormalize(p: torch.Tensor) -> torch.Tensor:
     return torch.stack(done, dim=1).to(torch.float32)
 
 
-_OUTER_CHUNK_VALUES = 1 << 16  # rows per chunk sized so a chunk's partial sums stay in cache
-
-
 def outer_sum(p: torch.Tensor, q: torch.Tensor, subtract_from: torch.Tensor | None = None) -> torch.Tensor:
     """p @ q.T for thin p [n, r], q [m, r] as r element-wise multiply-adds in order (bit-reproducible),
     a block of rows at a time so the partial sums stay in cache. If given, `subtract_from` [n, m] has
     the result subtracted from it in place, block by block while the block is still in cache."""
     rows, cols, rank = p.shape[0], q.shape[0], p.shape[1]
     out = torch.empty(rows, cols, dtype=torch.float32)
-    step = max(1, _OUTER_CHUNK_VALUES // max(1, cols))
+    step = max(1, chunk_values() // max(1, cols))
     scratch = torch.empty(min(step, rows), cols, dtype=torch.float32)
     q_rows = [q[:, k][None, :] for k in range(rank)]
     for start in range(0, rows, step):

@@ -17,6 +17,7 @@ from .base import (
     HEADER_SIZE,
     CodecError,
     check_input,
+    chunk_values,
     pack_header,
     read_header,
     register_codec,
@@ -26,7 +27,6 @@ from .base import (
     view_array,
 )
 
-_CHUNK_VALUES = 1 << 16  # values processed per step (256 KiB of fp32 temporaries)
 _MAX_SCALE_BITS = 0x7EFF  # largest bfloat16 s with 2 * s finite (decoding computes 2s * bit - s)
 
 
@@ -76,7 +76,7 @@ class SignCodec:
         numel = check_input(x)
         x = x.detach()
         n_full = numel // self.block
-        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # temporaries stay in cache
+        rows_per_chunk = max(1, chunk_values() // self.block)  # temporaries stay in cache
         means = []
         for first in range(0, n_full, rows_per_chunk):
             last = min(first + rows_per_chunk, n_full)
@@ -108,7 +108,7 @@ class SignCodec:
         bits = torch.from_numpy(np.unpackbits(packed, count=numel, bitorder="little"))  # 1 for >= 0
         out = torch.empty(numel, dtype=torch.float32)
         n_full = numel // self.block
-        rows_per_chunk = max(1, _CHUNK_VALUES // self.block)  # convert and scale while in cache
+        rows_per_chunk = max(1, chunk_values() // self.block)  # convert and scale while in cache
         for first in range(0, n_full, rows_per_chunk):
             last = min(first + rows_per_chunk, n_full)
             span = slice(first * self.block, last * self.block)

@@ -23,6 +23,7 @@ from .base import (
     CodecError,
     all_finite,
     check_input,
+    chunk_values,
     pack_header,
     read_header,
     register_codec,
@@ -36,7 +37,6 @@ SEGMENTED, BITMAP = 0, 1
 _SAMPLE_SIZE = 1 << 16
 _CANDIDATE_MARGINS = (1.5, 4.0, 16.0)  # candidates wanted, in multiples of k, before falling back
 _FP16_MAX = 65504.0
-_CHUNK = 1 << 18  # values per chunk of |x| (1 MiB)
 
 
 def index_bytes(fmt: int, count: int, numel: int) -> int:
@@ -152,9 +152,10 @@ def _at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """Ascending indices where |x| >= threshold (> 0 when threshold is 0), a cache-sized chunk of
     |x| at a time so no full-size temporary is written."""
     mask = torch.empty(x.numel(), dtype=torch.bool)
-    scratch = torch.empty(min(_CHUNK, x.numel()), dtype=torch.float32)
-    for start in range(0, x.numel(), _CHUNK):
-        stop = min(start + _CHUNK, x.numel())
+    chunk = chunk_values()
+    scratch = torch.empty(min(chunk, x.numel()), dtype=torch.float32)
+    for start in range(0, x.numel(), chunk):
+        stop = min(start + chunk, x.numel())
         magnitude = torch.abs(x[start:stop], out=scratch[: stop - start])
         if threshold > 0.0:
             torch.ge(magnitude, threshold, out=mask[start:stop])
