@@ -50,9 +50,11 @@ class ResumableReceiver:
         self.attempts = 0
 
     async def wait(self, transfer_id: bytes) -> bytes:
-        """The complete data of ``transfer_id`` (waits for a transfer already announced)."""
+        """The complete data of ``transfer_id`` (waits for a transfer already announced); the
+        receiver forgets the transfer once it has handed the data over."""
         transfer = self.transfers[transfer_id]
         await transfer.done.wait()
+        del self.transfers[transfer_id]
         return bytes(transfer.data)
 
     async def serve(self, stream) -> None:

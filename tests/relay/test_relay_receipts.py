@@ -1,6 +1,7 @@
 """Endpoint receipt checks: an endpoint co-signs only receipts for its own circuit, from that relay,
 for no more bytes than it counted (plus in-flight allowance) and at a price it accepts."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from consensus.encoding import encode
 from consensus.tx import relay_receipt_signing_bytes
@@ -53,3 +54,12 @@ def test_refusals(changes, asker, reason):
 def test_decode_request_rejects_malformed(value):
     with pytest.raises(ReceiptError):
         decode_request(value if isinstance(value, bytes) else encode(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_decode_request(data):
+    try:
+        decode_request(data)
+    except ReceiptError:
+        pass

@@ -1,0 +1,137 @@
+"""Resumable transfers without a network: header validation, resume from the receiver's offset,
+preemption of a stalled attempt, and fuzzed headers."""
+import asyncio
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from consensus.encoding import encode
+from relay.messages import frame
+from relay.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
+
+
+class MemoryStream:
+    """One direction of an in-memory stream pair with the HostStream read/write/close/reset API."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.peer: "MemoryStream | None" = None
+        self.reset_called = False
+        self.cut_after: int | None = None  # bytes this side may still write before the "link" dies
+
+    async def read(self, n: int = -1) -> bytes:
+        item = await self.queue.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def readexactly(self, n: int) -> bytes:
+        data = await self.read()
+        if len(data) != n:
+            raise asyncio.IncompleteReadError(data, n)
+        return data
+
+    async def write(self, data) -> None:
+        data = bytes(data)
+        if self.cut_after is not None:
+            if len(data) > self.cut_after:
+                self.peer.queue.put_nowait(data[:self.cut_after])
+                self.peer.queue.put_nowait(ConnectionResetError("link cut"))
+                raise ConnectionResetError("link cut")
+            self.cut_after -= len(data)
+        self.peer.queue.put_nowait(data)
+
+    async def close(self) -> None:
+        self.peer.queue.put_nowait(b"")
+
+    def reset(self) -> None:
+        self.reset_called = True
+        self.queue.put_nowait(ConnectionResetError("reset"))  # like yamux: pending reads fail
+        self.peer.queue.put_nowait(ConnectionResetError("reset"))
+
+
+def pair():
+    a, b = MemoryStream(), MemoryStream()
+    a.peer, b.peer = b, a
+    return a, b
+
+
+def test_resumes_from_receiver_offset_after_a_cut():
+    async def main():
+        receiver = ResumableReceiver()
+        data = os.urandom(5 << 20)
+        handlers = []
+        cuts = [3 << 20, None]
+
+        async def open_stream():
+            ours, theirs = pair()
+            ours.cut_after = cuts.pop(0)
+            handlers.append(asyncio.ensure_future(receiver.serve(theirs)))
+            return ours
+
+        transfer_id = os.urandom(16)
+        starts = await send_resumable(open_stream, transfer_id, data, retry_delay=0)
+        assert await receiver.wait(transfer_id) == data
+        assert starts[0] == 0 and 0 < starts[1] <= 3 << 20
+        assert receiver.attempts == 2 and transfer_id not in receiver.transfers
+        await asyncio.gather(*handlers, return_exceptions=True)
+    asyncio.run(main())
+
+
+def test_new_attempt_preempts_a_stalled_one():
+    async def main():
+        receiver = ResumableReceiver()
+        header = frame(encode({"id": b"t" * 16, "size": 3 << 20}))
+        stalled_ours, stalled_theirs = pair()
+        await stalled_ours.write(header + bytes(1 << 20))
+        stalled = asyncio.ensure_future(receiver.serve(stalled_theirs))
+        assert await stalled_ours.read() == (0).to_bytes(8, "big")
+        await asyncio.sleep(0.01)  # the stalled attempt holds 1 MiB and waits for more
+        fresh_ours, fresh_theirs = pair()
+        await fresh_ours.write(header)
+        fresh = asyncio.ensure_future(receiver.serve(fresh_theirs))
+        assert await fresh_ours.read() == (1 << 20).to_bytes(8, "big")
+        assert stalled_theirs.reset_called
+        with pytest.raises(ConnectionResetError):
+            await stalled
+        await fresh_ours.write(bytes(2 << 20))
+        await fresh
+        assert await receiver.wait(b"t" * 16) == bytes(3 << 20)
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("header, reason", [
+    ({"id": b"x" * 15, "size": 1}, "16-byte id"),
+    ({"id": b"x" * 16, "size": -1}, "16-byte id"),
+    ({"id": b"x" * 16}, "16-byte id"),
+    ({"id": b"x" * 16, "size": 1 << 40}, "exceeds"),
+])
+def test_bad_headers_rejected(header, reason):
+    async def main():
+        receiver = ResumableReceiver(max_size=1 << 30)
+        ours, theirs = pair()
+        await ours.write(frame(encode(header)))
+        with pytest.raises(TransferError, match=reason):
+            await receiver.serve(theirs)
+        assert not receiver.transfers
+    asyncio.run(main())
+
+
+def test_more_bytes_than_announced_rejected():
+    async def main():
+        receiver = ResumableReceiver()
+        ours, theirs = pair()
+        await ours.write(frame(encode({"id": b"i" * 16, "size": 4})) + b"12345")
+        with pytest.raises(TransferError, match="more than the transfer size"):
+            await receiver.serve(theirs)
+    asyncio.run(main())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_fuzz_header(data):
+    try:
+        _decode_header(data)
+    except TransferError:
+        pass
