@@ -22,6 +22,7 @@ from node.p2p.noise import PROTOCOL_ID as NOISE_PROTOCOL
 from node.p2p.secure_conn import secure_connection
 
 CLOSE_GRACE_SECONDS = 5.0
+_closing: set[asyncio.Task] = set()  # strong references: a closing pipe may be dropped by its owner
 
 
 class StreamPipe:
@@ -109,6 +110,8 @@ class StreamPipe:
         """Half-close (FIN after everything written), then reset after a grace period."""
         if self._closer is None:
             self._closer = asyncio.get_running_loop().create_task(self._close_gracefully())
+            _closing.add(self._closer)
+            self._closer.add_done_callback(_closing.discard)
         self._lost(ConnectionResetError("relayed connection closed"))
 
     async def _close_gracefully(self) -> None:
