@@ -38,6 +38,7 @@ REFRESH_MARGIN_S = 60.0      # ...or this long before it expires, whichever come
 HEALTH_CHECK_S = 0.5         # how often maintain() checks that reserved relays are still connected
 FAILED_RELAY_PENALTY_S = 30.0
 KEEP_CLOSED_SESSIONS = 1024  # closed circuits remembered for their final receipts
+DIAL_STAGGER_S = 2.0         # start the next relay's attempt when one has not succeeded by then
 
 
 class RelayRefused(ConnectionError):
@@ -57,6 +58,12 @@ class ActiveReservation:
     addrs: tuple[Multiaddr, ...]
     voucher: bytes | None
     rtt: float = 0.0
+
+
+def _close_if_connected(task: asyncio.Task) -> None:
+    """Done-callback of a losing dial attempt: close the circuit if it came up after all."""
+    if not task.cancelled() and task.exception() is None:
+        asyncio.ensure_future(task.result().close())
 
 
 def split_circuit_addr(addr: str | Multiaddr) -> tuple[Multiaddr, str]:
@@ -185,18 +192,39 @@ class RelayClient:
         return failed_at is not None and time.monotonic() - failed_at < FAILED_RELAY_PENALTY_S
 
     # ---- dialing through relays
-    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False) -> Connection:
-        """Connect through the first working relay among ``circuit_addrs`` (all for one target);
-        relays that failed recently are tried last. Raises DialError if none works."""
+    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False, stagger: float = DIAL_STAGGER_S) -> Connection:
+        """Connect through the first relay among ``circuit_addrs`` (all for one target) that works.
+
+        Relays that failed recently are tried last; when an attempt has not finished within
+        ``stagger`` seconds the next relay is tried alongside it (a dead relay whose packets
+        vanish costs ``stagger``, not a TCP timeout). The first circuit up wins; the others are
+        cancelled or closed. Raises DialError if none works.
+        """
         parsed = [split_circuit_addr(a) for a in circuit_addrs]
-        ordered = sorted(parsed, key=lambda p: self._recently_failed(p[0].peer_id))
+        waiting = sorted(parsed, key=lambda p: self._recently_failed(p[0].peer_id))
+        attempts: dict[asyncio.Task, Multiaddr] = {}
         errors = []
-        for relay_addr, target in ordered:
-            try:
-                return await self.dial_via(relay_addr, target, bulk=bulk)
-            except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-                self._mark_failed(relay_addr.peer_id)
-                errors.append(f"{relay_addr}: {type(exc).__name__}: {exc}")
+        try:
+            while waiting or attempts:
+                if waiting:
+                    relay_addr, target = waiting.pop(0)
+                    task = asyncio.ensure_future(self.dial_via(relay_addr, target, bulk=bulk))
+                    attempts[task] = relay_addr
+                done, _ = await asyncio.wait(attempts, timeout=stagger if waiting else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    relay_addr = attempts.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        return task.result()
+                    if not isinstance(exc, (ConnectionError, ProtocolError, TimeoutError, OSError)):
+                        raise exc
+                    self._mark_failed(relay_addr.peer_id)
+                    errors.append(f"{relay_addr}: {type(exc).__name__}: {exc}")
+        finally:
+            for task in attempts:
+                task.cancel()
+                task.add_done_callback(_close_if_connected)
         raise DialError("no relay reached the target: " + ("; ".join(errors) or "no relayed address"))
 
     async def dial_via(self, relay_addr: str | Multiaddr, target: str, *, bulk: bool = False) -> Connection:

@@ -5,6 +5,7 @@ import asyncio
 import os
 import time
 
+from node.identity import Identity
 from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from relay.service import RelayLimits
 from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
@@ -67,3 +68,31 @@ def test_transfer_resumes_through_second_relay_when_first_dies():
         finally:
             await stop_all(a, b, *relays)
     asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_dial_does_not_wait_for_a_silent_relay():
+    async def main():
+        a, b = await start_endpoint(), await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id})
+        held = []
+
+        async def swallow(reader, writer):  # accepts TCP and never answers, like a relay whose packets vanish
+            held.append(writer)
+            await reader.read()
+
+        silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        port = silent.sockets[0].getsockname()[1]
+        try:
+            await b.reserve(relay.host.listen_addrs[0])
+            ghost = f"/ip4/127.0.0.1/tcp/{port}/p2p/{Identity.generate().peer_id}/p2p-circuit/p2p/{b.host.peer_id}"
+            started = time.monotonic()
+            conn = await a.dial([ghost] + b.relayed_addrs, stagger=0.5)
+            assert conn.remote_peer == b.host.peer_id
+            assert a.pipe_for(conn).relay_peer == relay.host.peer_id
+            assert time.monotonic() - started < a.host.limits.handshake_timeout / 2
+        finally:
+            silent.close()
+            for writer in held:
+                writer.close()
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
