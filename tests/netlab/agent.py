@@ -1,0 +1,194 @@
+"""A dekube node for the netlab, driven line by line over stdin/stdout with JSON commands.
+
+Run inside a namespace: ``python tests/netlab/agent.py --seed HEX --listen /ip4/A/tcp/P [--relay
+--allow ID,ID] [--punch-port N]``. Every agent runs a Host with a relay client (reservations,
+circuits, receipt co-signing), an AutoNAT server, a hole puncher and a resumable-transfer receiver;
+``--relay`` adds the circuit relay v2 service admitting the allow-listed peers. It prints
+``READY {"peer_id": ..., "addrs": [...]}`` and then answers each command line
+``{"id": n, "op": ..., ...}`` with ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok":
+false, "error": "..."}``; commands run concurrently. It exits when stdin closes. Ops:
+  reserve(relay)                     -> relayed addresses          connect_public(addr) -> observed addr
+  reachability(servers)              -> "public"|"private"|...     dial(circuits) -> relay used
+  connect(circuits, punch)           -> {conn, direct, relay, remote}
+  send(mib, conn | circuits)         -> {seconds, starts, relays, id} (resumable transfer of a pattern)
+  received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
+  status()                           -> relay counters, co-signed receipts, our circuits' byte counts
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from node.identity import Identity  # noqa: E402
+from node.p2p.host import Host  # noqa: E402
+from node.p2p.limits import HostLimits  # noqa: E402
+from relay.client import RelayClient, RelayRefused  # noqa: E402
+from relay.holepunch import HolePuncher  # noqa: E402
+from relay.reachability import AutoNATServer, assess  # noqa: E402
+from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
+from relay.service import Admission, RelayService  # noqa: E402
+
+MIB = 1 << 20
+LIMITS = HostLimits(max_connections_per_peer=64)
+
+
+def pattern(size: int) -> bytes:
+    block = hashlib.sha256(b"dekube-netlab").digest() * (MIB // 32)
+    return (block * (size // MIB + 1))[:size]
+
+
+class Agent:
+    def __init__(self, args) -> None:
+        self.host = Host(Identity.from_seed(bytes.fromhex(args.seed)), [args.listen], limits=LIMITS)
+        self.client = RelayClient(self.host)
+        self.puncher = HolePuncher(self.host, args.punch_port, attempts=args.punch_attempts,
+                                   punch_window=args.punch_window)
+        self.receiver = ResumableReceiver()
+        self.service = None
+        if args.relay:
+            allow = {p for p in args.allow.split(",") if p}
+            self.service = RelayService(self.host, Admission(allow))
+        self.conns = {}
+        self.writer_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.host.start()
+        self.client.start()
+        self.puncher.start()
+        AutoNATServer(self.host).start()
+        self.host.set_handler(RESUMABLE_PROTOCOL, self.receiver.serve)
+        if self.service is not None:
+            self.service.start()
+
+    # ---- ops
+    async def op_reserve(self, relay: str) -> list[str]:
+        try:
+            await self.client.reserve(relay)
+        except RelayRefused as exc:
+            raise RuntimeError(f"refused: {exc.status.name if exc.status else 'no status'}") from None
+        return self.client.relayed_addrs
+
+    async def op_connect_public(self, addr: str) -> str | None:
+        observed = await self.puncher.connect_public(addr)
+        return str(observed) if observed else None
+
+    async def op_reachability(self, servers: list[str]) -> str:
+        return (await assess(self.host, servers)).value
+
+    async def op_dial(self, circuits: list[str]) -> str:
+        conn = await self.client.dial(circuits)
+        return self.client.pipe_for(conn).relay_peer
+
+    async def op_connect(self, circuits: list[str], punch: bool = False, bulk: bool = True) -> dict:
+        relayed = await self.client.dial(circuits, bulk=bulk and not punch)
+        conn = relayed
+        if punch:
+            direct = await self.puncher.direct_connect(relayed)
+            conn = direct or relayed
+        key = f"c{len(self.conns)}"
+        self.conns[key] = conn
+        pipe = self.client.pipe_for(conn)
+        peer = conn.secure.tcp.peername
+        return {"conn": key, "direct": pipe is None, "relay": pipe.relay_peer if pipe else None,
+                "remote": f"{peer[0]}:{peer[1]}" if peer else None}
+
+    async def op_send(self, mib: int, conn: str | None = None, circuits: list[str] | None = None) -> dict:
+        """A resumable transfer on connection ``conn``, or over a fresh bulk circuit through the first
+        working relay of ``circuits`` per attempt (closed once the transfer is done)."""
+        data = pattern(mib * MIB)
+        transfer_id = os.urandom(16)
+        relays, opened = [], []
+
+        async def open_path():
+            if conn is not None:
+                path = self.conns[conn]
+            else:
+                path = await self.client.dial(circuits, bulk=True)
+                opened.append(path)
+                relays.append(self.client.pipe_for(path).relay_peer)
+            return await path.open_stream(RESUMABLE_PROTOCOL)
+
+        started = time.perf_counter()
+        try:
+            starts = await send_resumable(open_path, transfer_id, data, attempts=8, retry_delay=0.05)
+        finally:
+            for path in opened:
+                await path.close()
+        return {"seconds": time.perf_counter() - started, "starts": starts, "relays": relays,
+                "id": transfer_id.hex(), "sha256": hashlib.sha256(data).hexdigest()}
+
+    async def op_received(self, transfer: str) -> dict:
+        record = self.receiver.transfers.get(bytes.fromhex(transfer))
+        if record is None:
+            return {"bytes": 0, "done": False, "sha256": None}
+        done = record.done.is_set()
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(record.data).hexdigest()) if done else None
+        return {"bytes": len(record.data), "done": done, "sha256": digest}
+
+    async def op_incoming(self) -> dict:
+        return {tid.hex(): len(t.data) for tid, t in self.receiver.transfers.items()}
+
+    async def op_status(self) -> dict:
+        circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()} for s, (c, _p) in self.client.circuits.items()}
+        out = {"circuits": circuits}
+        if self.service is not None:
+            out["relay"] = self.service.status()
+            out["receipts"] = [{"session": p["receipt"]["session"].hex(), "bytes": p["receipt"]["bytes_total"],
+                                "src": p["receipt"]["src"], "dst": p["receipt"]["dst"]}
+                               for p in self.service.submitted]
+        return out
+
+    # ---- command loop
+    async def answer(self, line: str) -> None:
+        cmd_id = None
+        try:
+            cmd = json.loads(line)
+            cmd_id = cmd.pop("id", None)
+            op = getattr(self, f"op_{cmd.pop('op')}")
+            reply = {"id": cmd_id, "ok": True, "result": await op(**cmd)}
+        except Exception as exc:  # every failure is reported to the orchestrator, never fatal
+            reply = {"id": cmd_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+
+    async def run(self) -> None:
+        await self.start()
+        print("READY " + json.dumps({"peer_id": self.host.peer_id, "addrs": self.host.listen_addrs,
+                                     "punch_port": self.puncher.port}), flush=True)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        tasks = set()
+        while line := await reader.readline():
+            task = asyncio.ensure_future(self.answer(line.decode()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        for task in tasks:
+            task.cancel()
+        await self.host.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--relay", action="store_true")
+    parser.add_argument("--allow", default="")
+    parser.add_argument("--punch-port", type=int, default=0)
+    parser.add_argument("--punch-attempts", type=int, default=3)
+    parser.add_argument("--punch-window", type=float, default=5.0)
+    args = parser.parse_args()
+    import uvloop
+    uvloop.run(Agent(args).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""An emulated internet in network namespaces: a backbone, public hosts, and homes behind NAT routers.
+
+Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` by default):
+  ``<p>bb``        the backbone: a bridge ``br0``; public subnet 10.99.0.0/24 lives on it
+  ``<p><name>``    a public host (relays, a public peer): ``eth0`` on the bridge, 10.99.0.<n>
+  ``<p>r<i>``      home i's NAT router: ``eth0`` on the bridge (10.99.0.<100+i>), ``lan`` to the home
+  ``<p>h<i>``      home i: ``eth0`` = 192.168.<i>.2/24, default route via the router's 192.168.<i>.1
+Routers masquerade the home's traffic with nftables and drop every unsolicited inbound packet
+(input and forward: only established/related pass). NAT flavours: ``eim`` maps each home port to
+the same public port for every destination (endpoint-independent mapping: plain masquerade keeps
+the source port) so hole punching works; ``symmetric`` draws a random public port per connection
+(``masquerade fully-random``) so it does not. Home links get ``tc tbf`` caps in both directions
+(upload on the router's WAN port, download on the router's LAN port).
+
+Veth pairs are created from inside the lab's namespaces (never in the host's namespace); teardown
+deletes every namespace made (also at interpreter exit). ``unavailable()`` says why a lab cannot be
+built here (not root, no ip/nft/tc), for a clean skip.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+BACKBONE_NET = "10.99.0"
+TBF_BURST = "256kb"       # at least one GSO segment (64 KiB) per token refill
+TBF_LATENCY = "50ms"
+
+
+class LabError(RuntimeError):
+    """A lab command failed (the message holds the command and its stderr)."""
+
+
+def unavailable() -> str | None:
+    """None if namespaces with NAT can be built here, else the reason."""
+    if os.geteuid() != 0:
+        return "netlab needs root (network namespaces)"
+    for tool in ("ip", "nft", "tc"):
+        if shutil.which(tool) is None:
+            return f"netlab needs `{tool}` (apt-get install -y nftables iproute2)"
+    return None
+
+
+def run(*cmd: str, ns: str | None = None, stdin: str | None = None) -> str:
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    proc = subprocess.run(full, capture_output=True, text=True, input=stdin, timeout=30)
+    if proc.returncode != 0:
+        raise LabError(f"{' '.join(full)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@dataclass
+class Home:
+    index: int
+    nat: str            # "eim" | "symmetric"
+    router_ns: str
+    ns: str
+    wan_ip: str         # the router's public address
+    ip: str             # the home host's private address
+
+
+@dataclass
+class Lab:
+    prefix: str = field(default_factory=lambda: f"dk{os.getpid() % 100000}n")
+    home_rate_mbit: float = 1000.0
+    public: dict[str, str] = field(default_factory=dict)     # name -> address
+    homes: list[Home] = field(default_factory=list)
+    _namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def backbone(self) -> str:
+        return f"{self.prefix}bb"
+
+    def ns_of(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def _add_ns(self, name: str) -> str:
+        run("ip", "netns", "add", name)
+        self._namespaces.append(name)
+        run("ip", "link", "set", "lo", "up", ns=name)
+        return name
+
+    def build(self, public_hosts: list[str], home_nats: list[str]) -> "Lab":
+        """Create the backbone, one namespace per public host and one router + home per NAT flavour."""
+        why = unavailable()
+        if why:
+            raise LabError(why)
+        atexit.register(self.teardown)
+        try:
+            self._add_ns(self.backbone)
+            run("ip", "link", "add", "br0", "type", "bridge", ns=self.backbone)
+            run("ip", "link", "set", "br0", "up", ns=self.backbone)
+            for n, name in enumerate(public_hosts, start=10):
+                self.add_public(name, f"{BACKBONE_NET}.{n}")
+            for i, nat in enumerate(home_nats, start=1):
+                self.add_home(i, nat)
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def _attach(self, ns: str, port: str, ip: str) -> None:
+        """A veth from the bridge (``port``) to ``eth0`` in ``ns`` with ``ip``/24."""
+        run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns, ns=self.backbone)
+        run("ip", "link", "set", port, "master", "br0", ns=self.backbone)
+        run("ip", "link", "set", port, "up", ns=self.backbone)
+        run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
+        run("ip", "link", "set", "eth0", "up", ns=ns)
+
+    def add_public(self, name: str, ip: str) -> None:
+        ns = self._add_ns(self.ns_of(name))
+        self._attach(ns, f"p{len(self.public)}", ip)
+        self.public[name] = ip
+
+    def add_home(self, i: int, nat: str) -> Home:
+        if nat not in ("eim", "symmetric"):
+            raise ValueError(f"unknown NAT flavour {nat!r}")
+        router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
+        wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
+        self._attach(router, f"r{i}", wan_ip)
+        run("ip", "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home, ns=router)
+        run("ip", "addr", "add", f"{lan_net}.1/24", "dev", "lan", ns=router)
+        run("ip", "link", "set", "lan", "up", ns=router)
+        run("ip", "addr", "add", f"{lan_net}.2/24", "dev", "eth0", ns=home)
+        run("ip", "link", "set", "eth0", "up", ns=home)
+        run("ip", "route", "add", "default", "via", f"{lan_net}.1", ns=home)
+        run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=router)
+        run("nft", "-f", "-", ns=router, stdin=self._router_rules(nat))
+        rate = f"{self.home_rate_mbit:g}mbit"
+        for dev in ("eth0", "lan"):
+            run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", TBF_BURST,
+                "latency", TBF_LATENCY, ns=router)
+        record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2")
+        self.homes.append(record)
+        return record
+
+    @staticmethod
+    def _router_rules(nat: str) -> str:
+        mapping = "masquerade fully-random" if nat == "symmetric" else "masquerade"
+        return f"""
+table ip nat {{
+  chain postrouting {{ type nat hook postrouting priority srcnat; oifname "eth0" {mapping}; }}
+}}
+table inet filter {{
+  chain input {{ type filter hook input priority filter; policy drop;
+    ct state established,related accept; iifname {{ "lo", "lan" }} accept; }}
+  chain forward {{ type filter hook forward priority filter; policy drop;
+    ct state established,related accept; iifname "lan" oifname "eth0" accept; }}
+}}
+"""
+
+    def exec_prefix(self, ns: str) -> list[str]:
+        return ["ip", "netns", "exec", ns]
+
+    def teardown(self) -> None:
+        """Delete every namespace this lab made (their veths, bridge and rules go with them)."""
+        while self._namespaces:
+            subprocess.run(["ip", "netns", "del", self._namespaces.pop()], capture_output=True)
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()

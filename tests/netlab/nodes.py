@@ -1,0 +1,124 @@
+"""Orchestrator side of the netlab: start agents (``agent.py``) inside namespaces and call them.
+
+``Node.start(lab_ns, seed, listen, ...)`` launches one agent with ``ip netns exec`` and waits for
+its READY line; ``node.call(op, **args)`` sends one JSON command and returns the result (raising
+``AgentError`` with the agent's message on failure); ``node.call_async`` returns a Future, so an
+orchestrator can kill a relay while a transfer runs. A reader thread per agent routes replies by
+id. ``kill()`` is SIGKILL (a crashed relay); ``stop()`` closes stdin and waits; both are bounded.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from node.identity import Identity
+
+AGENT = Path(__file__).resolve().parent / "agent.py"
+READY_TIMEOUT = 60.0
+
+
+class AgentError(RuntimeError):
+    """An agent answered a command with an error."""
+
+
+def seed_of(name: str) -> str:
+    return name.encode().ljust(32, b"\0")[:32].hex()
+
+
+def peer_id_of(name: str) -> str:
+    return Identity.from_seed(bytes.fromhex(seed_of(name))).peer_id
+
+
+class Node:
+    def __init__(self, name: str, proc: subprocess.Popen, info: dict) -> None:
+        self.name = name
+        self.proc = proc
+        self.peer_id: str = info["peer_id"]
+        self.addrs: list[str] = info["addrs"]
+        self.punch_port: int = info["punch_port"]
+        self._ids = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_replies, daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, name: str, ns: str, listen: str, *extra: str) -> "Node":
+        cmd = ["ip", "netns", "exec", ns, sys.executable, str(AGENT), "--seed", seed_of(name), "--listen", listen, *extra]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        ready = concurrent.futures.Future()
+
+        def wait_ready():
+            for line in proc.stdout:
+                if line.startswith("READY "):
+                    ready.set_result(json.loads(line[6:]))
+                    return
+            ready.set_exception(AgentError(f"agent {name} exited before READY (rc={proc.poll()})"))
+
+        threading.Thread(target=wait_ready, daemon=True).start()
+        try:
+            info = ready.result(READY_TIMEOUT)
+        except BaseException:
+            proc.kill()
+            proc.wait(5)
+            raise
+        return cls(name, proc, info)
+
+    @property
+    def addr(self) -> str:
+        return self.addrs[0]
+
+    def _read_replies(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                future = self._pending.pop(reply.get("id"), None)
+            if future is None:
+                continue
+            if reply["ok"]:
+                future.set_result(reply["result"])
+            else:
+                future.set_exception(AgentError(f"{self.name}: {reply['error']}"))
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            future.set_exception(AgentError(f"agent {self.name} exited"))
+
+    def call_async(self, op: str, **args) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        cmd_id = next(self._ids)
+        with self._lock:
+            self._pending[cmd_id] = future
+        try:
+            self.proc.stdin.write(json.dumps({"id": cmd_id, "op": op, **args}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError) as exc:
+            with self._lock:
+                self._pending.pop(cmd_id, None)
+            future.set_exception(AgentError(f"agent {self.name} is gone: {exc}"))
+        return future
+
+    def call(self, op: str, timeout: float = 60.0, **args):
+        return self.call_async(op, **args).result(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(10)
+            except (subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait(10)

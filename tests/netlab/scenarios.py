@@ -1,0 +1,102 @@
+"""Netlab scenarios shared by the tests and bench/relay.py: each drives agents and returns figures.
+
+``relayed_transfer`` sends through one relay and checks the data and the receipts; ``failover``
+kills the relay under a running transfer and times the gap until bytes flow again; ``punch``
+tries to upgrade a relayed connection to a direct one; ``rate_Mbps`` times a transfer on a
+connection. Every wait is bounded.
+"""
+from __future__ import annotations
+
+import time
+
+from .nodes import Node
+
+MIB = 1 << 20
+
+
+def poll(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_received(node: Node, transfer_id: str, timeout: float = 60.0) -> dict:
+    return poll(lambda: (got := node.call("received", transfer=transfer_id))["done"] and got, timeout, 0.05,
+                f"transfer {transfer_id} on {node.name}")
+
+
+def circuits_via(addrs: list[str], relay: Node) -> list[str]:
+    return [a for a in addrs if a.startswith(relay.addr + "/p2p-circuit")]
+
+
+def relayed_transfer(sender: Node, receiver: Node, relay: Node, mib: int) -> dict:
+    """Send ``mib`` MiB through ``relay``; returns the send result, the receiver's view and, once the
+    relay's final receipt covers every byte, the receipts of that circuit and both endpoints' counts."""
+    circuits = circuits_via(receiver.call("reserve", relay=relay.addr), relay)
+    sent = sender.call("send", mib=mib, circuits=circuits, timeout=300)
+    got = wait_received(receiver, sent["id"])
+
+    def settled():
+        mine = sender.call("status")["circuits"]
+        receipts = [r for r in relay.call("status")["receipts"] if r["src"] == sender.peer_id and r["session"] in mine]
+        if not receipts:
+            return None
+        session = receipts[-1]["session"]
+        session_receipts = [r for r in receipts if r["session"] == session]
+        final = max(r["bytes"] for r in session_receipts)
+        if final != mine[session]["bytes"]:
+            return None
+        return {"session": session, "receipts": session_receipts, "relay_bytes": final,
+                "sender_bytes": mine[session]["bytes"],
+                "receiver_bytes": receiver.call("status")["circuits"][session]["bytes"]}
+
+    return {"sent": sent, "received": got, "accounting": poll(settled, 20, 0.2, "the final receipt")}
+
+
+def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_after_mib: int) -> dict:
+    """Start a resumable transfer over ``relays`` (the receiver reserves on all), kill the relay
+    carrying it once ``kill_after_mib`` arrived, and measure ``failover_s``: from the kill until the
+    receiver holds more bytes than at the kill."""
+    circuits = []
+    for relay in relays:
+        circuits = receiver.call("reserve", relay=relay.addr)
+    circuits = [c for relay in relays for c in circuits_via(circuits, relay)]
+    before = set(receiver.call("incoming"))
+    transfer = sender.call_async("send", mib=mib, circuits=circuits)
+    incoming = poll(lambda: {t: n for t, n in receiver.call("incoming").items()
+                             if t not in before and n >= kill_after_mib * MIB}, 60, what="the transfer to start")
+    (transfer_id,) = incoming
+    live = [c["relay"] for c in sender.call("status")["circuits"].values()]
+    victim = next(r for r in relays if r.peer_id == live[-1])
+    victim.kill()
+    killed_at = time.monotonic()
+    at_kill = receiver.call("incoming")[transfer_id]
+    poll(lambda: receiver.call("incoming")[transfer_id] > at_kill, 30, 0.01, "bytes after the relay died")
+    failover_s = time.monotonic() - killed_at
+    result = transfer.result(300)
+    return {"sent": result, "received": wait_received(receiver, transfer_id), "victim": victim.peer_id,
+            "failover_s": failover_s, "bytes_at_kill": at_kill}
+
+
+def punch(initiator: Node, responder: Node, relay: Node) -> dict:
+    """Both peers learn their punch-port mapping from ``relay``; the initiator dials the responder
+    through it and tries DCUtR. Returns the connect result and the observed addresses."""
+    observed = {n.name: n.call("connect_public", addr=relay.addr) for n in (initiator, responder)}
+    circuits = circuits_via(responder.call("reserve", relay=relay.addr), relay)
+    conn = initiator.call("connect", circuits=circuits, punch=True, timeout=60)
+    return {"conn": conn, "observed": observed}
+
+
+def rate_Mbps(sender: Node, receiver: Node, conn: str, mib: int) -> float:
+    """Megabits per second of a ``mib`` MiB transfer on the sender's connection ``conn``, until the
+    receiver acknowledged the last byte (data checked by digest)."""
+    sent = sender.call("send", mib=mib, conn=conn, timeout=300)
+    got = wait_received(receiver, sent["id"])
+    if got["sha256"] != sent["sha256"]:
+        raise AssertionError("data corrupted in transit")
+    return mib * MIB * 8 / sent["seconds"] / 1e6

@@ -1,0 +1,75 @@
+"""Relays and NAT traversal on the emulated internet (layout in conftest.py).
+
+NAT'd homes reach each other through a relay and move 256 MiB intact, with receipts matching the
+bytes moved; a killed relay's transfer completes through the second relay; hole punching upgrades
+to a direct connection between endpoint-independent NATs and stays relayed with a symmetric NAT;
+reservations and circuits are refused without registration or reservation; AutoNAT tells a public
+host from a NAT'd one.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .conftest import PORT
+from .nodes import AgentError
+from .scenarios import MIB, failover, punch, rate_Mbps, relayed_transfer
+
+pytestmark = pytest.mark.netlab
+
+
+def test_reachability_public_and_private(net):
+    servers = [net["relay1"].addr, net["relay2"].addr]
+    assert net["pub"].call("reachability", servers=servers) == "public"
+    assert net["a"].call("reachability", servers=servers) == "private"
+
+
+def test_nated_peers_move_256_mib_through_a_relay_with_matching_receipts(net):
+    out = relayed_transfer(net["a"], net["b"], net["relay1"], 256)
+    assert out["received"] == {"bytes": 256 * MIB, "done": True, "sha256": out["sent"]["sha256"]}
+    assert out["sent"]["relays"] == [net["relay1"].peer_id] and out["sent"]["starts"] == [0]
+    accounting = out["accounting"]
+    assert len(accounting["receipts"]) >= 4  # co-signed at least every 64 MiB
+    final = accounting["relay_bytes"]
+    assert final >= 256 * MIB
+    for counted in (accounting["sender_bytes"], accounting["receiver_bytes"]):
+        assert abs(counted - final) <= final / 1000
+
+
+def test_transfer_survives_relay_death_through_the_second_relay(net):
+    relays = [net.start_relay("fo1", "relay1", PORT + 10), net.start_relay("fo2", "relay2", PORT + 10)]
+    out = failover(net["a"], net["b"], relays, mib=256, kill_after_mib=32)
+    assert out["received"] == {"bytes": 256 * MIB, "done": True, "sha256": out["sent"]["sha256"]}
+    used = out["sent"]["relays"]
+    assert used[0] == out["victim"] and out["victim"] not in used[1:]
+    starts = out["sent"]["starts"]
+    assert len(starts) >= 2 and 32 * MIB <= starts[-1] < 256 * MIB  # resumed, not restarted
+    assert out["failover_s"] < 5.0
+
+
+def test_hole_punch_goes_direct_between_endpoint_independent_nats(net):
+    out = punch(net["a"], net["b"], net["relay1"])
+    home_a, home_b = net.lab.homes[0], net.lab.homes[1]
+    assert out["observed"] == {"a": f"/ip4/{home_a.wan_ip}/tcp/{net['a'].punch_port}",   # the NATs kept
+                               "b": f"/ip4/{home_b.wan_ip}/tcp/{net['b'].punch_port}"}  # the ports
+    assert out["conn"]["direct"], out
+    assert out["conn"]["remote"] == f"{home_b.wan_ip}:{net['b'].punch_port}"
+    assert rate_Mbps(net["a"], net["b"], out["conn"]["conn"], 16) > 0
+
+
+def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
+    out = punch(net["a"], net["c"], net["relay2"])
+    assert out["observed"]["c"] != f"/ip4/{net.lab.homes[2].wan_ip}/tcp/{net['c'].punch_port}"  # port remapped
+    assert not out["conn"]["direct"] and out["conn"]["relay"] == net["relay2"].peer_id
+    assert rate_Mbps(net["a"], net["c"], out["conn"]["conn"], 8) > 0
+
+
+def test_unregistered_peer_is_refused_a_reservation(net):
+    stranger = net.start_home("stranger", 1, PORT + 1)
+    with pytest.raises(AgentError, match="PERMISSION_DENIED"):
+        stranger.call("reserve", relay=net["relay1"].addr)
+
+
+def test_circuit_without_a_reservation_is_refused(net):
+    unreserved = f"{net['relay2'].addr}/p2p-circuit/p2p/{net['pub'].peer_id}"
+    with pytest.raises(AgentError, match="NO_RESERVATION"):
+        net["a"].call("dial", circuits=[unreserved])
