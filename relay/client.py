@@ -38,7 +38,10 @@ REFRESH_MARGIN_S = 60.0      # ...or this long before it expires, whichever come
 HEALTH_CHECK_S = 0.5         # how often maintain() checks that reserved relays are still connected
 FAILED_RELAY_PENALTY_S = 30.0
 KEEP_CLOSED_SESSIONS = 1024  # closed circuits remembered for their final receipts
-DIAL_STAGGER_S = 2.0         # start the next relay's attempt when one has not succeeded by then
+DIAL_STAGGER_S = 2.0
+RTT_WINDOW_S = 1.0           # candidates slower than this to answer a ping are not waited for
+MEASURE_TIMEOUT_S = 5.0
+RESERVE_TIMEOUT_S = 10.0         # start the next relay's attempt when one has not succeeded by then
 
 
 class RelayRefused(ConnectionError):
@@ -164,18 +167,28 @@ class RelayClient:
                     await self._changed.wait()
 
     async def _add_reservations(self, addrs: list[Multiaddr]) -> None:
+        """Measure the RTT of the spare candidates (those answering within RTT_WINDOW_S, or the
+        first to answer at all) and reserve on the fastest until ``want`` are held."""
         spare = [a for a in addrs if a.peer_id not in self.reservations and a.peer_id != self.host.peer_id]
-        results = await asyncio.gather(*(self._timed(self._measure(a), 5.0) for a in spare), return_exceptions=True)
-        ranked = sorted(((rtt, i) for i, rtt in enumerate(results) if isinstance(rtt, float)),
-                        key=lambda item: (self._recently_failed(spare[item[1]].peer_id), item[0]))
-        for rtt, i in ranked:
+        if not spare:
+            return
+        tasks = {asyncio.ensure_future(self._timed(self._measure(a), MEASURE_TIMEOUT_S)): a for a in spare}
+        done, pending = await asyncio.wait(tasks, timeout=RTT_WINDOW_S)
+        while pending and not any(not t.exception() for t in done):
+            more, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done |= more
+        for task in pending:
+            task.cancel()
+        measured = [(task.result(), tasks[task]) for task in done if not task.exception()]
+        measured.sort(key=lambda item: (self._recently_failed(item[1].peer_id), item[0]))
+        for rtt, addr in measured:
             if len(self.reservations) >= self.want:
                 return
             try:
-                rsvp = await self._timed(self.reserve(spare[i]), 10.0)
+                rsvp = await self._timed(self.reserve(addr), RESERVE_TIMEOUT_S)
             except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-                log.info("reservation on %s failed: %s", spare[i], exc)
-                self._mark_failed(spare[i].peer_id)
+                log.info("reservation on %s failed: %s", addr, exc)
+                self._mark_failed(addr.peer_id)
                 continue
             rsvp.rtt = rtt
 

@@ -96,3 +96,30 @@ def test_dial_does_not_wait_for_a_silent_relay():
                 writer.close()
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_maintain_does_not_wait_for_a_silent_candidate():
+    async def main():
+        b = await start_endpoint()
+        relays = [await start_relay({b.host.peer_id}) for _ in range(2)]
+        held = []
+
+        async def swallow(reader, writer):
+            held.append(writer)
+            await reader.read()
+
+        silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        ghost = f"/ip4/127.0.0.1/tcp/{silent.sockets[0].getsockname()[1]}/p2p/{Identity.generate().peer_id}"
+        started = time.monotonic()
+        keeper = asyncio.create_task(b.maintain([ghost] + [r.host.listen_addrs[0] for r in relays]))
+        try:
+            await eventually(lambda: len(b.reservations) == 2, timeout=10)
+            assert time.monotonic() - started < 4  # not the 5 s ping timeout of the silent candidate
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            silent.close()
+            for writer in held:
+                writer.close()
+            await stop_all(b, *relays)
+    asyncio.run(asyncio.wait_for(main(), 60))
