@@ -117,32 +117,36 @@ def _decode_header(body: bytes) -> tuple[bytes, int]:
     return header["id"], header["size"]
 
 
-async def _read_offset(stream) -> int:
-    async with asyncio.timeout(STALL_TIMEOUT):
+async def _read_offset(stream, stall_timeout: float) -> int:
+    async with asyncio.timeout(stall_timeout):
         raw = await stream.readexactly(8)
     return int.from_bytes(raw, "big")
 
 
-async def _attempt(stream, transfer_id: bytes, view: memoryview, starts: list[int]) -> None:
+async def _attempt(stream, transfer_id: bytes, view: memoryview, starts: list[int], stall_timeout: float) -> None:
     """One attempt (appends the receiver's starting offset to ``starts``); raises if the path fails."""
     await stream.write(frame(encode({"id": transfer_id, "size": len(view)})))
-    start = await _read_offset(stream)
+    start = await _read_offset(stream, stall_timeout)
     starts.append(start)
     if start > len(view):
         raise TransferError(f"receiver claims offset {start} beyond {len(view)}")
     for pos in range(start, len(view), WRITE_CHUNK):
-        async with asyncio.timeout(STALL_TIMEOUT):
+        async with asyncio.timeout(stall_timeout):
             await stream.write(view[pos:pos + WRITE_CHUNK])
     await stream.close()
-    final = await _read_offset(stream)
+    final = await _read_offset(stream, stall_timeout)
     if final != len(view):
         raise TransferError(f"receiver acknowledged {final} of {len(view)} bytes")
 
 
 async def send_resumable(open_stream: Callable[[], Awaitable[object]], transfer_id: bytes, data,
-                         *, attempts: int = 5, retry_delay: float = 0.05) -> list[int]:
+                         *, attempts: int = 5, retry_delay: float = 0.05,
+                         stall_timeout: float = STALL_TIMEOUT) -> list[int]:
     """Send ``data`` completely, reopening a stream after each failure; returns the offsets the
-    receiver reported at the start of each attempt that got that far (resumes = len - 1)."""
+    receiver reported at the start of each attempt that got that far (resumes = len - 1).
+
+    An attempt that makes no progress for ``stall_timeout`` seconds (a path whose packets vanish
+    rather than reset) is abandoned like a failed one."""
     view = memoryview(data).cast("B")
     starts: list[int] = []
     last_error: BaseException | None = None
@@ -150,7 +154,7 @@ async def send_resumable(open_stream: Callable[[], Awaitable[object]], transfer_
         stream = None
         try:
             stream = await open_stream()
-            await _attempt(stream, transfer_id, view, starts)
+            await _attempt(stream, transfer_id, view, starts, stall_timeout)
             return starts
         except (ConnectionError, ProtocolError, TimeoutError, OSError, asyncio.IncompleteReadError,
                 RelayMessageError) as exc:

@@ -19,6 +19,7 @@ class MemoryStream:
         self.peer: "MemoryStream | None" = None
         self.reset_called = False
         self.cut_after: int | None = None  # bytes this side may still write before the "link" dies
+        self.silent = False  # the dead link swallows writes (blocks) instead of resetting
 
     async def read(self, n: int = -1) -> bytes:
         item = await self.queue.get()
@@ -37,6 +38,8 @@ class MemoryStream:
         if self.cut_after is not None:
             if len(data) > self.cut_after:
                 self.peer.queue.put_nowait(data[:self.cut_after])
+                if self.silent:
+                    await asyncio.Event().wait()
                 self.peer.queue.put_nowait(ConnectionResetError("link cut"))
                 raise ConnectionResetError("link cut")
             self.cut_after -= len(data)
@@ -75,6 +78,27 @@ def test_resumes_from_receiver_offset_after_a_cut():
         assert await receiver.wait(transfer_id) == data
         assert starts[0] == 0 and 0 < starts[1] <= 3 << 20
         assert receiver.attempts == 2 and transfer_id not in receiver.transfers
+        await asyncio.gather(*handlers, return_exceptions=True)
+    asyncio.run(main())
+
+
+def test_silent_path_abandoned_after_stall_timeout():
+    async def main():
+        receiver = ResumableReceiver()
+        data = os.urandom(4 << 20)
+        plans = [(2 << 20, True), (None, False)]
+        handlers = []
+
+        async def open_stream():
+            ours, theirs = pair()
+            ours.cut_after, ours.silent = plans.pop(0)
+            handlers.append(asyncio.ensure_future(receiver.serve(theirs)))
+            return ours
+
+        transfer_id = os.urandom(16)
+        starts = await asyncio.wait_for(send_resumable(open_stream, transfer_id, data, stall_timeout=0.3), 10)
+        assert await receiver.wait(transfer_id) == data
+        assert starts[0] == 0 and (2 << 20) - 64 < starts[1] <= 2 << 20  # the cut point, less the header
         await asyncio.gather(*handlers, return_exceptions=True)
     asyncio.run(main())
 
