@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import PORT
+from .net import PORT
 from .nodes import AgentError
 from .scenarios import MIB, failover, punch, rate_Mbps, relayed_transfer
 

@@ -1,0 +1,74 @@
+"""Relay benchmark, netlab part: direct vs relayed rate between NAT'd homes on 1 Gbit/s tbf links,
+and relay failover time. Needs root, iproute2, nftables and tc (see tests/netlab/lab.py).
+
+  netlab_figures(mib, rate_mbit) -> {
+    netlab_direct_Mbps:   home A -> home B on the hole-punched direct connection,
+    netlab_relayed_Mbps:  home A -> relay -> home B on a relayed bulk connection,
+    netlab_relayed_vs_direct, netlab_link_Mbit,
+    failover_s:           a 256 MiB transfer over two relays, the carrying relay SIGKILLed after
+                          32 MiB: seconds from the kill until the receiver gets bytes again }
+Every rate counts ``mib`` MiB (10^6 bits per Mbit) until the receiver acknowledged the last byte,
+data checked by SHA-256. ``bench/relay.py`` merges these keys into its JSON line; run alone this
+prints its own JSON object as the last line: ``python bench/relay_netlab.py [--mib 256]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from netlab.lab import unavailable  # noqa: E402
+from netlab.net import PORT, Net  # noqa: E402
+from netlab.scenarios import circuits_via, failover, punch, rate_Mbps  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def netlab_figures(mib: int = 256, rate_mbit: float = 1000.0) -> dict:
+    """Build a lab, measure, tear it down; {"netlab_skipped": reason} where no lab can be built."""
+    why = unavailable()
+    if why:
+        return {"netlab_skipped": why}
+    net = Net.build(home_rate_mbit=rate_mbit)
+    try:
+        relay1 = net.start_relay("relay1", "relay1")
+        a, b = net.start_home("a", 1), net.start_home("b", 2)
+        punched = punch(a, b, relay1)
+        if not punched["conn"]["direct"]:
+            raise RuntimeError(f"hole punch between independent-mapping NATs failed: {punched}")
+        direct = rate_Mbps(a, b, punched["conn"]["conn"], mib)
+        log(f"netlab direct: {direct:.0f} Mbit/s")
+        relayed_conn = a.call("connect", circuits=circuits_via(b.call("reserve", relay=relay1.addr), relay1))
+        relayed = rate_Mbps(a, b, relayed_conn["conn"], mib)
+        log(f"netlab relayed: {relayed:.0f} Mbit/s")
+        spare = [net.start_relay("fo1", "relay1", PORT + 10), net.start_relay("fo2", "relay2", PORT + 10)]
+        out = failover(a, b, spare, mib=256, kill_after_mib=32)
+        if out["received"]["sha256"] != out["sent"]["sha256"]:
+            raise RuntimeError("failover transfer corrupted")
+        log(f"failover: {out['failover_s']:.2f} s (resumed at {out['sent']['starts'][-1]} bytes)")
+        return {"netlab_direct_Mbps": direct, "netlab_relayed_Mbps": relayed,
+                "netlab_relayed_vs_direct": relayed / direct, "netlab_link_Mbit": rate_mbit,
+                "failover_s": out["failover_s"]}
+    finally:
+        net.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--rate-mbit", type=float, default=1000.0)
+    args = parser.parse_args()
+    result = {"mib": args.mib, **netlab_figures(args.mib, args.rate_mbit), "load_avg_1m": os.getloadavg()[0]}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The standard netlab layout with its agents, for the tests (conftest.py) and bench/relay.py.
+
+Public hosts ``relay1``, ``relay2``, ``pub`` (10.99.0.10-12); home 1 and home 2 behind
+endpoint-independent NATs, home 3 behind a symmetric NAT. Relay agents admit the peers named in
+``REGISTERED``; agents are started on demand and all stopped by ``close``.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from .lab import Lab
+from .nodes import Node, peer_id_of
+
+PORT = 4001
+REGISTERED = ("a", "b", "c", "pub")
+PUNCH = ("--punch-attempts", "2", "--punch-window", "3")
+
+
+@dataclass
+class Net:
+    lab: Lab
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, home_rate_mbit: float = 1000.0) -> "Net":
+        return cls(Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric"]))
+
+    def start_relay(self, name: str, host: str, port: int = PORT) -> Node:
+        allow = ",".join(peer_id_of(n) for n in REGISTERED)
+        node = Node.start(name, self.lab.ns_of(host), f"/ip4/{self.lab.public[host]}/tcp/{port}",
+                          "--relay", "--allow", allow)
+        self.nodes[name] = node
+        return node
+
+    def start_public(self, name: str, host: str, port: int = PORT) -> Node:
+        node = Node.start(name, self.lab.ns_of(host), f"/ip4/{self.lab.public[host]}/tcp/{port}")
+        self.nodes[name] = node
+        return node
+
+    def start_home(self, name: str, home: int, port: int = PORT) -> Node:
+        record = self.lab.homes[home - 1]
+        node = Node.start(name, record.ns, f"/ip4/{record.ip}/tcp/{port}", *PUNCH)
+        self.nodes[name] = node
+        return node
+
+    def __getitem__(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def close(self) -> None:
+        """Stop every agent, then delete the namespaces."""
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                node.stop()
+        self.lab.teardown()
