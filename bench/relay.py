@@ -10,7 +10,8 @@ receiver and the sender each run in their own process, so the numbers are CPU-bo
                             to one receiver with fixed yamux windows (``jain_8_flows_autotuned_windows``:
                             with the receiver's default window auto-tuning)
   reserve_p99_ms()          p99 of RESERVE round trips on an open connection to the relay
-The netlab part (``netlab_*``, ``failover_s``) comes from the netlab engineer.
+The netlab part (``netlab_direct_Mbps``, ``netlab_relayed_Mbps``, ``failover_s``: 1 Gbit/s tbf home
+links behind NAT routers in network namespaces, root needed) comes from bench/relay_netlab.py.
 Prints progress to stderr and, as its last stdout line, one JSON object.
 Usage: python bench/relay.py [--mib 256]
 """
@@ -36,6 +37,7 @@ from node.p2p.limits import HostLimits  # noqa: E402
 from node.p2p.yamux import INITIAL_WINDOW  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
+from relay_netlab import netlab_figures  # noqa: E402
 
 PY_RELAY_PEER = ROOT / "tests" / "interop" / "relay_pylibp2p_peer.py"
 SINK = "/dekube/sink/1.0.0"
@@ -311,6 +313,7 @@ def main() -> None:
     result["relayed_vs_direct"] = result["relayed_MBps"] / result["direct_MBps"]
     result["relayed_vs_direct_cpu_bound"] = result["relayed_cpu_bound_MBps"] / result["direct_cpu_bound_MBps"]
     result["relayed_vs_pylibp2p"] = result["relayed_MBps"] / result["pylibp2p_relay_MBps"]
+    result.update(netlab_figures(args.mib))
     result["load_avg_1m"] = os.getloadavg()[0]
     print(json.dumps(result))
 
