@@ -5,6 +5,8 @@ and relay failover time. Needs root, iproute2, nftables and tc (see tests/netlab
     netlab_direct_Mbps:   home A -> home B on the hole-punched direct connection,
     netlab_relayed_Mbps:  home A -> relay -> home B on a relayed bulk connection,
     netlab_relayed_vs_direct, netlab_link_Mbit,
+    netlab_*_cpu_bound_Mbps: bits over the CPU seconds of the busiest process on the path (sender,
+                          relay, receiver): the rate with a core per process, as on real hosts
     failover_s:           a 256 MiB transfer over two relays, the carrying relay SIGKILLed after
                           32 MiB: seconds from the kill until the receiver gets bytes again }
 Every rate counts ``mib`` MiB (10^6 bits per Mbit) until the receiver acknowledged the last byte,
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from netlab.lab import unavailable  # noqa: E402
 from netlab.net import PORT, Net  # noqa: E402
-from netlab.scenarios import circuits_via, failover, punch, rate_Mbps  # noqa: E402
+from netlab.scenarios import circuits_via, failover, measure, punch  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -44,19 +46,21 @@ def netlab_figures(mib: int = 256, rate_mbit: float = 1000.0) -> dict:
         punched = punch(a, b, relay1)
         if not punched["conn"]["direct"]:
             raise RuntimeError(f"hole punch between independent-mapping NATs failed: {punched}")
-        direct = rate_Mbps(a, b, punched["conn"]["conn"], mib)
-        log(f"netlab direct: {direct:.0f} Mbit/s")
+        direct = measure(a, b, punched["conn"]["conn"], mib)
+        log(f"netlab direct: {direct['Mbps']:.0f} Mbit/s ({direct['cpu_bound_Mbps']:.0f} CPU-bound)")
         relayed_conn = a.call("connect", circuits=circuits_via(b.call("reserve", relay=relay1.addr), relay1))
-        relayed = rate_Mbps(a, b, relayed_conn["conn"], mib)
-        log(f"netlab relayed: {relayed:.0f} Mbit/s")
+        relayed = measure(a, b, relayed_conn["conn"], mib, (relay1,))
+        log(f"netlab relayed: {relayed['Mbps']:.0f} Mbit/s ({relayed['cpu_bound_Mbps']:.0f} CPU-bound)")
         spare = [net.start_relay("fo1", "relay1", PORT + 10), net.start_relay("fo2", "relay2", PORT + 10)]
         out = failover(a, b, spare, mib=256, kill_after_mib=32)
         if out["received"]["sha256"] != out["sent"]["sha256"]:
             raise RuntimeError("failover transfer corrupted")
         log(f"failover: {out['failover_s']:.2f} s (resumed at {out['sent']['starts'][-1]} bytes)")
-        return {"netlab_direct_Mbps": direct, "netlab_relayed_Mbps": relayed,
-                "netlab_relayed_vs_direct": relayed / direct, "netlab_link_Mbit": rate_mbit,
-                "failover_s": out["failover_s"]}
+        return {"netlab_direct_Mbps": direct["Mbps"], "netlab_relayed_Mbps": relayed["Mbps"],
+                "netlab_relayed_vs_direct": relayed["Mbps"] / direct["Mbps"],
+                "netlab_direct_cpu_bound_Mbps": direct["cpu_bound_Mbps"],
+                "netlab_relayed_cpu_bound_Mbps": relayed["cpu_bound_Mbps"],
+                "netlab_link_Mbit": rate_mbit, "failover_s": out["failover_s"]}
     finally:
         net.close()
 

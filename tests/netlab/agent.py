@@ -12,6 +12,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   connect(circuits, punch)           -> {conn, direct, relay, remote}
   send(mib, conn | circuits)         -> {seconds, starts, relays, id} (resumable transfer of a pattern)
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
+  cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
 """
 from __future__ import annotations
@@ -136,6 +137,10 @@ class Agent:
 
     async def op_incoming(self) -> dict:
         return {tid.hex(): len(t.data) for tid, t in self.receiver.transfers.items()}
+
+    async def op_cpu(self) -> float:
+        times = os.times()
+        return times.user + times.system
 
     async def op_status(self) -> dict:
         circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()} for s, (c, _p) in self.client.circuits.items()}

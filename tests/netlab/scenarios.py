@@ -3,7 +3,7 @@
 ``relayed_transfer`` sends through one relay and checks the data and the receipts; ``failover``
 kills the relay under a running transfer and times the gap until bytes flow again; ``punch``
 tries to upgrade a relayed connection to a direct one; ``rate_Mbps`` times a transfer on a
-connection. Every wait is bounded.
+connection (``measure`` adds a CPU-bound figure). Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -95,8 +95,18 @@ def punch(initiator: Node, responder: Node, relay: Node) -> dict:
 def rate_Mbps(sender: Node, receiver: Node, conn: str, mib: int) -> float:
     """Megabits per second of a ``mib`` MiB transfer on the sender's connection ``conn``, until the
     receiver acknowledged the last byte (data checked by digest)."""
+    return measure(sender, receiver, conn, mib)["Mbps"]
+
+
+def measure(sender: Node, receiver: Node, conn: str, mib: int, processes: tuple[Node, ...] = ()) -> dict:
+    """``Mbps`` as in rate_Mbps, and ``cpu_bound_Mbps``: the bits over the CPU seconds of the busiest
+    of sender, receiver and ``processes`` (the rate each would allow with a core of its own)."""
+    involved = (sender, receiver, *processes)
+    before = [n.call("cpu") for n in involved]
     sent = sender.call("send", mib=mib, conn=conn, timeout=300)
     got = wait_received(receiver, sent["id"])
+    busiest = max(n.call("cpu") - b for n, b in zip(involved, before))
     if got["sha256"] != sent["sha256"]:
         raise AssertionError("data corrupted in transit")
-    return mib * MIB * 8 / sent["seconds"] / 1e6
+    bits = mib * MIB * 8
+    return {"Mbps": bits / sent["seconds"] / 1e6, "cpu_bound_Mbps": bits / busiest / 1e6}
