@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     "cli.status",
     "cli.testnet",
     "cli.wallet",
+    "cli.task",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
 

@@ -157,6 +157,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
         "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to (dkb_sendRawTransaction); empty: keep them in memory"),
     },
+    "compute": {
+        "rpc_url": Key(str, "", "validator JSON-RPC URL for the ledger; empty: this node's own (when it is a validator)"),
+        "stake": Key(int, 1_000, "stake the compute node keeps bonded (bonds the difference at start)"),
+        "bandwidth_mbps": Key(int, 100, "upload bandwidth declared in the node registration (Mbit/s)"),
+        "poll_interval": Key(float, 0.5, "seconds between looks at the ledger for tasks", check_positive),
+        "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
+        "allreduce_mode": Key(str, "butterfly", "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
+        "fault_inject": Key(str, "", "TESTING ONLY: 'wrong_segments' commits falsified segment hashes", check_choice(("", "wrong_segments"))),
+    },
 }
 
 

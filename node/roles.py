@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 ROLE_IMPLEMENTATIONS: dict[str, str | None] = {
     "validator": "consensus.validator:ValidatorRole",
     "relay": "relay.role:RelayRole",
-    "compute": None,
+    "compute": "ml.compute.role:ComputeRole",
 }
 
 

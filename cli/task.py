@@ -1,0 +1,225 @@
+"""``dekube-node task submit|show|list|wait|run``: training tasks on the ledger, or a local job without it.
+
+``submit`` signs a submit_task with the key (``--key`` or the home's node key), prints the task id
+(sha256 of owner and nonce, as the ledger derives it) and with ``--wait`` follows the task until it
+is paid, then prints the payouts. ``show``/``list`` read ``dkb_getTask``/``dkb_listTasks``; ``wait``
+follows an existing task. ``run`` trains among ``--workers`` local compute processes that talk over
+the node's p2p stack (noise + yamux, bulk connections), without any ledger.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from cli.errors import CliError
+from cli.home import add_home_argument, key_path, resolve_home
+from consensus import rpcclient
+from consensus.state.tasks import task_id_for
+from consensus.tx import build_tx
+from ml.compute.task_spec import InvalidTask, model_name, submit_payload
+from ml.train.spec import InvalidSpec, TrainSpec
+from node.keystore import load_identity
+
+DEFAULT_RPC = "http://127.0.0.1:8645"
+FINAL = ("paid", "cancelled")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("task", help="submit and follow training tasks, or run one locally")
+    actions = parser.add_subparsers(dest="task_command", required=True, metavar="ACTION")
+
+    def ledger_action(name: str, help_text: str, handler) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help_text)
+        add_home_argument(sub)
+        sub.add_argument("--rpc", default=DEFAULT_RPC, help=f"validator JSON-RPC URL (default {DEFAULT_RPC})")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    submit = ledger_action("submit", "submit a training task (price held in escrow)", run_submit)
+    submit.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_spec_arguments(submit)
+    submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
+    submit.add_argument("--fee", type=int, default=0, help="transaction fee (default 0)")
+    submit.add_argument("--wait", action="store_true", help="follow the task until it is paid; print payouts")
+    submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
+    show = ledger_action("show", "show one task", run_show)
+    show.add_argument("task_id", help="task id (hex)")
+    wait = ledger_action("wait", "follow a task until it is paid; print payouts", run_wait)
+    wait.add_argument("task_id", help="task id (hex)")
+    wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    listing = ledger_action("list", "list tasks, newest first", run_list)
+    listing.add_argument("--status", help="only tasks in this status (created, assigned, running, ...)")
+    listing.add_argument("--owner", help="only tasks submitted by this peer ID")
+    listing.add_argument("--limit", type=int, default=20, help="most tasks to show (default 20)")
+
+    run = actions.add_parser("run", help="train among local compute processes over the p2p stack, no ledger")
+    add_spec_arguments(run)
+    run.add_argument("--mode", default="butterfly", choices=("butterfly", "ring"), help="all-reduce algorithm")
+    run.add_argument("--timeout", type=float, default=900.0, help="seconds before the job is abandoned")
+    run.add_argument("--json", action="store_true", help="print one JSON summary at the end")
+    run.set_defaults(handler=run_local)
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="mlp", help="model: mlp (digits-mlp) or transformer (char-transformer)")
+    parser.add_argument("--dataset", default="digits", help="dataset: digits or shakespeare")
+    parser.add_argument("--workers", type=int, default=3, help="workers wanted (default 3)")
+    parser.add_argument("--codec", default="int8", help="all-reduce codec: fp32, fp16, int8, int4, powersgd<r>")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per worker (default 100)")
+    parser.add_argument("--sync", default="allreduce", choices=("allreduce", "diloco"),
+                        help="allreduce (data-parallel) or diloco")
+    parser.add_argument("--inner-steps", type=int, help="DiLoCo: local steps per outer step")
+    parser.add_argument("--segment-steps", type=int, help="data-parallel: steps per committed segment")
+    parser.add_argument("--batch-size", type=int, help="per-worker batch size")
+    parser.add_argument("--lr", type=float, help="peak learning rate")
+    parser.add_argument("--seed", type=int, help="seed of weights and data order")
+
+
+def spec_from_args(args: argparse.Namespace) -> TrainSpec:
+    if not 1 <= args.workers <= 64:
+        raise CliError("--workers must be in 1..64")
+    values = {"model": model_name(args.model), "dataset": args.dataset, "codec": args.codec, "steps": args.steps,
+              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+    for name in ("inner_steps", "segment_steps", "batch_size", "lr", "seed"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    try:
+        return TrainSpec(**values)
+    except InvalidSpec as exc:
+        raise CliError(f"bad task: {exc}") from None
+
+
+def _rpc(url: str, method: str, *params):
+    try:
+        return rpcclient.call(url, method, *params)
+    except rpcclient.RpcUnreachable as exc:
+        raise CliError(f"cannot reach the node: {exc}") from None
+    except rpcclient.RpcCallError as exc:
+        raise CliError(f"{method}: {exc}") from None
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    if args.price <= 0:
+        raise CliError("--price must be positive")
+    spec = spec_from_args(args)
+    try:
+        payload = submit_payload(spec, args.workers, args.price)
+    except InvalidTask as exc:
+        raise CliError(str(exc)) from None
+    identity = load_identity(args.key or key_path(resolve_home(args)))
+    chain_id = _rpc(args.rpc, "dkb_chainId")
+    nonce = _rpc(args.rpc, "dkb_getTransactionCount", identity.peer_id, "pending")
+    tx = build_tx(identity, chain_id, nonce, "submit_task", payload, args.fee)
+    tx_hash = _rpc(args.rpc, "dkb_sendRawTransaction", tx.raw.hex())
+    task_id = task_id_for(identity.peer_id, nonce).hex()
+    if not args.json:
+        print(f"task {task_id} submitted by {identity.peer_id} (tx {tx_hash})")
+    if not args.wait:
+        if args.json:
+            print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "owner": identity.peer_id}))
+        return 0
+    task = follow_task(args.rpc, task_id, args.timeout, quiet=args.json)
+    return report_final(args, task)
+
+
+def follow_task(url: str, task_id: str, timeout: float, quiet: bool = False) -> dict:
+    """Poll the task until it is paid or cancelled, printing each status change; returns it."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        task = _rpc(url, "dkb_getTask", task_id)
+        status = None if task is None else task["status"]
+        if status != last and not quiet:
+            print(f"  {time.strftime('%H:%M:%S')}  {status or 'pending (not in a block yet)'}"
+                  + (f"  workers {', '.join(task['workers'])}" if status == "assigned" else ""), flush=True)
+        last = status
+        if status in FINAL:
+            return task
+        if time.monotonic() > deadline:
+            raise CliError(f"task {task_id} still {status} after {timeout:g} s")
+        time.sleep(0.5)
+
+
+def report_final(args: argparse.Namespace, task: dict) -> int:
+    if args.json:
+        print(json.dumps(task))
+        return 0
+    audits = task["audits"]
+    for verifier, worker, segment, match, height in audits:
+        print(f"  audit by {verifier[:16]}.. of {worker[:16]}..: segment {segment} "
+              f"{'match' if match else 'MISMATCH'} (height {height})")
+    print(f"payouts of task {task['task_id']} (price {task['price']}):")
+    for peer, amount in sorted(task["payouts"].items(), key=lambda item: -item[1]):
+        role = ("owner" if peer == task["owner"] else "worker" if peer in task["workers"]
+                else "verifier" if any(a[0] == peer for a in audits) else "relay")
+        print(f"  {peer}  {role:8} {amount}")
+    unpaid = [w for w in task["workers"] if w not in task["payouts"]]
+    for worker in unpaid:
+        print(f"  {worker}  worker   0 (not paid: no commitment or audited as a mismatch)")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    task = _rpc(args.rpc, "dkb_getTask", args.task_id)
+    if task is None:
+        raise CliError(f"no task {args.task_id}")
+    if args.json:
+        print(json.dumps(task))
+        return 0
+    for name in ("task_id", "status", "owner", "price", "escrow", "spec", "workers", "commits", "audits",
+                 "window_end", "payouts"):
+        print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+    return 0
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    return report_final(args, follow_task(args.rpc, args.task_id, args.timeout, quiet=args.json))
+
+
+def run_list(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 1000:
+        raise CliError("--limit must be in 1..1000")
+    tasks = _rpc(args.rpc, "dkb_listTasks", args.status, args.owner, args.limit)
+    if args.json:
+        print(json.dumps(tasks))
+        return 0
+    if not tasks:
+        print("no tasks")
+    for task in tasks:
+        spec = task["spec"]
+        print(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
+              f"x{spec['workers']}  price {task['price']}")
+    return 0
+
+
+def run_local(args: argparse.Namespace) -> int:
+    from ml.compute.local_job import LocalJobFailed, run_local_nodes
+
+    spec = spec_from_args(args)
+
+    def show(event: dict) -> None:
+        if not args.json and event.get("event") == "progress":
+            print(f"  worker {event['rank']}  step {event['step']:5}  loss {event['loss']:.4f}  "
+                  f"sent {event['bytes_sent'] / 1e6:8.3f} MB", flush=True)
+
+    started = time.monotonic()
+    try:
+        results = asyncio.run(run_local_nodes(spec, args.workers, mode=args.mode, timeout=args.timeout,
+                                              on_event=show))
+    except LocalJobFailed as exc:
+        raise CliError(str(exc)) from None
+    summary = {"workers": args.workers, "spec": spec.to_dict(), "seconds": round(time.monotonic() - started, 2),
+               "params_hashes": sorted({r["params_hash"] for r in results}),
+               "metrics": results[0]["metrics"], "bytes_sent": [r["bytes_sent"] for r in results],
+               "peer_ids": [r["peer_id"] for r in results]}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"trained {spec.steps} steps with {args.workers} workers in {summary['seconds']} s: "
+              f"{summary['metrics']}; every worker ends with params {summary['params_hashes'][0][:16]}.."
+              if len(summary["params_hashes"]) == 1 else f"workers disagree: {summary['params_hashes']}")
+    return 0 if len(summary["params_hashes"]) == 1 else 1

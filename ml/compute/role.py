@@ -1,0 +1,313 @@
+"""The compute role: join the ledger as a worker, train assigned tasks with the other workers over this
+node's p2p Host, commit results, audit other workers' results by replay, and finalize tasks.
+
+At start it bonds up to `[compute] stake` and registers (roles, listen addresses, declared hardware)
+through `[compute] rpc_url` (default: this node's own RPC, for a node that is also a validator).
+Then it polls the ledger every `poll_interval`: a task assigned to it is trained (one at a time,
+as the ledger assigns at most `max_tasks_per_worker` each), its commitment sent as commit_result; a
+committed task it does not work on is audited (`[compute] audit`); a verified task it audited, or a
+task of its own whose audit window has closed, is finalized. Progress is in `/status` ("compute")
+and in the RPC methods `dkb_computeStatus` and `dkb_taskProgress`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from ml.compute import ready_protocol, segments_protocol
+from ml.compute.audit import audit_task, workers_to_audit
+from ml.compute.commitment import Commitment
+from ml.compute.executor import make_group, train_task
+from ml.compute.host_transport import HostTransport
+from ml.compute.ledger_client import LedgerClient, LedgerUnavailable, TxFailed
+from ml.compute.replay import replay_job_blocking
+from ml.compute.task_spec import InvalidTask, train_spec_for_task
+from ml.train.progress import ProgressFeed
+from node.rpc.errors import InvalidParams, ResourceNotFound
+from node.roles import Role
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
+FETCH_ATTEMPTS = 3
+TRAINING = ("assigned", "running")
+AUDITABLE = ("committed", "verified", "disputed")
+
+
+class ComputeRole(Role):
+    name = "compute"
+
+    def __init__(self) -> None:
+        self.node = None
+        self.ledger: LedgerClient | None = None
+        self.registered = False
+        self.jobs: dict[str, dict] = {}          # task id hex -> progress/state of our share
+        self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
+        self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
+        self._ready_groups: set[bytes] = set()
+        self._finalized: set[str] = set()
+        self._busy: asyncio.Task | None = None   # the training job or audit in progress
+        self._background: set[asyncio.Task] = set()
+        self.last_error: str | None = None
+
+    # ---- wiring
+    def setup(self, node) -> None:
+        self.node = node
+        self.config = node.config["compute"]
+        self.transport = HostTransport(node.host)
+        node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
+        node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
+        node.status.add_section("compute", self.status)
+        node.rpc.register("dkb_computeStatus", self._rpc_status)
+        node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
+        if node.data_dir is not None:
+            self._load_results()
+
+    def status(self) -> dict:
+        return {"registered": self.registered, "ledger": self.ledger.url if self.ledger else None,
+                "jobs": self.jobs, "audits": self.audits, "last_error": self.last_error}
+
+    async def _rpc_status(self) -> dict:
+        return self.status()
+
+    async def _rpc_task_progress(self, task_id: str) -> dict:
+        key = task_id[2:] if task_id[:2] in ("0x", "0X") else task_id
+        if not isinstance(task_id, str) or len(key) != 64:
+            raise InvalidParams("task_id: expected 32 bytes as hex")
+        job = self.jobs.get(key.lower())
+        if job is None:
+            raise ResourceNotFound(f"this node has no job for task {key}")
+        return job
+
+    # ---- results kept across restarts (a verifier may ask after we restarted)
+    def _results_dir(self) -> Path | None:
+        return None if self.node.data_dir is None else self.node.data_dir / "compute"
+
+    def _load_results(self) -> None:
+        folder = self._results_dir()
+        if folder is None or not folder.is_dir():
+            return
+        for path in folder.glob("*.json"):
+            try:
+                self.results[path.stem] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                log.warning("ignoring unreadable result %s: %s", path, exc)
+
+    def _save_result(self, key: str, result: dict) -> None:
+        self.results[key] = result
+        folder = self._results_dir()
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{key}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, folder / f"{key}.json")
+
+    def _result_for(self, task_id: bytes) -> dict | None:
+        return self.results.get(task_id.hex())
+
+    # ---- main loop
+    async def run(self, node) -> None:
+        await node.ready.wait()
+        url = self.config["rpc_url"] or (node.http.url if node.http is not None else "")
+        if not url:
+            raise RuntimeError("[compute] rpc_url is empty and this node serves no RPC: cannot reach a ledger")
+        self.ledger = LedgerClient(url, node.identity)
+        try:
+            while True:
+                try:
+                    if not self.registered:
+                        await self._join()
+                    await self._tick()
+                    self.last_error = None
+                except (LedgerUnavailable, TxFailed) as exc:
+                    self.last_error = str(exc)
+                    log.warning("compute: %s", exc)
+                await asyncio.sleep(self.config["poll_interval"])
+        finally:
+            for task in [self._busy, *self._background]:
+                if task is not None:
+                    task.cancel()
+            await self.transport.close()
+
+    async def _join(self) -> None:
+        """Bond up to the configured stake and register (or re-register) this node."""
+        me = self.node.peer_id
+        bonded = (await self.ledger.call("dkb_getStake", me))["bonded"]
+        if bonded < self.config["stake"]:
+            await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
+        roles = sorted({"compute", "verifier"} if self.config["audit"] else {"compute"})
+        payload = {"roles": roles, "listen_addrs": self.node.host.listen_addrs[:8], "relay_addrs": [],
+                   "hardware": {"cpu_cores": os.cpu_count() or 1, "ram_mb": _ram_mb(), "gpu": "",
+                                "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]}}
+        current = await self.ledger.call("dkb_getNode", me)
+        if current is None or any(current.get(k) != payload[k] for k in ("roles", "listen_addrs", "hardware")):
+            await self.ledger.send("register_node", payload)
+        self.registered = True
+        log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.url})
+
+    async def _tick(self) -> None:
+        me = self.node.peer_id
+        tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
+        height = await self.ledger.call("dkb_blockNumber")
+        for task in reversed(tasks):  # oldest first
+            key, status = task["task_id"], task["status"]
+            involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
+            if me in task["workers"]:
+                if status in TRAINING and me not in task["commits"] and key not in self.jobs and self._idle():
+                    self._busy = self._spawn(self._run_job(task))
+                elif status in ("committed", "disputed") and height >= task["window_end"]:
+                    await self._finalize(key)
+            elif (self.config["audit"] and status in AUDITABLE and me != task["owner"] and self._idle()
+                  and workers_to_audit(task, me) and key not in self.audits):
+                self._busy = self._spawn(self._run_audit(task))
+            if status == "verified" and involved:
+                await self._finalize(key)
+
+    def _idle(self) -> bool:
+        return self._busy is None or self._busy.done()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _finalize(self, key: str) -> None:
+        if key in self._finalized:
+            return
+        self._finalized.add(key)
+        try:
+            await self.ledger.send("finalize", {"task_id": bytes.fromhex(key)})
+            log.info("finalized task %s", key)
+        except TxFailed as exc:  # another node finalized first, or the window is still open
+            log.info("finalize %s not applied: %s", key, exc)
+
+    # ---- training our share
+    async def _learn_addresses(self, peers: list[str]) -> None:
+        for peer in peers:
+            info = await self.ledger.call("dkb_getNode", peer)
+            if info and info.get("listen_addrs"):
+                try:
+                    self.node.host.peerbook.add_addrs(peer, info["listen_addrs"])
+                except ValueError as exc:
+                    log.warning("bad addresses registered by %s: %s", peer, exc)
+
+    async def _run_job(self, task: dict) -> None:
+        key, me = task["task_id"], self.node.peer_id
+        task_id = bytes.fromhex(key)
+        job = self.jobs[key] = {"state": "starting", "workers": task["workers"], "step": 0, "loss": None,
+                                "bytes_sent": 0, "started_at": time.time()}
+        try:
+            spec = train_spec_for_task(task["spec"])
+        except InvalidTask as exc:
+            job.update(state="failed", error=str(exc))
+            log.warning("cannot train task %s: %s", key, exc)
+            return
+        job["spec"] = spec.to_dict()
+        others = [w for w in task["workers"] if w != me]
+        group = None
+        try:
+            await self._learn_addresses(others)
+            group = make_group(spec, self.transport, me, task["workers"], task_id, self.config["allreduce_mode"])
+            await group.start()
+            self._ready_groups.add(task_id)
+            job["state"] = "waiting for workers"
+            await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
+            job["state"] = "training"
+            feed = ProgressFeed()
+            feed.subscribe(lambda p: job.update(step=p.step, loss=p.loss, bytes_sent=p.bytes_sent,
+                                                participants=p.participants, metrics=p.metrics or job.get("metrics")))
+            summary = await train_task(spec, group, me, task["workers"], feed)
+            hashes = summary["segment_hashes"]
+            if self.config["fault_inject"] == "wrong_segments":
+                hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
+            self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"],
+                                    "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
+            job.update(state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
+                       metrics=summary["metrics"])
+            receipt = await self.ledger.send("commit_result",
+                                             Commitment.of(hashes, summary["params_hash"]).payload(task_id))
+            job.update(state="committed", commit_height=receipt["height"], finished_at=time.time())
+            log.info("committed task %s", key, extra={"metrics": summary["metrics"]})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed job must not stop the node; it shows in /status
+            job.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("task %s failed: %s", key, exc)
+        finally:
+            if group is not None:
+                self._spawn(self._close_after_peers(task_id, group))
+
+    async def _close_after_peers(self, task_id: bytes, group) -> None:
+        """Keep serving the group until every worker committed (or LINGER_S), then close it."""
+        deadline = time.monotonic() + LINGER_S
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    task = await self.ledger.call("dkb_getTask", task_id.hex())
+                    if task is None or task["status"] not in TRAINING:
+                        break
+                except LedgerUnavailable:
+                    pass
+                await asyncio.sleep(self.config["poll_interval"])
+        finally:
+            self._ready_groups.discard(task_id)
+            await group.close()
+
+    # ---- auditing others
+    async def _fetch_segments(self, task_id: bytes, worker: str) -> tuple[list[str], str]:
+        await self._learn_addresses([worker])
+        for attempt in range(FETCH_ATTEMPTS):
+            try:
+                return await segments_protocol.fetch_segments(self.node.host, worker, task_id)
+            except segments_protocol.SegmentsError:
+                if attempt == FETCH_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    async def _run_audit(self, task: dict) -> None:
+        key = task["task_id"]
+        task_id = bytes.fromhex(key)
+        mode = self.config["allreduce_mode"]
+
+        async def replay(spec, workers, last_segment):
+            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode)
+
+        async def fetch(worker):
+            return await self._fetch_segments(task_id, worker)
+
+        try:
+            verdicts = await audit_task(task, self.node.peer_id, fetch, replay)
+        except InvalidTask as exc:
+            log.warning("cannot audit task %s: %s", key, exc)
+            self.audits[key] = []
+            return
+        except Exception as exc:  # a failed replay must not stop the node; retried at the next poll
+            self.last_error = f"audit of {key}: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.last_error)
+            return
+        done = self.audits[key] = []
+        for verdict in verdicts:
+            try:
+                await self.ledger.send("audit_result", verdict.payload(task_id))
+                done.append({"worker": verdict.worker, "segment": verdict.segment, "match": verdict.match,
+                             "reason": verdict.reason})
+                log.info("audited %s of task %s: %s (%s)", verdict.worker, key,
+                         "match" if verdict.match else "MISMATCH", verdict.reason)
+            except TxFailed as exc:
+                log.warning("audit_result for %s of %s not applied: %s", verdict.worker, key, exc)
+
+
+def _ram_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -1,0 +1,84 @@
+"""Translation between a task as the ledger holds it and the TrainSpec a worker trains.
+
+The ledger's submit_task payload names `model`, `dataset`, `workers`, `sync_mode` ("allreduce" or
+"diloco"), `codec` and a `hyperparams` map. The canonical ledger encoding has no floats, so float
+hyper-parameters travel as decimal text and `codec_options` as JSON text; `train_spec_for_task`
+reverses that and validates the result (an unknown or malformed task raises InvalidTask, so a
+compute node skips it instead of crashing).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+from ml.train.spec import InvalidSpec, TrainSpec
+
+MODEL_ALIASES = {"mlp": "digits-mlp", "transformer": "char-transformer"}
+SYNC_MODES = {"allreduce": "data-parallel", "diloco": "diloco"}
+_ON_PAYLOAD = ("model", "dataset", "codec", "mode")   # TrainSpec fields carried outside hyperparams
+_FIELD_TYPES = {f.name: f.type for f in fields(TrainSpec)}
+
+
+class InvalidTask(ValueError):
+    """A ledger task that cannot be turned into a TrainSpec."""
+
+
+def model_name(name: str) -> str:
+    """The registry name for a model given by its short alias ("mlp") or its full name."""
+    return MODEL_ALIASES.get(name, name)
+
+
+def _encode_value(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+        raise InvalidTask(f"cannot put {value!r} in a task's hyperparams")
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def submit_payload(spec: TrainSpec, workers: int, price: int) -> dict:
+    """The submit_task payload for training `spec` with `workers` workers for `price`."""
+    sync_mode = next(name for name, mode in SYNC_MODES.items() if mode == spec.mode)
+    defaults = TrainSpec()
+    hyperparams = {name: _encode_value(getattr(spec, name)) for name in _FIELD_TYPES
+                   if name not in _ON_PAYLOAD and getattr(spec, name) != getattr(defaults, name)}
+    return {"model": spec.model, "dataset": spec.dataset, "hyperparams": hyperparams, "workers": workers,
+            "sync_mode": sync_mode, "codec": spec.codec, "price": price}
+
+
+def _decode_value(name: str, value):
+    kind = _FIELD_TYPES.get(name)
+    if kind is None:
+        raise InvalidTask(f"unknown hyper-parameter {name!r}")
+    try:
+        if kind == "float":
+            return float(value) if isinstance(value, str) else value
+        if kind == "dict":
+            decoded = json.loads(value)
+            if not isinstance(decoded, dict):
+                raise InvalidTask(f"{name} must be a JSON object")
+            return decoded
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(f"hyper-parameter {name}: {exc}") from None
+    return value
+
+
+def train_spec_for_task(task_spec: dict) -> TrainSpec:
+    """The TrainSpec of a ledger task's `spec` map (as dkb_getTask returns it)."""
+    try:
+        hyperparams = task_spec.get("hyperparams", {})
+        if not isinstance(hyperparams, dict):
+            raise InvalidTask("hyperparams must be a map")
+        mode = SYNC_MODES.get(task_spec["sync_mode"])
+        if mode is None:
+            raise InvalidTask(f"unknown sync mode {task_spec['sync_mode']!r}")
+        values = {name: _decode_value(name, value) for name, value in hyperparams.items()
+                  if name not in _ON_PAYLOAD}
+        return TrainSpec(model=model_name(task_spec["model"]), dataset=task_spec["dataset"],
+                         codec=task_spec["codec"], mode=mode, **values)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidTask(f"malformed task spec: {exc!r}") from None
+    except InvalidSpec as exc:
+        raise InvalidTask(str(exc)) from None
