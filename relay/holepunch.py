@@ -68,6 +68,7 @@ class HolePuncher:
         self.punch_window = punch_window
         self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
+        self._public: dict[str, Connection] = {}   # connections made from the punch port
         self._punched = asyncio.Event()
 
     def start(self) -> None:
@@ -86,6 +87,9 @@ class HolePuncher:
         peer = addr.peer_id
         if peer is None:
             raise ValueError(f"multiaddr needs a /p2p/<peer id> suffix: {addr}")
+        live = self._public.get(peer)
+        if live is not None and not live.closed:  # one connection per peer from the punch port
+            return self.observed.get(peer)
         ip, port = addr.tcp_endpoint()
         sock = _bound_socket(_family(addr), self.port)
         loop = asyncio.get_running_loop()
@@ -98,6 +102,7 @@ class HolePuncher:
             raise
         self.host.peerbook.add_addrs(peer, [addr])
         conn = await self.host.upgrade(tcp, is_initiator=True, expected_peer=peer)
+        self._public[peer] = conn
         observed = await self._observed_addr(conn)
         if observed is not None:
             self.observed[peer] = observed

@@ -10,6 +10,8 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   reserve(relay)                     -> relayed addresses          connect_public(addr) -> observed addr
   reachability(servers)              -> "public"|"private"|...     dial(circuits) -> relay used
   connect(circuits, punch)           -> {conn, direct, relay, remote}
+  dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
+  disconnect(peer)                   -> how many connections to the peer were closed
   send(mib, conn | circuits)         -> {seconds, starts, relays, id} (resumable transfer of a pattern)
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
   cpu()                              -> CPU seconds this agent used so far
@@ -34,6 +36,7 @@ from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
 from relay.client import RelayClient, RelayRefused  # noqa: E402
 from relay.holepunch import HolePuncher  # noqa: E402
+from relay.holepunch_dial import dial_peer  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
 from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
@@ -101,6 +104,18 @@ class Agent:
         peer = conn.secure.tcp.peername
         return {"conn": key, "direct": pipe is None, "relay": pipe.relay_peer if pipe else None,
                 "remote": f"{peer[0]}:{peer[1]}" if peer else None}
+
+    async def op_dial_peer(self, peer: str, direct: list[str], circuits: list[str]) -> dict:
+        path = await dial_peer(self.host, self.client, self.puncher, peer, direct, circuits, direct_timeout=1.0)
+        key = f"c{len(self.conns)}"
+        self.conns[key] = path.conn
+        return {"conn": key, "kind": path.kind}
+
+    async def op_disconnect(self, peer: str) -> int:
+        conns = self.host.connections(peer)
+        for conn in conns:
+            await conn.close()
+        return len(conns)
 
     async def op_send(self, mib: int, conn: str | None = None, circuits: list[str] | None = None) -> dict:
         """A resumable transfer on connection ``conn``, or over a fresh bulk circuit through the first

@@ -12,7 +12,7 @@ import pytest
 
 from .net import PORT
 from .nodes import AgentError
-from .scenarios import MIB, failover, punch, rate_Mbps, relayed_transfer
+from .scenarios import MIB, circuits_via, failover, punch, rate_Mbps, relayed_transfer
 
 pytestmark = pytest.mark.netlab
 
@@ -61,6 +61,20 @@ def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
     assert out["observed"]["c"] != f"/ip4/{net.lab.homes[2].wan_ip}/tcp/{net['c'].punch_port}"  # port remapped
     assert not out["conn"]["direct"] and out["conn"]["relay"] == net["relay2"].peer_id
     assert rate_Mbps(net["a"], net["c"], out["conn"]["conn"], 8) > 0
+
+
+def test_dial_policy_direct_then_punched_then_relayed(net):
+    relay = net["relay1"]
+    for name in ("a", "b", "c"):
+        net[name].call("connect_public", addr=relay.addr)
+    kinds = {}
+    for target in ("pub", "b", "c"):
+        net["a"].call("disconnect", peer=net[target].peer_id)  # earlier tests may have left paths open
+        circuits = circuits_via(net[target].call("reserve", relay=relay.addr), relay) if target != "pub" else []
+        path = net["a"].call("dial_peer", peer=net[target].peer_id, direct=net[target].addrs, circuits=circuits)
+        kinds[target] = path["kind"]
+        assert rate_Mbps(net["a"], net[target], path["conn"], 4) > 0
+    assert kinds == {"pub": "direct", "b": "punched", "c": "relayed"}
 
 
 def test_unregistered_peer_is_refused_a_reservation(net):

@@ -14,6 +14,7 @@ from relay.dcutr import (
     Send, decode_holepunch, encode_holepunch,
 )
 from relay.holepunch import HolePuncher
+from relay.holepunch_dial import dial_peer
 from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, \
     start_relay, stop_all
 
@@ -181,6 +182,30 @@ def test_malformed_dcutr_stream_is_answered_with_a_reset_and_the_peer_keeps_serv
             with pytest.raises(StreamResetError):
                 await stream.read()  # reset by the responder
             assert await pa.direct_connect(relayed) is not None
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+# ---------------------------------------------------------------- the dial policy
+def test_dial_peer_prefers_direct_then_punched_then_relayed():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        try:
+            path = await dial_peer(a.host, a, pa, b.host.peer_id, b.host.listen_addrs, b.relayed_addrs)
+            assert path.kind == "direct" and a.pipe_for(path.conn) is None
+            await path.conn.close()
+            await relayed.close()
+            unreachable = ["/ip4/127.0.0.1/tcp/9"]
+            path = await dial_peer(a.host, a, pa, b.host.peer_id, unreachable, b.relayed_addrs, retire_after=0.1)
+            assert path.kind == "punched" and a.pipe_for(path.conn) is None
+            await path.retiring
+            shared = [c for c in a.host.connections(b.host.peer_id) if not c.bulk and not c.closed]
+            assert shared == [path.conn]  # the relayed connection is gone; the direct one is shared
+            assert (await dial_peer(a.host, a, pa, b.host.peer_id, [], [])).conn is path.conn  # reused
+            await path.conn.close()
+            path = await dial_peer(a.host, a, None, b.host.peer_id, unreachable, b.relayed_addrs)
+            assert path.kind == "relayed" and a.pipe_for(path.conn) is not None
         finally:
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
