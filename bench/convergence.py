@@ -5,7 +5,7 @@ Shakespeare: validation bits per character of fp32 data-parallel versus DiLoCo +
 total bytes each worker sent. Target: DiLoCo + int8 within 2% of fp32's bits per char with at least
 100x fewer bytes. Prints one line per run and, last, one JSON object with everything.
 
-    python bench/convergence.py [--jobs 2] [--skip-shakespeare] [--shakespeare-steps 1000]
+    python bench/convergence.py [--jobs 2] [--skip-shakespeare] [--shakespeare-steps 3000]
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
         "mode": spec.mode,
         "codec": spec.codec,
         "steps": spec.steps,
+        "inner_steps": spec.inner_steps if spec.mode == "diloco" else None,
         "bytes_per_worker": run.bytes_sent_per_worker,
         "seconds": round(time.monotonic() - started, 1),
         **{k: round(v, 4) for k, v in run.metrics[0].items()},
@@ -55,8 +56,10 @@ def plan(args) -> list[tuple[str, str, dict]]:
     if not args.skip_shakespeare:
         steps = args.shakespeare_steps
         runs.append(("shakespeare/fp32", "shakespeare-data-parallel", {"steps": steps}))
-        runs.append(("shakespeare/diloco-int8", "shakespeare-diloco",
-                     {"steps": steps, "inner_steps": args.inner_steps}))
+        diloco = {"steps": steps}
+        if args.inner_steps is not None:
+            diloco["inner_steps"] = args.inner_steps
+        runs.append(("shakespeare/diloco-int8", "shakespeare-diloco", diloco))
     return runs
 
 
@@ -70,7 +73,7 @@ def summarize(results: dict[str, dict], args) -> dict:
         base, diloco = results["shakespeare/fp32"], results["shakespeare/diloco-int8"]
         summary["shakespeare"] = {
             "steps": base["steps"],
-            "inner_steps": args.inner_steps,
+            "inner_steps": diloco["inner_steps"],
             "fp32_bpc": base["bits_per_char"],
             "fp32_MB_per_worker": round(base["bytes_per_worker"] / 1e6, 3),
             "diloco_int8_bpc": diloco["bits_per_char"],
@@ -88,8 +91,9 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (one process each)")
     parser.add_argument("--digits-steps", type=int, default=1200)
-    parser.add_argument("--shakespeare-steps", type=int, default=1000)
-    parser.add_argument("--inner-steps", type=int, default=50, help="DiLoCo H on Shakespeare")
+    parser.add_argument("--shakespeare-steps", type=int, default=3000)
+    parser.add_argument("--inner-steps", type=int, default=None,
+                        help="DiLoCo H on Shakespeare (default: the recipe's)")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-shakespeare", action="store_true")
     args = parser.parse_args()

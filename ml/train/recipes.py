@@ -19,11 +19,11 @@ DIGITS_DILOCO = TrainSpec(
 
 SHAKESPEARE_DATA_PARALLEL = TrainSpec(
     model="char-transformer", dataset="shakespeare", mode="data-parallel", optimizer="adamw",
-    lr=2e-3, warmup_steps=50, min_lr_fraction=0.1, steps=1000, batch_size=16, segment_steps=100,
+    lr=4e-3, warmup_steps=50, min_lr_fraction=0.1, steps=3000, batch_size=16, segment_steps=100,
     report_every=50)
 
-SHAKESPEARE_DILOCO = replace(SHAKESPEARE_DATA_PARALLEL, mode="diloco", codec="int8", inner_steps=50,
-                             outer_lr=0.7, outer_momentum=0.9)
+SHAKESPEARE_DILOCO = replace(SHAKESPEARE_DATA_PARALLEL, mode="diloco", codec="int8", lr=6e-3,
+                             inner_steps=30, outer_lr=0.8, outer_momentum=0.9)
 
 RECIPES: dict[str, TrainSpec] = {
     "digits-data-parallel": DIGITS_DATA_PARALLEL,
