@@ -260,6 +260,8 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None) -> di
             if round_id == 0:
                 continue  # warm-up: connections, allocations, first bandwidth measurement
             seconds.append(max(d["s"] for d in done))
+            if os.environ.get("DEKUBE_BENCH_LOG"):
+                print(json.dumps({"debug": system, "codec": codec, "done": done}), file=sys.stderr, flush=True)
             attempts.append(max(d.get("attempts", 1) for d in done))
             excluded.update(k for d in done for k in d.get("excluded", {}))
             if lab is not None:

@@ -45,9 +45,8 @@ class AttemptContext:
     started: float                 # loop time the attempt began
     stall_s: float                 # stall timeout for this attempt
     grace_s: float                 # extra wait for a member's first frame
-    first_meta: dict               # meta sent with each first chunk (plan digest, shapes, rate)
-    rates_seen: dict[str, float] = field(default_factory=dict)    # from members' first chunks
-    agreed_rates: dict[str, float] = field(default_factory=dict)  # the table all members adopt
+    first_meta: dict               # meta sent with each first chunk (plan digest, shapes, members)
+    agreed_rates: dict[str, float] = field(default_factory=dict)  # upload rates measured this attempt
 
     def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes, meta: dict | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)
@@ -70,9 +69,6 @@ class AttemptContext:
             if theirs == list(self.plan.members):
                 raise PeerFailure(sender, "plan differs over the same members (codec, chunk size or rates)")
             raise PlanMismatch(sender, theirs)
-        rate = meta.get("rate")
-        if isinstance(rate, (int, float)) and rate > 0:
-            self.rates_seen[sender] = float(rate)
 
 
 def decode_checked(codec: Codec, payload: bytes, numel: int, sender: str, what: str) -> torch.Tensor:

@@ -5,9 +5,13 @@ decodes the chunks of all members, sums them exactly in fp32 in the members' sor
 contribution unquantized), divides by the member count, encodes that mean once and sends the same
 bytes to everyone; it keeps the decoding of those bytes itself, so all members hold the same bits.
 So every value is quantized at most twice (contribution, result) whatever the group size.
+Parts go to all reducers, and results to all members, concurrently (one stream each); a staggered
+schedule (one destination after another) measured slower on the shaped benchmark links.
 Non-reducers (NAT'd or slow peers) only send parts and receive results.
 """
 from __future__ import annotations
+
+import asyncio
 
 import torch
 
@@ -23,15 +27,19 @@ async def run_butterfly(ctx: AttemptContext) -> None:
     jobs = []
     for shard, reducer in enumerate(plan.reducers):
         if reducer == ctx.me:
-            jobs.append(_reduce_shard(ctx, shard))
+            results = [asyncio.get_running_loop().create_future() for _ in plan.chunks(shard)]
+            jobs.append(_reduce_shard(ctx, shard, results))
+            jobs += [_send_results(ctx, shard, results, member) for member in plan.members if member != ctx.me]
         else:
-            jobs.append(_send_parts(ctx, shard, reducer))
+            jobs.append(_send_parts(ctx, reducer))
             jobs.append(_receive_results(ctx, shard, reducer))
     await run_all(jobs)
 
 
-async def _send_parts(ctx: AttemptContext, shard: int, reducer: str) -> None:
-    for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
+async def _send_parts(ctx: AttemptContext, reducer: str) -> None:
+    plan = ctx.plan
+    shard = plan.shard_of(reducer)
+    for c, (a, b) in enumerate(plan.chunks(shard)):
         payload = await ctx.offload(encode_checked, ctx.codec, ctx.flat[a:b], ctx.me)
         meta = ctx.first_meta if c == 0 else None
         await ctx.links.send(reducer, ctx.frame(Kind.PART, shard, c, payload, meta))
@@ -40,13 +48,13 @@ async def _send_parts(ctx: AttemptContext, shard: int, reducer: str) -> None:
 async def _receive_results(ctx: AttemptContext, shard: int, reducer: str) -> None:
     for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
         frame = await ctx.take(Kind.RESULT, shard, c, reducer, first=True, stall_factor=2.0)
-        if c == 0 and shard == 0:
+        if shard == 0 and "rates" in frame.meta:
             ctx.agreed_rates = _parse_rates(ctx, frame.meta)
         ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, reducer, "result")
 
 
 def _parse_rates(ctx: AttemptContext, meta: dict) -> dict[str, float]:
-    """The upload-rate table reducer 0 sends with its first result chunk (junk entries dropped)."""
+    """The upload-rate table reducer 0 sends with its last result chunk (junk entries dropped)."""
     rates = meta.get("rates")
     table = {}
     if isinstance(rates, dict):
@@ -56,34 +64,49 @@ def _parse_rates(ctx: AttemptContext, meta: dict) -> dict[str, float]:
     return table
 
 
-async def _reduce_shard(ctx: AttemptContext, shard: int) -> None:
+async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.Future]) -> None:
     plan = ctx.plan
     others = [m for m in plan.members if m != ctx.me]
-    for c, (a, b) in enumerate(plan.chunks(shard)):
+    chunks = plan.chunks(shard)
+    arrivals = {m: [] for m in others}  # (arrival time, bytes) of each part, to measure upload rates
+    for c, (a, b) in enumerate(chunks):
         payloads = {}
         for sender in others:
             frame = await ctx.take(Kind.PART, shard, c, sender, first=(c == 0))
             if c == 0:
                 ctx.check_first_meta(sender, frame.meta)
             payloads[sender] = frame.payload
+            arrivals[sender].append((frame.received_at, len(frame.payload)))
         encoded, mean = await ctx.offload(_reduce_chunk, ctx, payloads, a, b)
         ctx.out[a:b] = mean
         meta = None
-        if c == 0:
-            meta = _rates_meta(ctx)
-            if shard == 0:
-                ctx.agreed_rates = _parse_rates(ctx, meta)
-        for member in others:
-            await ctx.links.send(member, ctx.frame(Kind.RESULT, shard, c, encoded, meta))
+        if shard == 0 and c == len(chunks) - 1:
+            meta = _rates_meta(ctx, arrivals)
+            ctx.agreed_rates = _parse_rates(ctx, meta)
+        results[c].set_result((encoded, meta))
 
 
-def _rates_meta(ctx: AttemptContext) -> dict:
+async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.Future], member: str) -> None:
+    for c, result in enumerate(results):
+        encoded, meta = await result
+        await ctx.links.send(member, ctx.frame(Kind.RESULT, shard, c, encoded, meta))
+
+
+def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]]) -> dict:
+    """Each member's upload rate as reducer 0 saw its parts arrive (bytes after the first part over
+    the time from first to last), clamped to 1/4..4x the median so one odd reading cannot starve a
+    reducer. Every member sends to every reducer at once, so each stream gets a similar share of
+    its sender's upload: the readings compare members fairly."""
+    rates = {}
+    for sender, seen in arrivals.items():
+        span = seen[-1][0] - seen[0][0] if len(seen) > 1 else 0.0
+        if span > 0:
+            rates[sender] = sum(size for _, size in seen[1:]) / span
+    if rates:
+        median = sorted(rates.values())[len(rates) // 2]
+        rates = {p: min(max(r, median / 4), median * 4) for p, r in rates.items()}
     index = {peer: i for i, peer in enumerate(ctx.universe)}
-    rates = dict(ctx.rates_seen)
-    own = ctx.first_meta.get("rate")
-    if isinstance(own, (int, float)) and own > 0:
-        rates[ctx.me] = own
-    return {"rates": {str(index[p]): r for p, r in sorted(rates.items()) if p in index}}
+    return {"rates": {str(index[p]): round(r) for p, r in sorted(rates.items())}}
 
 
 def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int) -> tuple[bytes, torch.Tensor]:

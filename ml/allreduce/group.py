@@ -125,7 +125,6 @@ class AllReduceGroup:
         self._current_round = -1
         self._round_active = False
         self._committed: dict[int, _Committed] = {}
-        self._my_rate: float | None = None
         self._background: set[asyncio.Task] = set()
         self._started = False
 
@@ -188,9 +187,8 @@ class AllReduceGroup:
             committed = await self._run_round(flat, shapes, round_id)
         finally:
             self._round_active = False
-        self._my_rate = _smooth(self._my_rate, self._links.meter.take_rate())
         if committed.rates:
-            self._rates = committed.rates
+            self._rates = _smooth_rates(self._rates, committed.rates)
         return AllReduceResult(_unflatten(committed.flat, shapes), committed.participants, round_id,
                                committed.attempt + 1, dict(committed.excluded),
                                self._links.bytes_sent - bytes_before)
@@ -225,8 +223,6 @@ class AllReduceGroup:
         plan = self._plan(members, flat.numel())
         stall_s = self._estimator.stall_timeout()  # later attempts: members leave the VIEW wait up to this apart
         meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, self._peers)}
-        if self._my_rate:
-            meta["rate"] = round(self._my_rate)
         return AttemptContext(
             me=self.my_id, universe=self._peers, plan=plan, round_id=round_id, attempt=attempt,
             flat=flat, out=torch.empty_like(flat), codec=self._codec, links=self._links,
@@ -244,6 +240,7 @@ class AllReduceGroup:
             return {self.my_id: "non-finite values (NaN/Inf) in local contribution"}, None
         algorithm = run_ring if self.mode == "ring" else run_butterfly
         task = asyncio.ensure_future(algorithm(ctx))
+        heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
         others = [m for m in ctx.plan.members if m != self.my_id]
@@ -257,6 +254,7 @@ class AllReduceGroup:
                 if task.done() or view.done() or pushed.done():
                     break
         finally:
+            heartbeat.cancel()
             if not task.done():
                 task.cancel()
             await asyncio.wait({task})  # its outcome is read below; our own cancellation still propagates
@@ -277,6 +275,17 @@ class AllReduceGroup:
             log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
             return {self.my_id: f"local failure: {type(error).__name__}: {error}"}, None
         return faulty, None
+
+    async def _heartbeat(self, ctx: AttemptContext) -> None:
+        """PING every member a few times per stall timeout: staggered sends leave a member without
+        data from us for a while, and silence must mean a stall, not a schedule."""
+        ping = Frame(Kind.PING, ctx.round_id, ctx.attempt, 0, 0)
+        interval = max(0.05, self._policy.floor_s / 4)
+        others = [m for m in ctx.plan.members if m != self.my_id]
+        while True:
+            for member in others:
+                self._links.send_nowait(member, ping)
+            await asyncio.sleep(interval)
 
     def _wrong_shapes_waiting(self, ctx: AttemptContext) -> dict[str, str]:
         """Members whose first chunk of this failed attempt, not yet checked, has other shapes.
@@ -522,7 +531,7 @@ def _from_raw(payload: bytes, numel: int, sender: str) -> torch.Tensor:
     return values
 
 
-def _smooth(previous: float | None, measured: float | None) -> float | None:
-    if measured is None:
-        return previous
-    return measured if previous is None else 0.5 * previous + 0.5 * measured
+def _smooth_rates(previous: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
+    """Average the agreed table with the new agreed measurements (same inputs, same bits on
+    every member)."""
+    return {p: round(0.5 * previous[p] + 0.5 * r) if p in previous else r for p, r in sorted(measured.items())}

@@ -2,13 +2,14 @@
 
 Frames are keyed by (round, attempt, kind, slot, chunk, sender), so they may arrive before the
 receiver starts that round. `take` waits for one key with a stall deadline: it fails with
-`PeerFailure` when nothing at all arrived from the sender for the stall timeout, or at once when
+`PeerFailure` when nothing at all (not even a PING) arrived from the sender for the stall timeout, or at once when
 the sender has a recorded fault (malformed frame, bad contribution) for this round. Every frame
 feeds its gap since the sender's previous frame of the same attempt to the stall estimator.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from .deadlines import StallEstimator
 from .wire import Frame, Kind
@@ -31,7 +32,8 @@ class Inbox:
         self._frames: dict[Key, Frame] = {}
         self._waiters: dict[Key, asyncio.Future] = {}
         self._signals: dict[tuple, asyncio.Future] = {}
-        self._last_seen: dict[str, tuple[float, int, int]] = {}
+        self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
+        self._last_alive: dict[str, float] = {}  # last frame of any kind (PINGs included): stalls
         self._faults: dict[str, tuple[int, str]] = {}
         self._fault_signal: asyncio.Future | None = None
         self._min_round = 0
@@ -44,12 +46,15 @@ class Inbox:
         if frame.round_id < self._min_round:
             return
         now = asyncio.get_running_loop().time()
+        self._last_alive[sender] = now
+        if frame.kind == Kind.PING:
+            return
         previous = self._last_seen.get(sender)
         if previous is not None and previous[1:] == (frame.round_id, frame.attempt):
             self.estimator.observe_gap(now - previous[0])
         self._last_seen[sender] = (now, frame.round_id, frame.attempt)
         key = self.key(frame, sender)
-        self._frames[key] = frame
+        self._frames[key] = dataclasses.replace(frame, received_at=now)
         self._resolve(self._waiters.pop(key, None))
         for signal in ((frame.round_id, frame.attempt, frame.kind), (frame.round_id, None, frame.kind)):
             self._resolve(self._signals.get(signal))
@@ -109,8 +114,7 @@ class Inbox:
             reason = self.fault(sender, key[0])
             if reason is not None:
                 raise PeerFailure(sender, reason)
-            seen = self._last_seen.get(sender)
-            last = max(seen[0] if seen else since, since)
+            last = max(self._last_alive.get(sender, since), since)
             remaining = last + stall_s - loop.time()
             if remaining <= 0:
                 raise PeerFailure(sender, f"stalled: nothing received for {stall_s:.1f}s")

@@ -3,8 +3,7 @@
 A single writer per peer keeps frames whole on the stream (cancelling an attempt never cuts a
 frame in half) and gives back-pressure: `send` waits while the queue is full. Data frames (PART,
 RESULT) of an attempt that was abandoned are skipped rather than sent. A stream that cannot be
-opened or written marks the peer faulty through `on_broken`. The links also measure this node's
-upload rate (bytes written per second of writing) for bandwidth-proportional shards.
+opened or written marks the peer faulty through `on_broken`.
 """
 from __future__ import annotations
 
@@ -20,33 +19,6 @@ OPEN_TIMEOUT_S = 10.0
 DATA_KINDS = (Kind.PART, Kind.RESULT)
 
 
-class UploadMeter:
-    """Bytes written and the wall time during which at least one write was in progress."""
-
-    def __init__(self):
-        self.bytes = 0
-        self.busy_s = 0.0
-        self._active = 0
-        self._since = 0.0
-
-    def begin(self) -> None:
-        if self._active == 0:
-            self._since = asyncio.get_running_loop().time()
-        self._active += 1
-
-    def end(self, nbytes: int) -> None:
-        self._active -= 1
-        self.bytes += nbytes
-        if self._active == 0:
-            self.busy_s += asyncio.get_running_loop().time() - self._since
-
-    def take_rate(self) -> float | None:
-        """Bytes/s since the last call (None if too little was sent to tell), then reset."""
-        rate = self.bytes / self.busy_s if self.bytes >= 1 << 20 and self.busy_s > 0 else None
-        self.bytes, self.busy_s = 0, 0.0
-        return rate
-
-
 class PeerLinks:
     def __init__(self, transport: Transport, protocol: str, on_broken: Callable[[str, str], None]):
         self._transport = transport
@@ -55,7 +27,6 @@ class PeerLinks:
         self._queues: dict[str, asyncio.Queue] = {}
         self._writers: set[asyncio.Task] = set()
         self._floor = (0, 0)
-        self.meter = UploadMeter()
         self.bytes_sent = 0
 
     def set_floor(self, round_id: int, attempt: int) -> None:
@@ -68,6 +39,17 @@ class PeerLinks:
             queue = self._queues[peer] = asyncio.Queue(QUEUE_FRAMES)
             self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
         await queue.put(frame)
+
+    def send_nowait(self, peer: str, frame: Frame) -> bool:
+        """Queue a frame if there is room right now (for PINGs: a busy link shows life anyway)."""
+        queue = self._queues.get(peer)
+        if queue is None:
+            queue = self._queues[peer] = asyncio.Queue(QUEUE_FRAMES)
+            self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
+        if queue.full():
+            return False
+        queue.put_nowait(frame)
+        return True
 
     async def flush(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) until every queued frame was written or dropped."""
@@ -97,14 +79,9 @@ class PeerLinks:
                         stream = await asyncio.wait_for(
                             self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
                     buffers = encode_frame(frame)
-                    size = sum(len(b) for b in buffers)
-                    self.meter.begin()
-                    try:
-                        for buf in buffers:
-                            await stream.write(buf)
-                    finally:
-                        self.meter.end(size)
-                    self.bytes_sent += size
+                    for buf in buffers:
+                        await stream.write(buf)
+                    self.bytes_sent += sum(len(b) for b in buffers)
                 finally:
                     queue.task_done()
         except asyncio.CancelledError:

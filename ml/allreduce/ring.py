@@ -5,8 +5,8 @@ of shard (i - t) and adds its own values to shard (i - t - 1); after n-1 steps i
 sum of shard (i + 1), divides it by n, encodes it once and keeps that encoding's decoding. The
 all-gather forwards those bytes unchanged, so every member decodes the same bits. Partial sums
 are re-encoded at every hop, so use the ring only with float codecs (fp32/fp16/bf16); quantizing
-codecs belong to the butterfly. Each first chunk also carries the upload rates seen so far, so
-after the reduce-scatter every member knows every member's self-measured rate.
+codecs belong to the butterfly. The ring splits shards by the group's configured upload rates
+(evenly by default); measuring them is the butterfly's job.
 """
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ async def run_ring(ctx: AttemptContext) -> None:
             ready[key] = asyncio.get_running_loop().create_future()
         return ready[key]
 
-    own_rate = ctx.first_meta.get("rate")
-    if isinstance(own_rate, (int, float)) and own_rate > 0:
-        ctx.agreed_rates[ctx.me] = float(own_rate)
     for c, (a, b) in enumerate(ctx.plan.chunks(i)):
         slot_future(0, c).set_result(None)  # step 0 sends our own shard: encoded by the sender
     await run_all([_sender(ctx, i, n, members[(i + 1) % n], slot_future),
@@ -52,10 +49,7 @@ async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_futu
             payload = await slot_future(slot, c)
             if payload is None:
                 payload = await ctx.offload(encode_checked, ctx.codec, ctx.flat[a:b], ctx.me)
-            meta = None
-            if c == 0 and slot < n - 1:
-                index = {p: k for k, p in enumerate(ctx.universe)}
-                meta = dict(ctx.first_meta, rates={str(index[p]): r for p, r in sorted(ctx.agreed_rates.items())})
+            meta = ctx.first_meta if c == 0 and slot == 0 else None
             await ctx.links.send(successor, ctx.frame(Kind.PART if slot < n - 1 else Kind.RESULT,
                                                       slot, c, payload, meta))
 
@@ -67,10 +61,8 @@ async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_
             # the first chunk of every step waits out the start grace: it depends on the chain
             # of predecessors, each of which may itself be waiting out a late start
             frame = await ctx.take(Kind.PART, step, c, predecessor, first=(c == 0), stall_factor=1.0 + step)
-            if c == 0:
-                if step == 0:
-                    ctx.check_first_meta(predecessor, frame.meta)
-                _merge_rates(ctx, frame.meta)
+            if c == 0 and step == 0:
+                ctx.check_first_meta(predecessor, frame.meta)
             last = step == n - 2
             payload, final = await ctx.offload(_add_own, ctx, frame.payload, a, b, predecessor, last, n)
             if last:
@@ -86,15 +78,6 @@ async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_
             ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, predecessor, "result")
             if step < n - 2:
                 slot_future(n + step, c).set_result(frame.payload)
-
-
-def _merge_rates(ctx: AttemptContext, meta: dict) -> None:
-    rates = meta.get("rates")
-    if not isinstance(rates, dict):
-        return
-    for index, rate in rates.items():
-        if index.isdigit() and int(index) < len(ctx.universe) and isinstance(rate, (int, float)) and rate > 0:
-            ctx.agreed_rates.setdefault(ctx.universe[int(index)], float(rate))
 
 
 def _add_own(ctx: AttemptContext, payload: bytes, a: int, b: int, sender: str, last: bool,

@@ -24,6 +24,7 @@ class Kind(enum.IntEnum):
     RESULT = 2     # a reduced chunk, sent by its reducer to everyone (or forwarded along the ring)
     VIEW = 3       # "this attempt failed for me; these are the members I still consider alive"
     COMMITTED = 4  # the final result of a round, pushed to a peer that is still trying it
+    PING = 5       # "still alive in this attempt", sent to members this peer has no data for now
 
 
 class FrameError(ValueError):
@@ -39,6 +40,7 @@ class Frame:
     chunk: int
     meta: dict = field(default_factory=dict)
     payload: bytes = b""
+    received_at: float = 0.0  # loop time the frame arrived (set by the inbox)
 
 
 @dataclass(frozen=True)
