@@ -4,11 +4,11 @@ A circuit is a byte stream (a yamux stream to the relay, spliced by the relay to
 ``StreamPipe`` presents that stream with the interface ``secure_connection`` and the Host expect of
 a ``TcpConnection`` (chunk reads with unread, buffered write + drain, close/abort, lost-callbacks),
 and counts the bytes it carries both ways for relay receipts. ``upgrade_circuit`` runs the same
-upgrade as a TCP dial (multistream ``/noise``, noise XX, multistream ``/yamux/1.0.0``) and hands the
-result to the Host, so ``host.open_stream(peer, ...)`` works over the relayed connection.
-
-The Host has no public hook for foreign transports yet: this module calls ``Host._register`` (see
-ADR 0060 for the cleaner ``Host.add_secure_connection`` the lead could expose).
+upgrade as a TCP dial (multistream ``/noise``, noise XX, multistream ``/yamux/1.0.0``) through the
+public ``Host.upgrade`` and so registers the result with the Host: ``host.open_stream(peer, ...)``
+works over the relayed connection. To let the Host itself dial relayed addresses (``connect``,
+``open_stream`` from the peer book, ``open_bulk_connection``), register the relay client's dial:
+``host.register_circuit_dialer(lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk))``.
 """
 from __future__ import annotations
 
@@ -16,10 +16,7 @@ import asyncio
 import contextlib
 from collections import deque
 
-from node.p2p.host import YAMUX_PROTOCOL, Connection, Host
-from node.p2p.negotiate import accept_protocol, select_protocol
-from node.p2p.noise import PROTOCOL_ID as NOISE_PROTOCOL
-from node.p2p.secure_conn import secure_connection
+from node.p2p.host import Connection, Host
 
 CLOSE_GRACE_SECONDS = 5.0
 _closing: set[asyncio.Task] = set()  # strong references: a closing pipe may be dropped by its owner
@@ -126,24 +123,12 @@ class StreamPipe:
         self._lost(ConnectionResetError("relayed connection aborted"))
 
 
-async def _write_now(pipe: StreamPipe, data: bytes) -> None:
-    pipe.write(data)
-    await pipe.drain()
-
-
 async def upgrade_circuit(host: Host, pipe: StreamPipe, is_initiator: bool, expected_peer: str | None,
                           bulk: bool = False) -> Connection:
     """Secure and multiplex a circuit and register it with ``host``; returns the Connection.
 
     The dialing side (``is_initiator``) knows whom it expects; the accepting side learns the peer
-    from the noise handshake. Raises ProtocolError/OSError/TimeoutError on failure (the caller
-    aborts the pipe).
+    from the noise handshake. On failure the pipe is aborted and ProtocolError (HandshakeTimeout
+    included), OSError or DialError (connection limits) propagates.
     """
-    timeout = host.limits.handshake_timeout
-    async with asyncio.timeout(timeout):
-        negotiate = select_protocol if is_initiator else accept_protocol
-        await negotiate(pipe.read, lambda d: _write_now(pipe, d), pipe.unread, [NOISE_PROTOCOL], timeout)
-        secure = await secure_connection(pipe, host.identity, is_initiator, expected_peer,
-                                         host._static_keypair, timeout)
-        await negotiate(secure.read, secure.write, secure.unread, [YAMUX_PROTOCOL], timeout)
-    return await host._register(secure, "outbound" if is_initiator else "inbound", bulk=bulk)
+    return await host.upgrade(pipe, is_initiator=is_initiator, expected_peer=expected_peer, bulk=bulk)

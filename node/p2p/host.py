@@ -7,6 +7,12 @@ multistream and handed to the handler set for its protocol as a ``HostStream`` (
 control traffic (concurrent dials are coalesced); ``open_bulk_connection`` opens a dedicated one
 for bulk data. Identify runs on each new shared connection and fills the peer book. Every task is
 tracked and cancelled on ``stop``; an error on one connection closes only that connection.
+
+Relayed connections use two public hooks. ``upgrade(pipe, ...)`` secures and registers any
+TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)`` lets ``connect``,
+``open_stream`` and ``open_bulk_connection`` dial ``.../p2p/RELAY/p2p-circuit/p2p/TARGET``
+addresses: the Host calls ``await fn(maddr, bulk)``, which must return a Connection registered
+through ``upgrade`` (the relay client's ``dial``). Direct addresses are always tried first.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ _ADDRESS_FAMILY = {"ip4": socket.AF_INET, "dns4": socket.AF_INET, "ip6": socket.
 log = logging.getLogger(__name__)
 
 Handler = Callable[["HostStream"], Awaitable[None]]
+CircuitDialer = Callable[[Multiaddr, bool], Awaitable[Connection]]
 
 
 def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[Multiaddr]:
@@ -77,6 +84,7 @@ class Host:
         self._dials: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
+        self._circuit_dialer: CircuitDialer | None = None
         self._running = False
         self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
         self.set_handler(PING_PROTOCOL, serve_ping)
@@ -128,6 +136,17 @@ class Host:
 
     def remove_handler(self, protocol: str) -> None:
         self._handlers.pop(protocol, None)
+
+    def register_circuit_dialer(self, dialer: CircuitDialer | None) -> None:
+        """Dial relayed addresses with ``await dialer(maddr, bulk)`` (None: relayed addresses fail).
+
+        ``maddr`` is the full ``<relay addr>/p2p/RELAY/p2p-circuit/p2p/TARGET``; ``bulk`` asks for a
+        dedicated connection (``open_bulk_connection``). The dialer returns a Connection to TARGET
+        that it registered with ``Host.upgrade`` (so it is shared, deduplicated and closed like any
+        other) and raises ConnectionError/OSError/ProtocolError/TimeoutError when it cannot. The
+        relay client's is ``lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk)``.
+        """
+        self._circuit_dialer = dialer
 
     def connections(self, peer_id: str | None = None) -> list[Connection]:
         return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
@@ -228,10 +247,13 @@ class Host:
         if peer_id == self.peer_id:
             raise DialError("refusing to dial ourselves")
         errors = []
-        for addr in addrs:
+        for addr in [a for a in addrs if not a.is_relayed] + [a for a in addrs if a.is_relayed]:
             if addr.is_relayed:
-                errors.append(f"{addr}: relayed addresses are dialed through the relay client")
-                continue
+                try:
+                    return await self._dial_circuit(peer_id, addr, bulk)
+                except (ProtocolError, OSError, TimeoutError) as exc:
+                    errors.append(f"{addr}: {type(exc).__name__}: {exc}")
+                    continue
             tcp = None
             try:
                 tcp = await self._dial_tcp(addr)
@@ -248,8 +270,21 @@ class Host:
             return await self._register(secure, "outbound", bulk=bulk)
         raise DialError(f"could not dial {peer_id}: " + ("; ".join(errors) or "no known address"))
 
+    async def _dial_circuit(self, peer_id: str, addr: Multiaddr, bulk: bool) -> Connection:
+        if self._circuit_dialer is None:
+            raise DialError("no circuit dialer registered for relayed addresses")
+        conn = await self._circuit_dialer(addr.with_peer_id(peer_id), bulk)
+        if conn.remote_peer != peer_id:
+            await conn.close()
+            raise DialError(f"the circuit dialer reached {conn.remote_peer}, not {peer_id}")
+        if conn not in self._connections:  # not registered through upgrade(), or already lost
+            await conn.close()
+            raise DialError("the circuit dialer returned no live connection registered with this host")
+        return conn
+
     async def connect(self, multiaddr: str) -> str:
-        """Connect to ``/ip4/.../tcp/.../p2p/<id>`` (reusing a live connection); return the peer ID."""
+        """Connect to ``/ip4/.../tcp/.../p2p/<id>`` or a relayed ``.../p2p-circuit/p2p/<id>`` address
+        (reusing a live connection); return the peer ID."""
         addr = Multiaddr.parse(multiaddr)
         peer_id = addr.peer_id
         if peer_id is None:

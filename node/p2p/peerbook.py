@@ -1,6 +1,8 @@
 """Peer book: what the node knows about other peers (addresses, identify results).
 
 Plain in-memory bookkeeping with bounded sizes; the Host dials from it and identify fills it.
+Relayed addresses (``<relay addr>/p2p/RELAY/p2p-circuit``) are kept like direct ones; the Host
+tries them after the direct ones, through its registered circuit dialer.
 """
 from __future__ import annotations
 
