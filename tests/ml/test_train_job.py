@@ -3,7 +3,9 @@ import asyncio
 
 import pytest
 
-from ml.job import JobFailed, run_local_job
+from ml.allreduce import AllReduceGroup, TcpTransport
+from ml.job import JobFailed, run_local_job, train_over_group
+from ml.registry import build_model, get_dataset
 from ml.train.allreduce_averager import group_codec
 from ml.train.recipes import recipe
 
@@ -42,3 +44,32 @@ def test_a_failing_worker_fails_the_job_without_leaving_processes():
     spec = recipe("digits-data-parallel", codec="sign", steps=10)
     with pytest.raises(JobFailed, match="error feedback"):
         asyncio.run(run_local_job(spec, 2, timeout=120))
+
+
+def test_powersgd_over_in_process_allreduce_groups_keeps_workers_identical():
+    spec = recipe("digits-data-parallel", codec="powersgd1", steps=12, segment_steps=4)
+
+    async def scenario():
+        names = ["a", "b"]
+        transports = [TcpTransport(name) for name in names]
+        addresses = {t.my_id: await t.start() for t in transports}
+        groups = []
+        for t in transports:
+            t.addresses.update(addresses)
+            groups.append(AllReduceGroup(t, t.my_id, names, codec=group_codec(spec)))
+            await groups[-1].start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(
+                *(train_over_group(spec, rank, 2, g) for rank, g in enumerate(groups))), 120)
+        finally:
+            for g in groups:
+                await g.close()
+            for t in transports:
+                await t.close()
+
+    first, second = asyncio.run(scenario())
+    assert first["params_hash"] == second["params_hash"]
+    assert first["segment_hashes"] == second["segment_hashes"] and len(first["segment_hashes"]) == 3
+    assert first["participants"] == ["a", "b"]
+    full_fp32_bytes = 12 * 4 * sum(p.numel() for p in build_model("digits-mlp", get_dataset("digits"), 0).parameters())
+    assert 0 < first["bytes_sent"] < full_fp32_bytes / 5
