@@ -40,6 +40,7 @@ def test_codecs_without_network_error_feedback_are_refused_up_front():
         group_codec(recipe("digits-data-parallel", codec="topk"))
 
 
+@pytest.mark.slow
 def test_a_failing_worker_fails_the_job_without_leaving_processes():
     spec = recipe("digits-data-parallel", codec="sign", steps=10)
     with pytest.raises(JobFailed, match="error feedback"):
