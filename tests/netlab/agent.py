@@ -9,6 +9,7 @@ circuits, receipt co-signing), an AutoNAT server, a hole puncher and a resumable
 false, "error": "..."}``; commands run concurrently. It exits when stdin closes. Ops:
   reserve(relay)                     -> relayed addresses          connect_public(addr) -> observed addr
   reachability(servers)              -> "public"|"private"|...     dial(circuits) -> relay used
+  ping(addr)                         -> round-trip seconds
   connect(circuits, punch)           -> {conn, direct, relay, remote}
   dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
   disconnect(peer)                   -> how many connections to the peer were closed
@@ -62,7 +63,6 @@ class Agent:
             allow = {p for p in args.allow.split(",") if p}
             self.service = RelayService(self.host, Admission(allow))
         self.conns = {}
-        self.writer_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.host.start()
@@ -84,6 +84,9 @@ class Agent:
     async def op_connect_public(self, addr: str) -> str | None:
         observed = await self.puncher.connect_public(addr)
         return str(observed) if observed else None
+
+    async def op_ping(self, addr: str) -> float:
+        return await self.host.ping(await self.host.connect(addr))
 
     async def op_reachability(self, servers: list[str]) -> str:
         return (await assess(self.host, servers)).value

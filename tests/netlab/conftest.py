@@ -1,7 +1,8 @@
 """The netlab fixture: one emulated internet per test module (layout in net.py), always torn down.
 
 Agents ``relay1``, ``relay2``, ``pub``, ``a`` (home 1, independent-mapping NAT), ``b`` (home 2,
-the same) and ``c`` (home 3, symmetric NAT) are started once per module. Skips with the reason
+the same) and ``c`` (home 3, symmetric NAT) and ``d`` (home 4, independent mapping, 25 ms each way) are started
+once per module. Skips with the reason
 when the machine cannot build namespaces.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ def net():
         network.start_relay("relay1", "relay1")
         network.start_relay("relay2", "relay2")
         network.start_public("pub", "pub")
-        for name, home in (("a", 1), ("b", 2), ("c", 3)):
+        for name, home in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
             network.start_home(name, home)
         yield network
     finally:

@@ -10,7 +10,8 @@ Routers masquerade the home's traffic with nftables and drop every unsolicited i
 the same public port for every destination (endpoint-independent mapping: plain masquerade keeps
 the source port) so hole punching works; ``symmetric`` draws a random public port per connection
 (``masquerade fully-random``) so it does not. Home links get ``tc tbf`` caps in both directions
-(upload on the router's WAN port, download on the router's LAN port).
+(upload on the router's WAN port, download on the router's LAN port). A home's WAN link can pass
+a userspace delay line (``delay.py`` in a ``<p>w<i>`` namespace) for latency.
 
 Veth pairs are created from inside the lab's namespaces (never in the host's namespace); teardown
 deletes every namespace made (also at interpreter exit). ``unavailable()`` says why a lab cannot be
@@ -22,9 +23,12 @@ import atexit
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 BACKBONE_NET = "10.99.0"
+DELAY_LINE = Path(__file__).resolve().parent / "delay.py"
 TBF_BURST = "256kb"       # at least one GSO segment (64 KiB) per token refill
 TBF_LATENCY = "50ms"
 
@@ -68,6 +72,7 @@ class Lab:
     public: dict[str, str] = field(default_factory=dict)     # name -> address
     homes: list[Home] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
+    _processes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def backbone(self) -> str:
@@ -82,8 +87,9 @@ class Lab:
         run("ip", "link", "set", "lo", "up", ns=name)
         return name
 
-    def build(self, public_hosts: list[str], home_nats: list[str]) -> "Lab":
-        """Create the backbone, one namespace per public host and one router + home per NAT flavour."""
+    def build(self, public_hosts: list[str], home_nats: list[str], delays_ms: list[float] | None = None) -> "Lab":
+        """Create the backbone, one namespace per public host and one router + home per NAT flavour
+        (home i's WAN link delayed by ``delays_ms[i-1]`` ms one way, where given)."""
         why = unavailable()
         if why:
             raise LabError(why)
@@ -94,8 +100,9 @@ class Lab:
             run("ip", "link", "set", "br0", "up", ns=self.backbone)
             for n, name in enumerate(public_hosts, start=10):
                 self.add_public(name, f"{BACKBONE_NET}.{n}")
+            delays = list(delays_ms or []) + [0.0] * len(home_nats)
             for i, nat in enumerate(home_nats, start=1):
-                self.add_home(i, nat)
+                self.add_home(i, nat, delays[i - 1])
         except BaseException:
             self.teardown()
             raise
@@ -109,17 +116,41 @@ class Lab:
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
 
+    def _attach_delayed(self, router: str, i: int, ip: str, delay_ms: float) -> None:
+        """Router ``eth0`` -> wire namespace (a delay.py process between two veths) -> the bridge."""
+        wire = self._add_ns(self.ns_of(f"w{i}"))
+        run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "in0", "netns", wire, ns=router)
+        run("ip", "link", "add", f"r{i}", "type", "veth", "peer", "name", "out0", "netns", wire, ns=self.backbone)
+        run("ip", "link", "set", f"r{i}", "master", "br0", ns=self.backbone)
+        # frames entering the wire must fit the MTU: segment GSO packets before they get there
+        run("ip", "link", "set", f"r{i}", "gso_max_segs", "1", "up", ns=self.backbone)
+        run("ip", "link", "set", "eth0", "gso_max_segs", "1", ns=router)
+        for dev in ("in0", "out0"):
+            run("ip", "link", "set", dev, "up", ns=wire)
+        run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=router)
+        run("ip", "link", "set", "eth0", "up", ns=router)
+        proc = subprocess.Popen(["ip", "netns", "exec", wire, sys.executable, str(DELAY_LINE), "in0", "out0",
+                                 f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._processes.append(proc)
+        if proc.stdout.readline().strip() != "READY":
+            raise LabError(f"the delay line in {wire} did not start (rc={proc.poll()})")
+
     def add_public(self, name: str, ip: str) -> None:
         ns = self._add_ns(self.ns_of(name))
         self._attach(ns, f"p{len(self.public)}", ip)
         self.public[name] = ip
 
-    def add_home(self, i: int, nat: str) -> Home:
+    def add_home(self, i: int, nat: str, delay_ms: float = 0.0) -> Home:
+        """Home ``i`` behind a ``nat`` router; with ``delay_ms``, its WAN link passes a delay line
+        that adds that much one-way latency in each direction."""
         if nat not in ("eim", "symmetric"):
             raise ValueError(f"unknown NAT flavour {nat!r}")
         router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
         wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
-        self._attach(router, f"r{i}", wan_ip)
+        if delay_ms:
+            self._attach_delayed(router, i, wan_ip, delay_ms)
+        else:
+            self._attach(router, f"r{i}", wan_ip)
         run("ip", "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home, ns=router)
         run("ip", "addr", "add", f"{lan_net}.1/24", "dev", "lan", ns=router)
         run("ip", "link", "set", "lan", "up", ns=router)
@@ -151,16 +182,12 @@ table inet filter {{
 }}
 """
 
-    def exec_prefix(self, ns: str) -> list[str]:
-        return ["ip", "netns", "exec", ns]
-
     def teardown(self) -> None:
-        """Delete every namespace this lab made (their veths, bridge and rules go with them)."""
+        """Stop the delay lines and delete every namespace this lab made (veths, bridge and rules go
+        with them)."""
+        while self._processes:
+            proc = self._processes.pop()
+            proc.kill()
+            proc.wait(10)
         while self._namespaces:
             subprocess.run(["ip", "netns", "del", self._namespaces.pop()], capture_output=True)
-
-    def __enter__(self) -> "Lab":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.teardown()

@@ -1,7 +1,8 @@
 """The standard netlab layout with its agents, for the tests (conftest.py) and bench/relay.py.
 
 Public hosts ``relay1``, ``relay2``, ``pub`` (10.99.0.10-12); home 1 and home 2 behind
-endpoint-independent NATs, home 3 behind a symmetric NAT. Relay agents admit the peers named in
+endpoint-independent NATs, home 3 behind a symmetric NAT, home 4 behind an endpoint-independent NAT
+on a link with FAR_HOME_DELAY_MS of latency each way. Relay agents admit the peers named in
 ``REGISTERED``; agents are started on demand and all stopped by ``close``.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ from .lab import Lab
 from .nodes import Node, peer_id_of
 
 PORT = 4001
-REGISTERED = ("a", "b", "c", "pub")
+REGISTERED = ("a", "b", "c", "d", "pub")
+FAR_HOME_DELAY_MS = 25.0   # home 4's WAN link: one way, each direction
 PUNCH = ("--punch-attempts", "2", "--punch-window", "3")
 
 
@@ -24,7 +26,8 @@ class Net:
 
     @classmethod
     def build(cls, home_rate_mbit: float = 1000.0) -> "Net":
-        return cls(Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric"]))
+        return cls(Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric", "eim"],
+                                                            [0, 0, 0, FAR_HOME_DELAY_MS]))
 
     def start_relay(self, name: str, host: str, port: int = PORT) -> Node:
         allow = ",".join(peer_id_of(n) for n in REGISTERED)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .net import PORT
+from .net import FAR_HOME_DELAY_MS, PORT
 from .nodes import AgentError
 from .scenarios import MIB, circuits_via, failover, punch, rate_Mbps, relayed_transfer
 
@@ -54,6 +54,15 @@ def test_hole_punch_goes_direct_between_endpoint_independent_nats(net):
     assert out["conn"]["direct"], out
     assert out["conn"]["remote"] == f"{home_b.wan_ip}:{net['b'].punch_port}"
     assert rate_Mbps(net["a"], net["b"], out["conn"]["conn"], 16) > 0
+
+
+def test_hole_punch_goes_direct_across_a_high_latency_link(net):
+    far_rtt, near_rtt = (net[n].call("ping", addr=net["relay1"].addr) for n in ("d", "a"))
+    assert far_rtt >= 2 * FAR_HOME_DELAY_MS / 1000 > near_rtt  # the delay line works
+    out = punch(net["a"], net["d"], net["relay1"])
+    assert out["conn"]["direct"], out
+    assert out["conn"]["remote"] == f"{net.lab.homes[3].wan_ip}:{net['d'].punch_port}"
+    assert rate_Mbps(net["a"], net["d"], out["conn"]["conn"], 1) > 0
 
 
 def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
