@@ -1,0 +1,171 @@
+"""A local testnet with compute nodes: validators from `consensus.testnet` plus funded compute nodes
+(`dekube-node start --role compute` processes on 127.0.0.1), for the end-to-end task flow and demo.
+
+    python -m ml.compute.devnet up --home DIR [--validators 2] [--compute 4]
+    python -m ml.compute.devnet down --home DIR
+
+`up` creates the network unless DIR holds one, starts every process and waits until every compute
+node is registered and bonded on the ledger; it prints the RPC URL and the faucet key to submit tasks
+with. Compute node I lives in DIR/cI (key, config, node.log), listens for p2p on a port the kernel
+picks (its registration carries the bound address) and uses validator I mod V's RPC.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+from consensus import rpcclient
+from consensus.testnet import NodeSpec, Testnet, TestnetError
+from node.config import load_config
+from node.identity import Identity
+from node.keystore import KEY_FILE_NAME, save_identity
+
+COMPUTE_MANIFEST = "compute.json"
+COMPUTE_FUNDS = 10**6
+FAST_TASK_PARAMS = {"audit_window": 40}  # blocks (~0.3 s each here): room for a replay
+
+
+def quiet_ports(count: int, low: int = 20_000, high: int = 32_000) -> list[int]:
+    """Free ports below the kernel's ephemeral range, so outgoing connections of the running
+    validators cannot take them between picking and binding (as happens with bind-to-0 picks)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+class ComputeDevnet:
+    __test__ = False
+
+    def __init__(self, testnet: Testnet, compute: list[NodeSpec]):
+        self.testnet = testnet
+        self.compute = compute
+
+    @property
+    def rpc_url(self) -> str:
+        return self.testnet.nodes[0].rpc_url
+
+    @classmethod
+    def create(cls, root: Path | str, validators: int = 2, compute: int = 4, *, chain_id: str = "dekube-devnet",
+               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> "ComputeDevnet":
+        """Write the validators' testnet (compute nodes funded at genesis) and the compute homes."""
+        root = Path(root).expanduser()
+        idents = [Identity.generate() for _ in range(compute)]
+        testnet = Testnet.create(root, validators, chain_id=chain_id,
+                                 balances={i.peer_id: COMPUTE_FUNDS for i in idents},
+                                 params={**FAST_TASK_PARAMS, **(params or {})})
+        rpc_ports = quiet_ports(compute)
+        nodes = []
+        for i, ident in enumerate(idents):
+            node = NodeSpec(f"c{i}", root / f"c{i}", ident.peer_id, 0, rpc_ports[i])
+            node.home.mkdir(mode=0o700, exist_ok=True)
+            save_identity(node.home / KEY_FILE_NAME, ident)
+            overrides = {
+                ("node", "roles"): "compute",
+                ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",  # the bound address is what gets registered
+                ("rpc", "host"): "127.0.0.1",
+                ("rpc", "port"): str(node.rpc_port),
+                ("consensus", "chain_id"): chain_id,
+                ("compute", "rpc_url"): testnet.nodes[i % len(testnet.nodes)].rpc_url,
+            }
+            for name, value in (compute_settings or {}).items():
+                section, _, key = name.partition(".")
+                overrides[(section, key)] = value
+            (node.home / "config.toml").write_text(load_config(None, env={}, overrides=overrides).to_toml())
+            nodes.append(node)
+        (root / COMPUTE_MANIFEST).write_text(json.dumps([
+            {"name": n.name, "peer_id": n.peer_id, "p2p_port": n.p2p_port, "rpc_port": n.rpc_port} for n in nodes]))
+        return cls(testnet, nodes)
+
+    @classmethod
+    def load(cls, root: Path | str) -> "ComputeDevnet":
+        root = Path(root).expanduser()
+        testnet = Testnet.load(root)
+        try:
+            entries = json.loads((root / COMPUTE_MANIFEST).read_text())
+        except FileNotFoundError:
+            raise TestnetError(f"{root} holds no compute nodes (create with 'python -m ml.compute.devnet up')") from None
+        return cls(testnet, [NodeSpec(e["name"], root / e["name"], e["peer_id"], e["p2p_port"], e["rpc_port"])
+                             for e in entries])
+
+    def up(self, timeout: float = 120.0) -> None:
+        self.testnet.up(wait_height=1, timeout=timeout)
+        for node in self.compute:
+            self.testnet.start_node(node)
+        self.wait_registered(self.compute, timeout)
+
+    def start_compute(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> None:
+        self.testnet.start_node(node, extra_env)
+
+    def wait_registered(self, nodes: list[NodeSpec], timeout: float) -> None:
+        """Wait until every node in `nodes` is registered as compute with its stake bonded."""
+        deadline = time.monotonic() + timeout
+        waiting = list(nodes)
+        while waiting:
+            dead = [n.name for n in waiting if not self.testnet.is_running(n)]
+            if dead:
+                raise TestnetError(f"compute node(s) {', '.join(dead)} exited; see {self.testnet.root}/<node>/node.log")
+            try:
+                waiting = [n for n in waiting if not self._registered(n)]
+            except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+                pass
+            if waiting and time.monotonic() > deadline:
+                raise TestnetError(f"compute nodes not registered after {timeout:g} s: {[n.name for n in waiting]}")
+            time.sleep(0.3)
+
+    def _registered(self, node: NodeSpec) -> bool:
+        info = rpcclient.call(self.rpc_url, "dkb_getNode", node.peer_id)
+        stake = rpcclient.call(self.rpc_url, "dkb_getStake", node.peer_id)
+        return info is not None and "compute" in info["roles"] and stake["bonded"] > 0
+
+    def down(self, timeout: float = 10.0) -> list[str]:
+        stopped = [n.name for n in self.compute if self.testnet.stop_node(n, timeout)]
+        return stopped + self.testnet.down(timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ml.compute.devnet", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=("up", "down"))
+    parser.add_argument("--home", type=Path, default=Path("devnet"), help="network directory (default ./devnet)")
+    parser.add_argument("--validators", type=int, default=2)
+    parser.add_argument("--compute", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    home = args.home.expanduser().resolve()
+    try:
+        if args.action == "down":
+            stopped = ComputeDevnet.load(home).down()
+            print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+            return 0
+        if (home / COMPUTE_MANIFEST).exists():
+            devnet = ComputeDevnet.load(home)
+        else:
+            if not 2 <= args.validators <= 100 or not 1 <= args.compute <= 64:
+                raise TestnetError("--validators must be in 2..100 and --compute in 1..64")
+            devnet = ComputeDevnet.create(home, args.validators, args.compute)
+        devnet.up(args.timeout)
+    except TestnetError as exc:
+        print(f"devnet: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"devnet in {home}: {len(devnet.testnet.nodes)} validators, {len(devnet.compute)} compute nodes registered")
+    for node in devnet.testnet.nodes + devnet.compute:
+        print(f"  {node.name:4} rpc {node.rpc_url}  peer {node.peer_id}  log {node.log_file}")
+    print(f"ledger RPC: {devnet.rpc_url}")
+    print(f"faucet key: {devnet.testnet.faucet_key}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

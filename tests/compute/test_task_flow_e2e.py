@@ -1,0 +1,126 @@
+"""End to end on a local devnet (2 validators + 4 compute node processes): a digits task is assigned to
+3 workers, trained with an int8 all-reduce over the nodes' p2p Host, committed, audited by replay on
+the 4th node and paid from escrow; then a worker restarted to commit falsified segment hashes is
+caught by the audit, slashed and not paid. Balances move by exactly the payouts; supply is conserved.
+"""
+import json
+import time
+import urllib.request
+
+import pytest
+
+from consensus import rpcclient
+from consensus.state.tasks import task_id_for
+from consensus.tx import build_tx
+from ml.compute.devnet import ComputeDevnet
+from ml.compute.task_spec import submit_payload
+from ml.train.spec import TrainSpec
+
+pytestmark = pytest.mark.timeout(240)
+
+SPEC = TrainSpec(codec="int8", steps=20, segment_steps=5)
+PRICE = 100_000
+PARAMS = {"verifier_share_bps": 500, "relay_share_bps": 1_000, "slash_mismatch_bps": 1_000}
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory):
+    net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=4, params=PARAMS)
+    try:
+        net.up(timeout=120)
+        yield net
+    finally:
+        net.down(timeout=5)
+
+
+def rpc(net, method, *params):
+    return rpcclient.call(net.rpc_url, method, *params)
+
+
+def submit(net) -> str:
+    faucet = net.testnet.faucet()
+    nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(SPEC, 3, PRICE))
+    rpc(net, "dkb_sendRawTransaction", tx.raw.hex())
+    return task_id_for(faucet.peer_id, nonce).hex()
+
+
+def wait_paid(net, task_id: str, timeout: float = 150) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        task = rpc(net, "dkb_getTask", task_id)
+        if task is not None and task["status"] == "paid":
+            return task
+        time.sleep(0.3)
+    raise AssertionError(f"task not paid in {timeout} s: {rpc(net, 'dkb_getTask', task_id)}")
+
+
+def balances(net) -> dict[str, int]:
+    peers = [n.peer_id for n in net.compute] + [net.testnet.faucet().peer_id]
+    return {peer: rpc(net, "dkb_getBalance", peer) for peer in peers}
+
+
+def check_supply(net) -> None:
+    supply = rpc(net, "dkb_getSupply")
+    assert supply["total"] == supply["genesis"], supply
+
+
+def http_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_task_is_trained_audited_by_replay_and_paid(devnet):
+    before = balances(devnet)
+    task_id = submit(devnet)
+    task = wait_paid(devnet, task_id)
+    owner, workers = task["owner"], task["workers"]
+    assert len(workers) == 3 and len(task["commits"]) == 3
+    roots = {commit[0] for commit in task["commits"].values()}
+    assert len(roots) == 1   # data-parallel: every worker holds the same segment hashes
+    verifiers = {audit[0] for audit in task["audits"]}
+    assert len(verifiers) == 1 and not verifiers & set(workers)
+    assert sorted(a[1] for a in task["audits"]) == sorted(workers) and all(a[3] for a in task["audits"])
+    verifier = verifiers.pop()
+    worker_share = (PRICE - PRICE * 500 // 10_000 - PRICE * 1_000 // 10_000) // 3
+    expected = {**{w: worker_share for w in workers}, verifier: PRICE * 500 // 10_000}
+    expected[owner] = PRICE - sum(expected.values())
+    assert task["payouts"] == expected
+    after = balances(devnet)
+    for peer in workers + [verifier]:
+        assert after[peer] - before[peer] == expected[peer]
+    assert after[owner] - before[owner] == expected[owner] - PRICE
+    check_supply(devnet)
+
+    worker_node = next(n for n in devnet.compute if n.peer_id == workers[0])
+    job = http_json(f"{worker_node.rpc_url}/status")["compute"]["jobs"][task_id]
+    assert job["state"] == "committed" and job["step"] == SPEC.steps and job["bytes_sent"] > 0
+    assert job["metrics"]["accuracy"] > 50
+    assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
+
+
+def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
+    # The three paid workers now outrank the verifier (reputation), so the same nodes get the task.
+    last = rpc(devnet, "dkb_listTasks", "paid", None, 1)[0]
+    cheater = next(n for n in devnet.compute if n.peer_id == last["workers"][0])
+    devnet.testnet.stop_node(cheater, timeout=5)
+    devnet.start_compute(cheater, {"DEKUBE_COMPUTE_FAULT_INJECT": "wrong_segments"})
+    time.sleep(1.0)
+    devnet.wait_registered([cheater], 60)
+    stake_before = rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"]
+    before = balances(devnet)
+
+    task = wait_paid(devnet, submit(devnet))
+    assert cheater.peer_id in task["workers"] and cheater.peer_id in task["commits"]
+    verdicts = {audit[1]: audit[3] for audit in task["audits"]}
+    assert verdicts == {w: w != cheater.peer_id for w in task["workers"]}
+    assert cheater.peer_id not in task["payouts"]
+    honest = [w for w in task["workers"] if w != cheater.peer_id]
+    assert all(task["payouts"][w] > 0 for w in honest)
+    after = balances(devnet)
+    assert after[cheater.peer_id] == before[cheater.peer_id]
+    for peer in honest:
+        assert after[peer] - before[peer] == task["payouts"][peer]
+    assert rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"] == stake_before - stake_before * 1_000 // 10_000
+    assert rpc(devnet, "dkb_getNode", cheater.peer_id)["reputation"] < 0 + 1   # +1 then -10
+    check_supply(devnet)
