@@ -130,6 +130,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "TCP multiaddrs to listen on", each(check_listen_multiaddr)),
         "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_peer_multiaddr)),
         "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
+        "max_connections_per_peer": Key(int, 8, "connections to one peer, shared + bulk (a relay raises it to fit one per bulk circuit)", check_positive),
     },
     "rpc": {
         "enabled": Key(bool, True, "serve HTTP: /health, /status, /metrics, JSON-RPC and /ws"),
@@ -155,7 +156,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
-        "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to (dkb_sendRawTransaction); empty: keep them in memory"),
+        "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to; empty: [relay] ledger_rpc, or this node's own when it is a validator, else kept in memory"),
+        "ledger_rpc": Key(str, "", "validator JSON-RPC URL for admission lookups and this node's ledger record; empty: this node's own ledger when it is a validator"),
+        "lookup_ttl": Key(float, 10.0, "seconds a ledger admission lookup over JSON-RPC is cached", check_positive),
+        "relays": Key(list, [], "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay client", each(check_peer_multiaddr)),
+        "reserve": Key(bool, False, "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says private"),
+        "reservations": Key(int, 2, "relays reserved on at once (those with the lowest round-trip time)", check_positive),
+        "max_price_per_mib": Key(int, 1, "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
     },
     "compute": {
         "rpc_url": Key(str, "", "validator JSON-RPC URL for the ledger; empty: this node's own (when it is a validator)"),

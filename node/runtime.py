@@ -75,7 +75,8 @@ class Node:
         self.hub = Hub(queue_limit=rpc["ws_queue"], metrics=self.metrics)
         self.status = StatusBoard(self._base_status)
         p2p = config["p2p"]
-        self.host = Host(identity, p2p["listen"], limits=HostLimits(max_connections=p2p["max_connections"]),
+        self.host = Host(identity, p2p["listen"], limits=HostLimits(
+            max_connections=p2p["max_connections"], max_connections_per_peer=p2p["max_connections_per_peer"]),
                          agent_version=f"dekube/{self.version}")
         self.http: HttpServer | None = None
         self._json_gets: dict[str, JsonGet] = {}
@@ -85,6 +86,10 @@ class Node:
         self._register_builtins()
         for role in self.roles:
             role.setup(self)
+        self.relay_client = None
+        if config.get("relay", "relays"):  # reservations on relays, whatever the roles (ADR 0062)
+            from relay.node_client import RelayNodeClient
+            self.relay_client = RelayNodeClient(self)
 
     def add_json_get(self, path: str, handler: JsonGet) -> None:
         """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
@@ -126,6 +131,8 @@ class Node:
                         tasks.create_task(self._keep_bootstrap_peers(), name="bootstrap")
                     for role in self.roles:
                         tasks.create_task(self._run_role(role), name=f"role-{role.name}")
+                    if self.relay_client is not None:
+                        tasks.create_task(self.relay_client.run(), name="relay-client")
             except* _StopRequested:
                 pass
         finally:

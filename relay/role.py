@@ -1,22 +1,32 @@
-"""The ``relay`` node role: runs the circuit relay v2 service on the node's Host.
+"""The ``relay`` node role: runs the circuit relay v2 service (and an AutoNAT dial-back server)
+on the node's Host.
 
 Settings come from the ``[relay]`` config section (allow-list, minimum stake, reservation TTL,
-per-IP and per-peer limits, price). Admission by ledger stake uses ``stake_of`` when the node
-provides one (a callable peer ID -> stake or None); until then only the allow-list is admitted.
-Co-signed receipts go to ``submit`` (an async callable taking the ``relay_receipt`` payload), by
-default a ``dkb_sendRawTransaction`` client of the ``[relay] receipt_rpc`` URL; without either they
-are only kept in memory and counted in ``/status``.
+per-IP and per-peer limits, price). Admission: the static allow-list, plus peers registered on the
+ledger with at least ``min_stake`` bonded, looked up in this node's own ledger when it is also a
+validator, else over ``[relay] ledger_rpc`` (cached ``lookup_ttl`` seconds); ``stake_of`` overrides
+the lookup. With a ledger the role registers this node with the ``relay`` role (the ledger pays
+receipts only to registered relays). Co-signed receipts go to ``submit`` (an async callable taking
+the ``relay_receipt`` payload), by default a ``dkb_sendRawTransaction`` client of ``[relay]
+receipt_rpc``, else of the ledger's URL; without any they are only kept in memory and counted in
+``/status``. The per-peer connection limit is raised to fit one bulk connection per circuit.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from ml.compute.ledger_client import LedgerUnavailable, TxFailed
 from node.identity import is_valid_peer_id
 from node.roles import Role, RoleError
 
-from .service import Admission, RelayLimits, RelayService, StakeLookup, Submit
+from .ledger_access import RelayLedger, StakeLookup
+from .reachability import AutoNATServer
+from .registration import publish_record
+from .service import Admission, RelayLimits, RelayService, Submit
+from .service import StakeLookup as StakeLookupFn
 from .submit import rpc_receipt_submitter
 
 if TYPE_CHECKING:
@@ -24,14 +34,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+REGISTER_RETRY_S = 5.0
+EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
+
 
 class RelayRole(Role):
     name = "relay"
 
-    def __init__(self, stake_of: StakeLookup | None = None, submit: Submit | None = None) -> None:
+    def __init__(self, stake_of: StakeLookupFn | None = None, submit: Submit | None = None) -> None:
         self._stake_of = stake_of
         self._submit = submit
         self.service: RelayService | None = None
+        self.ledger: RelayLedger | None = None
+        self.registered = False
 
     def setup(self, node: "Node") -> None:
         settings = node.config["relay"]
@@ -40,7 +55,10 @@ class RelayRole(Role):
             raise RoleError(f"[relay] allow_list holds invalid peer IDs: {', '.join(bad)}")
         if settings["min_stake"] < 0:
             raise RoleError("[relay] min_stake must not be negative")
-        stake_of = self._stake_of or getattr(node, "stake_of", None)
+        self.ledger = RelayLedger.for_node(node)
+        stake_of = self._stake_of
+        if stake_of is None and self.ledger is not None:
+            stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"])
         admission = Admission(set(settings["allow_list"]), settings["min_stake"], stake_of)
         limits = RelayLimits(reservation_ttl=settings["reservation_ttl"],
                              max_reservations_per_ip=settings["max_reservations_per_ip"],
@@ -50,10 +68,26 @@ class RelayRole(Role):
         submit = self._submit
         if submit is None and settings["receipt_rpc"]:
             submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id)
+        elif submit is None and self.ledger is not None:
+            submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id)
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
         self.service.start()
-        node.status.add_section(self.name, self.service.status)
+        AutoNATServer(node.host).start()
+        self._fit_connection_limit(node, settings["max_circuits_per_peer"])
+        node.status.add_section(self.name, self._status)
         self._register_metrics(node)
+
+    @staticmethod
+    def _fit_connection_limit(node: "Node", max_circuits_per_peer: int) -> None:
+        """Each bulk circuit of a peer arrives on its own connection: allow that many per peer."""
+        need = max_circuits_per_peer + EXTRA_CONNECTIONS_PER_PEER
+        if node.host.limits.max_connections_per_peer < need:
+            log.info("relay: per-peer connection limit raised to %d", need)
+            node.host.limits = dataclasses.replace(node.host.limits, max_connections_per_peer=need)
+
+    def _status(self) -> dict:
+        return {**self.service.status(), "ledger": None if self.ledger is None else
+                ("local" if self.ledger.is_local else self.ledger.url), "registered": self.registered}
 
     def _register_metrics(self, node: "Node") -> None:
         service = self.service
@@ -73,6 +107,23 @@ class RelayRole(Role):
     async def run(self, node: "Node") -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})
         try:
+            if self.ledger is not None:
+                await self._register(node)
             await asyncio.Event().wait()
         finally:
             await self.service.stop()
+
+    async def _register(self, node: "Node") -> None:
+        """Register (or update) this node's ledger record with the relay role; retry until done."""
+        await node.ready.wait()
+        if self.ledger.is_local:
+            await self.ledger.validator.ready.wait()
+        while not self.registered:
+            try:
+                await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
+                                     listen_addrs=node.host.listen_addrs)
+                self.registered = True
+                log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
+            except (LedgerUnavailable, TxFailed) as exc:
+                log.warning("relay registration failed (retrying): %s", exc)
+                await asyncio.sleep(REGISTER_RETRY_S)

@@ -1,0 +1,144 @@
+"""The relay client as a node service: what a node configured with ``[relay] relays`` runs,
+whatever its roles (the runtime starts it; ADR 0062).
+
+It holds reservations on ``[relay] reservations`` (2) of those relays, chosen by round-trip time,
+refreshed before expiry and replaced when a relay dies (``RelayClient.maintain``): always when
+``[relay] reserve`` is true, else only while AutoNAT through the relays says this node is private
+(re-assessed every ``REASSESS_S``). Its relayed addresses are shown in ``/status`` ("relay_client")
+and published in its ledger record (``relay_addrs`` of register_node) whenever they change, and
+checked there every ``RECHECK_S`` (another writer of the record may have replaced them). The Host
+dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) through this
+client, so ``host.open_stream(peer, proto)`` reaches a NAT'd peer; ``learn_peer`` puts a peer's
+relayed addresses from its ledger record into the peer book.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ml.compute.ledger_client import LedgerUnavailable, TxFailed
+
+from . import reachability
+from .client import RelayClient
+from .ledger_access import RelayLedger
+from .registration import publish_record
+
+if TYPE_CHECKING:
+    from node.runtime import Node
+
+log = logging.getLogger(__name__)
+
+PUBLISH_POLL_S = 0.5     # how often the relayed addresses are compared with the published ones
+RECHECK_S = 30.0         # how often the ledger record is read back even without a change
+PUBLISH_RETRY_S = 5.0
+REASSESS_S = 300.0       # how often a node that found itself reachable asks again
+
+
+class RelayNodeClient:
+    def __init__(self, node: "Node", *, assess=reachability.assess) -> None:
+        settings = node.config["relay"]
+        self.node = node
+        self.relays: list[str] = list(settings["relays"])
+        self.always_reserve: bool = settings["reserve"]
+        self.client = RelayClient(node.host, chain_id=node.config.get("consensus", "chain_id"),
+                                  max_price_per_mib=settings["max_price_per_mib"], want=settings["reservations"])
+        self.ledger = RelayLedger.for_node(node)
+        self.reachability: reachability.Reachability | None = None
+        self.published: list[str] | None = None   # relay_addrs the ledger record is known to hold
+        self.last_error: str | None = None
+        self._assess = assess
+        node.status.add_section("relay_client", self.status)
+        node.metrics.gauge("dekube_relay_client_reservations", "Relays this node holds a reservation on.") \
+            .set_function(lambda: len(self.client.reservations))
+
+    def status(self) -> dict:
+        now = time.time()
+        return {
+            "relays": self.relays,
+            "reserving": self._wants_reservations(),
+            "reachability": self.reachability.value if self.reachability is not None else None,
+            "reservations": {relay: {"expires_in_s": round(r.expire - now, 1), "rtt_ms": round(r.rtt * 1000, 2)}
+                             for relay, r in self.client.reservations.items()},
+            "relayed_addrs": self.client.relayed_addrs,
+            "published_relay_addrs": self.published,
+            "ledger": None if self.ledger is None else ("local" if self.ledger.is_local else self.ledger.url),
+            "last_error": self.last_error,
+        }
+
+    def _wants_reservations(self) -> bool:
+        return self.always_reserve or self.reachability == reachability.Reachability.PRIVATE
+
+    async def run(self) -> None:
+        await self.node.ready.wait()
+        self.client.start()
+        self.node.host.register_circuit_dialer(lambda maddr, bulk: self.client.dial([str(maddr)], bulk=bulk))
+        try:
+            if self.ledger is not None:
+                await self._publish_until_done()  # registered before the relays look us up
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._reserve_when_needed())
+                if self.ledger is not None:
+                    tasks.create_task(self._keep_published())
+        finally:
+            self.node.host.register_circuit_dialer(None)
+
+    # ---- reservations
+    async def _reserve_when_needed(self) -> None:
+        while not self.always_reserve:
+            try:
+                self.reachability = await self._assess(self.node.host, self.relays)
+            except Exception as exc:  # no relay answering is a verdict of UNKNOWN, not a failure
+                log.info("reachability check failed: %s", exc)
+                self.reachability = reachability.Reachability.UNKNOWN
+            log.info("reachability: %s", self.reachability.value)
+            if self.reachability == reachability.Reachability.PRIVATE:
+                break
+            await asyncio.sleep(REASSESS_S)
+        await self.client.maintain(self.relays)
+
+    # ---- the ledger record
+    async def _keep_published(self) -> None:
+        last_check = time.monotonic()
+        while True:
+            await asyncio.sleep(PUBLISH_POLL_S)
+            current = self.client.relayed_addrs
+            stale = time.monotonic() - last_check >= RECHECK_S
+            if current != self.published or stale:
+                last_check = time.monotonic()
+                if not await self._publish(current):
+                    await asyncio.sleep(PUBLISH_RETRY_S)
+
+    async def _publish_until_done(self) -> None:
+        if self.ledger.is_local:
+            await self.ledger.validator.ready.wait()
+        while not await self._publish(self.client.relayed_addrs):
+            await asyncio.sleep(PUBLISH_RETRY_S)
+
+    async def _publish(self, relay_addrs: list[str]) -> bool:
+        """Make the ledger record carry ``relay_addrs``; False (and ``last_error``) on failure."""
+        try:
+            sent = await publish_record(self.ledger, self.node.peer_id, roles={r.name for r in self.node.roles},
+                                        listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
+        except (LedgerUnavailable, TxFailed) as exc:
+            self.last_error = f"publishing the node record: {exc}"
+            log.warning("%s", self.last_error)
+            return False
+        if sent:
+            log.info("ledger record updated", extra={"relay_addrs": " ".join(relay_addrs)})
+        self.published = relay_addrs
+        self.last_error = None
+        return True
+
+    # ---- reaching others
+    async def learn_peer(self, peer_id: str) -> list[str]:
+        """Add the relayed addresses of ``peer_id``'s ledger record to the peer book; returns them."""
+        if self.ledger is None:
+            return []
+        record = await self.ledger.node_info(peer_id)
+        addrs = list(record.get("relay_addrs", [])) if record else []
+        with contextlib.suppress(ValueError):  # a record naming other peers' addresses is ignored
+            self.node.host.peerbook.add_addrs(peer_id, addrs)
+        return addrs

@@ -1,0 +1,107 @@
+"""The relay wiring end to end on loopback: a 4-validator chain in one process, a relay that is also a
+validator (admission from its own ledger), a relay that asks a validator over JSON-RPC, and home
+nodes that only use the relays (``[relay] relays``, ``reserve = true``).
+
+Registered, bonded home nodes reserve on both relays and publish their relayed addresses in their
+ledger records (and /status); an unregistered node is refused; one home node reaches the other with
+``host.open_stream`` knowing only its relayed addresses from the ledger; the relay's co-signed
+receipt is paid on chain (its balance grows by what the source paid).
+"""
+import asyncio
+
+import pytest
+
+from ml.compute.ledger_client import LedgerClient
+from node.identity import Identity
+from relay.client import RelayRefused, split_circuit_addr
+from relay.messages import Status
+from relay.role import RelayRole
+from ledger_testnet import LedgerTestnet, eventually, node_config
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern
+
+MIN_STAKE = 100
+
+
+async def balance(client: LedgerClient, peer_id: str) -> int:
+    return await client.call("dkb_getBalance", peer_id)
+
+
+def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path):
+    home_a, home_b, stranger = Identity.generate(), Identity.generate(), Identity.generate()
+    funds = {home_a.peer_id: 10**6, home_b.peer_id: 10**6, stranger.peer_id: 10**6}
+    relay_on_validator = RelayRole()
+    net = LedgerTestnet(tmp_path, 4, funds, extra_roles={0: [relay_on_validator]},
+                        relay_settings={"min_stake": MIN_STAKE, "reservation_ttl": 60})
+
+    async def main():
+        await net.start()
+        try:
+            reader = net.client(Identity.generate(), 3)
+            standalone = RelayRole()
+            relay2 = await net.add(node_config(ledger_rpc=net.url(1), min_stake=MIN_STAKE, lookup_ttl=0.5),
+                                   Identity.generate(), [standalone])
+            relays = [net.nodes[0].host.listen_addrs[0], relay2.host.listen_addrs[0]]
+            await eventually(lambda: relay_on_validator.registered and standalone.registered, what="relays registered")
+            assert set((await reader.call("dkb_getNode", relay2.peer_id))["roles"]) == {"relay"}
+            assert set((await reader.call("dkb_getNode", net.nodes[0].peer_id))["roles"]) == {"relay", "validator"}
+            assert relay2.host.limits.max_connections_per_peer >= 64  # one connection per bulk circuit fits
+
+            for ident in (home_a, home_b):  # operators bond before their nodes join
+                await net.client(ident, 2).send("bond", {"amount": 1_000})
+            a = await net.add(node_config(relays=relays, reserve=True, ledger_rpc=net.url(1)), home_a)
+            b = await net.add(node_config(relays=relays, reserve=True, ledger_rpc=net.url(2)), home_b)
+            c = await net.add(node_config(relays=relays, reserve=True), stranger)  # no ledger: never registered
+
+            for home in (a, b):
+                await eventually(lambda: len(home.relay_client.client.reservations) == 2, what="two reservations")
+                await eventually(lambda: home.relay_client.published == home.relay_client.client.relayed_addrs,
+                                 what="relayed addresses published")
+                record = await reader.call("dkb_getNode", home.peer_id)
+                assert record["relay_addrs"] == home.relay_client.client.relayed_addrs
+                assert {split_circuit_addr(addr)[0].peer_id for addr in record["relay_addrs"]} == {
+                    net.nodes[0].peer_id, relay2.peer_id}
+                status = (await home.status.snapshot())["relay_client"]
+                assert status["relayed_addrs"] == record["relay_addrs"] and len(status["reservations"]) == 2
+
+            assert c.relay_client.client.reservations == {}
+            for relay_addr in relays:
+                with pytest.raises(RelayRefused) as info:
+                    await c.relay_client.client.reserve(relay_addr)
+                assert info.value.status == Status.PERMISSION_DENIED
+            assert relay_on_validator.service.counters["reservations_refused"] >= 1
+            assert standalone.service.counters["reservations_refused"] >= 1
+
+            # A knows nothing of B but its ledger record: the Host dials B through a relay.
+            assert await a.relay_client.learn_peer(b.peer_id) == b.relay_client.client.relayed_addrs
+            assert all("/p2p-circuit" in str(addr) for addr in a.host.peerbook.addrs(b.peer_id))
+            sink = Sink()
+            b.host.set_handler(SINK_PROTOCOL, sink)
+            stream = await a.host.open_stream(b.peer_id, SINK_PROTOCOL)
+            pipe = a.relay_client.client.pipe_for(stream.connection)
+            assert pipe is not None, "the connection to B must be relayed"
+            data = pattern(3 << 20)
+            await stream.write(data)
+            await stream.close()
+            answer = b""
+            while chunk := await stream.read():
+                answer += chunk
+            assert answer.decode() == expected_answer(data)
+
+            carrier = pipe.relay_peer
+            relay_node = net.nodes[0] if carrier == net.nodes[0].peer_id else relay2
+            paid_before = await balance(reader, carrier)
+            payer_before = await balance(reader, a.peer_id)
+            await stream.connection.close()  # the circuit ends: the relay asks for the final receipt
+            await eventually(lambda: any(r.name == "relay" and r.service.counters["receipts"] >= 1
+                                         for r in relay_node.roles), what="co-signed receipt")
+
+            async def relay_paid():
+                return await balance(reader, carrier) > paid_before
+            await eventually(relay_paid, what="relay paid on chain")
+            earned = await balance(reader, carrier) - paid_before
+            assert earned >= 3  # 1 per MiB, 3 MiB and the handshakes
+            assert payer_before - await balance(reader, a.peer_id) == earned
+        finally:
+            await net.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
