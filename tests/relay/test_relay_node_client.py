@@ -1,0 +1,175 @@
+"""The node's relay client service with allow-list relays and a stand-in ledger: reservations follow
+reachability (``reserve = false``), the record follows the reservations when a relay dies, and the
+pieces it is built from (admission lookup cache, record merging) behave."""
+import asyncio
+
+import pytest
+
+from ml.compute.ledger_client import LedgerUnavailable
+from node.identity import Identity
+from node.roles import BasicRole
+from node.runtime import Node
+from relay.client import split_circuit_addr
+from relay.ledger_access import StakeLookup
+from relay.reachability import Reachability
+from relay.registration import record_update
+from relay_harness import start_relay, stop_all
+from ledger_testnet import eventually, node_config
+
+
+class FakeLedger:
+    """Records register_node payloads; node_info answers the last one."""
+
+    is_local = False
+    url = "fake://ledger"
+
+    def __init__(self, stakes=None, fail=False):
+        self.records: dict[str, dict] = {}
+        self.stakes = stakes or {}
+        self.sent: list[tuple[str, dict]] = []
+        self.reads = 0
+        self.fail = fail
+
+    async def node_info(self, peer_id):
+        self.reads += 1
+        if self.fail:
+            raise LedgerUnavailable("down")
+        return self.records.get(peer_id)
+
+    async def bonded(self, peer_id):
+        return self.stakes.get(peer_id, 0)
+
+    async def send(self, tx_type, payload):
+        self.sent.append((tx_type, payload))
+        return {"code": 0}
+
+
+class OwnRecordLedger(FakeLedger):
+    """A FakeLedger whose register_node transactions become ``owner``'s record."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+    async def send(self, tx_type, payload):
+        self.records[self.owner] = payload
+        return await super().send(tx_type, payload)
+
+
+async def start_home(identity, relays, reserve, ledger=None, assess=None):
+    """A home Node (no ledger of its own unless ``ledger``) running the relay client service."""
+    node = Node(node_config(relays=relays, reserve=reserve, rpc=False), identity, [BasicRole("compute")])
+    service = node.relay_client
+    if assess is not None:
+        service._assess = assess
+    service.ledger = ledger
+    task = asyncio.create_task(node.run())
+    await asyncio.wait_for(node.ready.wait(), 10)
+    return node, task
+
+
+async def stop_home(node, task):
+    node.request_stop()
+    await asyncio.wait_for(task, 10)
+
+
+def test_a_dead_relay_is_replaced_and_the_record_follows():
+    home_id = Identity.generate()
+
+    async def main():
+        relays = [await start_relay({home_id.peer_id}) for _ in range(3)]
+        ledger = OwnRecordLedger(home_id.peer_id)
+        node, task = await start_home(home_id, [r.host.listen_addrs[0] for r in relays], True, ledger)
+        dead = None
+        try:
+            service = node.relay_client
+            await eventually(lambda: len(service.client.reservations) == 2 and
+                             service.published == service.client.relayed_addrs, what="two relays published")
+            first = set(service.client.reservations)
+            assert {split_circuit_addr(a)[0].peer_id for a in ledger.records[node.peer_id]["relay_addrs"]} == first
+            dead = next(r for r in relays if r.host.peer_id in first)
+            await stop_all(dead)
+            await eventually(lambda: dead.host.peer_id not in service.client.reservations
+                             and len(service.client.reservations) == 2, what="replacement reservation")
+            await eventually(lambda: service.published == service.client.relayed_addrs, what="record updated")
+            published = {split_circuit_addr(a)[0].peer_id for a in ledger.records[node.peer_id]["relay_addrs"]}
+            assert dead.host.peer_id not in published and len(published) == 2
+            assert [t for t, _ in ledger.sent] == ["register_node"] * len(ledger.sent) and len(ledger.sent) >= 3
+            status = (await node.status.snapshot())["relay_client"]
+            assert status["reserving"] and status["published_relay_addrs"] == service.client.relayed_addrs
+        finally:
+            await stop_home(node, task)
+            await stop_all(*[r for r in relays if r is not dead])
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("verdict, reserves", [(Reachability.PUBLIC, False), (Reachability.PRIVATE, True)])
+def test_without_reserve_reachability_decides(verdict, reserves):
+    async def main():
+        home_id = Identity.generate()
+        relay = await start_relay({home_id.peer_id})
+        asked = []
+
+        async def assess(host, servers):
+            asked.append(servers)
+            return verdict
+        node, task = await start_home(home_id, [relay.host.listen_addrs[0]], False, assess=assess)
+        try:
+            await eventually(lambda: asked, what="reachability asked")
+            assert asked[0] == [relay.host.listen_addrs[0]]
+            if reserves:
+                await eventually(lambda: node.relay_client.client.reservations, what="reservation")
+            else:
+                await asyncio.sleep(1.0)
+                assert node.relay_client.client.reservations == {}
+            status = (await node.status.snapshot())["relay_client"]
+            assert status["reachability"] == verdict.value and status["reserving"] is reserves
+        finally:
+            await stop_home(node, task)
+            await stop_all(relay)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_stake_lookup_caches_answers_not_failures():
+    registered, unregistered = Identity.generate().peer_id, Identity.generate().peer_id
+    ledger = FakeLedger(stakes={registered: 500})
+    ledger.records[registered] = {"roles": ["compute"]}
+    now = [0.0]
+    lookup = StakeLookup(ledger, ttl=10, clock=lambda: now[0])
+
+    async def main():
+        assert await lookup(registered) == 500
+        assert await lookup(unregistered) is None          # no record: not admitted by stake
+        reads = ledger.reads
+        ledger.stakes[registered] = 0
+        assert await lookup(registered) == 500 and ledger.reads == reads  # cached
+        now[0] = 11.0
+        assert await lookup(registered) == 0                # expired: read again
+        ledger.fail = True
+        now[0] = 30.0
+        with pytest.raises(LedgerUnavailable):
+            await lookup(registered)
+        ledger.fail = False
+        assert await lookup(registered) == 0                # the failure was not cached
+
+    asyncio.run(main())
+
+
+def test_record_update_merges_roles_and_keeps_what_others_wrote():
+    relay_addr = "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWScSTsN2tXx2GxXTXAw9Z3rEMKP4wbSvvPKWC3nhJQqP3/p2p-circuit/p2p/" \
+                 "12D3KooWAkiNXhZutPFvPzpgEuFyczezxiteCX45X1R9g7N1Gk3s"
+    fresh = record_update(None, roles={"relay", "not-a-ledger-role"},
+                          listen_addrs=["/ip4/0.0.0.0/tcp/4001", "/ip4/1.2.3.4/tcp/4001"])
+    assert fresh["roles"] == ["relay"] and fresh["listen_addrs"] == ["/ip4/1.2.3.4/tcp/4001"]
+    assert fresh["relay_addrs"] == [] and fresh["hardware"]["cpu_cores"] >= 1
+    current = {"roles": ["compute", "verifier"], "listen_addrs": ["/ip4/5.6.7.8/tcp/1"], "relay_addrs": [],
+               "hardware": {"cpu_cores": 8, "ram_mb": 1, "gpu": "x", "gpu_mem_mb": 2, "bandwidth_mbps": 3},
+               "reputation": 4}
+    update = record_update(current, roles={"compute"}, listen_addrs=["/ip4/9.9.9.9/tcp/1"], relay_addrs=[relay_addr])
+    assert update == {"roles": ["compute", "verifier"], "listen_addrs": ["/ip4/5.6.7.8/tcp/1"],
+                      "relay_addrs": [relay_addr], "hardware": current["hardware"]}
+    assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[], relay_addrs=[relay_addr]) is None
+    assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[]) is None  # relay_addrs kept
+    assert len(record_update(None, roles=set(), listen_addrs=[], relay_addrs=[relay_addr] * 12)["relay_addrs"]) == 8
