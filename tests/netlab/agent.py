@@ -10,6 +10,8 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   reserve(relay)                     -> relayed addresses          connect_public(addr) -> observed addr
   reachability(servers)              -> "public"|"private"|...     dial(circuits) -> relay used
   ping(addr)                         -> round-trip seconds
+  maintain(candidates)               -> None (reservations kept in the background); reservations()
+  junk(addr, protocol, data)         -> the reply to raw bytes sent on a new stream (hex)
   connect(circuits, punch)           -> {conn, direct, relay, remote}
   dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
   disconnect(peer)                   -> how many connections to the peer were closed
@@ -63,6 +65,7 @@ class Agent:
             allow = {p for p in args.allow.split(",") if p}
             self.service = RelayService(self.host, Admission(allow))
         self.conns = {}
+        self.keeper: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.host.start()
@@ -84,6 +87,28 @@ class Agent:
     async def op_connect_public(self, addr: str) -> str | None:
         observed = await self.puncher.connect_public(addr)
         return str(observed) if observed else None
+
+    async def op_maintain(self, candidates: list[str]) -> None:
+        """Keep reservations on the best relays among ``candidates`` in the background (none: stop)."""
+        if self.keeper is not None:
+            self.keeper.cancel()
+        self.keeper = asyncio.ensure_future(self.client.maintain(candidates)) if candidates else None
+
+    async def op_reservations(self) -> dict:
+        return {relay: rsvp.rtt for relay, rsvp in self.client.reservations.items()}
+
+    async def op_junk(self, addr: str, protocol: str, data: str) -> str:
+        """Send ``data`` (hex) on a new ``protocol`` stream to the peer at ``addr``; the reply (hex)."""
+        stream = await self.host.open_stream(await self.host.connect(addr), protocol)
+        await stream.write(bytes.fromhex(data))
+        reply = b""
+        try:
+            async with asyncio.timeout(15):
+                while chunk := await stream.read():
+                    reply += chunk
+        except ConnectionError:
+            pass  # reset after the answer
+        return reply.hex()
 
     async def op_ping(self, addr: str) -> float:
         return await self.host.ping(await self.host.connect(addr))

@@ -5,13 +5,14 @@ Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` b
   ``<p><name>``    a public host (relays, a public peer): ``eth0`` on the bridge, 10.99.0.<n>
   ``<p>r<i>``      home i's NAT router: ``eth0`` on the bridge (10.99.0.<100+i>), ``lan`` to the home
   ``<p>h<i>``      home i: ``eth0`` = 192.168.<i>.2/24, default route via the router's 192.168.<i>.1
+  ``<p>w<port>``   a delay line between a host (or router) and its bridge port, where asked for
 Routers masquerade the home's traffic with nftables and drop every unsolicited inbound packet
 (input and forward: only established/related pass). NAT flavours: ``eim`` maps each home port to
 the same public port for every destination (endpoint-independent mapping: plain masquerade keeps
 the source port) so hole punching works; ``symmetric`` draws a random public port per connection
 (``masquerade fully-random``) so it does not. Home links get ``tc tbf`` caps in both directions
-(upload on the router's WAN port, download on the router's LAN port). A home's WAN link can pass
-a userspace delay line (``delay.py`` in a ``<p>w<i>`` namespace) for latency.
+(upload on the router's WAN port, download on the router's LAN port). A home's WAN link or a
+public host's link can pass a userspace delay line (``delay.py``) for latency.
 
 Veth pairs are created from inside the lab's namespaces (never in the host's namespace); teardown
 deletes every namespace made (also at interpreter exit). ``unavailable()`` says why a lab cannot be
@@ -116,28 +117,33 @@ class Lab:
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
 
-    def _attach_delayed(self, router: str, i: int, ip: str, delay_ms: float) -> None:
-        """Router ``eth0`` -> wire namespace (a delay.py process between two veths) -> the bridge."""
-        wire = self._add_ns(self.ns_of(f"w{i}"))
-        run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "in0", "netns", wire, ns=router)
-        run("ip", "link", "add", f"r{i}", "type", "veth", "peer", "name", "out0", "netns", wire, ns=self.backbone)
-        run("ip", "link", "set", f"r{i}", "master", "br0", ns=self.backbone)
+    def _attach_delayed(self, ns: str, port: str, ip: str, delay_ms: float) -> None:
+        """``eth0`` in ``ns`` -> a wire namespace (a delay.py process between two veths) -> the bridge."""
+        wire = self._add_ns(self.ns_of(f"w{port}"))
+        run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "in0", "netns", wire, ns=ns)
+        run("ip", "link", "add", port, "type", "veth", "peer", "name", "out0", "netns", wire, ns=self.backbone)
+        run("ip", "link", "set", port, "master", "br0", ns=self.backbone)
         # frames entering the wire must fit the MTU: segment GSO packets before they get there
-        run("ip", "link", "set", f"r{i}", "gso_max_segs", "1", "up", ns=self.backbone)
-        run("ip", "link", "set", "eth0", "gso_max_segs", "1", ns=router)
+        run("ip", "link", "set", port, "gso_max_segs", "1", "up", ns=self.backbone)
+        run("ip", "link", "set", "eth0", "gso_max_segs", "1", ns=ns)
         for dev in ("in0", "out0"):
             run("ip", "link", "set", dev, "up", ns=wire)
-        run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=router)
-        run("ip", "link", "set", "eth0", "up", ns=router)
+        run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
+        run("ip", "link", "set", "eth0", "up", ns=ns)
         proc = subprocess.Popen(["ip", "netns", "exec", wire, sys.executable, str(DELAY_LINE), "in0", "out0",
                                  f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._processes.append(proc)
         if proc.stdout.readline().strip() != "READY":
             raise LabError(f"the delay line in {wire} did not start (rc={proc.poll()})")
 
-    def add_public(self, name: str, ip: str) -> None:
+    def add_public(self, name: str, ip: str, delay_ms: float = 0.0) -> None:
+        """A public host on the backbone; with ``delay_ms``, its link passes a delay line."""
         ns = self._add_ns(self.ns_of(name))
-        self._attach(ns, f"p{len(self.public)}", ip)
+        port = f"p{len(self.public)}"
+        if delay_ms:
+            self._attach_delayed(ns, port, ip, delay_ms)
+        else:
+            self._attach(ns, port, ip)
         self.public[name] = ip
 
     def add_home(self, i: int, nat: str, delay_ms: float = 0.0) -> Home:
@@ -148,7 +154,7 @@ class Lab:
         router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
         wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
         if delay_ms:
-            self._attach_delayed(router, i, wan_ip, delay_ms)
+            self._attach_delayed(router, f"r{i}", wan_ip, delay_ms)
         else:
             self._attach(router, f"r{i}", wan_ip)
         run("ip", "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home, ns=router)

@@ -2,7 +2,8 @@
 
 Public hosts ``relay1``, ``relay2``, ``pub`` (10.99.0.10-12); home 1 and home 2 behind
 endpoint-independent NATs, home 3 behind a symmetric NAT, home 4 behind an endpoint-independent NAT
-on a link with FAR_HOME_DELAY_MS of latency each way. Relay agents admit the peers named in
+on a link with FAR_HOME_DELAY_MS of latency each way; public host ``far`` (10.99.0.20) sits
+behind FAR_RELAY_DELAY_MS each way. Relay agents admit the peers named in
 ``REGISTERED``; agents are started on demand and all stopped by ``close``.
 """
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from .lab import Lab
+from .lab import BACKBONE_NET, Lab
 from .nodes import Node, peer_id_of
 
 PORT = 4001
-REGISTERED = ("a", "b", "c", "d", "pub")
+REGISTERED = ("a", "b", "c", "d", "e", "pub")
 FAR_HOME_DELAY_MS = 25.0   # home 4's WAN link: one way, each direction
+FAR_RELAY_DELAY_MS = 20.0  # the public host "far" (a distant relay)
 PUNCH = ("--punch-attempts", "2", "--punch-window", "3")
 
 
@@ -26,8 +28,14 @@ class Net:
 
     @classmethod
     def build(cls, home_rate_mbit: float = 1000.0) -> "Net":
-        return cls(Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric", "eim"],
-                                                            [0, 0, 0, FAR_HOME_DELAY_MS]))
+        lab = Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric", "eim"],
+                                                       [0, 0, 0, FAR_HOME_DELAY_MS])
+        try:
+            lab.add_public("far", f"{BACKBONE_NET}.20", FAR_RELAY_DELAY_MS)
+        except BaseException:
+            lab.teardown()
+            raise
+        return cls(lab)
 
     def start_relay(self, name: str, host: str, port: int = PORT) -> Node:
         allow = ",".join(peer_id_of(n) for n in REGISTERED)

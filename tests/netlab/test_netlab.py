@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from .net import FAR_HOME_DELAY_MS, PORT
+from relay.messages import HOP_PROTOCOL, MessageReader, Status, decode_hop
+
+from .net import FAR_HOME_DELAY_MS, FAR_RELAY_DELAY_MS, PORT
 from .nodes import AgentError
-from .scenarios import MIB, circuits_via, failover, punch, rate_Mbps, relayed_transfer
+from .scenarios import MIB, circuits_via, failover, poll, punch, rate_Mbps, relayed_transfer
 
 pytestmark = pytest.mark.netlab
 
@@ -84,6 +86,28 @@ def test_dial_policy_direct_then_punched_then_relayed(net):
         kinds[target] = path["kind"]
         assert rate_Mbps(net["a"], net[target], path["conn"], 4) > 0
     assert kinds == {"pub": "direct", "b": "punched", "c": "relayed"}
+
+
+def test_reservations_go_to_the_nearest_relays_and_move_when_one_dies(net):
+    far = net.start_relay("farrelay", "far")
+    spare = net.start_relay("spare", "pub", PORT + 20)
+    keeper = net.start_home("e", 2, PORT + 2)
+    keeper.call("maintain", candidates=[far.addr, net["relay2"].addr, spare.addr])
+    near = {net["relay2"].peer_id, spare.peer_id}
+    held = poll(lambda: r if set(r := keeper.call("reservations")) == near else None, 20, 0.1,
+                "reservations on the two near relays")
+    assert all(rtt < FAR_RELAY_DELAY_MS * 2 / 1000 for rtt in held.values())
+    assert far.call("ping", addr=spare.addr) >= FAR_RELAY_DELAY_MS * 2 / 1000  # far really is far
+    spare.kill()
+    poll(lambda: set(keeper.call("reservations")) == {net["relay2"].peer_id, far.peer_id}, 10, 0.1,
+         "the far relay replacing the dead one")
+
+
+def test_malformed_hop_message_gets_a_clear_status_and_the_relay_keeps_serving(net):
+    reply = bytes.fromhex(net["a"].call("junk", addr=net["relay1"].addr, protocol=HOP_PROTOCOL, data="05ffffffffff"))
+    body = MessageReader().feed(reply)
+    assert decode_hop(body).status == Status.MALFORMED_MESSAGE
+    assert net["b"].call("reserve", relay=net["relay1"].addr)
 
 
 def test_unregistered_peer_is_refused_a_reservation(net):
