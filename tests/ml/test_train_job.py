@@ -1,5 +1,6 @@
 """Training jobs over the real all-reduce among local worker processes (ml/job)."""
 import asyncio
+import os
 
 import pytest
 
@@ -45,6 +46,21 @@ def test_a_failing_worker_fails_the_job_without_leaving_processes():
     spec = recipe("digits-data-parallel", codec="sign", steps=10)
     with pytest.raises(JobFailed, match="error feedback"):
         asyncio.run(run_local_job(spec, 2, timeout=120))
+    assert not children_of(os.getpid())
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                children.append(int(entry))
+    return children
 
 
 def test_powersgd_over_in_process_allreduce_groups_keeps_workers_identical():
