@@ -8,7 +8,10 @@ and relay failover time. Needs root, iproute2, nftables and tc (see tests/netlab
     netlab_*_cpu_bound_Mbps: bits over the CPU seconds of the busiest process on the path (sender,
                           relay, receiver): the rate with a core per process, as on real hosts
     failover_s:           a 256 MiB transfer over two relays, the carrying relay SIGKILLed after
-                          32 MiB: seconds from the kill until the receiver gets bytes again }
+                          32 MiB: seconds from the kill until the receiver gets bytes again,
+    failover_silent_s:    the same (128 MiB, after 16 MiB) when the relay's link is cut instead, so
+                          nothing signals the death: the sender's stall timeout (SILENT_STALL_S)
+                          plus the relay client's dial stagger }
 Every rate counts ``mib`` MiB (10^6 bits per Mbit) until the receiver acknowledged the last byte,
 data checked by SHA-256. ``bench/relay.py`` merges these keys into its JSON line; run alone this
 prints its own JSON object as the last line: ``python bench/relay_netlab.py [--mib 256]``.
@@ -25,9 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from netlab.lab import unavailable  # noqa: E402
+from netlab.lab import BACKBONE_NET, run, unavailable  # noqa: E402
 from netlab.net import PORT, Net  # noqa: E402
 from netlab.scenarios import circuits_via, failover, measure, punch  # noqa: E402
+
+
+SILENT_STALL_S = 1.5  # the sender abandons an attempt that made no progress for this long
+
+
+def cut_link(node) -> None:
+    run("ip", "link", "set", "eth0", "down", ns=node.ns)
 
 
 def log(msg: str) -> None:
@@ -56,11 +66,20 @@ def netlab_figures(mib: int = 256, rate_mbit: float = 1000.0) -> dict:
         if out["received"]["sha256"] != out["sent"]["sha256"]:
             raise RuntimeError("failover transfer corrupted")
         log(f"failover: {out['failover_s']:.2f} s (resumed at {out['sent']['starts'][-1]} bytes)")
+        silent = []
+        for n, host in enumerate(("silent1", "silent2")):
+            net.lab.add_public(host, f"{BACKBONE_NET}.{30 + n}")
+            silent.append(net.start_relay(host, host))
+        quiet = failover(a, b, silent, mib=128, kill_after_mib=16, kill=cut_link, stall_timeout=SILENT_STALL_S)
+        if quiet["received"]["sha256"] != quiet["sent"]["sha256"]:
+            raise RuntimeError("silent-failover transfer corrupted")
+        log(f"failover, relay gone silent: {quiet['failover_s']:.2f} s")
         return {"netlab_direct_Mbps": direct["Mbps"], "netlab_relayed_Mbps": relayed["Mbps"],
                 "netlab_relayed_vs_direct": relayed["Mbps"] / direct["Mbps"],
                 "netlab_direct_cpu_bound_Mbps": direct["cpu_bound_Mbps"],
                 "netlab_relayed_cpu_bound_Mbps": relayed["cpu_bound_Mbps"],
-                "netlab_link_Mbit": rate_mbit, "failover_s": out["failover_s"]}
+                "netlab_link_Mbit": rate_mbit, "failover_s": out["failover_s"],
+                "failover_silent_s": quiet["failover_s"], "failover_silent_stall_s": SILENT_STALL_S}
     finally:
         net.close()
 

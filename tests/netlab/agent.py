@@ -15,7 +15,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   connect(circuits, punch)           -> {conn, direct, relay, remote}
   dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
   disconnect(peer)                   -> how many connections to the peer were closed
-  send(mib, conn | circuits)         -> {seconds, starts, relays, id} (resumable transfer of a pattern)
+  send(mib, conn | circuits, stall_timeout) -> {seconds, starts, relays, id} (resumable transfer)
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
   cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
@@ -41,7 +41,7 @@ from relay.client import RelayClient, RelayRefused  # noqa: E402
 from relay.holepunch import HolePuncher  # noqa: E402
 from relay.holepunch_dial import dial_peer  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
-from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
+from relay.resumable import RESUMABLE_PROTOCOL, STALL_TIMEOUT, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 
 MIB = 1 << 20
@@ -145,7 +145,8 @@ class Agent:
             await conn.close()
         return len(conns)
 
-    async def op_send(self, mib: int, conn: str | None = None, circuits: list[str] | None = None) -> dict:
+    async def op_send(self, mib: int, conn: str | None = None, circuits: list[str] | None = None,
+                      stall_timeout: float = STALL_TIMEOUT) -> dict:
         """A resumable transfer on connection ``conn``, or over a fresh bulk circuit through the first
         working relay of ``circuits`` per attempt (closed once the transfer is done)."""
         data = pattern(mib * MIB)
@@ -163,7 +164,8 @@ class Agent:
 
         started = time.perf_counter()
         try:
-            starts = await send_resumable(open_path, transfer_id, data, attempts=8, retry_delay=0.05)
+            starts = await send_resumable(open_path, transfer_id, data, attempts=8, retry_delay=0.05,
+                                          stall_timeout=stall_timeout)
         finally:
             for path in opened:
                 await path.close()

@@ -35,8 +35,9 @@ def peer_id_of(name: str) -> str:
 
 
 class Node:
-    def __init__(self, name: str, proc: subprocess.Popen, info: dict) -> None:
+    def __init__(self, name: str, ns: str, proc: subprocess.Popen, info: dict) -> None:
         self.name = name
+        self.ns = ns
         self.proc = proc
         self.peer_id: str = info["peer_id"]
         self.addrs: list[str] = info["addrs"]
@@ -67,7 +68,7 @@ class Node:
             proc.kill()
             proc.wait(5)
             raise
-        return cls(name, proc, info)
+        return cls(name, ns, proc, info)
 
     @property
     def addr(self) -> str:

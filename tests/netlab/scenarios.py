@@ -58,22 +58,23 @@ def relayed_transfer(sender: Node, receiver: Node, relay: Node, mib: int) -> dic
     return {"sent": sent, "received": got, "accounting": poll(settled, 20, 0.2, "the final receipt")}
 
 
-def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_after_mib: int) -> dict:
-    """Start a resumable transfer over ``relays`` (the receiver reserves on all), kill the relay
-    carrying it once ``kill_after_mib`` arrived, and measure ``failover_s``: from the kill until the
-    receiver holds more bytes than at the kill."""
+def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_after_mib: int,
+             kill=Node.kill, **send_args) -> dict:
+    """Start a resumable transfer over ``relays`` (the receiver reserves on all), ``kill`` the relay
+    carrying it once ``kill_after_mib`` arrived (default SIGKILL), and measure ``failover_s``: from
+    the kill until the receiver holds more bytes than at the kill."""
     circuits = []
     for relay in relays:
         circuits = receiver.call("reserve", relay=relay.addr)
     circuits = [c for relay in relays for c in circuits_via(circuits, relay)]
     before = set(receiver.call("incoming"))
-    transfer = sender.call_async("send", mib=mib, circuits=circuits)
+    transfer = sender.call_async("send", mib=mib, circuits=circuits, **send_args)
     incoming = poll(lambda: {t: n for t, n in receiver.call("incoming").items()
                              if t not in before and n >= kill_after_mib * MIB}, 60, what="the transfer to start")
     (transfer_id,) = incoming
     live = [c["relay"] for c in sender.call("status")["circuits"].values()]
     victim = next(r for r in relays if r.peer_id == live[-1])
-    victim.kill()
+    kill(victim)
     killed_at = time.monotonic()
     at_kill = receiver.call("incoming")[transfer_id]
     poll(lambda: receiver.call("incoming")[transfer_id] > at_kill, 30, 0.01, "bytes after the relay died")

@@ -12,11 +12,16 @@ import pytest
 
 from relay.messages import HOP_PROTOCOL, MessageReader, Status, decode_hop
 
+from .lab import BACKBONE_NET, run
 from .net import FAR_HOME_DELAY_MS, FAR_RELAY_DELAY_MS, PORT
 from .nodes import AgentError
 from .scenarios import MIB, circuits_via, failover, poll, punch, rate_Mbps, relayed_transfer
 
 pytestmark = pytest.mark.netlab
+
+
+def cut_link(node) -> None:
+    run("ip", "link", "set", "eth0", "down", ns=node.ns)
 
 
 def test_reachability_public_and_private(net):
@@ -45,6 +50,19 @@ def test_transfer_survives_relay_death_through_the_second_relay(net):
     assert used[0] == out["victim"] and out["victim"] not in used[1:]
     starts = out["sent"]["starts"]
     assert len(starts) >= 2 and 32 * MIB <= starts[-1] < 256 * MIB  # resumed, not restarted
+    assert out["failover_s"] < 5.0
+
+
+def test_transfer_survives_a_relay_that_goes_silent(net):
+    """The relay's link is cut (no RST, packets vanish): the stalled attempt is abandoned after
+    ``stall_timeout`` and the dial reaches the other relay after the client's 2 s stagger."""
+    relays = []
+    for n, host in enumerate(("silent1", "silent2")):
+        net.lab.add_public(host, f"{BACKBONE_NET}.{30 + n}")
+        relays.append(net.start_relay(host, host))
+    out = failover(net["a"], net["b"], relays, mib=128, kill_after_mib=16, kill=cut_link, stall_timeout=1.5)
+    assert out["received"] == {"bytes": 128 * MIB, "done": True, "sha256": out["sent"]["sha256"]}
+    assert out["sent"]["relays"][-1] != out["victim"]
     assert out["failover_s"] < 5.0
 
 
