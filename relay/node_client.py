@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISH_POLL_S = 0.5     # how often the relayed addresses are compared with the published ones
-RECHECK_S = 30.0         # how often the ledger record is read back even without a change
+RECHECK_S = 10.0         # how often the ledger record is read back even without a change
 PUBLISH_RETRY_S = 5.0
 REASSESS_S = 300.0       # how often a node that found itself reachable asks again
 

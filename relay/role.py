@@ -5,7 +5,7 @@ Settings come from the ``[relay]`` config section (allow-list, minimum stake, re
 per-IP and per-peer limits, price). Admission: the static allow-list, plus peers registered on the
 ledger with at least ``min_stake`` bonded, looked up in this node's own ledger when it is also a
 validator, else over ``[relay] ledger_rpc`` (cached ``lookup_ttl`` seconds); ``stake_of`` overrides
-the lookup. With a ledger the role registers this node with the ``relay`` role (the ledger pays
+the lookup. With a ledger the role keeps the ``relay`` role in this node's ledger record (the ledger pays
 receipts only to registered relays). Co-signed receipts go to ``submit`` (an async callable taking
 the ``relay_receipt`` payload), by default a ``dkb_sendRawTransaction`` client of ``[relay]
 receipt_rpc``, else of the ledger's URL; without any they are only kept in memory and counted in
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REGISTER_RETRY_S = 5.0
+RECHECK_S = 10.0
 EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
 
 
@@ -108,22 +109,25 @@ class RelayRole(Role):
         log.info("relay serving circuit relay v2", extra={"role": self.name})
         try:
             if self.ledger is not None:
-                await self._register(node)
-            await asyncio.Event().wait()
+                await self._keep_registered(node)  # until cancelled
+            else:
+                await asyncio.Event().wait()
         finally:
             await self.service.stop()
 
-    async def _register(self, node: "Node") -> None:
-        """Register (or update) this node's ledger record with the relay role; retry until done."""
+    async def _keep_registered(self, node: "Node") -> None:
+        """Keep the relay role in this node's ledger record: register at start (retrying every
+        REGISTER_RETRY_S) and look again every RECHECK_S, since other writers replace the record."""
         await node.ready.wait()
         if self.ledger.is_local:
             await self.ledger.validator.ready.wait()
-        while not self.registered:
+        while True:
             try:
-                await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
-                                     listen_addrs=node.host.listen_addrs)
+                if await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
+                                        listen_addrs=node.host.listen_addrs):
+                    log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True
-                log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
+                await asyncio.sleep(RECHECK_S)
             except (LedgerUnavailable, TxFailed) as exc:
                 log.warning("relay registration failed (retrying): %s", exc)
                 await asyncio.sleep(REGISTER_RETRY_S)

@@ -13,6 +13,7 @@ from relay.client import split_circuit_addr
 from relay.ledger_access import StakeLookup
 from relay.reachability import Reachability
 from relay.registration import record_update
+from relay.role import RelayRole
 from relay_harness import start_relay, stop_all
 from ledger_testnet import eventually, node_config
 
@@ -173,3 +174,22 @@ def test_record_update_merges_roles_and_keeps_what_others_wrote():
     assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[], relay_addrs=[relay_addr]) is None
     assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[]) is None  # relay_addrs kept
     assert len(record_update(None, roles=set(), listen_addrs=[], relay_addrs=[relay_addr] * 12)["relay_addrs"]) == 8
+
+
+def test_a_reachable_node_does_not_reserve_after_asking_a_relay_node():
+    """Real AutoNAT: the relay role serves dial-backs; a home node on loopback is reachable."""
+    async def main():
+        home_id = Identity.generate()
+        relay = Node(node_config(allow_list=[home_id.peer_id], rpc=False), Identity.generate(), [RelayRole()])
+        relay_task = asyncio.create_task(relay.run())
+        await asyncio.wait_for(relay.ready.wait(), 10)
+        node, task = await start_home(home_id, [relay.host.listen_addrs[0]], False)
+        try:
+            await eventually(lambda: node.relay_client.reachability is not None, what="reachability verdict")
+            assert node.relay_client.reachability == Reachability.PUBLIC
+            assert node.relay_client.client.reservations == {}
+        finally:
+            await stop_home(node, task)
+            await stop_home(relay, relay_task)
+
+    asyncio.run(asyncio.wait_for(main(), 30))

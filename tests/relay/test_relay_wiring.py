@@ -26,7 +26,9 @@ async def balance(client: LedgerClient, peer_id: str) -> int:
     return await client.call("dkb_getBalance", peer_id)
 
 
-def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path):
+def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, monkeypatch):
+    monkeypatch.setattr("relay.role.RECHECK_S", 0.5)
+    monkeypatch.setattr("relay.node_client.RECHECK_S", 0.5)
     home_a, home_b, stranger = Identity.generate(), Identity.generate(), Identity.generate()
     funds = {home_a.peer_id: 10**6, home_b.peer_id: 10**6, stranger.peer_id: 10**6}
     relay_on_validator = RelayRole()
@@ -38,8 +40,9 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path):
         try:
             reader = net.client(Identity.generate(), 3)
             standalone = RelayRole()
+            relay2_id = Identity.generate()
             relay2 = await net.add(node_config(ledger_rpc=net.url(1), min_stake=MIN_STAKE, lookup_ttl=0.5),
-                                   Identity.generate(), [standalone])
+                                   relay2_id, [standalone])
             relays = [net.nodes[0].host.listen_addrs[0], relay2.host.listen_addrs[0]]
             await eventually(lambda: relay_on_validator.registered and standalone.registered, what="relays registered")
             assert set((await reader.call("dkb_getNode", relay2.peer_id))["roles"]) == {"relay"}
@@ -62,6 +65,22 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path):
                     net.nodes[0].peer_id, relay2.peer_id}
                 status = (await home.status.snapshot())["relay_client"]
                 assert status["relayed_addrs"] == record["relay_addrs"] and len(status["reservations"]) == 2
+
+            # another writer of a record (the compute role re-registering) drops what the relay wiring
+            # put there: the relay role and the relayed addresses come back
+            for ident, node in ((relay2_id, relay2), (home_a, a)):
+                record = await reader.call("dkb_getNode", ident.peer_id)
+                await net.client(ident, 3).send("register_node", {
+                    "roles": ["compute"], "listen_addrs": record["listen_addrs"], "relay_addrs": [],
+                    "hardware": record["hardware"]})
+
+            async def restored():
+                relay_record = await reader.call("dkb_getNode", relay2.peer_id)
+                home_record = await reader.call("dkb_getNode", a.peer_id)
+                return ("relay" in relay_record["roles"] and home_record["relay_addrs"]
+                        and home_record["relay_addrs"] == a.relay_client.client.relayed_addrs)
+            await eventually(restored, what="records restored")
+            assert (await reader.call("dkb_getNode", relay2.peer_id))["roles"] == ["compute", "relay"]
 
             assert c.relay_client.client.reservations == {}
             for relay_addr in relays:
