@@ -70,6 +70,7 @@ class HolePuncher:
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
         self._public: dict[str, Connection] = {}   # connections made from the punch port
         self._punched = asyncio.Event()
+        self._listening = asyncio.Lock()
 
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
@@ -222,6 +223,12 @@ class HolePuncher:
     async def _punch(self, addrs, *, listen: bool) -> TcpConnection:
         """Dial every address from the punch port until one connects (and, when ``listen``, accept on
         it too) within the punch window; the first connected socket wins, the rest are closed."""
+        if listen:  # one listener at a time, so a SYN cannot land on another punch's listener
+            async with self._listening:
+                return await self._punch_once(addrs, listen=True)
+        return await self._punch_once(addrs, listen=False)
+
+    async def _punch_once(self, addrs, *, listen: bool) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
         listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
@@ -229,7 +236,8 @@ class HolePuncher:
             if listen:
                 listener = _bound_socket(socket.AF_INET, self.port)
                 listener.listen(8)
-                tasks.append(asyncio.ensure_future(self._accept_one(listener)))
+                expected = {addr.tcp_endpoint()[0] for addr in addrs}
+                tasks.append(asyncio.ensure_future(self._accept_from(listener, expected)))
             sock = await self._first_socket(tasks, deadline)
         finally:
             for task in tasks:
@@ -283,6 +291,11 @@ class HolePuncher:
                 raise
 
     @staticmethod
-    async def _accept_one(listener: socket.socket) -> socket.socket:
-        sock, _peer = await asyncio.get_running_loop().sock_accept(listener)
-        return sock
+    async def _accept_from(listener: socket.socket, expected_ips: set[str]) -> socket.socket:
+        """The first connection accepted from one of ``expected_ips`` (others are closed)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, peer = await loop.sock_accept(listener)
+            if peer[0] in expected_ips:
+                return sock
+            sock.close()
