@@ -9,7 +9,8 @@ and published in its ledger record (``relay_addrs`` of register_node) whenever t
 checked there every ``RECHECK_S`` (another writer of the record may have replaced them). The Host
 dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) through this
 client, so ``host.open_stream(peer, proto)`` reaches a NAT'd peer; ``learn_peer`` puts a peer's
-relayed addresses from its ledger record into the peer book.
+relayed addresses from its ledger record into the peer book. Since every bulk circuit is also a
+connection to its relay, the Host's per-peer connection limit is raised to what a relay allows.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from . import reachability
 from .client import RelayClient
 from .ledger_access import RelayLedger
 from .registration import publish_record
+from .role import fit_connection_limit
+from .service import RelayLimits
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -50,6 +53,7 @@ class RelayNodeClient:
         self.published: list[str] | None = None   # relay_addrs the ledger record is known to hold
         self.last_error: str | None = None
         self._assess = assess
+        fit_connection_limit(node.host, RelayLimits.max_circuits_per_peer)  # as many circuits as a relay allows
         node.status.add_section("relay_client", self.status)
         node.metrics.gauge("dekube_relay_client_reservations", "Relays this node holds a reservation on.") \
             .set_function(lambda: len(self.client.reservations))

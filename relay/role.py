@@ -30,6 +30,7 @@ from .service import StakeLookup as StakeLookupFn
 from .submit import rpc_receipt_submitter
 
 if TYPE_CHECKING:
+    from node.p2p.host import Host
     from node.runtime import Node
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 REGISTER_RETRY_S = 5.0
 RECHECK_S = 10.0
 EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
+
+
+def fit_connection_limit(host: "Host", circuits_per_peer: int) -> None:
+    """Raise the Host's per-peer connection limit to hold ``circuits_per_peer`` bulk circuits
+    (each its own connection between an endpoint and the relay) besides the shared connection."""
+    need = circuits_per_peer + EXTRA_CONNECTIONS_PER_PEER
+    if host.limits.max_connections_per_peer < need:
+        log.info("per-peer connection limit raised to %d for relayed circuits", need)
+        host.limits = dataclasses.replace(host.limits, max_connections_per_peer=need)
 
 
 class RelayRole(Role):
@@ -74,17 +84,9 @@ class RelayRole(Role):
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
         self.service.start()
         AutoNATServer(node.host).start()
-        self._fit_connection_limit(node, settings["max_circuits_per_peer"])
+        fit_connection_limit(node.host, settings["max_circuits_per_peer"])
         node.status.add_section(self.name, self._status)
         self._register_metrics(node)
-
-    @staticmethod
-    def _fit_connection_limit(node: "Node", max_circuits_per_peer: int) -> None:
-        """Each bulk circuit of a peer arrives on its own connection: allow that many per peer."""
-        need = max_circuits_per_peer + EXTRA_CONNECTIONS_PER_PEER
-        if node.host.limits.max_connections_per_peer < need:
-            log.info("relay: per-peer connection limit raised to %d", need)
-            node.host.limits = dataclasses.replace(node.host.limits, max_connections_per_peer=need)
 
     def _status(self) -> dict:
         return {**self.service.status(), "ledger": None if self.ledger is None else

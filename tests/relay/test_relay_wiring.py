@@ -103,6 +103,11 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             assert bulk.bulk and a.relay_client.client.pipe_for(bulk) is not None
             assert await send_and_check(bulk, pattern(1 << 20)) == expected_answer(pattern(1 << 20))
             await bulk.close()
+            # more bulk circuits at once than the default 8 connections per peer (A to its relay, the
+            # relay from A): both ends raised their per-peer limit
+            many = await asyncio.gather(*(a.host.open_bulk_connection(b.peer_id) for _ in range(12)))
+            assert all(a.relay_client.client.pipe_for(conn) is not None for conn in many)
+            await asyncio.gather(*(conn.close() for conn in many))
             b.host.set_handler(SINK_PROTOCOL, Sink())
             stream = await a.host.open_stream(b.peer_id, SINK_PROTOCOL)
             assert a.relay_client.client.pipe_for(stream.connection) is not None, "the connection must be relayed"
