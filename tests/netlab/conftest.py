@@ -7,6 +7,8 @@ when the machine cannot build namespaces.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from .lab import unavailable
@@ -20,11 +22,12 @@ def net():
         pytest.skip(why)
     network = Net.build()
     try:
-        network.start_relay("relay1", "relay1")
-        network.start_relay("relay2", "relay2")
-        network.start_public("pub", "pub")
-        for name, home in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
-            network.start_home(name, home)
+        starts = [lambda: network.start_relay("relay1", "relay1"), lambda: network.start_relay("relay2", "relay2"),
+                  lambda: network.start_public("pub", "pub")]
+        starts += [lambda n=name, h=home: network.start_home(n, h) for name, home in (("a", 1), ("b", 2), ("c", 3), ("d", 4))]
+        with ThreadPoolExecutor(len(starts)) as pool:  # agents import in parallel
+            for future in [pool.submit(start) for start in starts]:
+                future.result()
         yield network
     finally:
         network.close()
