@@ -3,7 +3,8 @@ restart them, and check every chain invariant over RPC at the end (and every ``-
 
     python scripts/soak.py --kills 1000 [--validators 4] [--rate 20] [--home DIR] [--seed 1]
 
-At most one validator is down at a time (4 validators tolerate one fault). The last line printed
+One fault at a time (4 validators tolerate one): after each, the victim must answer RPC and catch up
+with the others within ``--recover-timeout`` before the next one (a violation otherwise). The last line printed
 is a JSON object: kills, stops, confirmed transactions, final heights, violations (must be []).
 Exit status 1 when an invariant is violated or the chain stops making progress.
 """
@@ -43,6 +44,20 @@ def check(testnet: Testnet, load: WalletLoad, stop_load: threading.Event, loader
     return violations
 
 
+def recovered(testnet: Testnet, victim, timeout: float) -> str | None:
+    """Wait until ``victim`` answers and has caught up with the others; a violation text if not."""
+    deadline = time.monotonic() + timeout
+    target = max(testnet.height(n) or 0 for n in testnet.nodes if n is not victim)
+    while time.monotonic() < deadline:
+        height = testnet.height(victim)
+        if height is not None and height >= target:
+            return None
+        if not testnet.is_running(victim):
+            return f"{victim.name} exited; see {victim.log_file}"
+        time.sleep(0.2)
+    return f"{victim.name} did not catch up to height {target} within {timeout:g} s (at {testnet.height(victim)})"
+
+
 def soak(args, testnet: Testnet, accounts: list[Identity]) -> dict:
     rng = random.Random(args.seed)
     testnet.up(wait_height=2, timeout=120)
@@ -68,11 +83,14 @@ def soak(args, testnet: Testnet, accounts: list[Identity]) -> dict:
                 time.sleep(rng.uniform(0.0, 1.0))
                 testnet.start_node(victim)
                 kills += 1
-            time.sleep(rng.uniform(0.2, 1.5))
+            failure = recovered(testnet, victim, args.recover_timeout)  # one fault at a time
+            if failure:
+                violations.append(failure)
+                break
             if kills % 10 == 0:
                 log(f"{kills} kills, {stops} stops, {len(load.confirmed)} confirmed, "
                     f"heights {[testnet.height(n) for n in testnet.nodes]}")
-        violations = check(testnet, load, stop_load, loader)
+        violations += check(testnet, load, stop_load, loader)
         log(f"checked after {kills} kills: {len(violations)} violations")
     return {"kills": kills, "stops": stops, "confirmed": len(load.confirmed), "submitted": load.submitted,
             "resubmitted": load.errors.get("resubmitted", 0), "seconds": round(time.monotonic() - started, 1),
@@ -87,6 +105,9 @@ def main() -> int:
     parser.add_argument("--accounts", type=int, default=60)
     parser.add_argument("--check-every", type=int, default=50, help="kills between invariant checks")
     parser.add_argument("--stop-fraction", type=float, default=0.2, help="share of faults that are SIGSTOP")
+    parser.add_argument("--recover-timeout", type=float, default=60.0,
+                        help="seconds a restarted or resumed validator has to catch up before the next fault")
+    parser.add_argument("--log-level", default="warning", help="validators' log level")
     parser.add_argument("--home", help="testnet directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -94,7 +115,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dekube-soak-") as tmp:
         testnet = Testnet.create(args.home or tmp, args.validators, chain_id="dekube-soak",
                                  balances={a.peer_id: 10**12 for a in accounts},
-                                 settings={"node.log_level": "warning"})
+                                 settings={"node.log_level": args.log_level})
         try:
             result = soak(args, testnet, accounts)
         except TestnetError as exc:
