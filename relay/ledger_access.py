@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ml.compute.ledger_client import LedgerClient, LedgerUnavailable
+from node.identity import Identity
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -29,11 +31,14 @@ def validator_role_of(node: "Node"):
 class RelayLedger:
     """Reads from a local validator role or a JSON-RPC URL; sends over JSON-RPC."""
 
-    def __init__(self, node: "Node", url: str = "", validator=None) -> None:
+    def __init__(self, identity: Identity, url: str = "", validator=None,
+                 own_url: Callable[[], str | None] | None = None) -> None:
+        """``url``: a validator's JSON-RPC; else transactions go to ``own_url()`` (this node's)."""
         if not url and validator is None:
             raise ValueError("a ledger needs a JSON-RPC URL or a local validator role")
-        self._node = node
+        self._identity = identity
         self._url = url
+        self._own_url = own_url
         self.validator = validator
         self._client: LedgerClient | None = None
 
@@ -42,7 +47,9 @@ class RelayLedger:
         """The ledger this node's relay wiring uses, or None when it has neither a validator role
         nor ``[relay] ledger_rpc``."""
         url, validator = node.config.get("relay", "ledger_rpc"), validator_role_of(node)
-        return cls(node, url, validator) if url or validator is not None else None
+        if not url and validator is None:
+            return None
+        return cls(node.identity, url, validator, lambda: node.http.url if node.http is not None else None)
 
     @property
     def is_local(self) -> bool:
@@ -52,17 +59,15 @@ class RelayLedger:
     @property
     def url(self) -> str:
         """The JSON-RPC URL transactions go to (the node's own once its HTTP server is up)."""
-        if self._url:
-            return self._url
-        http = self._node.http
-        if http is None:
+        url = self._url or (self._own_url() if self._own_url is not None else None)
+        if not url:
             raise LedgerUnavailable("this node serves no JSON-RPC: set [relay] ledger_rpc")
-        return http.url
+        return url
 
     @property
     def client(self) -> LedgerClient:
         if self._client is None:
-            self._client = LedgerClient(self.url, self._node.identity)
+            self._client = LedgerClient(self.url, self._identity)
         return self._client
 
     async def node_info(self, peer_id: str) -> dict | None:
