@@ -10,6 +10,9 @@ receiver and the sender each run in their own process, so the numbers are CPU-bo
                             to one receiver with fixed yamux windows (``jain_8_flows_autotuned_windows``:
                             with the receiver's default window auto-tuning)
   reserve_p99_ms()          p99 of RESERVE round trips on an open connection to the relay
+  reserve_ledger_p99_ms()   the same with ledger-backed admission and no cache: per RESERVE the
+                            relay asks dkb_getNode + dkb_getStake over JSON-RPC (a stub ledger
+                            server in its own process answers, as a validator does from memory)
 The netlab part (``netlab_direct_Mbps``, ``netlab_relayed_Mbps``, ``failover_s``: 1 Gbit/s tbf home
 links behind NAT routers in network namespaces, root needed) comes from bench/relay_netlab.py.
 Prints progress to stderr and, as its last stdout line, one JSON object.
@@ -36,6 +39,7 @@ from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
 from node.p2p.yamux import INITIAL_WINDOW  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
+from relay.ledger_access import RelayLedger, StakeLookup  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 from relay_netlab import netlab_figures  # noqa: E402
 
@@ -70,15 +74,42 @@ async def wait_stdin_closed() -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-async def serve_relay() -> None:
-    host = Host(Identity.generate(), limits=BENCH_LIMITS)
+async def serve_relay(ledger_rpc: str | None = None) -> None:
+    """A relay admitting every peer: as registered with stake 1, or, with ``ledger_rpc``, by an
+    uncached ledger lookup over JSON-RPC for every request."""
+    identity = Identity.generate()
+    host = Host(identity, limits=BENCH_LIMITS)
     await host.start()
-    service = RelayService(host, Admission(stake_of=lambda peer: 1))  # every peer counts as registered
+    stake_of = StakeLookup(RelayLedger(identity, ledger_rpc), ttl=0) if ledger_rpc else (lambda peer: 1)
+    service = RelayService(host, Admission(stake_of=stake_of))
     service.start()
     print(f"ADDR {host.listen_addrs[0]}", flush=True)
     await wait_stdin_closed()
     await service.stop()
     await host.stop()
+
+
+async def serve_ledger() -> None:
+    """A stub ledger JSON-RPC: every peer is registered with 1000 bonded."""
+    from aiohttp import web
+
+    async def handle(request):
+        body = await request.json()
+        peer = body["params"][0]
+        result = ({"peer_id": peer, "roles": ["compute"], "listen_addrs": [], "relay_addrs": []}
+                  if body["method"] == "dkb_getNode" else {"bonded": 1000, "unbonding": [], "slashed": 0})
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"ADDR http://127.0.0.1:{port}", flush=True)
+    await wait_stdin_closed()
+    await runner.cleanup()
 
 
 async def serve_sink(relay_addr: str | None, max_window: int | None) -> None:
@@ -236,8 +267,14 @@ async def _jain(flows: int, seconds: float, autotune: bool) -> tuple[float, list
     return jain, counts
 
 
-async def _reserve_latencies(count: int) -> list[float]:
-    relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay")
+async def _reserve_latencies(count: int, ledger: bool = False) -> list[float]:
+    helpers = []
+    relay_args = []
+    if ledger:
+        stub, url = await spawn(sys.executable, __file__, "--serve", "ledger")
+        helpers.append(stub)
+        relay_args = ["--ledger-rpc", url]
+    relay, relay_addr = await spawn(sys.executable, __file__, "--serve", "relay", *relay_args)
     client = RelayClient(Host(Identity.generate(), limits=BENCH_LIMITS))
     await client.host.start()
     try:
@@ -250,7 +287,7 @@ async def _reserve_latencies(count: int) -> list[float]:
         return samples
     finally:
         await client.host.stop()
-        await finish(relay)
+        await finish(relay, *helpers)
 
 
 def loopback_direct(mib: int = 256) -> tuple[float, float]:
@@ -283,21 +320,28 @@ def jain_8_flows(autotune: bool = False) -> float:
     return jain
 
 
-def reserve_p99_ms() -> float:
-    samples = sorted(_run(_reserve_latencies(RESERVATIONS)))
+def reserve_p99_ms(ledger: bool = False) -> float:
+    samples = sorted(_run(_reserve_latencies(RESERVATIONS, ledger)))
     return samples[int(0.99 * (len(samples) - 1))] * 1e3
+
+
+def reserve_ledger_p99_ms() -> float:
+    return reserve_p99_ms(ledger=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--pylibp2p-mib", type=int, default=64)
-    parser.add_argument("--serve", choices=["relay", "sink"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["relay", "sink", "ledger"], help=argparse.SUPPRESS)
+    parser.add_argument("--ledger-rpc", help=argparse.SUPPRESS)
     parser.add_argument("--relay", help=argparse.SUPPRESS)
     parser.add_argument("--max-window", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "relay":
-        return _run(serve_relay())
+        return _run(serve_relay(args.ledger_rpc))
+    if args.serve == "ledger":
+        return _run(serve_ledger())
     if args.serve == "sink":
         return _run(serve_sink(args.relay, args.max_window))
     result: dict = {"mib": args.mib}
@@ -310,6 +354,7 @@ def main() -> None:
     result["jain_8_flows"] = jain_8_flows()
     result["jain_8_flows_autotuned_windows"] = jain_8_flows(autotune=True)
     result["reserve_p99_ms"] = reserve_p99_ms()
+    result["reserve_ledger_p99_ms"] = reserve_ledger_p99_ms()
     result["relayed_vs_direct"] = result["relayed_MBps"] / result["direct_MBps"]
     result["relayed_vs_direct_cpu_bound"] = result["relayed_cpu_bound_MBps"] / result["direct_cpu_bound_MBps"]
     result["relayed_vs_pylibp2p"] = result["relayed_MBps"] / result["pylibp2p_relay_MBps"]
