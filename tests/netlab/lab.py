@@ -39,12 +39,24 @@ class LabError(RuntimeError):
 
 
 def unavailable() -> str | None:
-    """None if namespaces with NAT can be built here, else the reason."""
+    """None if namespaces with NAT can be built here, else the reason (also when root lacks the
+    capabilities, as in an unprivileged container: a probe namespace is made and deleted)."""
     if os.geteuid() != 0:
         return "netlab needs root (network namespaces)"
     for tool in ("ip", "nft", "tc"):
         if shutil.which(tool) is None:
             return f"netlab needs `{tool}` (apt-get install -y nftables iproute2)"
+    probe = f"dk{os.getpid() % 100000}probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create network namespaces here: {made.stderr.strip()}"
+    try:
+        rules = subprocess.run(["ip", "netns", "exec", probe, "nft", "add", "table", "ip", "probe"],
+                               capture_output=True, text=True)
+        if rules.returncode != 0:
+            return f"nftables does not work in a namespace here: {rules.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
 
 
