@@ -122,10 +122,12 @@ class HolePuncher:
         return decode_identify(data).observed_addr
 
     def own_addrs(self) -> list[Multiaddr]:
-        """Our punch port as public peers see it (what the dcutr exchange offers)."""
+        """Our punch port as public peers see it over live connections (what CONNECT offers): a
+        mapping whose connection is gone may have expired in the NAT."""
         out = []
-        for addr in self.observed.values():
-            if addr not in out:
+        for peer, addr in self.observed.items():
+            conn = self._public.get(peer)
+            if conn is not None and not conn.closed and addr not in out:
                 out.append(addr)
         return out
 

@@ -162,12 +162,26 @@ def test_direct_connect_upgrades_a_relayed_connection_on_loopback():
 def test_direct_connect_gives_up_and_stays_relayed_when_no_path_exists():
     async def main():
         a, b, relay, relayed, (pa, pb) = await _relayed_pair()
-        pb.observed = {"x": Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # nothing listens on port 9 (discard)
+        pb.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # nothing listens there
         pa.attempts = 2
         try:
             assert await pa.direct_connect(relayed) is None
             assert not relayed.closed  # still usable
             assert await relayed.ping() >= 0
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_only_mappings_on_live_connections_are_offered():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        try:
+            assert pa.own_addrs() == [Multiaddr.parse(f"/ip4/127.0.0.1/tcp/{pa.port}")]
+            await pa._public[relay.host.peer_id].close()
+            assert pa.own_addrs() == []
+            with pytest.raises(DcutrError, match="no observed address"):
+                await pa._initiate(relayed)
         finally:
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
