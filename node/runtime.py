@@ -86,10 +86,8 @@ class Node:
         self._register_builtins()
         for role in self.roles:
             role.setup(self)
-        self.relay_client = None
-        if config.get("relay", "relays"):  # reservations on relays, whatever the roles (ADR 0062)
-            from relay.node_client import RelayNodeClient
-            self.relay_client = RelayNodeClient(self)
+        from relay.node_client import RelayNodeClient  # circuits and reservations, whatever the roles (ADR 0062)
+        self.relay_client = RelayNodeClient(self)
 
     def add_json_get(self, path: str, handler: JsonGet) -> None:
         """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
@@ -131,8 +129,7 @@ class Node:
                         tasks.create_task(self._keep_bootstrap_peers(), name="bootstrap")
                     for role in self.roles:
                         tasks.create_task(self._run_role(role), name=f"role-{role.name}")
-                    if self.relay_client is not None:
-                        tasks.create_task(self.relay_client.run(), name="relay-client")
+                    tasks.create_task(self.relay_client.run(), name="relay-client")
             except* _StopRequested:
                 pass
         finally:

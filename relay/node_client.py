@@ -1,16 +1,16 @@
-"""The relay client as a node service: what a node configured with ``[relay] relays`` runs,
-whatever its roles (the runtime starts it; ADR 0062).
+"""The relay client as a node service, whatever the node's roles (the runtime starts it; ADR 0062).
 
-It holds reservations on ``[relay] reservations`` (2) of those relays, chosen by round-trip time,
-refreshed before expiry and replaced when a relay dies (``RelayClient.maintain``): always when
-``[relay] reserve`` is true, else only while AutoNAT through the relays says this node is private
-(re-assessed every ``REASSESS_S``). Its relayed addresses are shown in ``/status`` ("relay_client")
-and published in its ledger record (``relay_addrs`` of register_node) whenever they change, and
-checked there every ``RECHECK_S`` (another writer of the record may have replaced them). The Host
-dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) through this
-client, so ``host.open_stream(peer, proto)`` reaches a NAT'd peer; ``learn_peer`` puts a peer's
-relayed addresses from its ledger record into the peer book. Since every bulk circuit is also a
-connection to its relay, the Host's per-peer connection limit is raised to what a relay allows.
+Every node dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) for its
+Host through this client (the circuit dialer), so ``host.open_stream(peer, proto)`` reaches a
+NAT'd peer; ``learn_peer`` puts a peer's relayed addresses from its ledger record into the peer
+book. A node configured with ``[relay] relays`` also holds reservations on ``[relay]
+reservations`` (2) of them, chosen by round-trip time, refreshed before expiry and replaced when a
+relay dies (``RelayClient.maintain``): always when ``[relay] reserve`` is true, else only while
+AutoNAT through the relays says this node is private (re-assessed every ``REASSESS_S``). Its
+relayed addresses are shown in ``/status`` ("relay_client") and published in its ledger record
+(``relay_addrs`` of register_node) whenever they change, and checked there every ``RECHECK_S``
+(another writer of the record may have replaced them). Since each bulk circuit it opens is also a
+connection to its relay, such a node's per-peer connection limit is raised to what a relay allows.
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ class RelayNodeClient:
         self.published: list[str] | None = None   # relay_addrs the ledger record is known to hold
         self.last_error: str | None = None
         self._assess = assess
-        fit_connection_limit(node.host, RelayLimits.max_circuits_per_peer)  # as many circuits as a relay allows
+        if self.relays:  # NAT'd: as many bulk circuits (connections to a relay) as a relay allows
+            fit_connection_limit(node.host, RelayLimits.max_circuits_per_peer)
         node.status.add_section("relay_client", self.status)
         node.metrics.gauge("dekube_relay_client_reservations", "Relays this node holds a reservation on.") \
             .set_function(lambda: len(self.client.reservations))
@@ -68,20 +69,23 @@ class RelayNodeClient:
                              for relay, r in self.client.reservations.items()},
             "relayed_addrs": self.client.relayed_addrs,
             "published_relay_addrs": self.published,
-            "ledger": None if self.ledger is None else ("local" if self.ledger.is_local else self.ledger.url),
+            "ledger": None if self.ledger is None else "local" if self.ledger.is_local else self.ledger.url,
             "last_error": self.last_error,
         }
 
     def _wants_reservations(self) -> bool:
-        return self.always_reserve or self.reachability == reachability.Reachability.PRIVATE
+        return bool(self.relays) and (self.always_reserve or self.reachability == reachability.Reachability.PRIVATE)
 
     async def run(self) -> None:
+        """Dial circuits for the Host; with ``[relay] relays``, also reserve and publish."""
         await self.node.ready.wait()
         self.client.start()
         self.node.host.register_circuit_dialer(lambda maddr, bulk: self.client.dial([str(maddr)], bulk=bulk))
         try:
+            if not self.relays:
+                await asyncio.Event().wait()
             if self.ledger is not None:
-                await self._publish_until_done()  # registered before the relays look us up
+                await self._first_publish()  # registered before the relays look us up, if the ledger answers
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._reserve_when_needed())
                 if self.ledger is not None:
@@ -115,11 +119,10 @@ class RelayNodeClient:
                 if not await self._publish(current):
                     await asyncio.sleep(PUBLISH_RETRY_S)
 
-    async def _publish_until_done(self) -> None:
+    async def _first_publish(self) -> None:
         if self.ledger.is_local:
             await self.ledger.validator.ready.wait()
-        while not await self._publish(self.client.relayed_addrs):
-            await asyncio.sleep(PUBLISH_RETRY_S)
+        await self._publish(self.client.relayed_addrs)  # on failure _keep_published retries
 
     async def _publish(self, relay_addrs: list[str]) -> bool:
         """Make the ledger record carry ``relay_addrs``; False (and ``last_error``) on failure."""
