@@ -120,6 +120,7 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             assert answer.decode() == expected_answer(data)
             await stream.connection.close()  # the circuits ended: the relays ask for final receipts
 
+
             async def settled():
                 now = {pid: await balance(reader, pid) for pid in before}
                 earned = sum(now[r] - before[r] for r in relay_ids)
@@ -127,6 +128,15 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             await eventually(settled, what="both circuits' receipts paid on chain")
             receipts = relay_on_validator.service.counters["receipts"] + standalone.service.counters["receipts"]
             assert receipts >= 2 and relay_on_validator.service.counters["receipts_failed"] == 0
+
+            # a node with no [relay] settings at all (a validator) reaches B the same way
+            validator = net.nodes[3]
+            await validator.relay_client.learn_peer(b.peer_id)
+            b.host.set_handler(SINK_PROTOCOL, Sink())
+            assert await validator.host.ping(b.peer_id) > 0
+            conn = validator.host.connections(b.peer_id)[0]
+            assert validator.relay_client.client.pipe_for(conn) is not None
+            assert await send_and_check(conn, pattern(1 << 16)) == expected_answer(pattern(1 << 16))
         finally:
             await net.stop()
 
