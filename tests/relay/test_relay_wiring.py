@@ -2,10 +2,13 @@
 validator (admission from its own ledger), a relay that asks a validator over JSON-RPC, and home
 nodes that only use the relays (``[relay] relays``, ``reserve = true``).
 
-Registered, bonded home nodes reserve on both relays and publish their relayed addresses in their
-ledger records (and /status); an unregistered node is refused; one home node reaches the other with
-``host.open_stream`` knowing only its relayed addresses from the ledger; the relay's co-signed
-receipt is paid on chain (its balance grows by what the source paid).
+Both relays register with the relay role. Registered, bonded home nodes reserve on both relays and
+publish their relayed addresses in their ledger records (and /status), restored when another writer
+drops them; an unregistered node is refused. One home node reaches the other with
+``host.open_bulk_connection`` (13 bulk circuits, past the default per-peer limit) and
+``host.open_stream`` knowing only its relayed addresses from the ledger; the co-signed receipts are
+paid on chain (the relays earn what the source paid); a validator without relay settings reaches
+the home node the same way.
 """
 import asyncio
 
