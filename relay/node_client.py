@@ -20,8 +20,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ml.compute.ledger_client import LedgerUnavailable, TxFailed
-
 from . import reachability
 from .client import RelayClient
 from .ledger_access import RelayLedger
@@ -38,6 +36,7 @@ PUBLISH_POLL_S = 0.5     # how often the relayed addresses are compared with the
 RECHECK_S = 10.0         # how often the ledger record is read back even without a change
 PUBLISH_RETRY_S = 5.0
 REASSESS_S = 300.0       # how often a node that found itself reachable asks again
+RESTART_S = 5.0          # pause before restarting reservations after an unexpected failure
 
 
 class RelayNodeClient:
@@ -105,7 +104,13 @@ class RelayNodeClient:
             if self.reachability == reachability.Reachability.PRIVATE:
                 break
             await asyncio.sleep(REASSESS_S)
-        await self.client.maintain(self.relays)
+        while True:
+            try:
+                await self.client.maintain(self.relays)
+            except Exception as exc:  # a relay answering junk must not stop the node: start over
+                self.last_error = f"keeping reservations: {type(exc).__name__}: {exc}"
+                log.exception("relay client failed; restarting in %s s", RESTART_S)
+                await asyncio.sleep(RESTART_S)
 
     # ---- the ledger record
     async def _keep_published(self) -> None:
@@ -129,8 +134,8 @@ class RelayNodeClient:
         try:
             sent = await publish_record(self.ledger, self.node.peer_id, roles={r.name for r in self.node.roles},
                                         listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
-        except (LedgerUnavailable, TxFailed) as exc:
-            self.last_error = f"publishing the node record: {exc}"
+        except Exception as exc:  # a ledger that is down, refuses or answers junk must not stop the node
+            self.last_error = f"publishing the node record: {type(exc).__name__}: {exc}"
             log.warning("%s", self.last_error)
             return False
         if sent:

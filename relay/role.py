@@ -18,7 +18,6 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from ml.compute.ledger_client import LedgerUnavailable, TxFailed
 from node.identity import is_valid_peer_id
 from node.roles import Role, RoleError
 
@@ -58,6 +57,7 @@ class RelayRole(Role):
         self.service: RelayService | None = None
         self.ledger: RelayLedger | None = None
         self.registered = False
+        self.last_error: str | None = None
 
     def setup(self, node: "Node") -> None:
         settings = node.config["relay"]
@@ -90,7 +90,8 @@ class RelayRole(Role):
 
     def _status(self) -> dict:
         return {**self.service.status(), "ledger": None if self.ledger is None else
-                ("local" if self.ledger.is_local else self.ledger.url), "registered": self.registered}
+                ("local" if self.ledger.is_local else self.ledger.url), "registered": self.registered,
+                "last_error": self.last_error}
 
     def _register_metrics(self, node: "Node") -> None:
         service = self.service
@@ -129,7 +130,9 @@ class RelayRole(Role):
                                         listen_addrs=node.host.listen_addrs):
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True
+                self.last_error = None
                 await asyncio.sleep(RECHECK_S)
-            except (LedgerUnavailable, TxFailed) as exc:
-                log.warning("relay registration failed (retrying): %s", exc)
+            except Exception as exc:  # a ledger that is down, refuses or answers junk must not stop the relay
+                self.last_error = f"registering: {type(exc).__name__}: {exc}"
+                log.warning("relay registration failed (retrying): %s", self.last_error)
                 await asyncio.sleep(REGISTER_RETRY_S)

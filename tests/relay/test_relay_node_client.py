@@ -193,3 +193,24 @@ def test_a_reachable_node_does_not_reserve_after_asking_a_relay_node():
             await stop_home(relay, relay_task)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_ledger_answering_junk_is_reported_and_reservations_go_on():
+    class JunkLedger(FakeLedger):
+        async def node_info(self, peer_id):
+            return "not a record"
+
+    async def main():
+        home_id = Identity.generate()
+        relay = await start_relay({home_id.peer_id})
+        node, task = await start_home(home_id, [relay.host.listen_addrs[0]], True, JunkLedger())
+        try:
+            await eventually(lambda: node.relay_client.client.reservations, what="reservation")
+            await eventually(lambda: node.relay_client.last_error, what="the error reported")
+            assert "publishing the node record" in node.relay_client.last_error
+            assert not task.done() and node.relay_client.published is None
+        finally:
+            await stop_home(node, task)
+            await stop_all(relay)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
