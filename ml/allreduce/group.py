@@ -137,11 +137,13 @@ class AllReduceGroup:
     async def close(self, linger_s: float = 30.0) -> None:
         """Stop, after at most `linger_s` seconds spent delivering frames still queued (results
         this peer reduced may still be on their way to slower members)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + linger_s
         await self._links.flush(linger_s)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self._links.close()
+        await self._links.close(grace_s=max(1.0, deadline - loop.time()))
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def set_peers(self, peers: list[str]) -> None:
@@ -243,16 +245,11 @@ class AllReduceGroup:
         heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
-        others = [m for m in ctx.plan.members if m != self.my_id]
-        faulty: dict[str, str] = {}
         try:
-            # a member whose connection broke or who sent junk fails the attempt at once, even
-            # if this peer is not waiting on it right now
-            while not (faulty := self._inbox.faults_among(others, ctx.round_id)):
-                fault = self._inbox.fault_signal()
-                await asyncio.wait({task, view, pushed, fault}, return_when=asyncio.FIRST_COMPLETED)
-                if task.done() or view.done() or pushed.done():
-                    break
+            # A member's recorded fault (closed connection, junk) fails the attempt when we wait
+            # on that member (Inbox.take), not before: a member that finished the round and left
+            # may still have delivered everything we need from it.
+            await asyncio.wait({task, view, pushed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             heartbeat.cancel()
             if not task.done():
@@ -268,17 +265,17 @@ class AllReduceGroup:
             if adopted is not None:
                 return adopted
         if isinstance(error, PeerFailure):
-            return {**faulty, error.peer: error.reason}, None
+            return {error.peer: error.reason}, None
         if isinstance(error, PlanMismatch):
             return {}, error.members
         if error is not None:  # a local failure (e.g. our codec): leave the round, tell the others
             log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
             return {self.my_id: f"local failure: {type(error).__name__}: {error}"}, None
-        return faulty, None
+        return {}, None
 
     async def _heartbeat(self, ctx: AttemptContext) -> None:
-        """PING every member a few times per stall timeout: staggered sends leave a member without
-        data from us for a while, and silence must mean a stall, not a schedule."""
+        """PING every member a few times per stall timeout: a member may have no data for us for a
+        while (a reducer waiting on a slow contributor), and silence must mean a stall."""
         ping = Frame(Kind.PING, ctx.round_id, ctx.attempt, 0, 0)
         interval = max(0.05, self._policy.floor_s / 4)
         others = [m for m in ctx.plan.members if m != self.my_id]
@@ -321,7 +318,7 @@ class AllReduceGroup:
         meta = {"alive": members_mask(sorted(alive), self._peers), "shape": ctx.first_meta["shape"],
                 "why": {str(index[p]): r[:200] for p, r in suspects.items()}}
         others = [m for m in ctx.plan.members if m != self.my_id]
-        log.debug("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
+        log.info("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
         for member in others:
             await self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta))
         log.debug("%s: views sent", self.my_id)

@@ -35,7 +35,6 @@ class Inbox:
         self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
         self._last_alive: dict[str, float] = {}  # last frame of any kind (PINGs included): stalls
         self._faults: dict[str, tuple[int, str]] = {}
-        self._fault_signal: asyncio.Future | None = None
         self._min_round = 0
 
     @staticmethod
@@ -63,7 +62,6 @@ class Inbox:
         """Mark `sender` faulty from `round_id` on; waits on it fail at once."""
         if sender not in self._faults or self._faults[sender][0] < round_id:
             self._faults[sender] = (round_id, reason)
-        self._resolve(self._fault_signal)
         for key, waiter in list(self._waiters.items()):
             if key[-1] == sender:
                 self._resolve(self._waiters.pop(key))
@@ -71,15 +69,6 @@ class Inbox:
     def fault(self, sender: str, round_id: int) -> str | None:
         entry = self._faults.get(sender)
         return entry[1] if entry is not None and entry[0] >= round_id else None
-
-    def faults_among(self, peers, round_id: int) -> dict[str, str]:
-        return {p: reason for p in peers if (reason := self.fault(p, round_id)) is not None}
-
-    def fault_signal(self) -> asyncio.Future:
-        """A future done at the next recorded fault (of any peer)."""
-        if self._fault_signal is None or self._fault_signal.done():
-            self._fault_signal = asyncio.get_running_loop().create_future()
-        return self._fault_signal
 
     def signal(self, round_id: int, attempt: int | None, kind: Kind) -> asyncio.Future:
         """A future done once any frame of this kind (and attempt; None: any) arrived for the round."""

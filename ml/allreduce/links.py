@@ -27,6 +27,7 @@ class PeerLinks:
         self._queues: dict[str, asyncio.Queue] = {}
         self._writers: set[asyncio.Task] = set()
         self._floor = (0, 0)
+        self._close_grace_s = 1.0
         self.bytes_sent = 0
 
     def set_floor(self, round_id: int, attempt: int) -> None:
@@ -59,7 +60,10 @@ class PeerLinks:
             for join in pending:
                 join.cancel()
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 1.0) -> None:
+        """Stop the writers; each closes its stream, waiting up to `grace_s` for buffered bytes
+        to leave."""
+        self._close_grace_s = grace_s
         for task in self._writers:
             task.cancel()
         if self._writers:
@@ -98,4 +102,4 @@ class PeerLinks:
         finally:
             if stream is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(stream.close(), 1.0)
+                    await asyncio.wait_for(stream.close(), self._close_grace_s)

@@ -16,8 +16,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS = 4
-NUMEL = 1 << 21
-CHUNK = 1 << 16
+NUMEL = 1 << 20
+CHUNK = 1 << 15
 ROUNDS = 3
 KILL_ROUND = 1
 
