@@ -10,17 +10,27 @@ without a ledger record, cached for ``ttl`` seconds when the reads go over the n
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ml.compute.ledger_client import LedgerClient, LedgerUnavailable
+from node.config import ConfigError
 from node.identity import Identity
 
 if TYPE_CHECKING:
     from node.runtime import Node
 
 MAX_CACHED_PEERS = 4096
+
+
+def check_rpc_url(key: str, url: str) -> str:
+    """``url`` if it is empty or an http(s) URL, else ConfigError naming ``[relay] key``."""
+    parts = urllib.parse.urlsplit(url)
+    if url and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ConfigError(f"[relay] {key}: {url!r} is not an http:// or https:// URL")
+    return url
 
 
 def validator_role_of(node: "Node"):
@@ -46,7 +56,7 @@ class RelayLedger:
     def for_node(cls, node: "Node") -> "RelayLedger | None":
         """The ledger this node's relay wiring uses, or None when it has neither a validator role
         nor ``[relay] ledger_rpc``."""
-        url, validator = node.config.get("relay", "ledger_rpc"), validator_role_of(node)
+        url, validator = check_rpc_url("ledger_rpc", node.config.get("relay", "ledger_rpc")), validator_role_of(node)
         if not url and validator is None:
             return None
         return cls(node.identity, url, validator, lambda: node.http.url if node.http is not None else None)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from node.identity import is_valid_peer_id
 from node.roles import Role, RoleError
 
-from .ledger_access import RelayLedger, StakeLookup
+from .ledger_access import RelayLedger, StakeLookup, check_rpc_url
 from .reachability import AutoNATServer
 from .registration import publish_record
 from .service import Admission, RelayLimits, RelayService, Submit
@@ -77,7 +77,7 @@ class RelayRole(Role):
                              price_per_mib=settings["price_per_mib"])
         chain_id = node.config["consensus"]["chain_id"]
         submit = self._submit
-        if submit is None and settings["receipt_rpc"]:
+        if submit is None and check_rpc_url("receipt_rpc", settings["receipt_rpc"]):
             submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id)
         elif submit is None and self.ledger is not None:
             submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id)

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from ml.compute.ledger_client import LedgerUnavailable
+from node.config import ConfigError
 from node.identity import Identity
 from node.roles import BasicRole
 from node.runtime import Node
@@ -214,3 +215,9 @@ def test_a_ledger_answering_junk_is_reported_and_reservations_go_on():
             await stop_all(relay)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("key", ["ledger_rpc", "receipt_rpc"])
+def test_a_malformed_ledger_url_is_a_config_error(key):
+    with pytest.raises(ConfigError, match=f"\\[relay\\] {key}"):
+        Node(node_config(rpc=False, **{key: "localhost:8645"}), Identity.generate(), [RelayRole()])
