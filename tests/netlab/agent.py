@@ -1,8 +1,9 @@
 """A dekube node for the netlab, driven line by line over stdin/stdout with JSON commands.
 
 Run inside a namespace: ``python tests/netlab/agent.py --seed HEX --listen /ip4/A/tcp/P [--relay
---allow ID,ID] [--punch-port N]``. Every agent runs a Host with a relay client (reservations,
-circuits, receipt co-signing), an AutoNAT server, a hole puncher and a resumable-transfer receiver;
+--allow ID,ID] [--punch-port N] [--auto-punch]``. Every agent runs a Host with a relay client (reservations,
+circuits, receipt co-signing), an AutoNAT server, a hole puncher (with ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a
+resumable-transfer receiver;
 ``--relay`` adds the circuit relay v2 service admitting the allow-listed peers. It prints
 ``READY {"peer_id": ..., "addrs": [...]}`` and then answers each command line
 ``{"id": n, "op": ..., ...}`` with ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok":
@@ -15,6 +16,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   connect(circuits, punch)           -> {conn, direct, relay, remote}
   dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
   disconnect(peer)                   -> how many connections to the peer were closed
+  paths(peer)                        -> "direct"/"relayed" for each open connection to the peer
   send(mib, conn | circuits, stall_timeout) -> {seconds, starts, relays, id} (resumable transfer)
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
   cpu()                              -> CPU seconds this agent used so far
@@ -40,6 +42,7 @@ from node.p2p.limits import HostLimits  # noqa: E402
 from relay.client import RelayClient, RelayRefused  # noqa: E402
 from relay.holepunch import HolePuncher  # noqa: E402
 from relay.holepunch_dial import dial_peer  # noqa: E402
+from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
 from relay.resumable import RESUMABLE_PROTOCOL, STALL_TIMEOUT, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
@@ -66,6 +69,8 @@ class Agent:
             self.service = RelayService(self.host, Admission(allow))
         self.conns = {}
         self.keeper: asyncio.Task | None = None
+        self.auto_punch = args.auto_punch
+        self.inbound_puncher: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.host.start()
@@ -75,6 +80,8 @@ class Agent:
         self.host.set_handler(RESUMABLE_PROTOCOL, self.receiver.serve)
         if self.service is not None:
             self.service.start()
+        if self.auto_punch:
+            self.inbound_puncher = asyncio.ensure_future(upgrade_inbound(self.puncher, self.client))
 
     # ---- ops
     async def op_reserve(self, relay: str) -> list[str]:
@@ -138,6 +145,10 @@ class Agent:
         key = f"c{len(self.conns)}"
         self.conns[key] = path.conn
         return {"conn": key, "kind": path.kind}
+
+    async def op_paths(self, peer: str) -> list[str]:
+        """How each open connection to ``peer`` goes: "direct" or "relayed"."""
+        return ["relayed" if self.client.pipe_for(c) else "direct" for c in self.host.connections(peer) if not c.closed]
 
     async def op_disconnect(self, peer: str) -> int:
         conns = self.host.connections(peer)
@@ -221,8 +232,9 @@ class Agent:
             task = asyncio.ensure_future(self.answer(line.decode()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        for task in tasks:
-            task.cancel()
+        for task in [*tasks, self.keeper, self.inbound_puncher]:
+            if task is not None:
+                task.cancel()
         await self.host.stop()
 
 
@@ -235,6 +247,7 @@ def main() -> None:
     parser.add_argument("--punch-port", type=int, default=0)
     parser.add_argument("--punch-attempts", type=int, default=3)
     parser.add_argument("--punch-window", type=float, default=5.0)
+    parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
     args = parser.parse_args()
     import uvloop
     uvloop.run(Agent(args).run())

@@ -15,7 +15,7 @@ from .lab import BACKBONE_NET, Lab
 from .nodes import Node, peer_id_of
 
 PORT = 4001
-REGISTERED = ("a", "b", "c", "d", "e", "pub")
+REGISTERED = ("a", "b", "c", "d", "e", "g", "pub")
 FAR_HOME_DELAY_MS = 25.0   # home 4's WAN link: one way, each direction
 FAR_RELAY_DELAY_MS = 20.0  # the public host "far" (a distant relay)
 PUNCH = ("--punch-attempts", "2", "--punch-window", "3")
@@ -49,9 +49,9 @@ class Net:
         self.nodes[name] = node
         return node
 
-    def start_home(self, name: str, home: int, port: int = PORT) -> Node:
+    def start_home(self, name: str, home: int, port: int = PORT, *extra: str) -> Node:
         record = self.lab.homes[home - 1]
-        node = Node.start(name, record.ns, f"/ip4/{record.ip}/tcp/{port}", *PUNCH)
+        node = Node.start(name, record.ns, f"/ip4/{record.ip}/tcp/{port}", *PUNCH, *extra)
         self.nodes[name] = node
         return node
 

@@ -85,6 +85,18 @@ def test_hole_punch_goes_direct_across_a_high_latency_link(net):
     assert rate_Mbps(net["a"], net["d"], out["conn"]["conn"], 1) > 0
 
 
+def test_the_dialed_peer_punches_on_its_own(net):
+    """The spec's flow: A dials NAT'd G through a relay; G (``--auto-punch``) starts DCUtR."""
+    relay = net["relay1"]
+    g = net.start_home("g", 4, PORT + 3, "--auto-punch")
+    for node in (net["a"], g):
+        node.call("connect_public", addr=relay.addr)
+    circuits = circuits_via(g.call("reserve", relay=relay.addr), relay)
+    conn = net["a"].call("connect", circuits=circuits, bulk=False)
+    assert not conn["direct"]
+    poll(lambda: "direct" in net["a"].call("paths", peer=g.peer_id), 20, 0.1, "G's punch")
+
+
 def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
     out = punch(net["a"], net["c"], net["relay2"])
     assert out["observed"]["c"] != f"/ip4/{net.lab.homes[2].wan_ip}/tcp/{net['c'].punch_port}"  # port remapped

@@ -15,6 +15,7 @@ from relay.dcutr import (
 )
 from relay.holepunch import HolePuncher
 from relay.holepunch_dial import dial_peer
+from relay.holepunch_inbound import upgrade_inbound
 from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, \
     start_relay, stop_all
 
@@ -221,5 +222,24 @@ def test_dial_peer_prefers_direct_then_punched_then_relayed():
             path = await dial_peer(a.host, a, None, b.host.peer_id, unreachable, b.relayed_addrs)
             assert path.kind == "relayed" and a.pipe_for(path.conn) is not None
         finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_the_inbound_side_starts_the_punch_on_its_own():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        watcher = asyncio.create_task(upgrade_inbound(pb, b, interval=0.05))
+        try:
+            from_b = await pb.wait_direct(a.host.peer_id, 15)  # b initiated (the spec's B role)
+            at_a = await pa.wait_direct(b.host.peer_id, 15)
+            assert from_b is not None and at_a is not None
+            assert at_a.direction == "inbound" and a.pipe_for(at_a) is None
+            await asyncio.sleep(0.3)
+            direct = [c for c in a.host.connections(b.host.peer_id) if a.pipe_for(c) is None and not c.closed]
+            assert direct == [at_a]  # one punch per relayed connection, not one per scan
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
