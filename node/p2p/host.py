@@ -31,6 +31,7 @@ from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_
 from .limits import HostLimits
 from .multiaddr import Multiaddr
 from .muxer import MuxedConnection, MuxerClosedError
+from .yamux import WindowTuner
 from .negotiate import accept_protocol, select_protocol
 from .noise import PROTOCOL_ID as NOISE_PROTOCOL
 from .noise import generate_static_keypair
@@ -76,6 +77,8 @@ class Host:
         self._muxer_options = muxer_options or {}
         self._requested_addrs = [Multiaddr.parse(a) for a in listen_addrs]
         self._static_keypair = generate_static_keypair()
+        # one auto-tuning state for all connections: flows through one bottleneck get equal windows
+        self._window_tuner = WindowTuner(self.limits.receive_window_budget)
         self._handlers: dict[str, Handler] = {}
         self._servers: list[asyncio.AbstractServer] = []
         self._bound_addrs: list[Multiaddr] = []
@@ -348,7 +351,8 @@ class Host:
                 or len(self._connections) >= self.limits.max_connections or not self._running):
             await secure.close()
             raise DialError(f"connection limit reached for {peer_id}")
-        options = {"max_streams": self.limits.max_streams_per_connection, **self._muxer_options}
+        options = {"max_streams": self.limits.max_streams_per_connection, "window_tuner": self._window_tuner,
+                   **self._muxer_options}
         conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn), **options)
         self._connections.add(conn)
         if not bulk:

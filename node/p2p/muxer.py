@@ -32,6 +32,7 @@ from node.p2p.yamux import (
     StreamOpened,
     StreamReset,
     YamuxProtocolError,
+    WindowTuner,
     YamuxSession,
     YamuxSessionClosed,
 )
@@ -148,21 +149,31 @@ class YamuxStream:
         session = muxer._session
         pos = 0
         total = len(view)
-        while pos < total:
-            self._check_writable()
-            if session.outbound_size >= OUTBOUND_HIGH_WATER:
-                await muxer._wait_outbound_room()
-                continue
-            sent = session.send_data(self.stream_id, view[pos:pos + OUTBOUND_HIGH_WATER])
-            if sent:
-                pos += sent
-                muxer._wake_sender()
-                continue
-            self._window_waiter = muxer._loop.create_future()
-            try:
-                await self._window_waiter
-            finally:
-                self._window_waiter = None
+        has_turn = False  # writers take turns at the outbound queue, in arrival order
+        try:
+            while pos < total:
+                self._check_writable()
+                if session.outbound_size >= OUTBOUND_HIGH_WATER or (muxer._room_waiters and not has_turn):
+                    has_turn = False
+                    await muxer._wait_outbound_turn()
+                    has_turn = True
+                    continue
+                sent = session.send_data(self.stream_id, view[pos:pos + OUTBOUND_HIGH_WATER])
+                if sent:
+                    pos += sent
+                    muxer._wake_sender()
+                    continue
+                if has_turn:  # no send window: let the next writer use the room meanwhile
+                    has_turn = False
+                    muxer._pass_turn()
+                self._window_waiter = muxer._loop.create_future()
+                try:
+                    await self._window_waiter
+                finally:
+                    self._window_waiter = None
+        finally:
+            if has_turn:
+                muxer._pass_turn()
 
     async def close(self) -> None:
         """Half-close: send FIN; reading continues until the peer's FIN."""
@@ -279,6 +290,7 @@ class MuxedConnection:
         max_window: int = MAX_WINDOW,
         max_frame_payload: int = DEFAULT_MAX_FRAME_PAYLOAD,
         window_growth_budget: int = DEFAULT_WINDOW_GROWTH_BUDGET,
+        window_tuner: WindowTuner | None = None,
     ) -> None:
         self._conn = conn
         self._on_stream = on_stream
@@ -286,7 +298,8 @@ class MuxedConnection:
         self._keepalive_timeout = keepalive_timeout
         self._session = YamuxSession(
             is_initiator, max_streams=max_streams, max_window=max_window,
-            max_frame_payload=max_frame_payload, window_growth_budget=window_growth_budget)
+            max_frame_payload=max_frame_payload, window_growth_budget=window_growth_budget,
+            window_tuner=window_tuner)
         self._loop = asyncio.get_running_loop()
         self._streams: dict[int, YamuxStream] = {}
         self._pongs: dict[int, asyncio.Future] = {}
@@ -295,8 +308,9 @@ class MuxedConnection:
         self._sender_wake = asyncio.Event()
         self._sender_idle = asyncio.Event()
         self._sender_idle.set()
-        self._outbound_room = asyncio.Event()
+        self._outbound_room = asyncio.Event()  # set whenever the sender has taken the queue
         self._outbound_room.set()
+        self._room_waiters: deque[asyncio.Future] = deque()  # writers waiting for their turn
         self._last_received = self._loop.time()
         self._all_streams_done: asyncio.Event | None = None  # set up by close(drain_timeout=...)
         self._shut_down = False
@@ -385,7 +399,7 @@ class MuxedConnection:
                 if session.outbound_size:
                     self._wake_sender()
                     while session.outbound_size > READER_PAUSE_THRESHOLD:
-                        await self._wait_outbound_room()
+                        await self._wait_outbound_taken()
         except YamuxProtocolError as exc:
             log.info("yamux: closing connection: protocol error: %s", exc)
             await self._shutdown(f"yamux protocol error: {exc}", flush=True)
@@ -406,6 +420,7 @@ class MuxedConnection:
                 while True:
                     data = session.data_to_send()
                     self._outbound_room.set()
+                    self._pass_turn()
                     if not data:
                         break
                     await self._conn.write(data)
@@ -508,11 +523,41 @@ class MuxedConnection:
         self._sender_idle.clear()
         self._sender_wake.set()
 
-    async def _wait_outbound_room(self) -> None:
+    async def _wait_outbound_taken(self) -> None:
+        """Wait until the sender next takes the queued frames."""
         if self.closed:
             raise MuxerClosedError(f"connection closed: {self.close_reason}")
         self._outbound_room.clear()
         await self._outbound_room.wait()
+
+    async def _wait_outbound_turn(self) -> None:
+        """Wait, behind the writers already waiting, until there is room in the outbound queue.
+
+        The woken writer fills the queue (up to OUTBOUND_HIGH_WATER) and queues up again at the
+        back, so concurrent streams get the connection in turns of about OUTBOUND_HIGH_WATER bytes
+        each; a writer that could re-check first after every wake-up would keep the connection
+        to itself for as long as its send window lasts.
+        """
+        if self.closed:
+            raise MuxerClosedError(f"connection closed: {self.close_reason}")
+        turn = self._loop.create_future()
+        self._room_waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._pass_turn()  # we were handed the turn but will not use it
+            raise
+
+    def _pass_turn(self) -> None:
+        """Wake the first waiting writer if the outbound queue has room (or the connection closed)."""
+        waiters = self._room_waiters
+        while waiters and (self.closed or self._session.outbound_size < OUTBOUND_HIGH_WATER):
+            turn = waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                if not self.closed:
+                    return
 
     async def _flush_briefly(self) -> None:
         """Best effort: let the sender write what is queued (e.g. our GoAway) before closing."""
@@ -545,8 +590,10 @@ class MuxedConnection:
                 pong.set_exception(MuxerClosedError(f"connection closed: {reason}"))
         self._pongs.clear()
         self._outbound_room.set()
+        self._pass_turn()  # closed: wakes every waiting writer, which then sees the reset
         if flush:
             await self._flush_briefly()
+        self._session.close()  # gives the streams' receive windows back to a shared tuner
         self._sender_idle.set()
         current = asyncio.current_task()
         for task in [*self._tasks, *self._handler_tasks]:

@@ -12,8 +12,14 @@ the connection initiator and even ones for the responder, 256 KiB initial window
 Flow control: the peer may never have more than our advertised window in flight on a stream, so the
 unread data the caller buffers per stream is bounded by that window; a data frame beyond it is a
 protocol error that terminates the session. Consumed bytes are credited back in batches (once half
-of the window is consumed), and a stream whose window is consumed within a few round trips gets its
-window doubled (up to `max_window`, within a per-session growth budget), like go-yamux auto-tuning.
+of the window is consumed). Auto-tuning is per session, so concurrent streams share fairly: the
+session keeps one tuned window, doubled (up to `max_window`) when a stream using it consumes it
+within a few round trips, like go-yamux; every stream moves to the tuned window at its next window
+update, capped at its fair share of the session's growth budget (the budget split evenly among the
+streams that have sent a window update, i.e. moved at least half a window). A stream above its
+share shrinks by withholding credit, never by revoking it. Per-stream doubling instead lets the first fast streams take the whole budget and
+starve the others: with the window deciding each stream's share of a shared bottleneck, 8 flows
+on one connection then had a Jain index of 0.26-0.44.
 """
 from __future__ import annotations
 
@@ -53,6 +59,10 @@ _GROW_WITHIN_RTTS = 4
 # RTT assumed before the first pong, and the floor for measured ones (event-loop jitter dominates).
 _MIN_TUNING_RTT = 0.001
 _MAX_OUTSTANDING_PINGS = 16
+# While streams move data, the RTT used for tuning is re-measured by a ping at most this often: one
+# sample from connection set-up (taken amid handshakes, 1-15 ms on a loaded host) would otherwise
+# decide every growth, so connections through the same bottleneck got very different windows.
+RTT_REFRESH_INTERVAL = 0.25
 
 
 class YamuxError(Exception):
@@ -162,7 +172,7 @@ class _Stream:
     """Per-stream flow-control and half-close state."""
 
     __slots__ = ("inbound", "send_window", "recv_window", "recv_credit", "consumed",
-                 "epoch_start", "local_fin", "remote_fin")
+                 "epoch_start", "sharing", "local_fin", "remote_fin")
 
     def __init__(self, inbound: bool) -> None:
         self.inbound = inbound
@@ -171,8 +181,32 @@ class _Stream:
         self.recv_credit = INITIAL_WINDOW  # bytes the peer may still send before our next update
         self.consumed = 0  # bytes the caller consumed since our last window update
         self.epoch_start: float | None = None  # when the current window epoch began
+        self.sharing = False  # has had a window update: counts in the growth budget's split
         self.local_fin = False
         self.remote_fin = False
+
+
+class WindowTuner:
+    """Receive-window auto-tuning state: the tuned window and a growth budget split fairly.
+
+    Each session has a private one by default; a host passes one shared tuner to all its sessions,
+    so that connections through one bottleneck (circuits through a relay, bulk connections) get
+    the same windows and the budget bounds the receive memory of the whole host.
+    """
+
+    __slots__ = ("tuned_window", "growth_budget", "growth", "sharing")
+
+    def __init__(self, growth_budget: int = DEFAULT_WINDOW_GROWTH_BUDGET) -> None:
+        if growth_budget < 0:
+            raise ValueError("growth_budget must not be negative")
+        self.tuned_window = INITIAL_WINDOW  # the window every busy stream moves to
+        self.growth_budget = growth_budget  # bytes of window beyond INITIAL_WINDOW, all streams
+        self.growth = 0  # sum over streams of (recv_window - INITIAL_WINDOW)
+        self.sharing = 0  # streams that have had a window update (the budget is split among them)
+
+    def fair_share(self) -> int:
+        """The largest window a sharing stream may hold."""
+        return INITIAL_WINDOW + self.growth_budget // max(self.sharing, 1)
 
 
 class YamuxSession:
@@ -186,7 +220,10 @@ class YamuxSession:
         max_window: int = MAX_WINDOW,
         max_frame_payload: int = DEFAULT_MAX_FRAME_PAYLOAD,
         window_growth_budget: int = DEFAULT_WINDOW_GROWTH_BUDGET,
+        window_tuner: WindowTuner | None = None,
     ) -> None:
+        """``window_tuner``: auto-tuning state shared with other sessions (then its budget applies
+        and ``window_growth_budget`` is unused); by default a private one with that budget."""
         if max_streams < 1 or max_frame_payload < 1:
             raise ValueError("max_streams and max_frame_payload must be positive")
         if not INITIAL_WINDOW <= max_window <= MAX_UINT32:
@@ -195,7 +232,7 @@ class YamuxSession:
         self.max_streams = max_streams
         self.max_window = max_window
         self.max_frame_payload = max_frame_payload
-        self.window_growth_budget = window_growth_budget
+        self.window_tuner = window_tuner or WindowTuner(window_growth_budget)
         self.rtt: float | None = None  # last measured ping round trip
         self.local_go_away = False
         self.remote_go_away: int | None = None  # the peer's GoAway code, once received
@@ -204,10 +241,10 @@ class YamuxSession:
         self._streams: dict[int, _Stream] = {}
         self._inbound = 0
         self._outbound = 0
-        self._window_growth = 0  # sum over streams of (recv_window - INITIAL_WINDOW)
         self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self._pings: dict[int, float] = {}
+        self._last_ping_at: float | None = None
         self._next_ping = 0
         # Parser state: a partial header, or the rest of a data frame's body.
         self._partial_header = b""
@@ -310,29 +347,43 @@ class YamuxSession:
         """Tell the session the caller consumed `size` received bytes of a stream.
 
         Credits them back to the peer with a window update once half of the window is consumed,
-        doubling the window when it was consumed within a few round trips.
+        moving the stream's window to the session's tuned window (doubled first when this window
+        was the tuned one and was consumed within a few round trips), capped at its fair share of
+        the growth budget.
         """
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_fin or size <= 0:
             return
         stream.consumed += size
         window = stream.recv_window
-        if stream.consumed < window // 2:
+        consumed = stream.consumed
+        if consumed < window // 2:
             return
-        delta = stream.consumed
+        tuner = self.window_tuner
+        if not stream.sharing:
+            stream.sharing = True
+            tuner.sharing += 1
         epoch_start = stream.epoch_start
         rtt = max(self.rtt or 0.0, _MIN_TUNING_RTT)
-        if epoch_start is not None and now - epoch_start < _GROW_WITHIN_RTTS * rtt:
-            grow = min(window, self.max_window - window,
-                       self.window_growth_budget - self._window_growth)
-            if grow > 0:
-                stream.recv_window = window + grow
-                self._window_growth += grow
-                delta += grow
+        if (window >= tuner.tuned_window and epoch_start is not None
+                and now - epoch_start < _GROW_WITHIN_RTTS * rtt):
+            tuner.tuned_window = max(tuner.tuned_window, min(self.max_window, 2 * window))
+        target = min(tuner.tuned_window, tuner.fair_share(), self.max_window)
+        if target > window:  # grow, within what the budget has left
+            target = window + max(0, min(target - window, tuner.growth_budget - tuner.growth))
+        elif target < window:  # shrink by withholding at most the credit now due
+            target = max(target, window - consumed)
+        if target != window:
+            tuner.growth += target - window
+            stream.recv_window = target
+        delta = consumed + target - window
         stream.epoch_start = now
         stream.consumed = 0
-        stream.recv_credit += delta
-        self._queue(TYPE_WINDOW_UPDATE, 0, stream_id, delta)
+        if delta > 0:
+            stream.recv_credit += delta
+            self._queue(TYPE_WINDOW_UPDATE, 0, stream_id, delta)
+        if self._last_ping_at is None or now - self._last_ping_at >= RTT_REFRESH_INTERVAL:
+            self.send_ping(now)  # the pong, queued behind the peer's data, refreshes self.rtt
 
     def send_ping(self, now: float) -> int:
         """Queue a ping and return its opaque value; the pong arrives as PongReceived."""
@@ -343,6 +394,7 @@ class YamuxSession:
         if len(self._pings) >= _MAX_OUTSTANDING_PINGS:
             del self._pings[next(iter(self._pings))]
         self._pings[opaque] = now
+        self._last_ping_at = now
         self._queue(TYPE_PING, FLAG_SYN, 0, opaque)
         return opaque
 
@@ -511,15 +563,33 @@ class YamuxSession:
             self._inbound -= 1
         else:
             self._outbound -= 1
-        self._window_growth -= stream.recv_window - INITIAL_WINDOW
+        self._release_window(stream)
         if self._body_stream is stream:
             self._body_stream = None
+
+    def _release_window(self, stream: _Stream) -> None:
+        """Give a departing stream's window growth and budget share back to the tuner."""
+        tuner = self.window_tuner
+        tuner.growth -= stream.recv_window - INITIAL_WINDOW
+        tuner.sharing -= stream.sharing
+        stream.recv_window = INITIAL_WINDOW
+        stream.sharing = False
+
+    def close(self) -> None:
+        """The connection is gone: forget every stream (their windows go back to the tuner).
+
+        Frames already queued stay available to ``data_to_send``; later commands raise
+        YamuxSessionClosed.
+        """
+        self.terminated = True
+        for stream in self._streams.values():
+            self._release_window(stream)
+        self._streams.clear()
+        self._body_stream = None
+        self._pings.clear()
 
     def _terminate(self, code: int) -> None:
         if not self.local_go_away:
             self.local_go_away = True
             self._queue(TYPE_GO_AWAY, 0, 0, code)
-        self.terminated = True
-        self._streams.clear()
-        self._body_stream = None
-        self._pings.clear()
+        self.close()

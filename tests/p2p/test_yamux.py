@@ -157,12 +157,18 @@ def test_window_updates_are_batched_at_half_window():
         b.acknowledge_received(sid, 1024, now=100.0)
     assert b.data_to_send() == b""  # 127 KiB consumed: below half of 256 KiB
     b.acknowledge_received(sid, 1024, now=100.0)
-    assert frames(b.data_to_send()) == [(y.TYPE_WINDOW_UPDATE, 0, sid, 128 * 1024, b"")]
+    # the update, and a ping that refreshes the RTT auto-tuning uses (at most every 0.25 s)
+    assert frames(b.data_to_send()) == [(y.TYPE_WINDOW_UPDATE, 0, sid, 128 * 1024, b""), (y.TYPE_PING, y.FLAG_SYN, 0, 0, b"")]
+    a.send_data(sid, bytes(128 * 1024))
+    pump(a, b)
+    b.acknowledge_received(sid, 128 * 1024, now=100.1)
+    assert frames(b.data_to_send()) == [(y.TYPE_WINDOW_UPDATE, 0, sid, 128 * 1024, b"")]  # no new ping yet
 
 
 def test_window_grows_for_fast_consumer_up_to_max_and_not_for_slow_one():
-    a, b = pair(max_window=1024 * 1024)
-    for sid, seconds_per_window in ((a.open_stream(), 0.0001), (a.open_stream(), 1.0)):
+    for seconds_per_window in (0.0001, 1.0):
+        a, b = pair(max_window=1024 * 1024)
+        sid = a.open_stream()
         pump(a, b)
         now = 0.0
         for _ in range(10):
@@ -174,6 +180,76 @@ def test_window_grows_for_fast_consumer_up_to_max_and_not_for_slow_one():
         fast = seconds_per_window < 0.001
         assert b.receive_window(sid) == (1024 * 1024 if fast else y.INITIAL_WINDOW)
         assert a.send_window(sid) == b.receive_window(sid)
+
+
+def consume_window(a: YamuxSession, b: YamuxSession, sid: int, now: float) -> None:
+    """a fills the stream's window, b consumes all of it at ``now``, a gets the update."""
+    a.send_data(sid, bytes(a.send_window(sid)))
+    pump(a, b, now)
+    b.acknowledge_received(sid, b.receive_window(sid) - b._streams[sid].consumed, now)
+    pump(b, a, now)
+
+
+def test_a_stream_joining_a_tuned_session_gets_the_tuned_window_even_if_slow():
+    a, b = pair(max_window=1024 * 1024)
+    fast, slow = a.open_stream(), a.open_stream()
+    pump(a, b)
+    now = 0.0
+    for _ in range(4):
+        now += 0.0001
+        consume_window(a, b, fast, now)
+    assert b.receive_window(fast) == 1024 * 1024
+    consume_window(a, b, slow, now + 10.0)  # consumed slowly, still moves to the tuned window
+    assert b.receive_window(slow) == 1024 * 1024 == a.send_window(slow)
+
+
+def test_streams_share_the_budget_evenly_and_shrink_by_withholding_credit():
+    budget = 4 * y.INITIAL_WINDOW
+    a, b = pair(max_window=8 * y.INITIAL_WINDOW, window_growth_budget=budget)
+    s1, s2 = a.open_stream(), a.open_stream()
+    pump(a, b)
+    now = 0.0
+    for _ in range(4):
+        now += 0.0001
+        consume_window(a, b, s1, now)
+    assert b.receive_window(s1) == y.INITIAL_WINDOW + budget  # alone: the whole budget
+    consume_window(a, b, s2, now)  # s2 starts sharing: nothing left to grow with yet
+    assert b.receive_window(s2) == y.INITIAL_WINDOW
+    fair = y.INITIAL_WINDOW + budget // 2
+    window = b.receive_window(s1)
+    a.send_data(s1, bytes(a.send_window(s1)))  # the whole window in flight
+    pump(a, b, now)
+    b.acknowledge_received(s1, window // 2, now)  # above its share: credits less than consumed
+    pump(b, a, now)
+    assert b.receive_window(s1) == fair and a.send_window(s1) == fair - window // 2
+    b.acknowledge_received(s1, window // 2, now)
+    pump(b, a, now)
+    assert a.send_window(s1) == fair  # the peer's credit never exceeds the new window
+    consume_window(a, b, s2, now)  # the freed budget goes to s2
+    assert b.receive_window(s2) == fair == a.send_window(s2)
+    assert b.window_tuner.growth == budget
+    b.reset_stream(s1)
+    assert b.window_tuner.growth == fair - y.INITIAL_WINDOW and b.window_tuner.sharing == 1
+
+
+def test_sessions_sharing_a_tuner_get_equal_windows_and_release_them_on_close():
+    tuner = y.WindowTuner(growth_budget=64 * y.INITIAL_WINDOW)
+    a1, b1 = YamuxSession(True), YamuxSession(False, window_tuner=tuner, max_window=1024 * 1024)
+    a2, b2 = YamuxSession(True), YamuxSession(False, window_tuner=tuner, max_window=1024 * 1024)
+    s1, s2 = a1.open_stream(), a2.open_stream()
+    pump(a1, b1)
+    pump(a2, b2)
+    now = 0.0
+    for _ in range(4):
+        now += 0.0001
+        consume_window(a1, b1, s1, now)
+    consume_window(a2, b2, s2, now + 5.0)  # another connection, slow: adopts the tuned window
+    assert b1.receive_window(s1) == b2.receive_window(s2) == 1024 * 1024
+    assert tuner.sharing == 2 and tuner.growth == 2 * (1024 * 1024 - y.INITIAL_WINDOW)
+    b1.close()  # the connection went away
+    assert tuner.sharing == 1 and tuner.growth == 1024 * 1024 - y.INITIAL_WINDOW
+    with pytest.raises(YamuxSessionClosed):
+        b1.open_stream()
 
 
 def test_window_growth_respects_session_budget():
