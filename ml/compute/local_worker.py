@@ -3,7 +3,7 @@ with the TrainSpec as JSON on the first stdin line.
 
 It starts a p2p Host on 127.0.0.1 with a fresh identity and prints {"event": "listening", "peer_id",
 "addrs"}; reads {"peers": {peer_id: [addr, ...]}} (every worker, itself included); starts its
-all-reduce group over bulk Host connections, waits until every peer's group is up (the task-ready
+all-reduce group over bulk Host connections, builds its trainer, waits until every peer's group is up (the task-ready
 barrier), trains, prints {"event": "progress", ...} per report and {"event": "done", ...summary};
 then keeps serving until {"shutdown": true}. Errors print {"event": "error", "message"} (exit 1).
 """
@@ -15,7 +15,7 @@ import json
 import sys
 
 from ml.compute import ready_protocol
-from ml.compute.executor import make_group, train_task
+from ml.compute.executor import make_group, prepare_trainer, run_trainer
 from ml.compute.host_transport import HostTransport
 from ml.train.progress import ProgressFeed
 from ml.train.spec import TrainSpec
@@ -55,12 +55,13 @@ async def work(mode: str) -> None:
         workers = sorted(peers)
         group = make_group(spec, transport, host.peer_id, workers, LOCAL_TASK_ID, mode)
         await group.start()
+        feed = ProgressFeed()
+        feed.subscribe(lambda progress: emit("progress", **progress.to_dict()))
+        trainer = await asyncio.to_thread(prepare_trainer, spec, group, host.peer_id, workers, feed)
         ready.add(LOCAL_TASK_ID)
         await ready_protocol.wait_until_ready(host, [p for p in workers if p != host.peer_id], LOCAL_TASK_ID,
                                               READY_TIMEOUT_S)
-        feed = ProgressFeed()
-        feed.subscribe(lambda progress: emit("progress", **progress.to_dict()))
-        summary = await train_task(spec, group, host.peer_id, workers, feed)
+        summary = await run_trainer(trainer)
         emit("done", peer_id=host.peer_id, **summary)
         await read_message()  # shutdown: every worker is done
     finally:

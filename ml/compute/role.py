@@ -22,7 +22,7 @@ from pathlib import Path
 from ml.compute import ready_protocol, segments_protocol
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
-from ml.compute.executor import make_group, train_task
+from ml.compute.executor import make_group, prepare_trainer, run_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.ledger_client import LedgerClient, LedgerUnavailable, TxFailed
 from ml.compute.replay import replay_job_blocking
@@ -38,6 +38,7 @@ LINGER_S = 60.0          # keep a finished group serving while peers may still f
 FETCH_ATTEMPTS = 3
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
+FINALIZE_RETRY_BLOCKS = 50
 
 
 class ComputeRole(Role):
@@ -51,7 +52,7 @@ class ComputeRole(Role):
         self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
         self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
         self._ready_groups: set[bytes] = set()
-        self._finalized: set[str] = set()
+        self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
         self._background: set[asyncio.Task] = set()
         self.last_error: str | None = None
@@ -160,15 +161,20 @@ class ComputeRole(Role):
             key, status = task["task_id"], task["status"]
             involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
             if me in task["workers"]:
-                if status in TRAINING and me not in task["commits"] and key not in self.jobs and self._idle():
+                job = self.jobs.get(key)
+                if status in TRAINING and me not in task["commits"] and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
+                elif status in TRAINING and job is not None and job["state"] in ("failed", "committed"):
+                    # a worker never committed: finalize once the commit deadline has passed
+                    self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
+                    await self._finalize(key, height)
                 elif status in ("committed", "disputed") and height >= task["window_end"]:
-                    await self._finalize(key)
+                    await self._finalize(key, height)
             elif (self.config["audit"] and status in AUDITABLE and me != task["owner"] and self._idle()
                   and workers_to_audit(task, me) and key not in self.audits):
                 self._busy = self._spawn(self._run_audit(task))
             if status == "verified" and involved:
-                await self._finalize(key)
+                await self._finalize(key, height)
 
     def _idle(self) -> bool:
         return self._busy is None or self._busy.done()
@@ -179,14 +185,16 @@ class ComputeRole(Role):
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _finalize(self, key: str) -> None:
-        if key in self._finalized:
+    async def _finalize(self, key: str, height: int) -> None:
+        """Send finalize for `key`, at most once per FINALIZE_RETRY_BLOCKS (the ledger refuses it
+        while commits or audits may still come, and only one finalize per task succeeds)."""
+        if height < self._finalize_at.get(key, 0):
             return
-        self._finalized.add(key)
+        self._finalize_at[key] = height + FINALIZE_RETRY_BLOCKS
         try:
             await self.ledger.send("finalize", {"task_id": bytes.fromhex(key)})
             log.info("finalized task %s", key)
-        except TxFailed as exc:  # another node finalized first, or the window is still open
+        except TxFailed as exc:  # another node finalized first, or it is too early
             log.info("finalize %s not applied: %s", key, exc)
 
     # ---- training our share
@@ -217,14 +225,15 @@ class ComputeRole(Role):
             await self._learn_addresses(others)
             group = make_group(spec, self.transport, me, task["workers"], task_id, self.config["allreduce_mode"])
             await group.start()
+            feed = ProgressFeed()
+            feed.subscribe(lambda p: job.update(step=p.step, loss=p.loss, bytes_sent=p.bytes_sent,
+                                                participants=p.participants, metrics=p.metrics or job.get("metrics")))
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed)
             self._ready_groups.add(task_id)
             job["state"] = "waiting for workers"
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
             job["state"] = "training"
-            feed = ProgressFeed()
-            feed.subscribe(lambda p: job.update(step=p.step, loss=p.loss, bytes_sent=p.bytes_sent,
-                                                participants=p.participants, metrics=p.metrics or job.get("metrics")))
-            summary = await train_task(spec, group, me, task["workers"], feed)
+            summary = await run_trainer(trainer)
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
