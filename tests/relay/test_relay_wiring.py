@@ -4,7 +4,7 @@ nodes that only use the relays (``[relay] relays``, ``reserve = true``).
 
 Both relays register with the relay role. Registered, bonded home nodes reserve on both relays and
 publish their relayed addresses in their ledger records (and /status), restored when another writer
-drops them; an unregistered node is refused. One home node reaches the other with
+drops them; an unregistered node and one with too little stake are refused. One home node reaches the other with
 ``host.open_bulk_connection`` (13 bulk circuits, past the default per-peer limit) and
 ``host.open_stream`` knowing only its relayed addresses from the ledger; the co-signed receipts are
 paid on chain (the relays earn what the source paid); a validator without relay settings reaches
@@ -19,8 +19,8 @@ from node.identity import Identity
 from relay.client import RelayRefused, split_circuit_addr
 from relay.messages import Status
 from relay.role import RelayRole
-from ledger_testnet import LedgerTestnet, eventually, node_config
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check
+from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
 MIN_STAKE = 100
 
@@ -32,8 +32,8 @@ async def balance(client: LedgerClient, peer_id: str) -> int:
 def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, monkeypatch):
     monkeypatch.setattr("relay.role.RECHECK_S", 0.5)
     monkeypatch.setattr("relay.node_client.RECHECK_S", 0.5)
-    home_a, home_b, stranger = Identity.generate(), Identity.generate(), Identity.generate()
-    funds = {home_a.peer_id: 10**6, home_b.peer_id: 10**6, stranger.peer_id: 10**6}
+    home_a, home_b, stranger, unbonded = (Identity.generate() for _ in range(4))
+    funds = {ident.peer_id: 10**6 for ident in (home_a, home_b, stranger, unbonded)}
     relay_on_validator = RelayRole()
     net = LedgerTestnet(tmp_path, 4, funds, extra_roles={0: [relay_on_validator]},
                         relay_settings={"min_stake": MIN_STAKE, "reservation_ttl": 60})
@@ -90,6 +90,20 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
                 with pytest.raises(RelayRefused) as info:
                     await c.relay_client.client.reserve(relay_addr)
                 assert info.value.status == Status.PERMISSION_DENIED
+            # registered but with less than min_stake bonded: refused too
+            await net.client(unbonded, 1).send("register_node", {
+                "roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                "hardware": {"cpu_cores": 1, "ram_mb": 0, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 0}})
+            await net.client(unbonded, 1).send("bond", {"amount": MIN_STAKE - 1})
+            await asyncio.sleep(0.6)  # past relay2's lookup_ttl
+            poor = await start_endpoint(unbonded, chain_id=CHAIN)
+            try:
+                for relay_addr in relays:
+                    with pytest.raises(RelayRefused) as info:
+                        await poor.reserve(relay_addr)
+                    assert info.value.status == Status.PERMISSION_DENIED
+            finally:
+                await stop_all(poor)
             assert relay_on_validator.service.counters["reservations_refused"] >= 1
             assert standalone.service.counters["reservations_refused"] >= 1
 
