@@ -29,6 +29,7 @@ from node.rpc.dispatcher import Dispatcher
 from node.rpc.pubsub import Hub
 from node.rpc.server import BUILTIN_PATHS, HttpServer, JsonGet
 from node.rpc.status import StatusBoard
+from relay.node_client import RelayNodeClient
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,7 @@ class Node:
         self._register_builtins()
         for role in self.roles:
             role.setup(self)
-        from relay.node_client import RelayNodeClient  # circuits and reservations, whatever the roles (ADR 0062)
-        self.relay_client = RelayNodeClient(self)
+        self.relay_client = RelayNodeClient(self)  # circuits and reservations, whatever the roles (ADR 0062)
 
     def add_json_get(self, path: str, handler: JsonGet) -> None:
         """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
