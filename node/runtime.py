@@ -57,7 +57,8 @@ class Node:
     ``node.config``, ``node.identity``, ``node.peer_id``, ``node.home``, ``node.data_dir``,
     ``node.rpc`` (Dispatcher: ``register("dkb_x", async_fn)``), ``node.hub`` (pub/sub topics),
     ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.host`` (the p2p Host:
-    ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``.
+    ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``,
+    ``node.relay_client`` (relayed addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
     """
 
     def __init__(self, config: Config, identity: Identity, roles: Sequence[Role], *, home: Path | None = None):
