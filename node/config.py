@@ -157,7 +157,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
         "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to; empty: [relay] ledger_rpc, or this node's own when it is a validator, else kept in memory"),
-        "ledger_rpc": Key(str, "", "validator JSON-RPC URL for admission lookups and this node's ledger record; empty: this node's own ledger when it is a validator"),
+        "ledger_rpc": Key(str, "", "validator JSON-RPC URL for admission lookups and this node's ledger record; empty: [compute] rpc_url, else this node's own ledger when it is a validator"),
         "lookup_ttl": Key(float, 10.0, "seconds a ledger admission lookup over JSON-RPC is cached", check_positive),
         "relays": Key(list, [], "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay client", each(check_peer_multiaddr)),
         "reserve": Key(bool, False, "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says private"),

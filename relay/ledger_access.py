@@ -2,8 +2,9 @@
 transactions (this node's record, relay receipts).
 
 ``RelayLedger.for_node(node)`` reads from the node's own validator role when it runs one (single
-lookups on the event loop, as ADR 0050 allows) and otherwise over ``[relay] ledger_rpc``; it sends
-transactions over that URL, or the node's own JSON-RPC when it is a validator. ``StakeLookup`` is
+lookups on the event loop, as ADR 0050 allows) and otherwise over ``[relay] ledger_rpc`` (or
+``[compute] rpc_url``); it sends transactions over that URL, or the node's own JSON-RPC when it is
+a validator. ``StakeLookup`` is
 the relay service's admission lookup: the bonded stake of a registered peer, None for a peer
 without a ledger record, cached for ``ttl`` seconds when the reads go over the network.
 """
@@ -54,9 +55,12 @@ class RelayLedger:
 
     @classmethod
     def for_node(cls, node: "Node") -> "RelayLedger | None":
-        """The ledger this node's relay wiring uses, or None when it has neither a validator role
-        nor ``[relay] ledger_rpc``."""
-        url, validator = check_rpc_url("ledger_rpc", node.config.get("relay", "ledger_rpc")), validator_role_of(node)
+        """The ledger this node's relay wiring uses: ``[relay] ledger_rpc``, else ``[compute]
+        rpc_url`` (the validator a compute node already talks to), else the node's own validator
+        role; None when it has none of them."""
+        url = (check_rpc_url("ledger_rpc", node.config.get("relay", "ledger_rpc"))
+               or node.config.get("compute", "rpc_url"))
+        validator = validator_role_of(node)
         if not url and validator is None:
             return None
         return cls(node.identity, url, validator, lambda: node.http.url if node.http is not None else None)

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from ml.compute.ledger_client import LedgerUnavailable
-from node.config import ConfigError
+from node.config import ConfigError, load_config
 from node.identity import Identity
 from node.roles import BasicRole
 from node.runtime import Node
@@ -221,3 +221,15 @@ def test_a_ledger_answering_junk_is_reported_and_reservations_go_on():
 def test_a_malformed_ledger_url_is_a_config_error(key):
     with pytest.raises(ConfigError, match=f"\\[relay\\] {key}"):
         Node(node_config(rpc=False, **{key: "localhost:8645"}), Identity.generate(), [RelayRole()])
+
+
+def test_the_ledger_is_the_compute_roles_validator_unless_set():
+    overrides = {("rpc", "enabled"): "false", ("compute", "rpc_url"): "http://127.0.0.1:9"}
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    assert node.relay_client.ledger.url == "http://127.0.0.1:9" and not node.relay_client.ledger.is_local
+    overrides[("relay", "ledger_rpc")] = "http://127.0.0.1:10"
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    assert node.relay_client.ledger.url == "http://127.0.0.1:10"
+    del overrides[("compute", "rpc_url")], overrides[("relay", "ledger_rpc")]
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    assert node.relay_client.ledger is None
