@@ -6,10 +6,12 @@
 
 `PowerSGDAllReduce(fp32_group, shapes, rank)` averages low-rank factors instead.
 `transport` is anything with `open_stream(peer, protocol)` and `set_handler(protocol, handler)`
-(see transport.py): `TcpTransport` for tests and benchmarks, the node's Host in production.
+(see transport.py): `TcpTransport` for tests and benchmarks, `HostTransport(host)` over the
+node's Host (dedicated bulk connections) in production.
 """
 from .deadlines import DeadlinePolicy
 from .group import PROTOCOL, AllReduceError, AllReduceGroup, AllReduceResult, ExcludedFromRound
+from .host_transport import HostTransport
 from .powersgd import PowerSGDAllReduce
 from .transport import Stream, TcpTransport, Transport, TransportError
 
@@ -20,6 +22,7 @@ __all__ = [
     "AllReduceResult",
     "DeadlinePolicy",
     "ExcludedFromRound",
+    "HostTransport",
     "PowerSGDAllReduce",
     "Stream",
     "TcpTransport",

@@ -123,5 +123,5 @@ def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: in
         acc = values.clone() if acc is None else acc.add_(values)
     acc.div_(len(ctx.plan.members))
     encoded = ctx.codec.encode(acc)
-    mean = ctx.codec.decode(encoded, numel)
+    mean = acc if ctx.codec.name == "fp32" else ctx.codec.decode(encoded, numel)  # fp32 is lossless
     return encoded, mean

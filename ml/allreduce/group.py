@@ -88,7 +88,16 @@ class _Committed:
 
 
 class AllReduceGroup:
-    """Averages lists of float32 tensors with the same peers, round after round."""
+    """Averages lists of float32 tensors with the same peers, round after round.
+
+    transport: see transport.py. my_id: this peer's id (one of `peers`). peers: the agreed
+    membership (change it between rounds with `set_peers`). mode: "butterfly" (any codec) or
+    "ring" (fp32/fp16/bf16). codec: an ml.codecs name for contributions and results.
+    non_reducers: members that only send and receive (NAT'd or slow). chunk_numel: pipelining
+    unit. deadlines: stall detection. min_participants: below this a round raises AllReduceError.
+    upload_rates: a starting rate table (bytes/s), replaced by measurements. workers: threads for
+    encode/decode/reduce. One group per protocol id and transport; rounds run one at a time.
+    """
 
     def __init__(self, transport: Transport, my_id: str, peers: list[str], *, mode: str = "butterfly",
                  codec: str = "fp32", non_reducers: set[str] | frozenset = frozenset(),
