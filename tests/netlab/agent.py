@@ -17,7 +17,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   dial_peer(peer, direct, circuits)  -> {conn, kind}: direct, else relayed + punch (holepunch_dial)
   disconnect(peer)                   -> how many connections to the peer were closed
   paths(peer)                        -> "direct"/"relayed" for each open connection to the peer
-  send(mib, conn | circuits, stall_timeout) -> {seconds, starts, relays, id} (resumable transfer)
+  send(mib, conn | circuits, stall_timeout) -> {seconds, cpu_s, starts, relays, id, sha256}
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
   cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
@@ -173,15 +173,16 @@ class Agent:
                 relays.append(self.client.pipe_for(path).relay_peer)
             return await path.open_stream(RESUMABLE_PROTOCOL)
 
-        started = time.perf_counter()
+        digest = hashlib.sha256(data).hexdigest()
+        cpu_before, started = self._cpu(), time.perf_counter()
         try:
             starts = await send_resumable(open_path, transfer_id, data, attempts=8, retry_delay=0.05,
                                           stall_timeout=stall_timeout)
         finally:
             for path in opened:
                 await path.close()
-        return {"seconds": time.perf_counter() - started, "starts": starts, "relays": relays,
-                "id": transfer_id.hex(), "sha256": hashlib.sha256(data).hexdigest()}
+        return {"seconds": time.perf_counter() - started, "cpu_s": self._cpu() - cpu_before, "starts": starts,
+                "relays": relays, "id": transfer_id.hex(), "sha256": digest}
 
     async def op_received(self, transfer: str) -> dict:
         record = self.receiver.transfers.get(bytes.fromhex(transfer))
@@ -194,9 +195,13 @@ class Agent:
     async def op_incoming(self) -> dict:
         return {tid.hex(): len(t.data) for tid, t in self.receiver.transfers.items()}
 
-    async def op_cpu(self) -> float:
+    @staticmethod
+    def _cpu() -> float:
         times = os.times()
         return times.user + times.system
+
+    async def op_cpu(self) -> float:
+        return self._cpu()
 
     async def op_status(self) -> dict:
         circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()} for s, (c, _p) in self.client.circuits.items()}
