@@ -25,13 +25,15 @@ def _as_text(value) -> str:
     return str(value)
 
 
-def node_config(port: int = 0, rpc: bool = True, **relay):
-    """A loopback node config; keyword arguments are ``[relay]`` keys."""
+def node_config(port: int = 0, rpc: bool = True, extra: dict | None = None, **relay):
+    """A loopback node config; keyword arguments are ``[relay]`` keys, ``extra`` maps (section,
+    key) to a value for any other key."""
     overrides = {("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}", ("rpc", "port"): "0",
                  ("rpc", "enabled"): _as_text(rpc),
                  ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
                  ("consensus", "timeout_propose"): "0.5"}
     overrides.update({("relay", key): _as_text(value) for key, value in relay.items()})
+    overrides.update({name: _as_text(value) for name, value in (extra or {}).items()})
     return load_config(None, env={}, overrides=overrides)
 
 

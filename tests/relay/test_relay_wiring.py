@@ -158,3 +158,36 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             await net.stop()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+@pytest.mark.slow  # imports torch (the compute role): ~10 s more on the loaded 2-core machine
+def test_a_home_compute_node_keeps_its_relayed_addresses_next_to_the_compute_registration(tmp_path, monkeypatch):
+    """The compute role registers the same record (roles, hardware, relay_addrs []): after it has,
+    the record carries both what it wrote and this node's relayed addresses."""
+    from ml.compute.role import ComputeRole
+
+    monkeypatch.setattr("relay.node_client.RECHECK_S", 0.5)
+    home = Identity.generate()
+    net = LedgerTestnet(tmp_path, 2, {home.peer_id: 10**6}, extra_roles={0: [RelayRole()]})
+
+    async def main():
+        await net.start()
+        try:
+            reader = net.client(Identity.generate(), 1)
+            config = node_config(relays=[net.nodes[0].host.listen_addrs[0]], reserve=True, rpc=False,
+                                 extra={("compute", "rpc_url"): net.url(1)})
+            compute = ComputeRole()
+            a = await net.add(config, home, [compute])
+            await eventually(lambda: compute.registered and a.relay_client.client.relayed_addrs, 60,
+                             what="compute registration and a reservation")
+
+            async def both():
+                record = await reader.call("dkb_getNode", a.peer_id)
+                return (record and "compute" in record["roles"] and record["hardware"]["bandwidth_mbps"] == 100
+                        and record["relay_addrs"] == a.relay_client.client.relayed_addrs)
+            await eventually(both, 30, what="the record carrying both")
+            assert (await reader.call("dkb_getStake", a.peer_id))["bonded"] >= 1000
+        finally:
+            await net.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
