@@ -32,10 +32,10 @@ class Averager(Protocol):
 class LocalAveragingGroup:
     """`world` simulated peers averaging compressed contributions in one event loop.
 
-    Bytes are counted as a ring all-reduce would send them: for dense codecs each member sends
-    2*(world-1)/world of an encoding (reduce-scatter, then the re-encoded mean in the all-gather);
-    sparse codecs (top-k, sign) cannot be summed in place, so each member sends its encoding to the
-    world-1 others (all-gather of contributions).
+    Dense codecs follow the butterfly of docs/adr/0034: every contribution is encoded once, summed
+    exactly in fp32 in rank order, and the mean is encoded once; each member sends 2*(world-1)/world
+    of an encoding. Sparse codecs (top-k, sign) cannot be re-encoded after summing, so each member
+    sends its encoding to the world-1 others (all-gather of contributions).
     """
 
     def __init__(self, world: int, codec: str = "fp32", codec_options: dict | None = None):
