@@ -58,6 +58,7 @@ class RelayRole(Role):
         self.ledger: RelayLedger | None = None
         self.registered = False
         self.last_error: str | None = None
+        self._tx_lock = asyncio.Lock()  # registration and receipts: one transaction of ours at a time
 
     def setup(self, node: "Node") -> None:
         settings = node.config["relay"]
@@ -78,9 +79,9 @@ class RelayRole(Role):
         chain_id = node.config["consensus"]["chain_id"]
         submit = self._submit
         if submit is None and check_rpc_url("receipt_rpc", settings["receipt_rpc"]):
-            submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id)
+            submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id, lock=self._tx_lock)
         elif submit is None and self.ledger is not None:
-            submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id)
+            submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id, lock=self._tx_lock)
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
         self.service.start()
         AutoNATServer(node.host).start()
@@ -126,8 +127,10 @@ class RelayRole(Role):
             await self.ledger.validator.ready.wait()
         while True:
             try:
-                if await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
-                                        listen_addrs=node.host.listen_addrs):
+                async with self._tx_lock:
+                    sent = await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
+                                                listen_addrs=node.host.listen_addrs)
+                if sent:
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True
                 self.last_error = None

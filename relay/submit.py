@@ -21,8 +21,9 @@ from .service import Submit
 
 
 def rpc_receipt_submitter(url: str | Callable[[], str], identity: Identity, chain_id: str, fee: int = 0,
-                          timeout: float = 10.0) -> Submit:
-    lock = asyncio.Lock()
+                          timeout: float = 10.0, lock: asyncio.Lock | None = None) -> Submit:
+    """``lock``: shared with this identity's other senders, so their nonces never collide either."""
+    lock = lock or asyncio.Lock()
 
     def send(target: str, payload: dict) -> str:
         nonce = rpcclient.call(target, "dkb_getTransactionCount", identity.peer_id, "pending", timeout=timeout)
