@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
+from consensus.tx import ROLES as LEDGER_ROLES
 from node.p2p.multiaddr import Multiaddr
 
 from .ledger_access import RelayLedger
 
-LEDGER_ROLES = frozenset({"validator", "compute", "relay", "verifier"})
 MAX_ADDRS = 8          # register_node takes at most 8 listen and 8 relay addresses
 MAX_ADDR_CHARS = 256
 
