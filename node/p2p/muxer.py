@@ -53,9 +53,9 @@ _CLOSE_FLUSH_TIMEOUT = 1.0
 class SecuredConnection(Protocol):
     """What the muxer needs from the layer below (noise, or any ordered reliable byte pipe)."""
 
-    async def read(self) -> bytes: ...  # next chunk, arbitrary boundaries; b"" at EOF
+    async def read(self) -> bytes | memoryview: ...  # next chunk, arbitrary boundaries; b"" at EOF
 
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: list[bytes | memoryview]) -> None: ...  # send these, in order
 
     async def close(self) -> None: ...
 
@@ -73,6 +73,8 @@ class YamuxStream:
 
     __slots__ = ("stream_id", "_muxer", "_chunks", "_offset", "_buffered", "_eof", "_reset",
                  "_write_closed", "_writing", "_read_waiter", "_window_waiter")
+    # received chunks are bytes or memoryviews over the connection's decrypted reads (no copy
+    # until a read hands them out as bytes)
 
     def __init__(self, muxer: MuxedConnection, stream_id: int) -> None:
         self.stream_id = stream_id
@@ -204,7 +206,7 @@ class YamuxStream:
             raise BrokenPipeError(f"yamux stream {self.stream_id} is closed for writing")
 
     def _take(self, n: int) -> bytes:
-        """Up to `n` buffered bytes (n < 0: up to all); a big first chunk is returned uncopied."""
+        """Up to `n` buffered bytes (n < 0: up to all); a big first chunk is returned alone."""
         chunks = self._chunks
         first = chunks[0]
         offset = self._offset
@@ -212,13 +214,13 @@ class YamuxStream:
             n = self._buffered
         head = len(first) - offset
         if n > head and head >= _COALESCE_BELOW:
-            n = head  # a big first chunk alone, uncopied, rather than joined with what follows
+            n = head  # a big first chunk alone, copied once, rather than joined with what follows
         if head >= n:  # served from the first chunk
             if offset == 0 and n == head:
                 chunks.popleft()
                 self._buffered -= n
-                return first
-            data = first[offset:offset + n]
+                return first if type(first) is bytes else bytes(first)
+            data = bytes(first[offset:offset + n])
             offset += n
             if offset == len(first):
                 chunks.popleft()
@@ -241,7 +243,7 @@ class YamuxStream:
         self._buffered -= n
         return b"".join(parts)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         if self._chunks is None:
             self._chunks = deque()
         self._chunks.append(data)
@@ -418,12 +420,12 @@ class MuxedConnection:
                 await self._sender_wake.wait()
                 self._sender_wake.clear()
                 while True:
-                    data = session.data_to_send()
+                    parts = session.data_to_send_parts()
                     self._outbound_room.set()
                     self._pass_turn()
-                    if not data:
+                    if not parts:
                         break
-                    await self._conn.write(data)
+                    await self._conn.write(parts)
                 self._sender_idle.set()
         except asyncio.CancelledError:
             raise

@@ -41,7 +41,10 @@ DH_LEN = 32
 _MAX_NONCE = (1 << 64) - 1
 _NONCE = struct.Struct("<4xQ")
 _LEN = struct.Struct(">H")
-SMALL_READ_BYTES = 16 * 1024
+SMALL_READ_BYTES = 16 * 1024  # decrypted reads up to this size are returned as bytes
+# encrypt(): buffers shorter than this are gathered (copied) into shared frames; longer ones are
+# encrypted in place (a frame costs about as much CPU as copying a few KiB)
+GATHER_BELOW = 4096
 
 
 class NoiseError(ProtocolError):
@@ -332,8 +335,10 @@ class NoiseHandshake:
 class NoiseTransport:
     """Transport-phase framing: plaintext in, framed ciphertext out, and the reverse.
 
-    ``encrypt`` returns the frames for any amount of plaintext as one buffer (several frames
-    per write). ``receive_data``/``receive_chunks`` buffer a partial frame and return the
+    ``encrypt`` takes one buffer or a sequence of them (a muxer's headers and payloads) and
+    returns all their frames as one buffer, without joining the plaintext first: large buffers
+    are encrypted where they lie, small ones (headers, control frames, short tails) are gathered
+    into shared frames. ``receive_data``/``receive_chunks`` buffer a partial frame and return the
     decrypted plaintext of all complete frames at once.
     """
 
@@ -341,47 +346,75 @@ class NoiseTransport:
         self._send = send_cipher
         self._recv = recv_cipher
         self._partial = bytearray()
-        self._scratch: bytearray | None = None  # reused for bulk reads, dropped on small ones
 
-    def encrypt(self, data: bytes | bytearray | memoryview) -> bytearray:
-        total = len(data)
-        if total == 0:
-            return bytearray()
-        frames = -(-total // MAX_PLAINTEXT)
-        out = bytearray(total + frames * (2 + TAG_LEN))
+    @staticmethod
+    def _segments(parts) -> list:
+        """Contiguous plaintext pieces to frame one after the other: buffers of at least
+        ``GATHER_BELOW`` bytes as they are (their last partial frame gathered with what follows
+        when short), runs of smaller ones joined."""
+        segments = []
+        small: list = []
+        for part in parts:
+            size = len(part)
+            if size < GATHER_BELOW:
+                if size:
+                    small.append(part)
+                continue
+            if small:
+                segments.append(small[0] if len(small) == 1 else b"".join(small))
+                small = []
+            tail = size % MAX_PLAINTEXT
+            if 0 < tail < GATHER_BELOW:
+                view = memoryview(part)
+                segments.append(view[:size - tail])
+                small.append(view[size - tail:])
+            else:
+                segments.append(part)
+        if small:
+            segments.append(small[0] if len(small) == 1 else b"".join(small))
+        return segments
+
+    def encrypt(self, data) -> bytearray:
+        """Frames for ``data``: a bytes-like object, or a list/tuple of them sent in order."""
+        segments = self._segments(data) if isinstance(data, (list, tuple)) else [data]
+        plain = 0
+        frames = 0
+        for segment in segments:
+            size = len(segment)
+            plain += size
+            frames += -(-size // MAX_PLAINTEXT)
+        out = bytearray(plain + frames * (2 + TAG_LEN))
         seal = self._send.seal_into
         pack_len = _LEN.pack_into
-        pos = 0
         offset = 0
-        with memoryview(out) as dst, memoryview(data) as src:
-            while pos < total:
-                n = total - pos if total - pos < MAX_PLAINTEXT else MAX_PLAINTEXT
-                pack_len(out, offset, n + TAG_LEN)
-                offset += 2
-                seal(src[pos:pos + n], dst[offset:offset + n + TAG_LEN])
-                offset += n + TAG_LEN
-                pos += n
+        with memoryview(out) as dst:
+            for segment in segments:
+                total = len(segment)
+                pos = 0
+                with memoryview(segment) as src:
+                    while pos < total:
+                        n = total - pos if total - pos < MAX_PLAINTEXT else MAX_PLAINTEXT
+                        pack_len(out, offset, n + TAG_LEN)
+                        offset += 2
+                        seal(src[pos:pos + n], dst[offset:offset + n + TAG_LEN])
+                        offset += n + TAG_LEN
+                        pos += n
         return out
 
     def receive_data(self, data: bytes) -> bytes:
         """Decrypt every complete frame in ``data`` (plus any buffered partial frame)."""
         return self.receive_chunks((data,))
 
-    def receive_chunks(self, chunks) -> bytes:
+    def receive_chunks(self, chunks) -> bytes | memoryview:
         """Decrypt the complete frames in a sequence of received chunks, in order.
 
         Frames are decrypted in place from each chunk; only a frame split across chunks is
-        copied (into ``_partial``). The plaintext of bulk reads is gathered in a reusable scratch
-        buffer, freed again once reads turn small, and returned as one bytes object.
+        copied (into ``_partial``). Small results come back as bytes; bulk ones (more than
+        ``SMALL_READ_BYTES``) as a read-only memoryview over a buffer of their own, which the
+        caller may slice and keep without copying (nothing here reuses it).
         """
         total = sum(len(c) for c in chunks) + len(self._partial)
-        if total <= SMALL_READ_BYTES:  # control traffic: no buffer kept, idle connections stay small
-            self._scratch = None
-            out = bytearray(total)
-        else:
-            if self._scratch is None or total > len(self._scratch):
-                self._scratch = bytearray(total)
-            out = self._scratch
+        out = bytearray(total)
         open_into = self._recv.open_into
         unpack_len = _LEN.unpack_from
         written = 0
@@ -422,4 +455,6 @@ class NoiseTransport:
                         self._partial = bytearray(src[pos:])
             if not written:
                 return b""
-            return bytes(dst[:written])
+            if written <= SMALL_READ_BYTES:
+                return bytes(dst[:written])
+        return memoryview(out).toreadonly()[:written]

@@ -3,9 +3,10 @@
 ``TcpConnection`` is an ``asyncio.Protocol`` that queues received chunks (pausing the socket
 when too much is buffered) and offers ``read``/``write``/``drain``; it carries the cleartext
 multistream negotiation and the noise handshake. ``SecureConn`` runs the sans-I/O
-``NoiseTransport`` over it: ``read`` decrypts every complete frame received so far in one go,
-``write`` encrypts any amount of data into one buffer of frames and waits for the socket to
-drain (back-pressure). The yamux driver consumes SecureConn.
+``NoiseTransport`` over it: ``read`` decrypts every complete frame received so far in one go
+(bulk reads come back as a memoryview, not copied again), ``write`` encrypts a buffer or a list
+of buffers (the muxer's headers and payloads, never joined) into one buffer of frames and waits
+for the socket to drain (back-pressure). The yamux driver consumes SecureConn.
 """
 from __future__ import annotations
 
@@ -185,8 +186,9 @@ class SecureConn:
     def tcp(self) -> TcpConnection:
         return self._tcp
 
-    async def read(self) -> bytes:
-        """Next decrypted plaintext chunk; b"" at EOF. Raises NoiseError on a bad frame."""
+    async def read(self) -> bytes | memoryview:
+        """Next decrypted plaintext chunk (a read-only memoryview when large); b"" at EOF.
+        Raises NoiseError on a bad frame."""
         if self._pushback:
             data, self._pushback = self._pushback, b""
             return data
@@ -200,13 +202,16 @@ class SecureConn:
 
     def unread(self, data: bytes) -> None:
         """Return plaintext to the front of the stream (bytes a negotiation read too far)."""
-        self._pushback = data + self._pushback
+        self._pushback = bytes(data) + self._pushback
 
-    async def write(self, data: bytes) -> None:
-        """Encrypt and send any amount of data; waits while the socket's buffer is full."""
-        if not data:
+    async def write(self, data) -> None:
+        """Encrypt and send a bytes-like object or a list of them (in order, without joining
+        them first); waits while the socket's buffer is full. The buffers must not change until
+        this returns."""
+        frames = self._noise.encrypt(data)
+        if not frames:
             return
-        self._tcp.write(self._noise.encrypt(data))
+        self._tcp.write(frames)
         await self._tcp.drain()
 
     async def close(self) -> None:

@@ -63,6 +63,8 @@ _MAX_OUTSTANDING_PINGS = 16
 # sample from connection set-up (taken amid handshakes, 1-15 ms on a loaded host) would otherwise
 # decide every growth, so connections through the same bottleneck got very different windows.
 RTT_REFRESH_INTERVAL = 0.25
+# Bodies read from a memoryview are handed out as views from this size up, smaller ones as bytes.
+_VIEW_AT_LEAST = 16 * 1024
 
 
 class YamuxError(Exception):
@@ -129,7 +131,7 @@ class DataReceived:
     """Payload bytes for a stream; one data frame may arrive as several of these."""
 
     stream_id: int
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(slots=True)
@@ -278,14 +280,19 @@ class YamuxSession:
 
     def data_to_send(self) -> bytes:
         """Take all queued frames as one buffer (b"" if none)."""
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        self._out_size = 0
+        out = self.data_to_send_parts()
         if len(out) == 1 and type(out[0]) is bytes:
             return out[0]
         return b"".join(out)
+
+    def data_to_send_parts(self) -> list[bytes | memoryview]:
+        """Take all queued frames as a list of buffers (headers and payload views, in order),
+        for a writer that sends a list without joining it ([] if none)."""
+        out = self._out
+        if out:
+            self._out = []
+            self._out_size = 0
+        return out
 
     # ----------------------------------------------------------------- commands
 
@@ -309,8 +316,8 @@ class YamuxSession:
     def send_data(self, stream_id: int, data: bytes | memoryview) -> int:
         """Queue as much of `data` as the send window allows; return how many bytes were queued.
 
-        `data` must be immutable (bytes, or a memoryview over bytes): it is referenced, not copied,
-        until `data_to_send` joins the queued frames.
+        `data` must not change while queued: it is referenced, not copied, until `data_to_send`
+        joins the queued frames or the writer of `data_to_send_parts` has sent them.
         """
         stream = self._writable_stream(stream_id)
         size = min(len(data), stream.send_window)
@@ -407,15 +414,19 @@ class YamuxSession:
 
     # ------------------------------------------------------------------ receive
 
-    def receive_data(self, data: bytes, now: float) -> list:
+    def receive_data(self, data: bytes | memoryview, now: float) -> list:
         """Feed bytes from the peer; return the events they complete, in order.
+
+        A data frame's body is handed out as slices of ``data``: memoryviews of a memoryview
+        ``data`` when large (no copy; the caller keeps ``data``'s buffer alive through them),
+        bytes when small (so a few bytes never pin a large buffer).
 
         Raises YamuxProtocolError on a protocol violation (a GoAway with the protocol-error code is
         then queued and the session is terminated), and YamuxSessionClosed once terminated.
         """
         if self.terminated:
             raise YamuxSessionClosed("yamux session is closed")
-        if type(data) is not bytes:
+        if type(data) is not bytes and type(data) is not memoryview:
             data = bytes(data)
         events: list = []
         try:
@@ -431,9 +442,9 @@ class YamuxSession:
         if self._partial_header:
             need = HEADER_SIZE - len(self._partial_header)
             if end < need:
-                self._partial_header += data
+                self._partial_header += bytes(data)
                 return
-            header = self._partial_header + data[:need]
+            header = self._partial_header + bytes(data[:need])
             self._partial_header = b""
             pos = need
             self._handle_header(header, 0, now, events)
@@ -444,7 +455,12 @@ class YamuxSession:
                 if take > left:
                     take = left
                 if self._body_stream is not None:
-                    chunk = data if take == end else data[pos:pos + take]
+                    if take == end:
+                        chunk = data
+                    elif take < _VIEW_AT_LEAST and type(data) is memoryview:
+                        chunk = bytes(data[pos:pos + take])
+                    else:
+                        chunk = data[pos:pos + take]
                     events.append(DataReceived(self._body_stream_id, chunk))
                 pos += take
                 self._body_left = left - take
@@ -452,7 +468,7 @@ class YamuxSession:
                     self._finish_data_frame(events)
                 continue
             if end - pos < HEADER_SIZE:
-                self._partial_header = data[pos:]
+                self._partial_header = bytes(data[pos:])
                 return
             self._handle_header(data, pos, now, events)
             pos += HEADER_SIZE

@@ -24,9 +24,10 @@ class PipeEnd:
             return b""
         return await self._inbox.get()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data) -> None:
         if self.closed:
             raise ConnectionResetError("pipe closed")
+        data = b"".join(data) if isinstance(data, list) else data  # the muxer sends lists of buffers
         for i in range(0, len(data), CHUNK):
             await self._outbox.put(bytes(data[i:i + CHUNK]))
 
@@ -62,8 +63,8 @@ class TcpConn:
     async def read(self) -> bytes:
         return await self._reader.read(CHUNK)
 
-    async def write(self, data: bytes) -> None:
-        self._writer.write(data)
+    async def write(self, data) -> None:
+        self._writer.writelines(data if isinstance(data, list) else [data])
         await self._writer.drain()
 
     async def close(self) -> None:

@@ -7,6 +7,7 @@ from noise.connection import Keypair, NoiseConnection
 from node.identity import Identity
 from node.p2p.chachapoly import BACKENDS
 from node.p2p.noise import (
+    TAG_LEN,
     MAX_PLAINTEXT,
     CipherState,
     NoiseError,
@@ -170,8 +171,42 @@ def test_transport_across_backends(sender_backend, receiver_backend):
     data = bytes(range(256)) * 2000  # 512000 bytes: 8 frames, the last one partial
     wire = bytes(sender.encrypt(data))
     chunks = [wire[i:i + 100_001] for i in range(0, len(wire), 100_001)]
-    got = receiver.receive_chunks(chunks[:3]) + receiver.receive_chunks(chunks[3:])
+    got = b"".join([receiver.receive_chunks(chunks[:3]), receiver.receive_chunks(chunks[3:])])
     assert got == data
+
+
+def test_encrypting_a_list_of_buffers_frames_them_without_joining():
+    """Large buffers are framed where they lie, small ones (headers) gathered: the plaintext
+    stream is the same as for the joined bytes, in about as many frames."""
+    key = b"\x44" * 32
+    payload = bytes(range(256)) * 1024  # 256 KiB: 4 full frames and a 68-byte tail
+    parts = []
+    for i in range(4):
+        parts += [bytes([i]) * 12, memoryview(payload)]  # a yamux header, then a payload view
+    parts += [b"", bytearray(b"window update"), b"ping" * 3]
+    sender = NoiseTransport(CipherState(key), CipherState(b"\0" * 32))
+    receiver = NoiseTransport(CipherState(b"\0" * 32), CipherState(key))
+    wire = bytes(sender.encrypt(parts))
+    frames, pos = 0, 0
+    while pos < len(wire):
+        pos += 2 + int.from_bytes(wire[pos:pos + 2], "big")
+        frames += 1
+    joined = b"".join(parts)
+    assert bytes(receiver.receive_data(wire)) == joined
+    assert frames == 4 * 4 + 5  # per payload 4 full frames; headers and tails share the 5 others
+    assert len(wire) == len(joined) + frames * (2 + TAG_LEN)
+    assert sender.encrypt([]) == sender.encrypt([b"", b""]) == b""
+
+
+def test_bulk_reads_come_back_as_read_only_views_of_their_own_buffer():
+    key = b"\x55" * 32
+    sender = NoiseTransport(CipherState(key), CipherState(b"\0" * 32))
+    receiver = NoiseTransport(CipherState(b"\0" * 32), CipherState(key))
+    first = receiver.receive_data(bytes(sender.encrypt(b"a" * 100_000)))
+    second = receiver.receive_data(bytes(sender.encrypt(b"b" * 100_000)))
+    assert type(first) is memoryview and first.readonly and first == b"a" * 100_000  # not reused
+    assert second == b"b" * 100_000
+    assert type(receiver.receive_data(bytes(sender.encrypt(b"small")))) is bytes
 
 
 def test_fixed_key_vector_matches_reference_byte_for_byte():

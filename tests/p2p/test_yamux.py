@@ -408,3 +408,26 @@ def test_ten_thousand_streams_in_one_session():
     data = [e for e in events if type(e) is DataReceived]
     assert len(data) == 10_000 and all(int.from_bytes(e.data, "big") == e.stream_id for e in data)
     assert b.num_streams == 10_000
+
+
+# ------------------------------------------------------- zero-copy buffers
+
+def test_parts_reference_payloads_and_views_in_give_views_out():
+    a, b = pair()
+    sid = a.open_stream()
+    payload = bytes(range(256)) * 256  # 64 KiB
+    a.send_data(sid, payload)
+    a.send_data(sid, b"tiny")
+    parts = a.data_to_send_parts()
+    assert any(part is payload for part in parts)  # queued by reference, never joined
+    assert a.data_to_send_parts() == []
+    wire = memoryview(b"".join(parts))
+    events = b.receive_data(wire, 0.0)
+    chunks = [e.data for e in events if type(e) is DataReceived]
+    assert [type(c) for c in chunks] == [memoryview, bytes]  # a big body uncopied, a small one copied
+    assert b"".join(chunks) == payload + b"tiny"
+    split = memoryview(bytes(wire))  # the same frames cut mid-header and mid-body
+    c = YamuxSession(False)
+    got = b"".join(e.data for piece in (split[:5], split[5:40_000], split[40_000:])
+                   for e in c.receive_data(piece, 0.0) if type(e) is DataReceived)
+    assert got == payload + b"tiny"

@@ -127,8 +127,8 @@ class SlowPipeEnd:
         await asyncio.sleep(0)  # the bottleneck: the reader is slower than the writers
         return data
 
-    async def write(self, data) -> None:
-        data = bytes(data)
+    async def write(self, parts) -> None:
+        data = b"".join(parts)
         for i in range(0, len(data), 65536):
             await self._outbox.put(data[i:i + 65536])
 
