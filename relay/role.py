@@ -58,6 +58,7 @@ class RelayRole(Role):
         self.ledger: RelayLedger | None = None
         self.registered = False
         self.last_error: str | None = None
+        self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger's JSON-RPC
         self._tx_lock = asyncio.Lock()  # registration and receipts: one transaction of ours at a time
 
     def setup(self, node: "Node") -> None:
@@ -82,17 +83,30 @@ class RelayRole(Role):
             submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id, lock=self._tx_lock)
         elif submit is None and self.ledger is not None:
             submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id, lock=self._tx_lock)
-        self.service = RelayService(node.host, admission, limits, chain_id=chain_id, submit=submit)
+        self.service = RelayService(node.host, admission, limits, chain_id=chain_id,
+                                    submit=self._counting(submit) if submit is not None else None)
         self.service.start()
         AutoNATServer(node.host).start()
         fit_connection_limit(node.host, settings["max_circuits_per_peer"])
         node.status.add_section(self.name, self._status)
         self._register_metrics(node)
 
+    def _counting(self, submit: Submit) -> Submit:
+        """``submit`` that counts the receipts handed to the ledger and those it could not send."""
+        async def counted(payload: dict) -> None:
+            try:
+                await submit(payload)
+            except Exception:
+                self.submissions["failed"] += 1
+                raise
+            self.submissions["sent"] += 1
+        return counted
+
     def _status(self) -> dict:
         return {**self.service.status(), "ledger": None if self.ledger is None else
                 ("local" if self.ledger.is_local else self.ledger.url), "registered": self.registered,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "receipts_sent": self.submissions["sent"],
+                "receipts_send_failed": self.submissions["failed"]}
 
     def _register_metrics(self, node: "Node") -> None:
         service = self.service
@@ -105,6 +119,8 @@ class RelayRole(Role):
                                    + sum(c.bytes_total for c in service.circuits)),
             "dekube_relay_receipts": ("Usage receipts co-signed by both endpoints.",
                                       lambda: service.counters["receipts"]),
+            "dekube_relay_receipts_sent": ("Co-signed receipts accepted by the ledger's JSON-RPC.",
+                                           lambda: self.submissions["sent"]),
         }
         for name, (text, read) in gauges.items():
             node.metrics.gauge(name, text).set_function(read)

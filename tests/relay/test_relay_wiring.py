@@ -145,6 +145,8 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             await eventually(settled, what="both circuits' receipts paid on chain")
             receipts = relay_on_validator.service.counters["receipts"] + standalone.service.counters["receipts"]
             assert receipts >= 2 and relay_on_validator.service.counters["receipts_failed"] == 0
+            sent = [(await node.status.snapshot())["relay"] for node in (net.nodes[0], relay2)]
+            assert sum(s["receipts_sent"] for s in sent) >= 2 and all(s["receipts_send_failed"] == 0 for s in sent)
 
             # a node with no [relay] settings at all (a validator) reaches B the same way
             validator = net.nodes[3]
