@@ -5,8 +5,9 @@ At start it bonds up to `[compute] stake` and registers (roles, listen addresses
 through `[compute] rpc_url` (default: this node's own RPC, for a node that is also a validator).
 Then it polls the ledger every `poll_interval`: a task assigned to it is trained (one at a time,
 as the ledger assigns at most `max_tasks_per_worker` each), its commitment sent as commit_result; a
-committed task it does not work on is audited (`[compute] audit`); a verified task it audited, or a
-task of its own whose audit window has closed, is finalized. Progress is in `/status` ("compute")
+committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
+task it audited, a task of its own whose audit window has closed, or one where some worker never
+committed (once the ledger accepts it) is finalized. Progress is in `/status` ("compute")
 and in the RPC methods `dkb_computeStatus` and `dkb_taskProgress`.
 """
 from __future__ import annotations
@@ -78,10 +79,12 @@ class ComputeRole(Role):
         return self.status()
 
     async def _rpc_task_progress(self, task_id: str) -> dict:
-        key = task_id[2:] if task_id[:2] in ("0x", "0X") else task_id
-        if not isinstance(task_id, str) or len(key) != 64:
+        if not isinstance(task_id, str):
             raise InvalidParams("task_id: expected 32 bytes as hex")
-        job = self.jobs.get(key.lower())
+        key = (task_id[2:] if task_id[:2] in ("0x", "0X") else task_id).lower()
+        if len(key) != 64:
+            raise InvalidParams("task_id: expected 32 bytes as hex")
+        job = self.jobs.get(key)
         if job is None:
             raise ResourceNotFound(f"this node has no job for task {key}")
         return job

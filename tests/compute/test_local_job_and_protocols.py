@@ -17,6 +17,7 @@ from node.p2p.host import Host
 SPEC = TrainSpec(codec="int8", steps=10, segment_steps=5, batch_size=16)
 
 
+@pytest.mark.slow  # ~35 s of process start-up on a loaded 2-core machine; the e2e covers the same path
 def test_local_job_over_p2p_hosts_matches_the_replay_bit_for_bit():
     events = []
     results = asyncio.run(run_local_nodes(SPEC, 2, timeout=180, on_event=events.append))
@@ -28,7 +29,7 @@ def test_local_job_over_p2p_hosts_matches_the_replay_bit_for_bit():
         assert replayed[result["peer_id"]] == result["segment_hashes"]
 
 
-@pytest.mark.slow  # the same job as above through the CLI: another ~30 s of process start-up here
+@pytest.mark.slow  # the same job as above through the CLI
 def test_task_run_cli_reports_one_json_summary(capsys):
     assert cli_main(["task", "run", "--workers", "2", "--steps", "4", "--codec", "fp16", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -124,3 +124,18 @@ def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
     assert rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"] == stake_before - stake_before * 1_000 // 10_000
     assert rpc(devnet, "dkb_getNode", cheater.peer_id)["reputation"] < 0 + 1   # +1 then -10
     check_supply(devnet)
+
+
+def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
+    from cli.main import main as cli_main
+
+    assert cli_main(["task", "list", "--rpc", devnet.rpc_url, "--status", "paid", "--json"]) == 0
+    tasks = json.loads(capsys.readouterr().out)
+    assert tasks and all(t["status"] == "paid" for t in tasks)
+    task_id = tasks[-1]["task_id"]
+    assert cli_main(["task", "show", task_id, "--rpc", devnet.rpc_url]) == 0
+    assert "status:     paid" in capsys.readouterr().out
+    assert cli_main(["task", "wait", task_id, "--rpc", devnet.rpc_url]) == 0
+    out = capsys.readouterr().out
+    assert "verifier" in out and out.count(" worker ") == 3
+    assert cli_main(["task", "show", "00" * 32, "--rpc", devnet.rpc_url]) == 1
