@@ -15,16 +15,20 @@ the source port) so hole punching works; ``symmetric`` draws a random public por
 public host's link can pass a userspace delay line (``delay.py``) for latency.
 
 Veth pairs are created from inside the lab's namespaces (never in the host's namespace); teardown
-deletes every namespace made (also at interpreter exit). ``unavailable()`` says why a lab cannot be
-built here (not root, no ip/nft/tc), for a clean skip.
+deletes every namespace made (also at interpreter exit and on SIGTERM); a new lab first deletes
+namespaces of earlier labs whose process is gone (SIGKILLed runs). ``unavailable()`` says why a
+lab cannot be built here (not root, no ip/nft/tc, no namespaces), for a clean skip.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +72,31 @@ def run(*cmd: str, ns: str | None = None, stdin: str | None = None) -> str:
     return proc.stdout
 
 
+STALE_LAB = re.compile(r"^dk(\d+)n[a-z]")
+
+
+def sweep_stale_labs() -> None:
+    """Delete namespaces left by labs whose process is gone (killed before its teardown ran)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        match = STALE_LAB.match(name)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _exit_on_sigterm() -> None:
+    """Turn the first SIGTERM into KeyboardInterrupt (where nobody else handles it), which stops a
+    pytest session or a script with its finalizers and atexit hooks run; later ones are ignored so
+    they cannot cut the teardown short."""
+    def on_sigterm(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt("SIGTERM")
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
 @dataclass
 class Home:
     index: int
@@ -80,7 +109,7 @@ class Home:
 
 @dataclass
 class Lab:
-    prefix: str = field(default_factory=lambda: f"dk{os.getpid() % 100000}n")
+    prefix: str = field(default_factory=lambda: f"dk{os.getpid()}n")
     home_rate_mbit: float = 1000.0
     public: dict[str, str] = field(default_factory=dict)     # name -> address
     homes: list[Home] = field(default_factory=list)
@@ -106,7 +135,9 @@ class Lab:
         why = unavailable()
         if why:
             raise LabError(why)
+        sweep_stale_labs()
         atexit.register(self.teardown)
+        _exit_on_sigterm()
         try:
             self._add_ns(self.backbone)
             run("ip", "link", "add", "br0", "type", "bridge", ns=self.backbone)
@@ -203,9 +234,14 @@ table inet filter {{
     def teardown(self) -> None:
         """Stop the delay lines and delete every namespace this lab made (veths, bridge and rules go
         with them)."""
-        while self._processes:
-            proc = self._processes.pop()
-            proc.kill()
-            proc.wait(10)
+        try:
+            while self._processes:
+                proc = self._processes.pop()
+                proc.kill()
+                proc.wait(10)
+        finally:
+            self._delete_namespaces()
+
+    def _delete_namespaces(self) -> None:
         while self._namespaces:
             subprocess.run(["ip", "netns", "del", self._namespaces.pop()], capture_output=True)
