@@ -5,6 +5,7 @@ and relay failover time. Needs root, iproute2, nftables and tc (see tests/netlab
     netlab_direct_Mbps:   home A -> home B on the hole-punched direct connection,
     netlab_relayed_Mbps:  home A -> relay -> home B on a relayed bulk connection,
     netlab_relayed_vs_direct, netlab_link_Mbit,
+    netlab_punch_s:       relayed dial + DCUtR until the direct connection is up (independent-mapping NATs),
     netlab_*_cpu_bound_Mbps: bits over the CPU seconds of the busiest process on the path (sender,
                           relay, receiver): the rate with a core per process, as on real hosts
     failover_s:           a 256 MiB transfer over two relays, the carrying relay SIGKILLed after
@@ -56,6 +57,7 @@ def netlab_figures(mib: int = 256, rate_mbit: float = 1000.0) -> dict:
         punched = punch(a, b, relay1)
         if not punched["conn"]["direct"]:
             raise RuntimeError(f"hole punch between independent-mapping NATs failed: {punched}")
+        log(f"hole punch: {punched['seconds']:.2f} s from the relayed dial to a direct connection")
         direct = measure(a, b, punched["conn"]["conn"], mib)
         log(f"netlab direct: {direct['Mbps']:.0f} Mbit/s ({direct['cpu_bound_Mbps']:.0f} CPU-bound)")
         relayed_conn = a.call("connect", circuits=circuits_via(b.call("reserve", relay=relay1.addr), relay1))
@@ -78,7 +80,7 @@ def netlab_figures(mib: int = 256, rate_mbit: float = 1000.0) -> dict:
                 "netlab_relayed_vs_direct": relayed["Mbps"] / direct["Mbps"],
                 "netlab_direct_cpu_bound_Mbps": direct["cpu_bound_Mbps"],
                 "netlab_relayed_cpu_bound_Mbps": relayed["cpu_bound_Mbps"],
-                "netlab_link_Mbit": rate_mbit, "failover_s": out["failover_s"],
+                "netlab_link_Mbit": rate_mbit, "netlab_punch_s": punched["seconds"], "failover_s": out["failover_s"],
                 "failover_silent_s": quiet["failover_s"], "failover_silent_stall_s": SILENT_STALL_S}
     finally:
         net.close()

@@ -86,11 +86,13 @@ def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_af
 
 def punch(initiator: Node, responder: Node, relay: Node) -> dict:
     """Both peers learn their punch-port mapping from ``relay``; the initiator dials the responder
-    through it and tries DCUtR. Returns the connect result and the observed addresses."""
+    through it and tries DCUtR. Returns the connect result, the observed addresses and the seconds
+    from the relayed dial to the end of the punch."""
     observed = {n.name: n.call("connect_public", addr=relay.addr) for n in (initiator, responder)}
     circuits = circuits_via(responder.call("reserve", relay=relay.addr), relay)
+    started = time.monotonic()
     conn = initiator.call("connect", circuits=circuits, punch=True, timeout=60)
-    return {"conn": conn, "observed": observed}
+    return {"conn": conn, "observed": observed, "seconds": time.monotonic() - started}
 
 
 def rate_Mbps(sender: Node, receiver: Node, conn: str, mib: int) -> float:
