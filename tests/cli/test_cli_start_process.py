@@ -59,7 +59,7 @@ def home(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
-    proc = start(home, "--role", "validator,relay", "--rpc-port", "0", "--listen", "/ip4/127.0.0.1/tcp/0",
+    proc = start(home, "--role", "compute,relay", "--rpc-port", "0", "--listen", "/ip4/127.0.0.1/tcp/0",
                  "--log-format", "json")
     lines, seen = queue.Queue(), []
     reader = threading.Thread(target=read_lines, args=(proc.stderr, lines), daemon=True)
@@ -76,9 +76,9 @@ def test_start_serves_health_and_exits_cleanly_on_signal(home, signum):
                 assert time.monotonic() < deadline, "node never became healthy"
                 time.sleep(0.1)
         with urllib.request.urlopen(url + "/status", timeout=2) as resp:
-            assert json.loads(resp.read())["roles"] == ["validator", "relay"]
+            assert json.loads(resp.read())["roles"] == ["compute", "relay"]
         shown = cli("status", "--url", url)
-        assert shown.returncode == 0 and json.loads(shown.stdout)["roles"] == ["validator", "relay"]
+        assert shown.returncode == 0 and json.loads(shown.stdout)["roles"] == ["compute", "relay"]
         proc.send_signal(signum)
         assert proc.wait(timeout=20) == 0
         wait_for_log(lines, seen, lambda r: r["msg"] == "node stopped", timeout=5)
