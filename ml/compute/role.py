@@ -68,8 +68,19 @@ class ComputeRole(Role):
         node.status.add_section("compute", self.status)
         node.rpc.register("dkb_computeStatus", self._rpc_status)
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
+        self._register_metrics(node.metrics)
         if node.data_dir is not None:
             self._load_results()
+
+    def _register_metrics(self, metrics) -> None:
+        self.tasks_done = metrics.counter("dekube_compute_tasks_total", "Task shares finished, by outcome.",
+                                          ["outcome"])
+        self.audits_sent = metrics.counter("dekube_compute_audits_total", "Audit results submitted, by verdict.",
+                                           ["verdict"])
+        metrics.gauge("dekube_compute_training_step", "Optimizer steps done in the task being trained.").set_function(
+            lambda: max((j["step"] for j in self.jobs.values() if j["state"] == "training"), default=0))
+        metrics.gauge("dekube_compute_bytes_sent", "All-reduce bytes sent by this node's task shares.").set_function(
+            lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
 
     def status(self) -> dict:
         return {"registered": self.registered, "ledger": self.ledger.url if self.ledger else None,
@@ -247,11 +258,13 @@ class ComputeRole(Role):
             receipt = await self.ledger.send("commit_result",
                                              Commitment.of(hashes, summary["params_hash"]).payload(task_id))
             job.update(state="committed", commit_height=receipt["height"], finished_at=time.time())
+            self.tasks_done.inc(outcome="committed")
             log.info("committed task %s", key, extra={"metrics": summary["metrics"]})
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed job must not stop the node; it shows in /status
             job.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+            self.tasks_done.inc(outcome="failed")
             log.warning("task %s failed: %s", key, exc)
         finally:
             if group is not None:
@@ -312,6 +325,7 @@ class ComputeRole(Role):
                 await self.ledger.send("audit_result", verdict.payload(task_id))
                 done.append({"worker": verdict.worker, "segment": verdict.segment, "match": verdict.match,
                              "reason": verdict.reason})
+                self.audits_sent.inc(verdict="match" if verdict.match else "mismatch")
                 log.info("audited %s of task %s: %s (%s)", verdict.worker, key,
                          "match" if verdict.match else "MISMATCH", verdict.reason)
             except TxFailed as exc:

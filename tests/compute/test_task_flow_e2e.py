@@ -97,6 +97,11 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     assert job["state"] == "committed" and job["step"] == SPEC.steps and job["bytes_sent"] > 0
     assert job["metrics"]["accuracy"] > 50
     assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
+    with urllib.request.urlopen(f"{worker_node.rpc_url}/metrics", timeout=5) as response:
+        assert 'dekube_compute_tasks_total{outcome="committed"} 1' in response.read().decode()
+    verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
+    with urllib.request.urlopen(f"{verifier_node.rpc_url}/metrics", timeout=5) as response:
+        assert 'dekube_compute_audits_total{verdict="match"} 3' in response.read().decode()
 
 
 def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
