@@ -37,10 +37,10 @@ def rpc(net, method, *params):
     return rpcclient.call(net.rpc_url, method, *params)
 
 
-def submit(net) -> str:
+def submit(net, spec: TrainSpec = SPEC) -> str:
     faucet = net.testnet.faucet()
     nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
-    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(SPEC, 3, PRICE))
+    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 3, PRICE))
     rpc(net, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
 
@@ -102,6 +102,15 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
     with urllib.request.urlopen(f"{verifier_node.rpc_url}/metrics", timeout=5) as response:
         assert 'dekube_compute_audits_total{verdict="match"} 3' in response.read().decode()
+
+
+@pytest.mark.slow
+def test_diloco_task_per_worker_segments_are_audited_and_paid(devnet):
+    task = wait_paid(devnet, submit(devnet, TrainSpec(mode="diloco", codec="int8", steps=30, inner_steps=10)))
+    assert len({commit[0] for commit in task["commits"].values()}) == 3   # pseudo-gradients differ per worker
+    assert len(task["audits"]) == 3 and all(audit[3] for audit in task["audits"])
+    assert all(task["payouts"][w] > 0 for w in task["workers"])
+    check_supply(devnet)
 
 
 def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
