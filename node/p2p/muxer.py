@@ -131,18 +131,29 @@ class YamuxStream:
             got += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         """Send `data`, waiting for send window and outbound room (back-pressure).
 
+        Nothing is copied: the queued frames reference `data`. bytes return once queued; a
+        mutable buffer (bytearray, memoryview, any contiguous buffer) returns only once the
+        connection has taken its last frame, so the caller may reuse it as soon as this returns.
         One writer at a time: a second task writing concurrently gets RuntimeError.
         """
         if self._writing:
             raise RuntimeError(f"yamux stream {self.stream_id}: another task is already writing")
-        if type(data) is not bytes:
-            data = bytes(data)  # snapshot: the frames reference it until the sender joins them
+        borrowed = type(data) is not bytes
+        view = memoryview(data)
+        if borrowed:
+            if view.c_contiguous:
+                view = view.cast("B")
+            else:  # not one contiguous block: send a contiguous copy
+                view, borrowed = memoryview(view.tobytes()), False
         self._writing = True
         try:
-            await self._write_all(memoryview(data))
+            await self._write_all(view)
+            if borrowed:
+                await self._muxer._wait_taken()
+                self._check_writable()
         finally:
             self._writing = False
 
@@ -313,6 +324,9 @@ class MuxedConnection:
         self._outbound_room = asyncio.Event()  # set whenever the sender has taken the queue
         self._outbound_room.set()
         self._room_waiters: deque[asyncio.Future] = deque()  # writers waiting for their turn
+        self._batches_taken = 0  # data_to_send_parts() results the sender took...
+        self._batches_written = 0  # ...and passed to conn.write, which returned
+        self._written_waiter: asyncio.Future | None = None  # writers waiting for a batch written
         self._last_received = self._loop.time()
         self._all_streams_done: asyncio.Event | None = None  # set up by close(drain_timeout=...)
         self._shut_down = False
@@ -425,7 +439,10 @@ class MuxedConnection:
                     self._pass_turn()
                     if not parts:
                         break
+                    self._batches_taken += 1
                     await self._conn.write(parts)
+                    self._batches_written += 1
+                    self._wake_written_waiters()
                 self._sender_idle.set()
         except asyncio.CancelledError:
             raise
@@ -532,6 +549,20 @@ class MuxedConnection:
         self._outbound_room.clear()
         await self._outbound_room.wait()
 
+    async def _wait_taken(self) -> None:
+        """Wait until the connection has taken every frame queued so far (conn.write returned for
+        the batch holding them), or the connection closed."""
+        target = self._batches_taken + (1 if self._session.outbound_size else 0)
+        while self._batches_written < target and not self._shut_down:
+            if self._written_waiter is None:
+                self._written_waiter = self._loop.create_future()
+            await asyncio.shield(self._written_waiter)
+
+    def _wake_written_waiters(self) -> None:
+        waiter, self._written_waiter = self._written_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _wait_outbound_turn(self) -> None:
         """Wait, behind the writers already waiting, until there is room in the outbound queue.
 
@@ -597,6 +628,7 @@ class MuxedConnection:
             await self._flush_briefly()
         self._session.close()  # gives the streams' receive windows back to a shared tuner
         self._sender_idle.set()
+        self._wake_written_waiters()  # their frames will not be sent now: the streams are reset
         current = asyncio.current_task()
         for task in [*self._tasks, *self._handler_tasks]:
             if task is not current:

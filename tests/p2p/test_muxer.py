@@ -479,3 +479,32 @@ def test_concurrent_readers_or_writers_on_one_stream_are_refused():
         await a.close()
         await b.close()
     run(main())
+
+
+def test_writes_of_mutable_buffers_are_not_copied_and_may_be_reused_at_once():
+    """A bytearray/memoryview write is sent from the caller's buffer (no snapshot) and returns
+    only once the connection took it: refilling the buffer right away never corrupts the data."""
+    import array
+
+    async def main():
+        got = asyncio.get_running_loop().create_future()
+
+        async def collect(stream):
+            got.set_result(await read_all(stream))
+
+        a, b = await muxed_pair(collect)
+        stream = await a.open_stream()
+        buffer = bytearray(300_000)
+        expected = []
+        for fill in range(1, 6):
+            buffer[:] = bytes([fill]) * len(buffer)
+            expected.append(bytes(buffer))
+            await stream.write(buffer)
+        numbers = array.array("i", range(1000))  # a typed buffer goes out as its raw bytes
+        await stream.write(memoryview(numbers))
+        await stream.write(memoryview(bytes(range(256)) * 10)[::2])  # non-contiguous: copied
+        await stream.close()
+        assert await got == b"".join(expected) + numbers.tobytes() + (bytes(range(256)) * 10)[::2]
+        await a.close()
+        await b.close()
+    run(main())
