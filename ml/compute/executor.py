@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ml.allreduce import AllReduceGroup, DeadlinePolicy
 from ml.train.allreduce_averager import averager_for_group, group_codec
+from ml.train.averaging import Averaged, Averager
 from ml.train.progress import ProgressFeed
 from ml.train.simulation import make_trainer
 from ml.train.spec import TrainSpec
@@ -19,7 +20,28 @@ from ml.train.worker import TrainerBase
 ALLREDUCE_PROTOCOL = "/dekube/allreduce/1"
 # Wider first deadlines than the all-reduce default: a worker's first round can start seconds after
 # its peers' on a loaded home machine, and a wrongly dropped peer would fail the whole task.
-TASK_DEADLINES = DeadlinePolicy(initial_s=10.0, first_frame_grace_s=10.0)
+TASK_DEADLINES = DeadlinePolicy(floor_s=10.0, initial_s=15.0, first_frame_grace_s=15.0, ceiling_s=60.0)
+
+
+class ParticipationLog:
+    """An averager wrapper that records the rounds whose mean lacked some workers' contributions.
+
+    A verifier replays the job with every worker taking part in every round; a run with such a round
+    cannot be replayed bit for bit, so the compute role does not commit it (see docs/adr/0080)."""
+
+    def __init__(self, inner: Averager, workers: int):
+        self.inner = inner
+        self.workers = workers
+        self.short_rounds: list[tuple[int, list]] = []
+
+    async def average(self, tensors, round_id: int) -> Averaged:
+        result = await self.inner.average(tensors, round_id)
+        if len(result.participants) != self.workers:
+            self.short_rounds.append((round_id, list(result.participants)))
+        return result
+
+    def __getattr__(self, name):  # state_dict/load_state_dict of the wrapped averager, if any
+        return getattr(self.inner, name)
 
 
 def task_protocol(task_id: bytes) -> str:
@@ -40,7 +62,8 @@ def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: li
     """Build `me`'s trainer (loads the dataset, builds the model: seconds on a busy machine, so call it
     in a thread and before the start barrier, never between the barrier and the first round)."""
     ordered = sorted(workers)
-    return make_trainer(spec, ordered.index(me), len(ordered), averager_for_group(spec, group), feed)
+    averager = ParticipationLog(averager_for_group(spec, group), len(ordered))
+    return make_trainer(spec, ordered.index(me), len(ordered), averager, feed)
 
 
 async def run_trainer(trainer: TrainerBase) -> dict:
@@ -49,4 +72,4 @@ async def run_trainer(trainer: TrainerBase) -> dict:
     metrics = await trainer.run()
     return {"rank": trainer.rank, "metrics": metrics, "steps": trainer.step, "bytes_sent": trainer.bytes_sent,
             "params_hash": trainer.params_hash(), "segment_hashes": list(trainer.segment_hashes),
-            "participants": list(trainer.last_participants)}
+            "participants": list(trainer.last_participants), "short_rounds": trainer.averager.short_rounds}

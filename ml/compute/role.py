@@ -42,6 +42,10 @@ AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
 
 
+class UnreplayableRun(RuntimeError):
+    """A training run that lost a worker in some round: its hashes differ from the full-group replay."""
+
+
 class ComputeRole(Role):
     name = "compute"
 
@@ -248,6 +252,10 @@ class ComputeRole(Role):
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
             job["state"] = "training"
             summary = await run_trainer(trainer)
+            if summary["short_rounds"]:
+                rounds = [r for r, _ in summary["short_rounds"]]
+                raise UnreplayableRun(f"rounds {rounds[:5]}{'...' if len(rounds) > 5 else ''} averaged without "
+                                      "every worker; a verifier could not replay this run, so it is not committed")
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
