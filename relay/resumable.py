@@ -1,18 +1,22 @@
 """Resumable bulk transfer: a transfer cut mid-way resumes over a new stream from the receiver's offset.
 
-Protocol ``/dekube/resumable/1.0.0``, one stream per attempt: the sender sends a length-prefixed
+Protocol ``/dekube/resumable/2.0.0``, one stream per attempt: the sender sends a length-prefixed
 header ``encode({"id": 16 bytes, "size": n})``; the receiver answers its current offset (8 bytes,
-big-endian: everything before it is held); the sender streams ``data[offset:]`` and half-closes;
-the receiver answers the final offset (8 bytes) once it holds all ``size`` bytes. A new attempt
-for a transfer resets the previous attempt's stream, so a stalled path never races a fresh one.
-``send_resumable`` takes a callable that opens a stream over whatever path works now (the relay
-client's failover picks another relay), so a transfer survives a relay's death.
+big-endian: everything before it is held); the sender streams ``data[offset:]`` and half-closes.
+While bytes arrive the receiver reports its offset (8 bytes) at most every ``REPORT_INTERVAL_S``,
+and reports ``size`` once it holds everything. A new attempt for a transfer resets the previous
+attempt's stream, so a stalled path never races a fresh one. ``send_resumable`` takes a callable
+that opens a stream over whatever path works now (the relay client's failover picks another
+relay), so a transfer survives a relay's death; an attempt whose receiver reports no progress for
+the ``StallTimer``'s allowance (adaptive, ``relay/stall.py``) is abandoned, so a relay that goes
+silent costs about a second on a fast link while a slow live link is not given up.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -20,10 +24,12 @@ from consensus.encoding import decode, encode
 from node.p2p.errors import ProtocolError
 
 from .messages import MessageReader, RelayMessageError, frame
+from .stall import FixedStall, StallTimer
 
-RESUMABLE_PROTOCOL = "/dekube/resumable/1.0.0"
+RESUMABLE_PROTOCOL = "/dekube/resumable/2.0.0"
 WRITE_CHUNK = 1 << 20
-STALL_TIMEOUT = 10.0  # seconds without progress before an attempt is abandoned
+HEADER_TIMEOUT_S = 10.0    # the receiver waits this long for a transfer header
+REPORT_INTERVAL_S = 0.25   # the receiver reports progress at most this often
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +65,7 @@ class ResumableReceiver:
 
     async def serve(self, stream) -> None:
         reader = MessageReader(256)
-        async with asyncio.timeout(STALL_TIMEOUT):
+        async with asyncio.timeout(HEADER_TIMEOUT_S):
             while True:
                 chunk = await stream.read()
                 if not chunk:
@@ -82,6 +88,7 @@ class ResumableReceiver:
         transfer.handler = asyncio.current_task()
         self.attempts += 1
         await stream.write(len(transfer.data).to_bytes(8, "big"))
+        reported, reported_at = len(transfer.data), time.monotonic()
         rest = reader.take_rest()
         while True:
             if rest:
@@ -90,6 +97,9 @@ class ResumableReceiver:
                 transfer.data += rest
             if len(transfer.data) == size:
                 break
+            if len(transfer.data) > reported and time.monotonic() - reported_at >= REPORT_INTERVAL_S:
+                reported, reported_at = len(transfer.data), time.monotonic()
+                await stream.write(reported.to_bytes(8, "big"))
             rest = await stream.read()
             if not rest:
                 raise TransferError(f"stream ended at {len(transfer.data)} of {size} bytes")
@@ -117,44 +127,74 @@ def _decode_header(body: bytes) -> tuple[bytes, int]:
     return header["id"], header["size"]
 
 
-async def _read_offset(stream, stall_timeout: float) -> int:
-    async with asyncio.timeout(stall_timeout):
+async def _read_offset(stream, timeout: float) -> int:
+    async with asyncio.timeout(timeout):
         raw = await stream.readexactly(8)
     return int.from_bytes(raw, "big")
 
 
-async def _attempt(stream, transfer_id: bytes, view: memoryview, starts: list[int], stall_timeout: float) -> None:
+async def _write_from(stream, view: memoryview, start: int) -> None:
+    for pos in range(start, len(view), WRITE_CHUNK):
+        await stream.write(view[pos:pos + WRITE_CHUNK])
+    await stream.close()
+
+
+async def _await_completion(stream, size: int, offset: int, stall) -> None:
+    """Read the receiver's progress reports until it holds ``size`` bytes; TimeoutError when none
+    comes within the stall allowance, TransferError on a report that goes backwards or too far."""
+    last = time.monotonic()
+    while offset < size:
+        try:
+            reported = await _read_offset(stream, stall.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no progress for {stall.timeout:.2f} s at {offset} of {size} bytes") from None
+        if not offset <= reported <= size:
+            raise TransferError(f"receiver reported offset {reported} after {offset} (size {size})")
+        now = time.monotonic()
+        stall.observe(now - last)
+        last, offset = now, reported
+
+
+async def _attempt(stream, transfer_id: bytes, view: memoryview, starts: list[int], stall) -> None:
     """One attempt (appends the receiver's starting offset to ``starts``); raises if the path fails."""
     await stream.write(frame(encode({"id": transfer_id, "size": len(view)})))
-    start = await _read_offset(stream, stall_timeout)
+    start = await _read_offset(stream, stall.timeout)
     starts.append(start)
     if start > len(view):
         raise TransferError(f"receiver claims offset {start} beyond {len(view)}")
-    for pos in range(start, len(view), WRITE_CHUNK):
-        async with asyncio.timeout(stall_timeout):
-            await stream.write(view[pos:pos + WRITE_CHUNK])
-    await stream.close()
-    final = await _read_offset(stream, stall_timeout)
-    if final != len(view):
-        raise TransferError(f"receiver acknowledged {final} of {len(view)} bytes")
+    writer = asyncio.ensure_future(_write_from(stream, view, start))
+    reader = asyncio.ensure_future(_await_completion(stream, len(view), start, stall))
+    try:
+        done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()  # raises the failure, if any
+        await writer
+        await reader  # everything written: the receiver reports when it holds it all
+    finally:
+        for task in (writer, reader):
+            task.cancel()
+        await asyncio.gather(writer, reader, return_exceptions=True)
 
 
 async def send_resumable(open_stream: Callable[[], Awaitable[object]], transfer_id: bytes, data,
                          *, attempts: int = 5, retry_delay: float = 0.05,
-                         stall_timeout: float = STALL_TIMEOUT) -> list[int]:
+                         stall_timeout: float | None = None) -> list[int]:
     """Send ``data`` completely, reopening a stream after each failure; returns the offsets the
     receiver reported at the start of each attempt that got that far (resumes = len - 1).
 
-    An attempt that makes no progress for ``stall_timeout`` seconds (a path whose packets vanish
-    rather than reset) is abandoned like a failed one."""
+    An attempt whose receiver reports no progress for the stall allowance (a path whose packets
+    vanish rather than reset) is abandoned like a failed one. The allowance adapts to the gaps
+    between progress reports (``StallTimer``: 3 s until the first, then within 1-10 s) and is
+    carried over to the next attempt; ``stall_timeout`` fixes it instead."""
     view = memoryview(data).cast("B")
+    stall = StallTimer() if stall_timeout is None else FixedStall(stall_timeout)
     starts: list[int] = []
     last_error: BaseException | None = None
     for _ in range(attempts):
         stream = None
         try:
             stream = await open_stream()
-            await _attempt(stream, transfer_id, view, starts, stall_timeout)
+            await _attempt(stream, transfer_id, view, starts, stall)
             return starts
         except (ConnectionError, ProtocolError, TimeoutError, OSError, asyncio.IncompleteReadError,
                 RelayMessageError) as exc:

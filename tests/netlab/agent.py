@@ -44,7 +44,7 @@ from relay.holepunch import HolePuncher  # noqa: E402
 from relay.holepunch_dial import dial_peer  # noqa: E402
 from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
-from relay.resumable import RESUMABLE_PROTOCOL, STALL_TIMEOUT, ResumableReceiver, send_resumable  # noqa: E402
+from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 
 MIB = 1 << 20
@@ -157,7 +157,7 @@ class Agent:
         return len(conns)
 
     async def op_send(self, mib: int, conn: str | None = None, circuits: list[str] | None = None,
-                      stall_timeout: float = STALL_TIMEOUT) -> dict:
+                      stall_timeout: float | None = None) -> dict:
         """A resumable transfer on connection ``conn``, or over a fresh bulk circuit through the first
         working relay of ``circuits`` per attempt (closed once the transfer is done)."""
         data = pattern(mib * MIB)

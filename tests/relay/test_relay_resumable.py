@@ -1,7 +1,9 @@
 """Resumable transfers without a network: header validation, resume from the receiver's offset,
-preemption of a stalled attempt, and fuzzed headers."""
+preemption of a stalled attempt, adaptive stall detection (a silent path is left within 3 s, a slow
+live one is kept), progress reports that go backwards, and fuzzed headers."""
 import asyncio
 import os
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from consensus.encoding import encode
 from relay.messages import frame
 from relay.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
+from relay.stall import StallTimer
 
 
 class MemoryStream:
@@ -100,6 +103,112 @@ def test_silent_path_abandoned_after_stall_timeout():
         assert await receiver.wait(transfer_id) == data
         assert starts[0] == 0 and (2 << 20) - 64 < starts[1] <= 2 << 20  # the cut point, less the header
         await asyncio.gather(*handlers, return_exceptions=True)
+    asyncio.run(main())
+
+
+class ThrottledStream(MemoryStream):
+    """A sender side whose link delivers ``piece`` bytes every ``period`` seconds, and after
+    ``silent_after`` bytes (if set) delivers nothing more, without an error (a relay gone quiet)."""
+
+    def __init__(self, piece: int, period: float, silent_after: int | None = None) -> None:
+        super().__init__()
+        self.piece, self.period, self.silent_after = piece, period, silent_after
+        self.delivered = 0
+        self.silent_since: float | None = None
+        self._link = asyncio.Lock()
+
+    async def write(self, data) -> None:
+        data = bytes(data)
+        async with self._link:  # back-pressure: a write returns once the link carried it
+            for pos in range(0, len(data), self.piece):
+                if self.silent_after is not None and self.delivered >= self.silent_after:
+                    self.silent_since = self.silent_since or time.monotonic()
+                    await asyncio.Event().wait()
+                await asyncio.sleep(self.period)
+                part = data[pos:pos + self.piece]
+                self.peer.queue.put_nowait(part)
+                self.delivered += len(part)
+
+
+def _throttled_pair(piece: int, period: float, silent_after: int | None = None):
+    ours, theirs = ThrottledStream(piece, period, silent_after), MemoryStream()
+    ours.peer, theirs.peer = theirs, ours
+    return ours, theirs
+
+
+def test_stall_timer_adapts_between_floor_and_cap():
+    timer = StallTimer()
+    assert timer.timeout == 3.0  # nothing seen yet
+    for _ in range(30):
+        timer.observe(0.25)
+    assert timer.timeout == pytest.approx(1.0, abs=0.01)  # steady quarter-second reports: the floor
+    for _ in range(30):
+        timer.observe(1.5)
+    assert 5.5 < timer.timeout < 6.5  # reports 1.5 s apart: about four gaps
+    timer.observe(60.0)
+    assert timer.timeout == 10.0  # the cap
+
+
+def test_silent_relay_detected_within_3s_by_default():
+    """A fast path that goes silent mid-transfer is abandoned within 3 s (default settings) and the
+    transfer resumes on a new path from the receiver's offset."""
+    async def main():
+        receiver = ResumableReceiver()
+        data = os.urandom(4 << 20)
+        streams = []
+
+        async def open_stream():
+            ours, theirs = _throttled_pair(64 << 10, 0.01, silent_after=(2 << 20) if not streams else None)
+            streams.append((ours, time.monotonic()))
+            asyncio.ensure_future(receiver.serve(theirs))
+            return ours
+
+        transfer_id = os.urandom(16)
+        starts = await asyncio.wait_for(send_resumable(open_stream, transfer_id, data, retry_delay=0), 20)
+        assert await receiver.wait(transfer_id) == data
+        silent_since = streams[0][0].silent_since
+        assert silent_since is not None and len(streams) == 2
+        assert streams[1][1] - silent_since < 3.0  # detected and a new path opened
+        assert starts[0] == 0 and (2 << 20) - (64 << 10) <= starts[1] <= 2 << 20
+    asyncio.run(main())
+
+
+def test_slow_live_link_not_declared_dead():
+    """A link delivering 8 KiB every 1.3 s (longer than the 1 s floor, reports that far apart) makes
+    progress: no attempt is abandoned."""
+    async def main():
+        receiver = ResumableReceiver()
+        data = os.urandom(16 << 10)
+        opened = []
+
+        async def open_stream():
+            ours, theirs = _throttled_pair(8 << 10, 1.3)
+            opened.append(ours)
+            asyncio.ensure_future(receiver.serve(theirs))
+            return ours
+
+        transfer_id = os.urandom(16)
+        starts = await asyncio.wait_for(send_resumable(open_stream, transfer_id, data), 20)
+        assert await receiver.wait(transfer_id) == data
+        assert starts == [0] and len(opened) == 1
+    asyncio.run(main())
+
+
+def test_progress_report_going_backwards_abandons_the_attempt():
+    async def main():
+        async def open_stream():
+            ours, theirs = pair()
+
+            async def lying_receiver():
+                await theirs.read()  # the header
+                await theirs.write((0).to_bytes(8, "big"))
+                await theirs.write((100).to_bytes(8, "big"))
+                await theirs.write((50).to_bytes(8, "big"))
+            asyncio.ensure_future(lying_receiver())
+            return ours
+
+        with pytest.raises(TransferError, match="reported offset 50 after 100"):
+            await send_resumable(open_stream, os.urandom(16), bytes(1000), attempts=1)
     asyncio.run(main())
 
 
