@@ -33,7 +33,7 @@ class StreamPipe:
         self.bytes_sent = 0
         self.bytes_received = len(leftover)
         self._pushback: deque[bytes] = deque([leftover] if leftover else [])
-        self._pending: list[bytes] = []
+        self._pending: list = []  # bytes-like, not copied
         self._write_lock = asyncio.Lock()
         self._closed_exc: BaseException | None = None
         self._eof = False
@@ -85,9 +85,11 @@ class StreamPipe:
             self._pushback.appendleft(data)
 
     def write(self, data) -> None:
+        """Queue ``data`` for ``drain``; it is not copied, so it must not change afterwards (the
+        secure layer hands over freshly encrypted frames)."""
         if self._closed_exc is not None:
             raise ConnectionResetError("relayed connection closed")
-        self._pending.append(bytes(data))
+        self._pending.append(data)
 
     async def drain(self) -> None:
         async with self._write_lock:
