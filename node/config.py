@@ -163,6 +163,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "reserve": Key(bool, False, "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says private"),
         "reservations": Key(int, 2, "relays reserved on at once (those with the lowest round-trip time)", check_positive),
         "max_price_per_mib": Key(int, 1, "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
+        "hole_punch": Key(bool, True, "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
     },
     "compute": {
         "rpc_url": Key(str, "", "validator JSON-RPC URL for the ledger; empty: this node's own (when it is a validator)"),

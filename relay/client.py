@@ -7,7 +7,8 @@ connection dies; ``relayed_addrs`` lists ``<relay addr>/p2p-circuit/p2p/<us>`` f
 record. ``dial(target, circuit_addrs)`` connects through the first relay that works, trying relays
 that failed recently last. Inbound circuits are accepted only from relays where we hold a current,
 verified voucher, and the peer authenticated by the end-to-end noise handshake must be the one the
-relay announced.
+relay announced. Callbacks registered with ``on_inbound`` get each inbound relayed Connection as it
+comes up (the hole puncher's "B" role starts from there).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from node.p2p.errors import ProtocolError
@@ -93,6 +95,7 @@ class RelayClient:
         self._failed: dict[str, float] = {}
         self._signer = ReceiptSigner(host.identity, chain_id, self._lookup_circuit, max_price_per_mib)
         self._changed = asyncio.Event()
+        self._inbound_callbacks: list[Callable[[Connection], None]] = []
 
     def start(self) -> None:
         self.host.set_handler(STOP_PROTOCOL, self._serve_stop)
@@ -275,6 +278,11 @@ class RelayClient:
         return conn
 
     # ---- inbound circuits
+    def on_inbound(self, callback: Callable[[Connection], None] | None) -> None:
+        """Call ``callback(conn)`` for each inbound relayed connection once it is up (None: stop);
+        one callback at a time, and it must not block (start a task for any work)."""
+        self._inbound_callbacks = [] if callback is None else [callback]
+
     async def _serve_stop(self, stream) -> None:
         relay = stream.remote_peer
         try:
@@ -305,6 +313,11 @@ class RelayClient:
             await conn.close()
             return
         self._remember(pipe, relay, conn.remote_peer, is_source=False)
+        for callback in self._inbound_callbacks:
+            try:
+                callback(conn)
+            except Exception:  # a faulty callback must not take the circuit down
+                log.exception("inbound circuit callback failed")
 
     async def _stop_reply(self, stream, status: Status) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):

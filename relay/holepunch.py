@@ -71,6 +71,7 @@ class HolePuncher:
         self._public: dict[str, Connection] = {}   # connections made from the punch port
         self._punched = asyncio.Event()
         self._listening = asyncio.Lock()
+        self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
 
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
@@ -121,6 +122,25 @@ class HolePuncher:
             await stream.close()
         return decode_identify(data).observed_addr
 
+    def connected_public(self, peer: str) -> bool:
+        """Whether a connection from the punch port to the public peer ``peer`` is open."""
+        live = self._public.get(peer)
+        return live is not None and not live.closed
+
+    def busy(self, peer: str) -> bool:
+        """Whether a hole punch with ``peer`` (either side's) is in progress."""
+        return self._exchanging.get(peer, 0) > 0
+
+    @contextlib.contextmanager
+    def _exchange_with(self, peer: str):
+        self._exchanging[peer] = self._exchanging.get(peer, 0) + 1
+        try:
+            yield
+        finally:
+            self._exchanging[peer] -= 1
+            if not self._exchanging[peer]:
+                del self._exchanging[peer]
+
     def own_addrs(self) -> list[Multiaddr]:
         """Our punch port as public peers see it over live connections (what CONNECT offers): a
         mapping whose connection is gone may have expired in the NAT."""
@@ -135,6 +155,10 @@ class HolePuncher:
     async def direct_connect(self, relayed: Connection) -> Connection | None:
         """Try to replace ``relayed`` by a direct connection to the same peer; None if every attempt
         failed (the caller stays on the relayed connection)."""
+        with self._exchange_with(relayed.remote_peer):
+            return await self._direct_connect(relayed)
+
+    async def _direct_connect(self, relayed: Connection) -> Connection | None:
         for attempt in range(1, self.attempts + 1):
             try:
                 conn = await self._initiate(relayed)
@@ -176,6 +200,10 @@ class HolePuncher:
     # ---- responder
     async def serve(self, stream) -> None:
         """The ``/libp2p/dcutr`` handler: answer CONNECT, punch on SYNC."""
+        with self._exchange_with(stream.remote_peer):
+            await self._respond(stream)
+
+    async def _respond(self, stream) -> None:
         core = DcutrResponder(self.own_addrs())
         dial = None
         try:

@@ -1,11 +1,14 @@
 """The dial policy for a peer that may sit behind NAT: direct, else relayed and then hole punched.
 
 ``dial_peer`` tries the peer's direct addresses (each bounded by ``direct_timeout``), then a
-relayed connection through the relay client, then a DCUtR upgrade of it (``HolePuncher``). When
-the punch works the relayed connection is retired after ``retire_after`` seconds (streams already
-open on it get that long to finish), after which the Host's shared connection to the peer is the
-direct one. Where the punch fails the peer stays relayed. Returns a ``PeerPath`` saying which way
-the peer is reached.
+relayed connection through the relay client, then a DCUtR upgrade of it (``upgrade_relayed``).
+When the punch works the relayed connection is retired (``retire_relayed``: GoAway at once, so
+the Host's next stream to the peer takes the direct connection; streams already open on it get
+``retire_after`` seconds to finish). Where the punch fails the peer stays relayed. With
+``punch_wait`` the caller waits at most that long for the punch: a punch still going on then
+(one that will fail, typically, a symmetric NAT's SYNs vanishing for the whole punch window)
+carries on in the background (``PeerPath.upgrading``) and the relayed connection is returned.
+Returns a ``PeerPath`` saying which way the peer is reached.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from node.p2p.secure_conn import TcpConnection
 
 from .client import RelayClient
 from .holepunch import HolePuncher
+from .holepunch_inbound import retire_relayed
 
 DIRECT_TIMEOUT = 3.0
 RETIRE_AFTER = 5.0
@@ -30,15 +34,8 @@ log = logging.getLogger(__name__)
 class PeerPath:
     conn: Connection
     kind: str                              # "direct" | "punched" | "relayed"
-    retiring: asyncio.Task | None = None   # closes the relayed connection a punch replaced (cancel to keep it)
-
-
-async def _retire(conn: Connection, delay: float) -> None:
-    await asyncio.sleep(delay)
-    try:
-        await conn.close()
-    except (ConnectionError, ProtocolError, OSError) as exc:
-        log.debug("retiring the relayed connection to %s: %s", conn.remote_peer, exc)
+    retiring: asyncio.Task | None = None   # retires the relayed connection a punch replaced
+    upgrading: asyncio.Task | None = None  # a punch still going on (returns the direct connection or None)
 
 
 async def _dial_direct(host: Host, peer_id: str, addrs, timeout: float) -> Connection | None:
@@ -64,7 +61,7 @@ async def _dial_direct(host: Host, peer_id: str, addrs, timeout: float) -> Conne
 
 async def dial_peer(host: Host, client: RelayClient, puncher: HolePuncher | None, peer_id: str,
                     direct_addrs, circuit_addrs, *, direct_timeout: float = DIRECT_TIMEOUT,
-                    retire_after: float = RETIRE_AFTER) -> PeerPath:
+                    retire_after: float = RETIRE_AFTER, punch_wait: float | None = None) -> PeerPath:
     """Reach ``peer_id``: directly, by a punched connection, or relayed. Raises DialError when no
     relay reaches it either."""
     conn = await _dial_direct(host, peer_id, direct_addrs, direct_timeout)
@@ -73,11 +70,29 @@ async def dial_peer(host: Host, client: RelayClient, puncher: HolePuncher | None
     if not circuit_addrs:
         raise DialError(f"could not dial {peer_id} directly and it has no relayed address")
     relayed = await client.dial(list(circuit_addrs))
-    if puncher is None or not puncher.own_addrs():
+    return await upgrade_relayed(puncher, relayed, retire_after=retire_after, punch_wait=punch_wait)
+
+
+async def upgrade_relayed(puncher: HolePuncher | None, relayed: Connection, *, retire_after: float = RETIRE_AFTER,
+                          punch_wait: float | None = None) -> PeerPath:
+    """Hole punch ``relayed`` (waiting at most ``punch_wait`` seconds, None: until it ends)."""
+    if puncher is None or not puncher.own_addrs() or puncher.busy(relayed.remote_peer):
         return PeerPath(relayed, "relayed")
-    direct = await puncher.direct_connect(relayed)
+    punch = asyncio.ensure_future(puncher.direct_connect(relayed))
+    done, _ = await asyncio.wait({punch}, timeout=punch_wait)
+    if not done:
+        return PeerPath(relayed, "relayed", upgrading=asyncio.ensure_future(_finish(punch, relayed, retire_after)))
+    direct = punch.result()
     if direct is None:
         return PeerPath(relayed, "relayed")
-    retiring = asyncio.get_running_loop().create_task(_retire(relayed, retire_after))
-    return PeerPath(direct, "punched", retiring)
+    return PeerPath(direct, "punched", asyncio.ensure_future(retire_relayed(relayed, retire_after)))
 
+
+async def _finish(punch: asyncio.Task, relayed: Connection, retire_after: float) -> Connection | None:
+    try:
+        direct = await punch
+    finally:
+        punch.cancel()
+    if direct is not None:
+        await retire_relayed(relayed, retire_after)
+    return direct

@@ -1,10 +1,12 @@
 """The DCUtR spec's "B" role: a NAT'd peer starts the hole punch on each inbound relayed connection.
 
-``upgrade_inbound(puncher, client)`` runs until cancelled. Every ``interval`` seconds it looks at
-the relay client's circuits for inbound ones it has not seen, finds the relayed Connection riding
-each, and runs ``puncher.direct_connect`` on it (in the background, one at a time per peer),
-unless a direct connection to that peer is already open. The relay client has no callback for new
-inbound circuits yet, hence the scan (ADR 0070); a punch costs at most ``interval`` of delay.
+``upgrade_inbound(puncher, client, defer=...)`` runs until cancelled. The relay client calls it back
+(``RelayClient.on_inbound``) for every inbound relayed connection; after ``defer`` seconds, left to
+a dialer that punches itself (``dial_peer``, our nodes' dialers), it runs ``puncher.direct_connect``
+on the connection unless the peer already has a direct connection or a punch with it is under way
+(one at a time per peer). When the punch works the relayed connection is retired
+(``retire_relayed``: no new streams, open ones get ``retire_after`` seconds to finish), so the
+Host's shared connection to the peer becomes the direct one.
 """
 from __future__ import annotations
 
@@ -12,45 +14,57 @@ import asyncio
 import contextlib
 import logging
 
+from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection
 
 from .client import RelayClient
 from .holepunch import HolePuncher
 
-SCAN_INTERVAL_S = 0.25
+RETIRE_AFTER_S = 5.0
 log = logging.getLogger(__name__)
 
 
-def _relayed_connection(puncher: HolePuncher, peer: str, pipe) -> Connection | None:
-    return next((c for c in puncher.host.connections(peer) if c.secure.tcp is pipe and not c.closed), None)
+def has_direct(host, peer: str) -> bool:
+    """Whether ``host`` has an open direct (not relayed) connection to ``peer``."""
+    return any(c.remote_addr is not None and not c.closed for c in host.connections(peer))
 
 
-def _has_direct(puncher: HolePuncher, peer: str) -> bool:
-    return any(c.remote_addr is not None and not c.closed for c in puncher.host.connections(peer))
-
-
-async def upgrade_inbound(puncher: HolePuncher, client: RelayClient, interval: float = SCAN_INTERVAL_S) -> None:
-    seen: set[bytes] = set()
-    running: dict[str, asyncio.Task] = {}
+async def retire_relayed(conn: Connection, drain: float) -> None:
+    """Close ``conn`` gracefully: GoAway at once (the Host's next stream goes to another connection
+    to the peer), open streams get ``drain`` seconds to finish."""
     try:
-        while True:
-            seen &= set(client.circuits)  # forget circuits the client no longer keeps
-            for session, (count, pipe) in list(client.circuits.items()):
-                if session in seen or count.is_source or pipe.is_closed:
-                    continue
-                seen.add(session)
-                peer = count.remote
-                conn = _relayed_connection(puncher, peer, pipe)
-                busy = running.get(peer)
-                if conn is None or (busy is not None and not busy.done()) or _has_direct(puncher, peer):
-                    continue
-                log.debug("inbound relayed connection from %s: starting DCUtR", peer)
-                running[peer] = asyncio.ensure_future(puncher.direct_connect(conn))
-            for peer, task in list(running.items()):
-                if task.done():
-                    del running[peer]
-            await asyncio.sleep(interval)
+        if conn.muxed is not None:
+            await conn.muxed.close(drain_timeout=drain)
+        await conn.close()
+    except (ConnectionError, ProtocolError, OSError) as exc:
+        log.debug("retiring the relayed connection to %s: %s", conn.remote_peer, exc)
+
+
+async def _upgrade(puncher: HolePuncher, conn: Connection, defer: float, retire_after: float) -> None:
+    await asyncio.sleep(defer)
+    peer = conn.remote_peer
+    if conn.closed or has_direct(puncher.host, peer) or puncher.busy(peer):
+        return
+    log.debug("inbound relayed connection from %s: starting DCUtR", peer)
+    if await puncher.direct_connect(conn) is not None:
+        await retire_relayed(conn, retire_after)
+
+
+async def upgrade_inbound(puncher: HolePuncher, client: RelayClient, *, defer: float = 0.0,
+                          retire_after: float = RETIRE_AFTER_S) -> None:
+    running: dict[str, asyncio.Task] = {}
+
+    def on_inbound(conn: Connection) -> None:
+        busy = running.get(conn.remote_peer)
+        if busy is not None and not busy.done():
+            return
+        running[conn.remote_peer] = asyncio.ensure_future(_upgrade(puncher, conn, defer, retire_after))
+
+    client.on_inbound(on_inbound)
+    try:
+        await asyncio.Event().wait()
     finally:
+        client.on_inbound(None)
         for task in running.values():
             task.cancel()
         for task in running.values():

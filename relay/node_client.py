@@ -11,6 +11,11 @@ relayed addresses are shown in ``/status`` ("relay_client") and published in its
 (``relay_addrs`` of register_node) whenever they change, and checked there every ``RECHECK_S``
 (another writer of the record may have replaced them). Since each bulk circuit it opens is also a
 connection to its relay, such a node's per-peer connection limit is raised to what a relay allows.
+With ``[relay] hole_punch`` (default on) such a node also hole punches (``relay/node_punch.py``):
+it connects to its relays from a punch port before reserving, its Host's circuit dialer upgrades
+relayed connections by DCUtR where the NATs allow it, and inbound relayed connections are punched
+from its side too, so a peer reached by a relayed address ends up on a direct connection when both
+NATs keep ports.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING
 from . import reachability
 from .client import RelayClient
 from .ledger_access import RelayLedger
+from .node_punch import NodeHolePunching
 from .registration import publish_record
 from .role import fit_connection_limit
 from .service import RelayLimits
@@ -48,6 +54,8 @@ class RelayNodeClient:
         self.client = RelayClient(node.host, chain_id=node.config.get("consensus", "chain_id"),
                                   max_price_per_mib=settings["max_price_per_mib"], want=settings["reservations"])
         self.ledger = RelayLedger.for_node(node)
+        self.punching = (NodeHolePunching(node.host, self.client, self.relays)
+                         if self.relays and settings["hole_punch"] else None)
         self.reachability: reachability.Reachability | None = None
         self.published: list[str] | None = None   # relay_addrs the ledger record is known to hold
         self.last_error: str | None = None
@@ -68,6 +76,7 @@ class RelayNodeClient:
                              for relay, r in self.client.reservations.items()},
             "relayed_addrs": self.client.relayed_addrs,
             "published_relay_addrs": self.published,
+            "hole_punch": self.punching.status() if self.punching is not None else None,
             "ledger": None if self.ledger is None else "local" if self.ledger.is_local else self.ledger.url,
             "last_error": self.last_error,
         }
@@ -79,13 +88,20 @@ class RelayNodeClient:
         """Dial circuits for the Host; with ``[relay] relays``, also reserve and publish."""
         await self.node.ready.wait()
         self.client.start()
-        self.node.host.register_circuit_dialer(lambda maddr, bulk: self.client.dial([str(maddr)], bulk=bulk))
+        if self.punching is not None:
+            self.node.host.register_circuit_dialer(self.punching.dial_circuit)
+        else:
+            self.node.host.register_circuit_dialer(lambda maddr, bulk: self.client.dial([str(maddr)], bulk=bulk))
         try:
             if not self.relays:
                 await asyncio.Event().wait()
             if self.ledger is not None:
                 await self._first_publish()  # registered before the relays look us up, if the ledger answers
+            if self.punching is not None:
+                await self.punching.prepare()  # the relays see our punch port's mapping before we reserve
             async with asyncio.TaskGroup() as tasks:
+                if self.punching is not None:
+                    tasks.create_task(self.punching.run())
                 tasks.create_task(self._reserve_when_needed())
                 if self.ledger is not None:
                     tasks.create_task(self._keep_published())

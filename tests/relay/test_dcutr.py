@@ -229,7 +229,10 @@ def test_dial_peer_prefers_direct_then_punched_then_relayed():
 def test_the_inbound_side_starts_the_punch_on_its_own():
     async def main():
         a, b, relay, relayed, (pa, pb) = await _relayed_pair()
-        watcher = asyncio.create_task(upgrade_inbound(pb, b, interval=0.05))
+        watcher = asyncio.create_task(upgrade_inbound(pb, b, retire_after=0.1))
+        await asyncio.sleep(0)  # the watcher registers its callback
+        await relayed.close()
+        relayed = await a.dial(b.relayed_addrs)  # an inbound circuit at b, seen by the callback
         try:
             from_b = await pb.wait_direct(a.host.peer_id, 15)  # b initiated (the spec's B role)
             at_a = await pa.wait_direct(b.host.peer_id, 15)
@@ -237,7 +240,12 @@ def test_the_inbound_side_starts_the_punch_on_its_own():
             assert at_a.direction == "inbound" and a.pipe_for(at_a) is None
             await asyncio.sleep(0.3)
             direct = [c for c in a.host.connections(b.host.peer_id) if a.pipe_for(c) is None and not c.closed]
-            assert direct == [at_a]  # one punch per relayed connection, not one per scan
+            assert direct == [at_a]  # one punch per relayed connection
+            for _ in range(50):  # b retires the relayed connection it punched around
+                if relayed.closed:
+                    break
+                await asyncio.sleep(0.05)
+            assert relayed.closed
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
