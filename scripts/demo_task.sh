@@ -17,6 +17,19 @@ RPC=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('http:/
 echo "== submitting a task: mlp on digits, 3 workers, int8, $STEPS steps, price 100000"
 dekube-node task submit --rpc "$RPC" --key "$HOME_DIR/faucet_key.json" --model mlp --dataset digits \
   --workers 3 --codec int8 --steps "$STEPS" --price 100000 --wait --timeout 600
+echo "== what each compute node reports (dkb_computeStatus)"
+python3 - "$HOME_DIR" <<'PY'
+import json, sys
+from consensus import rpcclient
+for node in json.load(open(sys.argv[1] + "/compute.json")):
+    status = rpcclient.call(f"http://127.0.0.1:{node['rpc_port']}", "dkb_computeStatus")
+    for task_id, job in status["jobs"].items():
+        print(f"  {node['name']} worker  task {task_id[:12]}..  {job['state']}  step {job['step']}  "
+              f"sent {job['bytes_sent'] / 1e6:.2f} MB  {job.get('metrics')}")
+    for task_id, verdicts in status["audits"].items():
+        print(f"  {node['name']} verifier task {task_id[:12]}..  " +
+              ", ".join(f"{v['worker'][:12]}.. segment {v['segment']} {'match' if v['match'] else 'MISMATCH'}" for v in verdicts))
+PY
 echo "== tasks"
 dekube-node task list --rpc "$RPC"
 python3 -c "import sys; from consensus import rpcclient; s = rpcclient.call(sys.argv[1], 'dkb_getSupply'); print('supply', s['total'], 'genesis', s['genesis'], 'conserved' if s['total'] == s['genesis'] else 'NOT CONSERVED')" "$RPC"
