@@ -161,11 +161,14 @@ class ComputeRole(Role):
         bonded = (await self.ledger.call("dkb_getStake", me))["bonded"]
         if bonded < self.config["stake"]:
             await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
-        roles = sorted({"compute", "verifier"} if self.config["audit"] else {"compute"})
-        payload = {"roles": roles, "listen_addrs": self.node.host.listen_addrs[:8], "relay_addrs": [],
+        current = await self.ledger.call("dkb_getNode", me)
+        # keep roles and relay addresses other roles of this node registered (a validator stays one)
+        roles = set(current["roles"]) if current else set()
+        roles |= {"compute", "verifier"} if self.config["audit"] else {"compute"}
+        payload = {"roles": sorted(roles), "listen_addrs": self.node.host.listen_addrs[:8],
+                   "relay_addrs": current["relay_addrs"] if current else [],
                    "hardware": {"cpu_cores": os.cpu_count() or 1, "ram_mb": _ram_mb(), "gpu": "",
                                 "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]}}
-        current = await self.ledger.call("dkb_getNode", me)
         if current is None or any(current.get(k) != payload[k] for k in ("roles", "listen_addrs", "hardware")):
             await self.ledger.send("register_node", payload)
         self.registered = True
