@@ -19,6 +19,7 @@ from pathlib import Path
 from node.identity import Identity
 
 AGENT = Path(__file__).resolve().parent / "agent.py"
+NODE_AGENT = Path(__file__).resolve().parent / "node_agent.py"   # a real Node with the same command loop
 READY_TIMEOUT = 60.0
 
 
@@ -41,7 +42,8 @@ class Node:
         self.proc = proc
         self.peer_id: str = info["peer_id"]
         self.addrs: list[str] = info["addrs"]
-        self.punch_port: int = info["punch_port"]
+        self.punch_port: int | None = info["punch_port"]
+        self.info = info
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
@@ -49,8 +51,9 @@ class Node:
         self._reader.start()
 
     @classmethod
-    def start(cls, name: str, ns: str, listen: str, *extra: str) -> "Node":
-        cmd = ["ip", "netns", "exec", ns, sys.executable, str(AGENT), "--seed", seed_of(name), "--listen", listen, *extra]
+    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> "Node":
+        """Start ``agent`` (``agent.py``, or ``node_agent.py`` for a real Node) as ``name``."""
+        cmd = ["ip", "netns", "exec", ns, sys.executable, str(agent), "--seed", seed_of(name), "--listen", listen, *extra]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         ready = concurrent.futures.Future()
 

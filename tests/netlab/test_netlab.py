@@ -4,9 +4,12 @@ NAT'd homes reach each other through a relay and move 256 MiB intact, with recei
 bytes moved; a killed relay's transfer completes through the second relay; hole punching upgrades
 to a direct connection between endpoint-independent NATs and stays relayed with a symmetric NAT;
 reservations and circuits are refused without registration or reservation; AutoNAT tells a public
-host from a NAT'd one.
+host from a NAT'd one; real Nodes reach each other by relayed address and end up punched or relayed.
 """
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -150,3 +153,26 @@ def test_circuit_without_a_reservation_is_refused(net):
     unreserved = f"{net['relay2'].addr}/p2p-circuit/p2p/{net['pub'].peer_id}"
     with pytest.raises(AgentError, match="NO_RESERVATION"):
         net["a"].call("dial", circuits=[unreserved])
+
+
+def test_real_nodes_open_streams_by_relayed_address_punched_or_relayed(net):
+    """Three real Nodes (relay client service, hole punching on) in homes 1, 2 (port-keeping NATs)
+    and 3 (symmetric NAT) reserve on both relays. ``host.open_stream`` from home 1 to home 2, knowing
+    only the target's relayed addresses, ends on a punched direct connection (the relayed one is
+    retired); to home 3 it stays relayed and works."""
+    started = time.monotonic()
+    relays = [net["relay1"].addr, net["relay2"].addr]
+    with ThreadPoolExecutor(3) as pool:
+        na, nb, nc = pool.map(lambda spec: net.start_home_node(spec[0], spec[1], relays, PORT + 5), [
+            ("na", 1), ("nb", 2), ("nc", 3)])
+    punched = na.call("echo", peer=nb.peer_id, circuits=nb.call("relayed_addrs"), timeout=30)
+    assert punched["path"] == "direct"
+    assert punched["remote"] == f"{net.lab.homes[1].wan_ip}:{nb.punch_port}"  # through B's NAT, kept port
+    poll(lambda: na.call("paths", peer=nb.peer_id) == ["direct"], 15, 0.1, "the relayed connection retired")
+    assert na.call("echo", peer=nb.peer_id, circuits=[])["path"] == "direct"
+    relayed = na.call("echo", peer=nc.peer_id, circuits=nc.call("relayed_addrs"), timeout=30)
+    assert relayed["path"] == "relayed"
+    status = na.call("hole_punch")
+    assert status["dials_punched"] == 1 and status["dials_relayed"] == 1 and nb.peer_id in status["direct_peers"]
+    assert na.call("echo", peer=nc.peer_id, circuits=[])["path"] == "relayed"
+    assert time.monotonic() - started < 60

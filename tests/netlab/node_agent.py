@@ -1,0 +1,144 @@
+"""A real dekube ``Node`` for the netlab (its relay client service with hole punching, as
+``dekube-node start`` runs it), driven by JSON lines like ``agent.py``.
+
+Run inside a namespace: ``python tests/netlab/node_agent.py --seed HEX --listen /ip4/A/tcp/P
+--relays MADDR,MADDR [--no-hole-punch]``. The node reserves on its relays (``[relay] reserve =
+true``) and prints ``READY {"peer_id", "addrs", "punch_port", "relayed_addrs"}`` once it holds a
+reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok": ..., "result" |
+"error"}``):
+  relayed_addrs()            -> the node's relayed addresses (what its ledger record carries)
+  echo(peer, circuits)       -> {path, remote, seconds}: knowing ``peer`` only by ``circuits``,
+                                ``host.open_stream`` an echo stream and round-trip 64 KiB over it
+  paths(peer)                -> "direct"/"relayed" for each open connection to the peer
+  hole_punch()               -> the relay client's hole-punch status
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from node.config import load_config  # noqa: E402
+from node.identity import Identity  # noqa: E402
+from node.roles import BasicRole  # noqa: E402
+from node.runtime import Node  # noqa: E402
+
+ECHO_PROTOCOL = "/dekube/netlab-echo/1.0.0"
+RESERVE_TIMEOUT_S = 30.0
+
+
+async def serve_echo(stream) -> None:
+    while data := await stream.read():
+        await stream.write(data)
+    await stream.close()
+
+
+class NodeAgent:
+    def __init__(self, args) -> None:
+        overrides = {("p2p", "listen"): args.listen, ("rpc", "enabled"): "false",
+                     ("relay", "relays"): args.relays, ("relay", "reserve"): "true",
+                     ("relay", "hole_punch"): "false" if args.no_hole_punch else "true"}
+        config = load_config(None, env={}, overrides=overrides)
+        self.node = Node(config, Identity.from_seed(bytes.fromhex(args.seed)), [BasicRole("compute")])
+
+    @property
+    def relay_client(self):
+        return self.node.relay_client.client
+
+    async def op_relayed_addrs(self) -> list[str]:
+        return self.relay_client.relayed_addrs
+
+    async def op_echo(self, peer: str, circuits: list[str]) -> dict:
+        self.node.host.peerbook.add_addrs(peer, circuits)
+        payload = os.urandom(64 << 10)
+        started = time.monotonic()
+        stream = await self.node.host.open_stream(peer, ECHO_PROTOCOL)
+        await stream.write(payload)
+        await stream.close()
+        echoed = b""
+        while chunk := await stream.read():
+            echoed += chunk
+        if echoed != payload:
+            raise RuntimeError(f"echo returned {len(echoed)} bytes, not the {len(payload)} sent")
+        conn = stream.connection
+        peername = conn.secure.tcp.peername
+        return {"path": "relayed" if self.relay_client.pipe_for(conn) else "direct",
+                "remote": f"{peername[0]}:{peername[1]}" if peername else None,
+                "seconds": time.monotonic() - started}
+
+    async def op_paths(self, peer: str) -> list[str]:
+        return ["relayed" if self.relay_client.pipe_for(c) else "direct"
+                for c in self.node.host.connections(peer) if not c.closed]
+
+    async def op_hole_punch(self) -> dict | None:
+        punching = self.node.relay_client.punching
+        return punching.status() if punching is not None else None
+
+    async def answer(self, line: str) -> None:
+        cmd_id = None
+        try:
+            cmd = json.loads(line)
+            cmd_id = cmd.pop("id", None)
+            op = getattr(self, f"op_{cmd.pop('op')}")
+            reply = {"id": cmd_id, "ok": True, "result": await op(**cmd)}
+        except Exception as exc:  # every failure is reported to the orchestrator, never fatal
+            reply = {"id": cmd_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+
+    async def run(self) -> None:
+        node_task = asyncio.ensure_future(self.node.run())
+        try:
+            await self._wait_reserved(node_task)
+            punching = self.node.relay_client.punching
+            self.node.host.set_handler(ECHO_PROTOCOL, serve_echo)
+            print("READY " + json.dumps({"peer_id": self.node.peer_id, "addrs": self.node.host.listen_addrs,
+                                         "punch_port": punching.puncher.port if punching else None,
+                                         "relayed_addrs": self.relay_client.relayed_addrs}), flush=True)
+            await self._serve_commands()
+        finally:
+            self.node.request_stop()
+            await asyncio.wait_for(node_task, 10)
+
+    async def _wait_reserved(self, node_task: asyncio.Task) -> None:
+        deadline = time.monotonic() + RESERVE_TIMEOUT_S
+        while not self.relay_client.relayed_addrs:
+            if node_task.done():
+                node_task.result()
+                raise RuntimeError("the node stopped before reserving")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no reservation within {RESERVE_TIMEOUT_S} s")
+            await asyncio.sleep(0.05)
+
+    async def _serve_commands(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        tasks = set()
+        while line := await reader.readline():
+            task = asyncio.ensure_future(self.answer(line.decode()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        for task in tasks:
+            task.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--relays", required=True, help="comma-separated relay multiaddrs")
+    parser.add_argument("--no-hole-punch", action="store_true")
+    args = parser.parse_args()
+    import uvloop
+    uvloop.run(NodeAgent(args).run())
+
+
+if __name__ == "__main__":
+    main()
