@@ -63,8 +63,11 @@ _MAX_OUTSTANDING_PINGS = 16
 # sample from connection set-up (taken amid handshakes, 1-15 ms on a loaded host) would otherwise
 # decide every growth, so connections through the same bottleneck got very different windows.
 RTT_REFRESH_INTERVAL = 0.25
-# Bodies read from a memoryview are handed out as views from this size up, smaller ones as bytes.
+# Bodies read from a memoryview are handed out as views (no copy) when at least this large and at
+# least 1/_MAX_PIN_RATIO of that read, else as bytes: a view keeps its whole read buffer alive, so
+# unread data can pin at most _MAX_PIN_RATIO times its size.
 _VIEW_AT_LEAST = 16 * 1024
+_MAX_PIN_RATIO = 4
 
 
 class YamuxError(Exception):
@@ -418,8 +421,8 @@ class YamuxSession:
         """Feed bytes from the peer; return the events they complete, in order.
 
         A data frame's body is handed out as slices of ``data``: memoryviews of a memoryview
-        ``data`` when large (no copy; the caller keeps ``data``'s buffer alive through them),
-        bytes when small (so a few bytes never pin a large buffer).
+        ``data`` when large (no copy; they keep ``data``'s buffer alive), bytes when small or a
+        small part of ``data`` (so a little unread data never pins a large buffer).
 
         Raises YamuxProtocolError on a protocol violation (a GoAway with the protocol-error code is
         then queued and the session is terminated), and YamuxSessionClosed once terminated.
@@ -457,7 +460,7 @@ class YamuxSession:
                 if self._body_stream is not None:
                     if take == end:
                         chunk = data
-                    elif take < _VIEW_AT_LEAST and type(data) is memoryview:
+                    elif type(data) is memoryview and (take < _VIEW_AT_LEAST or take * _MAX_PIN_RATIO < end):
                         chunk = bytes(data[pos:pos + take])
                     else:
                         chunk = data[pos:pos + take]

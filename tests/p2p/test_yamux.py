@@ -431,3 +431,13 @@ def test_parts_reference_payloads_and_views_in_give_views_out():
     got = b"".join(e.data for piece in (split[:5], split[5:40_000], split[40_000:])
                    for e in c.receive_data(piece, 0.0) if type(e) is DataReceived)
     assert got == payload + b"tiny"
+
+
+def test_small_parts_of_a_large_read_are_copied_so_they_cannot_pin_it():
+    a, b = pair()
+    s1, s2 = a.open_stream(), a.open_stream()
+    a.send_data(s1, bytes(20_000))  # >= 16 KiB but under a quarter of the read
+    a.send_data(s2, bytes(200_000))
+    events = b.receive_data(memoryview(a.data_to_send()), 0.0)
+    kinds = {e.stream_id: type(e.data) for e in events if type(e) is DataReceived}
+    assert kinds == {s1: bytes, s2: memoryview}
