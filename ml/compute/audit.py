@@ -1,11 +1,12 @@
 """A verifier's audit of a committed task: fetch each worker's segment hashes, check them against the
 committed Merkle root, replay the segments the audit seed picks, and decide match or mismatch.
 
-`audit_task` is independent of the network: it gets `fetch(worker) -> (segment hashes, params
-hash)` and `replay(spec, workers, last_segment) -> {worker: hashes}` as callables, so tests can
-drive it directly. A worker whose list is missing, malformed or does not hash to its committed root
-is a mismatch without replay (it cannot show what it committed to); the others are replayed once,
-together, up to the furthest audited segment.
+`audit_task` is independent of the network: it gets `fetch(worker) -> SegmentReport` and
+`replay(spec, workers, last_segment, left) -> {worker: hashes}` as callables, so tests can drive it
+directly. A worker whose list is missing, malformed or does not hash to its committed root, or whose
+record of short rounds is impossible, is a mismatch without replay (it cannot show what it committed
+to); the others are replayed together, once per distinct set of departures they report (normally
+one), up to the furthest audited segment.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from ml.compute.commitment import BadCommitment, audited_segment, merkle_root
-from ml.compute.segments_protocol import SegmentsError
+from ml.compute.replay import InconsistentRecord, departures
+from ml.compute.segments_protocol import SegmentReport, SegmentsError
 from ml.compute.task_spec import train_spec_for_task
 from ml.train.spec import TrainSpec
 
-Fetch = Callable[[str], Awaitable[tuple[list[str], str]]]
-Replay = Callable[[TrainSpec, list[str], int], Awaitable[dict[str, list[str]]]]
+Fetch = Callable[[str], Awaitable[SegmentReport]]
+Replay = Callable[[TrainSpec, list[str], int, dict[str, int]], Awaitable[dict[str, list[str]]]]
 
 
 @dataclass(frozen=True)
@@ -44,23 +46,27 @@ async def audit_task(task: dict, verifier: str, fetch: Fetch, replay: Replay) ->
     spec = train_spec_for_task(task["spec"])
     seed = bytes.fromhex(task["audit_seed"])
     verdicts: list[Verdict] = []
-    claims: dict[str, tuple[int, str]] = {}
+    claims: dict[str, tuple[int, str, dict[str, int]]] = {}
     for worker in workers_to_audit(task, verifier):
         root_hex, _result_hex, segments, _height = task["commits"][worker]
         segment = audited_segment(seed, verifier, worker, segments)
         try:
-            hashes, _params_hash = await fetch(worker)
-            if len(hashes) != segments or merkle_root(hashes).hex() != root_hex:
+            report = await fetch(worker)
+            if len(report.segments) != segments or merkle_root(report.segments).hex() != root_hex:
                 verdicts.append(Verdict(worker, segment, False, "segment hashes do not match the committed root"))
                 continue
-        except (SegmentsError, BadCommitment) as exc:
+            left = departures(report.short_rounds, list(task["workers"]))
+            if worker in left:
+                raise InconsistentRecord("the worker reports having left the job it committed")
+        except (SegmentsError, BadCommitment, InconsistentRecord) as exc:
             verdicts.append(Verdict(worker, segment, False, f"no valid segment hashes: {exc}"))
             continue
-        claims[worker] = (segment, hashes[segment])
-    if claims:
-        last = max(segment for segment, _ in claims.values())
-        replayed = await replay(spec, list(task["workers"]), last)
-        for worker, (segment, claimed) in sorted(claims.items()):
+        claims[worker] = (segment, report.segments[segment], left)
+    for left_items in sorted({tuple(sorted(c[2].items())) for c in claims.values()}):
+        left = dict(left_items)
+        group = {w: c for w, c in claims.items() if c[2] == left}
+        replayed = await replay(spec, list(task["workers"]), max(c[0] for c in group.values()), left)
+        for worker, (segment, claimed, _) in sorted(group.items()):
             expected = replayed[worker][segment]
             match = expected == claimed
             verdicts.append(Verdict(worker, segment, match, "replayed hash matches" if match else

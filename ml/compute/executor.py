@@ -26,8 +26,8 @@ TASK_DEADLINES = DeadlinePolicy(floor_s=10.0, initial_s=15.0, first_frame_grace_
 class ParticipationLog:
     """An averager wrapper that records the rounds whose mean lacked some workers' contributions.
 
-    A verifier replays the job with every worker taking part in every round; a run with such a round
-    cannot be replayed bit for bit, so the compute role does not commit it (see docs/adr/0080)."""
+    The worker serves this record with its segment hashes, so a verifier replays the same departures
+    (`ml.compute.replay.departures`) and still gets the survivors' hashes bit for bit."""
 
     def __init__(self, inner: Averager, workers: int):
         self.inner = inner

@@ -1,6 +1,11 @@
 """Replay of a task's training by a verifier: every worker of the job simulated in this process, over
 the same all-reduce code on loopback TCP, up to the last segment being audited.
 
+Workers that left the real run (a crash, or excluded from a round: the trainer stops then) are made
+to leave the replay at the same round (`departures`, from the rounds the workers reported as short):
+their group and transport close, the others' attempt fails at once and is redone among the rest,
+exactly as in the real run, so the survivors' hashes still match.
+
 CPU training is bit-reproducible and the all-reduce result does not depend on timing or transport
 (the same plan, codec and summation order), so the replayed segment hashes equal the honest
 workers' ones bit for bit (tested against a networked run). Replaying segment k costs the job's
@@ -18,6 +23,48 @@ from ml.train.simulation import make_trainer
 from ml.train.spec import TrainSpec
 
 
+class WorkerLeft(RuntimeError):
+    """Raised in a replayed worker at the round where the real worker left the job."""
+
+
+class InconsistentRecord(ValueError):
+    """Reported round memberships that no real run produces (a worker missing, then back)."""
+
+
+def departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
+    """{worker: first round it was missing from} from [(round, participants), ...] records."""
+    left: dict[str, int] = {}
+    try:
+        for round_id, participants in sorted((int(r), list(p)) for r, p in short_rounds):
+            if any(w in participants and w in left for w in workers):
+                raise InconsistentRecord(f"a worker left before round {round_id} and took part in it")
+            if any(p not in workers for p in participants):
+                raise InconsistentRecord(f"round {round_id} lists a participant that is not a worker")
+            for worker in workers:
+                if worker not in participants:
+                    left.setdefault(worker, round_id)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InconsistentRecord):
+            raise
+        raise InconsistentRecord(f"malformed round record: {exc}") from None
+    return left
+
+
+class LeavingAverager:
+    """Replay stand-in for a worker that left at `leave_round`: averages normally before it, then
+    closes its group and transport (its peers see the link fail) and raises WorkerLeft."""
+
+    def __init__(self, inner, group, transport, leave_round: int):
+        self.inner, self.group, self.transport, self.leave_round = inner, group, transport, leave_round
+
+    async def average(self, tensors, round_id: int):
+        if round_id >= self.leave_round:
+            await self.group.close()
+            await self.transport.close()
+            raise WorkerLeft(f"left at round {self.leave_round}")
+        return await self.inner.average(tensors, round_id)
+
+
 def segments_needed(spec: TrainSpec, last_segment: int) -> dict:
     """How far to train so that segment `last_segment` (0-based) exists: the trainer's run() kwargs."""
     if spec.mode == "diloco":
@@ -26,8 +73,10 @@ def segments_needed(spec: TrainSpec, last_segment: int) -> dict:
 
 
 async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, task_id: bytes = bytes(32),
-                     mode: str = "butterfly") -> dict[str, list[str]]:
-    """Segment hashes 0..last_segment of every worker (peer id -> hex hashes) by replaying the job."""
+                     mode: str = "butterfly", left: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Segment hashes 0..last_segment of every worker that stayed (peer id -> hex hashes) by replaying
+    the job; `left` maps workers that left the real run to the round they left at."""
+    left = left or {}
     ordered = sorted(workers)
     transports = [TcpTransport(peer) for peer in ordered]
     groups = []
@@ -38,11 +87,19 @@ async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, tas
         groups = [make_group(spec, t, peer, ordered, task_id, mode) for peer, t in zip(ordered, transports)]
         for group in groups:
             await group.start()
-        trainers = [make_trainer(spec, rank, len(ordered), averager_for_group(spec, group))
-                    for rank, group in enumerate(groups)]
+        trainers = []
+        for rank, (peer, group, transport) in enumerate(zip(ordered, groups, transports)):
+            averager = averager_for_group(spec, group)
+            if peer in left:
+                averager = LeavingAverager(averager, group, transport, left[peer])
+            trainers.append(make_trainer(spec, rank, len(ordered), averager))
         until = segments_needed(spec, last_segment)
-        await asyncio.gather(*(trainer.run(**until) for trainer in trainers))
-        return {peer: list(trainer.segment_hashes[:last_segment + 1]) for peer, trainer in zip(ordered, trainers)}
+        outcomes = await asyncio.gather(*(trainer.run(**until) for trainer in trainers), return_exceptions=True)
+        for peer, outcome in zip(ordered, outcomes):
+            if isinstance(outcome, BaseException) and not (peer in left and isinstance(outcome, WorkerLeft)):
+                raise outcome
+        return {peer: list(trainer.segment_hashes[:last_segment + 1])
+                for peer, trainer in zip(ordered, trainers) if peer not in left}
     finally:
         for group in groups:
             await group.close()
@@ -51,6 +108,6 @@ async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, tas
 
 
 def replay_job_blocking(spec: TrainSpec, workers: list[str], last_segment: int, task_id: bytes = bytes(32),
-                        mode: str = "butterfly") -> dict[str, list[str]]:
+                        mode: str = "butterfly", left: dict[str, int] | None = None) -> dict[str, list[str]]:
     """`replay_job` on a fresh event loop (call it from a worker thread)."""
-    return asyncio.run(replay_job(spec, workers, last_segment, task_id, mode))
+    return asyncio.run(replay_job(spec, workers, last_segment, task_id, mode, left))

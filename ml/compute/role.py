@@ -42,10 +42,6 @@ AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
 
 
-class UnreplayableRun(RuntimeError):
-    """A training run that lost a worker in some round: its hashes differ from the full-group replay."""
-
-
 class ComputeRole(Role):
     name = "compute"
 
@@ -255,14 +251,11 @@ class ComputeRole(Role):
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
             job["state"] = "training"
             summary = await run_trainer(trainer)
-            if summary["short_rounds"]:
-                rounds = [r for r, _ in summary["short_rounds"]]
-                raise UnreplayableRun(f"rounds {rounds[:5]}{'...' if len(rounds) > 5 else ''} averaged without "
-                                      "every worker; a verifier could not replay this run, so it is not committed")
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
             self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"],
+                                    "short_rounds": [[r, list(p)] for r, p in summary["short_rounds"]],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             job.update(state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                        metrics=summary["metrics"])
@@ -298,7 +291,7 @@ class ComputeRole(Role):
             await group.close()
 
     # ---- auditing others
-    async def _fetch_segments(self, task_id: bytes, worker: str) -> tuple[list[str], str]:
+    async def _fetch_segments(self, task_id: bytes, worker: str) -> segments_protocol.SegmentReport:
         await self._learn_addresses([worker])
         for attempt in range(FETCH_ATTEMPTS):
             try:
@@ -314,8 +307,8 @@ class ComputeRole(Role):
         task_id = bytes.fromhex(key)
         mode = self.config["allreduce_mode"]
 
-        async def replay(spec, workers, last_segment):
-            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode)
+        async def replay(spec, workers, last_segment, left):
+            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left)
 
         async def fetch(worker):
             return await self._fetch_segments(task_id, worker)

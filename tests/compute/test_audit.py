@@ -7,7 +7,7 @@ import pytest
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import audited_segment, merkle_root
 from ml.compute.replay import replay_job
-from ml.compute.segments_protocol import SegmentsError
+from ml.compute.segments_protocol import SegmentReport, SegmentsError
 from ml.compute.task_spec import submit_payload
 from ml.train.spec import TrainSpec
 from node.identity import Identity
@@ -43,11 +43,11 @@ def run_audit(task, served):
         value = served[worker]
         if isinstance(value, Exception):
             raise value
-        return value, "00" * 32
+        return value if isinstance(value, SegmentReport) else SegmentReport(value, "00" * 32)
 
-    async def replay(spec, workers, last):
-        replays.append(last)
-        return await replay_job(spec, workers, last)
+    async def replay(spec, workers, last, left):
+        replays.append((last, left))
+        return await replay_job(spec, workers, last, left=left)
 
     return asyncio.run(audit_task(task, VERIFIER, fetch, replay)), replays
 
@@ -56,7 +56,7 @@ def test_honest_workers_match(honest):
     verdicts, replays = run_audit(task_doc(honest), honest)
     assert [(v.worker, v.match) for v in verdicts] == [(w, True) for w in WORKERS]
     assert [v.segment for v in verdicts] == [audited_segment(SEED, VERIFIER, w, 3) for w in WORKERS]
-    assert replays == [max(v.segment for v in verdicts)]   # one replay for all workers
+    assert replays == [(max(v.segment for v in verdicts), {})]   # one replay for all workers
 
 
 def test_falsified_but_consistent_hashes_are_caught_by_replay(honest):
@@ -79,3 +79,20 @@ def test_already_audited_workers_are_skipped(honest):
     assert workers_to_audit(task, VERIFIER) == [WORKERS[1]]
     verdicts, _ = run_audit(task, honest)
     assert [v.worker for v in verdicts] == [WORKERS[1]]
+
+
+def test_reported_departures_are_replayed_and_impossible_records_fail():
+    three = WORKERS + [Identity.generate().peer_id]
+    three.sort()
+    gone = three[2]
+    survivors = [w for w in three if w != gone]
+    left_run = asyncio.run(replay_job(SPEC, three, last_segment=2, left={gone: 5}))
+    short = [[r, survivors] for r in range(5, SPEC.steps)]
+    task = task_doc({w: left_run[w] for w in survivors})
+    task["workers"] = three
+    served = {survivors[0]: SegmentReport(left_run[survivors[0]], "00" * 32, short),
+              survivors[1]: SegmentReport(left_run[survivors[1]], "00" * 32, [[5, [gone]]])}
+    verdicts, replays = run_audit(task, served)
+    assert {v.worker: v.match for v in verdicts} == {survivors[0]: True, survivors[1]: False}
+    assert "left the job" in next(v.reason for v in verdicts if not v.match)
+    assert [left for _, left in replays] == [{gone: 5}]

@@ -37,7 +37,10 @@ def test_task_run_cli_reports_one_json_summary(capsys):
 
 
 @pytest.mark.parametrize("body", [b"", b"\xff", b"[]", b'{"segments": "x", "params_hash": "y"}',
-                                  b'{"segments": [1], "params_hash": "y"}', b'{"error": "nope"}'])
+                                  b'{"segments": [1], "params_hash": "y"}', b'{"error": "nope"}',
+                                  b'{"segments": [], "params_hash": "y", "short_rounds": [[1]]}',
+                                  b'{"segments": [], "params_hash": "y", "short_rounds": [["1", []]]}',
+                                  b'{"segments": [], "params_hash": "y", "short_rounds": {}}'])
 def test_malformed_segment_answers_raise(body):
     with pytest.raises(SegmentsError):
         decode_response(body)
@@ -76,4 +79,5 @@ def test_segments_and_ready_over_hosts():
             await client.stop()
             await server.stop()
 
-    assert asyncio.run(scenario()) == (["aa" * 32], "bb" * 32)
+    report = asyncio.run(scenario())
+    assert (report.segments, report.params_hash, report.short_rounds) == (["aa" * 32], "bb" * 32, [])
