@@ -67,7 +67,7 @@ RTT_REFRESH_INTERVAL = 0.25
 # least 1/_MAX_PIN_RATIO of that read, else as bytes: a view keeps its whole read buffer alive, so
 # unread data can pin at most _MAX_PIN_RATIO times its size.
 _VIEW_AT_LEAST = 16 * 1024
-_MAX_PIN_RATIO = 4
+_MAX_PIN_RATIO = 16
 
 
 class YamuxError(Exception):

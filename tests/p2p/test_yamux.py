@@ -435,9 +435,10 @@ def test_parts_reference_payloads_and_views_in_give_views_out():
 
 def test_small_parts_of_a_large_read_are_copied_so_they_cannot_pin_it():
     a, b = pair()
-    s1, s2 = a.open_stream(), a.open_stream()
-    a.send_data(s1, bytes(20_000))  # >= 16 KiB but under a quarter of the read
-    a.send_data(s2, bytes(200_000))
+    s1, s2, s3 = a.open_stream(), a.open_stream(), a.open_stream()
+    a.send_data(s1, bytes(17_000))  # >= 16 KiB but under 1/16 of the ~530 KB read
+    a.send_data(s2, bytes(y.INITIAL_WINDOW))
+    a.send_data(s3, bytes(y.INITIAL_WINDOW))
     events = b.receive_data(memoryview(a.data_to_send()), 0.0)
     kinds = {e.stream_id: type(e.data) for e in events if type(e) is DataReceived}
-    assert kinds == {s1: bytes, s2: memoryview}
+    assert kinds == {s1: bytes, s2: memoryview, s3: memoryview}
