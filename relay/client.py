@@ -200,6 +200,16 @@ class RelayClient:
         async with asyncio.timeout(seconds):
             return await coro
 
+    async def abandon(self, conn: Connection) -> None:
+        """Give up on the relayed ``conn`` whose path went silent (a resumable transfer's stall):
+        close it and try its relay last in dials for a while, so the retry goes another way at once
+        rather than after the dial stagger."""
+        pipe = self.pipe_for(conn)
+        if pipe is not None:
+            self._mark_failed(pipe.relay_peer)
+        with contextlib.suppress(ConnectionError, ProtocolError, OSError):
+            await conn.close()
+
     def _mark_failed(self, relay: str) -> None:
         self._failed[relay] = time.monotonic()
 

@@ -184,7 +184,7 @@ async def send_resumable(open_stream: Callable[[], Awaitable[object]], transfer_
 
     An attempt whose receiver reports no progress for the stall allowance (a path whose packets
     vanish rather than reset) is abandoned like a failed one. The allowance adapts to the gaps
-    between progress reports (``StallTimer``: 3 s until the first, then within 1-10 s) and is
+    between progress reports (``StallTimer``: 2 s until the first, then within 1-10 s) and is
     carried over to the next attempt; ``stall_timeout`` fixes it instead."""
     view = memoryview(data).cast("B")
     stall = StallTimer() if stall_timeout is None else FixedStall(stall_timeout)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 FLOOR_S = 1.0
 CAP_S = 10.0
-INITIAL_S = 3.0
+INITIAL_S = 2.0     # before the first report: its interval plus a round trip, with room
 FACTOR = 4.0
 GAIN = 0.25  # weight of a new gap in the smoothed mean and deviation
 

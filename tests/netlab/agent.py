@@ -19,6 +19,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   paths(peer)                        -> "direct"/"relayed" for each open connection to the peer
   send(mib, conn | circuits, stall_timeout) -> {seconds, cpu_s, starts, relays, id, sha256}
   received(transfer)                 -> {bytes, done, sha256}      incoming() -> {id: bytes so far}
+  attempts()                         -> resumable-transfer attempts the receiver has started
   cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
 """
@@ -168,6 +169,8 @@ class Agent:
             if conn is not None:
                 path = self.conns[conn]
             else:
+                if opened:  # a retry: the last path failed or went silent
+                    await self.client.abandon(opened[-1])
                 path = await self.client.dial(circuits, bulk=True)
                 opened.append(path)
                 relays.append(self.client.pipe_for(path).relay_peer)
@@ -194,6 +197,9 @@ class Agent:
 
     async def op_incoming(self) -> dict:
         return {tid.hex(): len(t.data) for tid, t in self.receiver.transfers.items()}
+
+    async def op_attempts(self) -> int:
+        return self.receiver.attempts
 
     @staticmethod
     def _cpu() -> float:

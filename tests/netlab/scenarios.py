@@ -62,7 +62,8 @@ def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_af
              kill=Node.kill, **send_args) -> dict:
     """Start a resumable transfer over ``relays`` (the receiver reserves on all), ``kill`` the relay
     carrying it once ``kill_after_mib`` arrived (default SIGKILL), and measure ``failover_s``: from
-    the kill until the receiver holds more bytes than at the kill."""
+    the kill until bytes arrive over a new attempt (bytes still queued on the old path when it died
+    do not count)."""
     circuits = []
     for relay in relays:
         circuits = receiver.call("reserve", relay=relay.addr)
@@ -74,10 +75,13 @@ def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_af
     (transfer_id,) = incoming
     live = [c["relay"] for c in sender.call("status")["circuits"].values()]
     victim = next(r for r in relays if r.peer_id == live[-1])
+    attempts = receiver.call("attempts")
     kill(victim)
     killed_at = time.monotonic()
     at_kill = receiver.call("incoming")[transfer_id]
-    poll(lambda: receiver.call("incoming")[transfer_id] > at_kill, 30, 0.01, "bytes after the relay died")
+    poll(lambda: receiver.call("attempts") > attempts, 30, 0.01, "a new attempt after the relay died")
+    resumed_at = receiver.call("incoming")[transfer_id]
+    poll(lambda: receiver.call("incoming")[transfer_id] > resumed_at, 30, 0.01, "bytes over the new attempt")
     failover_s = time.monotonic() - killed_at
     result = transfer.result(300)
     return {"sent": result, "received": wait_received(receiver, transfer_id), "victim": victim.peer_id,

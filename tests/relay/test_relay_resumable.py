@@ -138,7 +138,7 @@ def _throttled_pair(piece: int, period: float, silent_after: int | None = None):
 
 def test_stall_timer_adapts_between_floor_and_cap():
     timer = StallTimer()
-    assert timer.timeout == 3.0  # nothing seen yet
+    assert timer.timeout == 2.0  # nothing seen yet
     for _ in range(30):
         timer.observe(0.25)
     assert timer.timeout == pytest.approx(1.0, abs=0.01)  # steady quarter-second reports: the floor
