@@ -1,7 +1,7 @@
 """Orchestrator side of the netlab: start agents (``agent.py``) inside namespaces and call them.
 
-``Node.start(lab_ns, seed, listen, ...)`` launches one agent with ``ip netns exec`` and waits for
-its READY line; ``node.call(op, **args)`` sends one JSON command and returns the result (raising
+``Node.start(lab_ns, seed, listen, ...)`` launches one agent (``agent.py``, or ``node_agent.py``
+for a real dekube Node) with ``ip netns exec`` and waits for its READY line; ``node.call(op, **args)`` sends one JSON command and returns the result (raising
 ``AgentError`` with the agent's message on failure); ``node.call_async`` returns a Future, so an
 orchestrator can kill a relay while a transfer runs. A reader thread per agent routes replies by
 id. ``kill()`` is SIGKILL (a crashed relay); ``stop()`` closes stdin and waits; both are bounded.

@@ -123,3 +123,25 @@ def test_maintain_does_not_wait_for_a_silent_candidate():
                 writer.close()
             await stop_all(b, *relays)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_abandoned_relay_is_dialed_last():
+    """After ``abandon`` (a transfer stalled on it) the connection is closed and the next dial goes
+    through the other relay first, even though the abandoned one is listed first and still up."""
+    async def main():
+        a, b = await start_endpoint(), await start_endpoint()
+        relays = [await start_relay({a.host.peer_id, b.host.peer_id}) for _ in range(2)]
+        try:
+            for relay in relays:
+                await b.reserve(relay.host.listen_addrs[0])
+            first = relays[0].host.peer_id
+            addrs = sorted(b.relayed_addrs, key=lambda addr: first not in addr)  # relay 0 listed first
+            conn = await a.dial(addrs, bulk=True)
+            assert a.pipe_for(conn).relay_peer == first
+            await a.abandon(conn)
+            assert conn.closed
+            again = await a.dial(addrs, bulk=True)
+            assert a.pipe_for(again).relay_peer == relays[1].host.peer_id
+        finally:
+            await stop_all(a, b, *relays)
+    asyncio.run(asyncio.wait_for(main(), 30))
