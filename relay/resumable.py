@@ -3,8 +3,8 @@
 Protocol ``/dekube/resumable/2.0.0``, one stream per attempt: the sender sends a length-prefixed
 header ``encode({"id": 16 bytes, "size": n})``; the receiver answers its current offset (8 bytes,
 big-endian: everything before it is held); the sender streams ``data[offset:]`` and half-closes.
-While bytes arrive the receiver reports its offset (8 bytes) at most every ``REPORT_INTERVAL_S``,
-and reports ``size`` once it holds everything. A new attempt for a transfer resets the previous
+While bytes arrive the receiver reports its offset (8 bytes): first after ``FIRST_REPORT_S``, then at
+most every ``REPORT_INTERVAL_S``; it reports ``size`` once it holds everything. A new attempt for a transfer resets the previous
 attempt's stream, so a stalled path never races a fresh one. ``send_resumable`` takes a callable
 that opens a stream over whatever path works now (the relay client's failover picks another
 relay), so a transfer survives a relay's death; an attempt whose receiver reports no progress for
@@ -29,7 +29,8 @@ from .stall import FixedStall, StallTimer
 RESUMABLE_PROTOCOL = "/dekube/resumable/2.0.0"
 WRITE_CHUNK = 1 << 20
 HEADER_TIMEOUT_S = 10.0    # the receiver waits this long for a transfer header
-REPORT_INTERVAL_S = 0.25   # the receiver reports progress at most this often
+REPORT_INTERVAL_S = 0.25   # the receiver reports progress at most this often...
+FIRST_REPORT_S = 0.05      # ...after a first report this soon, so the sender's stall timer learns early
 log = logging.getLogger(__name__)
 
 
@@ -88,7 +89,8 @@ class ResumableReceiver:
         transfer.handler = asyncio.current_task()
         self.attempts += 1
         await stream.write(len(transfer.data).to_bytes(8, "big"))
-        reported, reported_at = len(transfer.data), time.monotonic()
+        start = reported = len(transfer.data)
+        reported_at = time.monotonic()
         rest = reader.take_rest()
         while True:
             if rest:
@@ -97,7 +99,8 @@ class ResumableReceiver:
                 transfer.data += rest
             if len(transfer.data) == size:
                 break
-            if len(transfer.data) > reported and time.monotonic() - reported_at >= REPORT_INTERVAL_S:
+            interval = REPORT_INTERVAL_S if reported > start else FIRST_REPORT_S
+            if len(transfer.data) > reported and time.monotonic() - reported_at >= interval:
                 reported, reported_at = len(transfer.data), time.monotonic()
                 await stream.write(reported.to_bytes(8, "big"))
             rest = await stream.read()
