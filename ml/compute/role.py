@@ -218,9 +218,11 @@ class ComputeRole(Role):
     async def _learn_addresses(self, peers: list[str]) -> None:
         for peer in peers:
             info = await self.ledger.call("dkb_getNode", peer)
-            if info and info.get("listen_addrs"):
+            # direct addresses first; relayed ones let NAT'd workers be reached through their relays
+            addrs = (info.get("listen_addrs") or []) + (info.get("relay_addrs") or []) if info else []
+            if addrs:
                 try:
-                    self.node.host.peerbook.add_addrs(peer, info["listen_addrs"])
+                    self.node.host.peerbook.add_addrs(peer, addrs)
                 except ValueError as exc:
                     log.warning("bad addresses registered by %s: %s", peer, exc)
 
