@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
-from ml.codecs.base import Codec, CodecError, all_finite
+from ml.codecs.base import Codec
 
 from .inbox import Inbox, PeerFailure
 from .links import PeerLinks
@@ -48,7 +48,7 @@ class AttemptContext:
     first_meta: dict               # meta sent with each first chunk (plan digest, shapes, members)
     agreed_rates: dict[str, float] = field(default_factory=dict)  # upload rates measured this attempt
 
-    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes, meta: dict | None = None) -> Frame:
+    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple, meta: dict | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)
 
     async def take(self, kind: Kind, slot: int, chunk: int, sender: str, first: bool,
@@ -69,27 +69,6 @@ class AttemptContext:
             if theirs == list(self.plan.members):
                 raise PeerFailure(sender, "plan differs over the same members (codec, chunk size or rates)")
             raise PlanMismatch(sender, theirs)
-
-
-def decode_checked(codec: Codec, payload: bytes, numel: int, sender: str, what: str) -> torch.Tensor:
-    """Decode a chunk; PeerFailure naming the sender if it is malformed or not finite."""
-    try:
-        values = codec.decode(payload, numel)
-    except (CodecError, ValueError, RuntimeError) as exc:
-        raise PeerFailure(sender, f"malformed {what}: {exc}") from None
-    if values.numel() != numel:
-        raise PeerFailure(sender, f"malformed {what}: {values.numel()} values, expected {numel}")
-    if not all_finite(values):
-        raise PeerFailure(sender, f"non-finite values (NaN/Inf) in {what}")
-    return values
-
-
-def encode_checked(codec: Codec, values: torch.Tensor, me: str) -> bytes:
-    """Encode local values; a local NaN/Inf makes this peer the one at fault."""
-    values = values.contiguous()
-    if not all_finite(values):
-        raise PeerFailure(me, "non-finite values (NaN/Inf) in local contribution")
-    return codec.encode(values)
 
 
 async def run_all(coros: list[Awaitable[None]]) -> None:

@@ -15,10 +15,8 @@ import asyncio
 
 import torch
 
-from ml.codecs.base import all_finite
-
-from .attempt import AttemptContext, decode_checked, encode_checked, run_all
-from .inbox import PeerFailure
+from .attempt import AttemptContext, run_all
+from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
 from .wire import Kind
 
 
@@ -40,7 +38,7 @@ async def _send_parts(ctx: AttemptContext, reducer: str) -> None:
     plan = ctx.plan
     shard = plan.shard_of(reducer)
     for c, (a, b) in enumerate(plan.chunks(shard)):
-        payload = await ctx.offload(encode_checked, ctx.codec, ctx.flat[a:b], ctx.me)
+        payload = await ctx.offload(encode_local, ctx.codec, ctx.flat[a:b], ctx.me)
         meta = ctx.first_meta if c == 0 else None
         await ctx.links.send(reducer, ctx.frame(Kind.PART, shard, c, payload, meta))
 
@@ -50,7 +48,7 @@ async def _receive_results(ctx: AttemptContext, shard: int, reducer: str) -> Non
         frame = await ctx.take(Kind.RESULT, shard, c, reducer, first=True, stall_factor=2.0)
         if shard == 0 and "rates" in frame.meta:
             ctx.agreed_rates = _parse_rates(ctx, frame.meta)
-        ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, reducer, "result")
+        await ctx.offload(decode_into, ctx.codec, frame.payload, ctx.out[a:b], reducer, "result")
 
 
 def _parse_rates(ctx: AttemptContext, meta: dict) -> dict[str, float]:
@@ -109,19 +107,9 @@ def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]
     return {"rates": {str(index[p]): round(r) for p, r in sorted(rates.items())}}
 
 
-def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int) -> tuple[bytes, torch.Tensor]:
-    """Sum in sorted member order, divide, encode once; runs in a worker thread."""
-    numel = b - a
-    acc = None
-    for member in ctx.plan.members:
-        if member == ctx.me:
-            values = ctx.flat[a:b]
-            if not all_finite(values):
-                raise PeerFailure(ctx.me, "non-finite values (NaN/Inf) in local contribution")
-        else:
-            values = decode_checked(ctx.codec, payloads[member], numel, member, "contribution")
-        acc = values.clone() if acc is None else acc.add_(values)
-    acc.div_(len(ctx.plan.members))
-    encoded = ctx.codec.encode(acc)
-    mean = acc if ctx.codec.name == "fp32" else ctx.codec.decode(encoded, numel)  # fp32 is lossless
-    return encoded, mean
+def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int) -> tuple[Payload, torch.Tensor]:
+    """Sum in sorted member order (our own part unquantized), divide, encode once; runs in a
+    worker thread."""
+    terms = [(m, ctx.flat[a:b] if m == ctx.me else payloads[m]) for m in ctx.plan.members]
+    acc = sum_in_order(ctx.codec, terms, ctx.me, "contribution", b - a)
+    return encode_result(ctx.codec, acc.div_(len(ctx.plan.members)))

@@ -14,7 +14,8 @@ import asyncio
 
 import torch
 
-from .attempt import AttemptContext, decode_checked, encode_checked, run_all
+from .attempt import AttemptContext, run_all
+from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
 from .wire import Kind
 
 RING_CODECS = ("fp32", "fp16", "bf16")
@@ -48,7 +49,7 @@ async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_futu
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
             payload = await slot_future(slot, c)
             if payload is None:
-                payload = await ctx.offload(encode_checked, ctx.codec, ctx.flat[a:b], ctx.me)
+                payload = await ctx.offload(encode_local, ctx.codec, ctx.flat[a:b], ctx.me)
             meta = ctx.first_meta if c == 0 and slot == 0 else None
             await ctx.links.send(successor, ctx.frame(Kind.PART if slot < n - 1 else Kind.RESULT,
                                                       slot, c, payload, meta))
@@ -75,18 +76,15 @@ async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
             frame = await ctx.take(Kind.RESULT, n - 1 + step, c, predecessor, first=(c == 0),
                                    stall_factor=float(n))
-            ctx.out[a:b] = await ctx.offload(decode_checked, ctx.codec, frame.payload, b - a, predecessor, "result")
+            await ctx.offload(decode_into, ctx.codec, frame.payload, ctx.out[a:b], predecessor, "result")
             if step < n - 2:
                 slot_future(n + step, c).set_result(frame.payload)
 
 
 def _add_own(ctx: AttemptContext, payload: bytes, a: int, b: int, sender: str, last: bool,
-             n: int) -> tuple[bytes, torch.Tensor | None]:
+             n: int) -> tuple[Payload, torch.Tensor | None]:
     """Add our values to a received partial sum; on the last step divide and encode once."""
-    acc = decode_checked(ctx.codec, payload, b - a, sender, "partial sum")
-    acc.add_(ctx.flat[a:b])
+    acc = sum_in_order(ctx.codec, [(sender, payload), (ctx.me, ctx.flat[a:b])], ctx.me, "partial sum", b - a)
     if not last:
-        return ctx.codec.encode(acc), None
-    acc.div_(n)
-    encoded = ctx.codec.encode(acc)
-    return encoded, ctx.codec.decode(encoded, b - a)
+        return encode_local(ctx.codec, acc, ctx.me), None
+    return encode_result(ctx.codec, acc.div_(n))

@@ -2,7 +2,8 @@
 
 Header (big-endian, 30 bytes): version u8, kind u8, round u64, attempt u32, slot u32, chunk u32,
 meta length u32, payload length u32. `slot` names the shard (butterfly) or the ring step; `chunk`
-the piece of it. Parsing is pure (no I/O) and strict: unknown versions or kinds, oversized meta or
+the piece of it. An outgoing payload may be a tuple of buffers (e.g. a codec header and a view of a tensor), written
+in order without being joined. Parsing is pure (no I/O) and strict: unknown versions or kinds, oversized meta or
 payload, and undecodable meta raise `FrameError`; `read_frame` applies it to a stream.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Frame:
     slot: int
     chunk: int
     meta: dict = field(default_factory=dict)
-    payload: bytes = b""
+    payload: bytes | memoryview | tuple = b""  # received: bytes; outgoing: also byte views, in parts
     received_at: float = 0.0  # loop time the frame arrived (set by the inbox)
 
 
@@ -54,14 +55,21 @@ class Header:
     payload_len: int
 
 
-def encode_frame(frame: Frame) -> list[bytes]:
+def payload_parts(payload: bytes | memoryview | tuple) -> list[bytes | memoryview]:
+    """A payload as its non-empty byte buffers (one-byte items, so len() is the size)."""
+    parts = payload if isinstance(payload, tuple) else (payload,)
+    return [p for p in parts if len(p)]
+
+
+def encode_frame(frame: Frame) -> list[bytes | memoryview]:
     """The frame as buffers to write in order (the payload is not copied)."""
     meta = json.dumps(frame.meta, separators=(",", ":")).encode() if frame.meta else b""
     if len(meta) > MAX_META_BYTES:
         raise FrameError(f"meta of {len(meta)} bytes exceeds {MAX_META_BYTES}")
+    parts = payload_parts(frame.payload)
     header = HEADER.pack(VERSION, int(frame.kind), frame.round_id, frame.attempt, frame.slot,
-                         frame.chunk, len(meta), len(frame.payload))
-    return [header + meta, frame.payload] if frame.payload else [header + meta]
+                         frame.chunk, len(meta), sum(len(p) for p in parts))
+    return [header + meta, *parts]
 
 
 def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
