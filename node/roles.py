@@ -2,9 +2,9 @@
 
 A role subclasses ``Role``: ``setup(node)`` registers its RPC methods, status section, metrics and
 pub/sub topics before the node serves anything; ``run(node)`` does the work until cancelled.
-To plug a real role in, point its entry in ``ROLE_IMPLEMENTATIONS`` at a zero-argument factory
-(``"consensus.role:ValidatorRole"``); it is imported only when the role is started. Until then a
-role is a ``BasicRole``: it reports that it runs and does nothing else.
+``ROLE_IMPLEMENTATIONS`` maps each role name to a zero-argument factory (``"module:factory"``),
+imported only when the role is started. ``BasicRole`` is an idle role (it runs no protocol and only
+reports that it runs) for embedding a Node whose only job is its transport, as tests and tools do.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# role name -> "module:factory", or None while the role has no implementation yet (BasicRole).
-ROLE_IMPLEMENTATIONS: dict[str, str | None] = {
+# role name -> "module:factory"
+ROLE_IMPLEMENTATIONS: dict[str, str] = {
     "validator": "consensus.validator:ValidatorRole",
     "relay": "relay.role:RelayRole",
     "compute": "ml.compute.role:ComputeRole",
@@ -47,7 +47,7 @@ class Role:
 
 
 class BasicRole(Role):
-    """A role without an implementation yet: logs that it started and shows a /status section."""
+    """An idle role: logs that it started and shows a /status section; runs no protocol."""
 
     def __init__(self, name: str):
         self.name = name
@@ -59,7 +59,7 @@ class BasicRole(Role):
     async def run(self, node: "Node") -> None:
         self.started_at = time.time()
         log.info("role started", extra={"role": self.name})
-        await asyncio.Event().wait()  # nothing to do until an implementation lands; wait for cancellation
+        await asyncio.Event().wait()  # idle until cancelled
 
     def _status(self) -> dict[str, Any]:
         return {"running": self.started_at is not None, "implementation": "basic", "started_at": self.started_at}
@@ -70,8 +70,6 @@ def create_role(name: str) -> Role:
     if name not in ROLE_NAMES or name not in ROLE_IMPLEMENTATIONS:
         raise RoleError(f"unknown role {name!r} (roles: {', '.join(ROLE_NAMES)})")
     target = ROLE_IMPLEMENTATIONS[name]
-    if target is None:
-        return BasicRole(name)
     factory = _import(target)
     role = factory()
     if not isinstance(role, Role) or role.name != name:
