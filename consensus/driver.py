@@ -20,6 +20,7 @@ gossip recovers them), so a slow peer never blocks consensus.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import struct
@@ -314,7 +315,12 @@ class ConsensusDriver:
                 log.exception("consensus event %s failed", kind)
 
     async def _act(self, outputs) -> None:
-        for out in outputs:
+        """Carry out the core's outputs in order. A commit's next-height outputs run right after it,
+        from a work list rather than by recursion (a one-validator committee commits every height
+        from inside start_height)."""
+        pending = collections.deque(outputs)
+        while pending:
+            out = pending.popleft()
             if isinstance(out, PersistSignerState):
                 try:
                     await self.persist(out.state)
@@ -328,7 +334,7 @@ class ConsensusDriver:
                 self._timers.append(loop.call_later(
                     out.delay, self._fire_timeout, (out.step, out.height, out.round)))
             elif isinstance(out, Commit):
-                await self._commit(out)
+                pending.extendleft(reversed(await self._commit(out)))
             elif isinstance(out, EvidenceFound) and self.on_evidence is not None:
                 self.on_evidence(out.evidence)
 
@@ -340,7 +346,8 @@ class ConsensusDriver:
     def _fire_timeout(self, args) -> None:
         self.events.put_nowait(("timeout", None, args))
 
-    async def _commit(self, commit: Commit) -> None:
+    async def _commit(self, commit: Commit) -> list:
+        """Hand a decided block to the application; returns the core's outputs for the next height."""
         self._committing = True  # the app may take a while (execution, pacing): no gossip then
         try:
             next_validators = await self.commit(commit)
@@ -348,7 +355,7 @@ class ConsensusDriver:
             self._committing = False
         self.commits += 1
         self._behind_since = None
-        await self._act(self.core.start_height(commit.height + 1, next_validators))
+        return self.core.start_height(commit.height + 1, next_validators)
 
     # ------------------------------------------------------------------ gossip and sending
     def _sender(self, peer: str) -> _PeerSender:
@@ -421,4 +428,4 @@ class ConsensusDriver:
         valid = await asyncio.get_running_loop().run_in_executor(
             None, core.is_valid, block.height, block.value)
         if valid and block.height == core.height and not core.decided:
-            await self._commit(block)
+            await self._act([block])

@@ -1,6 +1,7 @@
 """Asyncio consensus driver: commits over an in-memory network and over real Hosts on 127.0.0.1,
 persist-before-send, block sync of a late node, junk frames."""
 import asyncio
+import contextlib
 import struct
 import threading
 
@@ -391,3 +392,32 @@ def test_fuzz_sync_decoders_raise_only_message_error(data):
             decode(data)
         except MessageError:
             pass
+
+
+def test_single_validator_commits_many_heights_without_recursion():
+    """A one-validator committee decides each height inside start_height: the driver must carry on
+    iteratively (it once recursed per height and hit RecursionError after a few hundred blocks)."""
+    solo = IDS[0]
+    solo_set = ValidatorSet({solo.peer_id: 1})
+
+    async def main():
+        net = FakeNet()
+        host = net.hosts[solo.peer_id] = FakeHost(net, solo.peer_id)
+        node = Node(host, solo, [solo.peer_id])
+
+        async def commit(c):
+            node.blocks[c.height] = c
+            await asyncio.sleep(0)
+            return solo_set
+
+        node.driver.commit = commit
+        starting = asyncio.create_task(node.driver.start(0, solo_set))
+        assert await wait_until(lambda: len(node.blocks) >= 1500 or starting.done(), 60)
+        assert not starting.done() or starting.exception() is None  # no RecursionError
+        assert sorted(node.blocks) == list(range(len(node.blocks)))
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await node.driver.stop()
+
+    asyncio.run(main())
