@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from consensus.testnet import MANIFEST, Testnet, TestnetError
+from ml.compute.devnet import COMPUTE_MANIFEST, ComputeDevnet
 
 DEFAULT_HOME = Path("testnet")
 
@@ -24,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--validators", type=int, default=4, help="validators in a new testnet (default 4)")
     up.add_argument("--chain-id", default="dekube-testnet", help="chain id of a new testnet")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the first blocks")
+    up.add_argument("--compute", type=int, default=0,
+                    help="also start this many funded compute nodes that train, audit and get paid for tasks")
     up.add_argument("--base-port", type=int, default=0,
                     help="validator I uses p2p port BASE+2I and RPC port BASE+2I+1 (default: free ports)")
     down = actions.add_parser("down", help="stop every validator")
@@ -47,18 +50,35 @@ def _guard(fn):
 @_guard
 def run_up(args: argparse.Namespace) -> int:
     home = args.home.expanduser().resolve()
-    if (home / MANIFEST).exists():
+    devnet = None
+    if (home / COMPUTE_MANIFEST).exists():
+        devnet = ComputeDevnet.load(home)
+        testnet = devnet.testnet
+        print(f"starting the existing testnet in {home}")
+    elif (home / MANIFEST).exists():
         testnet = Testnet.load(home)
         print(f"starting the existing testnet in {home}")
     else:
-        if not 2 <= args.validators <= 100:  # one: the driver would commit every height recursively
+        if not 2 <= args.validators <= 100:
             raise CliError("--validators must be in 2..100")
-        testnet = Testnet.create(home, args.validators, chain_id=args.chain_id, base_port=args.base_port)
-        print(f"created a {args.validators}-validator testnet in {home}")
-    testnet.up(wait_height=1, timeout=args.timeout)
+        if not 0 <= args.compute <= 64:
+            raise CliError("--compute must be in 0..64")
+        if args.compute:
+            devnet = ComputeDevnet.create(home, args.validators, args.compute, chain_id=args.chain_id)
+            testnet = devnet.testnet
+        else:
+            testnet = Testnet.create(home, args.validators, chain_id=args.chain_id, base_port=args.base_port)
+        print(f"created a {args.validators}-validator testnet in {home}"
+              + (f" with {args.compute} compute nodes" if args.compute else ""))
+    if devnet is not None:
+        devnet.up(timeout=max(args.timeout, 120.0))
+    else:
+        testnet.up(wait_height=1, timeout=args.timeout)
     print(f"chain {testnet.chain_id}: producing blocks")
     for node in testnet.nodes:
         print(f"  {node.name}  rpc {node.rpc_url}  p2p {node.p2p_addr}  log {node.log_file}")
+    for node in devnet.compute if devnet is not None else ():
+        print(f"  {node.name}  rpc {node.rpc_url}  compute node {node.peer_id}  log {node.log_file}")
     print(f"faucet key: {testnet.faucet_key} ({testnet.faucet().peer_id})")
     print(f"try: dekube-node wallet balance --rpc {testnet.nodes[0].rpc_url} --key {testnet.faucet_key}")
     return 0
@@ -66,19 +86,28 @@ def run_up(args: argparse.Namespace) -> int:
 
 @_guard
 def run_down(args: argparse.Namespace) -> int:
-    testnet = Testnet.load(args.home)
-    stopped = testnet.down(args.timeout)
-    print(f"stopped {', '.join(stopped)}" if stopped else "no validator was running")
+    home = args.home.expanduser()
+    network = ComputeDevnet.load(home) if (home / COMPUTE_MANIFEST).exists() else Testnet.load(home)
+    stopped = network.down(args.timeout)
+    print(f"stopped {', '.join(stopped)}" if stopped else "no node was running")
     return 0
 
 
 @_guard
 def run_status(args: argparse.Namespace) -> int:
-    rows = Testnet.load(args.home).status()
+    home = args.home.expanduser()
+    if (home / COMPUTE_MANIFEST).exists():
+        devnet = ComputeDevnet.load(home)
+        rows = devnet.testnet.status(devnet.compute)
+    else:
+        rows = Testnet.load(home).status()
     if args.json:
         print(json.dumps(rows))
         return 0
     for row in rows:
-        state = f"pid {row['pid']}  height {row['height']}" if row["pid"] else "stopped"
+        if not row["pid"]:
+            state = "stopped"
+        else:
+            state = f"pid {row['pid']}  " + (f"height {row['height']}" if row["height"] is not None else "running")
         print(f"{row['name']:4} {state:28} {row['rpc']}")
     return 0

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from consensus import rpcclient
 from consensus.genesis import Genesis, GenesisValidator, Params
@@ -258,6 +258,7 @@ class Testnet:
                 raise TestnetError(f"timed out waiting for height {height}: {heights}")
             time.sleep(0.2)
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self, extra_nodes: Iterable[NodeSpec] = ()) -> list[dict[str, Any]]:
+        """Pid, height and RPC URL of every validator, plus any other nodes of this network."""
         return [{"name": n.name, "pid": self.pid(n), "height": self.height(n) if self.is_running(n) else None,
-                 "rpc": n.rpc_url, "peer_id": n.peer_id} for n in self.nodes]
+                 "rpc": n.rpc_url, "peer_id": n.peer_id} for n in [*self.nodes, *extra_nodes]]

@@ -4,7 +4,7 @@
 # digits for 3 workers, int8 all-reduce over the nodes' own libp2p-compatible transport), waits until
 # it is trained, committed, audited by replay and paid, prints the payouts, then moves funds with the
 # wallet. Leaves the network running in ./devnet (stop it with
-#   python3 -m ml.compute.devnet down --home ./devnet); pass --down to stop it at the end.
+#   dekube-node testnet down --home ./devnet); pass --down to stop it at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -18,7 +18,7 @@ echo "== wallet: sending 1000 tokens from the faucet to $USER_ID"
 dekube-node wallet send --rpc "$RPC" --key "$DEKUBE_DEMO_HOME/faucet_key.json" "$USER_ID" 1000 --wait
 dekube-node wallet balance --rpc "$RPC" --home "$USER_HOME"
 if [ "${1:-}" = "--down" ]; then
-  python3 -m ml.compute.devnet down --home "$DEKUBE_DEMO_HOME"
+  dekube-node testnet down --home "$DEKUBE_DEMO_HOME"
 else
-  echo "== the network keeps running; stop it with: python3 -m ml.compute.devnet down --home $DEKUBE_DEMO_HOME"
+  echo "== the network keeps running; stop it with: dekube-node testnet down --home $DEKUBE_DEMO_HOME"
 fi

@@ -3,16 +3,16 @@
 # a digits MLP task for 3 workers with an int8 all-reduce over the nodes' p2p stack; waits until it
 # is trained, committed, audited by replay on the 4th node and paid, then prints the payouts.
 # Stops every process at the end (pass --keep to leave the devnet running; stop it later with
-# python -m ml.compute.devnet down --home DIR). Assumes scripts/install.sh has run (dekube-node on PATH).
+# dekube-node testnet down --home DIR). Assumes scripts/install.sh has run (dekube-node on PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOME_DIR=${DEKUBE_DEMO_HOME:-$(mktemp -d /tmp/dekube-task-demo.XXXXXX)}
 STEPS=${DEKUBE_DEMO_STEPS:-100}
 if [ "${1:-}" != "--keep" ]; then
-  trap 'python3 -m ml.compute.devnet down --home "$HOME_DIR" >/dev/null 2>&1 || true' EXIT
+  trap 'dekube-node testnet down --home "$HOME_DIR" >/dev/null 2>&1 || true' EXIT
 fi
 echo "== devnet in $HOME_DIR"
-python3 -m ml.compute.devnet up --home "$HOME_DIR" --validators 2 --compute 4
+dekube-node testnet up --home "$HOME_DIR" --validators 2 --compute 4
 RPC=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('http://127.0.0.1:%d' % m['nodes'][0]['rpc_port'])" "$HOME_DIR/testnet.json")
 echo "== submitting a task: mlp on digits, 3 workers, int8, $STEPS steps, price 100000"
 dekube-node task submit --rpc "$RPC" --key "$HOME_DIR/faucet_key.json" --model mlp --dataset digits \

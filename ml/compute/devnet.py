@@ -1,22 +1,19 @@
 """A local testnet with compute nodes: validators from `consensus.testnet` plus funded compute nodes
 (`dekube-node start --role compute` processes on 127.0.0.1), for the end-to-end task flow and demo.
 
-    python -m ml.compute.devnet up --home DIR [--validators 2] [--compute 4]
-    python -m ml.compute.devnet down --home DIR
+    dekube-node testnet up --home DIR --validators 2 --compute 4
+    dekube-node testnet down --home DIR
 
 `up` creates the network unless DIR holds one, starts every process and waits until every compute
-node is registered and bonded on the ledger; it prints the RPC URL and the faucet key to submit tasks
-with. Compute node I lives in DIR/cI (key, config, node.log), listens for p2p on a port the kernel
+node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log), listens for p2p on a port the kernel
 picks (its registration carries the bound address) and uses validator I mod V's RPC.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -97,7 +94,7 @@ class ComputeDevnet:
         try:
             entries = json.loads((root / COMPUTE_MANIFEST).read_text())
         except FileNotFoundError:
-            raise TestnetError(f"{root} holds no compute nodes (create with 'python -m ml.compute.devnet up')") from None
+            raise TestnetError(f"{root} holds no compute nodes (create with 'dekube-node testnet up --compute N')") from None
         return cls(testnet, [NodeSpec(e["name"], root / e["name"], e["peer_id"], e["p2p_port"], e["rpc_port"])
                              for e in entries])
 
@@ -145,39 +142,3 @@ class ComputeDevnet:
             if self.testnet.is_running(node):
                 self.testnet.kill_node(node)
         return [n.name for n in running]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ml.compute.devnet", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=("up", "down"))
-    parser.add_argument("--home", type=Path, default=Path("devnet"), help="network directory (default ./devnet)")
-    parser.add_argument("--validators", type=int, default=2)
-    parser.add_argument("--compute", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=180.0)
-    args = parser.parse_args(argv)
-    home = args.home.expanduser().resolve()
-    try:
-        if args.action == "down":
-            stopped = ComputeDevnet.load(home).down()
-            print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
-            return 0
-        if (home / COMPUTE_MANIFEST).exists():
-            devnet = ComputeDevnet.load(home)
-        else:
-            if not 2 <= args.validators <= 100 or not 1 <= args.compute <= 64:
-                raise TestnetError("--validators must be in 2..100 and --compute in 1..64")
-            devnet = ComputeDevnet.create(home, args.validators, args.compute)
-        devnet.up(args.timeout)
-    except TestnetError as exc:
-        print(f"devnet: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"devnet in {home}: {len(devnet.testnet.nodes)} validators, {len(devnet.compute)} compute nodes registered")
-    for node in devnet.testnet.nodes + devnet.compute:
-        print(f"  {node.name:4} rpc {node.rpc_url}  peer {node.peer_id}  log {node.log_file}")
-    print(f"ledger RPC: {devnet.rpc_url}")
-    print(f"faucet key: {devnet.testnet.faucet_key}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
