@@ -46,5 +46,12 @@ class PowerSGDAllReduce:
         return [state.q_step(p.contiguous()) for state, p in zip(self.states, p_means)]
 
     def _finish(self, q_means: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [from_matrix(state.finish(q.contiguous()), torch.Size(shape).numel()).view(shape)
-                for state, q, shape in zip(self.states, q_means, self.shapes)]
+        return [_as_shape(state.finish(q.contiguous()), shape) for state, q, shape in zip(self.states, q_means, self.shapes)]
+
+
+def _as_shape(approx: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The approximation (a fresh matrix) as the tensor's shape: a view unless it was padded."""
+    numel = torch.Size(shape).numel()
+    if approx.numel() == numel:
+        return approx.view(shape)
+    return from_matrix(approx, numel).view(shape)
