@@ -236,7 +236,7 @@ class Host:
         host, port = addr.tcp_endpoint()
         family = _ADDRESS_FAMILY.get(addr.parts[0][0], socket.AF_UNSPEC)
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.limits.handshake_timeout):
+        async with asyncio.timeout(min(self.limits.connect_timeout, self.limits.handshake_timeout)):
             _transport, tcp = await loop.create_connection(TcpConnection, host, port, family=family)
         return tcp
 
@@ -332,7 +332,9 @@ class Host:
         """A new dedicated connection to ``peer_id`` (not shared) for bulk traffic."""
         addrs = self.peerbook.addrs(peer_id)
         shared = self._shared.get(peer_id)
-        if shared is not None and shared.direction == "outbound" and shared.remote_addr is not None:
+        # the address that worked for the shared connection goes first, if it is one the peer
+        # listens on: a hole-punched mapping is reachable from the punch port only
+        if shared is not None and shared.direction == "outbound" and shared.remote_addr in addrs:
             addrs = [shared.remote_addr] + [a for a in addrs if a != shared.remote_addr]
         return await self._dial(peer_id, addrs, bulk=True)
 

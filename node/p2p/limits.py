@@ -10,6 +10,7 @@ class HostLimits:
     max_connections_per_peer: int = 8    # shared + bulk connections to one peer
     max_pending_inbound: int = 64        # inbound TCP connections still upgrading
     max_streams_per_connection: int = 10_240  # yamux streams open at once on one connection
+    connect_timeout: float = 3.0         # the TCP connect alone (a dropped SYN fails fast: next address)
     handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection
     negotiate_timeout: float = 10.0      # multistream selection on one stream
     identify_timeout: float = 10.0

@@ -3,6 +3,7 @@ limits, handshake timeout, and a garbage-sending client that is dropped while an
 keeps being served."""
 import asyncio
 import os
+import socket
 
 import pytest
 
@@ -10,6 +11,7 @@ from node.identity import Identity
 from node.p2p.host import DialError, Host
 from node.p2p.errors import ProtocolError
 from node.p2p.limits import HostLimits
+from node.p2p.multiaddr import Multiaddr
 from node.p2p.multistream import NoCommonProtocol
 from node.p2p.negotiate import select_protocol
 from node.p2p.secure_conn import TcpConnection, secure_connection
@@ -103,6 +105,30 @@ def test_bulk_connection_is_dedicated():
         await bulk.close()
         await until(lambda: len(a.connections(b.peer_id)) == 1)
         assert a.is_connected(b.peer_id)
+    run(body)
+
+
+def test_bulk_dial_skips_a_shared_address_the_peer_does_not_listen_on():
+    """After a hole punch the shared connection's remote address is a NAT mapping reachable only
+    from the punch port: bulk dials must use the peer's listen addresses instead."""
+    async def body(a, b):
+        await a.connect(b.listen_addrs[0])
+        shared = a.connections(b.peer_id)[0]
+        with socket.socket() as s:  # a local port nobody listens on stands in for the mapping
+            s.bind(("127.0.0.1", 0))
+            shared.remote_addr = Multiaddr.from_tcp("127.0.0.1", s.getsockname()[1])
+        tried = []
+        real_dial = a._dial
+
+        async def spy(peer_id, addrs, bulk):
+            tried.extend(addrs)
+            return await real_dial(peer_id, addrs, bulk)
+
+        a._dial = spy
+        bulk = await a.open_bulk_connection(b.peer_id)
+        assert bulk.bulk and shared.remote_addr not in tried
+        assert tried[0] == Multiaddr.parse(b.listen_addrs[0]).without_peer_id()
+        await bulk.close()
     run(body)
 
 
