@@ -73,6 +73,25 @@ class NodeAgent:
                 "remote": f"{peername[0]}:{peername[1]}" if peername else None,
                 "seconds": time.monotonic() - started}
 
+    async def op_bulk_echo(self, peer: str) -> dict:
+        """Echo 64 KiB over a new dedicated bulk connection (what the all-reduce opens)."""
+        payload = os.urandom(64 << 10)
+        started = time.monotonic()
+        conn = await self.node.host.open_bulk_connection(peer)
+        try:
+            stream = await conn.open_stream(ECHO_PROTOCOL)
+            await stream.write(payload)
+            await stream.close()
+            echoed = b""
+            while chunk := await stream.read():
+                echoed += chunk
+            if echoed != payload:
+                raise RuntimeError(f"echo returned {len(echoed)} bytes, not the {len(payload)} sent")
+            return {"path": "relayed" if self.relay_client.pipe_for(conn) else "direct",
+                    "seconds": time.monotonic() - started}
+        finally:
+            await conn.close()
+
     async def op_paths(self, peer: str) -> list[str]:
         return ["relayed" if self.relay_client.pipe_for(c) else "direct"
                 for c in self.node.host.connections(peer) if not c.closed]

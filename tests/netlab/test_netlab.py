@@ -171,6 +171,8 @@ def test_real_nodes_open_streams_by_relayed_address_punched_or_relayed(net):
     assert punched["remote"] == f"{net.lab.homes[1].wan_ip}:{nb.punch_port}"  # through B's NAT, kept port
     poll(lambda: na.call("paths", peer=nb.peer_id) == ["direct"], 15, 0.1, "the relayed connection retired")
     assert na.call("echo", peer=nb.peer_id, circuits=[])["path"] == "direct"
+    bulk = na.call("bulk_echo", peer=nb.peer_id, timeout=30)  # never via the punch-port-only mapping
+    assert bulk["seconds"] < 8, bulk  # a dial to the punched mapping would first wait out a timeout
     relayed = na.call("echo", peer=nc.peer_id, circuits=nc.call("relayed_addrs"), timeout=30)
     assert relayed["path"] == "relayed"
     status = na.call("hole_punch")
