@@ -15,6 +15,8 @@ import socket
 import struct
 from typing import Awaitable, Callable, Protocol
 
+import numpy as np
+
 HELLO_TIMEOUT_S = 10.0
 READ_BUFFER_BYTES = 4 << 20  # received but unread bytes beyond which reading pauses
 DIRECT_READ_BYTES = 64 << 10  # reads at least this large are received in place, not copied
@@ -52,14 +54,14 @@ class TransportError(ConnectionError):
 
 
 class _StreamProtocol(asyncio.BufferedProtocol):
-    """Receives into buffers it hands the event loop: large reads go straight into the bytearray
+    """Receives into buffers it hands the event loop: large reads go straight into the buffer
     `readexactly` returns (no StreamReader copies), small ones through a scratch buffer."""
 
     def __init__(self):
         self.transport: asyncio.Transport | None = None
         self._scratch = bytearray(SCRATCH_BYTES)
         self._buffered = bytearray()        # received, not yet read
-        self._target: bytearray | None = None  # a large readexactly being filled in place
+        self._target: memoryview | None = None  # a large readexactly being filled in place
         self._filled = 0
         self._eof = False
         self._error: BaseException | None = None
@@ -77,7 +79,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int):
         if self._target is not None:
-            return memoryview(self._target)[self._filled:]
+            return self._target[self._filled:]
         return self._scratch
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -142,14 +144,14 @@ class _StreamProtocol(asyncio.BufferedProtocol):
             raise ConnectionResetError(f"connection lost: {self._error}")
         return self._take(min(n, len(self._buffered)))
 
-    async def readexactly(self, n: int) -> bytes | bytearray:
+    async def readexactly(self, n: int) -> bytes | memoryview:
         if n < DIRECT_READ_BYTES or len(self._buffered) >= n:
             while len(self._buffered) < n:
                 if self._eof:
                     await self._fail_incomplete(self._take(len(self._buffered)), n)
                 await self._wait()
             return self._take(n)
-        target = bytearray(n)  # filled in place by the event loop
+        target = memoryview(np.empty(n, np.uint8))  # filled in place by the event loop; not zeroed first
         have = len(self._buffered)
         target[:have] = self._buffered
         self._buffered.clear()
@@ -190,8 +192,8 @@ class TcpStream:
     async def read(self, n: int) -> bytes:
         return await self._protocol.read(n)
 
-    async def readexactly(self, n: int) -> bytes | bytearray:
-        """n bytes; a large read comes back as the bytearray it was received into."""
+    async def readexactly(self, n: int) -> bytes | memoryview:
+        """n bytes; a large read comes back as a view of the buffer it was received into."""
         return await self._protocol.readexactly(n)
 
     async def write(self, data: bytes | memoryview) -> None:
