@@ -49,6 +49,7 @@ from consensus.tendermint import (
     ScheduleTimeout,
     TendermintCore,
 )
+from node.p2p.peer_sender import PeerSender
 
 PROTOCOL = "/dekube/consensus/1.0.0"
 SYNC_REQUEST_TAG = 0x10
@@ -127,53 +128,6 @@ def decode_sync_block(payload: bytes) -> Commit:
 
 
 # ---------------------------------------------------------------------------- per-peer sender
-class _PeerSender:
-    """A bounded queue and a task writing frames to one peer over one long-lived stream."""
-
-    def __init__(self, host, peer_id: str, max_queue: int, open_timeout: float) -> None:
-        self.host = host
-        self.peer_id = peer_id
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(max_queue)
-        self.open_timeout = open_timeout
-        self.stream = None
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    def send(self, data: bytes) -> None:
-        if self.queue.full():
-            self.queue.get_nowait()  # drop the oldest; periodic gossip recovers it
-        self.queue.put_nowait(data)
-
-    async def _run(self) -> None:
-        backoff = 0.1
-        while True:
-            data = await self.queue.get()
-            try:
-                if self.stream is None:
-                    self.stream = await asyncio.wait_for(
-                        self.host.open_stream(self.peer_id, PROTOCOL), self.open_timeout)
-                await self.stream.write(data)
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the peer is down or the stream broke: drop, retry later
-                log.debug("consensus send to %s failed: %s", self.peer_id, exc)
-                await self._drop_stream()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    async def _drop_stream(self) -> None:
-        stream, self.stream = self.stream, None
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                await stream.close()
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
-        await self._drop_stream()
-
-
 # ---------------------------------------------------------------------------- the driver
 CommitHook = Callable[[Commit], Awaitable[ValidatorSet]]
 
@@ -223,7 +177,7 @@ class ConsensusDriver:
         self.self_id = core.signer.peer_id if core.signer is not None else None
         self.events: asyncio.Queue = asyncio.Queue()  # peer input is capped in _on_payload
         self.shed_events = 0
-        self._senders: dict[str, _PeerSender] = {}
+        self._senders: dict[str, PeerSender] = {}
         self._tasks: list[asyncio.Task] = []
         self._timers: list[asyncio.TimerHandle] = []
         self._behind_since: float | None = None
@@ -358,10 +312,10 @@ class ConsensusDriver:
         return self.core.start_height(commit.height + 1, next_validators)
 
     # ------------------------------------------------------------------ gossip and sending
-    def _sender(self, peer: str) -> _PeerSender:
+    def _sender(self, peer: str) -> PeerSender:
         sender = self._senders.get(peer)
         if sender is None:
-            sender = self._senders[peer] = _PeerSender(self.host, peer, self.max_send_queue,
+            sender = self._senders[peer] = PeerSender(self.host, peer, PROTOCOL, self.max_send_queue,
                                                         self.open_timeout)
         return sender
 

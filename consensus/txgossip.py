@@ -20,6 +20,8 @@ import struct
 from collections import OrderedDict
 from typing import Awaitable, Callable, Iterable
 
+from node.p2p.peer_sender import PeerSender
+
 PROTOCOL = "/dekube/tx/1.0.0"
 MAX_BATCH_TXS = 2048
 MAX_TX_BYTES = 64 * 1024
@@ -96,48 +98,6 @@ class SeenCache:
 Admit = Callable[[list[bytes]], Awaitable[object]]
 
 
-class _Sender:
-    def __init__(self, host, peer_id: str, max_queue: int):
-        self.host, self.peer_id = host, peer_id
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(max_queue)
-        self.stream = None
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    def send(self, frame: bytes) -> None:
-        if self.queue.full():
-            self.queue.get_nowait()
-        self.queue.put_nowait(frame)
-
-    async def _run(self) -> None:
-        backoff = 0.1
-        while True:
-            frame = await self.queue.get()
-            try:
-                if self.stream is None:
-                    self.stream = await asyncio.wait_for(self.host.open_stream(self.peer_id, PROTOCOL), 3.0)
-                await self.stream.write(frame)
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the peer is down: drop this batch, it reaches the chain via others
-                log.debug("tx gossip to %s failed: %s", self.peer_id, exc)
-                await self._drop_stream()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    async def _drop_stream(self) -> None:
-        stream, self.stream = self.stream, None
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                await stream.close()
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
-        await self._drop_stream()
-
-
 class TxGossip:
     """Sends accepted transactions to ``peers()`` and hands received ones to ``admit``."""
 
@@ -153,7 +113,7 @@ class TxGossip:
         self.rejected_frames = 0
         self.received = 0
         self._outbox: list[bytes] = []
-        self._senders: dict[str, _Sender] = {}
+        self._senders: dict[str, PeerSender] = {}
         self._flusher: asyncio.Task | None = None
         self._wakeup = asyncio.Event()
 
@@ -190,7 +150,7 @@ class TxGossip:
                     continue
                 sender = self._senders.get(peer)
                 if sender is None:
-                    sender = self._senders[peer] = _Sender(self.host, peer, self.max_send_queue)
+                    sender = self._senders[peer] = PeerSender(self.host, peer, PROTOCOL, self.max_send_queue, 3.0)
                 for frame in frames:
                     sender.send(frame)
 
