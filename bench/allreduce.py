@@ -93,7 +93,7 @@ def peer_ours(args, addrs: list[str]) -> None:
             result = await reducer.allreduce([x], round_id)
             _say("DONE", {"s": time.perf_counter() - start, "sent": result.bytes_sent,
                           "participants": len(result.participants), "attempts": result.attempts,
-                          "excluded": result.excluded})
+                          "excluded": result.excluded, "rates": group.upload_rates})
         if args.check:
             _say("CHECK", {"rel_err": await loop.run_in_executor(None, _rel_err, result.tensors[0], args.n, args.numel)})
         await asyncio.sleep(0.5)  # let the last frames to slower peers drain

@@ -19,6 +19,8 @@ from .attempt import AttemptContext, run_all
 from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
 from .wire import Kind
 
+RATE_DEAD_BAND = 1.6  # measured upload rates this close to the median count as equal
+
 
 async def run_butterfly(ctx: AttemptContext) -> None:
     plan = ctx.plan
@@ -93,8 +95,11 @@ async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.F
 def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]]) -> dict:
     """Each member's upload rate as reducer 0 saw its parts arrive (bytes after the first part over
     the time from first to last), clamped to 1/4..4x the median so one odd reading cannot starve a
-    reducer. Every member sends to every reducer at once, so each stream gets a similar share of
-    its sender's upload: the readings compare members fairly."""
+    reducer, and readings within RATE_DEAD_BAND of the median taken as the median: concurrent TCP
+    streams on equal links read up to ~1.9x apart from round to round, and shards cut by that
+    noise made the largest one the round's bottleneck. Every member sends to every reducer at
+    once, so each stream gets a similar share of its sender's upload: the readings compare
+    members fairly."""
     rates = {}
     for sender, seen in arrivals.items():
         span = seen[-1][0] - seen[0][0] if len(seen) > 1 else 0.0
@@ -102,9 +107,15 @@ def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]
             rates[sender] = sum(size for _, size in seen[1:]) / span
     if rates:
         median = sorted(rates.values())[len(rates) // 2]
-        rates = {p: min(max(r, median / 4), median * 4) for p, r in rates.items()}
+        rates = {p: _settle_rate(r, median) for p, r in rates.items()}
     index = {peer: i for i, peer in enumerate(ctx.universe)}
     return {"rates": {str(index[p]): round(r) for p, r in sorted(rates.items())}}
+
+
+def _settle_rate(rate: float, median: float) -> float:
+    if median / RATE_DEAD_BAND <= rate <= median * RATE_DEAD_BAND:
+        return median
+    return min(max(rate, median / 4), median * 4)
 
 
 def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int) -> tuple[Payload, torch.Tensor]:

@@ -400,3 +400,35 @@ def test_powersgd_allreduce_recovers_a_low_rank_mean_identically_everywhere():
         assert results[0].participants == tuple(ids(3))
         assert results[0].bytes_sent < 200 * 100 * 4 // 4  # far less than the dense matrix
     run(main())
+
+
+def test_tcp_stream_reads_small_and_large_pieces_exactly_and_reports_a_cut_read():
+    from ml.allreduce.transport import DIRECT_READ_BYTES
+
+    sizes = [1, 30, DIRECT_READ_BYTES - 1, DIRECT_READ_BYTES, 3 * DIRECT_READ_BYTES + 5, 7, 5 << 20]
+    blobs = [bytes((i + k) % 251 for k in range(n)) for i, n in enumerate(sizes)]
+
+    async def main():
+        got, ended = [], asyncio.get_running_loop().create_future()
+
+        async def handler(stream, remote):
+            for n in sizes:
+                got.append(bytes(await stream.readexactly(n)))
+            try:
+                await stream.readexactly(DIRECT_READ_BYTES * 2)
+            except asyncio.IncompleteReadError as exc:
+                ended.set_result(len(exc.partial))
+
+        server, client = TcpTransport("s"), TcpTransport("c")
+        server.set_handler("/t", handler)
+        client.addresses["s"] = await server.start()
+        stream = await client.open_stream("s", "/t")
+        for blob in blobs:
+            await stream.write(memoryview(blob))
+        await stream.write(b"x" * 1000)
+        await stream.close()
+        assert await asyncio.wait_for(ended, 10) == 1000
+        await server.close()
+        assert got == blobs
+
+    run(main())

@@ -138,3 +138,74 @@ def test_settle_views_is_independent_of_arrival_order():
     views = {"a": _view("abd", {"c": "x"}), "b": _view("bcd", {"a": "y"}), "c": _view("abcd"), "d": _view("abcd")}
     reordered = dict(reversed(list(views.items())))
     assert _settle_views(members, views, {}) == _settle_views(members, reordered, {})
+
+
+def test_frame_payload_in_parts_is_written_unjoined():
+    from ml.allreduce.wire import encode_frame
+
+    view = memoryview(bytearray(b"abcdef"))
+    buffers = encode_frame(Frame(Kind.PART, 1, 0, 0, 0, {}, (b"hdr", view)))
+    header = parse_header(buffers[0][:HEADER_SIZE])
+    assert header.payload_len == 9 and buffers[1:] == [b"hdr", view] and buffers[2] is view
+
+
+def test_upload_rates_within_the_dead_band_count_as_equal():
+    from types import SimpleNamespace
+
+    from ml.allreduce.butterfly import RATE_DEAD_BAND, _rates_meta
+
+    ctx = SimpleNamespace(universe=["a", "b", "c", "d"])
+
+    def arrivals(rate):  # 5 parts of 1 MB, evenly spread at `rate` bytes/s
+        return [(i * 1e6 / rate, 1_000_000) for i in range(5)]
+
+    noisy = _rates_meta(ctx, {"b": arrivals(2.3e6), "c": arrivals(3.2e6), "d": arrivals(4.2e6)})["rates"]
+    assert len(set(noisy.values())) == 1  # TCP noise on equal links: equal shards
+    slow = _rates_meta(ctx, {"b": arrivals(1e6), "c": arrivals(3.2e6), "d": arrivals(3.3e6)})["rates"]
+    assert slow["1"] < slow["2"] / RATE_DEAD_BAND and slow["2"] == slow["3"]  # a truly slow link shows
+    clamped = _rates_meta(ctx, {"b": arrivals(1e4), "c": arrivals(3.2e6), "d": arrivals(3.3e6)})["rates"]
+    assert clamped["1"] == round(3.2e6 / 4)
+
+
+def test_fp32_payloads_sum_bitwise_like_the_reference_and_name_a_nan_sender():
+    import torch
+
+    from ml.allreduce.inbox import PeerFailure
+    from ml.allreduce.payloads import decode_into, encode_local, encode_result, sum_in_order
+    from ml.codecs import get_codec
+
+    codec = get_codec("fp32")
+    xs = [torch.randn(1000, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    wire = [b"".join(bytes(p) for p in encode_local(codec, x, "me")) for x in xs]
+    assert wire[1] == codec.encode(xs[1])  # same bytes as the codec, without the copy
+    terms = [("a", wire[0]), ("b", wire[1]), ("me", xs[2]), ("d", wire[3])]
+    acc = sum_in_order(codec, terms, "me", "contribution", 1000)
+    reference = xs[0].clone().add_(xs[1]).add_(xs[2]).add_(xs[3])
+    assert torch.equal(acc, reference)
+    payload, mean = encode_result(codec, acc.div_(4))
+    out = torch.empty(1000)
+    decode_into(codec, b"".join(bytes(p) for p in payload), out, "a", "result")
+    assert torch.equal(out, mean)
+    bad = xs[3].clone()
+    bad[7] = float("nan")
+    terms[3] = ("d", b"".join(bytes(p) for p in encode_local(codec, bad, "me")))
+    with pytest.raises(PeerFailure) as failure:
+        sum_in_order(codec, terms, "me", "contribution", 1000)
+    assert failure.value.peer == "d" and "NaN" in failure.value.reason
+    with pytest.raises(PeerFailure, match="malformed"):
+        sum_in_order(codec, [("a", wire[0][:-4]), ("me", xs[2])], "me", "contribution", 1000)
+
+
+def test_lossy_payloads_sum_decoded_terms_in_order():
+    import torch
+
+    from ml.allreduce.payloads import encode_local, sum_in_order
+    from ml.codecs import get_codec
+
+    codec = get_codec("int8")
+    xs = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    terms = [("a", encode_local(codec, xs[0], "me")), ("me", xs[1]), ("c", encode_local(codec, xs[2], "me"))]
+    before = xs[1].clone()
+    acc = sum_in_order(codec, terms, "me", "contribution", 4096)
+    reference = codec.decode(terms[0][1], 4096).add_(xs[1]).add_(codec.decode(terms[2][1], 4096))
+    assert torch.equal(acc, reference) and torch.equal(xs[1], before)  # local values untouched
