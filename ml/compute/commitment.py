@@ -10,17 +10,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from consensus.block import merkle_root as block_merkle_root
+
 
 class BadCommitment(ValueError):
     """Segment hashes that are not 32-byte hex digests, or an empty list."""
-
-
-def _leaf(digest: bytes) -> bytes:
-    return hashlib.sha256(b"\x00" + digest).digest()
-
-
-def _node(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
 
 
 def segment_digests(segment_hashes: list[str]) -> list[bytes]:
@@ -37,14 +31,8 @@ def segment_digests(segment_hashes: list[str]) -> list[bytes]:
 
 
 def merkle_root(segment_hashes: list[str]) -> bytes:
-    """The Merkle root of a non-empty list of hex sha256 segment hashes."""
-    level = [_leaf(d) for d in segment_digests(segment_hashes)]
-    while len(level) > 1:
-        nxt = [_node(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
+    """The Merkle root of a non-empty list of hex sha256 segment hashes (the ledger's RFC 6962 tree)."""
+    return block_merkle_root(segment_digests(segment_hashes))
 
 
 @dataclass(frozen=True)
