@@ -70,11 +70,6 @@ class Mempool:
         return self._by_hash.get(tx_hash)
 
     @property
-    def verified_hashes(self) -> set[bytes]:
-        """Hashes whose signatures this pool checked (``Ledger.apply_block(verified=...)``)."""
-        return set(self._by_hash)
-
-    @property
     def known_txs(self) -> dict[bytes, Tx]:
         """A snapshot of hash -> decoded, signature-checked Tx (``Ledger.apply_block(known_txs=...)``)."""
         return dict(self._by_hash)

@@ -294,7 +294,9 @@ class ValidatorRole(Role):
     def _execute(self, block: Block, commit: Commit) -> tuple[BlockResult, ValidatorSet]:
         """Worker thread: store the certificate, execute and store the block, update the mempool."""
         self.store.save_certificate(block.height, commit.certificate)
-        result = self.ledger.apply_block(block, verified=self.mempool.verified_hashes, executor=self._verify_pool)
+        with self._pool_lock:  # txs this node already decoded and checked are neither decoded nor verified again
+            known = self.mempool.known_txs
+        result = self.ledger.apply_block(block, executor=self._verify_pool, known_txs=known)
         self.store.storage.commit_block(block, result)
         with self._pool_lock:
             self.mempool.update(r.tx_hash for r in result.receipts)

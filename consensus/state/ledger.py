@@ -177,12 +177,11 @@ class Ledger:
             raise BlockError("block exceeds max_block_bytes")
         block.check_roots()
 
-    def apply_block(self, block: Block, verified: frozenset[bytes] | set[bytes] = frozenset(),
-                    executor: Executor | None = None, known_txs: Mapping[bytes, Tx] | None = None) -> BlockResult:
-        """Validate and execute ``block``. ``verified``: hashes of txs whose signatures were
-        already checked; ``known_txs``: tx hash -> Tx already decoded and signature-checked by
-        this node (the mempool's ``known_txs``), so neither decoding nor verification is
-        repeated for them; ``executor``: threads for the remaining signature checks."""
+    def apply_block(self, block: Block, executor: Executor | None = None,
+                    known_txs: Mapping[bytes, Tx] | None = None) -> BlockResult:
+        """Validate and execute ``block``. ``known_txs``: tx hash -> Tx already decoded and
+        signature-checked by this node (the mempool's ``known_txs``), so neither decoding nor
+        verification is repeated for them; ``executor``: threads for the remaining signature checks."""
         self.validate_block(block)
         state, params = self.state, self.params
         h = block.header
@@ -211,8 +210,7 @@ class Ledger:
                 receipts[index] = TxReceipt(sha256(raw).digest(), ctx.height, index, exc.code, exc.message)
                 continue
             decoded.append((index, tx))
-            if tx.hash not in verified:
-                to_verify.append(tx)
+            to_verify.append(tx)
         bad = {tx.hash for tx, ok in zip(to_verify, verify_tx_signatures(to_verify, executor)) if not ok}
         for index, tx in decoded:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)

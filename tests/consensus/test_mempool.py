@@ -126,15 +126,6 @@ def test_update_after_commit_removes_included_and_rechecks_the_rest():
     assert pool.reap(10**6, 10) == [t1.raw]
 
 
-def test_verified_hashes_skip_reverification_in_apply_block():
-    chain = Chain()
-    pool = Mempool(chain.ledger)
-    tx = pool.add(transfer(A, 0).raw)
-    led = chain.ledger
-    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer, pool.reap(10**6, 10))
-    assert led.apply_block(block, verified=pool.verified_hashes).receipts[0].tx_hash == tx.hash
-
-
 def test_known_txs_skip_decoding_and_match_a_full_execution():
     fresh, pooled = Chain(), Chain()
     pool = Mempool(pooled.ledger)
