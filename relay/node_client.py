@@ -95,6 +95,7 @@ class RelayNodeClient:
         try:
             if not self.relays:
                 await asyncio.Event().wait()
+            self.node.host.advertise_extra_addrs(lambda: self.client.relayed_addrs)  # identify shows them too
             if self.ledger is not None:
                 await self._first_publish()  # registered before the relays look us up, if the ledger answers
             if self.punching is not None:

@@ -88,6 +88,7 @@ class Host:
         self._tasks: set[asyncio.Task] = set()
         self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
         self._circuit_dialer: CircuitDialer | None = None
+        self._extra_addrs: Callable[[], Sequence[str]] | None = None
         self._running = False
         self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
         self.set_handler(PING_PROTOCOL, serve_ping)
@@ -150,6 +151,11 @@ class Host:
         relay client's is ``lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk)``.
         """
         self._circuit_dialer = dialer
+
+    def advertise_extra_addrs(self, provider: Callable[[], Sequence[str]] | None) -> None:
+        """Also advertise ``provider()``'s multiaddrs in identify (e.g. the relayed addresses a
+        NAT'd node holds reservations for), after the bound listen addresses."""
+        self._extra_addrs = provider
 
     def connections(self, peer_id: str | None = None) -> list[Connection]:
         return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
@@ -413,6 +419,9 @@ class Host:
     def _identify_info(self, conn: Connection) -> IdentifyInfo:
         local = conn.secure.tcp.sockname
         listen_addrs = advertised_addrs(self._bound_addrs, local[0] if local else None)
+        for addr in self._extra_addrs() if self._extra_addrs is not None else ():
+            with contextlib.suppress(ProtocolError):  # a malformed extra address is left out
+                listen_addrs.append(Multiaddr.parse(addr))
         return IdentifyInfo(public_key=self.identity.public_key_protobuf, listen_addrs=listen_addrs,
                             protocols=list(self._handlers), observed_addr=conn.remote_addr,
                             agent_version=self._agent_version)

@@ -180,3 +180,21 @@ def test_relay_client_as_the_circuit_dialer():
             for host in (a.host, b.host, relay_host):
                 await host.stop()
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_identify_advertises_extra_relayed_addresses():
+    relay = Identity.generate().peer_id
+
+    async def main():
+        async with Host(Identity.generate()) as a, Host(Identity.generate()) as b:
+            circuit = f"/ip4/127.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{b.peer_id}"
+            b.advertise_extra_addrs(lambda: [circuit, "not a multiaddr"])
+            await a.connect(b.listen_addrs[0])
+            for _ in range(250):
+                if any(addr.is_relayed for addr in a.peerbook.addrs(b.peer_id)):
+                    break
+                await asyncio.sleep(0.02)
+            addrs = [str(addr) for addr in a.peerbook.addrs(b.peer_id)]
+            assert addrs[0] + f"/p2p/{b.peer_id}" == b.listen_addrs[0]
+            assert circuit.rsplit(f"/p2p/{b.peer_id}", 1)[0] in addrs  # the junk one is left out
+    asyncio.run(main())
