@@ -15,12 +15,8 @@ import socket
 import struct
 from typing import Awaitable, Callable, Protocol
 
-import numpy as np
-
 HELLO_TIMEOUT_S = 10.0
-READ_BUFFER_BYTES = 4 << 20  # received but unread bytes beyond which reading pauses
-DIRECT_READ_BYTES = 64 << 10  # reads at least this large are received in place, not copied
-SCRATCH_BYTES = 256 << 10     # receive buffer for smaller reads
+READ_BUFFER_BYTES = 4 << 20  # StreamReader limit: fewer pause/resume cycles for 1 MB frames
 MAX_HELLO_FIELD = 255
 
 
@@ -53,161 +49,34 @@ class TransportError(ConnectionError):
     """A stream could not be opened or an incoming stream had a bad hello."""
 
 
-class _StreamProtocol(asyncio.BufferedProtocol):
-    """Receives into buffers it hands the event loop: large reads go straight into the buffer
-    `readexactly` returns (no StreamReader copies), small ones through a scratch buffer."""
-
-    def __init__(self):
-        self.transport: asyncio.Transport | None = None
-        self._scratch = bytearray(SCRATCH_BYTES)
-        self._buffered = bytearray()        # received, not yet read
-        self._target: memoryview | None = None  # a large readexactly being filled in place
-        self._filled = 0
-        self._eof = False
-        self._error: BaseException | None = None
-        self._read_paused = False
-        self._waiter: asyncio.Future | None = None
-        self._write_waiter: asyncio.Future | None = None
-        self._write_paused = False
-        self.made = asyncio.get_running_loop().create_future()
-        self.closed = asyncio.get_running_loop().create_future()
-
-    # -- event loop callbacks
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.made.set_result(None)
-
-    def get_buffer(self, sizehint: int):
-        if self._target is not None:
-            return self._target[self._filled:]
-        return self._scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._target is not None:
-            self._filled += nbytes
-            if self._filled < len(self._target):
-                return
-        else:
-            self._buffered += memoryview(self._scratch)[:nbytes]
-            if len(self._buffered) > READ_BUFFER_BYTES and not self._read_paused:
-                self._read_paused = True
-                self.transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc) -> None:
-        self._eof = True
-        self._error = exc
-        self._wake()
-        self.resume_writing()
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._write_waiter is not None and not self._write_waiter.done():
-            self._write_waiter.set_result(None)
-
-    # -- reading and writing, for TcpStream
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        if self._error is not None:
-            raise ConnectionResetError(f"connection lost: {self._error}")
-        if self._read_paused and len(self._buffered) <= READ_BUFFER_BYTES:
-            self._read_paused = False
-            self.transport.resume_reading()
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _take(self, n: int) -> bytes:
-        data = bytes(memoryview(self._buffered)[:n])
-        del self._buffered[:n]
-        return data
-
-    async def read(self, n: int) -> bytes:
-        while not self._buffered and not self._eof:
-            await self._wait()
-        if not self._buffered and self._error is not None:
-            raise ConnectionResetError(f"connection lost: {self._error}")
-        return self._take(min(n, len(self._buffered)))
-
-    async def readexactly(self, n: int) -> bytes | memoryview:
-        if n < DIRECT_READ_BYTES or len(self._buffered) >= n:
-            while len(self._buffered) < n:
-                if self._eof:
-                    await self._fail_incomplete(self._take(len(self._buffered)), n)
-                await self._wait()
-            return self._take(n)
-        target = memoryview(np.empty(n, np.uint8))  # filled in place by the event loop; not zeroed first
-        have = len(self._buffered)
-        target[:have] = self._buffered
-        self._buffered.clear()
-        self._target, self._filled = target, have
-        try:
-            while self._filled < n:
-                if self._eof:
-                    await self._fail_incomplete(bytes(target[:self._filled]), n)
-                await self._wait()
-        finally:
-            self._target = None
-        return target
-
-    async def _fail_incomplete(self, partial: bytes, n: int) -> None:
-        if self._error is not None:
-            raise ConnectionResetError(f"connection lost: {self._error}")
-        raise asyncio.IncompleteReadError(partial, n)
-
-    async def drain(self) -> None:
-        if self._error is not None or (self.transport is not None and self.transport.is_closing()):
-            raise ConnectionResetError("connection is closing")
-        while self._write_paused:
-            self._write_waiter = asyncio.get_running_loop().create_future()
-            await self._write_waiter
-
-
 class TcpStream:
-    """`Stream` over an asyncio TCP connection (`_StreamProtocol`)."""
+    """`Stream` over an asyncio StreamReader/StreamWriter pair."""
 
-    def __init__(self, protocol: _StreamProtocol):
-        self._protocol = protocol
-        self._transport = protocol.transport
-        sock = self._transport.get_extra_info("socket")
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._reader = reader
+        self._writer = writer
+        sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     async def read(self, n: int) -> bytes:
-        return await self._protocol.read(n)
+        return await self._reader.read(n)
 
-    async def readexactly(self, n: int) -> bytes | memoryview:
-        """n bytes; a large read comes back as a view of the buffer it was received into."""
-        return await self._protocol.readexactly(n)
+    async def readexactly(self, n: int) -> bytes:
+        return await self._reader.readexactly(n)
 
-    async def write(self, data: bytes | memoryview) -> None:
-        await self._protocol.drain()
-        self._transport.write(data)
-        await self._protocol.drain()
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
 
     async def close(self) -> None:
-        self._transport.close()
+        self._writer.close()
         with contextlib.suppress(Exception):
-            await self._protocol.closed
+            await self._writer.wait_closed()
 
     def reset(self) -> None:
-        self._transport.abort()
+        self._writer.transport.abort()
 
 
 def _pack_hello(peer_id: str, protocol: str) -> bytes:
@@ -217,13 +86,13 @@ def _pack_hello(peer_id: str, protocol: str) -> bytes:
     return b"".join(struct.pack(">B", len(f)) + f for f in fields)
 
 
-async def _read_hello(stream: TcpStream) -> tuple[str, str]:
+async def _read_hello(reader: asyncio.StreamReader) -> tuple[str, str]:
     fields = []
     for _ in range(2):
-        (length,) = struct.unpack(">B", await stream.readexactly(1))
+        (length,) = struct.unpack(">B", await reader.readexactly(1))
         if length == 0:
             raise TransportError("empty hello field")
-        fields.append((await stream.readexactly(length)).decode("utf-8"))
+        fields.append((await reader.readexactly(length)).decode("utf-8"))
     return fields[0], fields[1]
 
 
@@ -248,16 +117,9 @@ class TcpTransport:
         return self._server.sockets[0].getsockname()[:2]
 
     async def start(self) -> tuple[str, int]:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, self._host, self._port)
+        self._server = await asyncio.start_server(self._on_connection, self._host, self._port,
+                                                  limit=READ_BUFFER_BYTES)
         return self.listen_address
-
-    def _accept(self) -> _StreamProtocol:
-        protocol = _StreamProtocol()
-        task = asyncio.get_running_loop().create_task(self._on_connection(protocol))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return protocol
 
     async def close(self) -> None:
         if self._server is not None:
@@ -277,21 +139,22 @@ class TcpTransport:
         if address is None:
             raise TransportError(f"no address for peer {peer_id}")
         try:
-            _, connection = await asyncio.get_running_loop().create_connection(_StreamProtocol, *address)
+            reader, writer = await asyncio.open_connection(*address, limit=READ_BUFFER_BYTES)
         except OSError as exc:
             raise TransportError(f"cannot connect to {peer_id} at {address}: {exc}") from exc
-        stream = TcpStream(connection)
+        stream = TcpStream(reader, writer)
         await stream.write(_pack_hello(self.my_id, protocol))
         return stream
 
-    async def _on_connection(self, stream_protocol: _StreamProtocol) -> None:
-        await stream_protocol.made
-        stream = TcpStream(stream_protocol)
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        stream = TcpStream(reader, writer)
         self._streams.add(stream)
         try:
             try:
-                remote, protocol = await asyncio.wait_for(_read_hello(stream), HELLO_TIMEOUT_S)
-            except (asyncio.IncompleteReadError, UnicodeDecodeError, TransportError, TimeoutError, ConnectionError):
+                remote, protocol = await asyncio.wait_for(_read_hello(reader), HELLO_TIMEOUT_S)
+            except (asyncio.IncompleteReadError, UnicodeDecodeError, TransportError, TimeoutError):
                 stream.reset()
                 return
             handler = self._handlers.get(protocol)
@@ -300,5 +163,6 @@ class TcpTransport:
                 return
             await handler(stream, remote)
         finally:
+            self._tasks.discard(task)
             self._streams.discard(stream)
             await stream.close()
