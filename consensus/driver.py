@@ -36,9 +36,9 @@ from consensus.messages import (
     MessageError,
     Proposal,
     decode_message,
-    decode_vote,
+    decode_vote_list,
     encode_message,
-    encode_vote,
+    encode_vote_list,
     value_id,
 )
 from consensus.tendermint import (
@@ -96,10 +96,7 @@ def decode_sync_request(payload: bytes) -> int:
 
 def encode_sync_block(commit: Commit) -> bytes:
     parts = [_SYNC_BLOCK_HEAD.pack(SYNC_BLOCK_TAG, commit.height, commit.round, len(commit.value)),
-             commit.value, struct.pack(">H", len(commit.certificate))]
-    for vote in commit.certificate:
-        raw = encode_vote(vote)
-        parts += [struct.pack(">H", len(raw)), raw]
+             commit.value, struct.pack(">H", len(commit.certificate)), encode_vote_list(commit.certificate)]
     return b"".join(parts)
 
 
@@ -115,11 +112,7 @@ def decode_sync_block(payload: bytes) -> Commit:
         pos += 2
         if count > MAX_CERTIFICATE_VOTES:
             raise FrameError("certificate too large")
-        votes = []
-        for _ in range(count):
-            (n,) = struct.unpack_from(">H", payload, pos)
-            votes.append(decode_vote(payload[pos + 2:pos + 2 + n]))
-            pos += 2 + n
+        votes, pos = decode_vote_list(payload, pos, count)
     except struct.error as exc:
         raise FrameError("sync block truncated") from exc
     if pos != len(payload) or len(value) != value_len:

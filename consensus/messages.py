@@ -290,6 +290,27 @@ def decode_vote(data: bytes) -> Vote:
     return vote
 
 
+def encode_vote_list(votes) -> bytes:
+    """Votes one after another, each as a big-endian u16 length and ``encode_vote`` bytes
+    (the count travels in the enclosing message)."""
+    parts = []
+    for vote in votes:
+        raw = encode_vote(vote)
+        parts += [struct.pack(">H", len(raw)), raw]
+    return b"".join(parts)
+
+
+def decode_vote_list(data: bytes, pos: int, count: int) -> tuple[list[Vote], int]:
+    """``count`` votes written by ``encode_vote_list`` starting at ``pos``; returns them and the
+    position after the last. Raises ``struct.error`` when truncated, ``MessageError`` on a bad vote."""
+    votes = []
+    for _ in range(count):
+        (n,) = struct.unpack_from(">H", data, pos)
+        votes.append(decode_vote(data[pos + 2:pos + 2 + n]))
+        pos += 2 + n
+    return votes, pos
+
+
 def encode_proposal(proposal: Proposal) -> bytes:
     pid = _peer_id_to_bytes(proposal.proposer)
     return b"".join((

@@ -40,8 +40,8 @@ from consensus.messages import (
     Proposal,
     Vote,
     VoteType,
-    decode_vote,
-    encode_vote,
+    decode_vote_list,
+    encode_vote_list,
     value_id,
     verify_proposal,
     verify_vote,
@@ -111,11 +111,7 @@ Output = Union[Broadcast, ScheduleTimeout, Commit, EvidenceFound, PersistSignerS
 
 def encode_lock_proof(value: bytes, prevotes: list[Vote]) -> bytes:
     """The locked value and the prevotes (a polka) that justified the lock."""
-    parts = [struct.pack(">IH", len(value), len(prevotes)), value]
-    for vote in prevotes:
-        raw = encode_vote(vote)
-        parts += [struct.pack(">H", len(raw)), raw]
-    return b"".join(parts)
+    return b"".join([struct.pack(">IH", len(value), len(prevotes)), value, encode_vote_list(prevotes)])
 
 
 def decode_lock_proof(data: bytes) -> tuple[bytes, list[Vote]]:
@@ -124,11 +120,7 @@ def decode_lock_proof(data: bytes) -> tuple[bytes, list[Vote]]:
         pos = 6
         value = data[pos:pos + value_len]
         pos += value_len
-        votes = []
-        for _ in range(count):
-            (n,) = struct.unpack_from(">H", data, pos)
-            votes.append(decode_vote(data[pos + 2:pos + 2 + n]))
-            pos += 2 + n
+        votes, pos = decode_vote_list(data, pos, count)
     except struct.error as exc:
         raise MessageError("lock proof truncated") from exc
     if pos != len(data) or len(value) != value_len:
