@@ -117,4 +117,6 @@ def measure(sender: Node, receiver: Node, conn: str, mib: int, processes: tuple[
     if got["sha256"] != sent["sha256"]:
         raise AssertionError("data corrupted in transit")
     bits = mib * MIB * 8
-    return {"Mbps": bits / sent["seconds"] / 1e6, "cpu_bound_Mbps": bits / busiest / 1e6}
+    # A transfer too short to register CPU time has no CPU-bound rate (None rather than a division by 0).
+    cpu_bound = bits / busiest / 1e6 if busiest > 0 else None
+    return {"Mbps": bits / sent["seconds"] / 1e6, "cpu_bound_Mbps": cpu_bound}
