@@ -11,11 +11,17 @@ reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok":
                                 ``host.open_stream`` an echo stream and round-trip 64 KiB over it
   paths(peer)                -> "direct"/"relayed" for each open connection to the peer
   hole_punch()               -> the relay client's hole-punch status
+  allreduce(peers, codec, numel, round_id, non_reducers)
+                             -> {sha256, norm, participants, attempts, bytes_sent, paths}: knowing the
+                                other members only by their relayed addresses (``peers``: id ->
+                                circuits), average ``contribution(own id, numel)`` with them over
+                                the node's bulk connections (ml.allreduce + HostTransport)
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -25,6 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
+from ml.allreduce import AllReduceGroup  # noqa: E402
+from ml.allreduce.host_transport import HostTransport  # noqa: E402
 from node.config import load_config  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.roles import BasicRole  # noqa: E402
@@ -32,6 +42,12 @@ from node.runtime import Node  # noqa: E402
 
 ECHO_PROTOCOL = "/dekube/netlab-echo/1.0.0"
 RESERVE_TIMEOUT_S = 30.0
+
+
+def contribution(peer_id: str, numel: int) -> torch.Tensor:
+    """The tensor ``peer_id`` contributes to a netlab all-reduce (the test recomputes it)."""
+    seed = int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") >> 1
+    return torch.randn(numel, generator=torch.Generator().manual_seed(seed))
 
 
 async def serve_echo(stream) -> None:
@@ -47,6 +63,7 @@ class NodeAgent:
                      ("relay", "hole_punch"): "false" if args.no_hole_punch else "true"}
         config = load_config(None, env={}, overrides=overrides)
         self.node = Node(config, Identity.from_seed(bytes.fromhex(args.seed)), [BasicRole("compute")])
+        self.groups: dict[tuple, AllReduceGroup] = {}
 
     @property
     def relay_client(self):
@@ -96,6 +113,24 @@ class NodeAgent:
         return ["relayed" if self.relay_client.pipe_for(c) else "direct"
                 for c in self.node.host.connections(peer) if not c.closed]
 
+    async def op_allreduce(self, peers: dict[str, list[str]], codec: str, numel: int, round_id: int,
+                           non_reducers: list[str] = ()) -> dict:
+        members = sorted({*peers, self.node.peer_id})
+        for peer, circuits in peers.items():
+            self.node.host.peerbook.add_addrs(peer, circuits)
+        key = (tuple(members), codec, tuple(sorted(non_reducers)))
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = AllReduceGroup(HostTransport(self.node.host), self.node.peer_id, members,
+                                                      codec=codec, non_reducers=set(non_reducers))
+            await group.start()
+        mine = contribution(self.node.peer_id, numel)
+        result = await group.allreduce([mine], round_id)
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(result.tensors[0].numpy().tobytes()).hexdigest())
+        paths = {peer: await self.op_paths(peer) for peer in peers}
+        return {"sha256": digest, "norm": float(result.tensors[0].norm()), "participants": list(result.participants), "attempts": result.attempts,
+                "bytes_sent": result.bytes_sent, "paths": paths}
+
     async def op_hole_punch(self) -> dict | None:
         punching = self.node.relay_client.punching
         return punching.status() if punching is not None else None
@@ -122,6 +157,8 @@ class NodeAgent:
                                          "relayed_addrs": self.relay_client.relayed_addrs}), flush=True)
             await self._serve_commands()
         finally:
+            for group in self.groups.values():
+                await group.close(linger_s=2.0)
             self.node.request_stop()
             await asyncio.wait_for(node_task, 10)
 

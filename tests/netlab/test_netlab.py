@@ -8,15 +8,18 @@ host from a NAT'd one; real Nodes reach each other by relayed address and end up
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from relay.messages import HOP_PROTOCOL, MessageReader, Status, decode_hop
 
 from .lab import BACKBONE_NET, run
 from .net import FAR_HOME_DELAY_MS, FAR_RELAY_DELAY_MS, PORT
+from .node_agent import contribution
 from .nodes import AgentError
 from .scenarios import MIB, circuits_via, failover, poll, punch, rate_Mbps, relayed_transfer
 
@@ -179,3 +182,40 @@ def test_real_nodes_open_streams_by_relayed_address_punched_or_relayed(net):
     assert status["dials_punched"] == 1 and status["dials_relayed"] == 1 and nb.peer_id in status["direct_peers"]
     assert na.call("echo", peer=nc.peer_id, circuits=[])["path"] == "relayed"
     assert time.monotonic() - started < 60
+
+
+def home_nodes(net):
+    """The real Nodes ``na``, ``nb``, ``nc`` in homes 1-3 (started by the previous test, or now)."""
+    relays = [net["relay1"].addr, net["relay2"].addr]
+    missing = [(name, home) for name, home in (("na", 1), ("nb", 2), ("nc", 3)) if name not in net.nodes]
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda spec: net.start_home_node(spec[0], spec[1], relays, PORT + 5), missing))
+    return [net[name] for name in ("na", "nb", "nc")]
+
+
+def test_nated_nodes_average_tensors_over_their_bulk_connections(net):
+    """The all-reduce among three NAT'd Nodes that know each other only by relayed addresses
+    (home 3 behind a symmetric NAT: its links stay relayed): fp32 is bitwise the sorted-order mean
+    on every member, int8 agrees bitwise among them and is close to it, nobody is excluded."""
+    nodes = home_nodes(net)
+    circuits = {node.peer_id: node.call("relayed_addrs") for node in nodes}
+    numel = 1 << 20
+    members = sorted(circuits)
+    xs = [contribution(peer, numel) for peer in members]
+    total = torch.zeros(numel)
+    for x in xs:
+        total += x
+    exact = total / len(xs)
+    for round_id, codec in enumerate(("fp32", "int8"), start=1):
+        calls = [node.call_async("allreduce", peers={p: c for p, c in circuits.items() if p != node.peer_id},
+                                 codec=codec, numel=numel, round_id=round_id) for node in nodes]
+        results = [call.result(120) for call in calls]
+        assert {r["sha256"] for r in results} == {results[0]["sha256"]}, results
+        for r in results:
+            assert r["participants"] == members and r["attempts"] == 1 and r["bytes_sent"] > 0
+        if codec == "fp32":
+            assert results[0]["sha256"] == hashlib.sha256(exact.numpy().tobytes()).hexdigest()
+        else:  # the int8 mean's norm is within its quantization error of the exact one
+            assert abs(results[0]["norm"] - float(exact.norm())) < 0.02 * float(exact.norm())
+    paths = {node.name: results[i]["paths"] for i, node in enumerate(nodes)}
+    assert paths["na"][net["nc"].peer_id] and set(paths["na"][net["nc"].peer_id]) == {"relayed"}, paths
