@@ -92,7 +92,7 @@ class TaskStatus:
     CREATED = "created"
     ASSIGNED = "assigned"
     RUNNING = "running"          # at least one worker committed its result
-    COMMITTED = "committed"      # every worker committed; audit window open
+    COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit window open
     VERIFIED = "verified"        # every worker has a matching audit and none mismatches
     DISPUTED = "disputed"        # some audit reported a mismatch
     PAID = "paid"                # finalized: payouts done, escrow empty
@@ -106,13 +106,15 @@ class TaskStatus:
 class Task(Record):
     """A training task: spec, escrow, lifecycle status, workers, commitments, audits, payouts.
 
+    ``commit_deadline``: last height that accepts a commitment (assignment + task_timeout, brought
+    forward to the quorum's commit + the grace once a quorum committed, see tasks.commit_grace);
     ``commits``: worker -> [segments_root, result_hash, segments, height];
     ``audits``: list of [verifier, worker, segment, match, height];
     ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
-                          "assigned_height", "workers", "commits", "audits", "disputes", "window_end",
+                          "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes", "window_end",
                           "relay_claims", "audit_seed", "payouts")
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int):
@@ -124,6 +126,7 @@ class Task(Record):
         self.status = TaskStatus.CREATED
         self.created_height = created_height
         self.assigned_height = 0
+        self.commit_deadline = 0
         self.workers = []
         self.commits = {}
         self.audits = []

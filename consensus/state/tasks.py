@@ -1,8 +1,9 @@
 """Task lifecycle on chain: submit, cancel, assignment, commit, audit, dispute, finalize.
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
---(all committed)--> committed --(audits)--> verified | disputed --(finalize)--> paid;
-created --(cancel_task)--> cancelled. See docs/adr/0023 for assignment and payout rules.
+--(all committed, or a quorum by the commit deadline)--> committed --(audits)--> verified | disputed
+--(finalize)--> paid; created --(cancel_task)--> cancelled. See docs/adr/0023 for assignment and
+payout rules and docs/adr/0081 for the commit quorum (a crashed worker does not hold a task open).
 
 Handlers check every condition before they change anything, so a failing payload leaves
 the state untouched (the ante step has already taken the fee and nonce).
@@ -24,6 +25,17 @@ REPUTATION_PAID = 1
 REPUTATION_SLASHED = -10
 REPUTATION_NO_SHOW = -5
 REPUTATION_BOUNDS = (-50, 100)
+COMMIT_GRACE_FRACTION = 4    # stragglers get task_timeout // 4 blocks once a quorum has committed
+
+
+def commit_quorum(workers: int) -> int:
+    """Commitments that let the commit phase close without the rest: a strict majority."""
+    return workers // 2 + 1
+
+
+def commit_grace(params: Params) -> int:
+    """Blocks the other workers still get to commit once a quorum has committed."""
+    return max(1, params.task_timeout // COMMIT_GRACE_FRACTION)
 
 
 def task_id_for(owner: str, nonce: int) -> bytes:
@@ -71,7 +83,38 @@ def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.events.append({"type": "task_cancelled", "task_id": task_id})
 
 
-# ---- assignment (run by every validator at the end of each block) -------------------------
+# ---- end of block (run by every validator after the block's transactions) -----------------
+
+def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+    """Close the commit phases that end at this height, then assign workers to open tasks."""
+    close_commit_phases(state, params, ctx)
+    assign_open_tasks(state, params, ctx)
+
+
+# The ledger calls the task module's end-of-block step by this name (consensus/state/ledger.py).
+assign_workers = end_block
+
+
+def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+    """Open the audit window, over the committers only, of each running task whose commit deadline
+    is this height and that a quorum of its workers committed to. A task below quorum stays open
+    for commits until its deadline, then only finalize applies (ADR 0023)."""
+    for task_id, task in state.tasks.items():
+        if (task.status == TaskStatus.RUNNING and ctx.height >= task.commit_deadline
+                and len(task.commits) >= commit_quorum(len(task.workers))):
+            _open_audit_window(state, params, ctx, task_id, task)
+
+
+def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    task.status = TaskStatus.COMMITTED
+    task.window_end = ctx.height + params.audit_window
+    task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + task_id).digest()
+    state.touch(TASK, task_id)
+    absent = [worker for worker in task.workers if worker not in task.commits]
+    state.events.append({"type": "audit_window_opened", "task_id": task_id, "absent": absent})
+
+
+# ---- assignment ------------------------------------------------------------------------------
 
 def worker_weight(state: LedgerState, peer_id: str) -> int:
     """Bonded stake x (100 + reputation) x bandwidth class (bit length of declared Mbit/s + 1)."""
@@ -92,7 +135,7 @@ def eligible_workers(state: LedgerState, params: Params) -> list[str]:
     return out
 
 
-def assign_workers(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Give each open task (oldest first) its workers: the highest-weight eligible compute
     nodes, ties broken by sha256(task_id, peer_id). A task waits while too few are free."""
     if not state.open_tasks:
@@ -118,6 +161,7 @@ def assign_workers(state: LedgerState, params: Params, ctx: BlockContext) -> Non
         task.workers = chosen
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
+        task.commit_deadline = ctx.height + params.task_timeout
         del state.open_tasks[task_id]
         state.touch(TASK, task_id)
         state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen})
@@ -133,18 +177,16 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     _require_status(task, TaskStatus.OPEN_FOR_COMMITS, "commit a result to")
     if tx.sender in task.commits:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already committed its result")
-    deadline = task.assigned_height + params.task_timeout
-    if ctx.height > deadline:
-        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {deadline}) has passed")
+    if ctx.height > task.commit_deadline:
+        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
-    if len(task.commits) == len(task.workers):
-        task.status = TaskStatus.COMMITTED
-        task.window_end = ctx.height + params.audit_window
-        task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + p["task_id"]).digest()
-    else:
-        task.status = TaskStatus.RUNNING
+    task.status = TaskStatus.RUNNING
+    if len(task.commits) == commit_quorum(len(task.workers)):
+        task.commit_deadline = min(task.commit_deadline, ctx.height + commit_grace(params))
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender})
+    if len(task.commits) == len(task.workers):
+        _open_audit_window(state, params, ctx, p["task_id"], task)
 
 
 def _audit_counts(task: Task, worker: str) -> tuple[int, int]:
@@ -159,7 +201,7 @@ def _audit_counts(task: Task, worker: str) -> tuple[int, int]:
 
 
 def _refresh_audit_status(task: Task) -> None:
-    counts = [_audit_counts(task, worker) for worker in task.workers]
+    counts = [_audit_counts(task, worker) for worker in task.commits]
     if task.disputes or any(mismatches for _, mismatches in counts):
         task.status = TaskStatus.DISPUTED
     elif all(matches for matches, _ in counts):
@@ -213,12 +255,11 @@ def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx)
 
 # ---- finalize: payouts and slashing --------------------------------------------------------
 
-def _check_finalizable(task: Task, params: Params, height: int) -> None:
+def _check_finalizable(task: Task, height: int) -> None:
     _require_status(task, TaskStatus.ACTIVE, "finalize")
     if task.status in TaskStatus.OPEN_FOR_COMMITS:
-        deadline = task.assigned_height + params.task_timeout
-        if height <= deadline:
-            raise TxError(TxCode.BAD_STATE, f"workers may commit until height {deadline}")
+        if height <= task.commit_deadline:
+            raise TxError(TxCode.BAD_STATE, f"workers may commit until height {task.commit_deadline}")
     elif task.status != TaskStatus.VERIFIED and height < task.window_end:
         raise TxError(TxCode.BAD_STATE, f"audit window open until height {task.window_end}")
 
@@ -228,7 +269,7 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
     relays' claims; slash workers whose mismatches outnumber their matches; refund the rest."""
     task_id = tx.payload["task_id"]
     task = get_task(state, task_id)
-    _check_finalizable(task, params, ctx.height)
+    _check_finalizable(task, ctx.height)
     verifier_pool = task.price * params.verifier_share_bps // 10_000
     relay_budget = task.price * params.relay_share_bps // 10_000
     worker_share = (task.price - verifier_pool - relay_budget) // len(task.workers)

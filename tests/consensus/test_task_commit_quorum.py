@@ -1,0 +1,138 @@
+"""The commit quorum: a task whose worker never commits moves to the audit window with the committers
+once a majority committed and the grace has passed; the absent worker is not paid (its share goes
+back to the owner), supply is conserved, and replicas (and a reloaded state) agree on every step."""
+import pytest
+
+from consensus.block import build_block
+from consensus.state.ledger import Ledger
+from consensus.state.records import Task, TaskStatus
+from consensus.state.store import LedgerState
+from consensus.state.tasks import commit_grace, commit_quorum, task_id_for
+from consensus.txcodes import TxCode
+from test_ledger_kit import CHAIN, Chain, ident
+
+OWNER, W1, W2, W3, VERIFIER, OUTSIDER = (ident(i) for i in range(1, 7))
+PRICE = 9_000
+SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 100}, "workers": 3,
+        "sync_mode": "allreduce", "codec": "int8"}
+HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
+
+
+@pytest.fixture
+def chain():
+    chain = Chain()
+    for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
+        chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                           "hardware": HARDWARE})
+        chain.ok(worker, "bond", {"amount": bond})
+    chain.ok(VERIFIER, "bond", {"amount": 500})
+    return chain
+
+
+def submit(chain) -> bytes:
+    nonce = chain.ledger.nonce(OWNER.peer_id)
+    chain.ok(OWNER, "submit_task", {**SPEC, "price": PRICE})
+    return task_id_for(OWNER.peer_id, nonce)
+
+
+def commit(chain, who, task_id):
+    return chain.run(who, "commit_result", {"task_id": task_id, "segments_root": b"\x11" * 32,
+                                            "result_hash": b"\x22" * 32, "segments": 4})
+
+
+def audit(chain, worker, task_id, match=True):
+    return chain.run(VERIFIER, "audit_result", {"task_id": task_id, "worker": worker.peer_id, "segment": 1,
+                                                "match": match})
+
+
+def test_quorum_is_a_strict_majority_and_grace_follows_the_timeout(chain):
+    assert [commit_quorum(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+    assert commit_grace(chain.params) == 3   # task_timeout 12 // 4
+
+
+def test_absent_worker_does_not_hold_the_task_open_and_is_not_paid(chain):
+    task_id = submit(chain)
+    task = chain.ledger.state.tasks[task_id]
+    assert task.workers == sorted(w.peer_id for w in (W1, W2, W3))
+    assert task.commit_deadline == task.assigned_height + chain.params.task_timeout
+    assert commit(chain, W1, task_id).code == TxCode.OK
+    assert task.commit_deadline == task.assigned_height + chain.params.task_timeout   # below quorum
+    assert commit(chain, W2, task_id).code == TxCode.OK
+    quorum_height = chain.ledger.height
+    assert task.commit_deadline == quorum_height + commit_grace(chain.params)
+    assert audit(chain, W1, task_id).code == TxCode.BAD_STATE   # no audits while commits may come
+    chain.empty_blocks(task.commit_deadline - chain.ledger.height - 1)
+    assert task.status == TaskStatus.RUNNING       # the last worker may still commit in the next block
+    result = chain.block()                          # the deadline block: the phase closes at its end
+    assert task.status == TaskStatus.COMMITTED and len(task.audit_seed) == 32
+    assert task.window_end == chain.ledger.height + chain.params.audit_window
+    assert {"type": "audit_window_opened", "task_id": task_id, "absent": [W3.peer_id]} in result.events
+    assert commit(chain, W3, task_id).code == TxCode.BAD_STATE
+    assert audit(chain, W3, task_id).code == TxCode.BAD_PAYLOAD     # nothing committed to audit
+    assert audit(chain, W1, task_id).code == TxCode.OK
+    assert task.status == TaskStatus.COMMITTED
+    assert audit(chain, W2, task_id).code == TxCode.OK
+    assert task.status == TaskStatus.VERIFIED       # every committer matched; the absent one is no blocker
+
+    before = {who.peer_id: chain.ledger.balance(who.peer_id) for who in (OWNER, W1, W2, W3, VERIFIER)}
+    chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
+    verifier_pool, relay_budget = PRICE * 500 // 10_000, PRICE * 1_000 // 10_000
+    share = (PRICE - verifier_pool - relay_budget) // 3
+    assert task.payouts == {W1.peer_id: share, W2.peer_id: share, VERIFIER.peer_id: verifier_pool,
+                            OWNER.peer_id: PRICE - 2 * share - verifier_pool}
+    for who in (OWNER, W1, W2, W3, VERIFIER):
+        assert chain.ledger.balance(who.peer_id) - before[who.peer_id] == task.payouts.get(who.peer_id, 0)
+    assert chain.ledger.node_info(W3.peer_id)["reputation"] == -5
+    assert chain.ledger.node_info(W1.peer_id)["reputation"] == 1
+    assert all(chain.ledger.node_info(w.peer_id)["active_tasks"] == 0 for w in (W1, W2, W3))
+
+
+def test_a_straggler_within_the_grace_joins_the_audit(chain):
+    task_id = submit(chain)
+    task = chain.ledger.state.tasks[task_id]
+    commit(chain, W1, task_id)
+    commit(chain, W3, task_id)
+    chain.empty_blocks(commit_grace(chain.params) - 1)
+    assert commit(chain, W2, task_id).code == TxCode.OK   # the deadline block itself still accepts it
+    assert task.status == TaskStatus.COMMITTED and sorted(task.commits) == task.workers
+
+
+def test_below_quorum_the_task_waits_for_its_full_timeout(chain):
+    task_id = submit(chain)
+    task = chain.ledger.state.tasks[task_id]
+    commit(chain, W2, task_id)
+    chain.empty_blocks(commit_grace(chain.params) + 2)
+    assert task.status == TaskStatus.RUNNING
+    assert chain.run(OUTSIDER, "finalize", {"task_id": task_id}).code == TxCode.BAD_STATE
+    assert commit(chain, W1, task_id).code == TxCode.OK    # late, but before the timeout: quorum now
+    assert task.commit_deadline == chain.ledger.height + commit_grace(chain.params)
+
+
+def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_app_hash(chain):
+    task_id = submit(chain)
+    commit(chain, W1, task_id)
+    commit(chain, W2, task_id)
+    replica = Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items()))   # restart from storage
+    assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
+    closed_at = []
+    for _ in range(commit_grace(chain.params) + 1):
+        led = chain.ledger
+        block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
+                            chain.proposer, [], ())
+        results = [led.apply_block(block), replica.apply_block(block)]
+        assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
+        if any(event["type"] == "audit_window_opened" for event in results[0].events):
+            closed_at.append(block.header.height)
+    assert closed_at == [chain.ledger.state.tasks[task_id].commit_deadline]
+    assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
+    assert replica.state.tasks[task_id].status == TaskStatus.COMMITTED
+    assert replica.full_state_hash() == chain.ledger.full_state_hash()
+
+
+def test_commit_deadline_is_part_of_the_encoded_task():
+    task = Task(OWNER.peer_id, 1, dict(SPEC), PRICE, 5)
+    task.commit_deadline = 17
+    decoded = Task.decode(task.encode())
+    assert decoded.commit_deadline == 17 and decoded == task
+    task.commit_deadline = 18
+    assert Task.decode(task.encode()) != decoded
