@@ -1,4 +1,5 @@
-"""A local testnet: genesis, validator homes and the validator processes on 127.0.0.1.
+"""A local testnet: genesis, validator homes and the validator processes on 127.0.0.1 (or on the
+address given as ``host``, e.g. a public host of an emulated internet).
 
 ``Testnet.create(root, validators=N)`` writes ``root/genesis.json``, a funded ``root/faucet_key.json``,
 and ``root/vI/`` per validator (``node_key.json``, ``config.toml`` with unique p2p/RPC ports and
@@ -58,14 +59,15 @@ class NodeSpec:
     peer_id: str
     p2p_port: int
     rpc_port: int
+    host: str = "127.0.0.1"   # the address the node listens on (p2p and RPC)
 
     @property
     def rpc_url(self) -> str:
-        return f"http://127.0.0.1:{self.rpc_port}"
+        return f"http://{self.host}:{self.rpc_port}"
 
     @property
     def p2p_addr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
+        return f"/ip4/{self.host}/tcp/{self.p2p_port}/p2p/{self.peer_id}"
 
     @property
     def pid_file(self) -> Path:
@@ -88,10 +90,12 @@ class Testnet:
     @classmethod
     def create(cls, root: Path | str, validators: int = 4, *, chain_id: str = "dekube-testnet",
                balances: dict[str, int] | None = None, params: dict[str, Any] | None = None,
-               settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE, base_port: int = 0) -> "Testnet":
+               settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE, base_port: int = 0,
+               host: str = "127.0.0.1") -> "Testnet":
         """Write genesis, faucet key and validator homes. ``balances``: extra funded accounts;
         ``params``: genesis params overrides; ``settings``: config overrides "section.key" -> text;
-        ``base_port``: node I listens on base_port + 2I (p2p) and base_port + 2I + 1 (RPC); 0: free ports."""
+        ``base_port``: node I listens on base_port + 2I (p2p) and base_port + 2I + 1 (RPC); 0: free ports
+        (free on 127.0.0.1); ``host``: the IPv4 address every validator listens on."""
         root = Path(root).expanduser()
         if (root / MANIFEST).exists():
             raise TestnetError(f"{root} already holds a testnet (use it, or remove the directory)")
@@ -103,7 +107,7 @@ class Testnet:
         if base_port and not 1024 <= base_port <= 65535 - 2 * validators:
             raise TestnetError(f"base port {base_port} leaves no room for {2 * validators} ports")
         ports = list(range(base_port, base_port + 2 * validators)) if base_port else free_ports(2 * validators)
-        nodes = [NodeSpec(f"v{i}", root / f"v{i}", ident.peer_id, ports[2 * i], ports[2 * i + 1])
+        nodes = [NodeSpec(f"v{i}", root / f"v{i}", ident.peer_id, ports[2 * i], ports[2 * i + 1], host)
                  for i, ident in enumerate(idents)]
         funded = {faucet.peer_id: DEFAULT_FAUCET, **{n.peer_id: 10**9 for n in nodes}, **(balances or {})}
         genesis = Genesis(chain_id, int(time.time() * 1000), funded,
@@ -118,9 +122,9 @@ class Testnet:
             (node.home / "genesis.json").write_text(genesis_text)
             overrides = {
                 ("node", "roles"): "validator",
-                ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{node.p2p_port}",
+                ("p2p", "listen"): f"/ip4/{host}/tcp/{node.p2p_port}",
                 ("p2p", "bootstrap"): ",".join(o.p2p_addr for o in nodes if o is not node),
-                ("rpc", "host"): "127.0.0.1",
+                ("rpc", "host"): host,
                 ("rpc", "port"): str(node.rpc_port),
                 ("consensus", "chain_id"): chain_id,
             }
@@ -129,7 +133,8 @@ class Testnet:
                 overrides[(section, key)] = value
             (node.home / "config.toml").write_text(load_config(None, env={}, overrides=overrides).to_toml())
         manifest = {"chain_id": chain_id, "nodes": [
-            {"name": n.name, "peer_id": n.peer_id, "p2p_port": n.p2p_port, "rpc_port": n.rpc_port} for n in nodes]}
+            {"name": n.name, "peer_id": n.peer_id, "p2p_port": n.p2p_port, "rpc_port": n.rpc_port, "host": n.host}
+            for n in nodes]}
         (root / MANIFEST).write_text(json.dumps(manifest, indent=2))
         return cls(root, chain_id, nodes)
 
@@ -138,8 +143,8 @@ class Testnet:
         root = Path(root).expanduser()
         try:
             manifest = json.loads((root / MANIFEST).read_text())
-            nodes = [NodeSpec(n["name"], root / n["name"], n["peer_id"], n["p2p_port"], n["rpc_port"])
-                     for n in manifest["nodes"]]
+            nodes = [NodeSpec(n["name"], root / n["name"], n["peer_id"], n["p2p_port"], n["rpc_port"],
+                              n.get("host", "127.0.0.1")) for n in manifest["nodes"]]
             return cls(root, manifest["chain_id"], nodes)
         except FileNotFoundError:
             raise TestnetError(f"no testnet in {root} (create one with 'dekube-node testnet up --home {root}')") from None

@@ -1,0 +1,61 @@
+"""The main job on the emulated internet: validators and relays on public hosts, four compute nodes
+each behind its own NAT router (one symmetric), all real ``dekube-node start`` processes. A paid
+digits task is assigned, trained with an int8 all-reduce among three NAT'd workers that reach each
+other only by the relayed addresses in their ledger records, committed, audited by replay on the
+fourth node and paid; the relays carried the traffic and the supply is conserved."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .lab import unavailable
+from .task_net import TaskNet
+
+pytestmark = pytest.mark.netlab
+
+PRICE = 100_000
+
+
+@pytest.fixture(scope="module")
+def task_net(tmp_path_factory):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    net = TaskNet.build(tmp_path_factory.mktemp("tasknet") / "net")
+    try:
+        net.up()
+        yield net
+    except BaseException:
+        for member in net.compute + net.relays + net.validators:
+            print(f"== {member.name}\n{net.log_tail(member)}")
+        raise
+    finally:
+        net.close()
+
+
+def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
+    net = task_net
+    for member in net.compute:  # nobody can dial a home: the ledger offers private and relayed addresses
+        info = net.rpc("dkb_getNode", member.peer_id)
+        assert all(addr.startswith("/ip4/192.168.") for addr in info["listen_addrs"])
+        assert len(info["relay_addrs"]) == 2 and all("/p2p-circuit/" in a for a in info["relay_addrs"])
+    relayed_before = sum(net.metric(r, "dekube_relay_bytes") for r in net.relays)
+    out = net.cli("task", "submit", "--rpc", net.testnet.nodes[0].rpc_url, "--key", str(net.testnet.faucet_key),
+                  "--model", "mlp", "--dataset", "digits", "--workers", "3", "--codec", "int8", "--steps", "60",
+                  "--price", str(PRICE), "--wait", "--timeout", "400", "--json")
+    task = json.loads(out)
+    assert task["status"] == "paid", task
+    workers = set(task["workers"])
+    assert len(workers) == 3 and workers <= {m.peer_id for m in net.compute}
+    results = {tuple(commit[:2]) for commit in task["commits"].values()}
+    assert set(task["commits"]) == workers and len(results) == 1  # one agreed model, one segment root
+    (verifier,) = {m.peer_id for m in net.compute} - workers
+    assert {(a[0], a[1]) for a in task["audits"]} == {(verifier, w) for w in workers}
+    assert all(a[3] for a in task["audits"])  # every replay matched
+    assert sum(task["payouts"].values()) == PRICE and all(task["payouts"][w] > 0 for w in workers)
+    assert task["payouts"][verifier] > 0
+    supply = net.rpc("dkb_getSupply")
+    assert supply["total"] == supply["genesis"]
+    relayed = sum(net.metric(r, "dekube_relay_bytes") for r in net.relays) - relayed_before
+    assert relayed > 256 << 10, relayed  # the homes' all-reduce and segment traffic went through relays
