@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from ml.compute.commitment import BadCommitment, audited_segment, merkle_root
-from ml.compute.replay import InconsistentRecord, departures
 from ml.compute.segments_protocol import SegmentReport, SegmentsError
 from ml.compute.task_spec import train_spec_for_task
+from ml.job.participation import InconsistentRecord, departures
 from ml.train.spec import TrainSpec
 
 Fetch = Callable[[str], Awaitable[SegmentReport]]

@@ -14,14 +14,15 @@ from ml.train.spec import TrainSpec
 
 
 class LocalJobFailed(JobFailed):
-    """A worker failed or exited early, or the job timed out."""
+    """A worker was lost before training began, no worker finished, or the job timed out."""
 
 
 async def run_local_nodes(spec: TrainSpec, world: int, *, mode: str = "butterfly", timeout: float = 900,
                           on_event: Callable[[dict], None] | None = None) -> list[dict]:
-    """Each worker's "done" summary (with its `peer_id`), in process order."""
+    """The "done" summary (with its `peer_id` and the job's "departures") of each worker that finished,
+    in process order; a worker that dies mid-job leaves it and the others finish without it."""
     return await run_worker_processes(
         spec, world,
         argv=lambda rank: ["-m", "ml.compute.local_worker", "--rank", str(rank), "--mode", mode],
-        directory=lambda listening: {"peers": {event["peer_id"]: event["addrs"] for event in listening}},
+        directory=lambda listening: {"peers": {event["peer"]: event["addrs"] for event in listening}},
         timeout=timeout, on_event=on_event, failure=LocalJobFailed)

@@ -1,8 +1,8 @@
 """One process of a local job over the node's p2p stack: `python -m ml.compute.local_worker --rank R`
 with the TrainSpec as JSON on the first stdin line.
 
-It starts a p2p Host on 127.0.0.1 with a fresh identity and prints {"event": "listening", "peer_id",
-"addrs"}; reads {"peers": {peer_id: [addr, ...]}} (every worker, itself included); starts its
+It starts a p2p Host on 127.0.0.1 with a fresh identity and prints {"event": "listening", "peer" (its
+peer ID), "pid", "addrs"}; reads {"peers": {peer_id: [addr, ...]}} (every worker, itself included); starts its
 all-reduce group over bulk Host connections, builds its trainer, waits until every peer's group is up (the task-ready
 barrier), trains, prints {"event": "progress", ...} per report and {"event": "done", ...summary};
 then keeps serving until {"shutdown": true}. Errors print {"event": "error", "message"} (exit 1).
@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from ml.compute import ready_protocol
-from ml.compute.executor import make_group, prepare_trainer, run_trainer
+from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
+from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from ml.train.spec import TrainSpec
 from node.identity import Identity
@@ -47,7 +49,7 @@ async def work(mode: str) -> None:
     host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(ready.__contains__))
     group = None
     try:
-        emit("listening", peer_id=host.peer_id, addrs=host.listen_addrs)
+        emit("listening", peer=host.peer_id, pid=os.getpid(), addrs=host.listen_addrs)
         peers = (await read_message())["peers"]
         for peer, addrs in peers.items():
             if peer != host.peer_id:
@@ -61,7 +63,7 @@ async def work(mode: str) -> None:
         ready.add(LOCAL_TASK_ID)
         await ready_protocol.wait_until_ready(host, [p for p in workers if p != host.peer_id], LOCAL_TASK_ID,
                                               READY_TIMEOUT_S)
-        summary = await run_trainer(trainer)
+        summary = await train_to_end(trainer)
         emit("done", peer_id=host.peer_id, **summary)
         await read_message()  # shutdown: every worker is done
     finally:

@@ -2,7 +2,8 @@
 the same all-reduce code on loopback TCP, up to the last segment being audited.
 
 Workers that left the real run (a crash, or excluded from a round: the trainer stops then) are made
-to leave the replay at the same round (`departures`, from the rounds the workers reported as short):
+to leave the replay at the same round (`ml.job.participation.departures` of the rounds the workers
+reported as short):
 their group and transport close, the others' attempt fails at once and is redone among the rest,
 exactly as in the real run, so the survivors' hashes still match.
 
@@ -25,29 +26,6 @@ from ml.train.spec import TrainSpec
 
 class WorkerLeft(RuntimeError):
     """Raised in a replayed worker at the round where the real worker left the job."""
-
-
-class InconsistentRecord(ValueError):
-    """Reported round memberships that no real run produces (a worker missing, then back)."""
-
-
-def departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
-    """{worker: first round it was missing from} from [(round, participants), ...] records."""
-    left: dict[str, int] = {}
-    try:
-        for round_id, participants in sorted((int(r), list(p)) for r, p in short_rounds):
-            if any(w in participants and w in left for w in workers):
-                raise InconsistentRecord(f"a worker left before round {round_id} and took part in it")
-            if any(p not in workers for p in participants):
-                raise InconsistentRecord(f"round {round_id} lists a participant that is not a worker")
-            for worker in workers:
-                if worker not in participants:
-                    left.setdefault(worker, round_id)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, InconsistentRecord):
-            raise
-        raise InconsistentRecord(f"malformed round record: {exc}") from None
-    return left
 
 
 class LeavingAverager:

@@ -23,11 +23,12 @@ from pathlib import Path
 from ml.compute import ready_protocol, segments_protocol
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
-from ml.compute.executor import make_group, prepare_trainer, run_trainer
+from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.ledger_client import LedgerClient, LedgerUnavailable, TxFailed
 from ml.compute.replay import replay_job_blocking
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
+from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from node.rpc.errors import InvalidParams, ResourceNotFound
 from node.roles import Role
@@ -252,12 +253,12 @@ class ComputeRole(Role):
             job["state"] = "waiting for workers"
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
             job["state"] = "training"
-            summary = await run_trainer(trainer)
+            summary = await train_to_end(trainer)
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
             self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"],
-                                    "short_rounds": [[r, list(p)] for r, p in summary["short_rounds"]],
+                                    "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             job.update(state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                        metrics=summary["metrics"])

@@ -1,11 +1,19 @@
 """Start a training job as `world` local worker processes on 127.0.0.1 and collect the results.
 
-The parent hands each worker the spec, gathers what each reports when listening, sends everyone the
-resulting directory (who to reach where), then relays progress events until every worker is done.
-Any worker error, early exit or the overall timeout kills all workers and raises JobFailed; no
+The parent hands each worker the spec, gathers what each reports when listening (its peer name),
+sends everyone the resulting directory (who to reach where), then relays progress events until
+every worker is done or gone. A worker that dies, fails or breaks the protocol once training has
+begun leaves the job: it is killed if still running, reported as a "departed" event, and the others
+finish among themselves (the all-reduce redoes the round without it). The job fails (JobFailed) when
+a worker is lost before training starts, when no worker finishes, or on the overall timeout; no
 process outlives the call. Workers exit only after the parent's shutdown message, sent once all of
-them are done. `run_worker_processes` is the driver shared with `ml.compute.local_job`, whose workers
-talk over the node's p2p stack instead of plain TCP.
+them are done or gone. `run_worker_processes` is the driver shared with `ml.compute.local_job`,
+whose workers talk over the node's p2p stack instead of plain TCP.
+
+Each finished worker's summary gains "departures": for every worker that left, its peer name, the
+all-reduce round it was first missing from and the step the survivors had reached then (from the
+worker's own record, which a replay follows: `ml.compute.replay.replay_job(..., left=...)`), why it
+left and the last step it reported.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import ml
+from ml.job.participation import InconsistentRecord, departure_step, departures
 from ml.train.spec import TrainSpec
 
 REPO_ROOT = Path(ml.__file__).resolve().parent.parent
@@ -25,17 +34,21 @@ MAX_LINE = 1 << 22
 
 
 class JobFailed(RuntimeError):
-    """A local job did not finish: a worker failed, exited early, or the job timed out."""
+    """A local job did not finish: a worker was lost before training, none finished, or it timed out."""
+
+
+class WorkerLost(Exception):
+    """A worker process died, reported an error or broke the line protocol."""
 
 
 async def run_local_job(spec: TrainSpec, world: int, *, mode: str = "butterfly", timeout: float = 600,
                         on_event: Callable[[dict], None] | None = None) -> list[dict]:
-    """Train `spec` with `world` worker processes; returns each worker's "done" summary by rank."""
+    """Train `spec` with `world` worker processes (peers "worker-<rank>"); returns the "done" summary of
+    every worker that finished, by rank."""
     return await run_worker_processes(
         spec, world,
         argv=lambda rank: ["-m", "ml.job.worker", "--rank", str(rank), "--world", str(world), "--mode", mode],
-        directory=lambda listening: {"addresses": {f"worker-{rank}": event["address"]
-                                                   for rank, event in enumerate(listening)}},
+        directory=lambda listening: {"addresses": {event["peer"]: event["address"] for event in listening}},
         timeout=timeout, on_event=on_event)
 
 
@@ -44,7 +57,8 @@ async def run_worker_processes(spec: TrainSpec, world: int, *, argv: Callable[[i
                                on_event: Callable[[dict], None] | None = None,
                                failure: type[JobFailed] = JobFailed) -> list[dict]:
     """Run `python <argv(rank)>` for each rank, drive the spec / listening / directory / done
-    exchange over their stdin and stdout (JSON lines), and return each "done" event by rank."""
+    exchange over their stdin and stdout (JSON lines), and return the "done" event of each worker
+    that finished, by rank, each with the job's "departures"."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                     os.environ.get("PYTHONPATH")])))
     procs = []
@@ -53,31 +67,39 @@ async def run_worker_processes(spec: TrainSpec, world: int, *, argv: Callable[[i
             procs.append(await asyncio.create_subprocess_exec(
                 sys.executable, *argv(rank), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, cwd=str(REPO_ROOT), limit=MAX_LINE))
-        return await asyncio.wait_for(_drive(procs, spec, directory, on_event, failure), timeout)
+        return await asyncio.wait_for(_drive(procs, spec, directory, on_event or (lambda event: None), failure),
+                                      timeout)
     except asyncio.TimeoutError:
         raise failure(f"job did not finish within {timeout:g} s") from None
     finally:
         for proc in procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            _kill(proc)
         for proc in procs:
             with contextlib.suppress(Exception):
                 await proc.wait()
 
 
-async def _read_event(proc, rank: int, failure: type[JobFailed]) -> dict:
+def _kill(proc) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+async def _read_event(proc, rank: int) -> dict:
     line = await proc.stdout.readline()
     if not line:
         await proc.wait()
-        stderr = (await proc.stderr.read())[-2000:].decode(errors="replace")
-        raise failure(f"worker {rank} exited with {proc.returncode} without reporting: {stderr}")
+        stderr = (await proc.stderr.read())[-2000:].decode(errors="replace").strip()
+        raise WorkerLost(f"worker {rank} exited with {proc.returncode} without reporting"
+                         + (f": {stderr}" if stderr else ""))
     try:
         event = json.loads(line)
     except json.JSONDecodeError:
-        raise failure(f"worker {rank} printed a non-JSON line: {line[:200]!r}") from None
+        raise WorkerLost(f"worker {rank} printed a non-JSON line: {line[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise WorkerLost(f"worker {rank} printed {line[:200]!r}, not a JSON object")
     if event.get("event") == "error":
-        raise failure(f"worker {rank} failed: {event.get('message')}")
+        raise WorkerLost(f"worker {rank} failed: {event.get('message')}")
     return event
 
 
@@ -87,34 +109,69 @@ async def _send(proc, message: dict) -> None:
 
 
 async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[dict]:
-    for proc in procs:
-        await _send(proc, spec.to_dict())
     listening = []
-    for rank, proc in enumerate(procs):
-        event = await _read_event(proc, rank, failure)
-        if event.get("event") != "listening":
-            raise failure(f"worker {rank} sent {event.get('event')!r} before listening")
-        listening.append(event)
-    for proc in procs:
-        await _send(proc, directory(listening))
+    try:
+        for proc in procs:
+            await _send(proc, spec.to_dict())
+        for rank, proc in enumerate(procs):
+            event = await _read_event(proc, rank)
+            if event.get("event") != "listening" or not isinstance(event.get("peer"), str):
+                raise WorkerLost(f"worker {rank} sent {event.get('event')!r} before listening")
+            on_event(event)
+            listening.append(event)
+        for proc in procs:
+            await _send(proc, directory(listening))
+    except (WorkerLost, ConnectionError) as exc:
+        raise failure(f"job lost a worker before training began: {exc}") from None
+    peers = [event["peer"] for event in listening]
+    last_step: dict[str, int | None] = dict.fromkeys(peers)
+    lost: dict[str, str] = {}
 
-    async def follow(rank: int, proc) -> dict:
-        while True:
-            event = await _read_event(proc, rank, failure)
-            if on_event is not None:
+    async def follow(rank: int, proc) -> dict | None:
+        try:
+            while True:
+                event = await _read_event(proc, rank)
+                if event.get("event") == "progress":
+                    last_step[peers[rank]] = event.get("step")
                 on_event(event)
-            if event.get("event") == "done":
-                return event
+                if event.get("event") == "done":
+                    return event
+        except WorkerLost as exc:
+            _kill(proc)  # a worker that broke the protocol must not go on in the all-reduce either
+            lost[peers[rank]] = str(exc)
+            on_event({"event": "departed", "rank": rank, "peer": peers[rank], "reason": str(exc),
+                      "last_step": last_step[peers[rank]]})
+            return None
 
     tasks = [asyncio.create_task(follow(rank, proc)) for rank, proc in enumerate(procs)]
     try:
-        results = list(await asyncio.gather(*tasks))
-        for proc in procs:
-            await _send(proc, {"shutdown": True})
-        for proc in procs:
-            await proc.wait()
-        return results
+        outcomes = await asyncio.gather(*tasks)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    finished = [(proc, done) for proc, done in zip(procs, outcomes) if done is not None]
+    if not finished:
+        raise failure("no worker finished: " + "; ".join(lost[peer] for peer in peers if peer in lost))
+    for proc, _ in finished:
+        with contextlib.suppress(ConnectionError):
+            await _send(proc, {"shutdown": True})
+    for proc, _ in finished:
+        await proc.wait()
+    try:
+        for _, done in finished:
+            done["departures"] = _departures(spec, peers, done.get("short_rounds", []), lost, last_step)
+    except InconsistentRecord as exc:
+        raise failure(f"a worker reported impossible round memberships: {exc}") from None
+    return [done for _, done in finished]
+
+
+def _departures(spec: TrainSpec, peers: list[str], short_rounds: list, lost: dict[str, str],
+                last_step: dict[str, int | None]) -> list[dict]:
+    """One finished worker's view of who left: the round (and step) from its record; why, from ours.
+    A worker lost after the last round has no round (the results do not depend on it)."""
+    recorded = departures(short_rounds, peers)
+    return [{"peer": peer, "round": recorded.get(peer),
+             "step": departure_step(spec, recorded[peer]) if peer in recorded else None,
+             "reason": lost.get(peer, "left a round (reported by the survivors)"), "last_step": last_step[peer]}
+            for peer in peers if peer in recorded or peer in lost]

@@ -1,18 +1,21 @@
 """Worker process of a local job: `python -m ml.job.worker --rank R --world N` with the TrainSpec as
 JSON on the first stdin line.
 
-Protocol, one JSON object per line: the worker prints {"event": "listening", "address": [h, p]}, reads
+Protocol, one JSON object per line: the worker prints {"event": "listening", "peer", "pid", "address":
+[h, p]}, reads
 the address book {"addresses": {peer: [h, p]}} from stdin, then prints {"event": "progress", ...} per
 report and finally {"event": "done", ...summary} or {"event": "error", "message": ...} (exit 1).
 After "done" it keeps its all-reduce endpoint open until the parent sends {"shutdown": true} (sent
-once every worker is done), so a peer still finishing the last round never finds it gone.
-Peers are named "worker-<rank>".
+once every worker is done or gone), so a peer still finishing the last round never finds it gone.
+Peers are named "worker-<rank>". A peer that dies mid-job is dropped by the all-reduce and the others
+train on (`ml.job.local`); the rounds that lacked someone are in the summary's "short_rounds".
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from ml.allreduce import AllReduceGroup, DeadlinePolicy, TcpTransport
@@ -42,7 +45,7 @@ async def work(rank: int, world: int, mode: str) -> None:
     spec = TrainSpec.from_dict(await read_line())
     me = peer_name(rank)
     transport = TcpTransport(me)
-    emit("listening", rank=rank, address=list(await transport.start()))
+    emit("listening", rank=rank, peer=me, pid=os.getpid(), address=list(await transport.start()))
     book = (await read_line())["addresses"]
     transport.addresses.update({peer: tuple(address) for peer, address in book.items()})
     group = AllReduceGroup(transport, me, [peer_name(r) for r in range(world)], mode=mode,
@@ -51,7 +54,7 @@ async def work(rank: int, world: int, mode: str) -> None:
     feed = ProgressFeed()
     feed.subscribe(lambda progress: emit("progress", **progress.to_dict()))
     try:
-        emit("done", **await train_over_group(spec, rank, world, group, feed))
+        emit("done", peer=me, **await train_over_group(spec, rank, world, group, feed))
         await read_line()  # the shutdown message: every worker has finished
     finally:
         await group.close()

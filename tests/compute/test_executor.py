@@ -1,10 +1,10 @@
-"""The executor's participation log: rounds that lacked a worker are recorded (such a run is not
-committed, since the full-group replay cannot reproduce it); full rounds are not."""
+"""The workers' participation log: rounds that lacked a worker are recorded (a verifier replays those
+departures); full rounds are not."""
 import asyncio
 
 import torch
 
-from ml.compute.executor import ParticipationLog
+from ml.job.participation import ParticipationLog
 from ml.train.averaging import Averaged
 
 

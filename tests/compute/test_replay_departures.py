@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from ml.compute.replay import InconsistentRecord, departures, replay_job
+from ml.compute.replay import replay_job
+from ml.job.participation import InconsistentRecord, departures
 from ml.train.spec import TrainSpec
 
 SPEC = TrainSpec(codec="int8", steps=12, segment_steps=4, batch_size=16)

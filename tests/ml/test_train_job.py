@@ -1,11 +1,15 @@
-"""Training jobs over the real all-reduce among local worker processes (ml/job)."""
+"""Training jobs over the real all-reduce among local worker processes (ml/job), including a worker
+SIGKILLed mid-job: the others finish, the departure is reported and the survivors' hashes replay."""
 import asyncio
 import os
+import signal
 
 import pytest
 
 from ml.allreduce import AllReduceGroup, TcpTransport
+from ml.compute.replay import replay_job
 from ml.job import JobFailed, run_local_job, train_over_group
+from ml.train.spec import TrainSpec
 from ml.registry import build_model, get_dataset
 from ml.train.allreduce_averager import group_codec
 from ml.train.recipes import recipe
@@ -18,6 +22,7 @@ def test_diloco_int8_job_over_two_processes_ends_with_identical_models():
     assert [r["rank"] for r in results] == [0, 1]
     assert results[0]["params_hash"] == results[1]["params_hash"]
     assert results[0]["participants"] == ["worker-0", "worker-1"]
+    assert results[0]["departures"] == [] and results[0]["short_rounds"] == []
     assert len(results[0]["segment_hashes"]) == 4
     assert results[0]["segment_hashes"] != results[1]["segment_hashes"]
     assert results[0]["metrics"]["accuracy"] > 60
@@ -34,6 +39,39 @@ def test_powersgd_data_parallel_job_over_three_processes():
     assert results[0]["metrics"]["accuracy"] > 90
 
 
+def test_a_worker_killed_mid_job_leaves_it_and_the_survivors_finish_replayably():
+    # ring: a butterfly reducer killed while broadcasting can get a live survivor excluded (known
+    # all-reduce issue, tests/ml/test_allreduce_faults.py), which would leave one worker, below the minimum
+    spec = TrainSpec(codec="fp16", steps=40, segment_steps=10, batch_size=16, report_every=1)
+    pids, events = {}, []
+
+    def on_event(event):
+        events.append(event)
+        if event["event"] == "listening":
+            pids[event["peer"]] = event["pid"]
+        elif event["event"] == "progress" and event["rank"] == 2 and event["step"] == 5:
+            os.kill(pids["worker-2"], signal.SIGKILL)
+
+    results = asyncio.run(run_local_job(spec, 3, mode="ring", on_event=on_event, timeout=240))
+    assert [r["peer"] for r in results] == ["worker-0", "worker-1"]
+    assert all(r["steps"] == spec.steps for r in results)
+    assert results[0]["params_hash"] == results[1]["params_hash"]
+    assert results[0]["segment_hashes"] == results[1]["segment_hashes"]
+    assert results[0]["participants"] == ["worker-0", "worker-1"]
+    departure = results[0]["departures"]
+    assert departure == results[1]["departures"] and len(departure) == 1
+    left_at = departure[0]["round"]
+    assert departure[0]["peer"] == "worker-2" and departure[0]["last_step"] >= 5
+    assert 5 <= left_at < spec.steps and departure[0]["step"] == left_at
+    assert "exited with -9" in departure[0]["reason"]
+    assert [e["peer"] for e in events if e["event"] == "departed"] == ["worker-2"]
+    assert not children_of(os.getpid())
+
+    workers = ["worker-0", "worker-1", "worker-2"]
+    replayed = asyncio.run(replay_job(spec, workers, last_segment=3, mode="ring", left={"worker-2": left_at}))
+    assert replayed == {"worker-0": results[0]["segment_hashes"], "worker-1": results[1]["segment_hashes"]}
+
+
 def test_codecs_without_network_error_feedback_are_refused_up_front():
     assert group_codec(recipe("digits-data-parallel", codec="int4")) == "int4"
     assert group_codec(recipe("digits-data-parallel", codec="powersgd2")) == "fp32"
@@ -44,7 +82,7 @@ def test_codecs_without_network_error_feedback_are_refused_up_front():
 @pytest.mark.slow
 def test_a_failing_worker_fails_the_job_without_leaving_processes():
     spec = recipe("digits-data-parallel", codec="sign", steps=10)
-    with pytest.raises(JobFailed, match="error feedback"):
+    with pytest.raises(JobFailed, match="no worker finished.*error feedback"):
         asyncio.run(run_local_job(spec, 2, timeout=120))
     assert not children_of(os.getpid())
 

@@ -1,0 +1,62 @@
+"""Who took part in which all-reduce round of a job: the record a worker keeps, and the departures
+(worker -> first round it was missing from) that a job report and a verifier's replay derive from it.
+
+A worker that crashes or is excluded from a round stops training for good, and the others go on over
+the survivors; each survivor records the rounds whose mean lacked someone (`ParticipationLog`).
+`departures` turns such a record into {worker: round it left at}; `departure_step` says how many
+optimizer steps the survivors had done when they first averaged without it.
+"""
+from __future__ import annotations
+
+from ml.train.averaging import Averaged, Averager
+from ml.train.spec import TrainSpec
+
+
+class InconsistentRecord(ValueError):
+    """Reported round memberships that no real run produces (a worker missing, then back)."""
+
+
+class ParticipationLog:
+    """An averager wrapper that records the rounds whose mean lacked some workers' contributions.
+
+    The worker serves this record with its segment hashes, so a verifier replays the same departures
+    and still gets the survivors' hashes bit for bit."""
+
+    def __init__(self, inner: Averager, workers: int):
+        self.inner = inner
+        self.workers = workers
+        self.short_rounds: list[tuple[int, list]] = []
+
+    async def average(self, tensors, round_id: int) -> Averaged:
+        result = await self.inner.average(tensors, round_id)
+        if len(result.participants) != self.workers:
+            self.short_rounds.append((round_id, list(result.participants)))
+        return result
+
+    def __getattr__(self, name):  # state_dict/load_state_dict of the wrapped averager, if any
+        return getattr(self.inner, name)
+
+
+def departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
+    """{worker: first round it was missing from} from [(round, participants), ...] records."""
+    left: dict[str, int] = {}
+    try:
+        for round_id, participants in sorted((int(r), list(p)) for r, p in short_rounds):
+            if any(w in participants and w in left for w in workers):
+                raise InconsistentRecord(f"a worker left before round {round_id} and took part in it")
+            if any(p not in workers for p in participants):
+                raise InconsistentRecord(f"round {round_id} lists a participant that is not a worker")
+            for worker in workers:
+                if worker not in participants:
+                    left.setdefault(worker, round_id)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InconsistentRecord):
+            raise
+        raise InconsistentRecord(f"malformed round record: {exc}") from None
+    return left
+
+
+def departure_step(spec: TrainSpec, round_id: int) -> int:
+    """Optimizer steps the survivors had done when round `round_id` averaged without the worker:
+    data-parallel rounds are steps; a DiLoCo round follows its outer step's `inner_steps` steps."""
+    return (round_id + 1) * spec.inner_steps if spec.mode == "diloco" else round_id
