@@ -6,6 +6,12 @@ streams of a protocol (told the authenticated remote peer id), and streams with 
 over libp2p-compatible connections; `TcpTransport` provides it over loopback/LAN TCP for tests and
 benchmarks. Its hello (peer id + protocol) is NOT authenticated: use it only among trusted
 processes (tests, the benchmark), never on an open network.
+
+`TcpStream` receives large reads in place: the event loop writes the socket's bytes straight
+into the buffer `readexactly` returns (no StreamReader copies, docs/adr/0095). Its semantics are
+StreamReader/StreamWriter's: a received EOF keeps the connection half-open (this side can still
+write), a clean end of stream is `IncompleteReadError` (with the partial bytes), a lost connection
+is `ConnectionResetError`, and unread bytes beyond `READ_BUFFER_BYTES` pause reading.
 """
 from __future__ import annotations
 
@@ -13,10 +19,16 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections import deque
 from typing import Awaitable, Callable, Protocol
 
+import numpy as np
+
 HELLO_TIMEOUT_S = 10.0
-READ_BUFFER_BYTES = 4 << 20  # StreamReader limit: fewer pause/resume cycles for 1 MB frames
+READ_BUFFER_BYTES = 4 << 20   # received but unread bytes beyond which reading pauses
+DIRECT_READ_BYTES = 128 << 10  # reads this large land in place (and come back as memoryviews);
+#                                above wire.MAX_META_BYTES so JSON meta always comes back as bytes
+SCRATCH_BYTES = 256 << 10      # receive buffer for everything not received in place
 MAX_HELLO_FIELD = 255
 
 
@@ -25,9 +37,9 @@ class Stream(Protocol):
 
     async def read(self, n: int) -> bytes: ...
 
-    async def readexactly(self, n: int) -> bytes: ...
+    async def readexactly(self, n: int) -> bytes | memoryview: ...
 
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: bytes | memoryview) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -49,34 +61,209 @@ class TransportError(ConnectionError):
     """A stream could not be opened or an incoming stream had a bad hello."""
 
 
-class TcpStream:
-    """`Stream` over an asyncio StreamReader/StreamWriter pair."""
+class _InPlaceProtocol(asyncio.BufferedProtocol):
+    """One TCP connection's receive buffer and write back-pressure (the event-loop side of a
+    `TcpStream`). A large `readexactly` hands the loop its own result buffer (`_target`); every
+    other byte goes through a scratch buffer into `_unread`."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._reader = reader
-        self._writer = writer
-        sock = writer.get_extra_info("socket")
+    def __init__(self, on_connected: Callable[["_InPlaceProtocol"], None] | None = None):
+        loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._on_connected = on_connected
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._unread = bytearray()
+        self._target: memoryview | None = None  # the large read being filled in place
+        self._filled = 0
+        self._eof = False                        # no more bytes will arrive
+        self._lost: BaseException | None = None  # why the connection was lost (None: not, or cleanly)
+        self._connection_lost = False
+        self._reading_paused = False
+        self._read_waiter: asyncio.Future | None = None
+        self._writing_paused = False
+        self._drain_waiters: deque[asyncio.Future] = deque()
+        self.closed = loop.create_future()
+
+    # -- event loop callbacks -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._on_connected is not None:
+            self._on_connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        # never an empty buffer (the loop would kill the connection): once the target is full,
+        # bytes that arrive before its reader resumes go to scratch like any others
+        if self._target is not None and self._filled < len(self._target):
+            return self._target[self._filled:]
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._target is not None and self._filled < len(self._target):
+            self._filled += nbytes
+            if self._filled == len(self._target):
+                self._wake_reader()
+            return
+        self._unread += memoryview(self._scratch)[:nbytes]
+        if len(self._unread) > READ_BUFFER_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake_reader()
+        return True  # stay half-open: this side may still write (StreamReaderProtocol does the same)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._eof = True
+        self._connection_lost = True
+        self._lost = exc
+        self._wake_reader()
+        self._writing_paused = False
+        self._wake_drainers()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake_drainers()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _wake_reader(self) -> None:
+        if self._read_waiter is not None and not self._read_waiter.done():
+            self._read_waiter.set_result(None)
+
+    def _raise_if_lost(self) -> None:
+        if self._lost is not None:
+            raise ConnectionResetError(f"connection lost: {self._lost!r}") from self._lost
+
+    def _resume_reading_if_drained(self) -> None:
+        if self._reading_paused and len(self._unread) <= READ_BUFFER_BYTES // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    async def _wait_for_bytes(self) -> None:
+        """Until more bytes, EOF or loss; reading is resumed first (we are out of unread bytes)."""
+        if self._read_waiter is not None:
+            raise RuntimeError("another coroutine is already reading this stream")
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        self._read_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._read_waiter
+        finally:
+            self._read_waiter = None
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(memoryview(self._unread)[:n])
+        del self._unread[:n]
+        self._resume_reading_if_drained()
+        return data
 
     async def read(self, n: int) -> bytes:
-        return await self._reader.read(n)
+        """Up to n bytes (n < 0: everything until EOF); b"" at EOF."""
+        self._raise_if_lost()
+        if n == 0:
+            return b""
+        while not self._eof and (n < 0 or not self._unread):
+            await self._wait_for_bytes()
+            self._raise_if_lost()
+        return self._take(len(self._unread) if n < 0 else min(n, len(self._unread)))
 
-    async def readexactly(self, n: int) -> bytes:
-        return await self._reader.readexactly(n)
+    async def readexactly(self, n: int) -> bytes | memoryview:
+        """Exactly n bytes: a memoryview over a fresh buffer if n >= DIRECT_READ_BYTES, else bytes.
+        IncompleteReadError (with what arrived) if the stream ends first."""
+        if n < 0:
+            raise ValueError("readexactly size can not be less than zero")
+        self._raise_if_lost()
+        if n < DIRECT_READ_BYTES or len(self._unread) >= n:
+            while len(self._unread) < n:
+                if self._eof:
+                    raise asyncio.IncompleteReadError(self._take(len(self._unread)), n)
+                await self._wait_for_bytes()
+                self._raise_if_lost()
+            return self._take(n)
+        target = memoryview(np.empty(n, np.uint8))  # every byte is overwritten: no need to zero it
+        have = len(self._unread)
+        target[:have] = self._unread
+        self._unread.clear()
+        self._target, self._filled = target, have
+        try:
+            while self._filled < n:
+                if self._eof:
+                    raise asyncio.IncompleteReadError(bytes(target[:self._filled]), n)
+                await self._wait_for_bytes()
+                self._raise_if_lost()
+        finally:
+            self._target = None
+        return target
 
-    async def write(self, data: bytes) -> None:
-        self._writer.write(data)
-        await self._writer.drain()
+    # -- writing --------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is below its high-water mark; ConnectionResetError
+        if the connection was lost (the bytes may not have arrived)."""
+        while self._writing_paused and not self._connection_lost:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._drain_waiters.remove(waiter)
+        if self._connection_lost:
+            raise ConnectionResetError(f"connection lost: {self._lost!r}")
+
+    def _wake_drainers(self) -> None:
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class TcpStream:
+    """`Stream` over one asyncio TCP connection, receiving large reads in place."""
+
+    def __init__(self, protocol: _InPlaceProtocol):
+        self._protocol = protocol
+        self._transport = protocol.transport
+
+    async def read(self, n: int) -> bytes:
+        return await self._protocol.read(n)
+
+    async def readexactly(self, n: int) -> bytes | memoryview:
+        """n bytes; a read of at least DIRECT_READ_BYTES is the memoryview it was received into."""
+        return await self._protocol.readexactly(n)
+
+    async def write(self, data: bytes | memoryview) -> None:
+        """Queue data and wait while the send buffer is full; ConnectionResetError once the
+        connection is lost, ConnectionError after our own close."""
+        if self._transport.is_closing():
+            await self._protocol.drain()  # raises if the connection is gone
+            raise ConnectionError("stream is closed")
+        self._transport.write(data)
+        await self._protocol.drain()
+
+    def write_eof(self) -> None:
+        """Half-close: the peer reads EOF after the bytes written so far; we can still read."""
+        self._transport.write_eof()
 
     async def close(self) -> None:
-        self._writer.close()
+        """Close after the buffered bytes are sent, and wait until the connection is gone."""
+        self._transport.close()
         with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+            await asyncio.shield(self._protocol.closed)
 
     def reset(self) -> None:
-        self._writer.transport.abort()
+        self._transport.abort()
 
 
 def _pack_hello(peer_id: str, protocol: str) -> bytes:
@@ -86,13 +273,13 @@ def _pack_hello(peer_id: str, protocol: str) -> bytes:
     return b"".join(struct.pack(">B", len(f)) + f for f in fields)
 
 
-async def _read_hello(reader: asyncio.StreamReader) -> tuple[str, str]:
+async def _read_hello(stream: TcpStream) -> tuple[str, str]:
     fields = []
     for _ in range(2):
-        (length,) = struct.unpack(">B", await reader.readexactly(1))
+        (length,) = struct.unpack(">B", await stream.readexactly(1))
         if length == 0:
             raise TransportError("empty hello field")
-        fields.append((await reader.readexactly(length)).decode("utf-8"))
+        fields.append((await stream.readexactly(length)).decode("utf-8"))
     return fields[0], fields[1]
 
 
@@ -117,8 +304,9 @@ class TcpTransport:
         return self._server.sockets[0].getsockname()[:2]
 
     async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._on_connection, self._host, self._port,
-                                                  limit=READ_BUFFER_BYTES)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _InPlaceProtocol(on_connected=self._on_connection), self._host, self._port)
         return self.listen_address
 
     async def close(self) -> None:
@@ -139,22 +327,26 @@ class TcpTransport:
         if address is None:
             raise TransportError(f"no address for peer {peer_id}")
         try:
-            reader, writer = await asyncio.open_connection(*address, limit=READ_BUFFER_BYTES)
+            _, connection = await asyncio.get_running_loop().create_connection(_InPlaceProtocol, *address)
         except OSError as exc:
             raise TransportError(f"cannot connect to {peer_id} at {address}: {exc}") from exc
-        stream = TcpStream(reader, writer)
+        stream = TcpStream(connection)
         await stream.write(_pack_hello(self.my_id, protocol))
         return stream
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        stream = TcpStream(reader, writer)
+    def _on_connection(self, connection: _InPlaceProtocol) -> None:
+        stream = TcpStream(connection)
         self._streams.add(stream)
+        task = asyncio.get_running_loop().create_task(self._serve(stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, stream: TcpStream) -> None:
         try:
             try:
-                remote, protocol = await asyncio.wait_for(_read_hello(reader), HELLO_TIMEOUT_S)
-            except (asyncio.IncompleteReadError, UnicodeDecodeError, TransportError, TimeoutError):
+                remote, protocol = await asyncio.wait_for(_read_hello(stream), HELLO_TIMEOUT_S)
+            except (asyncio.IncompleteReadError, UnicodeDecodeError, TransportError, TimeoutError,
+                    ConnectionError):
                 stream.reset()
                 return
             handler = self._handlers.get(protocol)
@@ -163,6 +355,5 @@ class TcpTransport:
                 return
             await handler(stream, remote)
         finally:
-            self._tasks.discard(task)
             self._streams.discard(stream)
             await stream.close()
