@@ -7,7 +7,9 @@ Then it polls the ledger every `poll_interval`: a task assigned to it is trained
 as the ledger assigns at most `max_tasks_per_worker` each), its commitment sent as commit_result; a
 committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
 task it audited, a task of its own whose audit window has closed, or one where some worker never
-committed (once the ledger accepts it) is finalized. Progress is in `/status` ("compute")
+committed (once the ledger accepts it) is finalized. A worker that dies mid-task leaves the
+group; the others finish, commit (with the record of the rounds it missed, for the replay), and the
+ledger opens the audit window once a quorum committed (docs/adr/0081). Progress is in `/status` ("compute")
 and in the RPC methods `dkb_computeStatus` and `dkb_taskProgress`.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ml.compute.host_transport import HostTransport
 from ml.compute.ledger_client import LedgerClient, LedgerUnavailable, TxFailed
 from ml.compute.replay import replay_job_blocking
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
+from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from node.rpc.errors import InvalidParams, ResourceNotFound
@@ -261,7 +264,7 @@ class ComputeRole(Role):
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             job.update(state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
-                       metrics=summary["metrics"])
+                       metrics=summary["metrics"], departures=departures(summary["short_rounds"], task["workers"]))
             receipt = await self.ledger.send("commit_result",
                                              Commitment.of(hashes, summary["params_hash"]).payload(task_id))
             job.update(state="committed", commit_height=receipt["height"], finished_at=time.time())

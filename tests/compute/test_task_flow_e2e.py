@@ -1,7 +1,9 @@
 """End to end on a local devnet (2 validators + 4 compute node processes): a digits task is assigned to
 3 workers, trained with an int8 all-reduce over the nodes' p2p Host, committed, audited by replay on
 the 4th node and paid from escrow; then a worker restarted to commit falsified segment hashes is
-caught by the audit, slashed and not paid. Balances move by exactly the payouts; supply is conserved.
+caught by the audit, slashed and not paid; last, a worker SIGKILLed mid-task: the other two finish,
+commit, and once the commit grace has passed are audited (replaying the departure) and paid, the
+absent worker's share going back to the owner. Balances move by exactly the payouts; supply is conserved.
 """
 import json
 import time
@@ -160,3 +162,52 @@ def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
     out = capsys.readouterr().out
     assert "verifier" in out and out.count(" worker ") == 3
     assert cli_main(["task", "show", "00" * 32, "--rpc", devnet.rpc_url]) == 1
+
+
+def wait_for_step(node, task_id: str, step: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if rpcclient.call(node.rpc_url, "dkb_taskProgress", task_id)["step"] >= step:
+                return
+        except rpcclient.RpcCallError:   # not assigned to it yet
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{node.name} did not reach step {step} of {task_id} in {timeout} s")
+
+
+def test_worker_killed_mid_task_the_others_are_audited_and_paid(devnet):
+    # Last in this module: it leaves a compute node dead.
+    spec = TrainSpec(codec="int8", steps=100, segment_steps=10)
+    before = balances(devnet)
+    task_id = submit(devnet, spec)
+    deadline = time.monotonic() + 60
+    while not (rpc(devnet, "dkb_getTask", task_id) or {}).get("workers"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = rpc(devnet, "dkb_getTask", task_id)["workers"]
+    victim = next(n for n in devnet.compute if n.peer_id == workers[-1])
+    wait_for_step(victim, task_id, 10)
+    devnet.testnet.kill_node(victim)
+
+    task = wait_paid(devnet, task_id, timeout=200)
+    survivors = [w for w in workers if w != victim.peer_id]
+    assert sorted(task["commits"]) == survivors
+    quorum_height = max(commit[3] for commit in task["commits"].values())
+    assert task["commit_deadline"] == quorum_height + 200 // 4 < task["assigned_height"] + 200  # the grace
+    assert sorted(a[1] for a in task["audits"]) == survivors and all(a[3] for a in task["audits"])
+    verifier = task["audits"][0][0]
+    worker_share = (PRICE - PRICE * 500 // 10_000 - PRICE * 1_000 // 10_000) // 3
+    expected = {**{w: worker_share for w in survivors}, verifier: PRICE * 500 // 10_000}
+    expected[task["owner"]] = PRICE - sum(expected.values())   # the absent worker's share comes back
+    assert task["payouts"] == expected
+    after = balances(devnet)
+    assert after[victim.peer_id] == before[victim.peer_id]
+    for peer in survivors + [verifier]:
+        assert after[peer] - before[peer] == expected[peer]
+    assert rpc(devnet, "dkb_getNode", victim.peer_id)["active_tasks"] == 0
+    survivor_node = next(n for n in devnet.compute if n.peer_id == survivors[0])
+    job = http_json(f"{survivor_node.rpc_url}/status")["compute"]["jobs"][task_id]
+    assert job["state"] == "committed" and job["step"] == spec.steps
+    assert list(job["departures"]) == [victim.peer_id] and job["departures"][victim.peer_id] >= 10
+    check_supply(devnet)
