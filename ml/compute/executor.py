@@ -3,8 +3,9 @@ the task's spec (its averager records short rounds), reporting into a ProgressFe
 itself and its summary are `ml.job.runner.train_to_end`.
 
 The trainer is built before the start barrier (`prepare_trainer`, in a thread) so that every
-worker is ready to compute at once when the first round begins. Ranks are positions in the sorted worker list (the ledger keeps workers sorted), so every worker and
-every verifier derives the same rank for the same peer. The group uses a protocol id per task, so a
+worker is ready to compute at once when the first round begins. Ranks are positions in the sorted
+worker list (the ledger keeps workers sorted), so every worker and every verifier derives the same
+rank for the same peer. The group uses a protocol id per task, so a
 node can serve two tasks' rounds without mixing them. Torch work runs in threads (the trainers use
 `asyncio.to_thread`); only the all-reduce I/O is on the event loop.
 """
