@@ -5,6 +5,9 @@
 # it is trained, committed, audited by replay and paid, prints the payouts, then moves funds with the
 # wallet. Leaves the network running in ./devnet (stop it with
 #   dekube-node testnet down --home ./devnet); pass --down to stop it at the end.
+# Then, where it can (root, network namespaces), the same task across NAT: validators and relays on
+# emulated public hosts, the compute nodes each behind its own NAT router (tests/netlab/demo_nat.py);
+# pass --no-nat to skip that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -17,7 +20,18 @@ USER_ID=$(dekube-node keys show --home "$USER_HOME" --json | python3 -c "import 
 echo "== wallet: sending 1000 tokens from the faucet to $USER_ID"
 dekube-node wallet send --rpc "$RPC" --key "$DEKUBE_DEMO_HOME/faucet_key.json" "$USER_ID" 1000 --wait
 dekube-node wallet balance --rpc "$RPC" --home "$USER_HOME"
-if [ "${1:-}" = "--down" ]; then
+DOWN=0; NAT=1
+for arg in "$@"; do
+  case "$arg" in --down) DOWN=1 ;; --no-nat) NAT=0 ;; esac
+done
+if [ "$NAT" = 1 ]; then
+  if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null && command -v apt-get >/dev/null; then
+    apt-get install -y -qq nftables iproute2 >/dev/null 2>&1 || true
+  fi
+  echo "== the same task across NAT (emulated internet in network namespaces)"
+  python3 -m tests.netlab.demo_nat || [ $? = 2 ]   # 2: this machine cannot build namespaces (said why)
+fi
+if [ "$DOWN" = 1 ]; then
   dekube-node testnet down --home "$DEKUBE_DEMO_HOME"
 else
   echo "== the network keeps running; stop it with: dekube-node testnet down --home $DEKUBE_DEMO_HOME"
