@@ -145,18 +145,21 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
         if self._lost is not None:
             raise ConnectionResetError(f"connection lost: {self._lost!r}") from self._lost
 
+    def _resume_reading(self) -> None:
+        self._reading_paused = False
+        if not self._connection_lost:
+            self.transport.resume_reading()
+
     def _resume_reading_if_drained(self) -> None:
         if self._reading_paused and len(self._unread) <= READ_BUFFER_BYTES // 2:
-            self._reading_paused = False
-            self.transport.resume_reading()
+            self._resume_reading()
 
     async def _wait_for_bytes(self) -> None:
         """Until more bytes, EOF or loss; reading is resumed first (we are out of unread bytes)."""
         if self._read_waiter is not None:
             raise RuntimeError("another coroutine is already reading this stream")
         if self._reading_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
+            self._resume_reading()
         self._read_waiter = asyncio.get_running_loop().create_future()
         try:
             await self._read_waiter

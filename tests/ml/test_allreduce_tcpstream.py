@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import uvloop
 
 from ml.allreduce.transport import DIRECT_READ_BYTES, READ_BUFFER_BYTES, SCRATCH_BYTES, TcpStream, TcpTransport
 from ml.allreduce.wire import MAX_META_BYTES, Frame, Kind, encode_frame, read_frame
@@ -18,8 +19,12 @@ from ml.allreduce.wire import MAX_META_BYTES, Frame, Kind, encode_frame, read_fr
 TIMEOUT_S = 10.0
 
 
-def run(coro):
-    asyncio.run(asyncio.wait_for(coro, 60))
+def run(coro, loop_factory=None):
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(asyncio.wait_for(coro, 60))
+
+
+LOOPS = {"asyncio": None, "uvloop": uvloop.new_event_loop}  # the node runs uvloop, tests and bench asyncio
 
 
 class StreamReaderStream:
@@ -96,8 +101,9 @@ def rst_on_reset(stream) -> None:
 
 # -- half-close --------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("closing_side", ["dialer", "listener"])
-def test_after_one_side_half_closes_the_other_keeps_writing_and_its_data_arrives(closing_side):
+def test_after_one_side_half_closes_the_other_keeps_writing_and_its_data_arrives(closing_side, loop):
     async def main():
         async with stream_pair() as (dialer, listener):
             closer, writer = (dialer, listener) if closing_side == "dialer" else (listener, dialer)
@@ -114,12 +120,13 @@ def test_after_one_side_half_closes_the_other_keeps_writing_and_its_data_arrives
             assert got == payload
             await writer.write(b"still open")
             assert await asyncio.wait_for(closer.readexactly(10), TIMEOUT_S) == b"still open"
-    run(main())
+    run(main(), LOOPS[loop])
 
 
 # -- frames ------------------------------------------------------------------------------------
 
-def test_large_and_small_frames_interleaved_arrive_intact_through_read_frame():
+@pytest.mark.parametrize("loop", LOOPS)
+def test_large_and_small_frames_interleaved_arrive_intact_through_read_frame(loop):
     sizes = [0, 1, 30, DIRECT_READ_BYTES - 1, DIRECT_READ_BYTES, 1 << 20, 5, (1 << 20) + 3, 0,
              3 * DIRECT_READ_BYTES + 1, 2, 4 << 20, 17, DIRECT_READ_BYTES + 1]
     frames = [Frame(Kind.PART if i % 3 else Kind.PING, 7, 1, i, i * 2, {"i": i} if i % 2 else {},
@@ -141,7 +148,7 @@ def test_large_and_small_frames_interleaved_arrive_intact_through_read_frame():
                 expected = b"".join(bytes(p) for p in sent.payload) if isinstance(sent.payload, tuple) else sent.payload
                 assert bytes(got.payload) == expected
             await sender
-    run(main())
+    run(main(), LOOPS[loop])
 
 
 def test_reads_below_the_in_place_size_return_bytes_so_json_meta_parses():
@@ -256,7 +263,8 @@ def test_two_concurrent_readers_are_refused():
 
 # -- flow control --------------------------------------------------------------------------------
 
-def test_a_slow_consumer_pauses_the_sender_instead_of_buffering_without_bound():
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_slow_consumer_pauses_the_sender_instead_of_buffering_without_bound(loop):
     total, piece = 64 << 20, 1 << 20
 
     async def main():
@@ -285,7 +293,7 @@ def test_a_slow_consumer_pauses_the_sender_instead_of_buffering_without_bound():
                 assert len(listener._protocol._unread) <= READ_BUFFER_BYTES + SCRATCH_BYTES
             await asyncio.wait_for(sender, TIMEOUT_S)
             assert digest.digest() == hashlib.sha256(bytes(range(256)) * (total // 256)).digest()
-    run(main())
+    run(main(), LOOPS[loop])
 
 
 # -- the same outcomes as the StreamReader stream --------------------------------------------
