@@ -4,7 +4,9 @@ The parent hands each worker the spec, gathers what each reports when listening 
 sends everyone the resulting directory (who to reach where), then relays progress events until
 every worker is done or gone. A worker that dies, fails or breaks the protocol once training has
 begun leaves the job: it is killed if still running, reported as a "departed" event, and the others
-finish among themselves (the all-reduce redoes the round without it). The job fails (JobFailed) when
+finish among themselves (the all-reduce redoes the round without it). A worker still running when
+the others have finished without it (the finished workers' records show it missing from a round:
+stalled, or stopped) leaves the same way. The job fails (JobFailed) when
 a worker is lost before training starts, when no worker finishes, or on the overall timeout; no
 process outlives the call. Workers exit only after the parent's shutdown message, sent once all of
 them are done or gone. `run_worker_processes` is the driver shared with `ml.compute.local_job`,
@@ -127,6 +129,12 @@ async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[d
     last_step: dict[str, int | None] = dict.fromkeys(peers)
     lost: dict[str, str] = {}
 
+    def leave(rank: int, reason: str) -> None:
+        _kill(procs[rank])  # a worker that broke the protocol must not go on in the all-reduce either
+        lost[peers[rank]] = reason
+        on_event({"event": "departed", "rank": rank, "peer": peers[rank], "reason": reason,
+                  "last_step": last_step[peers[rank]]})
+
     async def follow(rank: int, proc) -> dict | None:
         try:
             while True:
@@ -137,20 +145,32 @@ async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[d
                 if event.get("event") == "done":
                     return event
         except WorkerLost as exc:
-            _kill(proc)  # a worker that broke the protocol must not go on in the all-reduce either
-            lost[peers[rank]] = str(exc)
-            on_event({"event": "departed", "rank": rank, "peer": peers[rank], "reason": str(exc),
-                      "last_step": last_step[peers[rank]]})
+            leave(rank, str(exc))
             return None
 
-    tasks = [asyncio.create_task(follow(rank, proc)) for rank, proc in enumerate(procs)]
+    following = {asyncio.create_task(follow(rank, proc)): rank for rank, proc in enumerate(procs)}
+    results: dict[int, dict] = {}
     try:
-        outcomes = await asyncio.gather(*tasks)
+        while following:
+            completed, _ = await asyncio.wait(following, return_when=asyncio.FIRST_COMPLETED)
+            for task in completed:
+                rank = following.pop(task)
+                if task.result() is not None:
+                    results[rank] = task.result()
+            excluded = _excluded(results.values(), peers, failure)
+            if results and all(peers[rank] in excluded for rank in following.values()):
+                # the finished workers trained on without these (stalled, or stopped): nothing they
+                # could still do changes the result
+                for task, rank in following.items():
+                    task.cancel()
+                    leave(rank, f"excluded from round {excluded[peers[rank]]} and still running after "
+                                "the others finished; killed")
+                break
     finally:
-        for task in tasks:
+        for task in following:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finished = [(proc, done) for proc, done in zip(procs, outcomes) if done is not None]
+        await asyncio.gather(*following, return_exceptions=True)
+    finished = [(procs[rank], results[rank]) for rank in sorted(results)]
     if not finished:
         raise failure("no worker finished: " + "; ".join(lost[peer] for peer in peers if peer in lost))
     for proc, _ in finished:
@@ -158,12 +178,21 @@ async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[d
             await _send(proc, {"shutdown": True})
     for proc, _ in finished:
         await proc.wait()
+    for _, done in finished:
+        done["departures"] = _departures(spec, peers, done.get("short_rounds", []), lost, last_step)
+    return [done for _, done in finished]
+
+
+def _excluded(summaries, peers: list[str], failure: type[JobFailed]) -> dict[str, int]:
+    """{peer: first round it was missing from} over the finished workers' records."""
+    excluded: dict[str, int] = {}
     try:
-        for _, done in finished:
-            done["departures"] = _departures(spec, peers, done.get("short_rounds", []), lost, last_step)
+        for summary in summaries:
+            for peer, round_id in departures(summary.get("short_rounds", []), peers).items():
+                excluded[peer] = min(round_id, excluded.get(peer, round_id))
     except InconsistentRecord as exc:
         raise failure(f"a worker reported impossible round memberships: {exc}") from None
-    return [done for _, done in finished]
+    return excluded
 
 
 def _departures(spec: TrainSpec, peers: list[str], short_rounds: list, lost: dict[str, str],

@@ -15,8 +15,9 @@ from ml.train.spec import TrainSpec
 SPEC = TrainSpec(steps=10, segment_steps=5)
 
 # Rank R acts out BEHAVIOUR[R]: "finish" reports two progress steps, then "done" with the short-round
-# record given as JSON, and waits for shutdown; "junk" reports a step then prints a non-JSON line and
-# keeps running; "die" exits silently after a step; "fail" reports an error; "vanish" exits at once.
+# record given as JSON (half a second later), and waits for shutdown; "junk" reports a step then prints a non-JSON line and
+# keeps running; "die" exits silently after a step; "fail" reports an error; "vanish" exits at once;
+# "stall" reports a step and then hangs (like a SIGSTOPped worker).
 WORKER = textwrap.dedent('''
     import json, sys, time
     rank, behaviour, record = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -30,8 +31,11 @@ WORKER = textwrap.dedent('''
     emit(event="progress", rank=rank, step=2)
     if behaviour == "finish":
         emit(event="progress", rank=rank, step=10)
+        time.sleep(0.5)   # the others' lines arrive first
         emit(event="done", rank=rank, params_hash="ab", short_rounds=record)
         sys.stdin.readline()
+    elif behaviour == "stall":
+        time.sleep(60)
     elif behaviour == "junk":
         print("not json", flush=True)
         time.sleep(60)
@@ -78,6 +82,17 @@ def test_workers_that_break_the_protocol_or_die_leave_and_the_others_finish():
     departed = sorted((e["peer"], e["last_step"]) for e in events if e["event"] == "departed")
     assert departed == [("peer-1", 2), ("peer-3", 2)]
     assert not children()   # the junk printer was killed, not left running
+
+
+def test_a_stalled_worker_the_others_finished_without_is_killed_and_reported():
+    events = []
+    results = run(["finish", "stall", "finish"], events, record=[[4, ["peer-0", "peer-2"]]])
+    assert [r["rank"] for r in results] == [0, 2]
+    (stalled,) = results[0]["departures"]
+    assert (stalled["peer"], stalled["round"]) == ("peer-1", 4) and stalled["last_step"] in (None, 2)
+    assert "excluded from round 4 and still running after the others finished" in stalled["reason"]
+    assert [e["peer"] for e in events if e["event"] == "departed"] == ["peer-1"]
+    assert not children()
 
 
 def test_a_job_with_no_finished_worker_fails_with_every_reason():
