@@ -217,7 +217,6 @@ class AllReduceGroup:
                 raise AllReduceError(f"round {round_id}: only {len(members)} members left "
                                      f"(minimum {self.min_participants}); excluded: {excluded}")
             ctx = self._context(flat, members, shape_digest, round_id, attempt)
-            self._links.set_floor(round_id, attempt)
             self._inbox.forget_before(round_id, attempt)
             outcome = await self._run_attempt(ctx, local_ok, excluded)
             if isinstance(outcome, _Committed):
@@ -265,6 +264,8 @@ class AllReduceGroup:
             if not task.done():
                 task.cancel()
             await asyncio.wait({task})  # its outcome is read below; our own cancellation still propagates
+            if task.cancelled() or task.exception() is not None:
+                self._links.abandon(ctx.round_id, ctx.attempt)  # a committed attempt's frames still go out
         error = task.exception() if not task.cancelled() else None
         if not task.cancelled() and error is None:
             committed = _Committed(ctx.attempt, ctx.plan.members, dict(excluded), ctx.out, ctx.agreed_rates)

@@ -2,9 +2,12 @@
 
 Frames are keyed by (round, attempt, kind, slot, chunk, sender), so they may arrive before the
 receiver starts that round. `take` waits for one key with a stall deadline: it fails with
-`PeerFailure` when nothing at all (not even a PING) arrived from the sender for the stall timeout, or at once when
-the sender has a recorded fault (malformed frame, bad contribution) for this round. Every frame
-feeds its gap since the sender's previous frame of the same attempt to the stall estimator.
+`PeerFailure` when nothing at all of that round (not even a PING) arrived from the sender for the
+stall timeout, or at once when the sender has a recorded fault (malformed frame, bad contribution)
+for this round. Frames of other rounds do not keep a wait alive: a sender busy with a later round
+has finished ours (committed it or left it), so waiting on it must end, and the VIEW that follows
+gets its committed result pushed (docs/adr/0090). Every frame feeds its gap since the sender's
+previous frame of the same attempt to the stall estimator.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ class Inbox:
         self._waiters: dict[Key, asyncio.Future] = {}
         self._signals: dict[tuple, asyncio.Future] = {}
         self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
-        self._last_alive: dict[str, float] = {}  # last frame of any kind (PINGs included): stalls
+        self._last_alive: dict[tuple[str, int], float] = {}  # (sender, round) -> last frame of any kind
         self._faults: dict[str, tuple[int, str]] = {}
         self._min_round = 0
 
@@ -45,7 +48,7 @@ class Inbox:
         if frame.round_id < self._min_round:
             return
         now = asyncio.get_running_loop().time()
-        self._last_alive[sender] = now
+        self._last_alive[(sender, frame.round_id)] = now
         if frame.kind == Kind.PING:
             return
         previous = self._last_seen.get(sender)
@@ -103,7 +106,7 @@ class Inbox:
             reason = self.fault(sender, key[0])
             if reason is not None:
                 raise PeerFailure(sender, reason)
-            last = max(self._last_alive.get(sender, since), since)
+            last = max(self._last_alive.get((sender, key[0]), since), since)
             remaining = last + stall_s - loop.time()
             if remaining <= 0:
                 raise PeerFailure(sender, f"stalled: nothing received for {stall_s:.1f}s")
@@ -117,6 +120,8 @@ class Inbox:
     def forget_before(self, round_id: int, attempt: int = 0) -> None:
         """Drop frames and signals of rounds/attempts before (round_id, attempt)."""
         self._min_round = max(self._min_round, round_id)
+        for key in [k for k in self._last_alive if k[1] < round_id]:
+            del self._last_alive[key]
         for store in (self._frames, self._signals):
             for key in [k for k in store if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
                 item = store.pop(key)

@@ -2,8 +2,10 @@
 
 A single writer per peer keeps frames whole on the stream (cancelling an attempt never cuts a
 frame in half) and gives back-pressure: `send` waits while the queue is full. Data frames (PART,
-RESULT) of an attempt that was abandoned are skipped rather than sent. A stream that cannot be
-opened or written marks the peer faulty through `on_broken`.
+RESULT) of an attempt that this peer abandoned are skipped rather than sent; those of an attempt it
+committed are always sent, even after it moved on to later rounds: slower members still need them
+to finish that attempt (docs/adr/0090). A stream that cannot be opened or written marks the peer
+faulty through `on_broken`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .transport import Transport
 from .wire import Frame, Kind, encode_frame
 
 QUEUE_FRAMES = 8
+KEEP_ABANDONED_ROUNDS = 4  # abandoned attempts are remembered for this many recent rounds
 OPEN_TIMEOUT_S = 10.0
 DATA_KINDS = (Kind.PART, Kind.RESULT)
 
@@ -26,13 +29,18 @@ class PeerLinks:
         self._on_broken = on_broken
         self._queues: dict[str, asyncio.Queue] = {}
         self._writers: set[asyncio.Task] = set()
-        self._floor = (0, 0)
+        self._abandoned: dict[int, set[int]] = {}  # round -> attempts whose data frames are skipped
         self._close_grace_s = 1.0
         self.bytes_sent = 0
 
-    def set_floor(self, round_id: int, attempt: int) -> None:
-        """Skip queued data frames of rounds/attempts before this one."""
-        self._floor = (round_id, attempt)
+    def abandon(self, round_id: int, attempt: int) -> None:
+        """Skip the data frames of this attempt still queued (it failed or was superseded here)."""
+        self._abandoned.setdefault(round_id, set()).add(attempt)
+        for old in sorted(self._abandoned)[:-KEEP_ABANDONED_ROUNDS]:
+            del self._abandoned[old]
+
+    def is_abandoned(self, frame: Frame) -> bool:
+        return frame.kind in DATA_KINDS and frame.attempt in self._abandoned.get(frame.round_id, ())
 
     async def send(self, peer: str, frame: Frame) -> None:
         queue = self._queues.get(peer)
@@ -77,7 +85,7 @@ class PeerLinks:
             while True:
                 frame = await queue.get()
                 try:
-                    if frame.kind in DATA_KINDS and (frame.round_id, frame.attempt) < self._floor:
+                    if self.is_abandoned(frame):
                         continue
                     if stream is None:
                         stream = await asyncio.wait_for(

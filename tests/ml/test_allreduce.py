@@ -360,6 +360,77 @@ def test_survivors_adopt_a_result_committed_by_a_member_that_saw_the_dead_reduce
     run(main())
 
 
+class _ResultsHeldTransport:
+    """Wraps a transport: RESULT frames of round 0 stay in the sender's queue until `release`."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.release = asyncio.Event()
+
+    def set_handler(self, protocol, handler):
+        self.inner.set_handler(protocol, handler)
+
+    async def open_stream(self, peer, protocol):
+        return _ResultsHeldStream(await self.inner.open_stream(peer, protocol), self.release)
+
+
+class _ResultsHeldStream:
+    def __init__(self, inner, release):
+        self._inner = inner
+        self._release = release
+        self._payload_left = 0  # bytes of the current frame's payload still to be written
+
+    async def write(self, data):
+        if self._payload_left == 0:  # a frame's first buffer: header and meta
+            _, kind, round_id, *_, meta_len, payload_len = HEADER.unpack(bytes(data[:HEADER.size]))
+            self._payload_left = payload_len
+            if kind == Kind.RESULT and round_id == 0:
+                await self._release.wait()
+        else:
+            self._payload_left -= len(data)
+        await self._inner.write(data)
+
+    async def close(self):
+        await self._inner.close()
+
+    def reset(self):
+        self._inner.reset()
+
+
+def test_a_reducer_that_commits_and_starts_the_next_round_still_delivers_its_queued_results():
+    """docs/adr/0090: peer0 commits round 0 while its results for peer1 are still queued, and
+    starts round 1 at once. Those results must still go out (they used to be dropped as frames of
+    an old round, and peer1 waited on peer0 forever, kept 'alive' by its round-1 PINGs)."""
+    async def main():
+        names = ids(2)
+        transports = [TcpTransport(name) for name in names]
+        addresses = {t.my_id: await t.start() for t in transports}
+        for t in transports:
+            t.addresses.update(addresses)
+        held = _ResultsHeldTransport(transports[0])
+        # peer1 only contributes, so all that peer0 sends it in round 0 is its results
+        groups = [AllReduceGroup(tr, name, names, chunk_numel=CHUNK, deadlines=FAST, non_reducers={"peer1"})
+                  for tr, name in zip([held, transports[1]], names)]
+        for g in groups:
+            await g.start()
+        xs = contributions(2, 3 * CHUNK, seed=130)  # 3 result chunks: all fit in the send queue
+        ys = contributions(2, 3 * CHUNK, seed=140)
+        try:
+            late = asyncio.ensure_future(groups[1].allreduce([xs[1]], 0))
+            first = await groups[0].allreduce([xs[0]], 0)  # its results for peer1 are held
+            next_round = asyncio.ensure_future(groups[0].allreduce([ys[0]], 1))
+            await asyncio.sleep(0.2)  # peer0 is in round 1 now
+            held.release.set()
+            results = [first, await late]
+            results += await asyncio.gather(next_round, groups[1].allreduce([ys[1]], 1))
+        finally:
+            await close_all(groups, transports)
+        for r, expected in zip(results, [xs, xs, ys, ys]):
+            assert r.participants == tuple(names) and r.attempts == 1
+            assert torch.equal(flat(r), mean_in_order(expected))
+    run(main(), timeout=30)
+
+
 def test_round_ids_must_increase():
     async def main():
         groups, transports = await make_groups(2)

@@ -209,3 +209,116 @@ def test_lossy_payloads_sum_decoded_terms_in_order():
     acc = sum_in_order(codec, terms, "me", "contribution", 4096)
     reference = codec.decode(terms[0][1], 4096).add_(xs[1]).add_(codec.decode(terms[2][1], 4096))
     assert torch.equal(acc, reference) and torch.equal(xs[1], before)  # local values untouched
+
+
+class _RecordingStream:
+    """A stream whose writes wait for `open_gate` and are then recorded, frame by frame."""
+
+    def __init__(self, gate):
+        self.gate = gate
+        self.frames = []
+
+    async def write(self, data):
+        await self.gate.wait()
+        if len(data) >= HEADER_SIZE:
+            header = parse_header(bytes(data[:HEADER_SIZE]))
+            self.frames.append((header.kind, header.round_id, header.attempt, header.chunk))
+
+    async def close(self):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_links_send_a_committed_attempts_queued_frames_after_later_rounds_start_and_skip_abandoned_ones():
+    """The agreement bug of docs/adr/0090: a reducer that commits round 1 with its last RESULT
+    frames still queued, then starts round 2, must still deliver them (only abandoned attempts'
+    data frames are skipped), or a slower member waits for them forever."""
+    import asyncio
+
+    from ml.allreduce.links import PeerLinks
+
+    async def main():
+        gate = asyncio.Event()
+        stream = _RecordingStream(gate)
+
+        class Transport:
+            async def open_stream(self, peer, protocol):
+                return stream
+
+        links = PeerLinks(Transport(), "/test", lambda peer, reason: None)
+        frames = [Frame(Kind.PART, 1, 0, 0, 0), Frame(Kind.VIEW, 1, 0, 0, 0),   # attempt 0 failed
+                  Frame(Kind.RESULT, 1, 1, 0, 0), Frame(Kind.RESULT, 1, 1, 0, 1),  # attempt 1 committed
+                  Frame(Kind.PART, 2, 0, 0, 0)]                                      # the next round
+        for frame in frames:
+            await links.send("b", frame)
+        links.abandon(1, 0)
+        gate.set()
+        await links.flush(5.0)
+        await links.close()
+        return stream.frames
+
+    assert asyncio.run(main()) == [(Kind.VIEW, 1, 0, 0), (Kind.RESULT, 1, 1, 0), (Kind.RESULT, 1, 1, 1),
+                                   (Kind.PART, 2, 0, 0)]
+
+
+def test_links_skip_queued_data_frames_of_an_abandoned_attempt():
+    import asyncio
+
+    from ml.allreduce.links import PeerLinks
+
+    async def main():
+        gate = asyncio.Event()
+        stream = _RecordingStream(gate)
+
+        class Transport:
+            async def open_stream(self, peer, protocol):
+                return stream
+
+        links = PeerLinks(Transport(), "/test", lambda peer, reason: None)
+        await links.send("b", Frame(Kind.PING, 3, 0, 0, 0))  # occupies the writer
+        await asyncio.sleep(0)
+        for chunk in range(3):
+            await links.send("b", Frame(Kind.RESULT, 3, 0, 0, chunk))
+        await links.send("b", Frame(Kind.VIEW, 3, 0, 0, 0))
+        links.abandon(3, 0)
+        gate.set()
+        await links.flush(5.0)
+        await links.close()
+        return stream.frames
+
+    assert asyncio.run(main()) == [(Kind.PING, 3, 0, 0), (Kind.VIEW, 3, 0, 0)]
+
+
+def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
+    """Only frames of the awaited round show a sender alive in it: one that moved on to the next
+    round has finished ours, and the wait must end (its VIEW then gets the committed result)."""
+    import asyncio
+
+    from ml.allreduce.inbox import Inbox, PeerFailure
+
+    async def wait_while(sender_round):
+        inbox = Inbox(StallEstimator(DeadlinePolicy()))
+        loop = asyncio.get_running_loop()
+
+        async def chatter():
+            for _ in range(40):
+                inbox.put("x", Frame(Kind.PING, sender_round, 0, 0, 0))
+                await asyncio.sleep(0.02)
+            inbox.put("x", Frame(Kind.RESULT, 1, 0, 0, 0))
+
+        task = asyncio.ensure_future(chatter())
+        start = loop.time()
+        try:
+            await inbox.take((1, 0, Kind.RESULT, 0, 0, "x"), start, 0.3)
+            outcome = "frame"
+        except PeerFailure as exc:
+            outcome = exc.reason
+        task.cancel()
+        return outcome, loop.time() - start
+
+    outcome, seconds = asyncio.run(wait_while(2))
+    assert outcome.startswith("stalled") and 0.25 < seconds < 0.75
+    outcome, seconds = asyncio.run(wait_while(1))  # its PINGs of round 1 keep it alive
+    assert outcome == "frame" and seconds > 0.7
