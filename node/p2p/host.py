@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from node.identity import Identity
 
 from .connection import Connection, HostStream
+from .dial_race import AllDialsFailed, DialAttempt, race
 from .errors import HandshakeTimeout, ProtocolError
 from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
@@ -255,29 +256,39 @@ class Host:
             raise DialError(f"per-peer connection limit reached for {peer_id}")
         if peer_id == self.peer_id:
             raise DialError("refusing to dial ourselves")
-        errors = []
-        for addr in [a for a in addrs if not a.is_relayed] + [a for a in addrs if a.is_relayed]:
-            if addr.is_relayed:
-                try:
-                    return await self._dial_circuit(peer_id, addr, bulk)
-                except (ProtocolError, OSError, TimeoutError) as exc:
-                    errors.append(f"{addr}: {type(exc).__name__}: {exc}")
-                    continue
+        attempts = [DialAttempt(str(addr), addr.is_relayed, self._direct_attempt(peer_id, addr)
+                                if not addr.is_relayed else self._circuit_attempt(peer_id, addr, bulk),
+                                (ProtocolError, OSError, TimeoutError)) for addr in addrs]
+        try:
+            won = await race(attempts, self._discard_dialed)
+        except AllDialsFailed as exc:
+            raise DialError(f"could not dial {peer_id}: {exc}") from None
+        if isinstance(won, Connection):  # a circuit, registered by the dialer
+            return won
+        return await self._register(won, "outbound", bulk=bulk)
+
+    def _direct_attempt(self, peer_id: str, addr: Multiaddr):
+        async def attempt(reached) -> SecureConn:
             tcp = None
             try:
                 tcp = await self._dial_tcp(addr)
-                secure = await self._secure(tcp, is_initiator=True, expected_peer=peer_id)
-            except (ProtocolError, OSError, TimeoutError) as exc:
-                if tcp is not None:
-                    tcp.abort()
-                errors.append(f"{addr}: {type(exc).__name__}: {exc}")
-                continue
+                reached()
+                return await self._secure(tcp, is_initiator=True, expected_peer=peer_id)
             except BaseException:
                 if tcp is not None:
                     tcp.abort()
                 raise
-            return await self._register(secure, "outbound", bulk=bulk)
-        raise DialError(f"could not dial {peer_id}: " + ("; ".join(errors) or "no known address"))
+        return attempt
+
+    def _circuit_attempt(self, peer_id: str, addr: Multiaddr, bulk: bool):
+        async def attempt(reached) -> Connection:
+            return await self._dial_circuit(peer_id, addr, bulk)
+        return attempt
+
+    @staticmethod
+    async def _discard_dialed(surplus: SecureConn | Connection) -> None:
+        """A dial that also succeeded after another address won the race."""
+        await surplus.close()
 
     async def _dial_circuit(self, peer_id: str, addr: Multiaddr, bulk: bool) -> Connection:
         if self._circuit_dialer is None:
