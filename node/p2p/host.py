@@ -12,7 +12,8 @@ Relayed connections use two public hooks. ``upgrade(pipe, ...)`` secures and reg
 TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)`` lets ``connect``,
 ``open_stream`` and ``open_bulk_connection`` dial ``.../p2p/RELAY/p2p-circuit/p2p/TARGET``
 addresses: the Host calls ``await fn(maddr, bulk)``, which must return a Connection registered
-through ``upgrade`` (the relay client's ``dial``). Direct addresses are always tried first.
+through ``upgrade`` (the relay client's ``dial``). Which address is tried when is dial_race.py's
+ranking: direct ones staggered, relayed ones held back while a direct one may still work.
 """
 from __future__ import annotations
 
