@@ -1,4 +1,5 @@
-"""What one attempt of a round shares between its algorithms (butterfly, ring), and their helpers.
+"""What one attempt of a round shares between its algorithms (butterfly, ring, all-gather), and
+their helpers.
 
 An attempt either fills `out` with the round's result or raises `PeerFailure` / `PlanMismatch`;
 the group (group.py) turns those into a VIEW and a new attempt. Heavy tensor work goes through
@@ -47,6 +48,8 @@ class AttemptContext:
     grace_s: float                 # extra wait for a member's first frame
     first_meta: dict               # meta sent with each first chunk (plan digest, shapes, members)
     agreed_rates: dict[str, float] = field(default_factory=dict)  # upload rates measured this attempt
+    encoded: bytes | memoryview = b""  # all-gather: this peer's encoded contribution (flat is its decoding)
+    piece_bytes: int = 0               # all-gather: frame size the encodings are cut into
 
     def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple, meta: dict | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)

@@ -11,6 +11,9 @@ disagrees is caught by the plan digest and shrinks the set again. A peer that co
 answers any VIEW or later-attempt frame of that round with the committed result (COMMITTED), and
 a peer that has not committed adopts it, so peers that saw a reducer die mid-broadcast still end
 with the same result as those that got everything. See docs/adr/0033.
+
+`allgather_mean` runs the same rounds over contributions their owners encoded (top-k, sign with
+error feedback): every member gets every encoding and averages their decodings (docs/adr/0091).
 """
 from __future__ import annotations
 
@@ -23,12 +26,14 @@ import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import torch
 
 from ml.codecs import get_codec
-from ml.codecs.base import all_finite
+from ml.codecs.base import Codec, CodecError, all_finite
 
+from .allgather import run_allgather
 from .attempt import AttemptContext, PlanMismatch
 from .butterfly import run_butterfly
 from .deadlines import DeadlinePolicy, StallEstimator
@@ -75,6 +80,19 @@ class AllReduceResult:
 
     def includes(self, peer: str) -> bool:
         return peer in self.participants
+
+
+@dataclass(frozen=True)
+class _Contribution:
+    """What this peer brings to a round and how its attempts combine it."""
+    flat: torch.Tensor                                   # local values, 1-D float32
+    shapes: list[tuple]
+    algorithm: Callable[[AttemptContext], Awaitable[None]]
+    codec: Codec
+    codec_tag: str                                       # goes into the plan digest
+    fault: str | None = None                             # why this peer cannot contribute
+    encoded: bytes | memoryview = b""                    # all-gather: the encoding of `flat`
+    piece_bytes: int = 0
 
 
 @dataclass
@@ -185,40 +203,70 @@ class AllReduceGroup:
         Round ids must increase from call to call and agree among the peers. The tensors are read
         during the call (a single float32 tensor is not copied): do not modify them until it returns.
         """
+        self._check_round(round_id)
+        shapes = [tuple(t.shape) for t in tensors]
+        flat = await self._offload(_flatten, tensors)
+        finite = await self._offload(all_finite, flat)
+        algorithm = run_ring if self.mode == "ring" else run_butterfly
+        return await self._round(_Contribution(
+            flat, shapes, algorithm, self._codec, self.codec_name,
+            fault=None if finite else "non-finite values (NaN/Inf) in local contribution"), round_id)
+
+    async def allgather_mean(self, encoded: bytes | None, codec: Codec, shapes: list[tuple[int, ...]],
+                             round_id: int) -> AllReduceResult:
+        """The mean of every peer's contribution, each sent as its owner encoded it (docs/adr/0091).
+
+        `encoded`: this peer's contribution, `codec.encode` of the flattened float32 values of
+        tensors with `shapes` (the caller keeps any error feedback), or None when it has none this
+        round (e.g. its values were not finite): the others then exclude it and this call raises
+        ExcludedFromRound. Every member decodes every contribution, its own included, and sums
+        them in sorted member order: all survivors hold the same bits. The group's mode and codec
+        do not apply; round ids are shared with `allreduce`. Same faults, attempts and agreement
+        as `allreduce`; `bytes_sent` is about (members - 1) encodings.
+        """
+        self._check_round(round_id)
+        shapes = [tuple(s) for s in shapes]
+        numel = sum(math.prod(s) for s in shapes)
+        flat, fault = await self._offload(_decode_own, codec, encoded, numel)
+        piece = min(4 * self.chunk_numel, self._max_frame)
+        return await self._round(_Contribution(
+            flat, shapes, run_allgather, codec, f"allgather:{codec!r}:{piece}", fault=fault,
+            encoded=encoded or b"", piece_bytes=piece), round_id)
+
+    def _check_round(self, round_id: int) -> None:
         if not self._started:
             raise RuntimeError("call start() first")
         if round_id <= self._current_round:
             raise ValueError(f"round {round_id} is not after round {self._current_round}")
-        shapes = [tuple(t.shape) for t in tensors]
-        flat = await self._offload(_flatten, tensors)
+
+    async def _round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
         self._current_round = round_id
         self._round_active = True
         self._inbox.forget_before(round_id)
         bytes_before = self._links.bytes_sent
         try:
-            committed = await self._run_round(flat, shapes, round_id)
+            committed = await self._run_round(contribution, round_id)
         finally:
             self._round_active = False
         if committed.rates:
             self._rates = _smooth_rates(self._rates, committed.rates)
-        return AllReduceResult(_unflatten(committed.flat, shapes), committed.participants, round_id,
-                               committed.attempt + 1, dict(committed.excluded),
+        return AllReduceResult(_unflatten(committed.flat, contribution.shapes), committed.participants,
+                               round_id, committed.attempt + 1, dict(committed.excluded),
                                self._links.bytes_sent - bytes_before)
 
-    async def _run_round(self, flat: torch.Tensor, shapes: list[tuple], round_id: int) -> _Committed:
+    async def _run_round(self, contribution: _Contribution, round_id: int) -> _Committed:
         members = list(self._peers)
         excluded: dict[str, str] = {}
-        shape_digest = hashlib.blake2b(json.dumps(shapes).encode(), digest_size=8).hexdigest()
-        local_ok = await self._offload(all_finite, flat)
+        shape_digest = hashlib.blake2b(json.dumps(contribution.shapes).encode(), digest_size=8).hexdigest()
         for attempt in range(len(self._peers) + 2):
             if self.my_id not in members:
                 raise ExcludedFromRound(round_id, excluded.get(self.my_id, "dropped by the other members"))
             if len(members) < self.min_participants:
                 raise AllReduceError(f"round {round_id}: only {len(members)} members left "
                                      f"(minimum {self.min_participants}); excluded: {excluded}")
-            ctx = self._context(flat, members, shape_digest, round_id, attempt)
+            ctx = self._context(contribution, members, shape_digest, round_id, attempt)
             self._inbox.forget_before(round_id, attempt)
-            outcome = await self._run_attempt(ctx, local_ok, excluded)
+            outcome = await self._run_attempt(ctx, contribution, excluded)
             if isinstance(outcome, _Committed):
                 return outcome
             suspects, their_members = outcome
@@ -230,27 +278,30 @@ class AllReduceGroup:
             excluded.update(dropped)
         raise AllReduceError(f"round {round_id}: no agreement after {len(self._peers) + 2} attempts")
 
-    def _context(self, flat, members, shape_digest, round_id, attempt) -> AttemptContext:
-        plan = self._plan(members, flat.numel())
+    def _context(self, contribution: _Contribution, members, shape_digest, round_id, attempt) -> AttemptContext:
+        flat = contribution.flat
+        plan = self._plan(members, flat.numel(), contribution)
         stall_s = self._estimator.stall_timeout()  # later attempts: members leave the VIEW wait up to this apart
         meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, self._peers)}
         return AttemptContext(
             me=self.my_id, universe=self._peers, plan=plan, round_id=round_id, attempt=attempt,
-            flat=flat, out=torch.empty_like(flat), codec=self._codec, links=self._links,
+            flat=flat, out=torch.empty_like(flat), codec=contribution.codec, links=self._links,
             inbox=self._inbox, offload=self._offload, started=asyncio.get_running_loop().time(),
             stall_s=stall_s,
-            grace_s=self._policy.first_frame_grace_s if attempt == 0 else stall_s, first_meta=meta)
+            grace_s=self._policy.first_frame_grace_s if attempt == 0 else stall_s, first_meta=meta,
+            encoded=contribution.encoded, piece_bytes=contribution.piece_bytes)
 
-    def _plan(self, members: list[str], numel: int) -> Plan:
+    def _plan(self, members: list[str], numel: int, contribution: _Contribution) -> Plan:
+        if contribution.algorithm is run_allgather:  # no shards: the layout is the members and codec
+            return make_plan(members, set(), {}, numel, self.chunk_numel, contribution.codec_tag)
         non_reducers = set() if self.mode == "ring" else set(self.non_reducers)
-        return make_plan(members, non_reducers, self._rates, numel, self.chunk_numel, self.codec_name)
+        return make_plan(members, non_reducers, self._rates, numel, self.chunk_numel, contribution.codec_tag)
 
-    async def _run_attempt(self, ctx: AttemptContext, local_ok: bool, excluded: dict[str, str]):
+    async def _run_attempt(self, ctx: AttemptContext, contribution: _Contribution, excluded: dict[str, str]):
         """The commit, or (suspects, their_members) saying why the attempt failed for this peer."""
-        if not local_ok:
-            return {self.my_id: "non-finite values (NaN/Inf) in local contribution"}, None
-        algorithm = run_ring if self.mode == "ring" else run_butterfly
-        task = asyncio.ensure_future(algorithm(ctx))
+        if contribution.fault is not None:
+            return {self.my_id: contribution.fault}, None
+        task = asyncio.ensure_future(contribution.algorithm(ctx))
         heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
@@ -531,6 +582,18 @@ def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _unflatten(flat: torch.Tensor, shapes: list[tuple]) -> list[torch.Tensor]:
     sizes = [math.prod(s) for s in shapes]
     return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
+
+
+def _decode_own(codec: Codec, encoded: bytes | None, numel: int) -> tuple[torch.Tensor, str | None]:
+    """This peer's all-gather contribution as the others will decode it, or why there is none."""
+    if encoded is None:
+        return torch.zeros(numel), "no valid local contribution this round"
+    if len(encoded) > codec.max_encoded_size(numel):
+        return torch.zeros(numel), f"local contribution of {len(encoded)} bytes is oversized"
+    try:
+        return codec.decode(encoded, numel), None
+    except (CodecError, ValueError) as exc:
+        return torch.zeros(numel), f"local contribution does not decode: {exc}"
 
 
 def _raw_bytes(values: torch.Tensor) -> bytes:

@@ -1,0 +1,76 @@
+"""All-gather of encoded contributions for one attempt, and their mean (docs/adr/0091).
+
+For codecs whose encodings cannot be summed and re-encoded without losing what error feedback
+needs (top-k, sign): every member's contribution is encoded once by its owner, who keeps the
+error-feedback residual, and sent unchanged to every other member in pieces of `piece_bytes`.
+The first piece's meta says the total length, which must not exceed the codec's
+`max_encoded_size`; a contribution that is oversized, cut, undecodable, of another size or not
+finite fails the attempt naming its sender. Every member decodes all contributions (its own from
+its own encoding) and sums them in the members' sorted order, so all hold the same bits.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ml.codecs.base import CodecError, all_finite
+
+from .attempt import AttemptContext, run_all
+from .inbox import PeerFailure
+from .payloads import decode_into
+from .wire import Kind
+
+
+async def run_allgather(ctx: AttemptContext) -> None:
+    others = [m for m in ctx.plan.members if m != ctx.me]
+    decoded = {ctx.me: ctx.flat}
+    jobs = [_send_contribution(ctx, member) for member in others]
+    jobs += [_receive_contribution(ctx, member, decoded) for member in others]
+    await run_all(jobs)
+    mean = await ctx.offload(mean_in_order, [decoded[m] for m in ctx.plan.members])
+    if not await ctx.offload(all_finite, mean):
+        raise CodecError("the sum of finite contributions overflowed to Inf")
+    ctx.out.copy_(mean)
+
+
+async def _send_contribution(ctx: AttemptContext, member: str) -> None:
+    data = memoryview(ctx.encoded)
+    size = ctx.piece_bytes
+    for c in range(pieces(len(data), size)):
+        meta = {**ctx.first_meta, "bytes": len(data)} if c == 0 else None
+        await ctx.links.send(member, ctx.frame(Kind.PART, 0, c, data[c * size:(c + 1) * size], meta))
+
+
+async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[str, torch.Tensor]) -> None:
+    first = await ctx.take(Kind.PART, 0, 0, sender, first=True)
+    ctx.check_first_meta(sender, first.meta)
+    total = first.meta.get("bytes")
+    limit = ctx.codec.max_encoded_size(ctx.flat.numel())
+    if not isinstance(total, int) or isinstance(total, bool) or not 0 < total <= limit:
+        raise PeerFailure(sender, f"oversized or malformed contribution: {total!r} bytes (at most {limit})")
+    count = pieces(total, ctx.piece_bytes)
+    received = [first.payload]
+    for c in range(1, count):
+        received.append((await ctx.take(Kind.PART, 0, c, sender, first=False)).payload)
+    sizes = [len(p) for p in received]
+    expected = [min(ctx.piece_bytes, total - c * ctx.piece_bytes) for c in range(count)]
+    if sizes != expected:
+        raise PeerFailure(sender, f"malformed contribution: pieces of {sizes} bytes, expected {expected}")
+    payload = received[0] if count == 1 else b"".join(received)
+    out = torch.empty_like(ctx.flat)
+    await ctx.offload(decode_into, ctx.codec, payload, out, sender, "contribution")
+    decoded[sender] = out
+
+
+def pieces(total: int, piece_bytes: int) -> int:
+    """How many frames carry a contribution of `total` bytes (at least one)."""
+    return max(1, math.ceil(total / piece_bytes))
+
+
+def mean_in_order(values: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of `values`, summed in the given order (the same bits on every member)."""
+    acc = values[0].clone()
+    for v in values[1:]:
+        acc.add_(v)
+    return acc.div_(len(values))
