@@ -206,6 +206,9 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
                     raise asyncio.IncompleteReadError(bytes(target[:self._filled]), n)
                 await self._wait_for_bytes()
                 self._raise_if_lost()
+        except asyncio.CancelledError:  # like StreamReader's, a cancelled read consumes nothing
+            self._unread[0:0] = target[:self._filled]
+            raise
         finally:
             self._target = None
         return target

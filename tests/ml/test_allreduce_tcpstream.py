@@ -362,10 +362,19 @@ async def scenario_writer_keeps_writing_after_peer_half_closed(dialer, listener)
     return bytes(await listener.readexactly(20 * 65536)) == b"F" * 20 * 65536
 
 
+async def scenario_cancelled_read_consumes_nothing(dialer, listener):
+    payload = blob(DIRECT_READ_BYTES * 3, 5)
+    await dialer.write(payload[:DIRECT_READ_BYTES])
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(listener.readexactly(len(payload)), 0.2)  # times out half-way
+    await dialer.write(payload[DIRECT_READ_BYTES:])
+    return bytes(await listener.readexactly(len(payload))) == payload
+
+
 @pytest.mark.parametrize("scenario", [
     scenario_clean_close_between_frames, scenario_close_mid_frame, scenario_rst_mid_frame,
     scenario_local_reset_while_reading, scenario_writer_after_reader_closed,
-    scenario_writer_keeps_writing_after_peer_half_closed,
+    scenario_writer_keeps_writing_after_peer_half_closed, scenario_cancelled_read_consumes_nothing,
 ], ids=lambda f: f.__name__.removeprefix("scenario_"))
 def test_outcome_matches_the_streamreader_stream(scenario):
     async def outcome(kind):
