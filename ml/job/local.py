@@ -6,7 +6,7 @@ every worker is done or gone. A worker that dies, fails or breaks the protocol o
 begun leaves the job: it is killed if still running, reported as a "departed" event, and the others
 finish among themselves (the all-reduce redoes the round without it). A worker still running when
 the others have finished without it (the finished workers' records show it missing from a round:
-stalled, or stopped) leaves the same way. The job fails (JobFailed) when
+stalled, or stopped), or the last one running when none finished, leaves the same way. The job fails (JobFailed) when
 a worker is lost before training starts, when no worker finishes, or on the overall timeout; no
 process outlives the call. Workers exit only after the parent's shutdown message, sent once all of
 them are done or gone. `run_worker_processes` is the driver shared with `ml.compute.local_job`,
@@ -33,6 +33,7 @@ from ml.train.spec import TrainSpec
 
 REPO_ROOT = Path(ml.__file__).resolve().parent.parent
 MAX_LINE = 1 << 22
+MIN_PARTICIPANTS = 2   # the all-reduce groups of every job (ml.job.worker, ml.compute.executor.make_group)
 
 
 class JobFailed(RuntimeError):
@@ -158,6 +159,13 @@ async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[d
                 if task.result() is not None:
                     results[rank] = task.result()
             excluded = _excluded(results.values(), peers, failure)
+            if not results and len(following) == 1 < len(procs):
+                # an all-reduce round needs two members (MIN_PARTICIPANTS), so a lone worker cannot
+                # finish; it fails by itself at its next round unless it is stalled or stopped
+                for task, rank in following.items():
+                    task.cancel()
+                    leave(rank, f"the only worker left, and a round needs {MIN_PARTICIPANTS}; killed")
+                break
             if results and all(peers[rank] in excluded for rank in following.values()):
                 # the finished workers trained on without these (stalled, or stopped): nothing they
                 # could still do changes the result

@@ -95,8 +95,15 @@ def test_a_stalled_worker_the_others_finished_without_is_killed_and_reported():
     assert not children()
 
 
+def test_a_stalled_worker_left_alone_is_killed_and_the_job_fails_at_once():
+    with pytest.raises(JobFailed, match="worker 0 failed: boom; the only worker left"):
+        run(["fail", "stall"])
+    assert not children()
+
+
 def test_a_job_with_no_finished_worker_fails_with_every_reason():
-    with pytest.raises(JobFailed, match="no worker finished: worker 0 failed: boom; worker 1 exited"):
+    # worker 1 exits by itself, or is killed first as the only one left: either reason is reported
+    with pytest.raises(JobFailed, match="no worker finished: worker 0 failed: boom; (worker 1 exited|the only)"):
         run(["fail", "die"])
     assert not children()
 
