@@ -2,18 +2,33 @@
 averages the pseudo-gradients (start params - end params, compressed by the averager's codec), and
 every worker applies the same outer Nesterov-SGD step to the shared parameters.
 
+Warm start (docs/adr/0096): the first `leader_rounds(spec)` outer rounds cover the lr warmup. In them
+only the leader (rank 0) trains, on the union of every worker's batches for each step (the batches
+data-parallel training would use, so the same tokens), and the others contribute zeros; every worker
+then sets the parameters to the round's start minus the leader's pseudo-gradient (the mean times the
+participant count), with no outer optimizer. Each such round costs the bytes of an ordinary one.
+
 Segment hashes: one per outer step, the hash of this worker's pseudo-gradient. It depends only on the
 worker's state at the start of the outer step and its data shard, so a verifier replays it alone from
-a checkpoint (`replay_segment`).
+a checkpoint (`segment_hash`).
 """
 from __future__ import annotations
 
 import asyncio
+import math
 
 import torch
 
 from ml.train.reproducibility import hash_tensors
+from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase
+
+LEADER = 0
+
+
+def leader_rounds(spec: TrainSpec) -> int:
+    """Outer rounds at the start in which the leader alone trains: those covering the lr warmup."""
+    return min(spec.outer_steps, math.ceil(spec.warmup_steps / spec.inner_steps))
 
 
 class DiLoCoTrainer(TrainerBase):
@@ -23,15 +38,28 @@ class DiLoCoTrainer(TrainerBase):
         self.outer = torch.optim.SGD(self.params, lr=self.spec.outer_lr,
                                      momentum=self.spec.outer_momentum, nesterov=True)
         self.outer_step = 0
+        self.leader_rounds = leader_rounds(self.spec)
         self.checkpoints: dict[int, bytes] = {}   # outer step -> checkpoint at its start
         self.keep_checkpoints = False
 
-    def _local_segment(self) -> tuple[list[torch.Tensor], float]:
-        """H inner steps from the current parameters; returns (pseudo-gradient, mean loss)."""
+    @property
+    def in_warm_start(self) -> bool:
+        return self.outer_step < self.leader_rounds
+
+    def _local_segment(self) -> tuple[list[torch.Tensor], float | None]:
+        """H inner steps from the current parameters; returns (pseudo-gradient, mean loss).
+
+        In a warm-start round a non-leader only advances its step counter (zero pseudo-gradient, no
+        loss) and the leader trains on every worker's batches.
+        """
+        if self.in_warm_start and self.rank != LEADER:
+            self.step += self.spec.inner_steps
+            return [torch.zeros_like(p) for p in self.params], None
+        gradients = self._union_gradients if self.in_warm_start else self._gradients
         start = [p.detach().clone() for p in self.params]
         losses = 0.0
         for _ in range(self.spec.inner_steps):
-            losses += self._gradients(self.step)
+            losses += gradients(self.step)
             self._inner_step(self.step)
             self.step += 1
         with torch.no_grad():
@@ -40,7 +68,24 @@ class DiLoCoTrainer(TrainerBase):
                 p.copy_(s)
         return delta, losses / self.spec.inner_steps
 
-    def _outer_apply(self, averaged: list[torch.Tensor]) -> None:
+    def _union_gradients(self, step: int) -> float:
+        """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
+        batches = [self.dataset.train_batch(step, rank, self.world, self.spec.batch_size, self.spec.seed)
+                   for rank in range(self.world)]
+        x = torch.cat([x for x, _ in batches])
+        y = torch.cat([y for _, y in batches])
+        for p in self.params:
+            p.grad = None
+        loss = self.dataset.loss(self.model(x), y)
+        loss.backward()
+        return float(loss.detach())
+
+    def _outer_apply(self, averaged: list[torch.Tensor], participants: int) -> None:
+        if self.in_warm_start:   # only the leader contributed: its pseudo-gradient is the sum
+            with torch.no_grad():
+                for p, g in zip(self.params, averaged):
+                    p.sub_(g * participants)
+            return
         for p, g in zip(self.params, averaged):
             p.grad = g
         self.outer.step()
@@ -63,10 +108,11 @@ class DiLoCoTrainer(TrainerBase):
             if self.keep_checkpoints:
                 self.checkpoints[self.outer_step] = self.checkpoint()
             delta, loss = await asyncio.to_thread(self._local_segment)
-            self._record_loss(loss)
+            if loss is not None:
+                self._record_loss(loss)
             self.segment_hashes.append(hash_tensors(delta))
             averaged = await self.averager.average(delta, round_id=self.outer_step)
-            await asyncio.to_thread(self._outer_apply, averaged.tensors)
+            await asyncio.to_thread(self._outer_apply, averaged.tensors, len(averaged.participants))
             self.outer_step += 1
             self.bytes_sent += averaged.bytes_sent
             self.last_participants = averaged.participants
