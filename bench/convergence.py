@@ -2,8 +2,10 @@
 
 Digits (4 simulated workers): test accuracy of data-parallel training per codec and of DiLoCo.
 Shakespeare: validation bits per character of fp32 data-parallel versus DiLoCo + int8, with the
-total bytes each worker sent. Target: DiLoCo + int8 within 2% of fp32's bits per char with at least
-100x fewer bytes. Prints one line per run and, last, one JSON object with everything.
+total bytes each worker sent (the DiLoCo warm-start rounds included). Both train the same steps on
+the same batches from the same initial model. Target: DiLoCo + int8 within 2% of fp32's bits per
+char with at least 100x fewer bytes. Prints one line per run and, last, one JSON object with
+everything.
 
     python bench/convergence.py [--jobs 2] [--skip-shakespeare] [--shakespeare-steps 3000]
 """
@@ -26,6 +28,7 @@ DIGITS_CODECS = {  # label -> (codec, codec options)
 
 def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
     from ml.train import train_simulated
+    from ml.train.diloco import leader_rounds
     from ml.train.recipes import recipe
 
     spec = recipe(recipe_name, **overrides)
@@ -37,6 +40,7 @@ def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
         "codec": spec.codec,
         "steps": spec.steps,
         "inner_steps": spec.inner_steps if spec.mode == "diloco" else None,
+        "warm_start_rounds": leader_rounds(spec) if spec.mode == "diloco" else None,
         "bytes_per_worker": run.bytes_sent_per_worker,
         "seconds": round(time.monotonic() - started, 1),
         **{k: round(v, 4) for k, v in run.metrics[0].items()},
@@ -74,6 +78,7 @@ def summarize(results: dict[str, dict], args) -> dict:
         summary["shakespeare"] = {
             "steps": base["steps"],
             "inner_steps": diloco["inner_steps"],
+            "warm_start_rounds": diloco["warm_start_rounds"],
             "fp32_bpc": base["bits_per_char"],
             "fp32_MB_per_worker": round(base["bytes_per_worker"] / 1e6, 3),
             "diloco_int8_bpc": diloco["bits_per_char"],
