@@ -164,15 +164,15 @@ async def _drive(procs, spec: TrainSpec, directory, on_event, failure) -> list[d
                 # finish; it fails by itself at its next round unless it is stalled or stopped
                 for task, rank in following.items():
                     task.cancel()
-                    leave(rank, f"the only worker left, and a round needs {MIN_PARTICIPANTS}; killed")
+                    leave(rank, f"worker {rank} was the only one left, and a round needs {MIN_PARTICIPANTS}; killed")
                 break
             if results and all(peers[rank] in excluded for rank in following.values()):
                 # the finished workers trained on without these (stalled, or stopped): nothing they
                 # could still do changes the result
                 for task, rank in following.items():
                     task.cancel()
-                    leave(rank, f"excluded from round {excluded[peers[rank]]} and still running after "
-                                "the others finished; killed")
+                    leave(rank, f"worker {rank} was excluded from round {excluded[peers[rank]]} and still "
+                                "running after the others finished; killed")
                 break
     finally:
         for task in following:

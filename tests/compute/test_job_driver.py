@@ -14,10 +14,10 @@ from ml.train.spec import TrainSpec
 
 SPEC = TrainSpec(steps=10, segment_steps=5)
 
-# Rank R acts out BEHAVIOUR[R]: "finish" reports two progress steps, then "done" with the short-round
-# record given as JSON (half a second later), and waits for shutdown; "junk" reports a step then prints a non-JSON line and
-# keeps running; "die" exits silently after a step; "fail" reports an error; "vanish" exits at once;
-# "stall" reports a step and then hangs (like a SIGSTOPped worker).
+# Rank R acts out BEHAVIOUR[R]: "finish" reports two progress steps, then (half a second later) "done"
+# with the short-round record given as JSON, and waits for shutdown; "junk" reports a step, prints a
+# non-JSON line and keeps running; "die" exits silently after a step; "fail" reports an error;
+# "vanish" exits at once; "stall" reports a step and then hangs (like a SIGSTOPped worker).
 WORKER = textwrap.dedent('''
     import json, sys, time
     rank, behaviour, record = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -90,20 +90,21 @@ def test_a_stalled_worker_the_others_finished_without_is_killed_and_reported():
     assert [r["rank"] for r in results] == [0, 2]
     (stalled,) = results[0]["departures"]
     assert (stalled["peer"], stalled["round"]) == ("peer-1", 4) and stalled["last_step"] in (None, 2)
-    assert "excluded from round 4 and still running after the others finished" in stalled["reason"]
+    assert "worker 1 was excluded from round 4 and still running after the others finished" in stalled["reason"]
     assert [e["peer"] for e in events if e["event"] == "departed"] == ["peer-1"]
     assert not children()
 
 
 def test_a_stalled_worker_left_alone_is_killed_and_the_job_fails_at_once():
-    with pytest.raises(JobFailed, match="worker 0 failed: boom; the only worker left"):
+    with pytest.raises(JobFailed, match="worker 0 failed: boom; worker 1 was the only one left"):
         run(["fail", "stall"])
     assert not children()
 
 
 def test_a_job_with_no_finished_worker_fails_with_every_reason():
     # worker 1 exits by itself, or is killed first as the only one left: either reason is reported
-    with pytest.raises(JobFailed, match="no worker finished: worker 0 failed: boom; (worker 1 exited|the only)"):
+    reasons = "no worker finished: worker 0 failed: boom; worker 1 (exited|was the only one left)"
+    with pytest.raises(JobFailed, match=reasons):
         run(["fail", "die"])
     assert not children()
 
