@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from ml.compute.replay import replay_job
-from ml.job.participation import InconsistentRecord, departures
+from ml.job.participation import InconsistentRecord, departure_step, departures
 from ml.train.spec import TrainSpec
 
 SPEC = TrainSpec(codec="int8", steps=12, segment_steps=4, batch_size=16)
@@ -30,3 +30,15 @@ def test_replay_with_a_departure_is_reproducible_and_diverges_only_after_it():
     assert first["peer-a"] == first["peer-b"]
     assert first["peer-a"][0] == full["peer-a"][0]          # steps 0..3: everyone took part
     assert first["peer-a"][1:] != full["peer-a"][1:]        # from round 6 on: the mean of two
+
+
+def test_diloco_replay_with_a_departure_keeps_the_segments_before_the_first_short_average():
+    spec = TrainSpec(mode="diloco", codec="int8", steps=30, inner_steps=10, batch_size=16)
+    full = asyncio.run(replay_job(spec, WORKERS, last_segment=2))
+    left = asyncio.run(replay_job(spec, WORKERS, last_segment=2, left={"peer-c": 1}))
+    assert set(left) == {"peer-a", "peer-b"}
+    for peer in left:
+        # segment k is the pseudo-gradient of outer step k, taken before its average: round 1 lacked
+        # peer-c, so only segment 2 (trained from that average) differs
+        assert left[peer][:2] == full[peer][:2] and left[peer][2] != full[peer][2]
+    assert departure_step(spec, 1) == 20    # the survivors had done two outer steps of 10 then
