@@ -42,8 +42,7 @@ def test_powersgd_data_parallel_job_over_three_processes():
 @pytest.mark.slow  # ~30-45 s here; the default run covers the driver (tests/compute/test_job_driver.py) and a
 # real kill with replay on the devnet (tests/compute/test_task_flow_e2e.py)
 def test_a_worker_killed_mid_job_leaves_it_and_the_survivors_finish_replayably():
-    # ring: a butterfly reducer killed while broadcasting can get a live survivor excluded (known
-    # all-reduce issue, tests/ml/test_allreduce_faults.py), which would leave one worker, below the minimum
+    # the ring here (fp16: the ring refuses int8); the devnet test kills a worker in a butterfly group
     spec = TrainSpec(codec="fp16", steps=40, segment_steps=10, batch_size=16, report_every=1)
     pids, events = {}, []
 
