@@ -215,7 +215,7 @@ class Ledger:
         for index, tx in decoded:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)
 
-        tasks.assign_workers(state, params, ctx)
+        tasks.end_block(state, params, ctx)
         if ctx.height % params.epoch_length == 0:
             staking.elect_committee(state, params, ctx.height + 1)
         state.height = ctx.height

@@ -91,10 +91,6 @@ def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     assign_open_tasks(state, params, ctx)
 
 
-# The ledger calls the task module's end-of-block step by this name (consensus/state/ledger.py).
-assign_workers = end_block
-
-
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Open the audit window, over the committers only, of each running task whose commit deadline
     is this height and that a quorum of its workers committed to. A task below quorum stays open
