@@ -205,6 +205,9 @@ def run_local(args: argparse.Namespace) -> int:
         if not args.json and event.get("event") == "progress":
             print(f"  worker {event['rank']}  step {event['step']:5}  loss {event['loss']:.4f}  "
                   f"sent {event['bytes_sent'] / 1e6:8.3f} MB", flush=True)
+        elif not args.json and event.get("event") == "departed":
+            print(f"  worker {event.get('rank')} left the job after step {event.get('last_step')}: "
+                  f"{event.get('reason')}", flush=True)
 
     started = time.monotonic()
     try:
@@ -215,11 +218,14 @@ def run_local(args: argparse.Namespace) -> int:
     summary = {"workers": args.workers, "spec": spec.to_dict(), "seconds": round(time.monotonic() - started, 2),
                "params_hashes": sorted({r["params_hash"] for r in results}),
                "metrics": results[0]["metrics"], "bytes_sent": [r["bytes_sent"] for r in results],
-               "peer_ids": [r["peer_id"] for r in results]}
+               "peer_ids": [r["peer_id"] for r in results],
+               "departures": results[0].get("departures", [])}
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"trained {spec.steps} steps with {args.workers} workers in {summary['seconds']} s: "
               f"{summary['metrics']}; every worker ends with params {summary['params_hashes'][0][:16]}.."
               if len(summary["params_hashes"]) == 1 else f"workers disagree: {summary['params_hashes']}")
+        for gone in summary["departures"]:
+            print(f"  {gone['peer'][:16]}.. departed in round {gone['round']} (step {gone['step']}): {gone['reason']}")
     return 0 if len(summary["params_hashes"]) == 1 else 1
