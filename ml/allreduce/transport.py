@@ -188,7 +188,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
         if n < 0:
             raise ValueError("readexactly size can not be less than zero")
         self._raise_if_lost()
-        if n < DIRECT_READ_BYTES or len(self._unread) >= n:
+        if n < DIRECT_READ_BYTES:
             while len(self._unread) < n:
                 if self._eof:
                     raise asyncio.IncompleteReadError(self._take(len(self._unread)), n)
@@ -196,10 +196,13 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
                 self._raise_if_lost()
             return self._take(n)
         target = memoryview(np.empty(n, np.uint8))  # every byte is overwritten: no need to zero it
-        have = len(self._unread)
-        target[:have] = self._unread
-        self._unread.clear()
-        self._target, self._filled = target, have
+        have = min(n, len(self._unread))  # bytes that arrived before this read
+        target[:have] = memoryview(self._unread)[:have]
+        del self._unread[:have]
+        self._resume_reading_if_drained()
+        if have == n:
+            return target
+        self._target, self._filled = target, have  # _unread is empty: the rest lands in place
         try:
             while self._filled < n:
                 if self._eof:

@@ -11,8 +11,10 @@ import sys
 import textwrap
 
 import pytest
+import torch
 import uvloop
 
+from ml.allreduce import AllReduceGroup
 from ml.allreduce.transport import DIRECT_READ_BYTES, READ_BUFFER_BYTES, SCRATCH_BYTES, TcpStream, TcpTransport
 from ml.allreduce.wire import MAX_META_BYTES, Frame, Kind, encode_frame, read_frame
 
@@ -151,16 +153,17 @@ def test_large_and_small_frames_interleaved_arrive_intact_through_read_frame(loo
     run(main(), LOOPS[loop])
 
 
-def test_reads_below_the_in_place_size_return_bytes_so_json_meta_parses():
+def test_reads_below_the_in_place_size_are_bytes_so_json_meta_parses_and_larger_ones_memoryviews():
     assert DIRECT_READ_BYTES > MAX_META_BYTES
 
     async def main():
         async with stream_pair() as (dialer, listener):
             await dialer.write(b"a" * MAX_META_BYTES + b"b" * DIRECT_READ_BYTES)
+            await asyncio.sleep(0.1)  # both reads are served from bytes already received
             small = await listener.readexactly(MAX_META_BYTES)
             large = await listener.readexactly(DIRECT_READ_BYTES)
             assert isinstance(small, bytes) and small == b"a" * MAX_META_BYTES
-            assert bytes(large) == b"b" * DIRECT_READ_BYTES
+            assert isinstance(large, memoryview) and bytes(large) == b"b" * DIRECT_READ_BYTES
     run(main())
 
 
@@ -396,4 +399,49 @@ def test_stream_is_a_tcpstream_with_nodelay():
             for stream in (dialer, listener):
                 sock = stream._transport.get_extra_info("socket")
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    run(main())
+
+
+# -- the group on in-place payloads ---------------------------------------------------------------
+
+@pytest.mark.parametrize("codec,mode,bound", [("fp32", "butterfly", 0.0), ("fp32", "ring", 1e-6),
+                                              ("fp16", "butterfly", 1e-3), ("int4", "butterfly", 0.25)])
+def test_group_rounds_with_chunks_received_in_place(codec, mode, bound, monkeypatch):
+    """Chunks of 2^18 values: every codec's frames are >= DIRECT_READ_BYTES (int4: 128 KiB + header),
+    so contributions and results are memoryviews of in-place buffers, not bytes."""
+    n, numel = 3, 1_000_000
+    in_place = []
+    readexactly = TcpStream.readexactly
+
+    async def counting_readexactly(self, size):
+        data = await readexactly(self, size)
+        in_place.append(isinstance(data, memoryview))
+        return data
+
+    monkeypatch.setattr(TcpStream, "readexactly", counting_readexactly)
+
+    async def main():
+        transports = [TcpTransport(f"peer{i}") for i in range(n)]
+        addresses = {t.my_id: await t.start() for t in transports}
+        for t in transports:
+            t.addresses.update(addresses)
+        groups = [AllReduceGroup(t, t.my_id, sorted(addresses), codec=codec, mode=mode, chunk_numel=1 << 18)
+                  for t in transports]
+        for g in groups:
+            await g.start()
+        xs = [torch.randn(numel, generator=torch.Generator().manual_seed(40 + i)) for i in range(n)]
+        try:
+            for round_id in range(2):
+                results = await asyncio.gather(*(g.allreduce([x], round_id) for g, x in zip(groups, xs)))
+                exact = (xs[0] + xs[1] + xs[2]) / n
+                err = float((results[0].tensors[0] - exact).norm() / exact.norm())
+                assert err <= bound if bound else torch.equal(results[0].tensors[0], exact)
+                assert all(torch.equal(r.tensors[0], results[0].tensors[0]) for r in results)
+                assert all(r.attempts == 1 and r.excluded == {} for r in results)
+            assert sum(in_place) >= n * (n - 1)  # round 0 has even shards: a large part per link
+        finally:
+            for g in groups:
+                await g.close()
+            for t in transports:
+                await t.close()
     run(main())
