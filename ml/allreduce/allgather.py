@@ -48,7 +48,8 @@ async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[
     total = first.meta.get("bytes")
     limit = ctx.codec.max_encoded_size(ctx.flat.numel())
     if not isinstance(total, int) or isinstance(total, bool) or not 0 < total <= limit:
-        raise PeerFailure(sender, f"oversized or malformed contribution: {total!r} bytes (at most {limit})")
+        raise PeerFailure(sender, f"oversized or malformed contribution: {total!r} bytes (at most {limit})",
+                          bad_data=True)
     count = pieces(total, ctx.piece_bytes)
     received = [first.payload]
     for c in range(1, count):
@@ -56,7 +57,8 @@ async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[
     sizes = [len(p) for p in received]
     expected = [min(ctx.piece_bytes, total - c * ctx.piece_bytes) for c in range(count)]
     if sizes != expected:
-        raise PeerFailure(sender, f"malformed contribution: pieces of {sizes} bytes, expected {expected}")
+        raise PeerFailure(sender, f"malformed contribution: pieces of {sizes} bytes, expected {expected}",
+                          bad_data=True)
     payload = received[0] if count == 1 else b"".join(received)
     out = torch.empty_like(ctx.flat)
     await ctx.offload(decode_into, ctx.codec, payload, out, sender, "contribution")

@@ -63,14 +63,15 @@ class AttemptContext:
     def check_first_meta(self, sender: str, meta: dict) -> None:
         """Validate the meta of a member's first chunk: same tensor shapes, same plan."""
         if meta.get("shape") != self.first_meta["shape"]:
-            raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)")
+            raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)", bad_data=True)
         if meta.get("plan") != self.first_meta["plan"]:
             try:
                 theirs = members_from_mask(meta.get("m"), self.universe)
             except ValueError:
-                raise PeerFailure(sender, "malformed first-chunk meta") from None
+                raise PeerFailure(sender, "malformed first-chunk meta", bad_data=True) from None
             if theirs == list(self.plan.members):
-                raise PeerFailure(sender, "plan differs over the same members (codec, chunk size or rates)")
+                raise PeerFailure(sender, "plan differs over the same members (codec, chunk size or rates)",
+                                  bad_data=True)
             raise PlanMismatch(sender, theirs)
 
 

@@ -152,6 +152,7 @@ class AllReduceGroup:
         self._current_round = -1
         self._round_active = False
         self._committed: dict[int, _Committed] = {}
+        self._distrusted: set[str] = set()  # members caught sending bad data in the current round
         self._background: set[asyncio.Task] = set()
         self._started = False
 
@@ -242,6 +243,7 @@ class AllReduceGroup:
     async def _round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
         self._current_round = round_id
         self._round_active = True
+        self._distrusted = set()
         self._inbox.forget_before(round_id)
         bytes_before = self._links.bytes_sent
         try:
@@ -270,7 +272,9 @@ class AllReduceGroup:
             if isinstance(outcome, _Committed):
                 return outcome
             suspects, their_members = outcome
-            suspects = {**self._wrong_shapes_waiting(ctx), **suspects}
+            wrong_shapes = self._wrong_shapes_waiting(ctx)
+            self._distrusted.update(wrong_shapes)
+            suspects = {**wrong_shapes, **suspects}
             outcome = await self._agree_on_members(ctx, suspects, their_members)
             if isinstance(outcome, _Committed):
                 return outcome
@@ -322,6 +326,8 @@ class AllReduceGroup:
             committed = _Committed(ctx.attempt, ctx.plan.members, dict(excluded), ctx.out, ctx.agreed_rates)
             self._remember(ctx.round_id, committed)
             return committed
+        if isinstance(error, PeerFailure) and error.bad_data:
+            self._distrusted.add(error.peer)
         if pushed.done():
             adopted = await self._adopt(ctx)
             if adopted is not None:
@@ -451,19 +457,21 @@ class AllReduceGroup:
                                                payload))
 
     async def _adopt(self, ctx: AttemptContext) -> _Committed | None:
-        """Take a result another member committed for this round; None if it is unusable."""
+        """Take a result another member committed for this round; None if none is usable. Never
+        from a member this peer caught sending bad data this round (docs/adr/0092): in an
+        all-gather it can commit on its own, and what it pushes could be anything."""
         for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
-            if key[4] != 0:
-                continue
             sender = key[-1]
+            if key[4] != 0 or sender in self._distrusted:
+                continue
             first = self._inbox.pop(key)
             try:
                 return await self._receive_committed(ctx, sender, first)
             except (PeerFailure, FrameError, ValueError, KeyError) as exc:
                 log.warning("round %d: unusable committed result from %s: %s", ctx.round_id, sender, exc)
-                for leftover in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
-                    if leftover[-1] == sender:
-                        self._inbox.pop(leftover)
+                self._distrusted.add(sender)
+        for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):  # all from refused senders
+            self._inbox.pop(key)
         self._inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
         return None
 
@@ -505,12 +513,15 @@ class AllReduceGroup:
                     self._inbox.record_fault(remote, self._fault_round(), "connection closed")
                 return
             except (FrameError, ConnectionError) as exc:
-                self._inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}")
+                self._inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}",
+                                         bad_data=isinstance(exc, FrameError))
                 stream.reset()
                 return
             self._on_frame(remote, frame)
 
     def _on_frame(self, sender: str, frame: Frame) -> None:
+        if frame.kind == Kind.COMMITTED and frame.round_id == self._current_round and sender in self._distrusted:
+            return  # refused (see _adopt); dropped here so it cannot keep waking the round
         committed = self._committed.get(frame.round_id)
         if committed is not None:
             if frame.kind == Kind.VIEW or (frame.kind == Kind.PART and frame.attempt > committed.attempt):

@@ -21,12 +21,14 @@ Key = tuple[int, int, Kind, int, int, str]
 
 
 class PeerFailure(Exception):
-    """A member failed this attempt: it stalled, sent bad data, or reported a mismatching plan."""
+    """A member failed this attempt: it stalled, sent bad data, or reported a mismatching plan.
+    `bad_data`: it sent something invalid (not merely late or gone)."""
 
-    def __init__(self, peer: str, reason: str):
+    def __init__(self, peer: str, reason: str, bad_data: bool = False):
         super().__init__(f"{peer}: {reason}")
         self.peer = peer
         self.reason = reason
+        self.bad_data = bad_data
 
 
 class Inbox:
@@ -37,7 +39,7 @@ class Inbox:
         self._signals: dict[tuple, asyncio.Future] = {}
         self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
         self._last_alive: dict[tuple[str, int], float] = {}  # (sender, round) -> last frame of any kind
-        self._faults: dict[str, tuple[int, str]] = {}
+        self._faults: dict[str, tuple[int, str, bool]] = {}  # sender -> (round, reason, bad data)
         self._min_round = 0
 
     @staticmethod
@@ -61,10 +63,10 @@ class Inbox:
         for signal in ((frame.round_id, frame.attempt, frame.kind), (frame.round_id, None, frame.kind)):
             self._resolve(self._signals.get(signal))
 
-    def record_fault(self, sender: str, round_id: int, reason: str) -> None:
+    def record_fault(self, sender: str, round_id: int, reason: str, bad_data: bool = False) -> None:
         """Mark `sender` faulty from `round_id` on; waits on it fail at once."""
         if sender not in self._faults or self._faults[sender][0] < round_id:
-            self._faults[sender] = (round_id, reason)
+            self._faults[sender] = (round_id, reason, bad_data)
         for key, waiter in list(self._waiters.items()):
             if key[-1] == sender:
                 self._resolve(self._waiters.pop(key))
@@ -105,7 +107,7 @@ class Inbox:
                 return frame
             reason = self.fault(sender, key[0])
             if reason is not None:
-                raise PeerFailure(sender, reason)
+                raise PeerFailure(sender, reason, self._faults[sender][2])
             last = max(self._last_alive.get((sender, key[0]), since), since)
             remaining = last + stall_s - loop.time()
             if remaining <= 0:

@@ -77,9 +77,9 @@ def received_view(codec: Codec, payload: bytes, numel: int, sender: str, what: s
             return _fp32_view(payload, numel)
         values = codec.decode(payload, numel)
     except (CodecError, ValueError, RuntimeError) as exc:
-        raise PeerFailure(sender, f"malformed {what}: {exc}") from None
+        raise PeerFailure(sender, f"malformed {what}: {exc}", bad_data=True) from None
     if values.numel() != numel:
-        raise PeerFailure(sender, f"malformed {what}: {values.numel()} values, expected {numel}")
+        raise PeerFailure(sender, f"malformed {what}: {values.numel()} values, expected {numel}", bad_data=True)
     return values
 
 
@@ -89,7 +89,7 @@ def decode_into(codec: Codec, payload: bytes, out: torch.Tensor, sender: str, wh
     values = received_view(codec, payload, out.numel(), sender, what)
     out.copy_(values)
     if is_fp32(codec) and not all_finite(out):
-        raise PeerFailure(sender, f"non-finite values (NaN/Inf) in {what}")
+        raise PeerFailure(sender, f"non-finite values (NaN/Inf) in {what}", bad_data=True)
 
 
 def sum_in_order(codec: Codec, terms: list[tuple[str, torch.Tensor | bytes]], me: str, what: str,
@@ -112,6 +112,6 @@ def sum_in_order(codec: Codec, terms: list[tuple[str, torch.Tensor | bytes]], me
     if is_fp32(codec) and not all_finite(acc):  # NaN/Inf in any term shows in the sum
         for (member, _), values in zip(terms, views):
             if not all_finite(values):
-                raise PeerFailure(member, f"non-finite values (NaN/Inf) in {what}")
+                raise PeerFailure(member, f"non-finite values (NaN/Inf) in {what}", bad_data=True)
         raise CodecError("the sum of finite contributions overflowed to Inf")
     return acc

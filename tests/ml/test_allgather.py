@@ -163,7 +163,8 @@ def test_a_bad_contribution_excludes_its_sender_and_the_others_agree(fault, reas
 
     results, encodings, seconds = run(main())
     assert seconds < 10
-    assert isinstance(results[2], Exception)
+    # peer2 itself may well finish: it holds everyone's contribution (its own as it encoded it);
+    # the honest peers refuse its committed result (docs/adr/0092) and agree without it
     expected = reference_mean(codec, [encodings[i] for i in (0, 1, 3)], numel)
     for r in (results[0], results[1], results[3]):
         assert r.participants == ("peer0", "peer1", "peer3") and reason in r.excluded["peer2"]
