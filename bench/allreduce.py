@@ -1,13 +1,16 @@
 """Benchmark: 4 peers averaging 25M fp32 values over 100 Mbit/s tbf links in network namespaces.
 
-Measures ours (fp32, fp16, int8, int4 butterfly; PowerSGD rank 4), torch.distributed gloo (fp32)
+Measures ours (fp32, fp16, int8, int4; PowerSGD rank 4), torch.distributed gloo (fp32)
 and hivemind 1.1.12's DecentralizedAverager (fp32, fp16, 8-bit, from the venv at $HIVEMIND_PYTHON,
 default /tmp/hm/bin/python) in the same run, plus ours vs gloo over loopback. Per system: seconds
 per round (the slowest peer, mean over timed rounds after a warm-up round), MB sent per peer (the
 interface's tx bytes, headers included) and the relative error vs the exact mean. Needs root.
-Prints one JSON object as its last line.
+Ours runs in the mode `--ours-mode auto` picks per codec: the ring for float codecs (fp32, fp16,
+bf16: two TCP flows per link, the bytes forwarded unchanged) and the butterfly for quantizing ones
+(each value quantized once per leg, ADR 0034); where auto picks the ring, the butterfly is measured
+too (`ours_butterfly`). Prints one JSON object as its last line.
 
-    python bench/allreduce.py [--numel 25000000] [--rounds 2] [--skip hivemind,gloo]
+    python bench/allreduce.py [--numel 25000000] [--rounds 2] [--skip hivemind,gloo,butterfly]
 
 Run as `bench/allreduce.py peer ...` it is one peer process (started by the driver).
 """
@@ -80,7 +83,8 @@ def peer_ours(args, addrs: list[str]) -> None:
                                  {p: (addrs[i], args.port + (i if args.loopback else 0)) for i, p in enumerate(names)})
         await transport.start()
         powersgd = args.codec.startswith("powersgd")
-        group = AllReduceGroup(transport, me, names, codec="fp32" if powersgd else args.codec, workers=2)
+        group = AllReduceGroup(transport, me, names, mode=args.mode, codec="fp32" if powersgd else args.codec,
+                               workers=2)
         await group.start()
         x = _contribution(args.index, args.numel)
         reducer = PowerSGDAllReduce(group, [tuple(x.shape)], rank=int(args.codec[len("powersgd"):])) if powersgd else group
@@ -96,7 +100,9 @@ def peer_ours(args, addrs: list[str]) -> None:
                           "excluded": result.excluded, "rates": group.upload_rates})
         if args.check:
             _say("CHECK", {"rel_err": await loop.run_in_executor(None, _rel_err, result.tensors[0], args.n, args.numel)})
-        await asyncio.sleep(0.5)  # let the last frames to slower peers drain
+        # stay up until the driver has every peer's last round (it closes our stdin): a peer that
+        # exits early closes connections others may still be reading its last frames from
+        await loop.run_in_executor(None, sys.stdin.read)
         await group.close()
         await transport.close()
 
@@ -163,6 +169,7 @@ def peer_main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("system", choices=["ours", "gloo", "hivemind"])
     p.add_argument("--codec", default="fp32")
+    p.add_argument("--mode", default="butterfly", choices=["butterfly", "ring"])
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--n", type=int, default=PEERS)
     p.add_argument("--numel", type=int, required=True)
@@ -227,7 +234,15 @@ class PeerProcess:
                 self.proc.wait()
 
 
-def run_system(system: str, codec: str, numel: int, rounds: int, lab=None) -> dict:
+FLOAT_CODECS = ("fp32", "fp16", "bf16")
+
+
+def auto_mode(codec: str) -> str:
+    """The ring for float codecs, the butterfly for quantizing ones and PowerSGD."""
+    return "ring" if codec in FLOAT_CODECS else "butterfly"
+
+
+def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode: str = "butterfly") -> dict:
     """Run one system/codec among PEERS processes; seconds, MB sent per peer, relative error."""
     python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python") if system == "hivemind" else sys.executable
     if lab is not None:
@@ -242,6 +257,7 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None) -> di
                     "--numel", str(numel), "--rounds", str(rounds), "--addrs", ",".join(addrs),
                     "--port", str(port)]
             argv += ["--iface", lab.ifname(i)] if lab is not None else ["--loopback"]
+            argv += ["--mode", mode] if system == "ours" else []
             argv += ["--check"] if i == 0 else []
             peers.append(PeerProcess((lab.exec_prefix(i) if lab is not None else []) + argv))
         if system == "hivemind":
@@ -268,6 +284,8 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None) -> di
                 sent.append(sum(lab.tx_bytes(i) - tx_before[i] for i in range(PEERS)) / PEERS)
         check = peers[0].expect("CHECK", 300)
         out = {"s": round(sum(seconds) / len(seconds), 3), "rel_err": float(f"{check['rel_err']:.3g}")}
+        if system == "ours":
+            out["mode"] = mode
         if sent:
             out["MB_per_peer"] = round(sum(sent) / len(sent) / 1e6, 2)
         if system == "ours" and (max(attempts) > 1 or excluded):
@@ -302,10 +320,15 @@ def main() -> None:
     p.add_argument("--numel", type=int, default=25_000_000)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--link-mbit", type=float, default=100.0)
-    p.add_argument("--skip", default="", help="comma-separated: ours,gloo,hivemind,loopback")
+    p.add_argument("--skip", default="", help="comma-separated: ours,butterfly,gloo,hivemind,loopback")
+    p.add_argument("--ours-mode", default="auto", choices=["auto", "butterfly", "ring"])
     p.add_argument("--codecs", default="fp32,fp16,int8,int4,powersgd4")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+
+    def mode_for(codec: str) -> str:
+        return auto_mode(codec) if args.ours_mode == "auto" else args.ours_mode
+
     sys.path.insert(0, str(REPO / "bench"))
     from netns import Netlab, available
 
@@ -315,9 +338,15 @@ def main() -> None:
         report["error"] = f"network namespaces unavailable: {why}"
     else:
         with Netlab(PEERS, args.link_mbit) as lab:
+            codecs = args.codecs.split(",")
             if "ours" not in skip:
-                report["ours"] = {c: run_system("ours", c, args.numel, args.rounds, lab) for c in args.codecs.split(",")}
+                report["ours"] = {c: run_system("ours", c, args.numel, args.rounds, lab, mode_for(c)) for c in codecs}
                 print(json.dumps({"progress": "ours", **report["ours"]}), flush=True)
+            if "ours" not in skip and "butterfly" not in skip:
+                also = [c for c in codecs if mode_for(c) == "ring"]
+                if also:
+                    report["ours_butterfly"] = {c: run_system("ours", c, args.numel, args.rounds, lab) for c in also}
+                    print(json.dumps({"progress": "ours_butterfly", **report["ours_butterfly"]}), flush=True)
             if "gloo" not in skip:
                 report["gloo"] = {"fp32": run_system("gloo", "fp32", args.numel, args.rounds, lab)}
                 print(json.dumps({"progress": "gloo", **report["gloo"]}), flush=True)
@@ -327,7 +356,7 @@ def main() -> None:
                     c: run_system("hivemind", c, args.numel, args.rounds, lab) for c in ("fp32", "fp16", "int8")}
                 print(json.dumps({"progress": "hivemind", **report["hivemind"]}), flush=True)
     if "loopback" not in skip:
-        ours = run_system("ours", "fp32", args.numel, args.rounds)
+        ours = run_system("ours", "fp32", args.numel, args.rounds, mode=mode_for("fp32"))
         gloo = run_system("gloo", "fp32", args.numel, args.rounds)
         report["loopback"] = {"ours_fp32_s": ours.get("s", ours.get("error")),
                               "gloo_fp32_s": gloo.get("s", gloo.get("error"))}
