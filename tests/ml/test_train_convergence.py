@@ -134,6 +134,7 @@ def test_warm_start_costs_ordinary_rounds_and_its_segments_replay():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)   # two 3000-step runs: ~8 minutes on an idle core
 def test_shakespeare_diloco_int8_within_2_percent_of_fp32_with_100x_fewer_bytes():
     fp32 = train_simulated(recipe("shakespeare-data-parallel"), WORLD)
     diloco = train_simulated(recipe("shakespeare-diloco"), WORLD)
