@@ -388,9 +388,9 @@ class AllReduceGroup:
                 "why": {str(index[p]): r[:200] for p, r in suspects.items()}}
         others = [m for m in ctx.plan.members if m != self.my_id]
         log.info("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
-        for member in others:
-            await self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta))
-        log.debug("%s: views sent", self.my_id)
+        for member in others:  # each on its own: a member that stopped reading (SIGSTOP) fills its
+            # send queue, and waiting on it must not keep the VIEW from the others (docs/adr/0093)
+            self._spawn(self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta)))
         views = {self.my_id: (alive, dict(suspects), ctx.first_meta["shape"])}
         silent: dict[str, str] = {}
         waits = {asyncio.ensure_future(self._take_view(ctx, m)): m for m in others}
@@ -439,7 +439,11 @@ class AllReduceGroup:
         if committed is None or peer in committed.pushed_to or peer == self.my_id:
             return
         committed.pushed_to.add(peer)
-        task = asyncio.ensure_future(self._send_committed(round_id, committed, peer))
+        self._spawn(self._send_committed(round_id, committed, peer))
+
+    def _spawn(self, coro) -> None:
+        """Run a send in the background (cancelled by close())."""
+        task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -431,6 +431,72 @@ def test_a_reducer_that_commits_and_starts_the_next_round_still_delivers_its_que
     run(main(), timeout=30)
 
 
+class _StoppedPeerTransport:
+    """Wraps a transport: writes to `stopped` block forever after its first frame, as to a
+    SIGSTOPped process whose socket buffers filled up."""
+
+    def __init__(self, inner, stopped):
+        self.inner = inner
+        self.stopped = stopped
+
+    def set_handler(self, protocol, handler):
+        self.inner.set_handler(protocol, handler)
+
+    async def open_stream(self, peer, protocol):
+        stream = await self.inner.open_stream(peer, protocol)
+        return _BlockingStream(stream) if peer == self.stopped else stream
+
+
+class _BlockingStream:
+    def __init__(self, inner):
+        self._inner = inner
+        self._writes = 0
+
+    async def write(self, data):
+        self._writes += 1
+        if self._writes > 1:
+            await asyncio.Event().wait()
+        await self._inner.write(data)
+
+    async def close(self):
+        await self._inner.close()
+
+    def reset(self):
+        self._inner.reset()
+
+
+@pytest.mark.parametrize("mode", ["butterfly", "ring"])
+def test_a_member_that_stops_reading_is_excluded_without_holding_up_the_others(mode):
+    """docs/adr/0093: peer2 freezes (SIGSTOP): sends to it block once its buffers are full. The
+    VIEWs to the others must still go out (they used to wait behind the one to peer2: a hang)."""
+    async def main():
+        names = ids(3)
+        transports = [TcpTransport(name) for name in names]
+        addresses = {t.my_id: await t.start() for t in transports}
+        for t in transports:
+            t.addresses.update(addresses)
+        wrapped = [_StoppedPeerTransport(t, "peer2") for t in transports[:2]]
+        groups = [AllReduceGroup(t, name, names, mode=mode, chunk_numel=CHUNK, deadlines=FAST)
+                  for t, name in zip(wrapped, names)]
+        for g in groups:
+            await g.start()
+        xs = contributions(2, 40 * CHUNK, seed=150)
+        start = time.monotonic()
+        try:
+            results = await asyncio.gather(*(g.allreduce([x], 0) for g, x in zip(groups, xs)))
+            seconds = time.monotonic() - start
+        finally:
+            for g in groups:
+                await g.close(linger_s=0.5)
+            for t in transports:
+                await t.close()
+        assert seconds < 8
+        for r in results:
+            assert r.participants == ("peer0", "peer1") and "stalled" in r.excluded["peer2"]
+            assert torch.equal(flat(r), mean_in_order(xs))
+    run(main(), timeout=30)
+
+
 def test_round_ids_must_increase():
     async def main():
         groups, transports = await make_groups(2)
