@@ -528,6 +528,7 @@ class AllReduceGroup:
             return  # refused (see _adopt); dropped here so it cannot keep waking the round
         committed = self._committed.get(frame.round_id)
         if committed is not None:
+            self._inbox.note_alive(sender, frame.round_id)  # still finishing a round we are past
             if frame.kind == Kind.VIEW or (frame.kind == Kind.PART and frame.attempt > committed.attempt):
                 self._push_committed(frame.round_id, sender)
             if frame.kind != Kind.COMMITTED:

@@ -2,12 +2,13 @@
 
 Frames are keyed by (round, attempt, kind, slot, chunk, sender), so they may arrive before the
 receiver starts that round. `take` waits for one key with a stall deadline: it fails with
-`PeerFailure` when nothing at all of that round (not even a PING) arrived from the sender for the
-stall timeout, or at once when the sender has a recorded fault (malformed frame, bad contribution)
-for this round. Frames of other rounds do not keep a wait alive: a sender busy with a later round
-has finished ours (committed it or left it), so waiting on it must end, and the VIEW that follows
-gets its committed result pushed (docs/adr/0090). Every frame feeds its gap since the sender's
-previous frame of the same attempt to the stall estimator.
+`PeerFailure` when nothing at all (not even a PING) of that round or an earlier one arrived from
+the sender for the stall timeout, or at once when the sender has a recorded fault (malformed
+frame, bad contribution) for this round. A sender still busy with an earlier round is on its way
+to ours; one busy with a later round has finished ours (committed it or left it), so its new
+round's frames do not keep a wait on it alive: the wait ends and the VIEW that follows gets its
+committed result pushed (docs/adr/0090). Every frame feeds its gap since the sender's previous
+frame of the same attempt to the stall estimator.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class Inbox:
         self._waiters: dict[Key, asyncio.Future] = {}
         self._signals: dict[tuple, asyncio.Future] = {}
         self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
-        self._last_alive: dict[tuple[str, int], float] = {}  # (sender, round) -> last frame of any kind
+        self._last_alive: dict[str, dict[int, float]] = {}  # sender -> round -> last frame of any kind
         self._faults: dict[str, tuple[int, str, bool]] = {}  # sender -> (round, reason, bad data)
         self._min_round = 0
 
@@ -47,10 +48,9 @@ class Inbox:
         return (frame.round_id, frame.attempt, frame.kind, frame.slot, frame.chunk, sender)
 
     def put(self, sender: str, frame: Frame) -> None:
+        now = self.note_alive(sender, frame.round_id)
         if frame.round_id < self._min_round:
             return
-        now = asyncio.get_running_loop().time()
-        self._last_alive[(sender, frame.round_id)] = now
         if frame.kind == Kind.PING:
             return
         previous = self._last_seen.get(sender)
@@ -62,6 +62,12 @@ class Inbox:
         self._resolve(self._waiters.pop(key, None))
         for signal in ((frame.round_id, frame.attempt, frame.kind), (frame.round_id, None, frame.kind)):
             self._resolve(self._signals.get(signal))
+
+    def note_alive(self, sender: str, round_id: int) -> float:
+        """Record that a frame of `round_id` arrived from `sender` now (also for frames not kept)."""
+        now = asyncio.get_running_loop().time()
+        self._last_alive.setdefault(sender, {})[round_id] = now
+        return now
 
     def record_fault(self, sender: str, round_id: int, reason: str, bad_data: bool = False) -> None:
         """Mark `sender` faulty from `round_id` on; waits on it fail at once."""
@@ -108,7 +114,7 @@ class Inbox:
             reason = self.fault(sender, key[0])
             if reason is not None:
                 raise PeerFailure(sender, reason, self._faults[sender][2])
-            last = max(self._last_alive.get((sender, key[0]), since), since)
+            last = max([since, *(t for r, t in self._last_alive.get(sender, {}).items() if r <= key[0])])
             remaining = last + stall_s - loop.time()
             if remaining <= 0:
                 raise PeerFailure(sender, f"stalled: nothing received for {stall_s:.1f}s")
@@ -122,8 +128,9 @@ class Inbox:
     def forget_before(self, round_id: int, attempt: int = 0) -> None:
         """Drop frames and signals of rounds/attempts before (round_id, attempt)."""
         self._min_round = max(self._min_round, round_id)
-        for key in [k for k in self._last_alive if k[1] < round_id]:
-            del self._last_alive[key]
+        for rounds in self._last_alive.values():  # one earlier round is enough to show a sender behind
+            for old in [r for r in rounds if r < round_id - 1]:
+                del rounds[old]
         for store in (self._frames, self._signals):
             for key in [k for k in store if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
                 item = store.pop(key)

@@ -292,8 +292,8 @@ def test_links_skip_queued_data_frames_of_an_abandoned_attempt():
 
 
 def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
-    """Only frames of the awaited round show a sender alive in it: one that moved on to the next
-    round has finished ours, and the wait must end (its VIEW then gets the committed result)."""
+    """Frames of a later round do not show a sender alive in ours: it has finished ours, and the
+    wait must end (its VIEW then gets the committed result). Frames of an earlier round do."""
     import asyncio
 
     from ml.allreduce.inbox import Inbox, PeerFailure
@@ -321,4 +321,6 @@ def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
     outcome, seconds = asyncio.run(wait_while(2))
     assert outcome.startswith("stalled") and 0.25 < seconds < 0.75
     outcome, seconds = asyncio.run(wait_while(1))  # its PINGs of round 1 keep it alive
+    assert outcome == "frame" and seconds > 0.7
+    outcome, seconds = asyncio.run(wait_while(0))  # still finishing round 0: on its way to ours
     assert outcome == "frame" and seconds > 0.7
