@@ -3,6 +3,7 @@
     group = AllReduceGroup(transport, my_id, peers, mode="butterfly", codec="int8")
     await group.start()
     result = await group.allreduce(tensors, round_id)   # -> AllReduceResult
+    result = await group.allgather_mean(encoded, codec, shapes, round_id)  # top-k/sign: caller encodes
 
 `PowerSGDAllReduce(fp32_group, shapes, rank)` averages low-rank factors instead.
 `transport` is anything with `open_stream(peer, protocol)` and `set_handler(protocol, handler)`
