@@ -84,7 +84,7 @@ def peer_ours(args, addrs: list[str]) -> None:
         await transport.start()
         powersgd = args.codec.startswith("powersgd")
         group = AllReduceGroup(transport, me, names, mode=args.mode, codec="fp32" if powersgd else args.codec,
-                               workers=2)
+                               workers=2, **({"chunk_numel": args.chunk_numel} if args.chunk_numel else {}))
         await group.start()
         x = _contribution(args.index, args.numel)
         reducer = PowerSGDAllReduce(group, [tuple(x.shape)], rank=int(args.codec[len("powersgd"):])) if powersgd else group
@@ -170,6 +170,7 @@ def peer_main(argv: list[str]) -> None:
     p.add_argument("system", choices=["ours", "gloo", "hivemind"])
     p.add_argument("--codec", default="fp32")
     p.add_argument("--mode", default="butterfly", choices=["butterfly", "ring"])
+    p.add_argument("--chunk-numel", type=int, default=0)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--n", type=int, default=PEERS)
     p.add_argument("--numel", type=int, required=True)
@@ -242,6 +243,9 @@ def auto_mode(codec: str) -> str:
     return "ring" if codec in FLOAT_CODECS else "butterfly"
 
 
+CHUNK_NUMEL = 0  # ours: values per pipelined chunk; 0: the group's default (--chunk-numel)
+
+
 def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode: str = "butterfly") -> dict:
     """Run one system/codec among PEERS processes; seconds, MB sent per peer, relative error."""
     python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python") if system == "hivemind" else sys.executable
@@ -257,7 +261,7 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
                     "--numel", str(numel), "--rounds", str(rounds), "--addrs", ",".join(addrs),
                     "--port", str(port)]
             argv += ["--iface", lab.ifname(i)] if lab is not None else ["--loopback"]
-            argv += ["--mode", mode] if system == "ours" else []
+            argv += ["--mode", mode, "--chunk-numel", str(CHUNK_NUMEL)] if system == "ours" else []
             argv += ["--check"] if i == 0 else []
             peers.append(PeerProcess((lab.exec_prefix(i) if lab is not None else []) + argv))
         if system == "hivemind":
@@ -323,7 +327,10 @@ def main() -> None:
     p.add_argument("--skip", default="", help="comma-separated: ours,butterfly,gloo,hivemind,loopback")
     p.add_argument("--ours-mode", default="auto", choices=["auto", "butterfly", "ring"])
     p.add_argument("--codecs", default="fp32,fp16,int8,int4,powersgd4")
+    p.add_argument("--chunk-numel", type=int, default=0, help="ours: values per pipelined chunk (0: default)")
     args = p.parse_args()
+    global CHUNK_NUMEL
+    CHUNK_NUMEL = args.chunk_numel
     skip = set(filter(None, args.skip.split(",")))
 
     def mode_for(codec: str) -> str:
@@ -358,8 +365,11 @@ def main() -> None:
     if "loopback" not in skip:
         ours = run_system("ours", "fp32", args.numel, args.rounds, mode=mode_for("fp32"))
         gloo = run_system("gloo", "fp32", args.numel, args.rounds)
-        report["loopback"] = {"ours_fp32_s": ours.get("s", ours.get("error")),
+        report["loopback"] = {"ours_fp32_s": ours.get("s", ours.get("error")), "ours_mode": mode_for("fp32"),
                               "gloo_fp32_s": gloo.get("s", gloo.get("error"))}
+        if mode_for("fp32") != "butterfly" and "butterfly" not in skip:
+            butterfly = run_system("ours", "fp32", args.numel, args.rounds)
+            report["loopback"]["ours_butterfly_fp32_s"] = butterfly.get("s", butterfly.get("error"))
     print(json.dumps(report))
 
 
