@@ -7,8 +7,8 @@ the sender for the stall timeout, or at once when the sender has a recorded faul
 frame, bad contribution) for this round. A sender still busy with an earlier round is on its way
 to ours; one busy with a later round has finished ours (committed it or left it), so its new
 round's frames do not keep a wait on it alive: the wait ends and the VIEW that follows gets its
-committed result pushed (docs/adr/0090). Every frame feeds its gap since the sender's previous
-frame of the same attempt to the stall estimator.
+committed result pushed (docs/adr/0090). Every PART or RESULT frame feeds its gap since the
+sender's previous one of the same attempt to the stall estimator.
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from .deadlines import StallEstimator
 from .wire import Frame, Kind
 
 Key = tuple[int, int, Kind, int, int, str]
+# Only the data flow's gaps set the stall timeout: a VIEW or COMMITTED frame follows a stall that
+# was waited out, and learning from that gap stretched later deadlines to 10-20 s.
+GAP_KINDS = (Kind.PART, Kind.RESULT)
 
 
 class PeerFailure(Exception):
@@ -53,10 +56,11 @@ class Inbox:
             return
         if frame.kind == Kind.PING:
             return
-        previous = self._last_seen.get(sender)
-        if previous is not None and previous[1:] == (frame.round_id, frame.attempt):
-            self.estimator.observe_gap(now - previous[0])
-        self._last_seen[sender] = (now, frame.round_id, frame.attempt)
+        if frame.kind in GAP_KINDS:
+            previous = self._last_seen.get(sender)
+            if previous is not None and previous[1:] == (frame.round_id, frame.attempt):
+                self.estimator.observe_gap(now - previous[0])
+            self._last_seen[sender] = (now, frame.round_id, frame.attempt)
         key = self.key(frame, sender)
         self._frames[key] = dataclasses.replace(frame, received_at=now)
         self._resolve(self._waiters.pop(key, None))

@@ -324,3 +324,24 @@ def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
     assert outcome == "frame" and seconds > 0.7
     outcome, seconds = asyncio.run(wait_while(0))  # still finishing round 0: on its way to ours
     assert outcome == "frame" and seconds > 0.7
+
+
+def test_only_the_data_flow_sets_the_stall_timeout():
+    """A VIEW arrives after a stall was waited out: that gap must not stretch later deadlines."""
+    import asyncio
+
+    from ml.allreduce.inbox import Inbox
+
+    async def main():
+        policy = DeadlinePolicy(floor_s=0.1, multiplier=8.0, initial_s=5.0)
+        estimator = StallEstimator(policy)
+        inbox = Inbox(estimator)
+        inbox.put("x", Frame(Kind.PART, 0, 0, 0, 0))
+        await asyncio.sleep(0.2)
+        inbox.put("x", Frame(Kind.VIEW, 0, 0, 0, 0))
+        inbox.put("x", Frame(Kind.COMMITTED, 0, 0, 0, 0))
+        assert estimator.stall_timeout() == policy.initial_s  # nothing learned yet
+        inbox.put("x", Frame(Kind.RESULT, 0, 0, 0, 0))
+        assert 8 * 0.2 <= estimator.stall_timeout() < 8 * 0.5
+
+    asyncio.run(main())
