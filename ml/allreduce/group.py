@@ -248,9 +248,16 @@ class AllReduceGroup:
         bytes_before = self._links.bytes_sent
         try:
             committed = await self._run_round(contribution, round_id)
+        except AllReduceError:
+            self._rates = {}  # as every member that saw someone left out does (below)
+            raise
         finally:
             self._round_active = False
-        if committed.rates:
+        if committed.participants != tuple(self._peers):
+            # someone was left out, and a member that did not commit kept its old table: start
+            # over from even shards everywhere, so the next plans agree
+            self._rates = {}
+        elif committed.rates:
             self._rates = _smooth_rates(self._rates, committed.rates)
         return AllReduceResult(_unflatten(committed.flat, contribution.shapes), committed.participants,
                                round_id, committed.attempt + 1, dict(committed.excluded),

@@ -497,6 +497,30 @@ def test_a_member_that_stops_reading_is_excluded_without_holding_up_the_others(m
     run(main(), timeout=30)
 
 
+def test_after_a_round_that_left_someone_out_every_member_plans_from_the_same_rates():
+    """A member excluded from a round keeps no newer rate table than the others: all start over
+    from even shards, so the next round's plans agree (it used to be excluded again for
+    'plan differs over the same members')."""
+    async def main():
+        groups, transports = await make_groups(4)
+        try:
+            for round_id in range(3):
+                xs = contributions(4, 64 * CHUNK, seed=160 + round_id)
+                if round_id == 1:
+                    xs[2][7] = float("nan")
+                results = await asyncio.gather(*(g.allreduce([x], round_id) for g, x in zip(groups, xs)),
+                                               return_exceptions=True)
+                if round_id == 1:
+                    assert isinstance(results[2], ExcludedFromRound)
+                    assert all(g.upload_rates == {} for g in groups)
+                else:
+                    assert all(r.participants == tuple(ids(4)) and r.attempts == 1 for r in results)
+                    assert all(g.upload_rates == groups[0].upload_rates for g in groups)
+        finally:
+            await close_all(groups, transports)
+    run(main())
+
+
 def test_round_ids_must_increase():
     async def main():
         groups, transports = await make_groups(2)
