@@ -19,7 +19,7 @@ from .attempt import AttemptContext, run_all
 from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
 from .wire import Kind
 
-RATE_DEAD_BAND = 1.6  # measured upload rates this close to the median count as equal
+RATE_DEAD_BAND = 2.0  # measured upload rates this close to the median count as equal
 
 
 async def run_butterfly(ctx: AttemptContext) -> None:

@@ -45,12 +45,13 @@ async def work(rank: int, world: int, mode: str) -> None:
     spec = TrainSpec.from_dict(await read_line())
     me = peer_name(rank)
     transport = TcpTransport(me)
-    emit("listening", rank=rank, peer=me, pid=os.getpid(), address=list(await transport.start()))
-    book = (await read_line())["addresses"]
-    transport.addresses.update({peer: tuple(address) for peer, address in book.items()})
+    address = list(await transport.start())
     group = AllReduceGroup(transport, me, [peer_name(r) for r in range(world)], mode=mode,
                            codec=group_codec(spec), deadlines=DeadlinePolicy())
-    await group.start()
+    await group.start()  # before anyone learns our address: a stream for an unset protocol is reset
+    emit("listening", rank=rank, peer=me, pid=os.getpid(), address=address)
+    book = (await read_line())["addresses"]
+    transport.addresses.update({peer: tuple(address) for peer, address in book.items()})
     feed = ProgressFeed()
     feed.subscribe(lambda progress: emit("progress", **progress.to_dict()))
     try:
