@@ -10,12 +10,16 @@ Everything computed from averaged (shared) inputs -- orthonormalization and the 
 peer gets the same bits from the same P_mean and Q_mean whatever its CPU or thread count. The initial Q
 comes from integer draws of a seeded generator, identical on every peer for the same seed.
 `error` and `q` are replaced each round, never modified in place, so references kept by a checkpoint
-stay valid. `matrix_shape`/`to_matrix`/`from_matrix` view any tensor as a matrix and `worthwhile` is the
+stay valid; the replaced error matrix is reused for the next round's M + E only when nothing else
+holds it (saves allocating and faulting in a fresh matrix each round; the class makes no lasting
+views of it, and a checkpoint holds the tensor itself). Results are always new matrices: callers
+keep views of them. `matrix_shape`/`to_matrix`/`from_matrix` view any tensor as a matrix and `worthwhile` is the
 minimum-compression gate: tensors that would not shrink enough should go as fp16 instead.
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -134,6 +138,7 @@ class PowerSGD:
         self.min_compression = min_compression
         self.q = _initial_q(cols, rank, seed)
         self.error = torch.zeros(rows, cols, dtype=torch.float32)
+        self._spare: torch.Tensor | None = None   # the error matrix of two rounds ago, for reuse
         self._corrected: torch.Tensor | None = None
         self._p_hat: torch.Tensor | None = None
 
@@ -151,7 +156,11 @@ class PowerSGD:
     def p_step(self, m: torch.Tensor) -> torch.Tensor:
         """Phase 1: P = (M + E) Q, to be averaged across peers."""
         self._check(m, self.shape, "gradient", finite=False)  # NaN/Inf in m shows in m + E
-        corrected = m + self.error
+        spare, self._spare = self._spare, None
+        if spare is not None and sys.getrefcount(spare) == 2:  # only `spare` refers to it: safe to overwrite
+            corrected = torch.add(m, self.error, out=spare)
+        else:
+            corrected = m + self.error
         if not all_finite(corrected):
             raise CodecError("PowerSGD gradient contains NaN or Inf (or overflows with the carried error)")
         self._corrected = corrected
@@ -172,7 +181,7 @@ class PowerSGD:
             raise RuntimeError("finish before q_step")
         self._check(q_mean, (self.shape[1], self.rank), "Q mean")
         approx = outer_sum(self._p_hat, q_mean, subtract_from=self._corrected)
-        self.error = self._corrected
+        self._spare, self.error = self.error, self._corrected
         self.q = q_mean.clone()
         self._corrected = None
         self._p_hat = None
