@@ -7,40 +7,20 @@ import time
 import pytest
 import torch
 
-from ml.allreduce import AllReduceGroup, DeadlinePolicy, ExcludedFromRound, TcpTransport
+from ml.allreduce import DeadlinePolicy, ExcludedFromRound
 from ml.allreduce.wire import Frame, Kind
 from ml.codecs import ErrorFeedback, get_codec
+
+import loopback_groups
+from loopback_groups import close_all, ids, run
 
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 CHUNK = 1024  # all-gather pieces are 4 KiB
 
 
-def ids(n):
-    return [f"peer{i}" for i in range(n)]
-
-
 async def make_groups(n, **kwargs):
-    names = ids(n)
-    transports = [TcpTransport(name) for name in names]
-    addresses = {t.my_id: await t.start() for t in transports}
-    for t in transports:
-        t.addresses.update(addresses)
     kwargs.setdefault("chunk_numel", CHUNK)
-    groups = [AllReduceGroup(t, t.my_id, names, **kwargs) for t in transports]
-    for g in groups:
-        await g.start()
-    return groups, transports
-
-
-async def close_all(groups, transports):
-    for g in groups:
-        await g.close()
-    for t in transports:
-        await t.close()
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return await loopback_groups.make_groups(n, **kwargs)
 
 
 def contributions(n, numel, seed):

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from ml.allreduce import AllReduceGroup, DeadlinePolicy, TcpTransport
+from ml.allreduce import DeadlinePolicy
 from ml.allreduce.wire import Kind
 from ml.job import run_local_job
 from ml.train.allreduce_averager import AllGatherAverager, averager_for_group, group_codec
@@ -15,31 +15,15 @@ from ml.train.averaging import LocalAveragingGroup
 from ml.train.recipes import recipe
 from ml.train.simulation import train_simulated
 
+import loopback_groups
+from loopback_groups import close_all, ids
+
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 SHAPES = [(64, 32), (32,), (10, 32)]
 
 
-def ids(n):
-    return [f"peer{i}" for i in range(n)]
-
-
 async def make_groups(n, **kwargs):
-    names = ids(n)
-    transports = [TcpTransport(name) for name in names]
-    addresses = {t.my_id: await t.start() for t in transports}
-    for t in transports:
-        t.addresses.update(addresses)
-    groups = [AllReduceGroup(t, t.my_id, names, chunk_numel=1024, **kwargs) for t in transports]
-    for g in groups:
-        await g.start()
-    return groups, transports
-
-
-async def close_all(groups, transports):
-    for g in groups:
-        await g.close()
-    for t in transports:
-        await t.close()
+    return await loopback_groups.make_groups(n, chunk_numel=1024, **kwargs)
 
 
 def gradients(rank, round_id):

@@ -19,33 +19,17 @@ from ml.allreduce.plan import make_plan
 from ml.allreduce.wire import HEADER, VERSION, Frame, Kind, encode_frame
 from ml.codecs.base import CODEC_IDS, pack_header
 
+import loopback_groups
+from loopback_groups import close_all, ids, run
+
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 CHUNK = 1024
 
 
-def ids(n):
-    return [f"peer{i}" for i in range(n)]
-
-
 async def make_groups(n, names=None, **kwargs):
-    names = names or ids(n)
-    transports = [TcpTransport(name) for name in names]
-    addresses = {t.my_id: await t.start() for t in transports}
-    for t in transports:
-        t.addresses.update(addresses)
     kwargs.setdefault("chunk_numel", CHUNK)
     kwargs.setdefault("deadlines", DeadlinePolicy())
-    groups = [AllReduceGroup(t, t.my_id, names, **kwargs) for t in transports]
-    for g in groups:
-        await g.start()
-    return groups, transports
-
-
-async def close_all(groups, transports):
-    for g in groups:
-        await g.close()
-    for t in transports:
-        await t.close()
+    return await loopback_groups.make_groups(n, names, **kwargs)
 
 
 def contributions(n, numel, seed=0):
@@ -61,10 +45,6 @@ def mean_in_order(xs):
 
 def flat(result):
     return torch.cat([t.reshape(-1) for t in result.tensors])
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -1,0 +1,33 @@
+"""All-reduce groups of TcpTransport peers on 127.0.0.1 in one process, shared by the ml tests."""
+import asyncio
+
+from ml.allreduce import AllReduceGroup, TcpTransport
+
+
+def ids(n):
+    return [f"peer{i}" for i in range(n)]
+
+
+async def make_groups(n, names=None, **kwargs):
+    """`n` started groups (peers `names`, default peer0..), every transport knowing every address;
+    `kwargs` go to AllReduceGroup. Returns (groups, transports)."""
+    names = names or ids(n)
+    transports = [TcpTransport(name) for name in names]
+    addresses = {t.my_id: await t.start() for t in transports}
+    for t in transports:
+        t.addresses.update(addresses)
+    groups = [AllReduceGroup(t, t.my_id, names, **kwargs) for t in transports]
+    for g in groups:
+        await g.start()
+    return groups, transports
+
+
+async def close_all(groups, transports):
+    for g in groups:
+        await g.close()
+    for t in transports:
+        await t.close()
+
+
+def run(coro, timeout=60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
