@@ -47,6 +47,7 @@ from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
 from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
+from tests.netlab.commands import serve_commands  # noqa: E402
 
 MIB = 1 << 20
 LIMITS = HostLimits(max_connections_per_peer=64)
@@ -218,31 +219,12 @@ class Agent:
                                for p in self.service.submitted]
         return out
 
-    # ---- command loop
-    async def answer(self, line: str) -> None:
-        cmd_id = None
-        try:
-            cmd = json.loads(line)
-            cmd_id = cmd.pop("id", None)
-            op = getattr(self, f"op_{cmd.pop('op')}")
-            reply = {"id": cmd_id, "ok": True, "result": await op(**cmd)}
-        except Exception as exc:  # every failure is reported to the orchestrator, never fatal
-            reply = {"id": cmd_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), flush=True)
-
     async def run(self) -> None:
         await self.start()
         print("READY " + json.dumps({"peer_id": self.host.peer_id, "addrs": self.host.listen_addrs,
                                      "punch_port": self.puncher.port}), flush=True)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        tasks = set()
-        while line := await reader.readline():
-            task = asyncio.ensure_future(self.answer(line.decode()))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        for task in [*tasks, self.keeper, self.inbound_puncher]:
+        await serve_commands(self)
+        for task in (self.keeper, self.inbound_puncher):
             if task is not None:
                 task.cancel()
         await self.host.stop()

@@ -39,6 +39,7 @@ from node.config import load_config  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.roles import BasicRole  # noqa: E402
 from node.runtime import Node  # noqa: E402
+from tests.netlab.commands import serve_commands  # noqa: E402
 
 ECHO_PROTOCOL = "/dekube/netlab-echo/1.0.0"
 RESERVE_TIMEOUT_S = 30.0
@@ -48,6 +49,18 @@ def contribution(peer_id: str, numel: int) -> torch.Tensor:
     """The tensor ``peer_id`` contributes to a netlab all-reduce (the test recomputes it)."""
     seed = int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") >> 1
     return torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+
+
+async def echo_round_trip(stream) -> None:
+    """Send 64 KiB on an echo stream, half-close, and check that the same bytes come back."""
+    payload = os.urandom(64 << 10)
+    await stream.write(payload)
+    await stream.close()
+    echoed = b""
+    while chunk := await stream.read():
+        echoed += chunk
+    if echoed != payload:
+        raise RuntimeError(f"echo returned {len(echoed)} bytes, not the {len(payload)} sent")
 
 
 async def serve_echo(stream) -> None:
@@ -74,16 +87,9 @@ class NodeAgent:
 
     async def op_echo(self, peer: str, circuits: list[str]) -> dict:
         self.node.host.peerbook.add_addrs(peer, circuits)
-        payload = os.urandom(64 << 10)
         started = time.monotonic()
         stream = await self.node.host.open_stream(peer, ECHO_PROTOCOL)
-        await stream.write(payload)
-        await stream.close()
-        echoed = b""
-        while chunk := await stream.read():
-            echoed += chunk
-        if echoed != payload:
-            raise RuntimeError(f"echo returned {len(echoed)} bytes, not the {len(payload)} sent")
+        await echo_round_trip(stream)
         conn = stream.connection
         peername = conn.secure.tcp.peername
         return {"path": "relayed" if self.relay_client.pipe_for(conn) else "direct",
@@ -92,18 +98,10 @@ class NodeAgent:
 
     async def op_bulk_echo(self, peer: str) -> dict:
         """Echo 64 KiB over a new dedicated bulk connection (what the all-reduce opens)."""
-        payload = os.urandom(64 << 10)
         started = time.monotonic()
         conn = await self.node.host.open_bulk_connection(peer)
         try:
-            stream = await conn.open_stream(ECHO_PROTOCOL)
-            await stream.write(payload)
-            await stream.close()
-            echoed = b""
-            while chunk := await stream.read():
-                echoed += chunk
-            if echoed != payload:
-                raise RuntimeError(f"echo returned {len(echoed)} bytes, not the {len(payload)} sent")
+            await echo_round_trip(await conn.open_stream(ECHO_PROTOCOL))
             return {"path": "relayed" if self.relay_client.pipe_for(conn) else "direct",
                     "seconds": time.monotonic() - started}
         finally:
@@ -128,23 +126,12 @@ class NodeAgent:
         result = await group.allreduce([mine], round_id)
         digest = await asyncio.to_thread(lambda: hashlib.sha256(result.tensors[0].numpy().tobytes()).hexdigest())
         paths = {peer: await self.op_paths(peer) for peer in peers}
-        return {"sha256": digest, "norm": float(result.tensors[0].norm()), "participants": list(result.participants), "attempts": result.attempts,
-                "bytes_sent": result.bytes_sent, "paths": paths}
+        return {"sha256": digest, "norm": float(result.tensors[0].norm()), "participants": list(result.participants),
+                "attempts": result.attempts, "bytes_sent": result.bytes_sent, "paths": paths}
 
     async def op_hole_punch(self) -> dict | None:
         punching = self.node.relay_client.punching
         return punching.status() if punching is not None else None
-
-    async def answer(self, line: str) -> None:
-        cmd_id = None
-        try:
-            cmd = json.loads(line)
-            cmd_id = cmd.pop("id", None)
-            op = getattr(self, f"op_{cmd.pop('op')}")
-            reply = {"id": cmd_id, "ok": True, "result": await op(**cmd)}
-        except Exception as exc:  # every failure is reported to the orchestrator, never fatal
-            reply = {"id": cmd_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), flush=True)
 
     async def run(self) -> None:
         node_task = asyncio.ensure_future(self.node.run())
@@ -155,7 +142,7 @@ class NodeAgent:
             print("READY " + json.dumps({"peer_id": self.node.peer_id, "addrs": self.node.host.listen_addrs,
                                          "punch_port": punching.puncher.port if punching else None,
                                          "relayed_addrs": self.relay_client.relayed_addrs}), flush=True)
-            await self._serve_commands()
+            await serve_commands(self)
         finally:
             for group in self.groups.values():
                 await group.close(linger_s=2.0)
@@ -172,17 +159,6 @@ class NodeAgent:
                 raise RuntimeError(f"no reservation within {RESERVE_TIMEOUT_S} s")
             await asyncio.sleep(0.05)
 
-    async def _serve_commands(self) -> None:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        tasks = set()
-        while line := await reader.readline():
-            task = asyncio.ensure_future(self.answer(line.decode()))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        for task in tasks:
-            task.cancel()
 
 
 def main() -> None:
