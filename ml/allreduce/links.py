@@ -1,7 +1,9 @@
 """Outgoing frames: one stream per peer, fed by a bounded queue and drained by one writer task.
 
 A single writer per peer keeps frames whole on the stream (cancelling an attempt never cuts a
-frame in half) and gives back-pressure: `send` waits while the queue is full. Data frames (PART,
+frame in half) and gives back-pressure: `send` waits while the queue is full. The queue serves
+earlier rounds first and, within an attempt, parts before results; the writers take turns on the
+uplink one frame at a time (uplink.py, docs/adr/0097). Data frames (PART,
 RESULT) of an attempt that this peer abandoned are skipped rather than sent; those of an attempt it
 committed are always sent, even after it moved on to later rounds: slower members still need them
 to finish that attempt (docs/adr/0090). A stream that cannot be opened or written marks the peer
@@ -11,15 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Callable
 
-from .transport import Transport
+from .transport import Stream, Transport
+from .uplink import UplinkTurn
 from .wire import Frame, Kind, encode_frame
 
 QUEUE_FRAMES = 8
 KEEP_ABANDONED_ROUNDS = 4  # abandoned attempts are remembered for this many recent rounds
 OPEN_TIMEOUT_S = 10.0
 DATA_KINDS = (Kind.PART, Kind.RESULT)
+# order within a peer's queue: earlier rounds and attempts first; within one, control frames
+# (PING, VIEW), then contribution parts (they unblock the reducers), then results
+_RANK = {Kind.PART: 1, Kind.RESULT: 2, Kind.COMMITTED: 2}
 
 
 class PeerLinks:
@@ -32,6 +39,8 @@ class PeerLinks:
         self._abandoned: dict[int, set[int]] = {}  # round -> attempts whose data frames are skipped
         self._close_grace_s = 1.0
         self.bytes_sent = 0
+        self._seq = 0  # queue entries' tie-breaker: FIFO within one rank
+        self.uplink = UplinkTurn()
 
     def abandon(self, round_id: int, attempt: int) -> None:
         """Skip the data frames of this attempt still queued (it failed or was superseded here)."""
@@ -42,22 +51,26 @@ class PeerLinks:
     def is_abandoned(self, frame: Frame) -> bool:
         return frame.kind in DATA_KINDS and frame.attempt in self._abandoned.get(frame.round_id, ())
 
-    async def send(self, peer: str, frame: Frame) -> None:
+    def _queue(self, peer: str) -> asyncio.PriorityQueue:
         queue = self._queues.get(peer)
         if queue is None:
-            queue = self._queues[peer] = asyncio.Queue(QUEUE_FRAMES)
+            queue = self._queues[peer] = asyncio.PriorityQueue(QUEUE_FRAMES)
             self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
-        await queue.put(frame)
+        return queue
+
+    def _entry(self, frame: Frame) -> tuple:
+        self._seq += 1
+        return (frame.round_id, frame.attempt, _RANK.get(frame.kind, 0), self._seq, frame)
+
+    async def send(self, peer: str, frame: Frame) -> None:
+        await self._queue(peer).put(self._entry(frame))
 
     def send_nowait(self, peer: str, frame: Frame) -> bool:
         """Queue a frame if there is room right now (for PINGs: a busy link shows life anyway)."""
-        queue = self._queues.get(peer)
-        if queue is None:
-            queue = self._queues[peer] = asyncio.Queue(QUEUE_FRAMES)
-            self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
+        queue = self._queue(peer)
         if queue.full():
             return False
-        queue.put_nowait(frame)
+        queue.put_nowait(self._entry(frame))
         return True
 
     async def flush(self, timeout: float) -> None:
@@ -83,7 +96,7 @@ class PeerLinks:
         stream = None
         try:
             while True:
-                frame = await queue.get()
+                frame = (await queue.get())[-1]
                 try:
                     if self.is_abandoned(frame):
                         continue
@@ -91,8 +104,7 @@ class PeerLinks:
                         stream = await asyncio.wait_for(
                             self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
                     buffers = encode_frame(frame)
-                    for buf in buffers:
-                        await stream.write(buf)
+                    await self.uplink.write(functools.partial(_write_all, stream, buffers))
                     self.bytes_sent += sum(len(b) for b in buffers)
                 finally:
                     queue.task_done()
@@ -111,3 +123,8 @@ class PeerLinks:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(stream.close(), self._close_grace_s)
+
+
+async def _write_all(stream: Stream, buffers: list) -> None:
+    for buf in buffers:
+        await stream.write(buf)

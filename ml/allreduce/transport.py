@@ -30,6 +30,15 @@ DIRECT_READ_BYTES = 128 << 10  # reads this large land in place (and come back a
 #                                above wire.MAX_META_BYTES so JSON meta always comes back as bytes
 SCRATCH_BYTES = 256 << 10      # receive buffer for everything not received in place
 MAX_HELLO_FIELD = 255
+UNSENT_LOWAT_BYTES = 64 << 10  # TCP_NOTSENT_LOWAT: writers wait while more than this is unsent
+
+
+def set_unsent_lowat(sock: socket.socket) -> None:
+    """Keep at most ~64 KiB of not-yet-sent bytes in the kernel (in-flight bytes are not limited):
+    a write then returns about when its frame is on the wire, so the uplink's turn-taking
+    (uplink.py) decides the order frames leave in. Best effort: a no-op where unsupported."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LOWAT_BYTES)
 
 
 class Stream(Protocol):
@@ -91,6 +100,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_unsent_lowat(sock)
         if self._on_connected is not None:
             self._on_connected(self)
 
