@@ -9,7 +9,11 @@ gives every flow its share frame by frame and keeps the others' connections warm
 A destination that stops reading must not stall the others: a turn ends after `hold_s` even if
 its write has not returned; that write goes on outside the rotation. `hold_s` follows the
 observed write times (a multiple of their recent median, within bounds), so slow links do not
-lose the rotation and a frozen peer costs at most one hold.
+lose the rotation; a frozen peer costs at most one hold. Frames that leave one by one do not all
+take the median time (a receiver's downlink is shared with other senders): holds of 4x the median
+(~50 ms on the benchmark links) ended healthy turns and cost 0.1-0.2 s per round. Serving waiting
+writers by frame kind (every destination's parts before any results) measured no better than
+plain rotation.
 """
 from __future__ import annotations
 
@@ -19,10 +23,10 @@ import time
 from collections import deque
 from typing import Awaitable, Callable
 
-HOLD_FACTOR = 4.0      # a turn lasts at most this many recent median write times ...
-HOLD_FLOOR_S = 0.05    # ... but at least this long
-HOLD_CEIL_S = 1.0      # ... and at most this long
-HOLD_INITIAL_S = 0.25  # before any write was timed
+HOLD_FACTOR = 8.0      # a turn lasts at most this many recent median write times ...
+HOLD_FLOOR_S = 0.5     # ... but at least this long (shorter holds cut healthy turns: ADR 0097)
+HOLD_CEIL_S = 2.0      # ... and at most this long
+HOLD_INITIAL_S = 0.5   # before any write was timed
 RECENT_WRITES = 16
 
 

@@ -118,11 +118,15 @@ def test_the_hold_limit_follows_the_observed_write_times():
         await turn.write(lambda: asyncio.sleep(seconds))
 
     async def main():
-        for _ in range(5):
-            await write_taking(0.03)
+        for _ in range(3):
+            await write_taking(0.01)
+        short = turn.hold_s
+        for _ in range(4):
+            await write_taking(0.1)
+        return short
 
-    asyncio.run(main())
-    assert 0.1 <= turn.hold_s <= 0.2  # 4x a ~30 ms median
+    assert asyncio.run(main()) == uplink_module.HOLD_FLOOR_S
+    assert 0.75 <= turn.hold_s <= 1.0  # 8x a ~100 ms median
     turn._recent.extend([10.0] * uplink_module.RECENT_WRITES)
     assert turn.hold_s == uplink_module.HOLD_CEIL_S
 
