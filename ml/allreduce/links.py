@@ -3,7 +3,7 @@
 A single writer per peer keeps frames whole on the stream (cancelling an attempt never cuts a
 frame in half) and gives back-pressure: `send` waits while the queue is full. The queue serves
 earlier rounds first and, within an attempt, parts before results; the writers take turns on the
-uplink one frame at a time (uplink.py, docs/adr/0097). Data frames (PART,
+uplink, one piece of at most `TURN_BYTES` at a time (uplink.py, docs/adr/0097). Data frames (PART,
 RESULT) of an attempt that this peer abandoned are skipped rather than sent; those of an attempt it
 committed are always sent, even after it moved on to later rounds: slower members still need them
 to finish that attempt (docs/adr/0090). A stream that cannot be opened or written marks the peer
@@ -24,6 +24,7 @@ QUEUE_FRAMES = 8
 KEEP_ABANDONED_ROUNDS = 4  # abandoned attempts are remembered for this many recent rounds
 OPEN_TIMEOUT_S = 10.0
 DATA_KINDS = (Kind.PART, Kind.RESULT)
+TURN_BYTES = 256 << 10  # the most one turn on the uplink writes (a large frame takes several turns)
 # order within a peer's queue: earlier rounds and attempts first; within one, control frames
 # (PING, VIEW), then contribution parts (they unblock the reducers), then results
 _RANK = {Kind.PART: 1, Kind.RESULT: 2, Kind.COMMITTED: 2}
@@ -104,7 +105,8 @@ class PeerLinks:
                         stream = await asyncio.wait_for(
                             self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
                     buffers = encode_frame(frame)
-                    await self.uplink.write(functools.partial(_write_all, stream, buffers))
+                    for piece in _pieces(buffers, TURN_BYTES):
+                        await self.uplink.write(functools.partial(_write_all, stream, piece))
                     self.bytes_sent += sum(len(b) for b in buffers)
                 finally:
                     queue.task_done()
@@ -128,3 +130,21 @@ class PeerLinks:
 async def _write_all(stream: Stream, buffers: list) -> None:
     for buf in buffers:
         await stream.write(buf)
+
+
+def _pieces(buffers: list, limit: int) -> list[list]:
+    """The frame's buffers regrouped into pieces of at most `limit` bytes (views, no copies)."""
+    pieces, piece, size = [], [], 0
+    for buf in buffers:
+        view = memoryview(buf)  # one-byte items (wire.payload_parts)
+        while len(view):
+            take = view[:limit - size]
+            piece.append(take)
+            size += len(take)
+            view = view[len(take):]
+            if size == limit:
+                pieces.append(piece)
+                piece, size = [], 0
+    if piece:
+        pieces.append(piece)
+    return pieces

@@ -4,7 +4,7 @@ import asyncio
 import socket
 
 from ml.allreduce import uplink as uplink_module
-from ml.allreduce.links import PeerLinks
+from ml.allreduce.links import PeerLinks, _pieces
 from ml.allreduce.transport import UNSENT_LOWAT_BYTES, TcpTransport
 from ml.allreduce.wire import HEADER_SIZE, Frame, Kind, parse_header
 
@@ -176,3 +176,46 @@ def test_tcp_transport_sockets_keep_little_unsent_data():
         return values
 
     assert asyncio.run(main()) == [UNSENT_LOWAT_BYTES, UNSENT_LOWAT_BYTES]
+
+
+def test_a_frame_is_cut_into_pieces_of_at_most_turn_bytes_without_copying_its_bytes():
+    buffers = [b"h" * 40, memoryview(bytearray(range(256)) * 5), b"", b"t" * 3]
+    pieces = _pieces(buffers, 100)
+    sizes = [sum(len(b) for b in piece) for piece in pieces]
+    assert sizes == [100] * 13 + [23]
+    assert b"".join(bytes(b) for piece in pieces for b in piece) == b"".join(bytes(b) for b in buffers)
+
+
+def test_large_frames_to_two_peers_take_turns_piece_by_piece():
+    async def main():
+        writes = []
+
+        class Stream:
+            def __init__(self, peer):
+                self.peer = peer
+
+            async def write(self, data):
+                writes.append((self.peer, len(data)))
+                await asyncio.sleep(0.002)
+
+            async def close(self):
+                pass
+
+            def reset(self):
+                pass
+
+        class Transport:
+            async def open_stream(self, peer, protocol):
+                return Stream(peer)
+
+        links = PeerLinks(Transport(), "/t", lambda peer, reason: None)
+        payload = b"x" * (3 * (256 << 10))
+        await asyncio.gather(links.send("a", Frame(Kind.PART, 1, 0, 0, 0, {}, payload)),
+                             links.send("b", Frame(Kind.PART, 1, 0, 0, 0, {}, payload)))
+        await links.flush(5.0)
+        await links.close()
+        return writes
+
+    peers = [peer for peer, size in asyncio.run(main()) if size > 1000]
+    # no peer gets two large pieces in a row while the other still has some queued
+    assert peers[:6] in (["a", "b"] * 3, ["b", "a"] * 3), peers
