@@ -5,8 +5,9 @@ decodes the chunks of all members, sums them exactly in fp32 in the members' sor
 contribution unquantized), divides by the member count, encodes that mean once and sends the same
 bytes to everyone; it keeps the decoding of those bytes itself, so all members hold the same bits.
 So every value is quantized at most twice (contribution, result) whatever the group size.
-Parts go to all reducers, and results to all members, concurrently (one stream each); a staggered
-schedule (one destination after another) measured slower on the shaped benchmark links.
+Parts go to all reducers, and results to all members, concurrently (one stream each); the links
+interleave them on the uplink in turns of 256 KiB (links.py, uplink.py, docs/adr/0097). A
+staggered schedule (all of one destination, then the next) measured slower.
 Non-reducers (NAT'd or slow peers) only send parts and receive results.
 """
 from __future__ import annotations
