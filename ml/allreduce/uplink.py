@@ -1,10 +1,11 @@
-"""Takes turns on this peer's uplink: one frame at a time, writers served in the order they asked.
+"""Takes turns on this peer's uplink: one piece at a time, writers served in the order they asked.
 
 A butterfly sends to every other member at once. Left to themselves, those TCP flows share the
 uplink (and each receiver's downlink) unevenly: on 100 Mbit/s links the all-to-all traffic ran at
-~80% of the link against ~95% for one flow per link. Writing one frame at a time, in rotation over
-the destinations, while the socket keeps little unsent data (TCP_NOTSENT_LOWAT, transport.py),
-gives every flow its share frame by frame and keeps the others' connections warm (ADR 0097).
+~80% of the link against ~95% for one flow per link. Writing one piece (at most links.TURN_BYTES)
+at a time, in rotation over the destinations, while the socket keeps little unsent data
+(TCP_NOTSENT_LOWAT, transport.py), gives every flow its share piece by piece and keeps the others'
+connections warm (ADR 0097).
 
 A destination that stops reading must not stall the others: a turn ends after `hold_s` even if
 its write has not returned; that write goes on outside the rotation. `hold_s` follows the
@@ -43,7 +44,7 @@ class UplinkTurn:
         return min(max(HOLD_FACTOR * statistics.median(self._recent), HOLD_FLOOR_S), HOLD_CEIL_S)
 
     async def write(self, write: Callable[[], Awaitable[None]]) -> None:
-        """Run `write` (one whole frame) in this writer's turn."""
+        """Run `write` (one piece of a frame) in this writer's turn."""
         await self._lock.acquire()
         released = False
 
