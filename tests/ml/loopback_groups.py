@@ -8,14 +8,20 @@ def ids(n):
     return [f"peer{i}" for i in range(n)]
 
 
-async def make_groups(n, names=None, **kwargs):
-    """`n` started groups (peers `names`, default peer0..), every transport knowing every address;
-    `kwargs` go to AllReduceGroup. Returns (groups, transports)."""
-    names = names or ids(n)
+async def start_transports(names):
+    """Started TcpTransports for `names`, every one knowing every address."""
     transports = [TcpTransport(name) for name in names]
     addresses = {t.my_id: await t.start() for t in transports}
     for t in transports:
         t.addresses.update(addresses)
+    return transports
+
+
+async def make_groups(n, names=None, **kwargs):
+    """`n` started groups (peers `names`, default peer0..), every transport knowing every address;
+    `kwargs` go to AllReduceGroup. Returns (groups, transports)."""
+    names = names or ids(n)
+    transports = await start_transports(names)
     groups = [AllReduceGroup(t, t.my_id, names, **kwargs) for t in transports]
     for g in groups:
         await g.start()

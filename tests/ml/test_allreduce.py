@@ -383,10 +383,7 @@ def test_a_reducer_that_commits_and_starts_the_next_round_still_delivers_its_que
     an old round, and peer1 waited on peer0 forever, kept 'alive' by its round-1 PINGs)."""
     async def main():
         names = ids(2)
-        transports = [TcpTransport(name) for name in names]
-        addresses = {t.my_id: await t.start() for t in transports}
-        for t in transports:
-            t.addresses.update(addresses)
+        transports = await loopback_groups.start_transports(names)
         held = _ResultsHeldTransport(transports[0])
         # peer1 only contributes, so all that peer0 sends it in round 0 is its results
         groups = [AllReduceGroup(tr, name, names, chunk_numel=CHUNK, deadlines=FAST, non_reducers={"peer1"})
@@ -451,10 +448,7 @@ def test_a_member_that_stops_reading_is_excluded_without_holding_up_the_others(m
     VIEWs to the others must still go out (they used to wait behind the one to peer2: a hang)."""
     async def main():
         names = ids(3)
-        transports = [TcpTransport(name) for name in names]
-        addresses = {t.my_id: await t.start() for t in transports}
-        for t in transports:
-            t.addresses.update(addresses)
+        transports = await loopback_groups.start_transports(names)
         wrapped = [_StoppedPeerTransport(t, "peer2") for t in transports[:2]]
         groups = [AllReduceGroup(t, name, names, mode=mode, chunk_numel=CHUNK, deadlines=FAST)
                   for t, name in zip(wrapped, names)]

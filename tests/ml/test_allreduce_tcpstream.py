@@ -14,7 +14,7 @@ import pytest
 import torch
 import uvloop
 
-from ml.allreduce import AllReduceGroup
+from loopback_groups import make_groups
 from ml.allreduce.transport import DIRECT_READ_BYTES, READ_BUFFER_BYTES, SCRATCH_BYTES, TcpStream, TcpTransport
 from ml.allreduce.wire import MAX_META_BYTES, Frame, Kind, encode_frame, read_frame
 
@@ -421,14 +421,7 @@ def test_group_rounds_with_chunks_received_in_place(codec, mode, bound, monkeypa
     monkeypatch.setattr(TcpStream, "readexactly", counting_readexactly)
 
     async def main():
-        transports = [TcpTransport(f"peer{i}") for i in range(n)]
-        addresses = {t.my_id: await t.start() for t in transports}
-        for t in transports:
-            t.addresses.update(addresses)
-        groups = [AllReduceGroup(t, t.my_id, sorted(addresses), codec=codec, mode=mode, chunk_numel=1 << 18)
-                  for t in transports]
-        for g in groups:
-            await g.start()
+        groups, transports = await make_groups(n, codec=codec, mode=mode, chunk_numel=1 << 18)
         xs = [torch.randn(numel, generator=torch.Generator().manual_seed(40 + i)) for i in range(n)]
         try:
             for round_id in range(2):

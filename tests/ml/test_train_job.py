@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ml.allreduce import AllReduceGroup, TcpTransport
+from loopback_groups import close_all, make_groups
 from ml.compute.replay import replay_job
 from ml.job import JobFailed, run_local_job, train_over_group
 from ml.train.spec import TrainSpec
@@ -115,22 +115,12 @@ def test_powersgd_over_in_process_allreduce_groups_keeps_workers_identical():
     spec = recipe("digits-data-parallel", codec="powersgd1", steps=12, segment_steps=4)
 
     async def scenario():
-        names = ["a", "b"]
-        transports = [TcpTransport(name) for name in names]
-        addresses = {t.my_id: await t.start() for t in transports}
-        groups = []
-        for t in transports:
-            t.addresses.update(addresses)
-            groups.append(AllReduceGroup(t, t.my_id, names, codec=group_codec(spec)))
-            await groups[-1].start()
+        groups, transports = await make_groups(2, names=["a", "b"], codec=group_codec(spec))
         try:
             return await asyncio.wait_for(asyncio.gather(
                 *(train_over_group(spec, rank, 2, g) for rank, g in enumerate(groups))), 120)
         finally:
-            for g in groups:
-                await g.close()
-            for t in transports:
-                await t.close()
+            await close_all(groups, transports)
 
     first, second = asyncio.run(scenario())
     assert first["params_hash"] == second["params_hash"]

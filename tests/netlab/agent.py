@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -111,12 +112,10 @@ class Agent:
         stream = await self.host.open_stream(await self.host.connect(addr), protocol)
         await stream.write(bytes.fromhex(data))
         reply = b""
-        try:
+        with contextlib.suppress(ConnectionError):  # the peer may reset the stream after answering
             async with asyncio.timeout(15):
                 while chunk := await stream.read():
                     reply += chunk
-        except ConnectionError:
-            pass  # reset after the answer
         return reply.hex()
 
     async def op_ping(self, addr: str) -> float:
