@@ -3,7 +3,7 @@ import copy
 
 import pytest
 
-from consensus import chaincheck
+from devtools import chaincheck
 from consensus.genesis import Genesis, GenesisValidator
 from node.identity import Identity
 

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from consensus.genesis import Genesis, GenesisValidator, Params
-from consensus.testnet import free_ports
+from devtools.testnet import free_ports
 from consensus.tx import build_tx
 from consensus.validator import ValidatorRole, ValidatorStartError
 from node.config import load_config

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 
 from consensus import rpcclient
-from consensus.chaincheck import check_chain
-from consensus.loadgen import WalletLoad
-from consensus.testnet import Testnet
+from devtools.chaincheck import check_chain
+from devtools.loadgen import WalletLoad
+from devtools.testnet import Testnet
 from consensus.tx import build_tx
 from node.identity import Identity
 

@@ -46,7 +46,7 @@ from relay.holepunch import HolePuncher  # noqa: E402
 from relay.holepunch_dial import dial_peer  # noqa: E402
 from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
-from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
+from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 from tests.netlab.commands import serve_commands  # noqa: E402
 

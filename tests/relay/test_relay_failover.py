@@ -6,7 +6,7 @@ import os
 import time
 
 from node.identity import Identity
-from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
+from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from relay.service import RelayLimits
 from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from consensus.encoding import encode
 from relay.messages import frame
-from relay.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
-from relay.stall import StallTimer
+from devtools.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
+from devtools.stall import StallTimer
 
 
 class MemoryStream:
