@@ -31,8 +31,8 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from consensus.testnet import Testnet  # noqa: E402
 from consensus.tx import build_tx  # noqa: E402
+from devtools.testnet import Testnet  # noqa: E402
 from node.identity import Identity  # noqa: E402
 
 P99_LIMIT_S = 2.0

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from cli.errors import CliError
-from consensus.testnet import MANIFEST, Testnet, TestnetError
-from ml.compute.devnet import COMPUTE_MANIFEST, ComputeDevnet
+from devtools.devnet import COMPUTE_MANIFEST, ComputeDevnet
+from devtools.testnet import MANIFEST, Testnet, TestnetError
 
 DEFAULT_HOME = Path("testnet")
 

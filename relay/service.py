@@ -1,16 +1,14 @@
 """The relay side of circuit relay v2: serves ``/hop`` (RESERVE, CONNECT), opens ``/stop`` circuits,
 splices the two streams and drives usage receipts.
 
-Admission (``Admission``) decides who may reserve and who may open circuits: peers registered on
-the ledger with at least ``min_stake`` (an injected lookup) or on the static allow-list. A
-reservation is refused over a relayed connection, beyond ``max_reservations`` in all or
-``max_reservations_per_ip`` per IP. A CONNECT needs a current reservation of the target (made
-here, on the record this relay signed the voucher for) and is refused beyond the circuit limits.
-Admitted circuits carry no Limit (no data or duration cap). Forwarding awaits every write (the
-yamux windows give end-to-end back-pressure: nothing is dropped, nothing buffered without bound)
-and moves whatever the stream has buffered in one write. Every ``receipt_interval_bytes`` per circuit,
-and when a circuit ends, the relay asks both endpoints to co-sign a cumulative receipt and passes
-the signed payload to ``submit``.
+Every admission and resource decision is ``RelayPolicy``'s (relay/policy.py, sans-I/O): this module
+reads and writes the streams, looks up a peer's stake (``Admission``: the allow-list and
+``min_stake`` rule plus an injected, possibly async, ledger lookup), tells the policy what happened
+and acts on its answers. Admitted circuits carry no Limit (no data or duration cap). Forwarding
+awaits every write (the yamux windows give end-to-end back-pressure: nothing is dropped, nothing
+buffered without bound) and moves whatever the stream has buffered in one write. When the policy
+says a receipt is due (every ``receipt_interval_bytes`` per circuit, and when a circuit ends), the
+relay asks both endpoints to co-sign a cumulative receipt and passes the signed payload to ``submit``.
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection
 
 from node.identity import Identity
 from node.p2p.errors import ProtocolError
@@ -33,8 +30,12 @@ from .messages import (
     HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, MessageReader, Peer, RelayMessageError, Reservation,
     Status, StopMessage, StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
 )
+from .policy import AdmissionRule, CircuitRecord, RelayLimits, RelayPolicy, ReservationRecord
 from .receipts import ReceiptError, build_receipt, relay_receipt_payload, request_signature
 from .voucher import seal_voucher
+
+__all__ = ["Admission", "RelayLimits", "RelayService", "ReservationRecord", "StakeLookup", "Submit",
+           "read_message"]
 
 log = logging.getLogger(__name__)
 
@@ -49,63 +50,33 @@ StakeLookup = Callable[[str], "int | None | Awaitable[int | None]"]
 Submit = Callable[[dict], Awaitable[None]]
 
 
-@dataclass
-class RelayLimits:
-    reservation_ttl: int = 3600           # seconds a reservation (and its voucher) lasts
-    max_reservations: int = 4096
-    max_reservations_per_ip: int = 16
-    max_circuits: int = 4096
-    max_circuits_per_peer: int = 64        # circuits a peer has open, as source or target
-    receipt_interval_bytes: int = 64 << 20
-    price_per_mib: int = 1
+class Admission(AdmissionRule):
+    """The admission rule (allow-list, or ledger stake >= ``min_stake``) with the stake lookup."""
 
-
-class Admission:
-    """Ledger-registered peers with enough stake, or peers on a static allow-list, are admitted."""
-
-    def __init__(self, allow_list: set[str] | frozenset[str] = frozenset(), min_stake: int = 0,
+    def __init__(self, allow_list: Collection[str] = frozenset(), min_stake: int = 0,
                  stake_of: StakeLookup | None = None) -> None:
-        self.allow_list = set(allow_list)
-        self.min_stake = min_stake
+        super().__init__(allow_list, min_stake)
         self._stake_of = stake_of
 
-    async def admits(self, peer_id: str) -> bool:
-        if peer_id in self.allow_list:
-            return True
+    async def stake(self, peer_id: str) -> int | None:
+        """``peer_id``'s ledger stake; None if it has none, no lookup is configured, or it failed."""
         if self._stake_of is None:
-            return False
+            return None
         try:
             stake = self._stake_of(peer_id)
             if inspect.isawaitable(stake):
                 stake = await stake
         except Exception as exc:  # a failing ledger lookup refuses, it never crashes the relay
             log.warning("relay admission lookup for %s failed: %s", peer_id, exc)
-            return False
-        return stake is not None and stake >= self.min_stake
+            return None
+        return stake
 
+    async def stake_if_needed(self, peer_id: str) -> int | None:
+        """The stake, looked up only for a peer the allow-list does not admit already."""
+        return await self.stake(peer_id) if self.needs_stake(peer_id) else None
 
-@dataclass
-class ReservationRecord:
-    peer: str
-    expire: int
-    ip: str
-
-
-@dataclass(eq=False)
-class Circuit:
-    src: str
-    dst: str
-    session: bytes
-    started: float = field(default_factory=time.monotonic)
-    src_to_dst: int = 0
-    dst_to_src: int = 0
-    receipted_bytes: int = 0
-    receipt: dict | None = None  # the latest fully co-signed receipt payload
-    receipt_task: asyncio.Task | None = None
-
-    @property
-    def bytes_total(self) -> int:
-        return self.src_to_dst + self.dst_to_src
+    async def admits(self, peer_id: str) -> bool:
+        return self.admits_with(peer_id, await self.stake_if_needed(peer_id))
 
 
 async def read_message(stream, decoder, reader: MessageReader | None = None):
@@ -134,17 +105,30 @@ class RelayService:
         self.host = host
         self.identity: Identity = host.identity
         self.admission = admission
-        self.limits = limits or RelayLimits()
+        self.policy = RelayPolicy(limits, admission)
         self.chain_id = chain_id
         self._submit = submit
         self._public_addrs = public_addrs
-        self.reservations: dict[str, ReservationRecord] = {}
-        self.circuits: set[Circuit] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._receipt_tasks: dict[CircuitRecord, asyncio.Task] = {}
         # the latest co-signed receipts (handed to submit, or only kept here when there is none)
         self.submitted: deque[dict] = deque(maxlen=KEEP_RECEIPTS)
-        self.counters = {"reservations_refused": 0, "circuits_refused": 0, "malformed": 0,
-                         "receipts": 0, "receipts_failed": 0, "circuits_closed": 0, "bytes_closed_circuits": 0}
+
+    @property
+    def limits(self) -> RelayLimits:
+        return self.policy.limits
+
+    @property
+    def reservations(self) -> dict[str, ReservationRecord]:
+        return self.policy.reservations
+
+    @property
+    def circuits(self) -> set[CircuitRecord]:
+        return self.policy.circuits
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.policy.counters
 
     def start(self) -> None:
         self.host.set_handler(HOP_PROTOCOL, self.serve_hop)
@@ -166,7 +150,7 @@ class RelayService:
         try:
             msg, _rest = await read_message(stream, decode_hop)
         except RelayMessageError as exc:
-            self.counters["malformed"] += 1
+            self.policy.malformed()
             log.debug("malformed hop message from %s: %s", stream.remote_peer, exc)
             await self._reply(stream, Status.MALFORMED_MESSAGE)
             return
@@ -187,13 +171,6 @@ class RelayService:
             if status != Status.OK or "reservation" in extra:
                 await stream.close()
 
-    def _live_reservation(self, peer: str) -> ReservationRecord | None:
-        record = self.reservations.get(peer)
-        if record is not None and record.expire <= time.time():
-            del self.reservations[peer]
-            return None
-        return record
-
     def _relay_addrs(self, stream) -> tuple[Multiaddr, ...]:
         """Our addresses for the reservation: the configured public ones, else the listen addresses
         with a wildcard host replaced by the IP this peer reached us on."""
@@ -207,60 +184,37 @@ class RelayService:
 
     async def _reserve(self, stream) -> None:
         peer = stream.remote_peer
-        remote = stream.connection.remote_addr
-        if remote is None:  # the reservation itself arrived over a relayed connection
-            self.counters["reservations_refused"] += 1
-            await self._reply(stream, Status.PERMISSION_DENIED)
+        remote = stream.connection.remote_addr  # None: the reservation arrived over a relayed connection
+        ip = None if remote is None else remote.tcp_endpoint()[0]
+        stake = None if ip is None else await self.admission.stake_if_needed(peer)
+        decision = self.policy.reserve(peer, ip, stake, time.time())
+        if not decision.accepted:
+            log.debug("reservation of %s refused: %s", peer, decision.reason)
+            await self._reply(stream, decision.status)
             return
-        if not await self.admission.admits(peer):
-            self.counters["reservations_refused"] += 1
-            await self._reply(stream, Status.PERMISSION_DENIED)
-            return
-        ip = remote.tcp_endpoint()[0]
-        now = time.time()
-        live = [r for r in self.reservations.values() if r.expire > now and r.peer != peer]
-        if (len(live) >= self.limits.max_reservations
-                or sum(1 for r in live if r.ip == ip) >= self.limits.max_reservations_per_ip):
-            self.counters["reservations_refused"] += 1
-            await self._reply(stream, Status.RESOURCE_LIMIT_EXCEEDED)
-            return
-        self.reservations = {r.peer: r for r in live}
-        expire = int(now) + self.limits.reservation_ttl
-        self.reservations[peer] = ReservationRecord(peer, expire, ip)
-        voucher = seal_voucher(self.identity, peer, expire)
-        await self._reply(stream, Status.OK, reservation=Reservation(expire, self._relay_addrs(stream), voucher))
+        voucher = seal_voucher(self.identity, peer, decision.expire)
+        await self._reply(stream, Status.OK,
+                          reservation=Reservation(decision.expire, self._relay_addrs(stream), voucher))
 
     # ---- connect
-    def _circuits_of(self, peer: str) -> int:
-        return sum(1 for c in self.circuits if peer in (c.src, c.dst))
-
     async def _connect(self, stream, msg: HopMessage) -> None:
         src = stream.remote_peer
         if msg.peer is None:
-            self.counters["malformed"] += 1
+            self.policy.malformed()
             await self._reply(stream, Status.MALFORMED_MESSAGE)
             return
         dst = msg.peer.peer_id
-        refusal = None
-        if not await self.admission.admits(src):
-            refusal = Status.PERMISSION_DENIED
-        elif dst == src or self._live_reservation(dst) is None:
-            refusal = Status.NO_RESERVATION
-        elif (len(self.circuits) >= self.limits.max_circuits
-              or self._circuits_of(src) >= self.limits.max_circuits_per_peer
-              or self._circuits_of(dst) >= self.limits.max_circuits_per_peer):
-            refusal = Status.RESOURCE_LIMIT_EXCEEDED
-        if refusal is not None:
-            self.counters["circuits_refused"] += 1
-            await self._reply(stream, refusal)
+        stake = await self.admission.stake_if_needed(src)
+        decision = self.policy.connect(src, dst, stake, os.urandom(16), time.time())
+        if decision.circuit is None:
+            log.debug("circuit %s -> %s refused: %s", src, dst, decision.reason)
+            await self._reply(stream, decision.status)
             return
-        circuit = Circuit(src, dst, os.urandom(16))
-        self.circuits.add(circuit)
+        circuit = decision.circuit
         try:
             stop_stream, stop_rest = await self._open_stop(circuit)
         except (ConnectionError, ProtocolError, TimeoutError, RuntimeError) as exc:
-            self.circuits.discard(circuit)
-            self.counters["circuits_refused"] += 1
+            self.policy.circuit_failed(circuit)
             log.debug("stop connect %s -> %s failed: %r", src, dst, exc)
             await self._reply(stream, Status.CONNECTION_FAILED)
             return
@@ -269,14 +223,13 @@ class RelayService:
                                                            session=circuit.session))))
             await self._splice(circuit, stream, stop_stream, stop_rest)
         finally:
-            self.circuits.discard(circuit)
-            self.counters["circuits_closed"] += 1
-            self.counters["bytes_closed_circuits"] += circuit.bytes_total
             stop_stream.reset()
-            # the final receipt outlives this handler (cancelled when the source's connection closes)
-            self._spawn(self._receipt_round(circuit))
+            in_flight = self._receipt_tasks.pop(circuit, None)
+            if self.policy.circuit_closed(circuit):
+                # the final receipt outlives this handler (cancelled when the source's connection closes)
+                self._spawn(self._receipt_round(circuit, after=in_flight))
 
-    async def _open_stop(self, circuit: Circuit):
+    async def _open_stop(self, circuit: CircuitRecord):
         async with asyncio.timeout(STOP_TIMEOUT):
             stop = await self.host.open_stream(circuit.dst, STOP_PROTOCOL)
             try:
@@ -291,7 +244,7 @@ class RelayService:
         return stop, rest
 
     # ---- forwarding
-    async def _splice(self, circuit: Circuit, src_stream, dst_stream, dst_rest: bytes) -> None:
+    async def _splice(self, circuit: CircuitRecord, src_stream, dst_stream, dst_rest: bytes) -> None:
         forward = asyncio.ensure_future(self._pump(src_stream, dst_stream, circuit, True, b""))
         backward = asyncio.ensure_future(self._pump(dst_stream, src_stream, circuit, False, dst_rest))
         try:
@@ -305,38 +258,29 @@ class RelayService:
                 task.cancel()
             await asyncio.gather(forward, backward, return_exceptions=True)
 
-    async def _pump(self, reader, writer, circuit: Circuit, forward: bool, first: bytes) -> None:
+    async def _pump(self, reader, writer, circuit: CircuitRecord, forward: bool, first: bytes) -> None:
         data = first
         while True:
             if data:
                 await writer.write(data)
-                if forward:
-                    circuit.src_to_dst += len(data)
-                else:
-                    circuit.dst_to_src += len(data)
-                if circuit.bytes_total - circuit.receipted_bytes >= self.limits.receipt_interval_bytes:
-                    self._start_receipt_round(circuit)
+                if self.policy.relayed(circuit, len(data), forward):
+                    self._receipt_tasks[circuit] = self._spawn(self._receipt_round(circuit))
             data = await reader.read(FORWARD_CHUNK)
             if not data:
                 await writer.close()
                 return
 
     # ---- receipts
-    def _start_receipt_round(self, circuit: Circuit) -> None:
-        if circuit.receipt_task is not None and not circuit.receipt_task.done():
-            return
-        circuit.receipted_bytes = circuit.bytes_total
-        circuit.receipt_task = self._spawn(self._receipt_round(circuit))
-
-    async def _receipt_round(self, circuit: Circuit) -> None:
-        """Get both endpoints' signatures on the cumulative receipt and submit it."""
-        if circuit.receipt_task is not None and circuit.receipt_task is not asyncio.current_task():
+    async def _receipt_round(self, circuit: CircuitRecord, after: asyncio.Task | None = None) -> None:
+        """Get both endpoints' signatures on the cumulative receipt and submit it (once the round
+        ``after`` has ended, when one was in flight)."""
+        if after is not None:
             with contextlib.suppress(Exception):
-                await circuit.receipt_task
-        total = circuit.bytes_total
-        if total == 0 or (circuit.receipt is not None and circuit.receipt["receipt"]["bytes_total"] >= total):
+                await after
+        if not self.policy.receipt_due(circuit):
+            self.policy.receipt_cancelled(circuit)
             return
-        circuit.receipted_bytes = total
+        total = self.policy.receipt_started(circuit)
         receipt = build_receipt(self.host.peer_id, circuit.src, circuit.dst, circuit.session, total,
                                 self.limits.price_per_mib)
         try:
@@ -344,13 +288,15 @@ class RelayService:
                 request_signature(self.host, circuit.src, self.chain_id, receipt),
                 request_signature(self.host, circuit.dst, self.chain_id, receipt))
         except (ReceiptError, ConnectionError, ProtocolError, TimeoutError, RuntimeError) as exc:
-            self.counters["receipts_failed"] += 1
+            self.policy.receipt_ended(circuit, None)
             log.info("receipt for circuit %s -> %s not co-signed: %s", circuit.src, circuit.dst, exc)
             return
+        except BaseException:
+            self.policy.receipt_cancelled(circuit)
+            raise
         payload = relay_receipt_payload(receipt, src_sig, dst_sig)
-        circuit.receipt = payload
+        self.policy.receipt_ended(circuit, total)
         self.submitted.append(payload)
-        self.counters["receipts"] += 1
         if self._submit is not None:
             try:
                 await self._submit(payload)
@@ -358,10 +304,4 @@ class RelayService:
                 log.warning("submitting a relay receipt failed: %s", exc)
 
     def status(self) -> dict:
-        now = time.time()
-        return {
-            "reservations": sum(1 for r in self.reservations.values() if r.expire > now),
-            "circuits": len(self.circuits),
-            "bytes_relayed": sum(c.bytes_total for c in self.circuits),
-            **self.counters,
-        }
+        return self.policy.status(time.time())

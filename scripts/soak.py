@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from consensus.chaincheck import check_chain  # noqa: E402
-from consensus.loadgen import WalletLoad  # noqa: E402
-from consensus.testnet import Testnet, TestnetError  # noqa: E402
+from devtools.chaincheck import check_chain  # noqa: E402
+from devtools.loadgen import WalletLoad  # noqa: E402
+from devtools.testnet import Testnet, TestnetError  # noqa: E402
 from node.identity import Identity  # noqa: E402
 
 

@@ -5,6 +5,6 @@ commit results (Merkle root of segment hashes), audit others' results by replay,
 TrainSpecs; `executor` builds a worker's group and trainer; `host_transport` adapts the Host to the
 all-reduce transport; `ready_protocol` and `segments_protocol` are the workers' start barrier and
 the verifiers' hash requests; `commitment`, `replay` and `audit` verify; `ledger_client` talks to a
-validator; `local_job`/`local_worker` run `dekube-node task run`; `devnet` starts validators plus
-compute nodes for the end-to-end flow and the demo.
+validator; `local_job`/`local_worker` run `dekube-node task run` (the local devnet of validators
+plus compute nodes lives in `devtools.devnet`).
 """

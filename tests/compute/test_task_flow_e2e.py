@@ -14,7 +14,7 @@ import pytest
 from consensus import rpcclient
 from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
-from ml.compute.devnet import ComputeDevnet
+from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
 from ml.train.spec import TrainSpec
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from consensus import rpcclient
-from consensus.testnet import Testnet
+from devtools.testnet import Testnet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -3,8 +3,8 @@ import copy
 
 import pytest
 
-from consensus import chaincheck
 from consensus.genesis import Genesis, GenesisValidator
+from devtools import chaincheck
 from node.identity import Identity
 
 A, B, V = (Identity.from_seed(bytes([s]) * 32).peer_id for s in (1, 2, 3))

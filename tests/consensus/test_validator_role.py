@@ -7,9 +7,9 @@ import aiohttp
 import pytest
 
 from consensus.genesis import Genesis, GenesisValidator, Params
-from consensus.testnet import free_ports
 from consensus.tx import build_tx
 from consensus.validator import ValidatorRole, ValidatorStartError
+from devtools.testnet import free_ports
 from node.config import load_config
 from node.identity import Identity
 from node.runtime import Node

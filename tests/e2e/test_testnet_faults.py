@@ -9,10 +9,10 @@ import urllib.request
 import pytest
 
 from consensus import rpcclient
-from consensus.chaincheck import check_chain
-from consensus.loadgen import WalletLoad
-from consensus.testnet import Testnet
 from consensus.tx import build_tx
+from devtools.chaincheck import check_chain
+from devtools.loadgen import WalletLoad
+from devtools.testnet import Testnet
 from node.identity import Identity
 
 ACCOUNTS = [Identity.from_seed(i.to_bytes(32, "big")) for i in range(1, 61)]

@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
@@ -46,7 +47,6 @@ from relay.holepunch import HolePuncher  # noqa: E402
 from relay.holepunch_dial import dial_peer  # noqa: E402
 from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
 from relay.reachability import AutoNATServer, assess  # noqa: E402
-from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 from tests.netlab.commands import serve_commands  # noqa: E402
 

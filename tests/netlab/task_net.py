@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consensus.testnet import REPO_ROOT, Testnet
-from ml.compute.devnet import FAST_TASK_PARAMS
+from devtools.devnet import FAST_TASK_PARAMS
+from devtools.testnet import REPO_ROOT, Testnet
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity

@@ -5,8 +5,8 @@ import asyncio
 import os
 import time
 
+from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from node.identity import Identity
-from relay.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from relay.service import RelayLimits
 from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
 

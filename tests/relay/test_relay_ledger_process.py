@@ -1,4 +1,4 @@
-"""Processes end to end: a 2-validator testnet (``consensus.testnet``) and ``dekube-node start --role
+"""Processes end to end: a 2-validator testnet (``devtools.testnet``) and ``dekube-node start --role
 relay`` with ``[relay] ledger_rpc``: the relay registers itself with the relay role, admits peers
 registered and bonded on the ledger (and refuses an unregistered one), relays a circuit between
 two of them, and is paid on chain for the co-signed receipt."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from consensus import rpcclient
-from consensus.testnet import Testnet
+from devtools.testnet import Testnet
 from ml.compute.ledger_client import LedgerClient
 from node.identity import Identity
 from relay.client import RelayRefused

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from consensus.encoding import encode
+from devtools.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
+from devtools.stall import StallTimer
 from relay.messages import frame
-from relay.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
-from relay.stall import StallTimer
 
 
 class MemoryStream:

@@ -8,7 +8,7 @@ most every ``REPORT_INTERVAL_S``; it reports ``size`` once it holds everything. 
 attempt's stream, so a stalled path never races a fresh one. ``send_resumable`` takes a callable
 that opens a stream over whatever path works now (the relay client's failover picks another
 relay), so a transfer survives a relay's death; an attempt whose receiver reports no progress for
-the ``StallTimer``'s allowance (adaptive, ``relay/stall.py``) is abandoned, so a relay that goes
+the ``StallTimer``'s allowance (adaptive, ``devtools/stall.py``) is abandoned, so a relay that goes
 silent costs about a second on a fast link while a slow live link is not given up.
 """
 from __future__ import annotations
@@ -21,10 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from consensus.encoding import decode, encode
+from devtools.stall import FixedStall, StallTimer
 from node.p2p.errors import ProtocolError
-
-from .messages import MessageReader, RelayMessageError, frame
-from .stall import FixedStall, StallTimer
+from relay.messages import MessageReader, RelayMessageError, frame
 
 RESUMABLE_PROTOCOL = "/dekube/resumable/2.0.0"
 WRITE_CHUNK = 1 << 20

@@ -1,4 +1,4 @@
-"""A local testnet with compute nodes: validators from `consensus.testnet` plus funded compute nodes
+"""A local testnet with compute nodes: validators from `devtools.testnet` plus funded compute nodes
 (`dekube-node start --role compute` processes on 127.0.0.1), for the end-to-end task flow and demo.
 
     dekube-node testnet up --home DIR --validators 2 --compute 4
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from consensus import rpcclient
-from consensus.testnet import NodeSpec, Testnet, TestnetError
+from devtools.testnet import NodeSpec, Testnet, TestnetError
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity
