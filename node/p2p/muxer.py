@@ -397,7 +397,7 @@ class MuxedConnection:
             self._all_streams_done = asyncio.Event()
             try:
                 await asyncio.wait_for(self._all_streams_done.wait(), drain_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.debug("yamux: %d streams still open after %.1fs", len(self._streams), drain_timeout)
         await self._shutdown("closed locally", flush=True)
 
@@ -460,7 +460,7 @@ class MuxedConnection:
             sent_at = self._loop.time()
             try:
                 await asyncio.wait_for(self.ping(), self._keepalive_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self._last_received < sent_at:
                     await self._shutdown("keepalive timeout: peer silent")
                     return
@@ -605,7 +605,7 @@ class MuxedConnection:
             return
         try:
             await asyncio.wait_for(self._sender_idle.wait(), _CLOSE_FLUSH_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.debug("yamux: queued frames not flushed within %.1fs", _CLOSE_FLUSH_TIMEOUT)
 
     async def _shutdown(self, reason: str, *, flush: bool = False) -> None:

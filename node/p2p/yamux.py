@@ -17,9 +17,9 @@ session keeps one tuned window, doubled (up to `max_window`) when a stream using
 within a few round trips, like go-yamux; every stream moves to the tuned window at its next window
 update, capped at its fair share of the session's growth budget (the budget split evenly among the
 streams that have sent a window update, i.e. moved at least half a window). A stream above its
-share shrinks by withholding credit, never by revoking it. Per-stream doubling instead lets the first fast streams take the whole budget and
-starve the others: with the window deciding each stream's share of a shared bottleneck, 8 flows
-on one connection then had a Jain index of 0.26-0.44.
+share shrinks by withholding credit, never by revoking it. Per-stream doubling instead lets the
+first fast streams take the whole budget and starve the others: with the window deciding each
+stream's share of a shared bottleneck, 8 flows on one connection then had a Jain index of 0.26-0.44.
 """
 from __future__ import annotations
 
