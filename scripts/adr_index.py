@@ -32,7 +32,7 @@ def adr_rows(adr_dir: Path = ADR_DIR) -> tuple[list[tuple[str, str, str, str]], 
             continue
         status = _STATUS.match(lines[1]) if len(lines) > 1 else None
         if status is None:
-            problems.append(f"{path.name}: second line is not 'Status: accepted | superseded by NNNN | amended by NNNN'")
+            problems.append(f"{path.name}: second line is not 'Status: accepted' (or superseded by / amended by NNNN)")
             continue
         rows.append((title.group(1), title.group(2), status.group(1), path.name))
     return rows, problems
