@@ -43,6 +43,9 @@ from .ping import ping_once, serve_ping
 from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
 from .yamux import WindowTuner
 
+__all__ = ["CircuitDialer", "Connection", "DialError", "Handler", "Host", "HostStream", "YAMUX_PROTOCOL",
+           "advertised_addrs"]  # Connection and HostStream are re-exported from .connection
+
 YAMUX_PROTOCOL = "/yamux/1.0.0"
 _ADDRESS_FAMILY = {"ip4": socket.AF_INET, "dns4": socket.AF_INET, "ip6": socket.AF_INET6, "dns6": socket.AF_INET6}
 log = logging.getLogger(__name__)
