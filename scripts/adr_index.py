@@ -1,7 +1,7 @@
 """Check or rewrite the ADR index in docs/adr/README.md from the ADR files themselves.
 
 Every docs/adr/NNNN-*.md starts with its title (`# NNNN. Title`, `# NNNN: Title` or
-`# ADR NNNN: Title`) and a `Status:` line right after it. `python scripts/adr_index.py` rewrites
+`# ADR NNNN: Title`), a blank line and a `Status:` line. `python scripts/adr_index.py` rewrites
 the table between the index markers; `--check` exits 1 (naming the problems) when an ADR lacks a
 status line or the table is out of date.
 """
@@ -30,9 +30,10 @@ def adr_rows(adr_dir: Path = ADR_DIR) -> tuple[list[tuple[str, str, str, str]], 
         if title is None or title.group(1) != path.name[:4]:
             problems.append(f"{path.name}: first line is not '# {path.name[:4]}. Title'")
             continue
-        status = _STATUS.match(lines[1]) if len(lines) > 1 else None
+        after_title = [line for line in lines[1:4] if line.strip()]
+        status = _STATUS.match(after_title[0]) if after_title else None
         if status is None:
-            problems.append(f"{path.name}: second line is not 'Status: accepted' (or superseded by / amended by NNNN)")
+            problems.append(f"{path.name}: no 'Status: accepted' (or superseded by / amended by NNNN) after the title")
             continue
         rows.append((title.group(1), title.group(2), status.group(1), path.name))
     return rows, problems
