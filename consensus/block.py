@@ -9,7 +9,9 @@ block attests to the result of its parent. The block hash is sha256 of the encod
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from consensus.encoding import EncodingError, decode, encode
 
@@ -48,12 +50,12 @@ class BlockHeader:
     proposer: str
     last_commit_hash: bytes
 
-    def to_obj(self) -> list:
+    def to_obj(self) -> list[Any]:
         return [self.chain_id, self.height, self.time_ms, self.prev_hash, self.txs_root,
                 self.evidence_root, self.app_hash, self.proposer, self.last_commit_hash]
 
     @classmethod
-    def from_obj(cls, obj) -> "BlockHeader":
+    def from_obj(cls, obj: Any) -> BlockHeader:
         if type(obj) is not list or len(obj) != 9:
             raise BlockError("a header is a list of 9 fields")
         header = cls(*obj)
@@ -82,7 +84,7 @@ class BlockHeader:
             object.__setattr__(self, "_hash", cached)
         return cached
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "chain_id": self.chain_id, "height": self.height, "time_ms": self.time_ms,
             "prev_hash": self.prev_hash.hex(), "txs_root": self.txs_root.hex(),
@@ -111,7 +113,7 @@ class Block:
         return encode([self.header.to_obj(), list(self.txs), list(self.evidence), self.last_commit])
 
     @classmethod
-    def decode(cls, raw: bytes, max_bytes: int) -> "Block":
+    def decode(cls, raw: bytes, max_bytes: int) -> Block:
         """Strictly decode a block's structure (``check_roots``/``Ledger.validate_block`` check contents)."""
         try:
             obj = decode(raw, max_size=max_bytes)
@@ -138,7 +140,8 @@ class Block:
 
 
 def build_block(chain_id: str, height: int, time_ms: int, prev_hash: bytes, app_hash: bytes,
-                proposer: str, txs, evidence=(), last_commit: bytes = b"") -> Block:
+                proposer: str, txs: Iterable[bytes], evidence: Iterable[bytes] = (),
+                last_commit: bytes = b"") -> Block:
     """Assemble a block from raw transactions (e.g. ``Mempool.reap``) and evidence bytes."""
     txs, evidence = tuple(txs), tuple(evidence)
     header = BlockHeader(chain_id, height, time_ms, prev_hash, merkle_root(txs), merkle_root(evidence),

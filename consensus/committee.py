@@ -7,12 +7,13 @@ robin): each step adds every validator's power to its priority, picks the highes
 smallest peer ID bytes) and subtracts the total power from the winner, after rescaling priorities to
 a window of 2x the total power and centring them on zero. Step ``k = height - start_height + round``
 picks the proposer of (height, round), as CometBFT increments once per height and once per extra
-round. ``verify_commit`` checks a commit certificate. The set is immutable; the proposer schedule is computed lazily and memoised per set, so a
-set should live for one epoch (the memo grows with the heights and rounds asked for).
+round. ``verify_commit`` checks a commit certificate. The set is immutable; the proposer schedule
+is computed lazily and memoised per set, so a set should live for one epoch (the memo grows with
+the heights and rounds asked for).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from consensus.messages import Vote, VoteType, verify_vote
 from node.identity import b58decode, is_valid_peer_id
@@ -49,7 +50,7 @@ class ValidatorSet:
         self._schedule: list[int] = []
 
     @classmethod
-    def elect(cls, stakes: Mapping[str, int], max_validators: int, start_height: int = 0) -> "ValidatorSet":
+    def elect(cls, stakes: Mapping[str, int], max_validators: int, start_height: int = 0) -> ValidatorSet:
         """The top ``max_validators`` peers by stake (zero stake never qualifies)."""
         if max_validators < 1:
             raise CommitteeError("committee size must be at least 1")
@@ -97,7 +98,7 @@ class ValidatorSet:
     def quorum_power(self) -> int:
         return 2 * self.total_power // 3 + 1
 
-    def verify_commit(self, chain_id: str, height: int, value_id: bytes, certificate,
+    def verify_commit(self, chain_id: str, height: int, value_id: bytes, certificate: Iterable[object],
                       verifier: Callable[[Vote], bool] | None = None) -> bool:
         """True if ``certificate`` holds validly signed precommits of one round for ``value_id``
         at ``height`` from distinct members with more than 2/3 of the power. ``verifier``

@@ -20,6 +20,8 @@ decodes as a ``list``; ``bytearray``/``memoryview`` encode as bytes.
 """
 from __future__ import annotations
 
+from typing import Any
+
 MAX_DEPTH = 24
 MAX_INT_BITS = 256
 DEFAULT_MAX_SIZE = 4 * 1024 * 1024
@@ -44,14 +46,14 @@ def encode_uvarint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode(value) -> bytes:
+def encode(value: Any) -> bytes:
     """The canonical encoding of ``value`` (None, bool, int, bytes, str, list/tuple, dict[str, ...])."""
     out = bytearray()
     _encode_into(out, value, 0)
     return bytes(out)
 
 
-def _encode_into(out: bytearray, value, depth: int) -> None:
+def _encode_into(out: bytearray, value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise EncodingError("value nested too deeply")
     kind = type(value)
@@ -78,7 +80,7 @@ def _encode_into(out: bytearray, value, depth: int) -> None:
     elif kind is dict:
         out.append(T_MAP)
         out += encode_uvarint(len(value))
-        items = []
+        items: list[tuple[bytes, Any]] = []
         for key, item in value.items():
             if type(key) is not str:
                 raise EncodingError(f"map keys must be str, got {type(key).__name__}")
@@ -103,7 +105,7 @@ def _encode_into(out: bytearray, value, depth: int) -> None:
         raise EncodingError(f"cannot encode {type(value).__name__}")
 
 
-def _encode_item(out: bytearray, item, depth: int) -> None:
+def _encode_item(out: bytearray, item: Any, depth: int) -> None:
     """Container element: short text/bytes and small ints inline (the hot path), else recurse."""
     kind = type(item)
     if kind is str:
@@ -127,7 +129,7 @@ def _encode_item(out: bytearray, item, depth: int) -> None:
     _encode_into(out, item, depth)
 
 
-def decode(data: bytes, max_size: int = DEFAULT_MAX_SIZE):
+def decode(data: bytes | bytearray | memoryview, max_size: int = DEFAULT_MAX_SIZE) -> Any:
     """Decode one value that must span all of ``data``; raises EncodingError otherwise."""
     if type(data) is not bytes:
         if isinstance(data, (bytearray, memoryview)):
@@ -172,7 +174,7 @@ def _read_length(data: bytes, pos: int) -> tuple[int, int]:
     return length, pos
 
 
-def _decode_at(data: bytes, pos: int, depth: int):
+def _decode_at(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
     tag = data[pos]
     pos += 1
     if tag == T_UINT:
@@ -199,7 +201,7 @@ def _decode_at(data: bytes, pos: int, depth: int):
             raise EncodingError("element count exceeds input size")
         end_of_data = len(data)
         if tag == T_LIST:
-            items = []
+            items: list[Any] = []
             for _ in range(count):
                 item_tag = data[pos]
                 if item_tag == T_BYTES or item_tag == T_TEXT:  # inline fast path: short text/bytes
@@ -223,7 +225,7 @@ def _decode_at(data: bytes, pos: int, depth: int):
                 item, pos = _decode_at(data, pos, depth + 1)
                 items.append(item)
             return items, pos
-        mapping = {}
+        mapping: dict[str, Any] = {}
         previous = None
         for _ in range(count):
             length, pos = _read_length(data, pos)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from consensus.state.ledger import Ledger
@@ -35,9 +36,11 @@ def spend_of(tx: Tx) -> int:
     """What executing ``tx`` takes from the sender's balance at most (fee + amount moved)."""
     payload = tx.payload
     if tx.type in ("transfer", "bond"):
-        return tx.fee + payload["amount"]
+        amount: int = payload["amount"]
+        return tx.fee + amount
     if tx.type == "submit_task":
-        return tx.fee + payload["price"]
+        price: int = payload["price"]
+        return tx.fee + price
     return tx.fee
 
 
@@ -179,7 +182,7 @@ class Mempool:
 
     # ---- after a commit -----------------------------------------------------------------------
 
-    def update(self, committed_tx_hashes) -> None:
+    def update(self, committed_tx_hashes: Iterable[bytes]) -> None:
         """Drop the committed transactions, then re-check every queued one against the new
         state: stale nonces, nonces now too far ahead, and spends the balance no longer covers."""
         for tx_hash in committed_tx_hashes:

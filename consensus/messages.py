@@ -7,8 +7,10 @@ public key is recovered from its peer ID, so messages carry no separate key. A p
 over the sha256 of its value (the block), not the value itself. No I/O here.
 
 Wire layouts (big-endian integers):
-  vote      = 0x01 | type u8 | height u64 | round u32 | vid_len u8 (0|32) | value_id | pid_len u8 | pid | sig[64]
-  proposal  = 0x02 | height u64 | round u32 | pol_round i32 (-1: none) | value_len u32 | value | pid_len u8 | pid | sig[64]
+  vote      = 0x01 | type u8 | height u64 | round u32 | vid_len u8 (0|32) | value_id
+              | pid_len u8 | pid | sig[64]
+  proposal  = 0x02 | height u64 | round u32 | pol_round i32 (-1: none) | value_len u32 | value
+              | pid_len u8 | pid | sig[64]
   evidence  = 0x03 | len u16 | vote_a | len u16 | vote_b      (vote_a < vote_b bytewise: one encoding)
 """
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from node.identity import (
     Identity,
@@ -132,7 +136,7 @@ class Vote:
             _peer_id_to_bytes(self.validator),
         ))
 
-    def with_signature(self, signature: bytes) -> "Vote":
+    def with_signature(self, signature: bytes) -> Vote:
         return Vote(self.type, self.height, self.round, self.value_id, self.validator, signature)
 
 
@@ -171,7 +175,7 @@ class Proposal:
             _peer_id_to_bytes(self.proposer),
         ))
 
-    def with_signature(self, signature: bytes) -> "Proposal":
+    def with_signature(self, signature: bytes) -> Proposal:
         return Proposal(self.height, self.round, self.pol_round, self.value, self.proposer, signature)
 
 
@@ -253,7 +257,7 @@ class _Reader:
         self.pos = end
         return out
 
-    def unpack(self, fmt: struct.Struct) -> tuple:
+    def unpack(self, fmt: struct.Struct) -> tuple[Any, ...]:
         return fmt.unpack(self.take(fmt.size))
 
     def u8(self) -> int:
@@ -290,7 +294,7 @@ def decode_vote(data: bytes) -> Vote:
     return vote
 
 
-def encode_vote_list(votes) -> bytes:
+def encode_vote_list(votes: Iterable[Vote]) -> bytes:
     """Votes one after another, each as a big-endian u16 length and ``encode_vote`` bytes
     (the count travels in the enclosing message)."""
     parts = []
@@ -408,7 +412,7 @@ class DoubleVoteEvidence:
         return hashlib.sha256(self.encode()).digest()
 
     @classmethod
-    def decode(cls, data: bytes) -> "DoubleVoteEvidence":
+    def decode(cls, data: bytes) -> DoubleVoteEvidence:
         reader = _Reader(data)
         if reader.u8() != EVIDENCE_TAG:
             raise MessageError("not double-vote evidence")

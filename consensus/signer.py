@@ -126,7 +126,7 @@ class SignerGuard:
         return b"".join(parts)
 
     @classmethod
-    def restore(cls, identity: Identity, data: bytes | None) -> "SignerGuard":
+    def restore(cls, identity: Identity, data: bytes | None) -> SignerGuard:
         """A guard for ``identity`` from persisted bytes (``None`` or ``b""``: never signed)."""
         guard = cls(identity)
         if not data:

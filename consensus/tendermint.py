@@ -30,8 +30,9 @@ Boundaries and choices:
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import TypeVar
 
 from consensus.committee import ValidatorSet
 from consensus.messages import (
@@ -77,7 +78,7 @@ class TimeoutConfig:
 
 @dataclass(frozen=True)
 class Broadcast:
-    message: Union[Proposal, Vote]
+    message: Proposal | Vote
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class PersistSignerState:
     state: bytes
 
 
-Output = Union[Broadcast, ScheduleTimeout, Commit, EvidenceFound, PersistSignerState]
+_Signable = TypeVar("_Signable", Proposal, Vote)
+Output = Broadcast | ScheduleTimeout | Commit | EvidenceFound | PersistSignerState
 
 
 def encode_lock_proof(value: bytes, prevotes: list[Vote]) -> bytes:
@@ -179,7 +181,7 @@ class _Tally:
 class _RoundState:
     prevotes: _Tally = field(default_factory=_Tally)
     precommits: _Tally = field(default_factory=_Tally)
-    senders: set = field(default_factory=set)
+    senders: set[str] = field(default_factory=set)
     sender_power: int = 0
     prevote_timeout_scheduled: bool = False
     precommit_timeout_scheduled: bool = False
@@ -189,6 +191,11 @@ class _RoundState:
 class TendermintCore:
     """One validator's (or observer's, when ``signer`` is None) Tendermint state machine."""
 
+    # per-height state, (re)set by _reset_height_state
+    locked_value_id: bytes | None
+    valid_value: bytes | None
+    valid_value_id: bytes | None
+
     def __init__(
         self,
         chain_id: str,
@@ -196,7 +203,7 @@ class TendermintCore:
         get_value: Callable[[int], bytes],
         is_valid: Callable[[int, bytes], bool],
         timeouts: TimeoutConfig = TimeoutConfig(),
-        verifier: Callable[[Union[Proposal, Vote]], bool] | None = None,
+        verifier: Callable[[Proposal | Vote], bool] | None = None,
     ) -> None:
         self.chain_id = chain_id
         self.signer = signer
@@ -209,7 +216,7 @@ class TendermintCore:
         self.step = Step.PROPOSE
         self.decided = False
         self.validators: ValidatorSet | None = None
-        self._next_height_buffer: dict[str, list] = {}
+        self._next_height_buffer: dict[str, list[Proposal | Vote]] = {}
         self._reset_height_state()
 
     # ------------------------------------------------------------------ inputs
@@ -248,7 +255,7 @@ class TendermintCore:
         if height == self.height:
             self._validity[vid] = bool(ok)
 
-    def on_message(self, message: Union[Proposal, Vote]) -> list[Output]:
+    def on_message(self, message: Proposal | Vote) -> list[Output]:
         if isinstance(message, Vote):
             return self.on_vote(message)
         if isinstance(message, Proposal):
@@ -259,7 +266,7 @@ class TendermintCore:
         if not self._admit_height(proposal, proposal.proposer):
             return []
         r = proposal.round
-        if proposal.proposer != self.validators.proposer(self.height, r):
+        if proposal.proposer != self._committee.proposer(self.height, r):
             return []
         if r in self.proposals or not self._verifier(proposal) \
                 or not self._admit_round(proposal.proposer, r):
@@ -276,7 +283,7 @@ class TendermintCore:
     def on_vote(self, vote: Vote) -> list[Output]:
         if not self._admit_height(vote, vote.validator):
             return []
-        power = self.validators.power(vote.validator)
+        power = self._committee.power(vote.validator)
         if power == 0:
             return []
         r = vote.round
@@ -314,15 +321,18 @@ class TendermintCore:
     def _readopt_signed_votes(self) -> None:
         """After a restart inside a round it already voted in: count and re-send those votes
         and continue from the step they reached (the guard refuses to sign them differently)."""
-        for entry in self.signer.signed_at(self.height):
+        signer = self.signer
+        if signer is None:
+            return
+        for entry in signer.signed_at(self.height):
             if entry.round != self.round or entry.step is Step.PROPOSE:
                 continue
             try:
                 vote = vote_from_sign_bytes(entry.sign_bytes, self.chain_id, entry.signature)
             except MessageError:
                 continue
-            power = self.validators.power(vote.validator)
-            if power and vote.validator == self.signer.peer_id:
+            power = self._committee.power(vote.validator)
+            if power and vote.validator == signer.peer_id:
                 self._add_vote(vote, power)
                 self._note_sender(self.round, vote.validator)
                 self.step = max(self.step, entry.step)
@@ -340,14 +350,14 @@ class TendermintCore:
         self.values[lock.value_id] = value
         self.valid_value, self.valid_value_id, self.valid_round = value, lock.value_id, lock.round
         for vote in prevotes:
-            power = self.validators.power(vote.validator)
+            power = self._committee.power(vote.validator)
             if (power and vote.type is VoteType.PREVOTE and vote.height == self.height
                     and vote.round == lock.round and vote.value_id == lock.value_id
                     and not self._round_state(lock.round).prevotes.has(vote)
                     and self._verifier(vote)):
                 self._add_vote(vote, power)
 
-    def gossip_messages(self) -> list[Union[Proposal, Vote]]:
+    def gossip_messages(self) -> list[Proposal | Vote]:
         """What to re-send when progress stalls, standing in for the paper's reliable gossip
         (a message any correct node received reaches every correct node): the current round's
         proposal, the proposal of validValue's round, and every vote held for this height (own
@@ -356,8 +366,8 @@ class TendermintCore:
         the commit's precommits, so peers still at this height decide too."""
         if self.validators is None:
             return []
-        out: list[Union[Proposal, Vote]] = []
-        if self.decided:
+        out: list[Proposal | Vote] = []
+        if self.decided and self._decision is not None:
             r, vid = self._decision
             out.extend(p for p in self.proposals.values() if p.value_id == vid)
             out.extend(self.rounds[r].precommits.votes_for(vid))
@@ -377,10 +387,10 @@ class TendermintCore:
         self.round = 0
         self.step = Step.PROPOSE
         self.locked_round = -1
-        self.locked_value_id: bytes | None = None
+        self.locked_value_id = None
         self.valid_round = -1
-        self.valid_value: bytes | None = None
-        self.valid_value_id: bytes | None = None
+        self.valid_value = None
+        self.valid_value_id = None
         self.proposals: dict[int, Proposal] = {}
         self.values: dict[bytes, bytes] = {}
         self.rounds: dict[int, _RoundState] = {}
@@ -390,18 +400,26 @@ class TendermintCore:
         self._decision: tuple[int, bytes] | None = None
         self._equivocators: set[tuple[str, int, VoteType]] = set()
 
+    @property
+    def _committee(self) -> ValidatorSet:
+        """This height's validators: set by ``start_height`` before any message is admitted."""
+        validators = self.validators
+        if validators is None:
+            raise RuntimeError("TendermintCore: no height started")
+        return validators
+
     def _round_state(self, r: int) -> _RoundState:
         rs = self.rounds.get(r)
         if rs is None:
             rs = self.rounds[r] = _RoundState()
         return rs
 
-    def _verify_signature(self, message: Union[Proposal, Vote]) -> bool:
+    def _verify_signature(self, message: Proposal | Vote) -> bool:
         if isinstance(message, Vote):
             return verify_vote(message, self.chain_id)
         return verify_proposal(message, self.chain_id)
 
-    def _admit_height(self, message, sender: str) -> bool:
+    def _admit_height(self, message: Proposal | Vote, sender: str) -> bool:
         """True for messages of the current undecided height; buffers the next height's."""
         if self.validators is None:
             return False
@@ -439,7 +457,7 @@ class TendermintCore:
         rs = self.rounds.get(r)
         if rs is None:
             return
-        power = self.validators.power(sender)
+        power = self._committee.power(sender)
         rs.prevotes.remove(sender, power)
         rs.precommits.remove(sender, power)
         if sender in rs.senders:
@@ -461,9 +479,9 @@ class TendermintCore:
     def _add_vote(self, vote: Vote, power: int) -> None:
         rs = self._round_state(vote.round)
         if vote.type is VoteType.PREVOTE:
-            rs.prevotes.add(vote, power, self.validators)
+            rs.prevotes.add(vote, power, self._committee)
         else:
-            rs.precommits.add(vote, power, self.validators)
+            rs.precommits.add(vote, power, self._committee)
             qv = rs.precommits.quorum_value
             if qv and qv not in self._precommit_quorum_rounds:
                 self._precommit_quorum_rounds[qv] = vote.round
@@ -472,7 +490,7 @@ class TendermintCore:
         rs = self._round_state(r)
         if sender not in rs.senders:
             rs.senders.add(sender)
-            rs.sender_power += self.validators.power(sender)
+            rs.sender_power += self._committee.power(sender)
 
     def _conflicting_vote(self, first: Vote, vote: Vote, tally: _Tally, power: int) -> list[Output]:
         """A second vote for another value in one step: evidence (once per step), and the vote
@@ -507,7 +525,7 @@ class TendermintCore:
         self._try_commit(out, r)  # line 49: any round
         if self.decided:
             return
-        if r > self.round and self.validators.is_one_third(self.rounds[r].sender_power):
+        if r > self.round and self._committee.is_one_third(self.rounds[r].sender_power):
             self._start_round(out, r)  # line 55: f+1 messages of a higher round
         self._run_rules(out)
 
@@ -536,7 +554,7 @@ class TendermintCore:
                     self._prevote(out, vid if ok else NIL)
                     continue
                 pol = self.rounds.get(proposal.pol_round)
-                if pol is not None and self.validators.is_quorum(
+                if pol is not None and self._committee.is_quorum(
                         pol.prevotes.power_by_value.get(vid, 0)):  # line 28
                     ok = self._valid(vid) and (self.locked_round <= proposal.pol_round
                                                or self.locked_value_id == vid)
@@ -545,7 +563,7 @@ class TendermintCore:
             if step is not Step.PROPOSE:
                 qv = rs.prevotes.quorum_value
                 if step is Step.PREVOTE and not rs.prevote_timeout_scheduled \
-                        and self.validators.is_quorum(rs.prevotes.total):  # line 34
+                        and self._committee.is_quorum(rs.prevotes.total):  # line 34
                     rs.prevote_timeout_scheduled = True
                     out.append(self._timeout(Step.PREVOTE, r))
                 if qv and not rs.polka_seen and self._valid(qv):  # line 36
@@ -560,7 +578,7 @@ class TendermintCore:
                     self._precommit(out, NIL)
                     self._try_commit(out, r)
                     continue
-            if not rs.precommit_timeout_scheduled and self.validators.is_quorum(rs.precommits.total):
+            if not rs.precommit_timeout_scheduled and self._committee.is_quorum(rs.precommits.total):
                 rs.precommit_timeout_scheduled = True  # line 47
                 out.append(self._timeout(Step.PRECOMMIT, r))
             return
@@ -573,7 +591,7 @@ class TendermintCore:
         self.step = Step.PROPOSE
         for rounds in self._future_rounds.values():
             rounds.difference_update([x for x in rounds if x <= r])
-        if self.signer is not None and self.validators.proposer(self.height, r) == self.signer.peer_id:
+        if self.signer is not None and self._committee.proposer(self.height, r) == self.signer.peer_id:
             signed = None
             if self.valid_value is None:
                 proposal = Proposal(self.height, r, -1, self.get_value(self.height), self.signer.peer_id)
@@ -597,7 +615,7 @@ class TendermintCore:
         self._cast(out, VoteType.PRECOMMIT, vid)
 
     def _cast(self, out: list[Output], vtype: VoteType, vid: bytes) -> None:
-        if self.signer is None or self.signer.peer_id not in self.validators:
+        if self.signer is None or self.signer.peer_id not in self._committee:
             return
         vote = Vote(vtype, self.height, self.round, vid, self.signer.peer_id)
         if vtype is VoteType.PREVOTE:
@@ -610,17 +628,20 @@ class TendermintCore:
             signed = self._sign(out, vote, Step.PRECOMMIT)
         if signed is None:
             return
-        self._add_vote(signed, self.validators.power(signed.validator))
+        self._add_vote(signed, self._committee.power(signed.validator))
         self._note_sender(self.round, signed.validator)
         out.append(Broadcast(signed))
 
-    def _sign(self, out: list[Output], message, step: Step, lock: bytes | None = None,
-              lock_proof: bytes = b""):
+    def _sign(self, out: list[Output], message: _Signable, step: Step, lock: bytes | None = None,
+              lock_proof: bytes = b"") -> _Signable | None:
+        signer = self.signer
+        if signer is None:
+            return None
         try:
-            signature = self.signer.sign(message.height, message.round, step,
+            signature = signer.sign(message.height, message.round, step,
                                          message.sign_bytes(self.chain_id), lock_value_id=lock,
                                          lock_proof=lock_proof)
         except DoubleSignRefused:
             return None
-        out.append(PersistSignerState(self.signer.to_bytes()))
+        out.append(PersistSignerState(signer.to_bytes()))
         return message.with_signature(signature)

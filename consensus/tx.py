@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import nacl.bindings
 import nacl.exceptions
@@ -53,7 +55,7 @@ class Tx:
     sender: str
     nonce: int
     type: str
-    payload: dict
+    payload: dict[str, Any]
     fee: int
     signature: bytes
     raw: bytes
@@ -71,7 +73,7 @@ class Tx:
         public_key = public_key_for(self.sender)
         return public_key is not None and verify_signature(public_key, self.signing_bytes(), self.signature)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes as hex) for RPC responses."""
         return {
             "hash": self.hash.hex(), "chain_id": self.chain_id, "from": self.sender,
@@ -79,7 +81,7 @@ class Tx:
         }
 
 
-def _jsonable(value):
+def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dict):
@@ -89,11 +91,13 @@ def _jsonable(value):
     return value
 
 
-def unsigned_body(chain_id: str, sender: str, nonce: int, tx_type: str, payload: dict, fee: int) -> bytes:
+def unsigned_body(chain_id: str, sender: str, nonce: int, tx_type: str, payload: dict[str, Any],
+                  fee: int) -> bytes:
     return encode([VERSION, chain_id, sender, nonce, tx_type, payload, fee])
 
 
-def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payload: dict, fee: int = 0) -> Tx:
+def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payload: dict[str, Any],
+             fee: int = 0) -> Tx:
     """Sign a transaction with ``identity`` (its peer ID is the sender) and return it decoded."""
     sender = identity.peer_id
     body = unsigned_body(chain_id, sender, nonce, tx_type, payload, fee)
@@ -102,7 +106,8 @@ def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payloa
     return decode_tx(raw, max_bytes=max(len(raw), DEFAULT_MAX_TX_BYTES))
 
 
-def decode_tx(raw: bytes, max_bytes: int = DEFAULT_MAX_TX_BYTES, chain_id: str | None = None) -> Tx:
+def decode_tx(raw: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_TX_BYTES,
+              chain_id: str | None = None) -> Tx:
     """Decode and check a wire transaction's shape; the signature is NOT verified here.
 
     Raises TxError with OVERSIZED, BAD_ENCODING, WRONG_CHAIN, UNKNOWN_TYPE or BAD_PAYLOAD.
@@ -142,11 +147,15 @@ def decode_tx(raw: bytes, max_bytes: int = DEFAULT_MAX_TX_BYTES, chain_id: str |
 
 # ---- payload schemas: field name -> checker(value) raising TxError -----------------------
 
-def _fail(path: str, why: str):
+Check = Callable[[Any, str], None]  # checks one value at a path; raises TxError(BAD_PAYLOAD)
+Schema = dict[str, Check]
+
+
+def _fail(path: str, why: str) -> NoReturn:
     raise TxError(TxCode.BAD_PAYLOAD, f"{path}: {why}")
 
 
-def _check_fields(value, schema: dict, path: str) -> None:
+def _check_fields(value: Any, schema: Schema, path: str) -> None:
     if type(value) is not dict:
         _fail(path, "must be a map")
     if value.keys() != schema.keys():
@@ -157,15 +166,15 @@ def _check_fields(value, schema: dict, path: str) -> None:
         check(value[name], f"{path}.{name}")
 
 
-def uint(minimum: int = 0, maximum: int = 2**128):
-    def check(value, path):
+def uint(minimum: int = 0, maximum: int = 2**128) -> Check:
+    def check(value: Any, path: str) -> None:
         if type(value) is not int or not minimum <= value <= maximum:
             _fail(path, f"must be an integer in [{minimum}, {maximum}]")
     return check
 
 
-def text(max_len: int, allowed: frozenset | None = None, min_len: int = 0):
-    def check(value, path):
+def text(max_len: int, allowed: frozenset[str] | None = None, min_len: int = 0) -> Check:
+    def check(value: Any, path: str) -> None:
         if type(value) is not str or not min_len <= len(value) <= max_len:
             _fail(path, f"must be text of {min_len}..{max_len} characters")
         if allowed is not None and value not in allowed:
@@ -173,30 +182,31 @@ def text(max_len: int, allowed: frozenset | None = None, min_len: int = 0):
     return check
 
 
-def blob(*lengths: int):
+def blob(*lengths: int) -> Check:
     allowed = frozenset(lengths)
     shown = f"{min(lengths)}..{max(lengths)}" if len(lengths) > 4 else " or ".join(map(str, lengths))
 
-    def check(value, path):
+    def check(value: Any, path: str) -> None:
         if type(value) is not bytes or len(value) not in allowed:
             _fail(path, f"must be bytes of length {shown}")
     return check
 
 
-def peer_id(value, path):
+def peer_id(value: Any, path: str) -> None:
     if type(value) is not str or public_key_for(value) is None:
         _fail(path, "must be an ed25519 peer ID")
 
 
-def boolean(value, path):
+def boolean(value: Any, path: str) -> None:
     if type(value) is not bool:
         _fail(path, "must be a boolean")
 
 
-def text_list(max_items: int, max_len: int, allowed: frozenset | None = None, sorted_unique: bool = False):
+def text_list(max_items: int, max_len: int, allowed: frozenset[str] | None = None,
+              sorted_unique: bool = False) -> Check:
     item_check = text(max_len, allowed, min_len=1)
 
-    def check(value, path):
+    def check(value: Any, path: str) -> None:
         if type(value) is not list or len(value) > max_items:
             _fail(path, f"must be a list of at most {max_items} items")
         for i, item in enumerate(value):
@@ -206,8 +216,8 @@ def text_list(max_items: int, max_len: int, allowed: frozenset | None = None, so
     return check
 
 
-def params_map(max_bytes: int):
-    def check(value, path):
+def params_map(max_bytes: int) -> Check:
+    def check(value: Any, path: str) -> None:
         if type(value) is not dict:
             _fail(path, "must be a map")
         if len(encode(value)) > max_bytes:
@@ -215,24 +225,24 @@ def params_map(max_bytes: int):
     return check
 
 
-def fields(schema: dict):
-    def check(value, path):
+def fields(schema: Schema) -> Check:
+    def check(value: Any, path: str) -> None:
         _check_fields(value, schema, path)
     return check
 
 
 TASK_ID = blob(32)
 HASH32 = blob(32)
-HARDWARE = {
+HARDWARE: Schema = {
     "cpu_cores": uint(0, 4096), "ram_mb": uint(0, 2**40), "gpu": text(64),
     "gpu_mem_mb": uint(0, 2**40), "bandwidth_mbps": uint(0, 10**7),
 }
-RELAY_RECEIPT = {
+RELAY_RECEIPT: Schema = {
     "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
     "bytes_total": uint(1, 2**64), "amount_total": uint(1), "task_id": blob(0, 32),
 }
 
-PAYLOAD_SCHEMAS: dict[str, dict] = {
+PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "transfer": {"to": peer_id, "amount": uint(1)},
     "bond": {"amount": uint(1)},
     "unbond": {"amount": uint(1)},
@@ -260,6 +270,6 @@ PAYLOAD_SCHEMAS: dict[str, dict] = {
 RECEIPT_DOMAIN = b"dekube/relay-receipt/v1\x00"
 
 
-def relay_receipt_signing_bytes(chain_id: str, receipt: dict) -> bytes:
+def relay_receipt_signing_bytes(chain_id: str, receipt: dict[str, Any]) -> bytes:
     """What both endpoints of a relayed connection sign for a usage receipt."""
     return RECEIPT_DOMAIN + encode_uvarint(len(chain_id.encode())) + chain_id.encode() + encode(receipt)

@@ -1,7 +1,7 @@
 """Chunk payloads of the all-reduce: encode without joining, decode into place, reduce with one check.
 
 The hot path of a round is encode -> send -> decode -> sum. These helpers keep it to the passes it
-needs (docs/adr/0036):
+needs (docs/perf/allreduce-cpu-per-round.md):
 - fp32 parts and results go out as (codec header, byte view of the tensor) with no copy; the bytes
   on the wire are exactly `FloatCodec("fp32").encode`'s.
 - results decode straight into their place in the output tensor.

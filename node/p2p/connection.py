@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Sequence
 
 from .multiaddr import Multiaddr
-from .muxer import MuxedConnection
+from .muxer import MuxedConnection, YamuxStream
 from .negotiate import select_protocol
 from .secure_conn import SecureConn
 
@@ -20,7 +20,7 @@ from .secure_conn import SecureConn
 class HostStream:
     """A negotiated stream: the yamux stream's API plus ``protocol`` and ``remote_peer``."""
 
-    def __init__(self, stream, connection: "Connection") -> None:
+    def __init__(self, stream: YamuxStream, connection: Connection) -> None:
         self._stream = stream
         self.connection = connection
         self.remote_peer = connection.remote_peer
@@ -50,7 +50,7 @@ class HostStream:
         except asyncio.IncompleteReadError as exc:
             raise asyncio.IncompleteReadError(head + exc.partial, n) from None
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.write(data)
 
     async def close(self) -> None:
@@ -84,7 +84,7 @@ class Connection:
     async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
         """Open a stream and negotiate the first of ``protocol`` the remote supports."""
         protocols = [protocol] if isinstance(protocol, str) else list(protocol)
-        stream = HostStream(await self.muxed.open_stream(), self)
+        stream = HostStream(await self._muxed().open_stream(), self)
         try:
             stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,
                                                     self._negotiate_timeout)
@@ -94,7 +94,12 @@ class Connection:
         return stream
 
     async def ping(self) -> float:
-        return await self.muxed.ping()
+        return await self._muxed().ping()
+
+    def _muxed(self) -> MuxedConnection:
+        if self.muxed is None:
+            raise ConnectionError("connection not multiplexed yet")
+        return self.muxed
 
     async def close(self) -> None:
         if self.muxed is not None:

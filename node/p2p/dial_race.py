@@ -50,12 +50,12 @@ async def race(attempts: list[DialAttempt[T]], discard: Callable[[T], Awaitable[
     relayed = [a for a in attempts if a.relayed]
     errors: dict[int, str] = {}
     order = {id(a): i for i, a in enumerate(attempts)}
-    pending: dict[asyncio.Task, DialAttempt[T]] = {}
+    pending: dict[asyncio.Task[T], DialAttempt[T]] = {}
     reached = _Reached()
     loop = asyncio.get_running_loop()
     started = loop.time()
     next_direct_at = started
-    winner: asyncio.Task | None = None
+    winner: asyncio.Task[T] | None = None
 
     def launch(attempt: DialAttempt[T]) -> None:
         hit = [False]
@@ -120,7 +120,7 @@ async def race(attempts: list[DialAttempt[T]], discard: Callable[[T], Awaitable[
         await _cancel(pending, discard)
 
 
-async def _cancel(pending: dict[asyncio.Task, DialAttempt], discard: Callable[[object], Awaitable[None]]) -> None:
+async def _cancel(pending: dict[asyncio.Task[T], DialAttempt[T]], discard: Callable[[T], Awaitable[None]]) -> None:
     """Cancel the losers; a loser that had already succeeded is discarded."""
     for task in pending:
         task.cancel()

@@ -21,26 +21,30 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from node.identity import Identity
 
 from .connection import Connection, HostStream
 from .dial_race import AllDialsFailed, DialAttempt, race
 from .errors import HandshakeTimeout, ProtocolError
+from .identify import MAX_IDENTIFY_BYTES, IdentifyInfo, decode_identify, encode_identify
 from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
-from .identify import IdentifyInfo, MAX_IDENTIFY_BYTES, decode_identify, encode_identify
 from .limits import HostLimits
 from .multiaddr import Multiaddr
-from .muxer import MuxedConnection, MuxerClosedError
-from .yamux import WindowTuner
+from .muxer import MuxedConnection, MuxerClosedError, YamuxStream
 from .negotiate import accept_protocol, select_protocol
 from .noise import PROTOCOL_ID as NOISE_PROTOCOL
 from .noise import generate_static_keypair
 from .peerbook import PeerBook
 from .ping import PROTOCOL_ID as PING_PROTOCOL
 from .ping import ping_once, serve_ping
-from .secure_conn import SecureConn, TcpConnection, secure_connection
+from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
+from .yamux import WindowTuner
+
+__all__ = ["CircuitDialer", "Connection", "DialError", "Handler", "Host", "HostStream", "YAMUX_PROTOCOL",
+           "advertised_addrs"]  # Connection and HostStream are re-exported from .connection
 
 YAMUX_PROTOCOL = "/yamux/1.0.0"
 _ADDRESS_FAMILY = {"ip4": socket.AF_INET, "dns4": socket.AF_INET, "ip6": socket.AF_INET6, "dns6": socket.AF_INET6}
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["HostStream"], Awaitable[None]]
 CircuitDialer = Callable[[Multiaddr, bool], Awaitable[Connection]]
+# one dial of a race: gets ``reached()`` and yields a secured TCP connection or a registered circuit
+_Attempt = Callable[[Callable[[], None]], Awaitable["SecureConn | Connection"]]
 
 
 def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[Multiaddr]:
@@ -70,7 +76,7 @@ class DialError(ConnectionError):
 class Host:
     def __init__(self, identity: Identity, listen_addrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",), *,
                  limits: HostLimits | None = None, agent_version: str = "dekube/0.1.0",
-                 muxer_options: dict | None = None) -> None:
+                 muxer_options: dict[str, Any] | None = None) -> None:
         self.identity = identity
         self.peer_id = identity.peer_id
         self.limits = limits or HostLimits()
@@ -86,8 +92,8 @@ class Host:
         self._bound_addrs: list[Multiaddr] = []
         self._shared: dict[str, Connection] = {}
         self._connections: set[Connection] = set()
-        self._dials: dict[str, asyncio.Future] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._dials: dict[str, asyncio.Future[Connection]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
         self._circuit_dialer: CircuitDialer | None = None
         self._extra_addrs: Callable[[], Sequence[str]] | None = None
@@ -126,11 +132,11 @@ class Host:
         self._connections.clear()
         self._shared.clear()
 
-    async def __aenter__(self) -> "Host":
+    async def __aenter__(self) -> Host:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     @property
@@ -166,7 +172,7 @@ class Host:
         conn = self._shared.get(peer_id)
         return conn is not None and not conn.closed
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -203,7 +209,7 @@ class Host:
             await self._register(secure, "inbound", bulk=False)
 
     # ---- the upgrade, for TCP and for any other byte pipe (relayed circuits)
-    async def _secure(self, pipe, *, is_initiator: bool, expected_peer: str | None) -> SecureConn:
+    async def _secure(self, pipe: BytePipe, *, is_initiator: bool, expected_peer: str | None) -> SecureConn:
         """multistream /noise -> noise XX -> multistream /yamux/1.0.0, within the handshake timeout."""
         timeout = self.limits.handshake_timeout
         negotiate = select_protocol if is_initiator else accept_protocol
@@ -222,7 +228,7 @@ class Host:
             raise HandshakeTimeout(f"connection upgrade took longer than {timeout} s") from exc
         return secure
 
-    async def upgrade(self, pipe, *, is_initiator: bool, expected_peer: str | None = None,
+    async def upgrade(self, pipe: BytePipe, *, is_initiator: bool, expected_peer: str | None = None,
                       bulk: bool = False) -> Connection:
         """Secure and multiplex any ordered byte pipe and register it like a TCP connection.
 
@@ -268,8 +274,8 @@ class Host:
             return won
         return await self._register(won, "outbound", bulk=bulk)
 
-    def _direct_attempt(self, peer_id: str, addr: Multiaddr):
-        async def attempt(reached) -> SecureConn:
+    def _direct_attempt(self, peer_id: str, addr: Multiaddr) -> _Attempt:
+        async def attempt(reached: Callable[[], None]) -> SecureConn:
             tcp = None
             try:
                 tcp = await self._dial_tcp(addr)
@@ -281,8 +287,8 @@ class Host:
                 raise
         return attempt
 
-    def _circuit_attempt(self, peer_id: str, addr: Multiaddr, bulk: bool):
-        async def attempt(reached) -> Connection:
+    def _circuit_attempt(self, peer_id: str, addr: Multiaddr, bulk: bool) -> _Attempt:
+        async def attempt(reached: Callable[[], None]) -> Connection:
             return await self._dial_circuit(peer_id, addr, bulk)
         return attempt
 
@@ -400,8 +406,8 @@ class Host:
         if conn.muxed is not None and not conn.muxed.closed:
             self._spawn(conn.close())
 
-    def _stream_handler(self, conn: Connection):
-        async def on_stream(raw_stream) -> None:
+    def _stream_handler(self, conn: Connection) -> Callable[[YamuxStream], Awaitable[None]]:
+        async def on_stream(raw_stream: YamuxStream) -> None:
             stream = HostStream(raw_stream, conn)
             try:
                 stream.protocol = await accept_protocol(stream.read, stream.write, stream._unread,

@@ -14,7 +14,7 @@ from node.identity import InvalidPeerId, peer_id_from_public_key, public_key_fro
 from .errors import ProtocolError
 from .multiaddr import Multiaddr, MultiaddrError
 from .protobuf import ProtobufError, bytes_fields, decode_fields, field_bytes, field_strings, single_bytes_field
-from .varint import decode_uvarint, encode_uvarint, VarintError
+from .varint import VarintError, decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/ipfs/id/1.0.0"
 PROTOCOL_VERSION = "ipfs/0.1.0"

@@ -87,7 +87,7 @@ class Multiaddr:
     parts: tuple[tuple[str, str], ...]
 
     @classmethod
-    def parse(cls, text: "str | Multiaddr") -> "Multiaddr":
+    def parse(cls, text: str | Multiaddr) -> Multiaddr:
         if isinstance(text, Multiaddr):
             return text
         if not isinstance(text, str) or not text.startswith("/"):
@@ -117,7 +117,7 @@ class Multiaddr:
         return cls(tuple(parts))
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Multiaddr":
+    def from_bytes(cls, data: bytes) -> Multiaddr:
         if len(data) > MAX_MULTIADDR_BYTES:
             raise MultiaddrError("multiaddr too long")
         parts = []
@@ -169,15 +169,16 @@ class Multiaddr:
             return self.parts[-1][1]
         return None
 
-    def without_peer_id(self) -> "Multiaddr":
+    def without_peer_id(self) -> Multiaddr:
         if self.peer_id is None:
             return self
         return Multiaddr(self.parts[:-1])
 
-    def with_peer_id(self, peer_id: str) -> "Multiaddr":
-        return Multiaddr(self.without_peer_id().parts + (("p2p", _value_to_text("p2p", _value_to_bytes("p2p", peer_id))),))
+    def with_peer_id(self, peer_id: str) -> Multiaddr:
+        p2p = ("p2p", _value_to_text("p2p", _value_to_bytes("p2p", peer_id)))
+        return Multiaddr(self.without_peer_id().parts + (p2p,))
 
-    def encapsulate(self, other: "str | Multiaddr") -> "Multiaddr":
+    def encapsulate(self, other: str | Multiaddr) -> Multiaddr:
         return Multiaddr(self.parts + Multiaddr.parse(other).parts)
 
     @property
@@ -192,6 +193,6 @@ class Multiaddr:
         return parts[0][1], int(parts[1][1])
 
     @classmethod
-    def from_tcp(cls, host: str, port: int) -> "Multiaddr":
+    def from_tcp(cls, host: str, port: int) -> Multiaddr:
         family = "ip6" if ":" in host else "ip4"
         return cls.parse(f"/{family}/{host}/tcp/{port}")

@@ -48,7 +48,7 @@ class _MessageReader:
         self._buf = bytearray()
         self._max = max_message
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self._buf += data
 
     def next_message(self) -> str | None:
@@ -102,7 +102,7 @@ class _Negotiator:
     def done(self) -> bool:
         return self.protocol is not None
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | memoryview) -> None:
         if self.done:
             raise MultistreamError("negotiation already finished")
         self._reader.feed(data)

@@ -31,8 +31,9 @@ from node.p2p.yamux import (
     StreamEnded,
     StreamOpened,
     StreamReset,
-    YamuxProtocolError,
     WindowTuner,
+    YamuxEvent,
+    YamuxProtocolError,
     YamuxSession,
     YamuxSessionClosed,
 )
@@ -79,15 +80,15 @@ class YamuxStream:
     def __init__(self, muxer: MuxedConnection, stream_id: int) -> None:
         self.stream_id = stream_id
         self._muxer = muxer
-        self._chunks: deque[bytes] | None = None  # created on first data (idle streams stay small)
+        self._chunks: deque[bytes | memoryview] | None = None  # created on first data (idle streams stay small)
         self._offset = 0  # bytes of _chunks[0] already read
         self._buffered = 0
         self._eof = False
         self._reset = False
         self._write_closed = False
         self._writing = False
-        self._read_waiter: asyncio.Future | None = None
-        self._window_waiter: asyncio.Future | None = None
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._window_waiter: asyncio.Future[None] | None = None
 
     @property
     def buffered(self) -> int:
@@ -121,7 +122,7 @@ class YamuxStream:
 
     async def readexactly(self, n: int) -> bytes:
         """Return exactly `n` bytes; asyncio.IncompleteReadError if EOF comes first."""
-        parts = []
+        parts: list[bytes] = []
         got = 0
         while got < n:
             chunk = await self.read(n - got)
@@ -219,6 +220,7 @@ class YamuxStream:
     def _take(self, n: int) -> bytes:
         """Up to `n` buffered bytes (n < 0: up to all); a big first chunk is returned alone."""
         chunks = self._chunks
+        assert chunks is not None  # only called with bytes buffered
         first = chunks[0]
         offset = self._offset
         if n < 0 or n > self._buffered:
@@ -239,7 +241,7 @@ class YamuxStream:
             self._offset = offset
             self._buffered -= n
             return data
-        parts = []
+        parts: list[bytes | memoryview] = []
         need = n
         while need:
             first = chunks[0]
@@ -315,18 +317,18 @@ class MuxedConnection:
             window_tuner=window_tuner)
         self._loop = asyncio.get_running_loop()
         self._streams: dict[int, YamuxStream] = {}
-        self._pongs: dict[int, asyncio.Future] = {}
-        self._tasks: list[asyncio.Task] = []
-        self._handler_tasks: set[asyncio.Task] = set()
+        self._pongs: dict[int, asyncio.Future[float]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handler_tasks: set[asyncio.Task[None]] = set()
         self._sender_wake = asyncio.Event()
         self._sender_idle = asyncio.Event()
         self._sender_idle.set()
         self._outbound_room = asyncio.Event()  # set whenever the sender has taken the queue
         self._outbound_room.set()
-        self._room_waiters: deque[asyncio.Future] = deque()  # writers waiting for their turn
+        self._room_waiters: deque[asyncio.Future[None]] = deque()  # writers waiting for their turn
         self._batches_taken = 0  # data_to_send_parts() results the sender took...
         self._batches_written = 0  # ...and passed to conn.write, which returned
-        self._written_waiter: asyncio.Future | None = None  # writers waiting for a batch written
+        self._written_waiter: asyncio.Future[None] | None = None  # writers waiting for a batch written
         self._last_received = self._loop.time()
         self._all_streams_done: asyncio.Event | None = None  # set up by close(drain_timeout=...)
         self._shut_down = False
@@ -376,7 +378,7 @@ class MuxedConnection:
         if self.closed:
             raise MuxerClosedError(f"connection closed: {self.close_reason}")
         opaque = self._session.send_ping(self._loop.time())
-        pong = self._loop.create_future()
+        pong: asyncio.Future[float] = self._loop.create_future()
         self._pongs[opaque] = pong
         self._wake_sender()
         try:
@@ -395,7 +397,7 @@ class MuxedConnection:
             self._all_streams_done = asyncio.Event()
             try:
                 await asyncio.wait_for(self._all_streams_done.wait(), drain_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.debug("yamux: %d streams still open after %.1fs", len(self._streams), drain_timeout)
         await self._shutdown("closed locally", flush=True)
 
@@ -458,7 +460,7 @@ class MuxedConnection:
             sent_at = self._loop.time()
             try:
                 await asyncio.wait_for(self.ping(), self._keepalive_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self._last_received < sent_at:
                     await self._shutdown("keepalive timeout: peer silent")
                     return
@@ -467,34 +469,33 @@ class MuxedConnection:
 
     # --------------------------------------------------------------- internals
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list[YamuxEvent]) -> None:
         streams = self._streams
         for event in events:
-            kind = type(event)
-            if kind is DataReceived:
+            if type(event) is DataReceived:
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     stream._feed(event.data)
-            elif kind is SendWindowOpened:
+            elif type(event) is SendWindowOpened:
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     stream._wake_writer()
-            elif kind is StreamOpened:
+            elif type(event) is StreamOpened:
                 self._accept_stream(event.stream_id)
-            elif kind is StreamEnded:
+            elif type(event) is StreamEnded:
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     stream._on_eof()
                     self._forget_if_finished(stream)
-            elif kind is StreamReset:
+            elif type(event) is StreamReset:
                 stream = self._drop_stream(event.stream_id)
                 if stream is not None:
                     stream._on_reset()
-            elif kind is PongReceived:
+            elif type(event) is PongReceived:
                 pong = self._pongs.pop(event.opaque, None)
                 if pong is not None and not pong.done():
                     pong.set_result(event.rtt)
-            elif kind is GoAwayReceived:
+            elif type(event) is GoAwayReceived:
                 log.debug("yamux: peer sent GoAway (code %d)", event.code)
 
     def _accept_stream(self, stream_id: int) -> None:
@@ -508,6 +509,8 @@ class MuxedConnection:
         task.add_done_callback(self._handler_tasks.discard)
 
     async def _run_handler(self, stream: YamuxStream) -> None:
+        if self._on_stream is None:  # _accept_stream resets streams when there is no handler
+            return
         try:
             await self._on_stream(stream)
         except asyncio.CancelledError:
@@ -602,7 +605,7 @@ class MuxedConnection:
             return
         try:
             await asyncio.wait_for(self._sender_idle.wait(), _CLOSE_FLUSH_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.debug("yamux: queued frames not flushed within %.1fs", _CLOSE_FLUSH_TIMEOUT)
 
     async def _shutdown(self, reason: str, *, flush: bool = False) -> None:

@@ -11,17 +11,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from .errors import HandshakeTimeout
 from .multistream import DialerNegotiator, ListenerNegotiator, MultistreamError
 
-Read = Callable[[], Awaitable[bytes]]
+Read = Callable[[], Awaitable[bytes | memoryview]]
 Write = Callable[[bytes], Awaitable[None]]
 Unread = Callable[[bytes], None]
 
 
-async def _run(negotiator, read: Read, write: Write, unread: Unread) -> str:
+async def _run(negotiator: DialerNegotiator | ListenerNegotiator, read: Read, write: Write,
+               unread: Unread) -> str:
     while True:
         out = negotiator.data_to_send()
         if out:
             await write(out)
-        if negotiator.done:
+        if negotiator.protocol is not None:
             unread(negotiator.unused)
             return negotiator.protocol
         data = await read()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Iterable, Sequence
+from typing import Protocol, cast
 
 import nacl.bindings
 import nacl.exceptions
@@ -30,6 +32,19 @@ from node.identity import (
 from .chachapoly import AuthenticationFailed, new_cipher
 from .errors import ProtocolError
 from .protobuf import ProtobufError, decode_fields, field_bytes, single_bytes_field
+
+BytesLike = bytes | bytearray | memoryview
+
+
+class _Aead(Protocol):
+    """What ``chachapoly.new_cipher`` returns, whichever backend."""
+
+    name: str
+
+    def seal_into(self, nonce: bytes, src: memoryview, dst: memoryview) -> None: ...
+
+    def open_into(self, nonce: bytes, src: memoryview, dst: memoryview) -> None: ...
+
 
 PROTOCOL_ID = "/noise"
 PROTOCOL_NAME = b"Noise_XX_25519_ChaChaPoly_SHA256"
@@ -108,7 +123,7 @@ class CipherState:
     def __init__(self, key: bytes, backend: str | None = None) -> None:
         self.key = key
         self.nonce = 0
-        self._aead = new_cipher(key, backend)
+        self._aead: _Aead = new_cipher(key, backend)
 
     @property
     def backend(self) -> str:
@@ -233,6 +248,12 @@ class NoiseHandshake:
         self._out.clear()
         return out
 
+    def transport(self) -> tuple[NoiseTransport, str]:
+        """The transport framing and the verified remote peer ID, once ``complete``."""
+        if not self.complete or self.send_cipher is None or self.recv_cipher is None or self.remote_peer is None:
+            raise NoiseError("handshake not complete")
+        return NoiseTransport(self.send_cipher, self.recv_cipher), self.remote_peer
+
     def receive_data(self, data: bytes) -> None:
         if self.complete:
             raise NoiseError("handshake already complete")
@@ -348,12 +369,12 @@ class NoiseTransport:
         self._partial = bytearray()
 
     @staticmethod
-    def _segments(parts) -> list:
+    def _segments(parts: Sequence[BytesLike]) -> list[BytesLike]:
         """Contiguous plaintext pieces to frame one after the other: buffers of at least
         ``GATHER_BELOW`` bytes as they are (their last partial frame gathered with what follows
         when short), runs of smaller ones joined."""
-        segments = []
-        small: list = []
+        segments: list[BytesLike] = []
+        small: list[BytesLike] = []
         for part in parts:
             size = len(part)
             if size < GATHER_BELOW:
@@ -374,9 +395,12 @@ class NoiseTransport:
             segments.append(small[0] if len(small) == 1 else b"".join(small))
         return segments
 
-    def encrypt(self, data) -> bytearray:
+    def encrypt(self, data: BytesLike | Sequence[BytesLike]) -> bytearray:
         """Frames for ``data``: a bytes-like object, or a list/tuple of them sent in order."""
-        segments = self._segments(data) if isinstance(data, (list, tuple)) else [data]
+        if isinstance(data, (list, tuple)):
+            segments = self._segments(data)
+        else:  # one buffer (any bytes-like object, not only the three BytesLike types)
+            segments = [cast(BytesLike, data)]
         plain = 0
         frames = 0
         for segment in segments:
@@ -401,11 +425,11 @@ class NoiseTransport:
                         pos += n
         return out
 
-    def receive_data(self, data: bytes) -> bytes:
+    def receive_data(self, data: BytesLike) -> bytes | memoryview:
         """Decrypt every complete frame in ``data`` (plus any buffered partial frame)."""
         return self.receive_chunks((data,))
 
-    def receive_chunks(self, chunks) -> bytes | memoryview:
+    def receive_chunks(self, chunks: Iterable[BytesLike]) -> bytes | memoryview:
         """Decrypt the complete frames in a sequence of received chunks, in order.
 
         Frames are decrypted in place from each chunk; only a frame split across chunks is

@@ -9,18 +9,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .connection import HostStream
+    from .host import Host
 
 log = logging.getLogger(__name__)
 
 
 class PeerSender:
-    def __init__(self, host, peer_id: str, protocol: str, max_queue: int, open_timeout: float) -> None:
+    def __init__(self, host: Host, peer_id: str, protocol: str, max_queue: int, open_timeout: float) -> None:
         self.host = host
         self.peer_id = peer_id
         self.protocol = protocol
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(max_queue)
         self.open_timeout = open_timeout
-        self.stream = None
+        self.stream: HostStream | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def send(self, data: bytes) -> None:

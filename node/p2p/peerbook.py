@@ -7,6 +7,7 @@ tries them after the direct ones, through its registered circuit dialer.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from node.identity import is_valid_peer_id
@@ -44,7 +45,7 @@ class PeerBook:
             record = self._peers[peer_id] = PeerRecord(peer_id)
         return record
 
-    def add_addrs(self, peer_id: str, addrs) -> None:
+    def add_addrs(self, peer_id: str, addrs: Iterable[str | Multiaddr]) -> None:
         """Remember dialable addresses (text or Multiaddr; a /p2p suffix is stripped)."""
         record = self._record(peer_id)
         for addr in addrs:
@@ -65,7 +66,8 @@ class PeerBook:
     def get(self, peer_id: str) -> PeerRecord | None:
         return self._peers.get(peer_id)
 
-    def update_identify(self, peer_id: str, *, listen_addrs, protocols, agent_version: str,
+    def update_identify(self, peer_id: str, *, listen_addrs: Iterable[Multiaddr],
+                        protocols: Iterable[str], agent_version: str,
                         protocol_version: str, observed_addr: Multiaddr | None) -> None:
         record = self._record(peer_id)
         self.add_addrs(peer_id, [a for a in listen_addrs if a.peer_id in (None, peer_id)])

@@ -8,12 +8,23 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Protocol
 
 from .errors import ProtocolError
 
 PROTOCOL_ID = "/ipfs/ping/1.0.0"
 PING_LENGTH = 32
 MAX_PINGS_PER_STREAM = 10_000
+
+
+class PingStream(Protocol):
+    """The stream calls ping needs (HostStream and YamuxStream have them)."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+    async def close(self) -> None: ...
 
 
 class PingError(ProtocolError):
@@ -25,7 +36,7 @@ def check_pong(sent: bytes, received: bytes) -> None:
         raise PingError("ping reply does not match the payload sent")
 
 
-async def ping_once(stream) -> float:
+async def ping_once(stream: PingStream) -> float:
     """One round trip on an open ping stream; returns the RTT in seconds."""
     payload = os.urandom(PING_LENGTH)
     start = time.perf_counter()
@@ -39,7 +50,7 @@ async def ping_once(stream) -> float:
     return rtt
 
 
-async def serve_ping(stream) -> None:
+async def serve_ping(stream: PingStream) -> None:
     """Echo 32-byte payloads until the dialer closes the stream (bounded per stream)."""
     for _ in range(MAX_PINGS_PER_STREAM):
         try:

@@ -68,10 +68,10 @@ def decode_fields(data: bytes) -> list[tuple[int, int, int | bytes]]:
 
 def bytes_fields(fields: list[tuple[int, int, int | bytes]], number: int) -> list[bytes]:
     """All values of a length-delimited field (repeated fields keep their order)."""
-    out = []
+    out: list[bytes] = []
     for num, wire_type, value in fields:
         if num == number:
-            if wire_type != WIRE_LEN:
+            if wire_type != WIRE_LEN or not isinstance(value, bytes):
                 raise ProtobufError(f"field {number} has wire type {wire_type}, expected bytes")
             out.append(value)
     return out

@@ -12,14 +12,46 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from node.identity import Identity
 
 from .errors import HandshakeTimeout, ProtocolError
-from .noise import NoiseHandshake, NoiseTransport
+from .noise import BytesLike, NoiseHandshake, NoiseTransport
 
 READ_HIGH_WATER = 1 << 20
 READ_BATCH_BYTES = 1 << 20
+
+
+class BytePipe(Protocol):
+    """An ordered byte pipe shaped like ``TcpConnection`` (a relayed circuit is another): what the
+    multistream negotiation, the noise handshake and ``SecureConn`` run over."""
+
+    connection_lost_callbacks: list[Callable[[], None]]
+
+    async def read(self) -> bytes: ...
+
+    async def read_chunks(self, max_bytes: int = ...) -> list[bytes]: ...
+
+    def unread(self, data: bytes) -> None: ...
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    @property
+    def peername(self) -> tuple[str, int] | None: ...
+
+    @property
+    def sockname(self) -> tuple[str, int] | None: ...
 
 
 class TcpConnection(asyncio.Protocol):
@@ -33,11 +65,11 @@ class TcpConnection(asyncio.Protocol):
         self._paused_reading = False
         self._eof = False
         self._closed_exc: BaseException | None = None
-        self._data_waiter: asyncio.Future | None = None
-        self._drain_waiter: asyncio.Future | None = None
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
-        self.connected = asyncio.get_running_loop().create_future()
-        self.connection_lost_callbacks: list = []  # called once, with no arguments
+        self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.connection_lost_callbacks: list[Callable[[], None]] = []  # called once, with no arguments
 
     # asyncio.Protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -48,7 +80,7 @@ class TcpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > self._high_water and not self._paused_reading:
+        if self._buffered > self._high_water and not self._paused_reading and self.transport is not None:
             self._paused_reading = True
             self.transport.pause_reading()
         self._wake_reader()
@@ -141,7 +173,7 @@ class TcpConnection(asyncio.Protocol):
             self._chunks.appendleft(data)
             self._buffered += len(data)
 
-    def write(self, data) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("connection closed")
         self.transport.write(data)
@@ -173,7 +205,7 @@ class TcpConnection(asyncio.Protocol):
 class SecureConn:
     """A noise-encrypted, authenticated connection to ``remote_peer``."""
 
-    def __init__(self, tcp: TcpConnection, transport: NoiseTransport, local_peer: str, remote_peer: str,
+    def __init__(self, tcp: BytePipe, transport: NoiseTransport, local_peer: str, remote_peer: str,
                  is_initiator: bool) -> None:
         self._tcp = tcp
         self._noise = transport
@@ -183,7 +215,7 @@ class SecureConn:
         self._pushback: bytes = b""
 
     @property
-    def tcp(self) -> TcpConnection:
+    def tcp(self) -> BytePipe:
         return self._tcp
 
     async def read(self) -> bytes | memoryview:
@@ -204,7 +236,7 @@ class SecureConn:
         """Return plaintext to the front of the stream (bytes a negotiation read too far)."""
         self._pushback = bytes(data) + self._pushback
 
-    async def write(self, data) -> None:
+    async def write(self, data: BytesLike | Sequence[BytesLike]) -> None:
         """Encrypt and send a bytes-like object or a list of them (in order, without joining
         them first); waits while the socket's buffer is full. The buffers must not change until
         this returns."""
@@ -222,7 +254,7 @@ class SecureConn:
         return self._tcp.is_closed
 
 
-async def _run_handshake(tcp: TcpConnection, handshake: NoiseHandshake) -> None:
+async def _run_handshake(tcp: BytePipe, handshake: NoiseHandshake) -> None:
     while True:
         out = handshake.data_to_send()
         if out:
@@ -236,7 +268,7 @@ async def _run_handshake(tcp: TcpConnection, handshake: NoiseHandshake) -> None:
         handshake.receive_data(data)
 
 
-async def secure_connection(tcp: TcpConnection, identity: Identity, is_initiator: bool,
+async def secure_connection(tcp: BytePipe, identity: Identity, is_initiator: bool,
                             expected_peer: str | None = None,
                             static_keypair: tuple[bytes, bytes] | None = None,
                             timeout: float = 10.0) -> SecureConn:
@@ -250,8 +282,8 @@ async def secure_connection(tcp: TcpConnection, identity: Identity, is_initiator
             await _run_handshake(tcp, handshake)
     except TimeoutError as exc:
         raise HandshakeTimeout(f"noise handshake took longer than {timeout} s") from exc
-    transport = NoiseTransport(handshake.send_cipher, handshake.recv_cipher)
-    conn = SecureConn(tcp, transport, identity.peer_id, handshake.remote_peer, is_initiator)
+    transport, remote_peer = handshake.transport()
+    conn = SecureConn(tcp, transport, identity.peer_id, remote_peer, is_initiator)
     if handshake.unused:
         tcp.unread(handshake.unused)
     return conn

@@ -17,9 +17,9 @@ session keeps one tuned window, doubled (up to `max_window`) when a stream using
 within a few round trips, like go-yamux; every stream moves to the tuned window at its next window
 update, capped at its fair share of the session's growth budget (the budget split evenly among the
 streams that have sent a window update, i.e. moved at least half a window). A stream above its
-share shrinks by withholding credit, never by revoking it. Per-stream doubling instead lets the first fast streams take the whole budget and
-starve the others: with the window deciding each stream's share of a shared bottleneck, 8 flows
-on one connection then had a Jain index of 0.26-0.44.
+share shrinks by withholding credit, never by revoking it. Per-stream doubling instead lets the
+first fast streams take the whole budget and starve the others: with the window deciding each
+stream's share of a shared bottleneck, 8 flows on one connection then had a Jain index of 0.26-0.44.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def encode_header(frame_type: int, flags: int, stream_id: int, length: int) -> b
     return HEADER.pack(VERSION, frame_type, flags, stream_id, length)
 
 
-def decode_header(data: bytes, offset: int = 0) -> FrameHeader:
+def decode_header(data: bytes | memoryview, offset: int = 0) -> FrameHeader:
     """Decode the header at `offset`; raises YamuxProtocolError if short, wrong version or type."""
     if len(data) - offset < HEADER_SIZE:
         raise YamuxProtocolError(f"truncated yamux header: {len(data) - offset} of {HEADER_SIZE} bytes")
@@ -171,6 +171,10 @@ class GoAwayReceived:
     """The peer will accept no new streams; existing streams continue."""
 
     code: int
+
+
+YamuxEvent = (StreamOpened | DataReceived | StreamEnded | StreamReset | SendWindowOpened | PongReceived
+              | GoAwayReceived)
 
 
 class _Stream:
@@ -417,7 +421,7 @@ class YamuxSession:
 
     # ------------------------------------------------------------------ receive
 
-    def receive_data(self, data: bytes | memoryview, now: float) -> list:
+    def receive_data(self, data: bytes | memoryview, now: float) -> list[YamuxEvent]:
         """Feed bytes from the peer; return the events they complete, in order.
 
         A data frame's body is handed out as slices of ``data``: memoryviews of a memoryview
@@ -431,7 +435,7 @@ class YamuxSession:
             raise YamuxSessionClosed("yamux session is closed")
         if type(data) is not bytes and type(data) is not memoryview:
             data = bytes(data)
-        events: list = []
+        events: list[YamuxEvent] = []
         try:
             self._parse(data, now, events)
         except YamuxProtocolError:
@@ -439,7 +443,7 @@ class YamuxSession:
             raise
         return events
 
-    def _parse(self, data: bytes, now: float, events: list) -> None:
+    def _parse(self, data: bytes | memoryview, now: float, events: list[YamuxEvent]) -> None:
         end = len(data)
         pos = 0
         if self._partial_header:
@@ -476,7 +480,7 @@ class YamuxSession:
             self._handle_header(data, pos, now, events)
             pos += HEADER_SIZE
 
-    def _handle_header(self, data: bytes, pos: int, now: float, events: list) -> None:
+    def _handle_header(self, data: bytes | memoryview, pos: int, now: float, events: list[YamuxEvent]) -> None:
         frame_type, flags, stream_id, length = decode_header(data, pos)
         if frame_type == TYPE_DATA or frame_type == TYPE_WINDOW_UPDATE:
             if stream_id == 0:
@@ -527,13 +531,13 @@ class YamuxSession:
             self.remote_go_away = length
             events.append(GoAwayReceived(length))
 
-    def _finish_data_frame(self, events: list) -> None:
+    def _finish_data_frame(self, events: list[YamuxEvent]) -> None:
         stream = self._body_stream
         self._body_stream = None
         if stream is not None:
             self._apply_close_flags(self._body_stream_id, stream, self._body_flags, events)
 
-    def _accept_stream(self, stream_id: int, events: list) -> _Stream | None:
+    def _accept_stream(self, stream_id: int, events: list[YamuxEvent]) -> _Stream | None:
         if stream_id in self._streams:
             raise YamuxProtocolError(f"SYN for stream {stream_id}, which is already open")
         if (stream_id & 1 == 1) == self.is_initiator:
@@ -548,7 +552,7 @@ class YamuxSession:
         events.append(StreamOpened(stream_id))
         return stream
 
-    def _apply_close_flags(self, stream_id: int, stream: _Stream, flags: int, events: list) -> None:
+    def _apply_close_flags(self, stream_id: int, stream: _Stream, flags: int, events: list[YamuxEvent]) -> None:
         if flags & FLAG_RST:
             self._remove(stream_id)
             events.append(StreamReset(stream_id))
