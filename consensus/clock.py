@@ -9,7 +9,8 @@ runs the same driver on a virtual-time loop and offloads inline, so a seed repla
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class Clock(Protocol):

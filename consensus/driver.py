@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import struct
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from consensus.clock import Clock, LoopClock
 from consensus.committee import ValidatorSet
@@ -192,10 +193,8 @@ class ConsensusDriver:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            except (asyncio.CancelledError, Exception):
-                pass
         await self.network.stop()
 
     # ------------------------------------------------------------------ inbound

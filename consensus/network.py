@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import struct
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, MessageError
 from node.p2p.peer_sender import PeerSender
