@@ -13,7 +13,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from consensus.messages import VOTE_TAG, MessageError, Vote, decode_message, encode_message, sign_vote
+from consensus.messages import (
+    VOTE_TAG,
+    MessageError,
+    Vote,
+    decode_message,
+    encode_message,
+    sign_vote,
+)
 from node.identity import Identity
 
 

@@ -11,7 +11,12 @@ inline (the simulation has no threads). Each stored commit is reported to the ``
 from __future__ import annotations
 
 from consensus.block import Block, BlockError, build_block
-from consensus.chainstore import CertificateError, ChainStore, decode_certificate, encode_certificate
+from consensus.chainstore import (
+    CertificateError,
+    ChainStore,
+    decode_certificate,
+    encode_certificate,
+)
 from consensus.committee import ValidatorSet
 from consensus.driver import ConsensusDriver
 from consensus.genesis import Genesis
