@@ -24,6 +24,7 @@ class Checker:
         self.violations: list[str] = []
         self.trace = hashlib.sha256()
         self.commits = 0
+        self.max_round = 0
 
     def violation(self, text: str) -> None:
         if len(self.violations) < 50:
@@ -32,6 +33,7 @@ class Checker:
     def on_commit(self, replica, block, commit, result) -> None:
         height = block.height
         self.commits += 1
+        self.max_round = max(self.max_round, commit.round)
         self.trace.update(b"C%d/%d/%d/" % (replica.index, height, commit.round) + block.hash + result.app_hash)
         if replica.index in self.sim.byzantine:
             return

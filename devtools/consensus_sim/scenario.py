@@ -302,7 +302,7 @@ class Simulation:
                      "double_votes": stats.double_votes},
             txs=dict(self.txs), byzantine_slashed=self.byzantine_slashed,
             trace=self.checker.trace.hexdigest(), commits=self.checker.commits,
-            extra={"liveness_s": round(self.liveness_time, 3)})
+            extra={"liveness_s": round(self.liveness_time, 3), "max_round": self.checker.max_round})
 
 
 def profile_of(cfg: SimConfig) -> dict:
