@@ -15,12 +15,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devtools.consensus_sim.scenario import SimConfig, simulate  # noqa: E402
+from devtools.consensus_sim.scenario import SimConfig, simulate
 
-CLEAN = dict(drop=0.0, duplicate=0.0, max_delay=0.02, partitions=False, crashes=False, torn_crashes=False,
-             byzantine=False)
-FAULTS = dict(drop=0.05, duplicate=0.02, max_delay=0.05, partitions=True, crashes=True, torn_crashes=True,
-              byzantine=True)
+CLEAN = {"drop": 0.0, "duplicate": 0.0, "max_delay": 0.02, "partitions": False, "crashes": False,
+         "torn_crashes": False, "byzantine": False}
+FAULTS = {"drop": 0.05, "duplicate": 0.02, "max_delay": 0.05, "partitions": True, "crashes": True,
+          "torn_crashes": True, "byzantine": True}
 
 
 def measure(validators: int, virtual_s: float, faults: bool) -> dict:

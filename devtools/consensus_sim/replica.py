@@ -1,6 +1,6 @@
 """One simulated validator: the real driver, core, signer guard, ledger, mempool and storage.
 
-What a ``Replica`` wires together mirrors ``consensus.validator.ValidatorRole`` (the production
+What a ``Replica`` wires together mirrors ``consensus.validator.role.ValidatorRole`` (the production
 role), minus the node around it: ``Storage`` over the replica's ``MemoryKV`` (its "disk", which
 survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` loaded from storage,
 ``SignerGuard`` restored from storage, ``Mempool``, ``TendermintCore`` and ``ConsensusDriver``
@@ -11,22 +11,22 @@ inline (the simulation has no threads). Each stored commit is reported to the ``
 from __future__ import annotations
 
 from consensus.block import Block, BlockError, build_block
-from consensus.chainstore import (
+from consensus.committee import ValidatorSet
+from consensus.driver import ConsensusDriver
+from consensus.genesis import Genesis
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.signer import SignerGuard
+from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
+from consensus.txcodes import TxError
+from consensus.validator.chainstore import (
     CertificateError,
     ChainStore,
     decode_certificate,
     encode_certificate,
 )
-from consensus.committee import ValidatorSet
-from consensus.driver import ConsensusDriver
-from consensus.genesis import Genesis
-from consensus.memkv import MemoryKV
-from consensus.mempool import Mempool
-from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
-from consensus.signer import SignerGuard
-from consensus.storage import Storage, StorageError
-from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
-from consensus.txcodes import TxError
+from consensus.validator.memkv import MemoryKV
+from consensus.validator.mempool import Mempool
+from consensus.validator.storage import Storage, StorageError
 from node.identity import Identity
 
 MAX_FUTURE_BLOCK_MS = 10_000

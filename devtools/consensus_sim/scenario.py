@@ -87,7 +87,7 @@ def draw_profile(cfg: SimConfig, rng: random.Random) -> SimConfig:
     """``cfg`` with every ``None`` replaced by a value drawn from ``rng`` (always in this order)."""
     drawn = {
         "validators": rng.choice((4, 4, 5)),
-        "fault_time": rng.uniform(4.0, 10.0),
+        "fault_time": rng.uniform(5.0, 20.0),
         "drop": rng.choice((0.0, rng.uniform(0.0, 0.2))),
         "duplicate": rng.choice((0.0, rng.uniform(0.0, 0.1))),
         "max_delay": rng.choice((0.02, rng.uniform(0.02, 0.4))),

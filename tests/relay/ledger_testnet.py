@@ -7,7 +7,7 @@ from pathlib import Path
 
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.testnet import free_ports
-from consensus.validator import ValidatorRole
+from consensus.validator.role import ValidatorRole
 from ml.compute.ledger_client import LedgerClient
 from node.config import load_config
 from node.identity import Identity

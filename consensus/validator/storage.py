@@ -1,7 +1,7 @@
 """Node storage: blocks, receipts, ledger state, consensus WAL, signer state, over a key-value store.
 
 Production keeps it in RocksDB (``Storage.open``, rocksdict, via ``RocksKV``); the deterministic
-simulator keeps it in memory (``Storage.create``, ``consensus.memkv.MemoryKV``), so both run the
+simulator keeps it in memory (``Storage.create``, ``consensus.validator.memkv.MemoryKV``), so both run the
 same code for everything above the key-value layer. A ``KV`` offers ``get``, ``write(ops, sync)``
 (ops: ``(key, value)`` puts and ``(key, None)`` deletes, applied atomically), ``scan(prefix)``,
 ``last_key(prefix)``, ``delete_range(start, end, sync)``, ``is_empty()`` and ``close()``.

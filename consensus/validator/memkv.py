@@ -1,4 +1,4 @@
-"""An in-memory ``KV`` for ``consensus.storage.Storage``: what a simulated node keeps on its "disk".
+"""An in-memory ``KV`` for ``consensus.validator.storage.Storage``: what a simulated node keeps on its "disk".
 
 Keys stay sorted (bisect) so prefix scans are ordered as in RocksDB. Writes made with
 ``sync=False`` sit in a volatile overlay that reads see but ``crash()`` discards; synced writes
