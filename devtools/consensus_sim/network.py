@@ -1,7 +1,8 @@
 """The simulated network: one ``ConsensusNetwork`` endpoint per node, faults drawn from the seed.
 
-Each payload a driver sends is delivered after a random delay (so messages reorder), or dropped,
-or delivered twice, or cut by a partition, as the ``Faults`` in force say; ``heal()`` turns every
+Each payload a driver sends is delivered after a random delay, or dropped, or delivered twice, or
+cut by a partition, as the ``Faults`` in force say. Each link (sender, receiver) is FIFO, as the
+production transport's one long-lived stream per peer is; messages reorder across links only; ``heal()`` turns every
 fault off (the liveness phase). A crashed node's endpoint is detached: what it sends and what is
 sent to it is lost. A byzantine node's endpoint equivocates: for each vote it sends, some peers get
 a second, conflicting vote signed with the same key (the signer guard is bypassed on purpose).
@@ -54,6 +55,7 @@ class SimNetwork:
         self.endpoints: dict[int, Endpoint] = {}
         self.stats = NetStats()
         self.tap: Callable[[int, bytes], None] | None = None
+        self._link_clear: dict[tuple[int, int], float] = {}  # (src, dst) -> last scheduled arrival
 
     def endpoint(self, index: int, byzantine: Identity | None = None, chain_id: str = "") -> Endpoint:
         endpoint = Endpoint(self, index, byzantine, chain_id)
@@ -84,8 +86,12 @@ class SimNetwork:
             return
         copies = 2 if f.duplicate and self.rng.random() < f.duplicate else 1
         stats.duplicated += copies - 1
+        now = self.loop.time()
         for _ in range(copies):
-            self.loop.call_later(self.rng.uniform(f.min_delay, f.max_delay), self._arrive, src, dst, payload)
+            # strictly after the link's previous payload: timers due at one instant run in no fixed order
+            at = max(now + self.rng.uniform(f.min_delay, f.max_delay), self._link_clear.get((src, dst), 0.0) + 1e-6)
+            self._link_clear[(src, dst)] = at
+            self.loop.call_at(at, self._arrive, src, dst, payload)
 
     def _arrive(self, src: int, dst: int, payload: bytes) -> None:
         endpoint = self.endpoints.get(dst)
