@@ -1,5 +1,6 @@
 """The deterministic simulator of real validators (devtools.consensus_sim): clean seeds, exact
 replay, and planted bugs that it must report with the seed."""
+import functools
 import os
 import subprocess
 import sys
@@ -16,9 +17,14 @@ QUIET = {"drop": 0.0, "duplicate": 0.0, "max_delay": 0.02, "partitions": False, 
          "torn_crashes": False, "byzantine": False}
 
 
+@functools.cache
+def run_seed(seed: int):
+    return simulate(SimConfig(seed=seed))
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_seeds_run_clean_under_their_random_faults(seed):
-    result = simulate(SimConfig(seed=seed))
+    result = run_seed(seed)
     assert result.ok, (result.seed, result.violations)
     assert min(result.heights) >= 5
     assert result.commits > 0 and result.txs["accepted"] > 0
@@ -27,7 +33,7 @@ def test_seeds_run_clean_under_their_random_faults(seed):
 def test_the_seeds_together_exercise_every_fault():
     totals: dict[str, int] = {}
     for seed in range(12):
-        result = simulate(SimConfig(seed=seed))
+        result = run_seed(seed)
         for name, count in {**result.faults, **result.network}.items():
             totals[name] = totals.get(name, 0) + count
     for name in ("crash", "torn_crash", "partition", "restart", "evidence_seen",
