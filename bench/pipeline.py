@@ -24,9 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from consensus.block import build_block  # noqa: E402
 from consensus.genesis import Genesis, GenesisValidator, Params  # noqa: E402
-from consensus.storage import Storage  # noqa: E402
 from consensus.tx import build_tx, decode_tx  # noqa: E402
 from consensus.txcodes import TxCode  # noqa: E402
+from consensus.validator.storage import Storage  # noqa: E402
 from node.identity import Identity  # noqa: E402
 
 CHAIN = "dekube-bench"

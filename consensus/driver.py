@@ -1,21 +1,23 @@
-"""Asyncio driver of the SDBFT core over the node's transport (protocol ``/dekube/consensus/1.0.0``).
+"""Asyncio driver of the SDBFT core over an injected network and clock.
 
 It owns no consensus logic: it feeds the ``TendermintCore`` one event at a time from a queue
 (messages from peers, timers, synced blocks), and carries out its outputs in order: awaits the
 ``persist`` hook before anything after it is sent (the signer state is fsync'd before the vote
-leaves), sends proposals and votes to every peer, arms real timers, hands each commit to the
+leaves), sends proposals and votes to every peer, arms timers, hands each commit to the
 application's ``commit`` hook (which executes and stores the block and returns the next height's
 validator set), and re-sends ``core.gossip_messages()`` when the core made no progress for a whole
 ``gossip_interval``, so lost messages are recovered. A node that sees messages from heights it
-has not reached asks that peer for the committed blocks (``SYNC_REQUEST``); blocks arrive as ``SYNC_BLOCK`` frames and are applied only
-with a valid commit certificate. The application's ``is_valid`` for received proposals and synced
-blocks, and certificate checks, run in a worker thread (the loop stays free); the core only reads
-the cached result.
+has not reached asks that peer for the committed blocks (``SYNC_REQUEST``); blocks arrive as
+``SYNC_BLOCK`` payloads and are applied only with a valid commit certificate. The application's
+``is_valid`` for received proposals and synced blocks, and certificate checks, run through
+``clock.offload`` (a worker thread in production); the core only reads the cached result.
 
-Wire: one long-lived outbound stream per peer carrying frames ``len u32 | payload``; the payload's
-first byte is its kind (vote 0x01, proposal 0x02, sync request 0x10, sync block 0x11). A malformed
-or oversized frame closes that stream only. Per-peer send queues are bounded (oldest dropped:
-gossip recovers them), so a slow peer never blocks consensus.
+Ports (ADR 0110): ``network`` (``consensus.network.ConsensusNetwork``; default ``HostNetwork`` over
+the node's ``Host``, protocol ``/dekube/consensus/1.0.0``) and ``clock`` (``consensus.clock.Clock``;
+default ``LoopClock``). The deterministic simulator (``devtools.consensus_sim``) runs this class
+unchanged with a simulated network and a virtual-time clock.
+
+Payloads: the first byte is the kind (vote 0x01, proposal 0x02, sync request 0x10, sync block 0x11).
 """
 from __future__ import annotations
 
@@ -24,22 +26,31 @@ import collections
 import contextlib
 import logging
 import struct
-import time
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
+from consensus.clock import Clock, LoopClock
 from consensus.committee import ValidatorSet
 from consensus.messages import (
     MAX_PROPOSAL_VALUE_BYTES,
     PROPOSAL_TAG,
     VOTE_TAG,
     DoubleVoteEvidence,
-    MessageError,
     Proposal,
     decode_message,
     decode_vote_list,
     encode_message,
     encode_vote_list,
     value_id,
+)
+from consensus.network import (  # noqa: F401  (frame, read_frame, PROTOCOL: re-exported for callers)
+    MAX_CERTIFICATE_VOTES,
+    MAX_FRAME_BYTES,
+    PROTOCOL,
+    ConsensusNetwork,
+    FrameError,
+    HostNetwork,
+    frame,
+    read_frame,
 )
 from consensus.tendermint import (
     Broadcast,
@@ -49,41 +60,20 @@ from consensus.tendermint import (
     ScheduleTimeout,
     TendermintCore,
 )
-from node.p2p.peer_sender import PeerSender
 
-PROTOCOL = "/dekube/consensus/1.0.0"
 SYNC_REQUEST_TAG = 0x10
 SYNC_BLOCK_TAG = 0x11
-MAX_CERTIFICATE_VOTES = 1024
 MAX_PENDING_EVENTS = 4096
-MAX_FRAME_BYTES = MAX_PROPOSAL_VALUE_BYTES + 256 * MAX_CERTIFICATE_VOTES
-_LEN = struct.Struct(">I")
 _SYNC_REQUEST = struct.Struct(">BQ")
 _SYNC_BLOCK_HEAD = struct.Struct(">BQII")
 log = logging.getLogger(__name__)
-
-
-class FrameError(MessageError):
-    """A frame on the consensus protocol is malformed or too large."""
 
 
 class PersistFailed(RuntimeError):
     """The signer state could not be persisted: this validator stops taking part."""
 
 
-# ---------------------------------------------------------------------------- framing
-def frame(payload: bytes) -> bytes:
-    return _LEN.pack(len(payload)) + payload
-
-
-async def read_frame(stream, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
-    """One frame's payload; ``asyncio.IncompleteReadError`` at a clean end of stream."""
-    (length,) = _LEN.unpack(await stream.readexactly(4))
-    if length == 0 or length > max_bytes:
-        raise FrameError(f"frame of {length} bytes outside 1..{max_bytes}")
-    return await stream.readexactly(length)
-
-
+# ---------------------------------------------------------------------------- sync payloads
 def encode_sync_request(from_height: int) -> bytes:
     return _SYNC_REQUEST.pack(SYNC_REQUEST_TAG, from_height)
 
@@ -120,23 +110,21 @@ def decode_sync_block(payload: bytes) -> Commit:
     return Commit(height, round_, value, tuple(votes))
 
 
-# ---------------------------------------------------------------------------- per-peer sender
 # ---------------------------------------------------------------------------- the driver
 CommitHook = Callable[[Commit], Awaitable[ValidatorSet]]
 
 
 class ConsensusDriver:
-    """Runs one ``TendermintCore`` over a ``Host``-like transport.
+    """Runs one ``TendermintCore`` over a network and a clock.
 
-    ``host``: ``set_handler(protocol, handler)``, ``remove_handler(protocol)``, ``await
-    open_stream(peer_id, protocol)`` giving streams with ``read``/``readexactly``/``write``/``close``
-    and (on accepted streams) ``remote_peer``. ``peers()``: the peer IDs to gossip with (the
-    committee, or every validator candidate). ``persist(state)``: store the signer state durably.
-    ``commit(commit)``: execute and store the block, return the next height's ``ValidatorSet``.
-    ``get_block(height)``: a stored ``Commit`` (for peers that sync) or ``None``.
-    ``on_evidence(evidence)``: equivocation seen (for the mempool / next block).
-    If ``persist`` raises, nothing after it is sent and the driver stops feeding the core
-    (``failure`` is set): a validator that cannot make its votes durable must not vote.
+    ``host``: the node's ``Host`` (``set_handler``/``remove_handler``/``open_stream``), used only to
+    build the default ``HostNetwork`` when no ``network`` is given (pass ``None`` with a
+    ``network``). ``peers()``: the peer IDs to gossip with (the committee, or every validator
+    candidate). ``persist(state)``: store the signer state durably. ``commit(commit)``: execute and
+    store the block, return the next height's ``ValidatorSet``. ``get_block(height)``: a stored
+    ``Commit`` (for peers that sync) or ``None``. ``on_evidence(evidence)``: equivocation seen (for
+    the mempool / next block). If ``persist`` raises, nothing after it is sent and the driver stops
+    feeding the core (``failure`` is set): a validator that cannot make its votes durable must not vote.
     """
 
     def __init__(
@@ -154,8 +142,15 @@ class ConsensusDriver:
         sync_batch: int = 128,
         max_send_queue: int = 1024,
         open_timeout: float = 3.0,
+        network: ConsensusNetwork | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        self.host = host
+        if network is None:
+            if host is None:
+                raise ValueError("ConsensusDriver needs a host or a network")
+            network = HostNetwork(host, max_send_queue, open_timeout)
+        self.network = network
+        self.clock = clock if clock is not None else LoopClock()
         self.core = core
         self.peers = peers
         self.persist = persist
@@ -165,19 +160,15 @@ class ConsensusDriver:
         self.gossip_interval = gossip_interval
         self.sync_delay = sync_delay
         self.sync_batch = sync_batch
-        self.max_send_queue = max_send_queue
-        self.open_timeout = open_timeout
         self.self_id = core.signer.peer_id if core.signer is not None else None
-        self.events: asyncio.Queue = asyncio.Queue()  # peer input is capped in _on_payload
+        self.events: asyncio.Queue = asyncio.Queue()  # peer input is capped in receive
         self.shed_events = 0
-        self._senders: dict[str, PeerSender] = {}
         self._tasks: list[asyncio.Task] = []
-        self._timers: list[asyncio.TimerHandle] = []
+        self._timers: list = []
         self._behind_since: float | None = None
-        self._last_sync_request = 0.0
+        self._last_sync_request = -1e9
         self._served: dict[str, float] = {}
         self._committing = False
-        self.rejected_frames = 0
         self.commits = 0
         self.failure: PersistFailed | None = None
 
@@ -185,14 +176,18 @@ class ConsensusDriver:
     def height(self) -> int:
         return self.core.height
 
+    @property
+    def rejected_frames(self) -> int:
+        """Streams (or payloads) the network dropped as malformed."""
+        return getattr(self.network, "rejected_frames", 0)
+
     async def start(self, height: int, validators: ValidatorSet) -> None:
-        self.host.set_handler(PROTOCOL, self._handle_stream)
+        self.network.start(self.receive)
         await self._act(self.core.start_height(height, validators))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._event_loop()), loop.create_task(self._gossip_loop())]
 
     async def stop(self) -> None:
-        self.host.remove_handler(PROTOCOL)
         for timer in self._timers:
             timer.cancel()
         for task in self._tasks:
@@ -200,28 +195,12 @@ class ConsensusDriver:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for sender in list(self._senders.values()):
-            await sender.close()
-        self._senders.clear()
+        await self.network.stop()
 
     # ------------------------------------------------------------------ inbound
-    async def _handle_stream(self, stream) -> None:
-        peer = getattr(stream, "remote_peer", None)
-        try:
-            while True:
-                payload = await read_frame(stream)
-                self._on_payload(peer, payload)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        except MessageError as exc:
-            self.rejected_frames += 1
-            log.info("closing consensus stream from %s: %s", peer, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.close()
-
-    def _on_payload(self, peer: str | None, payload: bytes) -> None:
-        kind = payload[0]
+    def receive(self, peer: str | None, payload: bytes) -> None:
+        """One payload from ``peer``; raises ``MessageError`` (the network closes that stream)."""
+        kind = payload[0] if payload else None
         if kind in (VOTE_TAG, PROPOSAL_TAG):
             event = ("message", peer, decode_message(payload))
         elif kind == SYNC_REQUEST_TAG:
@@ -229,7 +208,7 @@ class ConsensusDriver:
         elif kind == SYNC_BLOCK_TAG:
             event = ("sync_block", peer, decode_sync_block(payload))
         else:
-            raise FrameError(f"unknown frame kind {kind:#x}")
+            raise FrameError(f"unknown payload kind {kind!r}")
         if self.events.qsize() >= MAX_PENDING_EVENTS:
             self.shed_events += 1  # overloaded: shed peer input (gossip recovers it), never timers
             return
@@ -274,11 +253,11 @@ class ConsensusDriver:
                 except Exception as exc:
                     raise PersistFailed(f"persisting signer state failed: {exc!r}") from exc
             elif isinstance(out, Broadcast):
-                self._send_all(frame(encode_message(out.message)))
+                self._send_all(encode_message(out.message))
             elif isinstance(out, ScheduleTimeout):
-                loop = asyncio.get_running_loop()
-                self._timers = [t for t in self._timers if not t.cancelled() and t.when() > loop.time()]
-                self._timers.append(loop.call_later(
+                now = self.clock.now()
+                self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+                self._timers.append(self.clock.call_later(
                     out.delay, self._fire_timeout, (out.step, out.height, out.round)))
             elif isinstance(out, Commit):
                 pending.extendleft(reversed(await self._commit(out)))
@@ -286,8 +265,8 @@ class ConsensusDriver:
                 self.on_evidence(out.evidence)
 
     async def _validate_off_loop(self, height: int, value: bytes) -> None:
-        """Run the application's ``is_valid`` (block checks, signatures) in a worker thread."""
-        ok = await asyncio.get_running_loop().run_in_executor(None, self.core.is_valid, height, value)
+        """Run the application's ``is_valid`` (block checks, signatures) off the event loop."""
+        ok = await self.clock.offload(self.core.is_valid, height, value)
         self.core.record_validity(height, value_id(value), ok)
 
     def _fire_timeout(self, args) -> None:
@@ -305,27 +284,20 @@ class ConsensusDriver:
         return self.core.start_height(commit.height + 1, next_validators)
 
     # ------------------------------------------------------------------ gossip and sending
-    def _sender(self, peer: str) -> PeerSender:
-        sender = self._senders.get(peer)
-        if sender is None:
-            sender = self._senders[peer] = PeerSender(self.host, peer, PROTOCOL, self.max_send_queue,
-                                                        self.open_timeout)
-        return sender
-
-    def _send_all(self, data: bytes) -> None:
+    def _send_all(self, payload: bytes) -> None:
         for peer in self.peers():
             if peer != self.self_id:
-                self._sender(peer).send(data)
+                self.network.send(peer, payload)
 
     async def _gossip_loop(self) -> None:
         """Re-send the core's gossip when it made no progress for a whole interval."""
         mark = None
         while self.failure is None:
-            await asyncio.sleep(self.gossip_interval)
+            await self.clock.sleep(self.gossip_interval)
             now = (self.core.height, self.core.round, self.core.step)
             if now == mark and not self._committing:
                 for message in self.core.gossip_messages():
-                    self._send_all(frame(encode_message(message)))
+                    self._send_all(encode_message(message))
             mark = now
 
     # ------------------------------------------------------------------ block sync
@@ -334,23 +306,23 @@ class ConsensusDriver:
         core_height = self.core.height
         if peer is None or height <= core_height:
             return
-        now = time.monotonic()
+        now = self.clock.now()
         if self._behind_since is None:
             self._behind_since = now
         far_ahead = height > core_height + 1
         if (far_ahead or now - self._behind_since >= self.sync_delay) \
                 and now - self._last_sync_request >= self.sync_delay:
             self._last_sync_request = now
-            self._sender(peer).send(frame(encode_sync_request(core_height)))
+            self.network.send(peer, encode_sync_request(core_height))
 
     def request_sync(self, peer: str) -> None:
         """Ask ``peer`` for the blocks from our height on (e.g. a follower polling a validator)."""
-        self._last_sync_request = time.monotonic()
-        self._sender(peer).send(frame(encode_sync_request(self.core.height)))
+        self._last_sync_request = self.clock.now()
+        self.network.send(peer, encode_sync_request(self.core.height))
 
     def _serve_sync(self, peer: str | None, from_height: int) -> None:
         """Send up to ``sync_batch`` blocks; at most two requests per peer per ``sync_delay``."""
-        now = time.monotonic()
+        now = self.clock.now()
         if peer is None or now - self._served.get(peer, -1e9) < self.sync_delay / 2:
             return
         self._served[peer] = now
@@ -360,19 +332,17 @@ class ConsensusDriver:
             block = self.get_block(height)
             if block is None:
                 break
-            self._sender(peer).send(frame(encode_sync_block(block)))
+            self.network.send(peer, encode_sync_block(block))
 
     async def _apply_synced(self, block: Commit) -> None:
         core = self.core
         if block.height != core.height or core.decided:
             return
         validators = core.validators
-        ok = await asyncio.get_running_loop().run_in_executor(
-            None, validators.verify_commit, core.chain_id, block.height, value_id(block.value),
-            block.certificate)
+        ok = await self.clock.offload(
+            validators.verify_commit, core.chain_id, block.height, value_id(block.value), block.certificate)
         if not ok or block.height != core.height or core.decided:
             return
-        valid = await asyncio.get_running_loop().run_in_executor(
-            None, core.is_valid, block.height, block.value)
+        valid = await self.clock.offload(core.is_valid, block.height, block.value)
         if valid and block.height == core.height and not core.decided:
             await self._act([block])

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # role name -> "module:factory"
 ROLE_IMPLEMENTATIONS: dict[str, str] = {
-    "validator": "consensus.validator:ValidatorRole",
+    "validator": "consensus.validator.role:ValidatorRole",
     "relay": "relay.role:RelayRole",
     "compute": "ml.compute.role:ComputeRole",
 }

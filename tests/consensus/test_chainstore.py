@@ -2,17 +2,17 @@
 import pytest
 
 from consensus.block import build_block
-from consensus.chainstore import (
+from consensus.genesis import Genesis, GenesisValidator, Params
+from consensus.messages import Vote, VoteType, sign_vote, value_id
+from consensus.tx import build_tx
+from consensus.validator.chainstore import (
     CertificateError,
     ChainStore,
     decode_certificate,
     encode_certificate,
     epoch_start,
 )
-from consensus.genesis import Genesis, GenesisValidator, Params
-from consensus.messages import Vote, VoteType, sign_vote, value_id
-from consensus.storage import CorruptDatabase, Storage
-from consensus.tx import build_tx
+from consensus.validator.storage import CorruptDatabase, Storage
 from node.identity import Identity
 
 VALS = [Identity.from_seed(bytes([90 + i]) * 32) for i in range(3)]

@@ -1,13 +1,14 @@
 """Mempool: entry checks, nonce gaps and promotion, replacement, bounds, fair eviction, reap, update."""
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.block import build_block
 from consensus.encoding import decode, encode
-from consensus.mempool import Mempool
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode, TxError
-from test_ledger_kit import CHAIN, Chain, ident
+from consensus.validator.mempool import Mempool
 
 A, B, C, D = ident(1), ident(2), ident(3), ident(4)
 

@@ -1,8 +1,8 @@
 """Parameter parsing and rejection mapping of the ledger's JSON-RPC methods."""
 import pytest
 
-from consensus.rpc_methods import parse_hex, parse_height, tx_rejection
 from consensus.txcodes import TxCode, TxError
+from consensus.validator.rpc_methods import parse_height, parse_hex, tx_rejection
 from node.rpc.errors import InvalidParams
 
 

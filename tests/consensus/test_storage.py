@@ -9,13 +9,18 @@ import sys
 import time
 
 import pytest
+from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.block import build_block
 from consensus.genesis import Genesis
 from consensus.state.ledger import Ledger
-from consensus.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from consensus.txcodes import TxCode
-from test_ledger_kit import CHAIN, Chain, ident
+from consensus.validator.storage import (
+    CorruptDatabase,
+    ForeignDatabase,
+    Storage,
+    StorageError,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -118,7 +123,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 sys.path.insert(0, sys.argv[3])
 from consensus.block import build_block
-from consensus.storage import Storage
+from consensus.validator.storage import Storage
 from test_ledger_kit import CHAIN, Chain, ident
 chain = Chain()
 storage = Storage.open(sys.argv[1], chain.genesis)

@@ -8,7 +8,7 @@ import pytest
 
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.tx import build_tx
-from consensus.validator import ValidatorRole, ValidatorStartError
+from consensus.validator.role import ValidatorRole, ValidatorStartError
 from devtools.testnet import free_ports
 from node.config import load_config
 from node.identity import Identity

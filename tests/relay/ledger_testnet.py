@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from consensus.genesis import Genesis, GenesisValidator, Params
-from consensus.validator import ValidatorRole
+from consensus.validator.role import ValidatorRole
 from devtools.testnet import free_ports
 from ml.compute.ledger_client import LedgerClient
 from node.config import load_config

@@ -20,7 +20,7 @@ from node.identity import is_valid_peer_id
 from node.rpc.errors import InvalidParams, RpcError
 
 if TYPE_CHECKING:
-    from consensus.validator import ValidatorRole
+    from consensus.validator.role import ValidatorRole
 
 MAX_RAW_TX_HEX = 2 * 64 * 1024
 MAX_LIST_TASKS = 1000

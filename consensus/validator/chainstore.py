@@ -14,8 +14,8 @@ from consensus.committee import ValidatorSet
 from consensus.encoding import EncodingError, decode, encode
 from consensus.messages import MessageError, Vote, decode_vote, encode_vote
 from consensus.state.ledger import Ledger
-from consensus.storage import CorruptDatabase, Storage
 from consensus.tendermint import Commit
+from consensus.validator.storage import CorruptDatabase, Storage
 
 CERTIFICATE_TAG = b"C"
 COMMITTEE_TAG = b"S"

@@ -1,4 +1,10 @@
-"""Node storage in RocksDB (rocksdict): blocks, receipts, ledger state, consensus WAL, signer state.
+"""Node storage: blocks, receipts, ledger state, consensus WAL, signer state, over a key-value store.
+
+Production keeps it in RocksDB (``Storage.open``, rocksdict, via ``RocksKV``); the deterministic
+simulator keeps it in memory (``Storage.create``, ``consensus.validator.memkv.MemoryKV``), so both run the
+same code for everything above the key-value layer. A ``KV`` offers ``get``, ``write(ops, sync)``
+(ops: ``(key, value)`` puts and ``(key, None)`` deletes, applied atomically), ``scan(prefix)``,
+``last_key(prefix)``, ``delete_range(start, end, sync)``, ``is_empty()`` and ``close()``.
 
 One database, key prefixes:
     M/<name>               meta: format, chain_id, genesis_hash, height
@@ -16,6 +22,8 @@ Opening a database of another chain, or one that is damaged, raises a clear Stor
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Protocol
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -51,13 +59,80 @@ def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
-class Storage:
-    def __init__(self, path: str, db: Rdict, genesis: Genesis):
-        self.path = path
-        self.genesis = genesis
+class KV(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def write(self, ops: list[tuple[bytes, bytes | None]], sync: bool = True) -> None: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def last_key(self, prefix: bytes) -> bytes | None: ...
+
+    def delete_range(self, start: bytes, end: bytes, sync: bool = True) -> None: ...
+
+    def is_empty(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class RocksKV:
+    """``KV`` over a rocksdict ``Rdict`` (raw mode); synced writes fsync the WAL."""
+
+    def __init__(self, db: Rdict) -> None:
         self._db = db
         self._sync = WriteOptions()
         self._sync.sync = True
+        self._nosync = WriteOptions()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def write(self, ops: list[tuple[bytes, bytes | None]], sync: bool = True) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in ops:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch, self._sync if sync else self._nosync)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            yield key, it.value()
+            it.next()
+        it.status()  # an iterator just stops at corruption unless its status is checked
+
+    def last_key(self, prefix: bytes) -> bytes | None:
+        it = self._db.iter()
+        it.seek_for_prev(_prefix_end(prefix))
+        key = it.key() if it.valid() else None
+        it.status()
+        return key if key is not None and key.startswith(prefix) else None
+
+    def delete_range(self, start: bytes, end: bytes, sync: bool = True) -> None:
+        self._db.delete_range(start, end, self._sync if sync else self._nosync)
+
+    def is_empty(self) -> bool:
+        it = self._db.iter()
+        it.seek_to_first()
+        has_data = it.valid()
+        it.status()
+        return not has_data
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class Storage:
+    def __init__(self, path: str, kv: KV, genesis: Genesis):
+        self.path = path
+        self.genesis = genesis
+        self._kv = kv
         self.height = self._meta_int(b"height")
         last_wal = self._last_key(_WAL)
         self._wal_seq = int.from_bytes(last_wal[10:18], "big") + 1 if last_wal else 0
@@ -65,8 +140,8 @@ class Storage:
     # ---- open / close ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, genesis: Genesis) -> "Storage":
-        """Open (or create, writing the genesis state) the database at ``path`` for ``genesis``."""
+    def open(cls, path: str, genesis: Genesis) -> Storage:
+        """Open (or create, writing the genesis state) the RocksDB database at ``path`` for ``genesis``."""
         existed = os.path.isdir(path) and bool(os.listdir(path))
         if existed and not os.path.exists(os.path.join(path, "CURRENT")):
             raise CorruptDatabase(f"{path} is not empty and is not a RocksDB database")
@@ -79,52 +154,49 @@ class Storage:
             if "LOCK" in str(exc) or "lock hold" in str(exc):
                 raise StorageError(f"database at {path} is in use by another process: {exc}") from None
             raise CorruptDatabase(f"cannot open database at {path}: {exc}") from None
+        return cls.create(path, RocksKV(db), genesis)
+
+    @classmethod
+    def create(cls, path: str, kv: KV, genesis: Genesis) -> Storage:
+        """Storage over an open ``kv`` (written with the genesis state if empty); closes it on error.
+        ``path`` only names the database in messages."""
         try:
-            if db.get(_META + b"chain_id") is None:
-                it = db.iter()
-                it.seek_to_first()
-                has_data = it.valid()
-                it.status()
-                if has_data:
+            if kv.get(_META + b"chain_id") is None:
+                if not kv.is_empty():
                     raise CorruptDatabase(f"{path} holds data but no dekube metadata")
-                cls._write_genesis(db, genesis)
+                cls._write_genesis(kv, genesis)
             else:
-                cls._check_identity(db, path, genesis)
-            storage = cls(path, db, genesis)
+                cls._check_identity(kv, path, genesis)
+            storage = cls(path, kv, genesis)
             storage._check_consistency()
             return storage
         except StorageError:
-            db.close()
+            kv.close()
             raise
         except Exception as exc:  # checksum mismatches and I/O errors surface as bare Exceptions
-            db.close()
+            kv.close()
             raise CorruptDatabase(f"database at {path} is damaged: {exc}") from None
 
     @staticmethod
-    def _write_genesis(db: Rdict, genesis: Genesis) -> None:
-        batch = WriteBatch(raw_mode=True)
-        for key, value in Ledger.from_genesis(genesis).storage_items():
-            batch.put(_STATE + key, value)
-        batch.put(_META + b"format", encode(FORMAT))
-        batch.put(_META + b"chain_id", genesis.chain_id.encode())
-        batch.put(_META + b"genesis_hash", genesis.hash)
-        batch.put(_META + b"height", encode(0))
-        sync = WriteOptions()
-        sync.sync = True
-        db.write(batch, sync)
+    def _write_genesis(kv: KV, genesis: Genesis) -> None:
+        ops: list[tuple[bytes, bytes | None]] = [
+            (_STATE + key, value) for key, value in Ledger.from_genesis(genesis).storage_items()]
+        ops += [(_META + b"format", encode(FORMAT)), (_META + b"chain_id", genesis.chain_id.encode()),
+                (_META + b"genesis_hash", genesis.hash), (_META + b"height", encode(0))]
+        kv.write(ops, sync=True)
 
     @staticmethod
-    def _check_identity(db: Rdict, path: str, genesis: Genesis) -> None:
-        chain_id = db.get(_META + b"chain_id")
+    def _check_identity(kv: KV, path: str, genesis: Genesis) -> None:
+        chain_id = kv.get(_META + b"chain_id")
         if chain_id != genesis.chain_id.encode():
             raise ForeignDatabase(f"{path} holds chain {chain_id.decode(errors='replace')!r}, "
                                   f"not {genesis.chain_id!r}")
-        stored_hash = db.get(_META + b"genesis_hash")
+        stored_hash = kv.get(_META + b"genesis_hash")
         if stored_hash != genesis.hash:
             raise ForeignDatabase(f"{path} was created from another genesis of chain {genesis.chain_id!r} "
                                   f"(genesis hash {stored_hash.hex() if stored_hash else None} != "
                                   f"{genesis.hash.hex()})")
-        fmt = db.get(_META + b"format")
+        fmt = kv.get(_META + b"format")
         if fmt is None or decode(fmt) != FORMAT:
             raise CorruptDatabase(f"{path} has unsupported storage format {fmt!r}")
 
@@ -147,9 +219,9 @@ class Storage:
             raise CorruptDatabase(f"{self.path}: blocks end at {expected - 1}, height is {self.height}")
 
     def close(self) -> None:
-        self._db.close()
+        self._kv.close()
 
-    def __enter__(self) -> "Storage":
+    def __enter__(self) -> Storage:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -171,34 +243,22 @@ class Storage:
 
     def _get(self, key: bytes) -> bytes | None:
         try:
-            return self._db.get(key)
+            return self._kv.get(key)
         except Exception as exc:  # rocksdict raises a bare Exception on checksum mismatches
             raise CorruptDatabase(f"{self.path}: reading {key[:2]!r} keys failed: {exc}") from None
 
-    def _check_iterator(self, it) -> None:
-        try:
-            it.status()
-        except Exception as exc:  # an iterator just stops at corruption unless its status is checked
-            raise CorruptDatabase(f"{self.path}: scan failed: {exc}") from None
-
     def _last_key(self, prefix: bytes) -> bytes | None:
-        it = self._db.iter()
-        it.seek_for_prev(_prefix_end(prefix))
-        key = it.key() if it.valid() else None
-        self._check_iterator(it)
-        return key if key is not None and key.startswith(prefix) else None
+        try:
+            return self._kv.last_key(prefix)
+        except Exception as exc:
+            raise CorruptDatabase(f"{self.path}: scan failed: {exc}") from None
 
     def _scan(self, prefix: bytes):
         """Every (key, value) under ``prefix`` in key order; raises CorruptDatabase on damage."""
-        it = self._db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            yield key, it.value()
-            it.next()
-        self._check_iterator(it)
+        try:
+            yield from self._kv.scan(prefix)
+        except Exception as exc:
+            raise CorruptDatabase(f"{self.path}: scan failed: {exc}") from None
 
     # ---- blocks and state -----------------------------------------------------------------------
 
@@ -208,10 +268,10 @@ class Storage:
             raise StorageError(f"commit of height {block.height} on top of height {self.height}")
         if result.block_hash != block.hash:
             raise StorageError("the execution result is not for this block")
-        batch = WriteBatch(raw_mode=True)
+        ops: list[tuple[bytes, bytes | None]] = []
         height_key = _u64(block.height)
-        batch.put(_BLOCK + height_key, block.encode())
-        batch.put(_BLOCK_HASH + block.hash, height_key)
+        ops.append((_BLOCK + height_key, block.encode()))
+        ops.append((_BLOCK_HASH + block.hash, height_key))
         written: set[bytes] = set()
         for receipt in result.receipts:
             # A copy of a transaction that did not execute (replayed bytes, a nonce gap) must not
@@ -219,14 +279,10 @@ class Storage:
             if not receipt.executed and (receipt.tx_hash in written or self._get(_RECEIPT + receipt.tx_hash)):
                 continue
             written.add(receipt.tx_hash)
-            batch.put(_RECEIPT + receipt.tx_hash, encode(receipt.to_obj()))
-        for key, value in result.changes:
-            if value is None:
-                batch.delete(_STATE + key)
-            else:
-                batch.put(_STATE + key, value)
-        batch.put(_META + b"height", encode(block.height))
-        self._db.write(batch, self._sync)
+            ops.append((_RECEIPT + receipt.tx_hash, encode(receipt.to_obj())))
+        ops += [(_STATE + key, value) for key, value in result.changes]
+        ops.append((_META + b"height", encode(block.height)))
+        self._kv.write(ops, sync=True)
         self.height = block.height
 
     def load_ledger(self) -> Ledger:
@@ -259,7 +315,7 @@ class Storage:
 
     def wal_append(self, height: int, record: bytes) -> None:
         """Durably append an opaque consensus record for ``height`` (fsync before returning)."""
-        self._db.put(_WAL + _u64(height) + _u64(self._wal_seq), bytes(record), self._sync)
+        self._kv.write([(_WAL + _u64(height) + _u64(self._wal_seq), bytes(record))], sync=True)
         self._wal_seq += 1
 
     def wal_records(self, height: int) -> list[bytes]:
@@ -268,13 +324,13 @@ class Storage:
 
     def wal_prune(self, below_height: int) -> None:
         """Forget WAL records of heights below ``below_height`` (after those blocks committed)."""
-        self._db.delete_range(_WAL, _WAL + _u64(below_height), self._sync)
+        self._kv.delete_range(_WAL, _WAL + _u64(below_height), sync=True)
 
     # ---- signer state -----------------------------------------------------------------------------
 
     def save_signer_state(self, state: bytes) -> None:
         """Durably store the double-sign guard's state; call before sending what it signed."""
-        self._db.put(_SIGNER, bytes(state), self._sync)
+        self._kv.write([(_SIGNER, bytes(state))], sync=True)
 
     def load_signer_state(self) -> bytes | None:
         return self._get(_SIGNER)

@@ -27,21 +27,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from consensus.block import Block, BlockError, build_block
-from consensus.chainstore import CertificateError, ChainStore, decode_certificate, encode_certificate
 from consensus.committee import ValidatorSet
 from consensus.driver import PROTOCOL as CONSENSUS_PROTOCOL
 from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
-from consensus.mempool import Mempool
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
-from consensus.rpc_methods import register_methods
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
-from consensus.storage import Storage, StorageError
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
-from consensus.txcodes import TxCode, TxError
 from consensus.tx import decode_tx
+from consensus.txcodes import TxCode, TxError
 from consensus.txgossip import TxGossip
+from consensus.validator.chainstore import (
+    CertificateError,
+    ChainStore,
+    decode_certificate,
+    encode_certificate,
+)
+from consensus.validator.mempool import Mempool
+from consensus.validator.rpc_methods import register_methods
+from consensus.validator.storage import Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
 from node.rpc.errors import InvalidParams, ResourceNotFound, ResourceUnavailable

@@ -1,0 +1,182 @@
+"""One simulated validator: the real driver, core, signer guard, ledger, mempool and storage.
+
+What a ``Replica`` wires together mirrors ``consensus.validator.role.ValidatorRole`` (the production
+role), minus the node around it: ``Storage`` over the replica's ``MemoryKV`` (its "disk", which
+survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` loaded from storage,
+``SignerGuard`` restored from storage, ``Mempool``, ``TendermintCore`` and ``ConsensusDriver``
+(on the simulated network endpoint and virtual clock). Block building, proposal checks and
+commit execution follow ``ValidatorRole._propose``/``_is_valid``/``_on_commit``/``_execute``, run
+inline (the simulation has no threads). Each stored commit is reported to the ``Checker``.
+"""
+from __future__ import annotations
+
+from consensus.block import Block, BlockError, build_block
+from consensus.committee import ValidatorSet
+from consensus.driver import ConsensusDriver
+from consensus.genesis import Genesis
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.signer import SignerGuard
+from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
+from consensus.txcodes import TxError
+from consensus.validator.chainstore import (
+    CertificateError,
+    ChainStore,
+    decode_certificate,
+    encode_certificate,
+)
+from consensus.validator.memkv import MemoryKV
+from consensus.validator.mempool import Mempool
+from consensus.validator.storage import Storage, StorageError
+from node.identity import Identity
+
+MAX_FUTURE_BLOCK_MS = 10_000
+PROPOSAL_BYTES_HEADROOM = 64 * 1024
+MAX_BLOCK_TXS = 200
+
+
+class SimulatedCrash(Exception):
+    """Raised by a replica's disk at the write where the simulator crashes it."""
+
+
+class Replica:
+    def __init__(self, sim, index: int, identity: Identity, genesis: Genesis) -> None:
+        self.sim = sim
+        self.index = index
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.genesis = genesis
+        self.kv = MemoryKV()
+        self.up = False
+        self.incarnation = 0
+        self.driver: ConsensusDriver | None = None
+        self.crash_at_write: int | None = None  # crash before this many more writes (torn crash)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def boot(self, timeouts: TimeoutConfig, byzantine: bool) -> None:
+        self.kv.reopen()
+        self.kv.before_write = None
+        storage = Storage.create(f"sim-node-{self.index}", self.kv, self.genesis)
+        self.store = ChainStore(storage)
+        self.ledger = storage.load_ledger()
+        signer = SignerGuard.restore(self.identity, storage.load_signer_state())
+        height = self.ledger.height
+        self.committee = self.store.committee_for(height + 1, self.ledger)
+        self.prev_committee: ValidatorSet | None = None
+        self.last_value_id = b""
+        self.last_certificate = b""
+        if height > 0:
+            self.prev_committee = self.store.committee_for(height, self.ledger)
+            self.last_value_id = value_id(self.store.block(height).encode())
+            self.last_certificate = self.store.certificate_bytes(height) or b""
+        self.mempool = Mempool(self.ledger)
+        self.evidence: dict[bytes, bytes] = {}
+        self.incarnation += 1
+        self.up = True
+        self.kv.before_write = self._before_write
+        sim = self.sim
+        core = TendermintCore(self.genesis.chain_id, signer, self._propose, self._is_valid, timeouts,
+                              verifier=sim.verifier)
+        endpoint = sim.net.endpoint(self.index, self.identity if byzantine else None, self.genesis.chain_id)
+        self.driver = ConsensusDriver(
+            None, core, peers=self._peers, persist=self._persist, commit=self._on_commit,
+            get_block=self.store.stored_commit, on_evidence=self._on_evidence,
+            network=endpoint, clock=sim.clock, gossip_interval=sim.gossip_interval, sync_delay=sim.sync_delay)
+        await self.driver.start(height + 1, self.committee)
+
+    def crash(self) -> None:
+        """Power loss: the process and its memory are gone, unsynced writes with them."""
+        if not self.up:
+            return
+        self.up = False
+        self.crash_at_write = None
+        self.sim.net.detach(self.index)
+        self.kv.before_write = None
+        self.kv.crash()
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            self.sim.spawn(driver.stop())
+
+    def _before_write(self, ops) -> None:
+        if self.crash_at_write is None:
+            return
+        self.crash_at_write -= 1
+        if self.crash_at_write <= 0:
+            self.sim.record_fault("torn_crash", self.index)
+            self.crash()
+            raise SimulatedCrash(f"node {self.index} crashed at a storage write")
+
+    # ------------------------------------------------------------------ driver hooks
+    def _peers(self) -> tuple[str, ...]:
+        return self.committee.peer_ids
+
+    async def _persist(self, state: bytes) -> None:
+        self.store.storage.save_signer_state(state)
+
+    def _on_evidence(self, evidence: DoubleVoteEvidence) -> None:
+        if len(self.evidence) < 64:
+            self.evidence[evidence.evidence_id] = evidence.encode()
+            self.sim.record_fault("evidence_seen", self.index)
+
+    def _propose(self, height: int) -> bytes:
+        ledger, params = self.ledger, self.ledger.params
+        evidence = list(self.evidence.values())
+        budget = min(params.max_block_bytes, MAX_PROPOSAL_VALUE_BYTES - PROPOSAL_BYTES_HEADROOM)
+        budget -= sum(map(len, evidence)) + len(self.last_certificate)
+        txs = self.mempool.reap(budget, min(params.max_block_txs, MAX_BLOCK_TXS))
+        block_time = max(self.sim.now_ms(), ledger.state.last_block_time_ms, self.genesis.genesis_time_ms)
+        block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
+                            self.peer_id, txs, evidence, self.last_certificate)
+        return block.encode()
+
+    def _is_valid(self, height: int, value: bytes) -> bool:
+        try:
+            block = Block.decode(value, MAX_PROPOSAL_VALUE_BYTES)
+            self.ledger.validate_block(block)
+            if block.header.proposer not in self.committee:
+                raise BlockError("proposer is not in the committee")
+            if block.header.time_ms > self.sim.now_ms() + MAX_FUTURE_BLOCK_MS:
+                raise BlockError("block time is too far in the future")
+            if height > 1:
+                votes = decode_certificate(block.last_commit)
+                committee = self.prev_committee or self.committee
+                if not committee.verify_commit(self.genesis.chain_id, height - 1, self.last_value_id, votes,
+                                               self.sim.verifier):
+                    raise BlockError("last_commit is not a valid certificate of the previous block")
+            elif block.last_commit:
+                raise BlockError("block 1 has no previous block to certify")
+        except (BlockError, CertificateError):
+            return False
+        return True
+
+    async def _on_commit(self, commit: Commit) -> ValidatorSet:
+        block = Block.decode(commit.value, MAX_PROPOSAL_VALUE_BYTES)
+        self.store.save_certificate(block.height, commit.certificate)
+        result = self.ledger.apply_block(block, known_txs=self.mempool.known_txs)
+        self.store.storage.commit_block(block, result)
+        self.mempool.update(r.tx_hash for r in result.receipts)
+        next_committee = self.store.committee_for(block.height + 1, self.ledger)
+        self.sim.checker.on_commit(self, block, commit, result)
+        self.prev_committee, self.committee = self.committee, next_committee
+        self.last_value_id = value_id(commit.value)
+        self.last_certificate = encode_certificate(commit.certificate)
+        included = set(block.evidence)
+        self.evidence = {k: v for k, v in self.evidence.items() if v not in included}
+        return next_committee
+
+    # ------------------------------------------------------------------ transactions
+    def submit(self, raw: bytes) -> bool:
+        """The node's transaction entry (``mempool.add``); False if the mempool refused it."""
+        if not self.up:
+            return False
+        try:
+            self.mempool.add(raw)
+        except TxError:
+            return False
+        return True
+
+    @property
+    def height(self) -> int:
+        try:
+            return self.store.storage.height
+        except (AttributeError, StorageError):
+            return 0
