@@ -1,0 +1,1 @@
+"""Developer tooling: simulators and harnesses that are not part of the node."""

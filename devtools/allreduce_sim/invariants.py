@@ -1,0 +1,75 @@
+"""What every seed must satisfy.
+
+For every round: all honest survivors that committed it hold bitwise-identical results over the
+same participant set; that result is the float32 mean, summed in sorted member order, of exactly
+the participants' contributions; no member that was never faulty (never killed, frozen or sending
+garbage up to the end of the round) is left out, nor fails the round when others commit it; and
+every member still alive finished every round (nothing waits forever).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .faults import Scenario
+from .member import RoundRecord, mean_in_order, result_digest
+
+
+def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int], np.ndarray],
+          killed: set[str]) -> list[str]:
+    problems = []
+    by_round: dict[int, dict[str, RoundRecord]] = {}
+    for rec in records:
+        if rec.round_id in by_round.get(rec.round_id, {}):
+            problems.append(f"{rec.member} ended round {rec.round_id} twice")
+        by_round.setdefault(rec.round_id, {})[rec.member] = rec
+    for member in sc.members:
+        if member in killed:
+            continue
+        missing = [r for r in range(sc.rounds) if member not in by_round.get(r, {})]
+        if missing:
+            problems.append(f"{member} (alive) never finished rounds {missing}: a wait did not terminate")
+    for round_id in range(sc.rounds):
+        ended = by_round.get(round_id, {})
+        honest = {m: rec for m, rec in ended.items() if not _garbage(sc, m, round_id)}
+        committers = {m: rec.committed for m, rec in honest.items() if rec.committed is not None}
+        outcomes = {(c.participants, c.result.tobytes()) for c in committers.values()}
+        if len(outcomes) > 1:
+            detail = ", ".join(f"{m}: {','.join(c.participants)} {result_digest(c.result)}"
+                               for m, c in sorted(committers.items()))
+            problems.append(f"round {round_id}: survivors disagree: {detail}")
+            continue
+        if not committers:
+            continue
+        committed = next(iter(committers.values()))
+        expected = mean_in_order([values(m, round_id) for m in committed.participants])
+        if expected.tobytes() != committed.result.tobytes():
+            problems.append(f"round {round_id}: result is not the mean of {','.join(committed.participants)}")
+        end = max(rec.finished_at for rec in honest.values())
+        for member in sc.members:
+            if not _clean(sc, member, round_id, end):
+                continue
+            if member not in committed.participants:
+                problems.append(f"round {round_id}: never-faulty {member} left out "
+                                f"({committed.excluded.get(member, 'no reason')})")
+            if member not in committers:
+                rec = ended.get(member)
+                problems.append(f"round {round_id}: never-faulty {member} did not commit: "
+                                f"{rec.error if rec else 'no outcome'}")
+    return problems
+
+
+def _garbage(sc: Scenario, member: str, round_id: int) -> bool:
+    return any(f.member == member and f.kind == "garbage" and f.from_round <= round_id for f in sc.faults)
+
+
+def _clean(sc: Scenario, member: str, round_id: int, end: float) -> bool:
+    for f in sc.faults:
+        if f.member != member:
+            continue
+        if f.kind == "garbage" and f.from_round <= round_id:
+            return False
+        if f.kind in ("kill", "stall") and f.at <= end:
+            return False
+    return True
