@@ -7,6 +7,7 @@ import sys
 from ml.allreduce.round_core import RoundCore
 
 from .bugs import BUGS
+from .flows import FLOWS
 from .run import run_seed
 
 
@@ -15,12 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=50, help="how many seeds to run")
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--bug", choices=sorted(BUGS), help="run a planted bug (the run must then fail)")
+    parser.add_argument("--flow", choices=sorted(FLOWS), default="butterfly", help="the attempts' data flow")
     parser.add_argument("--trace", action="store_true", help="print each seed's full trace")
     args = parser.parse_args(argv)
     core = BUGS[args.bug] if args.bug else RoundCore
     failed = 0
     for seed in range(args.first, args.first + args.seeds):
-        report = run_seed(seed, core)
+        report = run_seed(seed, core, args.flow)
         print(report.summary())
         if args.trace or not report.ok:
             for line in (report.trace if args.trace else []):

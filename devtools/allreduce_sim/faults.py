@@ -46,8 +46,8 @@ def scenario(seed: int) -> Scenario:
     n = rng.randint(3, 6)
     members = tuple(f"m{i}" for i in range(n))
     rounds = rng.randint(3, 6)
-    numel = rng.choice([1, 7, 16, 33])
-    chunk = rng.choice([4, 8, 16])
+    numel = rng.choice([1, 300, 1000, 2600])
+    chunk = rng.choice([128, 256, 512])
     jitter = rng.choice([0.0, 0.002, 0.05, 0.4])
     faulty = rng.sample(members, rng.randint(0, n - 2))
     span = rounds * 0.25  # about how long the rounds take without faults

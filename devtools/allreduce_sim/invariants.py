@@ -8,12 +8,13 @@ every member still alive finished every round (nothing waits forever).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from .faults import Scenario
-from .member import RoundRecord, mean_in_order, result_digest
+from .flows import mean_in_order
+from .member import RoundRecord, result_digest
 
 
 def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int], np.ndarray],
@@ -48,7 +49,7 @@ def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int],
             problems.append(f"round {round_id}: result is not the mean of {','.join(committed.participants)}")
         end = max(rec.finished_at for rec in honest.values())
         for member in sc.members:
-            if not _clean(sc, member, round_id, end):
+            if member in killed and member not in ended or not _clean(sc, member, round_id, end):
                 continue
             if member not in committed.participants:
                 problems.append(f"round {round_id}: never-faulty {member} left out "

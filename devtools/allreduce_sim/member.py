@@ -12,14 +12,13 @@ of the current attempt, or a COMMITTED push, ends the attempt, as in group.py.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ml.allreduce.deadlines import DeadlinePolicy, StallEstimator
 from ml.allreduce.inbox import GAP_KINDS, silence_deadline
-from ml.allreduce.plan import make_plan
 from ml.allreduce.round_core import (
     AllReduceError,
     AwaitViews,
@@ -43,7 +42,9 @@ from ml.allreduce.wire import (
     parse_meta,
 )
 
-SHAPE = "sim-shape"  # every honest member's tensor-layout digest
+from .flows import FLOWS, SHAPE, Failure
+
+DEFAULT_POLICY = DeadlinePolicy()
 GARBAGE_MODES = ("nan", "short", "shape", "frame")
 
 
@@ -57,18 +58,8 @@ class RoundRecord:
     error: AllReduceError | None
 
 
-class _Failure(Exception):
-    def __init__(self, peer: str, reason: str, bad_data: bool = False, their_members: list[str] | None = None):
-        super().__init__(f"{peer}: {reason}")
-        self.peer, self.reason, self.bad_data, self.their_members = peer, reason, bad_data, their_members
-
-
-def mean_in_order(values: list[np.ndarray]) -> np.ndarray:
-    """The float32 mean summed in the given order (the bits every member must agree on)."""
-    acc = values[0].astype(np.float32).copy()
-    for v in values[1:]:
-        acc += v
-    return acc / np.float32(len(values))
+class _Cut(Exception):
+    """Another member's VIEW or COMMITTED ended the attempt."""
 
 
 def result_digest(result: np.ndarray) -> str:
@@ -79,7 +70,8 @@ class SimMember:
     def __init__(self, me: str, peers: list[str], net, *, rounds: int, numel: int, chunk: int,
                  contribution: Callable[[str, int], np.ndarray], trace: Callable[[str], None],
                  on_round: Callable[[RoundRecord], None], rng, core_factory=RoundCore,
-                 policy: DeadlinePolicy = DeadlinePolicy(), garbage: tuple[str, int] | None = None):
+                 policy: DeadlinePolicy = DEFAULT_POLICY, garbage: tuple[str, int] | None = None,
+                 flow: str = "butterfly"):
         self.me = me
         self.peers = sorted(peers)
         self.net = net
@@ -107,14 +99,10 @@ class SimMember:
         self._min_round = 0
         self._ticks: set[float] = set()
         # the running attempt / VIEW exchange
-        self._flat = np.zeros(numel, np.float32)
-        self._members: list[str] = []
-        self._attempt = 0
-        self._started = 0.0
+        self.flat = np.zeros(numel, np.float32)
+        self.flow_class = FLOWS[flow]
+        self._flow = None
         self._stall_s = 0.0
-        self._grace_s = 0.0
-        self._first_meta: dict = {}
-        self._parts: dict[str, list[np.ndarray]] = {}
         self._next_ping = 0.0
         self._awaiting: set[str] = set()
         self._view_since = 0.0
@@ -150,7 +138,7 @@ class SimMember:
         self.current_round = round_id
         self.round_active = True
         self._forget_before(round_id, 0)
-        self._flat = self.contribution(self.me, round_id)
+        self.flat = self.contribution(self.me, round_id)
         self.core = self.core_factory(self.me, self.peers, round_id, SHAPE)
         self.trace(f"{self.me} r{round_id} start")
         self._apply(self.core.start())
@@ -178,7 +166,7 @@ class SimMember:
                 index = {p: i for i, p in enumerate(self.peers)}
                 meta = {"alive": members_mask(list(action.alive), self.peers), "shape": SHAPE,
                         "why": {str(index[p]): r[:200] for p, r in action.why.items()}}
-                self._send(action.to, Frame(Kind.VIEW, self.current_round, action.attempt, 0, 0, meta))
+                self.send(action.to, Frame(Kind.VIEW, self.current_round, action.attempt, 0, 0, meta))
             elif isinstance(action, AwaitViews):
                 self.phase = "views"
                 self._awaiting = set(action.members)
@@ -196,22 +184,13 @@ class SimMember:
 
     def _begin_attempt(self, action: StartAttempt) -> None:
         self.phase = "attempt"
-        self._attempt = action.attempt
-        self._members = list(action.members)
-        self._started = self.now
         self._forget_before(self.current_round, action.attempt)
-        plan = make_plan(self._members, set(), {}, self.numel, self.chunk, "sim")
-        self._stall_s = self.estimator.stall_timeout()
-        self._grace_s = self.policy.first_frame_grace_s if action.attempt == 0 else self._stall_s
-        self._first_meta = {"plan": plan.digest(), "shape": SHAPE, "m": members_mask(self._members, self.peers)}
-        others = [m for m in self._members if m != self.me]
-        self._parts = {m: [] for m in others}
-        self.trace(f"{self.me} r{self.current_round} a{action.attempt} over {','.join(self._members)}")
-        for member in others:
-            for c, start in enumerate(range(0, self.numel, self.chunk)):
-                values = self._flat[start:start + self.chunk]
-                meta = self._first_meta if c == 0 else {}
-                self._send(member, Frame(Kind.PART, self.current_round, action.attempt, 0, c, meta, values.tobytes()))
+        stall_s = self.estimator.stall_timeout()
+        grace_s = self.policy.first_frame_grace_s if action.attempt == 0 else stall_s
+        self._flow = self.flow_class(self, list(action.members), action.attempt, stall_s, grace_s)
+        self._stall_s = stall_s
+        self.trace(f"{self.me} r{self.current_round} a{action.attempt} over {','.join(action.members)}")
+        self._flow.start()
         self._next_ping = self.now
 
     # -- the event loop of one member: decide whatever can be decided now ------------------
@@ -230,22 +209,29 @@ class SimMember:
         self._schedule_tick()
 
     def _step_attempt(self) -> list:
-        r, a = self.current_round, self._attempt
+        flow = self._flow
+        r, a = self.current_round, flow.attempt
         if self.now >= self._next_ping:
-            for member in self._parts:
-                self._send(member, Frame(Kind.PING, r, a, 0, 0))
+            for member in flow.others:
+                self.send(member, Frame(Kind.PING, r, a, 0, 0))
             self._next_ping = self.now + max(0.05, self.policy.floor_s / 4)
         error = None
-        try:
-            self._take_parts()
-            if all(len(p) == self._chunks() for p in self._parts.values()):
-                result = mean_in_order([self._flat if m == self.me else np.concatenate(self._parts[m])
-                                        for m in self._members])
-                return self.core.attempt_succeeded(result)
-            self._check_waits()
-        except _Failure as exc:
-            error = exc
+        # group.py waits on the data flow, a VIEW of this attempt and a COMMITTED push together: one
+        # already here when the attempt starts (a member woken from SIGSTOP) ends it at once
         cut = self._pending(r, a, Kind.VIEW) or self._pending(r, None, Kind.COMMITTED)
+        try:
+            if cut:
+                raise _Cut()
+            result = flow.progress()
+            if result is not None:
+                return self.core.attempt_succeeded(result)
+            for sender, deadline in flow.waits():
+                self._check_wait(sender, deadline)
+        except Failure as exc:
+            error = exc
+        except _Cut:
+            pass
+        cut = cut or self._pending(r, a, Kind.VIEW) or self._pending(r, None, Kind.COMMITTED)
         if error is None and not cut:
             return []
         if error is not None and error.bad_data:
@@ -271,53 +257,12 @@ class SimMember:
         self.trace(f"{self.me} r{r} a{a} failed, suspects {sorted(suspects.items())}")
         return self.core.attempt_failed(suspects, their)
 
-    def _chunks(self) -> int:
-        return -(-self.numel // self.chunk)
-
-    def _take_parts(self) -> None:
-        r, a = self.current_round, self._attempt
-        for sender, got in self._parts.items():
-            while len(got) < self._chunks():
-                frame = self._frames.pop((r, a, Kind.PART, 0, len(got), sender), None)
-                if frame is None:
-                    break
-                if not got:
-                    self._check_first_meta(sender, frame.meta)
-                want = min(self.chunk, self.numel - len(got) * self.chunk)
-                if len(frame.payload) != want * 4:
-                    raise _Failure(sender, f"malformed contribution: {len(frame.payload)} bytes", bad_data=True)
-                values = np.frombuffer(frame.payload, dtype=np.float32)
-                if not np.isfinite(values).all():
-                    raise _Failure(sender, "non-finite values in contribution", bad_data=True)
-                got.append(values)
-
-    def _check_first_meta(self, sender: str, meta: dict) -> None:
-        if meta.get("shape") != SHAPE:
-            raise _Failure(sender, "wrong-shape contribution (tensor layout differs)", bad_data=True)
-        if meta.get("plan") != self._first_meta["plan"]:
-            try:
-                theirs = members_from_mask(meta.get("m"), self.peers)
-            except FrameError:
-                raise _Failure(sender, "malformed first-chunk meta", bad_data=True) from None
-            if theirs == self._members:
-                raise _Failure(sender, "plan differs over the same members", bad_data=True)
-            raise _Failure(sender, "planned over other members", their_members=theirs)
-
-    def _check_waits(self) -> None:
-        for sender, got in self._parts.items():
-            if len(got) < self._chunks():
-                self._check_wait(sender, self._attempt_deadline(sender, got))
-
-    def _attempt_deadline(self, sender: str, got: list) -> float:
-        since = self._started + (self._grace_s if not got else 0.0)
-        return silence_deadline(since, self._last_alive.get(sender, {}), self.current_round, self._stall_s)
-
     def _check_wait(self, sender: str, deadline: float) -> None:
         fault = self._faults.get(sender)
         if fault is not None and fault[0] >= self.current_round:
-            raise _Failure(sender, fault[1], fault[2])
+            raise Failure(sender, fault[1], fault[2])
         if self.now >= deadline:
-            raise _Failure(sender, f"stalled: nothing received for {self._stall_s:.1f}s")
+            raise Failure(sender, f"stalled: nothing received for {self._stall_s:.1f}s")
 
     def _step_views(self) -> list:
         r, a = self.current_round, self.core.attempt
@@ -342,7 +287,7 @@ class SimMember:
                 continue
             try:
                 self._check_wait(member, self._view_deadline(member))
-            except _Failure as exc:
+            except Failure as exc:
                 self._awaiting.discard(member)
                 actions += self.core.view_missing(member, a, exc.reason)
         return actions
@@ -391,7 +336,7 @@ class SimMember:
         times = []
         if self.phase == "attempt":
             times.append(self._next_ping)
-            times += [self._attempt_deadline(s, got) for s, got in self._parts.items() if len(got) < self._chunks()]
+            times += [deadline for _, deadline in self._flow.waits()]
         elif self.phase == "views":
             times += [self._view_deadline(m) for m in self._awaiting]
         if not times:
@@ -429,6 +374,12 @@ class SimMember:
             self._last_seen[sender] = (self.now, frame.round_id, frame.attempt)
         self._frames[(frame.round_id, frame.attempt, frame.kind, frame.slot, frame.chunk, sender)] = frame
 
+    def pop_frame(self, key: tuple) -> Frame | None:
+        return self._frames.pop(key, None)
+
+    def last_alive(self, sender: str) -> dict[int, float]:
+        return self._last_alive.get(sender, {})
+
     def _note_alive(self, sender: str, round_id: int) -> None:
         self._last_alive.setdefault(sender, {})[round_id] = self.now
 
@@ -458,9 +409,9 @@ class SimMember:
                 "why": {str(self.peers.index(p)): r for p, r in committed.excluded.items() if p in self.peers},
                 "numel": self.numel}
         self.trace(f"{self.me} r{round_id} pushes its result to {peer}")
-        self._send(peer, Frame(Kind.COMMITTED, round_id, 0, 0, 0, meta, committed.result.tobytes()))
+        self.send(peer, Frame(Kind.COMMITTED, round_id, 0, 0, 0, meta, committed.result.tobytes()))
 
-    def _send(self, to: str, frame: Frame) -> None:
+    def send(self, to: str, frame: Frame) -> None:
         corrupt_frame = False
         if self.garbage is not None and frame.kind == Kind.PART and frame.round_id >= self.garbage[1]:
             frame, corrupt_frame = _corrupt(frame, self.garbage[0])

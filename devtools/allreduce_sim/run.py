@@ -49,7 +49,8 @@ def contribution(seed: int, numel: int):
     return values
 
 
-def run_seed(seed: int, core_factory=RoundCore) -> Report:
+def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly") -> Report:
+    """Run seed `seed` with members whose round core is `core_factory` and data flow `flow`."""
     sc = scenario(seed)
     rng = random.Random(f"run-{seed}")
     scheduler = Scheduler()
@@ -65,7 +66,8 @@ def run_seed(seed: int, core_factory=RoundCore) -> Report:
     for member in sc.members:
         net.attach(member, SimMember(member, list(sc.members), net, rounds=sc.rounds, numel=sc.numel,
                                      chunk=sc.chunk, contribution=values, trace=log, on_round=records.append,
-                                     rng=rng, core_factory=core_factory, garbage=garbage.get(member)))
+                                     rng=rng, core_factory=core_factory, garbage=garbage.get(member),
+                                     flow=flow))
     for fault in sc.faults:
         if fault.kind == "kill":
             scheduler.at(fault.at, lambda f=fault: (log(f"FAULT {f.describe()}"), net.kill(f.member)))
