@@ -24,6 +24,7 @@ class Report:
     scenario: Scenario
     trace: list[str]
     violations: list[str]
+    honest_left_out: list[str]
     records: list[RoundRecord]
     frames: int
 
@@ -38,6 +39,8 @@ class Report:
     def summary(self) -> str:
         faults = "; ".join(f.describe() for f in self.scenario.faults) or "no faults"
         status = "ok" if self.ok else f"{len(self.violations)} VIOLATIONS"
+        if self.honest_left_out:
+            status += f", {len(self.honest_left_out)} never-faulty member(s) left out after a fault"
         return (f"seed {self.seed}: {len(self.scenario.members)} members, {self.scenario.rounds} rounds, "
                 f"{faults}: {status} (trace {self.trace_digest}, {self.frames} frames)")
 
@@ -76,5 +79,5 @@ def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly") -> Repo
     for member in sc.members:
         net.timer(member, 0.0, lambda m: m.start_round(0))
     scheduler.run(until=sc.rounds * TIME_LIMIT_PER_ROUND_S)
-    violations = check(sc, records, values, net.killed)
-    return Report(seed, sc, trace, violations, records, net.frames_sent)
+    outcome = check(sc, records, values, net.killed)
+    return Report(seed, sc, trace, outcome.violations, outcome.honest_left_out, records, net.frames_sent)
