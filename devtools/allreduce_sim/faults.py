@@ -2,7 +2,8 @@
 
 Per seed: 3-6 members, 3-6 rounds, contribution and chunk sizes, link jitter (per-link FIFO is
 kept whatever the jitter), and up to members-2 faulty members, each one of: killed at some time
-(SIGKILL: gone mid-round or between rounds), frozen for 0.2-12 s (SIGSTOP), or a garbage sender
+(SIGKILL: gone mid-round or between rounds), crashed right after sending its N-th frame (dies
+mid-broadcast, e.g. a reducer that sent its result to only some members), frozen for 0.2-12 s (SIGSTOP), or a garbage sender
 from some round on (NaN or truncated payloads, wrong-shape meta, unparsable frames).
 """
 from __future__ import annotations
@@ -16,15 +17,18 @@ from .member import GARBAGE_MODES
 @dataclass(frozen=True)
 class Fault:
     member: str
-    kind: str          # "kill", "stall" or "garbage"
+    kind: str          # "kill", "crash", "stall" or "garbage"
     at: float = 0.0    # kill / stall: simulated time it starts
     seconds: float = 0.0  # stall: how long
     mode: str = ""     # garbage: how its PART frames are corrupted
     from_round: int = 0   # garbage: first round it corrupts
+    after_frames: int = 0  # crash: dies right after sending this many frames
 
     def describe(self) -> str:
         if self.kind == "kill":
             return f"kill {self.member} at {self.at:.3f}s"
+        if self.kind == "crash":
+            return f"crash {self.member} after {self.after_frames} frames"
         if self.kind == "stall":
             return f"stall {self.member} at {self.at:.3f}s for {self.seconds:.2f}s"
         return f"garbage {self.member} ({self.mode}) from round {self.from_round}"
@@ -53,8 +57,10 @@ def scenario(seed: int) -> Scenario:
     span = rounds * 0.25  # about how long the rounds take without faults
     faults = []
     for member in sorted(faulty):
-        kind = rng.choice(["kill", "stall", "stall", "garbage"])
-        if kind == "kill":
+        kind = rng.choice(["kill", "crash", "stall", "stall", "garbage"])
+        if kind == "crash":
+            faults.append(Fault(member, "crash", after_frames=rng.randint(1, 12 * n)))
+        elif kind == "kill":
             faults.append(Fault(member, "kill", at=rng.uniform(0.0, span)))
         elif kind == "stall":
             faults.append(Fault(member, "stall", at=rng.uniform(0.0, span), seconds=rng.uniform(0.2, 12.0)))

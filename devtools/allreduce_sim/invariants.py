@@ -30,7 +30,7 @@ class Outcome:
 
 
 def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int], np.ndarray],
-          killed: set[str]) -> Outcome:
+          killed_at: dict[str, float]) -> Outcome:
     outcome = Outcome()
     problems = outcome.violations
     by_round: dict[int, dict[str, RoundRecord]] = {}
@@ -38,6 +38,7 @@ def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int],
         if rec.round_id in by_round.get(rec.round_id, {}):
             problems.append(f"{rec.member} ended round {rec.round_id} twice")
         by_round.setdefault(rec.round_id, {})[rec.member] = rec
+    killed = set(killed_at)
     for member in sc.members:
         if member in killed:
             continue
@@ -61,9 +62,9 @@ def check(sc: Scenario, records: list[RoundRecord], values: Callable[[str, int],
         if expected.tobytes() != committed.result.tobytes():
             problems.append(f"round {round_id}: result is not the mean of {','.join(committed.participants)}")
         end = max(rec.finished_at for rec in honest.values())
-        disturbed = not all(_clean(sc, m, round_id, end) for m in sc.members)
+        disturbed = not all(_clean(sc, killed_at, m, round_id, end) for m in sc.members)
         for member in sc.members:
-            if member in killed and member not in ended or not _clean(sc, member, round_id, end):
+            if member in killed and member not in ended or not _clean(sc, killed_at, member, round_id, end):
                 continue
             if member not in committed.participants:
                 rec = ended.get(member)
@@ -82,12 +83,15 @@ def _garbage(sc: Scenario, member: str, round_id: int) -> bool:
     return any(f.member == member and f.kind == "garbage" and f.from_round <= round_id for f in sc.faults)
 
 
-def _clean(sc: Scenario, member: str, round_id: int, end: float) -> bool:
+def _clean(sc: Scenario, killed_at: dict[str, float], member: str, round_id: int, end: float) -> bool:
+    """Whether `member` had not been faulty by time `end` (the end of round `round_id`)."""
+    if killed_at.get(member, end + 1) <= end:
+        return False
     for f in sc.faults:
         if f.member != member:
             continue
         if f.kind == "garbage" and f.from_round <= round_id:
             return False
-        if f.kind in ("kill", "stall") and f.at <= end:
+        if f.kind == "stall" and f.at <= end:
             return False
     return True

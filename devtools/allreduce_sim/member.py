@@ -118,12 +118,14 @@ class SimMember:
             frame = _parse(data)
         except FrameError as exc:
             self._record_fault(sender, self._fault_round(), f"bad frame: {exc}", bad_data=True)
+            self.net.reset(self.me, sender)
             self._advance()
             return
         self._on_frame(sender, frame)
         self._advance()
 
     def link_broken(self, peer: str) -> None:
+        """The link to `peer` closed or failed (group.py: `_on_stream` / `_on_link_broken`)."""
         if self.round_active:
             self._record_fault(peer, self.current_round, "connection closed")
             self._advance()

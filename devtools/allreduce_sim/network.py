@@ -2,9 +2,11 @@
 
 `Scheduler` runs callbacks in (time, sequence) order on a simulated clock: the same inputs give
 the same order. `Network` carries frames as bytes between members over per-pair links that keep
-FIFO order (the real transport is one ordered TCP stream per pair) with a per-link latency and a
+FIFO order (the real transport is one ordered TCP stream per pair; a receiver that gets an
+unparsable frame resets the stream, losing what is in flight on it) with a per-link latency and a
 seeded jitter; a frame is never delivered before one sent earlier on the same link. A killed
-member's peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
+member (at a time, or right after
+sending its N-th frame: mid-broadcast) stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
 member handles nothing until it wakes, then everything queued for it, in order.
 """
 from __future__ import annotations
@@ -52,8 +54,13 @@ class Network:
         self.max_jitter_s = max_jitter_s
         self._last_delivery: dict[tuple[str, str], float] = {}
         self.killed: set[str] = set()
+        self.killed_at: dict[str, float] = {}
         self.frozen_until: dict[str, float] = {}
         self.frames_sent = 0
+        self.crash_after: dict[str, int] = {}  # member -> dies right after sending this many frames
+        self.on_crash: Callable[[str], None] = lambda member: None
+        self._sent_by: dict[str, int] = {}
+        self._epoch: dict[tuple[str, str], int] = {}  # bumped when the receiver resets the stream
 
     def attach(self, member_id: str, member) -> None:
         self.members[member_id] = member
@@ -73,12 +80,29 @@ class Network:
                               lambda: self._run(sender, lambda m: m.link_broken(receiver)))
             return
         self.frames_sent += 1
+        epoch = self._epoch.get((sender, receiver), 0)
         self.scheduler.at(self._link_time(sender, receiver),
-                          lambda: self._run(receiver, lambda m: m.deliver(sender, data)))
+                          lambda: self._run(receiver, lambda m: self._deliver(m, sender, receiver, epoch, data)))
+        self._sent_by[sender] = self._sent_by.get(sender, 0) + 1
+        if self._sent_by[sender] == self.crash_after.get(sender):
+            self.on_crash(sender)
+            self.kill(sender)
+
+    def _deliver(self, member, sender: str, receiver: str, epoch: int, data: bytes) -> None:
+        if epoch == self._epoch.get((sender, receiver), 0):  # else its stream was reset meanwhile
+            member.deliver(sender, data)
+
+    def reset(self, receiver: str, sender: str) -> None:
+        """The receiver resets the stream from `sender` (it sent an unparsable frame): what is still
+        in flight on it is lost, and the sender's next write fails, so it learns of it shortly."""
+        self._epoch[(sender, receiver)] = self._epoch.get((sender, receiver), 0) + 1
+        self.scheduler.at(self.scheduler.now + self.latency[(receiver, sender)],
+                          lambda: self._run(sender, lambda m: m.link_broken(receiver)))
 
     def kill(self, member_id: str) -> None:
         """SIGKILL: the member stops; each peer's link from it closes after what is in flight."""
         self.killed.add(member_id)
+        self.killed_at.setdefault(member_id, self.scheduler.now)
         for other in self.members:
             if other != member_id and other not in self.killed:
                 self.scheduler.at(self._link_time(member_id, other),

@@ -71,13 +71,16 @@ def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly") -> Repo
                                      chunk=sc.chunk, contribution=values, trace=log, on_round=records.append,
                                      rng=rng, core_factory=core_factory, garbage=garbage.get(member),
                                      flow=flow))
+    net.on_crash = lambda member: log(f"FAULT {member} crashes")
     for fault in sc.faults:
-        if fault.kind == "kill":
+        if fault.kind == "crash":
+            net.crash_after[fault.member] = fault.after_frames
+        elif fault.kind == "kill":
             scheduler.at(fault.at, lambda f=fault: (log(f"FAULT {f.describe()}"), net.kill(f.member)))
         elif fault.kind == "stall":
             scheduler.at(fault.at, lambda f=fault: (log(f"FAULT {f.describe()}"), net.freeze(f.member, f.seconds)))
     for member in sc.members:
         net.timer(member, 0.0, lambda m: m.start_round(0))
     scheduler.run(until=sc.rounds * TIME_LIMIT_PER_ROUND_S)
-    outcome = check(sc, records, values, net.killed)
+    outcome = check(sc, records, values, net.killed_at)
     return Report(seed, sc, trace, outcome.violations, outcome.honest_left_out, records, net.frames_sent)
