@@ -224,6 +224,10 @@ class SimMember:
         try:
             if cut:
                 raise _Cut()
+            for key in self._pending(r, a, Kind.PART):  # a first chunk of another plan ends the
+                frame = self._frames[key]                # attempt (group.py: _check_first_chunks)
+                if key[4] == 0 and "plan" in frame.meta:
+                    flow.check_first_meta(key[-1], frame.meta)
             result = flow.progress()
             if result is not None:
                 return self.core.attempt_succeeded(result)

@@ -144,6 +144,8 @@ class AllReduceGroup:
         self._round_active = False
         self._committed = CommittedRounds(my_id)
         self._core: RoundCore | None = None  # the current (or last) round's protocol state
+        self._attempt_ctx: AttemptContext | None = None  # the attempt whose data flow runs now
+        self._misplanned: asyncio.Future | None = None  # done (with the error) on a first chunk of another plan
         self._background: set[asyncio.Task] = set()
         self._started = False
 
@@ -303,12 +305,16 @@ class AllReduceGroup:
         heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+        self._attempt_ctx = ctx
+        self._misplanned = asyncio.get_running_loop().create_future()
+        self._check_first_chunks(ctx)
         try:
             # A member's recorded fault (closed connection, junk) fails the attempt when we wait
             # on that member (Inbox.take), not before: a member that finished the round and left
             # may still have delivered everything we need from it.
-            await asyncio.wait({task, view, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, view, pushed, self._misplanned}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._attempt_ctx = None
             heartbeat.cancel()
             if not task.done():
                 task.cancel()
@@ -318,6 +324,8 @@ class AllReduceGroup:
         error = task.exception() if not task.cancelled() else None
         if not task.cancelled() and error is None:
             return core.attempt_succeeded(ctx.out, ctx.agreed_rates)
+        if task.cancelled() and self._misplanned.done():
+            error = self._misplanned.result()
         if isinstance(error, PeerFailure) and error.bad_data:
             core.distrust(error.peer)
         if pushed.done():
@@ -333,6 +341,27 @@ class AllReduceGroup:
             return self._attempt_failed(core, ctx, {self.my_id: f"local failure: {type(error).__name__}: {error}"},
                                         None)
         return self._attempt_failed(core, ctx, {}, None)
+
+    def _check_first_chunks(self, ctx: AttemptContext, sender: str | None = None) -> None:
+        """End the running attempt when a member's first chunk of it shows another plan.
+
+        The data flow checks a first chunk when it takes it, but a member that planned over other
+        members sends its chunks under slots this peer may never read (its shard numbers differ),
+        while the PINGs keep both sides alive: without this check such an attempt waited forever
+        (found by devtools/allreduce_sim, docs/adr/0116)."""
+        if self._misplanned.done():
+            return
+        for key in self._inbox.pending(ctx.round_id, ctx.attempt, Kind.PART):
+            if key[4] != 0 or (sender is not None and key[-1] != sender):
+                continue
+            frame = self._inbox.peek(key)
+            if frame is None or "plan" not in frame.meta:
+                continue
+            try:
+                ctx.check_first_meta(key[-1], frame.meta)
+            except (PeerFailure, PlanMismatch) as exc:
+                self._misplanned.set_result(exc)
+                return
 
     def _attempt_failed(self, core: RoundCore, ctx: AttemptContext, suspects: dict[str, str],
                         their_members: list[str] | None) -> list:
@@ -526,6 +555,10 @@ class AllReduceGroup:
             if frame.kind != Kind.COMMITTED:
                 return
         self._inbox.put(sender, frame)
+        ctx = self._attempt_ctx
+        if (ctx is not None and frame.kind == Kind.PART and frame.chunk == 0
+                and (frame.round_id, frame.attempt) == (ctx.round_id, ctx.attempt)):
+            self._check_first_chunks(ctx, sender)
 
     def _fault_round(self) -> int:
         """The round a fault seen now counts against: the running one, else the next."""

@@ -111,6 +111,9 @@ class Inbox:
         return [k for k in self._frames
                 if k[0] == round_id and k[2] == kind and (attempt is None or k[1] == attempt)]
 
+    def peek(self, key: Key) -> Frame | None:
+        return self._frames.get(key)
+
     def pop(self, key: Key) -> Frame | None:
         return self._frames.pop(key, None)
 
