@@ -2,8 +2,8 @@
 
 Per seed: 3-6 members, 3-6 rounds, contribution and chunk sizes, link jitter (per-link FIFO is
 kept whatever the jitter), and up to members-2 faulty members, each one of: killed at some time
-(SIGKILL: gone mid-round or between rounds), crashed right after sending its N-th frame (dies
-mid-broadcast, e.g. a reducer that sent its result to only some members), frozen for 0.2-12 s (SIGSTOP), or a garbage sender
+(SIGKILL: gone mid-round or between rounds), crashed right after sending its N-th RESULT frame (a
+reducer dying mid-broadcast: some members got its result, some did not), frozen for 0.2-12 s (SIGSTOP), or a garbage sender
 from some round on (NaN or truncated payloads, wrong-shape meta, unparsable frames).
 """
 from __future__ import annotations
@@ -22,13 +22,13 @@ class Fault:
     seconds: float = 0.0  # stall: how long
     mode: str = ""     # garbage: how its PART frames are corrupted
     from_round: int = 0   # garbage: first round it corrupts
-    after_frames: int = 0  # crash: dies right after sending this many frames
+    after_frames: int = 0  # crash: dies right after sending this many RESULT frames
 
     def describe(self) -> str:
         if self.kind == "kill":
             return f"kill {self.member} at {self.at:.3f}s"
         if self.kind == "crash":
-            return f"crash {self.member} after {self.after_frames} frames"
+            return f"crash {self.member} after {self.after_frames} results sent"
         if self.kind == "stall":
             return f"stall {self.member} at {self.at:.3f}s for {self.seconds:.2f}s"
         return f"garbage {self.member} ({self.mode}) from round {self.from_round}"
@@ -59,7 +59,7 @@ def scenario(seed: int) -> Scenario:
     for member in sorted(faulty):
         kind = rng.choice(["kill", "crash", "stall", "stall", "garbage"])
         if kind == "crash":
-            faults.append(Fault(member, "crash", after_frames=rng.randint(1, 12 * n)))
+            faults.append(Fault(member, "crash", after_frames=rng.randint(1, 3 * n)))
         elif kind == "kill":
             faults.append(Fault(member, "kill", at=rng.uniform(0.0, span)))
         elif kind == "stall":

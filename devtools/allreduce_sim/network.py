@@ -6,7 +6,7 @@ FIFO order (the real transport is one ordered TCP stream per pair; a receiver th
 unparsable frame resets the stream, losing what is in flight on it) with a per-link latency and a
 seeded jitter; a frame is never delivered before one sent earlier on the same link. A killed
 member (at a time, or right after
-sending its N-th frame: mid-broadcast) stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
+sending its N-th RESULT frame: a reducer dying mid-broadcast) stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
 member handles nothing until it wakes, then everything queued for it, in order.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable
+
+from ml.allreduce.wire import Kind
 
 
 class Scheduler:
@@ -57,7 +59,7 @@ class Network:
         self.killed_at: dict[str, float] = {}
         self.frozen_until: dict[str, float] = {}
         self.frames_sent = 0
-        self.crash_after: dict[str, int] = {}  # member -> dies right after sending this many frames
+        self.crash_after: dict[str, int] = {}  # member -> dies right after sending this many RESULT frames
         self.on_crash: Callable[[str], None] = lambda member: None
         self._sent_by: dict[str, int] = {}
         self._epoch: dict[tuple[str, str], int] = {}  # bumped when the receiver resets the stream
@@ -83,6 +85,8 @@ class Network:
         epoch = self._epoch.get((sender, receiver), 0)
         self.scheduler.at(self._link_time(sender, receiver),
                           lambda: self._run(receiver, lambda m: self._deliver(m, sender, receiver, epoch, data)))
+        if data[1] != Kind.RESULT:
+            return
         self._sent_by[sender] = self._sent_by.get(sender, 0) + 1
         if self._sent_by[sender] == self.crash_after.get(sender):
             self.on_crash(sender)
