@@ -260,7 +260,8 @@ class SimMember:
         for peer in wrong:
             self.core.distrust(peer)
         suspects = {**wrong, **suspects}
-        self.trace(f"{self.me} r{r} a{a} failed, suspects {sorted(suspects.items())}")
+        mismatch = f", {error.peer} planned over other members: {','.join(their)}" if their is not None else ""
+        self.trace(f"{self.me} r{r} a{a} failed, suspects {sorted(suspects.items())}{mismatch}")
         return self.core.attempt_failed(suspects, their)
 
     def _check_wait(self, sender: str, deadline: float) -> None:
