@@ -12,6 +12,11 @@ answers any VIEW or later-attempt frame of that round with the committed result 
 a peer that has not committed adopts it, so peers that saw a reducer die mid-broadcast still end
 with the same result as those that got everything. See docs/adr/0033.
 
+Those decisions are made by the sans-I/O `RoundCore` (round_core.py, docs/adr/0115); this module
+is its asyncio driver: it runs each attempt's data flow, sends the VIEWs and waits for them and
+for pushed results, and reports what happened to the core. devtools/allreduce_sim runs the same
+core under a simulated network and clock (docs/adr/0116).
+
 `allgather_mean` runs the same rounds over contributions their owners encoded (top-k, sign with
 error feedback): every member gets every encoding and averages their decodings (docs/adr/0091).
 """
