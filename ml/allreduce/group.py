@@ -12,6 +12,11 @@ answers any VIEW or later-attempt frame of that round with the committed result 
 a peer that has not committed adopts it, so peers that saw a reducer die mid-broadcast still end
 with the same result as those that got everything. See docs/adr/0033.
 
+Those decisions are made by the sans-I/O `RoundCore` (round_core.py, docs/adr/0115); this module
+is its asyncio driver: it runs each attempt's data flow, sends the VIEWs and waits for them and
+for pushed results, and reports what happened to the core. devtools/allreduce_sim runs the same
+core under a simulated network and clock (docs/adr/0116).
+
 `allgather_mean` runs the same rounds over contributions their owners encoded (top-k, sign with
 error feedback): every member gets every encoding and averages their decodings (docs/adr/0091).
 """
@@ -41,6 +46,19 @@ from .inbox import Inbox, PeerFailure
 from .links import PeerLinks
 from .plan import Plan, make_plan
 from .ring import RING_CODECS, run_ring
+from .round_core import (
+    AllReduceError,
+    AwaitViews,
+    CommitRound,
+    Committed,
+    CommittedRounds,
+    ExcludedFromRound,
+    FailRound,
+    RoundCore,
+    SendView,
+    StartAttempt,
+    next_rates,
+)
 from .transport import Stream, Transport
 from .wire import (
     DEFAULT_MAX_PAYLOAD,
@@ -53,20 +71,8 @@ from .wire import (
 )
 
 PROTOCOL = "/dekube/allreduce/1"
-KEEP_COMMITTED_ROUNDS = 2
 log = logging.getLogger(__name__)
-
-
-class AllReduceError(RuntimeError):
-    """The round cannot finish: too few members left, or too many failed attempts."""
-
-
-class ExcludedFromRound(AllReduceError):
-    """The other members excluded this peer from the round (its reason is in `reason`)."""
-
-    def __init__(self, round_id: int, reason: str):
-        super().__init__(f"excluded from round {round_id}: {reason}")
-        self.reason = reason
+__all__ = ["PROTOCOL", "AllReduceError", "AllReduceGroup", "AllReduceResult", "ExcludedFromRound"]
 
 
 @dataclass(frozen=True)
@@ -93,16 +99,6 @@ class _Contribution:
     fault: str | None = None                             # why this peer cannot contribute
     encoded: bytes | memoryview = b""                    # all-gather: the encoding of `flat`
     piece_bytes: int = 0
-
-
-@dataclass
-class _Committed:
-    attempt: int
-    participants: tuple[str, ...]
-    excluded: dict[str, str]
-    flat: torch.Tensor
-    rates: dict[str, float]
-    pushed_to: set[str] = field(default_factory=set)
 
 
 class AllReduceGroup:
@@ -151,8 +147,10 @@ class AllReduceGroup:
         self._rates: dict[str, float] = dict(upload_rates or {})  # replaced by measurements each round
         self._current_round = -1
         self._round_active = False
-        self._committed: dict[int, _Committed] = {}
-        self._distrusted: set[str] = set()  # members caught sending bad data in the current round
+        self._committed = CommittedRounds(my_id)
+        self._core: RoundCore | None = None  # the current (or last) round's protocol state
+        self._attempt_ctx: AttemptContext | None = None  # the attempt whose data flow runs now
+        self._misplanned: asyncio.Future | None = None  # done (with the error) on a first chunk of another plan
         self._background: set[asyncio.Task] = set()
         self._started = False
 
@@ -243,51 +241,47 @@ class AllReduceGroup:
     async def _round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
         self._current_round = round_id
         self._round_active = True
-        self._distrusted = set()
         self._inbox.forget_before(round_id)
         bytes_before = self._links.bytes_sent
+        shape_digest = hashlib.blake2b(json.dumps(contribution.shapes).encode(), digest_size=8).hexdigest()
+        core = self._core = RoundCore(self.my_id, self._peers, round_id, shape_digest,
+                                      min_participants=self.min_participants, fault=contribution.fault)
         try:
-            committed = await self._run_round(contribution, round_id)
+            committed = await self._drive(core, contribution)
         except AllReduceError:
-            self._rates = {}  # as every member that saw someone left out does (below)
+            self._rates = next_rates(self._rates, self._peers, None)
             raise
         finally:
             self._round_active = False
-        if committed.participants != tuple(self._peers):
-            # someone was left out, and a member that did not commit kept its old table: start
-            # over from even shards everywhere, so the next plans agree
-            self._rates = {}
-        elif committed.rates:
-            self._rates = _smooth_rates(self._rates, committed.rates)
-        return AllReduceResult(_unflatten(committed.flat, contribution.shapes), committed.participants,
+        self._rates = next_rates(self._rates, self._peers, committed)
+        return AllReduceResult(_unflatten(committed.result, contribution.shapes), committed.participants,
                                round_id, committed.attempt + 1, dict(committed.excluded),
                                self._links.bytes_sent - bytes_before)
 
-    async def _run_round(self, contribution: _Contribution, round_id: int) -> _Committed:
-        members = list(self._peers)
-        excluded: dict[str, str] = {}
-        shape_digest = hashlib.blake2b(json.dumps(contribution.shapes).encode(), digest_size=8).hexdigest()
-        for attempt in range(len(self._peers) + 2):
-            if self.my_id not in members:
-                raise ExcludedFromRound(round_id, excluded.get(self.my_id, "dropped by the other members"))
-            if len(members) < self.min_participants:
-                raise AllReduceError(f"round {round_id}: only {len(members)} members left "
-                                     f"(minimum {self.min_participants}); excluded: {excluded}")
-            ctx = self._context(contribution, members, shape_digest, round_id, attempt)
-            self._inbox.forget_before(round_id, attempt)
-            outcome = await self._run_attempt(ctx, contribution, excluded)
-            if isinstance(outcome, _Committed):
-                return outcome
-            suspects, their_members = outcome
-            wrong_shapes = self._wrong_shapes_waiting(ctx)
-            self._distrusted.update(wrong_shapes)
-            suspects = {**wrong_shapes, **suspects}
-            outcome = await self._agree_on_members(ctx, suspects, their_members)
-            if isinstance(outcome, _Committed):
-                return outcome
-            members, dropped = outcome
-            excluded.update(dropped)
-        raise AllReduceError(f"round {round_id}: no agreement after {len(self._peers) + 2} attempts")
+    async def _drive(self, core: RoundCore, contribution: _Contribution) -> Committed:
+        """Carry out the core's actions until it commits the round or fails it."""
+        actions = collections.deque(core.start())
+        ctx: AttemptContext | None = None
+        while True:
+            action = actions.popleft()
+            if isinstance(action, CommitRound):
+                self._remember(core.round_id, action.committed)
+                return action.committed
+            if isinstance(action, FailRound):
+                raise action.error
+            if isinstance(action, StartAttempt):
+                if action.attempt > 0:
+                    log.info("round %d attempt %d over %s, excluded %s", core.round_id, action.attempt,
+                             list(action.members), core.excluded)
+                ctx = self._context(contribution, list(action.members), core.shape, core.round_id, action.attempt)
+                self._inbox.forget_before(core.round_id, action.attempt)
+                actions.extend(await self._run_attempt(core, ctx, contribution))
+            elif isinstance(action, SendView):
+                # each on its own: a member that stopped reading (SIGSTOP) fills its send queue,
+                # and waiting on it must not keep the VIEW from the others (docs/adr/0093)
+                self._spawn(self._links.send(action.to, self._view_frame(core, action)))
+            elif isinstance(action, AwaitViews):
+                actions.extend(await self._collect_views(core, ctx, action))
 
     def _context(self, contribution: _Contribution, members, shape_digest, round_id, attempt) -> AttemptContext:
         flat = contribution.flat
@@ -308,20 +302,24 @@ class AllReduceGroup:
         non_reducers = set() if self.mode == "ring" else set(self.non_reducers)
         return make_plan(members, non_reducers, self._rates, numel, self.chunk_numel, contribution.codec_tag)
 
-    async def _run_attempt(self, ctx: AttemptContext, contribution: _Contribution, excluded: dict[str, str]):
-        """The commit, or (suspects, their_members) saying why the attempt failed for this peer."""
+    async def _run_attempt(self, core: RoundCore, ctx: AttemptContext, contribution: _Contribution) -> list:
+        """Run the attempt's data flow; the core's actions for how it ended."""
         if contribution.fault is not None:
-            return {self.my_id: contribution.fault}, None
+            return self._attempt_failed(core, ctx, {self.my_id: contribution.fault}, None)
         task = asyncio.ensure_future(contribution.algorithm(ctx))
         heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
         view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+        self._attempt_ctx = ctx
+        self._misplanned = asyncio.get_running_loop().create_future()
+        self._check_first_chunks(ctx)
         try:
             # A member's recorded fault (closed connection, junk) fails the attempt when we wait
             # on that member (Inbox.take), not before: a member that finished the round and left
             # may still have delivered everything we need from it.
-            await asyncio.wait({task, view, pushed}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, view, pushed, self._misplanned}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._attempt_ctx = None
             heartbeat.cancel()
             if not task.done():
                 task.cancel()
@@ -330,23 +328,54 @@ class AllReduceGroup:
                 self._links.abandon(ctx.round_id, ctx.attempt)  # a committed attempt's frames still go out
         error = task.exception() if not task.cancelled() else None
         if not task.cancelled() and error is None:
-            committed = _Committed(ctx.attempt, ctx.plan.members, dict(excluded), ctx.out, ctx.agreed_rates)
-            self._remember(ctx.round_id, committed)
-            return committed
+            return core.attempt_succeeded(ctx.out, ctx.agreed_rates)
+        if task.cancelled() and self._misplanned.done():
+            error = self._misplanned.result()
         if isinstance(error, PeerFailure) and error.bad_data:
-            self._distrusted.add(error.peer)
+            core.distrust(error.peer)
         if pushed.done():
-            adopted = await self._adopt(ctx)
+            adopted = await self._adopt(core, ctx)
             if adopted is not None:
                 return adopted
         if isinstance(error, PeerFailure):
-            return {error.peer: error.reason}, None
+            return self._attempt_failed(core, ctx, {error.peer: error.reason}, None)
         if isinstance(error, PlanMismatch):
-            return {}, error.members
+            return self._attempt_failed(core, ctx, {}, error.members)
         if error is not None:  # a local failure (e.g. our codec): leave the round, tell the others
             log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
-            return {self.my_id: f"local failure: {type(error).__name__}: {error}"}, None
-        return {}, None
+            return self._attempt_failed(core, ctx, {self.my_id: f"local failure: {type(error).__name__}: {error}"},
+                                        None)
+        return self._attempt_failed(core, ctx, {}, None)
+
+    def _check_first_chunks(self, ctx: AttemptContext, sender: str | None = None) -> None:
+        """End the running attempt when a member's first chunk of it shows another plan.
+
+        The data flow checks a first chunk when it takes it, but a member that planned over other
+        members sends its chunks under slots this peer may never read (its shard numbers differ),
+        while the PINGs keep both sides alive: without this check such an attempt waited forever
+        (found by devtools/allreduce_sim, docs/adr/0116)."""
+        if self._misplanned.done():
+            return
+        for key in self._inbox.pending(ctx.round_id, ctx.attempt, Kind.PART):
+            if key[4] != 0 or (sender is not None and key[-1] != sender):
+                continue
+            frame = self._inbox.peek(key)
+            if frame is None or "plan" not in frame.meta:
+                continue
+            try:
+                ctx.check_first_meta(key[-1], frame.meta)
+            except (PeerFailure, PlanMismatch) as exc:
+                self._misplanned.set_result(exc)
+                return
+
+    def _attempt_failed(self, core: RoundCore, ctx: AttemptContext, suspects: dict[str, str],
+                        their_members: list[str] | None) -> list:
+        wrong_shapes = self._wrong_shapes_waiting(ctx)
+        for peer in wrong_shapes:
+            core.distrust(peer)
+        suspects = {**wrong_shapes, **suspects}
+        log.info("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
+        return core.attempt_failed(suspects, their_members)
 
     async def _heartbeat(self, ctx: AttemptContext) -> None:
         """PING every member a few times per stall timeout: a member may have no data for us for a
@@ -374,39 +403,32 @@ class AllReduceGroup:
                     wrong[key[-1]] = "wrong-shape contribution (tensor layout differs)"
         return wrong
 
-    def _remember(self, round_id: int, committed: _Committed) -> None:
-        self._committed[round_id] = committed
-        for old in sorted(self._committed)[:-KEEP_COMMITTED_ROUNDS]:
-            del self._committed[old]
+    def _remember(self, round_id: int, committed: Committed) -> None:
+        self._committed.remember(round_id, committed)
         # members that gave up on this round before we committed get the result now
         for key in self._inbox.pending(round_id, None, Kind.VIEW) + self._inbox.pending(round_id, None, Kind.PART):
-            if key[2] == Kind.VIEW or key[1] > committed.attempt:
+            if CommittedRounds.asks_for_result(committed, key[2] == Kind.VIEW, key[2] == Kind.PART, key[1]):
                 self._push_committed(round_id, key[-1])
 
-    async def _agree_on_members(self, ctx: AttemptContext, suspects: dict[str, str],
-                                their_members: list[str] | None):
-        """Exchange VIEWs after a failed attempt: (next members, dropped with reasons), or a
-        commit pushed to us meanwhile. See `_settle_views` for how views become one member set."""
-        alive = set(ctx.plan.members) - set(suspects)
-        if their_members is not None:
-            alive &= set(their_members)
+    # -- the VIEW exchange after a failed attempt (how views become one member set: round_core) --
+
+    def _view_frame(self, core: RoundCore, view: SendView) -> Frame:
         index = {p: i for i, p in enumerate(self._peers)}
-        meta = {"alive": members_mask(sorted(alive), self._peers), "shape": ctx.first_meta["shape"],
-                "why": {str(index[p]): r[:200] for p, r in suspects.items()}}
-        others = [m for m in ctx.plan.members if m != self.my_id]
-        log.info("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
-        for member in others:  # each on its own: a member that stopped reading (SIGSTOP) fills its
-            # send queue, and waiting on it must not keep the VIEW from the others (docs/adr/0093)
-            self._spawn(self._links.send(member, Frame(Kind.VIEW, ctx.round_id, ctx.attempt, 0, 0, meta)))
-        views = {self.my_id: (alive, dict(suspects), ctx.first_meta["shape"])}
-        silent: dict[str, str] = {}
-        waits = {asyncio.ensure_future(self._take_view(ctx, m)): m for m in others}
+        meta = {"alive": members_mask(list(view.alive), self._peers), "shape": core.shape,
+                "why": {str(index[p]): r[:200] for p, r in view.why.items()}}
+        return Frame(Kind.VIEW, core.round_id, view.attempt, 0, 0, meta)
+
+    async def _collect_views(self, core: RoundCore, ctx: AttemptContext, wait: AwaitViews) -> list:
+        """Report each member's VIEW (or its absence) to the core, or adopt a commit pushed to us
+        meanwhile; the core's actions."""
+        actions: list = []
+        waits = {asyncio.ensure_future(self._take_view(ctx, m)): m for m in wait.members}
         pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
         try:
             while waits:
                 done, _ = await asyncio.wait({*waits, pushed}, return_when=asyncio.FIRST_COMPLETED)
                 if pushed.done():
-                    adopted = await self._adopt(ctx)
+                    adopted = await self._adopt(core, ctx)
                     if adopted is not None:
                         return adopted
                     pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
@@ -415,16 +437,13 @@ class AllReduceGroup:
                         continue
                     member = waits.pop(task)
                     try:
-                        views[member] = task.result()
+                        actions += core.view_received(member, wait.attempt, task.result())
                     except PeerFailure as exc:
-                        silent[member] = f"no view after failed attempt: {exc.reason}"
+                        actions += core.view_missing(member, wait.attempt, exc.reason)
         finally:
             for task in waits:
                 task.cancel()
-        members, dropped = _settle_views(list(ctx.plan.members), views, silent)
-        log.info("round %d attempt %d failed; next members %s, dropped %s",
-                 ctx.round_id, ctx.attempt, members, dropped)
-        return members, dropped
+        return actions
 
     async def _take_view(self, ctx: AttemptContext, member: str) -> tuple[set[str], dict[str, str], str]:
         loop = asyncio.get_running_loop()
@@ -442,11 +461,9 @@ class AllReduceGroup:
     # -- committed results: push to stragglers, adopt when pushed ---------------------------
 
     def _push_committed(self, round_id: int, peer: str) -> None:
-        committed = self._committed.get(round_id)
-        if committed is None or peer in committed.pushed_to or peer == self.my_id:
-            return
-        committed.pushed_to.add(peer)
-        self._spawn(self._send_committed(round_id, committed, peer))
+        committed = self._committed.claim_push(round_id, peer)
+        if committed is not None:
+            self._spawn(self._send_committed(round_id, committed, peer))
 
     def _spawn(self, coro) -> None:
         """Run a send in the background (cancelled by close())."""
@@ -454,8 +471,8 @@ class AllReduceGroup:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _send_committed(self, round_id: int, committed: _Committed, peer: str) -> None:
-        flat = committed.flat
+    async def _send_committed(self, round_id: int, committed: Committed, peer: str) -> None:
+        flat = committed.result
         starts = range(0, flat.numel(), self.chunk_numel)
         index = {p: i for i, p in enumerate(self._peers)}
         meta = {"attempt": committed.attempt, "m": members_mask(list(committed.participants), self._peers),
@@ -467,26 +484,27 @@ class AllReduceGroup:
             await self._links.send(peer, Frame(Kind.COMMITTED, round_id, 0, 0, c, meta if c == 0 else {},
                                                payload))
 
-    async def _adopt(self, ctx: AttemptContext) -> _Committed | None:
-        """Take a result another member committed for this round; None if none is usable. Never
-        from a member this peer caught sending bad data this round (docs/adr/0092): in an
-        all-gather it can commit on its own, and what it pushes could be anything."""
+    async def _adopt(self, core: RoundCore, ctx: AttemptContext) -> list | None:
+        """Take a result another member committed for this round (the core's actions), or None if
+        none is usable; the core refuses members caught sending bad data (docs/adr/0092)."""
         for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
             sender = key[-1]
-            if key[4] != 0 or sender in self._distrusted:
+            if key[4] != 0 or not core.may_adopt(sender):
                 continue
             first = self._inbox.pop(key)
             try:
-                return await self._receive_committed(ctx, sender, first)
+                committed = await self._receive_committed(ctx, sender, first)
             except (PeerFailure, FrameError, ValueError, KeyError) as exc:
                 log.warning("round %d: unusable committed result from %s: %s", ctx.round_id, sender, exc)
-                self._distrusted.add(sender)
+                core.distrust(sender)
+                continue
+            return core.adopted(sender, committed)
         for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):  # all from refused senders
             self._inbox.pop(key)
         self._inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
         return None
 
-    async def _receive_committed(self, ctx: AttemptContext, sender: str, first: Frame) -> _Committed:
+    async def _receive_committed(self, ctx: AttemptContext, sender: str, first: Frame) -> Committed:
         meta = first.meta
         numel = ctx.flat.numel()
         chunks = math.ceil(numel / self.chunk_numel)
@@ -506,9 +524,7 @@ class AllReduceGroup:
             start = c * self.chunk_numel
             stop = min(start + self.chunk_numel, numel)
             out[start:stop] = await self._offload(_from_raw, frame.payload, stop - start, sender)
-        committed = _Committed(meta["attempt"], participants, excluded, out, rates)
-        self._remember(ctx.round_id, committed)
-        return committed
+        return Committed(meta["attempt"], participants, excluded, out, rates)
 
     # -- incoming streams ------------------------------------------------------------------
 
@@ -531,16 +547,23 @@ class AllReduceGroup:
             self._on_frame(remote, frame)
 
     def _on_frame(self, sender: str, frame: Frame) -> None:
-        if frame.kind == Kind.COMMITTED and frame.round_id == self._current_round and sender in self._distrusted:
+        core = self._core
+        if (frame.kind == Kind.COMMITTED and core is not None and frame.round_id == core.round_id
+                and sender in core.distrusted):
             return  # refused (see _adopt); dropped here so it cannot keep waking the round
         committed = self._committed.get(frame.round_id)
         if committed is not None:
             self._inbox.note_alive(sender, frame.round_id)  # still finishing a round we are past
-            if frame.kind == Kind.VIEW or (frame.kind == Kind.PART and frame.attempt > committed.attempt):
+            if CommittedRounds.asks_for_result(committed, frame.kind == Kind.VIEW, frame.kind == Kind.PART,
+                                               frame.attempt):
                 self._push_committed(frame.round_id, sender)
             if frame.kind != Kind.COMMITTED:
                 return
         self._inbox.put(sender, frame)
+        ctx = self._attempt_ctx
+        if (ctx is not None and frame.kind == Kind.PART and frame.chunk == 0
+                and (frame.round_id, frame.attempt) == (ctx.round_id, ctx.attempt)):
+            self._check_first_chunks(ctx, sender)
 
     def _fault_round(self) -> int:
         """The round a fault seen now counts against: the running one, else the next."""
@@ -552,42 +575,6 @@ class AllReduceGroup:
 
     async def _offload(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-
-
-def _settle_views(members: list[str], views: dict[str, tuple[set[str], dict[str, str], str]],
-                  silent: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """Turn the views of a failed attempt into the next member set, the same on every member that
-    holds the same views. Members whose view is missing are dropped, and so are authors whose
-    tensor shapes differ from the most common shapes (ties: smallest digest). Then authors are
-    taken from the least accused to the most (ties by id); each author still trusted drops the
-    members its view excludes. A faulty member that accuses everyone is itself accused by all the
-    others and so loses its say before it can drop honest members.
-    """
-    accused = {m: 0 for m in members}
-    for alive, _, _ in views.values():
-        for peer in members:
-            if peer not in alive:
-                accused[peer] += 1
-    trusted = set(members) - set(silent)
-    dropped = {}
-    for peer, reason in silent.items():  # prefer a reason someone gave over "no view"
-        given = [r[peer] for _, r, _ in views.values() if peer in r]
-        dropped[peer] = given[0] if given else reason
-    shape_votes = collections.Counter(shape for _, _, shape in views.values())
-    common_shape = min(shape_votes, key=lambda shape: (-shape_votes[shape], shape))
-    for author, (_, _, shape) in views.items():
-        if shape != common_shape and author in trusted:
-            trusted.discard(author)
-            dropped[author] = "wrong-shape contribution (tensor layout differs from the majority)"
-    for author in sorted(views, key=lambda m: (accused[m], m)):
-        if author not in trusted:
-            continue
-        alive, reasons, _ = views[author]
-        for peer in members:
-            if peer not in alive and peer in trusted:
-                trusted.discard(peer)
-                dropped[peer] = reasons.get(peer, f"dropped by {author}")
-    return sorted(trusted), dropped
 
 
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -630,9 +617,3 @@ def _from_raw(payload: bytes, numel: int, sender: str) -> torch.Tensor:
     if not all_finite(values):
         raise PeerFailure(sender, "non-finite values in committed result")
     return values
-
-
-def _smooth_rates(previous: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
-    """Average the agreed table with the new agreed measurements (same inputs, same bits on
-    every member)."""
-    return {p: round(0.5 * previous[p] + 0.5 * r) if p in previous else r for p, r in sorted(measured.items())}

@@ -35,6 +35,13 @@ class PeerFailure(Exception):
         self.bad_data = bad_data
 
 
+def silence_deadline(since: float, last_alive: dict[int, float], round_id: int, stall_s: float) -> float:
+    """When a wait on a sender for a frame of `round_id` fails as a stall: `stall_s` after the
+    later of `since` and the last frame of that round or an earlier one from the sender (a sender
+    busy with a later round has finished ours, so those frames do not count)."""
+    return max([since, *(t for r, t in last_alive.items() if r <= round_id)]) + stall_s
+
+
 class Inbox:
     def __init__(self, estimator: StallEstimator):
         self.estimator = estimator
@@ -104,6 +111,9 @@ class Inbox:
         return [k for k in self._frames
                 if k[0] == round_id and k[2] == kind and (attempt is None or k[1] == attempt)]
 
+    def peek(self, key: Key) -> Frame | None:
+        return self._frames.get(key)
+
     def pop(self, key: Key) -> Frame | None:
         return self._frames.pop(key, None)
 
@@ -118,8 +128,7 @@ class Inbox:
             reason = self.fault(sender, key[0])
             if reason is not None:
                 raise PeerFailure(sender, reason, self._faults[sender][2])
-            last = max([since, *(t for r, t in self._last_alive.get(sender, {}).items() if r <= key[0])])
-            remaining = last + stall_s - loop.time()
+            remaining = silence_deadline(since, self._last_alive.get(sender, {}), key[0], stall_s) - loop.time()
             if remaining <= 0:
                 raise PeerFailure(sender, f"stalled: nothing received for {stall_s:.1f}s")
             waiter = self._waiters.get(key)
