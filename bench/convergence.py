@@ -27,7 +27,7 @@ DIGITS_CODECS = {  # label -> (codec, codec options)
 
 
 def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
-    from ml.train import train_simulated
+    from ml.train.simulation import train_simulated
     from ml.train.diloco import leader_rounds
     from ml.train.recipes import recipe
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from cli.errors import CliError
 from node.config import ConfigError
+from node.extras import MissingExtra
 from node.keystore import KeystoreError
 from node.roles import RoleError
 from node.runtime import node_version
@@ -26,7 +27,7 @@ SUBCOMMANDS = (
     "cli.wallet",
     "cli.task",
 )
-USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
+USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from ml.registry import build_model, get_dataset
-from ml.train import DiLoCoTrainer, hash_tensors, train_simulated
+from ml.train.diloco import DiLoCoTrainer
+from ml.train.reproducibility import hash_tensors
+from ml.train.simulation import train_simulated
 from ml.train.diloco import LEADER
 from ml.train.recipes import recipe
 from ml.train.simulation import build_simulated
