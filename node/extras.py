@@ -22,7 +22,11 @@ def missing_compute_message(what: str, module: str) -> str:
 def require_compute(what: str) -> None:
     """Raise MissingExtra (naming ``what`` and the pip command) unless the compute extra is installed."""
     for module in COMPUTE_MODULES:
-        if importlib.util.find_spec(module) is None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a finder that refuses the module
+            found = False
+        if not found:
             raise MissingExtra(missing_compute_message(what, module))
 
 
