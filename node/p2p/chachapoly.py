@@ -23,7 +23,7 @@ class AuthenticationFailed(ValueError):
 class ChaChaPoly:
     """One key's ChaCha20-Poly1305; nonces are the caller's (12 bytes each)."""
 
-    __slots__ = ("_aead", "_encrypt_into", "_decrypt_into")
+    __slots__ = ("_aead", "_decrypt_into", "_encrypt_into")
 
     name = NAME
 
