@@ -1,12 +1,15 @@
-"""Start-up time of a command: median wall clock of N runs (hyperfine-like, no dependencies).
+"""Start-up time of a command: median wall clock and CPU time of N runs (hyperfine-like, no dependencies).
 
+CPU time (user + system of the child) matters on a shared, loaded machine, where the wall clock
+mostly measures waiting for a core. Run ``python -c pass`` the same way for the interpreter's share.
 Usage: python bench/startup.py [--runs 5] [--warmup 1] [--cwd DIR] -- COMMAND [ARGS...]
-Prints one JSON object: {"command": .., "runs_s": [..], "median_s": ..}.
+Prints one JSON object: {"command": .., "runs_s": [..], "median_s": .., "cpu_s": [..], "median_cpu_s": ..}.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import time
@@ -24,13 +27,17 @@ def main() -> None:
         parser.error("give a command after --")
     for _ in range(args.warmup):
         subprocess.run(command, cwd=args.cwd, stdout=subprocess.DEVNULL, check=True)
-    times = []
+    times, cpu = [], []
     for _ in range(args.runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(command, cwd=args.cwd, stdout=subprocess.DEVNULL, check=True)
         times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     print(json.dumps({"command": " ".join(command), "runs_s": [round(t, 3) for t in times],
-                      "median_s": round(statistics.median(times), 3)}))
+                      "median_s": round(statistics.median(times), 3), "cpu_s": [round(t, 3) for t in cpu],
+                      "median_cpu_s": round(statistics.median(cpu), 3)}))
 
 
 if __name__ == "__main__":
