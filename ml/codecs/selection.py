@@ -2,7 +2,7 @@
 embeddings (sparse gradients) get lz4 framing, everything else uses the job's preferred codec."""
 from __future__ import annotations
 
-from ml.names import POWERSGD_PREFIX, powersgd_rank  # noqa: F401  (re-exported)
+from ml.names import powersgd_rank
 
 from .base import codec_names
 from .powersgd import DEFAULT_MIN_COMPRESSION, matrix_shape, worthwhile
