@@ -1,4 +1,4 @@
-"""The optional ``compute`` extra (torch, numpy, scikit-learn) and the error naming its install.
+"""The optional ``compute`` extra (torch, numpy, scikit-learn, lz4) and the error naming its install.
 
 ``pip install dekube`` gives what validators and relays need; training (the compute role,
 ``dekube-node task run``, compute nodes in a testnet) needs ``pip install 'dekube[compute]'``.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-COMPUTE_MODULES = ("torch", "numpy", "sklearn")
+COMPUTE_MODULES = ("torch", "numpy", "sklearn", "lz4")
 COMPUTE_INSTALL = "pip install 'dekube[compute]'"
 
 

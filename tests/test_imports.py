@@ -1,5 +1,5 @@
 """The torch-free install: the CLI, the validator and relay roles and task-spec checks import no torch,
-numpy or scikit-learn, and training entry points without them say to install the compute extra."""
+numpy, scikit-learn or lz4, and training entry points without them say to install the compute extra."""
 from __future__ import annotations
 
 import subprocess
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "numpy", "sklearn")
+HEAVY = ("torch", "numpy", "sklearn", "lz4")
 
-# Makes torch, numpy and sklearn unimportable, as on a `pip install dekube` without the compute extra.
+# Makes torch, numpy, sklearn and lz4 unimportable, as on a `pip install dekube` without the compute extra.
 BLOCK_COMPUTE = """
 import sys
 class _NoCompute:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ("torch", "numpy", "sklearn"):
+        if name.partition(".")[0] in ("torch", "numpy", "sklearn", "lz4"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, _NoCompute())
