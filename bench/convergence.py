@@ -27,9 +27,9 @@ DIGITS_CODECS = {  # label -> (codec, codec options)
 
 
 def run_one(label: str, recipe_name: str, overrides: dict, world: int) -> dict:
-    from ml.train import train_simulated
     from ml.train.diloco import leader_rounds
     from ml.train.recipes import recipe
+    from ml.train.simulation import train_simulated
 
     spec = recipe(recipe_name, **overrides)
     started = time.monotonic()

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from node.identity import Identity  # noqa: E402
-from node.p2p.chachapoly import DEFAULT_BACKEND  # noqa: E402
+from node.p2p.chachapoly import NAME as CIPHER_NAME  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
 
@@ -283,7 +283,7 @@ async def orchestrate(args) -> dict:
         result["ours_vs_pylibp2p"] = result["ours_MBps"] / result["pylibp2p_MBps"]
         result["ours_vs_pylibp2p_cpu_bound"] = result["ours_cpu_bound_MBps"] / result["pylibp2p_cpu_bound_MBps"]
     result["load_avg_1m"] = os.getloadavg()[0]
-    result["noise_cipher"] = DEFAULT_BACKEND.name
+    result["noise_cipher"] = CIPHER_NAME
     return result
 
 

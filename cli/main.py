@@ -13,9 +13,9 @@ from typing import Sequence
 
 from cli.errors import CliError
 from node.config import ConfigError
+from node.extras import MissingExtra
 from node.keystore import KeystoreError
 from node.roles import RoleError
-from node.runtime import node_version
 
 SUBCOMMANDS = (
     "cli.init",
@@ -26,12 +26,25 @@ SUBCOMMANDS = (
     "cli.wallet",
     "cli.task",
 )
-USER_ERRORS = (CliError, ConfigError, KeystoreError, RoleError)
+USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
+
+
+class VersionAction(argparse.Action):
+    """``--version``: looks the version up only when asked (package metadata is slow to read)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from node.runtime import node_version
+
+        print(f"dekube-node {node_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dekube-node", description="dekube decentralized AI compute node")
-    parser.add_argument("--version", action="version", version=f"dekube-node {node_version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)

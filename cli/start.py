@@ -11,7 +11,6 @@ from node.config import load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
 from node.roles import create_role
-from node.runtime import Node, run_node
 
 # flag -> (section, key, help); list-valued keys accept repeated flags or commas.
 FLAGS = {
@@ -68,4 +67,6 @@ def run(args: argparse.Namespace) -> int:
     identity = load_identity(key_path(home))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     roles = [create_role(name) for name in role_names]
+    from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help
+
     return run_node(lambda: Node(config, identity, roles, home=home))

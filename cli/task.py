@@ -21,6 +21,7 @@ from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
 from ml.compute.task_spec import InvalidTask, model_name, submit_payload
 from ml.train.spec import InvalidSpec, TrainSpec
+from node.extras import require_compute
 from node.keystore import load_identity
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
@@ -197,7 +198,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    from ml.compute.local_job import LocalJobFailed, run_local_nodes
+    require_compute("dekube-node task run")
+    from ml.compute.local_job import LocalJobFailed, run_local_nodes  # imports torch
 
     spec = spec_from_args(args)
 

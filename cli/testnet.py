@@ -14,6 +14,7 @@ from pathlib import Path
 from cli.errors import CliError
 from devtools.devnet import COMPUTE_MANIFEST, ComputeDevnet
 from devtools.testnet import MANIFEST, Testnet, TestnetError
+from node.extras import require_compute
 
 DEFAULT_HOME = Path("testnet")
 
@@ -52,6 +53,7 @@ def run_up(args: argparse.Namespace) -> int:
     home = args.home.expanduser().resolve()
     devnet = None
     if (home / COMPUTE_MANIFEST).exists():
+        require_compute("a testnet with compute nodes")
         devnet = ComputeDevnet.load(home)
         testnet = devnet.testnet
         print(f"starting the existing testnet in {home}")
@@ -64,6 +66,7 @@ def run_up(args: argparse.Namespace) -> int:
         if not 0 <= args.compute <= 64:
             raise CliError("--compute must be in 0..64")
         if args.compute:
+            require_compute("testnet up --compute")
             devnet = ComputeDevnet.create(home, args.validators, args.compute, chain_id=args.chain_id)
             testnet = devnet.testnet
         else:
@@ -97,6 +100,7 @@ def run_down(args: argparse.Namespace) -> int:
 def run_status(args: argparse.Namespace) -> int:
     home = args.home.expanduser()
     if (home / COMPUTE_MANIFEST).exists():
+        require_compute("a testnet with compute nodes")
         devnet = ComputeDevnet.load(home)
         rows = devnet.testnet.status(devnet.compute)
     else:

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from node.config import ROLE_NAMES
+from node.extras import missing_compute_message, missing_compute_module
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -82,4 +83,7 @@ def _import(target: str) -> Callable[[], Any]:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
+        missing = missing_compute_module(exc)
+        if missing:
+            raise RoleError(missing_compute_message(f"role implementation {target}", missing)) from exc
         raise RoleError(f"cannot load role implementation {target}: {exc}") from exc

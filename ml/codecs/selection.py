@@ -2,23 +2,14 @@
 embeddings (sparse gradients) get lz4 framing, everything else uses the job's preferred codec."""
 from __future__ import annotations
 
+from ml.names import powersgd_rank
+
 from .base import codec_names
 from .powersgd import DEFAULT_MIN_COMPRESSION, matrix_shape, worthwhile
 
 ROLES = ("weight", "bias", "norm", "embedding", "other")
 LOSSLESS_OR_HALF = ("fp32", "fp16", "bf16")
 SMALL_NUMEL = 4096  # below this a lossy codec saves under ~10 KB and its error is not worth it
-POWERSGD_PREFIX = "powersgd"  # "powersgd" or "powersgd<r>", e.g. "powersgd4": use the PowerSGD class
-
-
-def powersgd_rank(name: str) -> int | None:
-    """The rank in "powersgd<r>" ("powersgd" alone means rank 1); None if `name` is not PowerSGD."""
-    if not name.startswith(POWERSGD_PREFIX):
-        return None
-    digits = name[len(POWERSGD_PREFIX):]
-    if digits and not digits.isdigit():
-        raise ValueError(f"bad PowerSGD codec name {name!r}")
-    return int(digits) if digits else 1
 
 
 def choose_codec(

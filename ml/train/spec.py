@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from ml.codecs import codec_names, powersgd_rank
-from ml.registry import DATASETS, MODELS
+from ml.names import CODEC_NAMES, DATASET_NAMES, MODEL_NAMES, is_codec_name
 
 MODES = ("data-parallel", "diloco")
 OPTIMIZERS = ("adamw", "sgd")
@@ -15,16 +14,6 @@ OPTIMIZERS = ("adamw", "sgd")
 
 class InvalidSpec(ValueError):
     """A TrainSpec with a bad or unknown field."""
-
-
-def _known_codec(name: str) -> bool:
-    try:
-        if powersgd_rank(name) is not None:
-            return True
-    except ValueError:
-        return False
-    base, _, suffix = name.partition("+")
-    return base in codec_names() and suffix in ("", "lz4")
 
 
 @dataclass(frozen=True)
@@ -54,11 +43,11 @@ class TrainSpec:
             raise InvalidSpec(f"codec_options must be an object, got {self.codec_options!r}")
         if self.optimizer not in OPTIMIZERS:
             raise InvalidSpec(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.model not in MODELS or self.dataset not in DATASETS:
+        if self.model not in MODEL_NAMES or self.dataset not in DATASET_NAMES:
             raise InvalidSpec(f"unknown model/dataset {self.model!r}/{self.dataset!r}; "
-                              f"known: {sorted(MODELS)} / {sorted(DATASETS)}")
-        if not isinstance(self.codec, str) or not _known_codec(self.codec):
-            raise InvalidSpec(f"unknown codec {self.codec!r}; known: {codec_names()} or powersgd<r>")
+                              f"known: {list(MODEL_NAMES)} / {list(DATASET_NAMES)}")
+        if not isinstance(self.codec, str) or not is_codec_name(self.codec):
+            raise InvalidSpec(f"unknown codec {self.codec!r}; known: {list(CODEC_NAMES)} or powersgd<r>")
         if self.mode not in MODES:
             raise InvalidSpec(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads"):

@@ -7,7 +7,7 @@ is the ed25519 signature over ``"noise-libp2p-static-key:" + static X25519 publi
 initiator's first message carries no payload; the responder sends its payload in message 2,
 the initiator in message 3. ChaChaPoly nonces are 4 zero bytes then the 64-bit counter,
 little-endian. Transport messages are encrypted and decrypted straight into caller buffers
-(``chachapoly``: OpenSSL when available, else libsodium) to keep the hot path free of copies.
+(``chachapoly``: OpenSSL through ``cryptography``) to keep the hot path free of copies.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Protocol, cast
+from typing import cast
 
 import nacl.bindings
 import nacl.exceptions
@@ -29,21 +29,11 @@ from node.identity import (
     verify,
 )
 
-from .chachapoly import AuthenticationFailed, new_cipher
+from .chachapoly import AuthenticationFailed, ChaChaPoly
 from .errors import ProtocolError
 from .protobuf import ProtobufError, decode_fields, field_bytes, single_bytes_field
 
 BytesLike = bytes | bytearray | memoryview
-
-
-class _Aead(Protocol):
-    """What ``chachapoly.new_cipher`` returns, whichever backend."""
-
-    name: str
-
-    def seal_into(self, nonce: bytes, src: memoryview, dst: memoryview) -> None: ...
-
-    def open_into(self, nonce: bytes, src: memoryview, dst: memoryview) -> None: ...
 
 
 PROTOCOL_ID = "/noise"
@@ -87,11 +77,12 @@ def _dh(private: bytes, public: bytes) -> bytes:
 class _HandshakeCipher:
     """Handshake-phase CipherState: small messages with the handshake hash as associated data."""
 
-    __slots__ = ("key", "nonce")
+    __slots__ = ("key", "nonce", "_aead")
 
     def __init__(self, key: bytes) -> None:
         self.key = key
         self.nonce = 0
+        self._aead = ChaChaPoly(key)
 
     def _next_nonce(self) -> bytes:
         n = self.nonce
@@ -99,35 +90,30 @@ class _HandshakeCipher:
         return _NONCE.pack(n)
 
     def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
-        return nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(
-            bytes(plaintext), ad, self._next_nonce(), self.key)
+        return self._aead.seal(self._next_nonce(), ad, bytes(plaintext))
 
     def decrypt(self, ad: bytes, ciphertext: bytes) -> bytes:
         if len(ciphertext) < TAG_LEN:
             raise NoiseError("ciphertext shorter than the MAC")
         nonce = self._next_nonce()
         try:
-            return nacl.bindings.crypto_aead_chacha20poly1305_ietf_decrypt(bytes(ciphertext), ad, nonce, self.key)
-        except nacl.exceptions.CryptoError as exc:
+            return self._aead.open(nonce, ad, bytes(ciphertext))
+        except AuthenticationFailed as exc:
             raise NoiseError("decryption failed (bad MAC)") from exc
 
 
 class CipherState:
     """One direction of transport messages: ChaChaPoly with a 64-bit counter nonce.
 
-    ``seal_into``/``open_into`` write into caller buffers through the fastest AEAD backend.
+    ``seal_into``/``open_into`` write into caller buffers (``chachapoly.ChaChaPoly``).
     """
 
     __slots__ = ("key", "nonce", "_aead")
 
-    def __init__(self, key: bytes, backend: str | None = None) -> None:
+    def __init__(self, key: bytes) -> None:
         self.key = key
         self.nonce = 0
-        self._aead: _Aead = new_cipher(key, backend)
-
-    @property
-    def backend(self) -> str:
-        return self._aead.name
+        self._aead = ChaChaPoly(key)
 
     def _next_nonce(self) -> bytes:
         n = self.nonce

@@ -3,9 +3,17 @@ import asyncio
 
 import torch
 
-from ml.train import (DiLoCoTrainer, LocalAveragingGroup, ProgressFeed, TrainSpec, hash_tensors,
-                      make_trainer, train_simulated)
-from ml.train.simulation import build_simulated, run_trainers
+from ml.train.averaging import LocalAveragingGroup
+from ml.train.diloco import DiLoCoTrainer
+from ml.train.progress import ProgressFeed
+from ml.train.reproducibility import hash_tensors
+from ml.train.simulation import (
+    build_simulated,
+    make_trainer,
+    run_trainers,
+    train_simulated,
+)
+from ml.train.spec import TrainSpec
 
 DP = TrainSpec(steps=40, segment_steps=10, report_every=10, seed=5)
 DILOCO = TrainSpec(mode="diloco", steps=20, inner_steps=5, seed=5)
@@ -127,7 +135,8 @@ def test_progress_reports_steps_loss_and_bytes_to_callbacks_and_streams():
 
 def test_spec_round_trips_and_rejects_bad_fields():
     import pytest
-    from ml.train import InvalidSpec
+
+    from ml.train.spec import InvalidSpec
 
     spec = TrainSpec(mode="diloco", codec="powersgd2", steps=100, inner_steps=20)
     assert TrainSpec.from_dict(spec.to_dict()) == spec
