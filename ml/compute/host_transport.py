@@ -50,7 +50,7 @@ class HostTransport:
             return await conn.open_stream(protocol)
         except TransportError:
             raise
-        except (OSError, ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+        except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:  # TimeoutError is an OSError
             self._bulk_connections.pop(peer_id, None)
             raise TransportError(f"cannot open {protocol} to {peer_id}: {exc!r}") from exc
 
