@@ -25,9 +25,11 @@ Run as `bench/allreduce.py peer ...` it is one peer process (started by the driv
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -244,7 +246,8 @@ class PeerProcess:
     def __init__(self, argv: list[str]):
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                                     start_new_session=True)  # its own process group: see stop()
         self.lines: queue.Queue = queue.Queue()
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
@@ -284,6 +287,10 @@ class PeerProcess:
             except Exception:  # noqa: BLE001 - a peer that does not exit is killed
                 self.proc.kill()
                 self.proc.wait()
+        # whatever the peer started and left behind (hivemind's averager/DHT processes and p2pd
+        # daemons outlive a killed peer) goes with its process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 FLOAT_CODECS = ("fp32", "fp16", "bf16")
