@@ -26,11 +26,9 @@ from node.p2p.host import Host
 class HostTransport:
     """`ml.allreduce.Transport` implemented with a `node.p2p.host.Host`."""
 
-    def __init__(self, host: Host, bulk: bool = True):
-        """`bulk=False` sends on the shared connection instead (tests of the shared path only)."""
+    def __init__(self, host: Host):
         self.host = host
         self.my_id = host.peer_id
-        self._bulk = bulk
         self._bulk_connections: dict[str, Connection] = {}
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._protocols: set[str] = set()
@@ -44,8 +42,6 @@ class HostTransport:
 
     async def open_stream(self, peer_id: str, protocol: str) -> HostStream:
         try:
-            if not self._bulk:
-                return await self.host.open_stream(peer_id, protocol)
             conn = await self._bulk_connection(peer_id)
             return await conn.open_stream(protocol)
         except TransportError:
