@@ -5,21 +5,31 @@ and hivemind 1.1.12's DecentralizedAverager (fp32, fp16, 8-bit, from the venv at
 default /tmp/hm/bin/python) in the same run, plus ours vs gloo over loopback. Per system: seconds
 per round (the slowest peer, mean over timed rounds after a warm-up round), MB sent per peer (the
 interface's tx bytes, headers included) and the relative error vs the exact mean. Needs root.
-Ours runs in the mode `--ours-mode auto` picks per codec: the ring for float codecs (fp32, fp16,
-bf16: two TCP flows per link, the bytes forwarded unchanged) and the butterfly for quantizing ones
-(each value quantized once per leg, ADR 0034); where auto picks the ring, the butterfly is measured
-too (`ours_butterfly`). Prints one JSON object as its last line.
 
-    python bench/allreduce.py [--numel 25000000] [--rounds 2] [--skip hivemind,gloo,butterfly]
+Every record names the transport it ran over. Ours runs over `--transport host` by default: the
+node's `HostTransport` (ml/compute/host_transport.py), i.e. the product path: a p2p Host per peer,
+noise-encrypted and peer-authenticated, yamux-multiplexed, one dedicated bulk connection per peer
+(`ours_host`). `--transport tcp` runs it over the plain, unauthenticated `TcpTransport` instead
+(`ours_tcp`); `--transport host,tcp` measures both in one run. gloo runs over its own plain TCP
+(`gloo-tcp`), hivemind over its libp2p daemon with TLS 1.3 (`libp2p-tls`).
+Ours runs in the mode `--ours-mode auto` picks per codec: the ring for float codecs (fp32, fp16,
+bf16: two flows per link, the bytes forwarded unchanged) and the butterfly for quantizing ones
+(each value quantized once per leg, ADR 0034); where auto picks the ring, the butterfly is measured
+too (`ours_<transport>_butterfly`). Prints one JSON object as its last line.
+
+    python bench/allreduce.py [--transport host,tcp] [--numel 25000000] [--rounds 2]
+                              [--codecs fp32,int8] [--skip hivemind,gloo,butterfly,loopback]
 
 Run as `bench/allreduce.py peer ...` it is one peer process (started by the driver).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +41,9 @@ PEERS = 4
 OUR_PORT = 7100
 GLOO_PORT = 29511
 ROUND_TIMEOUT_S = 300.0
+TRANSPORTS = ("host", "tcp")  # ours: the node's HostTransport (the product path) or plain TcpTransport
+# what each record's "transport" names: ours over "host" or "tcp", gloo and hivemind over their own
+SYSTEM_TRANSPORT = {"gloo": "gloo-tcp", "hivemind": "libp2p-tls"}
 
 
 # ----------------------------------------------------------------------------- peer side
@@ -62,13 +75,51 @@ def _await_go() -> None:
         raise SystemExit(f"expected GO, got {line!r}")
 
 
+def _bench_identity(index: int):
+    """Peer ``index``'s node identity: every peer derives all of them, so no ids are exchanged."""
+    import hashlib
+
+    from node.identity import Identity
+    return Identity.from_seed(hashlib.sha256(f"dekube-bench-peer{index}".encode()).digest())
+
+
+async def _start_transport(args, addrs: list[str]):
+    """(transport, member names, stop): the node's HostTransport or the plain TcpTransport."""
+    def port(i: int) -> int:
+        return args.port + (i if args.loopback else 0)
+
+    if args.transport == "host":
+        from ml.compute.host_transport import HostTransport
+        from node.p2p.host import Host
+
+        ids = [_bench_identity(i).peer_id for i in range(args.n)]
+        host = Host(_bench_identity(args.index), [f"/ip4/{addrs[args.index]}/tcp/{port(args.index)}"])
+        await host.start()
+        for i, peer in enumerate(ids):
+            if i != args.index:
+                host.peerbook.add_addrs(peer, [f"/ip4/{addrs[i]}/tcp/{port(i)}"])
+        transport = HostTransport(host)
+
+        async def stop() -> None:
+            await transport.close()
+            await host.stop()
+        return transport, ids, stop
+    from ml.allreduce import TcpTransport
+
+    names = [f"peer{i}" for i in range(args.n)]
+    transport = TcpTransport(names[args.index], addrs[args.index], port(args.index),
+                             {p: (addrs[i], port(i)) for i, p in enumerate(names)})
+    await transport.start()
+    return transport, names, transport.close
+
+
 def peer_ours(args, addrs: list[str]) -> None:
     import asyncio
 
     import torch
 
     sys.path.insert(0, str(REPO))
-    from ml.allreduce import AllReduceGroup, PowerSGDAllReduce, TcpTransport
+    from ml.allreduce import AllReduceGroup, PowerSGDAllReduce
 
     torch.set_num_threads(1)
     if os.environ.get("DEKUBE_BENCH_LOG"):
@@ -77,11 +128,8 @@ def peer_ours(args, addrs: list[str]) -> None:
                             format="%(asctime)s %(name)s %(message)s")
 
     async def main():
-        names = [f"peer{i}" for i in range(args.n)]
+        transport, names, stop_transport = await _start_transport(args, addrs)
         me = names[args.index]
-        transport = TcpTransport(me, addrs[args.index], args.port + (args.index if args.loopback else 0),
-                                 {p: (addrs[i], args.port + (i if args.loopback else 0)) for i, p in enumerate(names)})
-        await transport.start()
         powersgd = args.codec.startswith("powersgd")
         group = AllReduceGroup(transport, me, names, mode=args.mode, codec="fp32" if powersgd else args.codec,
                                workers=2, **({"chunk_numel": args.chunk_numel} if args.chunk_numel else {}))
@@ -104,7 +152,7 @@ def peer_ours(args, addrs: list[str]) -> None:
         # exits early closes connections others may still be reading its last frames from
         await loop.run_in_executor(None, sys.stdin.read)
         await group.close()
-        await transport.close()
+        await stop_transport()
 
     asyncio.run(main())
 
@@ -135,7 +183,11 @@ def peer_gloo(args, addrs: list[str]) -> None:
 def peer_hivemind(args, addrs: list[str]) -> None:
     import hivemind
     import torch
-    from hivemind.compression import Float16Compression, NoCompression, Uniform8BitQuantization
+    from hivemind.compression import (
+        Float16Compression,
+        NoCompression,
+        Uniform8BitQuantization,
+    )
 
     torch.set_num_threads(1)
     initial = json.loads(sys.stdin.readline())
@@ -170,6 +222,7 @@ def peer_main(argv: list[str]) -> None:
     p.add_argument("system", choices=["ours", "gloo", "hivemind"])
     p.add_argument("--codec", default="fp32")
     p.add_argument("--mode", default="butterfly", choices=["butterfly", "ring"])
+    p.add_argument("--transport", default="host", choices=TRANSPORTS)
     p.add_argument("--chunk-numel", type=int, default=0)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--n", type=int, default=PEERS)
@@ -193,7 +246,8 @@ class PeerProcess:
     def __init__(self, argv: list[str]):
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                                     start_new_session=True)  # its own process group: see stop()
         self.lines: queue.Queue = queue.Queue()
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
@@ -233,6 +287,10 @@ class PeerProcess:
             except Exception:  # noqa: BLE001 - a peer that does not exit is killed
                 self.proc.kill()
                 self.proc.wait()
+        # whatever the peer started and left behind (hivemind's averager/DHT processes and p2pd
+        # daemons outlive a killed peer) goes with its process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 FLOAT_CODECS = ("fp32", "fp16", "bf16")
@@ -246,8 +304,11 @@ def auto_mode(codec: str) -> str:
 CHUNK_NUMEL = 0  # ours: values per pipelined chunk; 0: the group's default (--chunk-numel)
 
 
-def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode: str = "butterfly") -> dict:
-    """Run one system/codec among PEERS processes; seconds, MB sent per peer, relative error."""
+def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode: str = "butterfly",
+               transport: str = "host") -> dict:
+    """Run one system/codec among PEERS processes; seconds, MB sent per peer, relative error.
+    `transport` (ours only): "host" or "tcp"; every record names the transport it ran over."""
+    label = transport if system == "ours" else SYSTEM_TRANSPORT[system]
     python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python") if system == "hivemind" else sys.executable
     if lab is not None:
         addrs = [lab.address(i) for i in range(PEERS)]
@@ -261,7 +322,7 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
                     "--numel", str(numel), "--rounds", str(rounds), "--addrs", ",".join(addrs),
                     "--port", str(port)]
             argv += ["--iface", lab.ifname(i)] if lab is not None else ["--loopback"]
-            argv += ["--mode", mode, "--chunk-numel", str(CHUNK_NUMEL)] if system == "ours" else []
+            argv += ["--mode", mode, "--chunk-numel", str(CHUNK_NUMEL), "--transport", transport] if system == "ours" else []
             argv += ["--check"] if i == 0 else []
             peers.append(PeerProcess((lab.exec_prefix(i) if lab is not None else []) + argv))
         if system == "hivemind":
@@ -287,7 +348,8 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
             if lab is not None:
                 sent.append(sum(lab.tx_bytes(i) - tx_before[i] for i in range(PEERS)) / PEERS)
         check = peers[0].expect("CHECK", 300)
-        out = {"s": round(sum(seconds) / len(seconds), 3), "rel_err": float(f"{check['rel_err']:.3g}")}
+        out = {"transport": label, "s": round(sum(seconds) / len(seconds), 3),
+               "rel_err": float(f"{check['rel_err']:.3g}")}
         if system == "ours":
             out["mode"] = mode
         if sent:
@@ -297,7 +359,7 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
             out["excluded"] = sorted(excluded)
         return out
     except Exception as exc:  # noqa: BLE001 - reported in the JSON, the run goes on
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"transport": label, "error": f"{type(exc).__name__}: {exc}"[:500]}
     finally:
         for peer in peers:
             peer.stop()
@@ -308,7 +370,7 @@ def hivemind_available() -> str | None:
     if not Path(python).exists():
         return f"no hivemind venv at {python} (python -m venv /tmp/hm && /tmp/hm/bin/pip install hivemind==1.1.12 torch==2.13.0 'numpy<2.4')"
     proc = subprocess.run([python, "-c", "import hivemind, numpy; print(hivemind.__version__, numpy.__version__)"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return f"hivemind does not import: {proc.stderr.strip()[-300:]}"
     version, numpy_version = proc.stdout.split()
@@ -327,11 +389,17 @@ def main() -> None:
     p.add_argument("--skip", default="", help="comma-separated: ours,butterfly,gloo,hivemind,loopback")
     p.add_argument("--ours-mode", default="auto", choices=["auto", "butterfly", "ring"])
     p.add_argument("--codecs", default="fp32,fp16,int8,int4,powersgd4")
+    p.add_argument("--transport", default="host",
+                   help="ours, comma-separated: host (the node's HostTransport: noise + yamux bulk "
+                        "connections, the product path) and/or tcp (plain, unauthenticated TcpTransport)")
     p.add_argument("--chunk-numel", type=int, default=0, help="ours: values per pipelined chunk (0: default)")
     args = p.parse_args()
     global CHUNK_NUMEL
     CHUNK_NUMEL = args.chunk_numel
     skip = set(filter(None, args.skip.split(",")))
+    transports = args.transport.split(",")
+    if not transports or any(t not in TRANSPORTS for t in transports):
+        p.error(f"--transport: comma-separated of {', '.join(TRANSPORTS)}, got {args.transport!r}")
 
     def mode_for(codec: str) -> str:
         return auto_mode(codec) if args.ours_mode == "auto" else args.ours_mode
@@ -346,30 +414,34 @@ def main() -> None:
     else:
         with Netlab(PEERS, args.link_mbit) as lab:
             codecs = args.codecs.split(",")
-            if "ours" not in skip:
-                report["ours"] = {c: run_system("ours", c, args.numel, args.rounds, lab, mode_for(c)) for c in codecs}
-                print(json.dumps({"progress": "ours", **report["ours"]}), flush=True)
-            if "ours" not in skip and "butterfly" not in skip:
-                also = [c for c in codecs if mode_for(c) == "ring"]
+            for transport in transports if "ours" not in skip else ():
+                key = f"ours_{transport}"
+                report[key] = {c: run_system("ours", c, args.numel, args.rounds, lab, mode_for(c), transport)
+                               for c in codecs}
+                print(json.dumps({"progress": key, **report[key]}), flush=True)
+                also = [c for c in codecs if mode_for(c) == "ring"] if "butterfly" not in skip else []
                 if also:
-                    report["ours_butterfly"] = {c: run_system("ours", c, args.numel, args.rounds, lab) for c in also}
-                    print(json.dumps({"progress": "ours_butterfly", **report["ours_butterfly"]}), flush=True)
+                    report[key + "_butterfly"] = {c: run_system("ours", c, args.numel, args.rounds, lab,
+                                                                transport=transport) for c in also}
+                    print(json.dumps({"progress": key + "_butterfly", **report[key + "_butterfly"]}), flush=True)
             if "gloo" not in skip:
                 report["gloo"] = {"fp32": run_system("gloo", "fp32", args.numel, args.rounds, lab)}
                 print(json.dumps({"progress": "gloo", **report["gloo"]}), flush=True)
             if "hivemind" not in skip:
                 why_not = hivemind_available()
-                report["hivemind"] = {"error": why_not} if why_not else {
+                report["hivemind"] = {"transport": SYSTEM_TRANSPORT["hivemind"], "error": why_not} if why_not else {
                     c: run_system("hivemind", c, args.numel, args.rounds, lab) for c in ("fp32", "fp16", "int8")}
                 print(json.dumps({"progress": "hivemind", **report["hivemind"]}), flush=True)
     if "loopback" not in skip:
-        ours = run_system("ours", "fp32", args.numel, args.rounds, mode=mode_for("fp32"))
+        loopback = report["loopback"] = {"ours_mode": mode_for("fp32")}
+        for transport in transports:
+            ours = run_system("ours", "fp32", args.numel, args.rounds, mode=mode_for("fp32"), transport=transport)
+            loopback[f"ours_{transport}_fp32_s"] = ours.get("s", ours.get("error"))
+            if mode_for("fp32") != "butterfly" and "butterfly" not in skip:
+                butterfly = run_system("ours", "fp32", args.numel, args.rounds, transport=transport)
+                loopback[f"ours_{transport}_butterfly_fp32_s"] = butterfly.get("s", butterfly.get("error"))
         gloo = run_system("gloo", "fp32", args.numel, args.rounds)
-        report["loopback"] = {"ours_fp32_s": ours.get("s", ours.get("error")), "ours_mode": mode_for("fp32"),
-                              "gloo_fp32_s": gloo.get("s", gloo.get("error"))}
-        if mode_for("fp32") != "butterfly" and "butterfly" not in skip:
-            butterfly = run_system("ours", "fp32", args.numel, args.rounds)
-            report["loopback"]["ours_butterfly_fp32_s"] = butterfly.get("s", butterfly.get("error"))
+        loopback["gloo_fp32_s"] = gloo.get("s", gloo.get("error"))
     print(json.dumps(report))
 
 

@@ -7,12 +7,12 @@
 
 `PowerSGDAllReduce(fp32_group, shapes, rank)` averages low-rank factors instead.
 `transport` is anything with `open_stream(peer, protocol)` and `set_handler(protocol, handler)`
-(see transport.py): `TcpTransport` for tests and benchmarks, `HostTransport(host)` over the
-node's Host (dedicated bulk connections) in production.
+(see transport.py): `TcpTransport` (plain, unauthenticated TCP) for tests and the benchmark's
+`--transport tcp`; in the product `ml.compute.host_transport.HostTransport(host)` over the node's
+Host (noise + yamux, dedicated bulk connections).
 """
 from .deadlines import DeadlinePolicy
 from .group import PROTOCOL, AllReduceError, AllReduceGroup, AllReduceResult, ExcludedFromRound
-from .host_transport import HostTransport
 from .powersgd import PowerSGDAllReduce
 from .transport import Stream, TcpTransport, Transport, TransportError
 
@@ -23,7 +23,6 @@ __all__ = [
     "AllReduceResult",
     "DeadlinePolicy",
     "ExcludedFromRound",
-    "HostTransport",
     "PowerSGDAllReduce",
     "Stream",
     "TcpTransport",

@@ -1,16 +1,24 @@
 """The all-reduce `Transport` over the node's p2p Host, with tensor traffic on bulk connections.
 
-`ml.allreduce` wants `open_stream(peer, protocol)` and handlers called as `handler(stream, remote)`;
-the Host calls handlers with the stream alone (its `remote_peer` is the authenticated peer id).
-Outgoing all-reduce streams go over one dedicated bulk connection per peer (opened on first use,
-re-opened when it dies), so consensus and control messages on the shared connection never queue
-behind gradients. Peer addresses come from the Host's peer book (the role fills it from the ledger).
+The one `Transport` the product runs the all-reduce on (ComputeRole, the local worker, the netlab
+and the benchmark's `--transport host` all use it). `ml.allreduce` wants `open_stream(peer,
+protocol)` and handlers called as `handler(stream, remote)`; the Host calls handlers with the
+stream alone (its `remote_peer` is the peer id the noise handshake authenticated).
+
+Outgoing all-reduce streams go over one dedicated bulk connection per peer (noise + yamux, opened
+on first use, re-opened when it dies), so consensus and control messages on the shared connection
+never queue behind gradients. A direct bulk connection's socket keeps at most 64 KiB unsent in the
+kernel (TCP_NOTSENT_LOWAT, as `TcpTransport`'s do), so the uplink's turn-taking orders what goes
+out (docs/adr/0097); a relayed one has no socket of its own. Peer addresses come from the Host's
+peer book (the role fills it from the ledger).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from ml.allreduce.transport import StreamHandler, TransportError
+from ml.allreduce.transport import StreamHandler, TransportError, set_unsent_lowat
+from node.p2p.connection import Connection, HostStream
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Host
 
@@ -18,49 +26,54 @@ from node.p2p.host import Host
 class HostTransport:
     """`ml.allreduce.Transport` implemented with a `node.p2p.host.Host`."""
 
-    def __init__(self, host: Host, bulk: bool = True):
-        self._host = host
-        self._bulk = bulk
-        self._bulk_connections: dict[str, object] = {}
+    def __init__(self, host: Host):
+        self.host = host
+        self.my_id = host.peer_id
+        self._bulk_connections: dict[str, Connection] = {}
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._protocols: set[str] = set()
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
-        async def on_stream(stream) -> None:
+        async def on_stream(stream: HostStream) -> None:
             await handler(stream, stream.remote_peer)
 
         self._protocols.add(protocol)
-        self._host.set_handler(protocol, on_stream)
+        self.host.set_handler(protocol, on_stream)
 
-    async def open_stream(self, peer_id: str, protocol: str):
+    async def open_stream(self, peer_id: str, protocol: str) -> HostStream:
         try:
-            if not self._bulk:
-                return await self._host.open_stream(peer_id, protocol)
             conn = await self._bulk_connection(peer_id)
             return await conn.open_stream(protocol)
         except TransportError:
             raise
-        except (OSError, ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+        except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:  # TimeoutError is an OSError
             self._bulk_connections.pop(peer_id, None)
             raise TransportError(f"cannot open {protocol} to {peer_id}: {exc!r}") from exc
 
-    async def _bulk_connection(self, peer_id: str):
+    async def _bulk_connection(self, peer_id: str) -> Connection:
         lock = self._dial_locks.setdefault(peer_id, asyncio.Lock())
-        async with lock:
+        async with lock:  # concurrent first sends to one peer share one bulk connection
             conn = self._bulk_connections.get(peer_id)
             if conn is None or conn.closed:
-                conn = await self._host.open_bulk_connection(peer_id)
+                conn = await self.host.open_bulk_connection(peer_id)
+                _limit_unsent(conn)
                 self._bulk_connections[peer_id] = conn
             return conn
 
     async def close(self) -> None:
         """Stop serving the protocols registered here and close the bulk connections."""
         for protocol in self._protocols:
-            self._host.remove_handler(protocol)
+            self.host.remove_handler(protocol)
         self._protocols.clear()
         connections, self._bulk_connections = list(self._bulk_connections.values()), {}
         for conn in connections:
-            try:
+            with contextlib.suppress(Exception):  # closing a connection that already died
                 await conn.close()
-            except Exception:  # closing a connection that already died
-                pass
+
+
+def _limit_unsent(conn: Connection) -> None:
+    """TCP_NOTSENT_LOWAT on a direct connection's socket (a relayed one has no socket of its own)."""
+    transport = getattr(conn.secure.tcp, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        set_unsent_lowat(sock)

@@ -1,10 +1,12 @@
 """All-reduce over the node's Host (noise + yamux, dedicated bulk connections) among 3 peers."""
 import asyncio
+import socket
 
 import torch
 
 from ml.allreduce import AllReduceGroup
-from ml.allreduce.host_transport import HostTransport
+from ml.allreduce.transport import UNSENT_LOWAT_BYTES
+from ml.compute.host_transport import HostTransport
 from node.identity import Identity
 from node.p2p.host import Host
 
@@ -34,7 +36,11 @@ def test_butterfly_over_host_bulk_connections_is_exact():
             expected.div_(3)
             for r in results:
                 assert torch.equal(r.tensors[0], expected) and r.participants == tuple(sorted(names))
-            assert all(c.bulk for t in transports for c in t._connections.values())
+            outbound_bulk = [c for h in hosts for c in h.connections() if c.bulk and c.direction == "outbound"]
+            assert len(outbound_bulk) == 6  # one per ordered pair of peers
+            for conn in outbound_bulk:  # ADR 0097: little unsent data in the kernel on all-reduce sockets
+                sock = conn.secure.tcp.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == UNSENT_LOWAT_BYTES
         finally:
             for g in groups:
                 await g.close(linger_s=2.0)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from ml.allreduce import AllReduceGroup  # noqa: E402
-from ml.allreduce.host_transport import HostTransport  # noqa: E402
+from ml.compute.host_transport import HostTransport  # noqa: E402
 from node.config import load_config  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.roles import BasicRole  # noqa: E402
