@@ -303,12 +303,19 @@ class ValidatorRole(Role):
         return result, self.store.committee_for(block.height + 1, self.ledger)
 
     async def _pace(self, next_height: int) -> None:
-        """As the next proposer with nothing to propose, wait a little for transactions."""
-        if self.committee.proposer(next_height, 0) != self.peer_id or len(self.mempool):
+        """As the next proposer with nothing ready to propose, wait a little for a ready transaction
+        (one held behind a nonce gap does not count: it cannot go in a block)."""
+        if self.committee.proposer(next_height, 0) != self.peer_id:
             return
-        self._tx_arrived.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._tx_arrived.wait(), self.settings["empty_block_wait"])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings["empty_block_wait"]
+        while not self.mempool.has_ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._tx_arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._tx_arrived.wait(), remaining)
 
     # ------------------------------------------------------------------ transactions
     def _admit_batch(self, raws: list[bytes], check_committed: bool) -> list[Any]:
