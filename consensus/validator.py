@@ -34,7 +34,7 @@ from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
 from consensus.mempool import Mempool
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
-from consensus.rpc_methods import register_methods
+from consensus.rpc_methods import parse_height, register_methods
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
 from consensus.storage import Storage, StorageError
@@ -448,14 +448,7 @@ class ValidatorRole(Role):
 
     async def _http_block(self, query: dict[str, str]) -> dict:
         self.require_ready()
-        raw = query.get("height", "latest")
-        if raw == "latest":
-            height = self.ledger.height
-        else:
-            try:
-                height = int(raw)
-            except ValueError:
-                raise InvalidParams("height must be an integer or 'latest'") from None
+        height = parse_height(query.get("height", "latest"), self.ledger.height)
         doc = await asyncio.get_running_loop().run_in_executor(None, self.block_json, height, False)
         if doc is None:
             raise ResourceNotFound(f"no block at height {height}")
