@@ -24,6 +24,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
+from consensus.state.accounts import check_can_pay
 from consensus.state.ledger import Ledger
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
@@ -124,6 +125,7 @@ class Mempool:
             raise TxError(TxCode.BAD_SIGNATURE, "signature does not verify for the sender")
         queued_spend = sum(spend_of(e.tx) for n, e in queue.items() if n != tx.nonce)
         balance = self.ledger.balance(tx.sender)
+        check_can_pay(balance, tx.fee)
         if queued_spend + spend_of(tx) > balance:
             raise TxError(TxCode.INSUFFICIENT_FUNDS,
                           f"balance {balance} < {spend_of(tx)} needed (+{queued_spend} already queued)")

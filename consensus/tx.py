@@ -22,6 +22,7 @@ from node.identity import Identity, InvalidPeerId, public_key_from_peer_id
 VERSION = 1
 SIGN_DOMAIN = b"dekube/tx/v1\x00"
 DEFAULT_MAX_TX_BYTES = 16 * 1024
+DEFAULT_FEE = 1   # the genesis default min_fee, and what clients pay unless told otherwise (ADR 0135)
 MAX_EVIDENCE_BYTES = 8192
 _SIGNATURE_SUFFIX = b"\x05\x40"  # bytes tag + length 64: how the signature field starts
 
