@@ -11,7 +11,7 @@ and the next committee is returned to the driver. All ledger and mempool mutatio
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
-for blocks and applies those with valid certificates. A proposer with an empty mempool waits up to ``empty_block_wait`` for a transaction before it
+for blocks and applies those with valid certificates. A proposer with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
 proposes, so an idle chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
