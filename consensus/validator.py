@@ -44,7 +44,7 @@ from consensus.tx import decode_tx
 from consensus.txgossip import TxGossip
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
-from node.rpc.errors import InvalidParams, ResourceNotFound, ResourceUnavailable
+from node.rpc.errors import ResourceNotFound, ResourceUnavailable
 
 log = logging.getLogger(__name__)
 

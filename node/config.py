@@ -62,7 +62,7 @@ def check_origin(value: str) -> None:
         return
     parts = urlsplit(value)
     try:
-        parts.port
+        _ = parts.port  # parses the port: raises on a bad one
     except ValueError:
         raise ValueError(f"invalid origin {value!r} (bad port)") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -86,7 +87,7 @@ class HttpPolicy:
     cors: bool = False
 
     @classmethod
-    def from_config(cls, rpc: Mapping[str, Any]) -> "HttpPolicy":
+    def from_config(cls, rpc: Mapping[str, Any]) -> HttpPolicy:
         return cls(max_connections=rpc["max_connections"], header_timeout=rpc["header_timeout"],
                    idle_timeout=rpc["idle_timeout"], allowed_hosts=tuple(rpc["allowed_hosts"]),
                    allowed_origins=tuple(rpc["allowed_origins"]), cors=rpc["cors"])
@@ -128,7 +129,7 @@ class HttpPolicy:
 
 
 class _Connection:
-    __slots__ = ("transport", "deadline", "busy")
+    __slots__ = ("busy", "deadline", "transport")
 
     def __init__(self, transport: asyncio.Transport, deadline: float):
         self.transport = transport

@@ -12,10 +12,10 @@ import pytest
 
 from consensus import rpcclient
 from consensus.block import build_block
+from consensus.encoding import encode
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.state.ledger import Ledger
 from consensus.testnet import Testnet
-from consensus.encoding import encode
 from consensus.tx import SIGN_DOMAIN, VERSION, build_tx
 from consensus.txcodes import TxCode
 from node.identity import Identity
