@@ -13,7 +13,8 @@ and RocksDB). ``ConnectionGuard`` fixes both around an aiohttp ``web.Server``:
 
 ``HttpPolicy.check_request`` refuses what a web page could send to a node on loopback (DNS
 rebinding, cross-site requests, websockets opened from another site): a Host name not in
-``allowed_hosts`` (IP literals are always accepted: rebinding needs a name), and an ``Origin``
+``allowed_hosts`` or the name the server binds (IP literals are always accepted: rebinding needs
+a name), and an ``Origin``
 header not in ``allowed_origins`` (requests without one, curl and programs, are accepted).
 With ``cors`` on, allowed origins also get CORS headers and preflight answers.
 """
@@ -89,7 +90,8 @@ class HttpPolicy:
     @classmethod
     def from_config(cls, rpc: Mapping[str, Any]) -> HttpPolicy:
         return cls(max_connections=rpc["max_connections"], header_timeout=rpc["header_timeout"],
-                   idle_timeout=rpc["idle_timeout"], allowed_hosts=tuple(rpc["allowed_hosts"]),
+                   idle_timeout=rpc["idle_timeout"],
+                   allowed_hosts=(*rpc["allowed_hosts"], rpc["host"]),   # the name it binds is its own
                    allowed_origins=tuple(rpc["allowed_origins"]), cors=rpc["cors"])
 
     def host_allowed(self, host_header: str | None) -> bool:
