@@ -211,7 +211,7 @@ class Mempool:
             queue = self._by_sender[sender]
             account_nonce = self.ledger.nonce(sender)
             budget = self.ledger.balance(sender)
-            unaffordable = False
+            unaffordable = budget == 0  # an empty account cannot transact (ADR 0135), even at fee 0
             expected = account_nonce   # the next nonce of the ready run; past a gap it stops matching
             for nonce in sorted(queue):
                 entry = queue[nonce]

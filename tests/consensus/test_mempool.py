@@ -221,3 +221,17 @@ def test_ready_flag_follows_commits_replacements_and_evictions():
     assert not pool.has_ready()
     pool.add(transfer(C, 0, fee=2).raw)                # evicts the cheaper gapped tx
     assert pool.has_ready() and gapped.hash not in pool
+
+
+def test_a_sender_whose_balance_drained_to_zero_loses_its_queued_fee_free_transactions():
+    chain = Chain()                                    # min_fee 0 in the kit: the balance rule still holds
+    pool = Mempool(chain.ledger)
+    balance = chain.ledger.balance(A.peer_id)
+    drain = transfer(A, 0, amount=balance)
+    follow = build_tx(A, CHAIN, 1, "cancel_task", {"task_id": bytes(32)}, 0)
+    pool.add(drain.raw)
+    pool.add(follow.raw)
+    chain.block([drain])
+    pool.update([drain.hash])
+    assert chain.ledger.balance(A.peer_id) == 0
+    assert follow.hash not in pool and not pool.has_ready()
