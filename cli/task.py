@@ -18,7 +18,7 @@ from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from consensus import rpcclient
 from consensus.state.tasks import task_id_for
-from consensus.tx import build_tx
+from consensus.tx import DEFAULT_FEE, build_tx
 from ml.compute.task_spec import InvalidTask, model_name, submit_payload
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
     add_spec_arguments(submit)
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
-    submit.add_argument("--fee", type=int, default=0, help="transaction fee (default 0)")
+    submit.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
     submit.add_argument("--wait", action="store_true", help="follow the task until it is paid; print payouts")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
     show = ledger_action("show", "show one task", run_show)

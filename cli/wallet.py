@@ -14,7 +14,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from consensus import rpcclient
-from consensus.tx import build_tx
+from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
 from node.keystore import load_identity
 
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub = action(name, text, run_stake)
         sub.add_argument("amount", type=int)
     for sub in (send, *(actions.choices[n] for n in ("bond", "unbond"))):
-        sub.add_argument("--fee", type=int, default=1, help="fee paid to the block proposer (default 1)")
+        sub.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"fee paid to the block proposer (default {DEFAULT_FEE})")
         sub.add_argument("--wait", action="store_true", help="wait for the receipt (fail unless it succeeded)")
         sub.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits (default 30)")
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from consensus.encoding import encode
+from consensus.tx import DEFAULT_FEE
 from node.identity import is_valid_peer_id
 
 
@@ -27,7 +28,7 @@ class Params:
     min_validator_stake: int = 1_000
     min_worker_stake: int = 100
     min_verifier_stake: int = 100
-    min_fee: int = 0
+    min_fee: int = DEFAULT_FEE           # fee floor; a sender also needs balance >= fee (and > 0), ADR 0135
     max_tx_bytes: int = 16 * 1024
     max_block_bytes: int = 4 * 1024 * 1024
     max_block_txs: int = 20_000

@@ -20,10 +20,12 @@ import nacl.exceptions
 from consensus.encoding import EncodingError, decode, encode, encode_uvarint
 from consensus.txcodes import TxCode, TxError
 from node.identity import Identity, InvalidPeerId, public_key_from_peer_id
+from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
 VERSION = 1
 SIGN_DOMAIN = b"dekube/tx/v1\x00"
 DEFAULT_MAX_TX_BYTES = 16 * 1024
+DEFAULT_FEE = 1   # the genesis default min_fee, and what clients pay unless told otherwise (ADR 0135)
 MAX_EVIDENCE_BYTES = 8192
 _SIGNATURE_SUFFIX = b"\x05\x40"  # bytes tag + length 64: how the signature field starts
 
@@ -97,7 +99,7 @@ def unsigned_body(chain_id: str, sender: str, nonce: int, tx_type: str, payload:
 
 
 def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payload: dict[str, Any],
-             fee: int = 0) -> Tx:
+             fee: int = DEFAULT_FEE) -> Tx:
     """Sign a transaction with ``identity`` (its peer ID is the sender) and return it decoded."""
     sender = identity.peer_id
     body = unsigned_body(chain_id, sender, nonce, tx_type, payload, fee)
@@ -142,6 +144,9 @@ def decode_tx(raw: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_
     if schema is None:
         raise TxError(TxCode.UNKNOWN_TYPE, f"unknown transaction type {tx_type!r}")
     _check_fields(payload, schema, "payload")
+    limit = MAX_PAYLOAD_BYTES.get(tx_type)
+    if limit is not None and len(encode(payload)) > limit:
+        _fail("payload", f"a {tx_type} payload is at most {limit} bytes encoded")
     return Tx(tx_chain, sender, nonce, tx_type, payload, fee, signature, raw, hashlib.sha256(raw).digest())
 
 
@@ -216,6 +221,38 @@ def text_list(max_items: int, max_len: int, allowed: frozenset[str] | None = Non
     return check
 
 
+def printable(max_len: int) -> Check:
+    """Text of printable ASCII (no control characters), at most ``max_len`` characters."""
+    def check(value: Any, path: str) -> None:
+        if type(value) is not str or len(value) > max_len or not all(" " <= ch <= "~" for ch in value):
+            _fail(path, f"must be printable ASCII text of at most {max_len} characters")
+    return check
+
+
+def _multiaddr(value: str, path: str) -> Multiaddr:
+    try:
+        return Multiaddr.parse(value)
+    except (MultiaddrError, ValueError) as exc:
+        _fail(path, f"not a multiaddr ({str(exc)[:80]})")
+
+
+def multiaddr_list(max_items: int, max_len: int, relayed: bool = False) -> Check:
+    """A list of distinct multiaddrs; ``relayed``: each ``<relay addr>/p2p/<relay>/p2p-circuit[/p2p/<node>]``."""
+    def check(value: Any, path: str) -> None:
+        if type(value) is not list or len(value) > max_items:
+            _fail(path, f"must be a list of at most {max_items} multiaddrs")
+        if len(set(value)) != len(value):
+            _fail(path, "must not repeat an address")
+        for i, item in enumerate(value):
+            item_path = f"{path}[{i}]"
+            if type(item) is not str or not 1 <= len(item) <= max_len or not all(" " < ch <= "~" for ch in item):
+                _fail(item_path, f"must be a multiaddr of 1..{max_len} printable ASCII characters")
+            names = [name for name, _ in _multiaddr(item, item_path).parts]
+            if relayed and ("p2p-circuit" not in names or "p2p" not in names[:names.index("p2p-circuit")]):
+                _fail(item_path, "must be a relayed address <relay addr>/p2p/<relay id>/p2p-circuit")
+    return check
+
+
 def params_map(max_bytes: int) -> Check:
     def check(value: Any, path: str) -> None:
         if type(value) is not dict:
@@ -233,10 +270,15 @@ def fields(schema: Schema) -> Check:
 
 TASK_ID = blob(32)
 HASH32 = blob(32)
-HARDWARE: Schema = {
-    "cpu_cores": uint(0, 4096), "ram_mb": uint(0, 2**40), "gpu": text(64),
-    "gpu_mem_mb": uint(0, 2**40), "bandwidth_mbps": uint(0, 10**7),
+MAX_CPU_CORES = 1024
+HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numbers believable
+    "cpu_cores": uint(0, MAX_CPU_CORES), "ram_mb": uint(0, 2**24),        # 16 TiB
+    "gpu": printable(64), "gpu_mem_mb": uint(0, 2**21),                    # 2 TiB
+    "bandwidth_mbps": uint(0, 10**6),                                      # 1 Tbit/s
 }
+MAX_NODE_ADDRS = 8
+MAX_ADDR_CHARS = 256
+MAX_PAYLOAD_BYTES = {"register_node": 2048}   # the whole record, encoded
 RELAY_RECEIPT: Schema = {
     "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
     "bytes_total": uint(1, 2**64), "amount_total": uint(1), "task_id": blob(0, 32),
@@ -248,8 +290,8 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "unbond": {"amount": uint(1)},
     "register_node": {
         "roles": text_list(4, 16, ROLES, sorted_unique=True),
-        "listen_addrs": text_list(8, 256),
-        "relay_addrs": text_list(8, 256),
+        "listen_addrs": multiaddr_list(MAX_NODE_ADDRS, MAX_ADDR_CHARS),
+        "relay_addrs": multiaddr_list(MAX_NODE_ADDRS, MAX_ADDR_CHARS, relayed=True),
         "hardware": fields(HARDWARE),
     },
     "submit_task": {

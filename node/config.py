@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
@@ -54,6 +55,18 @@ def check_host(value: str) -> None:
         pass
     if not re.fullmatch(r"(?=.{1,253}$)([A-Za-z0-9-]{1,63})(\.[A-Za-z0-9-]{1,63})*", value):
         raise ValueError(f"invalid host {value!r} (need an IP address or a DNS name)")
+
+
+def check_origin(value: str) -> None:
+    if value == "*":
+        return
+    parts = urlsplit(value)
+    try:
+        _ = parts.port  # parses the port: raises on a bad one
+    except ValueError:
+        raise ValueError(f"invalid origin {value!r} (bad port)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(f"invalid origin {value!r} (need scheme://host[:port], or '*')")
 
 
 def _parse_multiaddr(value: str) -> Multiaddr:
@@ -139,6 +152,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_body_bytes": Key(int, 1 << 20, "largest accepted HTTP/JSON-RPC request body", check_positive),
         "max_batch": Key(int, 100, "most requests in one JSON-RPC batch", check_positive),
         "ws_queue": Key(int, 256, "messages queued per websocket subscription before it is dropped", check_positive),
+        "max_connections": Key(int, 256, "most open HTTP connections; at the cap a new one evicts the longest-waiting idle one", check_positive),
+        "header_timeout": Key(float, 10.0, "seconds a new HTTP connection has to send its request headers", check_positive),
+        "idle_timeout": Key(float, 60.0, "seconds an idle keep-alive HTTP connection is kept", check_positive),
+        "allowed_hosts": Key(list, ["localhost"], "Host names accepted (IP addresses always are; '*': any): guards against DNS rebinding"),
+        "allowed_origins": Key(list, ["http://localhost", "http://127.0.0.1", "http://[::1]"], "browser Origins accepted, scheme://host[:port] (no port: any; '*': any); requests without Origin are always accepted", each(check_origin)),
+        "cors": Key(bool, False, "send CORS headers (and answer preflights) for allowed_origins"),
     },
     "consensus": {
         "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),

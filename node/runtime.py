@@ -26,6 +26,7 @@ from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
 from node.rpc.dispatcher import Dispatcher
+from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
 from node.rpc.server import BUILTIN_PATHS, HttpServer, JsonGet
 from node.rpc.status import StatusBoard
@@ -172,7 +173,8 @@ class Node:
         rpc = self.config["rpc"]
         if rpc["enabled"]:
             http = HttpServer(dispatcher=self.rpc, hub=self.hub, status=self.status, metrics=self.metrics,
-                              host=rpc["host"], port=rpc["port"], json_gets=self._json_gets)
+                              host=rpc["host"], port=rpc["port"], json_gets=self._json_gets,
+                              policy=HttpPolicy.from_config(rpc))
             try:
                 await http.start()
             except OSError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from consensus.tx import ROLES as LEDGER_ROLES
+from consensus.tx import MAX_CPU_CORES, ROLES as LEDGER_ROLES
 from node.p2p.multiaddr import Multiaddr
 
 from .ledger_access import RelayLedger
@@ -31,7 +31,7 @@ def dialable(addrs: list[str]) -> list[str]:
 
 
 def default_hardware() -> dict:
-    return {"cpu_cores": min(os.cpu_count() or 1, 4096), "ram_mb": 0, "gpu": "", "gpu_mem_mb": 0,
+    return {"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": 0, "gpu": "", "gpu_mem_mb": 0,
             "bandwidth_mbps": 0}
 
 

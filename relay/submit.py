@@ -14,13 +14,13 @@ import asyncio
 from collections.abc import Callable
 
 from consensus import rpcclient
-from consensus.tx import build_tx
+from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity
 
 from .service import Submit
 
 
-def rpc_receipt_submitter(url: str | Callable[[], str], identity: Identity, chain_id: str, fee: int = 0,
+def rpc_receipt_submitter(url: str | Callable[[], str], identity: Identity, chain_id: str, fee: int = DEFAULT_FEE,
                           timeout: float = 10.0, lock: asyncio.Lock | None = None) -> Submit:
     """``lock``: shared with this identity's other senders, so their nonces never collide either."""
     lock = lock or asyncio.Lock()

@@ -1,4 +1,4 @@
-"""Accounts: the ante check every transaction passes (nonce, fee) and plain transfers.
+"""Accounts: the ante check every transaction passes (nonce, fee, balance) and plain transfers.
 
 Fees are paid to the block proposer (docs/adr/0021). A transaction that passes the ante
 check always consumes its nonce and pays its fee, even if its payload then fails.
@@ -22,9 +22,16 @@ def check_nonce_and_fee(state: LedgerState, params: Params, tx: Tx) -> None:
         raise TxError(TxCode.NONCE_TOO_HIGH, f"nonce {tx.nonce} > account nonce {nonce}")
     if tx.fee < params.min_fee:
         raise TxError(TxCode.FEE_TOO_LOW, f"fee {tx.fee} < min_fee {params.min_fee}")
-    balance = acct.balance if acct else 0
-    if balance < tx.fee:
-        raise TxError(TxCode.INSUFFICIENT_FUNDS, f"balance {balance} cannot pay fee {tx.fee}")
+    check_can_pay(acct.balance if acct else 0, tx.fee)
+
+
+def check_can_pay(balance: int, fee: int) -> None:
+    """The balance rule (ADR 0135): the sender pays its fee from its balance, and an account holding
+    nothing gets nothing committed, whatever min_fee is (no free records, no free nonces)."""
+    if balance == 0:
+        raise TxError(TxCode.INSUFFICIENT_FUNDS, "the sender's balance is 0: an empty account cannot transact")
+    if balance < fee:
+        raise TxError(TxCode.INSUFFICIENT_FUNDS, f"balance {balance} cannot pay fee {fee}")
 
 
 def charge_fee_and_nonce(state: LedgerState, ctx: BlockContext, tx: Tx) -> None:

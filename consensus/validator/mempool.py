@@ -11,7 +11,11 @@ takes ready transactions, highest fee first across accounts (then oldest), keepi
 account's nonces in order. When full (``max_txs``/``max_bytes``), the pool drops the
 cheapest tail transaction (lowest fee, then from the account with most queued, then the
 oldest) if the newcomer pays more; ``max_per_account`` caps any one sender. After a block
-commits, ``update`` removes included transactions and re-checks every queued one.
+commits, ``update`` removes included transactions and re-checks every queued one, and drops
+transactions that waited behind a nonce gap for more than ``gap_ttl_blocks`` blocks (a gap
+nobody fills must not hold pool space, or a proposer's attention, forever). ``has_ready``
+says whether anything could go in the next block: proposers pace empty blocks on it, never on
+``len`` (a pool holding only gapped transactions is idle).
 Not thread-safe: one thread (or a lock) at a time; it reads the ledger it was given.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from consensus.state.accounts import check_can_pay
 from consensus.state.ledger import Ledger
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
@@ -30,6 +35,7 @@ from consensus.txcodes import TxCode, TxError
 class _Entry:
     tx: Tx
     seq: int          # arrival order
+    height: int       # ledger height when it arrived (for the gap TTL)
 
 
 def spend_of(tx: Tx) -> int:
@@ -46,12 +52,14 @@ def spend_of(tx: Tx) -> int:
 
 class Mempool:
     def __init__(self, ledger: Ledger, max_txs: int = 50_000, max_bytes: int = 64 * 1024 * 1024,
-                 max_per_account: int = 64, max_nonce_ahead: int = 16):
+                 max_per_account: int = 64, max_nonce_ahead: int = 16, gap_ttl_blocks: int = 20):
         self.ledger = ledger
         self.max_txs = max_txs
         self.max_bytes = max_bytes
         self.max_per_account = max_per_account
         self.max_nonce_ahead = max_nonce_ahead
+        self.gap_ttl_blocks = gap_ttl_blocks
+        self._ready: set[str] = set()   # senders whose account-nonce transaction is queued
         self._by_sender: dict[str, dict[int, _Entry]] = {}
         self._by_hash: dict[bytes, Tx] = {}
         self._bytes = 0
@@ -68,6 +76,11 @@ class Mempool:
     @property
     def size_bytes(self) -> int:
         return self._bytes
+
+    def has_ready(self) -> bool:
+        """Whether some queued transaction could go in the next block (one set's truthiness: safe to
+        read from another thread while the pool's owner mutates it)."""
+        return bool(self._ready)
 
     def get(self, tx_hash: bytes) -> Tx | None:
         return self._by_hash.get(tx_hash)
@@ -115,6 +128,7 @@ class Mempool:
             raise TxError(TxCode.BAD_SIGNATURE, "signature does not verify for the sender")
         queued_spend = sum(spend_of(e.tx) for n, e in queue.items() if n != tx.nonce)
         balance = self.ledger.balance(tx.sender)
+        check_can_pay(balance, tx.fee)
         if queued_spend + spend_of(tx) > balance:
             raise TxError(TxCode.INSUFFICIENT_FUNDS,
                           f"balance {balance} < {spend_of(tx)} needed (+{queued_spend} already queued)")
@@ -143,9 +157,11 @@ class Mempool:
         return best
 
     def _insert(self, tx: Tx) -> None:
-        self._by_sender.setdefault(tx.sender, {})[tx.nonce] = _Entry(tx, next(self._arrivals))
+        self._by_sender.setdefault(tx.sender, {})[tx.nonce] = _Entry(tx, next(self._arrivals), self.ledger.height)
         self._by_hash[tx.hash] = tx
         self._bytes += tx.size
+        if tx.nonce == self.ledger.nonce(tx.sender):
+            self._ready.add(tx.sender)
 
     def _remove(self, tx: Tx) -> None:
         queue = self._by_sender[tx.sender]
@@ -154,6 +170,8 @@ class Mempool:
             del self._by_sender[tx.sender]
         del self._by_hash[tx.hash]
         self._bytes -= tx.size
+        if tx.nonce == self.ledger.nonce(tx.sender):
+            self._ready.discard(tx.sender)
 
     # ---- proposer -----------------------------------------------------------------------------
 
@@ -184,22 +202,32 @@ class Mempool:
 
     def update(self, committed_tx_hashes: Iterable[bytes]) -> None:
         """Drop the committed transactions, then re-check every queued one against the new
-        state: stale nonces, nonces now too far ahead, and spends the balance no longer covers."""
+        state: stale nonces, nonces now too far ahead, spends the balance no longer covers, and
+        transactions held behind a gap for more than ``gap_ttl_blocks`` blocks."""
         for tx_hash in committed_tx_hashes:
             tx = self._by_hash.get(tx_hash)
             if tx is not None:
                 self._remove(tx)
+        expired_before = self.ledger.height - self.gap_ttl_blocks
+        ready: set[str] = set()
         for sender in list(self._by_sender):
             queue = self._by_sender[sender]
             account_nonce = self.ledger.nonce(sender)
             budget = self.ledger.balance(sender)
-            unaffordable = False
+            unaffordable = budget == 0  # an empty account cannot transact (ADR 0135), even at fee 0
+            expected = account_nonce   # the next nonce of the ready run; past a gap it stops matching
             for nonce in sorted(queue):
-                tx = queue[nonce].tx
+                entry = queue[nonce]
                 if nonce < account_nonce:
-                    self._remove(tx)
+                    self._remove(entry.tx)
                     continue
-                budget -= spend_of(tx)
+                gapped = nonce != expected
+                expected = nonce + 1 if not gapped else -1
+                budget -= spend_of(entry.tx)
                 unaffordable = unaffordable or budget < 0  # later nonces cannot run without this one
-                if unaffordable or nonce > account_nonce + self.max_nonce_ahead:
-                    self._remove(tx)
+                if (unaffordable or nonce > account_nonce + self.max_nonce_ahead
+                        or (gapped and entry.height < expired_before)):
+                    self._remove(entry.tx)
+            if account_nonce in queue:
+                ready.add(sender)
+        self._ready = ready

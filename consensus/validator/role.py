@@ -11,7 +11,7 @@ and the next committee is returned to the driver. All ledger and mempool mutatio
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
-for blocks and applies those with valid certificates. A proposer with an empty mempool waits up to ``empty_block_wait`` for a transaction before it
+for blocks and applies those with valid certificates. A proposer with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
 proposes, so an idle chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
@@ -45,11 +45,11 @@ from consensus.validator.chainstore import (
     encode_certificate,
 )
 from consensus.validator.mempool import Mempool
-from consensus.validator.rpc_methods import register_methods
+from consensus.validator.rpc_methods import parse_height, register_methods
 from consensus.validator.storage import Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
-from node.rpc.errors import InvalidParams, ResourceNotFound, ResourceUnavailable
+from node.rpc.errors import ResourceNotFound, ResourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -308,12 +308,19 @@ class ValidatorRole(Role):
         return result, self.store.committee_for(block.height + 1, self.ledger)
 
     async def _pace(self, next_height: int) -> None:
-        """As the next proposer with nothing to propose, wait a little for transactions."""
-        if self.committee.proposer(next_height, 0) != self.peer_id or len(self.mempool):
+        """As the next proposer with nothing ready to propose, wait a little for a ready transaction
+        (one held behind a nonce gap does not count: it cannot go in a block)."""
+        if self.committee.proposer(next_height, 0) != self.peer_id:
             return
-        self._tx_arrived.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._tx_arrived.wait(), self.settings["empty_block_wait"])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings["empty_block_wait"]
+        while not self.mempool.has_ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._tx_arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._tx_arrived.wait(), remaining)
 
     # ------------------------------------------------------------------ transactions
     def _admit_batch(self, raws: list[bytes], check_committed: bool) -> list[Any]:
@@ -446,14 +453,7 @@ class ValidatorRole(Role):
 
     async def _http_block(self, query: dict[str, str]) -> dict:
         self.require_ready()
-        raw = query.get("height", "latest")
-        if raw == "latest":
-            height = self.ledger.height
-        else:
-            try:
-                height = int(raw)
-            except ValueError:
-                raise InvalidParams("height must be an integer or 'latest'") from None
+        height = parse_height(query.get("height", "latest"), self.ledger.height)
         doc = await asyncio.get_running_loop().run_in_executor(None, self.block_json, height, False)
         if doc is None:
             raise ResourceNotFound(f"no block at height {height}")

@@ -45,20 +45,30 @@ def check_address(address: str) -> str:
     return address
 
 
+MAX_HEIGHT = 2**63 - 1          # heights are stored as 8-byte keys; anything above is no block, and a bad request
+MAX_HEIGHT_CHARS = 2 + 16       # "0x" + 16 hex digits, or 19 decimal digits
+
+
 def parse_height(number: int | str, latest: int) -> int:
-    if isinstance(number, int):
+    """A block number (int, decimal or 0x-hex text, or a tag) as a height in 0..MAX_HEIGHT; anything
+    else is InvalidParams (-32602 / HTTP 400), never an internal error."""
+    if type(number) is int:
         height = number
+    elif type(number) is not str:
+        raise InvalidParams("block number must be an integer, a hex string or 'latest'")
     elif number in ("latest", "finalized", "safe"):
         height = latest
     elif number == "earliest":
         height = 0
     else:
+        if len(number) > MAX_HEIGHT_CHARS + 1:
+            raise InvalidParams(f"block number must be in 0..{MAX_HEIGHT}")
         try:
-            height = int(number, 16) if number[:2] in ("0x", "0X") else int(number)
+            height = int(number, 16) if number[:2] in ("0x", "0X") else int(number, 10)
         except ValueError:
             raise InvalidParams("block number must be an integer, a hex string or 'latest'") from None
-    if height < 0:
-        raise InvalidParams("block number must not be negative")
+    if not 0 <= height <= MAX_HEIGHT:
+        raise InvalidParams(f"block number must be in 0..{MAX_HEIGHT}, got {str(height)[:40]}")
     return height
 
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 
 from consensus import rpcclient
-from consensus.tx import build_tx
+from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity
 
 RECEIPT_POLL_S = 0.2
@@ -29,7 +29,7 @@ class TxFailed(RuntimeError):
 
 
 class LedgerClient:
-    def __init__(self, url: str, identity: Identity, fee: int = 0, timeout: float = 10.0):
+    def __init__(self, url: str, identity: Identity, fee: int = DEFAULT_FEE, timeout: float = 10.0):
         self.url = url
         self.identity = identity
         self.fee = fee

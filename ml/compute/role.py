@@ -22,6 +22,7 @@ import os
 import time
 from pathlib import Path
 
+from consensus.tx import MAX_CPU_CORES
 from ml.compute import ready_protocol, segments_protocol
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
@@ -167,7 +168,7 @@ class ComputeRole(Role):
         roles |= {"compute", "verifier"} if self.config["audit"] else {"compute"}
         payload = {"roles": sorted(roles), "listen_addrs": self.node.host.listen_addrs[:8],
                    "relay_addrs": current["relay_addrs"] if current else [],
-                   "hardware": {"cpu_cores": os.cpu_count() or 1, "ram_mb": _ram_mb(), "gpu": "",
+                   "hardware": {"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "",
                                 "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]}}
         if current is None or any(current.get(k) != payload[k] for k in ("roles", "listen_addrs", "hardware")):
             await self.ledger.send("register_node", payload)

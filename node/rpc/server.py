@@ -1,5 +1,6 @@
 """aiohttp server: GET /health, /status, /metrics; POST / and /rpc (JSON-RPC 2.0); GET /ws;
-plus JSON GET routes that components add (e.g. ``/block?height=``).
+plus JSON GET routes that components add (e.g. ``/block?height=``). Connection limits and the
+Host/Origin allow-list (node/rpc/limits.py) apply to every route, the websocket included.
 
 A thin driver around the sans-I/O Dispatcher, the pub/sub Hub and the StatusBoard. The websocket
 speaks the same JSON-RPC plus ``dkb_subscribe(topic)`` / ``dkb_unsubscribe(id)``; notifications are
@@ -28,6 +29,7 @@ from node.rpc.errors import (
     MethodNotSupported,
     RpcError,
 )
+from node.rpc.limits import ConnectionGuard, HttpPolicy, RequestRefused
 from node.rpc.pubsub import Hub, Subscription, SubscriptionClosed, UnknownTopic
 from node.rpc.status import StatusBoard
 
@@ -45,8 +47,11 @@ class HttpServer:
     """Serves one node's HTTP endpoints; ``start()`` binds (port 0 picks one), ``stop()`` closes."""
 
     def __init__(self, *, dispatcher: Dispatcher, hub: Hub, status: StatusBoard, metrics: Registry,
-                 host: str = "127.0.0.1", port: int = 0, json_gets: Mapping[str, JsonGet] | None = None):
+                 host: str = "127.0.0.1", port: int = 0, json_gets: Mapping[str, JsonGet] | None = None,
+                 policy: HttpPolicy | None = None):
         self.dispatcher = dispatcher
+        self.policy = policy or HttpPolicy()
+        self.guard = ConnectionGuard(self.policy)
         self.json_gets = dict(json_gets or {})
         self.hub = hub
         self.status = status
@@ -66,7 +71,8 @@ class HttpServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=self.dispatcher.max_body_bytes, middlewares=[self._count_requests])
+        app = web.Application(client_max_size=self.dispatcher.max_body_bytes,
+                               middlewares=[self._count_requests, self._apply_policy, self.guard.middleware])
         app.router.add_get("/health", self._health)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
@@ -78,12 +84,15 @@ class HttpServer:
         app.on_shutdown.append(self._close_websockets)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
+        self.guard.install(self._runner.server)
+        self.guard.start()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the real port when port 0 was asked for
         log.info("HTTP server listening", extra={"url": self.url})
 
     async def stop(self) -> None:
+        await self.guard.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -98,6 +107,21 @@ class HttpServer:
             self._http_requests.inc(route=route, status=str(exc.status))
             raise
         self._http_requests.inc(route=route, status=str(response.status))
+        return response
+
+    @web.middleware
+    async def _apply_policy(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Host/Origin allow-list (403 with a JSON error), CORS preflight and headers when enabled."""
+        try:
+            self.policy.check_request(request)
+        except RequestRefused as refused:
+            return web.json_response({"error": {"code": -32600, "message": refused.message}}, status=refused.status)
+        cors = self.policy.cors_headers(request)
+        if cors and request.method == "OPTIONS":
+            return web.Response(status=204, headers={**cors, "Access-Control-Max-Age": "600"})
+        response = await handler(request)
+        if cors and not response.prepared:
+            response.headers.update(cors)
         return response
 
     async def _health(self, request: web.Request) -> web.Response:

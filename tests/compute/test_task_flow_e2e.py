@@ -3,7 +3,8 @@
 the 4th node and paid from escrow; then a worker restarted to commit falsified segment hashes is
 caught by the audit, slashed and not paid; last, a worker SIGKILLed mid-task: the other two finish,
 commit, and once the commit grace has passed are audited (replaying the departure) and paid, the
-absent worker's share going back to the owner. Balances move by exactly the payouts; supply is conserved.
+absent worker's share going back to the owner. Balances move by exactly the payouts (fees aside);
+supply is conserved.
 """
 import json
 import time
@@ -13,7 +14,7 @@ import pytest
 
 from consensus import rpcclient
 from consensus.state.tasks import task_id_for
-from consensus.tx import build_tx
+from consensus.tx import DEFAULT_FEE, build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
 from ml.train.spec import TrainSpec
@@ -58,8 +59,11 @@ def wait_paid(net, task_id: str, timeout: float = 150) -> dict:
 
 
 def balances(net) -> dict[str, int]:
+    """Each compute node's and the faucet's balance plus the fees it has paid so far (every executed
+    transaction pays DEFAULT_FEE, ADR 0135), so differences are exactly what the task moved."""
     peers = [n.peer_id for n in net.compute] + [net.testnet.faucet().peer_id]
-    return {peer: rpc(net, "dkb_getBalance", peer) for peer in peers}
+    return {peer: rpc(net, "dkb_getBalance", peer) + DEFAULT_FEE * rpc(net, "dkb_getTransactionCount", peer)
+            for peer in peers}
 
 
 def check_supply(net) -> None:

@@ -19,7 +19,7 @@ VALS = [Identity.from_seed(bytes([90 + i]) * 32) for i in range(3)]
 USER = Identity.from_seed(b"\x55" * 32)
 GENESIS = Genesis("chainstore-test", 0, {USER.peer_id: 10**9, VALS[2].peer_id: 10**9},
                   tuple(GenesisValidator(v.peer_id, 2000 + i) for i, v in enumerate(VALS)),
-                  Params(committee_size=2, epoch_length=3))
+                  Params(committee_size=2, epoch_length=3, min_fee=0))
 
 
 def precommits(height, block_raw):

@@ -213,7 +213,7 @@ def test_check_tx_is_the_strict_next_nonce_check():
 
 def test_committee_is_top_k_and_changes_only_at_epoch_boundaries():
     from consensus.genesis import Params
-    chain = Chain(validators=(0, 10, 11), params=Params(committee_size=2, epoch_length=3))
+    chain = Chain(validators=(0, 10, 11), params=Params(committee_size=2, epoch_length=3, min_fee=0))
     first = chain.ledger.committee()
     assert len(first) == 2 and first.start_height == 1
     payload = {"roles": ["validator"], "listen_addrs": [], "relay_addrs": [], "hardware": HW}

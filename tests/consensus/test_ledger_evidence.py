@@ -44,7 +44,7 @@ def test_invalid_evidence_is_refused_without_slashing():
 
 def test_evidence_older_than_max_age_is_refused():
     from consensus.genesis import Params
-    chain = Chain(params=Params(evidence_max_age=2))
+    chain = Chain(params=Params(evidence_max_age=2, min_fee=0))
     chain.empty_blocks(4)
     assert chain.run(REPORTER, "evidence", {"evidence": double_vote(height=1)}).code == TxCode.INVALID_EVIDENCE
     assert chain.run(REPORTER, "evidence", {"evidence": double_vote(height=4)}).code == TxCode.OK
@@ -61,11 +61,12 @@ def test_block_evidence_slashes_and_junk_evidence_is_only_an_event():
 
 def test_slash_reaches_unbonding_stake_and_release_pays_only_the_rest():
     from consensus.genesis import Params
-    chain = Chain(params=Params(slash_double_sign_bps=5_000, unbonding_period=3))
+    chain = Chain(params=Params(slash_double_sign_bps=5_000, unbonding_period=3, min_fee=0),
+                  balances={VALIDATOR.peer_id: 1, REPORTER.peer_id: 1})  # an empty account cannot transact
     chain.ok(VALIDATOR, "unbond", {"amount": 8_000})          # height 1: releases at height 4
     chain.ok(REPORTER, "evidence", {"evidence": double_vote(height=1)})  # 5_000 of 10_000
     assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 0, "unbonding": [[4, 5_000]],
                                                           "slashed": 5_000}
     chain.empty_blocks(2)
-    assert chain.ledger.balance(VALIDATOR.peer_id) == 5_000
+    assert chain.ledger.balance(VALIDATOR.peer_id) == 1 + 5_000
     assert chain.ledger.state.burned == 5_000

@@ -170,3 +170,69 @@ def test_rpc_codes_for_wallet_errors():
     assert TxCode.ALREADY_KNOWN.rpc_code == -32005
     assert TxCode.BAD_PAYLOAD.rpc_code == -32000
     assert TxError(TxCode.NONCE_TOO_HIGH).message == "nonce too high"
+
+
+def test_gapped_transactions_are_not_ready_and_expire_after_the_gap_ttl():
+    chain = Chain()
+    pool = Mempool(chain.ledger, gap_ttl_blocks=3)
+    gapped = transfer(A, 1)
+    pool.add(gapped.raw)
+    assert len(pool) == 1 and not pool.has_ready()   # queued, but nothing could go in a block
+    ready = transfer(B, 0, to=A)
+    pool.add(ready.raw)
+    assert pool.has_ready()
+    chain.block([ready])
+    pool.update([ready.hash])
+    assert not pool.has_ready() and gapped.hash in pool
+    for _ in range(2):
+        chain.block()
+        pool.update([])
+        assert gapped.hash in pool                   # within 3 blocks of arriving it may still be filled
+    chain.block()
+    pool.update([])
+    assert gapped.hash not in pool and len(pool) == 0 and pool.size_bytes == 0
+
+
+def test_a_filled_gap_makes_the_waiting_transactions_ready_and_keeps_them():
+    chain = Chain()
+    pool = Mempool(chain.ledger, gap_ttl_blocks=1)
+    later = transfer(A, 1)
+    pool.add(later.raw)
+    chain.empty_blocks(1)
+    pool.update([])
+    pool.add(transfer(A, 0).raw)
+    assert pool.has_ready()
+    chain.empty_blocks(3)
+    pool.update([])
+    assert later.hash in pool and pool.has_ready()   # no longer behind a gap: the TTL does not apply
+    assert len(pool.reap(10**6, 10)) == 2
+
+
+def test_ready_flag_follows_commits_replacements_and_evictions():
+    chain = Chain()
+    pool = Mempool(chain.ledger, max_txs=1)
+    head = transfer(A, 0, fee=1)
+    pool.add(head.raw)
+    assert pool.has_ready()
+    chain.block([head])
+    pool.update([head.hash])
+    assert not pool.has_ready() and len(pool) == 0
+    gapped = transfer(B, 3, fee=1)
+    pool.add(gapped.raw)
+    assert not pool.has_ready()
+    pool.add(transfer(C, 0, fee=2).raw)                # evicts the cheaper gapped tx
+    assert pool.has_ready() and gapped.hash not in pool
+
+
+def test_a_sender_whose_balance_drained_to_zero_loses_its_queued_fee_free_transactions():
+    chain = Chain()                                    # min_fee 0 in the kit: the balance rule still holds
+    pool = Mempool(chain.ledger)
+    balance = chain.ledger.balance(A.peer_id)
+    drain = transfer(A, 0, amount=balance)
+    follow = build_tx(A, CHAIN, 1, "cancel_task", {"task_id": bytes(32)}, 0)
+    pool.add(drain.raw)
+    pool.add(follow.raw)
+    chain.block([drain])
+    pool.update([drain.hash])
+    assert chain.ledger.balance(A.peer_id) == 0
+    assert follow.hash not in pool and not pool.has_ready()

@@ -76,6 +76,41 @@ def test_register_node_roles_must_be_sorted_known_and_unique():
             build_tx(A, CHAIN, 0, "register_node", {**ok, "roles": roles})
 
 
+RELAY = "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWRo8ndmgrMEYNfk2QE2iBMuRxPknRdRm4FKdhneAoxmu4"
+HW = {"cpu_cores": 64, "ram_mb": 256_000, "gpu": "NVIDIA H100 80GB", "gpu_mem_mb": 81_920, "bandwidth_mbps": 10_000}
+RECORD = {"roles": ["compute", "verifier"], "listen_addrs": ["/ip4/1.2.3.4/tcp/4001", "/dns4/n.example.org/tcp/1"],
+          "relay_addrs": [f"{RELAY}/p2p-circuit", f"{RELAY}/p2p-circuit/p2p/{A.peer_id}"], "hardware": HW}
+
+
+def register_error(**changes) -> str:
+    """The BAD_PAYLOAD message for a register_node record with ``changes`` (hardware keys merge)."""
+    record = {**RECORD, **changes, "hardware": {**HW, **changes.get("hardware", {})}}
+    with pytest.raises(TxError) as info:
+        build_tx(A, CHAIN, 0, "register_node", record)
+    assert info.value.code == TxCode.BAD_PAYLOAD
+    return info.value.message
+
+
+def test_register_node_record_fields_are_validated():
+    build_tx(A, CHAIN, 0, "register_node", RECORD)
+    # the issue's record: 4096 cores, 2**40 MB, relay_addrs that are not multiaddrs
+    assert "cpu_cores" in register_error(hardware={"cpu_cores": 4096})
+    assert "ram_mb" in register_error(hardware={"ram_mb": 2**40})
+    assert "gpu_mem_mb" in register_error(hardware={"gpu_mem_mb": 2**40})
+    assert "bandwidth_mbps" in register_error(hardware={"bandwidth_mbps": 10**7})
+    assert "gpu" in register_error(hardware={"gpu": "H100\x1b[2J"})
+    assert "not a multiaddr" in register_error(relay_addrs=["relay.example.org:4001"])
+    assert "relay_addrs[0]" in register_error(relay_addrs=["/ip4/1.2.3.4/tcp/1"])            # not relayed
+    assert "relay_addrs[0]" in register_error(relay_addrs=["/ip4/1.2.3.4/tcp/1/p2p-circuit"])  # no relay id
+    assert "listen_addrs[0]" in register_error(listen_addrs=["/ip4/999.1.1.1/tcp/1"])
+    assert "listen_addrs[0]" in register_error(listen_addrs=["/dns4/a\x00b/tcp/1"])
+    assert "repeat" in register_error(listen_addrs=["/ip4/1.2.3.4/tcp/1"] * 2)
+    assert "at most 8" in register_error(listen_addrs=[f"/ip4/1.2.3.4/tcp/{p}" for p in range(1, 10)])
+    long_addrs = [f"/dns4/{'a' * 63}.{'b' * 63}.{'c' * 63}.{'d' * 40}/tcp/{p}" for p in range(1, 9)]
+    assert "at most 2048 bytes" in register_error(listen_addrs=long_addrs)
+    assert "roles" in register_error(roles=["validator", "miner"])
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=300))
 def test_junk_bytes_raise_tx_error_only(junk):

@@ -38,13 +38,15 @@ def node_config(port: int = 0, rpc: bool = True, extra: dict | None = None, **re
 
 
 class LedgerTestnet:
-    """Validators V0..Vn-1 (``extra_roles[i]`` added to Vi) with ``balances`` at genesis."""
+    """Validators V0..Vn-1 (``extra_roles[i]`` added to Vi, each funded to pay fees) with ``balances``
+    at genesis."""
 
     def __init__(self, root: Path, validators: int, balances: dict[str, int],
                  extra_roles: dict[int, list[Role]] | None = None, relay_settings: dict | None = None) -> None:
         self.identities = [Identity.generate() for _ in range(validators)]
         ports = free_ports(validators)
-        genesis = Genesis(CHAIN, 0, balances, tuple(
+        funded = {**{ident.peer_id: 10**6 for ident in self.identities}, **balances}  # fees need a balance
+        genesis = Genesis(CHAIN, 0, funded, tuple(
             GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{port}",))
             for ident, port in zip(self.identities, ports)), Params(committee_size=validators))
         self.validator_roles = [ValidatorRole() for _ in range(validators)]

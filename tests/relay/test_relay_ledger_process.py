@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from consensus import rpcclient
+from consensus.tx import build_tx
 from devtools.testnet import Testnet
 from ml.compute.ledger_client import LedgerClient
 from node.identity import Identity
@@ -52,6 +53,9 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         status = wait_for_status(proc)
         relay_addr, relay_id = status["listen_addrs"][0], status["peer_id"]
+        faucet = net.faucet()  # the relay's own account pays its registration's and receipts' fees
+        rpcclient.call(rpc, "dkb_sendRawTransaction", build_tx(
+            faucet, CHAIN, 0, "transfer", {"to": relay_id, "amount": 10**6}).raw.hex())
 
         def relay_registered():
             record = rpcclient.call(rpc, "dkb_getNode", relay_id)
@@ -72,15 +76,15 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                 with pytest.raises(RelayRefused) as info:
                     await stranger.reserve(relay_addr)
                 assert info.value.status == Status.PERMISSION_DENIED
-                before = rpcclient.call(rpc, "dkb_getBalance", relay_id)
+                before = rpcclient.call(rpc, "dkb_getBalance", source.peer_id)
                 b.host.set_handler(SINK_PROTOCOL, Sink())
                 conn = await a.dial(b.relayed_addrs)
                 data = pattern(2 << 20)
                 assert await send_and_check(conn, data) == expected_answer(data)
                 await conn.close()  # the relay now asks both endpoints to co-sign the final receipt
 
-                def paid():
-                    return rpcclient.call(rpc, "dkb_getBalance", relay_id) >= before + 2
+                def paid():  # 2 MiB at 1 per MiB, paid by the source (the relay's gain is net of its fees)
+                    return rpcclient.call(rpc, "dkb_getBalance", source.peer_id) <= before - 2
                 await asyncio.to_thread(wait_until, paid, 30, "the relay's payment")
             finally:
                 await stop_all(a, b, stranger)
