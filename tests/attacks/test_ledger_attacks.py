@@ -15,9 +15,9 @@ from consensus.block import build_block
 from consensus.encoding import encode
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.state.ledger import Ledger
-from consensus.testnet import Testnet
 from consensus.tx import SIGN_DOMAIN, VERSION, build_tx
 from consensus.txcodes import TxCode
+from devtools.testnet import Testnet
 from node.identity import Identity
 
 FUNDED = Identity.from_seed(b"\x71" * 32)
