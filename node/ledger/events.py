@@ -62,7 +62,7 @@ async def websocket_stream(pool: ValidatorPool, topic: str, params: list) -> Asy
         for index in pool.rotation():
             url = ws_url(pool.urls[index])
             try:
-                async with pool.session().ws_connect(url, heartbeat=HEARTBEAT_S, **_ws_timeout()) as ws:
+                async with pool.ws_session().ws_connect(url, heartbeat=HEARTBEAT_S, **_ws_timeout()) as ws:
                     await _subscribe(ws, topic, params)
                     yield RESYNC
                     async for msg in ws:

@@ -46,6 +46,7 @@ class ValidatorPool:
         self.timeout = timeout
         self.preferred = 0
         self._session: aiohttp.ClientSession | None = None
+        self._ws_session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
@@ -55,6 +56,13 @@ class ValidatorPool:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
+
+    def ws_session(self) -> aiohttp.ClientSession:
+        """For websockets: only connecting is bounded in time (a subscription lasts)."""
+        if self._ws_session is None or self._ws_session.closed:
+            self._ws_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout, connect=self.timeout))
+        return self._ws_session
 
     def rotation(self) -> list[int]:
         """URL indexes in the order to try them: the preferred one first."""
@@ -93,6 +101,7 @@ class ValidatorPool:
         return answer.get("result")
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._ws_session):
+            if session is not None:
+                await session.close()
+        self._session = self._ws_session = None
