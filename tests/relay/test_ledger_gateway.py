@@ -137,3 +137,9 @@ def test_the_tasks_topic_delivers_a_created_event_and_the_txs_topic_a_receipt(tm
             await net.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_the_gateways_ledger_roles_are_the_ledgers():
+    from consensus.tx import ROLES
+    from node.ledger.record import LEDGER_ROLES
+    assert LEDGER_ROLES == ROLES
