@@ -12,5 +12,14 @@ from .events import RESYNC, TopicRefused
 from .gateway import LedgerGateway, LocalLedger
 from .record import RecordPublisher, merge_record
 
-__all__ = ["LedgerGateway", "LocalLedger", "LedgerUnavailable", "TxFailed", "RpcAnswerError", "RESYNC",
-           "TopicRefused", "RecordPublisher", "merge_record"]
+__all__ = [
+    "RESYNC",
+    "LedgerGateway",
+    "LedgerUnavailable",
+    "LocalLedger",
+    "RecordPublisher",
+    "RpcAnswerError",
+    "TopicRefused",
+    "TxFailed",
+    "merge_record",
+]

@@ -76,7 +76,7 @@ async def websocket_stream(pool: ValidatorPool, topic: str, params: list) -> Asy
                             break
             except TopicRefused:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.debug("%s subscription at %s failed: %s", topic, url, exc)
         await asyncio.sleep(RECONNECT_S)
 

@@ -116,7 +116,7 @@ class LedgerGateway:
             if not self.local.ready.is_set():
                 try:
                     await asyncio.wait_for(self.local.ready.wait(), LOCAL_WAIT_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise LedgerUnavailable(f"{method}: the local chain is still loading") from None
             try:
                 return await self.local.call(method, *params)
@@ -205,7 +205,7 @@ class LedgerGateway:
             left = deadline - time.monotonic()
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter), max(0.0, min(poll, left)))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 receipt = await self.call("dkb_getTransactionReceipt", tx_hash)
@@ -218,8 +218,8 @@ class LedgerGateway:
                 raise TxFailed("receipt", f"no receipt for {tx_hash} after {wait_s:g} s")
 
     def _on_own_tx(self, receipt: Any) -> None:
-        if isinstance(receipt, dict):
-            waiter = self._receipts.get(receipt.get("tx_hash"))
+        if isinstance(receipt, dict) and isinstance(receipt.get("tx_hash"), str):
+            waiter = self._receipts.get(receipt["tx_hash"])
             if waiter is not None and not waiter.done():
                 waiter.set_result(receipt)
 

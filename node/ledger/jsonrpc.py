@@ -7,7 +7,6 @@ retried elsewhere: it raises RpcAnswerError (the validator understood and refuse
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -76,7 +75,7 @@ class ValidatorPool:
         for index in self.rotation():
             try:
                 result = await self._post(self.urls[index], method, list(params))
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, TypeError) as exc:
                 errors.append(f"{self.urls[index]}: {type(exc).__name__}: {exc}")
                 continue
             if index != self.preferred:
@@ -94,7 +93,7 @@ class ValidatorPool:
                                                   message=response.reason or "")
             answer = json.loads(await response.read())
         if not isinstance(answer, dict):
-            raise ValueError("response is not a JSON-RPC object")
+            raise TypeError("response is not a JSON-RPC object")
         if "error" in answer:
             error = answer["error"] if isinstance(answer["error"], dict) else {}
             raise RpcAnswerError(error.get("code", 0), error.get("message", ""), error.get("data"))

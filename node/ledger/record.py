@@ -116,7 +116,7 @@ class RecordPublisher:
             try:
                 await asyncio.wait_for(self._changed.wait(), RECHECK_S)
                 await asyncio.sleep(DEBOUNCE_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._changed.clear()
             if not self.contributions:

@@ -5,6 +5,8 @@ validator URL, and the ``tasks`` and ``txs`` topics reaching a subscriber."""
 import asyncio
 import hashlib
 
+from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
+
 from consensus.state.tasks import task_id_for
 from consensus.testnet import free_ports
 from consensus.tx import relay_receipt_signing_bytes
@@ -13,7 +15,6 @@ from node.identity import Identity
 from node.ledger import RESYNC, LedgerGateway
 from relay.receipts import build_receipt, relay_receipt_payload
 from relay.role import RelayRole
-from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
 
 TXS = 50
 
