@@ -67,6 +67,7 @@ class ComputeRole(Role):
         self.last_error: str | None = None
         self._wake = asyncio.Event()             # a task changed: look again
         self._due_height: int | None = None      # a height at which something becomes due
+        self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
 
     # ---- wiring
@@ -203,24 +204,32 @@ class ComputeRole(Role):
                 await asyncio.sleep(FALLBACK_POLL_S)
 
     async def _watch_heads(self) -> None:
-        """Wake the main loop when a block reaches ``_due_height``."""
+        """Wake the main loop when a block reaches ``_due_height``; follows ``newHeads`` only while
+        something is due (an idle node gets no message per block)."""
         while True:
+            await self._heads_wanted.wait()
+            stream = self.ledger.subscribe("newHeads")
             try:
-                async for head in self.ledger.subscribe("newHeads"):
+                async for head in stream:
                     due = self._due_height
-                    if due is not None and (head is RESYNC or head.get("height", 0) >= due):
+                    if due is None:
+                        break
+                    if head is RESYNC or (isinstance(head, dict) and head.get("height", 0) >= due):
                         self._wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("compute: no newHeads subscription (%s)", exc)
                 await asyncio.sleep(FALLBACK_POLL_S)
+            finally:
+                await stream.aclose()
 
     async def _tick(self) -> None:
         me = self.node.peer_id
         tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
         height = await self.ledger.call("dkb_blockNumber")
         self._due_height = None
+        self._heads_wanted.clear()
         for task in reversed(tasks):  # oldest first
             key, status = task["task_id"], task["status"]
             involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
@@ -246,6 +255,7 @@ class ComputeRole(Role):
 
     def _due_at(self, height: int) -> None:
         self._due_height = height if self._due_height is None else min(self._due_height, height)
+        self._heads_wanted.set()
 
     def _idle(self) -> bool:
         return self._busy is None or self._busy.done()
