@@ -104,6 +104,13 @@ def test_reads_and_sends_fail_over_to_the_second_url_when_the_first_is_dead(tmp_
             assert gateway.pool.preferred == 1 and gateway.url == net.url(0)
             receipt = await gateway.send("transfer", {"to": other.peer_id, "amount": 5})
             assert receipt["code"] == 0 and await gateway.call("dkb_getBalance", other.peer_id) == 5
+            gateway.pool.preferred = 0      # subscriptions fail over too
+            heads = gateway.subscribe("newHeads")
+            try:
+                assert await asyncio.wait_for(anext(heads), 10) is RESYNC
+                assert (await asyncio.wait_for(anext(heads), 10))["height"] >= receipt["height"]
+            finally:
+                await heads.aclose()
         finally:
             await gateway.close()
             await net.stop()
@@ -144,3 +151,26 @@ def test_the_gateways_ledger_roles_are_the_ledgers():
     from consensus.tx import ROLES
     from node.ledger.record import LEDGER_ROLES
     assert LEDGER_ROLES == ROLES
+
+
+def test_a_subscription_reconnects_to_another_validator_and_says_resync(tmp_path):
+    net = LedgerTestnet(tmp_path, 4, {})
+
+    async def main():
+        await net.start()
+        gateway = LedgerGateway(Identity.generate(), [net.url(3), net.url(0)])
+        heads = gateway.subscribe("newHeads")
+        try:
+            assert await asyncio.wait_for(anext(heads), 10) is RESYNC
+            assert "height" in await asyncio.wait_for(anext(heads), 10)
+            net.nodes[3].request_stop()                 # the validator we listen to goes away
+            while (item := await asyncio.wait_for(anext(heads), 20)) is not RESYNC:
+                assert "height" in item
+            after = await asyncio.wait_for(anext(heads), 10)   # heads again, now from validator 0
+            assert after["height"] >= 1
+        finally:
+            await heads.aclose()
+            await gateway.close()
+            await net.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
