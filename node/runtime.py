@@ -97,6 +97,11 @@ class Node:
         self._stop = asyncio.Event()
         self._started_monotonic: float | None = None
         self.ledger = LedgerGateway(identity, ledger_urls(config), hub=self.hub)
+        self.status.add_section("ledger", self.ledger.status)
+        self.metrics.gauge("dekube_ledger_txs_sent", "Transactions of this node committed with code 0.") \
+            .set_function(lambda: self.ledger.counters["sent"])
+        self.metrics.gauge("dekube_ledger_txs_failed", "Transactions of this node refused, failed or unconfirmed.") \
+            .set_function(lambda: self.ledger.counters["failed"])
         self._register_builtins()
         for role in self.roles:
             role.setup(self)

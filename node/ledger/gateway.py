@@ -103,6 +103,14 @@ class LedgerGateway:
     def describe(self) -> str | None:
         return self.url if self.available else None
 
+    def status(self) -> dict:
+        """The ``ledger`` section of ``/status``."""
+        return {"ledger": self.describe(), "urls": self.pool.urls, "in_flight": len(self._receipts),
+                "next_nonce": self._nonces.next, "receipt_feed_live": self._receipt_feed_live,
+                "txs_sent": self.counters["sent"], "txs_failed": self.counters["failed"],
+                "nonce_resyncs": self.counters["nonce_resyncs"],
+                "record": self.record.published, "record_error": self.record.last_error}
+
     # ---- reads
     async def call(self, method: str, *params: Any) -> Any:
         """A ``dkb_*`` read; raises LedgerUnavailable when no validator answers it."""

@@ -52,6 +52,9 @@ def test_relay_and_compute_roles_on_one_key_pipeline_50_txs_with_gapless_nonces(
             assert relay.submissions == {"sent": TXS // 2, "failed": 0}
             assert node.ledger.counters["sent"] - sent_before == TXS and node.ledger.counters["failed"] == 0
             assert node.ledger.counters["nonce_resyncs"] == 0
+            status = (await node.status.snapshot())["ledger"]
+            assert status["ledger"] == net.url(0) and status["in_flight"] == 0 and status["txs_failed"] == 0
+            assert {"relay", "compute"} <= set(status["record"]["roles"])
             assert await node.ledger.call("dkb_getTransactionCount", key.peer_id, "latest") == start + TXS
             # every one of the 50 is in a block, with the nonces start..start+49
             mine, heights = [], set()
