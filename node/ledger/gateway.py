@@ -8,8 +8,8 @@ and sent by this one sender: nonces come from a local ``NonceBook`` synced once 
 ``pending`` count; up to ``max_in_flight`` transactions are pipelined (the mempool's nonce window),
 no lock is held across a receipt wait; a nonce error resyncs the book and resubmits (at most
 ``NONCE_RETRIES`` times). ``send`` returns the receipt or raises TxFailed / LedgerUnavailable.
-Receipts arrive on the ``txs`` topic (this node's own transactions), with a slow read as the
-fallback. ``subscribe(topic)`` streams ledger events (``tasks``, ``newHeads``) with RESYNC marks.
+Receipts arrive on the ``txs`` topic (this node's own transactions, subscribed from the first
+send on), with a slow read as the fallback. ``subscribe(topic)`` streams ledger events (``tasks``, ``newHeads``) with RESYNC marks.
 """
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ class LedgerGateway:
         self._window = asyncio.Semaphore(max_in_flight)
         self._receipts: dict[str, asyncio.Future] = {}
         self._receipt_feed_live = False
+        self._first_send = asyncio.Event()   # the receipt feed opens once this node sends
         self.counters = {"sent": 0, "failed": 0, "nonce_resyncs": 0}
         self.record = RecordPublisher(self.peer_id, self.node_info, self.send)
 
@@ -149,6 +150,7 @@ class LedgerGateway:
     async def send(self, tx_type: str, payload: dict, wait_s: float = RECEIPT_WAIT_S) -> dict:
         """Sign with the node's key, submit, wait for the receipt; returns it.
         Raises TxFailed (refused, failed in its block, or no receipt in ``wait_s``) or LedgerUnavailable."""
+        self._first_send.set()
         try:
             async with self._window:
                 tx_hash, waiter = await self._submit(tx_type, payload)
@@ -271,6 +273,7 @@ class LedgerGateway:
             await self.pool.close()
 
     async def _keep_feeding_receipts(self) -> None:
+        await self._first_send.wait()
         while True:
             try:
                 await self._feed_receipts()

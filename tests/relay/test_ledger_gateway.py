@@ -54,6 +54,7 @@ def test_relay_and_compute_roles_on_one_key_pipeline_50_txs_with_gapless_nonces(
             assert node.ledger.counters["nonce_resyncs"] == 0
             status = (await node.status.snapshot())["ledger"]
             assert status["ledger"] == net.url(0) and status["in_flight"] == 0 and status["txs_failed"] == 0
+            assert status["receipt_feed_live"]   # receipts came on the txs topic
             assert {"relay", "compute"} <= set(status["record"]["roles"])
             assert await node.ledger.call("dkb_getTransactionCount", key.peer_id, "latest") == start + TXS
             # every one of the 50 is in a block, with the nonces start..start+49
