@@ -18,6 +18,8 @@ from typing import Any
 
 from node.p2p.multiaddr import Multiaddr
 
+from .errors import LedgerUnavailable
+
 log = logging.getLogger(__name__)
 
 LEDGER_ROLES = frozenset({"validator", "compute", "relay", "verifier"})  # consensus.tx.ROLES (a test checks)
@@ -96,11 +98,11 @@ class RecordPublisher:
 
     async def sync(self) -> bool:
         """Bring the record on chain up to date now; True if a register_node was sent.
-        Raises LedgerUnavailable or TxFailed."""
+        Raises LedgerUnavailable (also for a record that is not an object) or TxFailed."""
         async with self._lock:
             current = await self._read(self.peer_id)
             if current is not None and not isinstance(current, dict):
-                raise TypeError(f"the ledger answered a node record that is not an object: {current!r:.80}")
+                raise LedgerUnavailable(f"dkb_getNode answered a record that is not an object: {current!r:.80}")
             payload = merge_record(current, self.contributions)
             if payload is None:
                 self.published = current
