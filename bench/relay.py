@@ -39,7 +39,8 @@ from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
 from node.p2p.yamux import INITIAL_WINDOW  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
-from relay.ledger_access import RelayLedger, StakeLookup  # noqa: E402
+from node.ledger import LedgerGateway  # noqa: E402
+from relay.ledger_access import StakeLookup  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
 from relay_netlab import netlab_figures  # noqa: E402
 
@@ -80,7 +81,7 @@ async def serve_relay(ledger_rpc: str | None = None) -> None:
     identity = Identity.generate()
     host = Host(identity, limits=BENCH_LIMITS)
     await host.start()
-    stake_of = StakeLookup(RelayLedger(identity, ledger_rpc), ttl=0) if ledger_rpc else (lambda peer: 1)
+    stake_of = StakeLookup(LedgerGateway(identity, [ledger_rpc]), ttl=0) if ledger_rpc else (lambda peer: 1)
     service = RelayService(host, Admission(stake_of=stake_of))
     service.start()
     print(f"ADDR {host.listen_addrs[0]}", flush=True)

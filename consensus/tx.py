@@ -108,6 +108,16 @@ def build_tx(identity: Identity, chain_id: str, nonce: int, tx_type: str, payloa
     return decode_tx(raw, max_bytes=max(len(raw), DEFAULT_MAX_TX_BYTES))
 
 
+def signed_tx_bytes(identity: Identity, chain_id: str, nonce: int, tx_type: str, payload: dict[str, Any],
+                    fee: int = DEFAULT_FEE) -> bytes:
+    """The wire bytes of ``build_tx`` (the node's ledger gateway encoder); ValueError for a
+    transaction whose type or payload the ledger would refuse."""
+    try:
+        return build_tx(identity, chain_id, nonce, tx_type, payload, fee).raw
+    except TxError as exc:
+        raise ValueError(f"{exc.code.name.lower()}: {exc.message}") from None
+
+
 def decode_tx(raw: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_TX_BYTES,
               chain_id: str | None = None) -> Tx:
     """Decode and check a wire transaction's shape; the signature is NOT verified here.

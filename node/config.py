@@ -14,6 +14,7 @@ import ipaddress
 import json
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -96,6 +97,13 @@ def check_peer_multiaddr(value: str) -> None:
             raise ValueError(f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>") from None
 
 
+def check_rpc_url(value: str) -> None:
+    """Empty, or an http(s) URL with a host (a validator's JSON-RPC)."""
+    parts = urllib.parse.urlsplit(value)
+    if value and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ValueError(f"{value!r} is not an http:// or https:// URL")
+
+
 def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
     def check(value: str) -> None:
         if value not in choices:
@@ -168,6 +176,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
     },
+    "ledger": {
+        "rpc_urls": Key(list, [], "validator JSON-RPC URLs the node's ledger gateway reads from and sends to, with failover; unused when this node is a validator (its own ledger); also tried: [relay] ledger_rpc, [compute] rpc_url, [relay] receipt_rpc", each(check_rpc_url)),
+    },
     "relay": {
         "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
         "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
@@ -175,8 +186,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
-        "receipt_rpc": Key(str, "", "JSON-RPC URL receipts are sent to; empty: [relay] ledger_rpc, or this node's own when it is a validator, else kept in memory"),
-        "ledger_rpc": Key(str, "", "validator JSON-RPC URL for admission lookups and this node's ledger record; empty: [compute] rpc_url, else this node's own ledger when it is a validator"),
+        "receipt_rpc": Key(str, "", "legacy: one more validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)", check_rpc_url),
+        "ledger_rpc": Key(str, "", "legacy: a validator JSON-RPC URL for the node's ledger gateway, tried before [compute] rpc_url (see [ledger] rpc_urls)", check_rpc_url),
         "lookup_ttl": Key(float, 10.0, "seconds a ledger admission lookup over JSON-RPC is cached", check_positive),
         "relays": Key(list, [], "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay client", each(check_peer_multiaddr)),
         "reserve": Key(bool, False, "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says private"),
@@ -185,10 +196,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "hole_punch": Key(bool, True, "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
     },
     "compute": {
-        "rpc_url": Key(str, "", "validator JSON-RPC URL for the ledger; empty: this node's own (when it is a validator)"),
+        "rpc_url": Key(str, "", "legacy: a validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)", check_rpc_url),
         "stake": Key(int, 1_000, "stake the compute node keeps bonded (bonds the difference at start)"),
         "bandwidth_mbps": Key(int, 100, "upload bandwidth declared in the node registration (Mbit/s)"),
-        "poll_interval": Key(float, 0.5, "seconds between looks at the ledger for tasks", check_positive),
+        "poll_interval": Key(float, 0.5, "seconds before retrying after the ledger failed a look at the tasks (task changes arrive on the tasks subscription)", check_positive),
         "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
         "allreduce_mode": Key(str, "butterfly", "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
         "fault_inject": Key(str, "", "TESTING ONLY: 'wrong_segments' commits falsified segment hashes", check_choice(("", "wrong_segments"))),

@@ -3,7 +3,9 @@
 A role subclasses ``Role``: ``setup(node)`` registers its RPC methods, status section, metrics and
 pub/sub topics before the node serves anything; ``run(node)`` does the work until cancelled.
 ``ROLE_IMPLEMENTATIONS`` maps each role name to a zero-argument factory (``"module:factory"``),
-imported only when the role is started. ``BasicRole`` is an idle role (it runs no protocol and only
+imported only when the role is started. ``NODE_SERVICES`` does the same for the services every
+node runs whatever its roles (``create_service(name, node)`` builds one after the roles' setup;
+it has an async ``run()``), so node/ names them without importing them. ``BasicRole`` is an idle role (it runs no protocol and only
 reports that it runs) for embedding a Node whose only job is its transport, as tests and tools do.
 """
 from __future__ import annotations
@@ -27,6 +29,11 @@ ROLE_IMPLEMENTATIONS: dict[str, str] = {
     "validator": "consensus.validator.role:ValidatorRole",
     "relay": "relay.role:RelayRole",
     "compute": "ml.compute.role:ComputeRole",
+}
+
+# service name -> "module:factory"; the factory takes the Node and returns an object with async run()
+NODE_SERVICES: dict[str, str] = {
+    "relay_client": "relay.node_client:RelayNodeClient",   # circuits and reservations (ADR 0062)
 }
 
 
@@ -76,6 +83,11 @@ def create_role(name: str) -> Role:
     if not isinstance(role, Role) or role.name != name:
         raise RoleError(f"{target} did not create a Role named {name!r}")
     return role
+
+
+def create_service(name: str, node: "Node") -> Any:
+    """Build the node service called ``name`` from ``NODE_SERVICES``."""
+    return _import(NODE_SERVICES[name])(node)
 
 
 def _import(target: str) -> Callable[[], Any]:

@@ -20,17 +20,17 @@ import uvloop
 
 from node.config import Config
 from node.identity import Identity
+from node.ledger import LedgerGateway
 from node.metrics import Registry
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
-from node.roles import Role
+from node.roles import NODE_SERVICES, Role, create_service
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
 from node.rpc.server import BUILTIN_PATHS, HttpServer, JsonGet
 from node.rpc.status import StatusBoard
-from relay.node_client import RelayNodeClient
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,15 @@ def node_version() -> str:
         return importlib.metadata.version("dekube")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def ledger_urls(config: Config) -> list[str]:
+    """The validators' JSON-RPC URLs the ledger gateway uses, in order: ``[ledger] rpc_urls``, then
+    the legacy single-URL keys ``[relay] ledger_rpc``, ``[compute] rpc_url``, ``[relay] receipt_rpc``."""
+    urls = list(config.get("ledger", "rpc_urls"))
+    urls += [config.get(section, key) for section, key in
+             (("relay", "ledger_rpc"), ("compute", "rpc_url"), ("relay", "receipt_rpc"))]
+    return list(dict.fromkeys(url for url in urls if url))
 
 
 class NodeStartError(Exception):
@@ -59,7 +68,9 @@ class Node:
     ``node.rpc`` (Dispatcher: ``register("dkb_x", async_fn)``), ``node.hub`` (pub/sub topics),
     ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.host`` (the p2p Host:
     ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``,
-    ``node.relay_client`` (relayed addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
+    ``node.ledger`` (the one ledger gateway: reads, ``send``, ``record``, ``subscribe``; ADR 0100),
+    ``node.services`` (``NODE_SERVICES`` built for this node), ``node.relay_client`` (relayed
+    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
     """
 
     def __init__(self, config: Config, identity: Identity, roles: Sequence[Role], *, home: Path | None = None):
@@ -86,10 +97,21 @@ class Node:
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._started_monotonic: float | None = None
+        self.ledger = LedgerGateway(identity, ledger_urls(config), hub=self.hub)
+        self.status.add_section("ledger", self.ledger.status)
+        self.metrics.gauge("dekube_ledger_txs_sent", "Transactions of this node committed with code 0.") \
+            .set_function(lambda: self.ledger.counters["sent"])
+        self.metrics.gauge("dekube_ledger_txs_failed", "Transactions of this node refused, failed or unconfirmed.") \
+            .set_function(lambda: self.ledger.counters["failed"])
         self._register_builtins()
         for role in self.roles:
             role.setup(self)
-        self.relay_client = RelayNodeClient(self)  # circuits and reservations, whatever the roles (ADR 0062)
+        self.services = {name: create_service(name, self) for name in NODE_SERVICES}
+
+    @property
+    def relay_client(self):
+        """The relay client service (circuits and reservations, whatever the roles; ADR 0062)."""
+        return self.services.get("relay_client")
 
     def add_json_get(self, path: str, handler: JsonGet) -> None:
         """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
@@ -131,7 +153,9 @@ class Node:
                         tasks.create_task(self._keep_bootstrap_peers(), name="bootstrap")
                     for role in self.roles:
                         tasks.create_task(self._run_role(role), name=f"role-{role.name}")
-                    tasks.create_task(self.relay_client.run(), name="relay-client")
+                    tasks.create_task(self.ledger.run(), name="ledger-gateway")
+                    for name, service in self.services.items():
+                        tasks.create_task(service.run(), name=name)
             except* _StopRequested:
                 pass
         finally:

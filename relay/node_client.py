@@ -1,4 +1,5 @@
-"""The relay client as a node service, whatever the node's roles (the runtime starts it; ADR 0062).
+"""The relay client as a node service, whatever the node's roles (``node.roles.NODE_SERVICES``
+names it; the runtime builds and starts it; ADR 0062).
 
 Every node dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) for its
 Host through this client (the circuit dialer), so ``host.open_stream(peer, proto)`` reaches a
@@ -7,9 +8,9 @@ book. A node configured with ``[relay] relays`` also holds reservations on ``[re
 reservations`` (2) of them, chosen by round-trip time, refreshed before expiry and replaced when a
 relay dies (``RelayClient.maintain``): always when ``[relay] reserve`` is true, else only while
 AutoNAT through the relays says this node is private (re-assessed every ``REASSESS_S``). Its
-relayed addresses are shown in ``/status`` ("relay_client") and published in its ledger record
-(``relay_addrs`` of register_node) whenever they change, and checked there every ``RECHECK_S``
-(another writer of the record may have replaced them). Since each bulk circuit it opens is also a
+relayed addresses are shown in ``/status`` ("relay_client") and contributed to its ledger record
+(``relay_addrs``) whenever they change; the ledger gateway's record publisher merges them with the
+other roles' fields and restores them when another writer replaced the record. Since each bulk circuit it opens is also a
 connection to its relay, such a node's per-peer connection limit is raised to what a relay allows.
 With ``[relay] hole_punch`` (default on) such a node also hole punches (``relay/node_punch.py``):
 it connects to its relays from a punch port before reserving, its Host's circuit dialer upgrades
@@ -27,9 +28,7 @@ from typing import TYPE_CHECKING
 
 from . import reachability
 from .client import RelayClient
-from .ledger_access import RelayLedger
 from .node_punch import NodeHolePunching
-from .registration import publish_record
 from .role import fit_connection_limit
 from .service import RelayLimits
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISH_POLL_S = 0.5     # how often the relayed addresses are compared with the published ones
-RECHECK_S = 10.0         # how often the ledger record is read back even without a change
 PUBLISH_RETRY_S = 5.0
 REASSESS_S = 300.0       # how often a node that found itself reachable asks again
 RESTART_S = 5.0          # pause before restarting reservations after an unexpected failure
@@ -53,7 +51,7 @@ class RelayNodeClient:
         self.always_reserve: bool = settings["reserve"]
         self.client = RelayClient(node.host, chain_id=node.config.get("consensus", "chain_id"),
                                   max_price_per_mib=settings["max_price_per_mib"], want=settings["reservations"])
-        self.ledger = RelayLedger.for_node(node)
+        self.ledger = node.ledger if node.ledger.available else None
         self.punching = (NodeHolePunching(node.host, self.client, self.relays)
                          if self.relays and settings["hole_punch"] else None)
         self.reachability: reachability.Reachability | None = None
@@ -77,7 +75,7 @@ class RelayNodeClient:
             "relayed_addrs": self.client.relayed_addrs,
             "published_relay_addrs": self.published,
             "hole_punch": self.punching.status() if self.punching is not None else None,
-            "ledger": None if self.ledger is None else "local" if self.ledger.is_local else self.ledger.url,
+            "ledger": None if self.ledger is None else self.ledger.url,
             "last_error": self.last_error,
         }
 
@@ -131,26 +129,22 @@ class RelayNodeClient:
 
     # ---- the ledger record
     async def _keep_published(self) -> None:
-        last_check = time.monotonic()
         while True:
             await asyncio.sleep(PUBLISH_POLL_S)
             current = self.client.relayed_addrs
-            stale = time.monotonic() - last_check >= RECHECK_S
-            if current != self.published or stale:
-                last_check = time.monotonic()
+            if current != self.published:
                 if not await self._publish(current):
                     await asyncio.sleep(PUBLISH_RETRY_S)
 
     async def _first_publish(self) -> None:
-        if self.ledger.is_local:
-            await self.ledger.validator.ready.wait()
         await self._publish(self.client.relayed_addrs)  # on failure _keep_published retries
 
     async def _publish(self, relay_addrs: list[str]) -> bool:
         """Make the ledger record carry ``relay_addrs``; False (and ``last_error``) on failure."""
+        self.ledger.record.contribute("relay_client", roles={r.name for r in self.node.roles},
+                                      listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
         try:
-            sent = await publish_record(self.ledger, self.node.peer_id, roles={r.name for r in self.node.roles},
-                                        listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
+            sent = await self.ledger.record.sync()
         except Exception as exc:  # a ledger that is down, refuses or answers junk must not stop the node
             self.last_error = f"publishing the node record: {type(exc).__name__}: {exc}"
             log.warning("%s", self.last_error)

@@ -3,13 +3,15 @@ on the node's Host.
 
 Settings come from the ``[relay]`` config section (allow-list, minimum stake, reservation TTL,
 per-IP and per-peer limits, price). Admission: the static allow-list, plus peers registered on the
-ledger with at least ``min_stake`` bonded, looked up in this node's own ledger when it is also a
-validator, else over ``[relay] ledger_rpc`` (cached ``lookup_ttl`` seconds); ``stake_of`` overrides
-the lookup. With a ledger the role keeps the ``relay`` role in this node's ledger record (the ledger pays
-receipts only to registered relays). Co-signed receipts go to ``submit`` (an async callable taking
-the ``relay_receipt`` payload), by default a ``dkb_sendRawTransaction`` client of ``[relay]
-receipt_rpc``, else of the ledger's URL; without any they are only kept in memory and counted in
-``/status``. The per-peer connection limit is raised to fit one bulk connection per circuit.
+ledger with at least ``min_stake`` bonded, looked up through the node's ledger gateway
+(``node.ledger``: this node's own ledger when it is also a validator, else a validator's JSON-RPC,
+cached ``lookup_ttl`` seconds); ``stake_of`` overrides the lookup. With a ledger the role
+contributes the ``relay`` role to this node's ledger record (the ledger pays receipts only to
+registered relays; the gateway's record publisher keeps it there). Co-signed receipts go to
+``submit`` (an async callable taking the ``relay_receipt`` payload), by default a ``relay_receipt``
+transaction sent by the gateway (pipelined with the node's other transactions); without a ledger
+they are only kept in memory and counted in ``/status``. The per-peer connection limit is raised to
+fit one bulk connection per circuit.
 """
 from __future__ import annotations
 
@@ -21,21 +23,19 @@ from typing import TYPE_CHECKING
 from node.identity import is_valid_peer_id
 from node.roles import Role, RoleError
 
-from .ledger_access import RelayLedger, StakeLookup, check_rpc_url
+from .ledger_access import StakeLookup
 from .reachability import AutoNATServer
-from .registration import publish_record
 from .service import Admission, RelayLimits, RelayService, Submit
 from .service import StakeLookup as StakeLookupFn
-from .submit import rpc_receipt_submitter
 
 if TYPE_CHECKING:
+    from node.ledger import LedgerGateway
     from node.p2p.host import Host
     from node.runtime import Node
 
 log = logging.getLogger(__name__)
 
 REGISTER_RETRY_S = 5.0
-RECHECK_S = 10.0
 EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
 
 
@@ -55,11 +55,10 @@ class RelayRole(Role):
         self._stake_of = stake_of
         self._submit = submit
         self.service: RelayService | None = None
-        self.ledger: RelayLedger | None = None
+        self.ledger: "LedgerGateway | None" = None
         self.registered = False
         self.last_error: str | None = None
-        self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger's JSON-RPC
-        self._tx_lock = asyncio.Lock()  # registration and receipts: one transaction of ours at a time
+        self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger
 
     def setup(self, node: "Node") -> None:
         settings = node.config["relay"]
@@ -68,7 +67,7 @@ class RelayRole(Role):
             raise RoleError(f"[relay] allow_list holds invalid peer IDs: {', '.join(bad)}")
         if settings["min_stake"] < 0:
             raise RoleError("[relay] min_stake must not be negative")
-        self.ledger = RelayLedger.for_node(node)
+        self.ledger = node.ledger if node.ledger.available else None
         stake_of = self._stake_of
         if stake_of is None and self.ledger is not None:
             stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"])
@@ -79,10 +78,8 @@ class RelayRole(Role):
                              price_per_mib=settings["price_per_mib"])
         chain_id = node.config["consensus"]["chain_id"]
         submit = self._submit
-        if submit is None and check_rpc_url("receipt_rpc", settings["receipt_rpc"]):
-            submit = rpc_receipt_submitter(settings["receipt_rpc"], node.identity, chain_id, lock=self._tx_lock)
-        elif submit is None and self.ledger is not None:
-            submit = rpc_receipt_submitter(lambda: self.ledger.url, node.identity, chain_id, lock=self._tx_lock)
+        if submit is None and self.ledger is not None:
+            submit = self._send_receipt
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id,
                                     submit=self._counting(submit) if submit is not None else None)
         self.service.start()
@@ -90,6 +87,9 @@ class RelayRole(Role):
         fit_connection_limit(node.host, settings["max_circuits_per_peer"])
         node.status.add_section(self.name, self._status)
         self._register_metrics(node)
+
+    async def _send_receipt(self, payload: dict) -> None:
+        await self.ledger.send("relay_receipt", payload)
 
     def _counting(self, submit: Submit) -> Submit:
         """``submit`` that counts the receipts handed to the ledger and those it could not send."""
@@ -103,8 +103,8 @@ class RelayRole(Role):
         return counted
 
     def _status(self) -> dict:
-        return {**self.service.status(), "ledger": None if self.ledger is None else
-                ("local" if self.ledger.is_local else self.ledger.url), "registered": self.registered,
+        return {**self.service.status(), "ledger": None if self.ledger is None else self.ledger.url,
+                "registered": self.registered,
                 "last_error": self.last_error, "receipts_sent": self.submissions["sent"],
                 "receipts_send_failed": self.submissions["failed"]}
 
@@ -136,22 +136,19 @@ class RelayRole(Role):
             await self.service.stop()
 
     async def _keep_registered(self, node: "Node") -> None:
-        """Keep the relay role in this node's ledger record: register at start (retrying every
-        REGISTER_RETRY_S) and look again every RECHECK_S, since other writers replace the record."""
+        """Contribute the relay role to this node's ledger record and see it published (retrying
+        every REGISTER_RETRY_S); the gateway's record publisher keeps it there afterwards."""
         await node.ready.wait()
-        if self.ledger.is_local:
-            await self.ledger.validator.ready.wait()
-        while True:
+        self.ledger.record.contribute(self.name, roles={r.name for r in node.roles},
+                                      listen_addrs=node.host.listen_addrs)
+        while not self.registered:
             try:
-                async with self._tx_lock:
-                    sent = await publish_record(self.ledger, node.peer_id, roles={r.name for r in node.roles},
-                                                listen_addrs=node.host.listen_addrs)
-                if sent:
+                if await self.ledger.record.sync():
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True
                 self.last_error = None
-                await asyncio.sleep(RECHECK_S)
             except Exception as exc:  # a ledger that is down, refuses or answers junk must not stop the relay
                 self.last_error = f"registering: {type(exc).__name__}: {exc}"
                 log.warning("relay registration failed (retrying): %s", self.last_error)
                 await asyncio.sleep(REGISTER_RETRY_S)
+        await asyncio.Event().wait()

@@ -32,17 +32,9 @@ FORBIDDEN = {
 ALLOWED = {
     "relay": ("consensus.encoding", "consensus.tx"),
 }
-# Known violations another change removes; the lead deletes each entry once that change is merged.
-# An entry that no longer matches an import fails the test, so none outlives its violation.
-KNOWN_VIOLATIONS = {
-    # helper "gateway": the runtime stops starting the relay node client itself (roles do).
-    ("node/runtime.py", "relay.node_client"),
-    # helper "gateway": relay/ledger_access.py is deleted; node/ledger.py is the one ledger gateway.
-    ("relay/ledger_access.py", "ml.compute.ledger_client"),
-    # relay/submit.py posts receipts with consensus.rpcclient (a ledger JSON-RPC client); it should
-    # reach the ledger through the node's ledger gateway (helper "gateway", node/ledger.py).
-    ("relay/submit.py", "consensus.rpcclient"),
-}
+# Known violations waiting on a fix, each with a comment saying why; an entry that no longer
+# matches an import fails the test, so none outlives its violation.
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()  # (file, module) pairs waiting on a fix; none today
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ double-sign guard and starts the ``ConsensusDriver`` at the next height with tha
 committee. As proposer it builds blocks from the mempool (and pending equivocation evidence); it
 accepts a proposal only if the block extends its chain and carries a valid certificate of the
 previous block. Each commit is executed and stored in one worker thread (signature checks in a
-small pool, fsync'd RocksDB batch), after which the mempool is updated, ``newHeads`` is published
-and the next committee is returned to the driver. All ledger and mempool mutations happen in that
+small pool, fsync'd RocksDB batch), after which the mempool is updated, ``newHeads``, the block's
+task events (``tasks``) and receipts (``txs``, keyed by sender; consensus/ledger_events.py) are
+published and the next committee is returned to the driver. The role is also the node's local
+ledger (``call``): it attaches itself to ``node.ledger`` so the node's reads and transactions
+stay in-process (docs/adr/0100). All ledger and mempool mutations happen in that
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
@@ -31,6 +34,7 @@ from consensus.committee import ValidatorSet
 from consensus.driver import PROTOCOL as CONSENSUS_PROTOCOL
 from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
+from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_events
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
@@ -49,7 +53,7 @@ from consensus.validator.rpc_methods import parse_height, register_methods
 from consensus.validator.storage import Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
-from node.rpc.errors import ResourceNotFound, ResourceUnavailable
+from node.rpc.errors import MethodNotFound, ResourceNotFound, ResourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +102,10 @@ class ValidatorRole(Role):
         self.node = node
         self.peer_id = node.peer_id
         self.settings = node.config["consensus"]
-        register_methods(node.rpc, self)
-        node.hub.add_topic(NEW_HEADS)
+        self._methods = register_methods(node.rpc, self)
+        for topic in (NEW_HEADS, TASKS_TOPIC, TXS_TOPIC):
+            node.hub.add_topic(topic)
+        node.ledger.attach_local(self)
         node.status.add_section("consensus", self.status)
         node.add_json_get("/block", self._http_block)
         node.metrics.gauge("dekube_consensus_height", "Last committed block height.").set_function(
@@ -279,8 +285,10 @@ class ValidatorRole(Role):
         vid = value_id(commit.value)
         block = self._blocks.pop(vid, None) or Block.decode(commit.value, MAX_PROPOSAL_VALUE_BYTES)
         loop = asyncio.get_running_loop()
+        want_txs = self.node.hub.has_subscribers(TXS_TOPIC)
         try:
-            result, next_committee = await loop.run_in_executor(self._worker, self._execute, block, commit)
+            result, next_committee, receipts = await loop.run_in_executor(
+                self._worker, self._execute, block, commit, want_txs)
         except Exception as exc:
             self._fail(exc)
             raise
@@ -293,11 +301,16 @@ class ValidatorRole(Role):
         self.last_commit_monotonic = time.monotonic()
         self.node.hub.publish(NEW_HEADS, {**block.header.to_json(), "txs": len(block.txs),
                                           "next_app_hash": result.app_hash.hex()})
+        for event in task_events(result):
+            self.node.hub.publish(TASKS_TOPIC, event)
+        for sender, receipt in receipts:
+            self.node.hub.publish(TXS_TOPIC, receipt, key=sender)
         await self._pace(block.height + 1)
         return next_committee
 
-    def _execute(self, block: Block, commit: Commit) -> tuple[BlockResult, ValidatorSet]:
-        """Worker thread: store the certificate, execute and store the block, update the mempool."""
+    def _execute(self, block: Block, commit: Commit, want_txs: bool) -> tuple[BlockResult, ValidatorSet, list]:
+        """Worker thread: store the certificate, execute and store the block, update the mempool;
+        with ``want_txs``, also pair the receipts with their senders for the ``txs`` topic."""
         self.store.save_certificate(block.height, commit.certificate)
         with self._pool_lock:  # txs this node already decoded and checked are neither decoded nor verified again
             known = self.mempool.known_txs
@@ -305,7 +318,8 @@ class ValidatorRole(Role):
         self.store.storage.commit_block(block, result)
         with self._pool_lock:
             self.mempool.update(r.tx_hash for r in result.receipts)
-        return result, self.store.committee_for(block.height + 1, self.ledger)
+        receipts = tx_events(result, block.txs, known) if want_txs else []
+        return result, self.store.committee_for(block.height + 1, self.ledger), receipts
 
     async def _pace(self, next_height: int) -> None:
         """As the next proposer with nothing ready to propose, wait a little for a ready transaction
@@ -396,6 +410,13 @@ class ValidatorRole(Role):
         self._tx_arrived.set()
 
     # ------------------------------------------------------------------ queries
+    async def call(self, method: str, *params: Any) -> Any:
+        """The ``dkb_*`` ledger method ``method`` answered in-process (the node's LocalLedger)."""
+        fn = self._methods.get(method)
+        if fn is None:
+            raise MethodNotFound(f"Method not found: {method}")
+        return await fn(*params)
+
     def require_ready(self) -> None:
         if not self.ready.is_set():
             raise ResourceUnavailable("the chain is still loading")

@@ -77,8 +77,9 @@ def tx_rejection(exc: TxError) -> RpcError:
                     code=exc.code.rpc_code)
 
 
-def register_methods(dispatcher, chain: "ValidatorRole") -> None:
-    """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``."""
+def register_methods(dispatcher, chain: "ValidatorRole") -> dict[str, Any]:
+    """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``; returns
+    them by name (the node's ledger gateway calls them in-process)."""
 
     def in_thread(fn, *args):
         return asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -163,3 +164,7 @@ def register_methods(dispatcher, chain: "ValidatorRole") -> None:
                dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
                dkb_getTask, dkb_listTasks):
         dispatcher.register(fn.__name__, fn)
+    return {fn.__name__: fn for fn in (
+        dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
+        dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
+        dkb_getTask, dkb_listTasks)}

@@ -4,7 +4,7 @@ commit results (Merkle root of segment hashes), audit others' results by replay,
 `role.ComputeRole` is what `dekube-node start --role compute` runs; `task_spec` maps ledger tasks to
 TrainSpecs; `executor` builds a worker's group and trainer; `host_transport` adapts the Host to the
 all-reduce transport; `ready_protocol` and `segments_protocol` are the workers' start barrier and
-the verifiers' hash requests; `commitment`, `replay` and `audit` verify; `ledger_client` talks to a
-validator; `local_job`/`local_worker` run `dekube-node task run` (the local devnet of validators
-plus compute nodes lives in `devtools.devnet`).
+the verifiers' hash requests; `commitment`, `replay` and `audit` verify; the node's ledger gateway
+(`node.ledger`) talks to validators; `local_job`/`local_worker` run `dekube-node task run` (the
+local devnet of validators plus compute nodes lives in `devtools.devnet`).
 """

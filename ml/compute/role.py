@@ -1,9 +1,11 @@
 """The compute role: join the ledger as a worker, train assigned tasks with the other workers over this
 node's p2p Host, commit results, audit other workers' results by replay, and finalize tasks.
 
-At start it bonds up to `[compute] stake` and registers (roles, listen addresses, declared hardware)
-through `[compute] rpc_url` (default: this node's own RPC, for a node that is also a validator).
-Then it polls the ledger every `poll_interval`: a task assigned to it is trained (one at a time,
+All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start
+it bonds up to `[compute] stake` and contributes its roles, listen addresses and declared hardware
+to the node's ledger record. Then it looks at the tasks whenever the ledger's `tasks` subscription
+reports a change (or a block reaches a height it waits for: an audit window's end, a finalize
+retry), and at least every `FALLBACK_POLL_S`: a task assigned to it is trained (one at a time,
 as the ledger assigns at most `max_tasks_per_worker` each), its commitment sent as commit_result; a
 committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
 task it audited, a task of its own whose audit window has closed, or one where some worker never
@@ -15,6 +17,7 @@ and in the RPC methods `dkb_computeStatus` and `dkb_taskProgress`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -28,12 +31,12 @@ from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
-from ml.compute.ledger_client import LedgerClient, LedgerUnavailable, TxFailed
 from ml.compute.replay import replay_job_blocking
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
+from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
 from node.rpc.errors import InvalidParams, ResourceNotFound
 from node.roles import Role
 
@@ -45,6 +48,7 @@ FETCH_ATTEMPTS = 3
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
+FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed one must not stall us)
 
 
 class ComputeRole(Role):
@@ -52,7 +56,7 @@ class ComputeRole(Role):
 
     def __init__(self) -> None:
         self.node = None
-        self.ledger: LedgerClient | None = None
+        self.ledger: LedgerGateway | None = None
         self.registered = False
         self.jobs: dict[str, dict] = {}          # task id hex -> progress/state of our share
         self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
@@ -62,10 +66,15 @@ class ComputeRole(Role):
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
         self._background: set[asyncio.Task] = set()
         self.last_error: str | None = None
+        self._wake = asyncio.Event()             # a task changed: look again
+        self._due_height: int | None = None      # a height at which something becomes due
+        self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
+        self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
 
     # ---- wiring
     def setup(self, node) -> None:
         self.node = node
+        self.ledger = node.ledger
         self.config = node.config["compute"]
         self.transport = HostTransport(node.host)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
@@ -88,7 +97,7 @@ class ComputeRole(Role):
             lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
 
     def status(self) -> dict:
-        return {"registered": self.registered, "ledger": self.ledger.url if self.ledger else None,
+        return {"registered": self.registered, "ledger": self.ledger.describe() if self.ledger else None,
                 "jobs": self.jobs, "audits": self.audits, "last_error": self.last_error}
 
     async def _rpc_status(self) -> dict:
@@ -135,50 +144,93 @@ class ComputeRole(Role):
     # ---- main loop
     async def run(self, node) -> None:
         await node.ready.wait()
-        url = self.config["rpc_url"] or (node.http.url if node.http is not None else "")
-        if not url:
-            raise RuntimeError("[compute] rpc_url is empty and this node serves no RPC: cannot reach a ledger")
-        self.ledger = LedgerClient(url, node.identity)
+        if not self.ledger.available:
+            raise RuntimeError("the compute role needs a ledger: set [ledger] rpc_urls or run a validator role")
+        watchers = [self._spawn(self._watch_tasks()), self._spawn(self._watch_heads())]
         try:
             while True:
+                self._wake.clear()
                 try:
                     if not self.registered:
                         await self._join()
                     await self._tick()
                     self.last_error = None
+                    wait = FALLBACK_POLL_S
                 except (LedgerUnavailable, TxFailed) as exc:
                     self.last_error = str(exc)
                     log.warning("compute: %s", exc)
-                await asyncio.sleep(self.config["poll_interval"])
+                    wait = self.config["poll_interval"]
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
         finally:
+            for task in watchers:
+                task.cancel()
             for task in [self._busy, *self._background]:
                 if task is not None:
                     task.cancel()
             await self.transport.close()
 
     async def _join(self) -> None:
-        """Bond up to the configured stake and register (or re-register) this node."""
+        """Bond up to the configured stake and have this node's record say compute (and verifier)."""
         me = self.node.peer_id
-        bonded = (await self.ledger.call("dkb_getStake", me))["bonded"]
+        bonded = await self.ledger.bonded(me)
         if bonded < self.config["stake"]:
             await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
-        current = await self.ledger.call("dkb_getNode", me)
-        # keep roles and relay addresses other roles of this node registered (a validator stays one)
-        roles = set(current["roles"]) if current else set()
-        roles |= {"compute", "verifier"} if self.config["audit"] else {"compute"}
-        payload = {"roles": sorted(roles), "listen_addrs": self.node.host.listen_addrs[:8],
-                   "relay_addrs": current["relay_addrs"] if current else [],
-                   "hardware": {"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "",
-                                "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]}}
-        if current is None or any(current.get(k) != payload[k] for k in ("roles", "listen_addrs", "hardware")):
-            await self.ledger.send("register_node", payload)
+        self.ledger.record.contribute(
+            self.name, roles={"compute", "verifier"} if self.config["audit"] else {"compute"},
+            listen_addrs=self.node.host.listen_addrs,
+            hardware={"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "", "gpu_mem_mb": 0,
+                      "bandwidth_mbps": self.config["bandwidth_mbps"]})
+        await self.ledger.record.sync()
         self.registered = True
-        log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.url})
+        log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.describe()})
+
+    # ---- what wakes the main loop
+    async def _watch_tasks(self) -> None:
+        """Wake the main loop on every task event (and after a reconnect, which may have lost some)."""
+        while True:
+            try:
+                async for event in self.ledger.subscribe("tasks"):
+                    key = event.get("task_id") if isinstance(event, dict) else None
+                    if event is RESYNC:
+                        for changed in self._task_changed.values():
+                            changed.set()
+                    elif key in self._task_changed:
+                        self._task_changed[key].set()
+                    self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no tasks topic at this validator: the fallback poll still runs
+                log.warning("compute: no tasks subscription (%s); looking every %g s", exc, FALLBACK_POLL_S)
+                await asyncio.sleep(FALLBACK_POLL_S)
+
+    async def _watch_heads(self) -> None:
+        """Wake the main loop when a block reaches ``_due_height``; follows ``newHeads`` only while
+        something is due (an idle node gets no message per block)."""
+        while True:
+            await self._heads_wanted.wait()
+            stream = self.ledger.subscribe("newHeads")
+            try:
+                async for head in stream:
+                    due = self._due_height
+                    if due is None:
+                        break
+                    if head is RESYNC or (isinstance(head, dict) and head.get("height", 0) >= due):
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("compute: no newHeads subscription (%s)", exc)
+                await asyncio.sleep(FALLBACK_POLL_S)
+            finally:
+                await stream.aclose()
 
     async def _tick(self) -> None:
         me = self.node.peer_id
         tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
         height = await self.ledger.call("dkb_blockNumber")
+        self._due_height = None
+        self._heads_wanted.clear()
         for task in reversed(tasks):  # oldest first
             key, status = task["task_id"], task["status"]
             involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
@@ -190,13 +242,21 @@ class ComputeRole(Role):
                     # a worker never committed: finalize once the commit deadline has passed
                     self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
                     await self._finalize(key, height)
-                elif status in ("committed", "disputed") and height >= task["window_end"]:
-                    await self._finalize(key, height)
+                    self._due_at(self._finalize_at[key])
+                elif status in ("committed", "disputed"):
+                    if height >= task["window_end"]:
+                        await self._finalize(key, height)
+                    self._due_at(max(task["window_end"], self._finalize_at.get(key, 0)))
             elif (self.config["audit"] and status in AUDITABLE and me != task["owner"] and self._idle()
                   and workers_to_audit(task, me) and key not in self.audits):
                 self._busy = self._spawn(self._run_audit(task))
             if status == "verified" and involved:
                 await self._finalize(key, height)
+                self._due_at(self._finalize_at[key])
+
+    def _due_at(self, height: int) -> None:
+        self._due_height = height if self._due_height is None else min(self._due_height, height)
+        self._heads_wanted.set()
 
     def _idle(self) -> bool:
         return self._busy is None or self._busy.done()
@@ -205,6 +265,7 @@ class ComputeRole(Role):
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda _: self._wake.set())  # a job or audit ended: look again
         return task
 
     async def _finalize(self, key: str, height: int) -> None:
@@ -283,17 +344,22 @@ class ComputeRole(Role):
 
     async def _close_after_peers(self, task_id: bytes, group) -> None:
         """Keep serving the group until every worker committed (or LINGER_S), then close it."""
+        key = task_id.hex()
         deadline = time.monotonic() + LINGER_S
+        changed = self._task_changed[key] = asyncio.Event()
         try:
             while time.monotonic() < deadline:
+                changed.clear()
                 try:
-                    task = await self.ledger.call("dkb_getTask", task_id.hex())
+                    task = await self.ledger.call("dkb_getTask", key)
                     if task is None or task["status"] not in TRAINING:
                         break
                 except LedgerUnavailable:
                     pass
-                await asyncio.sleep(self.config["poll_interval"])
+                with contextlib.suppress(asyncio.TimeoutError):  # until the task's next event
+                    await asyncio.wait_for(changed.wait(), max(0.0, min(FALLBACK_POLL_S, deadline - time.monotonic())))
         finally:
+            self._task_changed.pop(key, None)
             self._ready_groups.discard(task_id)
             await group.close()
 

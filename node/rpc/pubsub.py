@@ -1,7 +1,9 @@
 """Publish/subscribe hub for websocket subscriptions (``newHeads``, task events, ...).
 
 Components declare a topic once (``hub.add_topic("newHeads")``) and publish JSON-able payloads
-from the event loop (``hub.publish``) or from any thread (``hub.publish_threadsafe``). Each
+from the event loop (``hub.publish``) or from any thread (``hub.publish_threadsafe``). A publication may carry a ``key`` (the ``txs``
+topic: the sender's peer ID); a subscription with a key gets only the publications with that key,
+one without a key gets them all. Each
 subscription holds a bounded queue; a subscriber that falls ``limit`` messages behind is dropped
 (its queue discarded, ``next()`` raises SubscriptionClosed with the reason), never buffered forever.
 """
@@ -26,9 +28,10 @@ class SubscriptionClosed(Exception):
 class Subscription:
     """One subscriber's bounded queue on one topic."""
 
-    def __init__(self, hub: "Hub", topic: str, limit: int):
+    def __init__(self, hub: "Hub", topic: str, limit: int, key: str | None = None):
         self.id = "0x" + os.urandom(16).hex()
         self.topic = topic
+        self.key = key
         self.limit = limit
         self.closed_reason: str | None = None
         self._hub = hub
@@ -91,20 +94,24 @@ class Hub:
     def count(self) -> int:
         return sum(len(subs) for subs in self._topics.values())
 
-    def subscribe(self, topic: str, limit: int | None = None) -> Subscription:
-        """Must be called on the event loop that will publish."""
+    def has_subscribers(self, topic: str) -> bool:
+        return bool(self._topics.get(topic))
+
+    def subscribe(self, topic: str, limit: int | None = None, key: str | None = None) -> Subscription:
+        """Must be called on the event loop that will publish. ``key``: only publications with it."""
         if topic not in self._topics:
             raise UnknownTopic(topic)
         self._loop = asyncio.get_running_loop()
-        sub = Subscription(self, topic, limit or self.queue_limit)
+        sub = Subscription(self, topic, limit or self.queue_limit, key)
         self._topics[topic].add(sub)
         return sub
 
-    def publish(self, topic: str, payload: Any) -> int:
-        """Deliver to every subscriber of ``topic`` (event-loop thread only); returns how many got it."""
+    def publish(self, topic: str, payload: Any, key: str | None = None) -> int:
+        """Deliver to every subscriber of ``topic`` whose key is None or ``key`` (event-loop thread
+        only); returns how many got it."""
         if topic not in self._topics:
             raise UnknownTopic(topic)
-        return sum(sub.offer(payload) for sub in list(self._topics[topic]))
+        return sum(sub.offer(payload) for sub in list(self._topics[topic]) if sub.key is None or sub.key == key)
 
     def publish_threadsafe(self, topic: str, payload: Any) -> None:
         """Publish from another thread; a no-op until someone has subscribed on a loop."""

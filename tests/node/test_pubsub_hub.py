@@ -29,6 +29,19 @@ def test_delivery_in_order_and_unknown_topic():
     asyncio.run(scenario())
 
 
+def test_a_keyed_subscription_gets_only_its_keys_publications():
+    async def scenario():
+        hub = Hub()
+        hub.add_topic("txs")
+        mine, everything = hub.subscribe("txs", key="alice"), hub.subscribe("txs")
+        assert not hub.has_subscribers("nope") and hub.has_subscribers("txs")
+        assert [hub.publish("txs", n, key=k) for n, k in enumerate(["bob", "alice", None])] == [1, 2, 1]
+        assert await mine.next() == 1 and mine.pending() == 0
+        assert [await everything.next() for _ in range(3)] == [0, 1, 2]
+
+    asyncio.run(scenario())
+
+
 def test_slow_subscriber_is_dropped_not_buffered():
     async def scenario():
         registry = Registry()

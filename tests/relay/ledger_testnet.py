@@ -8,7 +8,7 @@ from pathlib import Path
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.validator.role import ValidatorRole
 from devtools.testnet import free_ports
-from ml.compute.ledger_client import LedgerClient
+from node.ledger import LedgerGateway
 from node.config import load_config
 from node.identity import Identity
 from node.roles import BasicRole, Role
@@ -59,6 +59,7 @@ class LedgerTestnet:
             settings = relay_settings or {} if extra else {}
             self.nodes.append(Node(node_config(port, **settings), ident, [role, *extra], home=home))
         self.others: list[Node] = []
+        self._clients: dict[tuple[str, int], LedgerGateway] = {}
         self._tasks: list[asyncio.Task] = []
 
     def url(self, i: int) -> str:
@@ -82,9 +83,15 @@ class LedgerTestnet:
         for node in self.others + self.nodes:
             node.request_stop()
         await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 30)
+        for client in self._clients.values():
+            await client.close()
 
-    def client(self, identity: Identity, i: int = 0) -> LedgerClient:
-        return LedgerClient(self.url(i), identity)
+    def client(self, identity: Identity, i: int = 0) -> LedgerGateway:
+        """A ledger gateway of ``identity`` (outside any node) over validator ``i``'s JSON-RPC."""
+        key = (identity.peer_id, i)
+        if key not in self._clients:
+            self._clients[key] = LedgerGateway(identity, [self.url(i)])
+        return self._clients[key]
 
 
 async def eventually(predicate, timeout: float = 20.0, what: str = "condition") -> None:

@@ -14,7 +14,7 @@ import pytest
 from consensus import rpcclient
 from consensus.tx import build_tx
 from devtools.testnet import Testnet
-from ml.compute.ledger_client import LedgerClient
+from node.ledger import LedgerGateway
 from node.identity import Identity
 from relay.client import RelayRefused
 from relay.messages import Status
@@ -64,11 +64,14 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
 
         async def main():
             for ident in (source, target):  # registered and bonded: admitted by the relay's ledger lookup
-                client = LedgerClient(rpc, ident)
-                await client.send("bond", {"amount": 500})
-                await client.send("register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
-                                                    "hardware": {"cpu_cores": 1, "ram_mb": 0, "gpu": "",
-                                                                 "gpu_mem_mb": 0, "bandwidth_mbps": 0}})
+                client = LedgerGateway(ident, [rpc])
+                try:
+                    await client.send("bond", {"amount": 500})
+                    await client.send("register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                                        "hardware": {"cpu_cores": 1, "ram_mb": 0, "gpu": "",
+                                                                     "gpu_mem_mb": 0, "bandwidth_mbps": 0}})
+                finally:
+                    await client.close()
             a, b, stranger = (await start_endpoint(source, chain_id=CHAIN), await start_endpoint(target, chain_id=CHAIN),
                               await start_endpoint(outsider, chain_id=CHAIN))
             try:

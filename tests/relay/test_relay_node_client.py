@@ -5,27 +5,29 @@ import asyncio
 
 import pytest
 
-from ml.compute.ledger_client import LedgerUnavailable
 from node.config import ConfigError, load_config
 from node.identity import Identity
+from node.ledger import LedgerUnavailable, RecordPublisher
 from node.roles import BasicRole
 from node.runtime import Node
 from relay.client import split_circuit_addr
 from relay.ledger_access import StakeLookup
 from relay.reachability import Reachability
-from relay.registration import record_update
 from relay.role import RelayRole
 from relay_harness import start_relay, stop_all
 from ledger_testnet import eventually, node_config
 
 
 class FakeLedger:
-    """Records register_node payloads; node_info answers the last one."""
+    """A stand-in for the node's ledger gateway: records register_node payloads; node_info answers
+    the last one."""
 
     is_local = False
+    available = True
     url = "fake://ledger"
 
-    def __init__(self, stakes=None, fail=False):
+    def __init__(self, stakes=None, fail=False, owner="12D3KooWfake"):
+        self.record = RecordPublisher(owner, self.node_info, self.send)
         self.records: dict[str, dict] = {}
         self.stakes = stakes or {}
         self.sent: list[tuple[str, dict]] = []
@@ -50,7 +52,7 @@ class OwnRecordLedger(FakeLedger):
     """A FakeLedger whose register_node transactions become ``owner``'s record."""
 
     def __init__(self, owner):
-        super().__init__()
+        super().__init__(owner=owner)
         self.owner = owner
 
     async def send(self, tx_type, payload):
@@ -159,24 +161,6 @@ def test_stake_lookup_caches_answers_not_failures():
     asyncio.run(main())
 
 
-def test_record_update_merges_roles_and_keeps_what_others_wrote():
-    relay_addr = "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWScSTsN2tXx2GxXTXAw9Z3rEMKP4wbSvvPKWC3nhJQqP3/p2p-circuit/p2p/" \
-                 "12D3KooWAkiNXhZutPFvPzpgEuFyczezxiteCX45X1R9g7N1Gk3s"
-    fresh = record_update(None, roles={"relay", "not-a-ledger-role"},
-                          listen_addrs=["/ip4/0.0.0.0/tcp/4001", "/ip4/1.2.3.4/tcp/4001"])
-    assert fresh["roles"] == ["relay"] and fresh["listen_addrs"] == ["/ip4/1.2.3.4/tcp/4001"]
-    assert fresh["relay_addrs"] == [] and fresh["hardware"]["cpu_cores"] >= 1
-    current = {"roles": ["compute", "verifier"], "listen_addrs": ["/ip4/5.6.7.8/tcp/1"], "relay_addrs": [],
-               "hardware": {"cpu_cores": 8, "ram_mb": 1, "gpu": "x", "gpu_mem_mb": 2, "bandwidth_mbps": 3},
-               "reputation": 4}
-    update = record_update(current, roles={"compute"}, listen_addrs=["/ip4/9.9.9.9/tcp/1"], relay_addrs=[relay_addr])
-    assert update == {"roles": ["compute", "verifier"], "listen_addrs": ["/ip4/5.6.7.8/tcp/1"],
-                      "relay_addrs": [relay_addr], "hardware": current["hardware"]}
-    assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[], relay_addrs=[relay_addr]) is None
-    assert record_update({**current, **update}, roles={"compute"}, listen_addrs=[]) is None  # relay_addrs kept
-    assert len(record_update(None, roles=set(), listen_addrs=[], relay_addrs=[relay_addr] * 12)["relay_addrs"]) == 8
-
-
 def test_a_reachable_node_does_not_reserve_after_asking_a_relay_node():
     """Real AutoNAT: the relay role serves dial-backs; a home node on loopback is reachable."""
     async def main():
@@ -223,13 +207,16 @@ def test_a_malformed_ledger_url_is_a_config_error(key):
         Node(node_config(rpc=False, **{key: "localhost:8645"}), Identity.generate(), [RelayRole()])
 
 
-def test_the_ledger_is_the_compute_roles_validator_unless_set():
+def test_the_ledger_urls_come_from_the_ledger_section_then_the_legacy_keys():
     overrides = {("rpc", "enabled"): "false", ("compute", "rpc_url"): "http://127.0.0.1:9"}
     node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
-    assert node.relay_client.ledger.url == "http://127.0.0.1:9" and not node.relay_client.ledger.is_local
+    assert node.relay_client.ledger is node.ledger and node.ledger.url == "http://127.0.0.1:9"
+    assert not node.ledger.is_local
     overrides[("relay", "ledger_rpc")] = "http://127.0.0.1:10"
+    overrides[("ledger", "rpc_urls")] = "http://127.0.0.1:11,http://127.0.0.1:12"
     node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
-    assert node.relay_client.ledger.url == "http://127.0.0.1:10"
-    del overrides[("compute", "rpc_url")], overrides[("relay", "ledger_rpc")]
+    assert node.ledger.pool.urls == ["http://127.0.0.1:11", "http://127.0.0.1:12", "http://127.0.0.1:10",
+                                     "http://127.0.0.1:9"]
+    del overrides[("compute", "rpc_url")], overrides[("relay", "ledger_rpc")], overrides[("ledger", "rpc_urls")]
     node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
-    assert node.relay_client.ledger is None
+    assert node.relay_client.ledger is None and not node.ledger.available

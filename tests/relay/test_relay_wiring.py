@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from ml.compute.ledger_client import LedgerClient
+from node.ledger import LedgerGateway
 from node.identity import Identity
 from relay.client import RelayRefused, split_circuit_addr
 from relay.messages import Status
@@ -25,13 +25,12 @@ from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_an
 MIN_STAKE = 100
 
 
-async def balance(client: LedgerClient, peer_id: str) -> int:
+async def balance(client: LedgerGateway, peer_id: str) -> int:
     return await client.call("dkb_getBalance", peer_id)
 
 
 def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, monkeypatch):
-    monkeypatch.setattr("relay.role.RECHECK_S", 0.5)
-    monkeypatch.setattr("relay.node_client.RECHECK_S", 0.5)
+    monkeypatch.setattr("node.ledger.record.RECHECK_S", 0.5)
     home_a, home_b, stranger, unbonded = (Identity.generate() for _ in range(4))
     relay2_id = Identity.generate()
     funds = {ident.peer_id: 10**6 for ident in (home_a, home_b, stranger, unbonded, relay2_id)}  # fees need funds
@@ -168,7 +167,7 @@ def test_a_home_compute_node_keeps_its_relayed_addresses_next_to_the_compute_reg
     the record carries both what it wrote and this node's relayed addresses."""
     from ml.compute.role import ComputeRole
 
-    monkeypatch.setattr("relay.node_client.RECHECK_S", 0.5)
+    monkeypatch.setattr("node.ledger.record.RECHECK_S", 0.5)
     home = Identity.generate()
     net = LedgerTestnet(tmp_path, 2, {home.peer_id: 10**6}, extra_roles={0: [RelayRole()]})
 

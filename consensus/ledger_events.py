@@ -1,0 +1,66 @@
+"""What a committed block tells subscribers, beyond ``newHeads``: the ``tasks`` topic (task state
+machine events) and the ``txs`` topic (each transaction's receipt, keyed by its sender's peer ID).
+
+``task_events`` maps the ledger's block events (consensus/state/tasks.py) to JSON payloads
+``{"event", "task_id", "height", ...}`` with events named after the task lifecycle: created,
+assigned, committed (a worker's result), audit_window_opened (status committed), audited,
+disputed, finalized (paid), cancelled. ``tx_events`` pairs receipts with their senders.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from consensus.state.ledger import BlockResult
+from consensus.tx import Tx, decode_tx
+from consensus.txcodes import TxError
+
+TASKS_TOPIC = "tasks"
+TXS_TOPIC = "txs"
+
+TASK_EVENT_NAMES = {
+    "task_submitted": "created",
+    "task_assigned": "assigned",
+    "result_committed": "committed",
+    "audit_window_opened": "audit_window_opened",
+    "task_audited": "audited",
+    "task_disputed": "disputed",
+    "task_paid": "finalized",
+    "task_cancelled": "cancelled",
+}
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value
+
+
+def task_events(result: BlockResult) -> list[dict]:
+    out = []
+    for event in result.events:
+        name = TASK_EVENT_NAMES.get(event.get("type"))
+        if name is None:
+            continue
+        fields = {k: _json(v) for k, v in event.items() if k != "type"}
+        out.append({"event": name, "height": result.height, **fields})
+    return out
+
+
+def tx_events(result: BlockResult, raws: list[bytes], known: dict[bytes, Tx]) -> list[tuple[str, dict]]:
+    """(sender, receipt JSON) for each receipt of the block; ``known``: already decoded txs by hash."""
+    senders: dict[bytes, str] = {}
+    for raw in raws:
+        tx_hash = hashlib.sha256(raw).digest()
+        tx = known.get(tx_hash)
+        if tx is None:
+            try:
+                tx = decode_tx(raw, max_bytes=len(raw))
+            except TxError:
+                continue
+        senders[tx_hash] = tx.sender
+    return [(senders[r.tx_hash], r.to_json()) for r in result.receipts if r.tx_hash in senders]
