@@ -144,8 +144,10 @@ class ComputeRole(Role):
     # ---- main loop
     async def run(self, node) -> None:
         await node.ready.wait()
-        if not self.ledger.available:
-            raise RuntimeError("the compute role needs a ledger: set [ledger] rpc_urls or run a validator role")
+        if not self.ledger.available:  # a misconfiguration: say so in the log and /status, keep serving
+            self.last_error = "no ledger: set [ledger] rpc_urls or run a validator role"
+            log.error("compute role idle: %s", self.last_error)
+            await asyncio.Event().wait()
         watchers = [self._spawn(self._watch_tasks()), self._spawn(self._watch_heads())]
         try:
             while True:
