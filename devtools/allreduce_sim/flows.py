@@ -4,8 +4,9 @@ what it takes from its inbox, and whom it is waiting on until when.
 `ButterflyFlow` mirrors ml/allreduce/butterfly.py in fp32 (each member sends shard k of its values
 to reducer k; reducer k sums every member's chunk in sorted member order, divides, and sends the
 same bytes to everyone; a member commits once it holds every reducer's result). `AllGatherFlow`
-mirrors allgather.py (every member sends its whole contribution to every other and averages them
-all itself). Both validate first-chunk meta (shapes, plan digest) and payloads as the real flows
+mirrors allgather.py (every member sends its whole contribution to every other, confirms with an
+empty RESULT once it holds them all, and averages them all itself once every other member
+confirmed: docs/adr/0141). Both validate first-chunk meta (shapes, plan digest) and payloads as the real flows
 do, raising `Failure` naming the member to blame.
 """
 from __future__ import annotations
@@ -83,6 +84,7 @@ class AllGatherFlow(_Flow):
         flat = self.m.flat
         self.parts: dict[str, list[np.ndarray]] = {p: [] for p in self.others}
         self.count = len(range(0, self.m.numel, self.m.chunk))
+        self.confirmed: set[str] | None = None  # who confirmed holding every contribution (once we do)
         for member in self.others:
             for c, start in enumerate(range(0, self.m.numel, self.m.chunk)):
                 meta = self.first_meta if c == 0 else None
@@ -100,10 +102,26 @@ class AllGatherFlow(_Flow):
                                        "contribution"))
         if any(len(got) < self.count for got in self.parts.values()):
             return None
+        if self.confirmed is None:  # every contribution is here: confirm it to everyone (docs/adr/0141)
+            self.confirmed = set()
+            for member in self.others:
+                self.m.send(member, self.frame(Kind.RESULT, 0, 0, b""))
+        for sender in self.others:
+            if sender not in self.confirmed:
+                frame = self.take(Kind.RESULT, 0, 0, sender)
+                if frame is not None:
+                    if frame.payload:
+                        raise Failure(sender, f"malformed confirmation: {len(frame.payload)} bytes", bad_data=True)
+                    self.confirmed.add(sender)
+        if len(self.confirmed) < len(self.others):
+            return None
         return mean_in_order([self.m.flat if p == self.m.me else np.concatenate(self.parts[p]) for p in self.members])
 
     def waits(self) -> list[tuple[str, float]]:
-        return [(s, self.deadline(s, first=not got)) for s, got in self.parts.items() if len(got) < self.count]
+        waits = [(s, self.deadline(s, first=not got)) for s, got in self.parts.items() if len(got) < self.count]
+        if self.confirmed is not None:
+            waits += [(s, self.deadline(s, first=False)) for s in self.others if s not in self.confirmed]
+        return waits
 
 
 class ButterflyFlow(_Flow):

@@ -114,14 +114,22 @@ class SimMember:
     # -- network entry points --------------------------------------------------------------
 
     def deliver(self, sender: str, data: bytes) -> None:
-        try:
-            frame = _parse(data)
-        except FrameError as exc:
-            self._record_fault(sender, self._fault_round(), f"bad frame: {exc}", bad_data=True)
-            self.net.reset(self.me, sender)
-            self._advance()
-            return
-        self._on_frame(sender, frame)
+        self.deliver_many([(sender, data)])
+
+    def deliver_many(self, frames: list[tuple[str, bytes]]) -> None:
+        """Frames read in one go (a member woken from SIGSTOP reads what its socket buffers hold)."""
+        reset: set[str] = set()
+        for sender, data in frames:
+            if sender in reset:  # the rest of a stream this member reset is lost
+                continue
+            try:
+                frame = _parse(data)
+            except FrameError as exc:
+                self._record_fault(sender, self._fault_round(), f"bad frame: {exc}", bad_data=True)
+                self.net.reset(self.me, sender)
+                reset.add(sender)
+                continue
+            self._on_frame(sender, frame)
         self._advance()
 
     def link_broken(self, peer: str) -> None:
@@ -229,8 +237,12 @@ class SimMember:
                 if key[4] == 0 and "plan" in frame.meta:
                     flow.check_first_meta(key[-1], frame.meta)
             result = flow.progress()
-            if result is not None:
+            # a VIEW of this attempt or a COMMITTED of this round already here is read before
+            # committing (docs/adr/0141): its sender gave up this attempt
+            if result is not None and not (self._pending(r, a, Kind.VIEW) or self._pending(r, None, Kind.COMMITTED)):
                 return self.core.attempt_succeeded(result)
+            if result is not None:
+                raise _Cut()
             for sender, deadline in flow.waits():
                 self._check_wait(sender, deadline)
         except Failure as exc:

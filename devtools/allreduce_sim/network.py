@@ -63,6 +63,7 @@ class Network:
         self.on_crash: Callable[[str], None] = lambda member: None
         self._sent_by: dict[str, int] = {}
         self._epoch: dict[tuple[str, str], int] = {}  # bumped when the receiver resets the stream
+        self._backlog: dict[str, list[tuple[str, int, bytes]]] = {}  # frozen member -> deliveries waiting
 
     def attach(self, member_id: str, member) -> None:
         self.members[member_id] = member
@@ -84,7 +85,8 @@ class Network:
         self.frames_sent += 1
         epoch = self._epoch.get((sender, receiver), 0)
         self.scheduler.at(self._link_time(sender, receiver),
-                          lambda: self._run(receiver, lambda m: self._deliver(m, sender, receiver, epoch, data)))
+                          lambda: self._run(receiver, lambda m: self._deliver(m, sender, receiver, epoch, data),
+                                            delivery=(sender, epoch, data)))
         if data[1] != Kind.RESULT:
             return
         self._sent_by[sender] = self._sent_by.get(sender, 0) + 1
@@ -119,15 +121,31 @@ class Network:
     def is_frozen(self, member_id: str) -> bool:
         return self.frozen_until.get(member_id, 0.0) > self.scheduler.now
 
-    def _run(self, member_id: str, action: Callable[[object], None], seq: int | None = None) -> None:
+    def _run(self, member_id: str, action: Callable[[object], None], seq: int | None = None,
+             delivery: tuple[str, int, bytes] | None = None) -> None:
         if member_id in self.killed:
             return
         wake = self.frozen_until.get(member_id, 0.0)
+        if wake > self.scheduler.now and delivery is not None:
+            # what reaches a frozen member waits in its socket buffers; when it wakes, its readers
+            # take all of it before the member decides anything (docs/adr/0141)
+            backlog = self._backlog.setdefault(member_id, [])
+            if not backlog:
+                self.scheduler._seq += 1
+                self.scheduler.at(wake, lambda: self._run(member_id, lambda m: self._drain(m, member_id)),
+                                  seq=-(1 << 40) + self.scheduler._seq)
+            backlog.append(delivery)
+            return
         if wake > self.scheduler.now:  # keeps its place among the member's deferred events
             self.scheduler._seq += 1
             self.scheduler.at(wake, lambda: self._run(member_id, action), seq=-(1 << 40) + self.scheduler._seq)
             return
         action(self.members[member_id])
+
+    def _drain(self, member, member_id: str) -> None:
+        backlog = self._backlog.pop(member_id, [])
+        member.deliver_many([(sender, data) for sender, epoch, data in backlog
+                             if epoch == self._epoch.get((sender, member_id), 0)])
 
     def timer(self, member_id: str, when: float, action: Callable[[object], None]) -> None:
         self.scheduler.at(when, lambda: self._run(member_id, action))

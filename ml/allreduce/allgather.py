@@ -7,6 +7,12 @@ The first piece's meta says the total length, which must not exceed the codec's
 `max_encoded_size`; a contribution that is oversized, cut, undecodable, of another size or not
 finite fails the attempt naming its sender. Every member decodes all contributions (its own from
 its own encoding) and sums them in the members' sorted order, so all hold the same bits.
+
+A member holding every contribution confirms it to every other member (an empty RESULT frame, slot
+0, chunk 0) and finishes the attempt only once every other member confirmed too (docs/adr/0141):
+like the butterfly's dependency on every reducer's result, a member never commits a mean over a
+member whose contribution some other member did not receive (that member may already have
+given up the attempt and committed a later one without it).
 """
 from __future__ import annotations
 
@@ -28,10 +34,26 @@ async def run_allgather(ctx: AttemptContext) -> None:
     jobs = [_send_contribution(ctx, member) for member in others]
     jobs += [_receive_contribution(ctx, member, decoded) for member in others]
     await run_all(jobs)
+    # every contribution is here and decodes: confirm it, and wait for everyone's confirmation while
+    # the mean is computed (docs/adr/0141)
+    jobs = [ctx.links.send(member, ctx.frame(Kind.RESULT, 0, 0, b"")) for member in others]
+    jobs += [_receive_confirmation(ctx, member) for member in others]
+    jobs.append(_mean_into_out(ctx, decoded))
+    await run_all(jobs)
+
+
+async def _mean_into_out(ctx: AttemptContext, decoded: dict[str, torch.Tensor]) -> None:
     mean = await ctx.offload(mean_in_order, [decoded[m] for m in ctx.plan.members])
     if not await ctx.offload(all_finite, mean):
         raise CodecError("the sum of finite contributions overflowed to Inf")
     ctx.out.copy_(mean)
+
+
+async def _receive_confirmation(ctx: AttemptContext, sender: str) -> None:
+    """`sender` holds every contribution of this attempt (it sends no other RESULT frame)."""
+    frame = await ctx.take(Kind.RESULT, 0, 0, sender, first=False)
+    if len(frame.payload) != 0:
+        raise PeerFailure(sender, f"malformed confirmation: {len(frame.payload)} bytes", bad_data=True)
 
 
 async def _send_contribution(ctx: AttemptContext, member: str) -> None:

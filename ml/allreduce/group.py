@@ -228,8 +228,10 @@ class AllReduceGroup:
         numel = sum(math.prod(s) for s in shapes)
         flat, fault = await self._offload(_decode_own, codec, encoded, numel)
         piece = min(4 * self.chunk_numel, self._max_frame)
+        # "allgather2": members confirm every contribution before finishing (docs/adr/0141); the plan
+        # digest differs from members without the confirmation, which are caught on the first chunk
         return await self._round(_Contribution(
-            flat, shapes, run_allgather, codec, f"allgather:{codec!r}:{piece}", fault=fault,
+            flat, shapes, run_allgather, codec, f"allgather2:{codec!r}:{piece}", fault=fault,
             encoded=encoded or b"", piece_bytes=piece), round_id)
 
     def _check_round(self, round_id: int) -> None:
@@ -327,7 +329,10 @@ class AllReduceGroup:
             if task.cancelled() or task.exception() is not None:
                 self._links.abandon(ctx.round_id, ctx.attempt)  # a committed attempt's frames still go out
         error = task.exception() if not task.cancelled() else None
-        if not task.cancelled() and error is None:
+        # a VIEW of this attempt or a COMMITTED of this round that is already here is read before
+        # committing: its sender gave up this attempt (docs/adr/0141)
+        if (not task.cancelled() and error is None and not self._inbox.pending(ctx.round_id, ctx.attempt, Kind.VIEW)
+                and not self._inbox.pending(ctx.round_id, None, Kind.COMMITTED)):
             return core.attempt_succeeded(ctx.out, ctx.agreed_rates)
         if task.cancelled() and self._misplanned.done():
             error = self._misplanned.result()

@@ -90,3 +90,12 @@ def test_an_attempt_planned_over_other_members_ends_instead_of_waiting_forever()
     report = run_seed(175)
     assert report.ok, report.violations
     assert any("planned over other members" in line for line in report.trace)
+
+
+# seeds whose all-gather flow broke agreement before docs/adr/0141 (a member frozen between rounds
+# committed the mean over everyone from buffered attempt-0 contributions; 23 and 98: one frozen
+# after holding every contribution, before its confirmation went out)
+@pytest.mark.parametrize("seed", [23, 62, 81, 88, 96, 98, 133, 135, 194])
+def test_allgather_survivors_agree_after_a_frozen_member_wakes(seed):
+    report = run_seed(seed, flow="allgather")
+    assert report.ok, report.violations
