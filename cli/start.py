@@ -10,7 +10,7 @@ from cli.home import add_home_argument, config_path, key_path, resolve_home
 from node.config import load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
-from node.roles import create_role
+from node.roles import role_factory
 
 # flag -> (section, key, help); list-valued keys accept repeated flags or commas.
 FLAGS = {
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no role to run: pass --role validator|relay|compute or set [node] roles in {config_file}")
     identity = load_identity(key_path(home))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
-    roles = [create_role(name) for name in role_names]
+    roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting
     from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help
 
     return run_node(lambda: Node(config, identity, roles, home=home))

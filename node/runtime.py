@@ -25,7 +25,7 @@ from node.metrics import Registry
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
-from node.roles import NODE_SERVICES, Role, create_service
+from node.roles import NODE_SERVICES, Role, RoleFactory, create_service, role_factory
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
@@ -71,15 +71,20 @@ class Node:
     ``node.ledger`` (the one ledger gateway: reads, ``send``, ``record``, ``subscribe``; ADR 0100),
     ``node.services`` (``NODE_SERVICES`` built for this node), ``node.relay_client`` (relayed
     addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
+
+    ``roles`` are role names (``ROLE_IMPLEMENTATIONS``) or ``RoleFactory``s; the node builds each
+    role once its own services exist (docs/adr/0140), in order, then the ``NODE_SERVICES``.
+    ``node.roles`` holds the built roles; ``node.role(name)`` finds one.
     """
 
-    def __init__(self, config: Config, identity: Identity, roles: Sequence[Role], *, home: Path | None = None):
+    def __init__(self, config: Config, identity: Identity, roles: Sequence[str | RoleFactory], *,
+                 home: Path | None = None):
         if not roles:
             raise ValueError("a node needs at least one role")
         self.config = config
         self.identity = identity
         self.peer_id = identity.peer_id
-        self.roles = list(roles)
+        self.roles: list[Role] = []
         self.home = home
         self.data_dir = home / "data" if home is not None else None
         self.version = node_version()
@@ -104,9 +109,19 @@ class Node:
         self.metrics.gauge("dekube_ledger_txs_failed", "Transactions of this node refused, failed or unconfirmed.") \
             .set_function(lambda: self.ledger.counters["failed"])
         self._register_builtins()
-        for role in self.roles:
-            role.setup(self)
+        for spec in roles:
+            self.roles.append((role_factory(spec) if isinstance(spec, str) else spec)(self))
+        self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
+                           ["peer_id", "version", "roles"]) \
+            .set(1, peer_id=self.peer_id, version=self.version, roles=",".join(r.name for r in self.roles))
         self.services = {name: create_service(name, self) for name in NODE_SERVICES}
+
+    def role(self, name: str) -> Role:
+        """The role called ``name`` that this node runs (KeyError if none)."""
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(name)
 
     @property
     def relay_client(self):
@@ -114,13 +129,13 @@ class Node:
         return self.services.get("relay_client")
 
     def add_json_get(self, path: str, handler: JsonGet) -> None:
-        """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call from ``Role.setup``.
+        """Serve ``GET path`` with ``await handler(query_params)`` as JSON; call while building a role.
 
         Raise ``InvalidParams``/``InvalidInput`` (400), ``ResourceNotFound`` (404) or
         ``ResourceUnavailable`` (503) for a client-visible error.
         """
         if self.ready.is_set():
-            raise RuntimeError("HTTP routes must be added before the node starts (in Role.setup)")
+            raise RuntimeError("HTTP routes must be added before the node starts (when a role is built)")
         if not path.startswith("/") or path in self._json_gets or path in BUILTIN_PATHS:
             raise ValueError(f"cannot add HTTP route {path!r}")
         self._json_gets[path] = handler
@@ -167,7 +182,7 @@ class Node:
         raise _StopRequested
 
     async def _run_role(self, role: Role) -> None:
-        await role.run(self)
+        await role.run()
         log.warning("role finished on its own", extra={"role": role.name})
 
     async def _keep_bootstrap_peers(self) -> None:
@@ -247,9 +262,6 @@ class Node:
             lambda: len(self.peers()))
         self.metrics.gauge("dekube_p2p_connections", "Open p2p connections (shared and bulk).").set_function(
             lambda: len(self.host.connections()))
-        info = self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
-                                  ["peer_id", "version", "roles"])
-        info.set(1, peer_id=self.peer_id, version=self.version, roles=",".join(r.name for r in self.roles))
 
 
 async def run_until_signalled(node: Node) -> int:

@@ -48,27 +48,28 @@ def fit_connection_limit(host: "Host", circuits_per_peer: int) -> None:
         host.limits = dataclasses.replace(host.limits, max_connections_per_peer=need)
 
 
+def receipt_sender(ledger: LedgerGateway) -> Submit:
+    """``submit`` that sends each co-signed receipt as a ``relay_receipt`` transaction."""
+    async def send(payload: dict) -> None:
+        await ledger.send("relay_receipt", payload)
+    return send
+
+
 class RelayRole(Role):
     name = "relay"
 
-    def __init__(self, stake_of: StakeLookupFn | None = None, submit: Submit | None = None) -> None:
-        self._stake_of = stake_of
-        self._submit = submit
-        self.service: RelayService | None = None
-        self.ledger: "LedgerGateway | None" = None
-        self.registered = False
-        self.last_error: str | None = None
-        self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger
-
-    def setup(self, node: "Node") -> None:
+    def __init__(self, node: Node, stake_of: StakeLookupFn | None = None, submit: Submit | None = None) -> None:
+        super().__init__(node)
         settings = node.config["relay"]
         bad = [p for p in settings["allow_list"] if not is_valid_peer_id(p)]
         if bad:
             raise RoleError(f"[relay] allow_list holds invalid peer IDs: {', '.join(bad)}")
         if settings["min_stake"] < 0:
             raise RoleError("[relay] min_stake must not be negative")
-        self.ledger = node.ledger if node.ledger.available else None
-        stake_of = self._stake_of
+        self.ledger: LedgerGateway | None = node.ledger if node.ledger.available else None
+        self.registered = False
+        self.last_error: str | None = None
+        self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger
         if stake_of is None and self.ledger is not None:
             stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"])
         admission = Admission(set(settings["allow_list"]), settings["min_stake"], stake_of)
@@ -77,9 +78,8 @@ class RelayRole(Role):
                              max_circuits_per_peer=settings["max_circuits_per_peer"],
                              price_per_mib=settings["price_per_mib"])
         chain_id = node.config["consensus"]["chain_id"]
-        submit = self._submit
         if submit is None and self.ledger is not None:
-            submit = self._send_receipt
+            submit = receipt_sender(self.ledger)
         self.service = RelayService(node.host, admission, limits, chain_id=chain_id,
                                     submit=self._counting(submit) if submit is not None else None)
         self.service.start()
@@ -87,9 +87,6 @@ class RelayRole(Role):
         fit_connection_limit(node.host, settings["max_circuits_per_peer"])
         node.status.add_section(self.name, self._status)
         self._register_metrics(node)
-
-    async def _send_receipt(self, payload: dict) -> None:
-        await self.ledger.send("relay_receipt", payload)
 
     def _counting(self, submit: Submit) -> Submit:
         """``submit`` that counts the receipts handed to the ledger and those it could not send."""
@@ -125,25 +122,25 @@ class RelayRole(Role):
         for name, (text, read) in gauges.items():
             node.metrics.gauge(name, text).set_function(read)
 
-    async def run(self, node: "Node") -> None:
+    async def run(self) -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})
         try:
             if self.ledger is not None:
-                await self._keep_registered(node)  # until cancelled
+                await self._keep_registered(self.node, self.ledger)  # until cancelled
             else:
                 await asyncio.Event().wait()
         finally:
             await self.service.stop()
 
-    async def _keep_registered(self, node: "Node") -> None:
+    async def _keep_registered(self, node: Node, ledger: LedgerGateway) -> None:
         """Contribute the relay role to this node's ledger record and see it published (retrying
         every REGISTER_RETRY_S); the gateway's record publisher keeps it there afterwards."""
         await node.ready.wait()
-        self.ledger.record.contribute(self.name, roles={r.name for r in node.roles},
-                                      listen_addrs=node.host.listen_addrs)
+        ledger.record.contribute(self.name, roles={r.name for r in node.roles},
+                                 listen_addrs=node.host.listen_addrs)
         while not self.registered:
             try:
-                if await self.ledger.record.sync():
+                if await ledger.record.sync():
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True
                 self.last_error = None

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consensus.block import Block, BlockError, build_block
 from consensus.committee import ValidatorSet
@@ -55,6 +55,9 @@ from node.p2p.multiaddr import Multiaddr
 from node.roles import Role
 from node.rpc.errors import MethodNotFound, ResourceNotFound, ResourceUnavailable
 
+if TYPE_CHECKING:
+    from node.runtime import Node
+
 log = logging.getLogger(__name__)
 
 NEW_HEADS = "newHeads"
@@ -74,8 +77,10 @@ def now_ms() -> int:
 class ValidatorRole(Role):
     name = "validator"
 
-    def __init__(self) -> None:
-        self.node = None
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.peer_id = node.peer_id
+        self.settings = node.config["consensus"]
         self.genesis: Genesis | None = None
         self.store: ChainStore | None = None
         self.ledger: Ledger | None = None
@@ -96,12 +101,6 @@ class ValidatorRole(Role):
         self._submissions: list[tuple[bytes, asyncio.Future]] = []
         self._fatal: asyncio.Future | None = None
         self.last_commit_monotonic: float | None = None
-
-    # ------------------------------------------------------------------ role interface
-    def setup(self, node) -> None:
-        self.node = node
-        self.peer_id = node.peer_id
-        self.settings = node.config["consensus"]
         self._methods = register_methods(node.rpc, self)
         for topic in (NEW_HEADS, TASKS_TOPIC, TXS_TOPIC):
             node.hub.add_topic(topic)
@@ -113,7 +112,8 @@ class ValidatorRole(Role):
         node.metrics.gauge("dekube_mempool_txs", "Transactions waiting in the mempool.").set_function(
             lambda: len(self.mempool) if self.mempool is not None else 0)
 
-    async def run(self, node) -> None:
+    # ------------------------------------------------------------------ role interface
+    async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         try:

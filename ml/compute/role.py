@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from consensus.tx import MAX_CPU_CORES
 from ml.compute import ready_protocol, segments_protocol
@@ -40,6 +41,10 @@ from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
 from node.rpc.errors import InvalidParams, ResourceNotFound
 from node.roles import Role
 
+if TYPE_CHECKING:
+    from node.metrics import Registry
+    from node.runtime import Node
+
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
@@ -54,9 +59,10 @@ FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed
 class ComputeRole(Role):
     name = "compute"
 
-    def __init__(self) -> None:
-        self.node = None
-        self.ledger: LedgerGateway | None = None
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.ledger: LedgerGateway = node.ledger
+        self.config = node.config["compute"]
         self.registered = False
         self.jobs: dict[str, dict] = {}          # task id hex -> progress/state of our share
         self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
@@ -70,12 +76,6 @@ class ComputeRole(Role):
         self._due_height: int | None = None      # a height at which something becomes due
         self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
-
-    # ---- wiring
-    def setup(self, node) -> None:
-        self.node = node
-        self.ledger = node.ledger
-        self.config = node.config["compute"]
         self.transport = HostTransport(node.host)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
         node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
@@ -86,7 +86,7 @@ class ComputeRole(Role):
         if node.data_dir is not None:
             self._load_results()
 
-    def _register_metrics(self, metrics) -> None:
+    def _register_metrics(self, metrics: Registry) -> None:
         self.tasks_done = metrics.counter("dekube_compute_tasks_total", "Task shares finished, by outcome.",
                                           ["outcome"])
         self.audits_sent = metrics.counter("dekube_compute_audits_total", "Audit results submitted, by verdict.",
@@ -97,7 +97,7 @@ class ComputeRole(Role):
             lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
 
     def status(self) -> dict:
-        return {"registered": self.registered, "ledger": self.ledger.describe() if self.ledger else None,
+        return {"registered": self.registered, "ledger": self.ledger.describe(),
                 "jobs": self.jobs, "audits": self.audits, "last_error": self.last_error}
 
     async def _rpc_status(self) -> dict:
@@ -142,8 +142,8 @@ class ComputeRole(Role):
         return self.results.get(task_id.hex())
 
     # ---- main loop
-    async def run(self, node) -> None:
-        await node.ready.wait()
+    async def run(self) -> None:
+        await self.node.ready.wait()
         if not self.ledger.available:  # a misconfiguration: say so in the log and /status, keep serving
             self.last_error = "no ledger: set [ledger] rpc_urls or run a validator role"
             log.error("compute role idle: %s", self.last_error)

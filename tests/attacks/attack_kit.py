@@ -6,7 +6,7 @@ import aiohttp
 
 from node.config import load_config
 from node.identity import Identity
-from node.roles import BasicRole
+from node.roles import basic_role
 from node.runtime import Node
 
 
@@ -20,7 +20,7 @@ async def running_node(**rpc_overrides):
     """A relay-role node with HTTP on an ephemeral 127.0.0.1 port, [rpc] overrides applied."""
     overrides = {("rpc", "port"): "0", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
                  **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
-    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("relay")])
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("relay")])
     task = asyncio.create_task(node.run())
     await asyncio.wait_for(node.ready.wait(), 10)
     try:

@@ -53,9 +53,9 @@ async def rpc(session, method, *params):
 
 
 async def run_node(home, body):
-    role = ValidatorRole()
-    node = Node(config(VALIDATOR), VALIDATOR, [role], home=home)
-    partner = Node(config(PARTNER), PARTNER, [ValidatorRole()], home=home / "partner")
+    node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole], home=home)
+    role = node.role("validator")
+    partner = Node(config(PARTNER), PARTNER, [ValidatorRole], home=home / "partner")
     tasks = [asyncio.create_task(n.run()) for n in (node, partner)]
     await asyncio.wait_for(node.ready.wait(), 10)
     await asyncio.wait_for(role.ready.wait(), 10)
@@ -131,7 +131,7 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
 
 def start_fails(home):
     async def main():
-        node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole()], home=home)
+        node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole], home=home)
         await asyncio.wait_for(node.run(), 10)
     with pytest.raises(BaseException) as info:
         asyncio.run(main())
@@ -163,8 +163,8 @@ def test_a_node_outside_the_committee_follows_the_chain(tmp_path):
     home = make_home(tmp_path)
 
     async def body(node, role, session):
-        follower_role = ValidatorRole()
-        follower = Node(config(FOLLOWER), FOLLOWER, [follower_role], home=home / "follower")
+        follower = Node(config(FOLLOWER), FOLLOWER, [ValidatorRole], home=home / "follower")
+        follower_role = follower.role("validator")
         task = asyncio.create_task(follower.run())
         try:
             await asyncio.wait_for(follower_role.ready.wait(), 10)

@@ -37,7 +37,7 @@ from ml.allreduce import AllReduceGroup  # noqa: E402
 from ml.compute.host_transport import HostTransport  # noqa: E402
 from node.config import load_config  # noqa: E402
 from node.identity import Identity  # noqa: E402
-from node.roles import BasicRole  # noqa: E402
+from node.roles import basic_role  # noqa: E402
 from node.runtime import Node  # noqa: E402
 from tests.netlab.commands import serve_commands  # noqa: E402
 
@@ -75,7 +75,7 @@ class NodeAgent:
                      ("relay", "relays"): args.relays, ("relay", "reserve"): "true",
                      ("relay", "hole_punch"): "false" if args.no_hole_punch else "true"}
         config = load_config(None, env={}, overrides=overrides)
-        self.node = Node(config, Identity.from_seed(bytes.fromhex(args.seed)), [BasicRole("compute")])
+        self.node = Node(config, Identity.from_seed(bytes.fromhex(args.seed)), [basic_role("compute")])
         self.groups: dict[tuple, AllReduceGroup] = {}
 
     @property

@@ -6,7 +6,7 @@ import aiohttp
 
 from node.config import load_config
 from node.identity import Identity
-from node.roles import BasicRole
+from node.roles import basic_role
 from node.runtime import Node
 
 
@@ -19,7 +19,7 @@ def local_config(overrides=None):
 @contextlib.asynccontextmanager
 async def running_node(**rpc_overrides):
     node = Node(local_config({("rpc", k): str(v) for k, v in rpc_overrides.items()}), Identity.generate(),
-                [BasicRole("relay")])
+                [basic_role("relay")])
     task = asyncio.create_task(node.run())
     await asyncio.wait_for(node.ready.wait(), 10)
     try:

@@ -8,7 +8,7 @@ import pytest
 from node_harness import local_config, running_node
 
 from node.identity import Identity
-from node.roles import BasicRole
+from node.roles import basic_role
 from node.runtime import Node
 
 
@@ -127,7 +127,7 @@ def test_closing_the_websocket_ends_its_subscriptions():
 
 def test_node_stop_closes_open_websockets():
     async def scenario():
-        node = Node(local_config(), Identity.generate(), [BasicRole("compute")])
+        node = Node(local_config(), Identity.generate(), [basic_role("compute")])
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         async with aiohttp.ClientSession() as session:
@@ -146,7 +146,7 @@ def test_port_in_use_is_a_clear_start_error():
     async def scenario():
         async with running_node() as (node, http):
             other = Node(local_config({("rpc", "port"): str(node.http.port)}),
-                         Identity.generate(), [BasicRole("relay")])
+                         Identity.generate(), [basic_role("relay")])
             with pytest.raises(NodeStartError, match=f"cannot serve HTTP on http://127.0.0.1:{node.http.port}"):
                 await other.run()
 

@@ -1,4 +1,4 @@
-"""Node lifecycle: roles set up before serving, run in one TaskGroup, cancelled on stop; failures surface."""
+"""Node lifecycle: roles built by the node before serving, run in one TaskGroup, cancelled on stop; failures surface."""
 import asyncio
 
 import aiohttp
@@ -7,7 +7,7 @@ from node_harness import local_config
 
 from node import roles as role_registry
 from node.identity import Identity
-from node.roles import BasicRole, Role, RoleError, create_role
+from node.roles import BasicRole, Role, RoleError, basic_role, create_role, role_factory
 from node.runtime import Node
 
 
@@ -16,18 +16,18 @@ class CountingRole(Role):
 
     name = "compute"
 
-    def __init__(self):
+    def __init__(self, node):
+        super().__init__(node)
         self.ticks = 0
         self.cancelled = False
 
-    def setup(self, node):
         async def dkb_ticks() -> int:
             return self.ticks
 
         node.rpc.register("dkb_ticks", dkb_ticks)
         node.status.add_section("compute", lambda: {"ticks": self.ticks})
 
-    async def run(self, node):
+    async def run(self):
         try:
             while True:
                 self.ticks += 1
@@ -40,15 +40,16 @@ class CountingRole(Role):
 class FailingRole(Role):
     name = "relay"
 
-    async def run(self, node):
+    async def run(self):
         await asyncio.sleep(0.05)
         raise RuntimeError("relay broke")
 
 
 def test_roles_register_methods_and_are_cancelled_on_stop():
     async def scenario():
-        role = CountingRole()
-        node = Node(local_config(), Identity.generate(), [role])
+        node = Node(local_config(), Identity.generate(), [CountingRole])
+        role = node.role("compute")
+        assert node.roles == [role] and isinstance(role, CountingRole) and role.node is node
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         await asyncio.sleep(0.05)
@@ -71,8 +72,8 @@ def test_roles_register_methods_and_are_cancelled_on_stop():
 
 def test_failing_role_stops_the_node_and_surfaces_the_error():
     async def scenario():
-        other = CountingRole()
-        node = Node(local_config(), Identity.generate(), [other, FailingRole()])
+        node = Node(local_config(), Identity.generate(), [CountingRole, FailingRole])
+        other = node.role("compute")
         with pytest.raises(ExceptionGroup) as group:
             await node.run()
         assert group.group_contains(RuntimeError, match="relay broke")
@@ -83,7 +84,7 @@ def test_failing_role_stops_the_node_and_surfaces_the_error():
 
 def test_rpc_can_be_disabled():
     async def scenario():
-        node = Node(local_config({("rpc", "enabled"): "false"}), Identity.generate(), [BasicRole("relay")])
+        node = Node(local_config({("rpc", "enabled"): "false"}), Identity.generate(), [basic_role("relay")])
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         assert node.http is None
@@ -99,30 +100,43 @@ def test_node_needs_a_role():
 
 
 def test_role_registry(monkeypatch):
-    validator = create_role("validator")
-    assert validator.name == "validator" and not isinstance(validator, BasicRole)
+    def fresh():
+        return Node(local_config(), Identity.generate(), [basic_role("relay")])
+
+    node = fresh()
+    validator = create_role("validator", node)
+    assert validator.name == "validator" and not isinstance(validator, BasicRole) and validator.node is node
     with pytest.raises(RoleError, match="unknown role 'miner'"):
-        create_role("miner")
+        role_factory("miner")
     monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "compute", f"{__name__}:CountingRole")
-    assert isinstance(create_role("compute"), CountingRole)
+    assert isinstance(create_role("compute", fresh()), CountingRole)
     monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", f"{__name__}:CountingRole")
     with pytest.raises(RoleError, match="did not create a Role named 'relay'"):
-        create_role("relay")
+        create_role("relay", fresh())
     monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", "no.such.module:Relay")
     with pytest.raises(RoleError, match="cannot load role implementation"):
-        create_role("relay")
+        role_factory("relay")
+
+
+def test_node_builds_roles_by_name(monkeypatch):
+    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "compute", f"{__name__}:CountingRole")
+    node = Node(local_config(), Identity.generate(), ["compute", basic_role("relay")])
+    assert [type(r) for r in node.roles] == [CountingRole, BasicRole]
+    assert node.role("relay").node is node and "relay" in node.status._sections
+    with pytest.raises(KeyError):
+        node.role("validator")
 
 
 def test_p2p_host_listens_and_bootstrap_connects_nodes():
     async def scenario():
-        a = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+        a = Node(local_config(), Identity.generate(), [basic_role("relay")])
         a_task = asyncio.create_task(a.run())
         await asyncio.wait_for(a.ready.wait(), 10)
         a_addr = a.host.listen_addrs[0]
         assert a_addr.startswith("/ip4/127.0.0.1/tcp/") and a_addr.endswith(f"/p2p/{a.peer_id}")
         dead = f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"
         b = Node(local_config({("p2p", "bootstrap"): f"{dead},{a_addr}"}), Identity.generate(),
-                 [BasicRole("compute")])
+                 [basic_role("compute")])
         b_task = asyncio.create_task(b.run())
         await asyncio.wait_for(b.ready.wait(), 10)
         for _ in range(200):
@@ -148,11 +162,11 @@ def test_p2p_port_in_use_is_a_clear_start_error():
     from node.runtime import NodeStartError
 
     async def scenario():
-        a = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+        a = Node(local_config(), Identity.generate(), [basic_role("relay")])
         a_task = asyncio.create_task(a.run())
         await asyncio.wait_for(a.ready.wait(), 10)
         taken = a.host.listen_addrs[0].split("/p2p/")[0]
-        b = Node(local_config({("p2p", "listen"): taken}), Identity.generate(), [BasicRole("relay")])
+        b = Node(local_config({("p2p", "listen"): taken}), Identity.generate(), [basic_role("relay")])
         with pytest.raises(NodeStartError, match=f"cannot listen on {taken}"):
             await b.run()
         a.request_stop()
@@ -166,7 +180,8 @@ class BlockRole(Role):
 
     name = "validator"
 
-    def setup(self, node):
+    def __init__(self, node):
+        super().__init__(node)
         from node.rpc.errors import InvalidParams, ResourceNotFound
 
         async def block(query):
@@ -182,13 +197,13 @@ class BlockRole(Role):
         with pytest.raises(ValueError):
             node.add_json_get("/status", block)
 
-    async def run(self, node):
+    async def run(self):
         await asyncio.Event().wait()
 
 
 def test_roles_add_json_get_routes():
     async def scenario():
-        node = Node(local_config(), Identity.generate(), [BlockRole()])
+        node = Node(local_config(), Identity.generate(), [BlockRole])
         task = asyncio.create_task(node.run())
         await asyncio.wait_for(node.ready.wait(), 10)
         with pytest.raises(RuntimeError, match="before the node starts"):
@@ -210,7 +225,7 @@ def test_roles_add_json_get_routes():
 
 def test_stop_does_not_wait_forever_for_a_hanging_request():
     async def scenario():
-        node = Node(local_config(), Identity.generate(), [BasicRole("relay")])
+        node = Node(local_config(), Identity.generate(), [basic_role("relay")])
 
         @node.rpc.method("dkb_hang")
         async def hang() -> None:

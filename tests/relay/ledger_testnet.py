@@ -11,7 +11,7 @@ from devtools.testnet import free_ports
 from node.ledger import LedgerGateway
 from node.config import load_config
 from node.identity import Identity
-from node.roles import BasicRole, Role
+from node.roles import RoleFactory, basic_role
 from node.runtime import Node
 
 CHAIN = "relay-wiring"
@@ -42,22 +42,22 @@ class LedgerTestnet:
     at genesis."""
 
     def __init__(self, root: Path, validators: int, balances: dict[str, int],
-                 extra_roles: dict[int, list[Role]] | None = None, relay_settings: dict | None = None) -> None:
+                 extra_roles: dict[int, list[RoleFactory]] | None = None, relay_settings: dict | None = None) -> None:
         self.identities = [Identity.generate() for _ in range(validators)]
         ports = free_ports(validators)
         funded = {**{ident.peer_id: 10**6 for ident in self.identities}, **balances}  # fees need a balance
         genesis = Genesis(CHAIN, 0, funded, tuple(
             GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{port}",))
             for ident, port in zip(self.identities, ports)), Params(committee_size=validators))
-        self.validator_roles = [ValidatorRole() for _ in range(validators)]
         self.nodes: list[Node] = []
-        for i, (ident, port, role) in enumerate(zip(self.identities, ports, self.validator_roles)):
+        for i, (ident, port) in enumerate(zip(self.identities, ports)):
             home = root / f"v{i}"
             home.mkdir(parents=True)
             (home / "genesis.json").write_text(genesis.to_json())
             extra = (extra_roles or {}).get(i, [])
             settings = relay_settings or {} if extra else {}
-            self.nodes.append(Node(node_config(port, **settings), ident, [role, *extra], home=home))
+            self.nodes.append(Node(node_config(port, **settings), ident, [ValidatorRole, *extra], home=home))
+        self.validator_roles = [node.role("validator") for node in self.nodes]
         self.others: list[Node] = []
         self._clients: dict[tuple[str, int], LedgerGateway] = {}
         self._tasks: list[asyncio.Task] = []
@@ -72,8 +72,8 @@ class LedgerTestnet:
             await asyncio.wait_for(node.ready.wait(), 20)
             await asyncio.wait_for(role.ready.wait(), 20)
 
-    async def add(self, config, identity: Identity, roles: list[Role] | None = None) -> Node:
-        node = Node(config, identity, roles or [BasicRole("compute")])
+    async def add(self, config, identity: Identity, roles: list[RoleFactory] | None = None) -> Node:
+        node = Node(config, identity, roles or [basic_role("compute")])
         self.others.append(node)
         self._tasks.append(asyncio.create_task(node.run()))
         await asyncio.wait_for(node.ready.wait(), 20)

@@ -32,9 +32,9 @@ def test_relay_and_compute_roles_on_one_key_pipeline_50_txs_with_gapless_nonces(
     async def main():
         await net.start()
         try:
-            relay, compute = RelayRole(), ComputeRole()
             node = await net.add(node_config(extra={("ledger", "rpc_urls"): [net.url(0), net.url(1)]}), key,
-                                 [relay, compute])
+                                 [RelayRole, ComputeRole])
+            relay, compute = node.role("relay"), node.role("compute")
             assert relay.ledger is node.ledger and compute.ledger is node.ledger
             await eventually(lambda: relay.registered and compute.registered, 60, what="both roles registered")
             record = await node.ledger.node_info(key.peer_id)

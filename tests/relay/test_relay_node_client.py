@@ -8,7 +8,7 @@ import pytest
 from node.config import ConfigError, load_config
 from node.identity import Identity
 from node.ledger import LedgerUnavailable, RecordPublisher
-from node.roles import BasicRole
+from node.roles import basic_role
 from node.runtime import Node
 from relay.client import split_circuit_addr
 from relay.ledger_access import StakeLookup
@@ -62,7 +62,7 @@ class OwnRecordLedger(FakeLedger):
 
 async def start_home(identity, relays, reserve, ledger=None, assess=None):
     """A home Node (no ledger of its own unless ``ledger``) running the relay client service."""
-    node = Node(node_config(relays=relays, reserve=reserve, rpc=False), identity, [BasicRole("compute")])
+    node = Node(node_config(relays=relays, reserve=reserve, rpc=False), identity, [basic_role("compute")])
     service = node.relay_client
     if assess is not None:
         service._assess = assess
@@ -165,7 +165,7 @@ def test_a_reachable_node_does_not_reserve_after_asking_a_relay_node():
     """Real AutoNAT: the relay role serves dial-backs; a home node on loopback is reachable."""
     async def main():
         home_id = Identity.generate()
-        relay = Node(node_config(allow_list=[home_id.peer_id], rpc=False), Identity.generate(), [RelayRole()])
+        relay = Node(node_config(allow_list=[home_id.peer_id], rpc=False), Identity.generate(), [RelayRole])
         relay_task = asyncio.create_task(relay.run())
         await asyncio.wait_for(relay.ready.wait(), 10)
         node, task = await start_home(home_id, [relay.host.listen_addrs[0]], False)
@@ -204,19 +204,19 @@ def test_a_ledger_answering_junk_is_reported_and_reservations_go_on():
 @pytest.mark.parametrize("key", ["ledger_rpc", "receipt_rpc"])
 def test_a_malformed_ledger_url_is_a_config_error(key):
     with pytest.raises(ConfigError, match=f"\\[relay\\] {key}"):
-        Node(node_config(rpc=False, **{key: "localhost:8645"}), Identity.generate(), [RelayRole()])
+        Node(node_config(rpc=False, **{key: "localhost:8645"}), Identity.generate(), [RelayRole])
 
 
 def test_the_ledger_urls_come_from_the_ledger_section_then_the_legacy_keys():
     overrides = {("rpc", "enabled"): "false", ("compute", "rpc_url"): "http://127.0.0.1:9"}
-    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("compute")])
     assert node.relay_client.ledger is node.ledger and node.ledger.url == "http://127.0.0.1:9"
     assert not node.ledger.is_local
     overrides[("relay", "ledger_rpc")] = "http://127.0.0.1:10"
     overrides[("ledger", "rpc_urls")] = "http://127.0.0.1:11,http://127.0.0.1:12"
-    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("compute")])
     assert node.ledger.pool.urls == ["http://127.0.0.1:11", "http://127.0.0.1:12", "http://127.0.0.1:10",
                                      "http://127.0.0.1:9"]
     del overrides[("compute", "rpc_url")], overrides[("relay", "ledger_rpc")], overrides[("ledger", "rpc_urls")]
-    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [BasicRole("compute")])
+    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("compute")])
     assert node.relay_client.ledger is None and not node.ledger.available

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from node.identity import Identity
-from node.roles import BasicRole
+from node.roles import basic_role
 from node.runtime import Node
 from relay.client import RelayClient
 from relay_harness import start_relay, stop_all
@@ -24,7 +24,7 @@ async def echo(stream):
 
 async def start_home(identity, relay_addr, hole_punch=True):
     node = Node(node_config(relays=[relay_addr], reserve=True, rpc=False, hole_punch=hole_punch), identity,
-                [BasicRole("compute")])
+                [basic_role("compute")])
     node.relay_client.ledger = None
     task = asyncio.create_task(node.run())
     await asyncio.wait_for(node.ready.wait(), 10)

@@ -5,7 +5,7 @@ import pytest
 
 from node.config import load_config
 from node.identity import Identity
-from node.roles import RoleError, create_role
+from node.roles import RoleError
 from node.runtime import Node
 from relay.client import RelayRefused
 from relay.messages import Status
@@ -21,7 +21,7 @@ def node_config(allow):
 def test_relay_role_serves_allow_listed_peers_only():
     async def main():
         member, outsider = await start_endpoint(), await start_endpoint()
-        node = Node(node_config([member.host.peer_id]), Identity.generate(), [create_role("relay")])
+        node = Node(node_config([member.host.peer_id]), Identity.generate(), ["relay"])
         task = asyncio.create_task(node.run())
         try:
             await asyncio.wait_for(node.ready.wait(), 10)
@@ -43,4 +43,4 @@ def test_relay_role_serves_allow_listed_peers_only():
 
 def test_bad_allow_list_is_a_clear_error():
     with pytest.raises(RoleError, match="invalid peer IDs"):
-        Node(node_config(["not-a-peer"]), Identity.generate(), [RelayRole()])
+        Node(node_config(["not-a-peer"]), Identity.generate(), [RelayRole])

@@ -34,17 +34,17 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
     home_a, home_b, stranger, unbonded = (Identity.generate() for _ in range(4))
     relay2_id = Identity.generate()
     funds = {ident.peer_id: 10**6 for ident in (home_a, home_b, stranger, unbonded, relay2_id)}  # fees need funds
-    relay_on_validator = RelayRole()
-    net = LedgerTestnet(tmp_path, 4, funds, extra_roles={0: [relay_on_validator]},
+    net = LedgerTestnet(tmp_path, 4, funds, extra_roles={0: [RelayRole]},
                         relay_settings={"min_stake": MIN_STAKE, "reservation_ttl": 60})
+    relay_on_validator = net.nodes[0].role("relay")
 
     async def main():
         await net.start()
         try:
             reader = net.client(Identity.generate(), 3)
-            standalone = RelayRole()
             relay2 = await net.add(node_config(ledger_rpc=net.url(1), min_stake=MIN_STAKE, lookup_ttl=0.5),
-                                   relay2_id, [standalone])
+                                   relay2_id, [RelayRole])
+            standalone = relay2.role("relay")
             relays = [net.nodes[0].host.listen_addrs[0], relay2.host.listen_addrs[0]]
             await eventually(lambda: relay_on_validator.registered and standalone.registered, what="relays registered")
             assert set((await reader.call("dkb_getNode", relay2.peer_id))["roles"]) == {"relay"}
@@ -169,7 +169,7 @@ def test_a_home_compute_node_keeps_its_relayed_addresses_next_to_the_compute_reg
 
     monkeypatch.setattr("node.ledger.record.RECHECK_S", 0.5)
     home = Identity.generate()
-    net = LedgerTestnet(tmp_path, 2, {home.peer_id: 10**6}, extra_roles={0: [RelayRole()]})
+    net = LedgerTestnet(tmp_path, 2, {home.peer_id: 10**6}, extra_roles={0: [RelayRole]})
 
     async def main():
         await net.start()
@@ -177,8 +177,8 @@ def test_a_home_compute_node_keeps_its_relayed_addresses_next_to_the_compute_reg
             reader = net.client(Identity.generate(), 1)
             config = node_config(relays=[net.nodes[0].host.listen_addrs[0]], reserve=True, rpc=False,
                                  extra={("compute", "rpc_url"): net.url(1)})
-            compute = ComputeRole()
-            a = await net.add(config, home, [compute])
+            a = await net.add(config, home, [ComputeRole])
+            compute = a.role("compute")
             await eventually(lambda: compute.registered and a.relay_client.client.relayed_addrs, 60,
                              what="compute registration and a reservation")
 
