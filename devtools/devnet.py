@@ -57,7 +57,7 @@ class ComputeDevnet:
 
     @classmethod
     def create(cls, root: Path | str, validators: int = 2, compute: int = 4, *, chain_id: str = "dekube-devnet",
-               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> "ComputeDevnet":
+               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> ComputeDevnet:
         """Write the validators' testnet (compute nodes funded at genesis) and the compute homes."""
         root = Path(root).expanduser()
         idents = [Identity.generate() for _ in range(compute)]
@@ -88,7 +88,7 @@ class ComputeDevnet:
         return cls(testnet, nodes)
 
     @classmethod
-    def load(cls, root: Path | str) -> "ComputeDevnet":
+    def load(cls, root: Path | str) -> ComputeDevnet:
         root = Path(root).expanduser()
         testnet = Testnet.load(root)
         try:

@@ -15,9 +15,10 @@ import json
 import re
 import tomllib
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from node.p2p.multiaddr import Multiaddr, MultiaddrError

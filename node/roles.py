@@ -14,7 +14,8 @@ import asyncio
 import importlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from node.config import ROLE_NAMES
 from node.extras import missing_compute_message, missing_compute_module
@@ -46,10 +47,10 @@ class Role:
 
     name: str = ""
 
-    def setup(self, node: "Node") -> None:
+    def setup(self, node: Node) -> None:
         """Register RPC methods, status sections, metrics and topics. Runs before serving starts."""
 
-    async def run(self, node: "Node") -> None:
+    async def run(self, node: Node) -> None:
         """Do the role's work until cancelled."""
         raise NotImplementedError
 
@@ -61,10 +62,10 @@ class BasicRole(Role):
         self.name = name
         self.started_at: float | None = None
 
-    def setup(self, node: "Node") -> None:
+    def setup(self, node: Node) -> None:
         node.status.add_section(self.name, self._status)
 
-    async def run(self, node: "Node") -> None:
+    async def run(self, node: Node) -> None:
         self.started_at = time.time()
         log.info("role started", extra={"role": self.name})
         await asyncio.Event().wait()  # idle until cancelled
@@ -85,7 +86,7 @@ def create_role(name: str) -> Role:
     return role
 
 
-def create_service(name: str, node: "Node") -> Any:
+def create_service(name: str, node: Node) -> Any:
     """Build the node service called ``name`` from ``NODE_SERVICES``."""
     return _import(NODE_SERVICES[name])(node)
 

@@ -25,8 +25,20 @@ from node.p2p.host import Connection, DialError, Host
 from node.p2p.multiaddr import Multiaddr
 
 from .messages import (
-    HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, RelayMessageError, Status, StopMessage,
-    StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
+    HOP_PROTOCOL,
+    STOP_PROTOCOL,
+    HopMessage,
+    HopType,
+    Peer,
+    RelayMessageError,
+    Status,
+    StopMessage,
+    StopType,
+    decode_hop,
+    decode_stop,
+    encode_hop,
+    encode_stop,
+    frame,
 )
 from .receipts import RECEIPT_PROTOCOL, CircuitCount, ReceiptSigner
 from .service import read_message

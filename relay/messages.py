@@ -15,7 +15,13 @@ from node.identity import InvalidPeerId, b58decode, b58encode, public_key_from_p
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.protobuf import (
-    WIRE_LEN, WIRE_VARINT, ProtobufError, bytes_fields, decode_fields, field_bytes, field_varint,
+    WIRE_LEN,
+    WIRE_VARINT,
+    ProtobufError,
+    bytes_fields,
+    decode_fields,
+    field_bytes,
+    field_varint,
 )
 from node.p2p.varint import VarintError, decode_uvarint, encode_uvarint
 

@@ -44,7 +44,7 @@ RESTART_S = 5.0          # pause before restarting reservations after an unexpec
 
 
 class RelayNodeClient:
-    def __init__(self, node: "Node", *, assess=reachability.assess) -> None:
+    def __init__(self, node: Node, *, assess=reachability.assess) -> None:
         settings = node.config["relay"]
         self.node = node
         self.relays: list[str] = list(settings["relays"])

@@ -39,7 +39,7 @@ REGISTER_RETRY_S = 5.0
 EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
 
 
-def fit_connection_limit(host: "Host", circuits_per_peer: int) -> None:
+def fit_connection_limit(host: Host, circuits_per_peer: int) -> None:
     """Raise the Host's per-peer connection limit to hold ``circuits_per_peer`` bulk circuits
     (each its own connection between an endpoint and the relay) besides the shared connection."""
     need = circuits_per_peer + EXTRA_CONNECTIONS_PER_PEER
@@ -55,12 +55,12 @@ class RelayRole(Role):
         self._stake_of = stake_of
         self._submit = submit
         self.service: RelayService | None = None
-        self.ledger: "LedgerGateway | None" = None
+        self.ledger: LedgerGateway | None = None
         self.registered = False
         self.last_error: str | None = None
         self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger
 
-    def setup(self, node: "Node") -> None:
+    def setup(self, node: Node) -> None:
         settings = node.config["relay"]
         bad = [p for p in settings["allow_list"] if not is_valid_peer_id(p)]
         if bad:
@@ -108,7 +108,7 @@ class RelayRole(Role):
                 "last_error": self.last_error, "receipts_sent": self.submissions["sent"],
                 "receipts_send_failed": self.submissions["failed"]}
 
-    def _register_metrics(self, node: "Node") -> None:
+    def _register_metrics(self, node: Node) -> None:
         service = self.service
         gauges = {
             "dekube_relay_reservations": ("Live reservations on this relay.",
@@ -125,7 +125,7 @@ class RelayRole(Role):
         for name, (text, read) in gauges.items():
             node.metrics.gauge(name, text).set_function(read)
 
-    async def run(self, node: "Node") -> None:
+    async def run(self, node: Node) -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})
         try:
             if self.ledger is not None:
@@ -135,7 +135,7 @@ class RelayRole(Role):
         finally:
             await self.service.stop()
 
-    async def _keep_registered(self, node: "Node") -> None:
+    async def _keep_registered(self, node: Node) -> None:
         """Contribute the relay role to this node's ledger record and see it published (retrying
         every REGISTER_RETRY_S); the gateway's record publisher keeps it there afterwards."""
         await node.ready.wait()

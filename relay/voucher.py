@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from node.identity import (
-    Identity, InvalidPeerId, b58decode, peer_id_from_public_key, public_key_from_protobuf, verify,
+    Identity,
+    InvalidPeerId,
+    b58decode,
+    peer_id_from_public_key,
+    public_key_from_protobuf,
+    verify,
 )
 from node.p2p.protobuf import WIRE_LEN, WIRE_VARINT, ProtobufError, decode_fields, field_bytes, field_varint
 from node.p2p.varint import encode_uvarint

@@ -77,7 +77,7 @@ def tx_rejection(exc: TxError) -> RpcError:
                     code=exc.code.rpc_code)
 
 
-def register_methods(dispatcher, chain: "ValidatorRole") -> dict[str, Any]:
+def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
     """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``; returns
     them by name (the node's ledger gateway calls them in-process)."""
 

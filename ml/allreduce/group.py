@@ -29,9 +29,9 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import torch
 

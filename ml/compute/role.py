@@ -37,8 +37,8 @@ from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
-from node.rpc.errors import InvalidParams, ResourceNotFound
 from node.roles import Role
+from node.rpc.errors import InvalidParams, ResourceNotFound
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from node.p2p.errors import ProtocolError
 
@@ -77,7 +77,7 @@ def make_handler(lookup: Callable[[bytes], dict | None]):
     async def serve_segments(stream) -> None:
         try:
             task_id = await asyncio.wait_for(stream.readexactly(TASK_ID_BYTES), TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError):
             stream.reset()
             return
         result = lookup(task_id)
@@ -106,5 +106,5 @@ async def fetch_segments(host, peer_id: str, task_id: bytes) -> SegmentReport:
 
     try:
         return await asyncio.wait_for(exchange(), TIMEOUT_S)
-    except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError, ProtocolError) as exc:
+    except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
         raise SegmentsError(f"no answer from {peer_id}: {exc!r}") from None

@@ -28,7 +28,7 @@ class SubscriptionClosed(Exception):
 class Subscription:
     """One subscriber's bounded queue on one topic."""
 
-    def __init__(self, hub: "Hub", topic: str, limit: int, key: str | None = None):
+    def __init__(self, hub: Hub, topic: str, limit: int, key: str | None = None):
         self.id = "0x" + os.urandom(16).hex()
         self.topic = topic
         self.key = key

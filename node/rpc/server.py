@@ -13,7 +13,8 @@ import asyncio
 import json
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -232,7 +233,7 @@ class _WebsocketSession:
                       "params": {"subscription": sub.id, "reason": str(closed)}}
             try:
                 await asyncio.wait_for(self.ws.send_str(encode_json(notice)), _DROP_NOTICE_TIMEOUT_S)
-            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            except (TimeoutError, ConnectionError, RuntimeError):
                 pass
         except (ConnectionError, RuntimeError):
             sub.close("connection closed")  # the peer went away mid-send

@@ -51,7 +51,7 @@ class Node:
         self._reader.start()
 
     @classmethod
-    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> "Node":
+    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> Node:
         """Start ``agent`` (``agent.py``, or ``node_agent.py`` for a real Node) as ``name``."""
         cmd = ["ip", "netns", "exec", ns, sys.executable, str(agent), "--seed", seed_of(name), "--listen", listen, *extra]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)

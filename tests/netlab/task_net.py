@@ -58,7 +58,7 @@ class TaskNet:
     validators: list[Member] = field(default_factory=list)
 
     @classmethod
-    def build(cls, root: Path, compute: int = 4) -> "TaskNet":
+    def build(cls, root: Path, compute: int = 4) -> TaskNet:
         lab = Lab().build(["val", "relay1", "relay2"], HOME_NATS[:compute])
         try:
             return cls._write(lab, Path(root), compute)
@@ -67,7 +67,7 @@ class TaskNet:
             raise
 
     @classmethod
-    def _write(cls, lab: Lab, root: Path, compute: int) -> "TaskNet":
+    def _write(cls, lab: Lab, root: Path, compute: int) -> TaskNet:
         relay_ids = [Identity.generate() for _ in range(2)]
         compute_ids = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, 2, chain_id="dekube-netlab", host=lab.public["val"],

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from node.identity import Identity
-from node.p2p.host import DialError, Host
 from node.p2p.errors import ProtocolError
+from node.p2p.host import DialError, Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.multistream import NoCommonProtocol

@@ -5,8 +5,14 @@ from node.identity import Identity, b58decode
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.varint import decode_uvarint
 from relay.dcutr import HolePunch, HolePunchType, decode_holepunch, encode_holepunch
-from relay.reachability import DialRequest, DialResponse, ResponseStatus, decode_message, encode_request, \
-    encode_response
+from relay.reachability import (
+    DialRequest,
+    DialResponse,
+    ResponseStatus,
+    decode_message,
+    encode_request,
+    encode_response,
+)
 
 dcutr_pb2 = pytest.importorskip("libp2p.relay.circuit_v2.pb.dcutr_pb2")
 autonat_pb2 = pytest.importorskip("libp2p.host.autonat.pb.autonat_pb2")

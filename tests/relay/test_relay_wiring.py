@@ -13,14 +13,14 @@ the home node the same way.
 import asyncio
 
 import pytest
+from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
-from node.ledger import LedgerGateway
 from node.identity import Identity
+from node.ledger import LedgerGateway
 from relay.client import RelayRefused, split_circuit_addr
 from relay.messages import Status
 from relay.role import RelayRole
-from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
 MIN_STAKE = 100
 
