@@ -5,8 +5,9 @@
     dekube-node testnet down --home DIR
 
 `up` creates the network unless DIR holds one, starts every process and waits until every compute
-node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log), listens for p2p on a port the kernel
-picks (its registration carries the bound address) and uses validator I mod V's RPC.
+node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log),
+listens for p2p on a port the kernel picks (its registration carries the bound address) and uses
+validator I mod V's RPC.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ class ComputeDevnet:
         try:
             entries = json.loads((root / COMPUTE_MANIFEST).read_text())
         except FileNotFoundError:
-            raise TestnetError(f"{root} holds no compute nodes (create with 'dekube-node testnet up --compute N')") from None
+            raise TestnetError(
+                f"{root} holds no compute nodes (create with 'dekube-node testnet up --compute N')") from None
         return cls(testnet, [NodeSpec(e["name"], root / e["name"], e["peer_id"], e["p2p_port"], e["rpc_port"])
                              for e in entries])
 

@@ -148,7 +148,8 @@ class Testnet:
                               n.get("host", "127.0.0.1")) for n in manifest["nodes"]]
             return cls(root, manifest["chain_id"], nodes)
         except FileNotFoundError:
-            raise TestnetError(f"no testnet in {root} (create one with 'dekube-node testnet up --home {root}')") from None
+            raise TestnetError(
+                f"no testnet in {root} (create one with 'dekube-node testnet up --home {root}')") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise TestnetError(f"{root / MANIFEST} is damaged: {exc}") from None
 
@@ -182,7 +183,8 @@ class Testnet:
     def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
         if self.is_running(node):
             return self.pid(node)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                **(extra_env or {})}
         with open(node.log_file, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--home", str(node.home)],

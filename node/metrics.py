@@ -146,7 +146,8 @@ class Histogram(_Metric):
 
     kind = "histogram"
 
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Iterable[float] = DEFAULT_BUCKETS):
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
+                 buckets: Iterable[float] = DEFAULT_BUCKETS):
         super().__init__(name, help, labelnames)
         bounds = sorted(float(b) for b in buckets)
         if not bounds or len(set(bounds)) != len(bounds):

@@ -5,8 +5,9 @@ pub/sub topics before the node serves anything; ``run(node)`` does the work unti
 ``ROLE_IMPLEMENTATIONS`` maps each role name to a zero-argument factory (``"module:factory"``),
 imported only when the role is started. ``NODE_SERVICES`` does the same for the services every
 node runs whatever its roles (``create_service(name, node)`` builds one after the roles' setup;
-it has an async ``run()``), so node/ names them without importing them. ``BasicRole`` is an idle role (it runs no protocol and only
-reports that it runs) for embedding a Node whose only job is its transport, as tests and tools do.
+it has an async ``run()``), so node/ names them without importing them. ``BasicRole`` is an idle
+role (it runs no protocol and only reports that it runs) for embedding a Node whose only job is its
+transport, as tests and tools do.
 """
 from __future__ import annotations
 

@@ -230,7 +230,8 @@ class RelayClient:
         return failed_at is not None and time.monotonic() - failed_at < FAILED_RELAY_PENALTY_S
 
     # ---- dialing through relays
-    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False, stagger: float = DIAL_STAGGER_S) -> Connection:
+    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False,
+                   stagger: float = DIAL_STAGGER_S) -> Connection:
         """Connect through the first relay among ``circuit_addrs`` (all for one target) that works.
 
         Relays that failed recently are tried last; when an attempt has not finished within

@@ -4,7 +4,8 @@ Field numbers and enum values follow the libp2p circuit-v2 spec. Messages travel
 varint-length-prefixed protobufs of at most ``MAX_MESSAGE_BYTES``. Decoding is strict: wrong wire
 types, unknown enum values, a missing ``type``, a malformed peer ID, or too many or too long
 addresses raise ``RelayMessageError`` (a ``ProtocolError``); unknown field numbers are ignored as
-protobuf requires, and addresses of transports we cannot parse are left out. ``MessageReader`` reassembles one framed message from arbitrary chunks.
+protobuf requires, and addresses of transports we cannot parse are left out. ``MessageReader``
+reassembles one framed message from arbitrary chunks.
 """
 from __future__ import annotations
 

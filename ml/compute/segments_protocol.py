@@ -3,10 +3,10 @@
 Request: the 32-byte task id. Response: a 4-byte big-endian length, then UTF-8 JSON
 {"segments": [hex, ...], "params_hash": hex, "short_rounds": [[round, [peer, ...]], ...]} (rounds
 whose mean lacked some workers, so the verifier replays those departures), or {"error": text} when
-the worker has no result for that task. Frames over MAX_RESPONSE bytes or anything malformed raise SegmentsError; the verifier
-checks the list against the Merkle root on chain itself, so a worker cannot answer with hashes other
-than the ones it committed to. Encoding/decoding is pure; `serve_segments`/`fetch_segments` are
-the thin stream drivers.
+the worker has no result for that task. Frames over MAX_RESPONSE bytes or anything malformed raise
+SegmentsError; the verifier checks the list against the Merkle root on chain itself, so a worker
+cannot answer with hashes other than the ones it committed to. Encoding/decoding is pure;
+`serve_segments`/`fetch_segments` are the thin stream drivers.
 """
 from __future__ import annotations
 

@@ -102,12 +102,14 @@ class TaskNet:
 
     # ---- processes
     def _env(self) -> dict:
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        return {**os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
     def start(self, member: Member) -> None:
         with open(member.home / "node.log", "ab") as log:
             member.proc = subprocess.Popen(
-                ["ip", "netns", "exec", member.ns, sys.executable, "-m", "cli.main", "start", "--home", str(member.home)],
+                ["ip", "netns", "exec", member.ns, sys.executable, "-m", "cli.main", "start",
+                 "--home", str(member.home)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=str(REPO_ROOT))
 
     def kill(self, member: Member) -> None:

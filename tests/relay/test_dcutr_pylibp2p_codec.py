@@ -45,8 +45,9 @@ def test_autonat_both_ways():
     assert theirs.type == autonat_pb2.Message.DIAL
     assert theirs.dial.peer.id == b58decode(PEER)
     assert list(theirs.dial.peer.addrs) == [a.to_bytes() for a in ADDRS]
-    response = autonat_pb2.Message(type=autonat_pb2.Message.DIAL_RESPONSE, dialResponse=autonat_pb2.Message.DialResponse(
-        status=autonat_pb2.Message.E_DIAL_ERROR, statusText="no", addr=ADDRS[0].to_bytes()))
+    response = autonat_pb2.Message(
+        type=autonat_pb2.Message.DIAL_RESPONSE, dialResponse=autonat_pb2.Message.DialResponse(
+            status=autonat_pb2.Message.E_DIAL_ERROR, statusText="no", addr=ADDRS[0].to_bytes()))
     assert decode_message(response.SerializeToString()) == DialResponse(ResponseStatus.E_DIAL_ERROR, "no", ADDRS[0])
     ours = DialResponse(ResponseStatus.OK, "", ADDRS[1])
     theirs = autonat_pb2.Message()

@@ -72,7 +72,8 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                                                                      "gpu_mem_mb": 0, "bandwidth_mbps": 0}})
                 finally:
                     await client.close()
-            a, b, stranger = (await start_endpoint(source, chain_id=CHAIN), await start_endpoint(target, chain_id=CHAIN),
+            a, b, stranger = (await start_endpoint(source, chain_id=CHAIN),
+                              await start_endpoint(target, chain_id=CHAIN),
                               await start_endpoint(outsider, chain_id=CHAIN))
             try:
                 await b.reserve(relay_addr)
