@@ -135,7 +135,8 @@ def peer_ours(args, addrs: list[str]) -> None:
                                workers=2, **({"chunk_numel": args.chunk_numel} if args.chunk_numel else {}))
         await group.start()
         x = _contribution(args.index, args.numel)
-        reducer = PowerSGDAllReduce(group, [tuple(x.shape)], rank=int(args.codec[len("powersgd"):])) if powersgd else group
+        reducer = (PowerSGDAllReduce(group, [tuple(x.shape)], rank=int(args.codec[len("powersgd"):]))
+                   if powersgd else group)
         loop = asyncio.get_running_loop()
         _say("READY0")
         result = None
@@ -147,7 +148,8 @@ def peer_ours(args, addrs: list[str]) -> None:
                           "participants": len(result.participants), "attempts": result.attempts,
                           "excluded": result.excluded, "rates": group.upload_rates})
         if args.check:
-            _say("CHECK", {"rel_err": await loop.run_in_executor(None, _rel_err, result.tensors[0], args.n, args.numel)})
+            rel_err = await loop.run_in_executor(None, _rel_err, result.tensors[0], args.n, args.numel)
+            _say("CHECK", {"rel_err": rel_err})
         # stay up until the driver has every peer's last round (it closes our stdin): a peer that
         # exits early closes connections others may still be reading its last frames from
         await loop.run_in_executor(None, sys.stdin.read)
@@ -322,7 +324,8 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
                     "--numel", str(numel), "--rounds", str(rounds), "--addrs", ",".join(addrs),
                     "--port", str(port)]
             argv += ["--iface", lab.ifname(i)] if lab is not None else ["--loopback"]
-            argv += ["--mode", mode, "--chunk-numel", str(CHUNK_NUMEL), "--transport", transport] if system == "ours" else []
+            argv += (["--mode", mode, "--chunk-numel", str(CHUNK_NUMEL), "--transport", transport]
+                     if system == "ours" else [])
             argv += ["--check"] if i == 0 else []
             peers.append(PeerProcess((lab.exec_prefix(i) if lab is not None else []) + argv))
         if system == "hivemind":
@@ -368,7 +371,8 @@ def run_system(system: str, codec: str, numel: int, rounds: int, lab=None, mode:
 def hivemind_available() -> str | None:
     python = os.environ.get("HIVEMIND_PYTHON", "/tmp/hm/bin/python")
     if not Path(python).exists():
-        return f"no hivemind venv at {python} (python -m venv /tmp/hm && /tmp/hm/bin/pip install hivemind==1.1.12 torch==2.13.0 'numpy<2.4')"
+        return (f"no hivemind venv at {python} (python -m venv /tmp/hm && "
+                "/tmp/hm/bin/pip install hivemind==1.1.12 torch==2.13.0 'numpy<2.4')")
     proc = subprocess.run([python, "-c", "import hivemind, numpy; print(hivemind.__version__, numpy.__version__)"],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -112,7 +112,7 @@ class Bench:
             async with self.session.post(url, json=body) as response:
                 answers = await response.json()
             self.rejected += sum(1 for a in answers if "error" in a)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             self.rejected += len(txs)
 
     def send(self, txs: list[tuple[str, str]]) -> None:

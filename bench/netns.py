@@ -59,7 +59,7 @@ class Netlab:
         """Prepend to a command line to run it inside peer i's namespace."""
         return ["ip", "netns", "exec", self.ns(i)]
 
-    def __enter__(self) -> "Netlab":
+    def __enter__(self) -> Netlab:
         why = available()
         if why:
             raise NetlabError(why)

@@ -93,7 +93,8 @@ def main() -> None:
     print(json.dumps({
         "pipeline_tps": round(len(raws) / elapsed),
         "txs": len(raws), "failed": failed, "blocks": -(-len(raws) // args.block_txs),
-        "block_txs": args.block_txs, "threads": args.threads, "mempool_verified": args.mempool_verified, "seconds": round(elapsed, 3),
+        "block_txs": args.block_txs, "threads": args.threads, "mempool_verified": args.mempool_verified,
+        "seconds": round(elapsed, 3),
         "apply_s": round(phases["apply_s"], 3), "commit_s": round(phases["commit_s"], 3),
         "cpu_s": round(cpu, 3), "tps_per_cpu_second": round(len(raws) / cpu),
         "load_avg_1m": round(os.getloadavg()[0], 1),

@@ -34,15 +34,16 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from relay_netlab import netlab_figures  # noqa: E402
+
 from node.identity import Identity  # noqa: E402
+from node.ledger import LedgerGateway  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 from node.p2p.limits import HostLimits  # noqa: E402
 from node.p2p.yamux import INITIAL_WINDOW  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
-from node.ledger import LedgerGateway  # noqa: E402
 from relay.ledger_access import StakeLookup  # noqa: E402
 from relay.service import Admission, RelayService  # noqa: E402
-from relay_netlab import netlab_figures  # noqa: E402
 
 PY_RELAY_PEER = ROOT / "tests" / "interop" / "relay_pylibp2p_peer.py"
 SINK = "/dekube/sink/1.0.0"

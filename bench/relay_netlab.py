@@ -35,7 +35,6 @@ from netlab.net import PORT, Net  # noqa: E402
 from netlab.scenarios import circuits_via, failover, measure, punch  # noqa: E402
 
 
-
 def cut_link(node) -> None:
     run("ip", "link", "set", "eth0", "down", ns=node.ns)
 

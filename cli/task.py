@@ -69,7 +69,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", help="model: mlp (digits-mlp) or transformer (char-transformer)")
     parser.add_argument("--dataset", default="digits", help="dataset: digits or shakespeare")
     parser.add_argument("--workers", type=int, default=3, help="workers wanted (default 3)")
-    parser.add_argument("--codec", default="int8", help="codec: fp32, fp16, int8, int4, powersgd<r> (all-reduce), topk (1%%) or sign (all-gather with error feedback)")
+    parser.add_argument("--codec", default="int8",
+                        help="codec: fp32, fp16, int8, int4, powersgd<r> (all-reduce), topk (1%%) or sign "
+                             "(all-gather with error feedback)")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per worker (default 100)")
     parser.add_argument("--sync", default="allreduce", choices=("allreduce", "diloco"),
                         help="allreduce (data-parallel) or diloco")

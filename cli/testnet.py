@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status = actions.add_parser("status", help="pid and height of every validator")
     status.add_argument("--json", action="store_true", help="print JSON")
     for sub, handler in ((up, run_up), (down, run_down), (status, run_status)):
-        sub.add_argument("--home", type=Path, default=DEFAULT_HOME, help=f"testnet directory (default ./{DEFAULT_HOME})")
+        sub.add_argument("--home", type=Path, default=DEFAULT_HOME,
+                         help=f"testnet directory (default ./{DEFAULT_HOME})")
         sub.set_defaults(handler=handler)
 
 

@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub = action(name, text, run_stake)
         sub.add_argument("amount", type=int)
     for sub in (send, *(actions.choices[n] for n in ("bond", "unbond"))):
-        sub.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"fee paid to the block proposer (default {DEFAULT_FEE})")
+        sub.add_argument("--fee", type=int, default=DEFAULT_FEE,
+                         help=f"fee paid to the block proposer (default {DEFAULT_FEE})")
         sub.add_argument("--wait", action="store_true", help="wait for the receipt (fail unless it succeeded)")
         sub.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits (default 30)")
 

@@ -117,7 +117,7 @@ class Genesis:
         return json.dumps(self.to_obj(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_obj(cls, obj: dict) -> "Genesis":
+    def from_obj(cls, obj: dict) -> Genesis:
         try:
             known = {f.name for f in fields(Params)}
             unknown = set(obj.get("params", {})) - known
@@ -137,7 +137,7 @@ class Genesis:
             raise GenesisError(f"malformed genesis: {exc}") from None
 
     @classmethod
-    def from_json(cls, text: str) -> "Genesis":
+    def from_json(cls, text: str) -> Genesis:
         try:
             return cls.from_obj(json.loads(text))
         except json.JSONDecodeError as exc:

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import struct
 from collections import OrderedDict
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from node.p2p.peer_sender import PeerSender
 

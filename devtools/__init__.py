@@ -2,9 +2,9 @@
 
 Simulators of the production code (``consensus_sim``: validators on a simulated network, clock
 and disk with faults drawn per seed), local testnets (``testnet``: validator processes on one
-machine; ``devnet``: validators plus compute nodes, behind ``dekube-node testnet``), a closed-loop transaction load (``loadgen``), chain
-invariant checks over JSON-RPC (``chaincheck``), and a resumable bulk transfer with adaptive stall
-detection (``resumable``, ``stall``) that the relay failover tests and the netlab bench drive over
-relayed circuits. Product packages (node, consensus, relay, ml) never import from here; only the
-CLI, tests, benchmarks and scripts do (docs/adr/0130).
+machine; ``devnet``: validators plus compute nodes, behind ``dekube-node testnet``), a closed-loop
+transaction load (``loadgen``), chain invariant checks over JSON-RPC (``chaincheck``), and a
+resumable bulk transfer with adaptive stall detection (``resumable``, ``stall``) that the relay
+failover tests and the netlab bench drive over relayed circuits. Product packages (node, consensus,
+relay, ml) never import from here; only the CLI, tests, benchmarks and scripts do (docs/adr/0130).
 """

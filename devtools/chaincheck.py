@@ -43,7 +43,8 @@ def check_chain(urls: list[str], genesis: Genesis, confirmed: set[str] | frozens
         for ref, other in zip(reference, chains[url][:top]):
             if (ref["hash"], ref["app_hash"]) != (other["hash"], other["app_hash"]):
                 violations.append(f"height {ref['height']}: {urls[0]} has block {ref['hash'][:16]} app "
-                                  f"{ref['app_hash'][:16]}, {url} has {other['hash'][:16]} app {other['app_hash'][:16]}")
+                                  f"{ref['app_hash'][:16]}, {url} has {other['hash'][:16]} app "
+                                  f"{other['app_hash'][:16]}")
                 break
 
     longest = max(chains.values(), key=len)

@@ -5,8 +5,9 @@
     dekube-node testnet down --home DIR
 
 `up` creates the network unless DIR holds one, starts every process and waits until every compute
-node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log), listens for p2p on a port the kernel
-picks (its registration carries the bound address) and uses validator I mod V's RPC.
+node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log),
+listens for p2p on a port the kernel picks (its registration carries the bound address) and uses
+validator I mod V's RPC.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class ComputeDevnet:
 
     @classmethod
     def create(cls, root: Path | str, validators: int = 2, compute: int = 4, *, chain_id: str = "dekube-devnet",
-               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> "ComputeDevnet":
+               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> ComputeDevnet:
         """Write the validators' testnet (compute nodes funded at genesis) and the compute homes."""
         root = Path(root).expanduser()
         idents = [Identity.generate() for _ in range(compute)]
@@ -88,13 +89,14 @@ class ComputeDevnet:
         return cls(testnet, nodes)
 
     @classmethod
-    def load(cls, root: Path | str) -> "ComputeDevnet":
+    def load(cls, root: Path | str) -> ComputeDevnet:
         root = Path(root).expanduser()
         testnet = Testnet.load(root)
         try:
             entries = json.loads((root / COMPUTE_MANIFEST).read_text())
         except FileNotFoundError:
-            raise TestnetError(f"{root} holds no compute nodes (create with 'dekube-node testnet up --compute N')") from None
+            raise TestnetError(
+                f"{root} holds no compute nodes (create with 'dekube-node testnet up --compute N')") from None
         return cls(testnet, [NodeSpec(e["name"], root / e["name"], e["peer_id"], e["p2p_port"], e["rpc_port"])
                              for e in entries])
 

@@ -4,12 +4,13 @@ Protocol ``/dekube/resumable/2.0.0``, one stream per attempt: the sender sends a
 header ``encode({"id": 16 bytes, "size": n})``; the receiver answers its current offset (8 bytes,
 big-endian: everything before it is held); the sender streams ``data[offset:]`` and half-closes.
 While bytes arrive the receiver reports its offset (8 bytes): first after ``FIRST_REPORT_S``, then at
-most every ``REPORT_INTERVAL_S``; it reports ``size`` once it holds everything. A new attempt for a transfer resets the previous
-attempt's stream, so a stalled path never races a fresh one. ``send_resumable`` takes a callable
-that opens a stream over whatever path works now (the relay client's failover picks another
-relay), so a transfer survives a relay's death; an attempt whose receiver reports no progress for
-the ``StallTimer``'s allowance (adaptive, ``devtools/stall.py``) is abandoned, so a relay that goes
-silent costs about a second on a fast link while a slow live link is not given up.
+most every ``REPORT_INTERVAL_S``; it reports ``size`` once it holds everything. A new attempt for a
+transfer resets the previous attempt's stream, so a stalled path never races a fresh one.
+``send_resumable`` takes a callable that opens a stream over whatever path works now (the relay
+client's failover picks another relay), so a transfer survives a relay's death; an attempt whose
+receiver reports no progress for the ``StallTimer``'s allowance (adaptive, ``devtools/stall.py``) is
+abandoned, so a relay that goes silent costs about a second on a fast link while a slow live link is
+not given up.
 """
 from __future__ import annotations
 

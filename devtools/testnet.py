@@ -18,9 +18,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from consensus import rpcclient
 from consensus.genesis import Genesis, GenesisValidator, Params
@@ -91,7 +92,7 @@ class Testnet:
     def create(cls, root: Path | str, validators: int = 4, *, chain_id: str = "dekube-testnet",
                balances: dict[str, int] | None = None, params: dict[str, Any] | None = None,
                settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE, base_port: int = 0,
-               host: str = "127.0.0.1") -> "Testnet":
+               host: str = "127.0.0.1") -> Testnet:
         """Write genesis, faucet key and validator homes. ``balances``: extra funded accounts;
         ``params``: genesis params overrides; ``settings``: config overrides "section.key" -> text;
         ``base_port``: node I listens on base_port + 2I (p2p) and base_port + 2I + 1 (RPC); 0: free ports
@@ -139,7 +140,7 @@ class Testnet:
         return cls(root, chain_id, nodes)
 
     @classmethod
-    def load(cls, root: Path | str) -> "Testnet":
+    def load(cls, root: Path | str) -> Testnet:
         root = Path(root).expanduser()
         try:
             manifest = json.loads((root / MANIFEST).read_text())
@@ -147,7 +148,8 @@ class Testnet:
                               n.get("host", "127.0.0.1")) for n in manifest["nodes"]]
             return cls(root, manifest["chain_id"], nodes)
         except FileNotFoundError:
-            raise TestnetError(f"no testnet in {root} (create one with 'dekube-node testnet up --home {root}')") from None
+            raise TestnetError(
+                f"no testnet in {root} (create one with 'dekube-node testnet up --home {root}')") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise TestnetError(f"{root / MANIFEST} is damaged: {exc}") from None
 
@@ -181,7 +183,8 @@ class Testnet:
     def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
         if self.is_running(node):
             return self.pid(node)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                **(extra_env or {})}
         with open(node.log_file, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--home", str(node.home)],

@@ -15,9 +15,10 @@ import json
 import re
 import tomllib
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
@@ -82,7 +83,8 @@ def check_listen_multiaddr(value: str) -> None:
     try:
         _parse_multiaddr(value).tcp_endpoint()
     except MultiaddrError:
-        raise ValueError(f"bad listen multiaddr {value!r}: need a direct /ip4|ip6|dns/<host>/tcp/<port> address") from None
+        raise ValueError(f"bad listen multiaddr {value!r}: "
+                         "need a direct /ip4|ip6|dns/<host>/tcp/<port> address") from None
 
 
 def check_peer_multiaddr(value: str) -> None:
@@ -94,7 +96,8 @@ def check_peer_multiaddr(value: str) -> None:
         try:
             addr.tcp_endpoint()
         except MultiaddrError:
-            raise ValueError(f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>") from None
+            raise ValueError(
+                f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>") from None
 
 
 def check_rpc_url(value: str) -> None:
@@ -144,14 +147,18 @@ class Key:
 SCHEMA: dict[str, dict[str, Key]] = {
     "node": {
         "roles": Key(list, [], "roles this node runs: validator, relay, compute (combine freely)", check_roles),
-        "log_format": Key(str, "text", "log output: text or json (one JSON object per line)", check_choice(LOG_FORMATS)),
+        "log_format": Key(str, "text",
+                          "log output: text or json (one JSON object per line)", check_choice(LOG_FORMATS)),
         "log_level": Key(str, "info", "debug, info, warning or error", check_choice(LOG_LEVELS)),
     },
     "p2p": {
         "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "TCP multiaddrs to listen on", each(check_listen_multiaddr)),
-        "bootstrap": Key(list, [], "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_peer_multiaddr)),
+        "bootstrap": Key(list, [],
+                         "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_peer_multiaddr)),
         "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
-        "max_connections_per_peer": Key(int, 8, "connections to one peer, shared + bulk (a relay raises it to fit one per bulk circuit)", check_positive),
+        "max_connections_per_peer": Key(int, 8,
+                                        "connections to one peer, shared + bulk (a relay raises it to fit one per bulk"
+                                        " circuit)", check_positive),
     },
     "rpc": {
         "enabled": Key(bool, True, "serve HTTP: /health, /status, /metrics, JSON-RPC and /ws"),
@@ -160,24 +167,36 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_body_bytes": Key(int, 1 << 20, "largest accepted HTTP/JSON-RPC request body", check_positive),
         "max_batch": Key(int, 100, "most requests in one JSON-RPC batch", check_positive),
         "ws_queue": Key(int, 256, "messages queued per websocket subscription before it is dropped", check_positive),
-        "max_connections": Key(int, 256, "most open HTTP connections; at the cap a new one evicts the longest-waiting idle one", check_positive),
-        "header_timeout": Key(float, 10.0, "seconds a new HTTP connection has to send its request headers", check_positive),
+        "max_connections": Key(int, 256,
+                               "most open HTTP connections; at the cap a new one evicts the longest-waiting idle one",
+                               check_positive),
+        "header_timeout": Key(float, 10.0,
+                              "seconds a new HTTP connection has to send its request headers", check_positive),
         "idle_timeout": Key(float, 60.0, "seconds an idle keep-alive HTTP connection is kept", check_positive),
-        "allowed_hosts": Key(list, ["localhost"], "Host names accepted (IP addresses always are; '*': any): guards against DNS rebinding"),
-        "allowed_origins": Key(list, ["http://localhost", "http://127.0.0.1", "http://[::1]"], "browser Origins accepted, scheme://host[:port] (no port: any; '*': any); requests without Origin are always accepted", each(check_origin)),
+        "allowed_hosts": Key(list, ["localhost"],
+                             "Host names accepted (IP addresses always are; '*': any): guards against DNS rebinding"),
+        "allowed_origins": Key(list, ["http://localhost", "http://127.0.0.1", "http://[::1]"],
+                               "browser Origins accepted, scheme://host[:port] (no port: any; '*': any); requests "
+                               "without Origin are always accepted", each(check_origin)),
         "cors": Key(bool, False, "send CORS headers (and answer preflights) for allowed_origins"),
     },
     "consensus": {
         "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),
         "genesis_file": Key(str, "genesis.json", "genesis document, relative to the node home"),
-        "timeout_propose": Key(float, 1.0, "seconds to wait for a proposal in round 0 (+50% per round)", check_positive),
-        "timeout_vote": Key(float, 0.5, "seconds to wait for more prevotes/precommits in round 0 (+50% per round)", check_positive),
-        "empty_block_wait": Key(float, 0.3, "seconds a proposer waits for transactions before an empty block", check_positive),
+        "timeout_propose": Key(float, 1.0,
+                               "seconds to wait for a proposal in round 0 (+50% per round)", check_positive),
+        "timeout_vote": Key(float, 0.5,
+                            "seconds to wait for more prevotes/precommits in round 0 (+50% per round)", check_positive),
+        "empty_block_wait": Key(float, 0.3,
+                                "seconds a proposer waits for transactions before an empty block", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
     },
     "ledger": {
-        "rpc_urls": Key(list, [], "validator JSON-RPC URLs the node's ledger gateway reads from and sends to, with failover; unused when this node is a validator (its own ledger); also tried: [relay] ledger_rpc, [compute] rpc_url, [relay] receipt_rpc", each(check_rpc_url)),
+        "rpc_urls": Key(list, [],
+                        "validator JSON-RPC URLs the node's ledger gateway reads from and sends to, with failover; "
+                        "unused when this node is a validator (its own ledger); also tried: [relay] ledger_rpc, "
+                        "[compute] rpc_url, [relay] receipt_rpc", each(check_rpc_url)),
     },
     "relay": {
         "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
@@ -186,23 +205,41 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
         "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
-        "receipt_rpc": Key(str, "", "legacy: one more validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)", check_rpc_url),
-        "ledger_rpc": Key(str, "", "legacy: a validator JSON-RPC URL for the node's ledger gateway, tried before [compute] rpc_url (see [ledger] rpc_urls)", check_rpc_url),
+        "receipt_rpc": Key(str, "",
+                           "legacy: one more validator JSON-RPC URL for the node's ledger gateway (see [ledger] "
+                           "rpc_urls)", check_rpc_url),
+        "ledger_rpc": Key(str, "",
+                          "legacy: a validator JSON-RPC URL for the node's ledger gateway, tried before [compute] "
+                          "rpc_url (see [ledger] rpc_urls)", check_rpc_url),
         "lookup_ttl": Key(float, 10.0, "seconds a ledger admission lookup over JSON-RPC is cached", check_positive),
-        "relays": Key(list, [], "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay client", each(check_peer_multiaddr)),
-        "reserve": Key(bool, False, "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says private"),
-        "reservations": Key(int, 2, "relays reserved on at once (those with the lowest round-trip time)", check_positive),
-        "max_price_per_mib": Key(int, 1, "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
-        "hole_punch": Key(bool, True, "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
+        "relays": Key(list, [],
+                      "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay "
+                      "client", each(check_peer_multiaddr)),
+        "reserve": Key(bool, False,
+                       "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says "
+                       "private"),
+        "reservations": Key(int, 2,
+                            "relays reserved on at once (those with the lowest round-trip time)", check_positive),
+        "max_price_per_mib": Key(int, 1,
+                                 "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
+        "hole_punch": Key(bool, True,
+                          "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
     },
     "compute": {
-        "rpc_url": Key(str, "", "legacy: a validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)", check_rpc_url),
+        "rpc_url": Key(str, "",
+                       "legacy: a validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)",
+                       check_rpc_url),
         "stake": Key(int, 1_000, "stake the compute node keeps bonded (bonds the difference at start)"),
         "bandwidth_mbps": Key(int, 100, "upload bandwidth declared in the node registration (Mbit/s)"),
-        "poll_interval": Key(float, 0.5, "seconds before retrying after the ledger failed a look at the tasks (task changes arrive on the tasks subscription)", check_positive),
+        "poll_interval": Key(float, 0.5,
+                             "seconds before retrying after the ledger failed a look at the tasks (task changes arrive"
+                             " on the tasks subscription)", check_positive),
         "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
-        "allreduce_mode": Key(str, "butterfly", "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
-        "fault_inject": Key(str, "", "TESTING ONLY: 'wrong_segments' commits falsified segment hashes", check_choice(("", "wrong_segments"))),
+        "allreduce_mode": Key(str, "butterfly",
+                              "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
+        "fault_inject": Key(str, "",
+                            "TESTING ONLY: 'wrong_segments' commits falsified segment hashes",
+                            check_choice(("", "wrong_segments"))),
     },
 }
 

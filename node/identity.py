@@ -119,11 +119,11 @@ class Identity:
     signing_key: nacl.signing.SigningKey
 
     @classmethod
-    def generate(cls) -> "Identity":
+    def generate(cls) -> Identity:
         return cls(nacl.signing.SigningKey.generate())
 
     @classmethod
-    def from_seed(cls, seed: bytes) -> "Identity":
+    def from_seed(cls, seed: bytes) -> Identity:
         if len(seed) != 32:
             raise ValueError("ed25519 seed must be 32 bytes")
         return cls(nacl.signing.SigningKey(seed))

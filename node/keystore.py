@@ -91,7 +91,8 @@ def save_identity(path: Path | str, identity: Identity, *, overwrite: bool = Fal
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not overwrite and path.exists():
-        raise KeyFileExists(f"key file {path} already exists; refusing to overwrite it (use --force to replace the key)")
+        raise KeyFileExists(f"key file {path} already exists; refusing to overwrite it "
+                            "(use --force to replace the key)")
     tmp = directory / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

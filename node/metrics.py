@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -146,7 +146,8 @@ class Histogram(_Metric):
 
     kind = "histogram"
 
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Iterable[float] = DEFAULT_BUCKETS):
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
+                 buckets: Iterable[float] = DEFAULT_BUCKETS):
         super().__init__(name, help, labelnames)
         bounds = sorted(float(b) for b in buckets)
         if not bounds or len(set(bounds)) != len(bounds):

@@ -18,7 +18,8 @@ import asyncio
 import importlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from node.config import ROLE_NAMES
 from node.extras import missing_compute_message, missing_compute_module

@@ -25,8 +25,20 @@ from node.p2p.host import Connection, DialError, Host
 from node.p2p.multiaddr import Multiaddr
 
 from .messages import (
-    HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, RelayMessageError, Status, StopMessage,
-    StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
+    HOP_PROTOCOL,
+    STOP_PROTOCOL,
+    HopMessage,
+    HopType,
+    Peer,
+    RelayMessageError,
+    Status,
+    StopMessage,
+    StopType,
+    decode_hop,
+    decode_stop,
+    encode_hop,
+    encode_stop,
+    frame,
 )
 from .receipts import RECEIPT_PROTOCOL, CircuitCount, ReceiptSigner
 from .service import read_message
@@ -218,7 +230,8 @@ class RelayClient:
         return failed_at is not None and time.monotonic() - failed_at < FAILED_RELAY_PENALTY_S
 
     # ---- dialing through relays
-    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False, stagger: float = DIAL_STAGGER_S) -> Connection:
+    async def dial(self, circuit_addrs: list[str], *, bulk: bool = False,
+                   stagger: float = DIAL_STAGGER_S) -> Connection:
         """Connect through the first relay among ``circuit_addrs`` (all for one target) that works.
 
         Relays that failed recently are tried last; when an attempt has not finished within

@@ -4,7 +4,8 @@ Field numbers and enum values follow the libp2p circuit-v2 spec. Messages travel
 varint-length-prefixed protobufs of at most ``MAX_MESSAGE_BYTES``. Decoding is strict: wrong wire
 types, unknown enum values, a missing ``type``, a malformed peer ID, or too many or too long
 addresses raise ``RelayMessageError`` (a ``ProtocolError``); unknown field numbers are ignored as
-protobuf requires, and addresses of transports we cannot parse are left out. ``MessageReader`` reassembles one framed message from arbitrary chunks.
+protobuf requires, and addresses of transports we cannot parse are left out. ``MessageReader``
+reassembles one framed message from arbitrary chunks.
 """
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from node.identity import InvalidPeerId, b58decode, b58encode, public_key_from_p
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.protobuf import (
-    WIRE_LEN, WIRE_VARINT, ProtobufError, bytes_fields, decode_fields, field_bytes, field_varint,
+    WIRE_LEN,
+    WIRE_VARINT,
+    ProtobufError,
+    bytes_fields,
+    decode_fields,
+    field_bytes,
+    field_varint,
 )
 from node.p2p.varint import VarintError, decode_uvarint, encode_uvarint
 

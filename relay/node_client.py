@@ -10,13 +10,13 @@ relay dies (``RelayClient.maintain``): always when ``[relay] reserve`` is true, 
 AutoNAT through the relays says this node is private (re-assessed every ``REASSESS_S``). Its
 relayed addresses are shown in ``/status`` ("relay_client") and contributed to its ledger record
 (``relay_addrs``) whenever they change; the ledger gateway's record publisher merges them with the
-other roles' fields and restores them when another writer replaced the record. Since each bulk circuit it opens is also a
-connection to its relay, such a node's per-peer connection limit is raised to what a relay allows.
-With ``[relay] hole_punch`` (default on) such a node also hole punches (``relay/node_punch.py``):
-it connects to its relays from a punch port before reserving, its Host's circuit dialer upgrades
-relayed connections by DCUtR where the NATs allow it, and inbound relayed connections are punched
-from its side too, so a peer reached by a relayed address ends up on a direct connection when both
-NATs keep ports.
+other roles' fields and restores them when another writer replaced the record. Since each bulk
+circuit it opens is also a connection to its relay, such a node's per-peer connection limit is
+raised to what a relay allows. With ``[relay] hole_punch`` (default on) such a node also hole
+punches (``relay/node_punch.py``): it connects to its relays from a punch port before reserving, its
+Host's circuit dialer upgrades relayed connections by DCUtR where the NATs allow it, and inbound
+relayed connections are punched from its side too, so a peer reached by a relayed address ends up on
+a direct connection when both NATs keep ports.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ RESTART_S = 5.0          # pause before restarting reservations after an unexpec
 
 
 class RelayNodeClient:
-    def __init__(self, node: "Node", *, assess=reachability.assess) -> None:
+    def __init__(self, node: Node, *, assess=reachability.assess) -> None:
         settings = node.config["relay"]
         self.node = node
         self.relays: list[str] = list(settings["relays"])

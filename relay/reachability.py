@@ -25,7 +25,12 @@ from node.p2p.errors import ProtocolError
 from node.p2p.host import Host
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 from node.p2p.protobuf import (
-    WIRE_LEN, WIRE_VARINT, ProtobufError, decode_fields, field_bytes, field_varint,
+    WIRE_LEN,
+    WIRE_VARINT,
+    ProtobufError,
+    decode_fields,
+    field_bytes,
+    field_varint,
 )
 from node.p2p.varint import VarintError, decode_uvarint, encode_uvarint
 

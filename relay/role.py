@@ -39,7 +39,7 @@ REGISTER_RETRY_S = 5.0
 EXTRA_CONNECTIONS_PER_PEER = 2   # a peer's shared connection and one being set up, besides circuits
 
 
-def fit_connection_limit(host: "Host", circuits_per_peer: int) -> None:
+def fit_connection_limit(host: Host, circuits_per_peer: int) -> None:
     """Raise the Host's per-peer connection limit to hold ``circuits_per_peer`` bulk circuits
     (each its own connection between an endpoint and the relay) besides the shared connection."""
     need = circuits_per_peer + EXTRA_CONNECTIONS_PER_PEER
@@ -105,7 +105,7 @@ class RelayRole(Role):
                 "last_error": self.last_error, "receipts_sent": self.submissions["sent"],
                 "receipts_send_failed": self.submissions["failed"]}
 
-    def _register_metrics(self, node: "Node") -> None:
+    def _register_metrics(self, node: Node) -> None:
         service = self.service
         gauges = {
             "dekube_relay_reservations": ("Live reservations on this relay.",

@@ -27,8 +27,22 @@ from node.p2p.host import Host, advertised_addrs
 from node.p2p.multiaddr import Multiaddr
 
 from .messages import (
-    HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, MessageReader, Peer, RelayMessageError, Reservation,
-    Status, StopMessage, StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
+    HOP_PROTOCOL,
+    STOP_PROTOCOL,
+    HopMessage,
+    HopType,
+    MessageReader,
+    Peer,
+    RelayMessageError,
+    Reservation,
+    Status,
+    StopMessage,
+    StopType,
+    decode_hop,
+    decode_stop,
+    encode_hop,
+    encode_stop,
+    frame,
 )
 from .policy import AdmissionRule, CircuitRecord, RelayLimits, RelayPolicy, ReservationRecord
 from .receipts import ReceiptError, build_receipt, relay_receipt_payload, request_signature

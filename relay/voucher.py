@@ -3,16 +3,21 @@
 Envelope (libp2p RFC 0002): ``PublicKey public_key = 1; bytes payload_type = 2; bytes payload = 3;
 bytes signature = 5``, the signature covering ``varint-prefixed(domain) | varint-prefixed(type) |
 varint-prefixed(payload)`` with domain ``libp2p-relay-rsvp`` and payload type the bytes ``03 02``
-(multicodec ``/libp2p/relay-rsvp``, written big-endian as go-libp2p's RecordCodec, not as a varint). The record is ``bytes relay = 1; bytes peer = 2;
-uint64 expiration = 3`` (unix seconds). ``open_voucher`` checks everything: structure, signer ==
-relay, peer, signature and expiry.
+(multicodec ``/libp2p/relay-rsvp``, written big-endian as go-libp2p's RecordCodec, not as a varint).
+The record is ``bytes relay = 1; bytes peer = 2; uint64 expiration = 3`` (unix seconds).
+``open_voucher`` checks everything: structure, signer == relay, peer, signature and expiry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from node.identity import (
-    Identity, InvalidPeerId, b58decode, peer_id_from_public_key, public_key_from_protobuf, verify,
+    Identity,
+    InvalidPeerId,
+    b58decode,
+    peer_id_from_public_key,
+    public_key_from_protobuf,
+    verify,
 )
 from node.p2p.protobuf import WIRE_LEN, WIRE_VARINT, ProtobufError, decode_fields, field_bytes, field_varint
 from node.p2p.varint import encode_uvarint

@@ -24,7 +24,8 @@ sys.meta_path.insert(0, _NoCompute())
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.parametrize("statement", [

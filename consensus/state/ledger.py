@@ -64,7 +64,7 @@ class TxReceipt:
         return [self.tx_hash, self.height, self.index, int(self.code), self.log, self.fee_paid, self.executed]
 
     @classmethod
-    def from_obj(cls, obj: list) -> "TxReceipt":
+    def from_obj(cls, obj: list) -> TxReceipt:
         tx_hash, height, index, code, log, fee_paid, executed = obj
         return cls(tx_hash, height, index, TxCode(code), log, fee_paid, executed)
 
@@ -104,7 +104,7 @@ class Ledger:
         self.state = state
 
     @classmethod
-    def from_genesis(cls, genesis: Genesis) -> "Ledger":
+    def from_genesis(cls, genesis: Genesis) -> Ledger:
         state = LedgerState()
         for peer_id, amount in sorted(genesis.balances.items()):
             if amount:

@@ -114,8 +114,8 @@ class Task(Record):
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
-                          "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes", "window_end",
-                          "relay_claims", "audit_seed", "payouts")
+                          "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
+                          "window_end", "relay_claims", "audit_seed", "payouts")
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int):
         self.owner = owner

@@ -118,7 +118,7 @@ class LedgerState:
         return out
 
     @classmethod
-    def load(cls, items) -> "LedgerState":
+    def load(cls, items) -> LedgerState:
         """Rebuild a state from stored ``(key, value)`` pairs (as ``items()`` produced)."""
         state = cls()
         for key, value in items:

@@ -14,8 +14,9 @@ stay in-process (docs/adr/0100). All ledger and mempool mutations happen in that
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
-for blocks and applies those with valid certificates. A proposer with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
-proposes, so an idle chain makes a few empty blocks a second instead of spinning.
+for blocks and applies those with valid certificates. A proposer with no ready transaction
+(``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it proposes, so an idle
+chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
 

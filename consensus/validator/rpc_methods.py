@@ -77,7 +77,7 @@ def tx_rejection(exc: TxError) -> RpcError:
                     code=exc.code.rpc_code)
 
 
-def register_methods(dispatcher, chain: "ValidatorRole") -> dict[str, Any]:
+def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
     """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``; returns
     them by name (the node's ledger gateway calls them in-process)."""
 
@@ -160,9 +160,9 @@ def register_methods(dispatcher, chain: "ValidatorRole") -> dict[str, Any]:
         parts = await chain.read_state(supply_breakdown, chain.ledger.state)
         return {**parts, "total": sum(parts.values()), "genesis": chain.genesis.total_supply}
 
-    for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
-               dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-               dkb_getTask, dkb_listTasks):
+    for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
+               dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
+               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,

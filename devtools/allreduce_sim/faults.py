@@ -3,8 +3,9 @@
 Per seed: 3-6 members, 3-6 rounds, contribution and chunk sizes, link jitter (per-link FIFO is
 kept whatever the jitter), and up to members-2 faulty members, each one of: killed at some time
 (SIGKILL: gone mid-round or between rounds), crashed right after sending its N-th RESULT frame (a
-reducer dying mid-broadcast: some members got its result, some did not), frozen for 0.2-12 s (SIGSTOP), or a garbage sender
-from some round on (NaN or truncated payloads, wrong-shape meta, unparsable frames).
+reducer dying mid-broadcast: some members got its result, some did not), frozen for 0.2-12 s
+(SIGSTOP), or a garbage sender from some round on (NaN or truncated payloads, wrong-shape meta,
+unparsable frames).
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ the same order. `Network` carries frames as bytes between members over per-pair 
 FIFO order (the real transport is one ordered TCP stream per pair; a receiver that gets an
 unparsable frame resets the stream, losing what is in flight on it) with a per-link latency and a
 seeded jitter; a frame is never delivered before one sent earlier on the same link. A killed
-member (at a time, or right after
-sending its N-th RESULT frame: a reducer dying mid-broadcast) stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
+member (at a time, or right after sending its N-th RESULT frame: a reducer dying mid-broadcast)
+stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
 member handles nothing until it wakes, then everything queued for it, in order.
 """
 from __future__ import annotations

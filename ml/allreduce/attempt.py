@@ -8,8 +8,9 @@ the group (group.py) turns those into a VIEW and a new attempt. Heavy tensor wor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import torch
 

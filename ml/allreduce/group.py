@@ -29,9 +29,9 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import torch
 
@@ -71,6 +71,7 @@ from .wire import (
 )
 
 PROTOCOL = "/dekube/allreduce/1"
+DEFAULT_DEADLINES = DeadlinePolicy()  # frozen, so one shared default is safe
 log = logging.getLogger(__name__)
 __all__ = ["PROTOCOL", "AllReduceError", "AllReduceGroup", "AllReduceResult", "ExcludedFromRound"]
 
@@ -115,7 +116,7 @@ class AllReduceGroup:
 
     def __init__(self, transport: Transport, my_id: str, peers: list[str], *, mode: str = "butterfly",
                  codec: str = "fp32", non_reducers: set[str] | frozenset = frozenset(),
-                 chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DeadlinePolicy(),
+                 chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DEFAULT_DEADLINES,
                  min_participants: int = 2, max_frame_bytes: int = DEFAULT_MAX_PAYLOAD,
                  protocol: str = PROTOCOL, workers: int = 2, upload_rates: dict[str, float] | None = None):
         if mode not in ("butterfly", "ring"):

@@ -84,7 +84,7 @@ class Inbox:
         """Mark `sender` faulty from `round_id` on; waits on it fail at once."""
         if sender not in self._faults or self._faults[sender][0] < round_id:
             self._faults[sender] = (round_id, reason, bad_data)
-        for key, waiter in list(self._waiters.items()):
+        for key in list(self._waiters):
             if key[-1] == sender:
                 self._resolve(self._waiters.pop(key))
 

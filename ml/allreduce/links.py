@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from .transport import Stream, Transport
 from .uplink import UplinkTurn

@@ -28,7 +28,6 @@ from ml.codecs.base import (
     tensor_bytes,
     view_array,
 )
-
 from ml.codecs.float_codecs import FloatCodec
 
 from .inbox import PeerFailure

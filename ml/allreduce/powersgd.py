@@ -46,7 +46,8 @@ class PowerSGDAllReduce:
         return [state.q_step(p.contiguous()) for state, p in zip(self.states, p_means)]
 
     def _finish(self, q_means: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_as_shape(state.finish(q.contiguous()), shape) for state, q, shape in zip(self.states, q_means, self.shapes)]
+        return [_as_shape(state.finish(q.contiguous()), shape)
+                for state, q, shape in zip(self.states, q_means, self.shapes)]
 
 
 def _as_shape(approx: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

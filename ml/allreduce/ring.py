@@ -33,7 +33,7 @@ async def run_ring(ctx: AttemptContext) -> None:
             ready[key] = asyncio.get_running_loop().create_future()
         return ready[key]
 
-    for c, (a, b) in enumerate(ctx.plan.chunks(i)):
+    for c, (_a, _b) in enumerate(ctx.plan.chunks(i)):
         slot_future(0, c).set_result(None)  # step 0 sends our own shard: encoded by the sender
     await run_all([_sender(ctx, i, n, members[(i + 1) % n], slot_future),
                    _receiver(ctx, i, n, members[(i - 1) % n], slot_future)])

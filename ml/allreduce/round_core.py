@@ -212,7 +212,8 @@ class RoundCore:
         return [StartAttempt(self.attempt, tuple(self.members))]
 
 
-def settle_views(members: list[str], views: dict[str, View], silent: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def settle_views(members: list[str], views: dict[str, View],
+                 silent: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """Turn the views of a failed attempt into the next member set, the same on every member that
     holds the same views. Members whose view is missing are dropped, and so are authors whose
     tensor shapes differ from the most common shapes (ties: smallest digest). Then authors are

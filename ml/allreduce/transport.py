@@ -20,7 +20,8 @@ import contextlib
 import socket
 import struct
 from collections import deque
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
     `TcpStream`). A large `readexactly` hands the loop its own result buffer (`_target`); every
     other byte goes through a scratch buffer into `_unread`."""
 
-    def __init__(self, on_connected: Callable[["_InPlaceProtocol"], None] | None = None):
+    def __init__(self, on_connected: Callable[[_InPlaceProtocol], None] | None = None):
         loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._on_connected = on_connected

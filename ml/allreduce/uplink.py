@@ -22,7 +22,7 @@ import asyncio
 import statistics
 import time
 from collections import deque
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 HOLD_FACTOR = 8.0      # a turn lasts at most this many recent median write times ...
 HOLD_FLOOR_S = 0.5     # ... but at least this long (shorter holds cut healthy turns: ADR 0097)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import struct
 import warnings
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch

@@ -10,8 +10,8 @@ one), up to the furthest audited segment.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from ml.compute.commitment import BadCommitment, audited_segment, merkle_root
 from ml.compute.segments_protocol import SegmentReport, SegmentsError

@@ -42,7 +42,7 @@ class Commitment:
     segments: int
 
     @classmethod
-    def of(cls, segment_hashes: list[str], params_hash: str) -> "Commitment":
+    def of(cls, segment_hashes: list[str], params_hash: str) -> Commitment:
         result = bytes.fromhex(params_hash)
         if len(result) != 32:
             raise BadCommitment("the result hash must be 32 bytes")

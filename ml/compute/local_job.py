@@ -7,7 +7,7 @@ listen addresses.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ml.job.local import JobFailed, run_worker_processes
 from ml.train.spec import TrainSpec

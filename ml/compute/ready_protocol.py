@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from node.p2p.errors import ProtocolError
 
@@ -27,7 +27,7 @@ def make_handler(is_ready: Callable[[bytes], bool]):
     async def serve_ready(stream) -> None:
         try:
             task_id = await asyncio.wait_for(stream.readexactly(TASK_ID_BYTES), ASK_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError):
             stream.reset()
             return
         await stream.write(b"\x01" if is_ready(task_id) else b"\x00")
@@ -48,7 +48,7 @@ async def ask_ready(host, peer_id: str, task_id: bytes) -> bool:
 
     try:
         return await asyncio.wait_for(exchange(), ASK_TIMEOUT_S)
-    except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError, ProtocolError):
+    except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
         return False
 
 

@@ -38,8 +38,8 @@ from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
-from node.rpc.errors import InvalidParams, ResourceNotFound
 from node.roles import Role
+from node.rpc.errors import InvalidParams, ResourceNotFound
 
 if TYPE_CHECKING:
     from node.metrics import Registry
@@ -181,8 +181,8 @@ class ComputeRole(Role):
         self.ledger.record.contribute(
             self.name, roles={"compute", "verifier"} if self.config["audit"] else {"compute"},
             listen_addrs=self.node.host.listen_addrs,
-            hardware={"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "", "gpu_mem_mb": 0,
-                      "bandwidth_mbps": self.config["bandwidth_mbps"]})
+            hardware={"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "",
+                      "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]})
         await self.ledger.record.sync()
         self.registered = True
         log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.describe()})

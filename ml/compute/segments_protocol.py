@@ -3,18 +3,18 @@
 Request: the 32-byte task id. Response: a 4-byte big-endian length, then UTF-8 JSON
 {"segments": [hex, ...], "params_hash": hex, "short_rounds": [[round, [peer, ...]], ...]} (rounds
 whose mean lacked some workers, so the verifier replays those departures), or {"error": text} when
-the worker has no result for that task. Frames over MAX_RESPONSE bytes or anything malformed raise SegmentsError; the verifier
-checks the list against the Merkle root on chain itself, so a worker cannot answer with hashes other
-than the ones it committed to. Encoding/decoding is pure; `serve_segments`/`fetch_segments` are
-the thin stream drivers.
+the worker has no result for that task. Frames over MAX_RESPONSE bytes or anything malformed raise
+SegmentsError; the verifier checks the list against the Merkle root on chain itself, so a worker
+cannot answer with hashes other than the ones it committed to. Encoding/decoding is pure;
+`serve_segments`/`fetch_segments` are the thin stream drivers.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from node.p2p.errors import ProtocolError
 
@@ -77,7 +77,7 @@ def make_handler(lookup: Callable[[bytes], dict | None]):
     async def serve_segments(stream) -> None:
         try:
             task_id = await asyncio.wait_for(stream.readexactly(TASK_ID_BYTES), TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError):
             stream.reset()
             return
         result = lookup(task_id)
@@ -106,5 +106,5 @@ async def fetch_segments(host, peer_id: str, task_id: bytes) -> SegmentReport:
 
     try:
         return await asyncio.wait_for(exchange(), TIMEOUT_S)
-    except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError, ProtocolError) as exc:
+    except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
         raise SegmentsError(f"no answer from {peer_id}: {exc!r}") from None

@@ -24,8 +24,8 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import ml
 from ml.job.participation import InconsistentRecord, departure_step, departures
@@ -72,7 +72,7 @@ async def run_worker_processes(spec: TrainSpec, world: int, *, argv: Callable[[i
                 stderr=asyncio.subprocess.PIPE, env=env, cwd=str(REPO_ROOT), limit=MAX_LINE))
         return await asyncio.wait_for(_drive(procs, spec, directory, on_event or (lambda event: None), failure),
                                       timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise failure(f"job did not finish within {timeout:g} s") from None
     finally:
         for proc in procs:

@@ -7,7 +7,7 @@ with seeded initial parameters, so every worker of a job starts from the same we
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,7 +32,7 @@ class UnknownName(KeyError):
     """A model or dataset name that the registry does not hold."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_dataset(name: str):
     """The (shared, read-only) dataset registered under `name`."""
     try:

@@ -49,7 +49,7 @@ class LocalAveragingGroup:
         self.members = [LocalMember(self, rank, Compressor(codec, self._codec_options))
                         for rank in range(world)]
 
-    def member(self, rank: int) -> "LocalMember":
+    def member(self, rank: int) -> LocalMember:
         return self.members[rank]
 
     def _contribute(self, round_id: int, rank: int, data: bytes) -> asyncio.Future:

@@ -6,8 +6,8 @@ or iterate `feed.stream()` (an async iterator that ends when the feed closes).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Callable
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ given (or sorted-name) order, each hashed with its name, dtype and shape before 
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 

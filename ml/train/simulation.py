@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from ml.codecs import powersgd_rank
 from ml.train.averaging import Averager, LocalAveragingGroup
-from ml.train.powersgd_averager import PowerSGDAverager
 from ml.train.data_parallel import DataParallelTrainer
 from ml.train.diloco import DiLoCoTrainer
+from ml.train.powersgd_averager import PowerSGDAverager
 from ml.train.progress import ProgressFeed
 from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase

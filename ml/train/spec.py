@@ -81,7 +81,7 @@ class TrainSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainSpec":
+    def from_dict(cls, data: dict) -> TrainSpec:
         if not isinstance(data, dict):
             raise InvalidSpec(f"a train spec is a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}

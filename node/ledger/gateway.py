@@ -9,7 +9,8 @@ and sent by this one sender: nonces come from a local ``NonceBook`` synced once 
 no lock is held across a receipt wait; a nonce error resyncs the book and resubmits (at most
 ``NONCE_RETRIES`` times). ``send`` returns the receipt or raises TxFailed / LedgerUnavailable.
 Receipts arrive on the ``txs`` topic (this node's own transactions, subscribed from the first
-send on), with a slow read as the fallback. ``subscribe(topic)`` streams ledger events (``tasks``, ``newHeads``) with RESYNC marks.
+send on), with a slow read as the fallback. ``subscribe(topic)`` streams ledger events (``tasks``,
+``newHeads``) with RESYNC marks.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import math
 import time
 import types
 import typing
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from node.metrics import Registry
 from node.rpc.errors import InternalError, InvalidParams, InvalidRequest, MethodNotFound, ParseError, RpcError
@@ -156,7 +157,7 @@ class Dispatcher:
     """
 
     def __init__(self, *, max_body_bytes: int = 1 << 20, max_batch: int = 100, metrics: Registry | None = None,
-                 parent: "Dispatcher | None" = None):
+                 parent: Dispatcher | None = None):
         self.max_body_bytes = max_body_bytes
         self.max_batch = max_batch
         self._parent = parent
@@ -168,7 +169,7 @@ class Dispatcher:
                                            ["method"])
         self._metrics = registry
 
-    def child(self) -> "Dispatcher":
+    def child(self) -> Dispatcher:
         return Dispatcher(max_body_bytes=self.max_body_bytes, max_batch=self.max_batch, metrics=self._metrics,
                           parent=self)
 

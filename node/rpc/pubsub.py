@@ -1,11 +1,11 @@
 """Publish/subscribe hub for websocket subscriptions (``newHeads``, task events, ...).
 
 Components declare a topic once (``hub.add_topic("newHeads")``) and publish JSON-able payloads
-from the event loop (``hub.publish``) or from any thread (``hub.publish_threadsafe``). A publication may carry a ``key`` (the ``txs``
-topic: the sender's peer ID); a subscription with a key gets only the publications with that key,
-one without a key gets them all. Each
-subscription holds a bounded queue; a subscriber that falls ``limit`` messages behind is dropped
-(its queue discarded, ``next()`` raises SubscriptionClosed with the reason), never buffered forever.
+from the event loop (``hub.publish``) or from any thread (``hub.publish_threadsafe``). A publication
+may carry a ``key`` (the ``txs`` topic: the sender's peer ID); a subscription with a key gets only
+the publications with that key, one without a key gets them all. Each subscription holds a bounded
+queue; a subscriber that falls ``limit`` messages behind is dropped (its queue discarded, ``next()``
+raises SubscriptionClosed with the reason), never buffered forever.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class SubscriptionClosed(Exception):
 class Subscription:
     """One subscriber's bounded queue on one topic."""
 
-    def __init__(self, hub: "Hub", topic: str, limit: int, key: str | None = None):
+    def __init__(self, hub: Hub, topic: str, limit: int, key: str | None = None):
         self.id = "0x" + os.urandom(16).hex()
         self.topic = topic
         self.key = key

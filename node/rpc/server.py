@@ -3,9 +3,10 @@ plus JSON GET routes that components add (e.g. ``/block?height=``). Connection l
 Host/Origin allow-list (node/rpc/limits.py) apply to every route, the websocket included.
 
 A thin driver around the sans-I/O Dispatcher, the pub/sub Hub and the StatusBoard. The websocket
-speaks the same JSON-RPC plus ``dkb_subscribe(topic, key?)`` (key: e.g. a peer ID for ``txs``) / ``dkb_unsubscribe(id)``; notifications are
-``{"jsonrpc":"2.0","method":"dkb_subscription","params":{"subscription":id,"result":payload}}`` and a
-subscription dropped for being slow gets one ``dkb_subscriptionDropped`` notice.
+speaks the same JSON-RPC plus ``dkb_subscribe(topic, key?)`` (key: e.g. a peer ID for ``txs``) /
+``dkb_unsubscribe(id)``; notifications are
+``{"jsonrpc":"2.0","method":"dkb_subscription","params":{"subscription":id,"result":payload}}`` and
+a subscription dropped for being slow gets one ``dkb_subscriptionDropped`` notice.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import asyncio
 import json
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -201,13 +203,15 @@ class _WebsocketSession:
 
     async def subscribe(self, topic: str, key: str | None = None) -> str:
         if len(self.pumps) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
-            raise LimitExceeded(f"Limit exceeded: at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection")
+            raise LimitExceeded(
+                f"Limit exceeded: at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection")
         if key is not None and len(key) > MAX_SUBSCRIPTION_KEY_CHARS:
             raise InvalidParams(f"Invalid params: key longer than {MAX_SUBSCRIPTION_KEY_CHARS} characters")
         try:
             sub = self.hub.subscribe(topic, key=key)
         except UnknownTopic:
-            raise InvalidParams(f"Invalid params: unknown topic {topic[:100]!r} (topics: {self.hub.topics()})") from None
+            raise InvalidParams(
+                f"Invalid params: unknown topic {topic[:100]!r} (topics: {self.hub.topics()})") from None
         self.pumps[sub.id] = (sub, asyncio.create_task(self._pump(sub), name=f"ws-pump-{sub.id}"))
         return sub.id
 
@@ -232,7 +236,7 @@ class _WebsocketSession:
                       "params": {"subscription": sub.id, "reason": str(closed)}}
             try:
                 await asyncio.wait_for(self.ws.send_str(encode_json(notice)), _DROP_NOTICE_TIMEOUT_S)
-            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            except (TimeoutError, ConnectionError, RuntimeError):
                 pass
         except (ConnectionError, RuntimeError):
             sub.close("connection closed")  # the peer went away mid-send

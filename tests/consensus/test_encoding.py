@@ -1,6 +1,7 @@
 """Canonical encoding: round trips, one encoding per value, strict rejection of the rest."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consensus.encoding import MAX_DEPTH, EncodingError, decode, encode
 

@@ -1,13 +1,13 @@
 """Ledger basics: transfers, nonces, fees, staking, node registry, block validation, app hash."""
 import pytest
-
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.block import Block, BlockError, build_block
 from consensus.encoding import decode, encode
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode, TxError
-from test_ledger_kit import CHAIN, Chain, ident
 
 A, B, C = ident(1), ident(2), ident(3)
 HW = {"cpu_cores": 8, "ram_mb": 16000, "gpu": "rtx4090", "gpu_mem_mb": 24000, "bandwidth_mbps": 500}
@@ -185,6 +185,7 @@ def test_oversized_block_is_refused():
 
 def test_threaded_signature_checks_match_inline_ones():
     from concurrent.futures import ThreadPoolExecutor
+
     from consensus.state.ledger import VERIFY_CHUNK
     inline, threaded = Chain(), Chain()
     txs = [inline.tx(ident(1 + i % 9), "transfer", {"to": A.peer_id, "amount": 1}) for i in range(VERIFY_CHUNK + 40)]

@@ -1,7 +1,8 @@
 """Equivocation evidence: a verified double vote slashes (and burns) stake exactly once."""
+from test_ledger_kit import CHAIN, Chain, ident
+
 from consensus.messages import DoubleVoteEvidence, Vote, VoteType, sign_vote
 from consensus.txcodes import TxCode
-from test_ledger_kit import CHAIN, Chain, ident
 
 VALIDATOR, REPORTER = ident(0), ident(1)
 

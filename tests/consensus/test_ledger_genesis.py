@@ -1,9 +1,9 @@
 """Genesis: validation, JSON round trip, stable hash, and the initial ledger state it produces."""
 import pytest
+from test_ledger_kit import ident
 
 from consensus.genesis import Genesis, GenesisError, GenesisValidator, Params
 from consensus.state.ledger import Ledger
-from test_ledger_kit import ident
 
 A, B, V = ident(1).peer_id, ident(2).peer_id, ident(3).peer_id
 

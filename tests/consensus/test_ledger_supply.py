@@ -1,10 +1,11 @@
 """Supply invariant and replica determinism under random transaction sequences (hypothesis)."""
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-
-from consensus.state.tasks import task_id_for
-from consensus.state.supply import SupplyInvariantError, check_supply
-from consensus.tx import relay_receipt_signing_bytes
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from test_ledger_kit import CHAIN, Chain, ident
+
+from consensus.state.supply import SupplyInvariantError, check_supply
+from consensus.state.tasks import task_id_for
+from consensus.tx import relay_receipt_signing_bytes
 
 PEOPLE = [ident(i) for i in range(1, 7)]
 HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}

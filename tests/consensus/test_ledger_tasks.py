@@ -1,12 +1,12 @@
 """Task lifecycle on chain: assignment, commits, audits, disputes, finalize payouts and slashing,
 cancellation, timeouts, and relay receipts paid directly or from a task's relay budget."""
 import pytest
+from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.state.records import TaskStatus
 from consensus.state.tasks import task_id_for
 from consensus.tx import relay_receipt_signing_bytes
 from consensus.txcodes import TxCode
-from test_ledger_kit import CHAIN, Chain, ident
 
 OWNER, W1, W2, W3, VERIFIER, VERIFIER2, RELAY, OUTSIDER = (ident(i) for i in range(1, 9))
 PRICE = 10_000

@@ -27,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def grow(chain, storage, blocks, txs_per_block=5):
     for _ in range(blocks):
-        txs = [chain.tx(ident(1 + i % 5), "transfer", {"to": ident(6).peer_id, "amount": 3}) for i in range(txs_per_block)]
+        txs = [chain.tx(ident(1 + i % 5), "transfer", {"to": ident(6).peer_id, "amount": 3})
+               for i in range(txs_per_block)]
         led = chain.ledger
         block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash, chain.proposer,
                             [tx.raw for tx in txs])

@@ -2,6 +2,7 @@
 once a majority committed and the grace has passed; the absent worker is not paid (its share goes
 back to the owner), supply is conserved, and replicas (and a reloaded state) agree on every step."""
 import pytest
+from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.block import build_block
 from consensus.state.ledger import Ledger
@@ -9,7 +10,6 @@ from consensus.state.records import Task, TaskStatus
 from consensus.state.store import LedgerState
 from consensus.state.tasks import commit_grace, commit_quorum, task_id_for
 from consensus.txcodes import TxCode
-from test_ledger_kit import CHAIN, Chain, ident
 
 OWNER, W1, W2, W3, VERIFIER, OUTSIDER = (ident(i) for i in range(1, 7))
 PRICE = 9_000

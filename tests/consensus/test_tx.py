@@ -1,11 +1,12 @@
 """Transactions: signing, strict decoding, payload schemas, junk never crashes."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ledger_kit import CHAIN, ident
 
 from consensus.encoding import decode, encode
 from consensus.tx import PAYLOAD_SCHEMAS, build_tx, decode_tx
 from consensus.txcodes import TxCode, TxError
-from test_ledger_kit import CHAIN, ident
 
 A, B = ident(1), ident(2)
 

@@ -29,7 +29,6 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
-
 from pylibp2p_peer import CHUNK, ECHO, SINK, echo_handler, echo_round, emit, read_some, sink_handler
 
 BIG_LIMITS = RelayLimits(duration=24 * 3600, data=1 << 40, max_circuit_conns=64, max_reservations=64)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from node.identity import Identity
 from node.p2p.host import Host
 from relay.client import RelayClient

@@ -4,15 +4,14 @@ malformed, oversized, wrong-size and missing contributions are excluded and repo
 import asyncio
 import time
 
+import loopback_groups
 import pytest
 import torch
+from loopback_groups import close_all, ids, run
 
 from ml.allreduce import DeadlinePolicy, ExcludedFromRound
 from ml.allreduce.wire import Frame, Kind
 from ml.codecs import ErrorFeedback, get_codec
-
-import loopback_groups
-from loopback_groups import close_all, ids, run
 
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 CHUNK = 1024  # all-gather pieces are 4 KiB

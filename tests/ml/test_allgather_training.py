@@ -4,8 +4,10 @@ checkpoints, a member dying mid-broadcast, and training jobs over worker process
 where the simulation does."""
 import asyncio
 
+import loopback_groups
 import pytest
 import torch
+from loopback_groups import close_all, ids
 
 from ml.allreduce import DeadlinePolicy
 from ml.allreduce.wire import Kind
@@ -14,9 +16,6 @@ from ml.train.allreduce_averager import AllGatherAverager, averager_for_group, g
 from ml.train.averaging import LocalAveragingGroup
 from ml.train.recipes import recipe
 from ml.train.simulation import train_simulated
-
-import loopback_groups
-from loopback_groups import close_all, ids
 
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 SHAPES = [(64, 32), (32,), (10, 32)]

@@ -4,8 +4,10 @@ peers."""
 import asyncio
 import time
 
+import loopback_groups
 import pytest
 import torch
+from loopback_groups import close_all, ids, run
 
 from ml.allreduce import (
     AllReduceError,
@@ -18,9 +20,6 @@ from ml.allreduce import (
 from ml.allreduce.plan import make_plan
 from ml.allreduce.wire import HEADER, VERSION, Frame, Kind, encode_frame
 from ml.codecs.base import CODEC_IDS, pack_header
-
-import loopback_groups
-from loopback_groups import close_all, ids, run
 
 FAST = DeadlinePolicy(floor_s=0.5, initial_s=1.0, first_frame_grace_s=0.5, ceiling_s=5.0)
 CHUNK = 1024

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 import torch
 import uvloop
-
 from loopback_groups import make_groups
+
 from ml.allreduce.transport import DIRECT_READ_BYTES, READ_BUFFER_BYTES, SCRATCH_BYTES, TcpStream, TcpTransport
 from ml.allreduce.wire import MAX_META_BYTES, Frame, Kind, encode_frame, read_frame
 

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ml.allreduce.deadlines import DeadlinePolicy, StallEstimator
-from ml.allreduce.round_core import settle_views as _settle_views
 from ml.allreduce.plan import ALIGN, make_plan, split_proportional
+from ml.allreduce.round_core import settle_views as _settle_views
 from ml.allreduce.wire import (
     HEADER,
     HEADER_SIZE,

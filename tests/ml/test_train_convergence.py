@@ -33,7 +33,7 @@ def correct_per_sample(run) -> torch.Tensor:
     return predictions_correct(trainer.model, get_dataset("digits"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def digits_run(codec: str, steps: int = 1200, options: tuple = ()) -> tuple[torch.Tensor, int]:
     """(per-sample test correctness, bytes sent per worker) of the digits data-parallel recipe with `codec`."""
     spec = recipe("digits-data-parallel", codec=codec, codec_options=dict(options), steps=steps)

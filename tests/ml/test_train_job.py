@@ -5,14 +5,14 @@ import os
 import signal
 
 import pytest
-
 from loopback_groups import close_all, make_groups
+
 from ml.compute.replay import replay_job
 from ml.job import JobFailed, run_local_job, train_over_group
-from ml.train.spec import TrainSpec
 from ml.registry import build_model, get_dataset
 from ml.train.allreduce_averager import group_codec
 from ml.train.recipes import recipe
+from ml.train.spec import TrainSpec
 
 
 def test_diloco_int8_job_over_two_processes_ends_with_identical_models():

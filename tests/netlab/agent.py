@@ -1,9 +1,9 @@
 """A dekube node for the netlab, driven line by line over stdin/stdout with JSON commands.
 
 Run inside a namespace: ``python tests/netlab/agent.py --seed HEX --listen /ip4/A/tcp/P [--relay
---allow ID,ID] [--punch-port N] [--auto-punch]``. Every agent runs a Host with a relay client (reservations,
-circuits, receipt co-signing), an AutoNAT server, a hole puncher (with ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a
-resumable-transfer receiver;
+--allow ID,ID] [--punch-port N] [--auto-punch]``. Every agent runs a Host with a relay client
+(reservations, circuits, receipt co-signing), an AutoNAT server, a hole puncher (with
+``--auto-punch`` it starts DCUtR on inbound relayed connections) and a resumable-transfer receiver;
 ``--relay`` adds the circuit relay v2 service admitting the allow-listed peers. It prints
 ``READY {"peer_id": ..., "addrs": [...]}`` and then answers each command line
 ``{"id": n, "op": ..., ...}`` with ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok":
@@ -209,7 +209,8 @@ class Agent:
         return self._cpu()
 
     async def op_status(self) -> dict:
-        circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()} for s, (c, _p) in self.client.circuits.items()}
+        circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()}
+                    for s, (c, _p) in self.client.circuits.items()}
         out = {"circuits": circuits}
         if self.service is not None:
             out["relay"] = self.service.status()

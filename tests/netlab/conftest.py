@@ -24,7 +24,8 @@ def net():
     try:
         starts = [lambda: network.start_relay("relay1", "relay1"), lambda: network.start_relay("relay2", "relay2"),
                   lambda: network.start_public("pub", "pub")]
-        starts += [lambda n=name, h=home: network.start_home(n, h) for name, home in (("a", 1), ("b", 2), ("c", 3), ("d", 4))]
+        starts += [lambda n=name, h=home: network.start_home(n, h)
+                   for name, home in (("a", 1), ("b", 2), ("c", 3), ("d", 4))]
         with ThreadPoolExecutor(len(starts)) as pool:  # agents import in parallel
             for future in [pool.submit(start) for start in starts]:
                 future.result()

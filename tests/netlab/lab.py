@@ -129,7 +129,7 @@ class Lab:
         run("ip", "link", "set", "lo", "up", ns=name)
         return name
 
-    def build(self, public_hosts: list[str], home_nats: list[str], delays_ms: list[float] | None = None) -> "Lab":
+    def build(self, public_hosts: list[str], home_nats: list[str], delays_ms: list[float] | None = None) -> Lab:
         """Create the backbone, one namespace per public host and one router + home per NAT flavour
         (home i's WAN link delayed by ``delays_ms[i-1]`` ms one way, where given)."""
         why = unavailable()

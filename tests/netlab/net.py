@@ -28,7 +28,7 @@ class Net:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, home_rate_mbit: float = 1000.0) -> "Net":
+    def build(cls, home_rate_mbit: float = 1000.0) -> Net:
         lab = Lab(home_rate_mbit=home_rate_mbit).build(["relay1", "relay2", "pub"], ["eim", "eim", "symmetric", "eim"],
                                                        [0, 0, 0, FAR_HOME_DELAY_MS])
         try:

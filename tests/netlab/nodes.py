@@ -1,10 +1,11 @@
 """Orchestrator side of the netlab: start agents (``agent.py``) inside namespaces and call them.
 
 ``Node.start(lab_ns, seed, listen, ...)`` launches one agent (``agent.py``, or ``node_agent.py``
-for a real dekube Node) with ``ip netns exec`` and waits for its READY line; ``node.call(op, **args)`` sends one JSON command and returns the result (raising
-``AgentError`` with the agent's message on failure); ``node.call_async`` returns a Future, so an
-orchestrator can kill a relay while a transfer runs. A reader thread per agent routes replies by
-id. ``kill()`` is SIGKILL (a crashed relay); ``stop()`` closes stdin and waits; both are bounded.
+for a real dekube Node) with ``ip netns exec`` and waits for its READY line; ``node.call(op,
+**args)`` sends one JSON command and returns the result (raising ``AgentError`` with the agent's
+message on failure); ``node.call_async`` returns a Future, so an orchestrator can kill a relay while
+a transfer runs. A reader thread per agent routes replies by id. ``kill()`` is SIGKILL (a crashed
+relay); ``stop()`` closes stdin and waits; both are bounded.
 """
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ class Node:
         self._reader.start()
 
     @classmethod
-    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> "Node":
+    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> Node:
         """Start ``agent`` (``agent.py``, or ``node_agent.py`` for a real Node) as ``name``."""
-        cmd = ["ip", "netns", "exec", ns, sys.executable, str(agent), "--seed", seed_of(name), "--listen", listen, *extra]
+        cmd = ["ip", "netns", "exec", ns, sys.executable, str(agent), "--seed", seed_of(name), "--listen", listen,
+               *extra]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         ready = concurrent.futures.Future()
 

@@ -58,7 +58,7 @@ class TaskNet:
     validators: list[Member] = field(default_factory=list)
 
     @classmethod
-    def build(cls, root: Path, compute: int = 4) -> "TaskNet":
+    def build(cls, root: Path, compute: int = 4) -> TaskNet:
         lab = Lab().build(["val", "relay1", "relay2"], HOME_NATS[:compute])
         try:
             return cls._write(lab, Path(root), compute)
@@ -67,7 +67,7 @@ class TaskNet:
             raise
 
     @classmethod
-    def _write(cls, lab: Lab, root: Path, compute: int) -> "TaskNet":
+    def _write(cls, lab: Lab, root: Path, compute: int) -> TaskNet:
         relay_ids = [Identity.generate() for _ in range(2)]
         compute_ids = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, 2, chain_id="dekube-netlab", host=lab.public["val"],
@@ -102,12 +102,14 @@ class TaskNet:
 
     # ---- processes
     def _env(self) -> dict:
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        return {**os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
     def start(self, member: Member) -> None:
         with open(member.home / "node.log", "ab") as log:
             member.proc = subprocess.Popen(
-                ["ip", "netns", "exec", member.ns, sys.executable, "-m", "cli.main", "start", "--home", str(member.home)],
+                ["ip", "netns", "exec", member.ns, sys.executable, "-m", "cli.main", "start",
+                 "--home", str(member.home)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=str(REPO_ROOT))
 
     def kill(self, member: Member) -> None:

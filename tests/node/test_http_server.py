@@ -156,7 +156,8 @@ def test_port_in_use_is_a_clear_start_error():
 def test_raw_tcp_junk_does_not_hurt_the_server():
     async def scenario():
         async with running_node() as (node, http):
-            for junk in (b"\x00\xff" * 500, b"GET / HTTP/9.9\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
+            for junk in (b"\x00\xff" * 500, b"GET / HTTP/9.9\r\n\r\n",
+                         b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
                 reader, writer = await asyncio.open_connection("127.0.0.1", node.http.port)
                 writer.write(junk)
                 await writer.drain()

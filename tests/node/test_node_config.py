@@ -2,7 +2,8 @@
 import tomllib
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.config import (
     SCHEMA,

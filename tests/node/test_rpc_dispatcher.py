@@ -3,7 +3,8 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.errors import RpcError, TransactionRejected

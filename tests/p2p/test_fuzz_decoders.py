@@ -19,7 +19,8 @@ from node.p2p.ping import PingError, check_pong
 from node.p2p.protobuf import ProtobufError, decode_fields
 from node.p2p.varint import VarintError, decode_uvarint
 
-FUZZ = settings(max_examples=int(os.environ.get("DEKUBE_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("DEKUBE_FUZZ_EXAMPLES", "300")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 ALICE = Identity.from_seed(b"\x0a" * 32)
 BOB = Identity.from_seed(b"\x0b" * 32)
 
@@ -180,7 +181,7 @@ VALID_IDENTIFY = encode_identify(IdentifyInfo(
 def test_identify(data):
     try:
         info = decode_identify(data)
-        info.peer_id
+        _ = info.peer_id  # derives the peer id from the key: may raise IdentifyError
     except IdentifyError:
         pass
 

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from node.identity import Identity
-from node.p2p.host import DialError, Host
 from node.p2p.errors import ProtocolError
+from node.p2p.host import DialError, Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.multistream import NoCommonProtocol
@@ -226,20 +226,20 @@ def test_authenticated_peer_sending_junk_is_dropped_alone():
         for mode in ("bad-mac", "bad-yamux"):
             _, tcp = await loop.create_connection(TcpConnection, host, port)
 
-            async def raw_write(data):
+            async def raw_write(data, tcp=tcp):
                 tcp.write(data)
 
             await select_protocol(tcp.read, raw_write, tcp.unread, ["/noise"], 5)
             mallory = Identity.generate()
             secure = await secure_connection(tcp, mallory, True, b.peer_id)
             await select_protocol(secure.read, secure.write, secure.unread, ["/yamux/1.0.0"], 5)
-            await until(lambda: mallory.peer_id in {c.remote_peer for c in b.connections()})
+            await until(lambda mallory=mallory: mallory.peer_id in {c.remote_peer for c in b.connections()})
             if mode == "bad-mac":
                 tcp.write(b"\x00\x40" + os.urandom(64))
             else:
                 await secure.write(b"\x07" + os.urandom(200))  # yamux version 7: protocol error
-            await until(lambda: mallory.peer_id not in {c.remote_peer for c in b.connections()})
-            await until(lambda: tcp.is_closed)
+            await until(lambda mallory=mallory: mallory.peer_id not in {c.remote_peer for c in b.connections()})
+            await until(lambda tcp=tcp: tcp.is_closed)
             await stream.write(b"still")
             assert await stream.readexactly(5) == b"still"
         assert [c.remote_peer for c in b.connections()] == [a.peer_id]

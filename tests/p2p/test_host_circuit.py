@@ -109,7 +109,8 @@ def test_peer_book_tries_direct_addresses_before_circuits():
         a.peerbook.add_addrs(b.peer_id, [maddr, b.listen_addrs[0]])
         assert any(addr.is_relayed for addr in a.peerbook.addrs(b.peer_id))
         stream = await a.open_stream(b.peer_id, ECHO)
-        assert dialer.calls == [] and stream.connection.remote_addr == Multiaddr.parse(b.listen_addrs[0]).without_peer_id()
+        assert dialer.calls == []
+        assert stream.connection.remote_addr == Multiaddr.parse(b.listen_addrs[0]).without_peer_id()
         await stream.connection.close()
         # with only a dead direct address left, the circuit is the fallback
         a.peerbook = type(a.peerbook)()

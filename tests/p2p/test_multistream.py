@@ -24,21 +24,21 @@ def pump(dialer, listener):
 
 
 def test_first_proposal_accepted():
-    d, l = DialerNegotiator(["/echo/1"]), ListenerNegotiator(["/echo/1", "/x"])
-    pump(d, l)
-    assert d.protocol == l.protocol == "/echo/1"
+    d, listener = DialerNegotiator(["/echo/1"]), ListenerNegotiator(["/echo/1", "/x"])
+    pump(d, listener)
+    assert d.protocol == listener.protocol == "/echo/1"
 
 
 def test_na_then_second_proposal():
-    d, l = DialerNegotiator(["/new/2", "/old/1"]), ListenerNegotiator(["/old/1"])
-    pump(d, l)
-    assert d.protocol == l.protocol == "/old/1"
+    d, listener = DialerNegotiator(["/new/2", "/old/1"]), ListenerNegotiator(["/old/1"])
+    pump(d, listener)
+    assert d.protocol == listener.protocol == "/old/1"
 
 
 def test_no_common_protocol():
-    d, l = DialerNegotiator(["/a", "/b"]), ListenerNegotiator(["/c"])
+    d, listener = DialerNegotiator(["/a", "/b"]), ListenerNegotiator(["/c"])
     with pytest.raises(NoCommonProtocol):
-        pump(d, l)
+        pump(d, listener)
 
 
 def test_wire_bytes_exact():
@@ -47,28 +47,28 @@ def test_wire_bytes_exact():
 
 
 def test_negotiation_fed_byte_by_byte():
-    l = ListenerNegotiator(["/noise"])
+    listener = ListenerNegotiator(["/noise"])
     wire = encode_message("/multistream/1.0.0") + encode_message("/noise") + b"NOISE-DATA"
     i = 0
-    while not l.done:
-        l.receive_data(wire[i:i + 1])
+    while not listener.done:
+        listener.receive_data(wire[i:i + 1])
         i += 1
-    assert l.protocol == "/noise"
-    assert l.unused + wire[i:] == b"NOISE-DATA"
+    assert listener.protocol == "/noise"
+    assert listener.unused + wire[i:] == b"NOISE-DATA"
 
 
 def test_leftover_in_one_chunk():
-    l = ListenerNegotiator(["/noise"])
-    l.receive_data(encode_message("/multistream/1.0.0") + encode_message("/noise") + b"abc")
-    assert l.unused == b"abc"
+    listener = ListenerNegotiator(["/noise"])
+    listener.receive_data(encode_message("/multistream/1.0.0") + encode_message("/noise") + b"abc")
+    assert listener.unused == b"abc"
 
 
 def test_ls_lists_protocols():
-    l = ListenerNegotiator(["/a", "/b"])
-    l.data_to_send()
-    l.receive_data(encode_message("/multistream/1.0.0") + encode_message("ls"))
-    out = l.data_to_send()
-    assert b"/a\n" in out and b"/b\n" in out and not l.done
+    listener = ListenerNegotiator(["/a", "/b"])
+    listener.data_to_send()
+    listener.receive_data(encode_message("/multistream/1.0.0") + encode_message("ls"))
+    out = listener.data_to_send()
+    assert b"/a\n" in out and b"/b\n" in out and not listener.done
 
 
 @pytest.mark.parametrize("wire", [
@@ -80,16 +80,16 @@ def test_ls_lists_protocols():
     b"\x03\xff\xfe\n",                                      # not UTF-8
 ])
 def test_malformed_input_raises(wire):
-    l = ListenerNegotiator(["/a"])
+    listener = ListenerNegotiator(["/a"])
     with pytest.raises(MultistreamError):
-        l.receive_data(wire)
+        listener.receive_data(wire)
 
 
 def test_too_many_proposals():
-    l = ListenerNegotiator(["/a"], max_proposals=3)
-    l.receive_data(encode_message("/multistream/1.0.0"))
+    listener = ListenerNegotiator(["/a"], max_proposals=3)
+    listener.receive_data(encode_message("/multistream/1.0.0"))
     with pytest.raises(MultistreamError):
-        l.receive_data(b"".join(encode_message(f"/x{i}") for i in range(4)))
+        listener.receive_data(b"".join(encode_message(f"/x{i}") for i in range(4)))
 
 
 def test_dialer_rejects_unexpected_reply():

@@ -6,8 +6,8 @@ from noise.connection import Keypair, NoiseConnection
 
 from node.identity import Identity
 from node.p2p.noise import (
-    TAG_LEN,
     MAX_PLAINTEXT,
+    TAG_LEN,
     CipherState,
     NoiseError,
     NoiseHandshake,

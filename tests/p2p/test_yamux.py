@@ -158,7 +158,8 @@ def test_window_updates_are_batched_at_half_window():
     assert b.data_to_send() == b""  # 127 KiB consumed: below half of 256 KiB
     b.acknowledge_received(sid, 1024, now=100.0)
     # the update, and a ping that refreshes the RTT auto-tuning uses (at most every 0.25 s)
-    assert frames(b.data_to_send()) == [(y.TYPE_WINDOW_UPDATE, 0, sid, 128 * 1024, b""), (y.TYPE_PING, y.FLAG_SYN, 0, 0, b"")]
+    assert frames(b.data_to_send()) == [(y.TYPE_WINDOW_UPDATE, 0, sid, 128 * 1024, b""),
+                                        (y.TYPE_PING, y.FLAG_SYN, 0, 0, b"")]
     a.send_data(sid, bytes(128 * 1024))
     pump(a, b)
     b.acknowledge_received(sid, 128 * 1024, now=100.1)

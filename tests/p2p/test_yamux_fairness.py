@@ -10,8 +10,8 @@ a fixed total.
 import asyncio
 from collections import deque
 
-from node.p2p import yamux as y
 from node.p2p import muxer
+from node.p2p import yamux as y
 from node.p2p.muxer import MuxedConnection
 from node.p2p.yamux import DataReceived, YamuxSession
 

@@ -4,11 +4,11 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from test_muxer import echo, memory_pipe, muxed_pair
 
 from node.p2p import yamux as y
 from node.p2p.muxer import MuxedConnection
 from node.p2p.yamux import DataReceived, StreamOpened, YamuxError, YamuxSession
-from test_muxer import echo, memory_pipe, muxed_pair
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

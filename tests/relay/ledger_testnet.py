@@ -8,9 +8,9 @@ from pathlib import Path
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.validator.role import ValidatorRole
 from devtools.testnet import free_ports
-from node.ledger import LedgerGateway
 from node.config import load_config
 from node.identity import Identity
+from node.ledger import LedgerGateway
 from node.roles import RoleFactory, basic_role
 from node.runtime import Node
 

@@ -4,20 +4,37 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from relay_harness import (
+    SINK_PROTOCOL,
+    Sink,
+    expected_answer,
+    pattern,
+    send_and_check,
+    start_endpoint,
+    start_relay,
+    stop_all,
+)
 
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.muxer import StreamResetError
 from node.p2p.protobuf import field_bytes, field_varint
 from node.p2p.varint import encode_uvarint
 from relay.dcutr import (
-    MAX_MESSAGE_BYTES, DcutrError, DcutrInitiator, DcutrResponder, Dial, FrameReader, HolePunch, HolePunchType,
-    Send, decode_holepunch, encode_holepunch,
+    MAX_MESSAGE_BYTES,
+    DcutrError,
+    DcutrInitiator,
+    DcutrResponder,
+    Dial,
+    FrameReader,
+    HolePunch,
+    HolePunchType,
+    Send,
+    decode_holepunch,
+    encode_holepunch,
 )
 from relay.holepunch import HolePuncher
 from relay.holepunch_dial import dial_peer
 from relay.holepunch_inbound import upgrade_inbound
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, \
-    start_relay, stop_all
 
 A1 = Multiaddr.parse("/ip4/10.0.0.1/tcp/4001")
 A2 = Multiaddr.parse("/ip4/10.0.0.2/tcp/4002")

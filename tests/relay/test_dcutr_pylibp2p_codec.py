@@ -5,8 +5,14 @@ from node.identity import Identity, b58decode
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.varint import decode_uvarint
 from relay.dcutr import HolePunch, HolePunchType, decode_holepunch, encode_holepunch
-from relay.reachability import DialRequest, DialResponse, ResponseStatus, decode_message, encode_request, \
-    encode_response
+from relay.reachability import (
+    DialRequest,
+    DialResponse,
+    ResponseStatus,
+    decode_message,
+    encode_request,
+    encode_response,
+)
 
 dcutr_pb2 = pytest.importorskip("libp2p.relay.circuit_v2.pb.dcutr_pb2")
 autonat_pb2 = pytest.importorskip("libp2p.host.autonat.pb.autonat_pb2")
@@ -39,8 +45,9 @@ def test_autonat_both_ways():
     assert theirs.type == autonat_pb2.Message.DIAL
     assert theirs.dial.peer.id == b58decode(PEER)
     assert list(theirs.dial.peer.addrs) == [a.to_bytes() for a in ADDRS]
-    response = autonat_pb2.Message(type=autonat_pb2.Message.DIAL_RESPONSE, dialResponse=autonat_pb2.Message.DialResponse(
-        status=autonat_pb2.Message.E_DIAL_ERROR, statusText="no", addr=ADDRS[0].to_bytes()))
+    response = autonat_pb2.Message(
+        type=autonat_pb2.Message.DIAL_RESPONSE, dialResponse=autonat_pb2.Message.DialResponse(
+            status=autonat_pb2.Message.E_DIAL_ERROR, statusText="no", addr=ADDRS[0].to_bytes()))
     assert decode_message(response.SerializeToString()) == DialResponse(ResponseStatus.E_DIAL_ERROR, "no", ADDRS[0])
     ours = DialResponse(ResponseStatus.OK, "", ADDRS[1])
     theirs = autonat_pb2.Message()

@@ -8,8 +8,8 @@ import hashlib
 from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
 
 from consensus.state.tasks import task_id_for
-from devtools.testnet import free_ports
 from consensus.tx import relay_receipt_signing_bytes
+from devtools.testnet import free_ports
 from ml.compute.role import ComputeRole
 from node.identity import Identity
 from node.ledger import RESYNC, LedgerGateway

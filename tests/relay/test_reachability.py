@@ -11,8 +11,21 @@ from node.p2p.multiaddr import Multiaddr
 from node.p2p.protobuf import field_bytes, field_varint
 from node.p2p.varint import decode_uvarint
 from relay.reachability import (
-    AUTONAT_PROTOCOL, AutoNATError, AutoNATServer, DialRequest, DialResponse, Reachability, ResponseStatus,
-    assess, conclude, decode_message, dialback_candidates, encode_request, encode_response, probe, read_message,
+    AUTONAT_PROTOCOL,
+    AutoNATError,
+    AutoNATServer,
+    DialRequest,
+    DialResponse,
+    Reachability,
+    ResponseStatus,
+    assess,
+    conclude,
+    decode_message,
+    dialback_candidates,
+    encode_request,
+    encode_response,
+    probe,
+    read_message,
 )
 
 PEER = Identity.from_seed(bytes(32)).peer_id

@@ -5,10 +5,11 @@ import asyncio
 import os
 import time
 
+from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
+
 from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from node.identity import Identity
 from relay.service import RelayLimits
-from relay_harness import eventually, pattern, start_endpoint, start_relay, stop_all
 
 MIB = 1 << 20
 

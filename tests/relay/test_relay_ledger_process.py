@@ -10,16 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
+from test_relay_node_process import wait_for_status
 
 from consensus import rpcclient
 from consensus.tx import build_tx
 from devtools.testnet import Testnet
-from node.ledger import LedgerGateway
 from node.identity import Identity
+from node.ledger import LedgerGateway
 from relay.client import RelayRefused
 from relay.messages import Status
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
-from test_relay_node_process import wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = "relay-process-test"
@@ -72,7 +72,8 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                                                                      "gpu_mem_mb": 0, "bandwidth_mbps": 0}})
                 finally:
                     await client.close()
-            a, b, stranger = (await start_endpoint(source, chain_id=CHAIN), await start_endpoint(target, chain_id=CHAIN),
+            a, b, stranger = (await start_endpoint(source, chain_id=CHAIN),
+                              await start_endpoint(target, chain_id=CHAIN),
                               await start_endpoint(outsider, chain_id=CHAIN))
             try:
                 await b.reserve(relay_addr)

@@ -3,6 +3,17 @@ messages, back-pressure and receipts that match the bytes moved."""
 import asyncio
 
 import pytest
+from relay_harness import (
+    SINK_PROTOCOL,
+    Sink,
+    eventually,
+    expected_answer,
+    pattern,
+    send_and_check,
+    start_endpoint,
+    start_relay,
+    stop_all,
+)
 
 from consensus.tx import build_tx, relay_receipt_signing_bytes
 from node.identity import Identity, verify_by_peer_id
@@ -10,13 +21,21 @@ from node.p2p.host import Host
 from node.p2p.multiaddr import Multiaddr
 from relay.client import RelayClient, RelayRefused
 from relay.messages import (
-    HOP_PROTOCOL, STOP_PROTOCOL, HopMessage, HopType, Peer, Status, StopMessage, StopType, decode_hop, decode_stop,
-    encode_hop, encode_stop, frame,
+    HOP_PROTOCOL,
+    STOP_PROTOCOL,
+    HopMessage,
+    HopType,
+    Peer,
+    Status,
+    StopMessage,
+    StopType,
+    decode_hop,
+    decode_stop,
+    encode_hop,
+    encode_stop,
+    frame,
 )
 from relay.service import Admission, RelayLimits, RelayService, read_message
-from relay_harness import (
-    SINK_PROTOCOL, Sink, eventually, expected_answer, pattern, send_and_check, start_endpoint, start_relay, stop_all,
-)
 
 MIB = 1 << 20
 

@@ -1,14 +1,30 @@
 """Circuit v2 codecs: round trips, byte-exact spec encodings, strict rejection of malformed input, fuzz."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.identity import Identity
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.protobuf import field_bytes
 from relay.messages import (
-    MAX_MESSAGE_BYTES, SESSION_FIELD, HopMessage, HopType, Limit, MessageReader, Peer, RelayMessageError, Reservation,
-    Status, StopMessage, StopType, decode_hop, decode_stop, encode_hop, encode_stop, frame,
+    MAX_MESSAGE_BYTES,
+    SESSION_FIELD,
+    HopMessage,
+    HopType,
+    Limit,
+    MessageReader,
+    Peer,
+    RelayMessageError,
+    Reservation,
+    Status,
+    StopMessage,
+    StopType,
+    decode_hop,
+    decode_stop,
+    encode_hop,
+    encode_stop,
+    frame,
 )
 
 A = Identity.from_seed(b"a" * 32)

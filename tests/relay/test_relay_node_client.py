@@ -4,6 +4,8 @@ pieces it is built from (admission lookup cache, record merging) behave."""
 import asyncio
 
 import pytest
+from ledger_testnet import eventually, node_config
+from relay_harness import start_relay, stop_all
 
 from node.config import ConfigError, load_config
 from node.identity import Identity
@@ -14,8 +16,6 @@ from relay.client import split_circuit_addr
 from relay.ledger_access import StakeLookup
 from relay.reachability import Reachability
 from relay.role import RelayRole
-from relay_harness import start_relay, stop_all
-from ledger_testnet import eventually, node_config
 
 
 class FakeLedger:

@@ -11,11 +11,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
 from node.identity import Identity
 from relay.client import RelayRefused
 from relay.messages import Status
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,14 +4,13 @@ one retired), or stays relayed with ``[relay] hole_punch = false``; the inbound 
 its own when the dialer does not."""
 import asyncio
 
-import pytest
+from ledger_testnet import eventually, node_config
+from relay_harness import start_relay, stop_all
 
 from node.identity import Identity
 from node.roles import basic_role
 from node.runtime import Node
 from relay.client import RelayClient
-from relay_harness import start_relay, stop_all
-from ledger_testnet import eventually, node_config
 
 ECHO = "/test/echo/1.0.0"
 

@@ -1,13 +1,21 @@
 """Endpoint receipt checks: an endpoint co-signs only receipts for its own circuit, from that relay,
 for no more bytes than it counted (plus in-flight allowance) and at a price it accepts."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consensus.encoding import encode
 from consensus.tx import relay_receipt_signing_bytes
 from node.identity import Identity, verify_by_peer_id
 from relay.receipts import (
-    MIB, CircuitCount, ReceiptError, ReceiptSigner, amount_for, build_receipt, decode_request, in_flight_allowance,
+    MIB,
+    CircuitCount,
+    ReceiptError,
+    ReceiptSigner,
+    amount_for,
+    build_receipt,
+    decode_request,
+    in_flight_allowance,
 )
 
 ME, PEER, RELAY, OTHER = (Identity.from_seed(bytes([i]) * 32) for i in range(1, 5))

@@ -6,7 +6,8 @@ import os
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consensus.encoding import encode
 from devtools.resumable import ResumableReceiver, TransferError, _decode_header, send_resumable
@@ -19,7 +20,7 @@ class MemoryStream:
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.peer: "MemoryStream | None" = None
+        self.peer: MemoryStream | None = None
         self.reset_called = False
         self.cut_after: int | None = None  # bytes this side may still write before the "link" dies
         self.silent = False  # the dead link swallows writes (blocks) instead of resetting

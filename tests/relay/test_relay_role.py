@@ -2,6 +2,7 @@
 import asyncio
 
 import pytest
+from relay_harness import start_endpoint, stop_all
 
 from node.config import load_config
 from node.identity import Identity
@@ -10,7 +11,6 @@ from node.runtime import Node
 from relay.client import RelayRefused
 from relay.messages import Status
 from relay.role import RelayRole
-from relay_harness import start_endpoint, stop_all
 
 
 def node_config(allow):

@@ -1,6 +1,7 @@
 """Reservation vouchers: signed envelope layout, verification, and every way a voucher is refused."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.identity import Identity
 from relay.voucher import DOMAIN, PAYLOAD_TYPE, VoucherError, decode_voucher, open_voucher, seal_voucher

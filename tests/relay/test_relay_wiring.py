@@ -13,14 +13,14 @@ the home node the same way.
 import asyncio
 
 import pytest
+from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
+from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
-from node.ledger import LedgerGateway
 from node.identity import Identity
+from node.ledger import LedgerGateway
 from relay.client import RelayRefused, split_circuit_addr
 from relay.messages import Status
 from relay.role import RelayRole
-from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 
 MIN_STAKE = 100
 
@@ -59,9 +59,11 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
             c = await net.add(node_config(relays=relays, reserve=True), stranger)  # no ledger: never registered
 
             for home in (a, b):
-                await eventually(lambda: len(home.relay_client.client.reservations) == 2, what="two reservations")
-                await eventually(lambda: home.relay_client.published == home.relay_client.client.relayed_addrs,
-                                 what="relayed addresses published")
+                await eventually(lambda home=home: len(home.relay_client.client.reservations) == 2,
+                                 what="two reservations")
+                await eventually(
+                    lambda home=home: home.relay_client.published == home.relay_client.client.relayed_addrs,
+                    what="relayed addresses published")
                 record = await reader.call("dkb_getNode", home.peer_id)
                 assert record["relay_addrs"] == home.relay_client.client.relayed_addrs
                 assert {split_circuit_addr(addr)[0].peer_id for addr in record["relay_addrs"]} == {
@@ -71,7 +73,7 @@ def test_home_nodes_reserve_reach_each_other_and_the_relay_is_paid(tmp_path, mon
 
             # another writer of a record (the compute role re-registering) drops what the relay wiring
             # put there: the relay role and the relayed addresses come back
-            for ident, node in ((relay2_id, relay2), (home_a, a)):
+            for ident, _node in ((relay2_id, relay2), (home_a, a)):
                 record = await reader.call("dkb_getNode", ident.peer_id)
                 await net.client(ident, 3).send("register_node", {
                     "roles": ["compute"], "listen_addrs": record["listen_addrs"], "relay_addrs": [],
