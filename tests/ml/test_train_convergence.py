@@ -34,9 +34,11 @@ def correct_per_sample(run) -> torch.Tensor:
 
 
 @functools.cache
-def digits_run(codec: str, steps: int = 1200, options: tuple = ()) -> tuple[torch.Tensor, int]:
-    """(per-sample test correctness, bytes sent per worker) of the digits data-parallel recipe with `codec`."""
-    spec = recipe("digits-data-parallel", codec=codec, codec_options=dict(options), steps=steps)
+def digits_run(codec: str, steps: int = 1200, options: tuple = (), lr: float | None = None) -> tuple[torch.Tensor, int]:
+    """(per-sample test correctness, bytes sent per worker) of the digits data-parallel recipe with `codec`
+    (and another peak learning rate where `lr` says)."""
+    overrides = {} if lr is None else {"lr": lr}
+    spec = recipe("digits-data-parallel", codec=codec, codec_options=dict(options), steps=steps, **overrides)
     run = train_simulated(spec, WORLD)
     accuracies = {m["accuracy"] for m in run.metrics}
     assert len(accuracies) == 1, "workers of one data-parallel job must end with the same model"
@@ -74,11 +76,14 @@ def test_quantizing_codecs_match_fp32(codec):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("codec, options, min_ratio", [
-    ("powersgd1", (), 10), ("sign", (), 10), ("topk", (("ratio", 0.01),), 30)])
-def test_error_feedback_codecs_match_fp32_with_fewer_bytes(codec, options, min_ratio):
+@pytest.mark.parametrize("codec, options, lr, min_ratio", [
+    ("powersgd1", (), None, 10), ("topk", (("ratio", 0.01),), None, 30),
+    # sign with error feedback at the recipe's lr 0.2 (Nesterov SGD) spikes and, with AVX2 kernels,
+    # diverges (8.9%); at 0.1 it trains on every kernel set (ADR 0122)
+    ("sign", (), 0.1, 10)])
+def test_error_feedback_codecs_match_fp32_with_fewer_bytes(codec, options, lr, min_ratio):
     fp32, fp32_bytes = digits_run("fp32")
-    correct, sent = digits_run(codec, options=options)
+    correct, sent = digits_run(codec, options=options, lr=lr)
     assert_matches(correct, fp32)
     assert sent * min_ratio < fp32_bytes
 
