@@ -7,9 +7,9 @@ import pytest
 from relay_harness import SINK_PROTOCOL, Sink, eventually, expected_answer, pattern, send_and_check
 
 from node.identity import Identity
+from node.p2p.errors import ProtocolError
 from node.p2p.host import DialError, Host
 from node.p2p.limited import LimitedConnectionError
-from node.p2p.errors import ProtocolError
 from relay.client import RelayClient
 from relay.messages import Limit
 from relay.service import Admission, RelayLimits, RelayService
