@@ -26,8 +26,13 @@ LIMITED_ALLOWED: frozenset[str] = frozenset({
 
 
 class LimitLike(Protocol):
-    duration: int | None  # seconds
-    data: int | None      # bytes per direction
+    """relay.messages.Limit's shape (node/p2p does not import relay)."""
+
+    @property
+    def duration(self) -> int | None: ...  # seconds
+
+    @property
+    def data(self) -> int | None: ...      # bytes per direction
 
 
 def is_limited(limit: LimitLike | None) -> bool:
