@@ -35,9 +35,20 @@ class LimitLike(Protocol):
     def data(self) -> int | None: ...      # bytes per direction
 
 
+# A cap at least this generous is treated as no cap: py-libp2p relays always send a Limit (ours in
+# the interop tests: 1 TiB, 24 h), and a bulk connection that hits such a cap is redialled like any
+# lost connection. Below either threshold (js-libp2p's 128 KiB / 2 min) the circuit is limited.
+UNLIMITED_DATA_BYTES = 1 << 30
+UNLIMITED_DURATION_S = 3600
+
+
 def is_limited(limit: LimitLike | None) -> bool:
-    """A Limit with neither field set caps nothing (the spec's "unlimited")."""
-    return limit is not None and (limit.duration is not None or limit.data is not None)
+    """Whether ``limit`` caps data or duration below what bulk traffic needs (a Limit with neither
+    field set caps nothing, the spec's "unlimited")."""
+    if limit is None:
+        return False
+    return ((limit.data is not None and limit.data < UNLIMITED_DATA_BYTES)
+            or (limit.duration is not None and limit.duration < UNLIMITED_DURATION_S))
 
 
 def describe_limit(limit: LimitLike | None) -> str:
