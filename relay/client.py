@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
+from node.p2p.limited import LimitedConnectionError, describe_limit, is_limited
 from node.p2p.multiaddr import Multiaddr
 
 from .messages import (
@@ -258,7 +259,8 @@ class RelayClient:
                         return task.result()
                     if not isinstance(exc, (ConnectionError, ProtocolError, TimeoutError, OSError)):
                         raise exc
-                    self._mark_failed(relay_addr.peer_id)
+                    if not isinstance(exc, LimitedConnectionError):  # it still carries signalling
+                        self._mark_failed(relay_addr.peer_id)
                     errors.append(f"{relay_addr}: {type(exc).__name__}: {exc}")
         finally:
             for task in attempts:
@@ -285,8 +287,12 @@ class RelayClient:
             answer, rest = await read_message(stream, decode_hop)
             if answer.type != HopType.STATUS or answer.status != Status.OK:
                 raise RelayRefused(relay, answer.status)
+            if bulk and is_limited(answer.limit):  # a capped circuit would die mid-transfer
+                raise LimitedConnectionError(
+                    f"relay {relay} limits circuits ({describe_limit(answer.limit)}): no bulk over it",
+                    answer.limit)
             pipe = StreamPipe(stream, relay, answer.session, rest)
-            conn = await upgrade_circuit(self.host, pipe, True, target, bulk=bulk)
+            conn = await upgrade_circuit(self.host, pipe, True, target, bulk=bulk, limit=answer.limit)
         except BaseException:
             stream.reset()
             if relay_conn is not None:
@@ -326,7 +332,7 @@ class RelayClient:
         await stream.write(frame(encode_stop(StopMessage(StopType.STATUS, status=Status.OK))))
         pipe = StreamPipe(stream, relay, msg.session, rest)
         try:
-            conn = await upgrade_circuit(self.host, pipe, False, None)
+            conn = await upgrade_circuit(self.host, pipe, False, None, limit=msg.limit)
         except (ProtocolError, OSError, TimeoutError, DialError) as exc:
             log.debug("inbound circuit via %s failed to upgrade: %s", relay, exc)
             pipe.abort()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .messages import Status
+from .messages import Limit, Status
 
 
 @dataclass
@@ -34,6 +34,9 @@ class RelayLimits:
     max_circuits_per_peer: int = 64        # circuits a peer has open, as source or target
     receipt_interval_bytes: int = 64 << 20
     price_per_mib: int = 1
+    # the Limit announced on each circuit (HOP STATUS and STOP CONNECT); None: unlimited, as our relay
+    # carries bulk for registered peers. Endpoints treat a capped circuit as signalling-only (ADR 0143).
+    circuit_limit: Limit | None = None
 
 
 class AdmissionRule:

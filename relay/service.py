@@ -4,7 +4,8 @@ splices the two streams and drives usage receipts.
 Every admission and resource decision is ``RelayPolicy``'s (relay/policy.py, sans-I/O): this module
 reads and writes the streams, looks up a peer's stake (``Admission``: the allow-list and
 ``min_stake`` rule plus an injected, possibly async, ledger lookup), tells the policy what happened
-and acts on its answers. Admitted circuits carry no Limit (no data or duration cap). Forwarding
+and acts on its answers. Admitted circuits carry no Limit (no data or duration cap) unless
+``RelayLimits.circuit_limit`` sets one to announce (it is announced, not enforced here). Forwarding
 awaits every write (the yamux windows give end-to-end back-pressure: nothing is dropped, nothing
 buffered without bound) and moves whatever the stream has buffered in one write. When the policy
 says a receipt is due (every ``receipt_interval_bytes`` per circuit, and when a circuit ends), the
@@ -234,6 +235,7 @@ class RelayService:
             return
         try:
             await stream.write(frame(encode_hop(HopMessage(HopType.STATUS, status=Status.OK,
+                                                           limit=self.limits.circuit_limit,
                                                            session=circuit.session))))
             await self._splice(circuit, stream, stop_stream, stop_rest)
         finally:
@@ -248,6 +250,7 @@ class RelayService:
             stop = await self.host.open_stream(circuit.dst, STOP_PROTOCOL)
             try:
                 await stop.write(frame(encode_stop(StopMessage(StopType.CONNECT, peer=Peer(circuit.src),
+                                                               limit=self.limits.circuit_limit,
                                                                session=circuit.session))))
                 answer, rest = await read_message(stop, decode_stop)
                 if answer.type != StopType.STATUS or answer.status != Status.OK:

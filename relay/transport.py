@@ -18,6 +18,8 @@ from collections import deque
 
 from node.p2p.host import Connection, Host
 
+from .messages import Limit
+
 CLOSE_GRACE_SECONDS = 5.0
 _closing: set[asyncio.Task] = set()  # strong references: a closing pipe may be dropped by its owner
 
@@ -126,11 +128,12 @@ class StreamPipe:
 
 
 async def upgrade_circuit(host: Host, pipe: StreamPipe, is_initiator: bool, expected_peer: str | None,
-                          bulk: bool = False) -> Connection:
+                          bulk: bool = False, limit: Limit | None = None) -> Connection:
     """Secure and multiplex a circuit and register it with ``host``; returns the Connection.
 
     The dialing side (``is_initiator``) knows whom it expects; the accepting side learns the peer
     from the noise handshake. On failure the pipe is aborted and ProtocolError (HandshakeTimeout
     included), OSError or DialError (connection limits) propagates.
     """
-    return await host.upgrade(pipe, is_initiator=is_initiator, expected_peer=expected_peer, bulk=bulk)
+    return await host.upgrade(pipe, is_initiator=is_initiator, expected_peer=expected_peer, bulk=bulk,
+                              limit=limit)

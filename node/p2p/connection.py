@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from .limited import LimitedConnectionError, LimitLike, allowed_on_limited, describe_limit, is_limited
 from .multiaddr import Multiaddr
 from .muxer import MuxedConnection, YamuxStream
 from .negotiate import select_protocol
@@ -72,6 +73,12 @@ class Connection:
         self.remote_addr = Multiaddr.from_tcp(peer[0], peer[1]) if peer else None
         self.muxed: MuxedConnection | None = None
         self._negotiate_timeout = negotiate_timeout
+        self.limit: LimitLike | None = None  # a relay's cap on the circuit under us (node/p2p/limited.py)
+
+    @property
+    def limited(self) -> bool:
+        """A relayed circuit with a data or duration cap: signalling protocols only."""
+        return is_limited(self.limit)
 
     @property
     def closed(self) -> bool:
@@ -84,6 +91,13 @@ class Connection:
     async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
         """Open a stream and negotiate the first of ``protocol`` the remote supports."""
         protocols = [protocol] if isinstance(protocol, str) else list(protocol)
+        if self.limited:
+            protocols = [p for p in protocols if allowed_on_limited(p)]
+            if not protocols:
+                raise LimitedConnectionError(
+                    f"{protocol} not allowed on the limited relayed connection to {self.remote_peer} "
+                    f"(relay limit: {describe_limit(self.limit)}); it needs a direct connection or "
+                    f"an unlimited relay", self.limit)
         stream = HostStream(await self._muxed().open_stream(), self)
         try:
             stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,

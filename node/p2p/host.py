@@ -31,6 +31,7 @@ from .dial_race import AllDialsFailed, DialAttempt, race
 from .errors import HandshakeTimeout, ProtocolError
 from .identify import MAX_IDENTIFY_BYTES, IdentifyInfo, decode_identify, encode_identify
 from .identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
+from .limited import LimitLike, allowed_on_limited
 from .limits import HostLimits
 from .multiaddr import Multiaddr
 from .muxer import MuxedConnection, MuxerClosedError, YamuxStream
@@ -229,21 +230,22 @@ class Host:
         return secure
 
     async def upgrade(self, pipe: BytePipe, *, is_initiator: bool, expected_peer: str | None = None,
-                      bulk: bool = False) -> Connection:
+                      bulk: bool = False, limit: LimitLike | None = None) -> Connection:
         """Secure and multiplex any ordered byte pipe and register it like a TCP connection.
 
         ``pipe`` has TcpConnection's shape (``read``, ``read_chunks``, ``unread``, ``write``,
         ``drain``, ``close``, ``abort``, ``is_closed``, ``connection_lost_callbacks``,
         ``peername``, ``sockname``); the relay client uses this for circuits. The dialing side
-        names the peer it expects. On failure the pipe is aborted and the error (ProtocolError,
-        OSError, DialError for limits) propagates.
+        names the peer it expects; ``limit`` is the relay's cap on the circuit (the connection is
+        then ``limited``: signalling protocols only, node/p2p/limited.py). On failure the pipe is
+        aborted and the error (ProtocolError, OSError, DialError for limits) propagates.
         """
         try:
             secure = await self._secure(pipe, is_initiator=is_initiator, expected_peer=expected_peer)
         except BaseException:
             pipe.abort()
             raise
-        return await self._register(secure, "outbound" if is_initiator else "inbound", bulk=bulk)
+        return await self._register(secure, "outbound" if is_initiator else "inbound", bulk=bulk, limit=limit)
 
     # ---- outbound
     async def _dial_tcp(self, addr: Multiaddr) -> TcpConnection:
@@ -370,9 +372,11 @@ class Host:
             await stream.close()
 
     # ---- connection registry and stream dispatch
-    async def _register(self, secure: SecureConn, direction: str, bulk: bool) -> Connection:
+    async def _register(self, secure: SecureConn, direction: str, bulk: bool,
+                        limit: LimitLike | None = None) -> Connection:
         peer_id = secure.remote_peer
         conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout)
+        conn.limit = limit
         if (len(self.connections(peer_id)) >= self.limits.max_connections_per_peer
                 or len(self._connections) >= self.limits.max_connections or not self._running):
             await secure.close()
@@ -410,8 +414,9 @@ class Host:
         async def on_stream(raw_stream: YamuxStream) -> None:
             stream = HostStream(raw_stream, conn)
             try:
+                offered = [p for p in self._handlers if not conn.limited or allowed_on_limited(p)]
                 stream.protocol = await accept_protocol(stream.read, stream.write, stream._unread,
-                                                        list(self._handlers), self.limits.negotiate_timeout)
+                                                        offered, self.limits.negotiate_timeout)
             except (ProtocolError, OSError, asyncio.IncompleteReadError) as exc:
                 log.debug("stream negotiation with %s failed: %s", conn.remote_peer, exc)
                 stream.reset()

@@ -119,3 +119,25 @@ def test_fuzz_reader_never_crashes(chunks):
             reader.feed(chunk)
     except RelayMessageError:
         pass
+
+
+@pytest.mark.parametrize("limit, limited", [
+    (Limit(120, 128 << 10), True), (Limit(duration=120), True), (Limit(data=1), True),
+    (Limit(24 * 3600, 1 << 40), False),  # py-libp2p interop relay: generous enough for bulk
+    (Limit(), False), (None, False)])
+def test_limit_field_present_or_absent_round_trips(limit, limited):
+    from node.p2p.limited import is_limited
+
+    hop = HopMessage(HopType.STATUS, limit=limit, status=Status.OK)
+    stop = StopMessage(StopType.CONNECT, peer=Peer(A.peer_id), limit=limit)
+    assert decode_hop(encode_hop(hop)).limit == limit
+    assert decode_stop(encode_stop(stop)).limit == limit
+    # a Limit with neither field caps nothing (spec: "unlimited")
+    assert is_limited(limit) == limited
+
+
+def test_js_default_limit_bytes():
+    # js-libp2p's defaults as a go/js relay puts them on the wire: HopMessage field 4 {1: 120, 2: 131072}
+    body = encode_hop(HopMessage(HopType.STATUS, limit=Limit(120, 131072), status=Status.OK))
+    assert body == bytes([0x08, 0x02, 0x22, 0x06, 0x08, 0x78, 0x10, 0x80, 0x80, 0x08, 0x28, 0x64])
+    assert decode_hop(body).limit == Limit(120, 131072)
