@@ -286,11 +286,11 @@ async def run_until_signalled(node: Node) -> int:
         return 1
     except ExceptionGroup as group:
         leaves = _leaves(group)
-        if not all(isinstance(exc, (NodeStartError, RoleStartError)) for exc in leaves):
+        if not all(isinstance(leaf, (NodeStartError, RoleStartError)) for leaf in leaves):
             log.exception("node failed")
             return 1
-        for exc in leaves:  # a role's run() could not start it: one line each, no traceback
-            log.error("%s", exc)
+        for leaf in leaves:  # a role's run() could not start it: one line each, no traceback
+            log.error("%s", leaf)
         return 1
     except Exception:
         log.exception("node failed")
