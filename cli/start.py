@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for flag, (section, key, text) in FLAGS.items():
         parser.add_argument(flag, dest=_dest(flag), action="append" if flag in _LIST_FLAGS else "store",
                             metavar=key.upper(), help=f"{text} (overrides [{section}] {key})")
+    parser.add_argument("--verify-db", dest="verify_db", action="store_true",
+                        help="read every block of the chain database at start-up to check it "
+                             "(sets [consensus] verify_db = full; docs/adr/0142)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any config key, e.g. --set p2p.max_connections=64 (repeatable)")
     parser.set_defaults(handler=run)
@@ -54,6 +57,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[tuple[str, str], str]:
         value = getattr(args, _dest(flag))
         if value is not None:
             overrides[(section, key)] = ",".join(value) if isinstance(value, list) else value
+    if getattr(args, "verify_db", False):
+        overrides[("consensus", "verify_db")] = "full"
     return overrides
 
 

@@ -191,6 +191,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                 "seconds a proposer waits for transactions before an empty block", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
+        "verify_db": Key(str, "auto",
+                         "start-up check of the chain database: full (read every block), recent (state and the "
+                         "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",
+                         check_choice(("auto", "full", "recent"))),
     },
     "ledger": {
         "rpc_urls": Key(list, [],

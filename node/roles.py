@@ -46,16 +46,27 @@ class RoleError(Exception):
     """A role name is unknown or its implementation cannot be loaded."""
 
 
+class RoleStartError(Exception):
+    """A role cannot start (missing genesis, damaged database...): the node reports the message as
+    one line and exits with code 1 (docs/adr/0142)."""
+
+
 class Role:
     """Base class of node roles (validator, relay, compute).
 
     A subclass's constructor takes the Node first, builds every field and registers its RPC
-    methods, status sections, metrics and topics (it runs before serving starts)."""
+    methods, status sections, metrics and topics (it runs before serving starts). ``prepare()``
+    does the role's blocking start-up checks (opening its database) before the node listens."""
 
     name: str = ""
 
     def __init__(self, node: Node) -> None:
         self.node = node
+
+    async def prepare(self) -> None:
+        """Start-up work that must succeed before the node serves anything; raise RoleStartError
+        with a message for the operator if the role cannot start. Runs on the event loop: do
+        blocking work with ``asyncio.to_thread`` or an executor."""
 
     async def run(self) -> None:
         """Do the role's work until cancelled."""

@@ -26,7 +26,7 @@ from node.metrics import Registry
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
-from node.roles import NODE_SERVICES, Role, RoleFactory, create_service, role_factory
+from node.roles import NODE_SERVICES, Role, RoleFactory, RoleStartError, create_service, role_factory
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
@@ -159,6 +159,8 @@ class Node:
         """Serve until ``request_stop()``; re-raises (as an ExceptionGroup) if a role fails."""
         self._started_monotonic = time.monotonic()
         try:
+            for role in self.roles:  # a role that cannot start stops the node before it listens
+                await role.prepare()
             await self._start_servers()
             log.info("node started", extra={"peer_id": self.peer_id, "roles": ",".join(r.name for r in self.roles)})
             self.ready.set()
@@ -279,8 +281,16 @@ async def run_until_signalled(node: Node) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         await node.run()
-    except NodeStartError as exc:
+    except (NodeStartError, RoleStartError) as exc:
         log.error("%s", exc)
+        return 1
+    except ExceptionGroup as group:
+        leaves = _leaves(group)
+        if not all(isinstance(leaf, (NodeStartError, RoleStartError)) for leaf in leaves):
+            log.exception("node failed")
+            return 1
+        for leaf in leaves:  # a role's run() could not start it: one line each, no traceback
+            log.error("%s", leaf)
         return 1
     except Exception:
         log.exception("node failed")
@@ -289,6 +299,11 @@ async def run_until_signalled(node: Node) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for exc in group.exceptions
+            for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])]
 
 
 def run_node(node_factory: Callable[[], Node]) -> int:

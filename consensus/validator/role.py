@@ -51,9 +51,9 @@ from consensus.validator.chainstore import (
 )
 from consensus.validator.mempool import Mempool
 from consensus.validator.rpc_methods import parse_height, register_methods
-from consensus.validator.storage import Storage, StorageError
+from consensus.validator.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
-from node.roles import Role
+from node.roles import Role, RoleStartError
 from node.rpc.errors import MethodNotFound, ResourceNotFound, ResourceUnavailable
 
 if TYPE_CHECKING:
@@ -67,8 +67,26 @@ PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
 
 
-class ValidatorStartError(Exception):
+# start-up check of the chain database (docs/adr/0142): every key up to this size, else the recent blocks
+FULL_VERIFY_MAX_BYTES = 512 << 20
+RECENT_BLOCKS_VERIFIED = 1000
+
+
+class ValidatorStartError(RoleStartError):
     """The validator cannot start (missing genesis, corrupt or foreign database, bad signer state)."""
+
+
+def database_error(path: str, exc: StorageError) -> ValidatorStartError:
+    """The one-line report of a chain database the validator cannot use, with what to do about it."""
+    if isinstance(exc, CorruptDatabase):
+        advice = ("restore it from a backup, or move it aside and restart the node to resync the chain "
+                  "from the other validators")
+    elif isinstance(exc, ForeignDatabase):
+        advice = "check [consensus] chain_id and genesis_file, or move the database aside"
+    else:
+        advice = "stop the other process or fix the directory, then restart"
+    detail = str(exc).removeprefix(f"{path}: ")
+    return ValidatorStartError(f"cannot open the chain database at {path}: {detail}: {advice}")
 
 
 def now_ms() -> int:
@@ -118,7 +136,8 @@ class ValidatorRole(Role):
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         try:
-            await loop.run_in_executor(self._worker, self._open)
+            if self.store is None:  # the node awaits prepare() first; a test may call run() alone
+                await loop.run_in_executor(self._worker, self._open)
             self._add_genesis_addresses()
             self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers)
             await self.gossip.start()
@@ -139,6 +158,10 @@ class ValidatorRole(Role):
             self._worker.shutdown(wait=False)
             self._verify_pool.shutdown(wait=False)
 
+    async def prepare(self) -> None:
+        """Open and check the chain database before the node listens (docs/adr/0142)."""
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._open)
+
     # ------------------------------------------------------------------ start and stop
     def _open(self) -> None:
         if self.node.home is None:
@@ -155,10 +178,16 @@ class ValidatorRole(Role):
             raise ValidatorStartError(f"genesis {path} is for chain {self.genesis.chain_id!r} but [consensus] "
                                       f"chain_id is {self.settings['chain_id']!r}")
         self.node.data_dir.mkdir(parents=True, exist_ok=True)
+        path = str(self.node.data_dir / "chain")
         try:
-            storage = Storage.open(str(self.node.data_dir / "chain"), self.genesis)
+            storage = Storage.open(path, self.genesis)
         except StorageError as exc:
-            raise ValidatorStartError(str(exc)) from None
+            raise database_error(path, exc) from None
+        try:
+            self._verify(storage)
+        except StorageError as exc:
+            storage.close()
+            raise database_error(path, exc) from None
         self.store = ChainStore(storage)
         try:
             self.ledger = storage.load_ledger()
@@ -169,10 +198,28 @@ class ValidatorRole(Role):
                 self._prev_committee = self.store.committee_for(height, self.ledger)
                 self._last_value_id = value_id(self.store.block(height).encode())
                 self._last_certificate = self.store.certificate_bytes(height) or b""
-        except (StorageError, SignerStateError) as exc:
+        except StorageError as exc:
             storage.close()
+            self.store = None
+            raise database_error(path, exc) from None
+        except SignerStateError as exc:
+            storage.close()
+            self.store = None
             raise ValidatorStartError(f"{storage.path}: {exc}") from None
         self.mempool = Mempool(self.ledger, max_txs=self.settings["mempool_max_txs"])
+
+    def _verify(self, storage: Storage) -> None:
+        """Read back the database so that RocksDB checks its checksums: all of it when
+        [consensus] verify_db is "full", or "auto" and the database is at most 512 MiB; else the
+        metadata, state, WAL, signer state and the last 1000 blocks."""
+        mode = self.settings["verify_db"]
+        size = storage.size_bytes()
+        full = mode == "full" or (mode == "auto" and size <= FULL_VERIFY_MAX_BYTES)
+        started = time.monotonic()
+        storage.verify(None if full else RECENT_BLOCKS_VERIFIED)
+        log.info("chain database verified", extra={
+            "height": storage.height, "scope": "all" if full else f"last {RECENT_BLOCKS_VERIFIED} blocks",
+            "mib": round(size / 2**20, 1), "seconds": round(time.monotonic() - started, 3)})
 
     def _close(self) -> None:
         if self.store is not None:

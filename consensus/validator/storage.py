@@ -218,6 +218,28 @@ class Storage:
         if expected - 1 != self.height:
             raise CorruptDatabase(f"{self.path}: blocks end at {expected - 1}, height is {self.height}")
 
+    def verify(self, recent_blocks: int | None = None) -> None:
+        """Read back what the node needs to run, so that RocksDB verifies the checksums of the table
+        blocks holding it: metadata, ledger state, signer state, the WAL and the last
+        ``recent_blocks`` blocks; every key (``check_integrity``) when ``recent_blocks`` is None.
+        Raises CorruptDatabase naming what is damaged (docs/adr/0142)."""
+        if recent_blocks is None:
+            self.check_integrity()
+            return
+        for prefix in (_META, _STATE, _WAL, _SIGNER):
+            for _ in self._scan(prefix):
+                pass
+        for height in range(max(1, self.height - recent_blocks + 1), self.height + 1):
+            if self.block_by_height(height) is None:
+                raise CorruptDatabase(f"{self.path}: block {height} is missing")
+
+    def size_bytes(self) -> int:
+        """The bytes of the files in the database directory (0 for an in-memory store)."""
+        try:
+            return sum(entry.stat().st_size for entry in os.scandir(self.path) if entry.is_file())
+        except OSError:
+            return 0
+
     def close(self) -> None:
         self._kv.close()
 

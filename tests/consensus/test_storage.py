@@ -70,6 +70,20 @@ def test_commit_reopen_and_query(tmp_path):
             storage.commit_block(block, last)
 
 
+def test_verify_reads_recent_blocks_or_everything(tmp_path):
+    chain = Chain()
+    path = str(tmp_path / "db")
+    with Storage.open(path, chain.genesis) as storage:
+        grow(chain, storage, 12)
+        storage.verify(5)
+        storage.verify(None)
+        assert storage.size_bytes() > 0
+        storage._kv.write([(b"B/" + (12).to_bytes(8, "big"), None)])  # the last block lost
+        storage.height = 12
+        with pytest.raises(CorruptDatabase, match="block 12"):
+            storage.verify(5)
+
+
 def test_foreign_chain_or_genesis_is_refused(tmp_path):
     chain = Chain()
     path = str(tmp_path / "db")
