@@ -39,7 +39,8 @@ SINK = "/dekube/sink/1.0.0"
 ECHO = "/dekube/echo/1.0.0"
 RSS = "/dekube/bench/rss/1.0.0"
 MIB = 1 << 20
-BENCH_LIMITS = HostLimits(max_connections=4096, max_connections_per_peer=4096, max_pending_inbound=1024,
+BENCH_LIMITS = HostLimits(max_inbound_connections=4096, max_outbound_connections=4096, max_connections_per_peer=4096,
+                          max_pending_inbound=1024, max_pending_inbound_per_ip=1024,
                           max_streams_per_connection=12_000)
 
 

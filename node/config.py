@@ -155,7 +155,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "listen": Key(list, ["/ip4/0.0.0.0/tcp/4001"], "TCP multiaddrs to listen on", each(check_listen_multiaddr)),
         "bootstrap": Key(list, [],
                          "peers to dial at start (/ip4/.../tcp/.../p2p/12D3KooW...)", each(check_peer_multiaddr)),
-        "max_connections": Key(int, 256, "most simultaneous peer connections", check_positive),
+        "max_connections": Key(int, 256,
+                               "most inbound peer connections; at the cap a new one evicts the longest-idle one of"
+                               " a peer not protected (committee, bootstrap)", check_positive),
+        "max_outbound_connections": Key(int, 256,
+                                        "most connections this node dials itself (a budget apart from inbound)",
+                                        check_positive),
+        "max_pending_inbound": Key(int, 64, "most inbound connections still in their handshake", check_positive),
+        "max_pending_inbound_per_ip": Key(int, 8, "of those, most from one IP address", check_positive),
         "max_connections_per_peer": Key(int, 8,
                                         "connections to one peer, shared + bulk (a relay raises it to fit one per bulk"
                                         " circuit)", check_positive),

@@ -96,8 +96,14 @@ class Node:
         self.status = StatusBoard(self._base_status)
         p2p = config["p2p"]
         self.host = Host(identity, p2p["listen"], limits=HostLimits(
-            max_connections=p2p["max_connections"], max_connections_per_peer=p2p["max_connections_per_peer"]),
-                         agent_version=f"dekube/{self.version}")
+            max_inbound_connections=p2p["max_connections"], max_outbound_connections=p2p["max_outbound_connections"],
+            max_pending_inbound=p2p["max_pending_inbound"],
+            max_pending_inbound_per_ip=p2p["max_pending_inbound_per_ip"],
+            max_connections_per_peer=p2p["max_connections_per_peer"]), agent_version=f"dekube/{self.version}")
+        for addr in p2p["bootstrap"]:  # never evicted to make room for inbound peers (ADR 0145)
+            bootstrap_peer = Multiaddr.parse(addr).peer_id
+            if bootstrap_peer is not None:
+                self.host.protect(bootstrap_peer, "bootstrap")
         self.http: HttpServer | None = None
         self._json_gets: dict[str, JsonGet] = {}
         self.ready = asyncio.Event()

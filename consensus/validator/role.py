@@ -207,6 +207,12 @@ class ValidatorRole(Role):
             self.store = None
             raise ValidatorStartError(f"{storage.path}: {exc}") from None
         self.mempool = Mempool(self.ledger, max_txs=self.settings["mempool_max_txs"])
+        self._protect_committee()
+
+    def _protect_committee(self) -> None:
+        """The committee's connections are never evicted for inbound newcomers (ADR 0145)."""
+        if self.committee is not None:
+            self.node.host.set_protected("committee", [p for p in self.committee.peer_ids if p != self.peer_id])
 
     def _verify(self, storage: Storage) -> None:
         """Read back the database so that RocksDB checks its checksums: all of it when
@@ -342,6 +348,7 @@ class ValidatorRole(Role):
             raise
         self._blocks.clear()
         self._prev_committee, self.committee = self.committee, next_committee
+        self._protect_committee()
         self._last_value_id = vid
         self._last_certificate = encode_certificate(commit.certificate)
         included = set(block.evidence)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 
 from .limited import LimitedConnectionError, LimitLike, allowed_on_limited, describe_limit, is_limited
@@ -74,6 +75,10 @@ class Connection:
         self.muxed: MuxedConnection | None = None
         self._negotiate_timeout = negotiate_timeout
         self.limit: LimitLike | None = None  # a relay's cap on the circuit under us (node/p2p/limited.py)
+        self.last_active = time.monotonic()  # when a stream was last opened either way (eviction order)
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
 
     @property
     def limited(self) -> bool:
@@ -99,6 +104,7 @@ class Connection:
                     f"(relay limit: {describe_limit(self.limit)}); it needs a direct connection or "
                     f"an unlimited relay", self.limit)
         stream = HostStream(await self._muxed().open_stream(), self)
+        self.touch()
         try:
             stream.protocol = await select_protocol(stream.read, stream.write, stream._unread, protocols,
                                                     self._negotiate_timeout)

@@ -14,6 +14,11 @@ TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)
 addresses: the Host calls ``await fn(maddr, bulk)``, which must return a Connection registered
 through ``upgrade`` (the relay client's ``dial``). Which address is tried when is dial_race.py's
 ranking: direct ones staggered, relayed ones held back while a direct one may still work.
+
+Admission (node/p2p/resources.py, ADR 0145): pending inbound sockets are capped in all and per
+source IP; inbound and outbound connections have separate budgets; at the inbound cap a new
+authenticated connection evicts the longest-idle inbound connection of a peer not protected with
+``protect(peer_id, tag)`` (the validator role protects the committee, the runtime bootstrap peers).
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from .noise import generate_static_keypair
 from .peerbook import PeerBook
 from .ping import PROTOCOL_ID as PING_PROTOCOL
 from .ping import ping_once, serve_ping
+from .resources import PendingInbound, Protector, pick_victim
 from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
 from .yamux import WindowTuner
 
@@ -96,6 +102,8 @@ class Host:
         self._dials: dict[str, asyncio.Future[Connection]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
+        self._pending = PendingInbound(self.limits.max_pending_inbound, self.limits.max_pending_inbound_per_ip)
+        self._protector = Protector()
         self._circuit_dialer: CircuitDialer | None = None
         self._extra_addrs: Callable[[], Sequence[str]] | None = None
         self._running = False
@@ -121,6 +129,7 @@ class Host:
         for tcp in list(self._upgrading):  # also those whose upgrade task has not started yet
             tcp.abort()
         self._upgrading.clear()
+        self._pending.clear()
         await asyncio.gather(*(conn.close() for conn in list(self._connections)), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
@@ -169,6 +178,24 @@ class Host:
     def connections(self, peer_id: str | None = None) -> list[Connection]:
         return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
 
+    def protect(self, peer_id: str, tag: str) -> None:
+        """Never evict ``peer_id``'s connections while any tag protects it."""
+        self._protector.protect(peer_id, tag)
+
+    def unprotect(self, peer_id: str, tag: str) -> bool:
+        """Drop one tag; True if another tag still protects the peer."""
+        return self._protector.unprotect(peer_id, tag)
+
+    def set_protected(self, tag: str, peer_ids: Sequence[str]) -> None:
+        """Make exactly ``peer_ids`` protected under ``tag`` (e.g. the current committee)."""
+        self._protector.set_tag(tag, peer_ids)
+
+    def is_protected(self, peer_id: str) -> bool:
+        return self._protector.is_protected(peer_id)
+
+    def _count(self, direction: str) -> int:
+        return sum(1 for c in self._connections if c.direction == direction)
+
     def is_connected(self, peer_id: str) -> bool:
         conn = self._shared.get(peer_id)
         return conn is not None and not conn.closed
@@ -186,19 +213,23 @@ class Host:
         return tcp
 
     def _on_tcp_accepted(self, tcp: TcpConnection) -> None:
-        if (not self._running or len(self._connections) >= self.limits.max_connections
-                or len(self._upgrading) >= self.limits.max_pending_inbound):
+        # a full inbound budget is no reason to refuse here: the new peer may evict an idle one
+        peer = tcp.peername
+        ip = peer[0] if peer else ""
+        if not self._running or not self._pending.try_add(ip):
             tcp.abort()
             return
         self._upgrading.add(tcp)
-        self._spawn(self._handle_inbound(tcp))
+        self._spawn(self._handle_inbound(tcp, ip))
 
-    async def _handle_inbound(self, tcp: TcpConnection) -> None:
+    async def _handle_inbound(self, tcp: TcpConnection, ip: str) -> None:
         try:
             try:
                 secure = await self._secure(tcp, is_initiator=False, expected_peer=None)
             finally:
-                self._upgrading.discard(tcp)
+                if tcp in self._upgrading:  # stop() clears both
+                    self._upgrading.discard(tcp)
+                    self._pending.remove(ip)
         except (ProtocolError, OSError, TimeoutError) as exc:
             log.debug("inbound upgrade from %s failed: %s", tcp.peername, exc)
             tcp.abort()
@@ -259,8 +290,8 @@ class Host:
     async def _dial(self, peer_id: str, addrs: Sequence[Multiaddr], bulk: bool) -> Connection:
         if not self._running:
             raise DialError("host is not running")
-        if len(self._connections) >= self.limits.max_connections:
-            raise DialError("connection limit reached")
+        if self._count("outbound") >= self.limits.max_outbound_connections:
+            raise DialError("outbound connection limit reached")
         if len(self.connections(peer_id)) >= self.limits.max_connections_per_peer:
             raise DialError(f"per-peer connection limit reached for {peer_id}")
         if peer_id == self.peer_id:
@@ -378,7 +409,7 @@ class Host:
         conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout)
         conn.limit = limit
         if (len(self.connections(peer_id)) >= self.limits.max_connections_per_peer
-                or len(self._connections) >= self.limits.max_connections or not self._running):
+                or not self._running or not self._make_room(direction)):
             await secure.close()
             raise DialError(f"connection limit reached for {peer_id}")
         options = {"max_streams": self.limits.max_streams_per_connection, "window_tuner": self._window_tuner,
@@ -399,6 +430,19 @@ class Host:
             self._spawn(self._identify(conn))
         return conn
 
+    def _make_room(self, direction: str) -> bool:
+        """Whether a new ``direction`` connection fits its budget, evicting an inbound one if need be."""
+        if direction == "outbound":
+            return self._count("outbound") < self.limits.max_outbound_connections
+        while self._count("inbound") >= self.limits.max_inbound_connections:
+            victim = pick_victim((c for c in self._connections if c.direction == "inbound"),
+                                 self._protector.is_protected)
+            if victim is None:  # every inbound peer is protected
+                return False
+            log.debug("inbound connection limit: evicting %s", victim.remote_peer)
+            self._forget(victim)  # closes it in the background
+        return True
+
     def _forget(self, conn: Connection) -> None:
         self._connections.discard(conn)
         if self._shared.get(conn.remote_peer) is conn:
@@ -413,6 +457,7 @@ class Host:
     def _stream_handler(self, conn: Connection) -> Callable[[YamuxStream], Awaitable[None]]:
         async def on_stream(raw_stream: YamuxStream) -> None:
             stream = HostStream(raw_stream, conn)
+            conn.touch()
             try:
                 offered = [p for p in self._handlers if not conn.limited or allowed_on_limited(p)]
                 stream.protocol = await accept_protocol(stream.read, stream.write, stream._unread,

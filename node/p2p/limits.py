@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class HostLimits:
-    max_connections: int = 1024          # all open connections (inbound + outbound + bulk)
+    # inbound connections (shared + bulk, direct + relayed): at the cap a new authenticated one evicts
+    # the longest-idle inbound connection of an unprotected peer (node/p2p/resources.py, ADR 0145)
+    max_inbound_connections: int = 1024
+    max_outbound_connections: int = 1024  # our own dials: a separate budget, never used up by inbound
     max_connections_per_peer: int = 8    # shared + bulk connections to one peer
     max_pending_inbound: int = 64        # inbound TCP connections still upgrading
+    max_pending_inbound_per_ip: int = 8  # of those, from one source IP
     max_streams_per_connection: int = 10_240  # yamux streams open at once on one connection
     connect_timeout: float = 3.0         # the TCP connect alone (a dropped SYN fails fast: next address)
     handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection

@@ -178,6 +178,9 @@ def test_a_node_outside_the_committee_follows_the_chain(tmp_path):
             height = follower_role.ledger.height
             assert follower_role.store.block(height).hash == role.store.block(height).hash
             assert follower_role.status()["in_committee"] is False
+            # the committee's connections are never evicted for inbound newcomers (ADR 0145)
+            assert all(follower.host.is_protected(p) for p in follower_role.committee.peer_ids)
+            assert not follower.host.is_protected(USER.peer_id)
         finally:
             follower.request_stop()
             await asyncio.wait_for(task, 10)

@@ -139,6 +139,7 @@ def test_p2p_host_listens_and_bootstrap_connects_nodes():
                  [basic_role("compute")])
         b_task = asyncio.create_task(b.run())
         await asyncio.wait_for(b.ready.wait(), 10)
+        assert b.host.is_protected(a.peer_id) and b.host.is_protected(dead.rsplit("/", 1)[1])  # ADR 0145
         for _ in range(200):
             if a.peers() == [b.peer_id] and b.peers() == [a.peer_id]:
                 break

@@ -322,12 +322,13 @@ def test_stop_during_pending_upgrades_leaves_no_sockets():
     asyncio.run(main())
 
 
-def test_total_connection_limit_refuses_inbound():
+def test_inbound_connection_limit_refuses_when_all_protected():
     async def main():
-        server = Host(Identity.generate(), limits=HostLimits(max_connections=1))
+        server = Host(Identity.generate(), limits=HostLimits(max_inbound_connections=1))
         first, second = Host(Identity.generate()), Host(Identity.generate())
         for h in (server, first, second):
             await h.start()
+        server.protect(first.peer_id, "test")  # unprotected, it would be evicted for second
         try:
             await first.connect(server.listen_addrs[0])
             await until(lambda: len(server.connections()) == 1)
