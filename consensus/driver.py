@@ -221,9 +221,10 @@ class ConsensusDriver:
             try:
                 if kind == "message":
                     self._note_height(a, b.height)
-                    if isinstance(b, Proposal) and self.core.needs_validation(b):
-                        await self._validate_off_loop(b.height, b.value)
-                    await self._act(self.core.on_message(b))
+                    if isinstance(b, Proposal):
+                        await self._on_proposal(a, b)
+                    else:
+                        await self._act(self.core.on_message(b))
                 elif kind == "timeout":
                     step, height, round_ = b
                     await self._act(self.core.on_timeout(step, height, round_))
@@ -263,6 +264,20 @@ class ConsensusDriver:
                 pending.extendleft(reversed(await self._commit(out)))
             elif isinstance(out, EvidenceFound) and self.on_evidence is not None:
                 self.on_evidence(out.evidence)
+
+    async def _on_proposal(self, peer: str, proposal: Proposal) -> None:
+        core = self.core
+        if core.needs_validation(proposal):
+            await self._validate_off_loop(proposal.height, proposal.value)
+        before = (core.ignored_proposals, core.wrong_value_proposer, core.proposal_equivocations)
+        await self._act(core.on_message(proposal))
+        after = (core.ignored_proposals, core.wrong_value_proposer, core.proposal_equivocations)
+        if after != before:
+            log.info("proposal for height %d round %d signed by %s (from %s) rejected: %s",
+                     proposal.height, proposal.round, proposal.proposer, peer,
+                     "not the round's proposer" if after[0] != before[0]
+                     else "its block names another proposer" if after[1] != before[1]
+                     else "a second proposal for the round")
 
     async def _validate_off_loop(self, height: int, value: bytes) -> None:
         """Run the application's ``is_valid`` (block checks, signatures) off the event loop."""

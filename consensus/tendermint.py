@@ -26,6 +26,13 @@ Boundaries and choices:
   when progress stalls (proposals, every vote held for the height, or the decision).
 - A validator that signs two values for one step is reported once per step (``EvidenceFound``)
   and counted for each value it signed (bounded), as CometBFT's vote sets do.
+- A proposal counts only if signed by ``committee.proposer(height, round)``; others are dropped
+  and counted (``ignored_proposals``). ``value_proposer`` (optional) names the proposer a value
+  records (a block header's); a fresh proposal (pol_round -1) whose value names anyone but its
+  signer gets a nil prevote (``wrong_value_proposer``). A re-proposal (pol_round >= 0) keeps its
+  original proposer: its polka vouches for it (the first polka for a value needs honest prevotes
+  under the fresh-proposal rule). A second, different proposal from the round's proposer is
+  counted (``proposal_equivocations``); there is no on-chain evidence for it (docs/adr/0144).
 """
 from __future__ import annotations
 
@@ -204,6 +211,7 @@ class TendermintCore:
         is_valid: Callable[[int, bytes], bool],
         timeouts: TimeoutConfig = TimeoutConfig(),
         verifier: Callable[[Proposal | Vote], bool] | None = None,
+        value_proposer: Callable[[bytes], str | None] | None = None,
     ) -> None:
         self.chain_id = chain_id
         self.signer = signer
@@ -211,6 +219,10 @@ class TendermintCore:
         self.is_valid = is_valid
         self.timeouts = timeouts
         self._verifier = verifier or self._verify_signature
+        self._value_proposer = value_proposer
+        self.ignored_proposals = 0  # signed by a committee member that is not the round's proposer
+        self.wrong_value_proposer = 0  # fresh proposals whose value names another proposer
+        self.proposal_equivocations = 0  # a second, different proposal for one round
         self.height = -1
         self.round = 0
         self.step = Step.PROPOSE
@@ -247,8 +259,11 @@ class TendermintCore:
 
     def needs_validation(self, proposal: Proposal) -> bool:
         """True if ``is_valid`` has not yet been decided for this proposal's value at this height
-        (a driver may then run it off the event loop and hand the result to ``record_validity``)."""
-        return proposal.height == self.height and proposal.value_id not in self._validity
+        (a driver may then run it off the event loop and hand the result to ``record_validity``).
+        False for a proposal not signed by the round's proposer: it is dropped unvalidated."""
+        return proposal.height == self.height and self.validators is not None \
+            and proposal.proposer == self.validators.proposer(self.height, proposal.round) \
+            and proposal.value_id not in self._validity
 
     def record_validity(self, height: int, vid: bytes, ok: bool) -> None:
         """Cache an ``is_valid`` result computed elsewhere (e.g. in a worker thread)."""
@@ -267,9 +282,15 @@ class TendermintCore:
             return []
         r = proposal.round
         if proposal.proposer != self._committee.proposer(self.height, r):
+            if proposal.proposer in self._committee:
+                self.ignored_proposals += 1
             return []
-        if r in self.proposals or not self._verifier(proposal) \
-                or not self._admit_round(proposal.proposer, r):
+        known = self.proposals.get(r)
+        if known is not None:
+            if known != proposal and self._verifier(proposal):
+                self.proposal_equivocations += 1
+            return []
+        if not self._verifier(proposal) or not self._admit_round(proposal.proposer, r):
             return []
         self._record_proposal(proposal)
         out: list[Output] = []
@@ -518,6 +539,15 @@ class TendermintCore:
                 self._validity[vid] = known
         return known
 
+    def _names_signer(self, proposal: Proposal) -> bool:
+        """A fresh proposal's value must name its signer (the round's proposer) as proposer."""
+        if self._value_proposer is None:
+            return True
+        if self._value_proposer(proposal.value) == proposal.proposer:
+            return True
+        self.wrong_value_proposer += 1
+        return False
+
     # ------------------------------------------------------------------ rules
     def _after_event(self, out: list[Output], r: int) -> None:
         if self.decided:
@@ -550,7 +580,8 @@ class TendermintCore:
             if step is Step.PROPOSE and proposal is not None:
                 vid = proposal.value_id
                 if proposal.pol_round == -1:  # line 22
-                    ok = self._valid(vid) and (self.locked_round == -1 or self.locked_value_id == vid)
+                    ok = self._valid(vid) and self._names_signer(proposal) \
+                        and (self.locked_round == -1 or self.locked_value_id == vid)
                     self._prevote(out, vid if ok else NIL)
                     continue
                 pol = self.rounds.get(proposal.pol_round)

@@ -245,7 +245,8 @@ class ValidatorRole(Role):
         propose, vote = s["timeout_propose"], s["timeout_vote"]
         timeouts = TimeoutConfig(propose=propose, propose_delta=propose / 2, prevote=vote, prevote_delta=vote / 2,
                                  precommit=vote, precommit_delta=vote / 2)
-        core = TendermintCore(self.genesis.chain_id, self.signer, self._propose, self._is_valid, timeouts)
+        core = TendermintCore(self.genesis.chain_id, self.signer, self._propose, self._is_valid, timeouts,
+                              value_proposer=self._block_proposer)
         self.driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
             get_block=self._stored_commit, on_evidence=self._on_evidence)
@@ -334,6 +335,18 @@ class ValidatorRole(Role):
             return False
         self._remember(value, block)
         return True
+
+    def _block_proposer(self, value: bytes) -> str | None:
+        """The proposer a proposed block names (the core requires a fresh proposal's block to name
+        its signer, the round's proposer; ``_is_valid`` only checks committee membership, which is
+        all a re-proposed block from an earlier round can be held to)."""
+        block = self._blocks.get(value_id(value))
+        if block is None:
+            try:
+                block = Block.decode(value, MAX_PROPOSAL_VALUE_BYTES)
+            except BlockError:
+                return None
+        return block.header.proposer
 
     async def _on_commit(self, commit: Commit) -> ValidatorSet:
         vid = value_id(commit.value)

@@ -5,7 +5,9 @@ cut by a partition, as the ``Faults`` in force say. Each link (sender, receiver)
 production transport's one long-lived stream per peer is; messages reorder across links only; ``heal()`` turns every
 fault off (the liveness phase). A crashed node's endpoint is detached: what it sends and what is
 sent to it is lost. A byzantine node's endpoint equivocates: for each vote it sends, some peers get
-a second, conflicting vote signed with the same key (the signer guard is bypassed on purpose).
+a second, conflicting vote signed with the same key (the signer guard is bypassed on purpose),
+and each proposal it sends is also re-signed as a fresh proposal for the next round, where it is
+usually not the proposer (honest cores drop it; when it is, that is a second proposal for the round).
 Everything honest nodes send is shown to a ``tap`` (the double-sign check).
 """
 from __future__ import annotations
@@ -15,11 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from consensus.messages import (
+    PROPOSAL_TAG,
     VOTE_TAG,
     MessageError,
+    Proposal,
     Vote,
     decode_message,
     encode_message,
+    sign_proposal,
     sign_vote,
 )
 from node.identity import Identity
@@ -42,6 +47,7 @@ class NetStats:
     partitioned: int = 0
     rejected: int = 0
     double_votes: int = 0
+    wrong_proposals: int = 0
     by_kind: dict[int, int] = field(default_factory=dict)
 
 
@@ -130,6 +136,11 @@ class Endpoint:
             for one in self._equivocate(payload):
                 net.transmit(self.index, dst, one)
             return
+        if self.byzantine is not None and payload[0] == PROPOSAL_TAG and net.rng.random() < 0.5:
+            p = decode_message(payload)
+            net.stats.wrong_proposals += 1
+            net.transmit(self.index, dst, encode_message(sign_proposal(
+                self.byzantine, self.chain_id, Proposal(p.height, p.round + 1, -1, p.value, p.proposer))))
         if net.tap is not None:
             net.tap(self.index, payload)
         net.transmit(self.index, dst, payload)

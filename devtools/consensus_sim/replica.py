@@ -75,7 +75,7 @@ class Replica:
         self.kv.before_write = self._before_write
         sim = self.sim
         core = TendermintCore(self.genesis.chain_id, signer, self._propose, self._is_valid, timeouts,
-                              verifier=sim.verifier)
+                              verifier=sim.verifier, value_proposer=self._block_proposer)
         endpoint = sim.net.endpoint(self.index, self.identity if byzantine else None, self.genesis.chain_id)
         self.driver = ConsensusDriver(
             None, core, peers=self._peers, persist=self._persist, commit=self._on_commit,
@@ -127,6 +127,12 @@ class Replica:
         block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
                             self.peer_id, txs, evidence, self.last_certificate)
         return block.encode()
+
+    def _block_proposer(self, value: bytes) -> str | None:
+        try:
+            return Block.decode(value, MAX_PROPOSAL_VALUE_BYTES).header.proposer
+        except BlockError:
+            return None
 
     def _is_valid(self, height: int, value: bytes) -> bool:
         try:

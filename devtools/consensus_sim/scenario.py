@@ -299,7 +299,7 @@ class Simulation:
             wall_time=round(time.perf_counter() - started, 3), faults=dict(self.faults),
             network={"sent": stats.sent, "dropped": stats.dropped, "duplicated": stats.duplicated,
                      "partitioned": stats.partitioned, "rejected": stats.rejected,
-                     "double_votes": stats.double_votes},
+                     "double_votes": stats.double_votes, "wrong_proposals": stats.wrong_proposals},
             txs=dict(self.txs), byzantine_slashed=self.byzantine_slashed,
             trace=self.checker.trace.hexdigest(), commits=self.checker.commits,
             extra={"liveness_s": round(self.liveness_time, 3), "max_round": self.checker.max_round})

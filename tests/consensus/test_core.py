@@ -345,3 +345,80 @@ def test_double_voter_counts_for_each_value_it_signed():
     assert tally.quorum_value == vid and tally.power_by_value[vid] == 30
     assert tally.total == 30  # distinct validators: the double-voter counts once
     assert len(tally.votes_for(vid)) == 3
+
+
+def _named_core(ident):
+    """A core whose values are ``b"<proposer peer id>|..."``: the value names its proposer."""
+    return TendermintCore(CHAIN, SignerGuard(ident), get_value=lambda h: ident.peer_id.encode() + b"|block",
+                          is_valid=lambda h, v: True,
+                          value_proposer=lambda v: v.split(b"|", 1)[0].decode())
+
+
+def test_proposal_signed_by_a_member_that_is_not_the_rounds_proposer_is_not_prevoted():
+    right = proposer_identity(0, 0)
+    impostor = next(i for i in IDS if i is not right)
+    ident = next(i for i in IDS if i is not right and i is not impostor)
+    core = make_core(ident)
+    core.start_height(0, VS)
+    assert not core.needs_validation(proposal(impostor, 0, b"v"))  # never validated
+    assert core.on_proposal(proposal(impostor, 0, b"v")) == []  # no prevote for it
+    assert core.ignored_proposals == 1 and 0 not in core.proposals
+    (prevote,) = broadcasts(core.on_timeout(Step.PROPOSE, 0, 0))  # the honest node times out: nil
+    assert prevote.is_nil and prevote.type is VoteType.PREVOTE
+    # the same value signed by the round's proposer is prevoted
+    core = make_core(ident)
+    core.start_height(0, VS)
+    assert core.needs_validation(proposal(right, 0, b"v"))
+    (prevote,) = broadcasts(core.on_proposal(proposal(right, 0, b"v")))
+    assert prevote.value_id == value_id(b"v") and core.ignored_proposals == 0
+
+
+def test_fresh_proposal_whose_block_names_another_proposer_gets_a_nil_prevote():
+    right = proposer_identity(0, 0)
+    other = next(i for i in IDS if i is not right)
+    ident = next(i for i in IDS if i is not right and i is not other)
+    core = _named_core(ident)
+    core.start_height(0, VS)
+    stolen = other.peer_id.encode() + b"|block"  # signed by the round's proposer, names another
+    (prevote,) = broadcasts(core.on_proposal(proposal(right, 0, stolen)))
+    assert prevote.is_nil
+    assert core.wrong_value_proposer == 1
+    honest = _named_core(ident)
+    honest.start_height(0, VS)
+    own = right.peer_id.encode() + b"|block"
+    (prevote,) = broadcasts(honest.on_proposal(proposal(right, 0, own)))
+    assert prevote.value_id == value_id(own)
+
+
+def test_reproposal_keeps_the_original_proposer_and_commits_with_value_proposer_bound():
+    """A value locked in round 0 is re-proposed (pol_round 0) by round 1's proposer: it still names
+    round 0's proposer and must be accepted, or the chain could stall on a lock."""
+    r0, r1 = proposer_identity(0, 0), proposer_identity(0, 1)
+    assert r0 is not r1
+    ident = next(i for i in IDS if i is not r0 and i is not r1)
+    core = _named_core(ident)
+    core.start_height(0, VS)
+    value = r0.peer_id.encode() + b"|block"
+    vid = value_id(value)
+    core.on_proposal(proposal(r0, 0, value))
+    for voter in IDS:
+        if voter is not ident:
+            core.on_vote(vote(voter, VoteType.PREVOTE, 0, vid))
+    assert core.locked_value_id == vid
+    core.on_timeout(Step.PRECOMMIT, 0, 0)  # no precommit quorum: round 1
+    assert core.round == 1
+    (prevote,) = broadcasts(core.on_proposal(proposal(r1, 1, value, pol_round=0)))
+    assert prevote.value_id == vid
+    assert core.wrong_value_proposer == 0
+
+
+def test_a_second_proposal_from_the_rounds_proposer_is_counted_and_ignored():
+    right = proposer_identity(0, 0)
+    ident = next(i for i in IDS if i is not right)
+    core = make_core(ident)
+    core.start_height(0, VS)
+    (prevote,) = broadcasts(core.on_proposal(proposal(right, 0, b"v")))
+    assert core.on_proposal(proposal(right, 0, b"w")) == []
+    assert core.on_proposal(proposal(right, 0, b"v")) == []  # a duplicate is no equivocation
+    assert core.proposal_equivocations == 1
+    assert core.proposals[0].value == b"v"
