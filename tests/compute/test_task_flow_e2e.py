@@ -62,8 +62,19 @@ def balances(net) -> dict[str, int]:
     """Each compute node's and the faucet's balance plus the fees it has paid so far (every executed
     transaction pays DEFAULT_FEE, ADR 0135), so differences are exactly what the task moved."""
     peers = [n.peer_id for n in net.compute] + [net.testnet.faucet().peer_id]
-    return {peer: rpc(net, "dkb_getBalance", peer) + DEFAULT_FEE * rpc(net, "dkb_getTransactionCount", peer)
-            for peer in peers}
+    return {peer: balance_plus_fees(net, peer) for peer in peers}
+
+
+def balance_plus_fees(net, peer: str) -> int:
+    """Balance + fees paid, from reads of one height: the nonce read before and after the balance
+    must agree (a block committing one of the peer's txs between the two reads would count its fee
+    twice)."""
+    for _ in range(50):
+        nonce = rpc(net, "dkb_getTransactionCount", peer)
+        balance = rpc(net, "dkb_getBalance", peer)
+        if rpc(net, "dkb_getTransactionCount", peer) == nonce:
+            return balance + DEFAULT_FEE * nonce
+    raise AssertionError(f"{peer}'s nonce kept changing")
 
 
 def check_supply(net) -> None:
