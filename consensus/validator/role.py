@@ -43,6 +43,7 @@ from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.tx import decode_tx
 from consensus.txcodes import TxCode, TxError
 from consensus.txgossip import TxGossip
+from consensus.validator.block_check import check_proposed_block
 from consensus.validator.chainstore import (
     CertificateError,
     ChainStore,
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEW_HEADS = "newHeads"
-MAX_FUTURE_BLOCK_MS = 10_000
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
 
@@ -317,19 +317,9 @@ class ValidatorRole(Role):
 
     def _is_valid(self, height: int, value: bytes) -> bool:
         try:
-            block = Block.decode(value, MAX_PROPOSAL_VALUE_BYTES)
-            self.ledger.validate_block(block)
-            if block.header.proposer not in self.committee:
-                raise BlockError("proposer is not in the committee")
-            if block.header.time_ms > now_ms() + MAX_FUTURE_BLOCK_MS:
-                raise BlockError("block time is too far in the future")
-            if height > 1:
-                votes = decode_certificate(block.last_commit)
-                committee = self._prev_committee or self.committee
-                if not committee.verify_commit(self.genesis.chain_id, height - 1, self._last_value_id, votes):
-                    raise BlockError("last_commit is not a valid certificate of the previous block")
-            elif block.last_commit:
-                raise BlockError("block 1 has no previous block to certify")
+            block = check_proposed_block(
+                value, height, ledger=self.ledger, committee=self.committee, prev_committee=self._prev_committee,
+                chain_id=self.genesis.chain_id, last_value_id=self._last_value_id, now_ms=now_ms())
         except (BlockError, CertificateError) as exc:
             log.info("rejecting proposed block at height %d: %s", height, exc)
             return False

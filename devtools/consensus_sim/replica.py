@@ -18,10 +18,10 @@ from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, val
 from consensus.signer import SignerGuard
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.txcodes import TxError
+from consensus.validator.block_check import check_proposed_block
 from consensus.validator.chainstore import (
     CertificateError,
     ChainStore,
-    decode_certificate,
     encode_certificate,
 )
 from consensus.validator.memkv import MemoryKV
@@ -29,7 +29,6 @@ from consensus.validator.mempool import Mempool
 from consensus.validator.storage import Storage, StorageError
 from node.identity import Identity
 
-MAX_FUTURE_BLOCK_MS = 10_000
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 MAX_BLOCK_TXS = 200
 
@@ -136,20 +135,10 @@ class Replica:
 
     def _is_valid(self, height: int, value: bytes) -> bool:
         try:
-            block = Block.decode(value, MAX_PROPOSAL_VALUE_BYTES)
-            self.ledger.validate_block(block)
-            if block.header.proposer not in self.committee:
-                raise BlockError("proposer is not in the committee")
-            if block.header.time_ms > self.sim.now_ms() + MAX_FUTURE_BLOCK_MS:
-                raise BlockError("block time is too far in the future")
-            if height > 1:
-                votes = decode_certificate(block.last_commit)
-                committee = self.prev_committee or self.committee
-                if not committee.verify_commit(self.genesis.chain_id, height - 1, self.last_value_id, votes,
-                                               self.sim.verifier):
-                    raise BlockError("last_commit is not a valid certificate of the previous block")
-            elif block.last_commit:
-                raise BlockError("block 1 has no previous block to certify")
+            check_proposed_block(
+                value, height, ledger=self.ledger, committee=self.committee, prev_committee=self.prev_committee,
+                chain_id=self.genesis.chain_id, last_value_id=self.last_value_id, now_ms=self.sim.now_ms(),
+                verifier=self.sim.verifier)
         except (BlockError, CertificateError):
             return False
         return True
