@@ -397,6 +397,13 @@ class ComputeRole(Role):
             self.tasks_done.inc(outcome="rejected")
             log.warning("rejected task %s: %s", key, reason)
         except (TxFailed, LedgerUnavailable) as exc:
+            with contextlib.suppress(LedgerUnavailable):  # the others' rejections may have ended it already
+                task = await self.ledger.call("dkb_getTask", key)
+                if isinstance(task, dict) and task.get("status") == "rejected":
+                    self.board.update(key, state="rejected", finished_at=time.time())
+                    self.tasks_done.inc(outcome="rejected")
+                    log.warning("task %s rejected by the other workers: %s", key, reason)
+                    return
             self.board.update(key, state="failed", error=f"untrainable ({reason}); reject_task failed: {exc}")
             self.tasks_done.inc(outcome="failed")
             log.warning("task %s is untrainable (%s) and reject_task failed: %s", key, reason, exc)

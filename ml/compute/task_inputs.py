@@ -9,6 +9,8 @@ feeds the download rate into the node's bandwidth meter.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,11 @@ from pathlib import Path
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr
 
+log = logging.getLogger(__name__)
+
 MAX_SOURCES = 16
+FETCH_ATTEMPTS = 3
+RETRY_S = 2.0
 
 
 def source_peers(sources: list) -> dict[str, list[str]]:
@@ -33,9 +39,11 @@ def source_peers(sources: list) -> dict[str, list[str]]:
 
 
 async def fetch_inputs(artifacts, ids: list[str], holders: list[str],
-                       progress: Callable[[int, int], None] | None = None, meter=None) -> dict[str, Path]:
+                       progress: Callable[[int, int], None] | None = None, meter=None, *,
+                       attempts: int = FETCH_ATTEMPTS, retry_s: float = RETRY_S) -> dict[str, Path]:
     """{artifact id: local path} for `ids`, fetching from `holders` what `artifacts` (the node's
-    ArtifactService) does not hold. Raises the service's ArtifactError when an artifact cannot
+    ArtifactService) does not hold, `attempts` times (co-workers may still be fetching what we ask
+    them for; a later attempt resumes). Raises the service's ArtifactError when an artifact cannot
     be fetched."""
     files: dict[str, Path] = {}
     done_before = 0
@@ -51,7 +59,15 @@ async def fetch_inputs(artifacts, ids: list[str], holders: list[str],
                 progress(base + done, base + total)
 
         started = time.monotonic()
-        files[artifact] = await artifacts.fetch(artifact, holders, progress=report)
+        for attempt in range(attempts):
+            try:
+                files[artifact] = await artifacts.fetch(artifact, holders, progress=report)
+                break
+            except Exception as exc:  # the service's ArtifactError: resumed by the next attempt
+                if attempt == attempts - 1:
+                    raise
+                log.info("fetch of %s failed (%s), retrying", artifact, exc)
+                await asyncio.sleep(retry_s * (attempt + 1))
         size = files[artifact].stat().st_size
         if meter is not None:
             meter.record_transfer("down", size, time.monotonic() - started)

@@ -82,7 +82,7 @@ def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatc
     task = task_doc(role)
     asyncio.run(role._run_job(task))
     [(artifact, holders)] = role.node.artifacts.fetches
-    assert artifact == ART and holders == [OWNER, W2, W3]       # the owner's sources first, then co-workers
+    assert artifact == ART and holders == [OWNER, *sorted([W2, W3])]   # the owner's sources first, then co-workers
     assert role.node.host.peerbook.addrs(OWNER) and role.node.host.peerbook.addrs(W2)
     job = role.jobs[task["task_id"]]
     assert job["state"] == "rejected" and job["fetched_bytes"] == job["fetch_total"] == 3 << 20
@@ -158,11 +158,31 @@ def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatc
     async def refuse(tx_type, payload, wait_s=None):
         raise TxFailed("reject_task", "unknown tx type")
 
-    role.ledger.send = refuse
+    async def still_assigned(method, *params):
+        return {"status": "assigned"}
+
+    role.ledger.send, role.ledger.call = refuse, still_assigned
     task = task_doc(role)
     asyncio.run(role._run_job(task))
     job = role.jobs[task["task_id"]]
     assert job["state"] == "failed" and "reject_task failed" in job["error"]
+
+
+def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monkeypatch):
+    from node.ledger import TxFailed
+    monkeypatch.setattr(ml_contract, "dry_run", untrainable)
+    role = make_role(tmp_path)
+
+    async def refuse(tx_type, payload, wait_s=None):
+        raise TxFailed("reject_task", "cannot reject a task that is rejected", "bad_state")
+
+    async def rejected(method, *params):
+        return {"status": "rejected"} if method == "dkb_getTask" else None
+
+    role.ledger.send, role.ledger.call = refuse, rejected
+    task = task_doc(role, sources=[])
+    asyncio.run(role._run_job(task))
+    assert role.jobs[task["task_id"]]["state"] == "rejected"
 
 
 def test_hardware_record_has_exactly_the_ledger_fields():
@@ -202,4 +222,19 @@ def test_fetch_inputs_raises_what_the_service_raises(tmp_path):
             raise RuntimeError("no holder can serve it")
 
     with pytest.raises(RuntimeError, match="no holder"):
-        asyncio.run(fetch_inputs(Failing(tmp_path), [ART], []))
+        asyncio.run(fetch_inputs(Failing(tmp_path), [ART], [], retry_s=0.0))
+
+
+def test_fetch_inputs_retries_a_failed_fetch(tmp_path):
+    class FlakyOnce(FakeArtifacts):
+        failed = False
+
+        async def fetch(self, artifact, holders, *, progress=None):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("still misses 1 chunks")
+            return await super().fetch(artifact, holders, progress=progress)
+
+    artifacts = FlakyOnce(tmp_path)
+    assert set(asyncio.run(fetch_inputs(artifacts, [ART], ["p"], retry_s=0.0))) == {ART}
+    assert artifacts.failed and len(artifacts.fetches) == 1
