@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -59,13 +60,13 @@ def derive_key(passphrase: bytes, salt: bytes, params: ScryptParams) -> bytes:
                           maxmem=params.memory_bytes + (1 << 20), dklen=32)
 
 
-def associated_data(header: dict) -> bytes:
+def associated_data(header: dict[str, Any]) -> bytes:
     """The canonical bytes of the authenticated, unencrypted part of a key file."""
     return json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encrypt_secret(secret: bytes, passphrase: bytes, header: dict,
-                   params: ScryptParams | None = None) -> dict:
+def encrypt_secret(secret: bytes, passphrase: bytes, header: dict[str, Any],
+                   params: ScryptParams | None = None) -> dict[str, Any]:
     """The ``crypto`` section that stores ``secret`` under ``passphrase``; ``header`` is authenticated."""
     params = params or ScryptParams()
     salt, nonce = os.urandom(SALT_BYTES), os.urandom(NONCE_BYTES)
@@ -75,7 +76,7 @@ def encrypt_secret(secret: bytes, passphrase: bytes, header: dict,
     return {"kdf": kdf, "cipher": {"name": CIPHER_NAME, "nonce": nonce.hex()}, "ciphertext": ciphertext.hex()}
 
 
-def decrypt_secret(crypto: dict, passphrase: bytes, header: dict) -> bytes:
+def decrypt_secret(crypto: dict[str, Any], passphrase: bytes, header: dict[str, Any]) -> bytes:
     """The secret stored in ``crypto``; raises BadParameters for a malformed section, DecryptError
     for a wrong passphrase or altered contents."""
     try:
