@@ -168,13 +168,13 @@ Check = Callable[[Any, str], None]  # checks one value at a path; raises TxError
 
 
 @dataclass(frozen=True, slots=True)
-class Optional:
+class OptionalField:
     """A payload field that may be left out; when present, ``check`` applies."""
 
     check: Check
 
 
-Schema = dict[str, "Check | Optional"]
+Schema = dict[str, "Check | OptionalField"]
 
 
 def _fail(path: str, why: str) -> NoReturn:
@@ -184,13 +184,13 @@ def _fail(path: str, why: str) -> NoReturn:
 def _check_fields(value: Any, schema: Schema, path: str) -> None:
     if type(value) is not dict:
         _fail(path, "must be a map")
-    required = {name for name, check in schema.items() if not isinstance(check, Optional)}
+    required = {name for name, check in schema.items() if not isinstance(check, OptionalField)}
     if not required <= value.keys() <= schema.keys():
         missing = sorted(required - value.keys())
         extra = sorted(value.keys() - schema.keys())
         _fail(path, f"missing fields {missing}, unexpected fields {extra}")
     for name, check in schema.items():
-        if isinstance(check, Optional):
+        if isinstance(check, OptionalField):
             if name in value:
                 check.check(value[name], f"{path}.{name}")
         else:
@@ -352,8 +352,8 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "model": text(128, min_len=1), "dataset": text(128, min_len=1), "hyperparams": HYPERPARAMS,
         "workers": uint(1, 64), "sync_mode": text(16, SYNC_MODES), "codec": text(32, min_len=1),
         "price": uint(1),
-        "sources": Optional(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
-        "device": Optional(text(8, DEVICES)),
+        "sources": OptionalField(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
+        "device": OptionalField(text(8, DEVICES)),
     },
     "cancel_task": {"task_id": TASK_ID},
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},

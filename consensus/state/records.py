@@ -103,6 +103,7 @@ class TaskStatus:
     OPEN_FOR_COMMITS = frozenset({ASSIGNED, RUNNING})
     AUDITABLE = frozenset({COMMITTED, VERIFIED, DISPUTED})
     ACTIVE = frozenset({ASSIGNED, RUNNING, COMMITTED, VERIFIED, DISPUTED})
+    FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED})   # escrow empty, nothing more can happen
 
 
 class Task(Record):

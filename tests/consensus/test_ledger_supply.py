@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.genesis import Params
+from consensus.state.records import TaskStatus
 from consensus.state.supply import SupplyInvariantError, check_supply
 from consensus.state.tasks import task_id_for
 from consensus.tx import relay_receipt_signing_bytes
@@ -82,6 +83,8 @@ def test_supply_conserved_and_replicas_agree(data):
         again = replica.block(txs)
         assert result.app_hash == again.app_hash
         assert [r.code for r in result.receipts] == [r.code for r in again.receipts]
+        for task in chain.ledger.state.tasks.values():   # an ended task holds nothing, a live one its price
+            assert (task.escrow == 0) == (task.status in TaskStatus.FINAL), task
     assert chain.ledger.full_state_hash() == replica.ledger.full_state_hash()
 
 
