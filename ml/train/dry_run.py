@@ -55,10 +55,13 @@ def dry_run(spec: TrainSpec, files: Mapping[str, Path] | None = None, world: int
         raise Untrainable(f"the model returns {type(out).__name__}, not one tensor")
     try:
         loss = inputs.loss(out, y.to(spec.device))
-        loss.backward()
     except Exception as exc:
         raise Untrainable(f"the loss cannot use the model's outputs {out.dtype} {tuple(out.shape)} with "
                           f"targets {y.dtype} {tuple(y.shape)}: {_first_line(exc)}") from None
+    try:
+        loss.backward()
+    except Exception as exc:  # e.g. an operator with no deterministic backward on this device
+        raise Untrainable(f"the backward pass fails on {spec.device}: {_first_line(exc)}") from None
     value = float(loss.detach())
     if not math.isfinite(value):
         raise Untrainable(f"the loss is {value} at the first step")
