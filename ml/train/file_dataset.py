@@ -71,20 +71,23 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _text_tokens(path: Path, tokenizer: str, vocab: str | None) -> tuple[torch.Tensor, str | None]:
+    import numpy as np
+
     data = path.read_bytes()
     if tokenizer == "byte":
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).long(), None
+        return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64)), None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path.name}: not UTF-8 text (nor safetensors / .npz): {exc}") from None
-    vocab = vocab if vocab is not None else "".join(sorted(set(text)))
-    lookup = {ch: i for i, ch in enumerate(vocab)}
-    missing = sorted(set(text) - set(lookup))
-    if missing:
-        raise DatasetError(f"{path.name}: characters {''.join(missing[:20])!r} are not in the training text's "
-                           "vocabulary")
-    return torch.tensor([lookup[ch] for ch in text], dtype=torch.int64), vocab
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    known = np.unique(points) if vocab is None else np.array(sorted(map(ord, vocab)), dtype=np.uint32)
+    ids = np.searchsorted(known, points)
+    hits = known[np.minimum(ids, len(known) - 1)] == points if len(known) else np.zeros(len(points), bool)
+    if not hits.all():
+        missing = "".join(sorted({chr(c) for c in points[~hits][:1000]}))
+        raise DatasetError(f"{path.name}: characters {missing[:20]!r} are not in the training text's vocabulary")
+    return torch.from_numpy(ids.astype(np.int64)), "".join(map(chr, known))
 
 
 def _as_examples(name: str, tensors: dict[str, torch.Tensor]):

@@ -43,6 +43,8 @@ class TrainerBase:
         self.device = spec.device
         self.dataset, self.model, self.loss_fn = inputs.dataset, inputs.model, inputs.loss
         self._evaluate = inputs.evaluate
+        if hasattr(self.dataset, "check_world"):
+            self.dataset.check_world(world)
         self.params = list(self.model.parameters())
         self.inner = make_optimizer(spec, self.params)
         self.step = 0
