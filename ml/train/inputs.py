@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ class MissingInput(ValueError):
 
 @dataclass
 class TaskInputs:
-    dataset: object
+    dataset: Any             # a registry dataset or a FileDataset: train_batch, loss, evaluate
     model: torch.nn.Module
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[], dict[str, float]]

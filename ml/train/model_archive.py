@@ -176,7 +176,10 @@ def check_graph_json(graph: dict) -> None:
 def check_graph_module(module: torch.nn.Module) -> None:
     """The same allow-list on a deserialized graph (defence in depth, and for in-memory programs)."""
     bad: list[str] = []
-    for node in module.graph.nodes:
+    graph = module.graph
+    if not isinstance(graph, torch.fx.Graph):
+        raise ArchiveRefused("the model is not a graph module")
+    for node in graph.nodes:
         if node.op == "call_function":
             target = node.target
             if isinstance(target, torch._ops.OpOverload):

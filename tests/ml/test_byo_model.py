@@ -216,3 +216,13 @@ def test_a_model_stream_is_not_read_through_torch_load(tmp_path):
     path.write_bytes(buffer.getvalue())
     with pytest.raises(ArchiveRefused):
         load_archive(path)
+
+
+def test_a_transformer_archive_passes_the_allow_list(tmp_path):
+    from ml.registry.models import CharTransformer
+    from ml.train.model_archive import input_shape, trainable_module
+    torch.manual_seed(0)
+    path = export(CharTransformer(65, 32, width=32), torch.zeros(2, 32, dtype=torch.long), tmp_path / "lm.pt2")
+    program = load_archive(path)
+    assert input_shape(program) == [None, 32]
+    assert trainable_module(program)(torch.zeros(3, 32, dtype=torch.long)).shape == (3, 32, 65)
