@@ -33,6 +33,13 @@ def detect() -> dict:
         return empty
     if not torch.cuda.is_available():
         return empty
-    props = torch.cuda.get_device_properties(0)
+    try:
+        props = torch.cuda.get_device_properties(0)
+    except RuntimeError:   # a broken driver or a device taken away: report none
+        return empty
+    try:
+        tflops = round(_matmul_tflops(torch), 2)
+    except RuntimeError:   # out of memory (another process holds the GPU), ...: not measured
+        tflops = 0.0
     return {"gpu": props.name, "gpu_mem_mb": int(props.total_memory // (1024 * 1024)),
-            "gpu_tflops": round(_matmul_tflops(torch), 2), "cuda_devices": torch.cuda.device_count()}
+            "gpu_tflops": tflops, "cuda_devices": torch.cuda.device_count()}

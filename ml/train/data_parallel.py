@@ -37,7 +37,7 @@ class DataParallelTrainer(TrainerBase):
             if self.step % self.spec.segment_steps == 0:
                 self.segment_hashes.append(self.params_hash())
             if self.step % self.spec.report_every == 0 and self.step < self.spec.steps:
-                self._report()
+                self._report(metrics=await self.evaluate() if self.eval_due() else None)
         metrics = await self.evaluate()
         self._report(metrics=metrics)
         return metrics

@@ -111,7 +111,8 @@ class DiLoCoTrainer(TrainerBase):
             self.bytes_sent += averaged.bytes_sent
             self.last_participants = averaged.participants
             if self.outer_step < total:
-                self._report(outer_step=self.outer_step)
+                self._report(outer_step=self.outer_step,
+                             metrics=await self.evaluate() if self.eval_due() else None)
         metrics = await self.evaluate()
         self._report(outer_step=self.outer_step, metrics=metrics)
         return metrics

@@ -27,7 +27,8 @@ class Untrainable(ValueError):
 
 
 def dry_run(spec: TrainSpec, files: Mapping[str, Path] | None = None, world: int = 1) -> dict:
-    """One step of `spec` as worker 0 of `world`: {"loss", "params", "step_seconds"}; raises Untrainable."""
+    """One step of `spec` as worker 0 of `world`: {"loss", "params", "step_seconds", "metrics"} (metrics:
+    the held-out evaluation of the initial model); raises Untrainable."""
     try:
         inputs = build_inputs(spec, files)
     except (ArchiveRefused, DatasetError, MissingInput) as exc:
@@ -65,11 +66,18 @@ def dry_run(spec: TrainSpec, files: Mapping[str, Path] | None = None, world: int
     value = float(loss.detach())
     if not math.isfinite(value):
         raise Untrainable(f"the loss is {value} at the first step")
+    step_seconds = time.perf_counter() - started
+    try:  # before the optimizer step: the initial model's metrics
+        metrics = inputs.evaluate()
+    except Exception as exc:  # the same failures as a training step, on the held-out data
+        raise Untrainable(f"the model cannot be evaluated on the held-out data: {_first_line(exc)}") from None
+    started = time.perf_counter()
     optimizer.step()
+    step_seconds += time.perf_counter() - started
     if any(not torch.isfinite(p).all() for p in params):
         raise Untrainable("the parameters are not finite after the first step")
     return {"loss": value, "params": sum(p.numel() for p in params),
-            "step_seconds": time.perf_counter() - started}
+            "step_seconds": step_seconds, "metrics": metrics}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -37,7 +37,7 @@ ALLOWED_ATEN_OPS = frozenset("""
     softplus split split_with_sizes sqrt square squeeze stack sub sum sym_size t tanh transpose
     tril triu type_as unbind unflatten unsqueeze var view where zeros zeros_like
     _native_batch_norm_legit_functional _native_batch_norm_legit_no_training _softmax _log_softmax
-    _to_copy _unsafe_view _assert_tensor_metadata
+    _to_copy _unsafe_view _assert_tensor_metadata add_ copy_
 """.split())
 ALLOWED_PYTHON_OPS = frozenset({"_operator.getitem", "_operator.add", "_operator.sub", "_operator.mul",
                                 "_operator.floordiv", "_operator.mod", "_operator.neg"})

@@ -57,6 +57,7 @@ class TrainSpec:
     device: str = "cpu"           # cpu | cuda
     init: str = "archive"         # archive (the archive's weights: fine-tuning) | seed (fresh, from `seed`)
     tokenizer: str = "byte"       # text datasets: byte | char
+    eval_every: int = 0           # steps between held-out evaluations in progress reports (0: at the end only)
 
     def __post_init__(self) -> None:
         if not isinstance(self.codec_options, dict):
@@ -79,8 +80,10 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidSpec(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise InvalidSpec(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        for name in ("warmup_steps", "eval_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidSpec(f"{name} must be a non-negative integer, got {value!r}")
         for name in ("lr", "weight_decay", "min_lr_fraction", "outer_lr", "outer_momentum"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

@@ -115,8 +115,23 @@ class TrainerBase:
         """The model's weights as safetensors bytes, identical for identical weights."""
         return weights_bytes(self.model)
 
+    def eval_due(self) -> bool:
+        """Whether a progress report at the current step carries held-out metrics (spec.eval_every)."""
+        return bool(self.spec.eval_every) and self.step % self.spec.eval_every == 0
+
+    def _evaluate_keeping_state(self) -> dict[str, float]:
+        # an exported graph has no eval mode: batch-norm statistics would move; put them back
+        saved = [b.detach().clone() for b in self.model.buffers()]
+        try:
+            return self._evaluate()
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(self.model.buffers(), saved):
+                    buffer.copy_(value)
+
     async def evaluate(self) -> dict[str, float]:
-        return await asyncio.to_thread(self._evaluate)
+        """Held-out metrics of the current model (it is left exactly as it was)."""
+        return await asyncio.to_thread(self._evaluate_keeping_state)
 
     # -- progress ---------------------------------------------------------------------------------
     def _record_loss(self, loss: float) -> None:

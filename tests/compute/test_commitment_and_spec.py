@@ -69,7 +69,7 @@ def test_task_spec_round_trip_through_the_ledger_payload():
 def test_task_spec_with_artifacts_round_trips_through_the_ledger_payload():
     spec = TrainSpec(model="pt2", dataset="file", model_artifact="ab" * 32, dataset_artifact="cd" * 32,
                      eval_artifact="ef" * 32, loss="cross_entropy", device="cuda", init="seed",
-                     tokenizer="char", optimizer="sgd", lr=0.05, steps=30, segment_steps=10)
+                     tokenizer="char", optimizer="sgd", lr=0.05, steps=30, segment_steps=10, eval_every=10)
     payload = submit_payload(spec, workers=3, price=10)
     encode(payload)
     tx = build_tx(Identity.generate(), "c", 0, "submit_task", payload)

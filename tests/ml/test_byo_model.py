@@ -226,3 +226,41 @@ def test_a_transformer_archive_passes_the_allow_list(tmp_path):
     program = load_archive(path)
     assert input_shape(program) == [None, 32]
     assert trainable_module(program)(torch.zeros(3, 32, dtype=torch.long)).shape == (3, 32, 65)
+
+
+def test_progress_reports_carry_held_out_metrics_every_eval_every_steps(byo):
+    from dataclasses import replace
+
+    from ml.train.progress import ProgressFeed
+    spec, files, _ = byo
+    feed = ProgressFeed()
+    reports = []
+    feed.subscribe(reports.append)
+    run = train_simulated(replace(spec, eval_every=40), 2, feed=feed, files=files)
+    by_step = {(r.rank, r.step): r.metrics for r in reports}
+    assert by_step[(0, 20)] == {} and "accuracy" in by_step[(0, 40)] and by_step[(1, 60)] == run.metrics[1]
+    plain = train_simulated(spec, 2, files=files)
+    assert plain.trainers[0].segment_hashes == run.trainers[0].segment_hashes   # evaluating changes nothing
+
+
+class WithBatchNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+def test_evaluation_leaves_batch_norm_statistics_as_they_were(tmp_path):
+    import asyncio
+    model, data = export(WithBatchNorm(), torch.rand(4, 64), tmp_path / "bn.pt2"), digits_npz(tmp_path / "d.npz")
+    spec = TrainSpec(model="pt2", dataset="file", model_artifact=artifact_id(model), dataset_artifact=artifact_id(data),
+                     optimizer="sgd", lr=0.1, steps=20, segment_steps=10, report_every=10)
+    trainer = build_simulated(spec, 1, files=files_of(model, data))[0]
+    before = trainer.weights_bytes()
+    asyncio.run(trainer.evaluate())
+    assert trainer.weights_bytes() == before
+    assert "bn.running_mean" in load(before)

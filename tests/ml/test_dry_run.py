@@ -28,6 +28,7 @@ def test_a_trainable_spec_reports_loss_params_and_time(tmp_path):
     assert 1.5 < result["loss"] < 3.5
     assert result["params"] == sum(p.numel() for p in DigitsCNN().parameters())
     assert result["step_seconds"] > 0
+    assert result["metrics"]["accuracy"] < 40           # the untrained model's held-out accuracy
 
 
 def test_registry_spec_dry_runs_without_files():
