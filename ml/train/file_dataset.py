@@ -33,6 +33,7 @@ SPLIT_SEED = "file-split-v1"
 EVAL_TOKENS = 65536
 EVAL_BATCH = 512
 KEY_PAIRS = (("x", "y"), ("features", "labels"))
+MAX_UNPACKED_BYTES = 8 << 30   # an .npz's arrays, uncompressed (a small compressed file may unpack huge)
 
 
 class DatasetError(ValueError):
@@ -60,6 +61,11 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         if fmt == "npz":
             import numpy as np
+            with zipfile.ZipFile(path) as archive:
+                unpacked = sum(info.file_size for info in archive.infolist())
+            if unpacked > MAX_UNPACKED_BYTES:
+                raise DatasetError(f"{path.name}: its arrays unpack to {unpacked} bytes, over the limit of "
+                                   f"{MAX_UNPACKED_BYTES}")
             with np.load(path, allow_pickle=False) as data:
                 return {key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files}
         from safetensors.torch import load_file

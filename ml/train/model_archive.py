@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 MODEL_NAME = "model"
+MAX_JSON_BYTES = 64 << 20   # the graph and config JSON files, uncompressed
 PICKLE_MAGIC = (b"\x80",)  # a pickle stream (protocol 2+) opens with PROTO
 
 # aten operators (any overload) a task's graph may call: deterministic, no randomness, no I/O.
@@ -88,7 +89,12 @@ def _refuse_non_archive(path: Path) -> None:
 def _archive_members(path: Path) -> tuple[str, dict[str, str]]:
     """(prefix, {name without prefix: name}) of the archive's files, each checked against the layout."""
     with zipfile.ZipFile(path) as archive:
-        names = [info.filename for info in archive.infolist() if not info.is_dir()]
+        infos = [info for info in archive.infolist() if not info.is_dir()]
+    names = [info.filename for info in infos]
+    for info in infos:
+        if info.filename.endswith(".json") and info.file_size > MAX_JSON_BYTES:
+            raise ArchiveRefused(f"{path.name}: {info.filename} unpacks to {info.file_size} bytes, over the limit "
+                                 f"of {MAX_JSON_BYTES}")
     if any(name.endswith("data.pkl") for name in names):
         raise ArchiveRefused(f"{path.name} is a torch.save checkpoint (pickle), not a torch.export archive; "
                              "export the model with torch.export.export and torch.export.save")

@@ -134,3 +134,11 @@ def test_registry_model_on_a_file_dataset(tmp_path):
     run = train_simulated(spec, 2, files=files_of(path))
     assert run.metrics[0]["accuracy"] > 60
     assert replace(spec, loss="cross_entropy").loss == "cross_entropy"
+
+
+def test_an_npz_that_unpacks_past_the_limit_is_refused(tmp_path, monkeypatch):
+    import ml.train.file_dataset as file_dataset
+    np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros((2000, 64), np.float32), y=np.zeros(2000, np.int64))
+    monkeypatch.setattr(file_dataset, "MAX_UNPACKED_BYTES", 100_000)
+    with pytest.raises(DatasetError, match="over the limit"):
+        _load(tmp_path / "bomb.npz")
