@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
+from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus import rpcclient
 from consensus.state.tasks import task_id_for
 from consensus.tx import DEFAULT_FEE, build_tx
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     submit = ledger_action("submit", "submit a training task (price held in escrow)", run_submit)
     submit.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_unlock_argument(submit)
     add_spec_arguments(submit)
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
     submit.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
@@ -113,7 +115,7 @@ def run_submit(args: argparse.Namespace) -> int:
         payload = submit_payload(spec, args.workers, args.price)
     except InvalidTask as exc:
         raise CliError(str(exc)) from None
-    identity = load_identity(args.key or key_path(resolve_home(args)))
+    identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     chain_id = _rpc(args.rpc, "dkb_chainId")
     nonce = _rpc(args.rpc, "dkb_getTransactionCount", identity.peer_id, "pending")
     tx = build_tx(identity, chain_id, nonce, "submit_task", payload, args.fee)
