@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from consensus.tx import HARDWARE, MAX_CPU_CORES
-from ml.compute import ml_contract, progress_protocol, ready_protocol, segments_protocol
+from ml import hardware
+from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
@@ -44,6 +45,8 @@ from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
+from ml.train.dry_run import Untrainable, dry_run
+from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
 from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
@@ -198,7 +201,7 @@ class ComputeRole(Role):
         if bonded < self.config["stake"]:
             await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
         if self.hardware is None:
-            self.hardware = await asyncio.to_thread(ml_contract.detect_hardware)
+            self.hardware = await asyncio.to_thread(hardware.detect)
             log.info("hardware detected", extra={k: v for k, v in self.hardware.items() if k != "gpu"} |
                      {"gpu_name": self.hardware["gpu"] or "none"})
         meter = self._meter()
@@ -354,7 +357,7 @@ class ComputeRole(Role):
     async def _fetch_task_inputs(self, key: str | None, task: dict, spec, peers: list[str]) -> dict[str, Path]:
         """The task's input artifacts as local files, fetched (when not held) from the task's
         sources and `peers` (co-workers or committed workers, which serve what they fetched)."""
-        ids = ml_contract.artifact_ids(spec)
+        ids = artifact_ids(spec)
         if not ids:
             return {}
         artifacts = getattr(self.node, "artifacts", None)
@@ -384,7 +387,7 @@ class ComputeRole(Role):
         if wanted == "any":
             return "cuda" if has_cuda else "cpu"
         if wanted == "cuda" and not has_cuda:
-            raise ml_contract.Untrainable("the task needs a CUDA device and this node has none")
+            raise Untrainable("the task needs a CUDA device and this node has none")
         return wanted
 
     async def _reject(self, key: str, task_id: bytes, reason: str) -> None:
@@ -426,7 +429,7 @@ class ComputeRole(Role):
             self.board.update(key, spec=spec.to_dict(), steps=spec.steps, device=device)
             files = await self._fetch_task_inputs(key, task, spec, task["workers"])
             self.board.update(key, state="dry run")
-            await asyncio.to_thread(ml_contract.dry_run, spec, files, len(task["workers"]))
+            await asyncio.to_thread(dry_run, spec, files, len(task["workers"]))
             await self._learn_addresses(others)
             group = make_group(spec, self.transport, me, task["workers"], task_id, self.config["allreduce_mode"])
             await group.start()
@@ -434,8 +437,7 @@ class ComputeRole(Role):
             feed.subscribe(lambda p: self.board.update(
                 key, step=p.step, loss=p.loss, bytes_sent=p.bytes_sent, participants=p.participants,
                 **({"metrics": p.metrics} if p.metrics else {})))
-            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed,
-                                              **ml_contract.files_kwargs(prepare_trainer, files))
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
             self._ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
@@ -459,7 +461,7 @@ class ComputeRole(Role):
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
         except asyncio.CancelledError:
             raise
-        except ml_contract.Untrainable as exc:
+        except Untrainable as exc:
             await self._reject(key, task_id, f"Untrainable: {exc.reason}")
         except Exception as exc:  # a failed job must not stop the node; it shows in /status
             self.board.update(key, state="failed", error=f"{type(exc).__name__}: {exc}")
@@ -475,8 +477,7 @@ class ComputeRole(Role):
         artifacts = getattr(self.node, "artifacts", None)
         if artifacts is None:
             return ""
-        weights = await asyncio.to_thread(ml_contract.weights_bytes, trainer)
-        return "" if weights is None else await artifacts.add_bytes(weights)
+        return await artifacts.add_bytes(await asyncio.to_thread(trainer.weights_bytes))
 
     def _record_allreduce_rate(self, group) -> None:
         """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""
@@ -527,7 +528,7 @@ class ComputeRole(Role):
 
         async def replay(spec, workers, last_segment, left):
             return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left,
-                                           **ml_contract.files_kwargs(replay_job_blocking, files))
+                                           files)
 
         async def fetch(worker):
             return await self._fetch_segments(task_id, worker)

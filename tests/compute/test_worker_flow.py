@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from consensus.tx import HARDWARE
-from ml.compute import ml_contract
+from ml.compute import role as role_module
 from ml.compute.role import hardware_record
 from ml.compute.task_inputs import fetch_inputs, source_peers
+from ml.train.dry_run import Untrainable
 from node.bandwidth import BandwidthMeter
 from node.identity import Identity
 from node.runtime import Node
@@ -72,12 +73,12 @@ def task_doc(role, **extra):
 
 
 def untrainable(spec, files, world):
-    raise ml_contract.Untrainable("the model cannot run on the dataset's batches: shape mismatch")
+    raise Untrainable("the model cannot run on the dataset's batches: shape mismatch")
 
 
 def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(ml_contract, "artifact_ids", lambda spec: [ART])
-    monkeypatch.setattr(ml_contract, "dry_run", untrainable)
+    monkeypatch.setattr(role_module, "artifact_ids", lambda spec: [ART])
+    monkeypatch.setattr(role_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
     asyncio.run(role._run_job(task))
@@ -93,7 +94,7 @@ def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatc
 
 
 def test_a_rejected_job_is_not_started_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(ml_contract, "dry_run", untrainable)
+    monkeypatch.setattr(role_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
     asyncio.run(role._run_job(task))
@@ -152,7 +153,7 @@ def test_device_choice(tmp_path):
 
 def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatch):
     from node.ledger import TxFailed
-    monkeypatch.setattr(ml_contract, "dry_run", untrainable)
+    monkeypatch.setattr(role_module, "dry_run", untrainable)
     role = make_role(tmp_path)
 
     async def refuse(tx_type, payload, wait_s=None):
@@ -170,7 +171,7 @@ def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatc
 
 def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monkeypatch):
     from node.ledger import TxFailed
-    monkeypatch.setattr(ml_contract, "dry_run", untrainable)
+    monkeypatch.setattr(role_module, "dry_run", untrainable)
     role = make_role(tmp_path)
 
     async def refuse(tx_type, payload, wait_s=None):
