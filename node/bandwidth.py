@@ -13,7 +13,8 @@ the asker uploads N bytes, the server answers how long they took to arrive (8 by
 and then sends N bytes, which the asker times. The server admits one
 probe at a time and one per asker per `PROBE_COOLDOWN_S` (`ProbeAdmission`, pure), so nobody can use
 it to make a node send much. `BandwidthService` (a node service) serves the probe and, once a role
-calls `start_probing()`, pings and probes a few connected peers every `PROBE_INTERVAL_S`.
+calls `start_probing()`, pings the connected peers and probes two every `PROBE_INTERVAL_S` (every
+`RETRY_PROBE_S` while none could be probed).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ MAX_PROBE_BYTES = 8 * 1024 * 1024
 PROBE_COOLDOWN_S = 30.0
 PROBE_TIMEOUT_S = 30.0
 PROBE_INTERVAL_S = 600.0
+RETRY_PROBE_S = 30.0        # while no probe has succeeded (no peer connected yet)
 FIRST_PROBE_S = 2.0
 PEERS_PER_PROBE = 2
 CHUNK = 64 * 1024
@@ -254,21 +256,23 @@ class BandwidthService:
         """Measure connected peers now and every PROBE_INTERVAL_S (a role that publishes figures asks)."""
         self._probing.set()
 
-    async def probe_peers(self, peers: list[str]) -> None:
-        for peer in peers:
-            await measure_latency(self.host, peer, self.meter)
-        for peer in peers[:PEERS_PER_PROBE]:
+    async def probe_peers(self, peers: list[str]) -> bool:
+        """Ping `peers`, probe the first PEERS_PER_PROBE that answer; True if a probe succeeded."""
+        answered = [peer for peer in peers if await measure_latency(self.host, peer, self.meter) is not None]
+        measured = False
+        for peer in answered[:PEERS_PER_PROBE]:
             try:
                 await probe(self.host, peer, self.meter)
-                self.last_error = None
+                self.last_error, measured = None, True
             except ProbeError as exc:
                 self.last_error = str(exc)
                 log.info("bandwidth probe: %s", exc)
+        return measured
 
     async def run(self) -> None:
         await self._probing.wait()
         await asyncio.sleep(FIRST_PROBE_S)
-        while True:
+        while True:  # until a probe succeeded (a node may have no peer yet), look again soon
             peers = sorted({c.remote_peer for c in self.host.connections() if not c.closed})
-            await self.probe_peers(peers[:MAX_PEERS])
-            await asyncio.sleep(PROBE_INTERVAL_S)
+            measured = await self.probe_peers(peers[:MAX_PEERS]) if peers else False
+            await asyncio.sleep(PROBE_INTERVAL_S if measured else RETRY_PROBE_S)

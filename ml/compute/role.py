@@ -68,6 +68,7 @@ AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
 FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed one must not stall us)
 ENDED = ("failed", "committed", "rejected")
+FIRST_BANDWIDTH_CHECK_S = 10.0
 BANDWIDTH_CHECK_S = 60.0     # how often the measured bandwidth is compared with the published one
 REPUBLISH_MIN_S = 300.0      # and at most how often a new figure is published
 MAX_REASON_CHARS = 500       # reject_task's reason (the ledger's bound)
@@ -226,22 +227,24 @@ class ComputeRole(Role):
         return service.meter if service is not None else None
 
     async def _follow_bandwidth(self) -> None:
-        """Have the node measure its link, and republish the record's bandwidth when the measured
-        figure moved by more than half (at most every REPUBLISH_MIN_S; the record publisher sends it)."""
+        """Have the node measure its link, and publish the measured figure in the record: the first
+        one as soon as it exists (replacing the configured guess), later ones when they moved by
+        more than half, at most every REPUBLISH_MIN_S (each is a register_node transaction)."""
         service = self._bandwidth_service()
         if service is None:
             return
         service.start_probing()
-        last = time.monotonic()
+        measured_once, last = False, 0.0
+        await asyncio.sleep(FIRST_BANDWIDTH_CHECK_S)
         while True:
-            await asyncio.sleep(BANDWIDTH_CHECK_S)
             measured = service.meter.link_mbps()
-            if (self.registered and time.monotonic() - last >= REPUBLISH_MIN_S
-                    and worth_publishing(self._published_mbps, measured)):
+            if self.registered and measured is not None and (not measured_once or (
+                    time.monotonic() - last >= REPUBLISH_MIN_S and worth_publishing(self._published_mbps, measured))):
                 log.info("measured bandwidth %s Mbit/s (published %s): updating the record",
                          measured, self._published_mbps)
                 self._contribute_record(measured)
-                last = time.monotonic()
+                measured_once, last = True, time.monotonic()
+            await asyncio.sleep(BANDWIDTH_CHECK_S)
 
     # ---- what wakes the main loop
     async def _watch_tasks(self) -> None:

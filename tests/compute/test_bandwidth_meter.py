@@ -124,3 +124,46 @@ def test_probe_and_latency_between_hosts():
     assert asker.rate("down") == pytest.approx(rates["download_mbps"])
     assert served.rate("down") is not None      # the server measured the upload it received
     assert rtt is not None and 0 < rtt < 5 and asker.figures()["median_latency_ms"] > 0
+
+
+def test_service_probes_connected_peers_once_asked(monkeypatch):
+    monkeypatch.setattr(bandwidth, "FIRST_PROBE_S", 0.0)
+    monkeypatch.setattr(bandwidth, "RETRY_PROBE_S", 0.05)
+
+    class FakeNode:
+        def __init__(self, host):
+            self.host, self.sections = host, {}
+            self.status = self
+
+        def add_section(self, name, fn):
+            self.sections[name] = fn
+
+    async def scenario():
+        a, b = Host(Identity.generate()), Host(Identity.generate())
+        await a.start()
+        await b.start()
+        try:
+            node_a = FakeNode(a)
+            service_a = bandwidth.BandwidthService(node_a)
+            bandwidth.BandwidthService(FakeNode(b))           # b serves the probe
+            runner = asyncio.create_task(service_a.run())
+            await asyncio.sleep(0.2)
+            assert service_a.meter.rate("up") is None         # not asked to probe yet
+            service_a.start_probing()
+            await asyncio.sleep(0.2)                           # no peer connected: nothing measured
+            assert service_a.meter.rate("up") is None
+            a.peerbook.add_addrs(b.peer_id, b.listen_addrs)
+            await a.ping(b.peer_id)                            # now connected
+            deadline = asyncio.get_running_loop().time() + 10
+            while service_a.meter.link_mbps() is None:
+                assert asyncio.get_running_loop().time() < deadline, service_a.status()
+                await asyncio.sleep(0.05)
+            runner.cancel()
+            return node_a.sections["bandwidth"]()
+        finally:
+            await a.stop()
+            await b.stop()
+
+    status = asyncio.run(scenario())
+    assert status["probing"] and status["upload_mbps"] > 0 and status["download_mbps"] > 0
+    assert status["median_latency_ms"] > 0

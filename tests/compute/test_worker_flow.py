@@ -239,3 +239,51 @@ def test_fetch_inputs_retries_a_failed_fetch(tmp_path):
     artifacts = FlakyOnce(tmp_path)
     assert set(asyncio.run(fetch_inputs(artifacts, [ART], ["p"], retry_s=0.0))) == {ART}
     assert artifacts.failed and len(artifacts.fetches) == 1
+
+
+class FakeRecord:
+    def __init__(self):
+        self.contributions = []
+
+    def contribute(self, owner, **fields):
+        self.contributions.append(fields)
+
+
+class FakeBandwidth:
+    def __init__(self):
+        self.meter, self.probing = BandwidthMeter(), False
+
+    def start_probing(self):
+        self.probing = True
+
+
+def test_measured_bandwidth_replaces_the_configured_guess_and_is_republished_on_change(tmp_path, monkeypatch):
+    for name, value in (("FIRST_BANDWIDTH_CHECK_S", 0.0), ("BANDWIDTH_CHECK_S", 0.01), ("REPUBLISH_MIN_S", 0.0)):
+        monkeypatch.setattr(role_module, name, value)
+    role = make_role(tmp_path)
+    role.ledger.record = FakeRecord()
+    service = FakeBandwidth()
+    role.node.services = {"bandwidth": service}
+    role.registered = True
+    role._contribute_record(100)                       # the join: the configured guess
+
+    async def scenario():
+        follow = asyncio.create_task(role._follow_bandwidth())
+        await asyncio.sleep(0.05)
+        published = [c["hardware"]["bandwidth_mbps"] for c in role.ledger.record.contributions]
+        service.meter.record_rate("up", 90.0)          # first measurement: published even though close
+        service.meter.record_rate("down", 400.0)
+        await asyncio.sleep(0.05)
+        for _ in range(3):
+            service.meter.record_rate("up", 95.0)      # within [2/3, 3/2] of 90: not republished
+        await asyncio.sleep(0.05)
+        for _ in range(16):
+            service.meter.record_rate("up", 20.0)      # the link got slower: republished
+        await asyncio.sleep(0.05)
+        follow.cancel()
+        return published
+
+    before = asyncio.run(scenario())
+    assert service.probing and before == [100]
+    assert [c["hardware"]["bandwidth_mbps"] for c in role.ledger.record.contributions] == [100, 90, 20]
+    assert role.ledger.record.contributions[-1]["roles"] == {"compute", "verifier"}
