@@ -69,7 +69,7 @@ FINALIZE_RETRY_BLOCKS = 50
 FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed one must not stall us)
 ENDED = ("failed", "committed", "rejected")
 FIRST_BANDWIDTH_CHECK_S = 10.0
-BANDWIDTH_CHECK_S = 60.0     # how often the measured bandwidth is compared with the published one
+BANDWIDTH_CHECK_S = 15.0     # how often the measured bandwidth is compared with the published one
 REPUBLISH_MIN_S = 300.0      # and at most how often a new figure is published
 MAX_REASON_CHARS = 500       # reject_task's reason (the ledger's bound)
 

@@ -120,6 +120,13 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     assert job["metrics"]["accuracy"] > 50
     assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
     assert 'dekube_compute_tasks_total{outcome="committed"} 1' in metrics_text(worker_node)
+    # the worker measured its link (the all-reduce's upload rate, probes of its co-workers) and its
+    # ledger record now carries that figure instead of the configured guess (ADR 0158)
+    deadline = time.monotonic() + 60
+    while (measured := http_json(f"{worker_node.rpc_url}/status")["bandwidth"]).get("upload_mbps") is None or \
+            rpc(devnet, "dkb_getNode", workers[0])["hardware"]["bandwidth_mbps"] == 100:
+        assert time.monotonic() < deadline, (measured, rpc(devnet, "dkb_getNode", workers[0]))
+        time.sleep(0.5)
     verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
     # the task can be paid (by a worker) before the verifier has seen its last audit's receipt
     deadline = time.monotonic() + 15
