@@ -1,6 +1,7 @@
 // dekube explorer: reads the serving node's public JSON-RPC (POST /) and websocket (/ws, topics
 // newHeads and tasks); training progress from compute nodes' dkb_taskProgress (this node's own RPC
 // and any URLs the user lists). No framework, no build step, nothing from other sites.
+(function () {
 "use strict";
 
 const {lineChart, chartLegend} = window.dekubeChart;
@@ -140,7 +141,8 @@ async function loadTasks() {
   replaceRows($("task-rows"), state.tasks.map((t) => el("tr", {class: "clickable", "data-task": t.task_id,
     onclick: () => { location.hash = `#task/${t.task_id}`; }},
   el("td", {class: "mono"}, short(t.task_id)), el("td", {}, badge(t.status)),
-  el("td", {}, `${(t.spec && t.spec.model) || "?"} / ${(t.spec && t.spec.dataset) || "?"}`),
+  el("td", {}, `${(t.spec && t.spec.model) || "?"} / ${(t.spec && t.spec.dataset) || "?"}`
+    + (t.spec && t.spec.hyperparams && t.spec.hyperparams.steps ? `, ${t.spec.hyperparams.steps} steps` : "")),
   el("td", {}, (t.workers || []).length), el("td", {}, fmtInt(t.price)), el("td", {}, t.created_height))));
 }
 
@@ -183,7 +185,8 @@ function relayOf(addr) {
 
 async function loadNodes() {
   try { state.peers = await rpc("dkb_peers"); } catch (err) { state.peers = []; }
-  const ids = knownPeers();
+  const listed = await Promise.all(state.progressUrls.map((url) => endpointPeer(url).catch(() => null)));
+  const ids = [...new Set([...listed.filter(Boolean), ...knownPeers()])].slice(0, MAX_NODES);
   const records = await Promise.all(ids.map((id) => rpc("dkb_getNode", [id]).catch(() => null)));
   ids.forEach((id, i) => { if (records[i]) state.nodes.set(id, records[i]); });
   renderNodes();
@@ -345,7 +348,7 @@ const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"]
 
 function timeline(task) {
   const commits = Object.keys(task.commits || {}).length;
-  const audits = Array.isArray(task.audits) ? task.audits.length : Object.keys(task.audits || {}).length;
+  const audits = Array.isArray(task.audits) ? task.audits.length : 0;
   const done = {created: true, assigned: !!task.assigned_height, committed: commits > 0,
     "audit window": !!task.window_end, audited: audits > 0, paid: ["paid", "finalized"].includes(task.status)};
   const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
@@ -363,9 +366,17 @@ async function showTask(taskId, first = true) {
   const spec = task.spec || {};
   const payouts = task.payouts || {};
   const rejections = task.rejections || {};
+  const audits = Array.isArray(task.audits) ? task.audits : [];   // [verifier, worker, segment, match, height]
+  const disputes = Array.isArray(task.disputes) ? task.disputes : [];
+  const commitOf = (w) => {
+    const c = (task.commits || {})[w];
+    return c ? `committed${Array.isArray(c) && typeof c[c.length - 1] === "number" ? ` @${c[c.length - 1]}` : ""}` : "–";
+  };
+  const auditsOf = (w) => audits.filter((a) => a[1] === w).map((a) => el("div", {},
+    badge(a[3] ? "match" : "mismatch"), ` segment ${a[2]} by ${short(a[0])} @${a[4]}`));
   const workerRows = (task.workers || []).map((w) => el("tr", {}, el("td", {class: "mono"}, short(w)),
-    el("td", {}, w in (task.commits || {}) ? "committed" : "–"), el("td", {}, kv((task.audits || {})[w])),
-    el("td", {}, kv((task.disputes || {})[w])), el("td", {}, fmtInt(payouts[w])),
+    el("td", {}, commitOf(w)), el("td", {}, auditsOf(w).length ? auditsOf(w) : "–"),
+    el("td", {}, disputes.includes(w) ? badge("disputed") : "–"), el("td", {}, fmtInt(payouts[w])),
     el("td", {}, rejections[w] || "")));
   const events = (state.taskEvents.get(taskId) || []).map((e) => el("li", {}, `@${e.height} ${e.event}`));
   let curves = $("task-curves");
@@ -374,19 +385,22 @@ async function showTask(taskId, first = true) {
     detail.replaceChildren(closeButton(), el("h2", {}, "Task ", el("span", {class: "mono"}, taskId)),
       el("div", {id: "task-body"}), el("h3", {}, "Training curves"), curves);
   }
-  $("task-body").replaceChildren(
+  const hyper = spec.hyperparams || {};
+  $("task-body").replaceChildren(...[
     el("p", {}, badge(task.status), ` owner `, el("span", {class: "mono"}, short(task.owner)),
       ` · price ${fmtInt(task.price)} · escrow ${fmtInt(task.escrow)} · model ${spec.model || "?"}`
-      + ` · dataset ${spec.dataset || "?"} · steps ${spec.steps || "?"}`
+      + ` · dataset ${spec.dataset || "?"} · steps ${hyper.steps || spec.steps || "?"}`
+      + ` · codec ${spec.codec || "?"}`
       + (task.result ? ` · result ${short(task.result)}` : "") + (task.reason ? ` · ${task.reason}` : "")),
     timeline(task), events.length ? el("ul", {class: "hint"}, events) : null,
-    el("h3", {}, "Workers"),
-    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audits", "disputes", "payout", "rejected"]
+    el("h3", {}, `Workers (audits ${audits.length}, disputes ${disputes.length})`),
+    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audits", "dispute", "payout", "rejected"]
       .map((h) => el("th", {}, h)))), el("tbody", {id: "task-worker-rows"}, workerRows)),
     el("h3", {}, "Payouts"), el("p", {class: "mono"}, Object.entries(payouts)
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none yet"),
     el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})
-      .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none"));
+      .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none"),
+  ].filter((child) => child !== null));
   renderCurves(curves, await pollProgress(taskId));
 }
 
@@ -488,3 +502,4 @@ async function main() {
 }
 
 main();
+})();

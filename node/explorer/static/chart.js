@@ -1,4 +1,5 @@
 // A small SVG line chart for training curves: one series per worker, x = step, y = value.
+(function () {
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -42,7 +43,7 @@ function lineChart(title, series, width = 420, height = 220) {
   }
   let [xMin, xMax] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
   let [yMin, yMax] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
-  if (xMax === xMin) xMax = xMin + 1;
+  if (xMax === xMin) { xMin -= 1; xMax += 1; }
   if (yMax === yMin) { yMax += Math.abs(yMax) * 0.05 + 0.01; yMin -= Math.abs(yMin) * 0.05 + 0.01; }
   const sx = (x) => pad.left + ((x - xMin) / (xMax - xMin)) * plotW;
   const sy = (y) => pad.top + plotH - ((y - yMin) / (yMax - yMin)) * plotH;
@@ -63,6 +64,12 @@ function lineChart(title, series, width = 420, height = 220) {
     const path = svgEl("path", {d, class: "series", stroke: SERIES_COLORS[i % SERIES_COLORS.length]});
     path.setAttribute("data-series", s.name);
     svg.appendChild(path);
+    if (s.points.length <= 40) {   // sparse series (eval metrics): mark each point
+      for (const [x, y] of s.points) {
+        svg.appendChild(svgEl("circle", {cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r: 2.5,
+          fill: SERIES_COLORS[i % SERIES_COLORS.length]}));
+      }
+    }
   });
   return svg;
 }
@@ -82,3 +89,4 @@ function chartLegend(names) {
 }
 
 window.dekubeChart = {lineChart, chartLegend};
+})();
