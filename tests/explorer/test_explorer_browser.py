@@ -21,6 +21,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-dev-shm-usage"]
 ARTIFACTS = Path(os.environ.get("DEKUBE_ARTIFACTS") or Path(__file__).parent / "artifacts")
 ACTIVE = {"created", "assigned", "running"}
+POINTS = """() => { const path = document.querySelector('#curve-loss path.series');
+                   return path ? path.getAttribute('d').split('L').length : 0; }"""
 
 
 def chromium_path() -> str | None:
@@ -67,12 +69,21 @@ def submit_task(net) -> str:
     from ml.compute.task_spec import submit_payload
     from ml.train.spec import TrainSpec
 
-    spec = TrainSpec(codec="int8", steps=400, segment_steps=100, report_every=5)
+    spec = TrainSpec(codec="int8", steps=3000, segment_steps=500, report_every=5)
     faucet = net.testnet.faucet()
     nonce = rpcclient.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
     tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 2, 100_000))
     rpcclient.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
+
+
+def wait_until(page, expression: str, timeout: float) -> None:
+    """Poll a JS expression (page.wait_for_function evals inside the page, which its CSP forbids)."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {expression}")
+        time.sleep(0.2)
 
 
 def open_page(browser, url):
@@ -92,12 +103,12 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     page, errors = open_page(browser, base)
     page.wait_for_selector("#block-rows tr", timeout=20_000)
     page.wait_for_selector("#validator-rows tr", timeout=20_000)
-    page.wait_for_function("document.querySelectorAll('#node-rows tr').length >= 2", timeout=30_000)
+    wait_until(page, "document.querySelectorAll('#node-rows tr').length >= 4", 30)   # 2 validators, 2 compute
     assert page.inner_text("#chain-id") == devnet.testnet.chain_id
     assert page.inner_text("#live") == "websocket"
     first = int(page.inner_text("#height").replace(",", ""))
-    page.wait_for_function(f"Number(document.getElementById('height').textContent.replace(/,/g, '')) > {first}",
-                           timeout=20_000)   # live: a new head arrived over the websocket
+    wait_until(page, f"Number(document.getElementById('height').textContent.replace(/,/g, '')) > {first}",
+               20)   # live: a new head arrived over the websocket
     assert "compute" in page.inner_text("#node-rows")
 
     task_id = submit_task(devnet)
@@ -107,21 +118,25 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     curve_seen_while = None
     while time.monotonic() < deadline:
         status = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
-        points = page.evaluate("""() => {
-            const path = document.querySelector('#curve-loss path.series');
-            return path ? path.getAttribute('d').split('L').length : 0; }""")
+        points = page.evaluate(POINTS)
         if points >= 2 and status in ACTIVE:
             curve_seen_while = status
             break
         assert status in ACTIVE, f"task ended ({status}) before the page showed its curve"
         time.sleep(0.5)
     assert curve_seen_while, "no training curve appeared while the task trained"
+    page.screenshot(path=str(ARTIFACTS / "explorer-task-early.png"), full_page=True)
+    # a fuller curve for the docs: up to 20 s more, while the task is still training
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and page.evaluate(POINTS) < 60:
+        time.sleep(0.5)
     page.screenshot(path=str(ARTIFACTS / "explorer-task.png"), full_page=True)
     assert page.locator("#task-worker-rows tr").count() == 2
     page.evaluate("location.hash = ''")
     page.wait_for_selector("#detail", state="hidden")
     page.screenshot(path=str(ARTIFACTS / "explorer-overview.png"), full_page=True)
     page.evaluate(f"location.hash = '#block/{first}'")
-    page.wait_for_selector("#block-tx-rows", timeout=10_000)
+    page.wait_for_selector("#block-tx-rows", state="attached", timeout=10_000)
+    assert page.inner_text("#detail h2") == f"Block {first}"
     assert errors == [], errors
     page.close()
