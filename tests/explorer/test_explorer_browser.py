@@ -110,6 +110,7 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     wait_until(page, f"Number(document.getElementById('height').textContent.replace(/,/g, '')) > {first}",
                20)   # live: a new head arrived over the websocket
     assert "compute" in page.inner_text("#node-rows")
+    wait_until(page, "document.querySelectorAll('#relay-local p').length === 3", 20)   # own + 2 listed nodes
 
     task_id = submit_task(devnet)
     page.wait_for_selector(f"tr[data-task='{task_id}']", timeout=30_000)   # the tasks event refreshed the list

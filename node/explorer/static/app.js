@@ -226,13 +226,22 @@ function parseMetrics(text) {
 }
 
 async function loadRelayLocal() {
-  const resp = await fetch("/metrics");
+  const lines = [await trafficLine("/", "this node")];
+  for (const url of state.progressUrls) {   // listed nodes' own counters (they must allow this origin)
+    const peer = state.endpointPeer.get(url);
+    lines.push(await trafficLine(url.replace(/\/+$/, "") + "/", peer ? short(peer) : url).catch(() => null));
+  }
+  $("relay-local").replaceChildren(...lines.filter(Boolean).map((line) => el("p", {}, line)));
+}
+
+async function trafficLine(base, who) {
+  const resp = await fetch(`${base}metrics`);
   const samples = parseMetrics(await resp.text());
   const sum = (name, pred) => samples.filter((s) => s.name === name && (!pred || pred(s.labels)))
     .reduce((acc, s) => acc + s.value, 0);
   const relayed = samples.find((s) => s.name === "dekube_relay_bytes_total");
   const parts = [
-    `this node: p2p bytes direct ${fmtBytes(sum("dekube_p2p_bytes_sent_total", (l) => l.path === "direct")
+    `${who}: p2p bytes direct ${fmtBytes(sum("dekube_p2p_bytes_sent_total", (l) => l.path === "direct")
       + sum("dekube_p2p_bytes_received_total", (l) => l.path === "direct"))}`,
     `over relays ${fmtBytes(sum("dekube_p2p_bytes_sent_total", (l) => l.path === "relayed")
       + sum("dekube_p2p_bytes_received_total", (l) => l.path === "relayed"))}`,
@@ -241,7 +250,7 @@ async function loadRelayLocal() {
     parts.push(`relayed for others ${fmtBytes(relayed.value)}`,
       `circuits ${sum("dekube_relay_circuits")}`, `reservations ${sum("dekube_relay_reservations")}`);
   }
-  $("relay-local").replaceChildren(el("p", {}, parts.join(" · ")));
+  return parts.join(" · ");
 }
 
 function renderRelays() {
