@@ -23,6 +23,7 @@ from node.config import Config
 from node.identity import Identity
 from node.ledger import LedgerGateway
 from node.metrics import Registry
+from node.node_metrics import register_node_metrics
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
@@ -35,6 +36,7 @@ from node.rpc.status import StatusBoard
 
 log = logging.getLogger(__name__)
 
+BOOTSTRAP_WARN_AFTER = 3  # failed dials in a row before a warning (peers start together)
 BOOTSTRAP_REDIAL_S = 30.0
 
 
@@ -111,10 +113,6 @@ class Node:
         self._started_monotonic: float | None = None
         self.ledger = LedgerGateway(identity, ledger_urls(config), hub=self.hub)
         self.status.add_section("ledger", self.ledger.status)
-        self.metrics.gauge("dekube_ledger_txs_sent", "Transactions of this node committed with code 0.") \
-            .set_function(lambda: self.ledger.counters["sent"])
-        self.metrics.gauge("dekube_ledger_txs_failed", "Transactions of this node refused, failed or unconfirmed.") \
-            .set_function(lambda: self.ledger.counters["failed"])
         self._register_builtins()
         for spec in roles:
             self.roles.append((role_factory(spec) if isinstance(spec, str) else spec)(self))
@@ -196,15 +194,24 @@ class Node:
 
     async def _keep_bootstrap_peers(self) -> None:
         """Dial every bootstrap peer now, and again whenever it is disconnected."""
+        failures: dict[str, int] = {}
         while True:
             for addr in self.config.get("p2p", "bootstrap"):
-                if self.host.is_connected(Multiaddr.parse(addr).peer_id):
-                    continue
+                peer = Multiaddr.parse(addr).peer_id
+                if peer == self.peer_id or self.host.is_connected(peer):
+                    continue   # a shared bootstrap list names this node too
                 try:
                     await self.host.connect(addr)
-                    log.info("connected to bootstrap peer", extra={"addr": addr})
+                    log.info("connected to bootstrap peer", extra={"addr": addr, "attempts": failures.pop(addr, 0) + 1})
                 except Exception as exc:  # a dead or misbehaving peer must not stop the node
-                    log.warning("bootstrap dial failed", extra={"addr": addr, "error": f"{type(exc).__name__}: {exc}"})
+                    failures[addr] = n = failures.get(addr, 0) + 1
+                    error = f"{type(exc).__name__}: {exc}"
+                    # peers started together are often not listening yet: quiet until it persists
+                    if n < BOOTSTRAP_WARN_AFTER:
+                        log.info("bootstrap peer not reachable yet; retrying",
+                                 extra={"addr": addr, "error": error, "retry_s": BOOTSTRAP_REDIAL_S})
+                    elif n == BOOTSTRAP_WARN_AFTER or n % 20 == 0:
+                        log.warning("bootstrap dial failed", extra={"addr": addr, "error": error, "attempts": n})
             await asyncio.sleep(BOOTSTRAP_REDIAL_S)
 
     def peers(self) -> list[str]:
@@ -265,12 +272,7 @@ class Node:
         self.rpc.register("dkb_peers", dkb_peers)
         self.rpc.register("dkb_peerId", dkb_peer_id)
         self.rpc.register("dkb_health", dkb_health)
-        self.metrics.gauge("dekube_node_uptime_seconds", "Seconds since the node started.").set_function(
-            lambda: self.uptime)
-        self.metrics.gauge("dekube_p2p_peers", "Peers with an open connection.").set_function(
-            lambda: len(self.peers()))
-        self.metrics.gauge("dekube_p2p_connections", "Open p2p connections (shared and bulk).").set_function(
-            lambda: len(self.host.connections()))
+        register_node_metrics(self)
 
 
 async def run_until_signalled(node: Node) -> int:
