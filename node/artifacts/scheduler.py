@@ -63,8 +63,8 @@ class Scheduler:
 
     @property
     def stuck(self) -> bool:
-        """True when chunks are missing and no live holder can be asked for any of them."""
-        if self.done:
+        """True when chunks are missing, none is in flight, and no live holder can be asked for any."""
+        if self.done or self._fetching:
             return False
         live = [self.holders[p] for p in self.live()]
         return not any(i not in h.lacks for h in live for i in self._unheld())

@@ -6,7 +6,7 @@ streams at once and ``max_uploads_per_peer`` per peer), and ``fetch`` runs one p
 that sends what the ``Scheduler`` says, checks every chunk against the manifest in a thread,
 writes it into the store's partial file and reports back. Everything a fetch learns is in its
 ``FetchReport``; a holder that served bad bytes is also logged and counted
-(``dekube_artifact_bad_holders``). Whatever the node holds, complete or partial, it serves.
+(``dekube_artifact_bad_holders_total``). Whatever the node holds, complete or partial, it serves.
 """
 from __future__ import annotations
 
@@ -136,10 +136,10 @@ class ArtifactService:
         self._served = self._received = self._bad = None
         if metrics is None:
             return
-        self._served = metrics.counter("dekube_artifact_served_bytes", "Artifact chunk bytes sent to peers.")
-        self._received = metrics.counter("dekube_artifact_received_bytes",
+        self._served = metrics.counter("dekube_artifact_served_bytes_total", "Artifact chunk bytes sent to peers.")
+        self._received = metrics.counter("dekube_artifact_received_bytes_total",
                                          "Verified artifact chunk bytes received from peers.")
-        self._bad = metrics.counter("dekube_artifact_bad_holders",
+        self._bad = metrics.counter("dekube_artifact_bad_holders_total",
                                     "Holders dropped for serving chunks or manifests that fail verification.")
         metrics.gauge("dekube_artifact_uploads", "Artifact streams being served now.").set_function(
             lambda: sum(self._uploads.values()))
@@ -368,7 +368,7 @@ class ArtifactService:
     async def _pull(self, peer: str, scheduler: Scheduler, manifest: Manifest, partial: Partial,
                     report: FetchReport, progress: Progress | None, signal: _Signal, state: dict) -> None:
         holder = scheduler.holders[peer]
-        while holder.dropped is None and not scheduler.done:
+        while holder.dropped is None and not scheduler.done and not scheduler.stuck:
             if not holder.inflight and not scheduler.requests_possible(peer):
                 await signal.wait(1.0)  # nothing to ask this holder now; wait for chunks to go back
                 continue
