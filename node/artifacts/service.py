@@ -181,9 +181,9 @@ class ArtifactService:
             await self._serve_requests(stream)
         except ProtocolViolation as exc:
             log.debug("bad artifact request from %s: %s", peer, exc)
-            with contextlib.suppress(*_NET_ERRORS):
+            with contextlib.suppress(*_NET_ERRORS):   # say why, then stop reading this stream
                 await stream.write(encode(Error(BAD_REQUEST, str(exc))))
-            stream.reset()
+                await stream.close()
         finally:
             self._uploads[peer] -= 1
             if not self._uploads[peer]:
