@@ -345,7 +345,7 @@ class ArtifactService:
     async def _pull_all(self, scheduler: Scheduler, manifest: Manifest, partial: Partial, report: FetchReport,
                         progress: Progress | None) -> None:
         signal = _Signal()
-        state = {"done": partial.done_bytes}
+        state: dict[str, Any] = {"done": partial.done_bytes, "writes": set()}
         if progress is not None:
             progress(state["done"], manifest.size)
         pullers = [asyncio.ensure_future(self._pull(peer, scheduler, manifest, partial, report, progress, signal,
@@ -360,6 +360,11 @@ class ArtifactService:
             for task in pullers:
                 task.cancel()
             await asyncio.gather(*pullers, return_exceptions=True)
+            for write in list(state["writes"]):   # a chunk accepted must be on disk before completion
+                try:
+                    await write
+                except OSError as exc:
+                    raise ArtifactError(f"cannot write {manifest.id} into {self.root}: {exc}") from None
         for peer, holder in scheduler.holders.items():
             report.per_holder[peer] = holder.bytes
             if holder.dropped is not None:
@@ -412,7 +417,15 @@ class ArtifactService:
                     raise _Dropped
                 scheduler.on_success(peer)
                 if verdict is Verdict.ACCEPT:
-                    await asyncio.to_thread(partial.write_chunk, message.index, message.data, verified=True)
+                    # tracked so that completion waits for it even if this puller is cancelled
+                    write = asyncio.ensure_future(
+                        asyncio.to_thread(partial.write_chunk, message.index, message.data, verified=True))
+                    state["writes"].add(write)
+                    write.add_done_callback(state["writes"].discard)
+                    try:
+                        await asyncio.shield(write)
+                    except OSError as exc:   # our disk, not the holder: fail the fetch
+                        raise ArtifactError(f"cannot write {artifact} into {self.root}: {exc}") from None
                     state["done"] += len(message.data)
                     report.received_bytes += len(message.data)
                     if self._received is not None:
