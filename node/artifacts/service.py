@@ -287,6 +287,8 @@ class ArtifactService:
                 raise ArtifactError(f"could not fetch artifact {artifact}: {scheduler.missing()} of "
                                     f"{manifest.chunks} chunks missing ({reasons})")
             report.path = await asyncio.to_thread(partial.complete)
+            if progress is not None:
+                progress(manifest.size, manifest.size)
         finally:
             self.store.release_partial(partial)
         self._verified.add(artifact)
@@ -417,6 +419,10 @@ class ArtifactService:
                     raise _Dropped
                 scheduler.on_success(peer)
                 if verdict is Verdict.ACCEPT:
+                    state["done"] += len(message.data)
+                    report.received_bytes += len(message.data)
+                    if self._received is not None:
+                        self._received.inc(len(message.data))
                     # tracked so that completion waits for it even if this puller is cancelled
                     write = asyncio.ensure_future(
                         asyncio.to_thread(partial.write_chunk, message.index, message.data, verified=True))
@@ -426,10 +432,6 @@ class ArtifactService:
                         await asyncio.shield(write)
                     except OSError as exc:   # our disk, not the holder: fail the fetch
                         raise ArtifactError(f"cannot write {artifact} into {self.root}: {exc}") from None
-                    state["done"] += len(message.data)
-                    report.received_bytes += len(message.data)
-                    if self._received is not None:
-                        self._received.inc(len(message.data))
                     if progress is not None:
                         progress(state["done"], manifest.size)
                     signal.fire()
