@@ -101,10 +101,12 @@ async def _get(identity: Identity, artifact: str, holders: list[Multiaddr], rela
     from cli.client_node import client_node
 
     async with client_node(identity, relays=relays) as node:
-        peers = []
+        peers: list[str] = []
         for addr in holders:
-            node.host.peerbook.add_addrs(addr.peer_id, [addr.without_peer_id()])
-            peers.append(addr.peer_id)
+            peer = addr.peer_id
+            assert peer is not None  # checked by run_get
+            node.host.peerbook.add_addrs(peer, [addr.without_peer_id()])
+            peers.append(peer)
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), disable=quiet, transient=False) as bar:
             task = bar.add_task(artifact[:16], total=None)

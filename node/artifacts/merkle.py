@@ -59,7 +59,7 @@ def chunk_length(size: int, index: int, chunk_size: int = CHUNK_SIZE) -> int:
     return max(0, min(chunk_size, size - index * chunk_size))
 
 
-def leaves_of_chunks(chunks: Iterable[bytes]) -> list[bytes]:
+def leaves_of_chunks(chunks: Iterable[bytes | memoryview]) -> list[bytes]:
     leaves = [leaf_hash(chunk) for chunk in chunks]
     return leaves or [leaf_hash(b"")]
 

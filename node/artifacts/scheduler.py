@@ -100,7 +100,7 @@ class Scheduler:
     def _pick_new(self, holder: HolderState, room: int) -> list[int]:
         while self._cursor < self.chunks and (self.have[self._cursor] or self._cursor in self._fetching):
             self._cursor += 1
-        picked = []
+        picked: list[int] = []
         index = self._cursor
         while index < self.chunks and len(picked) < room:
             if not self.have[index] and index not in self._fetching and index not in holder.lacks:

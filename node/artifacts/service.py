@@ -11,6 +11,7 @@ writes it into the store's partial file and reports back. Everything a fetch lea
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import tempfile
@@ -115,8 +116,11 @@ class ArtifactService:
     def __init__(self, host, root: Path | None, limits: ArtifactLimits | None = None, metrics=None) -> None:
         self.host = host
         self.limits = limits or ArtifactLimits()
-        self._tmp = tempfile.TemporaryDirectory(prefix="dekube-artifacts-") if root is None else None
-        self.root = Path(self._tmp.name) if self._tmp is not None else Path(root)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if root is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dekube-artifacts-")
+            root = Path(self._tmp.name)
+        self.root = Path(root)
         self.store = ArtifactStore(self.root, self.limits.max_size)
         self._uploads: Counter[str] = Counter()
         self._fetch_locks: dict[str, asyncio.Lock] = {}
@@ -261,12 +265,12 @@ class ArtifactService:
             if not lock.locked() and self._fetch_locks.get(artifact) is lock:
                 del self._fetch_locks[artifact]
 
-    async def _fetch(self, artifact: str, holders: list[str], progress: Progress | None) -> FetchReport:
+    async def _fetch(self, artifact: str, holders: builtins.list[str], progress: Progress | None) -> FetchReport:
         started = time.monotonic()
         if self.store.has(artifact) and (artifact in self._verified
                                          or await asyncio.to_thread(self.store.verify, artifact)):
             self._verified.add(artifact)
-            size = self.store.manifest(artifact).size
+            size = self.store.path(artifact).stat().st_size
             if progress is not None:
                 progress(size, size)
             return FetchReport(artifact, self.store.path(artifact), size, resumed_bytes=size)
@@ -303,7 +307,7 @@ class ArtifactService:
         if peer not in report.bad_holders:
             report.bad_holders.append(peer)
 
-    async def _fetch_manifest(self, artifact: str, holders: list[str], report: FetchReport) -> Manifest:
+    async def _fetch_manifest(self, artifact: str, holders: builtins.list[str], report: FetchReport) -> Manifest:
         for peer in holders:
             try:
                 data = await asyncio.wait_for(self._request_manifest(peer, artifact), OPEN_TIMEOUT_S)

@@ -11,6 +11,7 @@ demoted to a partial so the bad chunks are fetched again. All methods block (cal
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -293,7 +294,7 @@ class ArtifactStore:
         self._demote(manifest, bad)
         return False
 
-    def _demote(self, manifest: Manifest, bad: list[int]) -> None:
+    def _demote(self, manifest: Manifest, bad: builtins.list[int]) -> None:
         """Turn a corrupt complete file into a partial that lacks the ``bad`` chunks."""
         artifact = manifest.id
         log.warning("corrupt chunks in a stored artifact; it will be fetched again",
