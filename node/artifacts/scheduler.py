@@ -120,10 +120,11 @@ class Scheduler:
             self.drop(peer, "sent a chunk that does not match its hash" if index in holder.inflight
                       else f"sent chunk {index}, which was not requested from it", liar=True)
             return Verdict.LIAR
-        self._settle(holder, index)
-        if self.have[index]:
-            return Verdict.DUPLICATE
+        duplicate = bool(self.have[index])
         self.have[index] = 1
+        self._settle(holder, index)
+        if duplicate:
+            return Verdict.DUPLICATE
         holder.chunks += 1
         holder.bytes += size
         return Verdict.ACCEPT
@@ -166,13 +167,12 @@ class Scheduler:
             fetching.discard(holder.peer)
             if not fetching:
                 del self._fetching[index]
+        if index < self._cursor and index not in self._fetching and not self.have[index]:
+            self._cursor = index   # back in the pool unless held: _pick_new advances past it again
 
     def _release(self, holder: HolderState) -> None:
         for index in list(holder.inflight):
             self._settle(holder, index)
-            if index < self._cursor:
-                self._cursor = index
-        holder.inflight.clear()
 
 
 def _ranges(indices: Sequence[int], most: int) -> list[tuple[int, int]]:

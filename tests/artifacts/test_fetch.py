@@ -186,3 +186,37 @@ def test_a_corrupted_local_copy_is_fetched_again(tmp_path):
             report = await sd.fetch_report(ident, [h1.peer_id])
             assert report.path.read_bytes() == data and report.received_bytes == MB
     run(main())
+
+
+def test_a_partial_holder_serves_what_it_has_and_the_rest_comes_from_another(tmp_path):
+    async def main():
+        async with artifact_peers(tmp_path, 3, window_chunks=2, request_chunks=1) as peers:
+            (full, s_full), (part, s_part), (_, sd) = peers
+            data = os.urandom(6 * MB)
+            ident = await s_full.add_bytes(data)
+            partial = s_part.store.open_partial(s_full.store.manifest(ident))
+            for index in (0, 1, 2):
+                partial.write_chunk(index, data[index * MB:(index + 1) * MB])
+            report = await sd.fetch_report(ident, [part.peer_id, full.peer_id])
+            assert report.path.read_bytes() == data and not report.bad_holders
+            assert report.per_holder[part.peer_id] <= 3 * MB and report.per_holder[full.peer_id] >= 3 * MB
+            s_part.store.release_partial(partial)
+    run(main())
+
+
+def test_a_stalled_holder_is_worked_around(tmp_path):
+    async def main():
+        async with artifact_peers(tmp_path, 3, stall_timeout=0.5, window_chunks=2, request_chunks=1) as peers:
+            (honest, s_honest), (stalled, s_stalled), (_, sd) = peers
+            data = os.urandom(6 * MB)
+            ident = await s_honest.add_bytes(data)
+            await s_stalled.add_bytes(data)
+            never = asyncio.Event()
+            s_stalled._serve_chunks = lambda stream, request: never.wait()   # reads requests, never answers
+            started = asyncio.get_running_loop().time()
+            report = await sd.fetch_report(ident, [stalled.peer_id, honest.peer_id])
+            assert report.path.read_bytes() == data
+            assert report.per_holder[stalled.peer_id] == 0 and report.per_holder[honest.peer_id] == len(data)
+            assert not report.bad_holders   # slow is not lying
+            assert asyncio.get_running_loop().time() - started < 10
+    run(main())

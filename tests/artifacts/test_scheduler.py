@@ -88,3 +88,15 @@ def test_bad_arguments():
         Scheduler(3, [0, 0], ["a"])
     with pytest.raises(ValueError):
         Scheduler(3, [0] * 3, ["a"], window=0)
+
+
+def test_a_chunk_a_holder_lacks_goes_back_to_the_pool_for_the_others():
+    s = Scheduler(4, [0] * 4, ["a", "b"], window=2, request_chunks=1)
+    assert s.requests("a") == [(0, 1), (1, 1)] and s.requests("b") == [(2, 1), (3, 1)]
+    s.on_missing("a", 1)
+    s.on_chunk("a", 0, True)
+    s.on_chunk("b", 2, True)
+    assert s.requests("b") == [(1, 1)]   # a lacked it: b is asked, although b's range is further on
+    s.on_chunk("b", 1, True)
+    s.on_chunk("b", 3, True)
+    assert s.done
