@@ -321,7 +321,7 @@ class ArtifactService:
                 report.dropped[peer] = f"protocol violation: {exc}"
                 self._report_bad(report, peer, str(exc))
                 continue
-            except (*_NET_ERRORS, ArtifactError) as exc:
+            except Exception as exc:   # unreachable, not holding it, or any other failure of this holder
                 report.dropped[peer] = f"no manifest: {_describe(exc)}"
                 continue
             await asyncio.to_thread(self.store.save_manifest, manifest)
@@ -392,9 +392,15 @@ class ArtifactService:
             except ProtocolViolation as exc:
                 scheduler.drop(peer, f"protocol violation: {exc}", liar=True)
                 self._report_bad(report, peer, str(exc))
+            except ArtifactError:
+                raise   # our side (disk): the whole fetch fails
             except (*_NET_ERRORS, _Busy) as exc:
                 if scheduler.on_failure(peer, _describe(exc)):
                     signal.fire()
+                    await asyncio.sleep(RETRY_BACKOFF_S * holder.failures)
+            except Exception as exc:   # anything else from the holder's path costs it, never the fetch
+                log.warning("artifact puller failed", exc_info=True, extra={"artifact": manifest.id, "peer": peer})
+                if scheduler.on_failure(peer, _describe(exc)):
                     await asyncio.sleep(RETRY_BACKOFF_S * holder.failures)
             finally:
                 if stream is not None:

@@ -102,6 +102,9 @@ def test_unknown_artifact_and_unreachable_holders_give_clear_errors(tmp_path):
             sd.host.peerbook.add_addrs(ghost, ["/ip4/127.0.0.1/tcp/1"])
             with pytest.raises(ArtifactError, match=ghost):
                 await sd.fetch("cd" * 32, [ghost])
+            stranger = Identity.generate().peer_id   # no address known at all
+            with pytest.raises(ArtifactError, match=f"{stranger}: no manifest"):
+                await sd.fetch("cd" * 32, [stranger])
     run(main())
 
 

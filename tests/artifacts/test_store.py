@@ -217,3 +217,16 @@ def test_corrupt_manifest_file_is_discarded(tmp_path):
     assert fresh.manifest(ident) is None and not fresh.has(ident)
     assert not (tmp_path / "manifests" / ident).exists()
     assert fresh.list() == []
+
+
+def test_artifacts_config_section_sets_the_limits():
+    from node.artifacts import ArtifactLimits
+    from node.config import ConfigError, load_config
+
+    config = load_config(None, env={"DEKUBE_ARTIFACTS_MAX_SIZE_MB": "16"},
+                         overrides={("artifacts", "max_uploads_per_peer"): "2", ("artifacts", "window_chunks"): "6"})
+    limits = ArtifactLimits.from_config(config["artifacts"])
+    assert (limits.max_size, limits.max_uploads_per_peer, limits.window_chunks) == (16 << 20, 2, 6)
+    assert ArtifactLimits.from_config(load_config(None, env={})["artifacts"]) == ArtifactLimits()
+    with pytest.raises(ConfigError, match="max_uploads"):
+        load_config(None, env={}, overrides={("artifacts", "max_uploads"): "0"})
