@@ -103,3 +103,53 @@ def test_cli_add_ls_get_from_two_running_nodes(tmp_path):
         for proc in procs:
             proc.terminate()
             proc.wait(20)
+
+
+
+def test_holder_process_killed_mid_transfer_then_resume_from_another(tmp_path):
+    """A client node (cli/client_node.py) fetches from a ``dekube-node start`` process that is
+    SIGKILLed mid-transfer: the fetch fails clearly; a new client node on the same data dir resumes
+    from a second holder and fetches only what was missing."""
+    import pytest
+
+    from cli.client_node import client_node
+    from node.artifacts import ArtifactError
+    from node.p2p.multiaddr import Multiaddr
+
+    size = 64 << 20
+    src = tmp_path / "data.bin"
+    src.write_bytes(os.urandom(size))
+    homes = [tmp_path / "h1", tmp_path / "h2"]
+    for home in homes:
+        assert cli("init", "--home", str(home), "--role", "relay").returncode == 0
+        ident = cli("artifact", "add", str(src), "--home", str(home)).stdout.strip()
+    procs, addrs = [], []
+    try:
+        for home in homes:
+            proc, addr = start(home)
+            procs.append(proc)
+            addrs.append(addr)
+        first, second = (Multiaddr.parse(a) for a in addrs)
+
+        async def fetch_from(holder, kill=None):
+            async with client_node(Identity.generate(), data_dir=tmp_path / "client",
+                                   listen="/ip4/127.0.0.1/tcp/0") as node:
+                node.host.peerbook.add_addrs(holder.peer_id, [holder])
+
+                def progress(done, total):
+                    if kill is not None and done >= 8 << 20 and kill.poll() is None:
+                        kill.kill()
+
+                return await node.artifacts.fetch_report(ident, [holder.peer_id], progress=progress)
+
+        with pytest.raises(ArtifactError, match="chunks missing"):
+            asyncio.run(asyncio.wait_for(fetch_from(first, kill=procs[0]), 60))
+        report = asyncio.run(asyncio.wait_for(fetch_from(second), 60))
+        assert report.path.read_bytes() == src.read_bytes()
+        assert 8 << 20 <= report.resumed_bytes < size
+        assert report.received_bytes == size - report.resumed_bytes
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(20)
