@@ -122,6 +122,7 @@ class ArtifactService:
             root = Path(self._tmp.name)
         self.root = Path(root)
         self.store = ArtifactStore(self.root, self.limits.max_size)
+        self.store.clear_stale_tmp()
         self._uploads: Counter[str] = Counter()
         self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._verified: set[str] = set()

@@ -15,9 +15,9 @@ import builtins
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from .errors import ArtifactError, CorruptChunk
@@ -328,15 +328,10 @@ class ArtifactStore:
                 del self._partials[partial.id]
         partial.close()
 
-    def remove(self, artifact: str) -> None:
-        """Forget ``artifact`` entirely (complete or partial)."""
-        with self._lock:
-            for path in (self.object_path(artifact), self._manifest_path(artifact),
-                         self.root / "partial" / f"{artifact}.data", self.root / "partial" / f"{artifact}.have"):
-                with contextlib.suppress(OSError):
+    def clear_stale_tmp(self, max_age_s: float = 3600.0) -> None:
+        """Delete staging files of adds that died (older than ``max_age_s``; a running add is newer)."""
+        now = time.time()
+        for path in (self.root / "tmp").iterdir():
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > max_age_s:
                     path.unlink()
-            self._manifests.pop(artifact, None)
-
-    def clear_tmp(self) -> None:
-        shutil.rmtree(self.root / "tmp", ignore_errors=True)
-        (self.root / "tmp").mkdir(exist_ok=True)

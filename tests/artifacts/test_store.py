@@ -230,3 +230,13 @@ def test_artifacts_config_section_sets_the_limits():
     assert ArtifactLimits.from_config(load_config(None, env={})["artifacts"]) == ArtifactLimits()
     with pytest.raises(ConfigError, match="max_uploads"):
         load_config(None, env={}, overrides={("artifacts", "max_uploads"): "0"})
+
+
+def test_stale_staging_files_are_cleared_fresh_ones_kept(tmp_path):
+    store = ArtifactStore(tmp_path, MB)
+    old, fresh = tmp_path / "tmp" / "old", tmp_path / "tmp" / "fresh"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    os.utime(old, (1, 1))
+    store.clear_stale_tmp()
+    assert not old.exists() and fresh.exists()
