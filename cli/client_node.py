@@ -38,6 +38,8 @@ async def client_node(identity: Identity, *, bootstrap: Sequence[str] = (), rela
             raise RuntimeError("the client node stopped while starting")
         if not ready.done():
             raise TimeoutError(f"the client node did not start within {START_TIMEOUT_S} s")
+        for _ in range(3):   # let the node's services take their first step (the relay client's circuit dialer)
+            await asyncio.sleep(0)
         yield node
     finally:
         ready.cancel()
