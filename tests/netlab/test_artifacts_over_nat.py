@@ -1,14 +1,23 @@
 """Artifacts on the emulated internet: a downloader on a public host fetches one artifact from two
 holders at once, one public and one behind a NAT router that it reaches only through a relay (its
 relayed address; hole punching off), both real Nodes; both serve chunks, the relayed path carries
-the NAT'd holder's share, and the file is verified. Skipped without root and namespaces."""
+the NAT'd holder's share, and the file is verified. Then ``dekube-node artifact get`` fetches it from
+the NAT'd holder's relayed address alone. Skipped without root and namespaces."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from node.identity import Identity
+from node.keystore import save_identity
+
 from .artifact_net import link_into, seed_store, start_agent
 from .lab import Lab, unavailable
-from .nodes import Node, peer_id_of
+from .nodes import Node, peer_id_of, seed_of
 
 pytestmark = pytest.mark.netlab
 
@@ -32,7 +41,7 @@ def lab():
 
 def test_download_from_a_public_and_a_relayed_nated_holder(lab, tmp_path):
     lab, agents = lab
-    allow = ",".join(peer_id_of(n) for n in ("home_holder", "pub_holder", "downloader"))
+    allow = ",".join(peer_id_of(n) for n in ("home_holder", "pub_holder", "downloader", "cli"))
     relay = Node.start("relay1", lab.ns_of("relay1"), f"/ip4/{lab.public['relay1']}/tcp/4001", "--relay",
                        "--allow", allow)
     agents.append(relay)
@@ -60,3 +69,13 @@ def test_download_from_a_public_and_a_relayed_nated_holder(lab, tmp_path):
     assert report["per_holder"][home_holder.peer_id] > 0 and report["per_holder"][pub_holder.peer_id] > 0, report
     assert downloader.call("paths", peer=home_holder.peer_id) == ["relayed"]
     assert downloader.call("has", artifact=artifact)
+    # the CLI, from another public host, reaches the NAT'd holder by its relayed address alone
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "cli-out.bin"
+    key = save_identity(tmp_path / "cli-key.json", Identity.from_seed(bytes.fromhex(seed_of("cli"))))
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    got = subprocess.run(["ip", "netns", "exec", lab.ns_of("pub"), sys.executable, "-m", "cli.main", "artifact", "get",
+                          artifact, "--out", str(out), "--from", relayed[0], "--quiet", "--key", str(key), "--home",
+                          str(tmp_path / "cli-home")], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert out.read_bytes() == Path(report["path"]).read_bytes()
