@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from node.p2p.errors import ProtocolError
+from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
 from .errors import ArtifactError
 from .manifest import Manifest, ManifestError, max_manifest_bytes
@@ -246,8 +247,9 @@ class ArtifactService:
 
     # ---- fetching
     async def fetch(self, artifact: str, holders: Sequence[str], *, progress: Progress | None = None) -> Path:
-        """Download ``artifact`` from ``holders`` (peer ids in the peer book) into the store; its
-        path. Raises ArtifactError when no holder could serve it (see ``fetch_report`` for why)."""
+        """Download ``artifact`` from ``holders`` (peer ids in the peer book, or multiaddrs ending in
+        /p2p/<id>) into the store; its path. Raises ArtifactError when no holder could serve it
+        (see ``fetch_report`` for why)."""
         return (await self.fetch_report(artifact, holders, progress=progress)).path
 
     async def fetch_report(self, artifact: str, holders: Sequence[str], *,
@@ -257,14 +259,32 @@ class ArtifactService:
             check_id(artifact)
         except ValueError as exc:
             raise ArtifactError(str(exc)) from None
+        peers = [h for h in dict.fromkeys(self._resolve(holders)) if h != self.host.peer_id]
         lock = self._fetch_locks.setdefault(artifact, asyncio.Lock())
         try:
             async with lock:
-                return await self._fetch(artifact, [h for h in dict.fromkeys(holders) if h != self.host.peer_id],
-                                         progress)
+                return await self._fetch(artifact, peers, progress)
         finally:
             if not lock.locked() and self._fetch_locks.get(artifact) is lock:
                 del self._fetch_locks[artifact]
+
+    def _resolve(self, holders: Sequence[str]) -> builtins.list[str]:
+        """Peer ids of ``holders``: a peer id as is; a multiaddr ending in /p2p/<id> (direct or
+        relayed) is added to the peer book and stands for its peer."""
+        peers = []
+        for holder in holders:
+            if not holder.startswith("/"):
+                peers.append(holder)
+                continue
+            try:
+                addr = Multiaddr.parse(holder)
+            except MultiaddrError as exc:
+                raise ArtifactError(f"bad holder address {holder!r}: {exc}") from None
+            if addr.peer_id is None:
+                raise ArtifactError(f"holder address {holder!r} needs a /p2p/<peer id> suffix")
+            self.host.peerbook.add_addrs(addr.peer_id, [addr])
+            peers.append(addr.peer_id)
+        return peers
 
     async def _fetch(self, artifact: str, holders: builtins.list[str], progress: Progress | None) -> FetchReport:
         started = time.monotonic()

@@ -223,3 +223,22 @@ def test_a_stalled_holder_is_worked_around(tmp_path):
             assert not report.bad_holders   # slow is not lying
             assert asyncio.get_running_loop().time() - started < 10
     run(main())
+
+
+def test_holders_may_be_given_as_multiaddrs(tmp_path):
+    async def main():
+        async with artifact_peers(tmp_path, 1) as peers:
+            (holder, service), = peers
+            ident = await service.add_bytes(b"by address")
+            dl = Host(Identity.generate(), ["/ip4/127.0.0.1/tcp/0"])
+            await dl.start()
+            try:
+                sd = ArtifactService(dl, tmp_path / "dl")   # knows nothing about the holder beforehand
+                for bad in ("/ip4/127.0.0.1/tcp/1", "/nonsense/1"):
+                    with pytest.raises(ArtifactError, match="holder address"):
+                        await sd.fetch(ident, [bad])
+                path = await sd.fetch(ident, [holder.listen_addrs[0]])
+                assert path.read_bytes() == b"by address"
+            finally:
+                await dl.stop()
+    run(main())
