@@ -101,12 +101,6 @@ async def _get(identity: Identity, artifact: str, holders: list[Multiaddr], rela
     from cli.client_node import client_node
 
     async with client_node(identity, relays=relays) as node:
-        peers: list[str] = []
-        for addr in holders:
-            peer = addr.peer_id
-            assert peer is not None  # checked by run_get
-            node.host.peerbook.add_addrs(peer, [addr.without_peer_id()])
-            peers.append(peer)
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), disable=quiet, transient=False) as bar:
             task = bar.add_task(artifact[:16], total=None)
@@ -114,7 +108,7 @@ async def _get(identity: Identity, artifact: str, holders: list[Multiaddr], rela
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            report = await node.artifacts.fetch_report(artifact, peers, progress=progress)
+            report = await node.artifacts.fetch_report(artifact, [str(a) for a in holders], progress=progress)
         for peer in report.bad_holders:
             print(f"warning: holder {peer} served bad data and was dropped", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)
