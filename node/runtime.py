@@ -19,6 +19,7 @@ from typing import Any
 
 import uvloop
 
+from node.artifacts import ArtifactService
 from node.config import Config
 from node.identity import Identity
 from node.ledger import LedgerGateway
@@ -73,15 +74,17 @@ class Node:
     ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``,
     ``node.ledger`` (the one ledger gateway: reads, ``send``, ``record``, ``subscribe``; ADR 0100),
     ``node.services`` (``NODE_SERVICES`` built for this node), ``node.relay_client`` (relayed
-    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
+    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``), ``node.artifacts`` (the
+    ArtifactService: ``add_file``, ``fetch``, ``path``; store under ``<data_dir>/artifacts``).
 
+    ``data_dir`` defaults to ``<home>/data`` (None without a home).
     ``roles`` are role names (``ROLE_IMPLEMENTATIONS``) or ``RoleFactory``s; the node builds each
     role once its own services exist (docs/adr/0140), in order, then the ``NODE_SERVICES``.
     ``node.roles`` holds the built roles; ``node.role(name)`` finds one.
     """
 
     def __init__(self, config: Config, identity: Identity, roles: Sequence[str | RoleFactory], *,
-                 home: Path | None = None):
+                 home: Path | None = None, data_dir: Path | None = None):
         if not roles:
             raise ValueError("a node needs at least one role")
         self.config = config
@@ -89,7 +92,7 @@ class Node:
         self.peer_id = identity.peer_id
         self.roles: list[Role] = []
         self.home = home
-        self.data_dir = home / "data" if home is not None else None
+        self.data_dir = data_dir if data_dir is not None else home / "data" if home is not None else None
         self.version = node_version()
         self.metrics = Registry()
         rpc = config["rpc"]
@@ -114,6 +117,7 @@ class Node:
         self.ledger = LedgerGateway(identity, ledger_urls(config), hub=self.hub)
         self.status.add_section("ledger", self.ledger.status)
         self._register_builtins()
+        self.artifacts = ArtifactService.for_node(self)  # before the roles: they fetch and add artifacts
         for spec in roles:
             self.roles.append((role_factory(spec) if isinstance(spec, str) else spec)(self))
         self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
@@ -242,6 +246,7 @@ class Node:
         if self.http is not None:
             await self.http.stop()
         await self.host.stop()
+        self.artifacts.close()
 
     def _base_status(self) -> dict[str, Any]:
         return {
