@@ -236,6 +236,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "hole_punch": Key(bool, True,
                           "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
     },
+    "artifacts": {
+        "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
+        "max_uploads": Key(int, 32, "artifact streams served at once to all peers", check_positive),
+        "max_uploads_per_peer": Key(int, 4, "artifact streams served at once to one peer", check_positive),
+        "window_chunks": Key(int, 8, "1 MiB chunks in flight per holder while fetching", check_positive),
+        "request_chunks": Key(int, 4, "chunks asked for in one request (at most window_chunks)", check_positive),
+        "stall_timeout": Key(float, 30.0,
+                             "seconds a holder may leave a request unanswered before it is retried or dropped",
+                             check_positive),
+    },
     "compute": {
         "rpc_url": Key(str, "",
                        "legacy: a validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)",

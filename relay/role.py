@@ -106,21 +106,20 @@ class RelayRole(Role):
                 "receipts_send_failed": self.submissions["failed"]}
 
     def _register_metrics(self, node: Node) -> None:
-        service = self.service
-        gauges = {
-            "dekube_relay_reservations": ("Live reservations on this relay.",
-                                          lambda: service.status()["reservations"]),
-            "dekube_relay_circuits": ("Circuits open through this relay.", lambda: len(service.circuits)),
-            "dekube_relay_bytes": ("Bytes relayed, both directions, open and closed circuits.",
-                                   lambda: service.counters["bytes_closed_circuits"]
-                                   + sum(c.bytes_total for c in service.circuits)),
-            "dekube_relay_receipts": ("Usage receipts co-signed by both endpoints.",
-                                      lambda: service.counters["receipts"]),
-            "dekube_relay_receipts_sent": ("Co-signed receipts accepted by the ledger's JSON-RPC.",
-                                           lambda: self.submissions["sent"]),
-        }
-        for name, (text, read) in gauges.items():
-            node.metrics.gauge(name, text).set_function(read)
+        service, metrics = self.service, node.metrics
+        metrics.gauge("dekube_relay_reservations", "Live reservations on this relay.").set_function(
+            lambda: service.status()["reservations"])
+        metrics.gauge("dekube_relay_circuits", "Circuits open through this relay.").set_function(
+            lambda: len(service.circuits))
+        metrics.counter_function("dekube_relay_bytes_total",
+                                 "Bytes relayed, both directions, open and closed circuits.",
+                                 lambda: service.counters["bytes_closed_circuits"]
+                                 + sum(c.bytes_total for c in service.circuits))
+        metrics.counter_function("dekube_relay_receipts_total", "Usage receipts co-signed by both endpoints.",
+                                 lambda: service.counters["receipts"])
+        metrics.counter_function("dekube_relay_receipts_sent_total",
+                                 "Co-signed receipts accepted by the ledger's JSON-RPC.",
+                                 lambda: self.submissions["sent"])
 
     async def run(self) -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})

@@ -1,20 +1,20 @@
 """The compute node's task shares and their progress, with change notifications for watchers.
 
 `JobBoard.jobs` is the dict `/status` and `dkb_taskProgress` show (task id hex -> job fields);
-every change goes through `update`, which also keeps a bounded per-step history (loss and eval
-metrics) and wakes the `watch` iterators that the progress protocol serves (docs/adr/0157).
+every change goes through `update`, which wakes the `watch` iterators that the progress protocol
+serves (docs/adr/0157). A job's bounded per-step history (loss and eval metrics) is its "history"
+field, kept by `ml.compute.progress_history.record_point`; watchers get it once, on their first
+snapshot.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 TERMINAL = ("committed", "failed", "rejected")
-HISTORY_LIMIT = 200       # per-step entries kept per job (the first progress message carries them)
 MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
 KEEPALIVE_S = 15.0        # and one at least this often, changed or not
 SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",
@@ -25,7 +25,6 @@ class JobBoard:
     def __init__(self, clock=time.time) -> None:
         self.jobs: dict[str, dict] = {}
         self._clock = clock
-        self._history: dict[str, deque] = {}
         self._versions: dict[str, int] = {}
         self._changed: dict[str, asyncio.Event] = {}
 
@@ -33,7 +32,6 @@ class JobBoard:
         """A new job for `key` (replacing any earlier one of the same task)."""
         self.jobs[key] = {"state": "starting", "step": 0, "steps": 0, "loss": None, "bytes_sent": 0,
                           "started_at": self._clock(), **fields}
-        self._history[key] = deque(maxlen=HISTORY_LIMIT)
         self._touch(key)
         return self.jobs[key]
 
@@ -41,17 +39,12 @@ class JobBoard:
         job = self.jobs[key]
         if fields.get("state") == "training" and job.get("state") != "training":
             job["training_since"] = self._clock()
-        step = fields.get("step")
-        if step is not None and step != job.get("step") and (fields.get("loss") is not None or fields.get("metrics")):
-            entry = {"step": step, "loss": fields.get("loss")}
-            if fields.get("metrics"):
-                entry["metrics"] = fields["metrics"]
-            self._history[key].append(entry)
         job.update(fields)
         self._touch(key)
 
     def history(self, key: str) -> list[dict]:
-        return list(self._history.get(key, ()))
+        job = self.jobs.get(key)
+        return list(job.get("history", ())) if job is not None else []
 
     def _touch(self, key: str) -> None:
         self._versions[key] = self._versions.get(key, 0) + 1

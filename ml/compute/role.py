@@ -40,6 +40,7 @@ from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
+from ml.compute.progress_history import record_point
 from ml.compute.replay import replay_job_blocking
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
@@ -115,8 +116,24 @@ class ComputeRole(Role):
                                            ["verdict"])
         metrics.gauge("dekube_compute_training_step", "Optimizer steps done in the task being trained.").set_function(
             lambda: max((j["step"] for j in self.jobs.values() if j["state"] == "training"), default=0))
-        metrics.gauge("dekube_compute_bytes_sent", "All-reduce bytes sent by this node's task shares.").set_function(
-            lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
+        metrics.counter_function("dekube_compute_allreduce_bytes_sent_total",
+                                 "All-reduce bytes sent by this node's task shares.",
+                                 lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
+        self.steps = metrics.counter("dekube_compute_steps_total", "Optimizer steps trained, all tasks.")
+        self.round_seconds = metrics.histogram("dekube_compute_allreduce_round_seconds",
+                                               "Seconds per committed all-reduce round.",
+                                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+
+    def _on_progress(self, key: str, progress) -> None:
+        """Count new steps, keep the job's bounded loss/metric history (served by dkb_taskProgress and
+        the progress protocol's first frame) and update the job (which wakes its watchers)."""
+        job = self.jobs[key]
+        self.steps.inc(max(0, progress.step - job.get("history_last_step", 0)))
+        job["history_last_step"] = max(progress.step, job.get("history_last_step", 0))
+        record_point(job, progress.step, progress.loss, progress.metrics)
+        self.board.update(key, step=progress.step, loss=progress.loss, bytes_sent=progress.bytes_sent,
+                          participants=progress.participants,
+                          **({"metrics": progress.metrics} if progress.metrics else {}))
 
     def status(self) -> dict:
         return {"registered": self.registered, "ledger": self.ledger.describe(), "hardware": self.hardware,
@@ -363,9 +380,6 @@ class ComputeRole(Role):
         ids = artifact_ids(spec)
         if not ids:
             return {}
-        artifacts = getattr(self.node, "artifacts", None)
-        if artifacts is None:
-            raise RuntimeError("this node has no artifact service to fetch the task's inputs")
         me = self.node.peer_id
         sources = {peer: addrs for peer, addrs in source_peers(task.get("sources") or []).items() if peer != me}
         for peer, addrs in sources.items():
@@ -379,7 +393,7 @@ class ComputeRole(Role):
             def progress(done: int, total: int) -> None:
                 self.board.update(key, fetched_bytes=done, fetch_total=total)
 
-        return await fetch_inputs(artifacts, ids, [*sources, *others], progress, self._meter())
+        return await fetch_inputs(self.node.artifacts, ids, [*sources, *others], progress, self._meter())
 
     def _device_for(self, task: dict, spec) -> str:
         """The device to train on: the one the ledger assigned the task to (`device`: cpu or cuda),
@@ -437,9 +451,8 @@ class ComputeRole(Role):
             group = make_group(spec, self.transport, me, task["workers"], task_id, self.config["allreduce_mode"])
             await group.start()
             feed = ProgressFeed()
-            feed.subscribe(lambda p: self.board.update(
-                key, step=p.step, loss=p.loss, bytes_sent=p.bytes_sent, participants=p.participants,
-                **({"metrics": p.metrics} if p.metrics else {})))
+            feed.subscribe(lambda p: self._on_progress(key, p))
+            group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
             self._ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
@@ -451,14 +464,13 @@ class ComputeRole(Role):
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
-            result = weights or summary["params_hash"]
             self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"], "weights": weights,
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], task["workers"]))
-            receipt = await self.ledger.send("commit_result", Commitment.of(hashes, result).payload(task_id))
+            receipt = await self.ledger.send("commit_result", Commitment.of(hashes, weights).payload(task_id))
             self.board.update(key, state="committed", commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome="committed")
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
@@ -475,12 +487,8 @@ class ComputeRole(Role):
                 self._spawn(self._close_after_peers(task_id, group))
 
     async def _keep_weights(self, trainer) -> str:
-        """Add the trained weights to the node's artifacts (served from then on); their id, or ""
-        when this tree's trainer or node cannot (then the result is the params hash)."""
-        artifacts = getattr(self.node, "artifacts", None)
-        if artifacts is None:
-            return ""
-        return await artifacts.add_bytes(await asyncio.to_thread(trainer.weights_bytes))
+        """Add the trained weights to the node's artifacts (served from then on); their id."""
+        return await self.node.artifacts.add_bytes(await asyncio.to_thread(trainer.weights_bytes))
 
     def _record_allreduce_rate(self, group) -> None:
         """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""

@@ -8,6 +8,7 @@ import pytest
 
 from ml.compute import job_board, progress_protocol
 from ml.compute.job_board import JobBoard, eta_seconds
+from ml.compute.progress_history import record_point
 from ml.compute.progress_protocol import (
     FrameDecoder,
     ProgressError,
@@ -90,6 +91,7 @@ def test_board_records_history_and_wakes_watchers(monkeypatch):
         board.update(KEY, state="training")
         await asyncio.sleep(0.01)
         for step in (1, 2, 3):
+            record_point(board.jobs[KEY], step, 1.0 / step, {"acc": step / 3})
             board.update(KEY, step=step, loss=1.0 / step, metrics={"acc": step / 3})
             await asyncio.sleep(0.01)
         board.update(KEY, state="committed")
@@ -121,6 +123,7 @@ def test_follow_a_job_over_hosts(monkeypatch):
             client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
             board.start(KEY, steps=4)
             board.update(KEY, state="training")
+            record_point(board.jobs[KEY], 1, 2.0, {})
             board.update(KEY, step=1, loss=2.0)
 
             async def drive():

@@ -53,7 +53,7 @@ def main() -> int:
                       f"{'match' if match else 'MISMATCH'} (height {height})")
             for peer, amount in sorted(task["payouts"].items(), key=lambda kv: -kv[1]):
                 print(f"  paid {amount:>7} to {names.get(peer, 'the owner (refund)')}")
-            relayed = {r.name: int(net.metric(r, "dekube_relay_bytes")) for r in net.relays}
+            relayed = {r.name: int(net.metric(r, "dekube_relay_bytes_total")) for r in net.relays}
             print("== relays carried " + ", ".join(f"{n}: {b / 1e6:.2f} MB" for n, b in relayed.items()))
             supply = net.rpc("dkb_getSupply")
             conserved = supply["total"] == supply["genesis"]
