@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 FETCH_ATTEMPTS = 3
 TRAINING = ("assigned", "running")
@@ -456,7 +457,7 @@ class ComputeRole(Role):
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
             self._ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
-            await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
+            await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
             summary = await train_to_end(trainer)
             self._record_allreduce_rate(group)
@@ -567,6 +568,13 @@ class ComputeRole(Role):
                          "match" if verdict.match else "MISMATCH", verdict.reason)
             except TxFailed as exc:
                 log.warning("audit_result for %s of %s not applied: %s", verdict.worker, key, exc)
+
+
+def ready_timeout(files: dict[str, Path]) -> float:
+    """How long to wait for the co-workers at the start barrier: READY_TIMEOUT_S, plus the time a
+    co-worker on a slow link (READY_MIN_FETCH_RATE) needs to fetch the task's inputs first."""
+    size = sum(path.stat().st_size for path in files.values())
+    return READY_TIMEOUT_S + size / READY_MIN_FETCH_RATE
 
 
 def hardware_record(detected: dict, bandwidth_mbps: int) -> dict:

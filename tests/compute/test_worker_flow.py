@@ -8,7 +8,7 @@ import pytest
 
 from consensus.tx import HARDWARE
 from ml.compute import role as role_module
-from ml.compute.role import hardware_record
+from ml.compute.role import READY_TIMEOUT_S, hardware_record, ready_timeout
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.train.dry_run import Untrainable
 from node.bandwidth import BandwidthMeter
@@ -287,3 +287,10 @@ def test_measured_bandwidth_replaces_the_configured_guess_and_is_republished_on_
     assert service.probing and before == [100]
     assert [c["hardware"]["bandwidth_mbps"] for c in role.ledger.record.contributions] == [100, 90, 20]
     assert role.ledger.record.contributions[-1]["roles"] == {"compute", "verifier"}
+
+
+def test_the_start_barrier_waits_longer_for_big_inputs(tmp_path):
+    (tmp_path / "a").write_bytes(bytes(3 << 20))
+    (tmp_path / "b").write_bytes(bytes(1 << 20))
+    assert ready_timeout({}) == READY_TIMEOUT_S
+    assert ready_timeout({"a": tmp_path / "a", "b": tmp_path / "b"}) == READY_TIMEOUT_S + 4
