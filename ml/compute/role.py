@@ -408,6 +408,22 @@ class ComputeRole(Role):
             raise Untrainable("the task needs a CUDA device and this node has none")
         return wanted
 
+    async def _replay_device(self, task: dict) -> str | None:
+        """The device to replay `task` on (the one its workers trained on), or None when this node
+        cannot reproduce their bits: a CUDA task needs CUDA here and the same GPU model as every
+        committed worker (docs/adr/0150)."""
+        device = task.get("device") or "cpu"
+        if device != "cuda":
+            return "cpu"
+        mine = (self.hardware or {}).get("gpu") or ""
+        if not (self.hardware or {}).get("cuda_devices") or not mine:
+            return None
+        for worker in task["commits"]:
+            info = await self.ledger.call("dkb_getNode", worker)
+            if not isinstance(info, dict) or (info.get("hardware") or {}).get("gpu") != mine:
+                return None
+        return "cuda"
+
     async def _reject(self, key: str, task_id: bytes, reason: str) -> None:
         """Tell the ledger we cannot train this task (no retry: the job stays "rejected")."""
         reason = (reason.strip() or "untrainable")[:MAX_REASON_CHARS]
@@ -537,8 +553,16 @@ class ComputeRole(Role):
         mode = self.config["allreduce_mode"]
 
         files: dict[str, Path] = {}
+        device = await self._replay_device(task)
+        if device is None:
+            log.info("not auditing task %s: it trained on %s, which this node cannot replay bit for bit",
+                     key, task.get("device"))
+            self.audits[key] = []
+            return
 
         async def replay(spec, workers, last_segment, left):
+            if spec.device != device:
+                spec = dataclasses.replace(spec, device=device)
             return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left,
                                            files)
 

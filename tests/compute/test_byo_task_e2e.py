@@ -18,7 +18,7 @@ from cli.client_node import client_node
 from consensus import rpcclient
 from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
-from consensus.tx import PAYLOAD_SCHEMAS, build_tx
+from consensus.tx import build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.progress_protocol import follow_progress
 from ml.compute.task_spec import submit_payload
@@ -27,8 +27,7 @@ from node.artifacts import artifact_id_of_file
 from tests.compute.test_task_flow_e2e import balance_plus_fees, http_json, wait_for_step
 from tests.ml.byo import digits_cnn_archive, digits_npz
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.skipif(  # INTERIM: until the ledgertasks branch is on main
-    "reject_task" not in PAYLOAD_SCHEMAS, reason="needs the ledger's reject_task and task sources")]
+pytestmark = pytest.mark.timeout(420)
 
 PRICE = 100_000
 PARAMS = {"verifier_share_bps": 500, "relay_share_bps": 1_000, "slash_mismatch_bps": 1_000}

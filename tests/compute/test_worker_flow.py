@@ -294,3 +294,21 @@ def test_the_start_barrier_waits_longer_for_big_inputs(tmp_path):
     (tmp_path / "b").write_bytes(bytes(1 << 20))
     assert ready_timeout({}) == READY_TIMEOUT_S
     assert ready_timeout({"a": tmp_path / "a", "b": tmp_path / "b"}) == READY_TIMEOUT_S + 4
+
+
+def test_replay_device_cpu_or_the_same_gpu_model_only(tmp_path):
+    role = make_role(tmp_path)
+    gpu = "NVIDIA H100 80GB HBM3"
+    role.ledger.nodes = {W2: {"hardware": {"gpu": gpu}}, W3: {"hardware": {"gpu": gpu}}}
+    cuda_task = {"device": "cuda", "commits": {W2: [], W3: []}}
+
+    async def device(task):
+        return await role._replay_device(task)
+
+    assert asyncio.run(device({"device": "cpu", "commits": {W2: []}})) == "cpu"
+    assert asyncio.run(device({"commits": {}})) == "cpu"
+    assert asyncio.run(device(cuda_task)) is None                     # no CUDA here
+    role.hardware.update(gpu=gpu, cuda_devices=1)
+    assert asyncio.run(device(cuda_task)) == "cuda"
+    role.ledger.nodes[W3] = {"hardware": {"gpu": "NVIDIA A100-SXM4-40GB"}}
+    assert asyncio.run(device(cuda_task)) is None                     # another GPU model: other bits
