@@ -400,10 +400,12 @@ class ComputeRole(Role):
         """The device to train on: the one the ledger assigned the task to (`device`: cpu or cuda),
         else the spec's; "any" takes CUDA when this node has it. Untrainable when CUDA is wanted
         and this node has none."""
-        wanted = task.get("device") or getattr(spec, "device", "cpu")
+        wanted = str(task.get("device") or getattr(spec, "device", "cpu"))
         has_cuda = bool((self.hardware or {}).get("cuda_devices"))
         if wanted == "any":
             return "cuda" if has_cuda else "cpu"
+        if wanted not in ("cpu", "cuda"):
+            raise Untrainable(f"unknown device {wanted[:32]!r}")
         if wanted == "cuda" and not has_cuda:
             raise Untrainable("the task needs a CUDA device and this node has none")
         return wanted

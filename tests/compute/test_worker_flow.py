@@ -149,6 +149,8 @@ def test_device_choice(tmp_path):
     role.hardware["cuda_devices"] = 1
     assert role._device_for({"device": "any"}, spec) == "cuda"
     assert role._device_for({"device": "cuda"}, spec) == "cuda"
+    with pytest.raises(Untrainable, match="unknown device"):
+        role._device_for({"device": "tpu"}, spec)
 
 
 def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatch):
