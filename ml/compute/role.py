@@ -220,7 +220,11 @@ class ComputeRole(Role):
         if bonded < self.config["stake"]:
             await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
         if self.hardware is None:
-            self.hardware = await asyncio.to_thread(hardware.detect)
+            try:
+                self.hardware = await asyncio.to_thread(hardware.detect)
+            except Exception as exc:  # a broken driver must not keep the node out: register as CPU-only
+                log.warning("GPU detection failed, registering without a GPU: %s", exc)
+                self.hardware = {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0}
             log.info("hardware detected", extra={k: v for k, v in self.hardware.items() if k != "gpu"} |
                      {"gpu_name": self.hardware["gpu"] or "none"})
         meter = self._meter()

@@ -35,6 +35,9 @@ class FakeLedger:
         assert method == "dkb_getNode"
         return self.nodes.get(params[0])
 
+    def describe(self):
+        return "fake ledger"
+
 
 class FakeArtifacts:
     def __init__(self, folder: Path, size=3 << 20):
@@ -314,3 +317,30 @@ def test_replay_device_cpu_or_the_same_gpu_model_only(tmp_path):
     assert asyncio.run(device(cuda_task)) == "cuda"
     role.ledger.nodes[W3] = {"hardware": {"gpu": "NVIDIA A100-SXM4-40GB"}}
     assert asyncio.run(device(cuda_task)) is None                     # another GPU model: other bits
+
+
+def test_join_registers_the_detected_gpu_and_survives_a_broken_driver(tmp_path, monkeypatch):
+    role = make_role(tmp_path)
+    role.hardware = None
+    role.ledger.record = FakeRecord()
+
+    async def bonded(peer):
+        return role.config["stake"]
+
+    async def sync():
+        return True
+
+    role.ledger.bonded, role.ledger.record.sync = bonded, sync
+    monkeypatch.setattr(role_module.hardware, "detect", lambda: {"gpu": "NVIDIA H100 80GB HBM3", "gpu_mem_mb": 81079,
+                                                                  "gpu_tflops": 51.4, "cuda_devices": 1})
+    asyncio.run(role._join())
+    record = role.ledger.record.contributions[-1]["hardware"]
+    assert record["gpu"] == "NVIDIA H100 80GB HBM3" and record["gpu_mem_mb"] == 81079 and role.registered
+
+    def broken():
+        raise RuntimeError("CUDA driver initialization failed")
+
+    role.hardware, role.registered = None, False
+    monkeypatch.setattr(role_module.hardware, "detect", broken)
+    asyncio.run(role._join())
+    assert role.registered and role.ledger.record.contributions[-1]["hardware"]["gpu"] == ""
