@@ -103,11 +103,19 @@ def run_target(name: str, opts: Options) -> dict:
     }
     if proc.returncode != 0:
         result["returncode"] = proc.returncode
-        result["reproducers"] = [os.path.relpath(a, REPO_ROOT) for a in artifacts]
+        result["reproducers"] = [_shown(Path(a)) for a in artifacts]
         result["log_tail"] = log[-3000:]
         # an instrumentation artefact would pass here: only a crash of the plain code is a bug
         result["reproduces_uninstrumented"] = any(_reproduces(name, Path(a)) for a in artifacts)
     return result
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the repository when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _reproduces(name: str, path: Path) -> bool:

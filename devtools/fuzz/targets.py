@@ -12,6 +12,7 @@ which side), and their seeds carry that byte too.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -610,3 +611,14 @@ def _segments() -> Loaded:
         return [encode_response(doc)[4:], encode_response({"error": "unknown task"})[4:]]
 
     return Loaded(decode_response, (SegmentsError,), seeds)
+
+
+# ------------------------------------------------------------------ the runner's own check
+if os.environ.get("DEKUBE_FUZZ_SELFTEST") == "1":
+    @target("selftest", ("devtools",), max_len=16)
+    def _selftest() -> Loaded:
+        """A decoder with a planted bug, so tests can see a crash reported with its reproducer."""
+        def run(data: bytes) -> None:
+            if data[:1] == b"!":
+                raise IndexError("planted crash")
+        return Loaded(run, (ValueError,), lambda: [b"!"])
