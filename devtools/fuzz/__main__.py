@@ -31,7 +31,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--crashes", type=Path, default=CRASH_DIR, help="reproducer directory")
     parser.add_argument("--logs", type=Path, help="keep each target's libFuzzer log in this directory")
     parser.add_argument("--merge", action="store_true",
-                        help="after fuzzing, minimise the new inputs that add coverage into the kept corpus")
+                        help="after fuzzing, minimise the new inputs that add coverage into the kept corpus "
+                             "(with --runs 0: merge only)")
     parser.add_argument("--write-seeds", action="store_true", help="write the seed encodings into the corpus")
     parser.add_argument("--reproduce", type=Path, metavar="FILE", help="run one input without libFuzzer")
     parser.add_argument("--list", action="store_true", help="list the targets")
@@ -76,11 +77,13 @@ def main(argv: list[str]) -> int:
     opts = Options(runs=args.runs, max_len=args.max_len, timeout_s=args.timeout, max_seconds=args.max_seconds,
                    corpus_dir=args.corpus, crash_dir=args.crashes, work_dir=None if args.no_work else args.work,
                    seed=args.seed, value_profile=args.value_profile, log_dir=args.logs)
-    summary = run_all(names, opts, args.jobs)
+    crashed = []
+    if args.runs > 0:  # --runs 0 --merge: only merge what earlier runs left in the work directory
+        crashed = run_all(names, opts, args.jobs)["crashed"]
     if args.merge and not args.no_work:
         for name in names:
             print(json.dumps({"target": name, "merged_into_corpus": merge_into_corpus(name, opts)}))
-    return 1 if summary["crashed"] else 0
+    return 1 if crashed else 0
 
 
 if __name__ == "__main__":
