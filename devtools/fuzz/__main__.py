@@ -7,7 +7,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from .runner import CORPUS_DIR, CRASH_DIR, WORK_DIR, Options, child_main, merge_into_corpus, run_all, write_seeds
+from .runner import (
+    CORPUS_DIR,
+    CRASH_DIR,
+    WORK_DIR,
+    Options,
+    child_main,
+    merge_into_corpus,
+    minimise_corpus,
+    run_all,
+    write_seeds,
+)
 from .targets import TARGETS, check_one
 
 
@@ -33,10 +43,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--merge", action="store_true",
                         help="after fuzzing, minimise the new inputs that add coverage into the kept corpus "
                              "(with --runs 0: merge only)")
+    parser.add_argument("--minimise", action="store_true",
+                        help="shrink the kept corpus to a subset with the same coverage (seeds stay)")
     parser.add_argument("--write-seeds", action="store_true", help="write the seed encodings into the corpus")
     parser.add_argument("--reproduce", type=Path, metavar="FILE", help="run one input without libFuzzer")
     parser.add_argument("--list", action="store_true", help="list the targets")
     return parser.parse_args(argv)
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(runs=args.runs, max_len=args.max_len, timeout_s=args.timeout, max_seconds=args.max_seconds,
+                   corpus_dir=args.corpus, crash_dir=args.crashes, work_dir=None if args.no_work else args.work,
+                   seed=args.seed, value_profile=args.value_profile, log_dir=args.logs)
 
 
 def reproduce(name: str, path: Path) -> int:
@@ -70,13 +88,16 @@ def main(argv: list[str]) -> int:
         return 2
     if args.reproduce:
         return reproduce(names[0], args.reproduce)
+    if args.minimise:
+        for name in names:
+            before, after = minimise_corpus(name, _options(args))
+            print(json.dumps({"target": name, "corpus_before": before, "corpus_after": after}))
+        return 0
     if args.write_seeds:
         for name in names:
             print(json.dumps({"target": name, "seeds_added": write_seeds(name, args.corpus)}))
         return 0
-    opts = Options(runs=args.runs, max_len=args.max_len, timeout_s=args.timeout, max_seconds=args.max_seconds,
-                   corpus_dir=args.corpus, crash_dir=args.crashes, work_dir=None if args.no_work else args.work,
-                   seed=args.seed, value_profile=args.value_profile, log_dir=args.logs)
+    opts = _options(args)
     crashed = []
     if args.runs > 0:  # --runs 0 --merge: only merge what earlier runs left in the work directory
         crashed = run_all(names, opts, args.jobs)["crashed"]

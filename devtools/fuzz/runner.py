@@ -163,6 +163,31 @@ def merge_into_corpus(name: str, opts: Options) -> int:
     return _count(corpus) - before
 
 
+def minimise_corpus(name: str, opts: Options) -> tuple[int, int]:
+    """Replace the kept corpus by the smallest subset libFuzzer finds with the same coverage
+    (seeds always stay); (files before, files after)."""
+    import shutil
+
+    target = TARGETS[name]
+    corpus = opts.corpus_dir / name
+    before = _count(corpus)
+    with tempfile.TemporaryDirectory(prefix=f"fuzz-min-{name}-") as tmp:
+        kept = Path(tmp) / "kept"
+        kept.mkdir()
+        subprocess.run(child_command(name) + [
+            f"-max_len={opts.max_len or target.max_len}", f"-timeout={opts.timeout_s}", "-merge=1",
+            f"-merge_control_file={tmp}/control", str(kept), str(corpus)],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        for path in corpus.iterdir():
+            if not path.name.startswith("seed-"):
+                path.unlink()
+        for path in kept.iterdir():  # libFuzzer names files by their sha1, as seeds are after "seed-"
+            if not (corpus / f"seed-{path.name}").exists():
+                shutil.copy(path, corpus / path.name)
+    return before, _count(corpus)
+
+
 def write_seeds(name: str, corpus_dir: Path = CORPUS_DIR) -> int:
     """Write the target's valid encodings into its corpus directory (named by content); files added."""
     import hashlib
