@@ -212,6 +212,20 @@ def _noise_msg3() -> Loaded:
     return Loaded(run, (NoiseError,), lambda: [_handshake_messages(alice, bob)[2]])
 
 
+@target("noise_payload", ("node",), max_len=1024)
+def _noise_payload() -> Loaded:
+    """The signed identity payload inside messages 2 and 3: behind the AEAD, so a mutated message
+    never reaches it, but a peer that runs the handshake honestly can send any payload."""
+    from node.p2p.noise import NoiseError, encode_handshake_payload, verify_handshake_payload
+    alice, _ = _identities()
+    static_public = bytes([9]) + bytes(31)  # fixed, so the kept corpus stays valid across runs
+
+    def run(data: bytes) -> None:
+        assert verify_handshake_payload(data, static_public) == alice.peer_id, "a payload signed by nobody verified"
+
+    return Loaded(run, (NoiseError,), lambda: [encode_handshake_payload(alice, static_public)])
+
+
 @target("noise_transport", ("node",), max_len=8192)
 def _noise_transport() -> Loaded:
     from node.p2p.noise import CipherState, NoiseError, NoiseTransport

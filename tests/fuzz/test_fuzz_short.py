@@ -28,7 +28,7 @@ def test_every_decoder_of_the_issue_has_a_target():
     assert {"tx", "block", "encoding", "consensus_message", "evidence", "lock_proof", "sync_request", "sync_block",
             "txgossip", "certificate", "allreduce_header", "allreduce_meta", "relay_hop", "relay_stop", "dcutr",
             "autonat", "relay_receipt", "voucher", "noise_msg1", "noise_msg2", "noise_msg3", "noise_transport",
-            "yamux", "multistream_listener", "multistream_dialer", "identify", "varint", "protobuf",
+            "noise_payload", "yamux", "multistream_listener", "multistream_dialer", "identify", "varint", "protobuf",
             "multiaddr_bytes", "multiaddr_text", "jsonrpc", "segments"} <= set(TARGETS)
 
 
