@@ -372,7 +372,8 @@ def _encoding() -> Loaded:
 
 @target("tx", ("consensus", "node"), max_len=8192)
 def _tx() -> Loaded:
-    from consensus.tx import TxError, decode_tx
+    from consensus.tx import decode_tx
+    from consensus.txcodes import TxError
 
     def run(data: bytes) -> None:
         decode_tx(data, chain_id=CHAIN)
