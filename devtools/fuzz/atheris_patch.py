@@ -11,9 +11,9 @@ from __future__ import annotations
 def apply() -> None:
     from atheris import instrument_bytecode as ib
 
-    original = ib.Instrumentor._handle_size_changes
-    if getattr(original, "_dekube_patched", False):
-        return
+    original = getattr(ib.Instrumentor, "_handle_size_changes", None)
+    if original is None or getattr(original, "_dekube_patched", False):
+        return  # another atheris (3.x restructured the instrumentor): the 2.3.0 fix does not apply
 
     def handle_size_changes(self) -> None:
         original(self)
