@@ -47,6 +47,11 @@ def check_positive(value: int) -> None:
         raise ValueError(f"must be positive, got {value}")
 
 
+def check_non_negative(value: int) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
 def check_host(value: str) -> None:
     if not value or len(value) > 253:
         raise ValueError(f"invalid host {value!r}")
@@ -212,6 +217,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "relay": {
         "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
         "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
+        "stake": Key(int, 100, "stake the relay keeps bonded (bonds the difference at start; the ledger pays "
+                               "receipts only to relays with the chain's min_relay_stake)", check_non_negative),
         "reservation_ttl": Key(int, 3600, "seconds a reservation and its voucher last", check_positive),
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),

@@ -61,6 +61,7 @@ class RelayRole(Role):
     def __init__(self, node: Node, stake_of: StakeLookupFn | None = None, submit: Submit | None = None) -> None:
         super().__init__(node)
         settings = node.config["relay"]
+        self.stake = settings["stake"]
         bad = [p for p in settings["allow_list"] if not is_valid_peer_id(p)]
         if bad:
             raise RoleError(f"[relay] allow_list holds invalid peer IDs: {', '.join(bad)}")
@@ -139,6 +140,9 @@ class RelayRole(Role):
                                  listen_addrs=node.host.listen_addrs)
         while not self.registered:
             try:
+                bonded = await ledger.bonded(node.peer_id)
+                if bonded < self.stake:   # receipts are paid only to staked relays (ADR 0165)
+                    await ledger.send("bond", {"amount": self.stake - bonded})
                 if await ledger.record.sync():
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True

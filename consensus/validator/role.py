@@ -36,7 +36,7 @@ from consensus.driver import PROTOCOL as CONSENSUS_PROTOCOL
 from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
 from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_events
-from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
@@ -296,11 +296,12 @@ class ValidatorRole(Role):
             log.error("cannot serve block %d to a syncing peer: %s", height, exc)
             return None
 
-    def _on_evidence(self, evidence: DoubleVoteEvidence) -> None:
+    def _on_evidence(self, evidence: Evidence) -> None:
         if len(self._evidence) < 64:
             raw = evidence.encode()
             self._evidence[evidence.evidence_id] = raw
-            log.warning("double vote by %s at height %d", evidence.validator, evidence.height)
+            kind = "proposal" if isinstance(evidence, DoubleProposalEvidence) else "vote"
+            log.warning("double %s by %s at height %d", kind, evidence.validator, evidence.height)
 
     def _propose(self, height: int) -> bytes:
         ledger, params = self.ledger, self.ledger.params

@@ -73,7 +73,7 @@ def test_cli_add_ls_get_from_two_running_nodes(tmp_path):
     src.write_bytes(data)
     homes = [tmp_path / "h1", tmp_path / "h2"]
     for home in homes:
-        assert cli("init", "--home", str(home), "--role", "relay").returncode == 0
+        assert cli("init", "--home", str(home), "--role", "relay", "--insecure-unencrypted-key").returncode == 0
     added = cli("artifact", "add", str(src), "--home", str(homes[0]))
     assert added.returncode == 0, added.stderr
     ident = added.stdout.strip()
@@ -121,7 +121,7 @@ def test_holder_process_killed_mid_transfer_then_resume_from_another(tmp_path):
     src.write_bytes(os.urandom(size))
     homes = [tmp_path / "h1", tmp_path / "h2"]
     for home in homes:
-        assert cli("init", "--home", str(home), "--role", "relay").returncode == 0
+        assert cli("init", "--home", str(home), "--role", "relay", "--insecure-unencrypted-key").returncode == 0
         ident = cli("artifact", "add", str(src), "--home", str(home)).stdout.strip()
     procs, addrs = [], []
     try:
