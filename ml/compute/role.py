@@ -74,6 +74,7 @@ FIRST_BANDWIDTH_CHECK_S = 10.0
 BANDWIDTH_CHECK_S = 15.0     # how often the measured bandwidth is compared with the published one
 REPUBLISH_MIN_S = 300.0      # and at most how often a new figure is published
 MAX_REASON_CHARS = 500       # reject_task's reason (the ledger's bound)
+BANDWIDTH_FILE = "bandwidth.json"   # in <data_dir>/compute: the last measured figure published
 
 
 class ComputeRole(Role):
@@ -163,6 +164,8 @@ class ComputeRole(Role):
         if folder is None or not folder.is_dir():
             return
         for path in folder.glob("*.json"):
+            if len(path.stem) != 64:   # results are named by task id (bandwidth.json is not one)
+                continue
             try:
                 self.results[path.stem] = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
@@ -177,6 +180,25 @@ class ComputeRole(Role):
         tmp = folder / f"{key}.json.tmp"
         tmp.write_text(json.dumps(result))
         os.replace(tmp, folder / f"{key}.json")
+
+    def _saved_bandwidth(self) -> int | None:
+        """The last measured link figure this node published (kept across restarts, so a restart
+        does not fall back to the configured guess until it has measured again)."""
+        folder = self._results_dir()
+        try:
+            value = json.loads((folder / BANDWIDTH_FILE).read_text())["link_mbps"] if folder is not None else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 10**6 else None
+
+    def _save_bandwidth(self, link_mbps: int) -> None:
+        folder = self._results_dir()
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{BANDWIDTH_FILE}.tmp"
+        tmp.write_text(json.dumps({"link_mbps": link_mbps}))
+        os.replace(tmp, folder / BANDWIDTH_FILE)
 
     def _result_for(self, task_id: bytes) -> dict | None:
         return self.results.get(task_id.hex())
@@ -229,7 +251,7 @@ class ComputeRole(Role):
                      {"gpu_name": self.hardware["gpu"] or "none"})
         meter = self._meter()
         measured = meter.link_mbps() if meter is not None else None
-        self._contribute_record(measured or self.config["bandwidth_mbps"])
+        self._contribute_record(measured or self._saved_bandwidth() or self.config["bandwidth_mbps"])
         await self.ledger.record.sync()
         self.registered = True
         log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.describe()})
@@ -265,6 +287,7 @@ class ComputeRole(Role):
                 log.info("measured bandwidth %s Mbit/s (published %s): updating the record",
                          measured, self._published_mbps)
                 self._contribute_record(measured)
+                await asyncio.to_thread(self._save_bandwidth, measured)
                 measured_once, last = True, time.monotonic()
             await asyncio.sleep(BANDWIDTH_CHECK_S)
 

@@ -9,11 +9,12 @@ supply is conserved.
 import json
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
 from consensus import rpcclient
-from consensus.state.tasks import task_id_for
+from consensus.state.tasks import task_id_for, worker_weight
 from consensus.tx import DEFAULT_FEE, build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
@@ -144,10 +145,18 @@ def test_diloco_task_per_worker_segments_are_audited_and_paid(devnet):
     check_supply(devnet)
 
 
+def placement_weight(net, peer: str) -> int:
+    """The ledger's worker_weight of `peer` (stake, reputation, measured bandwidth class) from RPC reads."""
+    node, stake = rpc(net, "dkb_getNode", peer), rpc(net, "dkb_getStake", peer)
+    state = SimpleNamespace(nodes={peer: SimpleNamespace(hardware=node["hardware"], reputation=node["reputation"])},
+                            stakes={peer: SimpleNamespace(bonded=stake["bonded"])})
+    return worker_weight(state, peer)
+
+
 def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
-    # The three paid workers now outrank the verifier (reputation), so the same nodes get the task.
-    last = rpc(devnet, "dkb_listTasks", "paid", None, 1)[0]
-    cheater = next(n for n in devnet.compute if n.peer_id == last["workers"][0])
+    # The heaviest compute node (stake, reputation from the paid tasks, measured bandwidth, which a
+    # restart keeps) is among the next task's workers: make it the cheater.
+    cheater = max(devnet.compute, key=lambda n: placement_weight(devnet, n.peer_id))
     devnet.testnet.stop_node(cheater, timeout=5)
     devnet.start_compute(cheater, {"DEKUBE_COMPUTE_FAULT_INJECT": "wrong_segments"})
     time.sleep(1.0)

@@ -344,3 +344,33 @@ def test_join_registers_the_detected_gpu_and_survives_a_broken_driver(tmp_path, 
     monkeypatch.setattr(role_module.hardware, "detect", broken)
     asyncio.run(role._join())
     assert role.registered and role.ledger.record.contributions[-1]["hardware"]["gpu"] == ""
+
+
+def test_measured_bandwidth_survives_a_restart(tmp_path, monkeypatch):
+    for name, value in (("FIRST_BANDWIDTH_CHECK_S", 0.0), ("BANDWIDTH_CHECK_S", 0.01)):
+        monkeypatch.setattr(role_module, name, value)
+    home = tmp_path / "home"
+
+    def role_at_home():
+        node = Node(local_config(), Identity.generate(), ["compute"], home=home)
+        role = node.role("compute")
+        role.ledger, role.ledger.record = FakeLedger(), FakeRecord()
+        role.hardware = {}
+        return role
+
+    role = role_at_home()
+    service = FakeBandwidth()
+    role.node.services, role.registered = {"bandwidth": service}, True
+    service.meter.record_rate("up", 42.0)
+
+    async def follow_briefly():
+        follow = asyncio.create_task(role._follow_bandwidth())
+        await asyncio.sleep(0.1)
+        follow.cancel()
+
+    asyncio.run(follow_briefly())
+    assert role.ledger.record.contributions[-1]["hardware"]["bandwidth_mbps"] == 42
+    restarted = role_at_home()
+    assert restarted._saved_bandwidth() == 42 and restarted.results == {}
+    (home / "data" / "compute" / "bandwidth.json").write_text('{"link_mbps": true}')
+    assert restarted._saved_bandwidth() is None
