@@ -87,6 +87,7 @@ class JobBoard:
         while key not in self.jobs:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._changed.pop(key, None)   # asks about unknown tasks leave nothing behind
                 return False
             event = self._changed.setdefault(key, asyncio.Event())
             with contextlib.suppress(TimeoutError):
