@@ -19,6 +19,7 @@ from node.roles import RoleError
 
 SUBCOMMANDS = (
     "cli.init",
+    "cli.genesis",
     "cli.keys",
     "cli.start",
     "cli.status",
