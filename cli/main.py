@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from cli.errors import CliError
+from cli.rpc_env import apply_rpc_default
 from node.config import ConfigError
 from node.extras import MissingExtra
 from node.keystore import KeystoreError
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)
+    apply_rpc_default(parser, os.environ)  # DEKUBE_RPC for every --rpc
     return parser
 
 
