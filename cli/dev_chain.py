@@ -38,14 +38,15 @@ def prepare_dev_home(home: Path, overrides: dict[tuple[str, str], str] | None = 
                            "pick another directory with --home")
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         validator, dev = Identity.generate(), Identity.generate()
+        listen = (overrides or {}).get(("p2p", "listen"), DEV_LISTEN).split(",")[0]
         config = load_config(None, env={}, overrides={
             ("node", "roles"): "validator",
-            ("p2p", "listen"): DEV_LISTEN,
+            ("p2p", "listen"): listen,
             ("rpc", "host"): "127.0.0.1",
             ("consensus", "chain_id"): DEV_CHAIN_ID,
         })
         write_genesis(home / config.get("consensus", "genesis_file"),
-                      dev_genesis(validator, dev, f"{DEV_LISTEN}/p2p/{validator.peer_id}",
+                      dev_genesis(validator, dev, f"{listen}/p2p/{validator.peer_id}",
                                   chain_id=DEV_CHAIN_ID, funds=DEV_FUNDS))
         save_identity(node_key, validator)
         save_identity(dev_key, dev)
