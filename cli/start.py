@@ -90,9 +90,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         home = resolve_home(args)
     config_file = config_path(home)
-    if not config_file.exists() and not key_path(home).exists():
-        raise CliError(f"no node home at {home}: run 'dekube-node init --home {home}' first "
-                       "(or 'dekube-node start --dev' for a local dev chain)")
     genesis = read_genesis(args.genesis.expanduser()) if args.genesis is not None else None
     if genesis is not None:
         overrides.setdefault(("consensus", "chain_id"), genesis.chain_id)
