@@ -282,3 +282,31 @@ def test_testnet_up_json(tmp_path):
         assert "created a 1-validator testnet" in done.stderr
     finally:
         cli("testnet", "down", "--home", str(home), env=env, check=False)
+
+
+def test_compute_node_pointed_at_a_non_validator_says_so_once(tmp_path):
+    """A compute node whose ledger URL answers no dkb_* method (here: its own HTTP server) logs one
+    warning naming the fix, not one per poll (poll_interval 0.5 s)."""
+    pytest.importorskip("torch")
+    p2p, http = free_ports(2)
+    env = env_for(tmp_path)
+    home = tmp_path / "c"
+    cli("init", "--home", str(home), env=env)
+    proc = start(["start", "--home", str(home), "--role", "compute", "--listen", f"/ip4/127.0.0.1/tcp/{p2p}",
+                  "--rpc-port", str(http), "--set", f"compute.rpc_url=http://127.0.0.1:{http}"], env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5).read())
+                if "not a validator" in json.dumps(status):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        time.sleep(3.0)  # six more polls
+    finally:
+        log = stop(proc)
+    warnings = [line for line in log.splitlines() if "WARNING" in line and "dkb_getStake" in line]
+    assert len(warnings) == 1, log[-3000:]
+    assert "is not a validator's JSON-RPC" in warnings[0] and "[ledger] rpc_urls" in warnings[0]
