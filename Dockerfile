@@ -5,8 +5,12 @@
 # Build args:
 #   BASE         base image with Python 3.11 (default python:3.11-slim; deploy/build-base.sh makes
 #                one from the Debian mirror alone where no image registry is reachable)
-#   TORCH_INDEX  pip index for torch (default the CPU wheels; e.g. https://download.pytorch.org/whl/cu124
-#                with a CUDA BASE such as nvidia/cuda:12.4.1-runtime-ubuntu22.04 plus python3.11)
+#   TORCH_INDEX  pip index for torch (default the CPU wheels). A CUDA compute image:
+#                  docker build --target compute -t dekube-compute:cuda \
+#                    --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#                    --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+#                and run it with --gpus all ([train] device cuda in the task). A base without Python
+#                (Debian/Ubuntu) gets python3 and python3-venv from apt.
 # Wheels in deploy/wheels/ (git-ignored; deploy/build-images.sh fills it) are used before any index.
 ARG BASE=python:3.11-slim
 
@@ -14,6 +18,8 @@ FROM ${BASE} AS build
 # PIP_ARGS: extra pip options, e.g. --no-index to install from deploy/wheels alone
 ARG PIP_ARGS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python3 -m venv --help >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install \
+        -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; }
 COPY deploy/wheels/ /wheels/
 RUN python3 -m venv /opt/dekube \
     && /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels --upgrade "pip>=23" "setuptools>=68" wheel
@@ -33,8 +39,9 @@ RUN /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels ${TORCH_INDEX:+--
         --no-build-isolation "/src[compute]"
 
 FROM ${BASE} AS runtime
-RUN command -v ip >/dev/null || { apt-get update && apt-get install -y --no-install-recommends iproute2 \
-        && rm -rf /var/lib/apt/lists/*; } \
+RUN missing=""; command -v ip >/dev/null || missing="iproute2"; command -v python3 >/dev/null || missing="$missing python3"; \
+    [ -z "$missing" ] || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        $missing && rm -rf /var/lib/apt/lists/*; } \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /home/dekube dekube \
     && mkdir -p /home/dekube/.dekube && chown dekube:dekube /home/dekube/.dekube && chmod 700 /home/dekube/.dekube
 COPY deploy/nat-client.sh /usr/local/bin/dekube-nat-client
