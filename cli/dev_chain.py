@@ -55,7 +55,8 @@ def prepare_dev_home(home: Path, overrides: dict[tuple[str, str], str] | None = 
         os.replace(tmp, config_file)
     dev = load_identity(dev_key)
     config = load_config(config_file, env=os.environ, overrides=overrides)
-    rpc = f"http://{config.get('rpc', 'host')}:{config.get('rpc', 'port')}"
+    host = config.get("rpc", "host")
+    rpc = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.get('rpc', 'port')}"
     return [
         f"{'created' if fresh else 'using'} dev chain {config.get('consensus', 'chain_id')!r} in {home}",
         f"  dev account: {dev.peer_id} (funded with {DEV_FUNDS} at genesis)",
