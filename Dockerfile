@@ -14,7 +14,9 @@
 # Wheels in deploy/wheels/ (git-ignored; deploy/build-images.sh fills it) are used before any index.
 ARG BASE=python:3.11-slim
 
-FROM ${BASE} AS build
+# deps: a venv with the package's dependencies only (the package directories are not copied yet,
+# so a source change leaves this layer, torch included, in the cache)
+FROM ${BASE} AS deps
 # PIP_ARGS: extra pip options, e.g. --no-index to install from deploy/wheels alone
 ARG PIP_ARGS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -24,19 +26,15 @@ COPY deploy/wheels/ /wheels/
 RUN python3 -m venv /opt/dekube \
     && /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels --upgrade "pip>=23" "setuptools>=68" wheel
 COPY pyproject.toml README.md LICENSE /src/
-COPY node /src/node
-COPY consensus /src/consensus
-COPY relay /src/relay
-COPY ml /src/ml
-COPY cli /src/cli
-COPY devtools /src/devtools
-RUN /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels --no-build-isolation /src
+RUN /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels --no-build-isolation /src \
+    && /opt/dekube/bin/pip uninstall -y dekube
 
-FROM build AS build-compute
+FROM deps AS deps-compute
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG PIP_ARGS=""
 RUN /opt/dekube/bin/pip install $PIP_ARGS --find-links /wheels ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
-        --no-build-isolation "/src[compute]"
+        --no-build-isolation "/src[compute]" \
+    && /opt/dekube/bin/pip uninstall -y dekube
 
 FROM ${BASE} AS runtime
 RUN missing=""; command -v ip >/dev/null || missing="iproute2"; command -v python3 >/dev/null || missing="$missing python3"; \
@@ -56,7 +54,15 @@ ENTRYPOINT ["dekube-node"]
 CMD ["start"]
 
 FROM runtime AS compute
-COPY --from=build-compute /opt/dekube /opt/dekube
+COPY --from=deps-compute /opt/dekube /opt/dekube
+COPY pyproject.toml README.md LICENSE /src/
+COPY node /src/node
+COPY consensus /src/consensus
+COPY relay /src/relay
+COPY ml /src/ml
+COPY cli /src/cli
+COPY devtools /src/devtools
+RUN pip install --no-deps --no-build-isolation --no-index /src && rm -rf /src
 USER dekube
 
 FROM ${BASE} AS router
@@ -66,5 +72,13 @@ COPY deploy/nat-router.sh /usr/local/bin/nat-router
 ENTRYPOINT ["/usr/local/bin/nat-router"]
 
 FROM runtime AS node
-COPY --from=build /opt/dekube /opt/dekube
+COPY --from=deps /opt/dekube /opt/dekube
+COPY pyproject.toml README.md LICENSE /src/
+COPY node /src/node
+COPY consensus /src/consensus
+COPY relay /src/relay
+COPY ml /src/ml
+COPY cli /src/cli
+COPY devtools /src/devtools
+RUN pip install --no-deps --no-build-isolation --no-index /src && rm -rf /src
 USER dekube
