@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from cli.errors import CliError
+from cli.rpc_env import apply_rpc_default
 from node.config import ConfigError
 from node.extras import MissingExtra
 from node.keystore import KeystoreError
@@ -19,6 +21,7 @@ from node.roles import RoleError
 
 SUBCOMMANDS = (
     "cli.init",
+    "cli.genesis",
     "cli.keys",
     "cli.start",
     "cli.status",
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)
+    apply_rpc_default(parser, os.environ)  # DEKUBE_RPC for every --rpc
     return parser
 
 

@@ -1,13 +1,24 @@
 """``dekube-node start``: load config (file < env < flags) and key, then run the node until
-SIGINT/SIGTERM."""
+SIGINT/SIGTERM.
+
+``--dev`` runs a one-validator development chain (like ``geth --dev``): the home (default
+``~/.dekube-dev``) gets a config, a node key, a genesis and a funded ``dev_key.json`` the first time
+(cli/dev_chain.py). ``--genesis FILE`` joins an existing network: the file is copied into the home
+and its chain id used; with ``--bootstrap`` peers the validator role syncs blocks from the committee.
+A validator without a genesis stops before starting, with the commands that make one.
+"""
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
+from cli.dev_chain import DEV_HOME, prepare_dev_home
 from cli.errors import CliError
-from cli.home import add_home_argument, config_path, key_path, resolve_home
+from cli.genesis import read_genesis
+from cli.home import HOME_ENV, add_home_argument, config_path, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from consensus.genesis import Genesis
 from node.config import load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
@@ -39,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(sets [consensus] verify_db = full; docs/adr/0142)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any config key, e.g. --set p2p.max_connections=64 (repeatable)")
+    parser.add_argument("--dev", action="store_true",
+                        help=f"run a one-validator dev chain; makes the home (default {DEV_HOME}) with a genesis "
+                             "and a funded dev key the first time")
+    parser.add_argument("--genesis", type=Path, metavar="FILE",
+                        help="the network's genesis file: copied into the home, its chain id used (join a network "
+                             "with --genesis FILE --bootstrap MULTIADDR)")
     parser.set_defaults(handler=run)
 
 
@@ -65,15 +82,45 @@ def flag_overrides(args: argparse.Namespace) -> dict[tuple[str, str], str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    home = resolve_home(args)
+    overrides = flag_overrides(args)
+    if args.dev:
+        if args.genesis is not None:
+            raise CliError("--dev makes its own genesis; leave out --genesis")
+        home = (args.home or (Path(os.environ[HOME_ENV]) if os.environ.get(HOME_ENV) else DEV_HOME)).expanduser()
+        for line in prepare_dev_home(home, overrides):
+            print(line, flush=True)
+    else:
+        home = resolve_home(args)
     config_file = config_path(home)
-    config = load_config(config_file, env=os.environ, overrides=flag_overrides(args))
+    genesis = read_genesis(args.genesis.expanduser()) if args.genesis is not None else None
+    if genesis is not None:
+        overrides.setdefault(("consensus", "chain_id"), genesis.chain_id)
+    config = load_config(config_file, env=os.environ, overrides=overrides)
+    if genesis is not None:
+        install_genesis(genesis, args.genesis, home / config.get("consensus", "genesis_file"))
     role_names = config.get("node", "roles")
     if not role_names:
         raise CliError(f"no role to run: pass --role validator|relay|compute or set [node] roles in {config_file}")
+    genesis_file = home / config.get("consensus", "genesis_file")
+    if "validator" in role_names and not genesis_file.exists():
+        raise CliError(f"the validator role needs the chain's genesis and {genesis_file} is missing: pass "
+                       "--genesis FILE to join a network, make one with 'dekube-node genesis new', "
+                       "or run 'dekube-node start --dev' for a local dev chain")
     identity = load_identity(key_path(home), unlock_passphrase(args))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting
     from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help
 
     return run_node(lambda: Node(config, identity, roles, home=home))
+
+
+def install_genesis(genesis: Genesis, source: Path, target: Path) -> None:
+    """Copy ``genesis`` (read from ``source``) to ``target`` in the home, refusing to replace a different one."""
+    if target.exists():
+        current = read_genesis(target)
+        if current.hash != genesis.hash:
+            raise CliError(f"{target} holds another genesis (chain {current.chain_id!r}, hash "
+                           f"{current.hash.hex()[:16]}...) than {source}; this home belongs to that chain")
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(genesis.to_json() + "\n", encoding="utf-8")

@@ -396,7 +396,7 @@ def load_config(
         source = f"environment variable {name}"
         values[section][key] = _validate(section, key, _parse_or_fail(section, key, text, source), source)
     for (section, key), text in (overrides or {}).items():
-        source = f"flag for [{section}] {key}"
+        source = "command line"
         values[section][key] = _validate(section, key, _parse_or_fail(section, key, text, source), source)
     return Config(values)
 

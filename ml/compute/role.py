@@ -222,8 +222,9 @@ class ComputeRole(Role):
                     self.last_error = None
                     wait = FALLBACK_POLL_S
                 except (LedgerUnavailable, TxFailed) as exc:
+                    # the same failure every poll is logged once (it stays in /status as last_error)
+                    (log.debug if str(exc) == self.last_error else log.warning)("compute: %s", exc)
                     self.last_error = str(exc)
-                    log.warning("compute: %s", exc)
                     wait = self.config["poll_interval"]
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)

@@ -53,6 +53,7 @@ class LocalLedger(Protocol):
     async def call(self, method: str, *params: Any) -> Any:
         """Answer a ``dkb_*`` JSON-RPC method in-process; raises ``node.rpc.errors.RpcError``."""
 
+METHOD_NOT_FOUND = -32601  # JSON-RPC 2.0
 DEFAULT_FEE = 1  # consensus.tx.DEFAULT_FEE, the genesis fee floor (a test checks)
 
 Encoder = Callable[[Identity, str, int, str, dict, int], bytes]
@@ -120,6 +121,9 @@ class LedgerGateway:
         try:
             return await self._raw_call(method, *params)
         except RpcAnswerError as exc:
+            if exc.code == METHOD_NOT_FOUND and method.startswith("dkb_"):
+                raise LedgerUnavailable(f"{method}: {self.url or 'the ledger'} is not a validator's JSON-RPC "
+                                        "(no dkb_* methods); set [ledger] rpc_urls to a validator's URL") from None
             raise LedgerUnavailable(f"{method}: {exc}") from None
 
     async def _raw_call(self, method: str, *params: Any) -> Any:
