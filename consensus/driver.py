@@ -194,9 +194,11 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
 
     async def start(self, height: int, validators: ValidatorSet) -> None:
         self.network.start(self.receive)
-        await self._act(self.core.start_height(height, validators))
         loop = asyncio.get_running_loop()
+        # the event loop first: with a one-member committee the start outputs commit height after height
+        # and this call never returns, yet sync requests of joining nodes must still be served (ADR 0154)
         self._tasks = [loop.create_task(self._event_loop()), loop.create_task(self._gossip_loop())]
+        await self._act(self.core.start_height(height, validators))
 
     async def stop(self) -> None:
         for timer in self._timers:
@@ -273,6 +275,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
                     out.delay, self._fire_timeout, (out.step, out.height, out.round)))
             elif isinstance(out, Commit):
                 pending.extendleft(reversed(await self._commit(out)))
+                await asyncio.sleep(0)   # let queued events (sync requests, timers) run between heights
             elif isinstance(out, EvidenceFound) and self.on_evidence is not None:
                 self.on_evidence(out.evidence)
 

@@ -170,14 +170,16 @@ def test_readme_real_network_as_written(tmp_path):
 # ---------------------------------------------------------------- joining by block sync
 
 
-def test_a_new_node_joins_with_genesis_and_bootstrap_and_syncs_blocks(tmp_path):
-    """A two-validator chain (``testnet up``); a new home joins it with the chain's genesis file and one
-    bootstrap address, and as a full node syncs its blocks. (A follower of a one-validator chain gets
-    no blocks today: the lone validator's driver never serves sync requests; see ADR 0154.)"""
+@pytest.mark.parametrize("validators", [1, 2])
+def test_a_new_node_joins_with_genesis_and_bootstrap_and_syncs_blocks(tmp_path, validators):
+    """A one- or two-validator chain (``testnet up``); a new home joins it with the chain's genesis file
+    and one bootstrap address, and as a full node syncs its blocks (a lone validator serves sync
+    requests while it commits height after height; ADR 0154)."""
     p2p_b, http_b = free_ports(2)
     env = env_for(tmp_path)
     net = tmp_path / "net"
-    info = json.loads(cli("testnet", "up", "--validators", "2", "--json", "--home", str(net), env=env).stdout)
+    info = json.loads(cli("testnet", "up", "--validators", str(validators), "--json", "--home", str(net),
+                          env=env).stdout)
     http_a = int(info["validators"][0]["rpc"].rsplit(":", 1)[1])
     b = None
     try:
