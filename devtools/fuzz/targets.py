@@ -307,7 +307,7 @@ def _jsonrpc() -> Loaded:
     from node.rpc.dispatcher import Dispatcher
     from node.rpc.errors import InvalidParams
 
-    logging.getLogger("node.rpc.dispatcher").disabled = True
+    dispatcher_log = logging.getLogger("node.rpc.dispatcher")
     dispatcher = Dispatcher(max_body_bytes=4096, max_batch=8)
 
     async def echo(value: Any = None) -> Any:
@@ -330,7 +330,11 @@ def _jsonrpc() -> Loaded:
     loop = asyncio.new_event_loop()
 
     def run(data: bytes) -> None:
-        answer = loop.run_until_complete(dispatcher.handle(data))
+        dispatcher_log.disabled = True   # dkb_fail's traceback per input is noise; only while a target runs
+        try:
+            answer = loop.run_until_complete(dispatcher.handle(data))
+        finally:
+            dispatcher_log.disabled = False
         if answer is not None:
             doc = json.loads(answer)
             assert isinstance(doc, (dict, list)), f"not a JSON-RPC response: {answer[:80]!r}"

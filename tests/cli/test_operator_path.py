@@ -215,7 +215,7 @@ def test_genesis_commands(tmp_path, capsys):
     assert main(["genesis", "new", "--chain-id", "x", "--genesis", g, "--force", "--param", "nope=1"]) == 1
     assert "expected NAME=INT" in capsys.readouterr().err
     assert main(["genesis", "new", "--chain-id", "net1", "--genesis", g, "--force"]) == 0
-    assert main(["init", "--home", str(tmp_path / "h")]) == 0
+    assert main(["init", "--home", str(tmp_path / "h"), "--insecure-unencrypted-key"]) == 0
     capsys.readouterr()
     assert main(["genesis", "add-validator", "--genesis", g, "--home", str(tmp_path / "h"),
                  "--addr", "/ip4/10.0.0.1/tcp/4001", "--balance", "50"]) == 0
@@ -235,7 +235,7 @@ def test_genesis_commands(tmp_path, capsys):
 
 
 def test_validator_without_genesis_names_the_fixes(tmp_path, capsys):
-    assert main(["init", "--home", str(tmp_path)]) == 0
+    assert main(["init", "--home", str(tmp_path), "--insecure-unencrypted-key"]) == 0
     capsys.readouterr()
     assert main(["start", "--home", str(tmp_path), "--role", "validator"]) == 1
     err = capsys.readouterr().err
@@ -245,7 +245,7 @@ def test_validator_without_genesis_names_the_fixes(tmp_path, capsys):
 
 
 def test_dev_refuses_a_home_of_another_node(tmp_path, capsys):
-    assert main(["init", "--home", str(tmp_path)]) == 0
+    assert main(["init", "--home", str(tmp_path), "--insecure-unencrypted-key"]) == 0
     capsys.readouterr()
     assert main(["start", "--dev", "--home", str(tmp_path)]) == 1
     assert "not a dev chain" in capsys.readouterr().err
