@@ -1,0 +1,175 @@
+"""``task submit``: check, dry-run, pay, and (``--wait``) follow a training task to its trained weights.
+
+In order, each step failing with a one-line reason and exit status 1 before anything is paid:
+the model/dataset arguments are checked (cli.task_inputs: missing files, pickles, unknown kinds),
+the TrainSpec is built, and one training step runs locally (``ml.train.dry_run``: shape and dtype
+errors, NaN loss, unsupported ops). Then, when the task has files, a client node starts, serves
+them as artifacts and the submit_task names its addresses as the task's ``sources`` (where the
+workers fetch them). The transaction is confirmed through the ledger's ``txs`` topic.
+
+With ``--wait`` the command follows the task (cli.task_follow: ledger events plus the workers'
+progress over p2p), says when a worker holds the files (the owner could go offline from then on),
+prints the payouts or the reason it failed, and with ``--out DIR`` fetches the trained weights.
+Without ``--wait``, a task with files keeps being served until a worker holds them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from cli.errors import CliError
+from cli.home import key_path, resolve_home
+from cli.task_inputs import TaskInputs, task_inputs
+from cli.task_ledger import ledger_pool, send_tx, task_id_of
+from cli.task_report import report_final
+from cli.task_view import TaskView, short
+from ml.compute.task_spec import InvalidTask, submit_payload
+from ml.train.spec import InvalidSpec, TrainSpec
+from node.extras import require_compute
+from node.identity import Identity
+from node.keystore import load_identity
+
+SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "device", "init",
+                "weight_decay")
+
+
+def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
+    if not 1 <= args.workers <= 64:
+        raise CliError("--workers must be in 1..64")
+    values = {**inputs.values, "codec": args.codec, "steps": args.steps,
+              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+    for name in SPEC_OPTIONS:
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    try:
+        return TrainSpec(**values)
+    except InvalidSpec as exc:
+        raise CliError(f"bad task: {exc}") from None
+    except TypeError as exc:   # a field this installation's TrainSpec does not know
+        raise CliError(f"bad task: this dekube-node cannot train {sorted(values)} ({exc})") from None
+
+
+def artifact_id(path: Path) -> str:
+    from node.artifacts import artifact_id_of_file
+
+    return artifact_id_of_file(path)
+
+
+def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
+    """The checked spec and its files, dry-run locally: CliError (exit 1) on anything untrainable."""
+    if args.price <= 0:
+        raise CliError("--price must be positive")
+    inputs = task_inputs(args.model, args.dataset, args.eval, artifact_id)
+    spec = build_spec(args, inputs)
+    if inputs.has_files:
+        require_compute("a task with model or data files (its dry run)")
+    try:
+        from ml.train.dry_run import Untrainable, dry_run
+    except ImportError:   # no compute extra: a registry task is submitted unchecked
+        if not args.json:
+            print("no local dry run (the compute extra is not installed); submitting unchecked")
+        return spec, inputs
+    if args.skip_dry_run:
+        return spec, inputs
+    try:
+        result = dry_run(spec, dict(inputs.files))
+    except Untrainable as exc:
+        raise CliError(f"dry run: the task cannot be trained: {exc}") from None
+    if not args.json:
+        print(f"dry run: one step ran locally: loss {result['loss']:.4f}, {result['params']:,} parameters, "
+              f"{result['step_seconds'] * 1000:.0f} ms a step")
+    return spec, inputs
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    spec, inputs = prepare(args)
+    try:
+        payload = submit_payload(spec, args.workers, args.price)
+    except InvalidTask as exc:
+        raise CliError(str(exc)) from None
+    identity = load_identity(args.key or key_path(resolve_home(args)))
+    return asyncio.run(submit(args, identity, payload, inputs))
+
+
+async def submit(args: argparse.Namespace, identity, payload: dict, inputs: TaskInputs) -> int:
+    async with ledger_pool(args.rpc) as pool:
+        if not inputs.has_files and not args.wait:
+            _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
+            return announce(args, identity, task_id_of(identity.peer_id, nonce), done=True)
+        from cli.client_node import client_node
+
+        async with client_node(Identity.generate(), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
+            if inputs.has_files:
+                payload = {**payload, "sources": await serve_files(node, inputs)}
+            _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
+            task_id = task_id_of(identity.peer_id, nonce)
+            announce(args, identity, task_id, done=False)
+            return await follow(args, pool, node, task_id, inputs)
+
+
+def announce(args: argparse.Namespace, identity, task_id: str, *, done: bool) -> int:
+    if args.json and done:
+        print(json.dumps({"task_id": task_id, "owner": identity.peer_id}))
+    elif not args.json:
+        print(f"task {task_id} submitted by {identity.peer_id}")
+    return 0
+
+
+async def serve_files(node, inputs: TaskInputs) -> list[str]:
+    """Adds the task's files to the client node's artifact store; returns the addresses serving them."""
+    for ident, path in inputs.files.items():
+        added = await node.artifacts.add_file(path)
+        if added != ident:
+            raise CliError(f"{path} changed while being submitted (artifact {added}, expected {ident})")
+    sources = node_addresses(node)
+    if not sources:
+        raise CliError("the client node has no address to serve the task's files from")
+    return sources
+
+
+def node_addresses(node) -> list[str]:
+    """Where workers can reach the client node: its listen addresses, then relayed ones (behind NAT)."""
+    addrs = [a for a in node.host.listen_addrs if "/0.0.0.0/" not in a and "/::/" not in a]
+    relay = getattr(node, "relay_client", None)
+    client = getattr(relay, "client", None)
+    addrs += list(getattr(client, "relayed_addrs", []) or [])
+    return list(dict.fromkeys(addrs))
+
+
+async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: TaskInputs) -> int:
+    from cli.task_fetch import fetch_result
+    from cli.task_follow import follow_task
+
+    view = TaskView(task_id, quiet=args.json)
+    held = asyncio.Event()
+
+    def on_held(peer: str) -> None:
+        held.set()
+        if inputs.has_files:
+            view.note(f"worker {short(peer)} holds the task's files: this computer may go offline now "
+                      f"(the task goes on; `dekube-node task fetch {task_id} --out DIR` gets the weights later)")
+
+    following = asyncio.create_task(follow_task(pool, task_id, view, node=node, timeout=args.timeout,
+                                                on_held=on_held))
+    if not args.wait:   # serve the files until a worker holds them, then leave
+        waiter = asyncio.create_task(held.wait())
+        await asyncio.wait({following, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not following.done():
+            following.cancel()
+            if args.json:
+                print(json.dumps({"task_id": task_id, "held_by_worker": True}))
+            return 0
+    task = await following
+    extra = {}
+    if args.out is not None and task["status"] == "paid":
+        fetched = await fetch_result(pool, node, task_id, Path(args.out), say=view.note)
+        extra["fetched"] = fetched
+    code = report_final(task, as_json=args.json, extra=extra)
+    if extra and not args.json:
+        print(f"weights: {extra['fetched']['weights']} (checked against the ledger's result)")
+        print(f"metrics: {extra['fetched']['metrics']}  final {extra['fetched']['final_metrics']}")
+        print(f"load them: {extra['fetched']['load']}")
+    return code
