@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import urllib.parse
 from pathlib import Path
 
 from cli.errors import CliError
@@ -31,6 +33,7 @@ from node.extras import require_compute
 from node.identity import Identity
 from node.keystore import load_identity
 
+RELAY_WAIT_S = 10.0
 SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "device", "init",
                 "weight_decay")
 
@@ -102,7 +105,8 @@ async def submit(args: argparse.Namespace, identity, payload: dict, inputs: Task
 
         async with client_node(Identity.generate(), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
             if inputs.has_files:
-                payload = {**payload, "sources": await serve_files(node, inputs)}
+                await wait_relayed(node, bool(args.relay))
+                payload = {**payload, "sources": await serve_files(node, inputs, args.rpc)}
             _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
             task_id = task_id_of(identity.peer_id, nonce)
             announce(args, identity, task_id, done=False)
@@ -117,25 +121,57 @@ def announce(args: argparse.Namespace, identity, task_id: str, *, done: bool) ->
     return 0
 
 
-async def serve_files(node, inputs: TaskInputs) -> list[str]:
+async def serve_files(node, inputs: TaskInputs, rpc_url: str) -> list[str]:
     """Adds the task's files to the client node's artifact store; returns the addresses serving them."""
     for ident, path in inputs.files.items():
         added = await node.artifacts.add_file(path)
         if added != ident:
             raise CliError(f"{path} changed while being submitted (artifact {added}, expected {ident})")
-    sources = node_addresses(node)
+    sources = node_addresses(node, rpc_url)
     if not sources:
         raise CliError("the client node has no address to serve the task's files from")
     return sources
 
 
-def node_addresses(node) -> list[str]:
-    """Where workers can reach the client node: its listen addresses, then relayed ones (behind NAT)."""
-    addrs = [a for a in node.host.listen_addrs if "/0.0.0.0/" not in a and "/::/" not in a]
+def local_ip_towards(url: str) -> str:
+    """The local IP address this machine uses to reach ``url``'s host (no packet is sent)."""
+    host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def node_addresses(node, rpc_url: str) -> list[str]:
+    """Where workers can reach the client node: its listen addresses (a wildcard one as the local IP
+    towards the validator), then relayed ones (reachable behind NAT)."""
+    addrs = []
+    for addr in node.host.listen_addrs:
+        for wildcard, family in (("/ip4/0.0.0.0/", "ip4"), ("/ip6/::/", "ip6")):
+            if addr.startswith(wildcard):
+                local = local_ip_towards(rpc_url)
+                if (family == "ip6") == (":" in local):
+                    addrs.append(f"/{family}/{local}/" + addr[len(wildcard):])
+                break
+        else:
+            addrs.append(addr)
     relay = getattr(node, "relay_client", None)
-    client = getattr(relay, "client", None)
-    addrs += list(getattr(client, "relayed_addrs", []) or [])
+    addrs += list(getattr(getattr(relay, "client", None), "relayed_addrs", None) or [])
     return list(dict.fromkeys(addrs))
+
+
+async def wait_relayed(node, wanted: bool, timeout: float = RELAY_WAIT_S) -> None:
+    """With ``--relay``: give the relay reservation a moment, so the sources include the relayed address."""
+    if not wanted:
+        return
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if getattr(getattr(node.relay_client, "client", None), "relayed_addrs", None):
+            return
+        await asyncio.sleep(0.2)
 
 
 async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: TaskInputs) -> int:
