@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import socket
 import urllib.parse
@@ -34,7 +35,8 @@ from node.identity import Identity
 from node.keystore import load_identity
 
 RELAY_WAIT_S = 10.0
-SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "device", "init",
+MAX_SOURCES = 8   # the ledger's bound on a task's source addresses
+SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "init",
                 "weight_decay")
 
 
@@ -46,6 +48,8 @@ def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
     for name in SPEC_OPTIONS:
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
+    if getattr(args, "device", None) == "cuda":   # "any": the ledger's scheduler picks the device class
+        values["device"] = "cuda"
     try:
         return TrainSpec(**values)
     except InvalidSpec as exc:
@@ -77,7 +81,8 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
     if args.skip_dry_run:
         return spec, inputs
     try:
-        result = dry_run(spec, dict(inputs.files))
+        result = dry_run(dataclasses.replace(spec, device="cpu") if spec.device != "cpu" else spec,
+                         dict(inputs.files))
     except Untrainable as exc:
         raise CliError(f"dry run: the task cannot be trained: {exc}") from None
     if not args.json:
@@ -92,6 +97,8 @@ def run_submit(args: argparse.Namespace) -> int:
         payload = submit_payload(spec, args.workers, args.price)
     except InvalidTask as exc:
         raise CliError(str(exc)) from None
+    if args.device is not None:
+        payload["device"] = args.device
     identity = load_identity(args.key or key_path(resolve_home(args)))
     return asyncio.run(submit(args, identity, payload, inputs))
 
@@ -130,7 +137,7 @@ async def serve_files(node, inputs: TaskInputs, rpc_url: str) -> list[str]:
     sources = node_addresses(node, rpc_url)
     if not sources:
         raise CliError("the client node has no address to serve the task's files from")
-    return sources
+    return sources[:MAX_SOURCES]
 
 
 def local_ip_towards(url: str) -> str:
