@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults, no docker: installs, starts a local network on 127.0.0.1
-# (2 SDBFT validators + 4 compute nodes), submits a paid training task (an MLP on scikit-learn's
-# digits for 3 workers, int8 all-reduce over the nodes' own libp2p-compatible transport), waits until
-# it is trained, committed, audited by replay and paid, prints the payouts, then moves funds with the
-# wallet. Leaves the network running in ./devnet (stop it with
+# (2 SDBFT validators + 4 compute nodes), then a user's job (scripts/demo_user_task.sh): a CNN of
+# its own over scikit-learn's 8x8 digits exported to model.pt2 with its data files, submitted as a
+# paid task for 3 workers with live progress, the trained weights fetched, checked against the
+# ledger and evaluated locally (accuracy before and after). Second part, the built-in registry task
+# (scripts/demo_task.sh: a digits MLP, audited by replay and paid, with the payouts), then funds
+# moved with the wallet. Leaves the network running in ./devnet (stop it with
 #   dekube-node testnet down --home ./devnet); pass --down to stop it at the end.
-# Then, where it can (root, network namespaces), the same task across NAT: validators and relays on
+# Then, where it can (root, network namespaces), a task across NAT: validators and relays on
 # emulated public hosts, the compute nodes each behind its own NAT router (tests/netlab/demo_nat.py);
 # pass --no-nat to skip that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export DEKUBE_DEMO_HOME=${DEKUBE_DEMO_HOME:-./devnet}
+echo "== devnet in $DEKUBE_DEMO_HOME"
+dekube-node testnet up --home "$DEKUBE_DEMO_HOME" --validators 2 --compute 4
+bash scripts/demo_user_task.sh
+echo "== second part: a task naming a registry model (digits-mlp)"
 bash scripts/demo_task.sh --keep
 RPC=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('http://127.0.0.1:%d' % m['nodes'][0]['rpc_port'])" "$DEKUBE_DEMO_HOME/testnet.json")
 USER_HOME="$DEKUBE_DEMO_HOME/demo-user"
