@@ -38,7 +38,7 @@ class TaskView:
         self.console = console or Console(highlight=False)
         self.live = self.console.is_terminal and not quiet
         self.reports: dict[str, dict] = {}
-        self.last_status: str | None = None
+        self.last_status: str | None = "?"   # nothing shown yet (None: not in a block yet)
         self._progress: Progress | None = None
         self._bar = None
         self._last_line_step = -1
@@ -81,8 +81,10 @@ class TaskView:
         steps = lead.get("steps") or None
         step = lead.get("step") or 0
         loss = lead.get("loss")
-        fields = {"loss": "-" if loss is None else f"{loss:.4f}",
-                  "metric": eval_text(self.latest_metrics()) or "-",
+        metric = eval_text(self.latest_metrics()) or "-"
+        if lead.get("state") == "fetching" and lead.get("fetch_total"):
+            metric = f"files {megabytes(lead.get('fetched_bytes'))} of {megabytes(lead['fetch_total'])}"
+        fields = {"loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
                   "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
                   "state": lead.get("state", "")}
         if self.live:
