@@ -85,6 +85,8 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
                          dict(inputs.files))
     except Untrainable as exc:
         raise CliError(f"dry run: the task cannot be trained: {exc}") from None
+    except Exception as exc:   # anything else one local step raises: the workers would fail the same way
+        raise CliError(f"dry run: the task cannot be trained: {type(exc).__name__}: {exc}") from None
     if not args.json:
         print(f"dry run: one step ran locally: loss {result['loss']:.4f}, {result['params']:,} parameters, "
               f"{result['step_seconds'] * 1000:.0f} ms a step")
