@@ -78,6 +78,9 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print) -> dic
     if task is None:
         raise CliError(f"no task {task_id}")
     result = task.get("result") or ""
+    if not result and task["status"] in ("paid", "cancelled", "rejected", "expired"):
+        raise CliError(f"task {task_id} ended {task['status']} without a result: no worker whose weights were "
+                       "paid for (an audit mismatch, a rejection, or no commitment)")
     if not result:
         raise CliError(f"task {task_id} has no result on the ledger yet (status {task['status']}"
                        + (f": {task['reason']}" if task.get("reason") else "") + ")")

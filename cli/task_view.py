@@ -35,7 +35,7 @@ class TaskView:
     def __init__(self, task_id: str, *, quiet: bool = False, console: Console | None = None) -> None:
         self.task_id = task_id
         self.quiet = quiet
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal and not quiet
         self.reports: dict[str, dict] = {}
         self.last_status: str | None = "?"   # nothing shown yet (None: not in a block yet)

@@ -1,9 +1,10 @@
-"""End to end on a loopback devnet (2 validators, 3 compute node processes), as a user does it: the
-example's own CNN exported to model.pt2 with its train/test .npz files, ``task submit --wait --out``
-(dry run, files served from the CLI's client node, live progress from the workers, payouts, weights
-fetched); the weights hash to the ledger's result and, evaluated locally, reproduce the workers'
-eval metric; ``task fetch`` gets the same bytes again; ``task cancel`` refunds a task no one can
-take. The CLI runs as the user runs it: ``python -m cli.main`` processes from the repository root.
+"""End to end on a loopback devnet (2 validators, 3 compute node processes, all workers of the task),
+as a user does it: the example's own CNN exported to model.pt2 with its train/test .npz files,
+``task submit --wait --out`` (dry run, files served from the CLI's client node, live progress from
+the workers, payouts, weights fetched); the weights hash to the ledger's result and, evaluated
+locally, reproduce the workers' eval metric; ``task fetch`` gets the same bytes again; ``task
+cancel`` refunds a task no one can take. The CLI runs as the user runs it: ``python -m cli.main``
+processes from the repository root.
 """
 import json
 import re
@@ -65,7 +66,7 @@ def test_user_model_trained_fetched_checked_and_evaluated(devnet, job):
     done = cli("task", "submit", "--rpc", devnet.rpc_url, "--key", str(devnet.testnet.root / "faucet_key.json"),
                "--model", str(job / "model.pt2"), "--dataset", str(job / "train.npz"), "--eval", str(job / "test.npz"),
                "--loss", "cross_entropy", "--optimizer", "adamw", "--lr", "3e-3", "--batch", "64",
-               "--steps", str(STEPS), "--segment-steps", "10", "--workers", "2", "--codec", "int8",
+               "--steps", str(STEPS), "--segment-steps", "10", "--workers", "3", "--codec", "int8",
                "--price", "100000", "--wait", "--out", str(out), "--timeout", "300")
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
