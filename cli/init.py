@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.home import add_home_argument, config_path, key_path, resolve_home
+from cli.passphrase import add_create_arguments, new_key_passphrase
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import save_identity
@@ -18,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_home_argument(parser)
     parser.add_argument("--role", help="roles to write into the config, e.g. validator,relay")
     parser.add_argument("--force", action="store_true", help="overwrite an existing config and key (new peer ID!)")
+    add_create_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -29,13 +31,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{' and '.join(existing)} already exist; refusing to overwrite (use --force)")
     overrides = {("node", "roles"): args.role} if args.role else {}
     config = load_config(None, env={}, overrides=overrides)
+    passphrase = new_key_passphrase(args)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     identity = Identity.generate()
-    save_identity(key_file, identity, overwrite=args.force)
+    save_identity(key_file, identity, overwrite=args.force, passphrase=passphrase)
     _write_text_atomically(config_file, config.to_toml())
     print(f"initialized node home {home}")
     print(f"  config:  {config_file}")
-    print(f"  key:     {key_file} (keep it secret; back it up)")
+    state = "encrypted" if passphrase is not None else "NOT encrypted: for throwaway dev networks only"
+    print(f"  key:     {key_file} ({state}; keep it secret; back it up)")
     print(f"  peer ID: {identity.peer_id}")
     return 0
 

@@ -7,6 +7,7 @@ import os
 
 from cli.errors import CliError
 from cli.home import add_home_argument, config_path, key_path, resolve_home
+from cli.passphrase import add_unlock_argument, unlock_passphrase
 from node.config import load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for flag, (section, key, text) in FLAGS.items():
         parser.add_argument(flag, dest=_dest(flag), action="append" if flag in _LIST_FLAGS else "store",
                             metavar=key.upper(), help=f"{text} (overrides [{section}] {key})")
+    add_unlock_argument(parser)
     parser.add_argument("--verify-db", dest="verify_db", action="store_true",
                         help="read every block of the chain database at start-up to check it "
                              "(sets [consensus] verify_db = full; docs/adr/0142)")
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     role_names = config.get("node", "roles")
     if not role_names:
         raise CliError(f"no role to run: pass --role validator|relay|compute or set [node] roles in {config_file}")
-    identity = load_identity(key_path(home))
+    identity = load_identity(key_path(home), unlock_passphrase(args))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting
     from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
+from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from ml.compute.task_spec import model_name
@@ -45,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     submit = ledger_action("submit", "submit a training task (price held in escrow)", _run_submit)
     submit.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_unlock_argument(submit)
     add_spec_arguments(submit)
     submit.add_argument("--eval", metavar="PATH", help="held-out data file (.safetensors, .npz, .txt) to evaluate on")
     submit.add_argument("--loss", help="loss: cross_entropy, mse or next_token_cross_entropy (default: the dataset's)")
@@ -77,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
     cancel.add_argument("task_id", help="task id (hex)")
     cancel.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_unlock_argument(cancel)
     cancel.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
     show = ledger_action("show", "show one task", run_show)
     show.add_argument("task_id", help="task id (hex)")
@@ -167,7 +170,7 @@ def _run_fetch(args: argparse.Namespace) -> int:
 def _run_cancel(args: argparse.Namespace) -> int:
     from cli.task_watch import run_cancel
 
-    identity = load_identity(args.key or key_path(resolve_home(args)))
+    identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     return run_cancel(args, identity)
 
 
@@ -178,8 +181,10 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(task))
         return 0
-    for name in ("task_id", "status", "owner", "price", "escrow", "spec", "workers", "commits", "audits",
-                 "window_end", "payouts"):
+    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "sources", "workers",
+                 "rejections", "commits", "audits", "window_end", "payouts", "result"):
+        if name not in task:   # fields an older validator does not show
+            continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
     return 0
 

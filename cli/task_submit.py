@@ -24,6 +24,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.home import key_path, resolve_home
+from cli.passphrase import unlock_passphrase
 from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
@@ -101,7 +102,7 @@ def run_submit(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.device is not None:
         payload["device"] = args.device
-    identity = load_identity(args.key or key_path(resolve_home(args)))
+    identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     return asyncio.run(submit(args, identity, payload, inputs))
 
 

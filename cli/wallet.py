@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
+from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
@@ -30,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_home_argument(sub)
         sub.add_argument("--rpc", default=DEFAULT_RPC, help=f"node JSON-RPC URL (default {DEFAULT_RPC})")
         sub.add_argument("--key", type=Path, help="key file to use instead of <home>/node_key.json")
+        add_unlock_argument(sub)
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(handler=handler)
         return sub
@@ -53,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _identity(args: argparse.Namespace) -> Identity:
-    return load_identity(args.key or key_path(resolve_home(args)))
+    return load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
 
 
 def _address(args: argparse.Namespace) -> str:

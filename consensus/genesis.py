@@ -40,6 +40,10 @@ class Params:
     slash_double_sign_bps: int = 500     # of bonded+unbonding stake, per double-sign evidence
     slash_mismatch_bps: int = 1_000      # of bonded+unbonding stake, per proven mismatch
     evidence_max_age: int = 1_000        # blocks: older double-sign evidence is refused
+    # Added after the first genesis files (ADR 0151): hashed only when they differ from their default,
+    # so a genesis file written before them keeps its hash (POST_V1_PARAMS).
+    task_assign_timeout: int = 300       # blocks a task may wait for workers before it expires, refunded
+    reject_fee: int = 10                 # kept from a rejected task's escrow, split among the rejecting workers
 
     def validate(self) -> None:
         for f in fields(self):
@@ -47,13 +51,25 @@ class Params:
             if type(value) is not int or value < 0:
                 raise GenesisError(f"param {f.name} must be a non-negative integer")
         for name in ("committee_size", "epoch_length", "max_tx_bytes", "max_block_bytes", "max_block_txs",
-                     "max_tasks_per_worker"):
+                     "max_tasks_per_worker", "task_assign_timeout"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
         if self.verifier_share_bps + self.relay_share_bps > 10_000:
             raise GenesisError("verifier_share_bps + relay_share_bps must not exceed 10000")
         if max(self.slash_double_sign_bps, self.slash_mismatch_bps) > 10_000:
             raise GenesisError("slash fractions are at most 10000 bps")
+
+
+POST_V1_PARAMS = ("task_assign_timeout", "reject_fee")
+
+
+def hashed_params(params: Params) -> dict[str, int]:
+    """The params as the genesis hash covers them: every v1 param, and each later one only when it
+    differs from its default (an old genesis file and the same file with the defaults written out
+    are the same chain)."""
+    defaults = Params()
+    return {name: value for name, value in asdict(params).items()
+            if name not in POST_V1_PARAMS or value != getattr(defaults, name)}
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,8 @@ class Genesis:
 
     @property
     def hash(self) -> bytes:
-        return hashlib.sha256(b"dekube/genesis/v1\x00" + encode(self.to_obj())).digest()
+        hashed = {**self.to_obj(), "params": hashed_params(self.params)}
+        return hashlib.sha256(b"dekube/genesis/v1\x00" + encode(hashed)).digest()
 
     def to_json(self) -> str:
         return json.dumps(self.to_obj(), indent=2, sort_keys=True)

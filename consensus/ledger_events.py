@@ -3,8 +3,10 @@ machine events) and the ``txs`` topic (each transaction's receipt, keyed by its 
 
 ``task_events`` maps the ledger's block events (consensus/state/tasks.py) to JSON payloads
 ``{"event", "task_id", "height", ...}`` with events named after the task lifecycle: created,
-assigned, committed (a worker's result), audit_window_opened (status committed), audited,
-disputed, finalized (paid), cancelled. ``tx_events`` pairs receipts with their senders.
+assigned (with the device), committed (a worker's result), audit_window_opened (status committed),
+audited, disputed, finalized (paid, with the result), cancelled, rejection (one worker's reject_task
+and reason), rejected (a majority rejected: the reasons and payouts), expired (never assigned: the
+reason). ``tx_events`` pairs receipts with their senders.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ TASK_EVENT_NAMES = {
     "task_disputed": "disputed",
     "task_paid": "finalized",
     "task_cancelled": "cancelled",
+    "worker_rejected": "rejection",
+    "task_rejected": "rejected",
+    "task_expired": "expired",
 }
 
 

@@ -31,6 +31,8 @@ _SIGNATURE_SUFFIX = b"\x05\x40"  # bytes tag + length 64: how the signature fiel
 
 ROLES = frozenset({"validator", "compute", "relay", "verifier"})
 SYNC_MODES = frozenset({"allreduce", "diloco"})
+DEVICES = frozenset({"cpu", "cuda", "any"})   # what a task asks to train on ("any": the scheduler picks)
+DEFAULT_DEVICE = "cpu"
 
 
 @functools.lru_cache(maxsize=65536)
@@ -163,7 +165,16 @@ def decode_tx(raw: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_
 # ---- payload schemas: field name -> checker(value) raising TxError -----------------------
 
 Check = Callable[[Any, str], None]  # checks one value at a path; raises TxError(BAD_PAYLOAD)
-Schema = dict[str, Check]
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalField:
+    """A payload field that may be left out; when present, ``check`` applies."""
+
+    check: Check
+
+
+Schema = dict[str, "Check | OptionalField"]
 
 
 def _fail(path: str, why: str) -> NoReturn:
@@ -173,12 +184,17 @@ def _fail(path: str, why: str) -> NoReturn:
 def _check_fields(value: Any, schema: Schema, path: str) -> None:
     if type(value) is not dict:
         _fail(path, "must be a map")
-    if value.keys() != schema.keys():
-        missing = sorted(schema.keys() - value.keys())
+    required = {name for name, check in schema.items() if not isinstance(check, OptionalField)}
+    if not required <= value.keys() <= schema.keys():
+        missing = sorted(required - value.keys())
         extra = sorted(value.keys() - schema.keys())
         _fail(path, f"missing fields {missing}, unexpected fields {extra}")
     for name, check in schema.items():
-        check(value[name], f"{path}.{name}")
+        if isinstance(check, OptionalField):
+            if name in value:
+                check.check(value[name], f"{path}.{name}")
+        else:
+            check(value[name], f"{path}.{name}")
 
 
 def uint(minimum: int = 0, maximum: int = 2**128) -> Check:
@@ -263,13 +279,38 @@ def multiaddr_list(max_items: int, max_len: int, relayed: bool = False) -> Check
     return check
 
 
-def params_map(max_bytes: int) -> Check:
+def reason_text(max_len: int) -> Check:
+    """Non-empty UTF-8 text of at most ``max_len`` characters with no control characters but
+    newline and tab (a human-readable reason, shown as is by explorers and the CLI)."""
     def check(value: Any, path: str) -> None:
-        if type(value) is not dict:
-            _fail(path, "must be a map")
+        if type(value) is not str or not 1 <= len(value) <= max_len:
+            _fail(path, f"must be text of 1..{max_len} characters")
+        if any((ch < " " and ch not in "\n\t") or "\x7f" <= ch <= "\x9f" for ch in value):
+            _fail(path, "must not contain control characters")
+    return check
+
+
+def params_map(max_items: int, max_key: int, max_text: int, max_bytes: int) -> Check:
+    """A map of at most ``max_items`` entries: keys are names (``[a-z0-9_]``, 1..``max_key``
+    characters), values integers of 64 bits or text of at most ``max_text`` characters; at most
+    ``max_bytes`` encoded."""
+    def check(value: Any, path: str) -> None:
+        if type(value) is not dict or len(value) > max_items:
+            _fail(path, f"must be a map of at most {max_items} entries")
+        for key, item in value.items():
+            if not 1 <= len(key) <= max_key or not all(ch in _NAME_CHARS for ch in key):
+                _fail(path, f"key {key[:40]!r} must be 1..{max_key} characters of a-z, 0-9 and _")
+            if type(item) is int:
+                if not -2**63 <= item < 2**63:
+                    _fail(f"{path}.{key}", "integers must fit in 64 bits")
+            elif type(item) is not str or len(item) > max_text:
+                _fail(f"{path}.{key}", f"must be an integer or text of at most {max_text} characters")
         if len(encode(value)) > max_bytes:
             _fail(path, f"larger than {max_bytes} bytes")
     return check
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 def fields(schema: Schema) -> Check:
@@ -289,6 +330,9 @@ HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numb
 MAX_NODE_ADDRS = 8
 MAX_ADDR_CHARS = 256
 MAX_PAYLOAD_BYTES = {"register_node": 2048}   # the whole record, encoded
+MAX_TASK_SOURCES = 8             # owner multiaddrs a task names for fetching its artifacts
+MAX_REASON_CHARS = 500           # reject_task's reason
+HYPERPARAMS = params_map(max_items=48, max_key=32, max_text=512, max_bytes=4096)
 RELAY_RECEIPT: Schema = {
     "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
     "bytes_total": uint(1, 2**64), "amount_total": uint(1), "task_id": blob(0, 32),
@@ -305,11 +349,14 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "hardware": fields(HARDWARE),
     },
     "submit_task": {
-        "model": text(128, min_len=1), "dataset": text(128, min_len=1), "hyperparams": params_map(4096),
+        "model": text(128, min_len=1), "dataset": text(128, min_len=1), "hyperparams": HYPERPARAMS,
         "workers": uint(1, 64), "sync_mode": text(16, SYNC_MODES), "codec": text(32, min_len=1),
         "price": uint(1),
+        "sources": OptionalField(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
+        "device": OptionalField(text(8, DEVICES)),
     },
     "cancel_task": {"task_id": TASK_ID},
+    "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
                       "segments": uint(1, 2**32)},
     "audit_result": {"task_id": TASK_ID, "worker": peer_id, "segment": uint(0, 2**32), "match": boolean},

@@ -196,6 +196,18 @@ class RelayPolicy:
         self.receipt_started(circuit)
         return True
 
+    def allowance(self, circuit: CircuitRecord, forward: bool) -> int | None:
+        """Bytes ``circuit`` may still carry src -> dst (``forward``) or back under the announced
+        Limit's data cap (None: no cap). At 0 the relay closes the circuit, as circuit v2 says."""
+        cap = self.limits.circuit_limit.data if self.limits.circuit_limit is not None else None
+        if cap is None:
+            return None
+        return max(0, cap - (circuit.src_to_dst if forward else circuit.dst_to_src))
+
+    def duration_cap(self) -> int | None:
+        """Seconds a circuit may stay open under the announced Limit (None: no cap)."""
+        return self.limits.circuit_limit.duration if self.limits.circuit_limit is not None else None
+
     def receipt_due(self, circuit: CircuitRecord) -> bool:
         """Whether bytes of ``circuit`` are not yet covered by a co-signed receipt."""
         total = circuit.bytes_total

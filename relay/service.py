@@ -5,7 +5,8 @@ Every admission and resource decision is ``RelayPolicy``'s (relay/policy.py, san
 reads and writes the streams, looks up a peer's stake (``Admission``: the allow-list and
 ``min_stake`` rule plus an injected, possibly async, ledger lookup), tells the policy what happened
 and acts on its answers. Admitted circuits carry no Limit (no data or duration cap) unless
-``RelayLimits.circuit_limit`` sets one to announce (it is announced, not enforced here). Forwarding
+``RelayLimits.circuit_limit`` sets one; an announced Limit is enforced: the circuit is closed when
+either direction has carried its data cap or the duration has passed (ADR 0143). Forwarding
 awaits every write (the yamux windows give end-to-end back-pressure: nothing is dropped, nothing
 buffered without bound) and moves whatever the stream has buffered in one write. When the policy
 says a receipt is due (every ``receipt_interval_bytes`` per circuit, and when a circuit ends), the
@@ -63,6 +64,10 @@ STOP_TIMEOUT = 10.0
 
 StakeLookup = Callable[[str], "int | None | Awaitable[int | None]"]
 Submit = Callable[[dict], Awaitable[None]]
+
+
+class CircuitLimitReached(ConnectionError):
+    """A circuit carried the data its announced Limit allows: the relay closes it."""
 
 
 class Admission(AdmissionRule):
@@ -265,8 +270,9 @@ class RelayService:
         forward = asyncio.ensure_future(self._pump(src_stream, dst_stream, circuit, True, b""))
         backward = asyncio.ensure_future(self._pump(dst_stream, src_stream, circuit, False, dst_rest))
         try:
-            await asyncio.gather(forward, backward)
-        except (ConnectionError, RuntimeError) as exc:
+            async with asyncio.timeout(self.policy.duration_cap()):
+                await asyncio.gather(forward, backward)
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
             log.debug("circuit %s -> %s ended: %r", circuit.src, circuit.dst, exc)
             src_stream.reset()
             dst_stream.reset()
@@ -279,6 +285,12 @@ class RelayService:
         data = first
         while True:
             if data:
+                allowed = self.policy.allowance(circuit, forward)
+                if allowed is not None and len(data) > allowed:
+                    if allowed:
+                        await writer.write(data[:allowed])
+                        self.policy.relayed(circuit, allowed, forward)
+                    raise CircuitLimitReached(f"circuit {circuit.src} -> {circuit.dst} reached its data limit")
                 await writer.write(data)
                 if self.policy.relayed(circuit, len(data), forward):
                     self._receipt_tasks[circuit] = self._spawn(self._receipt_round(circuit))

@@ -21,7 +21,7 @@ echo "== second part: a task naming a registry model (digits-mlp)"
 bash scripts/demo_task.sh --keep
 RPC=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('http://127.0.0.1:%d' % m['nodes'][0]['rpc_port'])" "$DEKUBE_DEMO_HOME/testnet.json")
 USER_HOME="$DEKUBE_DEMO_HOME/demo-user"
-[ -f "$USER_HOME/node_key.json" ] || dekube-node keys new --home "$USER_HOME" >/dev/null
+[ -f "$USER_HOME/node_key.json" ] || dekube-node keys new --home "$USER_HOME" --insecure-unencrypted-key >/dev/null
 USER_ID=$(dekube-node keys show --home "$USER_HOME" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['peer_id'])")
 echo "== wallet: sending 1000 tokens from the faucet to $USER_ID"
 dekube-node wallet send --rpc "$RPC" --key "$DEKUBE_DEMO_HOME/faucet_key.json" "$USER_ID" 1000 --wait

@@ -171,6 +171,15 @@ def _tx_inputs() -> list[dict[str, Any]]:
         {"signer": "carol", "nonce": 3, "type": "relay_receipt", "fee": 1,
          "payload": {"receipt": receipt, "src_sig": alice.sign(receipt_message),
                      "dst_sig": bob.sign(receipt_message)}},
+        {"signer": "alice", "nonce": 2, "type": "submit_task", "fee": 1,
+         "payload": {"model": "pt2", "dataset": "file", "workers": 3, "sync_mode": "allreduce",
+                     "codec": "int8", "price": 5000, "device": "any",
+                     "sources": ["/ip4/203.0.113.7/tcp/4001/p2p/" + alice.peer_id],
+                     "hyperparams": {"model_artifact": "7f" * 32, "dataset_artifact": "3c" * 32,
+                                     "loss": "cross_entropy", "lr": "0.001", "steps": 200, "seed": -1}}},
+        {"signer": "bob", "nonce": 8, "type": "reject_task", "fee": 1,
+         "payload": {"task_id": hashlib.sha256(b"dekube spec vector task").digest(),
+                     "reason": "Untrainable: aten::fft_rfft is not supported\nNaN — loss"}},
     ]
 
 

@@ -22,7 +22,7 @@ from consensus.state import accounts, nodes, relay, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
-from consensus.state.records import NodeRecord
+from consensus.state.records import NodeRecord, Task
 from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
 from consensus.state.supply import check_supply
 from consensus.tx import Tx, decode_tx, public_key_for
@@ -35,6 +35,7 @@ HANDLERS = {
     "register_node": nodes.apply_register_node,
     "submit_task": tasks.apply_submit_task,
     "cancel_task": tasks.apply_cancel_task,
+    "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
     "audit_result": tasks.apply_audit_result,
     "dispute": tasks.apply_dispute,
@@ -44,6 +45,12 @@ HANDLERS = {
 }
 
 VERIFY_CHUNK = 256
+
+
+def task_json(task_id: bytes, task: Task) -> dict:
+    """A task as dkb_getTask shows it: its record, with ``result`` (hex) the current leader among the
+    committers until finalize fixes it (ADR 0152)."""
+    return {"task_id": task_id.hex(), **task.to_json(), "result": tasks.current_result(task).hex()}
 
 
 @dataclass(slots=True)
@@ -264,7 +271,7 @@ class Ledger:
 
     def task_info(self, task_id: bytes) -> dict | None:
         task = self.state.tasks.get(task_id)
-        return None if task is None else {"task_id": task_id.hex(), **task.to_json()}
+        return None if task is None else task_json(task_id, task)
 
     def list_tasks(self, status: str | None = None, owner: str | None = None, limit: int = 100) -> list[dict]:
         """Tasks in submission order (newest first), filtered by status and/or owner."""
@@ -272,7 +279,7 @@ class Ledger:
         out = []
         for task_id, task in found:
             if (status is None or task.status == status) and (owner is None or task.owner == owner):
-                out.append({"task_id": task_id.hex(), **task.to_json()})
+                out.append(task_json(task_id, task))
                 if len(out) >= limit:
                     break
         return out

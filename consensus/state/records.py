@@ -97,10 +97,13 @@ class TaskStatus:
     DISPUTED = "disputed"        # some audit reported a mismatch
     PAID = "paid"                # finalized: payouts done, escrow empty
     CANCELLED = "cancelled"      # refunded before assignment
+    REJECTED = "rejected"        # a strict majority of its workers reported it untrainable: refunded less reject_fee
+    EXPIRED = "expired"          # not assigned within task_assign_timeout blocks: refunded
 
     OPEN_FOR_COMMITS = frozenset({ASSIGNED, RUNNING})
     AUDITABLE = frozenset({COMMITTED, VERIFIED, DISPUTED})
     ACTIVE = frozenset({ASSIGNED, RUNNING, COMMITTED, VERIFIED, DISPUTED})
+    FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED})   # escrow empty, nothing more can happen
 
 
 class Task(Record):
@@ -110,14 +113,21 @@ class Task(Record):
     forward to the quorum's commit + the grace once a quorum committed, see tasks.commit_grace);
     ``commits``: worker -> [segments_root, result_hash, segments, height];
     ``audits``: list of [verifier, worker, segment, match, height];
-    ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount.
+    ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount;
+    ``sources``: the owner's multiaddrs to fetch the task's artifacts from; ``device``: what the
+    workers train on (as asked; "any" becomes "cuda" or "cpu" at assignment); ``rejections``:
+    worker -> reason (reject_task); ``reason``: why the task was rejected or expired; ``result``:
+    the result_hash (weights artifact id) the most paid committers agreed on, set at finalize.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
-                          "window_end", "relay_claims", "audit_seed", "payouts")
+                          "window_end", "relay_claims", "audit_seed", "payouts",
+                          "sources", "device", "rejections", "reason", "result")
+    V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
 
-    def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int):
+    def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
+                 sources: list | None = None, device: str = "cpu"):
         self.owner = owner
         self.seq = seq
         self.spec = spec
@@ -135,6 +145,17 @@ class Task(Record):
         self.relay_claims = {}
         self.audit_seed = b""
         self.payouts = {}
+        self.sources = sources if sources is not None else []
+        self.device = device
+        self.rejections = {}
+        self.reason = ""
+        self.result = b""
+
+    @classmethod
+    def from_obj(cls, obj: list):
+        if len(obj) == cls.V1_FIELDS:   # a record from before ADR 0151: the new fields at their defaults
+            obj = [*obj, [], "cpu", {}, "", b""]
+        return super().from_obj(obj)
 
 
 class RelayChannel(Record):

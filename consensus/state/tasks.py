@@ -1,9 +1,11 @@
-"""Task lifecycle on chain: submit, cancel, assignment, commit, audit, dispute, finalize.
+"""Task lifecycle on chain: submit, cancel, assignment, commit, reject, audit, dispute, finalize, expiry.
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
 --(all committed, or a quorum by the commit deadline)--> committed --(audits)--> verified | disputed
---(finalize)--> paid; created --(cancel_task)--> cancelled. See docs/adr/0023 for assignment and
-payout rules and docs/adr/0081 for the commit quorum (a crashed worker does not hold a task open).
+--(finalize)--> paid; created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
+assigned | running --(reject_task by a strict majority of the workers)--> rejected. See docs/adr/0023
+for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker does not hold
+a task open), 0151 for rejection and expiry, 0152 for devices, sources and the task's result.
 
 Handlers check every condition before they change anything, so a failing payload leaves
 the state untouched (the ante step has already taken the fee and nonce).
@@ -18,7 +20,7 @@ from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
 from consensus.state.staking import slash
 from consensus.state.store import NODE, TASK, LedgerState
-from consensus.tx import Tx
+from consensus.tx import DEFAULT_DEVICE, Tx
 from consensus.txcodes import TxCode, TxError
 
 REPUTATION_PAID = 1
@@ -62,7 +64,9 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.task_seq += 1
     state.touch_meta()
     spec = {k: p[k] for k in ("model", "dataset", "hyperparams", "workers", "sync_mode", "codec")}
-    state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height)
+    spec["device"] = p.get("device", DEFAULT_DEVICE)
+    state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
+                                sources=list(p.get("sources", [])), device=spec["device"])
     state.open_tasks[task_id] = state.task_seq
     state.touch(TASK, task_id)
     state.events.append({"type": "task_submitted", "task_id": task_id, "owner": tx.sender})
@@ -74,9 +78,7 @@ def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     if tx.sender != task.owner:
         raise TxError(TxCode.UNAUTHORIZED, "only the task owner can cancel it")
     _require_status(task, (TaskStatus.CREATED,), "cancel")
-    state.credit(task.owner, task.escrow)
-    task.payouts = {task.owner: task.escrow}
-    task.escrow = 0
+    _refund(state, task, {})
     task.status = TaskStatus.CANCELLED
     state.open_tasks.pop(task_id, None)
     state.touch(TASK, task_id)
@@ -86,9 +88,11 @@ def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
 # ---- end of block (run by every validator after the block's transactions) -----------------
 
 def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
-    """Close the commit phases that end at this height, then assign workers to open tasks."""
+    """Close the commit phases that end at this height, assign workers to open tasks, then expire
+    the open tasks that waited task_assign_timeout blocks."""
     close_commit_phases(state, params, ctx)
     assign_open_tasks(state, params, ctx)
+    expire_open_tasks(state, params, ctx)
 
 
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -121,9 +125,16 @@ def worker_weight(state: LedgerState, peer_id: str) -> int:
 
 
 def eligible_workers(state: LedgerState, params: Params) -> list[str]:
+    """Compute nodes with enough bonded stake and a free task slot."""
+    return [peer_id for peer_id in qualified_workers(state, params)
+            if state.nodes[peer_id].active_tasks < params.max_tasks_per_worker]
+
+
+def qualified_workers(state: LedgerState, params: Params) -> list[str]:
+    """Compute nodes with enough bonded stake, busy or not."""
     out = []
     for peer_id, node in state.nodes.items():
-        if "compute" not in node.roles or node.active_tasks >= params.max_tasks_per_worker:
+        if "compute" not in node.roles:
             continue
         stake = state.stakes.get(peer_id)
         if stake is not None and stake.bonded >= params.min_worker_stake:
@@ -131,9 +142,25 @@ def eligible_workers(state: LedgerState, params: Params) -> list[str]:
     return out
 
 
+def has_gpu(state: LedgerState, peer_id: str) -> bool:
+    """Whether a node registered a GPU (a non-empty ``hardware.gpu``)."""
+    return bool(state.nodes[peer_id].hardware.get("gpu"))
+
+
+def device_pool(state: LedgerState, device: str, wanted: int, candidates: list[str]) -> tuple[str, list[str]]:
+    """The device class a task's workers train on and the candidates that can: "cuda" only GPU nodes;
+    "cpu" any node; "any" GPU nodes when there are ``wanted`` of them, else any node on CPU (so all
+    workers of a task train on the same device class)."""
+    gpus = [peer_id for peer_id in candidates if has_gpu(state, peer_id)]
+    if device == "cuda" or (device == "any" and len(gpus) >= wanted):
+        return "cuda", gpus
+    return "cpu", candidates
+
+
 def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Give each open task (oldest first) its workers: the highest-weight eligible compute
-    nodes, ties broken by sha256(task_id, peer_id). A task waits while too few are free."""
+    nodes able to train on its device, ties broken by sha256(task_id, peer_id). A task waits
+    while too few are free."""
     if not state.open_tasks:
         return
     candidates = eligible_workers(state, params)
@@ -143,7 +170,8 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
     for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__):
         task = state.tasks[task_id]
         wanted = task.spec["workers"]
-        pool = [peer_id for peer_id in candidates if peer_id != task.owner]
+        device, pool = device_pool(state, task.device, wanted,
+                                   [peer_id for peer_id in candidates if peer_id != task.owner])
         if len(pool) < wanted:
             continue
         pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
@@ -155,12 +183,58 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
             if node.active_tasks >= params.max_tasks_per_worker:
                 candidates.remove(peer_id)
         task.workers = chosen
+        task.device = device
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
         task.commit_deadline = ctx.height + params.task_timeout
         del state.open_tasks[task_id]
         state.touch(TASK, task_id)
-        state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen})
+        state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device})
+
+
+def expire_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+    """End each task still waiting for workers ``task_assign_timeout`` blocks after its submission:
+    status expired, the whole escrow back to the owner, and a reason that says what was missing."""
+    due = [task_id for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__)
+           if ctx.height >= state.tasks[task_id].created_height + params.task_assign_timeout]
+    if not due:
+        return
+    qualified = qualified_workers(state, params)
+    for task_id in due:
+        task = state.tasks[task_id]
+        task.reason = unassigned_reason(state, params, task, qualified)
+        _refund(state, task, {})
+        task.status = TaskStatus.EXPIRED
+        del state.open_tasks[task_id]
+        state.touch(TASK, task_id)
+        state.events.append({"type": "task_expired", "task_id": task_id, "reason": task.reason,
+                             "payouts": dict(task.payouts)})
+
+
+def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified: list[str]) -> str:
+    """Why ``task`` found no workers, e.g. "needs 3 compute nodes for device cuda; 1 eligible"."""
+    wanted, device = task.spec["workers"], task.spec.get("device", DEFAULT_DEVICE)
+    able = [peer_id for peer_id in qualified if peer_id != task.owner
+            and (device != "cuda" or has_gpu(state, peer_id))]
+    busy = sum(1 for peer_id in able if state.nodes[peer_id].active_tasks >= params.max_tasks_per_worker)
+    shown = "cuda or cpu" if device == "any" else device
+    reason = (f"not assigned within {params.task_assign_timeout} blocks: needs {wanted} compute "
+              f"node{'s' if wanted != 1 else ''} for device {shown}; {len(able)} eligible")
+    if busy:
+        reason += f" ({busy} busy with other tasks)"
+    return reason
+
+
+def _refund(state: LedgerState, task: Task, payouts: dict[str, int]) -> None:
+    """Pay ``payouts`` from the escrow, the rest to the owner; the escrow ends empty."""
+    payouts = {peer_id: amount for peer_id, amount in payouts.items() if amount}
+    rest = task.escrow - sum(payouts.values())
+    if rest:
+        payouts[task.owner] = payouts.get(task.owner, 0) + rest
+    for peer_id, amount in sorted(payouts.items()):
+        state.credit(peer_id, amount)
+    task.payouts = payouts
+    task.escrow = 0
 
 
 # ---- results, audits, disputes -------------------------------------------------------------
@@ -173,6 +247,8 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     _require_status(task, TaskStatus.OPEN_FOR_COMMITS, "commit a result to")
     if tx.sender in task.commits:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already committed its result")
+    if tx.sender in task.rejections:
+        raise TxError(TxCode.BAD_STATE, "this worker rejected the task; it cannot commit a result")
     if ctx.height > task.commit_deadline:
         raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
@@ -180,9 +256,94 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     if len(task.commits) == commit_quorum(len(task.workers)):
         task.commit_deadline = min(task.commit_deadline, ctx.height + commit_grace(params))
     state.touch(TASK, p["task_id"])
-    state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender})
-    if len(task.commits) == len(task.workers):
-        _open_audit_window(state, params, ctx, p["task_id"], task)
+    state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender,
+                         "result": p["result_hash"]})
+    _close_if_all_answered(state, params, ctx, p["task_id"], task)
+
+
+def _close_if_all_answered(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes,
+                           task: Task) -> None:
+    """Open the audit window at once when every worker has committed or rejected and the committers
+    are a quorum (nobody is left to wait for)."""
+    if (len(task.commits) + len(task.rejections) == len(task.workers)
+            and len(task.commits) >= commit_quorum(len(task.workers))):
+        _open_audit_window(state, params, ctx, task_id, task)
+
+
+def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A worker reports that it cannot run the task (its dry run failed) instead of committing.
+    When a strict majority of the workers rejected, the task ends ``rejected`` (ADR 0151): the relay
+    claims are paid, ``reject_fee`` (capped by what is left of the escrow) is split among the
+    rejecting workers, the owner gets the rest; every worker is freed and no reputation changes."""
+    p = tx.payload
+    task_id = p["task_id"]
+    task = get_task(state, task_id)
+    if tx.sender not in task.workers:
+        raise TxError(TxCode.UNAUTHORIZED, "sender is not a worker of this task")
+    _require_status(task, TaskStatus.OPEN_FOR_COMMITS, "reject")
+    if tx.sender in task.commits:
+        raise TxError(TxCode.BAD_STATE, "this worker already committed a result; it cannot reject the task")
+    if tx.sender in task.rejections:
+        raise TxError(TxCode.ALREADY_KNOWN, "this worker already rejected the task")
+    if ctx.height > task.commit_deadline:
+        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
+    task.rejections[tx.sender] = p["reason"]
+    state.touch(TASK, task_id)
+    state.events.append({"type": "worker_rejected", "task_id": task_id, "worker": tx.sender, "reason": p["reason"]})
+    if len(task.rejections) >= commit_quorum(len(task.workers)):
+        _end_rejected(state, params, task_id, task)
+    else:
+        _close_if_all_answered(state, params, ctx, task_id, task)
+
+
+def _end_rejected(state: LedgerState, params: Params, task_id: bytes, task: Task) -> None:
+    payouts: dict[str, int] = {}
+    for relay, amount in sorted(task.relay_claims.items()):
+        payouts[relay] = payouts.get(relay, 0) + amount
+    fee = min(params.reject_fee, task.escrow - sum(payouts.values()))
+    rejecters = sorted(task.rejections)
+    for worker in rejecters:
+        payouts[worker] = payouts.get(worker, 0) + fee // len(rejecters)
+    _refund(state, task, payouts)
+    for worker in task.workers:
+        node = state.nodes.get(worker)
+        if node is not None:
+            node.active_tasks = max(0, node.active_tasks - 1)
+            state.touch(NODE, worker)
+    task.status = TaskStatus.REJECTED
+    task.reason = "; ".join(f"{worker}: {task.rejections[worker]}" for worker in rejecters)
+    state.touch(TASK, task_id)
+    state.events.append({"type": "task_rejected", "task_id": task_id, "rejections": dict(task.rejections),
+                         "payouts": dict(task.payouts)})
+
+
+def leading_result(task: Task, excluded: frozenset[str] | set[str] = frozenset()) -> bytes:
+    """The result_hash the most committers (those not in ``excluded``) agree on; ties go to the
+    hash committed first, then the smaller hash. b"" while nobody committed."""
+    votes: dict[bytes, list[int]] = {}
+    for worker, (_, result_hash, _, height) in task.commits.items():
+        if worker in excluded:
+            continue
+        count_first = votes.setdefault(result_hash, [0, height])
+        count_first[0] += 1
+        count_first[1] = min(count_first[1], height)
+    if not votes:
+        return b""
+    return min(votes, key=lambda h: (-votes[h][0], votes[h][1], h))
+
+
+def current_result(task: Task) -> bytes:
+    """The task's result: fixed at finalize; before that, the leader among the committers whose
+    audits do not (yet) convict them."""
+    if task.status not in TaskStatus.ACTIVE:
+        return task.result
+    cheaters = {worker for worker in task.commits if _cheated(task, worker)}
+    return leading_result(task, cheaters)
+
+
+def _cheated(task: Task, worker: str) -> bool:
+    matches, mismatches = _audit_counts(task, worker)
+    return mismatches > matches
 
 
 def _audit_counts(task: Task, worker: str) -> tuple[int, int]:
@@ -276,6 +437,7 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
             payouts[peer_id] = payouts.get(peer_id, 0) + amount
 
     honest_verifiers: set[str] = set()
+    slashed: set[str] = set()
     for worker in task.workers:
         node = state.nodes.get(worker)
         if worker not in task.commits:
@@ -283,6 +445,8 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
         else:
             matches, mismatches = _audit_counts(task, worker)
             cheated = mismatches > matches
+            if cheated:
+                slashed.add(worker)
             honest_verifiers.update(v for v, w, _, match, _ in task.audits if w == worker and match != cheated)
             if cheated:
                 slash(state, worker, params.slash_mismatch_bps)
@@ -307,8 +471,9 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
     task.payouts = payouts
     task.escrow = 0
     task.status = TaskStatus.PAID
+    task.result = leading_result(task, slashed)
     state.touch(TASK, task_id)
-    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts)})
+    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result})
 
 
 def claim_relay_budget(task: Task, params: Params, relay: str, amount: int) -> None:

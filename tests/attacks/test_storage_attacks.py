@@ -35,7 +35,8 @@ def validator_home(tmp_path: Path, blocks: int = 90) -> Path:
     """A validator home (not in the committee) whose chain database holds ``blocks`` blocks (within the first
     epoch: no committee records needed), flushed to table files."""
     home = tmp_path / "node"
-    init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "validator"],
+    init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "validator",
+                              "--insecure-unencrypted-key"],
                           cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
     chain = Chain()

@@ -18,7 +18,8 @@ def run_cli(capsys, *argv):
 
 def test_init_writes_config_and_private_key(tmp_path, capsys):
     home = tmp_path / "home"
-    code, out, err = run_cli(capsys, "init", "--home", str(home), "--role", "validator,relay")
+    code, out, err = run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home),
+                             "--role", "validator,relay")
     assert code == 0 and err == ""
     key = load_identity(home / "node_key.json")
     assert key.peer_id in out
@@ -29,38 +30,39 @@ def test_init_writes_config_and_private_key(tmp_path, capsys):
 
 def test_init_refuses_to_overwrite_without_force(tmp_path, capsys):
     home = tmp_path / "home"
-    assert run_cli(capsys, "init", "--home", str(home))[0] == 0
+    assert run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home))[0] == 0
     before = load_identity(home / "node_key.json").peer_id
-    code, out, err = run_cli(capsys, "init", "--home", str(home))
+    code, out, err = run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home))
     assert code == 1 and "already exist" in err and "--force" in err and err.count("\n") == 1
     assert load_identity(home / "node_key.json").peer_id == before
-    assert run_cli(capsys, "init", "--home", str(home), "--force")[0] == 0
+    assert run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home), "--force")[0] == 0
     assert load_identity(home / "node_key.json").peer_id != before
 
 
 def test_init_rejects_bad_role(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "init", "--home", str(tmp_path / "h"), "--role", "miner")
+    code, _, err = run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(tmp_path / "h"),
+                           "--role", "miner")
     assert code == 1 and "unknown role 'miner'" in err
     assert not (tmp_path / "h" / "node_key.json").exists()
 
 
 def test_keys_new_and_show(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DEKUBE_HOME", str(tmp_path / "envhome"))
-    code, out, _ = run_cli(capsys, "keys", "new")
+    code, out, _ = run_cli(capsys, "keys", "new", "--insecure-unencrypted-key")
     assert code == 0
     peer_id = load_identity(tmp_path / "envhome" / "node_key.json").peer_id
     code, out, _ = run_cli(capsys, "keys", "show", "--json")
     assert code == 0 and json.loads(out)["peer_id"] == peer_id
-    code, out, err = run_cli(capsys, "keys", "new")
+    code, out, err = run_cli(capsys, "keys", "new", "--insecure-unencrypted-key")
     assert code == 1 and "refusing to overwrite" in err
-    assert run_cli(capsys, "keys", "new", "--force")[0] == 0
+    assert run_cli(capsys, "keys", "new", "--insecure-unencrypted-key", "--force")[0] == 0
     code, out, _ = run_cli(capsys, "keys", "show")
     assert code == 0 and "peer_id:" in out and peer_id not in out
 
 
 def test_keys_show_refuses_unsafe_key(tmp_path, capsys):
     home = tmp_path / "h"
-    run_cli(capsys, "keys", "new", "--home", str(home))
+    run_cli(capsys, "keys", "new", "--insecure-unencrypted-key", "--home", str(home))
     os.chmod(home / "node_key.json", 0o644)
     code, out, err = run_cli(capsys, "keys", "show", "--home", str(home))
     assert code == 1 and "chmod 600" in err and out == ""
@@ -70,7 +72,7 @@ def test_start_errors_are_one_line(tmp_path, capsys):
     home = tmp_path / "h"
     code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay")
     assert code == 1 and "not found" in err and "dekube-node init" in err
-    run_cli(capsys, "init", "--home", str(home))
+    run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home))
     code, _, err = run_cli(capsys, "start", "--home", str(home))
     assert code == 1 and "no role to run" in err
     code, _, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay", "--rpc-port", "http")
@@ -107,10 +109,45 @@ def test_status_url_comes_from_config(tmp_path, capsys, monkeypatch):
     from cli.status import node_url
 
     home = tmp_path / "h"
-    run_cli(capsys, "init", "--home", str(home))
+    run_cli(capsys, "init", "--insecure-unencrypted-key", "--home", str(home))
     args = build_parser().parse_args(["status", "--home", str(home)])
     assert node_url(args) == "http://127.0.0.1:8645"
     monkeypatch.setenv("DEKUBE_RPC_HOST", "0.0.0.0")
     monkeypatch.setenv("DEKUBE_RPC_PORT", "9100")
     assert node_url(args) == "http://127.0.0.1:9100"
     assert node_url(build_parser().parse_args(["status", "--url", "http://x:1/"])) == "http://x:1"
+
+
+def test_new_keys_are_encrypted_unless_told_otherwise(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DEKUBE_KEY_PASSPHRASE", raising=False)
+    home = tmp_path / "h"
+    code, _, err = run_cli(capsys, "init", "--home", str(home))   # no passphrase, no terminal
+    assert code == 1 and "--passphrase-file" in err and "--insecure-unencrypted-key" in err
+    assert not (home / "node_key.json").exists()
+    secret = tmp_path / "pass.txt"
+    secret.write_text("s3cret phrase\n")
+    code, out, _ = run_cli(capsys, "init", "--home", str(home), "--passphrase-file", str(secret))
+    assert code == 0 and "encrypted" in out
+    doc = json.loads((home / "node_key.json").read_text())
+    assert doc["version"] == 2 and "seed" not in doc
+    code, out, _ = run_cli(capsys, "keys", "show", "--json", "--home", str(home), "--passphrase-file", str(secret))
+    assert code == 0 and json.loads(out)["peer_id"] == doc["peer_id"]
+    monkeypatch.setenv("DEKUBE_KEY_PASSPHRASE", "s3cret phrase")
+    assert json.loads(run_cli(capsys, "keys", "show", "--json", "--home", str(home))[1])["peer_id"] == doc["peer_id"]
+    monkeypatch.setenv("DEKUBE_KEY_PASSPHRASE", "wrong")
+    code, out, err = run_cli(capsys, "start", "--home", str(home), "--role", "relay")
+    assert code == 1 and "wrong passphrase" in err and err.count("\n") == 1
+
+
+def test_keys_passwd_keeps_the_peer_id(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DEKUBE_KEY_PASSPHRASE", raising=False)
+    home = tmp_path / "h"
+    run_cli(capsys, "keys", "new", "--insecure-unencrypted-key", "--home", str(home))
+    peer_id = load_identity(home / "node_key.json").peer_id
+    new = tmp_path / "new.txt"
+    new.write_text("another phrase\n")
+    code, out, _ = run_cli(capsys, "keys", "passwd", "--home", str(home), "--new-passphrase-file", str(new))
+    assert code == 0 and peer_id in out
+    assert load_identity(home / "node_key.json", b"another phrase").peer_id == peer_id
+    code, _, err = run_cli(capsys, "keys", "show", "--home", str(home))
+    assert code == 1 and "encrypted" in err

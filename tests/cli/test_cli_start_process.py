@@ -52,7 +52,7 @@ def wait_for_log(lines, seen, predicate, timeout=30.0):
 
 @pytest.fixture
 def home(tmp_path):
-    result = cli("init", "--home", str(tmp_path / "node"), "--role", "relay")
+    result = cli("init", "--home", str(tmp_path / "node"), "--role", "relay", "--insecure-unencrypted-key")
     assert result.returncode == 0, result.stderr
     return tmp_path / "node"
 

@@ -3,12 +3,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_ledger_kit import CHAIN, Chain, ident
 
+from consensus.genesis import Params
+from consensus.state.records import TaskStatus
 from consensus.state.supply import SupplyInvariantError, check_supply
 from consensus.state.tasks import task_id_for
 from consensus.tx import relay_receipt_signing_bytes
 
 PEOPLE = [ident(i) for i in range(1, 7)]
 HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
+GPU_HW = {**HW, "gpu": "A100", "gpu_mem_mb": 40_000}
 
 
 def random_tx(draw, chain, submitted):
@@ -17,24 +20,27 @@ def random_tx(draw, chain, submitted):
     amount = draw(st.integers(1, 400_000))
     task_id = draw(st.sampled_from(submitted)) if submitted and draw(st.booleans()) else b"\x07" * 32
     kind = draw(st.sampled_from(["transfer", "bond", "unbond", "register_node", "submit_task", "cancel_task",
-                                 "commit_result", "audit_result", "dispute", "finalize", "relay_receipt"]))
+                                 "commit_result", "reject_task", "audit_result", "dispute", "finalize",
+                                 "relay_receipt"]))
     payloads = {
         "transfer": {"to": other.peer_id, "amount": amount},
         "bond": {"amount": amount},
         "unbond": {"amount": amount},
         "register_node": {"roles": draw(st.sampled_from([["compute"], ["relay"], ["compute", "relay"]])),
-                          "listen_addrs": [], "relay_addrs": [], "hardware": HW},
+                          "listen_addrs": [], "relay_addrs": [], "hardware": draw(st.sampled_from([HW, GPU_HW]))},
         "submit_task": {"model": "m", "dataset": "d", "hyperparams": {}, "workers": draw(st.integers(1, 3)),
-                        "sync_mode": "allreduce", "codec": "fp16", "price": amount},
+                        "sync_mode": "allreduce", "codec": "fp16", "price": amount,
+                        "device": draw(st.sampled_from(["cpu", "cuda", "any"]))},
         "cancel_task": {"task_id": task_id},
         "commit_result": {"task_id": task_id, "segments_root": b"\x01" * 32, "result_hash": b"\x02" * 32,
                           "segments": 4},
         "audit_result": {"task_id": task_id, "worker": other.peer_id, "segment": 1, "match": draw(st.booleans())},
+        "reject_task": {"task_id": task_id, "reason": "untrainable"},
         "dispute": {"task_id": task_id},
         "finalize": {"task_id": task_id},
     }
     task = chain.ledger.state.tasks.get(task_id)
-    if task is not None and task.workers and kind in ("commit_result", "dispute", "audit_result"):
+    if task is not None and task.workers and kind in ("commit_result", "reject_task", "dispute", "audit_result"):
         chosen = draw(st.sampled_from(task.workers))
         worker = next(p for p in PEOPLE if p.peer_id == chosen)
         if kind == "audit_result":
@@ -57,9 +63,11 @@ def random_tx(draw, chain, submitted):
 
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
-    chain = Chain(balance=500_000)
-    chain.block([tx for p in PEOPLE[:4] for tx in (
-        chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [], "hardware": HW}),
+    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+                                                 task_assign_timeout=6, reject_fee=25))
+    chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (
+        chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                      "hardware": GPU_HW if i % 2 else HW}),
         chain.tx(p, "bond", {"amount": 1_000}))])
     return chain
 
@@ -75,6 +83,8 @@ def test_supply_conserved_and_replicas_agree(data):
         again = replica.block(txs)
         assert result.app_hash == again.app_hash
         assert [r.code for r in result.receipts] == [r.code for r in again.receipts]
+        for task in chain.ledger.state.tasks.values():   # an ended task holds nothing, a live one its price
+            assert (task.escrow == 0) == (task.status in TaskStatus.FINAL), task
     assert chain.ledger.full_state_hash() == replica.ledger.full_state_hash()
 
 
@@ -112,3 +122,4 @@ def test_random_sequences_reach_task_lifecycle_states():
 
     explore()
     assert {"assigned", "running", "committed"} & seen, seen
+    assert {"rejected", "expired"} & seen, seen

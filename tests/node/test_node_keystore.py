@@ -6,7 +6,15 @@ import stat
 import pytest
 
 from node.identity import Identity
-from node.keystore import KeyFileExists, KeystoreError, load_identity, save_identity
+from node.key_encryption import ScryptParams
+from node.keystore import (
+    KeyFileExists,
+    KeystoreError,
+    PassphraseRequired,
+    is_encrypted,
+    load_identity,
+    save_identity,
+)
 
 
 def test_round_trip_with_0600(tmp_path):
@@ -73,7 +81,8 @@ def _doc(ident=None, **changes):
         (_doc()[:40], "corrupt or truncated"),
         (b"\xff\xfe garbage", "corrupt or truncated"),
         (b"[1, 2]", "expected a JSON object"),
-        (_doc(version=2), "unknown format version 2"),
+        (_doc(version=3), "unknown format version 3"),
+        (_doc(version=2), r"missing fields \[.crypto.\]"),
         (_doc(version=True), "unknown format version"),
         (_doc(type="secp256k1"), "unsupported key type"),
         (_doc(seed="zz" * 32), "not hex"),
@@ -105,3 +114,76 @@ def test_symlink_is_refused(tmp_path):
     link.symlink_to(real)
     with pytest.raises(KeystoreError, match="cannot open"):
         load_identity(link)
+
+
+# ---- encrypted key files (version 2, docs/adr/0161) -------------------------------------------
+
+FAST = ScryptParams(log2_n=10)   # the stored parameters are what unlocking uses: cheap in tests
+
+
+def _encrypted(tmp_path, passphrase=b"correct horse"):
+    identity = Identity.generate()
+    path = save_identity(tmp_path / "key.json", identity, passphrase=passphrase, params=FAST)
+    return identity, path
+
+
+def test_encrypted_key_round_trips_and_hides_the_seed(tmp_path):
+    identity, path = _encrypted(tmp_path)
+    text = path.read_text()
+    assert identity.seed.hex() not in text and json.loads(text)["version"] == 2
+    assert is_encrypted(path.read_bytes())
+    assert load_identity(path, b"correct horse").peer_id == identity.peer_id
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_encrypted_key_needs_a_passphrase_and_the_right_one(tmp_path):
+    _, path = _encrypted(tmp_path)
+    with pytest.raises(PassphraseRequired, match="encrypted.*--passphrase-file"):
+        load_identity(path)
+    with pytest.raises(KeystoreError, match="wrong passphrase"):
+        load_identity(path, b"wrong")
+
+
+def test_passphrase_callable_is_asked_only_for_encrypted_keys(tmp_path):
+    asked = []
+
+    def prompt():
+        asked.append(1)
+        return b"correct horse"
+
+    plain = save_identity(tmp_path / "plain.json", Identity.generate())
+    load_identity(plain, prompt)
+    assert asked == []
+    _, path = _encrypted(tmp_path)
+    load_identity(path, prompt)
+    assert asked == [1]
+
+
+@pytest.mark.parametrize("field,value", [("peer_id", Identity.generate().peer_id), ("r", 9), ("salt", "00" * 32)])
+def test_tampered_header_or_parameters_fail_authentication(tmp_path, field, value):
+    _, path = _encrypted(tmp_path)
+    doc = json.loads(path.read_text())
+    if field == "peer_id":
+        doc["peer_id"] = value
+    else:
+        doc["crypto"]["kdf"][field] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(KeystoreError, match="wrong passphrase, or the file was altered"):
+        load_identity(path, b"correct horse")
+
+
+@pytest.mark.parametrize("kdf", [{"log2_n": 40}, {"r": 10_000}, {"p": 0}, {"log2_n": "17"}, {"name": "pbkdf2"},
+                                 {"salt": "zz"}])
+def test_hostile_kdf_parameters_are_refused_before_any_work(tmp_path, kdf):
+    _, path = _encrypted(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["crypto"]["kdf"].update(kdf)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(KeystoreError, match="corrupt"):
+        load_identity(path, b"correct horse")
+
+
+def test_empty_passphrase_is_refused(tmp_path):
+    with pytest.raises(KeystoreError, match="empty passphrase"):
+        save_identity(tmp_path / "k.json", Identity.generate(), passphrase=b"", params=FAST)
+    assert not (tmp_path / "k.json").exists()

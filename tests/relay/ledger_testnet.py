@@ -42,13 +42,14 @@ class LedgerTestnet:
     at genesis."""
 
     def __init__(self, root: Path, validators: int, balances: dict[str, int],
-                 extra_roles: dict[int, list[RoleFactory]] | None = None, relay_settings: dict | None = None) -> None:
+                 extra_roles: dict[int, list[RoleFactory]] | None = None, relay_settings: dict | None = None,
+                 params: dict | None = None) -> None:
         self.identities = [Identity.generate() for _ in range(validators)]
         ports = free_ports(validators)
         funded = {**{ident.peer_id: 10**6 for ident in self.identities}, **balances}  # fees need a balance
         genesis = Genesis(CHAIN, 0, funded, tuple(
             GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{port}",))
-            for ident, port in zip(self.identities, ports)), Params(committee_size=validators))
+            for ident, port in zip(self.identities, ports)), Params(committee_size=validators, **(params or {})))
         self.nodes: list[Node] = []
         for i, (ident, port) in enumerate(zip(self.identities, ports)):
             home = root / f"v{i}"

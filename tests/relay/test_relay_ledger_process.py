@@ -45,7 +45,8 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
     proc = None
     try:
         net.up(wait_height=1, timeout=60)
-        init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "relay"],
+        init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "relay",
+                              "--insecure-unencrypted-key"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert init.returncode == 0, init.stderr
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--home", str(home), "--role", "relay",

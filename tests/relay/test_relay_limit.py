@@ -95,3 +95,53 @@ def test_bulk_goes_direct_when_a_direct_path_exists():
         finally:
             await _stop(service, a, b)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_relay_enforces_the_data_limit_it_announces():
+    """A peer pair that ignores the Limit (both sides treat the circuit as unlimited) gets the
+    circuit closed by the relay once a direction carried the announced 128 KiB."""
+    async def main():
+        service, a, b = await _bench(b_listens=False)
+        try:
+            await a.host.connect(b.relayed_addrs[0])
+            [conn] = a.host.connections(b.host.peer_id)
+            await eventually(lambda: len(b.host.connections(a.host.peer_id)) == 1)
+            [inbound] = b.host.connections(a.host.peer_id)
+            conn.limit = inbound.limit = None       # misbehaving endpoints: bulk over the capped circuit
+            data = pattern(1 << 20)
+            with pytest.raises((ConnectionError, ProtocolError, asyncio.IncompleteReadError)):
+                answer = await asyncio.wait_for(send_and_check(conn, data, chunk=64 << 10), 20)
+                assert answer == expected_answer(data), "no error, but the data did not all arrive"
+                raise AssertionError("1 MiB crossed a circuit capped at 128 KiB")
+            await eventually(lambda: not a.host.connections(b.host.peer_id))
+            await eventually(lambda: not service.policy.circuits)
+            assert service.policy.counters["bytes_closed_circuits"] <= 2 * JS_DEFAULT.data
+        finally:
+            await _stop(service, a, b)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_relay_closes_a_circuit_at_its_duration_limit():
+    async def main():
+        relay_host = Host(Identity.generate())
+        await relay_host.start()
+        a_host, b_host = Host(Identity.generate(), ["/ip4/127.0.0.1/tcp/0"]), Host(Identity.generate())
+        for host in (a_host, b_host):
+            await host.start()
+        a, b = RelayClient(a_host), RelayClient(b_host)
+        a.start()
+        b.start()
+        service = RelayService(relay_host, Admission({a_host.peer_id, b_host.peer_id}),
+                               RelayLimits(circuit_limit=Limit(duration=1)))
+        service.start()
+        try:
+            await b.reserve(relay_host.listen_addrs[0])
+            a_host.register_circuit_dialer(lambda maddr, bulk: a.dial([str(maddr)], bulk=bulk))
+            await a_host.connect(b.relayed_addrs[0])
+            assert a_host.connections(b_host.peer_id)
+            await eventually(lambda: not a_host.connections(b_host.peer_id), timeout=10)
+        finally:
+            await service.stop()
+            for host in (relay_host, a_host, b_host):
+                await host.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))

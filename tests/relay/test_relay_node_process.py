@@ -43,7 +43,8 @@ def test_relay_node_process_serves_reservations(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "DEKUBE_RELAY_ALLOW_LIST": f"{source.peer_id},{target.peer_id}"}
     home = tmp_path / "relay"
-    init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "relay"],
+    init = subprocess.run([sys.executable, "-m", "cli.main", "init", "--home", str(home), "--role", "relay",
+                           "--insecure-unencrypted-key"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--home", str(home), "--role", "relay",

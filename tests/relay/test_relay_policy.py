@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.messages import Status
-from relay.policy import AdmissionRule, RelayLimits, RelayPolicy
+from relay.messages import Limit, Status
+from relay.policy import AdmissionRule, CircuitRecord, RelayLimits, RelayPolicy
 
 T0 = 1_800_000_000.0
 SESSION = bytes(16)
@@ -200,3 +200,15 @@ def test_limits_hold_under_any_sequence_of_reservations(requests):
             assert decision.status in (Status.PERMISSION_DENIED, Status.RESOURCE_LIMIT_EXCEEDED)
             assert p.reservations.get(peer) is before.get(peer) or peer not in p.reservations
     assert p.counters["reservations_refused"] == len(requests) - accepted
+
+
+def test_allowance_follows_the_announced_data_limit():
+    unlimited = RelayPolicy(RelayLimits())
+    circuit = CircuitRecord("a", "b", b"s")
+    assert unlimited.allowance(circuit, True) is None and unlimited.duration_cap() is None
+    capped = RelayPolicy(RelayLimits(circuit_limit=Limit(duration=120, data=1000)))
+    capped.relayed(circuit, 600, True)
+    capped.relayed(circuit, 100, False)
+    assert capped.allowance(circuit, True) == 400 and capped.allowance(circuit, False) == 900
+    capped.relayed(circuit, 500, True)
+    assert capped.allowance(circuit, True) == 0 and capped.duration_cap() == 120
