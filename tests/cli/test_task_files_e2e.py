@@ -2,9 +2,10 @@
 as a user does it: the example's own CNN exported to model.pt2 with its train/test .npz files,
 ``task submit --wait --out`` (dry run, files served from the CLI's client node, live progress from
 the workers, payouts, weights fetched); the weights hash to the ledger's result and, evaluated
-locally, reproduce the workers' eval metric; ``task fetch`` gets the same bytes again; ``task
-cancel`` refunds a task no one can take. The CLI runs as the user runs it: ``python -m cli.main``
-processes from the repository root.
+locally, reproduce the workers' eval metric; ``task fetch`` gets the same bytes again. Failures: a
+shape error the workers find themselves (dry run skipped) is rejected on chain with their reason;
+``task cancel`` refunds a task no one can take, and one left alone expires with its reason. The
+CLI runs as the user runs it: ``python -m cli.main`` processes from the repository root.
 """
 import json
 import re
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits_cnn.py"
 STEPS = 40
+ASSIGN_TIMEOUT = 60   # blocks (~0.3 s each): room to cancel, short enough to watch a task expire
 
 
 def cli(*argv, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -43,7 +45,8 @@ def example(*argv) -> str:
 
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory):
-    net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=3)
+    net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=3,
+                               params={"task_assign_timeout": ASSIGN_TIMEOUT})
     try:
         net.up(timeout=120)
         yield net
@@ -113,3 +116,37 @@ def test_cancel_a_task_no_one_can_take(devnet):
     assert rpcclient.call(devnet.rpc_url, "dkb_getBalance", owner) == balance + 5000 - DEFAULT_FEE
     again = cli("task", "cancel", task_id, "--rpc", devnet.rpc_url, "--key", key)
     assert again.returncode == 1 and "only a task not assigned yet" in again.stderr
+
+
+def test_untrainable_files_are_rejected_by_the_workers_and_refunded(devnet, tmp_path):
+    """With the local dry run skipped, the workers find the shape error themselves: they reject the task
+    on chain with the reason, the owner gets the price back minus the rejection fee."""
+    import numpy as np
+
+    from tests.cli.test_task_submit_checks import flat_model_archive
+
+    flat_model_archive(tmp_path / "model.pt2")
+    np.savez(tmp_path / "train.npz", x=np.zeros((64, 1, 8, 8), np.float32), y=np.zeros(64, np.int64))
+    key = str(devnet.testnet.root / "faucet_key.json")
+    done = cli("task", "submit", "--rpc", devnet.rpc_url, "--key", key, "--model", str(tmp_path / "model.pt2"),
+               "--dataset", str(tmp_path / "train.npz"), "--steps", "5", "--workers", "3", "--price", "7000",
+               "--skip-dry-run", "--wait", "--timeout", "200")
+    assert done.returncode == 1, done.stdout + done.stderr
+    task_id = re.search(r"task ([0-9a-f]{64}) submitted", done.stdout).group(1)
+    task = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)
+    assert task["status"] == "rejected" and task["rejections"]
+    assert f"task {task_id} rejected" in done.stdout
+    assert "rejected by worker" in done.stdout and "cannot" in done.stdout   # the workers' reason, as they gave it
+    assert task["payouts"][task["owner"]] > 7000 - 100
+
+
+def test_a_task_no_one_can_take_expires_with_its_reason(devnet):
+    key = str(devnet.testnet.root / "faucet_key.json")
+    done = cli("task", "submit", "--rpc", devnet.rpc_url, "--key", key, "--model", "mlp", "--dataset", "digits",
+               "--workers", "8", "--steps", "5", "--price", "3000", "--wait", "--timeout", "200")
+    assert done.returncode == 1, done.stdout + done.stderr
+    task_id = re.search(r"task ([0-9a-f]{64}) submitted", done.stdout).group(1)
+    task = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)
+    assert task["status"] == "expired" and task["reason"]
+    assert f"task {task_id} expired: {task['reason']}" in done.stdout
+    assert task["payouts"] == {task["owner"]: 3000}

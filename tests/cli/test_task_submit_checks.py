@@ -125,3 +125,23 @@ def test_untrainable_registry_spec_fails_the_dry_run_before_any_tx(key, capsys):
     # the issue's example: an MLP over 8x8 digit images cannot read shakespeare's token ids
     code, _, err = submit(capsys, key, "--model", "mlp", "--dataset", "shakespeare", "--steps", "5")
     assert code == 1 and "dry run" in one_error(err) and "cannot reach" not in err
+
+
+def flat_model_archive(path) -> None:
+    """A torch.export archive of a model that expects (N, 64) inputs, not the (N, 1, 8, 8) images."""
+    import torch
+
+    batch = torch.export.Dim("batch", min=2, max=4096)
+    program = torch.export.export(torch.nn.Linear(64, 10), (torch.zeros(4, 64),), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path))
+
+
+def test_shape_mismatch_of_the_users_files_fails_the_dry_run_before_any_tx(tmp_path, key, capsys):
+    pytest.importorskip("ml.train.dry_run")
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("node.artifacts")
+    flat_model_archive(tmp_path / "model.pt2")
+    np.savez(tmp_path / "train.npz", x=np.zeros((32, 1, 8, 8), np.float32), y=np.zeros(32, np.int64))
+    code, _, err = submit(capsys, key, "--model", str(tmp_path / "model.pt2"), "--dataset",
+                          str(tmp_path / "train.npz"), "--steps", "5")
+    assert code == 1 and "dry run" in one_error(err) and "cannot reach" not in err
