@@ -35,12 +35,13 @@ def result_holders(task: dict, result: str) -> list[str]:
     return holders or list(task.get("commits") or {}) or list(task.get("workers") or [])
 
 
-def load_hint(task: dict, out: Path) -> str:
-    """The one line that loads the fetched weights into the owner's model."""
+def load_hint(task: dict, out: Path, model_path: Path | None = None) -> str:
+    """The one line that loads the fetched weights into the owner's model (for a .pt2 task, after
+    loading the archive that was submitted: ``model_path`` when known)."""
     weights = out / WEIGHTS_FILE
     line = f'model.load_state_dict(safetensors.torch.load_file("{weights}"))'
     if (task.get("spec") or {}).get("model") == "pt2":
-        return (f'model = torch.export.load("YOUR_MODEL.pt2").module(); {line}')
+        return f'model = torch.export.load("{model_path or "YOUR_MODEL.pt2"}").module(); {line}'
     return line
 
 
@@ -70,7 +71,7 @@ async def worker_metrics(node, peers: list[str], task_id: str) -> dict:
     return {}
 
 
-async def fetch_result(pool, node, task_id: str, out: Path, *, say=print) -> dict:
+async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_path: Path | None = None) -> dict:
     """Downloads and checks the task's weights into ``out``; returns what was written."""
     from node.artifacts import ArtifactError, artifact_id_of_file
 
@@ -106,4 +107,4 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print) -> dic
         doc["final"].pop("history")
     (out / METRICS_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return {"weights": str(weights), "metrics": str(out / METRICS_FILE), "result": result,
-            "final_metrics": metrics.get("metrics", {}), "load": load_hint(task, out)}
+            "final_metrics": metrics.get("metrics", {}), "load": load_hint(task, out, model_path)}

@@ -184,6 +184,10 @@ async def wait_relayed(node, wanted: bool, timeout: float = RELAY_WAIT_S) -> Non
         await asyncio.sleep(0.2)
 
 
+def spec_value(task: dict, name: str) -> str:
+    return ((task.get("spec") or {}).get("hyperparams") or {}).get(name, "")
+
+
 async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: TaskInputs) -> int:
     from cli.task_fetch import fetch_result
     from cli.task_follow import follow_task
@@ -211,7 +215,8 @@ async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: Tas
     task = await following
     extra = {}
     if args.out is not None and task["status"] == "paid":
-        fetched = await fetch_result(pool, node, task_id, Path(args.out), say=view.note)
+        model_path = inputs.files.get(spec_value(task, "model_artifact"))
+        fetched = await fetch_result(pool, node, task_id, Path(args.out), say=view.note, model_path=model_path)
         extra["fetched"] = fetched
     code = report_final(task, as_json=args.json, extra=extra)
     if extra and not args.json:
