@@ -114,6 +114,14 @@ def decode_sync_block(payload: bytes) -> Commit:
 CommitHook = Callable[[Commit], Awaitable[ValidatorSet]]
 
 
+def _member_or_sync_request(members: Callable[[str], bool]) -> Callable[[str | None, bytes], bool]:
+    """Protocol access by role: members (the committee) may send any payload; anyone else only
+    sync requests (a joining node catches up; the driver rate-limits what it serves per peer)."""
+    def admits(peer: str | None, payload: bytes) -> bool:
+        return peer is not None and (members(peer) or payload[:1] == bytes([SYNC_REQUEST_TAG]))
+    return admits
+
+
 class ConsensusDriver:
     """Runs one ``TendermintCore`` over a network and a clock.
 
@@ -122,7 +130,8 @@ class ConsensusDriver:
     ``network``). ``peers()``: the peer IDs to gossip with (the committee, or every validator
     candidate). ``persist(state)``: store the signer state durably. ``commit(commit)``: execute and
     store the block, return the next height's ``ValidatorSet``. ``get_block(height)``: a stored
-    ``Commit`` (for peers that sync) or ``None``. ``on_evidence(evidence)``: equivocation seen (for
+    ``Commit`` (for peers that sync) or ``None``. ``members(peer)``: whether ``peer`` may send votes and
+proposals (others may only ask for blocks; None: everyone). ``on_evidence(evidence)``: equivocation seen (for
     the mempool / next block). If ``persist`` raises, nothing after it is sent and the driver stops
     feeding the core (``failure`` is set): a validator that cannot make its votes durable must not vote.
     """
@@ -144,11 +153,13 @@ class ConsensusDriver:
         open_timeout: float = 3.0,
         network: ConsensusNetwork | None = None,
         clock: Clock | None = None,
+        members: Callable[[str], bool] | None = None,
     ) -> None:
         if network is None:
             if host is None:
                 raise ValueError("ConsensusDriver needs a host or a network")
-            network = HostNetwork(host, max_send_queue, open_timeout)
+            admits = None if members is None else _member_or_sync_request(members)
+            network = HostNetwork(host, max_send_queue, open_timeout, admits)
         self.network = network
         self.clock = clock if clock is not None else LoopClock()
         self.core = core
@@ -296,6 +307,7 @@ class ConsensusDriver:
             self._committing = False
         self.commits += 1
         self._behind_since = None
+        self.network.prune(set(self.peers()))   # senders to peers that left the committee go
         return self.core.start_height(commit.height + 1, next_validators)
 
     # ------------------------------------------------------------------ gossip and sending

@@ -5,8 +5,11 @@ received payload is passed to ``deliver(peer, payload)``, which raises ``Message
 one), ``send(peer, payload)`` (never blocks; may drop) and ``await stop()``. ``HostNetwork`` carries
 payloads on protocol ``/dekube/consensus/1.0.0`` as frames ``len u32 | payload`` over one
 long-lived outbound stream per peer (bounded ``PeerSender`` queues, oldest dropped: gossip recovers
-them); a malformed or oversized frame closes that stream only. The deterministic simulator
-(``devtools.consensus_sim``) plugs in its own implementation.
+them); a malformed or oversized frame closes that stream only. ``admits(peer, payload)`` says which
+peers may send what (the driver lets committee members send anything and other peers only sync
+requests: protocol access by role); a refused frame closes that stream. ``prune(keep)`` closes the
+senders of peers no longer gossiped with. The deterministic simulator (``devtools.consensus_sim``)
+plugs in its own implementation.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ _LEN = struct.Struct(">I")
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[str | None, bytes], None]
+Admits = Callable[[str | None, bytes], bool]
 
 
 class FrameError(MessageError):
@@ -39,6 +43,8 @@ class ConsensusNetwork(Protocol):
     def send(self, peer: str, payload: bytes) -> None: ...
 
     async def stop(self) -> None: ...
+
+    def prune(self, keep: set[str]) -> None: ...
 
 
 def frame(payload: bytes) -> bytes:
@@ -56,13 +62,16 @@ async def read_frame(stream, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
 class HostNetwork:
     """``ConsensusNetwork`` over a ``Host``: ``set_handler``/``remove_handler``/``open_stream``."""
 
-    def __init__(self, host, max_send_queue: int = 1024, open_timeout: float = 3.0) -> None:
+    def __init__(self, host, max_send_queue: int = 1024, open_timeout: float = 3.0,
+                 admits: Admits | None = None) -> None:
         self.host = host
         self.max_send_queue = max_send_queue
         self.open_timeout = open_timeout
+        self.admits = admits
         self._deliver: Deliver | None = None
         self._senders: dict[str, PeerSender] = {}
         self.rejected_frames = 0
+        self.refused_frames = 0
 
     def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
@@ -81,11 +90,21 @@ class HostNetwork:
             await sender.close()
         self._senders.clear()
 
+    def prune(self, keep: set[str]) -> None:
+        """Close the senders of peers not in ``keep`` whose queue is empty (a pending sync reply
+        to a non-member still goes out; its sender is pruned at a later call)."""
+        for peer in [p for p, sender in self._senders.items() if p not in keep and sender.queue.empty()]:
+            asyncio.get_running_loop().create_task(self._senders.pop(peer).close())
+
     async def _handle_stream(self, stream) -> None:
         peer = getattr(stream, "remote_peer", None)
         try:
             while True:
                 payload = await read_frame(stream)
+                if self.admits is not None and not self.admits(peer, payload):
+                    self.refused_frames += 1
+                    log.info("closing consensus stream from %s: not a committee member", peer)
+                    return
                 self._deliver(peer, payload)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass

@@ -7,8 +7,13 @@ everyone; a node that was down catches up through blocks). The receiving side re
 drops hashes it has already seen (a bounded LRU), and awaits ``admit(batch)`` before reading the
 next frame, so a slow validator pushes back on its senders through TCP instead of buffering.
 Per-peer send queues are bounded (oldest batch dropped). A malformed frame closes that stream.
+Protocol access by role: ``members(peer)`` (the committee) gossip at full rate; any other peer (a
+standby validator forwarding its clients' transactions) gets a ``TxAllowance`` of
+``NON_MEMBER_TXS_PER_S`` and the rest of its batches is dropped and counted. Senders to peers that
+left ``peers()`` are closed.
 
-``encode_batch``/``decode_batch``/``SeenCache`` are the sans-I/O parts; ``TxGossip`` drives them.
+``encode_batch``/``decode_batch``/``SeenCache``/``TxAllowance`` are the sans-I/O parts; ``TxGossip``
+drives them.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ PROTOCOL = "/dekube/tx/1.0.0"
 MAX_BATCH_TXS = 2048
 MAX_TX_BYTES = 64 * 1024
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+NON_MEMBER_TXS_PER_S = 64.0
+NON_MEMBER_BURST_TXS = 256
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 log = logging.getLogger(__name__)
@@ -95,6 +102,24 @@ class SeenCache:
         return [tx for tx in txs if self.add(hashlib.sha256(tx).digest())]
 
 
+class TxAllowance:
+    """A token bucket of transactions: ``rate`` per second, up to ``burst`` saved."""
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.last = now
+
+    def take(self, wanted: int, now: float) -> int:
+        """How many of ``wanted`` transactions may pass at ``now``."""
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        granted = min(wanted, int(self.tokens))
+        self.tokens -= granted
+        return granted
+
+
 Admit = Callable[[list[bytes]], Awaitable[object]]
 
 
@@ -102,11 +127,15 @@ class TxGossip:
     """Sends accepted transactions to ``peers()`` and hands received ones to ``admit``."""
 
     def __init__(self, host, self_id: str, peers: Callable[[], Iterable[str]], admit: Admit, *,
-                 flush_interval: float = 0.01, max_send_queue: int = 256, seen_capacity: int = 200_000):
+                 flush_interval: float = 0.01, max_send_queue: int = 256, seen_capacity: int = 200_000,
+                 members: Callable[[str], bool] | None = None, non_member_rate: float = NON_MEMBER_TXS_PER_S):
         self.host = host
         self.self_id = self_id
         self.peers = peers
         self.admit = admit
+        self.members = members
+        self.non_member_rate = non_member_rate
+        self.shed_txs = 0
         self.flush_interval = flush_interval
         self.max_send_queue = max_send_queue
         self.seen = SeenCache(seen_capacity)
@@ -145,23 +174,32 @@ class TxGossip:
             await asyncio.sleep(self.flush_interval)  # let a batch build up
             outbox, self._outbox = self._outbox, []
             frames = [encode_batch(outbox[i:i + MAX_BATCH_TXS]) for i in range(0, len(outbox), MAX_BATCH_TXS)]
-            for peer in self.peers():
-                if peer == self.self_id:
-                    continue
+            peers = set(self.peers()) - {self.self_id}
+            for peer in peers:
                 sender = self._senders.get(peer)
                 if sender is None:
                     sender = self._senders[peer] = PeerSender(self.host, peer, PROTOCOL, self.max_send_queue, 3.0)
                 for frame in frames:
                     sender.send(frame)
+            for gone in [p for p in self._senders if p not in peers]:
+                await self._senders.pop(gone).close()
 
     async def _handle_stream(self, stream) -> None:
         peer = getattr(stream, "remote_peer", None)
+        loop = asyncio.get_running_loop()
+        allowance = None
         try:
             while True:
                 (length,) = _U32.unpack(await stream.readexactly(4))
                 if not 0 < length <= MAX_FRAME_BYTES:
                     raise GossipFrameError(f"frame of {length} bytes outside 1..{MAX_FRAME_BYTES}")
-                txs = self.seen.fresh(decode_batch(await stream.readexactly(length)))
+                batch = decode_batch(await stream.readexactly(length))
+                if self.members is not None and (peer is None or not self.members(peer)):
+                    allowance = allowance or TxAllowance(self.non_member_rate, NON_MEMBER_BURST_TXS, loop.time())
+                    granted = allowance.take(len(batch), loop.time())
+                    self.shed_txs += len(batch) - granted
+                    batch = batch[:granted]
+                txs = self.seen.fresh(batch)
                 self.received += len(txs)
                 if txs:
                     await self.admit(txs)

@@ -8,6 +8,12 @@ from __future__ import annotations
 MODEL_NAMES = ("char-transformer", "digits-mlp")
 DATASET_NAMES = ("digits", "shakespeare")
 CODEC_NAMES = ("bf16", "fp16", "fp32", "int4", "int8", "sign", "topk")  # each may take a "+lz4" suffix
+ARCHIVE_MODEL = "pt2"      # a task's own model: a torch.export archive (TrainSpec.model_artifact)
+FILE_DATASET = "file"      # a task's own data: a file (TrainSpec.dataset_artifact)
+LOSS_NAMES = ("cross_entropy", "mse", "next_token_cross_entropy")
+DEVICES = ("cpu", "cuda")
+INITS = ("archive", "seed")
+TOKENIZERS = ("byte", "char")
 POWERSGD_PREFIX = "powersgd"  # "powersgd" or "powersgd<r>", e.g. "powersgd4": use the PowerSGD class
 
 

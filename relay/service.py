@@ -212,9 +212,16 @@ class RelayService:
             log.debug("reservation of %s refused: %s", peer, decision.reason)
             await self._reply(stream, decision.status)
             return
+        self._protect_reserved()
         voucher = seal_voucher(self.identity, peer, decision.expire)
         await self._reply(stream, Status.OK,
                           reservation=Reservation(decision.expire, self._relay_addrs(stream), voucher))
+
+    def _protect_reserved(self) -> None:
+        """Peers holding a live reservation are never evicted for inbound newcomers (ADR 0145):
+        their relayed addresses depend on this connection."""
+        self.policy.tick(time.time())
+        self.host.set_protected("reservation", list(self.policy.reservations))
 
     # ---- connect
     async def _connect(self, stream, msg: HopMessage) -> None:

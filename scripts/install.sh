@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs dekube with its compute extra (torch, numpy, scikit-learn, lz4) and its test
+# Installs dekube with its compute extra (torch, numpy, scikit-learn, lz4, safetensors) and its test
 # dependencies into the current Python environment. torch is pinned to 2.13.0 (a CPU wheel on
 # these machines; an unpinned torch pulls CUDA), the same pin as pyproject's compute extra
 # (ADR 0120). Validators and relays need no extra: `pip install dekube` installs them without torch.

@@ -139,7 +139,8 @@ class ValidatorRole(Role):
             if self.store is None:  # the node awaits prepare() first; a test may call run() alone
                 await loop.run_in_executor(self._worker, self._open)
             self._add_genesis_addresses()
-            self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers)
+            self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers,
+                                   members=self._is_member)
             await self.gossip.start()
             self.ready.set()  # ledger loaded: queries and submissions are served from here on
             await self._start_consensus()
@@ -249,7 +250,7 @@ class ValidatorRole(Role):
                               value_proposer=self._block_proposer)
         self.driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
-            get_block=self._stored_commit, on_evidence=self._on_evidence)
+            get_block=self._stored_commit, on_evidence=self._on_evidence, members=self._is_member)
         await self.driver.start(self.ledger.height + 1, self.committee)
 
     def _fail(self, exc: BaseException) -> None:
@@ -279,6 +280,11 @@ class ValidatorRole(Role):
     # ------------------------------------------------------------------ driver hooks
     def _peers(self) -> tuple[str, ...]:
         return self.committee.peer_ids if self.committee is not None else ()
+
+    def _is_member(self, peer: str) -> bool:
+        """May ``peer`` send votes, proposals and tx gossip: a member of this height's or the last
+        height's committee (a member one block behind or ahead still gets through)."""
+        return any(c is not None and peer in c.peer_ids for c in (self.committee, self._prev_committee))
 
     async def _persist_signer(self, state: bytes) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.store.storage.save_signer_state, state)

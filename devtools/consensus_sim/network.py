@@ -125,6 +125,9 @@ class Endpoint:
     async def stop(self) -> None:
         self.deliver = None
 
+    def prune(self, keep: set[str]) -> None:
+        """Nothing to close: simulated links hold no per-peer state."""
+
     def send(self, peer: str, payload: bytes) -> None:
         net = self.net
         if net.endpoints.get(self.index) is not self:

@@ -11,6 +11,9 @@ node can serve two tasks' rounds without mixing them. Torch work runs in threads
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 from ml.allreduce import AllReduceGroup, DeadlinePolicy
 from ml.job.participation import ParticipationLog
 from ml.train.allreduce_averager import averager_for_group, group_codec
@@ -39,9 +42,10 @@ def make_group(spec: TrainSpec, transport, me: str, workers: list[str], task_id:
 
 
 def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: list[str],
-                    feed: ProgressFeed | None = None) -> TrainerBase:
+                    feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None) -> TrainerBase:
     """Build `me`'s trainer (loads the dataset, builds the model: seconds on a busy machine, so call it
-    in a thread and before the start barrier, never between the barrier and the first round)."""
+    in a thread and before the start barrier, never between the barrier and the first round).
+    `files` maps the artifact ids the spec names (ml.train.inputs.artifact_ids) to local paths."""
     ordered = sorted(workers)
     averager = ParticipationLog(averager_for_group(spec, group), len(ordered))
-    return make_trainer(spec, ordered.index(me), len(ordered), averager, feed)
+    return make_trainer(spec, ordered.index(me), len(ordered), averager, feed, files)

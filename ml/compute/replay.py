@@ -16,6 +16,8 @@ node's loop stays responsive.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from pathlib import Path
 
 from ml.allreduce import TcpTransport
 from ml.compute.executor import make_group
@@ -51,9 +53,11 @@ def segments_needed(spec: TrainSpec, last_segment: int) -> dict:
 
 
 async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, task_id: bytes = bytes(32),
-                     mode: str = "butterfly", left: dict[str, int] | None = None) -> dict[str, list[str]]:
+                     mode: str = "butterfly", left: dict[str, int] | None = None,
+                     files: Mapping[str, Path] | None = None) -> dict[str, list[str]]:
     """Segment hashes 0..last_segment of every worker that stayed (peer id -> hex hashes) by replaying
-    the job; `left` maps workers that left the real run to the round they left at."""
+    the job; `left` maps workers that left the real run to the round they left at; `files` maps the
+    spec's artifact ids to local paths."""
     left = left or {}
     ordered = sorted(workers)
     transports = [TcpTransport(peer) for peer in ordered]
@@ -70,7 +74,7 @@ async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, tas
             averager = averager_for_group(spec, group)
             if peer in left:
                 averager = LeavingAverager(averager, group, transport, left[peer])
-            trainers.append(make_trainer(spec, rank, len(ordered), averager))
+            trainers.append(make_trainer(spec, rank, len(ordered), averager, files=files))
         until = segments_needed(spec, last_segment)
         outcomes = await asyncio.gather(*(trainer.run(**until) for trainer in trainers), return_exceptions=True)
         for peer, outcome in zip(ordered, outcomes):
@@ -86,6 +90,7 @@ async def replay_job(spec: TrainSpec, workers: list[str], last_segment: int, tas
 
 
 def replay_job_blocking(spec: TrainSpec, workers: list[str], last_segment: int, task_id: bytes = bytes(32),
-                        mode: str = "butterfly", left: dict[str, int] | None = None) -> dict[str, list[str]]:
+                        mode: str = "butterfly", left: dict[str, int] | None = None,
+                        files: Mapping[str, Path] | None = None) -> dict[str, list[str]]:
     """`replay_job` on a fresh event loop (call it from a worker thread)."""
-    return asyncio.run(replay_job(spec, workers, last_segment, task_id, mode, left))
+    return asyncio.run(replay_job(spec, workers, last_segment, task_id, mode, left, files))

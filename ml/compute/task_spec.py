@@ -2,7 +2,8 @@
 
 The ledger's submit_task payload names `model`, `dataset`, `workers`, `sync_mode` ("allreduce" or
 "diloco"), `codec` and a `hyperparams` map. The canonical ledger encoding has no floats, so float
-hyper-parameters travel as decimal text and `codec_options` as JSON text; `train_spec_for_task`
+hyper-parameters travel as decimal text and `codec_options` as JSON text; text fields (artifact ids,
+loss, device, init, tokenizer) as themselves; `train_spec_for_task`
 reverses that and validates the result (an unknown or malformed task raises InvalidTask, so a
 compute node skips it instead of crashing).
 """
@@ -29,7 +30,7 @@ def model_name(name: str) -> str:
 
 
 def _encode_value(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict, str)):
         raise InvalidTask(f"cannot put {value!r} in a task's hyperparams")
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True)
@@ -53,6 +54,8 @@ def _decode_value(name: str, value):
     if kind is None:
         raise InvalidTask(f"unknown hyper-parameter {name!r}")
     try:
+        if kind == "str" and not isinstance(value, str):
+            raise InvalidTask(f"hyper-parameter {name} must be text")
         if kind == "float":
             return float(value) if isinstance(value, str) else value
         if kind == "dict":

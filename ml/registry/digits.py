@@ -10,6 +10,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ml.registry.modes import eval_mode
 from ml.registry.sharding import generator, shard_indices
 
 SPLIT_SEED = "digits-split-v1"
@@ -59,14 +60,13 @@ class DigitsDataset:
         return F.cross_entropy(outputs, targets)
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, device: str = "cpu") -> dict[str, float]:
         """Test-set accuracy (percent) and mean cross-entropy."""
-        was_training = model.training
-        model.eval()
-        logits = model(self.x_test)
-        model.train(was_training)
-        correct = int((logits.argmax(dim=1) == self.y_test).sum())
+        with eval_mode(model):
+            logits = model(self.x_test.to(device))
+        y_test = self.y_test.to(device)
+        correct = int((logits.argmax(dim=1) == y_test).sum())
         return {
             "accuracy": 100.0 * correct / len(self.y_test),
-            "loss": float(F.cross_entropy(logits, self.y_test)),
+            "loss": float(F.cross_entropy(logits, y_test)),
         }

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ml.registry.modes import eval_mode
 from ml.registry.sharding import contiguous_shard, generator
 
 VALIDATION_FRACTION = 0.1
@@ -85,20 +86,19 @@ class ShakespeareDataset:
         return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, batch_windows: int = 64) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, batch_windows: int = 64, device: str = "cpu") -> dict[str, float]:
         """Validation loss (nats per char) and bits per character over evenly spaced windows."""
         windows = max(1, self.eval_chars // self.context)
         span = len(self.valid_tokens) - self.context - 1
         offsets = torch.linspace(0, span, windows).long()
-        was_training = model.training
-        model.eval()
         total, count = 0.0, 0
-        for i in range(0, windows, batch_windows):
-            x, y = self._windows(self.valid_tokens, offsets[i:i + batch_windows])
-            logits = model(x)
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                           reduction="sum"))
-            count += y.numel()
-        model.train(was_training)
+        with eval_mode(model):
+            for i in range(0, windows, batch_windows):
+                x, y = self._windows(self.valid_tokens, offsets[i:i + batch_windows])
+                x, y = x.to(device), y.to(device)
+                logits = model(x)
+                total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                               reduction="sum"))
+                count += y.numel()
         loss = total / count
         return {"loss": loss, "bits_per_char": loss / math.log(2)}

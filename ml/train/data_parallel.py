@@ -18,7 +18,7 @@ class DataParallelTrainer(TrainerBase):
 
     def _apply(self, averaged, step: int) -> None:
         for p, g in zip(self.params, averaged):
-            p.grad = g
+            p.grad = g.to(p.device)
         self._inner_step(step)
 
     async def run(self, until_step: int | None = None) -> dict:
@@ -28,7 +28,7 @@ class DataParallelTrainer(TrainerBase):
             step = self.step
             loss = await asyncio.to_thread(self._gradients, step)
             self._record_loss(loss)
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+            grads = self.to_host([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
             averaged = await self.averager.average(grads, round_id=step)
             await asyncio.to_thread(self._apply, averaged.tensors, step)
             self.step += 1
@@ -37,7 +37,7 @@ class DataParallelTrainer(TrainerBase):
             if self.step % self.spec.segment_steps == 0:
                 self.segment_hashes.append(self.params_hash())
             if self.step % self.spec.report_every == 0 and self.step < self.spec.steps:
-                self._report()
+                self._report(metrics=await self.evaluate() if self.eval_due() else None)
         metrics = await self.evaluate()
         self._report(metrics=metrics)
         return metrics

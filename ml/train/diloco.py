@@ -54,7 +54,7 @@ class DiLoCoTrainer(TrainerBase):
         """
         if self.in_warm_start and self.rank != LEADER:
             self.step += self.spec.inner_steps
-            return [torch.zeros_like(p) for p in self.params], None
+            return [torch.zeros_like(p, device="cpu") for p in self.params], None
         gradients = self._union_gradients if self.in_warm_start else self._gradients
         start = [p.detach().clone() for p in self.params]
         losses = 0.0
@@ -66,28 +66,22 @@ class DiLoCoTrainer(TrainerBase):
             delta = [s - p for s, p in zip(start, self.params)]
             for p, s in zip(self.params, start):
                 p.copy_(s)
-        return delta, losses / self.spec.inner_steps
+        return self.to_host(delta), losses / self.spec.inner_steps
 
     def _union_gradients(self, step: int) -> float:
         """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
         batches = [self.dataset.train_batch(step, rank, self.world, self.spec.batch_size, self.spec.seed)
                    for rank in range(self.world)]
-        x = torch.cat([x for x, _ in batches])
-        y = torch.cat([y for _, y in batches])
-        for p in self.params:
-            p.grad = None
-        loss = self.dataset.loss(self.model(x), y)
-        loss.backward()
-        return float(loss.detach())
+        return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
 
     def _outer_apply(self, averaged: list[torch.Tensor], participants: int) -> None:
         if self.in_warm_start:   # only the leader contributed: its pseudo-gradient is the sum
             with torch.no_grad():
                 for p, g in zip(self.params, averaged):
-                    p.sub_(g * participants)
+                    p.sub_(g.to(p.device) * participants)
             return
         for p, g in zip(self.params, averaged):
-            p.grad = g
+            p.grad = g.to(p.device)
         self.outer.step()
         for p in self.params:
             p.grad = None
@@ -117,7 +111,8 @@ class DiLoCoTrainer(TrainerBase):
             self.bytes_sent += averaged.bytes_sent
             self.last_participants = averaged.participants
             if self.outer_step < total:
-                self._report(outer_step=self.outer_step)
+                self._report(outer_step=self.outer_step,
+                             metrics=await self.evaluate() if self.eval_due() else None)
         metrics = await self.evaluate()
         self._report(outer_step=self.outer_step, metrics=metrics)
         return metrics

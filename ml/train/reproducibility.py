@@ -1,4 +1,8 @@
-"""Bit-reproducible CPU training: deterministic torch settings and canonical hashes of tensors.
+"""Bit-reproducible training: deterministic torch settings and canonical hashes of tensors.
+
+On CUDA (docs/adr/0150) it also fixes cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8, which
+deterministic cuBLAS needs), turns off TF32 and cuDNN autotuning; hashes are taken of CPU copies, so
+they are computed the same way on any device.
 
 A verifier replays a training segment and compares hashes, so hashing is canonical: tensors in the
 given (or sorted-name) order, each hashed with its name, dtype and shape before its raw bytes.
@@ -6,6 +10,7 @@ given (or sorted-name) order, each hashed with its name, dtype and shape before 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -13,7 +18,7 @@ import torch
 _configured_threads: int | None = None
 
 
-def configure_determinism(threads: int = 1) -> None:
+def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
     """Fixed intra-op thread count and deterministic algorithms for this process.
 
     torch's thread count is process-wide; asking for a different count later raises, because two
@@ -22,6 +27,12 @@ def configure_determinism(threads: int = 1) -> None:
     global _configured_threads
     if _configured_threads is not None and _configured_threads != threads:
         raise RuntimeError(f"torch already configured for {_configured_threads} threads, not {threads}")
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     _configured_threads = threads

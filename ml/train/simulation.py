@@ -6,7 +6,9 @@ over the network all-reduce (see ml/job/).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ml.codecs import powersgd_rank
 from ml.train.averaging import Averager, LocalAveragingGroup
@@ -19,10 +21,10 @@ from ml.train.worker import TrainerBase
 
 
 def make_trainer(spec: TrainSpec, rank: int, world: int, averager: Averager,
-                 feed: ProgressFeed | None = None) -> TrainerBase:
-    """The trainer for `spec.mode`."""
+                 feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None) -> TrainerBase:
+    """The trainer for `spec.mode`; `files` maps the artifact ids the spec names to local paths."""
     cls = DiLoCoTrainer if spec.mode == "diloco" else DataParallelTrainer
-    return cls(spec, rank, world, averager, feed)
+    return cls(spec, rank, world, averager, feed, files)
 
 
 @dataclass
@@ -41,11 +43,12 @@ def with_codec_layer(spec: TrainSpec, averager: Averager) -> Averager:
     return averager if rank is None else PowerSGDAverager(averager, rank, spec.seed)
 
 
-def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None) -> list[TrainerBase]:
+def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None,
+                    files: Mapping[str, Path] | None = None) -> list[TrainerBase]:
     """`world` trainers of `spec` sharing one in-process averaging group."""
     plain_codec = "fp32" if powersgd_rank(spec.codec) is not None else spec.codec
     group = LocalAveragingGroup(world, plain_codec, spec.codec_options)
-    return [make_trainer(spec, rank, world, with_codec_layer(spec, group.member(rank)), feed)
+    return [make_trainer(spec, rank, world, with_codec_layer(spec, group.member(rank)), feed, files)
             for rank in range(world)]
 
 
@@ -54,6 +57,7 @@ async def run_trainers(trainers: list[TrainerBase]) -> SimulatedRun:
     return SimulatedRun(trainers, list(metrics))
 
 
-def train_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None) -> SimulatedRun:
+def train_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None,
+                    files: Mapping[str, Path] | None = None) -> SimulatedRun:
     """Train `spec` with `world` in-process workers to the end (blocking; runs its own event loop)."""
-    return asyncio.run(run_trainers(build_simulated(spec, world, feed)))
+    return asyncio.run(run_trainers(build_simulated(spec, world, feed, files)))

@@ -4,12 +4,25 @@ hyper-parameters), validated and convertible to/from a plain dict for task descr
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 
-from ml.names import CODEC_NAMES, DATASET_NAMES, MODEL_NAMES, is_codec_name
+from ml.names import (
+    ARCHIVE_MODEL,
+    CODEC_NAMES,
+    DATASET_NAMES,
+    DEVICES,
+    FILE_DATASET,
+    INITS,
+    LOSS_NAMES,
+    MODEL_NAMES,
+    TOKENIZERS,
+    is_codec_name,
+)
 
 MODES = ("data-parallel", "diloco")
 OPTIMIZERS = ("adamw", "sgd")
+_ARTIFACT_ID = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class InvalidSpec(ValueError):
@@ -37,15 +50,28 @@ class TrainSpec:
     segment_steps: int = 10       # data-parallel: one segment hash every this many steps
     report_every: int = 10        # steps between progress reports
     threads: int = 1              # torch intra-op threads (part of the reproducibility contract)
+    model_artifact: str = ""      # artifact id of a torch.export archive (.pt2); then model == "pt2"
+    dataset_artifact: str = ""    # artifact id of a safetensors / .npz / text file; then dataset == "file"
+    eval_artifact: str = ""       # held-out data in the same format ("" = a fixed 10% of the dataset)
+    loss: str = ""                # cross_entropy | mse | next_token_cross_entropy ("" = the dataset's own)
+    device: str = "cpu"           # cpu | cuda
+    init: str = "archive"         # archive (the archive's weights: fine-tuning) | seed (fresh, from `seed`)
+    tokenizer: str = "byte"       # text datasets: byte | char
+    eval_every: int = 0           # steps between held-out evaluations in progress reports (0: at the end only)
 
     def __post_init__(self) -> None:
         if not isinstance(self.codec_options, dict):
             raise InvalidSpec(f"codec_options must be an object, got {self.codec_options!r}")
         if self.optimizer not in OPTIMIZERS:
             raise InvalidSpec(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.model not in MODEL_NAMES or self.dataset not in DATASET_NAMES:
-            raise InvalidSpec(f"unknown model/dataset {self.model!r}/{self.dataset!r}; "
-                              f"known: {list(MODEL_NAMES)} / {list(DATASET_NAMES)}")
+        if self.model not in (*MODEL_NAMES, ARCHIVE_MODEL) or self.dataset not in (*DATASET_NAMES, FILE_DATASET):
+            raise InvalidSpec(f"unknown model/dataset {self.model!r}/{self.dataset!r}; known: "
+                              f"{[*MODEL_NAMES, ARCHIVE_MODEL]} / {[*DATASET_NAMES, FILE_DATASET]}")
+        self._check_artifacts()
+        for name, allowed in (("loss", ("", *LOSS_NAMES)), ("device", DEVICES), ("init", INITS),
+                              ("tokenizer", TOKENIZERS)):
+            if getattr(self, name) not in allowed:
+                raise InvalidSpec(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if not isinstance(self.codec, str) or not is_codec_name(self.codec):
             raise InvalidSpec(f"unknown codec {self.codec!r}; known: {list(CODEC_NAMES)} or powersgd<r>")
         if self.mode not in MODES:
@@ -54,8 +80,10 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidSpec(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise InvalidSpec(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        for name in ("warmup_steps", "eval_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidSpec(f"{name} must be a non-negative integer, got {value!r}")
         for name in ("lr", "weight_decay", "min_lr_fraction", "outer_lr", "outer_momentum"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -63,6 +91,20 @@ class TrainSpec:
         if self.mode == "diloco" and self.steps % self.inner_steps:
             raise InvalidSpec(f"DiLoCo steps ({self.steps}) must be a multiple of inner_steps "
                               f"({self.inner_steps})")
+
+    def _check_artifacts(self) -> None:
+        for name in ("model_artifact", "dataset_artifact", "eval_artifact"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and not _ARTIFACT_ID.match(value)):
+                raise InvalidSpec(f"{name} must be an artifact id (64 lowercase hex digits), got {value!r}")
+        if (self.model == ARCHIVE_MODEL) != bool(self.model_artifact):
+            raise InvalidSpec(f"model {ARCHIVE_MODEL!r} goes with a model_artifact, and only it")
+        if (self.dataset == FILE_DATASET) != bool(self.dataset_artifact):
+            raise InvalidSpec(f"dataset {FILE_DATASET!r} goes with a dataset_artifact, and only it")
+        if self.eval_artifact and self.dataset != FILE_DATASET:
+            raise InvalidSpec("eval_artifact needs a dataset_artifact (registry datasets have their own split)")
+        if self.model != ARCHIVE_MODEL and self.init != "archive":
+            raise InvalidSpec("init applies to archive models (registry models are always seeded)")
 
     @property
     def outer_steps(self) -> int:

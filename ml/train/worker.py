@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
-from ml.registry import build_model, get_dataset
 from ml.train.averaging import Averager
+from ml.train.inputs import build_inputs
 from ml.train.progress import ProgressFeed, TrainProgress
 from ml.train.reproducibility import configure_determinism, hash_state
 from ml.train.spec import TrainSpec
+from ml.train.weights import weights_bytes
 
 
 def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -27,17 +30,21 @@ class TrainerBase:
     """One worker (`rank` of `world`) of a training job described by `spec`."""
 
     def __init__(self, spec: TrainSpec, rank: int, world: int, averager: Averager,
-                 feed: ProgressFeed | None = None):
+                 feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world of {world}")
-        configure_determinism(spec.threads)
+        configure_determinism(spec.threads, spec.device)
         self.spec = spec
         self.rank = rank
         self.world = world
         self.averager = averager
         self.feed = feed or ProgressFeed()
-        self.dataset = get_dataset(spec.dataset)
-        self.model = build_model(spec.model, self.dataset, spec.seed)
+        inputs = build_inputs(spec, files)
+        self.device = spec.device
+        self.dataset, self.model, self.loss_fn = inputs.dataset, inputs.model, inputs.loss
+        self._evaluate = inputs.evaluate
+        if hasattr(self.dataset, "check_world"):
+            self.dataset.check_world(world)
         self.params = list(self.model.parameters())
         self.inner = make_optimizer(spec, self.params)
         self.step = 0
@@ -51,11 +58,18 @@ class TrainerBase:
     def _gradients(self, step: int) -> float:
         """Forward/backward on this worker's batch for `step`; leaves gradients in `p.grad`."""
         x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
+        return self._backward(x, y)
+
+    def _backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
         for p in self.params:
             p.grad = None
-        loss = self.dataset.loss(self.model(x), y)
+        loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
         loss.backward()
         return float(loss.detach())
+
+    def to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Tensors for the averager (which works on CPU tensors)."""
+        return tensors if self.device == "cpu" else [t.detach().cpu() for t in tensors]
 
     def _inner_step(self, step: int) -> None:
         for group in self.inner.param_groups:
@@ -97,8 +111,27 @@ class TrainerBase:
         """sha256 of the model parameters and buffers."""
         return hash_state(self.model.state_dict())
 
+    def weights_bytes(self) -> bytes:
+        """The model's weights as safetensors bytes, identical for identical weights."""
+        return weights_bytes(self.model)
+
+    def eval_due(self) -> bool:
+        """Whether a progress report at the current step carries held-out metrics (spec.eval_every)."""
+        return bool(self.spec.eval_every) and self.step % self.spec.eval_every == 0
+
+    def _evaluate_keeping_state(self) -> dict[str, float]:
+        # an exported graph has no eval mode: batch-norm statistics would move; put them back
+        saved = [b.detach().clone() for b in self.model.buffers()]
+        try:
+            return self._evaluate()
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(self.model.buffers(), saved):
+                    buffer.copy_(value)
+
     async def evaluate(self) -> dict[str, float]:
-        return await asyncio.to_thread(self.dataset.evaluate, self.model)
+        """Held-out metrics of the current model (it is left exactly as it was)."""
+        return await asyncio.to_thread(self._evaluate_keeping_state)
 
     # -- progress ---------------------------------------------------------------------------------
     def _record_loss(self, loss: float) -> None:

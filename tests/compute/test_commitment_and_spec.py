@@ -66,6 +66,38 @@ def test_task_spec_round_trip_through_the_ledger_payload():
     assert submit_payload(diloco, 2, 5)["sync_mode"] == "diloco"
 
 
+def test_task_spec_with_artifacts_round_trips_through_the_ledger_payload():
+    spec = TrainSpec(model="pt2", dataset="file", model_artifact="ab" * 32, dataset_artifact="cd" * 32,
+                     eval_artifact="ef" * 32, loss="cross_entropy", device="cuda", init="seed",
+                     tokenizer="char", optimizer="sgd", lr=0.05, steps=30, segment_steps=10, eval_every=10)
+    payload = submit_payload(spec, workers=3, price=10)
+    encode(payload)
+    tx = build_tx(Identity.generate(), "c", 0, "submit_task", payload)
+    task_spec = {k: decode_tx(tx.raw).payload[k] for k in ("model", "dataset", "hyperparams", "workers",
+                                                            "sync_mode", "codec")}
+    assert task_spec["hyperparams"]["model_artifact"] == "ab" * 32
+    assert train_spec_for_task(task_spec) == spec
+
+
+@pytest.mark.parametrize("hyperparams", [
+    {"model_artifact": "ab" * 32},                                   # a registry model with an archive
+    {"device": "tpu"}, {"loss": "hinge"}, {"init": 1}, {"device": 3},
+])
+def test_tasks_with_bad_new_fields_raise_invalid_task(hyperparams):
+    with pytest.raises(InvalidTask):
+        train_spec_for_task({"model": "mlp", "dataset": "digits", "codec": "int8", "sync_mode": "allreduce",
+                             "hyperparams": hyperparams})
+
+
+def test_archive_model_needs_its_artifact_id():
+    with pytest.raises(InvalidTask):
+        train_spec_for_task({"model": "pt2", "dataset": "digits", "codec": "int8", "sync_mode": "allreduce",
+                             "hyperparams": {"model_artifact": "not-hex"}})
+    with pytest.raises(InvalidTask):
+        train_spec_for_task({"model": "pt2", "dataset": "digits", "codec": "int8", "sync_mode": "allreduce",
+                             "hyperparams": {}})
+
+
 @pytest.mark.parametrize("task_spec", [
     {},
     {"model": "mlp", "dataset": "digits", "codec": "int8", "sync_mode": "gossip", "hyperparams": {}},

@@ -279,3 +279,19 @@ def test_reservation_over_a_relayed_connection_refused():
         finally:
             await stop_all(a, outer, inner)
     run(main())
+
+
+def test_peers_with_a_reservation_are_protected_from_eviction():
+    async def main():
+        a, b = await start_endpoint(), await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id})
+        try:
+            assert not relay.host.is_protected(b.host.peer_id)
+            await b.reserve(relay.host.listen_addrs[0])
+            assert relay.host.is_protected(b.host.peer_id) and not relay.host.is_protected(a.host.peer_id)
+            relay.policy.reservations[b.host.peer_id].expire = 0     # the reservation ran out
+            await a.reserve(relay.host.listen_addrs[0])               # the next reservation re-tags
+            assert relay.host.is_protected(a.host.peer_id) and not relay.host.is_protected(b.host.peer_id)
+        finally:
+            await stop_all(relay, a, b)
+    run(main())

@@ -1,0 +1,271 @@
+"""Loading a task's model from a torch.export archive (.pt2) without running code it carries.
+
+`torch.export.load` (torch 2.13) is not safe on untrusted files (docs/adr/0148): it unpickles
+(`torch.load(weights_only=False)`) weights or constants flagged `use_pickle`, legacy `.pt` weight
+files, opaque constants (`pickle.loads`) and, as a fallback, sample inputs; it loads AOTInductor
+shared libraries; it `sympy.sympify`s (Python `eval`) the shape expressions of the graph JSON; it
+writes serialized node and argument names verbatim into the Python source that `ep.module()`
+compiles; and it resolves any `torch.*` attribute as a call target. So this module reads the archive
+itself: it checks the archive's file list, the JSON of the graph (names are identifiers, shape
+expressions are made of a few known tokens, every call target is on the allow-list) and the weight
+configs (raw tensors only), then deserializes with torch's own code, never loading the sample inputs
+(the one part stored as a pickle) and never unpickling anything.
+"""
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+MODEL_NAME = "model"
+MAX_JSON_BYTES = 64 << 20   # the graph and config JSON files, uncompressed
+PICKLE_MAGIC = (b"\x80",)  # a pickle stream (protocol 2+) opens with PROTO
+
+# aten operators (any overload) a task's graph may call: deterministic, no randomness, no I/O.
+ALLOWED_ATEN_OPS = frozenset("""
+    abs adaptive_avg_pool1d adaptive_avg_pool2d add addmm alias amax amin any arange argmax argmin
+    avg_pool1d avg_pool2d baddbmm batch_norm bmm cat ceil chunk clamp clamp_max clamp_min clone
+    constant_pad_nd contiguous conv1d conv2d conv3d conv_transpose1d conv_transpose2d cos cumsum
+    detach div einsum elu embedding eq erf exp expand expand_as flatten floor floor_divide full
+    full_like ge gelu group_norm gt hardsigmoid hardswish hardtanh index index_select layer_norm le
+    leaky_relu lift_fresh_copy linear log log1p log_softmax logical_and logical_not logical_or lt
+    masked_fill matmul max max_pool1d max_pool2d maximum mean min minimum mm mse_loss mul narrow ne
+    neg new_ones new_zeros norm ones ones_like pad permute pow reciprocal relu remainder repeat
+    reshape rms_norm rsqrt scaled_dot_product_attention select sigmoid silu sin slice softmax
+    softplus split split_with_sizes sqrt square squeeze stack sub sum sym_size t tanh transpose
+    tril triu type_as unbind unflatten unsqueeze var view where zeros zeros_like
+    _native_batch_norm_legit_functional _native_batch_norm_legit_no_training _softmax _log_softmax
+    _to_copy _unsafe_view _assert_tensor_metadata add_ copy_
+""".split())
+ALLOWED_PYTHON_OPS = frozenset({"_operator.getitem", "_operator.add", "_operator.sub", "_operator.mul",
+                                "_operator.floordiv", "_operator.mod", "_operator.neg"})
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FQN = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*\Z")
+_SYMBOL = re.compile(r"[a-z]+[0-9]+\Z")
+_EXPR_TOKEN = re.compile(r"\s*(?:(?P<num>[0-9]+(?:\.[0-9]+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+                         r"|'(?P<sym>[a-z]+[0-9]+)'|(?P<punct>\*\*|[-+*/(),=%]))")
+_EXPR_NAMES = frozenset("""
+    Symbol Integer Rational True False positive integer real nonnegative finite oo Max Min Abs floor
+    ceiling sqrt FloorDiv ModularIndexing Where PythonMod Mod CleanDiv CeilToInt FloorToInt CeilDiv
+    LShift RShift PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
+    TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat Identity
+""".split())
+_ALLOWED_FILES = re.compile(r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+                            r"|models/model\.json|data/sample_inputs/model\.pt"
+                            r"|data/(weights|constants)/(model_(weights|constants)_config\.json"
+                            r"|(weight|tensor_constant)_?[0-9]+)|extra/[^/]+)\Z")
+
+
+class ArchiveRefused(ValueError):
+    """A model file that is not a safe torch.export archive (the message says why)."""
+
+
+def op_name(target: str) -> str:
+    """"torch.ops.aten.linear.default" -> "aten.linear"; "_operator.getitem" unchanged."""
+    if target.startswith("torch.ops."):
+        return target[len("torch.ops."):].rsplit(".", 1)[0]
+    return target
+
+
+def op_allowed(name: str) -> bool:
+    namespace, _, op = name.partition(".")
+    return (namespace == "aten" and op in ALLOWED_ATEN_OPS) or name in ALLOWED_PYTHON_OPS
+
+
+def _refuse_non_archive(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:1] in PICKLE_MAGIC:
+        raise ArchiveRefused(f"{path.name} is a pickle, not a torch.export archive; workers never unpickle. "
+                             "Export the model: torch.export.save(torch.export.export(model, example), 'm.pt2')")
+    if not zipfile.is_zipfile(path):
+        raise ArchiveRefused(f"{path.name} is not a torch.export archive (.pt2 zip file)")
+
+
+def _archive_members(path: Path) -> tuple[str, dict[str, str]]:
+    """(prefix, {name without prefix: name}) of the archive's files, each checked against the layout."""
+    with zipfile.ZipFile(path) as archive:
+        infos = [info for info in archive.infolist() if not info.is_dir()]
+    names = [info.filename for info in infos]
+    for info in infos:
+        if info.filename.endswith(".json") and info.file_size > MAX_JSON_BYTES:
+            raise ArchiveRefused(f"{path.name}: {info.filename} unpacks to {info.file_size} bytes, over the limit "
+                                 f"of {MAX_JSON_BYTES}")
+    if any(name.endswith("data.pkl") for name in names):
+        raise ArchiveRefused(f"{path.name} is a torch.save checkpoint (pickle), not a torch.export archive; "
+                             "export the model with torch.export.export and torch.export.save")
+    prefixes = {name.split("/", 1)[0] for name in names}
+    if len(prefixes) != 1 or not all("/" in name for name in names):
+        raise ArchiveRefused(f"{path.name}: not a torch.export archive (expected one top folder)")
+    prefix = prefixes.pop()
+    members = {name.split("/", 1)[1]: name for name in names}
+    for name in members:
+        if name.startswith("data/aotinductor/"):
+            raise ArchiveRefused(f"{path.name} holds AOTInductor native code ({name}); only exported graphs "
+                                 "are accepted")
+        if not _ALLOWED_FILES.match(name):
+            raise ArchiveRefused(f"{path.name}: unexpected file {name!r} in the archive (legacy or pickled "
+                                 "contents are not accepted)")
+    for needed in ("archive_format", "models/model.json", "data/weights/model_weights_config.json",
+                   "data/constants/model_constants_config.json"):
+        if needed not in members:
+            raise ArchiveRefused(f"{path.name}: {needed} missing: not a torch.export archive saved by "
+                                 f"torch {torch.__version__}")
+    return prefix, members
+
+
+def _check_payload_config(config: dict, what: str) -> None:
+    entries = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(entries, dict):
+        raise ArchiveRefused(f"malformed {what} config")
+    for fqn, meta in entries.items():
+        if not isinstance(fqn, str) or not _FQN.match(fqn):
+            raise ArchiveRefused(f"bad {what} name {fqn!r}")
+        if not isinstance(meta, dict) or meta.get("use_pickle") is not False or not meta.get("tensor_meta"):
+            raise ArchiveRefused(f"{what} {fqn!r} is stored as a pickle or custom object; only plain tensors "
+                                 "are accepted")
+        if not re.fullmatch(r"(weight|tensor_constant)_?[0-9]+", str(meta.get("path_name", ""))):
+            raise ArchiveRefused(f"{what} {fqn!r}: bad payload name {meta.get('path_name')!r}")
+
+
+def check_expression(expr: str) -> None:
+    """Refuse a shape expression that is more than symbols, numbers, arithmetic and known functions
+    (torch parses these with sympy.sympify, that is Python eval)."""
+    pos = 0
+    while pos < len(expr):
+        match = _EXPR_TOKEN.match(expr, pos)
+        if not match or match.end() == pos:
+            raise ArchiveRefused(f"shape expression {expr[:80]!r} refused at offset {pos}")
+        name = match.group("name")
+        if name is not None and name not in _EXPR_NAMES and not _SYMBOL.match(name):
+            raise ArchiveRefused(f"shape expression {expr[:80]!r}: {name!r} is not allowed")
+        pos = match.end()
+
+
+def check_graph_json(graph: dict) -> None:
+    """Every name is an identifier, every call target on the allow-list, every expression plain."""
+    bad_ops: list[str] = []
+
+    def walk(value, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if key == "tensor_values" or key == "sym_int_values" or key == "range_constraints":
+                    if not isinstance(k, str) or not _IDENTIFIER.match(k):
+                        raise ArchiveRefused(f"bad value name {str(k)[:80]!r} in the graph")
+                walk(v, k)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, key)
+        elif isinstance(value, str):
+            if key in ("name", "arg_name") and not _IDENTIFIER.match(value):
+                raise ArchiveRefused(f"bad name {value[:80]!r} in the graph")
+            elif key == "expr_str":
+                check_expression(value)
+            elif key == "target":
+                name = op_name(value)
+                if not op_allowed(name) and name not in bad_ops:
+                    bad_ops.append(name)
+            elif key in ("parameter_name", "buffer_name", "tensor_constant_name", "fqn") and value \
+                    and not _FQN.match(value):
+                raise ArchiveRefused(f"bad attribute path {value[:80]!r} in the graph")
+
+    walk(graph, "")
+    if bad_ops:
+        raise ArchiveRefused(f"unsupported operator(s) in the model graph: {', '.join(bad_ops)} "
+                             f"(allowed: aten operators of ml.train.model_archive.ALLOWED_ATEN_OPS)")
+
+
+def check_graph_module(module: torch.nn.Module) -> None:
+    """The same allow-list on a deserialized graph (defence in depth, and for in-memory programs)."""
+    bad: list[str] = []
+    graph = module.graph
+    if not isinstance(graph, torch.fx.Graph):
+        raise ArchiveRefused("the model is not a graph module")
+    for node in graph.nodes:
+        if node.op == "call_function":
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                name = str(target).rsplit(".", 1)[0]
+            else:
+                name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__name__', target)}"
+            if not op_allowed(name) and name not in bad:
+                bad.append(name)
+        elif node.op in ("call_module", "call_method"):
+            bad.append(f"{node.op} {node.target}")
+    if bad:
+        raise ArchiveRefused(f"unsupported operator(s) in the model graph: {', '.join(bad)}")
+
+
+def load_archive(path: Path | str) -> torch.export.ExportedProgram:
+    """The ExportedProgram in the .pt2 file at `path`, loaded without unpickling or eval of its contents.
+
+    Raises ArchiveRefused naming the reason (a pickle, native code, an unsupported operator, ...).
+    """
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _bytes_to_dataclass
+    from torch.export.pt2_archive._package import PT2ArchiveReader, _load_constants, _load_state_dict
+
+    path = Path(path)
+    _refuse_non_archive(path)
+    prefix, members = _archive_members(path)
+    with zipfile.ZipFile(path) as archive:
+        if archive.read(members["archive_format"]).strip() != b"pt2":
+            raise ArchiveRefused(f"{path.name}: not a pt2 archive")
+        try:
+            graph_bytes = archive.read(members["models/model.json"])
+            graph = json.loads(graph_bytes)
+            for what, name in (("weight", "data/weights/model_weights_config.json"),
+                               ("constant", "data/constants/model_constants_config.json")):
+                _check_payload_config(json.loads(archive.read(members[name])), what)
+        except (ValueError, UnicodeDecodeError) as exc:
+            if isinstance(exc, ArchiveRefused):
+                raise
+            raise ArchiveRefused(f"{path.name}: malformed archive JSON ({exc})") from None
+    if not isinstance(graph, dict):
+        raise ArchiveRefused(f"{path.name}: malformed model JSON")
+    check_graph_json(graph)
+    try:
+        with PT2ArchiveReader(str(path)) as reader:
+            serialized = _bytes_to_dataclass(schema.ExportedProgram, graph_bytes)
+            state_dict = _load_state_dict(reader, MODEL_NAME)
+            constants = _load_constants(reader, MODEL_NAME)
+        program = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
+    except ArchiveRefused:
+        raise
+    except Exception as exc:  # torch's deserializer raises many types on malformed input
+        raise ArchiveRefused(f"{path.name}: cannot deserialize the exported program: {exc}") from None
+    check_graph_module(program.graph_module)
+    return program
+
+
+def trainable_module(program: torch.export.ExportedProgram, device: str = "cpu") -> torch.nn.Module:
+    """A trainable module of `program` on `device`, with its own copy of the archive's weights."""
+    if device != "cpu":
+        from torch.export.passes import move_to_device_pass
+        program = move_to_device_pass(program, device)
+    module = program.module()
+    with torch.no_grad():
+        for param in module.parameters():
+            param.data = param.data.clone()
+            param.requires_grad_(True)
+        for buffer in list(module.buffers()):
+            buffer.data = buffer.data.clone()
+    check_graph_module(module)
+    return module
+
+
+def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:
+    """The first user input's shape (None for a dynamic dimension), e.g. [None, 64]."""
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT:
+            for node in program.graph.nodes:
+                if node.op == "placeholder" and node.name == spec.arg.name:
+                    value = node.meta.get("val")
+                    if value is None:
+                        return []
+                    return [d if isinstance(d, int) else None for d in value.shape]
+    return []
