@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_unlock_argument(submit)
     add_spec_arguments(submit)
     submit.add_argument("--eval", metavar="PATH", help="held-out data file (.safetensors, .npz, .txt) to evaluate on")
+    submit.add_argument("--eval-every", type=int, metavar="STEPS",
+                        help="steps between held-out evaluations shown as progress (default with --eval: steps/5)")
     submit.add_argument("--loss", help="loss: cross_entropy, mse or next_token_cross_entropy (default: the dataset's)")
     submit.add_argument("--optimizer", choices=("adamw", "sgd"), help="optimizer (default adamw)")
     submit.add_argument("--weight-decay", type=float, help="optimizer weight decay")

@@ -28,7 +28,7 @@ from cli.passphrase import unlock_passphrase
 from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
-from cli.task_view import TaskView, short
+from cli.task_view import TaskView, eval_text, short
 from ml.compute.task_spec import InvalidTask, submit_payload
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -38,7 +38,8 @@ from node.keystore import load_identity
 RELAY_WAIT_S = 10.0
 MAX_SOURCES = 8   # the ledger's bound on a task's source addresses
 SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "init",
-                "weight_decay")
+                "weight_decay", "eval_every")
+EVALS_PER_TASK = 5   # with --eval and no --eval-every: held-out metrics this many times during training
 
 
 def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
@@ -49,6 +50,8 @@ def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
     for name in SPEC_OPTIONS:
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
+    if getattr(args, "eval", None) is not None and getattr(args, "eval_every", None) is None:
+        values["eval_every"] = max(1, args.steps // EVALS_PER_TASK)
     if getattr(args, "device", None) == "cuda":   # "any": the ledger's scheduler picks the device class
         values["device"] = "cuda"
     try:
@@ -89,8 +92,9 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
     except Exception as exc:   # anything else one local step raises: the workers would fail the same way
         raise CliError(f"dry run: the task cannot be trained: {type(exc).__name__}: {exc}") from None
     if not args.json:
+        untrained = eval_text(result.get("metrics"))
         print(f"dry run: one step ran locally: loss {result['loss']:.4f}, {result['params']:,} parameters, "
-              f"{result['step_seconds'] * 1000:.0f} ms a step")
+              f"{result['step_seconds'] * 1000:.0f} ms a step" + (f"; untrained: {untrained}" if untrained else ""))
     return spec, inputs
 
 
