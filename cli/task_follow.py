@@ -21,7 +21,8 @@ from cli.task_view import TaskView, short
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0
-HOLDING_STATES = ("training", "committing", "committed", "done", "finished")
+# a worker's job states (ml/compute/role.py) once it has fetched the task's files
+HOLDING_STATES = ("dry run", "waiting for workers", "training", "committing", "committed")
 
 
 async def learn_addresses(pool, node, peers: list[str]) -> list[str]:

@@ -74,15 +74,19 @@ class TaskView:
     # ---- progress
     def report(self, worker: str, report: dict) -> None:
         """A progress report (follow_progress) from ``worker``; shows the leading worker's numbers."""
+        previous = self.reports.get(worker, {}).get("state")
         self.reports[worker] = report
         if self.quiet:
             return
+        if report.get("state") in ("rejected", "failed") and previous != report.get("state"):
+            why = report.get("reason") or report.get("error") or ""
+            self.note(f"worker {short(worker)} {report['state']}" + (f": {why}" if why else ""))
         lead = max(self.reports.values(), key=lambda r: r.get("step") or 0)
         steps = lead.get("steps") or None
         step = lead.get("step") or 0
         loss = lead.get("loss")
         metric = eval_text(self.latest_metrics()) or "-"
-        if lead.get("state") == "fetching" and lead.get("fetch_total"):
+        if str(lead.get("state", "")).startswith("fetching") and lead.get("fetch_total"):
             metric = f"files {megabytes(lead.get('fetched_bytes'))} of {megabytes(lead['fetch_total'])}"
         fields = {"loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
                   "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
@@ -100,7 +104,7 @@ class TaskView:
         elif step != self._last_line_step:
             self._last_line_step = step
             of = f"/{steps}" if steps else ""
-            self.note(f"{fields['state']:9} step {step}{of}  loss {fields['loss']}  {fields['metric']}  "
+            self.note(f"{fields['state']:10} step {step}{of}  loss {fields['loss']}  {fields['metric']}  "
                       f"sent {fields['sent']}  ({len(self.reports)} worker(s) reporting)")
 
     def latest_metrics(self) -> dict:

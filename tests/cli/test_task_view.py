@@ -30,7 +30,7 @@ def test_status_lines_once_per_change_with_workers_and_reasons():
 
 def test_progress_lines_follow_the_leading_worker():
     shown, buffer = view()
-    shown.report("w1", {"state": "fetching", "step": 0, "steps": 40, "fetched_bytes": 5e5, "fetch_total": 1e6})
+    shown.report("w1", {"state": "fetching inputs", "step": 0, "steps": 40, "fetched_bytes": 5e5, "fetch_total": 1e6})
     shown.report("w1", {"state": "training", "step": 10, "steps": 40, "loss": 1.5, "bytes_sent": 1_000_000})
     shown.report("w2", {"state": "training", "step": 10, "steps": 40, "loss": 1.4, "bytes_sent": 2_000_000})
     shown.report("w2", {"state": "training", "step": 20, "steps": 40, "loss": 0.7, "bytes_sent": 3_000_000,
@@ -50,3 +50,13 @@ def test_quiet_view_prints_nothing():
     shown.report("w", {"state": "training", "step": 3, "steps": 5, "loss": 1.0})
     assert buffer.getvalue() == ""
     assert eval_text({"loss": 0.5, "accuracy": 90}) == "accuracy 90  loss 0.5"
+
+
+def test_a_worker_that_rejects_or_fails_is_said_once_with_its_reason():
+    shown, buffer = view()
+    shown.report("w1", {"state": "rejected", "step": 0, "steps": 5, "reason": "the loss is NaN after one step"})
+    shown.report("w1", {"state": "rejected", "step": 0, "steps": 5, "reason": "the loss is NaN after one step"})
+    shown.report("w2", {"state": "failed", "step": 3, "steps": 5, "error": "RuntimeError: boom"})
+    text = buffer.getvalue()
+    assert text.count("worker w1 rejected: the loss is NaN after one step") == 1
+    assert "worker w2 failed: RuntimeError: boom" in text
