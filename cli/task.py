@@ -69,15 +69,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("task_id", help="task id (hex)")
     watch.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     add_p2p_arguments(watch)
+    add_unlock_argument(watch)
     wait = ledger_action("wait", "follow a task until it ends; print payouts (same as watch)", _run_watch)
     wait.add_argument("task_id", help="task id (hex)")
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     add_p2p_arguments(wait)
+    add_unlock_argument(wait)
     fetch = ledger_action("fetch", "download a task's trained weights, checked against the ledger", _run_fetch)
     fetch.add_argument("task_id", help="task id (hex)")
     fetch.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="writes DIR/weights.safetensors and DIR/metrics.json")
     add_p2p_arguments(fetch)
+    add_unlock_argument(fetch)
     cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
     cancel.add_argument("task_id", help="task id (hex)")
     cancel.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
@@ -123,6 +126,9 @@ def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peer the client node dials at start (repeatable)")
     parser.add_argument("--relay", action="append", metavar="MULTIADDR",
                         help="relay the client node reserves a slot on, to be reachable behind NAT (repeatable)")
+    parser.add_argument("--client-key", type=Path, metavar="FILE",
+                        help="identity of the command's client node (default: a fresh one per command; relays "
+                             "admit only registered or allow-listed peers)")
 
 
 def spec_from_args(args: argparse.Namespace) -> TrainSpec:

@@ -75,6 +75,18 @@ async def send_tx(pool: ValidatorPool, identity: Identity, tx_type: str, payload
     return tx_hash, nonce, receipt
 
 
+def client_identity(args) -> Identity:
+    """The identity of a command's client node: ``--client-key`` (unlocked like ``--key``), else a fresh
+    one, never the owner's node key (a node of the user's may be running with it)."""
+    path = getattr(args, "client_key", None)
+    if path is None:
+        return Identity.generate()
+    from cli.passphrase import unlock_passphrase
+    from node.keystore import load_identity
+
+    return load_identity(path, unlock_passphrase(args))
+
+
 def task_id_of(owner: str, nonce: int) -> str:
     return task_id_for(owner, nonce).hex()
 

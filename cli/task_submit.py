@@ -26,13 +26,12 @@ from cli.errors import CliError
 from cli.home import key_path, resolve_home
 from cli.passphrase import unlock_passphrase
 from cli.task_inputs import TaskInputs, task_inputs
-from cli.task_ledger import ledger_pool, send_tx, task_id_of
+from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
 from ml.compute.task_spec import InvalidTask, submit_payload
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
-from node.identity import Identity
 from node.keystore import load_identity
 
 RELAY_WAIT_S = 10.0
@@ -117,7 +116,7 @@ async def submit(args: argparse.Namespace, identity, payload: dict, inputs: Task
             return announce(args, identity, task_id_of(identity.peer_id, nonce), done=True)
         from cli.client_node import client_node
 
-        async with client_node(Identity.generate(), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
+        async with client_node(client_identity(args), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
             if inputs.has_files:
                 await wait_relayed(node, bool(args.relay))
                 payload = {**payload, "sources": await serve_files(node, inputs, args.rpc)}

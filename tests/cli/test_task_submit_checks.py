@@ -145,3 +145,11 @@ def test_shape_mismatch_of_the_users_files_fails_the_dry_run_before_any_tx(tmp_p
     code, _, err = submit(capsys, key, "--model", str(tmp_path / "model.pt2"), "--dataset",
                           str(tmp_path / "train.npz"), "--steps", "5")
     assert code == 1 and "dry run" in one_error(err) and "cannot reach" not in err
+
+
+def test_client_key_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    pytest.importorskip("cli.client_node")
+    code = main(["task", "fetch", "ab" * 32, "--rpc", dead_rpc(), "--out", str(tmp_path / "o"),
+                 "--client-key", str(tmp_path / "missing.json")])
+    err = one_error(capsys.readouterr().err)
+    assert code == 1 and "missing.json" in err
