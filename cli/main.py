@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "cli.testnet",
     "cli.wallet",
     "cli.task",
+    "cli.artifact",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
 

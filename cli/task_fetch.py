@@ -46,8 +46,12 @@ def load_hint(task: dict, out: Path, model_path: Path | None = None) -> str:
 
 
 async def worker_metrics(node, peers: list[str], task_id: str) -> dict:
-    """The last progress report (with its per-step history) that one of ``peers`` serves for the task."""
-    from ml.compute.progress_protocol import follow_progress
+    """The last progress report (with its per-step history) that one of ``peers`` serves for the task
+    ({} when none does, or this installation has no progress protocol)."""
+    try:
+        from ml.compute.progress_protocol import follow_progress
+    except ImportError:
+        return {}
 
     for peer in peers:
         reports: list[dict] = []

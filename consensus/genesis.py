@@ -44,6 +44,12 @@ class Params:
     # so a genesis file written before them keeps its hash (POST_V1_PARAMS).
     task_assign_timeout: int = 300       # blocks a task may wait for workers before it expires, refunded
     reject_fee: int = 10                 # kept from a rejected task's escrow, split among the rejecting workers
+    # Validator standing (ADR 0165): a committee member that misses this many of its proposer slots in a
+    # row (its round was decided by a later round's proposer) is jailed and slashed; 0 turns it off.
+    downtime_max_missed: int = 50
+    slash_downtime_bps: int = 10         # of bonded+unbonding stake, when jailed for downtime
+    jail_blocks: int = 500               # a jailed validator may send unjail this many blocks later
+    min_relay_stake: int = 100           # a relay's own bonded stake needed for its receipts to be paid
 
     def validate(self) -> None:
         for f in fields(self):
@@ -56,11 +62,12 @@ class Params:
                 raise GenesisError(f"param {name} must be positive")
         if self.verifier_share_bps + self.relay_share_bps > 10_000:
             raise GenesisError("verifier_share_bps + relay_share_bps must not exceed 10000")
-        if max(self.slash_double_sign_bps, self.slash_mismatch_bps) > 10_000:
+        if max(self.slash_double_sign_bps, self.slash_mismatch_bps, self.slash_downtime_bps) > 10_000:
             raise GenesisError("slash fractions are at most 10000 bps")
 
 
-POST_V1_PARAMS = ("task_assign_timeout", "reject_fee")
+POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
+                  "min_relay_stake")
 
 
 def hashed_params(params: Params) -> dict[str, int]:

@@ -34,7 +34,8 @@ from node.identity import (
 
 VOTE_TAG = 0x01
 PROPOSAL_TAG = 0x02
-EVIDENCE_TAG = 0x03
+EVIDENCE_TAG = 0x03            # double vote
+PROPOSAL_EVIDENCE_TAG = 0x04   # double proposal
 
 VALUE_ID_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -49,6 +50,7 @@ _PROPOSAL_DOMAIN = b"dekube/sdbft/proposal/v1\x00"
 _VOTE_HEAD = struct.Struct(">BBQI")
 _PROPOSAL_HEAD = struct.Struct(">BQIiI")
 _U16 = struct.Struct(">H")
+_SIGNED_PROPOSAL_HEAD = struct.Struct(">QIi")   # height, round, pol_round (then value id, signature)
 
 
 class MessageError(ValueError):
@@ -424,3 +426,123 @@ class DoubleVoteEvidence:
         if not raw[0] < raw[1]:
             raise MessageError("evidence votes not in canonical order (or identical)")
         return cls(decode_vote(raw[0]), decode_vote(raw[1]))
+
+
+@dataclass(frozen=True)
+class SignedProposalHeader:
+    """What a proposer signs (``Proposal.sign_bytes``) without the block itself: height, round,
+    pol_round and the value id, with the signature. Enough to prove a proposal was signed."""
+
+    height: int
+    round: int
+    pol_round: int
+    value_id: bytes
+    proposer: str
+    signature: bytes
+
+    @classmethod
+    def of(cls, proposal: Proposal) -> SignedProposalHeader:
+        return cls(proposal.height, proposal.round, proposal.pol_round, proposal.value_id, proposal.proposer,
+                   proposal.signature)
+
+    def sign_bytes(self, chain_id: str) -> bytes:
+        return b"".join((
+            _PROPOSAL_DOMAIN,
+            _chain_id_bytes(chain_id),
+            _SIGNED_PROPOSAL_HEAD.pack(self.height, self.round, self.pol_round),
+            self.value_id,
+            _peer_id_to_bytes(self.proposer),
+        ))
+
+    def verify(self, chain_id: str) -> bool:
+        try:
+            return verify(_public_key(self.proposer), self.sign_bytes(chain_id), self.signature)
+        except (MessageError, TypeError):
+            return False
+
+    def encode(self) -> bytes:
+        """The header without the proposer (evidence carries it once)."""
+        if len(self.value_id) != VALUE_ID_BYTES:
+            raise MessageError("a proposal's value id is 32 bytes")
+        return _SIGNED_PROPOSAL_HEAD.pack(self.height, self.round, self.pol_round) + self.value_id + \
+            _signature_bytes(self.signature)
+
+
+@dataclass(frozen=True)
+class DoubleProposalEvidence:
+    """Two different signed proposals by one proposer for one (height, round): the proposer
+    equivocated (docs/adr/0165). Carried as signed headers, not blocks, so evidence stays ~250 bytes.
+    Stored in canonical order, so equal evidence has equal bytes."""
+
+    first: SignedProposalHeader
+    second: SignedProposalHeader
+
+    def __post_init__(self) -> None:
+        if self.second.encode() < self.first.encode():
+            a, b = self.second, self.first
+            object.__setattr__(self, "first", a)
+            object.__setattr__(self, "second", b)
+
+    @classmethod
+    def of(cls, a: Proposal, b: Proposal) -> DoubleProposalEvidence:
+        return cls(SignedProposalHeader.of(a), SignedProposalHeader.of(b))
+
+    @property
+    def validator(self) -> str:
+        return self.first.proposer
+
+    @property
+    def height(self) -> int:
+        return self.first.height
+
+    @property
+    def round(self) -> int:
+        return self.first.round
+
+    def verify(self, chain_id: str) -> bool:
+        """Same proposer, height and round; different signed contents; both signatures valid."""
+        a, b = self.first, self.second
+        return (a.proposer == b.proposer and a.height == b.height and a.round == b.round
+                and (a.value_id, a.pol_round) != (b.value_id, b.pol_round)
+                and a.verify(chain_id) and b.verify(chain_id))
+
+    def encode(self) -> bytes:
+        pid = _peer_id_to_bytes(self.first.proposer)
+        return bytes([PROPOSAL_EVIDENCE_TAG, len(pid)]) + pid + self.first.encode() + self.second.encode()
+
+    @property
+    def evidence_id(self) -> bytes:
+        return hashlib.sha256(self.encode()).digest()
+
+    @classmethod
+    def decode(cls, data: bytes) -> DoubleProposalEvidence:
+        reader = _Reader(data)
+        if reader.u8() != PROPOSAL_EVIDENCE_TAG:
+            raise MessageError("not double-proposal evidence")
+        pid_len = reader.u8()
+        if pid_len > MAX_PEER_ID_BYTES:
+            raise MessageError("proposer peer id too long")
+        proposer = _peer_id_from_bytes(reader.take(pid_len))
+        headers = []
+        for _ in range(2):
+            height, round_, pol_round = reader.unpack(_SIGNED_PROPOSAL_HEAD)
+            headers.append(SignedProposalHeader(height, round_, pol_round, reader.take(VALUE_ID_BYTES), proposer,
+                                                reader.take(SIGNATURE_BYTES)))
+        reader.finish()
+        if not headers[0].encode() < headers[1].encode():
+            raise MessageError("evidence proposals not in canonical order (or identical)")
+        return cls(headers[0], headers[1])
+
+
+Evidence = DoubleVoteEvidence | DoubleProposalEvidence
+
+
+def decode_evidence(data: bytes) -> Evidence:
+    """Double-vote or double-proposal evidence (the first byte tells which)."""
+    if not data:
+        raise MessageError("empty evidence")
+    if data[0] == EVIDENCE_TAG:
+        return DoubleVoteEvidence.decode(data)
+    if data[0] == PROPOSAL_EVIDENCE_TAG:
+        return DoubleProposalEvidence.decode(data)
+    raise MessageError(f"unknown evidence tag {data[0]:#x}")

@@ -32,7 +32,8 @@ Boundaries and choices:
   signer gets a nil prevote (``wrong_value_proposer``). A re-proposal (pol_round >= 0) keeps its
   original proposer: its polka vouches for it (the first polka for a value needs honest prevotes
   under the fresh-proposal rule). A second, different proposal from the round's proposer is
-  counted (``proposal_equivocations``); there is no on-chain evidence for it (docs/adr/0144).
+  counted (``proposal_equivocations``) and reported once per round as ``EvidenceFound`` with
+  ``DoubleProposalEvidence`` (docs/adr/0144, 0165).
 """
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ from typing import TypeVar
 
 from consensus.committee import ValidatorSet
 from consensus.messages import (
+    DoubleProposalEvidence,
     DoubleVoteEvidence,
+    Evidence,
     MessageError,
     Proposal,
     Vote,
@@ -106,7 +109,7 @@ class Commit:
 
 @dataclass(frozen=True)
 class EvidenceFound:
-    evidence: DoubleVoteEvidence
+    evidence: Evidence
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,9 @@ class TendermintCore:
         if known is not None:
             if known != proposal and self._verifier(proposal):
                 self.proposal_equivocations += 1
+                if r not in self._proposal_offences:
+                    self._proposal_offences.add(r)
+                    return [EvidenceFound(DoubleProposalEvidence.of(known, proposal))]
             return []
         if not self._verifier(proposal) or not self._admit_round(proposal.proposer, r):
             return []
@@ -413,6 +419,7 @@ class TendermintCore:
         self.valid_value = None
         self.valid_value_id = None
         self.proposals: dict[int, Proposal] = {}
+        self._proposal_offences: set[int] = set()  # rounds of this height whose equivocation was reported
         self.values: dict[bytes, bytes] = {}
         self.rounds: dict[int, _RoundState] = {}
         self._validity: dict[bytes, bool] = {}

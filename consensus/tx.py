@@ -364,6 +364,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "finalize": {"task_id": TASK_ID},
     "relay_receipt": {"receipt": fields(RELAY_RECEIPT), "src_sig": blob(64), "dst_sig": blob(64)},
     "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},
+    "unjail": {},
 }
 
 RECEIPT_DOMAIN = b"dekube/relay-receipt/v1\x00"

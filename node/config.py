@@ -47,6 +47,11 @@ def check_positive(value: int) -> None:
         raise ValueError(f"must be positive, got {value}")
 
 
+def check_non_negative(value: int) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
 def check_host(value: str) -> None:
     if not value or len(value) > 253:
         raise ValueError(f"invalid host {value!r}")
@@ -212,6 +217,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "relay": {
         "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
         "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
+        "stake": Key(int, 100, "stake the relay keeps bonded (bonds the difference at start; the ledger pays "
+                               "receipts only to relays with the chain's min_relay_stake)", check_non_negative),
         "reservation_ttl": Key(int, 3600, "seconds a reservation and its voucher last", check_positive),
         "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
         "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
@@ -235,6 +242,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                  "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
         "hole_punch": Key(bool, True,
                           "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
+    },
+    "artifacts": {
+        "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
+        "max_uploads": Key(int, 32, "artifact streams served at once to all peers", check_positive),
+        "max_uploads_per_peer": Key(int, 4, "artifact streams served at once to one peer", check_positive),
+        "window_chunks": Key(int, 8, "1 MiB chunks in flight per holder while fetching", check_positive),
+        "request_chunks": Key(int, 4, "chunks asked for in one request (at most window_chunks)", check_positive),
+        "stall_timeout": Key(float, 30.0,
+                             "seconds a holder may leave a request unanswered before it is retried or dropped",
+                             check_positive),
     },
     "compute": {
         "rpc_url": Key(str, "",

@@ -19,10 +19,12 @@ from typing import Any
 
 import uvloop
 
+from node.artifacts import ArtifactService
 from node.config import Config
 from node.identity import Identity
 from node.ledger import LedgerGateway
 from node.metrics import Registry
+from node.node_metrics import register_node_metrics
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
@@ -35,6 +37,7 @@ from node.rpc.status import StatusBoard
 
 log = logging.getLogger(__name__)
 
+BOOTSTRAP_WARN_AFTER = 3  # failed dials in a row before a warning (peers start together)
 BOOTSTRAP_REDIAL_S = 30.0
 
 
@@ -71,15 +74,17 @@ class Node:
     ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``,
     ``node.ledger`` (the one ledger gateway: reads, ``send``, ``record``, ``subscribe``; ADR 0100),
     ``node.services`` (``NODE_SERVICES`` built for this node), ``node.relay_client`` (relayed
-    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``).
+    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``), ``node.artifacts`` (the
+    ArtifactService: ``add_file``, ``fetch``, ``path``; store under ``<data_dir>/artifacts``).
 
+    ``data_dir`` defaults to ``<home>/data`` (None without a home).
     ``roles`` are role names (``ROLE_IMPLEMENTATIONS``) or ``RoleFactory``s; the node builds each
     role once its own services exist (docs/adr/0140), in order, then the ``NODE_SERVICES``.
     ``node.roles`` holds the built roles; ``node.role(name)`` finds one.
     """
 
     def __init__(self, config: Config, identity: Identity, roles: Sequence[str | RoleFactory], *,
-                 home: Path | None = None):
+                 home: Path | None = None, data_dir: Path | None = None):
         if not roles:
             raise ValueError("a node needs at least one role")
         self.config = config
@@ -87,7 +92,7 @@ class Node:
         self.peer_id = identity.peer_id
         self.roles: list[Role] = []
         self.home = home
-        self.data_dir = home / "data" if home is not None else None
+        self.data_dir = data_dir if data_dir is not None else home / "data" if home is not None else None
         self.version = node_version()
         self.metrics = Registry()
         rpc = config["rpc"]
@@ -111,11 +116,8 @@ class Node:
         self._started_monotonic: float | None = None
         self.ledger = LedgerGateway(identity, ledger_urls(config), hub=self.hub)
         self.status.add_section("ledger", self.ledger.status)
-        self.metrics.gauge("dekube_ledger_txs_sent", "Transactions of this node committed with code 0.") \
-            .set_function(lambda: self.ledger.counters["sent"])
-        self.metrics.gauge("dekube_ledger_txs_failed", "Transactions of this node refused, failed or unconfirmed.") \
-            .set_function(lambda: self.ledger.counters["failed"])
         self._register_builtins()
+        self.artifacts = ArtifactService.for_node(self)  # before the roles: they fetch and add artifacts
         for spec in roles:
             self.roles.append((role_factory(spec) if isinstance(spec, str) else spec)(self))
         self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
@@ -196,15 +198,24 @@ class Node:
 
     async def _keep_bootstrap_peers(self) -> None:
         """Dial every bootstrap peer now, and again whenever it is disconnected."""
+        failures: dict[str, int] = {}
         while True:
             for addr in self.config.get("p2p", "bootstrap"):
-                if self.host.is_connected(Multiaddr.parse(addr).peer_id):
-                    continue
+                peer = Multiaddr.parse(addr).peer_id
+                if peer == self.peer_id or self.host.is_connected(peer):
+                    continue   # a shared bootstrap list names this node too
                 try:
                     await self.host.connect(addr)
-                    log.info("connected to bootstrap peer", extra={"addr": addr})
+                    log.info("connected to bootstrap peer", extra={"addr": addr, "attempts": failures.pop(addr, 0) + 1})
                 except Exception as exc:  # a dead or misbehaving peer must not stop the node
-                    log.warning("bootstrap dial failed", extra={"addr": addr, "error": f"{type(exc).__name__}: {exc}"})
+                    failures[addr] = n = failures.get(addr, 0) + 1
+                    error = f"{type(exc).__name__}: {exc}"
+                    # peers started together are often not listening yet: quiet until it persists
+                    if n < BOOTSTRAP_WARN_AFTER:
+                        log.info("bootstrap peer not reachable yet; retrying",
+                                 extra={"addr": addr, "error": error, "retry_s": BOOTSTRAP_REDIAL_S})
+                    elif n == BOOTSTRAP_WARN_AFTER or n % 20 == 0:
+                        log.warning("bootstrap dial failed", extra={"addr": addr, "error": error, "attempts": n})
             await asyncio.sleep(BOOTSTRAP_REDIAL_S)
 
     def peers(self) -> list[str]:
@@ -235,6 +246,7 @@ class Node:
         if self.http is not None:
             await self.http.stop()
         await self.host.stop()
+        self.artifacts.close()
 
     def _base_status(self) -> dict[str, Any]:
         return {
@@ -265,12 +277,7 @@ class Node:
         self.rpc.register("dkb_peers", dkb_peers)
         self.rpc.register("dkb_peerId", dkb_peer_id)
         self.rpc.register("dkb_health", dkb_health)
-        self.metrics.gauge("dekube_node_uptime_seconds", "Seconds since the node started.").set_function(
-            lambda: self.uptime)
-        self.metrics.gauge("dekube_p2p_peers", "Peers with an open connection.").set_function(
-            lambda: len(self.peers()))
-        self.metrics.gauge("dekube_p2p_connections", "Open p2p connections (shared and bulk).").set_function(
-            lambda: len(self.host.connections()))
+        register_node_metrics(self)
 
 
 async def run_until_signalled(node: Node) -> int:

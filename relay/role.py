@@ -61,6 +61,7 @@ class RelayRole(Role):
     def __init__(self, node: Node, stake_of: StakeLookupFn | None = None, submit: Submit | None = None) -> None:
         super().__init__(node)
         settings = node.config["relay"]
+        self.stake = settings["stake"]
         bad = [p for p in settings["allow_list"] if not is_valid_peer_id(p)]
         if bad:
             raise RoleError(f"[relay] allow_list holds invalid peer IDs: {', '.join(bad)}")
@@ -106,21 +107,20 @@ class RelayRole(Role):
                 "receipts_send_failed": self.submissions["failed"]}
 
     def _register_metrics(self, node: Node) -> None:
-        service = self.service
-        gauges = {
-            "dekube_relay_reservations": ("Live reservations on this relay.",
-                                          lambda: service.status()["reservations"]),
-            "dekube_relay_circuits": ("Circuits open through this relay.", lambda: len(service.circuits)),
-            "dekube_relay_bytes": ("Bytes relayed, both directions, open and closed circuits.",
-                                   lambda: service.counters["bytes_closed_circuits"]
-                                   + sum(c.bytes_total for c in service.circuits)),
-            "dekube_relay_receipts": ("Usage receipts co-signed by both endpoints.",
-                                      lambda: service.counters["receipts"]),
-            "dekube_relay_receipts_sent": ("Co-signed receipts accepted by the ledger's JSON-RPC.",
-                                           lambda: self.submissions["sent"]),
-        }
-        for name, (text, read) in gauges.items():
-            node.metrics.gauge(name, text).set_function(read)
+        service, metrics = self.service, node.metrics
+        metrics.gauge("dekube_relay_reservations", "Live reservations on this relay.").set_function(
+            lambda: service.status()["reservations"])
+        metrics.gauge("dekube_relay_circuits", "Circuits open through this relay.").set_function(
+            lambda: len(service.circuits))
+        metrics.counter_function("dekube_relay_bytes_total",
+                                 "Bytes relayed, both directions, open and closed circuits.",
+                                 lambda: service.counters["bytes_closed_circuits"]
+                                 + sum(c.bytes_total for c in service.circuits))
+        metrics.counter_function("dekube_relay_receipts_total", "Usage receipts co-signed by both endpoints.",
+                                 lambda: service.counters["receipts"])
+        metrics.counter_function("dekube_relay_receipts_sent_total",
+                                 "Co-signed receipts accepted by the ledger's JSON-RPC.",
+                                 lambda: self.submissions["sent"])
 
     async def run(self) -> None:
         log.info("relay serving circuit relay v2", extra={"role": self.name})
@@ -140,6 +140,9 @@ class RelayRole(Role):
                                  listen_addrs=node.host.listen_addrs)
         while not self.registered:
             try:
+                bonded = await ledger.bonded(node.peer_id)
+                if bonded < self.stake:   # receipts are paid only to staked relays (ADR 0165)
+                    await ledger.send("bond", {"amount": self.stake - bonded})
                 if await ledger.record.sync():
                     log.info("relay registered on the ledger", extra={"peer_id": node.peer_id})
                 self.registered = True

@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
 
 from consensus import encoding, tx  # noqa: E402
 from consensus.messages import (  # noqa: E402
+    DoubleProposalEvidence,
     DoubleVoteEvidence,
     Proposal,
     Vote,
@@ -177,6 +178,7 @@ def _tx_inputs() -> list[dict[str, Any]]:
                      "sources": ["/ip4/203.0.113.7/tcp/4001/p2p/" + alice.peer_id],
                      "hyperparams": {"model_artifact": "7f" * 32, "dataset_artifact": "3c" * 32,
                                      "loss": "cross_entropy", "lr": "0.001", "steps": 200, "seed": -1}}},
+        {"signer": "carol", "nonce": 9, "type": "unjail", "fee": 1, "payload": {}},
         {"signer": "bob", "nonce": 8, "type": "reject_task", "fee": 1,
          "payload": {"task_id": hashlib.sha256(b"dekube spec vector task").digest(),
                      "reason": "Untrainable: aten::fft_rfft is not supported\nNaN — loss"}},
@@ -264,12 +266,20 @@ def consensus_vectors() -> dict[str, Any]:
     pair = [sign_vote(ident, CHAIN_ID, Vote(VoteType.PRECOMMIT, 2**40, 3, vid, ident.peer_id))
             for vid in (block_id, other_id)]
     evidence = DoubleVoteEvidence(pair[0], pair[1])
+    carol = identity("carol")
+    twin = [sign_proposal(carol, CHAIN_ID, Proposal(5, 0, -1, value, carol.peer_id))
+            for value in (BLOCK_VALUE, b"another block")]
+    proposal_evidence = DoubleProposalEvidence.of(twin[0], twin[1])
     return {
         "spec": "docs/spec/consensus.md",
         "votes": votes,
         "proposals": proposals,
         "evidence": [{"votes": [2, 3], "wire": evidence.encode().hex(),
                       "evidence_id": evidence.evidence_id.hex()}],
+        "proposal_evidence": [{"chain_id": CHAIN_ID, "proposer": carol.peer_id,
+                               "values": [BLOCK_VALUE.hex(), b"another block".hex()],
+                               "wire": proposal_evidence.encode().hex(),
+                               "evidence_id": proposal_evidence.evidence_id.hex()}],
     }
 
 

@@ -1,26 +1,33 @@
-"""Equivocation evidence: a verified double vote slashes the validator's stake, once.
+"""Equivocation evidence: a verified double vote or double proposal slashes the validator's stake,
+once, and jails it (docs/adr/0165).
 
-Evidence is ``consensus.messages.DoubleVoteEvidence`` bytes. One offence is one
-(validator, height, round, vote type): further pairs of votes for the same step do not slash
-again. Evidence older than ``evidence_max_age`` blocks is refused.
+Evidence is ``consensus.messages.DoubleVoteEvidence`` or ``DoubleProposalEvidence`` bytes. One
+offence is one (validator, height, round, vote type or "proposal"): further pairs for the same
+step do not slash again. Evidence older than ``evidence_max_age`` blocks is refused.
 """
 from __future__ import annotations
 
 import hashlib
 
 from consensus.genesis import Params
-from consensus.messages import DoubleVoteEvidence, MessageError
+from consensus.messages import DoubleVoteEvidence, Evidence, MessageError, decode_evidence
 from consensus.state.context import BlockContext
-from consensus.state.staking import slash
+from consensus.state.staking import jail, slash
 from consensus.state.store import EVIDENCE, LedgerState
 from consensus.txcodes import TxCode, TxError
 
+PROPOSAL_OFFENCE = 0xFF   # the "step" of a double proposal in its offence key (vote types are 1 and 2)
 
-def offence_key(evidence: DoubleVoteEvidence) -> bytes:
-    vote = evidence.vote_a
+
+def offence_key(evidence: Evidence) -> bytes:
+    if isinstance(evidence, DoubleVoteEvidence):
+        vote = evidence.vote_a
+        validator, height, round_, step = vote.validator, vote.height, vote.round, int(vote.type)
+    else:
+        validator, height, round_, step = evidence.validator, evidence.height, evidence.round, PROPOSAL_OFFENCE
     return hashlib.sha256(
-        b"dekube/offence\x00" + vote.validator.encode() + vote.height.to_bytes(8, "big")
-        + vote.round.to_bytes(4, "big") + bytes([int(vote.type)])
+        b"dekube/offence\x00" + validator.encode() + height.to_bytes(8, "big")
+        + round_.to_bytes(4, "big") + bytes([step])
     ).digest()
 
 
@@ -28,11 +35,11 @@ def apply_evidence_bytes(state: LedgerState, params: Params, ctx: BlockContext, 
                          raw: bytes) -> int:
     """Check and apply one piece of evidence; returns the amount slashed (and burned)."""
     try:
-        evidence = DoubleVoteEvidence.decode(raw)
+        evidence = decode_evidence(raw)
     except (MessageError, ValueError) as exc:
         raise TxError(TxCode.INVALID_EVIDENCE, f"malformed evidence: {exc}") from None
     if not evidence.verify(chain_id):
-        raise TxError(TxCode.INVALID_EVIDENCE, "not a validly signed double vote on this chain")
+        raise TxError(TxCode.INVALID_EVIDENCE, "not a validly signed double vote or proposal on this chain")
     if evidence.height >= ctx.height:
         raise TxError(TxCode.INVALID_EVIDENCE, "evidence from a height not yet committed")
     if evidence.height + params.evidence_max_age < ctx.height:
@@ -48,6 +55,8 @@ def apply_evidence_bytes(state: LedgerState, params: Params, ctx: BlockContext, 
     amount = slash(state, evidence.validator, params.slash_double_sign_bps)
     state.events.append({"type": "validator_slashed", "validator": evidence.validator, "amount": amount,
                          "height": evidence.height})
+    kind = "double vote" if isinstance(evidence, DoubleVoteEvidence) else "double proposal"
+    jail(state, params, ctx.height, evidence.validator, f"{kind} at height {evidence.height}")
     return amount
 
 

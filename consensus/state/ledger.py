@@ -18,7 +18,7 @@ from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, nodes, relay, staking, tasks
+from consensus.state import accounts, liveness, nodes, relay, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -42,6 +42,7 @@ HANDLERS = {
     "finalize": tasks.apply_finalize,
     "relay_receipt": relay.apply_relay_receipt,
     "evidence": apply_evidence_tx,
+    "unjail": staking.apply_unjail,
 }
 
 VERIFY_CHUNK = 256
@@ -195,6 +196,7 @@ class Ledger:
         ctx = BlockContext(h.height, h.time_ms, h.proposer, block.hash, h.prev_hash)
         state.events = []
         staking.release_matured_unbonding(state, ctx.height)
+        liveness.record_proposer_slots(state, params, ctx, block.last_commit)
         for raw in block.evidence:
             try:
                 apply_evidence_bytes(state, params, ctx, self.chain_id, raw)
@@ -262,7 +264,7 @@ class Ledger:
     def stake_info(self, peer_id: str) -> dict:
         stake = self.state.stakes.get(peer_id)
         if stake is None:
-            return {"bonded": 0, "unbonding": [], "slashed": 0}
+            return {"bonded": 0, "unbonding": [], "slashed": 0, "jailed_until": 0, "missed": 0}
         return stake.to_json()
 
     def node_info(self, peer_id: str) -> dict | None:

@@ -59,14 +59,31 @@ class Account(Record):
 
 
 class Stake(Record):
-    """Bonded stake, unbonding entries ``[release_height, amount]`` and the total slashed."""
+    """Bonded stake, unbonding entries ``[release_height, amount]``, the total slashed, and the
+    validator's standing (docs/adr/0165): ``jailed_until`` (0: not jailed; else the height from which
+    an ``unjail`` is accepted) and ``missed`` (proposer slots missed in a row). The last two are
+    encoded only when set, so a record without them keeps its bytes (and the app hash its value)."""
 
-    __slots__ = FIELDS = ("bonded", "unbonding", "slashed")
+    __slots__ = FIELDS = ("bonded", "unbonding", "slashed", "jailed_until", "missed")
+    _V1_FIELDS = 3
 
-    def __init__(self, bonded: int = 0, unbonding: list | None = None, slashed: int = 0):
+    def __init__(self, bonded: int = 0, unbonding: list | None = None, slashed: int = 0,
+                 jailed_until: int = 0, missed: int = 0):
         self.bonded = bonded
         self.unbonding = unbonding if unbonding is not None else []
         self.slashed = slashed
+        self.jailed_until = jailed_until
+        self.missed = missed
+
+    def to_obj(self) -> list:
+        obj = super().to_obj()
+        return obj if self.jailed_until or self.missed else obj[:self._V1_FIELDS]
+
+    @classmethod
+    def from_obj(cls, obj: list):
+        if len(obj) == cls._V1_FIELDS:
+            obj = [*obj, 0, 0]
+        return super().from_obj(obj)
 
     @property
     def unbonding_total(self) -> int:

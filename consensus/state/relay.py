@@ -34,6 +34,11 @@ def apply_relay_receipt(state: LedgerState, params: Params, ctx: BlockContext, t
     node = state.nodes.get(relay)
     if node is None or "relay" not in node.roles:
         raise TxError(TxCode.UNAUTHORIZED, "sender is not a registered relay")
+    stake = state.stakes.get(relay)
+    bonded = stake.bonded if stake is not None else 0
+    if bonded < params.min_relay_stake:
+        raise TxError(TxCode.UNAUTHORIZED, f"relay has {bonded} bonded; receipts are paid to relays with at "
+                                           f"least min_relay_stake = {params.min_relay_stake} (ADR 0165)")
     if src == dst or relay in (src, dst):
         raise TxError(TxCode.BAD_PAYLOAD, "a receipt needs two distinct endpoints other than the relay")
     message = relay_receipt_signing_bytes(tx.chain_id, receipt)

@@ -5,6 +5,8 @@ state: elected from genesis for height 1 and again after every ``epoch_length``-
 every replica, including one restarted mid-epoch, agrees on who decides each height. Slashing
 takes a fraction of bonded plus unbonding stake (bonded first, then the newest
 unbonding entries) and burns it; the burned total keeps the supply invariant checkable.
+A jailed validator (double signing, downtime: docs/adr/0165) is no candidate at elections until it
+sends ``unjail``, accepted ``jail_blocks`` after the offence.
 """
 from __future__ import annotations
 
@@ -76,15 +78,39 @@ def slash(state: LedgerState, peer_id: str, fraction_bps: int) -> int:
     return amount
 
 
+def jail(state: LedgerState, params: Params, height: int, peer_id: str, reason: str) -> bool:
+    """Jail ``peer_id`` (no candidate from the next election on); False if it was already jailed."""
+    stake = state.stakes.get(peer_id)
+    if stake is None or stake.jailed_until:
+        return False
+    stake.jailed_until = height + params.jail_blocks
+    stake.missed = 0
+    state.touch(STAKE, peer_id)
+    state.events.append({"type": "validator_jailed", "validator": peer_id, "reason": reason,
+                         "until": stake.jailed_until})
+    return True
+
+
+def apply_unjail(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    stake = state.stakes.get(tx.sender)
+    if stake is None or not stake.jailed_until:
+        raise TxError(TxCode.BAD_STATE, "not jailed")
+    if ctx.height < stake.jailed_until:
+        raise TxError(TxCode.BAD_STATE, f"jailed until height {stake.jailed_until}")
+    stake.jailed_until = 0
+    state.touch(STAKE, tx.sender)
+    state.events.append({"type": "validator_unjailed", "validator": tx.sender})
+
+
 def validator_candidates(state: LedgerState, params: Params) -> list[tuple[str, int]]:
-    """``(peer_id, bonded)`` of registered validators with at least min_validator_stake,
+    """``(peer_id, bonded)`` of registered, unjailed validators with at least min_validator_stake,
     highest stake first (ties by peer ID). The committee is a prefix of this list."""
     out = []
     for peer_id, node in state.nodes.items():
         if "validator" not in node.roles:
             continue
         stake = state.stakes.get(peer_id)
-        if stake is not None and stake.bonded >= params.min_validator_stake:
+        if stake is not None and not stake.jailed_until and stake.bonded >= params.min_validator_stake:
             out.append((peer_id, stake.bonded))
     out.sort(key=lambda item: (-item[1], item[0]))
     return out

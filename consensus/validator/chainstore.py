@@ -10,37 +10,20 @@ WAL (the state of block ``E`` is gone by then), a node replaying blocks computes
 from __future__ import annotations
 
 from consensus.block import Block
+from consensus.certificate import (  # noqa: F401  (re-exported: the validator's certificate API)
+    MAX_CERTIFICATE_BYTES,
+    CertificateError,
+    decode_certificate,
+    encode_certificate,
+)
 from consensus.committee import ValidatorSet
 from consensus.encoding import EncodingError, decode, encode
-from consensus.messages import MessageError, Vote, decode_vote, encode_vote
 from consensus.state.ledger import Ledger
 from consensus.tendermint import Commit
 from consensus.validator.storage import CorruptDatabase, Storage
 
 CERTIFICATE_TAG = b"C"
 COMMITTEE_TAG = b"S"
-MAX_CERTIFICATE_BYTES = 1024 * 1024
-
-
-class CertificateError(ValueError):
-    """Bytes that are not an encoded commit certificate."""
-
-
-def encode_certificate(votes) -> bytes:
-    return encode([encode_vote(vote) for vote in votes])
-
-
-def decode_certificate(data: bytes) -> tuple[Vote, ...]:
-    try:
-        items = decode(data, max_size=MAX_CERTIFICATE_BYTES)
-    except EncodingError as exc:
-        raise CertificateError(f"malformed certificate: {exc}") from None
-    if type(items) is not list or not all(type(item) is bytes for item in items):
-        raise CertificateError("a certificate is a list of encoded votes")
-    try:
-        return tuple(decode_vote(item) for item in items)
-    except MessageError as exc:
-        raise CertificateError(f"malformed vote in certificate: {exc}") from None
 
 
 def epoch_start(height: int, epoch_length: int) -> int:

@@ -36,7 +36,7 @@ from consensus.driver import PROTOCOL as CONSENSUS_PROTOCOL
 from consensus.driver import ConsensusDriver, encode_sync_request, frame
 from consensus.genesis import Genesis, GenesisError
 from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_events
-from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
@@ -51,6 +51,7 @@ from consensus.validator.chainstore import (
     encode_certificate,
 )
 from consensus.validator.mempool import Mempool
+from consensus.validator.metrics import ConsensusMetrics
 from consensus.validator.rpc_methods import parse_height, register_methods
 from consensus.validator.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
@@ -126,9 +127,8 @@ class ValidatorRole(Role):
         node.ledger.attach_local(self)
         node.status.add_section("consensus", self.status)
         node.add_json_get("/block", self._http_block)
-        node.metrics.gauge("dekube_consensus_height", "Last committed block height.").set_function(
-            lambda: self.ledger.height if self.ledger is not None else 0)
-        node.metrics.gauge("dekube_mempool_txs", "Transactions waiting in the mempool.").set_function(
+        self.consensus_metrics = ConsensusMetrics(
+            node.metrics, lambda: self.ledger.height if self.ledger is not None else 0,
             lambda: len(self.mempool) if self.mempool is not None else 0)
 
     # ------------------------------------------------------------------ role interface
@@ -296,11 +296,12 @@ class ValidatorRole(Role):
             log.error("cannot serve block %d to a syncing peer: %s", height, exc)
             return None
 
-    def _on_evidence(self, evidence: DoubleVoteEvidence) -> None:
+    def _on_evidence(self, evidence: Evidence) -> None:
         if len(self._evidence) < 64:
             raw = evidence.encode()
             self._evidence[evidence.evidence_id] = raw
-            log.warning("double vote by %s at height %d", evidence.validator, evidence.height)
+            kind = "proposal" if isinstance(evidence, DoubleProposalEvidence) else "vote"
+            log.warning("double %s by %s at height %d", kind, evidence.validator, evidence.height)
 
     def _propose(self, height: int) -> bytes:
         ledger, params = self.ledger, self.ledger.params
@@ -363,6 +364,9 @@ class ValidatorRole(Role):
         included = set(block.evidence)
         self._evidence = {k: v for k, v in self._evidence.items() if v not in included}
         self.last_commit_monotonic = time.monotonic()
+        self.consensus_metrics.on_commit(block.height, commit.round, len(block.txs),
+                                         [pid for pid, _ in self._prev_committee.items()],
+                                         [vote.validator for vote in commit.certificate])
         self.node.hub.publish(NEW_HEADS, {**block.header.to_json(), "txs": len(block.txs),
                                           "next_app_hash": result.app_hash.hex()})
         for event in task_events(result):

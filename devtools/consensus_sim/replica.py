@@ -14,7 +14,7 @@ from consensus.block import Block, BlockError, build_block
 from consensus.committee import ValidatorSet
 from consensus.driver import ConsensusDriver
 from consensus.genesis import Genesis
-from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleVoteEvidence, value_id
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, Evidence, value_id
 from consensus.signer import SignerGuard
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.txcodes import TxError
@@ -111,7 +111,7 @@ class Replica:
     async def _persist(self, state: bytes) -> None:
         self.store.storage.save_signer_state(state)
 
-    def _on_evidence(self, evidence: DoubleVoteEvidence) -> None:
+    def _on_evidence(self, evidence: Evidence) -> None:
         if len(self.evidence) < 64:
             self.evidence[evidence.evidence_id] = evidence.encode()
             self.sim.record_fault("evidence_seen", self.index)

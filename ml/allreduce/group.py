@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -135,6 +136,8 @@ class AllReduceGroup:
         self.non_reducers = frozenset(non_reducers)
         self.chunk_numel = chunk_numel
         self.min_participants = min_participants
+        # called with (seconds, result) after each round that committed (e.g. a metrics histogram)
+        self.round_observer: Callable[[float, AllReduceResult], None] | None = None
         self._transport = transport
         self._protocol = protocol
         self._max_frame = max_frame_bytes
@@ -242,6 +245,13 @@ class AllReduceGroup:
             raise ValueError(f"round {round_id} is not after round {self._current_round}")
 
     async def _round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
+        started = time.monotonic()
+        result = await self._run_round(contribution, round_id)
+        if self.round_observer is not None:
+            self.round_observer(time.monotonic() - started, result)
+        return result
+
+    async def _run_round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
         self._current_round = round_id
         self._round_active = True
         self._inbox.forget_before(round_id)

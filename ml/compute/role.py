@@ -32,6 +32,7 @@ from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
+from ml.compute.progress_history import record_point
 from ml.compute.replay import replay_job_blocking
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
 from ml.job.participation import departures
@@ -93,8 +94,19 @@ class ComputeRole(Role):
                                            ["verdict"])
         metrics.gauge("dekube_compute_training_step", "Optimizer steps done in the task being trained.").set_function(
             lambda: max((j["step"] for j in self.jobs.values() if j["state"] == "training"), default=0))
-        metrics.gauge("dekube_compute_bytes_sent", "All-reduce bytes sent by this node's task shares.").set_function(
-            lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
+        metrics.counter_function("dekube_compute_allreduce_bytes_sent_total",
+                                 "All-reduce bytes sent by this node's task shares.",
+                                 lambda: sum(j["bytes_sent"] for j in self.jobs.values()))
+        self.steps = metrics.counter("dekube_compute_steps_total", "Optimizer steps trained, all tasks.")
+        self.round_seconds = metrics.histogram("dekube_compute_allreduce_round_seconds",
+                                               "Seconds per committed all-reduce round.",
+                                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+
+    def _on_progress(self, job: dict, progress) -> None:
+        """Count new steps and keep the job's bounded loss/metric history (served by dkb_taskProgress)."""
+        self.steps.inc(max(0, progress.step - job.get("history_last_step", 0)))
+        job["history_last_step"] = max(progress.step, job.get("history_last_step", 0))
+        record_point(job, progress.step, progress.loss, progress.metrics)
 
     def status(self) -> dict:
         return {"registered": self.registered, "ledger": self.ledger.describe(),
@@ -315,6 +327,8 @@ class ComputeRole(Role):
             feed = ProgressFeed()
             feed.subscribe(lambda p: job.update(step=p.step, loss=p.loss, bytes_sent=p.bytes_sent,
                                                 participants=p.participants, metrics=p.metrics or job.get("metrics")))
+            feed.subscribe(lambda p: self._on_progress(job, p))
+            group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed)
             self._ready_groups.add(task_id)
             job["state"] = "waiting for workers"

@@ -17,6 +17,7 @@ from .multiaddr import Multiaddr
 from .muxer import MuxedConnection, YamuxStream
 from .negotiate import select_protocol
 from .secure_conn import SecureConn
+from .traffic import Traffic
 
 
 class HostStream:
@@ -39,21 +40,28 @@ class HostStream:
             else:
                 data, self._pushback = self._pushback[:n], self._pushback[n:]
             return data
-        return await self._stream.read(n)
+        data = await self._stream.read(n)
+        self.connection.count("in", len(data), self.protocol)
+        return data
 
     async def readexactly(self, n: int) -> bytes:
         if not self._pushback:
-            return await self._stream.readexactly(n)
+            data = await self._stream.readexactly(n)
+            self.connection.count("in", n, self.protocol)
+            return data
         head = await self.read(n)
         if len(head) == n:
             return head
         try:
-            return head + await self._stream.readexactly(n - len(head))
+            tail = await self._stream.readexactly(n - len(head))
+            self.connection.count("in", len(tail), self.protocol)
+            return head + tail
         except asyncio.IncompleteReadError as exc:
             raise asyncio.IncompleteReadError(head + exc.partial, n) from None
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.write(data)
+        self.connection.count("out", len(data), self.protocol)
 
     async def close(self) -> None:
         await self._stream.close()
@@ -65,7 +73,8 @@ class HostStream:
 class Connection:
     """One upgraded connection to a peer (shared control connection or a bulk one)."""
 
-    def __init__(self, secure: SecureConn, direction: str, bulk: bool, negotiate_timeout: float) -> None:
+    def __init__(self, secure: SecureConn, direction: str, bulk: bool, negotiate_timeout: float,
+                 traffic: Traffic | None = None) -> None:
         self.secure = secure
         self.remote_peer = secure.remote_peer
         self.direction = direction  # "inbound" | "outbound"
@@ -76,6 +85,16 @@ class Connection:
         self._negotiate_timeout = negotiate_timeout
         self.limit: LimitLike | None = None  # a relay's cap on the circuit under us (node/p2p/limited.py)
         self.last_active = time.monotonic()  # when a stream was last opened either way (eviction order)
+        self.traffic = traffic
+
+    @property
+    def relayed(self) -> bool:
+        """A circuit through a relay (its pipe has no IP endpoint), not a direct TCP connection."""
+        return self.remote_addr is None
+
+    def count(self, direction: str, n: int, protocol: str | None) -> None:
+        if self.traffic is not None:
+            self.traffic.add(protocol, direction, self.relayed, n)
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

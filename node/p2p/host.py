@@ -48,6 +48,7 @@ from .ping import PROTOCOL_ID as PING_PROTOCOL
 from .ping import ping_once, serve_ping
 from .resources import PendingInbound, Protector, pick_victim
 from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
+from .traffic import Traffic
 from .yamux import WindowTuner
 
 __all__ = ["CircuitDialer", "Connection", "DialError", "Handler", "Host", "HostStream", "YAMUX_PROTOCOL",
@@ -88,6 +89,7 @@ class Host:
         self.peer_id = identity.peer_id
         self.limits = limits or HostLimits()
         self.peerbook = PeerBook()
+        self.traffic = Traffic()  # stream bytes by protocol, direction, direct/relayed
         self._agent_version = agent_version
         self._muxer_options = muxer_options or {}
         self._requested_addrs = [Multiaddr.parse(a) for a in listen_addrs]
@@ -406,7 +408,7 @@ class Host:
     async def _register(self, secure: SecureConn, direction: str, bulk: bool,
                         limit: LimitLike | None = None) -> Connection:
         peer_id = secure.remote_peer
-        conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout)
+        conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout, self.traffic)
         conn.limit = limit
         if (len(self.connections(peer_id)) >= self.limits.max_connections_per_peer
                 or not self._running or not self._make_room(direction)):

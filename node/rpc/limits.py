@@ -15,7 +15,8 @@ and RocksDB). ``ConnectionGuard`` fixes both around an aiohttp ``web.Server``:
 rebinding, cross-site requests, websockets opened from another site): a Host name not in
 ``allowed_hosts`` or the name the server binds (IP literals are always accepted: rebinding needs
 a name), and an ``Origin``
-header not in ``allowed_origins`` (requests without one, curl and programs, are accepted).
+header not in ``allowed_origins`` unless it is the server's own origin (a page it served, such as
+/explorer; requests without one, curl and programs, are accepted).
 With ``cors`` on, allowed origins also get CORS headers and preflight answers.
 """
 from __future__ import annotations
@@ -68,6 +69,26 @@ def _host_name(host_header: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def same_origin(origin: str, request: web.BaseRequest) -> bool:
+    """The page making the request was served by this server (e.g. /explorer opened through the
+    node's public address): the Origin's host and port are the Host header's, which has already
+    passed the Host allow-list, so no other site can be behind it (ADR 0156)."""
+    split = _split_origin(origin)
+    host = request.headers.get("Host")
+    if split is None or not host:
+        return False
+    scheme, name, port = split
+    if scheme != request.scheme:
+        return False
+    want_name = _host_name(host)
+    bracketed = host.strip().lower()
+    tail = bracketed.rsplit("]", 1)[1] if bracketed.startswith("[") else (
+        bracketed.rsplit(":", 1)[1] if bracketed.count(":") == 1 else "")
+    tail = tail.lstrip(":")
+    want_port = int(tail) if tail.isdigit() else (443 if scheme == "https" else 80)
+    return name == want_name and (port or (443 if scheme == "https" else 80)) == want_port
+
+
 def _is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
@@ -118,7 +139,7 @@ class HttpPolicy:
         if not self.host_allowed(request.headers.get("Host")):
             raise RequestRefused(403, f"host {request.headers.get('Host', '')[:100]!r} is not in [rpc] allowed_hosts")
         origin = request.headers.get("Origin")
-        if origin is not None and not self.origin_allowed(origin):
+        if origin is not None and not self.origin_allowed(origin) and not same_origin(origin, request):
             raise RequestRefused(403, f"origin {origin[:100]!r} is not in [rpc] allowed_origins")
 
     def cors_headers(self, request: web.BaseRequest) -> dict[str, str]:

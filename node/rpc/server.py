@@ -1,4 +1,4 @@
-"""aiohttp server: GET /health, /status, /metrics; POST / and /rpc (JSON-RPC 2.0); GET /ws;
+"""aiohttp server: GET /health, /status, /metrics, /explorer/; POST / and /rpc (JSON-RPC 2.0); GET /ws;
 plus JSON GET routes that components add (e.g. ``/block?height=``). Connection limits and the
 Host/Origin allow-list (node/rpc/limits.py) apply to every route, the websocket included.
 
@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from node import explorer
 from node.metrics import CONTENT_TYPE, Registry
 from node.rpc.dispatcher import Dispatcher, encode_json
 from node.rpc.errors import (
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 32
 MAX_SUBSCRIPTION_KEY_CHARS = 128
-BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws"})
+BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws", "/explorer", "/explorer/"})
 JsonGet = Callable[[Mapping[str, str]], Awaitable[Any]]
 _HTTP_STATUS_FOR_CODE = {INVALID_PARAMS: 400, INVALID_INPUT: 400, RESOURCE_NOT_FOUND: 404, RESOURCE_UNAVAILABLE: 503}
 _DROP_NOTICE_TIMEOUT_S = 1.0
@@ -82,6 +83,7 @@ class HttpServer:
         app.router.add_post("/", self._rpc)
         app.router.add_post("/rpc", self._rpc)
         app.router.add_get("/ws", self._websocket)
+        explorer.add_routes(app)
         for path, handler in self.json_gets.items():
             app.router.add_get(path, self._json_get_handler(handler))
         app.on_shutdown.append(self._close_websockets)

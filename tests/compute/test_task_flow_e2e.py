@@ -119,11 +119,11 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     assert job["state"] == "committed" and job["step"] == SPEC.steps and job["bytes_sent"] > 0
     assert job["metrics"]["accuracy"] > 50
     assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
-    assert 'dekube_compute_tasks_total{outcome="committed"} 1' in metrics_text(worker_node)
+    assert 'dekube_compute_tasks_total{outcome="committed"} 1.0' in metrics_text(worker_node)
     verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
     # the task can be paid (by a worker) before the verifier has seen its last audit's receipt
     deadline = time.monotonic() + 15
-    while 'dekube_compute_audits_total{verdict="match"} 3' not in metrics_text(verifier_node):
+    while 'dekube_compute_audits_total{verdict="match"} 3.0' not in metrics_text(verifier_node):
         assert time.monotonic() < deadline, metrics_text(verifier_node)
         time.sleep(0.2)
 

@@ -1,6 +1,7 @@
 """Tendermint core: the upon-rules of Algorithm 1, locking, round skipping, evidence, restarts."""
 from consensus.committee import ValidatorSet
 from consensus.messages import (
+    DoubleProposalEvidence,
     Proposal,
     Vote,
     VoteType,
@@ -412,13 +413,16 @@ def test_reproposal_keeps_the_original_proposer_and_commits_with_value_proposer_
     assert core.wrong_value_proposer == 0
 
 
-def test_a_second_proposal_from_the_rounds_proposer_is_counted_and_ignored():
+def test_a_second_proposal_from_the_rounds_proposer_is_ignored_and_reported_once():
     right = proposer_identity(0, 0)
     ident = next(i for i in IDS if i is not right)
     core = make_core(ident)
     core.start_height(0, VS)
     (prevote,) = broadcasts(core.on_proposal(proposal(right, 0, b"v")))
-    assert core.on_proposal(proposal(right, 0, b"w")) == []
+    (found,) = core.on_proposal(proposal(right, 0, b"w"))
+    assert isinstance(found, EvidenceFound) and isinstance(found.evidence, DoubleProposalEvidence)
+    assert found.evidence.validator == right.peer_id and found.evidence.verify(CHAIN)
+    assert core.on_proposal(proposal(right, 0, b"x")) == []  # the offence is reported once per round
     assert core.on_proposal(proposal(right, 0, b"v")) == []  # a duplicate is no equivocation
-    assert core.proposal_equivocations == 1
+    assert core.proposal_equivocations == 2
     assert core.proposals[0].value == b"v"

@@ -82,7 +82,7 @@ def test_bond_unbond_and_release_after_unbonding_period():
     unbond_height = chain.ledger.height + 1
     chain.ok(A, "unbond", {"amount": 2000})
     assert chain.ledger.stake_info(A.peer_id) == {"bonded": 3000, "unbonding": [[unbond_height + 3, 2000]],
-                                                  "slashed": 0}
+                                                  "slashed": 0, "jailed_until": 0, "missed": 0}
     chain.empty_blocks(2)
     assert chain.ledger.balance(A.peer_id) == 1_000_000 - 5000
     chain.empty_blocks(1)

@@ -20,7 +20,8 @@ def test_evidence_tx_slashes_once_per_offence():
     assert receipt.code == TxCode.OK
     slashed = 10_000 * 500 // 10_000
     assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 10_000 - slashed, "unbonding": [],
-                                                          "slashed": slashed}
+                                                          "slashed": slashed, "missed": 0,
+                                                          "jailed_until": chain.ledger.height + 500}
     assert chain.ledger.state.burned == slashed
     # the same evidence, or another pair of votes for the same step, does not slash again
     assert chain.run(REPORTER, "evidence", {"evidence": double_vote()}).code == TxCode.ALREADY_KNOWN
@@ -57,7 +58,7 @@ def test_block_evidence_slashes_and_junk_evidence_is_only_an_event():
     result = chain.block(evidence=[double_vote(), b"junk"])
     assert chain.ledger.stake_info(VALIDATOR.peer_id)["slashed"] == 500
     kinds = [event["type"] for event in result.events]
-    assert kinds == ["validator_slashed", "evidence_rejected"]
+    assert kinds == ["validator_slashed", "validator_jailed", "evidence_rejected"]
 
 
 def test_slash_reaches_unbonding_stake_and_release_pays_only_the_rest():
@@ -67,7 +68,7 @@ def test_slash_reaches_unbonding_stake_and_release_pays_only_the_rest():
     chain.ok(VALIDATOR, "unbond", {"amount": 8_000})          # height 1: releases at height 4
     chain.ok(REPORTER, "evidence", {"evidence": double_vote(height=1)})  # 5_000 of 10_000
     assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 0, "unbonding": [[4, 5_000]],
-                                                          "slashed": 5_000}
+                                                          "slashed": 5_000, "missed": 0, "jailed_until": 502}
     chain.empty_blocks(2)
     assert chain.ledger.balance(VALIDATOR.peer_id) == 1 + 5_000
     assert chain.ledger.state.burned == 5_000

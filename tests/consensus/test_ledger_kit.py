@@ -32,10 +32,11 @@ class Chain:
             self.nonces[who.peer_id] = nonce + 1
         return build_tx(who, CHAIN, nonce, tx_type, payload, fee)
 
-    def block(self, txs=(), evidence=()):
+    def block(self, txs=(), evidence=(), last_commit=b""):
         led = self.ledger
         block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                            self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs], evidence)
+                            self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs], evidence,
+                            last_commit)
         result = led.apply_block(block)
         led.check_invariants()
         self.nonces.clear()

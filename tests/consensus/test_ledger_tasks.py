@@ -31,7 +31,7 @@ def setup_market(chain):
     register(chain, W3, ["compute"], bond=200)
     chain.ok(VERIFIER, "bond", {"amount": 500})
     chain.ok(VERIFIER2, "bond", {"amount": 500})
-    register(chain, RELAY, ["relay"])
+    register(chain, RELAY, ["relay"], bond=100)   # min_relay_stake (ADR 0165)
 
 
 def submit(chain, spec=SPEC, price=PRICE):
@@ -112,7 +112,7 @@ def test_mismatch_dispute_then_slash(market):
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     slashed = stake_before * 1000 // 10_000
     assert chain.ledger.stake_info(W2.peer_id) == {"bonded": stake_before - slashed, "unbonding": [],
-                                                   "slashed": slashed}
+                                                   "slashed": slashed, "jailed_until": 0, "missed": 0}
     assert chain.ledger.state.burned == slashed
     assert chain.ledger.balance(W2.peer_id) == w2_before  # no pay
     worker_share = (PRICE - 500 - 1000) // 2
@@ -249,3 +249,12 @@ def test_relay_receipt_for_a_task_is_paid_from_its_budget_at_finalize(market):
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     assert chain.ledger.balance(RELAY.peer_id) == relay_before + 600
     assert task(chain, task_id).payouts[OWNER.peer_id] == 400 + 500  # budget left + unclaimed verifier pool
+
+
+def test_relay_receipt_needs_the_relays_own_stake(market):
+    chain = market
+    chain.ok(RELAY, "unbond", {"amount": 1})
+    receipt = chain.run(RELAY, "relay_receipt", receipt_payload(W1, W2, W1, 40))
+    assert receipt.code == TxCode.UNAUTHORIZED and "min_relay_stake" in receipt.log
+    chain.ok(RELAY, "bond", {"amount": 1})
+    chain.ok(RELAY, "relay_receipt", receipt_payload(W1, W2, W1, 40))

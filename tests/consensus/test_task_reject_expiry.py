@@ -235,6 +235,7 @@ def test_relay_claims_are_paid_when_a_task_is_rejected():
     chain = make_chain()
     chain.ok(RELAY, "register_node", {"roles": ["relay"], "listen_addrs": [], "relay_addrs": [],
                                       "hardware": hardware()})
+    chain.ok(RELAY, "bond", {"amount": chain.params.min_relay_stake})
     task_id, _ = submit(chain)
     receipt = {"relay": RELAY.peer_id, "src": W1.peer_id, "dst": OWNER.peer_id, "payer": OWNER.peer_id,
                "session": b"s" * 16, "bytes_total": 4096, "amount_total": 40, "task_id": task_id}

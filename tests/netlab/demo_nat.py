@@ -93,7 +93,7 @@ def main() -> int:
                 print(f"== weights {fetched['result'][:16]}.. fetched from the NAT'd workers and checked against the "
                       f"ledger: accuracy before {before['accuracy']:.2f}%, after {after['accuracy']:.2f}% "
                       f"(workers reported {fetched['final_metrics']})")
-            relayed = {r.name: int(net.metric(r, "dekube_relay_bytes")) for r in net.relays}
+            relayed = {r.name: int(net.metric(r, "dekube_relay_bytes_total")) for r in net.relays}
             print("== relays carried " + ", ".join(f"{n}: {b / 1e6:.2f} MB" for n, b in relayed.items()))
             supply = net.rpc("dkb_getSupply")
             conserved = supply["total"] == supply["genesis"]

@@ -40,7 +40,7 @@ def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
         info = net.rpc("dkb_getNode", member.peer_id)
         assert all(addr.startswith("/ip4/192.168.") for addr in info["listen_addrs"])
         assert len(info["relay_addrs"]) == 2 and all("/p2p-circuit/" in a for a in info["relay_addrs"])
-    relayed_before = sum(net.metric(r, "dekube_relay_bytes") for r in net.relays)
+    relayed_before = sum(net.metric(r, "dekube_relay_bytes_total") for r in net.relays)
     out = net.cli("task", "submit", "--rpc", net.testnet.nodes[0].rpc_url, "--key", str(net.testnet.faucet_key),
                   "--model", "mlp", "--dataset", "digits", "--workers", "3", "--codec", "int8", "--steps", "60",
                   "--price", str(PRICE), "--wait", "--timeout", "400", "--json")
@@ -57,5 +57,5 @@ def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
     assert task["payouts"][verifier] > 0
     supply = net.rpc("dkb_getSupply")
     assert supply["total"] == supply["genesis"]
-    relayed = sum(net.metric(r, "dekube_relay_bytes") for r in net.relays) - relayed_before
+    relayed = sum(net.metric(r, "dekube_relay_bytes_total") for r in net.relays) - relayed_before
     assert relayed > 256 << 10, relayed  # the homes' all-reduce and segment traffic went through relays

@@ -30,7 +30,7 @@ def test_health_status_metrics():
                 assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
                 text = await resp.text()
             assert "# TYPE dekube_node_uptime_seconds gauge" in text
-            assert 'dekube_http_requests_total{route="/health",status="200"} 1' in text
+            assert 'dekube_http_requests_total{route="/health",status="200"} 1.0' in text
 
     run(scenario())
 

@@ -1,4 +1,5 @@
-"""Metrics registry renders valid Prometheus text exposition (checked with prometheus_client's parser)."""
+"""The metrics facade over prometheus_client renders valid text exposition (checked with its parser),
+keeps its small call-site API and refuses misuse."""
 import math
 
 import pytest
@@ -26,14 +27,16 @@ def test_text_format_lines():
     assert text.endswith("\n")
     assert "# HELP dekube_bytes_sent_total Bytes \"sent\"\\nto peers \\\\ total." in text
     assert "# TYPE dekube_bytes_sent_total counter" in text
-    assert 'dekube_bytes_sent_total{protocol="/yamux/1.0.0"} 1024' in text
-    assert 'dekube_bytes_sent_total{protocol="we\\"ird\\\\label\\n"} 1' in text
-    assert "dekube_peers 2" in text and "dekube_uptime_seconds 12.5" in text
+    assert 'dekube_bytes_sent_total{protocol="/yamux/1.0.0"} 1024.0' in text
+    assert 'dekube_bytes_sent_total{protocol="we\\"ird\\\\label\\n"} 1.0' in text
+    assert "dekube_peers 2.0" in text and "dekube_uptime_seconds 12.5" in text
     assert "# TYPE dekube_latency_seconds histogram" in text
-    assert 'dekube_latency_seconds_bucket{le="0.1"} 1' in text
-    assert 'dekube_latency_seconds_bucket{le="1"} 3' in text
-    assert 'dekube_latency_seconds_bucket{le="+Inf"} 4' in text
-    assert "dekube_latency_seconds_sum 4.05" in text and "dekube_latency_seconds_count 4" in text
+    assert 'dekube_latency_seconds_bucket{le="0.1"} 1.0' in text
+    assert 'dekube_latency_seconds_bucket{le="1.0"} 3.0' in text
+    assert 'dekube_latency_seconds_bucket{le="+Inf"} 4.0' in text
+    assert "dekube_latency_seconds_sum 4.05" in text and "dekube_latency_seconds_count 4.0" in text
+    assert "_created" not in text
+    assert "process_start_time_seconds" in text and "python_gc_collections_total" in text
 
 
 def test_prometheus_parser_accepts_output():
@@ -54,7 +57,7 @@ def test_misuse_is_rejected():
     with pytest.raises(ValueError, match="invalid metric name"):
         reg.gauge("bad-name", "x")
     with pytest.raises(ValueError, match="invalid label"):
-        reg.gauge("g", "x", ["le"])
+        reg.histogram("h", "x", ["le"])
     counter = reg.counter("c_total", "x", ["a"])
     with pytest.raises(ValueError, match="only goes up"):
         counter.inc(-1, a="1")
@@ -73,3 +76,21 @@ def test_special_values():
     g.set(-math.inf, k="c")
     text = reg.render()
     assert 'g{k="a"} +Inf' in text and 'g{k="b"} NaN' in text and 'g{k="c"} -Inf' in text
+
+
+def test_values_read_back_and_function_metrics():
+    reg = Registry(process=False)
+    counter = reg.counter("c_total", "x", ["a"])
+    counter.inc(2, a="1")
+    assert counter.value(a="1") == 2 and counter.value(a="2") == 0
+    hist = reg.histogram("h_seconds", "x")
+    hist.observe(0.3)
+    assert hist.count() == 1 and hist.sum() == 0.3
+    state = {"n": 5}
+    reg.counter_function("f_total", "x", lambda: {("in",): state["n"]}, ["dir"])
+    reg.gauge_function("g", "x", lambda: 7)
+    state["n"] = 9   # read at scrape time
+    assert reg.sample("f_total", dir="in") == 9 and reg.sample("g") == 7
+    assert "process_" not in reg.render()
+    with pytest.raises(ValueError, match="_total"):
+        reg.counter_function("f", "x", lambda: 1)

@@ -151,7 +151,7 @@ def test_p2p_host_listens_and_bootstrap_connects_nodes():
             async with http.post(a.http.url, json={"jsonrpc": "2.0", "id": 1, "method": "dkb_peers"}) as resp:
                 assert (await resp.json())["result"] == [b.peer_id]
             async with http.get(a.http.url + "/metrics") as resp:
-                assert "dekube_p2p_peers 1" in await resp.text()
+                assert "dekube_p2p_peers 1.0" in await resp.text()
         for node, task in ((b, b_task), (a, a_task)):
             node.request_stop()
             await asyncio.wait_for(task, 10)

@@ -54,7 +54,7 @@ def test_slow_subscriber_is_dropped_not_buffered():
         with pytest.raises(SubscriptionClosed, match="too slow"):
             await slow.next()
         assert [await fast.next() for _ in range(5)] == [0, 1, 2, 3, 4]
-        assert 'dekube_ws_subscribers_dropped_total{topic="t"} 1' in registry.render()
+        assert 'dekube_ws_subscribers_dropped_total{topic="t"} 1.0' in registry.render()
         assert hub.count() == 1
 
     asyncio.run(scenario())

@@ -33,7 +33,7 @@ def test_relay_role_serves_allow_listed_peers_only():
             assert info.value.status == Status.PERMISSION_DENIED
             status = (await node.status.snapshot())["relay"]
             assert status["reservations"] == 1 and status["reservations_refused"] == 1
-            assert "dekube_relay_reservations 1" in node.metrics.render()
+            assert "dekube_relay_reservations 1.0" in node.metrics.render()
         finally:
             node.request_stop()
             await asyncio.wait_for(task, 10)

@@ -16,10 +16,12 @@ import pytest
 
 from consensus import encoding, tx
 from consensus.messages import (
+    DoubleProposalEvidence,
     DoubleVoteEvidence,
     Proposal,
     Vote,
     VoteType,
+    decode_evidence,
     decode_message,
     encode_proposal,
     encode_vote,
@@ -330,3 +332,14 @@ def test_vector_files_are_current():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("case", CONSENSUS["proposal_evidence"])
+def test_double_proposal_evidence_vectors(case):
+    ref = bytes.fromhex(case["wire"])
+    evidence = decode_evidence(ref)
+    assert isinstance(evidence, DoubleProposalEvidence) and evidence.encode() == ref
+    assert evidence.evidence_id.hex() == case["evidence_id"] and evidence.validator == case["proposer"]
+    assert evidence.verify(case["chain_id"]) and not evidence.verify(case["chain_id"] + "x")
+    assert {evidence.first.value_id, evidence.second.value_id} == {
+        hashlib.sha256(bytes.fromhex(v)).digest() for v in case["values"]}

@@ -1,0 +1,10 @@
+"""Errors of the artifact package."""
+from __future__ import annotations
+
+
+class ArtifactError(Exception):
+    """An artifact cannot be added, found or fetched; the message says why."""
+
+
+class CorruptChunk(ArtifactError):
+    """A chunk on disk does not match its leaf hash (the store demoted the artifact to partial)."""

@@ -1,0 +1,514 @@
+// dekube explorer: reads the serving node's public JSON-RPC (POST /) and websocket (/ws, topics
+// newHeads and tasks); training progress from compute nodes' dkb_taskProgress (this node's own RPC
+// and any URLs the user lists). No framework, no build step, nothing from other sites.
+(function () {
+"use strict";
+
+const {lineChart, chartLegend} = window.dekubeChart;
+const BLOCKS_SHOWN = 20;
+const MAX_NODES = 64;
+const PROGRESS_POLL_MS = 1000;
+const SLOW_REFRESH_MS = 5000;
+const ACTIVE_TASK = new Set(["created", "assigned", "running", "audit", "auditing", "disputed"]);
+
+const state = {
+  chainId: null, height: null, blocks: new Map(), validators: null, tasks: [], nodes: new Map(),
+  peers: [], progressUrls: [], endpointPeer: new Map(), noProgress: new Set(), curves: new Map(),
+  taskEvents: new Map(), ledger: true, live: false, detailTimer: null,
+};
+let rpcId = 0;
+
+class RpcError extends Error {
+  constructor(error) { super(error.message || "RPC error"); this.code = error.code; }
+}
+
+async function rpc(method, params = [], url = "/") {
+  const resp = await fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({jsonrpc: "2.0", id: ++rpcId, method, params})});
+  const doc = await resp.json();
+  if (doc.error) throw new RpcError(doc.error);
+  return doc.result;
+}
+
+// ---- small DOM helpers (text only: nothing from the chain is parsed as HTML)
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "onclick") node.addEventListener("click", value);
+    else if (value !== undefined && value !== null) node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const $ = (id) => document.getElementById(id);
+const short = (id) => (typeof id === "string" && id.length > 16 ? `${id.slice(0, 8)}…${id.slice(-6)}` : String(id));
+const badge = (text) => el("span", {class: `badge ${text}`}, text);
+const fmtInt = (n) => (typeof n === "number" ? n.toLocaleString("en-US") : "–");
+function fmtBytes(n) {
+  if (typeof n !== "number" || !Number.isFinite(n)) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+function fmtTime(ms) { return typeof ms === "number" ? new Date(ms).toLocaleTimeString() : "–"; }
+function replaceRows(tbody, rows) { tbody.replaceChildren(...rows); }
+function notice(text) { const n = $("notice"); n.hidden = !text; n.textContent = text || ""; }
+function kv(obj) {
+  if (obj === null || obj === undefined) return "–";
+  if (typeof obj !== "object") return String(obj);
+  const parts = Object.entries(obj).map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`);
+  return parts.length ? parts.join(", ") : "–";
+}
+
+// ---- head and blocks
+async function loadBlock(height) {
+  const block = await rpc("dkb_getBlockByNumber", [height, false]);
+  if (block) state.blocks.set(block.height, block);
+  for (const h of [...state.blocks.keys()]) if (h <= (state.height || 0) - BLOCKS_SHOWN * 3) state.blocks.delete(h);
+  return block;
+}
+
+async function loadHead() {
+  state.chainId = await rpc("dkb_chainId");
+  state.height = await rpc("dkb_blockNumber");
+  $("chain-id").textContent = state.chainId;
+  const from = Math.max(1, state.height - BLOCKS_SHOWN + 1);
+  const heights = [];
+  for (let h = state.height; h >= from; h--) if (!state.blocks.has(h)) heights.push(h);
+  await Promise.all(heights.map(loadBlock));
+  renderHead();
+  renderBlocks();
+}
+
+function renderHead() {
+  $("height").textContent = fmtInt(state.height);
+  const recent = [...state.blocks.values()].sort((a, b) => a.height - b.height).slice(-BLOCKS_SHOWN);
+  if (recent.length >= 2) {
+    const span = (recent[recent.length - 1].time_ms - recent[0].time_ms) / 1000;
+    const rate = span > 0 ? (recent.length - 1) / span : 0;
+    $("block-rate").textContent = `${rate.toFixed(2)} blocks/s (${(span / (recent.length - 1)).toFixed(2)} s/block)`;
+  }
+}
+
+function renderBlocks() {
+  const recent = [...state.blocks.values()].sort((a, b) => b.height - a.height).slice(0, BLOCKS_SHOWN);
+  replaceRows($("block-rows"), recent.map((b) => el("tr", {class: "clickable", "data-height": b.height,
+    onclick: () => { location.hash = `#block/${b.height}`; }},
+  el("td", {}, b.height), el("td", {}, fmtTime(b.time_ms)), el("td", {}, b.transactions.length),
+  el("td", {class: "mono"}, short(b.proposer)), el("td", {class: "mono"}, short(b.hash)))));
+}
+
+async function onNewHead(header) {
+  state.height = Math.max(state.height || 0, header.height);
+  await loadBlock(header.height);
+  renderHead();
+  renderBlocks();
+  renderValidators();
+}
+
+// ---- validators (missed blocks: committee members absent from a block's commit, over the loaded blocks)
+async function loadValidators() {
+  state.validators = await rpc("dkb_getValidators");
+  renderValidators();
+}
+
+function renderValidators() {
+  const v = state.validators;
+  if (!v) return;
+  const bonded = new Map(v.candidates.map((c) => [c.peer_id, c.bonded]));
+  const blocks = [...state.blocks.values()].filter((b) => Array.isArray(b.commit) && b.commit.length);
+  const missed = new Map(), proposed = new Map();
+  for (const b of blocks) {
+    const signed = new Set(b.commit.map((vote) => vote.validator));
+    for (const {peer_id: pid} of v.validators) if (!signed.has(pid)) missed.set(pid, (missed.get(pid) || 0) + 1);
+    proposed.set(b.proposer, (proposed.get(b.proposer) || 0) + 1);
+  }
+  $("validators-note").textContent = `committee from height ${v.epoch_start}, total power ${fmtInt(v.total_power)}; `
+    + `missed and proposed counted over the last ${blocks.length} blocks`;
+  replaceRows($("validator-rows"), v.validators.map(({peer_id: pid, power}) => el("tr", {},
+    el("td", {class: "mono"}, pid), el("td", {}, fmtInt(power)), el("td", {}, fmtInt(bonded.get(pid))),
+    el("td", {}, missed.get(pid) || 0), el("td", {}, proposed.get(pid) || 0))));
+}
+
+// ---- tasks
+async function loadTasks() {
+  state.tasks = await rpc("dkb_listTasks", [null, null, 100]);
+  state.tasks.sort((a, b) => (b.created_height || 0) - (a.created_height || 0));
+  replaceRows($("task-rows"), state.tasks.map((t) => el("tr", {class: "clickable", "data-task": t.task_id,
+    onclick: () => { location.hash = `#task/${t.task_id}`; }},
+  el("td", {class: "mono"}, short(t.task_id)), el("td", {}, badge(t.status)),
+  el("td", {}, `${(t.spec && t.spec.model) || "?"} / ${(t.spec && t.spec.dataset) || "?"}`
+    + (t.spec && t.spec.hyperparams && t.spec.hyperparams.steps ? `, ${t.spec.hyperparams.steps} steps` : "")),
+  el("td", {}, (t.workers || []).length), el("td", {}, fmtInt(t.price)), el("td", {}, t.created_height))));
+}
+
+function onTaskEvent(event) {
+  if (event.task_id) {
+    const list = state.taskEvents.get(event.task_id) || [];
+    list.push(event);
+    state.taskEvents.set(event.task_id, list.slice(-50));
+  }
+  scheduleTasksRefresh();
+}
+
+let tasksRefresh = null;
+function scheduleTasksRefresh() {
+  if (tasksRefresh) return;
+  tasksRefresh = setTimeout(async () => {
+    tasksRefresh = null;
+    await guarded(loadTasks);
+    const m = location.hash.match(/^#task\/([0-9a-f]{64})$/);
+    if (m) await guarded(() => showTask(m[1], false));
+  }, 300);
+}
+
+// ---- nodes and relays
+function knownPeers() {
+  const ids = new Set(state.peers);
+  if (state.validators) {
+    state.validators.validators.forEach((v) => ids.add(v.peer_id));
+    state.validators.candidates.forEach((c) => ids.add(c.peer_id));
+  }
+  state.tasks.forEach((t) => (t.workers || []).forEach((w) => ids.add(w)));
+  state.tasks.forEach((t) => Object.keys(t.relay_claims || {}).forEach((r) => ids.add(r)));
+  return [...ids].slice(0, MAX_NODES);
+}
+
+function relayOf(addr) {
+  const m = /\/p2p\/([^/]+)\/p2p-circuit/.exec(addr);
+  return m ? m[1] : null;
+}
+
+async function loadNodes() {
+  try { state.peers = await rpc("dkb_peers"); } catch (err) { state.peers = []; }
+  const listed = await Promise.all(state.progressUrls.map((url) => endpointPeer(url).catch(() => null)));
+  const ids = [...new Set([...listed.filter(Boolean), ...knownPeers()])].slice(0, MAX_NODES);
+  const records = await Promise.all(ids.map((id) => rpc("dkb_getNode", [id]).catch(() => null)));
+  ids.forEach((id, i) => { if (records[i]) state.nodes.set(id, records[i]); });
+  renderNodes();
+  renderRelays();
+}
+
+function bandwidthOf(hw) {
+  if (!hw || typeof hw !== "object") return "–";
+  const keys = Object.keys(hw).filter((k) => /bandwidth|mbps|bps/i.test(k));
+  return keys.length ? keys.map((k) => `${k}: ${hw[k]}`).join(", ") : "–";
+}
+
+function renderNodes() {
+  const rows = [...state.nodes.entries()].sort((a, b) => a[1].roles.join().localeCompare(b[1].roles.join()));
+  replaceRows($("node-rows"), rows.map(([id, n]) => {
+    const relays = [...new Set((n.relay_addrs || []).map(relayOf).filter(Boolean))];
+    const hw = Object.fromEntries(Object.entries(n.hardware || {}).filter(([k]) => !/bandwidth|mbps|bps/i.test(k)));
+    const reach = relays.length ? `relayed via ${relays.map(short).join(", ")}`
+      : `direct (${(n.listen_addrs || []).length} addrs)`;
+    return el("tr", {"data-peer": id}, el("td", {class: "mono"}, short(id)), el("td", {}, (n.roles || []).join(", ")),
+      el("td", {}, kv(hw)), el("td", {}, bandwidthOf(n.hardware)), el("td", {}, reach),
+      el("td", {}, n.reputation ?? "–"));
+  }));
+}
+
+function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const labels = {};
+    for (const pair of (m[3] || "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[pair[1]] = pair[2];
+    out.push({name: m[1], labels, value: Number(m[4])});
+  }
+  return out;
+}
+
+async function loadRelayLocal() {
+  const lines = [await trafficLine("/", "this node")];
+  for (const url of state.progressUrls) {   // listed nodes' own counters (they must allow this origin)
+    const peer = state.endpointPeer.get(url);
+    lines.push(await trafficLine(url.replace(/\/+$/, "") + "/", peer ? short(peer) : url).catch(() => null));
+  }
+  $("relay-local").replaceChildren(...lines.filter(Boolean).map((line) => el("p", {}, line)));
+}
+
+async function trafficLine(base, who) {
+  const resp = await fetch(`${base}metrics`);
+  const samples = parseMetrics(await resp.text());
+  const sum = (name, pred) => samples.filter((s) => s.name === name && (!pred || pred(s.labels)))
+    .reduce((acc, s) => acc + s.value, 0);
+  const relayed = samples.find((s) => s.name === "dekube_relay_bytes_total");
+  const parts = [
+    `${who}: p2p bytes direct ${fmtBytes(sum("dekube_p2p_bytes_sent_total", (l) => l.path === "direct")
+      + sum("dekube_p2p_bytes_received_total", (l) => l.path === "direct"))}`,
+    `over relays ${fmtBytes(sum("dekube_p2p_bytes_sent_total", (l) => l.path === "relayed")
+      + sum("dekube_p2p_bytes_received_total", (l) => l.path === "relayed"))}`,
+  ];
+  if (relayed) {
+    parts.push(`relayed for others ${fmtBytes(relayed.value)}`,
+      `circuits ${sum("dekube_relay_circuits")}`, `reservations ${sum("dekube_relay_reservations")}`);
+  }
+  return parts.join(" · ");
+}
+
+function renderRelays() {
+  const relays = new Map();
+  const entry = (id) => relays.get(id) || relays.set(id, {paid: 0, tasks: 0, nodes: 0}).get(id);
+  for (const [id, n] of state.nodes) if ((n.roles || []).includes("relay")) entry(id);
+  for (const t of state.tasks) {
+    for (const [relay, amount] of Object.entries(t.relay_claims || {})) {
+      const e = entry(relay);
+      e.paid += amount;
+      e.tasks += 1;
+    }
+  }
+  for (const n of state.nodes.values()) {
+    for (const relay of new Set((n.relay_addrs || []).map(relayOf).filter(Boolean))) entry(relay).nodes += 1;
+  }
+  replaceRows($("relay-rows"), [...relays.entries()].map(([id, e]) => el("tr", {},
+    el("td", {class: "mono"}, short(id)), el("td", {}, fmtInt(e.paid)), el("td", {}, e.tasks),
+    el("td", {}, e.nodes))));
+}
+
+// ---- training progress (dkb_taskProgress on compute nodes)
+function progressEndpoints() { return ["/", ...state.progressUrls]; }
+
+async function endpointPeer(url) {
+  if (!state.endpointPeer.has(url)) state.endpointPeer.set(url, await rpc("dkb_peerId", [], url));
+  return state.endpointPeer.get(url);
+}
+
+async function pollProgress(taskId) {
+  const curves = state.curves.get(taskId) || new Map();
+  state.curves.set(taskId, curves);
+  await Promise.all(progressEndpoints().map(async (url) => {
+    const key = `${url} ${taskId}`;
+    if (state.noProgress.has(url)) return;
+    let job, peer;
+    try {
+      peer = await endpointPeer(url);
+      job = await rpc("dkb_taskProgress", [taskId], url);
+    } catch (err) {
+      if (err instanceof RpcError && err.code === -32601) state.noProgress.add(url);   // no compute role
+      return;
+    }
+    const curve = curves.get(peer) || {loss: new Map(), metrics: new Map(), job: null, key};
+    curve.job = job;
+    const points = Array.isArray(job.history) ? job.history : [];
+    for (const p of points) {
+      if (p.loss !== null && p.loss !== undefined) curve.loss.set(p.step, p.loss);
+      for (const [name, value] of Object.entries(p.metrics || {})) {
+        if (!curve.metrics.has(name)) curve.metrics.set(name, new Map());
+        curve.metrics.get(name).set(p.step, value);
+      }
+    }
+    if (typeof job.loss === "number" && typeof job.step === "number") curve.loss.set(job.step, job.loss);
+    curves.set(peer, curve);
+  }));
+  return curves;
+}
+
+function renderCurves(container, curves) {
+  const workers = [...curves.keys()].sort();
+  const series = (pick) => workers.map((w) => ({name: short(w),
+    points: [...pick(curves.get(w)).entries()].sort((a, b) => a[0] - b[0])}));
+  const charts = el("div", {class: "charts"});
+  charts.appendChild(el("div", {id: "curve-loss"}, lineChart("training loss per step", series((c) => c.loss))));
+  const metricNames = [...new Set(workers.flatMap((w) => [...curves.get(w).metrics.keys()]))].sort();
+  for (const name of metricNames) {
+    charts.appendChild(el("div", {class: "curve-metric", "data-metric": name},
+      lineChart(`eval ${name} per step`, series((c) => c.metrics.get(name) || new Map()))));
+  }
+  const states = workers.map((w) => {
+    const job = curves.get(w).job || {};
+    return `${short(w)}: ${job.state || "?"} step ${job.step ?? "?"}${job.steps ? `/${job.steps}` : ""}`
+      + (typeof job.bytes_sent === "number" ? `, sent ${fmtBytes(job.bytes_sent)}` : "");
+  });
+  container.replaceChildren(charts, chartLegend(workers.map(short)),
+    el("p", {class: "hint"}, workers.length ? states.join(" · ")
+      : "no compute node reachable from this page has a job for this task"));
+}
+
+// ---- detail views (#block/N, #task/ID)
+function closeButton() {
+  return el("button", {class: "close", onclick: () => { location.hash = ""; }}, "close");
+}
+
+async function showBlock(height) {
+  const block = await rpc("dkb_getBlockByNumber", [height, true]);
+  const detail = $("detail");
+  if (!block) { detail.replaceChildren(closeButton(), el("p", {}, `no block ${height}`)); return; }
+  const txRows = block.transactions.map((tx) => el("tr", {},
+    el("td", {class: "mono"}, short(tx.hash)), el("td", {}, tx.type || tx.error || "?"),
+    el("td", {class: "mono"}, short(tx.from)), el("td", {}, tx.nonce ?? "–"), el("td", {}, tx.fee ?? "–"),
+    el("td", {class: "mono"}, tx.payload ? JSON.stringify(tx.payload).slice(0, 160) : "")));
+  detail.replaceChildren(closeButton(), el("h2", {}, `Block ${block.height}`),
+    el("p", {class: "mono"}, `hash ${block.hash}`), el("p", {}, `time ${fmtTime(block.time_ms)} · proposer `,
+      el("span", {class: "mono"}, block.proposer), ` · signed by ${(block.commit || []).length} validators`),
+    el("h3", {}, `Transactions (${block.transactions.length})`),
+    el("table", {}, el("thead", {}, el("tr", {}, ["hash", "type", "from", "nonce", "fee", "payload"]
+      .map((h) => el("th", {}, h)))), el("tbody", {id: "block-tx-rows"}, txRows)));
+}
+
+const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],
+  ["audit window", "window_end"], ["audited", null], ["paid", null]];
+
+function timeline(task) {
+  const commits = Object.keys(task.commits || {}).length;
+  const audits = Array.isArray(task.audits) ? task.audits.length : 0;
+  const done = {created: true, assigned: !!task.assigned_height, committed: commits > 0,
+    "audit window": !!task.window_end, audited: audits > 0, paid: ["paid", "finalized"].includes(task.status)};
+  const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
+    name + (field && task[field] ? ` @${task[field]}` : "")
+      + (name === "committed" ? ` (${commits}/${(task.workers || []).length})` : "")
+      + (name === "audited" ? ` (${audits})` : "")));
+  if (!done.paid && !ACTIVE_TASK.has(task.status)) items.push(el("li", {}, badge(task.status)));
+  return el("ul", {class: "timeline"}, items);
+}
+
+async function showTask(taskId, first = true) {
+  const task = await rpc("dkb_getTask", [taskId]);
+  const detail = $("detail");
+  if (!task) { detail.replaceChildren(closeButton(), el("p", {}, `no task ${taskId}`)); return; }
+  const spec = task.spec || {};
+  const payouts = task.payouts || {};
+  const rejections = task.rejections || {};
+  const audits = Array.isArray(task.audits) ? task.audits : [];   // [verifier, worker, segment, match, height]
+  const disputes = Array.isArray(task.disputes) ? task.disputes : [];
+  const commitOf = (w) => {
+    const c = (task.commits || {})[w];
+    return c ? `committed${Array.isArray(c) && typeof c[c.length - 1] === "number" ? ` @${c[c.length - 1]}` : ""}` : "–";
+  };
+  const auditsOf = (w) => audits.filter((a) => a[1] === w).map((a) => el("div", {},
+    badge(a[3] ? "match" : "mismatch"), ` segment ${a[2]} by ${short(a[0])} @${a[4]}`));
+  const workerRows = (task.workers || []).map((w) => el("tr", {}, el("td", {class: "mono"}, short(w)),
+    el("td", {}, commitOf(w)), el("td", {}, auditsOf(w).length ? auditsOf(w) : "–"),
+    el("td", {}, disputes.includes(w) ? badge("disputed") : "–"), el("td", {}, fmtInt(payouts[w])),
+    el("td", {}, rejections[w] || "")));
+  const events = (state.taskEvents.get(taskId) || []).map((e) => el("li", {}, `@${e.height} ${e.event}`));
+  let curves = $("task-curves");
+  if (first || !curves) {
+    curves = el("div", {id: "task-curves"});
+    detail.replaceChildren(closeButton(), el("h2", {}, "Task ", el("span", {class: "mono"}, taskId)),
+      el("div", {id: "task-body"}), el("h3", {}, "Training curves"), curves);
+  }
+  const hyper = spec.hyperparams || {};
+  $("task-body").replaceChildren(...[
+    el("p", {}, badge(task.status), ` owner `, el("span", {class: "mono"}, short(task.owner)),
+      ` · price ${fmtInt(task.price)} · escrow ${fmtInt(task.escrow)} · model ${spec.model || "?"}`
+      + ` · dataset ${spec.dataset || "?"} · steps ${hyper.steps || spec.steps || "?"}`
+      + ` · codec ${spec.codec || "?"}`
+      + (task.result ? ` · result ${short(task.result)}` : "") + (task.reason ? ` · ${task.reason}` : "")),
+    timeline(task), events.length ? el("ul", {class: "hint"}, events) : null,
+    el("h3", {}, `Workers (audits ${audits.length}, disputes ${disputes.length})`),
+    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audits", "dispute", "payout", "rejected"]
+      .map((h) => el("th", {}, h)))), el("tbody", {id: "task-worker-rows"}, workerRows)),
+    el("h3", {}, "Payouts"), el("p", {class: "mono"}, Object.entries(payouts)
+      .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none yet"),
+    el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})
+      .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none"),
+  ].filter((child) => child !== null));
+  renderCurves(curves, await pollProgress(taskId));
+}
+
+async function route() {
+  clearInterval(state.detailTimer);
+  state.detailTimer = null;
+  const detail = $("detail");
+  const block = location.hash.match(/^#block\/(\d+)$/);
+  const task = location.hash.match(/^#task\/([0-9a-f]{64})$/);
+  if (block) {
+    detail.hidden = false;
+    await guarded(() => showBlock(Number(block[1])));
+  } else if (task) {
+    detail.hidden = false;
+    await guarded(() => showTask(task[1], true));
+    state.detailTimer = setInterval(() => guarded(async () => {
+      renderCurves($("task-curves"), await pollProgress(task[1]));
+    }), PROGRESS_POLL_MS);
+  } else {
+    detail.hidden = true;
+    detail.replaceChildren();
+  }
+}
+
+// ---- live updates
+function connectWebsocket() {
+  const ws = new WebSocket(`${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`);
+  const subs = new Map();
+  ws.addEventListener("open", () => {
+    ws.send(JSON.stringify({jsonrpc: "2.0", id: "heads", method: "dkb_subscribe", params: ["newHeads"]}));
+    ws.send(JSON.stringify({jsonrpc: "2.0", id: "tasks", method: "dkb_subscribe", params: ["tasks"]}));
+  });
+  ws.addEventListener("message", (msg) => {
+    let doc;
+    try { doc = JSON.parse(msg.data); } catch (err) { return; }
+    if (doc.id === "heads" || doc.id === "tasks") {
+      if (doc.result) subs.set(doc.result, doc.id);
+      setLive(subs.size > 0, doc.error ? doc.error.message : null);
+    } else if (doc.method === "dkb_subscription") {
+      const kind = subs.get(doc.params.subscription);
+      if (kind === "heads") guarded(() => onNewHead(doc.params.result));
+      else if (kind === "tasks") onTaskEvent(doc.params.result);
+    } else if (doc.method === "dkb_subscriptionDropped") {
+      ws.close();
+    }
+  });
+  ws.addEventListener("close", () => { setLive(false); setTimeout(connectWebsocket, 3000); });
+}
+
+function setLive(on, why) {
+  state.live = on;
+  const live = $("live");
+  live.textContent = on ? "websocket" : (why ? `polling (${why})` : "reconnecting");
+  live.className = on ? "on" : "off";
+}
+
+async function guarded(fn) {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof RpcError && err.code === -32601) {
+      state.ledger = false;
+      notice("This node serves no ledger reads (not a validator): chain views are empty; "
+        + "open /explorer on a validator's RPC.");
+    } else {
+      notice(`${err.message || err}`);
+    }
+    return undefined;
+  }
+}
+
+async function slowRefresh() {
+  if (!state.live) await guarded(loadHead);   // websocket down: poll the head
+  await guarded(loadValidators);
+  await guarded(loadTasks);
+  await guarded(loadNodes);
+  await guarded(loadRelayLocal);
+  $("peers").textContent = String(state.peers.length);
+}
+
+async function main() {
+  const params = new URLSearchParams(location.search);
+  state.progressUrls = (params.get("nodes") || "").split(",").map((s) => s.trim()).filter(Boolean);
+  $("progress-nodes").value = state.progressUrls.join(", ");
+  $("progress-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const urls = $("progress-nodes").value.split(",").map((s) => s.trim()).filter(Boolean);
+    const next = new URLSearchParams(location.search);
+    next.set("nodes", urls.join(","));
+    location.search = next.toString();
+  });
+  window.addEventListener("hashchange", route);
+  await guarded(loadHead);
+  if (state.ledger) connectWebsocket();
+  await slowRefresh();
+  await route();
+  document.body.setAttribute("data-ready", "1");
+  setInterval(slowRefresh, SLOW_REFRESH_MS);
+}
+
+main();
+})();

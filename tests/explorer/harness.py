@@ -1,0 +1,69 @@
+"""Helpers for the explorer and metrics tests: a running Node on 127.0.0.1 and a /metrics linter."""
+import asyncio
+import contextlib
+import re
+import shutil
+import subprocess
+
+import aiohttp
+
+from node.config import load_config
+from node.identity import Identity
+from node.runtime import Node
+
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+@contextlib.asynccontextmanager
+async def running_node(roles=("relay",), **rpc_overrides):
+    """A Node with ``roles`` (names, e.g. the real relay role) and an aiohttp session on its HTTP server."""
+    overrides = {("rpc", "port"): "0", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
+                 **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
+    node = Node(load_config(None, overrides=overrides), Identity.generate(), list(roles))
+    task = asyncio.create_task(node.run())
+    await asyncio.wait_for(node.ready.wait(), 10)
+    try:
+        async with aiohttp.ClientSession(base_url=node.http.url) as session:
+            yield node, session
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(task, 10)
+
+
+def lint_metrics(text: str) -> list[str]:
+    """Problems in a /metrics page: prometheus_client's parser must accept it; every family has HELP
+    and TYPE; counters end in _total; names are classic; no series appears twice. Plus `promtool
+    check metrics` (Debian's prometheus package) when it is installed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    problems: list[str] = []
+    helps = set(re.findall(r"^# HELP (\S+) ", text, re.M))
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    for name, kind in types.items():
+        if name not in helps:
+            problems.append(f"{name}: TYPE without HELP")
+        if kind == "counter" and not name.endswith("_total"):
+            problems.append(f"{name}: counter name does not end in _total")
+        if not METRIC_NAME.fullmatch(name):
+            problems.append(f"{name}: not a classic metric name")
+    seen: set = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key in seen:
+                problems.append(f"duplicate series {key}")
+            seen.add(key)
+            if not sample.name.startswith(family.name):
+                problems.append(f"sample {sample.name} outside its family {family.name}")
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = re.match(r"[^{ ]+", line).group(0)
+            base = re.sub(r"_(bucket|sum|count|total)$", "", name)
+            if name not in types and base not in types and not any(name.startswith(t) for t in types):
+                problems.append(f"{name}: sample without TYPE")
+    promtool = shutil.which("promtool")
+    if promtool:
+        done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            problems.append(f"promtool: {done.stdout.strip()} {done.stderr.strip()}")
+    return problems

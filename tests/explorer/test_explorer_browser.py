@@ -1,0 +1,143 @@
+"""The explorer in headless Chromium (Debian's chromium driven by Playwright) against a devnet of
+2 validators and 2 compute nodes: the page renders blocks, validators and nodes from a validator's
+RPC, updates live over the websocket, and draws a task's training curve (from the compute nodes'
+dkb_taskProgress) while the task trains; no console errors. Saves screenshots under
+$DEKUBE_ARTIFACTS (default tests/explorer/artifacts/), the CI artifact folder.
+"""
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from consensus import rpcclient
+from consensus.state.tasks import task_id_for
+from consensus.tx import build_tx
+
+pytestmark = pytest.mark.timeout(300)
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage"]
+ARTIFACTS = Path(os.environ.get("DEKUBE_ARTIFACTS") or Path(__file__).parent / "artifacts")
+ACTIVE = {"created", "assigned", "running"}
+POINTS = """() => { const path = document.querySelector('#curve-loss path.series');
+                   return path ? path.getAttribute('d').split('L').length : 0; }"""
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory):
+    from devtools.devnet import ComputeDevnet
+
+    saved = os.environ.get("DEKUBE_RPC_CORS")
+    os.environ["DEKUBE_RPC_CORS"] = "true"   # compute nodes answer the page's (loopback) origin
+    net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=2)
+    try:
+        net.up(timeout=150)
+        yield net
+    finally:
+        net.down(timeout=5)
+        if saved is None:
+            os.environ.pop("DEKUBE_RPC_CORS", None)
+        else:
+            os.environ["DEKUBE_RPC_CORS"] = saved
+
+
+def submit_task(net) -> str:
+    from ml.compute.task_spec import submit_payload
+    from ml.train.spec import TrainSpec
+
+    spec = TrainSpec(codec="int8", steps=3000, segment_steps=500, report_every=5)
+    faucet = net.testnet.faucet()
+    nonce = rpcclient.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 2, 100_000))
+    rpcclient.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
+    return task_id_for(faucet.peer_id, nonce).hex()
+
+
+def wait_until(page, expression: str, timeout: float) -> None:
+    """Poll a JS expression (page.wait_for_function evals inside the page, which its CSP forbids)."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {expression}")
+        time.sleep(0.2)
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    return page, errors
+
+
+def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    compute_urls = ",".join(n.rpc_url for n in devnet.compute)
+    base = f"{devnet.rpc_url}/explorer/?nodes={compute_urls}"
+    page, errors = open_page(browser, base)
+    page.wait_for_selector("#block-rows tr", timeout=20_000)
+    page.wait_for_selector("#validator-rows tr", timeout=20_000)
+    wait_until(page, "document.querySelectorAll('#node-rows tr').length >= 4", 30)   # 2 validators, 2 compute
+    assert page.inner_text("#chain-id") == devnet.testnet.chain_id
+    assert page.inner_text("#live") == "websocket"
+    first = int(page.inner_text("#height").replace(",", ""))
+    wait_until(page, f"Number(document.getElementById('height').textContent.replace(/,/g, '')) > {first}",
+               20)   # live: a new head arrived over the websocket
+    assert "compute" in page.inner_text("#node-rows")
+    wait_until(page, "document.querySelectorAll('#relay-local p').length === 3", 20)   # own + 2 listed nodes
+
+    task_id = submit_task(devnet)
+    page.wait_for_selector(f"tr[data-task='{task_id}']", timeout=30_000)   # the tasks event refreshed the list
+    page.evaluate(f"location.hash = '#task/{task_id}'")
+    deadline = time.monotonic() + 180
+    curve_seen_while = None
+    while time.monotonic() < deadline:
+        status = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
+        points = page.evaluate(POINTS)
+        if points >= 2 and status in ACTIVE:
+            curve_seen_while = status
+            break
+        assert status in ACTIVE, f"task ended ({status}) before the page showed its curve"
+        time.sleep(0.5)
+    assert curve_seen_while, "no training curve appeared while the task trained"
+    page.screenshot(path=str(ARTIFACTS / "explorer-task-early.png"), full_page=True)
+    # a fuller curve for the docs: up to 20 s more, while the task is still training
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and page.evaluate(POINTS) < 60:
+        time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "explorer-task.png"), full_page=True)
+    assert page.locator("#task-worker-rows tr").count() == 2
+    page.evaluate("location.hash = ''")
+    page.wait_for_selector("#detail", state="hidden")
+    page.screenshot(path=str(ARTIFACTS / "explorer-overview.png"), full_page=True)
+    page.evaluate(f"location.hash = '#block/{first}'")
+    page.wait_for_selector("#block-tx-rows", state="attached", timeout=10_000)
+    assert page.inner_text("#detail h2") == f"Block {first}"
+    assert errors == [], errors
+    page.close()

@@ -1,0 +1,94 @@
+"""A real dekube ``Node`` for the artifact netlab test and bench, driven by JSON lines (``commands.py``).
+
+Run inside a namespace: ``python tests/netlab/artifact_agent.py --seed HEX --listen /ip4/A/tcp/P
+--data-dir DIR [--relays MADDR,...] [--no-hole-punch]``. With relays the node reserves on them and is
+READY once it holds a reservation (a NAT'd holder); without, READY at once. Prints ``READY
+{"peer_id", "addrs", "relayed_addrs"}``. Ops:
+  has(artifact)                   -> whether the store holds it complete
+  fetch(artifact, holders)        -> the FetchReport as a dict (``holders``: peer id -> addresses),
+                                     plus "Mbps" over the fetch's wall time
+  paths(peer)                     -> "direct"/"relayed" for each open connection to the peer
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from node.config import load_config  # noqa: E402
+from node.identity import Identity  # noqa: E402
+from node.roles import basic_role  # noqa: E402
+from node.runtime import Node  # noqa: E402
+from tests.netlab.commands import serve_commands  # noqa: E402
+
+RESERVE_TIMEOUT_S = 30.0
+
+
+class ArtifactAgent:
+    def __init__(self, args) -> None:
+        overrides = {("p2p", "listen"): args.listen, ("rpc", "enabled"): "false", ("relay", "relays"): args.relays,
+                     ("relay", "reserve"): "true" if args.relays else "false",
+                     ("relay", "hole_punch"): "false" if args.no_hole_punch else "true"}
+        config = load_config(None, env={}, overrides=overrides)
+        self.node = Node(config, Identity.from_seed(bytes.fromhex(args.seed)), [basic_role("compute")],
+                         data_dir=Path(args.data_dir))
+        self.relays = args.relays
+
+    async def op_has(self, artifact: str) -> bool:
+        return self.node.artifacts.has(artifact)
+
+    async def op_fetch(self, artifact: str, holders: dict[str, list[str]]) -> dict:
+        for peer, addrs in holders.items():
+            self.node.host.peerbook.add_addrs(peer, addrs)
+        started = time.monotonic()
+        report = await self.node.artifacts.fetch_report(artifact, list(holders))
+        seconds = time.monotonic() - started
+        return {"path": str(report.path), "size": report.size, "received_bytes": report.received_bytes,
+                "resumed_bytes": report.resumed_bytes, "seconds": seconds, "per_holder": report.per_holder,
+                "dropped": report.dropped, "bad_holders": report.bad_holders,
+                "Mbps": report.received_bytes * 8 / 1e6 / seconds if seconds else 0.0}
+
+    async def op_paths(self, peer: str) -> list[str]:
+        client = self.node.relay_client.client
+        return ["relayed" if client.pipe_for(c) else "direct" for c in self.node.host.connections(peer) if not c.closed]
+
+    async def run(self) -> None:
+        node_task = asyncio.ensure_future(self.node.run())
+        try:
+            await asyncio.wait_for(self.node.ready.wait(), RESERVE_TIMEOUT_S)
+            client = self.node.relay_client.client
+            deadline = time.monotonic() + RESERVE_TIMEOUT_S
+            while self.relays and not client.relayed_addrs:
+                if node_task.done():
+                    node_task.result()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no reservation within {RESERVE_TIMEOUT_S} s")
+                await asyncio.sleep(0.05)
+            print("READY " + json.dumps({"peer_id": self.node.peer_id, "addrs": self.node.host.listen_addrs,
+                                         "punch_port": None, "relayed_addrs": client.relayed_addrs}), flush=True)
+            await serve_commands(self)
+        finally:
+            self.node.request_stop()
+            await asyncio.wait_for(node_task, 10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--relays", default="", help="comma-separated relay multiaddrs")
+    parser.add_argument("--no-hole-punch", action="store_true")
+    args = parser.parse_args()
+    import uvloop
+    uvloop.run(ArtifactAgent(args).run())
+
+
+if __name__ == "__main__":
+    main()
