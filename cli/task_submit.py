@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import json
 import socket
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -106,7 +107,15 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.device is not None:
         payload["device"] = args.device
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
-    return asyncio.run(submit(args, identity, payload, inputs))
+    args.submitted_task = None
+    try:
+        return asyncio.run(submit(args, identity, payload, inputs))
+    except KeyboardInterrupt:
+        if args.submitted_task is not None:
+            print(f"\nstopped following; task {args.submitted_task} goes on on the ledger: "
+                  f"`dekube-node task watch {args.submitted_task}`, `dekube-node task fetch {args.submitted_task} "
+                  "--out DIR`", file=sys.stderr)
+        raise
 
 
 async def submit(args: argparse.Namespace, identity, payload: dict, inputs: TaskInputs) -> int:
@@ -121,7 +130,7 @@ async def submit(args: argparse.Namespace, identity, payload: dict, inputs: Task
                 await wait_relayed(node, bool(args.relay))
                 payload = {**payload, "sources": await serve_files(node, inputs, args.rpc)}
             _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
-            task_id = task_id_of(identity.peer_id, nonce)
+            task_id = args.submitted_task = task_id_of(identity.peer_id, nonce)
             announce(args, identity, task_id, done=False)
             return await follow(args, pool, node, task_id, inputs)
 
