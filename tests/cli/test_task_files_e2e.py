@@ -150,3 +150,16 @@ def test_a_task_no_one_can_take_expires_with_its_reason(devnet):
     assert task["status"] == "expired" and task["reason"]
     assert f"task {task_id} expired: {task['reason']}" in done.stdout
     assert task["payouts"] == {task["owner"]: 3000}
+
+
+def test_watch_follows_a_running_task_live_from_its_workers(devnet):
+    key = str(devnet.testnet.root / "faucet_key.json")
+    submitted = cli("task", "submit", "--rpc", devnet.rpc_url, "--key", key, "--model", "mlp", "--dataset", "digits",
+                    "--workers", "3", "--steps", "60", "--segment-steps", "10", "--price", "9000", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    task_id = json.loads(submitted.stdout.strip().splitlines()[-1])["task_id"]
+    watched = cli("task", "watch", task_id, "--rpc", devnet.rpc_url, "--timeout", "200")
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    steps = [int(m) for m in re.findall(r"step (\d+)/60", watched.stdout)]
+    assert steps and steps[-1] == 60 and steps == sorted(steps)   # reports as the workers trained
+    assert "payouts of task" in watched.stdout and "result (weights artifact): " in watched.stdout
