@@ -39,6 +39,7 @@ ROLE_IMPLEMENTATIONS: dict[str, str] = {
 # service name -> "module:factory"; the factory takes the Node and returns an object with async run()
 NODE_SERVICES: dict[str, str] = {
     "relay_client": "relay.node_client:RelayNodeClient",   # circuits and reservations (ADR 0062)
+    "bandwidth": "node.bandwidth:BandwidthService",         # measured bandwidth and latency (ADR 0158)
 }
 
 

@@ -82,7 +82,9 @@ def decode_voucher(envelope: bytes) -> tuple[Voucher, str, bool]:
         record = Voucher(decode_peer_id_bytes(_single(inner, 1, WIRE_LEN, "relay")),
                          decode_peer_id_bytes(_single(inner, 2, WIRE_LEN, "peer")),
                          _single(inner, 3, WIRE_VARINT, "expiration"))
-    except (ProtobufError, InvalidPeerId) as exc:
+    except VoucherError:
+        raise
+    except (ProtobufError, InvalidPeerId, RelayMessageError) as exc:  # RelayMessageError: a bad peer id
         raise VoucherError(f"malformed voucher: {exc}") from exc
     return record, peer_id_from_public_key(public_key), verify(public_key, _signed_bytes(payload), signature)
 

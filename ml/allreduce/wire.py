@@ -96,6 +96,8 @@ def parse_meta(data: bytes) -> dict:
         meta = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError(f"undecodable meta: {exc}") from None
+    except RecursionError:  # "[[[[..." within MAX_META_BYTES
+        raise FrameError("meta nested too deeply") from None
     if not isinstance(meta, dict):
         raise FrameError("meta must be a JSON object")
     return meta

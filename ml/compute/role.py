@@ -2,22 +2,28 @@
 node's p2p Host, commit results, audit other workers' results by replay, and finalize tasks.
 
 All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start
-it bonds up to `[compute] stake` and contributes its roles, listen addresses and declared hardware
-to the node's ledger record. Then it looks at the tasks whenever the ledger's `tasks` subscription
+it bonds up to `[compute] stake` and contributes its roles, listen addresses and hardware to the
+node's ledger record: the GPU it detected (`ml.hardware.detect`) and the bandwidth the node measured
+(`node.bandwidth`; `[compute] bandwidth_mbps` only until a measurement exists), republished when the
+measurement moves (docs/adr/0158). Then it looks at the tasks whenever the ledger's `tasks` subscription
 reports a change (or a block reaches a height it waits for: an audit window's end, a finalize
 retry), and at least every `FALLBACK_POLL_S`: a task assigned to it is trained (one at a time,
-as the ledger assigns at most `max_tasks_per_worker` each), its commitment sent as commit_result; a
+as the ledger assigns at most `max_tasks_per_worker` each): its input artifacts fetched from the
+task's sources and co-workers, one step dry-run (an untrainable task is rejected with the reason,
+reject_task), trained on the task's device, the final weights added to the node's artifacts and
+committed as the result (commit_result), and served from then on (docs/adr/0157); a
 committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
 task it audited, a task of its own whose audit window has closed, or one where some worker never
 committed (once the ledger accepts it) is finalized. A worker that dies mid-task leaves the
 group; the others finish, commit (with the record of the rounds it missed, for the replay), and the
-ledger opens the audit window once a quorum committed (docs/adr/0081). Progress is in `/status` ("compute")
-and in the RPC methods `dkb_computeStatus` and `dkb_taskProgress`.
+ledger opens the audit window once a quorum committed (docs/adr/0081). Progress is in `/status` ("compute"),
+the RPC methods `dkb_computeStatus` and `dkb_taskProgress`, and live over `/dekube/task-progress/1.0.0`.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,19 +32,26 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from consensus.tx import MAX_CPU_CORES
-from ml.compute import ready_protocol, segments_protocol
+from consensus.tx import HARDWARE, MAX_CPU_CORES
+from ml import hardware
+from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
+from ml.compute.job_board import JobBoard
 from ml.compute.progress_history import record_point
 from ml.compute.replay import replay_job_blocking
+from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, train_spec_for_task
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
+from ml.train.dry_run import Untrainable, dry_run
+from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
+from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
+from node.p2p.errors import ProtocolError
 from node.roles import Role
 from node.rpc.errors import InvalidParams, ResourceNotFound
 
@@ -49,12 +62,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 FETCH_ATTEMPTS = 3
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
 FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed one must not stall us)
+ENDED = ("failed", "committed", "rejected")
+FIRST_BANDWIDTH_CHECK_S = 10.0
+BANDWIDTH_CHECK_S = 15.0     # how often the measured bandwidth is compared with the published one
+REPUBLISH_MIN_S = 300.0      # and at most how often a new figure is published
+MAX_REASON_CHARS = 500       # reject_task's reason (the ledger's bound)
+BANDWIDTH_FILE = "bandwidth.json"   # in <data_dir>/compute: the last measured figure published
 
 
 class ComputeRole(Role):
@@ -65,7 +85,10 @@ class ComputeRole(Role):
         self.ledger: LedgerGateway = node.ledger
         self.config = node.config["compute"]
         self.registered = False
-        self.jobs: dict[str, dict] = {}          # task id hex -> progress/state of our share
+        self.board = JobBoard()
+        self.jobs: dict[str, dict] = self.board.jobs  # task id hex -> progress/state of our share
+        self.hardware: dict | None = None        # ml.hardware.detect(), measured once at join
+        self._published_mbps: int | None = None  # the bandwidth figure in our ledger record
         self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
         self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
         self._ready_groups: set[bytes] = set()
@@ -80,6 +103,7 @@ class ComputeRole(Role):
         self.transport = HostTransport(node.host)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
         node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
+        node.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(self.board))
         node.status.add_section("compute", self.status)
         node.rpc.register("dkb_computeStatus", self._rpc_status)
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
@@ -102,14 +126,19 @@ class ComputeRole(Role):
                                                "Seconds per committed all-reduce round.",
                                                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
 
-    def _on_progress(self, job: dict, progress) -> None:
-        """Count new steps and keep the job's bounded loss/metric history (served by dkb_taskProgress)."""
+    def _on_progress(self, key: str, progress) -> None:
+        """Count new steps, keep the job's bounded loss/metric history (served by dkb_taskProgress and
+        the progress protocol's first frame) and update the job (which wakes its watchers)."""
+        job = self.jobs[key]
         self.steps.inc(max(0, progress.step - job.get("history_last_step", 0)))
         job["history_last_step"] = max(progress.step, job.get("history_last_step", 0))
         record_point(job, progress.step, progress.loss, progress.metrics)
+        self.board.update(key, step=progress.step, loss=progress.loss, bytes_sent=progress.bytes_sent,
+                          participants=progress.participants,
+                          **({"metrics": progress.metrics} if progress.metrics else {}))
 
     def status(self) -> dict:
-        return {"registered": self.registered, "ledger": self.ledger.describe(),
+        return {"registered": self.registered, "ledger": self.ledger.describe(), "hardware": self.hardware,
                 "jobs": self.jobs, "audits": self.audits, "last_error": self.last_error}
 
     async def _rpc_status(self) -> dict:
@@ -135,6 +164,8 @@ class ComputeRole(Role):
         if folder is None or not folder.is_dir():
             return
         for path in folder.glob("*.json"):
+            if len(path.stem) != 64:   # results are named by task id (bandwidth.json is not one)
+                continue
             try:
                 self.results[path.stem] = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
@@ -150,6 +181,25 @@ class ComputeRole(Role):
         tmp.write_text(json.dumps(result))
         os.replace(tmp, folder / f"{key}.json")
 
+    def _saved_bandwidth(self) -> int | None:
+        """The last measured link figure this node published (kept across restarts, so a restart
+        does not fall back to the configured guess until it has measured again)."""
+        folder = self._results_dir()
+        try:
+            value = json.loads((folder / BANDWIDTH_FILE).read_text())["link_mbps"] if folder is not None else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 10**6 else None
+
+    def _save_bandwidth(self, link_mbps: int) -> None:
+        folder = self._results_dir()
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{BANDWIDTH_FILE}.tmp"
+        tmp.write_text(json.dumps({"link_mbps": link_mbps}))
+        os.replace(tmp, folder / BANDWIDTH_FILE)
+
     def _result_for(self, task_id: bytes) -> dict | None:
         return self.results.get(task_id.hex())
 
@@ -160,7 +210,8 @@ class ComputeRole(Role):
             self.last_error = "no ledger: set [ledger] rpc_urls or run a validator role"
             log.error("compute role idle: %s", self.last_error)
             await asyncio.Event().wait()
-        watchers = [self._spawn(self._watch_tasks()), self._spawn(self._watch_heads())]
+        watchers = [self._spawn(self._watch_tasks()), self._spawn(self._watch_heads()),
+                    self._spawn(self._follow_bandwidth())]
         try:
             while True:
                 self._wake.clear()
@@ -190,14 +241,55 @@ class ComputeRole(Role):
         bonded = await self.ledger.bonded(me)
         if bonded < self.config["stake"]:
             await self.ledger.send("bond", {"amount": self.config["stake"] - bonded})
-        self.ledger.record.contribute(
-            self.name, roles={"compute", "verifier"} if self.config["audit"] else {"compute"},
-            listen_addrs=self.node.host.listen_addrs,
-            hardware={"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(), "gpu": "",
-                      "gpu_mem_mb": 0, "bandwidth_mbps": self.config["bandwidth_mbps"]})
+        if self.hardware is None:
+            try:
+                self.hardware = await asyncio.to_thread(hardware.detect)
+            except Exception as exc:  # a broken driver must not keep the node out: register as CPU-only
+                log.warning("GPU detection failed, registering without a GPU: %s", exc)
+                self.hardware = {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0}
+            log.info("hardware detected", extra={k: v for k, v in self.hardware.items() if k != "gpu"} |
+                     {"gpu_name": self.hardware["gpu"] or "none"})
+        meter = self._meter()
+        measured = meter.link_mbps() if meter is not None else None
+        self._contribute_record(measured or self._saved_bandwidth() or self.config["bandwidth_mbps"])
         await self.ledger.record.sync()
         self.registered = True
         log.info("compute node registered", extra={"peer_id": me, "ledger": self.ledger.describe()})
+
+    def _contribute_record(self, bandwidth_mbps: int) -> None:
+        self._published_mbps = bandwidth_mbps
+        self.ledger.record.contribute(
+            self.name, roles={"compute", "verifier"} if self.config["audit"] else {"compute"},
+            listen_addrs=self.node.host.listen_addrs,
+            hardware=hardware_record(self.hardware or {}, bandwidth_mbps))
+
+    def _bandwidth_service(self):
+        return getattr(self.node, "services", {}).get("bandwidth")
+
+    def _meter(self):
+        service = self._bandwidth_service()
+        return service.meter if service is not None else None
+
+    async def _follow_bandwidth(self) -> None:
+        """Have the node measure its link, and publish the measured figure in the record: the first
+        one as soon as it exists (replacing the configured guess), later ones when they moved by
+        more than half, at most every REPUBLISH_MIN_S (each is a register_node transaction)."""
+        service = self._bandwidth_service()
+        if service is None:
+            return
+        service.start_probing()
+        measured_once, last = False, 0.0
+        await asyncio.sleep(FIRST_BANDWIDTH_CHECK_S)
+        while True:
+            measured = service.meter.link_mbps()
+            if self.registered and measured is not None and (not measured_once or (
+                    time.monotonic() - last >= REPUBLISH_MIN_S and worth_publishing(self._published_mbps, measured))):
+                log.info("measured bandwidth %s Mbit/s (published %s): updating the record",
+                         measured, self._published_mbps)
+                self._contribute_record(measured)
+                await asyncio.to_thread(self._save_bandwidth, measured)
+                measured_once, last = True, time.monotonic()
+            await asyncio.sleep(BANDWIDTH_CHECK_S)
 
     # ---- what wakes the main loop
     async def _watch_tasks(self) -> None:
@@ -250,9 +342,10 @@ class ComputeRole(Role):
             involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
             if me in task["workers"]:
                 job = self.jobs.get(key)
-                if status in TRAINING and me not in task["commits"] and job is None and self._idle():
+                rejected = me in (task.get("rejections") or {})
+                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
-                elif status in TRAINING and job is not None and job["state"] in ("failed", "committed"):
+                elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
                     # a worker never committed: finalize once the commit deadline has passed
                     self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
                     await self._finalize(key, height)
@@ -301,62 +394,154 @@ class ComputeRole(Role):
             # direct addresses first; relayed ones let NAT'd workers be reached through their relays
             addrs = (info.get("listen_addrs") or []) + (info.get("relay_addrs") or []) if info else []
             if addrs:
-                try:
-                    self.node.host.peerbook.add_addrs(peer, addrs)
-                except ValueError as exc:
-                    log.warning("bad addresses registered by %s: %s", peer, exc)
+                self._add_addrs(peer, addrs)
+
+    def _add_addrs(self, peer: str, addrs: list[str]) -> None:
+        try:
+            self.node.host.peerbook.add_addrs(peer, addrs)
+        except (ValueError, ProtocolError) as exc:
+            log.warning("bad addresses for %s: %s", peer, exc)
+
+    async def _fetch_task_inputs(self, key: str | None, task: dict, spec, peers: list[str]) -> dict[str, Path]:
+        """The task's input artifacts as local files, fetched (when not held) from the task's
+        sources and `peers` (co-workers or committed workers, which serve what they fetched)."""
+        ids = artifact_ids(spec)
+        if not ids:
+            return {}
+        me = self.node.peer_id
+        sources = {peer: addrs for peer, addrs in source_peers(task.get("sources") or []).items() if peer != me}
+        for peer, addrs in sources.items():
+            self._add_addrs(peer, addrs)
+        others = [p for p in peers if p != me and p not in sources]
+        await self._learn_addresses(others)
+        progress = None
+        if key is not None:
+            self.board.update(key, state="fetching inputs", fetched_bytes=0, fetch_total=0)
+
+            def progress(done: int, total: int) -> None:
+                self.board.update(key, fetched_bytes=done, fetch_total=total)
+
+        return await fetch_inputs(self.node.artifacts, ids, [*sources, *others], progress, self._meter())
+
+    def _device_for(self, task: dict, spec) -> str:
+        """The device to train on: the one the ledger assigned the task to (`device`: cpu or cuda),
+        else the spec's; "any" takes CUDA when this node has it. Untrainable when CUDA is wanted
+        and this node has none."""
+        wanted = str(task.get("device") or getattr(spec, "device", "cpu"))
+        has_cuda = bool((self.hardware or {}).get("cuda_devices"))
+        if wanted == "any":
+            return "cuda" if has_cuda else "cpu"
+        if wanted not in ("cpu", "cuda"):
+            raise Untrainable(f"unknown device {wanted[:32]!r}")
+        if wanted == "cuda" and not has_cuda:
+            raise Untrainable("the task needs a CUDA device and this node has none")
+        return wanted
+
+    async def _replay_device(self, task: dict) -> str | None:
+        """The device to replay `task` on (the one its workers trained on), or None when this node
+        cannot reproduce their bits: a CUDA task needs CUDA here and the same GPU model as every
+        committed worker (docs/adr/0150)."""
+        device = task.get("device") or "cpu"
+        if device != "cuda":
+            return "cpu"
+        mine = (self.hardware or {}).get("gpu") or ""
+        if not (self.hardware or {}).get("cuda_devices") or not mine:
+            return None
+        for worker in task["commits"]:
+            info = await self.ledger.call("dkb_getNode", worker)
+            if not isinstance(info, dict) or (info.get("hardware") or {}).get("gpu") != mine:
+                return None
+        return "cuda"
+
+    async def _reject(self, key: str, task_id: bytes, reason: str) -> None:
+        """Tell the ledger we cannot train this task (no retry: the job stays "rejected")."""
+        reason = (reason.strip() or "untrainable")[:MAX_REASON_CHARS]
+        self.board.update(key, state="rejecting", reason=reason)
+        try:
+            receipt = await self.ledger.send("reject_task", {"task_id": task_id, "reason": reason})
+            self.board.update(key, state="rejected", reject_height=receipt.get("height"), finished_at=time.time())
+            self.tasks_done.inc(outcome="rejected")
+            log.warning("rejected task %s: %s", key, reason)
+        except (TxFailed, LedgerUnavailable) as exc:
+            with contextlib.suppress(LedgerUnavailable):  # the others' rejections may have ended it already
+                task = await self.ledger.call("dkb_getTask", key)
+                if isinstance(task, dict) and task.get("status") == "rejected":
+                    self.board.update(key, state="rejected", finished_at=time.time())
+                    self.tasks_done.inc(outcome="rejected")
+                    log.warning("task %s rejected by the other workers: %s", key, reason)
+                    return
+            self.board.update(key, state="failed", error=f"untrainable ({reason}); reject_task failed: {exc}")
+            self.tasks_done.inc(outcome="failed")
+            log.warning("task %s is untrainable (%s) and reject_task failed: %s", key, reason, exc)
 
     async def _run_job(self, task: dict) -> None:
         key, me = task["task_id"], self.node.peer_id
         task_id = bytes.fromhex(key)
-        job = self.jobs[key] = {"state": "starting", "workers": task["workers"], "step": 0, "loss": None,
-                                "bytes_sent": 0, "started_at": time.time()}
+        self.board.start(key, workers=task["workers"])
         try:
             spec = train_spec_for_task(task["spec"])
         except InvalidTask as exc:
-            job.update(state="failed", error=str(exc))
-            log.warning("cannot train task %s: %s", key, exc)
+            await self._reject(key, task_id, f"invalid task: {exc}")
             return
-        job["spec"] = spec.to_dict()
         others = [w for w in task["workers"] if w != me]
         group = None
         try:
+            device = self._device_for(task, spec)
+            if getattr(spec, "device", device) != device:
+                spec = dataclasses.replace(spec, device=device)
+            self.board.update(key, spec=spec.to_dict(), steps=spec.steps, device=device)
+            files = await self._fetch_task_inputs(key, task, spec, task["workers"])
+            self.board.update(key, state="dry run")
+            await asyncio.to_thread(dry_run, spec, files, len(task["workers"]))
             await self._learn_addresses(others)
             group = make_group(spec, self.transport, me, task["workers"], task_id, self.config["allreduce_mode"])
             await group.start()
             feed = ProgressFeed()
-            feed.subscribe(lambda p: job.update(step=p.step, loss=p.loss, bytes_sent=p.bytes_sent,
-                                                participants=p.participants, metrics=p.metrics or job.get("metrics")))
-            feed.subscribe(lambda p: self._on_progress(job, p))
+            feed.subscribe(lambda p: self._on_progress(key, p))
             group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
-            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed)
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
             self._ready_groups.add(task_id)
-            job["state"] = "waiting for workers"
-            await ready_protocol.wait_until_ready(self.node.host, others, task_id, READY_TIMEOUT_S)
-            job["state"] = "training"
+            self.board.update(key, state="waiting for workers")
+            await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
+            self.board.update(key, state="training")
             summary = await train_to_end(trainer)
+            self._record_allreduce_rate(group)
+            weights = await self._keep_weights(trainer)
             hashes = summary["segment_hashes"]
             if self.config["fault_inject"] == "wrong_segments":
                 hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
-            self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"],
+            self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"], "weights": weights,
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
-            job.update(state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
-                       metrics=summary["metrics"], departures=departures(summary["short_rounds"], task["workers"]))
-            receipt = await self.ledger.send("commit_result",
-                                             Commitment.of(hashes, summary["params_hash"]).payload(task_id))
-            job.update(state="committed", commit_height=receipt["height"], finished_at=time.time())
+            self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
+                              metrics=summary["metrics"], result=weights,
+                              departures=departures(summary["short_rounds"], task["workers"]))
+            receipt = await self.ledger.send("commit_result", Commitment.of(hashes, weights).payload(task_id))
+            self.board.update(key, state="committed", commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome="committed")
-            log.info("committed task %s", key, extra={"metrics": summary["metrics"]})
+            log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
         except asyncio.CancelledError:
             raise
+        except Untrainable as exc:
+            await self._reject(key, task_id, f"Untrainable: {exc.reason}")
         except Exception as exc:  # a failed job must not stop the node; it shows in /status
-            job.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+            self.board.update(key, state="failed", error=f"{type(exc).__name__}: {exc}")
             self.tasks_done.inc(outcome="failed")
             log.warning("task %s failed: %s", key, exc)
         finally:
             if group is not None:
                 self._spawn(self._close_after_peers(task_id, group))
+
+    async def _keep_weights(self, trainer) -> str:
+        """Add the trained weights to the node's artifacts (served from then on); their id."""
+        return await self.node.artifacts.add_bytes(await asyncio.to_thread(trainer.weights_bytes))
+
+    def _record_allreduce_rate(self, group) -> None:
+        """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""
+        meter = self._meter()
+        rate = group.upload_rates.get(self.node.peer_id, 0.0)
+        if meter is not None and rate > 0:
+            meter.record_rate("up", rate * 8 / 1e6)
 
     async def _close_after_peers(self, task_id: bytes, group) -> None:
         """Keep serving the group until every worker committed (or LINGER_S), then close it."""
@@ -396,13 +581,26 @@ class ComputeRole(Role):
         task_id = bytes.fromhex(key)
         mode = self.config["allreduce_mode"]
 
+        files: dict[str, Path] = {}
+        device = await self._replay_device(task)
+        if device is None:
+            log.info("not auditing task %s: it trained on %s, which this node cannot replay bit for bit",
+                     key, task.get("device"))
+            self.audits[key] = []
+            return
+
         async def replay(spec, workers, last_segment, left):
-            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left)
+            if spec.device != device:
+                spec = dataclasses.replace(spec, device=device)
+            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left,
+                                           files)
 
         async def fetch(worker):
             return await self._fetch_segments(task_id, worker)
 
         try:
+            files.update(await self._fetch_task_inputs(
+                None, task, train_spec_for_task(task["spec"]), sorted({*task["commits"], *task["workers"]})))
             verdicts = await audit_task(task, self.node.peer_id, fetch, replay)
         except InvalidTask as exc:
             log.warning("cannot audit task %s: %s", key, exc)
@@ -423,6 +621,24 @@ class ComputeRole(Role):
                          "match" if verdict.match else "MISMATCH", verdict.reason)
             except TxFailed as exc:
                 log.warning("audit_result for %s of %s not applied: %s", verdict.worker, key, exc)
+
+
+def ready_timeout(files: dict[str, Path]) -> float:
+    """How long to wait for the co-workers at the start barrier: READY_TIMEOUT_S, plus the time a
+    co-worker on a slow link (READY_MIN_FETCH_RATE) needs to fetch the task's inputs first."""
+    size = sum(path.stat().st_size for path in files.values())
+    return READY_TIMEOUT_S + size / READY_MIN_FETCH_RATE
+
+
+def hardware_record(detected: dict, bandwidth_mbps: int) -> dict:
+    """The record's hardware map: the fields the ledger's schema has (`consensus.tx.HARDWARE`),
+    from what this node detected and measured (integers: the ledger has no floats)."""
+    values = {"cpu_cores": min(os.cpu_count() or 1, MAX_CPU_CORES), "ram_mb": _ram_mb(),
+              "gpu": str(detected.get("gpu") or "")[:64], "gpu_mem_mb": int(detected.get("gpu_mem_mb") or 0),
+              "gpu_tflops": round(float(detected.get("gpu_tflops") or 0)),
+              "cuda_devices": int(detected.get("cuda_devices") or 0),
+              "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6))}
+    return {name: values.get(name, 0) for name in HARDWARE}
 
 
 def _ram_mb() -> int:

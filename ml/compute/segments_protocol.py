@@ -53,7 +53,7 @@ def decode_response(body: bytes) -> SegmentReport:
     """The worker's report from a response body; SegmentsError if malformed or an error."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply
         raise SegmentsError("response is not JSON") from None
     if not isinstance(doc, dict):
         raise SegmentsError("response is not a JSON object")

@@ -40,7 +40,8 @@ def test_task_run_cli_reports_one_json_summary(capsys):
                                   b'{"segments": [1], "params_hash": "y"}', b'{"error": "nope"}',
                                   b'{"segments": [], "params_hash": "y", "short_rounds": [[1]]}',
                                   b'{"segments": [], "params_hash": "y", "short_rounds": [["1", []]]}',
-                                  b'{"segments": [], "params_hash": "y", "short_rounds": {}}'])
+                                  b'{"segments": [], "params_hash": "y", "short_rounds": {}}',
+                                  pytest.param(b'{"segments": ' + b"[" * 100_000, id="deep")])  # was a RecursionError
 def test_malformed_segment_answers_raise(body):
     with pytest.raises(SegmentsError):
         decode_response(body)

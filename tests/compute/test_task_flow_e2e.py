@@ -9,11 +9,12 @@ supply is conserved.
 import json
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
 from consensus import rpcclient
-from consensus.state.tasks import task_id_for
+from consensus.state.tasks import task_id_for, worker_weight
 from consensus.tx import DEFAULT_FEE, build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
@@ -120,6 +121,13 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     assert job["metrics"]["accuracy"] > 50
     assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
     assert 'dekube_compute_tasks_total{outcome="committed"} 1.0' in metrics_text(worker_node)
+    # the worker measured its link (the all-reduce's upload rate, probes of its co-workers) and its
+    # ledger record now carries that figure instead of the configured guess (ADR 0158)
+    deadline = time.monotonic() + 60
+    while (measured := http_json(f"{worker_node.rpc_url}/status")["bandwidth"]).get("upload_mbps") is None or \
+            rpc(devnet, "dkb_getNode", workers[0])["hardware"]["bandwidth_mbps"] == 100:
+        assert time.monotonic() < deadline, (measured, rpc(devnet, "dkb_getNode", workers[0]))
+        time.sleep(0.5)
     verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
     # the task can be paid (by a worker) before the verifier has seen its last audit's receipt
     deadline = time.monotonic() + 15
@@ -137,10 +145,18 @@ def test_diloco_task_per_worker_segments_are_audited_and_paid(devnet):
     check_supply(devnet)
 
 
+def placement_weight(net, peer: str) -> int:
+    """The ledger's worker_weight of `peer` (stake, reputation, measured bandwidth class) from RPC reads."""
+    node, stake = rpc(net, "dkb_getNode", peer), rpc(net, "dkb_getStake", peer)
+    state = SimpleNamespace(nodes={peer: SimpleNamespace(hardware=node["hardware"], reputation=node["reputation"])},
+                            stakes={peer: SimpleNamespace(bonded=stake["bonded"])})
+    return worker_weight(state, peer)
+
+
 def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
-    # The three paid workers now outrank the verifier (reputation), so the same nodes get the task.
-    last = rpc(devnet, "dkb_listTasks", "paid", None, 1)[0]
-    cheater = next(n for n in devnet.compute if n.peer_id == last["workers"][0])
+    # The heaviest compute node (stake, reputation from the paid tasks, measured bandwidth, which a
+    # restart keeps) is among the next task's workers: make it the cheater.
+    cheater = max(devnet.compute, key=lambda n: placement_weight(devnet, n.peer_id))
     devnet.testnet.stop_node(cheater, timeout=5)
     devnet.start_compute(cheater, {"DEKUBE_COMPUTE_FAULT_INJECT": "wrong_segments"})
     time.sleep(1.0)

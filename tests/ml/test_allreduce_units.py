@@ -44,7 +44,8 @@ def test_bad_headers_are_rejected(raw, message):
         parse_header(raw)
 
 
-@pytest.mark.parametrize("meta", [b"\xff\xfe", b"[1, 2]", b"{not json"])
+@pytest.mark.parametrize("meta", [b"\xff\xfe", b"[1, 2]", b"{not json",
+                                  pytest.param(b"[" * 60_000, id="deep")])  # was a RecursionError
 def test_bad_meta_is_rejected(meta):
     with pytest.raises(FrameError):
         parse_meta(meta)

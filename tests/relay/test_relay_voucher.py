@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.identity import Identity
+from node.identity import Identity, b58decode
+from node.p2p.protobuf import field_bytes, field_varint
 from relay.voucher import DOMAIN, PAYLOAD_TYPE, VoucherError, decode_voucher, open_voucher, seal_voucher
 
 RELAY = Identity.from_seed(b"r" * 32)
@@ -44,3 +45,17 @@ def test_fuzz_decode_voucher(data):
         decode_voucher(data)
     except VoucherError:
         pass
+
+
+
+def test_bad_peer_id_in_record_is_a_voucher_error():
+    """Found by the fuzzer (devtools.fuzz voucher): a record whose peer is not an ed25519 peer id
+    raised the base RelayMessageError, which the client's ``except VoucherError`` let through."""
+    bad_peer = b"\x00\x24\x08\x02" + bytes(34)  # an identity multihash of a key that is not ed25519
+    payload = field_bytes(1, b58decode(RELAY.peer_id)) + field_bytes(2, bad_peer) + field_varint(3, 2_000)
+    envelope = (field_bytes(1, RELAY.public_key_protobuf) + field_bytes(2, PAYLOAD_TYPE) + field_bytes(3, payload)
+                + field_bytes(5, bytes(64)))
+    with pytest.raises(VoucherError, match="malformed voucher: bad peer id"):
+        decode_voucher(envelope)
+    with pytest.raises(VoucherError):
+        open_voucher(envelope, RELAY.peer_id, PEER.peer_id, now=0)

@@ -1,0 +1,103 @@
+"""The compute node's task shares and their progress, with change notifications for watchers.
+
+`JobBoard.jobs` is the dict `/status` and `dkb_taskProgress` show (task id hex -> job fields);
+every change goes through `update`, which wakes the `watch` iterators that the progress protocol
+serves (docs/adr/0157). A job's bounded per-step history (loss and eval metrics) is its "history"
+field, kept by `ml.compute.progress_history.record_point`; watchers get it once, on their first
+snapshot.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+TERMINAL = ("committed", "failed", "rejected")
+MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
+KEEPALIVE_S = 15.0        # and one at least this often, changed or not
+SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",
+                   "fetched_bytes", "fetch_total", "result")
+
+
+class JobBoard:
+    def __init__(self, clock=time.time) -> None:
+        self.jobs: dict[str, dict] = {}
+        self._clock = clock
+        self._versions: dict[str, int] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+
+    def start(self, key: str, **fields: Any) -> dict:
+        """A new job for `key` (replacing any earlier one of the same task)."""
+        self.jobs[key] = {"state": "starting", "step": 0, "steps": 0, "loss": None, "bytes_sent": 0,
+                          "started_at": self._clock(), **fields}
+        self._touch(key)
+        return self.jobs[key]
+
+    def update(self, key: str, **fields: Any) -> None:
+        job = self.jobs[key]
+        if fields.get("state") == "training" and job.get("state") != "training":
+            job["training_since"] = self._clock()
+        job.update(fields)
+        self._touch(key)
+
+    def history(self, key: str) -> list[dict]:
+        job = self.jobs.get(key)
+        return list(job.get("history", ())) if job is not None else []
+
+    def _touch(self, key: str) -> None:
+        self._versions[key] = self._versions.get(key, 0) + 1
+        event = self._changed.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def snapshot(self, key: str) -> dict:
+        """What a watcher sees of the job: SNAPSHOT_FIELDS present, plus an ETA while training."""
+        job = self.jobs[key]
+        out = {name: job[name] for name in SNAPSHOT_FIELDS if name in job}
+        out.setdefault("metrics", {})
+        out["metrics"] = out["metrics"] or {}
+        out["eta_s"] = eta_seconds(job, self._clock())
+        return out
+
+    async def watch(self, key: str) -> AsyncIterator[dict]:
+        """Snapshots of `key`'s job as it changes (coalesced), ending after a terminal state.
+        The job must exist."""
+        seen = -1
+        while True:
+            version = self._versions[key]
+            if version != seen:
+                seen = version
+                snapshot = self.snapshot(key)
+                yield snapshot
+                if snapshot["state"] in TERMINAL:
+                    return
+                await asyncio.sleep(MIN_INTERVAL_S)
+                continue
+            event = self._changed.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), KEEPALIVE_S)
+            if self._versions[key] == seen:   # nothing changed: a keepalive of the same snapshot
+                seen = -1
+
+    async def wait_for(self, key: str, timeout: float) -> bool:
+        """True once a job for `key` exists (waiting at most `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while key not in self.jobs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._changed.pop(key, None)   # asks about unknown tasks leave nothing behind
+                return False
+            event = self._changed.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+        return True
+
+
+def eta_seconds(job: dict, now: float) -> float | None:
+    """Seconds left at the training rate so far, or None before there is one."""
+    since, step, steps = job.get("training_since"), job.get("step") or 0, job.get("steps") or 0
+    if job.get("state") != "training" or since is None or step <= 0 or steps <= step:
+        return 0.0 if job.get("state") in TERMINAL else None
+    return round((now - since) / step * (steps - step), 1)

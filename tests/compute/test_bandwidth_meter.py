@@ -1,0 +1,169 @@
+"""node.bandwidth: the meter's figures, when a figure is worth a new record, probe admission and
+framing, and a probe between two real Hosts."""
+import asyncio
+
+import pytest
+
+from node import bandwidth
+from node.bandwidth import (
+    BandwidthMeter,
+    ProbeAdmission,
+    ProbeError,
+    decode_request,
+    encode_request,
+    make_probe_handler,
+    measure_latency,
+    probe,
+    worth_publishing,
+)
+from node.identity import Identity
+from node.p2p.host import Host
+
+MIB = 1 << 20
+
+
+def test_meter_figures_from_transfers():
+    meter = BandwidthMeter(clock=lambda: 42.0)
+    assert meter.link_mbps() is None and meter.figures()["upload_mbps"] is None
+    assert not meter.record_transfer("down", 1000, 0.001)          # too small to say anything
+    assert meter.record_transfer("down", 10 * MIB, 1.0)             # 83.9 Mbit/s
+    assert meter.rate("down") == pytest.approx(83.886, rel=1e-3)
+    for seconds in (8.0, 4.0, 2.0, 1.0):                             # 10.5, 21, 42, 84 Mbit/s
+        meter.record_transfer("up", 10 * MIB, seconds)
+    assert meter.rate("up") == pytest.approx(83.886, rel=1e-3)      # 75th percentile of 4 samples
+    assert meter.link_mbps() == 84
+    meter.record_rate("up", 5.0)
+    meter.record_rate("up", 0.0)                                     # ignored
+    assert meter.figures()["samples"] == {"up": 5, "down": 1}
+    meter.record_latency("a", 0.020)
+    meter.record_latency("b", 0.010)
+    meter.record_latency("c", 0.030)
+    figures = meter.figures()
+    assert figures["median_latency_ms"] == pytest.approx(20.0) and figures["updated_at"] == 42.0
+    with pytest.raises(ValueError):
+        meter.record_transfer("sideways", MIB, 1.0)
+
+
+def test_meter_window_and_peer_table_are_bounded():
+    meter = BandwidthMeter()
+    for i in range(100):
+        meter.record_rate("up", 1000.0 if i < 50 else 10.0)
+        meter.record_latency(f"peer{i}", 0.001 * i)
+    assert meter.rate("up") == 10.0                     # old samples left the window
+    assert len(meter.figures()["latency_ms"]) == bandwidth.MAX_PEERS
+    assert "peer99" in meter.figures()["latency_ms"] and "peer0" not in meter.figures()["latency_ms"]
+
+
+def test_link_figure_is_the_slower_direction_at_least_one():
+    meter = BandwidthMeter()
+    meter.record_rate("up", 0.2)
+    assert meter.link_mbps() == 1
+    meter.record_rate("down", 100.0)
+    meter.record_rate("up", 30.0)
+    meter.record_rate("up", 30.0)
+    assert meter.link_mbps() == 30
+
+
+@pytest.mark.parametrize("published, measured, expected", [
+    (None, None, False), (None, 50, True), (0, 50, True), (100, 120, False), (100, 70, False),
+    (100, 151, True), (100, 66, True)])
+def test_worth_publishing(published, measured, expected):
+    assert worth_publishing(published, measured) is expected
+
+
+def test_probe_requests_are_bounded():
+    assert decode_request(encode_request(bandwidth.PROBE_BYTES)) == bandwidth.PROBE_BYTES
+    for size in (bandwidth.MAX_PROBE_BYTES + 1, 10):
+        with pytest.raises(ProbeError):
+            encode_request(size)
+    for data in (b"", b"\x00\x00\x00", b"\x00\x00\x00\x10\x00", b"\xff\xff\xff\xff"):
+        with pytest.raises(ProbeError):
+            decode_request(data)
+
+
+def test_probe_admission_one_at_a_time_and_cooldown():
+    now = [0.0]
+    admission = ProbeAdmission(cooldown_s=30.0, clock=lambda: now[0])
+    assert admission.admit("a")
+    assert not admission.admit("b")        # busy
+    admission.done()
+    assert not admission.admit("a")        # too soon
+    assert admission.admit("b")
+    admission.done()
+    now[0] = 31.0
+    assert admission.admit("a")
+
+
+def test_probe_and_latency_between_hosts():
+    async def scenario():
+        server, client = Host(Identity.generate()), Host(Identity.generate())
+        served, asker = BandwidthMeter(), BandwidthMeter()
+        server.set_handler(bandwidth.PROTOCOL, make_probe_handler(served, ProbeAdmission()))
+        await server.start()
+        await client.start()
+        try:
+            client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
+            rates = await probe(client, server.peer_id, asker, size=MIB)
+            with pytest.raises(ProbeError, match="refused"):   # the same asker, within the cooldown
+                await probe(client, server.peer_id, asker, size=MIB)
+            rtt = await measure_latency(client, server.peer_id, asker)
+            # a junk request: the server resets that stream and keeps serving
+            stream = await client.open_stream(server.peer_id, bandwidth.PROTOCOL)
+            await stream.write(b"\xff\xff\xff\xff")
+            with pytest.raises(ConnectionResetError):
+                await stream.read(10)
+            assert await measure_latency(client, server.peer_id, asker) is not None
+            return rates, rtt, served, asker
+        finally:
+            await client.stop()
+            await server.stop()
+
+    rates, rtt, served, asker = asyncio.run(scenario())
+    assert rates["upload_mbps"] > 1 and rates["download_mbps"] > 1
+    assert asker.rate("up") == pytest.approx(rates["upload_mbps"])
+    assert asker.rate("down") == pytest.approx(rates["download_mbps"])
+    assert served.rate("down") is not None      # the server measured the upload it received
+    assert rtt is not None and 0 < rtt < 5 and asker.figures()["median_latency_ms"] > 0
+
+
+def test_service_probes_connected_peers_once_asked(monkeypatch):
+    monkeypatch.setattr(bandwidth, "FIRST_PROBE_S", 0.0)
+    monkeypatch.setattr(bandwidth, "RETRY_PROBE_S", 0.05)
+
+    class FakeNode:
+        def __init__(self, host):
+            self.host, self.sections = host, {}
+            self.status = self
+
+        def add_section(self, name, fn):
+            self.sections[name] = fn
+
+    async def scenario():
+        a, b = Host(Identity.generate()), Host(Identity.generate())
+        await a.start()
+        await b.start()
+        try:
+            node_a = FakeNode(a)
+            service_a = bandwidth.BandwidthService(node_a)
+            bandwidth.BandwidthService(FakeNode(b))           # b serves the probe
+            runner = asyncio.create_task(service_a.run())
+            await asyncio.sleep(0.2)
+            assert service_a.meter.rate("up") is None         # not asked to probe yet
+            service_a.start_probing()
+            await asyncio.sleep(0.2)                           # no peer connected: nothing measured
+            assert service_a.meter.rate("up") is None
+            a.peerbook.add_addrs(b.peer_id, b.listen_addrs)
+            await a.ping(b.peer_id)                            # now connected
+            deadline = asyncio.get_running_loop().time() + 10
+            while service_a.meter.link_mbps() is None:
+                assert asyncio.get_running_loop().time() < deadline, service_a.status()
+                await asyncio.sleep(0.05)
+            runner.cancel()
+            return node_a.sections["bandwidth"]()
+        finally:
+            await a.stop()
+            await b.stop()
+
+    status = asyncio.run(scenario())
+    assert status["probing"] and status["upload_mbps"] > 0 and status["download_mbps"] > 0
+    assert status["median_latency_ms"] > 0
