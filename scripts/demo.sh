@@ -12,8 +12,15 @@
 # pass --no-nat to skip that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOWN=0; NAT=1
+for arg in "$@"; do
+  case "$arg" in --down) DOWN=1 ;; --no-nat) NAT=0 ;; esac
+done
 bash scripts/install.sh
 export DEKUBE_DEMO_HOME=${DEKUBE_DEMO_HOME:-./devnet}
+if [ "$DOWN" = 1 ]; then   # also when a step fails
+  trap 'dekube-node testnet down --home "$DEKUBE_DEMO_HOME" >/dev/null 2>&1 || true' EXIT
+fi
 echo "== devnet in $DEKUBE_DEMO_HOME"
 dekube-node testnet up --home "$DEKUBE_DEMO_HOME" --validators 2 --compute 4
 bash scripts/demo_user_task.sh
@@ -26,10 +33,6 @@ USER_ID=$(dekube-node keys show --home "$USER_HOME" --json | python3 -c "import 
 echo "== wallet: sending 1000 tokens from the faucet to $USER_ID"
 dekube-node wallet send --rpc "$RPC" --key "$DEKUBE_DEMO_HOME/faucet_key.json" "$USER_ID" 1000 --wait
 dekube-node wallet balance --rpc "$RPC" --home "$USER_HOME"
-DOWN=0; NAT=1
-for arg in "$@"; do
-  case "$arg" in --down) DOWN=1 ;; --no-nat) NAT=0 ;; esac
-done
 if [ "$NAT" = 1 ]; then
   if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null && command -v apt-get >/dev/null; then
     apt-get install -y -qq nftables iproute2 >/dev/null 2>&1 || true
@@ -38,7 +41,7 @@ if [ "$NAT" = 1 ]; then
   python3 -m tests.netlab.demo_nat || [ $? = 2 ]   # 2: this machine cannot build namespaces (said why)
 fi
 if [ "$DOWN" = 1 ]; then
-  dekube-node testnet down --home "$DEKUBE_DEMO_HOME"
+  echo "== stopping the network"
 else
   echo "== the network keeps running; stop it with: dekube-node testnet down --home $DEKUBE_DEMO_HOME"
 fi
