@@ -104,8 +104,10 @@ class TaskView:
         elif step != self._last_line_step:
             self._last_line_step = step
             of = f"/{steps}" if steps else ""
+            eta = lead.get("eta_s")
+            eta_text = f"  ETA {eta:.0f} s" if isinstance(eta, (int, float)) and step != steps else ""
             self.note(f"{fields['state']:10} step {step}{of}  loss {fields['loss']}  {fields['metric']}  "
-                      f"sent {fields['sent']}  ({len(self.reports)} worker(s) reporting)")
+                      f"sent {fields['sent']}{eta_text}  ({len(self.reports)} worker(s) reporting)")
 
     def latest_metrics(self) -> dict:
         with_metrics = [r for r in self.reports.values() if r.get("metrics")]

@@ -31,14 +31,15 @@ def test_status_lines_once_per_change_with_workers_and_reasons():
 def test_progress_lines_follow_the_leading_worker():
     shown, buffer = view()
     shown.report("w1", {"state": "fetching inputs", "step": 0, "steps": 40, "fetched_bytes": 5e5, "fetch_total": 1e6})
-    shown.report("w1", {"state": "training", "step": 10, "steps": 40, "loss": 1.5, "bytes_sent": 1_000_000})
+    shown.report("w1", {"state": "training", "step": 10, "steps": 40, "loss": 1.5, "bytes_sent": 1_000_000,
+                        "eta_s": 12.4})
     shown.report("w2", {"state": "training", "step": 10, "steps": 40, "loss": 1.4, "bytes_sent": 2_000_000})
     shown.report("w2", {"state": "training", "step": 20, "steps": 40, "loss": 0.7, "bytes_sent": 3_000_000,
                         "metrics": {"accuracy": 81.25}})
     lines = buffer.getvalue().splitlines()
     assert "files 0.50 MB of 1.00 MB" in lines[0]
     assert len(lines) == 3   # w2's step 10 repeats the step shown
-    assert "step 10/40  loss 1.5000" in lines[1] and "sent 1.00 MB" in lines[1]
+    assert "step 10/40  loss 1.5000" in lines[1] and "sent 1.00 MB  ETA 12 s" in lines[1]
     assert "step 20/40  loss 0.7000  accuracy 81.25  sent 4.00 MB" in lines[2]
     assert shown.latest_metrics() == {"accuracy": 81.25}
 
