@@ -1,10 +1,15 @@
-"""``dekube-node task submit|show|list|wait|run``: training tasks on the ledger, or a local job without it.
+"""``dekube-node task submit|watch|fetch|cancel|show|list|wait|run``: training tasks on the ledger,
+or a local job without it.
 
-``submit`` signs a submit_task with the key (``--key`` or the home's node key), prints the task id
-(sha256 of owner and nonce, as the ledger derives it) and with ``--wait`` follows the task until it
-is paid, then prints the payouts. ``show``/``list`` read ``dkb_getTask``/``dkb_listTasks``; ``wait``
-follows an existing task. ``run`` trains among ``--workers`` local compute processes that talk over
-the node's p2p stack (noise + yamux, bulk connections), without any ledger.
+``submit`` (cli.task_submit) checks and dry-runs the task, serves its files (a .pt2 model, a dataset
+file) from a client node, signs a submit_task with the key (``--key`` or the home's node key) and
+with ``--wait`` follows it live until it ends (payouts; ``--out DIR`` fetches the weights).
+``watch``/``wait`` follow an existing task (ledger events, the workers' progress over p2p);
+``fetch`` downloads a task's trained weights and checks them against the ledger (cli.task_fetch);
+``cancel`` sends cancel_task (a task not yet assigned; the escrow comes back).
+``show``/``list`` read ``dkb_getTask``/``dkb_listTasks``. ``run`` trains among ``--workers`` local
+compute processes that talk over the node's p2p stack (noise + yamux, bulk connections), without any
+ledger.
 """
 from __future__ import annotations
 
@@ -18,15 +23,13 @@ from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus import rpcclient
-from consensus.state.tasks import task_id_for
-from consensus.tx import DEFAULT_FEE, build_tx
-from ml.compute.task_spec import InvalidTask, model_name, submit_payload
+from consensus.tx import DEFAULT_FEE
+from ml.compute.task_spec import model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
-FINAL = ("paid", "cancelled")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,19 +44,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(handler=handler)
         return sub
 
-    submit = ledger_action("submit", "submit a training task (price held in escrow)", run_submit)
+    submit = ledger_action("submit", "submit a training task (price held in escrow)", _run_submit)
     submit.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
     add_unlock_argument(submit)
     add_spec_arguments(submit)
+    submit.add_argument("--eval", metavar="PATH", help="held-out data file (.safetensors, .npz, .txt) to evaluate on")
+    submit.add_argument("--eval-every", type=int, metavar="STEPS",
+                        help="steps between held-out evaluations shown as progress (default with --eval: steps/5)")
+    submit.add_argument("--loss", help="loss: cross_entropy, mse or next_token_cross_entropy (default: the dataset's)")
+    submit.add_argument("--optimizer", choices=("adamw", "sgd"), help="optimizer (default adamw)")
+    submit.add_argument("--weight-decay", type=float, help="optimizer weight decay")
+    submit.add_argument("--device", choices=("cpu", "cuda", "any"), help="where workers train (default cpu)")
+    submit.add_argument("--init", choices=("archive", "seed"),
+                        help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
     submit.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
-    submit.add_argument("--wait", action="store_true", help="follow the task until it is paid; print payouts")
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the task live until it ends; print payouts (and serve its files meanwhile)")
+    submit.add_argument("--out", type=Path, metavar="DIR", help="with --wait: fetch the trained weights into DIR")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
-    show = ledger_action("show", "show one task", run_show)
-    show.add_argument("task_id", help="task id (hex)")
-    wait = ledger_action("wait", "follow a task until it is paid; print payouts", run_wait)
+    submit.add_argument("--skip-dry-run", action="store_true", help="do not run one step locally before paying")
+    add_p2p_arguments(submit)
+    watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
+    watch.add_argument("task_id", help="task id (hex)")
+    watch.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    add_p2p_arguments(watch)
+    add_unlock_argument(watch)
+    wait = ledger_action("wait", "follow a task until it ends; print payouts (same as watch)", _run_watch)
     wait.add_argument("task_id", help="task id (hex)")
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    add_p2p_arguments(wait)
+    add_unlock_argument(wait)
+    fetch = ledger_action("fetch", "download a task's trained weights, checked against the ledger", _run_fetch)
+    fetch.add_argument("task_id", help="task id (hex)")
+    fetch.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="writes DIR/weights.safetensors and DIR/metrics.json")
+    add_p2p_arguments(fetch)
+    add_unlock_argument(fetch)
+    cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
+    cancel.add_argument("task_id", help="task id (hex)")
+    cancel.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_unlock_argument(cancel)
+    cancel.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
+    show = ledger_action("show", "show one task", run_show)
+    show.add_argument("task_id", help="task id (hex)")
     listing = ledger_action("list", "list tasks, newest first", run_list)
     listing.add_argument("--status", help="only tasks in this status (created, assigned, running, ...)")
     listing.add_argument("--owner", help="only tasks submitted by this peer ID")
@@ -68,8 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mlp", help="model: mlp (digits-mlp) or transformer (char-transformer)")
-    parser.add_argument("--dataset", default="digits", help="dataset: digits or shakespeare")
+    parser.add_argument("--model", default="mlp",
+                        help="model: a torch.export archive (FILE.pt2), or mlp (digits-mlp) or transformer "
+                             "(char-transformer) from the registry")
+    parser.add_argument("--dataset", default="digits",
+                        help="dataset: a file (.safetensors, .npz, .txt), or digits or shakespeare from the registry")
     parser.add_argument("--workers", type=int, default=3, help="workers wanted (default 3)")
     parser.add_argument("--codec", default="int8",
                         help="codec: fp32, fp16, int8, int4, powersgd<r> (all-reduce), topk (1%%) or sign "
@@ -79,12 +116,23 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allreduce (data-parallel) or diloco")
     parser.add_argument("--inner-steps", type=int, help="DiLoCo: local steps per outer step")
     parser.add_argument("--segment-steps", type=int, help="data-parallel: steps per committed segment")
-    parser.add_argument("--batch-size", type=int, help="per-worker batch size")
+    parser.add_argument("--batch-size", "--batch", dest="batch_size", type=int, help="per-worker batch size")
     parser.add_argument("--lr", type=float, help="peak learning rate")
     parser.add_argument("--seed", type=int, help="seed of weights and data order")
 
 
+def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR",
+                        help="peer the client node dials at start (repeatable)")
+    parser.add_argument("--relay", action="append", metavar="MULTIADDR",
+                        help="relay the client node reserves a slot on, to be reachable behind NAT (repeatable)")
+    parser.add_argument("--client-key", type=Path, metavar="FILE",
+                        help="identity of the command's client node (default: a fresh one per command; relays "
+                             "admit only registered or allow-listed peers)")
+
+
 def spec_from_args(args: argparse.Namespace) -> TrainSpec:
+    """The registry-only spec of ``task run`` (no files, no ledger)."""
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
     values = {"model": model_name(args.model), "dataset": args.dataset, "codec": args.codec, "steps": args.steps,
@@ -107,65 +155,31 @@ def _rpc(url: str, method: str, *params):
         raise CliError(f"{method}: {exc}") from None
 
 
-def run_submit(args: argparse.Namespace) -> int:
-    if args.price <= 0:
-        raise CliError("--price must be positive")
-    spec = spec_from_args(args)
-    try:
-        payload = submit_payload(spec, args.workers, args.price)
-    except InvalidTask as exc:
-        raise CliError(str(exc)) from None
+def _run_submit(args: argparse.Namespace) -> int:
+    from cli.task_submit import run_submit
+
+    if args.out is not None and not args.wait:
+        raise CliError("--out needs --wait (or fetch later with `dekube-node task fetch TASK_ID --out DIR`)")
+    return run_submit(args)
+
+
+def _run_watch(args: argparse.Namespace) -> int:
+    from cli.task_watch import run_watch
+
+    return run_watch(args)
+
+
+def _run_fetch(args: argparse.Namespace) -> int:
+    from cli.task_watch import run_fetch
+
+    return run_fetch(args)
+
+
+def _run_cancel(args: argparse.Namespace) -> int:
+    from cli.task_watch import run_cancel
+
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
-    chain_id = _rpc(args.rpc, "dkb_chainId")
-    nonce = _rpc(args.rpc, "dkb_getTransactionCount", identity.peer_id, "pending")
-    tx = build_tx(identity, chain_id, nonce, "submit_task", payload, args.fee)
-    tx_hash = _rpc(args.rpc, "dkb_sendRawTransaction", tx.raw.hex())
-    task_id = task_id_for(identity.peer_id, nonce).hex()
-    if not args.json:
-        print(f"task {task_id} submitted by {identity.peer_id} (tx {tx_hash})")
-    if not args.wait:
-        if args.json:
-            print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "owner": identity.peer_id}))
-        return 0
-    task = follow_task(args.rpc, task_id, args.timeout, quiet=args.json)
-    return report_final(args, task)
-
-
-def follow_task(url: str, task_id: str, timeout: float, quiet: bool = False) -> dict:
-    """Poll the task until it is paid or cancelled, printing each status change; returns it."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        task = _rpc(url, "dkb_getTask", task_id)
-        status = None if task is None else task["status"]
-        if status != last and not quiet:
-            print(f"  {time.strftime('%H:%M:%S')}  {status or 'pending (not in a block yet)'}"
-                  + (f"  workers {', '.join(task['workers'])}" if status == "assigned" else ""), flush=True)
-        last = status
-        if status in FINAL:
-            return task
-        if time.monotonic() > deadline:
-            raise CliError(f"task {task_id} still {status} after {timeout:g} s")
-        time.sleep(0.5)
-
-
-def report_final(args: argparse.Namespace, task: dict) -> int:
-    if args.json:
-        print(json.dumps(task))
-        return 0
-    audits = task["audits"]
-    for verifier, worker, segment, match, height in audits:
-        print(f"  audit by {verifier[:16]}.. of {worker[:16]}..: segment {segment} "
-              f"{'match' if match else 'MISMATCH'} (height {height})")
-    print(f"payouts of task {task['task_id']} (price {task['price']}):")
-    for peer, amount in sorted(task["payouts"].items(), key=lambda item: -item[1]):
-        role = ("owner" if peer == task["owner"] else "worker" if peer in task["workers"]
-                else "verifier" if any(a[0] == peer for a in audits) else "relay")
-        print(f"  {peer}  {role:8} {amount}")
-    unpaid = [w for w in task["workers"] if w not in task["payouts"]]
-    for worker in unpaid:
-        print(f"  {worker}  worker   0 (not paid: no commitment or audited as a mismatch)")
-    return 0
+    return run_cancel(args, identity)
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -175,14 +189,12 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(task))
         return 0
-    for name in ("task_id", "status", "owner", "price", "escrow", "spec", "workers", "commits", "audits",
-                 "window_end", "payouts"):
+    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "sources", "workers",
+                 "rejections", "commits", "audits", "window_end", "payouts", "result"):
+        if name not in task:   # fields an older validator does not show
+            continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
     return 0
-
-
-def run_wait(args: argparse.Namespace) -> int:
-    return report_final(args, follow_task(args.rpc, args.task_id, args.timeout, quiet=args.json))
 
 
 def run_list(args: argparse.Namespace) -> int:

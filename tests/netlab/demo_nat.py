@@ -1,28 +1,51 @@
 """The main job across NAT: ``python -m tests.netlab.demo_nat`` (root; iproute2, nftables, tc).
 
 Builds the emulated internet of task_net.py (validators and two relays on public hosts, four
-compute nodes each behind its own NAT router, one of them symmetric), submits a paid digits task
-for 3 workers (int8 all-reduce), follows it until it is trained, committed, audited by replay and
-paid, prints what the ledger and the relays saw, and tears everything down. Exit status 0 only if
-the task was paid and the supply is conserved.
+compute nodes each behind its own NAT router, one of them symmetric), submits the user's own model
+(examples/digits_cnn.py: a CNN exported to model.pt2, with train.npz/test.npz, served from the
+submitting host; ``--registry`` submits the registry's digits MLP instead) for 3 workers (int8
+all-reduce), follows it until it is trained, committed, audited by replay and paid, fetches the
+trained weights and evaluates them (accuracy before and after), prints what the ledger and the
+relays saw, and tears everything down. Exit status 0 only if the task was paid (and its weights
+fetched) and the supply is conserved.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from devtools.testnet import REPO_ROOT
+
 from .lab import unavailable
 from .task_net import TaskNet
+
+EXAMPLE = REPO_ROOT / "examples" / "digits_cnn.py"
+
+
+def example(*argv: str) -> dict:
+    """Runs the example (outside the lab: it only reads and writes files); its last line as JSON."""
+    done = subprocess.run([sys.executable, str(EXAMPLE), *argv], capture_output=True, text=True, check=True,
+                          cwd=str(REPO_ROOT), timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def task_arguments(args: argparse.Namespace, job: Path) -> list[str]:
+    if args.registry:
+        return ["--model", "mlp", "--dataset", "digits"]
+    return ["--model", str(job / "model.pt2"), "--dataset", str(job / "train.npz"), "--eval", str(job / "test.npz"),
+            "--loss", "cross_entropy", "--lr", "3e-3", "--batch", "64", "--out", str(job / "trained")]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--price", type=int, default=100_000)
+    parser.add_argument("--registry", action="store_true", help="submit the registry's digits MLP, no files")
     args = parser.parse_args()
     why = unavailable()
     if why:
@@ -40,12 +63,20 @@ def main() -> int:
                 print(f"  {member.name} {member.peer_id[:16]}.. home {home.index} ({home.nat} NAT) "
                       f"listens {info['listen_addrs'][0].split('/p2p/')[0]}, reachable via "
                       f"{len(info['relay_addrs'])} relays", flush=True)
-            print(f"== submitting a task: mlp on digits, 3 workers, int8, {args.steps} steps, price {args.price}",
+            job = Path(root) / "user-job"
+            if args.registry:
+                what = "mlp on digits (registry)"
+            else:
+                example("prepare", str(job))
+                before = example("evaluate", str(job), "--json")
+                what = f"your CNN (model.pt2, train.npz; untrained accuracy {before['accuracy']:.2f}%)"
+            print(f"== submitting a task: {what}, 3 workers, int8, {args.steps} steps, price {args.price}",
                   flush=True)
-            task = json.loads(net.cli("task", "submit", "--rpc", net.testnet.nodes[0].rpc_url,
-                                      "--key", str(net.testnet.faucet_key), "--model", "mlp", "--dataset", "digits",
-                                      "--workers", "3", "--codec", "int8", "--steps", str(args.steps),
-                                      "--price", str(args.price), "--wait", "--timeout", "600", "--json"))
+            out = net.cli("task", "submit", "--rpc", net.testnet.nodes[0].rpc_url,
+                          "--key", str(net.testnet.faucet_key), *task_arguments(args, job),
+                          "--workers", "3", "--codec", "int8", "--steps", str(args.steps),
+                          "--price", str(args.price), "--wait", "--timeout", "600", "--json")
+            task = json.loads(out.strip().splitlines()[-1])
             names = {m.peer_id: m.name for m in net.compute}
             print(f"== task {task['task_id'][:16]}.. {task['status']}")
             for verifier, worker, segment, match, height in task["audits"]:
@@ -53,6 +84,15 @@ def main() -> int:
                       f"{'match' if match else 'MISMATCH'} (height {height})")
             for peer, amount in sorted(task["payouts"].items(), key=lambda kv: -kv[1]):
                 print(f"  paid {amount:>7} to {names.get(peer, 'the owner (refund)')}")
+            fetched = task.get("fetched")
+            if not args.registry:
+                if not fetched:
+                    print("== the trained weights were not fetched")
+                    return 1
+                after = example("evaluate", str(job), "--weights", fetched["weights"], "--json")
+                print(f"== weights {fetched['result'][:16]}.. fetched from the NAT'd workers and checked against the "
+                      f"ledger: accuracy before {before['accuracy']:.2f}%, after {after['accuracy']:.2f}% "
+                      f"(workers reported {fetched['final_metrics']})")
             relayed = {r.name: int(net.metric(r, "dekube_relay_bytes_total")) for r in net.relays}
             print("== relays carried " + ", ".join(f"{n}: {b / 1e6:.2f} MB" for n, b in relayed.items()))
             supply = net.rpc("dkb_getSupply")

@@ -1,0 +1,105 @@
+"""``task watch|wait``, ``task fetch`` and ``task cancel`` on an existing task.
+
+``watch`` reads the task once; a task still running is followed live (ledger ``tasks`` events, and
+the workers' progress over p2p from a client node) until it ends, then its payouts or the reason
+it failed are printed. ``fetch`` downloads the trained weights (cli.task_fetch). ``cancel`` sends
+cancel_task and reports the refund (the ledger accepts it while the task is not assigned).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from cli.errors import CliError
+from cli.task_ledger import FINAL, call, client_identity, ledger_pool, send_tx
+from cli.task_report import report_final
+from cli.task_view import TaskView
+from node.identity import Identity
+
+
+def parse_task_id(text: str) -> str:
+    key = (text[2:] if text[:2] in ("0x", "0X") else text).lower()
+    try:
+        if len(bytes.fromhex(key)) == 32:
+            return key
+    except ValueError:
+        pass
+    raise CliError(f"{text!r} is not a task id (64 hex digits)")
+
+
+def progress_available() -> bool:
+    try:
+        import ml.compute.progress_protocol  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    return asyncio.run(watch(args, parse_task_id(args.task_id)))
+
+
+async def watch(args: argparse.Namespace, task_id: str) -> int:
+    from cli.task_follow import follow_task
+
+    async with ledger_pool(args.rpc) as pool:
+        task = await call(pool, "dkb_getTask", task_id)
+        if task is None:
+            raise CliError(f"no task {task_id}")
+        if task["status"] not in FINAL:
+            view = TaskView(task_id, quiet=args.json)
+            if progress_available():
+                from cli.client_node import client_node
+
+                async with client_node(client_identity(args), bootstrap=args.bootstrap or (),
+                                       relays=args.relay or ()) as node:
+                    task = await follow_task(pool, task_id, view, node=node, timeout=args.timeout)
+            else:
+                task = await follow_task(pool, task_id, view, timeout=args.timeout)
+    return report_final(task, as_json=args.json)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    return asyncio.run(fetch(args, parse_task_id(args.task_id), Path(args.out)))
+
+
+async def fetch(args: argparse.Namespace, task_id: str, out: Path) -> int:
+    from cli.client_node import client_node
+    from cli.task_fetch import fetch_result
+
+    say = (lambda _text: None) if args.json else print
+    async with ledger_pool(args.rpc) as pool:
+        async with client_node(client_identity(args), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
+            fetched = await fetch_result(pool, node, task_id, out, say=say)
+    if args.json:
+        print(json.dumps(fetched))
+        return 0
+    print(f"weights: {fetched['weights']} (artifact {fetched['result']}, as the ledger's result)")
+    print(f"metrics: {fetched['metrics']}  final {fetched['final_metrics']}")
+    print(f"load them: {fetched['load']}")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace, identity: Identity) -> int:
+    return asyncio.run(cancel(args, parse_task_id(args.task_id), identity))
+
+
+async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> int:
+    async with ledger_pool(args.rpc) as pool:
+        task = await call(pool, "dkb_getTask", task_id)
+        if task is None:
+            raise CliError(f"no task {task_id}")
+        if task["owner"] != identity.peer_id:
+            raise CliError(f"task {task_id} belongs to {task['owner']}, not to {identity.peer_id}")
+        if task["status"] != "created":
+            raise CliError(f"task {task_id} is {task['status']}: only a task not assigned yet can be cancelled")
+        tx_hash, _, receipt = await send_tx(pool, identity, "cancel_task", {"task_id": bytes.fromhex(task_id)},
+                                            fee=args.fee)
+        task = await call(pool, "dkb_getTask", task_id)
+    if args.json:
+        print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": task}))
+    else:
+        print(f"task {task_id} cancelled in block {receipt['height']}; {task['price']} tokens back to the owner")
+    return 0

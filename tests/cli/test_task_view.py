@@ -1,0 +1,63 @@
+"""The task view off a terminal: one line per status change (workers, reasons, rejections) and per
+new step of the leading worker, with loss, eval metric and the bytes all workers sent."""
+import io
+
+from rich.console import Console
+
+from cli.task_view import TaskView, eval_text
+
+
+def view() -> tuple[TaskView, io.StringIO]:
+    buffer = io.StringIO()
+    return TaskView("ab" * 32, console=Console(file=buffer, width=200, force_terminal=False)), buffer
+
+
+def test_status_lines_once_per_change_with_workers_and_reasons():
+    shown, buffer = view()
+    shown.status(None)
+    shown.status({"status": "created"})
+    shown.status({"status": "created"})
+    shown.status({"status": "assigned", "workers": ["12D3KooW" + "a" * 44, "12D3KooW" + "b" * 44]})
+    shown.status({"status": "rejected", "reason": "2 of 3 workers rejected it",
+                  "rejections": {"w1": "the model cannot run on the dataset's batches"}})
+    lines = buffer.getvalue().splitlines()
+    assert [line.split("  ", 2)[2].split()[0].rstrip(":") for line in lines[:4]] == [
+        "pending", "created", "assigned", "rejected"]
+    assert "12D3KooWaaaa..aaaa" in lines[2]
+    assert "rejected: 2 of 3 workers rejected it" in lines[3]
+    assert "rejected by w1: the model cannot run" in lines[4]
+
+
+def test_progress_lines_follow_the_leading_worker():
+    shown, buffer = view()
+    shown.report("w1", {"state": "fetching inputs", "step": 0, "steps": 40, "fetched_bytes": 5e5, "fetch_total": 1e6})
+    shown.report("w1", {"state": "training", "step": 10, "steps": 40, "loss": 1.5, "bytes_sent": 1_000_000,
+                        "eta_s": 12.4})
+    shown.report("w2", {"state": "training", "step": 10, "steps": 40, "loss": 1.4, "bytes_sent": 2_000_000})
+    shown.report("w2", {"state": "training", "step": 20, "steps": 40, "loss": 0.7, "bytes_sent": 3_000_000,
+                        "metrics": {"accuracy": 81.25}})
+    lines = buffer.getvalue().splitlines()
+    assert "files 0.50 MB of 1.00 MB" in lines[0]
+    assert len(lines) == 3   # w2's step 10 repeats the step shown
+    assert "step 10/40  loss 1.5000" in lines[1] and "sent 1.00 MB  ETA 12 s" in lines[1]
+    assert "step 20/40  loss 0.7000  accuracy 81.25  sent 4.00 MB" in lines[2]
+    assert shown.latest_metrics() == {"accuracy": 81.25}
+
+
+def test_quiet_view_prints_nothing():
+    buffer = io.StringIO()
+    shown = TaskView("ab" * 32, quiet=True, console=Console(file=buffer))
+    shown.status({"status": "created"})
+    shown.report("w", {"state": "training", "step": 3, "steps": 5, "loss": 1.0})
+    assert buffer.getvalue() == ""
+    assert eval_text({"loss": 0.5, "accuracy": 90}) == "accuracy 90  loss 0.5"
+
+
+def test_a_worker_that_rejects_or_fails_is_said_once_with_its_reason():
+    shown, buffer = view()
+    shown.report("w1", {"state": "rejected", "step": 0, "steps": 5, "reason": "the loss is NaN after one step"})
+    shown.report("w1", {"state": "rejected", "step": 0, "steps": 5, "reason": "the loss is NaN after one step"})
+    shown.report("w2", {"state": "failed", "step": 3, "steps": 5, "error": "RuntimeError: boom"})
+    text = buffer.getvalue()
+    assert text.count("worker w1 rejected: the loss is NaN after one step") == 1
+    assert "worker w2 failed: RuntimeError: boom" in text
