@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 
 def short(peer: str) -> str:
@@ -40,7 +40,7 @@ class TaskView:
         self.reports: dict[str, dict] = {}
         self.last_status: str | None = "?"   # nothing shown yet (None: not in a block yet)
         self._progress: Progress | None = None
-        self._bar = None
+        self._bar: TaskID | None = None
         self._last_line_step = -1
 
     # ---- lines
@@ -62,7 +62,7 @@ class TaskView:
         if task is None:
             self.note("pending (not in a block yet)")
             return
-        text = status
+        text = str(status)
         if status == "assigned":
             text += "  workers " + ", ".join(short(w) for w in task["workers"])
         if task.get("reason"):
@@ -100,6 +100,7 @@ class TaskView:
                     console=self.console, transient=False)
                 self._progress.start()
                 self._bar = self._progress.add_task("train", total=steps, **fields)
+            assert self._bar is not None
             self._progress.update(self._bar, completed=step, total=steps, **fields)
         elif step != self._last_line_step:
             self._last_line_step = step

@@ -8,7 +8,6 @@ averager to train through.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import torch
@@ -17,6 +16,7 @@ from ml.codecs import CodecError, powersgd_rank
 from ml.train.averaging import Averaged, Averager
 from ml.train.compression import BIASED_CODECS, Compressor, flatten
 from ml.train.powersgd_averager import PowerSGDAverager
+from ml.train.reproducibility import in_compute_thread
 from ml.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class AllGatherAverager:
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         flat = flatten(tensors)
         try:
-            encoded = await asyncio.to_thread(self.compressor.encode, flat)
+            encoded = await in_compute_thread(self.compressor.encode, flat)
         except CodecError as exc:
             log.warning("round %d: cannot encode this worker's contribution: %s", round_id, exc)
             encoded = None

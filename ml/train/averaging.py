@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from ml.train.compression import Compressor, flatten, unflatten
+from ml.train.reproducibility import in_compute_thread
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class LocalAveragingGroup:
 
     async def _complete(self, round_id: int, numel: int) -> None:
         contributions = self._rounds.pop(round_id)
-        mean = await asyncio.to_thread(self._mean, contributions, numel)
+        mean = await in_compute_thread(self._mean, contributions, numel)
         self._results.pop(round_id).set_result(mean)
 
 
@@ -85,7 +86,7 @@ class LocalMember:
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         flat = flatten(tensors)
-        data = await asyncio.to_thread(self.compressor.encode, flat)
+        data = await in_compute_thread(self.compressor.encode, flat)
         result = self.group._contribute(round_id, self.rank, data)
         if len(self.group._rounds[round_id]) == self.group.world:
             await self.group._complete(round_id, flat.numel())

@@ -7,10 +7,9 @@ averages it produced).
 """
 from __future__ import annotations
 
-import asyncio
-
 import torch
 
+from ml.train.reproducibility import in_compute_thread
 from ml.train.worker import TrainerBase
 
 
@@ -26,11 +25,11 @@ class DataParallelTrainer(TrainerBase):
         target = self.spec.steps if until_step is None else min(until_step, self.spec.steps)
         while self.step < target:
             step = self.step
-            loss = await asyncio.to_thread(self._gradients, step)
+            loss = await in_compute_thread(self._gradients, step)
             self._record_loss(loss)
             grads = self.to_host([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
             averaged = await self.averager.average(grads, round_id=step)
-            await asyncio.to_thread(self._apply, averaged.tensors, step)
+            await in_compute_thread(self._apply, averaged.tensors, step)
             self.step += 1
             self.bytes_sent += averaged.bytes_sent
             self.last_participants = averaged.participants

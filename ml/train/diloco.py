@@ -14,12 +14,11 @@ a checkpoint (`segment_hash`).
 """
 from __future__ import annotations
 
-import asyncio
 import math
 
 import torch
 
-from ml.train.reproducibility import hash_tensors
+from ml.train.reproducibility import hash_tensors, in_compute_thread
 from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase
 
@@ -101,12 +100,12 @@ class DiLoCoTrainer(TrainerBase):
         while self.outer_step < target:
             if self.keep_checkpoints:
                 self.checkpoints[self.outer_step] = self.checkpoint()
-            delta, loss = await asyncio.to_thread(self._local_segment)
+            delta, loss = await in_compute_thread(self._local_segment)
             if loss is not None:
                 self._record_loss(loss)
             self.segment_hashes.append(hash_tensors(delta))
             averaged = await self.averager.average(delta, round_id=self.outer_step)
-            await asyncio.to_thread(self._outer_apply, averaged.tensors, len(averaged.participants))
+            await in_compute_thread(self._outer_apply, averaged.tensors, len(averaged.participants))
             self.outer_step += 1
             self.bytes_sent += averaged.bytes_sent
             self.last_participants = averaged.participants

@@ -9,13 +9,16 @@ given (or sorted-name) order, each hashed with its name, dtype and shape before 
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
 _configured_threads: int | None = None
+_T = TypeVar("_T")
 
 
 def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
@@ -36,6 +39,22 @@ def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     _configured_threads = threads
+
+
+def _with_configured_threads(func: Callable[..., _T], *args: Any) -> _T:
+    # torch.set_num_threads sets the calling thread's OpenMP team size only: a pool thread that existed
+    # before configure_determinism keeps the machine's core count, and a reduction split over another
+    # number of threads rounds differently (a worker and its verifier disagree). Set it in every thread.
+    threads = _configured_threads or 1
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return func(*args)
+
+
+async def in_compute_thread(func: Callable[..., _T], *args: Any) -> _T:
+    """``asyncio.to_thread(func, *args)`` with torch's thread count set to the configured one in that
+    thread first: every training computation that feeds a hash runs through this."""
+    return await asyncio.to_thread(_with_configured_threads, func, *args)
 
 
 def _update(digest, name: str, tensor: torch.Tensor) -> None:

@@ -3,7 +3,6 @@ state hashes and progress reports. Torch work runs in a worker thread, never on 
 """
 from __future__ import annotations
 
-import asyncio
 import io
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 from ml.train.averaging import Averager
 from ml.train.inputs import build_inputs
 from ml.train.progress import ProgressFeed, TrainProgress
-from ml.train.reproducibility import configure_determinism, hash_state
+from ml.train.reproducibility import configure_determinism, hash_state, in_compute_thread
 from ml.train.spec import TrainSpec
 from ml.train.weights import weights_bytes
 
@@ -131,7 +130,7 @@ class TrainerBase:
 
     async def evaluate(self) -> dict[str, float]:
         """Held-out metrics of the current model (it is left exactly as it was)."""
-        return await asyncio.to_thread(self._evaluate_keeping_state)
+        return await in_compute_thread(self._evaluate_keeping_state)
 
     # -- progress ---------------------------------------------------------------------------------
     def _record_loss(self, loss: float) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -57,7 +57,7 @@ async def local_stream(hub: Hub, topic: str, key: str | None = None) -> AsyncIte
             sub.close()
 
 
-async def websocket_stream(pool: ValidatorPool, topic: str, params: list) -> AsyncIterator[Any]:
+async def websocket_stream(pool: ValidatorPool, topic: str, params: list) -> AsyncGenerator[Any, None]:
     while True:
         for index in pool.rotation():
             url = ws_url(pool.urls[index])

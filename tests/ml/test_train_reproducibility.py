@@ -149,3 +149,23 @@ def test_spec_round_trips_and_rejects_bad_fields():
             TrainSpec.from_dict(bad)
     with pytest.raises(InvalidSpec):
         TrainSpec.from_dict(["not", "a", "dict"])
+
+
+def test_compute_threads_use_the_configured_torch_thread_count():
+    """torch.set_num_threads is per OS thread: a pool thread made before configure_determinism keeps
+    the machine's core count, and a conv or matmul split over more threads rounds differently from
+    the verifier's replay. in_compute_thread sets it in the thread that computes."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from ml.train.reproducibility import configure_determinism, in_compute_thread
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(4))
+        await asyncio.gather(*(asyncio.to_thread(torch.get_num_threads) for _ in range(4)))  # threads exist
+        configure_determinism(1)
+        return await asyncio.gather(*(in_compute_thread(torch.get_num_threads) for _ in range(8)))
+    assert set(asyncio.run(main())) == {1}
