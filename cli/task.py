@@ -69,17 +69,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("task_id", help="task id (hex)")
     watch.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     add_p2p_arguments(watch)
+    watch.add_argument("--key", type=Path,
+                        help="your account's key file: the client node then uses an identity derived from it, "
+                             "which relays admit (to reach workers behind NAT)")
     add_unlock_argument(watch)
     wait = ledger_action("wait", "follow a task until it ends; print payouts (same as watch)", _run_watch)
     wait.add_argument("task_id", help="task id (hex)")
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     add_p2p_arguments(wait)
+    wait.add_argument("--key", type=Path,
+                        help="your account's key file: the client node then uses an identity derived from it, "
+                             "which relays admit (to reach workers behind NAT)")
     add_unlock_argument(wait)
     fetch = ledger_action("fetch", "download a task's trained weights, checked against the ledger", _run_fetch)
     fetch.add_argument("task_id", help="task id (hex)")
     fetch.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="writes DIR/weights.safetensors and DIR/metrics.json")
     add_p2p_arguments(fetch)
+    fetch.add_argument("--key", type=Path,
+                        help="your account's key file: the client node then uses an identity derived from it, "
+                             "which relays admit (to reach workers behind NAT)")
     add_unlock_argument(fetch)
     cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
     cancel.add_argument("task_id", help="task id (hex)")
@@ -127,8 +136,8 @@ def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relay", action="append", metavar="MULTIADDR",
                         help="relay the client node reserves a slot on, to be reachable behind NAT (repeatable)")
     parser.add_argument("--client-key", type=Path, metavar="FILE",
-                        help="identity of the command's client node (default: a fresh one per command; relays "
-                             "admit only registered or allow-listed peers)")
+                        help="identity of the command's client node (default: one derived from the signing key, "
+                             "topped up to a small balance so relays admit it; a fresh one without a key)")
 
 
 def spec_from_args(args: argparse.Namespace) -> TrainSpec:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator
 
 from cli.errors import CliError
@@ -75,12 +76,39 @@ async def send_tx(pool: ValidatorPool, identity: Identity, tx_type: str, payload
     return tx_hash, nonce, receipt
 
 
-def client_identity(args) -> Identity:
-    """The identity of a command's client node: ``--client-key`` (unlocked like ``--key``), else a fresh
-    one, never the owner's node key (a node of the user's may be running with it)."""
+CLIENT_FUNDS = 10   # a derived client account is topped up to this: above relays' min_client_balance
+
+
+def derived_client_identity(owner: Identity) -> Identity:
+    """The owner's client-node identity: its own peer ID (never the owner's, which a node of the user's
+    may be running with), the same on every command, derived from the owner's seed."""
+    return Identity.from_seed(hashlib.sha256(b"dekube/client-node\x00" + owner.seed).digest())
+
+
+async def client_identity(args, pool: ValidatorPool, owner: Identity | None = None) -> Identity:
+    """The identity of a command's client node: ``--client-key`` (unlocked like ``--key``); else, with
+    the owner's key, the derived identity, whose account is topped up to CLIENT_FUNDS from the owner's
+    (one transfer, the first time) so relays admit it (docs/adr/0159); else a fresh one."""
     path = getattr(args, "client_key", None)
-    if path is None:
+    if path is not None:
+        from cli.passphrase import unlock_passphrase
+        from node.keystore import load_identity
+
+        return load_identity(path, unlock_passphrase(args))
+    if owner is None:
         return Identity.generate()
+    client = derived_client_identity(owner)
+    balance = await call(pool, "dkb_getBalance", client.peer_id)
+    if balance < CLIENT_FUNDS:
+        await send_tx(pool, owner, "transfer", {"to": client.peer_id, "amount": CLIENT_FUNDS - balance})
+    return client
+
+
+def owner_identity(args) -> Identity | None:
+    """The account key given with ``--key`` (unlocked), or None."""
+    path = getattr(args, "key", None)
+    if path is None:
+        return None
     from cli.passphrase import unlock_passphrase
     from node.keystore import load_identity
 

@@ -125,7 +125,8 @@ async def submit(args: argparse.Namespace, identity, payload: dict, inputs: Task
             return announce(args, identity, task_id_of(identity.peer_id, nonce), done=True)
         from cli.client_node import client_node
 
-        async with client_node(client_identity(args), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
+        client = await client_identity(args, pool, identity)
+        async with client_node(client, bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
             if inputs.has_files:
                 await wait_relayed(node, bool(args.relay))
                 payload = {**payload, "sources": await serve_files(node, inputs, args.rpc)}

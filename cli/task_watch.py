@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from cli.errors import CliError
-from cli.task_ledger import FINAL, call, client_identity, ledger_pool, send_tx
+from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_identity, send_tx
 from cli.task_report import report_final
 from cli.task_view import TaskView
 from node.identity import Identity
@@ -53,7 +53,8 @@ async def watch(args: argparse.Namespace, task_id: str) -> int:
             if progress_available():
                 from cli.client_node import client_node
 
-                async with client_node(client_identity(args), bootstrap=args.bootstrap or (),
+                client = await client_identity(args, pool, owner_identity(args))
+                async with client_node(client, bootstrap=args.bootstrap or (),
                                        relays=args.relay or ()) as node:
                     task = await follow_task(pool, task_id, view, node=node, timeout=args.timeout)
             else:
@@ -71,7 +72,8 @@ async def fetch(args: argparse.Namespace, task_id: str, out: Path) -> int:
 
     say = (lambda _text: None) if args.json else print
     async with ledger_pool(args.rpc) as pool:
-        async with client_node(client_identity(args), bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
+        client = await client_identity(args, pool, owner_identity(args))
+        async with client_node(client, bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
             fetched = await fetch_result(pool, node, task_id, out, say=say)
     if args.json:
         print(json.dumps(fetched))

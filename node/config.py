@@ -217,6 +217,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "relay": {
         "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
         "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
+        "min_client_balance": Key(int, 1, "balance that admits an account with no node record (a task owner's "
+                                          "command-line client) where min_stake is 0; 0 admits none",
+                                  check_non_negative),
         "stake": Key(int, 100, "stake the relay keeps bonded (bonds the difference at start; the ledger pays "
                                "receipts only to relays with the chain's min_relay_stake)", check_non_negative),
         "reservation_ttl": Key(int, 3600, "seconds a reservation and its voucher last", check_positive),

@@ -72,7 +72,8 @@ class RelayRole(Role):
         self.last_error: str | None = None
         self.submissions = {"sent": 0, "failed": 0}   # receipts handed to the ledger
         if stake_of is None and self.ledger is not None:
-            stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"])
+            stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"],
+                                   min_client_balance=settings["min_client_balance"])
         admission = Admission(set(settings["allow_list"]), settings["min_stake"], stake_of)
         limits = RelayLimits(reservation_ttl=settings["reservation_ttl"],
                              max_reservations_per_ip=settings["max_reservations_per_ip"],

@@ -152,6 +152,9 @@ class LedgerGateway:
     async def bonded(self, peer_id: str) -> int:
         return (await self.call("dkb_getStake", peer_id))["bonded"]
 
+    async def balance(self, peer_id: str) -> int:
+        return int(await self.call("dkb_getBalance", peer_id))
+
     # ---- transactions
     async def send(self, tx_type: str, payload: dict, wait_s: float = RECEIPT_WAIT_S) -> dict:
         """Sign with the node's key, submit, wait for the receipt; returns it.

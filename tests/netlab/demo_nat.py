@@ -93,6 +93,15 @@ def main() -> int:
                 print(f"== weights {fetched['result'][:16]}.. fetched from the NAT'd workers and checked against the "
                       f"ledger: accuracy before {before['accuracy']:.2f}%, after {after['accuracy']:.2f}% "
                       f"(workers reported {fetched['final_metrics']})")
+                # a later, separate command: a new client node reaches the NAT'd workers through the relays
+                again = json.loads(net.cli("task", "fetch", task["task_id"], "--out", str(job / "refetch"),
+                                           "--rpc", net.testnet.nodes[0].rpc_url, "--key",
+                                           str(net.testnet.faucet_key), "--json").strip().splitlines()[-1])
+                same = again["result"] == fetched["result"]
+                print(f"== a later `task fetch` (a new client node, through the relays): weights "
+                      f"{again['result'][:16]}.. {'identical' if same else 'DIFFERENT'}")
+                if not same:
+                    return 1
             relayed = {r.name: int(net.metric(r, "dekube_relay_bytes_total")) for r in net.relays}
             print("== relays carried " + ", ".join(f"{n}: {b / 1e6:.2f} MB" for n, b in relayed.items()))
             supply = net.rpc("dkb_getSupply")

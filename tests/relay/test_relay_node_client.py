@@ -26,10 +26,11 @@ class FakeLedger:
     available = True
     url = "fake://ledger"
 
-    def __init__(self, stakes=None, fail=False, owner="12D3KooWfake"):
+    def __init__(self, stakes=None, fail=False, owner="12D3KooWfake", balances=None):
         self.record = RecordPublisher(owner, self.node_info, self.send)
         self.records: dict[str, dict] = {}
         self.stakes = stakes or {}
+        self.balances = balances or {}
         self.sent: list[tuple[str, dict]] = []
         self.reads = 0
         self.fail = fail
@@ -42,6 +43,9 @@ class FakeLedger:
 
     async def bonded(self, peer_id):
         return self.stakes.get(peer_id, 0)
+
+    async def balance(self, peer_id):
+        return self.balances.get(peer_id, 0)
 
     async def send(self, tx_type, payload):
         self.sent.append((tx_type, payload))
@@ -220,3 +224,15 @@ def test_the_ledger_urls_come_from_the_ledger_section_then_the_legacy_keys():
     del overrides[("compute", "rpc_url")], overrides[("relay", "ledger_rpc")], overrides[("ledger", "rpc_urls")]
     node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("compute")])
     assert node.relay_client.ledger is None and not node.ledger.available
+
+
+def test_stake_lookup_admits_funded_clients_only_when_asked():
+    client, pauper = Identity.generate().peer_id, Identity.generate().peer_id
+    ledger = FakeLedger(balances={client: 10})
+
+    async def main():
+        assert await StakeLookup(ledger, ttl=0)(client) is None               # off by default
+        lookup = StakeLookup(ledger, ttl=0, min_client_balance=5)
+        assert await lookup(client) == 0 and await lookup(pauper) is None
+        assert await StakeLookup(ledger, ttl=0, min_client_balance=11)(client) is None
+    asyncio.run(main())
