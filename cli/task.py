@@ -68,28 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
     watch.add_argument("task_id", help="task id (hex)")
     watch.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
-    add_p2p_arguments(watch)
-    watch.add_argument("--key", type=Path,
-                        help="your account's key file: the client node then uses an identity derived from it, "
-                             "which relays admit (to reach workers behind NAT)")
-    add_unlock_argument(watch)
+    add_follow_arguments(watch)
     wait = ledger_action("wait", "follow a task until it ends; print payouts (same as watch)", _run_watch)
     wait.add_argument("task_id", help="task id (hex)")
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
-    add_p2p_arguments(wait)
-    wait.add_argument("--key", type=Path,
-                        help="your account's key file: the client node then uses an identity derived from it, "
-                             "which relays admit (to reach workers behind NAT)")
-    add_unlock_argument(wait)
+    add_follow_arguments(wait)
     fetch = ledger_action("fetch", "download a task's trained weights, checked against the ledger", _run_fetch)
     fetch.add_argument("task_id", help="task id (hex)")
     fetch.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="writes DIR/weights.safetensors and DIR/metrics.json")
-    add_p2p_arguments(fetch)
-    fetch.add_argument("--key", type=Path,
-                        help="your account's key file: the client node then uses an identity derived from it, "
-                             "which relays admit (to reach workers behind NAT)")
-    add_unlock_argument(fetch)
+    add_follow_arguments(fetch)
     cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
     cancel.add_argument("task_id", help="task id (hex)")
     cancel.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
@@ -128,6 +116,16 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", "--batch", dest="batch_size", type=int, help="per-worker batch size")
     parser.add_argument("--lr", type=float, help="peak learning rate")
     parser.add_argument("--seed", type=int, help="seed of weights and data order")
+
+
+def add_follow_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``watch``/``wait``/``fetch`` take besides the task: the client node's p2p options and the
+    account key its identity derives from."""
+    add_p2p_arguments(parser)
+    parser.add_argument("--key", type=Path,
+                        help="your account's key file: the client node then uses an identity derived from it, "
+                             "which relays admit (to reach workers behind NAT)")
+    add_unlock_argument(parser)
 
 
 def add_p2p_arguments(parser: argparse.ArgumentParser) -> None:

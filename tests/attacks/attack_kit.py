@@ -4,31 +4,12 @@ import contextlib
 
 import aiohttp
 
-from node.config import load_config
-from node.identity import Identity
-from node.roles import basic_role
-from node.runtime import Node
+from tests.node.node_harness import running_node  # noqa: F401  (the attack tests' node)
 
 
 def run(coro, timeout: float = 60.0):
     """Run one test coroutine with a hard bound on its duration."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-@contextlib.asynccontextmanager
-async def running_node(**rpc_overrides):
-    """A relay-role node with HTTP on an ephemeral 127.0.0.1 port, [rpc] overrides applied."""
-    overrides = {("rpc", "port"): "0", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
-                 **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
-    node = Node(load_config(None, env={}, overrides=overrides), Identity.generate(), [basic_role("relay")])
-    task = asyncio.create_task(node.run())
-    await asyncio.wait_for(node.ready.wait(), 10)
-    try:
-        async with aiohttp.ClientSession(base_url=node.http.url) as session:
-            yield node, session
-    finally:
-        node.request_stop()
-        await asyncio.wait_for(task, 10)
 
 
 def established_server_sockets(port: int) -> int:

@@ -1,15 +1,10 @@
 """Helpers for the explorer and metrics tests: a running Node on 127.0.0.1 and a /metrics linter."""
-import asyncio
 import contextlib
 import re
 import shutil
 import subprocess
 
-import aiohttp
-
-from node.config import load_config
-from node.identity import Identity
-from node.runtime import Node
+from tests.node import node_harness
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -17,18 +12,8 @@ METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 @contextlib.asynccontextmanager
 async def running_node(roles=("relay",), **rpc_overrides):
     """A Node with ``roles`` (names, e.g. the real relay role) and an aiohttp session on its HTTP server."""
-    overrides = {("rpc", "port"): "0", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
-                 **{("rpc", k): str(v) for k, v in rpc_overrides.items()}}
-    node = Node(load_config(None, overrides=overrides), Identity.generate(), list(roles))
-    task = asyncio.create_task(node.run())
-    await asyncio.wait_for(node.ready.wait(), 10)
-    try:
-        async with aiohttp.ClientSession(base_url=node.http.url) as session:
-            yield node, session
-    finally:
-        node.request_stop()
-        await asyncio.wait_for(task, 10)
-
+    async with node_harness.running_node(roles, **rpc_overrides) as pair:
+        yield pair
 
 def lint_metrics(text: str) -> list[str]:
     """Problems in a /metrics page: prometheus_client's parser must accept it; every family has HELP

@@ -17,9 +17,11 @@ def local_config(overrides=None):
 
 
 @contextlib.asynccontextmanager
-async def running_node(**rpc_overrides):
+async def running_node(roles=None, **rpc_overrides):
+    """A Node (an idle relay role, or ``roles``: names or factories) with HTTP on an ephemeral 127.0.0.1
+    port and [rpc] overrides applied, and an aiohttp session on its HTTP server."""
     node = Node(local_config({("rpc", k): str(v) for k, v in rpc_overrides.items()}), Identity.generate(),
-                [basic_role("relay")])
+                list(roles) if roles is not None else [basic_role("relay")])
     task = asyncio.create_task(node.run())
     await asyncio.wait_for(node.ready.wait(), 10)
     try:
