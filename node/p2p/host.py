@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -395,7 +396,32 @@ class Host:
         # listens on: a hole-punched mapping is reachable from the punch port only
         if shared is not None and shared.direction == "outbound" and shared.remote_addr in addrs:
             addrs = [shared.remote_addr] + [a for a in addrs if a != shared.remote_addr]
-        return await self._dial(peer_id, addrs, bulk=True)
+        try:
+            return await self._dial(peer_id, addrs, bulk=True)
+        except DialError as exc:
+            if not any(conn.limited for conn in self.connections(peer_id)):
+                raise
+            # only a capped circuit reaches the peer: bulk waits for a direct connection (a hole punch
+            # over that circuit) rather than failing at once (ADR 0143)
+            direct = await self._direct_connection(peer_id, self.limits.bulk_direct_wait)
+            if direct is None:
+                raise DialError(f"{exc}; no direct connection within {self.limits.bulk_direct_wait:g} s") from None
+            punched = direct.remote_addr
+            try:
+                if punched is not None:
+                    return await self._dial(peer_id, [punched] + [a for a in addrs if a != punched], bulk=True)
+            except DialError:
+                pass
+            return direct   # a punched mapping may answer only its own connection: share that one
+
+    async def _direct_connection(self, peer_id: str, wait: float) -> Connection | None:
+        """A direct (TCP, not relayed) open connection to ``peer_id``, waiting up to ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            direct = next((c for c in self.connections(peer_id) if not c.relayed and not c.closed), None)
+            if direct is not None or time.monotonic() >= deadline:
+                return direct
+            await asyncio.sleep(0.1)
 
     async def ping(self, peer_id: str) -> float:
         stream = await self.open_stream(peer_id, PING_PROTOCOL)

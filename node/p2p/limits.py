@@ -18,6 +18,9 @@ class HostLimits:
     handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection
     negotiate_timeout: float = 10.0      # multistream selection on one stream
     identify_timeout: float = 10.0
+    # a bulk dial that finds only a capped (limited) relayed connection waits this long for a direct one
+    # (a DCUtR hole punch started over the circuit) before failing (ADR 0143)
+    bulk_direct_wait: float = 15.0
     # yamux receive windows auto-tune within this many bytes beyond the initial 256 KiB per stream,
     # all connections together, split evenly among the streams moving data (node/p2p/yamux.py)
     receive_window_budget: int = 256 * 1024 * 1024

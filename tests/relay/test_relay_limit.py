@@ -65,9 +65,12 @@ def test_limited_circuit_carries_signalling_and_refuses_bulk():
                 await a.host.open_stream(b.host.peer_id, SINK_PROTOCOL)
             with pytest.raises(LimitedConnectionError, match="128 KiB"):
                 await b.host.open_stream(a.host.peer_id, "/dekube/allreduce/1")
-            # no direct path and no unlimited relay: the bulk connection fails naming the limit
-            with pytest.raises(DialError, match=r"128 KiB, 120 s"):
+            # no direct path and no unlimited relay: the bulk connection waits for a direct one, then
+            # fails naming the limit
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(DialError, match=r"128 KiB, 120 s.*no direct connection within 15 s"):
                 await a.host.open_bulk_connection(b.host.peer_id)
+            assert asyncio.get_running_loop().time() - started >= 14
             assert len(a.host.connections(b.host.peer_id)) == 1  # no limited bulk circuit left behind
 
             # the listening side refuses bulk protocols on a limited connection too
@@ -144,4 +147,28 @@ def test_relay_closes_a_circuit_at_its_duration_limit():
             await service.stop()
             for host in (relay_host, a_host, b_host):
                 await host.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_bulk_waits_for_a_hole_punched_connection():
+    """Only a capped circuit reaches B when the bulk dial starts; a direct connection turns up a
+    moment later (what a DCUtR hole punch over the circuit makes): the bulk dial waits and uses it."""
+    async def main():
+        service, a, b = await _bench(b_listens=False)
+        try:
+            await a.host.connect(b.relayed_addrs[0])
+            assert all(c.limited for c in a.host.connections(b.host.peer_id))
+
+            async def punch():
+                await asyncio.sleep(1.0)
+                b.host.peerbook.add_addrs(a.host.peer_id, [a.host.listen_addrs[0]])
+                await b.host.open_bulk_connection(a.host.peer_id)   # B reaches A directly (connection reversal)
+            puncher = asyncio.ensure_future(punch())
+            bulk = await a.host.open_bulk_connection(b.host.peer_id)
+            await puncher
+            assert not bulk.limited and not bulk.relayed
+            data = pattern(1 << 20)                           # past the circuit's 128 KiB
+            assert await send_and_check(bulk, data) == expected_answer(data)
+        finally:
+            await _stop(service, a, b)
     asyncio.run(asyncio.wait_for(main(), 60))
