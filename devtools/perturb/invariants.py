@@ -114,8 +114,8 @@ class ChainWatcher:
         supply = rpcclient.call(url, "dkb_getSupply", timeout=30)
         accounts = sorted(self.accounts)
         held = 0
-        for start in range(0, len(accounts), BATCH):
-            chunk = accounts[start:start + BATCH]
+        for start in range(0, len(accounts), BATCH // 2):   # 3 calls per account, a batch holds 100
+            chunk = accounts[start:start + BATCH // 2]
             calls = [c for a in chunk for c in (("dkb_getBalance", [a]), ("dkb_getStake", [a]),
                                                 ("dkb_getTransactionCount", [a, "latest"]))]
             results = rpcclient.batch(url, calls, timeout=60)

@@ -113,7 +113,7 @@ class PerturbNet:
             vals = [specs[n] for n in names if roles[n] == "validator"]
             faucet = Identity.generate()
             funded = {faucet.peer_id: DEFAULT_FAUCET, **{v.peer_id: 10**9 for v in vals},
-                      **{specs[n].peer_id: COMPUTE_FUNDS for n in names if roles[n] == "compute"},
+                      **{specs[n].peer_id: COMPUTE_FUNDS for n in names if roles[n] != "validator"},
                       **{a.peer_id: 10**12 for a in accounts}}
             genesis = Genesis(chain_id, int(time.time() * 1000), funded,
                               tuple(GenesisValidator(v.peer_id, DEFAULT_STAKE, (v.p2p_addr,)) for v in vals),
