@@ -52,8 +52,9 @@ class LaunchingTestnet(Testnet):
         self.launchers = launchers
 
     def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
-        if self.is_running(node):
-            return self.pid(node)
+        running = self.pid(node)
+        if running is not None:
+            return running
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                **(extra_env or {})}

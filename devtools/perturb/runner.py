@@ -57,6 +57,7 @@ class Soak:
 
     def stop_load(self) -> bool:
         """Stop generating, wait for every in-flight transaction's receipt; False if some never came."""
+        assert self._stop_load is not None and self._loader is not None, "start_load first"
         self._stop_load.set()
         self._loader.join(30)
         return self.load.drain(90)
