@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if net is not None:
             net.close()
-        if not args.home:
-            shutil.rmtree(root, ignore_errors=True)
+    if not args.home and not result["violations"]:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        log(f"network directory (node logs) kept at {root}")
     result = {"seed": seed, "manifest": manifest.name, "mode": mode, **result}
     print(json.dumps(result), flush=True)
     return 1 if result["violations"] else 0
