@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,13 +183,26 @@ class PerturbNet:
         return self.testnet.signal_node(member.spec, signum)
 
     def stop(self, member: Member, timeout: float) -> bool:
-        """SIGTERM and wait up to ``timeout``; True if it exited by itself (else it was SIGKILLed)."""
+        """SIGTERM and wait up to ``timeout``; True if it exited by itself (else its stacks are dumped
+        next to its log when py-spy is installed, and it is SIGKILLed)."""
         self.testnet.signal_node(member.spec, signal.SIGCONT)
         self.testnet.signal_node(member.spec, signal.SIGTERM)
         if self.testnet._wait_exit(member.spec, timeout):
             return True
+        self.dump_stacks(member, "sigterm-hang")
         self.kill(member)
         return False
+
+    def dump_stacks(self, member: Member, why: str) -> Path | None:
+        """``py-spy dump`` of the node's threads (and asyncio tasks' frames) into its home; None without py-spy."""
+        pid = self.testnet.pid(member.spec)
+        if pid is None or shutil.which("py-spy") is None:
+            return None
+        out = member.spec.home / f"stacks-{why}-{int(time.time())}.txt"
+        with open(out, "w") as fh:
+            subprocess.run(["py-spy", "dump", "--locals", "--pid", str(pid)], stdout=fh, stderr=subprocess.STDOUT,
+                           timeout=60)
+        return out
 
     def running(self, member: Member) -> bool:
         return self.testnet.is_running(member.spec)

@@ -89,6 +89,7 @@ class Soak:
                 code = self.net.exit_code(victim)
                 return f"{victim.name} exited (status {code}) after {kind}; see {victim.spec.log_file}"
             time.sleep(0.2)
+        self.net.dump_stacks(victim, "no-recovery")
         where = f"at height {self.net.height(victim)}, target {target}" if victim.role == "validator" else "not healthy"
         return f"{victim.name} did not recover within {timeout:g} s after {kind} ({where}); see {victim.spec.log_file}"
 
