@@ -66,17 +66,23 @@ class Soak:
     def top_of_others(self, victim: Member) -> int:
         return max((self.net.height(m) or 0) for m in self.net.validators if m is not victim)
 
-    def recover(self, victim: Member, kind: str) -> str | None:
-        """Wait until ``victim`` serves again (a validator: caught up with the others); a violation text if not."""
+    def recover(self, victim: Member, kind: str, end_height: int) -> str | None:
+        """Wait until ``victim`` serves again; a violation text if not. A validator must reach the
+        height the others reach after ``end_height`` (their height when the fault ended), so a
+        process that is dying but still answers with its old height never passes."""
         timeout = self.manifest.recover_timeout
         deadline = time.monotonic() + timeout
-        target = self.top_of_others(victim) if victim.role == "validator" else 0
+        target: int | None = None   # the others' height once they passed end_height
         restarted = False
         while time.monotonic() < deadline:
             if victim.role == "validator":
-                height = self.net.height(victim)
-                if height is not None and height >= target:
-                    return None
+                if target is None:
+                    top = self.top_of_others(victim)
+                    target = top if top > end_height else None
+                if target is not None:
+                    height = self.net.height(victim)
+                    if height is not None and height >= target:
+                        return None
             elif self.net.healthy(victim):
                 return None
             if not self.net.running(victim):
@@ -92,6 +98,28 @@ class Soak:
         self.net.dump_stacks(victim, "no-recovery")
         where = f"at height {self.net.height(victim)}, target {target}" if victim.role == "validator" else "not healthy"
         return f"{victim.name} did not recover within {timeout:g} s after {kind} ({where}); see {victim.spec.log_file}"
+
+    def participates(self, victim: Member, seconds: float = 15.0) -> bool:
+        """Wait until ``victim``'s vote is in a commit certificate of a block above its current
+        height, so the next fault does not stack on a validator that caught up but is not voting yet."""
+        start = self.net.height(victim) or 0
+        url = self.net.validators[0].spec.rpc_url if victim is not self.net.validators[0] else \
+            self.net.validators[1].spec.rpc_url
+        deadline = time.monotonic() + seconds
+        checked = start
+        while time.monotonic() < deadline:
+            try:
+                top = rpcclient.call(url, "dkb_blockNumber", timeout=5)
+                for height in range(checked + 1, top + 1):
+                    block = rpcclient.call(url, "dkb_getBlockByNumber", height, False, timeout=5)
+                    votes = (block or {}).get("commit", []) + (block or {}).get("last_commit", [])
+                    if any(v.get("validator") == victim.spec.peer_id for v in votes):
+                        return True
+                checked = max(checked, top)
+            except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+                pass
+            time.sleep(0.3)
+        return False
 
     def live(self, before: int) -> str | None:
         """The chain must have made progress since ``before``."""
@@ -152,7 +180,10 @@ class Soak:
             self.by_kind[kind] += 1
             if note:
                 self.notes[f"{kind}: {note}"] += 1
-            found = [v for v in (self.recover(victim, kind), self.live(before)) if v]
+            end_height = self.top_of_others(victim)
+            found = [v for v in (self.recover(victim, kind, end_height), self.live(before)) if v]
+            if victim.role == "validator" and not found and not self.participates(victim):
+                self.notes[f"{kind}: caught up but no vote in a certificate within 15 s"] += 1
             took = time.monotonic() - t0
             self.recovery.append(took - seconds)
             found += self.check()
