@@ -7,6 +7,7 @@ kinds with the reason, recovery times). Exit status 1 on any violation, 2 on a b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = load_manifest(args.manifest)
         if args.perturbations is not None:
-            manifest = manifest.__class__(**{**manifest.__dict__, "perturbations": args.perturbations})
+            manifest = dataclasses.replace(manifest, perturbations=args.perturbations)
         seed = manifest.seed if args.seed is None else args.seed
         prefix = f"pk{os.getpid() % 0xFFFF:04x}"
         why = probe_isolation(prefix)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped["disconnect"] = no_disconnect
     if "disk_full" in manifest.kinds and os.geteuid() != 0:
         skipped["disk_full"] = "not root (a tmpfs data dir needs mount)"
-        manifest = manifest.__class__(**{**manifest.__dict__, "disk_nodes": ()})
+        manifest = dataclasses.replace(manifest, disk_nodes=())
     print(f"seed {seed} (replay: python -m devtools.perturb --manifest {args.manifest} --seed {seed})", flush=True)
     log(f"manifest {manifest.name}: {manifest.perturbations} perturbations, network mode {mode}"
         f"{', disconnect via nftables' if nft else ''}; skipped: {skipped or 'none'}")

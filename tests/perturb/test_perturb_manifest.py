@@ -66,3 +66,14 @@ def test_plan_covers_every_kind_first_then_draws_by_weight_and_replays_by_seed()
     assert one == plan(m, kinds, random.Random(5))          # a seed replays the run
     assert len(one) == 30 and sorted(one[:4]) == ["disk_full", "disk_full", "kill", "kill"]
     assert one[4:].count("kill") > one[4:].count("disk_full")
+
+
+def test_isolation_falls_back_from_namespaces_to_nftables_to_skipping_disconnect():
+    from devtools.perturb.__main__ import resolve_mode
+    assert resolve_mode("auto", {"netns": None, "nft": None}) == ("netns", False, None)
+    assert resolve_mode("loopback", {"netns": None, "nft": None}) == ("loopback", True, None)
+    assert resolve_mode("auto", {"netns": "not root", "nft": None}) == ("loopback", True, None)
+    mode, nft, why = resolve_mode("auto", {"netns": "not root", "nft": "not root"})
+    assert (mode, nft) == ("loopback", False) and "no nftables" in why
+    with pytest.raises(ManifestError, match="namespaces unavailable"):
+        resolve_mode("netns", {"netns": "ip netns add failed", "nft": None})
