@@ -133,7 +133,9 @@ class ConsensusDriver:
     ``Commit`` (for peers that sync) or ``None``. ``members(peer)``: whether ``peer`` may send votes and
 proposals (others may only ask for blocks; None: everyone). ``on_evidence(evidence)``: equivocation seen (for
     the mempool / next block). If ``persist`` raises, nothing after it is sent and the driver stops
-    feeding the core (``failure`` is set): a validator that cannot make its votes durable must not vote.
+    feeding the core (``failure`` is set, ``on_failure(exc)`` called): a validator that cannot make its
+    votes durable must not vote, and its owner must stop the node (a live process that never votes
+    again recovers nothing; a restart does once the disk has room).
     """
 
     def __init__(
@@ -146,6 +148,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
         commit: CommitHook,
         get_block: Callable[[int], Commit | None],
         on_evidence: Callable[[Evidence], None] | None = None,
+        on_failure: Callable[[PersistFailed], None] | None = None,
         gossip_interval: float = 0.5,
         sync_delay: float = 0.5,
         sync_batch: int = 128,
@@ -168,6 +171,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
         self.commit = commit
         self.get_block = get_block
         self.on_evidence = on_evidence
+        self.on_failure = on_failure
         self.gossip_interval = gossip_interval
         self.sync_delay = sync_delay
         self.sync_batch = sync_batch
@@ -250,6 +254,8 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
             except PersistFailed as exc:  # never send what is not durable: stop voting
                 log.critical("consensus stopped: %s", exc)
                 self.failure = exc
+                if self.on_failure is not None:
+                    self.on_failure(exc)
                 return
             except Exception:  # a bug must not stop consensus; it is logged loudly
                 log.exception("consensus event %s failed", kind)

@@ -250,7 +250,8 @@ class ValidatorRole(Role):
                               value_proposer=self._block_proposer)
         self.driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
-            get_block=self._stored_commit, on_evidence=self._on_evidence, members=self._is_member)
+            get_block=self._stored_commit, on_evidence=self._on_evidence, on_failure=self._fail,
+            members=self._is_member)
         await self.driver.start(self.ledger.height + 1, self.committee)
 
     def _fail(self, exc: BaseException) -> None:

@@ -259,6 +259,8 @@ def test_failed_persist_stops_the_validator_before_it_sends():
             broken.persisted.append(state)
 
         broken.driver.persist = failing_persist
+        reported = []
+        broken.driver.on_failure = reported.append  # the validator role stops the node on it
         undurable = []
 
         def check(src, data):
@@ -282,6 +284,7 @@ def test_failed_persist_stops_the_validator_before_it_sends():
             for node in nodes:
                 await node.driver.stop()
         assert "disk full" in str(broken.driver.failure)
+        assert reported == [broken.driver.failure]
         assert len(broken.persisted) == 3 and not undurable
     asyncio.run(main())
 
