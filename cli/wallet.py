@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        ("unbond", "start unbonding stake")):
         sub = action(name, text, run_stake)
         sub.add_argument("amount", type=int)
-    for sub in (send, *(actions.choices[n] for n in ("bond", "unbond"))):
+    action("unjail", "ask to be a validator candidate again after a jailing (ADR 0165)", run_unjail)
+    for sub in (send, *(actions.choices[n] for n in ("bond", "unbond", "unjail"))):
         sub.add_argument("--fee", type=int, default=DEFAULT_FEE,
                          help=f"fee paid to the block proposer (default {DEFAULT_FEE})")
         sub.add_argument("--wait", action="store_true", help="wait for the receipt (fail unless it succeeded)")
@@ -105,6 +106,10 @@ def run_send(args: argparse.Namespace) -> int:
 
 def run_stake(args: argparse.Namespace) -> int:
     return _submit(args, args.wallet_command, {"amount": _positive(args.amount)})
+
+
+def run_unjail(args: argparse.Namespace) -> int:
+    return _submit(args, "unjail", {})
 
 
 def _positive(amount: int) -> int:

@@ -151,3 +151,23 @@ def test_keys_passwd_keeps_the_peer_id(tmp_path, capsys, monkeypatch):
     assert load_identity(home / "node_key.json", b"another phrase").peer_id == peer_id
     code, _, err = run_cli(capsys, "keys", "show", "--home", str(home))
     assert code == 1 and "encrypted" in err
+
+
+def test_wallet_unjail_sends_an_unjail_tx(monkeypatch, tmp_path, capsys):
+    import cli.wallet as wallet
+
+    home = tmp_path / "h"
+    run_cli(capsys, "keys", "new", "--insecure-unencrypted-key", "--home", str(home))
+    sent = []
+
+    def fake_rpc(args, method, *params):
+        if method == "dkb_sendRawTransaction":
+            sent.append(params[0])
+            return "ab" * 32
+        return {"dkb_chainId": "c", "dkb_getTransactionCount": 0}[method]
+    monkeypatch.setattr(wallet, "_rpc", fake_rpc)
+    code, _, err = run_cli(capsys, "wallet", "unjail", "--home", str(home))
+    assert code == 0, err
+    from consensus.tx import decode_tx
+    tx = decode_tx(bytes.fromhex(sent[0]), chain_id="c")
+    assert tx.type == "unjail" and tx.payload == {}
