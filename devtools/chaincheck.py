@@ -21,7 +21,8 @@ from consensus.genesis import Genesis
 BATCH = 50
 
 
-def _blocks(url: str, first: int, last: int) -> list[dict]:
+def fetch_blocks(url: str, first: int, last: int) -> list[dict]:
+    """Blocks ``first..last`` of the node at ``url`` with their transactions, fetched in batches."""
     out = []
     for start in range(first, last + 1, BATCH):
         calls = [("dkb_getBlockByNumber", [h, True]) for h in range(start, min(last, start + BATCH - 1) + 1)]
@@ -36,7 +37,7 @@ def check_chain(urls: list[str], genesis: Genesis, confirmed: set[str] | frozens
     violations: list[str] = []
     heights = {url: rpcclient.call(url, "dkb_blockNumber") for url in urls}
     top = min(heights.values())
-    chains = {url: _blocks(url, 1, heights[url]) for url in urls}
+    chains = {url: fetch_blocks(url, 1, heights[url]) for url in urls}
     reference = chains[urls[0]][:top]
 
     for url in urls[1:]:

@@ -16,19 +16,7 @@ from collections import defaultdict
 
 from consensus import rpcclient
 from consensus.genesis import Genesis
-
-BATCH = 50
-
-
-def fetch_blocks(url: str, first: int, last: int) -> list[dict]:
-    out = []
-    for start in range(first, last + 1, BATCH):
-        calls = [("dkb_getBlockByNumber", [h, True]) for h in range(start, min(last, start + BATCH - 1) + 1)]
-        for result in rpcclient.batch(url, calls, timeout=60):
-            if isinstance(result, Exception) or result is None:
-                raise rpcclient.RpcUnreachable(f"{url}: block fetch failed: {result}")
-            out.append(result)
-    return out
+from devtools.chaincheck import BATCH, fetch_blocks
 
 
 class ChainWatcher:

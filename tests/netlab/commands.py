@@ -1,10 +1,12 @@
-"""The JSON-line command loop both netlab agents run: each stdin line ``{"id", "op", ...}`` calls the
-agent's ``op_<op>(...)`` concurrently and is answered ``{"id", "ok", "result" | "error"}`` on stdout."""
+"""The JSON-line command loop the netlab agents run: each stdin line ``{"id", "op", ...}`` calls the
+agent's ``op_<op>(...)`` concurrently and is answered ``{"id", "ok", "result" | "error"}`` on stdout;
+``run_node_agent`` runs an agent that embeds a whole Node around that loop."""
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+import time
 
 
 async def answer(agent, line: str) -> None:
@@ -31,3 +33,26 @@ async def serve_commands(agent) -> None:
         task.add_done_callback(tasks.discard)
     for task in tasks:
         task.cancel()
+
+
+async def run_node_agent(agent, reserve_timeout: float) -> None:
+    """Run ``agent.node``, wait for its relay reservations (if ``agent.relays``), print the READY line
+    the orchestrator waits for, serve commands until stdin closes, then stop the node."""
+    node = agent.node
+    node_task = asyncio.ensure_future(node.run())
+    try:
+        await asyncio.wait_for(node.ready.wait(), reserve_timeout)
+        client = node.relay_client.client
+        deadline = time.monotonic() + reserve_timeout
+        while agent.relays and not client.relayed_addrs:
+            if node_task.done():
+                node_task.result()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no reservation within {reserve_timeout} s")
+            await asyncio.sleep(0.05)
+        print("READY " + json.dumps({"peer_id": node.peer_id, "addrs": node.host.listen_addrs,
+                                     "punch_port": None, "relayed_addrs": client.relayed_addrs}), flush=True)
+        await serve_commands(agent)
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(node_task, 10)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +24,7 @@ from node.config import load_config  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.roles import basic_role  # noqa: E402
 from node.runtime import Node  # noqa: E402
-from tests.netlab.commands import serve_commands  # noqa: E402
+from tests.netlab.commands import run_node_agent  # noqa: E402
 
 RESERVE_TIMEOUT_S = 30.0
 
@@ -71,23 +69,7 @@ class ProgressAgent:
         return {**figures, "latency_s": await bandwidth.measure_latency(self.node.host, peer, meter)}
 
     async def run(self) -> None:
-        node_task = asyncio.ensure_future(self.node.run())
-        try:
-            await asyncio.wait_for(self.node.ready.wait(), RESERVE_TIMEOUT_S)
-            client = self.node.relay_client.client
-            deadline = time.monotonic() + RESERVE_TIMEOUT_S
-            while self.relays and not client.relayed_addrs:
-                if node_task.done():
-                    node_task.result()
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no reservation within {RESERVE_TIMEOUT_S} s")
-                await asyncio.sleep(0.05)
-            print("READY " + json.dumps({"peer_id": self.node.peer_id, "addrs": self.node.host.listen_addrs,
-                                         "punch_port": None, "relayed_addrs": client.relayed_addrs}), flush=True)
-            await serve_commands(self)
-        finally:
-            self.node.request_stop()
-            await asyncio.wait_for(node_task, 10)
+        await run_node_agent(self, RESERVE_TIMEOUT_S)
 
 
 def main() -> None:
