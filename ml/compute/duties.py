@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AUDIT, DISPUTE, REFEREE = "audit", "dispute", "referee"
+PENDING = "pending"     # a slot still being decided (consensus/state/audits.py)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def duties_for(task: dict, me: str, height: int) -> list[Duty]:
     out: list[Duty] = []
     task_id = str(task.get("task_id", ""))
     for slot in task.get("slots") or []:
-        if not isinstance(slot, dict) or slot.get("outcome"):
+        if not isinstance(slot, dict) or slot.get("outcome") not in (None, PENDING):
             continue
         try:
             base = dict(task_id=task_id, slot=int(slot["slot"]), worker=str(slot["worker"]),
