@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 
 from consensus.block import merkle_root as block_merkle_root
+from ml.compute.segment_record import leaves, root
 
 
 class BadCommitment(ValueError):
@@ -53,8 +54,6 @@ class Commitment:
     def of_records(cls, task_id: bytes, worker: str, records: list, weights_id: str) -> Commitment:
         """The commitment to per-worker segment records (ml.compute.segment_record): the Merkle root of
         their leaves, their count, and the weights artifact id as the result hash."""
-        from ml.compute.segment_record import leaves, root
-
         result = bytes.fromhex(weights_id)
         if len(result) != 32:
             raise BadCommitment("the result hash must be 32 bytes")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,19 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
         return verdict((0, "state_in"))
     last = len(record.steps) - 1 if until_step is None else until_step
     return verdict(asyncio.run(_replay(trainer, recorder, record, last)))
+
+
+def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, blobs: Mapping[str, bytes],
+                         files: Mapping[str, Path] | None, salt: bytes, until_step: int | None = None) -> SegmentReplay:
+    """`replay_segment` with the checkpoint and averages taken from `blobs` (artifact id -> bytes, e.g.
+    a simulation's MemorySink); a blob that is missing is a mismatch."""
+    with tempfile.TemporaryDirectory(prefix="dekube-replay-") as folder:
+        paths = []
+        for name in (record.checkpoint, record.averages):
+            path = Path(folder) / name
+            path.write_bytes(blobs.get(name, b""))
+            paths.append(path)
+        return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step)
 
 
 async def _replay(trainer, recorder: SegmentRecorder, record: SegmentRecord, last: int) -> tuple[int, str] | None:

@@ -7,12 +7,15 @@
   for its steps (data-parallel) or a zero pseudo-gradient without the inner steps (DiLoCo).
 - `poison_zero` / `poison_noise`: every contribution sent to the group is zeros / the true one plus
   Gaussian noise; the records hash what was sent.
+- `wrong_segments`: commits records whose gradient hashes are made up (`falsify_records`).
 - `copycat`: trains honestly but commits another worker's segments_root and serves that worker's
   records (done by the compute role, ml/compute/role.py; nothing here).
 The records always hash what the worker really sent, so a replay of its segment finds the deviation.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 import re
 
@@ -87,3 +90,14 @@ def install(trainer, mode: str, seed: int | None = None) -> Fault | None:
         return None
     trainer.fault = Fault(mode, seed)
     return trainer.fault
+
+
+def falsify_records(records: list) -> list:
+    """fault_inject=wrong_segments: the records with every step's gradient hash replaced (what a worker
+    that commits made-up hashes sends)."""
+    out = []
+    for record in records:
+        steps = tuple(dataclasses.replace(s, gradient=hashlib.sha256(bytes.fromhex(s.gradient)).hexdigest())
+                      for s in record.steps)
+        out.append(dataclasses.replace(record, steps=steps))
+    return out

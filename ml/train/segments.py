@@ -49,6 +49,16 @@ class MemorySink:
         return artifact
 
 
+class ArtifactSink:
+    """Blobs into a node's artifact service (`add_bytes`, async), which serves them from then on."""
+
+    def __init__(self, artifacts):
+        self.artifacts = artifacts
+
+    async def put(self, data: bytes) -> str:
+        return await self.artifacts.add_bytes(data)
+
+
 class RecordingAverager:
     """Wraps a trainer's plain averager (the one that talks to the group): keeps the averaged tensors
     of each round for the segment's averages file and the digest of this worker's codec output."""
