@@ -35,6 +35,9 @@ from ml.train.state_file import BadStateFile, load_state
 from node.artifacts.merkle import artifact_id_of_file
 
 MAX_STATE_BYTES = 8 << 30
+# What training from a malformed committed state raises (wrong optimizer entries, NaN in a codec's
+# state, ...): deterministic, so every honest replayer calls it a mismatch alike.
+STATE_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
     of `spec` from the committed checkpoint and averages files; compare every hash of `record`.
 
     A record inconsistent with the spec, a checkpoint or averages file that does not match the record,
-    or one that cannot be loaded is a mismatch (the worker committed it); a bad argument of the caller
-    raises ValueError."""
+    or one that cannot be loaded or trained from is a mismatch (the worker committed it); a bad argument
+    of the caller raises ValueError."""
     if not isinstance(record, SegmentRecord) or not 0 <= rank < world or len(salt) != 32:
         raise ValueError("replay_segment needs a SegmentRecord, 0 <= rank < world and a 32-byte salt")
     evidence = hashlib.sha256(salt)
@@ -149,6 +152,8 @@ async def _replay(trainer, recorder: SegmentRecorder, record: SegmentRecord, las
             await step_once()
         except MissingAverage:
             return divergence or (offset, "average")
+        except STATE_ERRORS:  # a committed state that loads but cannot be trained from (the worker's doing)
+            return divergence or (offset, "state_in")
         got, committed = recorder.steps[offset], record.steps[offset]
         if divergence is None:
             for name in ("gradient", "codec", "average"):

@@ -67,11 +67,15 @@ class RecordingAverager:
         self.inner = inner
         self.rounds: list[tuple[int, list[torch.Tensor], list[str]]] = []
         self.codec_digests: list[bytes] = []
+        self.known: tuple[list[torch.Tensor], str] | None = None   # (contribution, its hash) of the step
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         result = await self.inner.average(tensors, round_id)
         encoded = getattr(self.inner, "last_encoded", None)
-        digest = await in_compute_thread(_codec_digest, encoded, tensors)
+        if encoded is None and self.known is not None and self.known[0] is tensors:
+            digest = bytes.fromhex(self.known[1])   # the trainer's contribution itself, hashed already
+        else:
+            digest = await in_compute_thread(_codec_digest, encoded, tensors)
         self.codec_digests.append(digest)
         self.rounds.append((round_id, [t.detach().to("cpu", copy=True).float().contiguous() for t in result.tensors],
                             [str(p) for p in result.participants]))
@@ -196,12 +200,15 @@ class SegmentRecorder:
     async def gradient(self, tensors: list[torch.Tensor]) -> None:
         """This worker's own contribution for the step, before the codec."""
         self._gradient = await in_compute_thread(self._hash_gradient, tensors)
+        if self.recording is not None:
+            self.recording.known = (tensors, self._gradient)
 
     def _hash_gradient(self, tensors: list[torch.Tensor]) -> str:
         if self.evidence is not None:
             for t in tensors:
                 c = t.detach().cpu().contiguous()
-                self.evidence.update(c.view(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b"")
+                if c.numel():
+                    self.evidence.update(c.view(-1).view(torch.uint8).numpy())
         return hash_tensors(tensors)
 
     async def averaged(self, tensors: list[torch.Tensor]) -> None:

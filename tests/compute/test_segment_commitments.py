@@ -299,3 +299,24 @@ def test_task_segments_v2_rejects_malformed_answers(honest_dp):
     assert segments_protocol.decode_request_v2(TASK + struct.pack(">I", 5)) == (TASK, 5)
     with pytest.raises(ValueError):
         segments_protocol.encode_request_v2(TASK, -1)
+
+
+def test_a_committed_state_that_cannot_be_trained_from_is_a_mismatch(honest_dp):
+    from node.artifacts.merkle import artifact_id_of_bytes
+
+    records, sink = honest_dp
+    record = records[1][1]
+    for corrupt in ("optimizer", "model", "nan"):
+        state = load_state(sink.blobs[record.checkpoint])
+        if corrupt == "optimizer":
+            state["inner"]["state"][0]["exp_avg"] = "not a tensor"
+        elif corrupt == "model":
+            state["model"] = {"junk": torch.zeros(1)}
+        else:
+            state["model"][next(iter(state["model"]))].view(-1)[0] = float("nan")
+        data = state_bytes(state)
+        forged = dataclasses.replace(record, checkpoint=artifact_id_of_bytes(data),
+                                     state_in=hashlib.sha256(data).hexdigest())
+        blobs = dict(sink.blobs) | {forged.checkpoint: data}
+        got = replay_segment_blobs(DP, 1, WORLD, forged, blobs, None, SALT)
+        assert not got.match and got.first_divergence in ((0, "state_in"), (0, "gradient")), corrupt
