@@ -215,13 +215,15 @@ class ComputeRole(Role):
         if result is None or not isinstance(result.get("records"), list) or not 0 <= index < len(result["records"]):
             return None
         try:
-            records = [SegmentRecord.from_obj(r) for r in result["records"]]
             if key not in self._leaves:
+                records = [SegmentRecord.from_obj(r) for r in result["records"]]
                 self._leaves[key] = leaves(task_id, result.get("leaf_worker") or self.node.peer_id, records)
+            record = SegmentRecord.from_obj(result["records"][index])
         except BadRecord as exc:
             log.warning("cannot serve the records of task %s: %s", key, exc)
             return None
-        return segments_protocol.SegmentAnswer(records[index], proof(self._leaves[key], index), len(records))
+        leaf_list = self._leaves[key]
+        return segments_protocol.SegmentAnswer(record, proof(leaf_list, index), len(leaf_list))
 
     # ---- main loop
     async def run(self) -> None:
