@@ -41,3 +41,34 @@ def test_records_are_served_with_proofs_after_a_restart(tmp_path):
         assert answer.record == records[index]
         check_answer(answer, task_id, node.peer_id, committed, 5)
     assert restarted._record_for(task_id, 5) is None and restarted._record_for(bytes(32), 0) is None
+
+
+def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
+    from ml.compute import segments_protocol
+    from ml.compute.segment_record import proof
+
+    role = make_role(tmp_path)
+    task_id = bytes.fromhex(KEY)
+    victim = "12D3KooWvictim"
+    records = _records(3)
+    victim_leaves = leaves(task_id, victim, records)
+    fetched = []
+
+    async def fake_fetch(host, peer, tid, index):
+        fetched.append((peer, index))
+        return segments_protocol.SegmentAnswer(records[index], proof(victim_leaves, index), 3)
+
+    base_call = role.ledger.call
+
+    async def call(method, *params):
+        if method == "dkb_getTask":
+            return {"commits": {victim: [root(victim_leaves).hex(), "11" * 32, 3, 9]}}
+        return await base_call(method, *params)
+
+    monkeypatch.setattr(segments_protocol, "fetch_record", fake_fetch)
+    monkeypatch.setattr(role.ledger, "call", call)
+    copied, leaf_worker = asyncio.run(role._copy_records(task_id, role.node.peer_id))
+    assert copied == records and leaf_worker == victim and fetched == [(victim, 0), (victim, 1), (victim, 2)]
+    # its commitment is the victim's root, which no record proves under the copycat's own id
+    assert root(leaves(task_id, leaf_worker, copied)) == root(victim_leaves)
+    assert root(leaves(task_id, role.node.peer_id, copied)) != root(victim_leaves)
