@@ -320,3 +320,47 @@ def test_a_committed_state_that_cannot_be_trained_from_is_a_mismatch(honest_dp):
         blobs = dict(sink.blobs) | {forged.checkpoint: data}
         got = replay_segment_blobs(DP, 1, WORLD, forged, blobs, None, SALT)
         assert not got.match and got.first_divergence in ((0, "state_in"), (0, "gradient")), corrupt
+
+
+def test_fetch_and_replay_audits_one_slot_over_hosts(honest_dp, tmp_path):
+    from ml.compute.segment_replay import fetch_and_replay
+
+    records, sink = honest_dp
+    workers = ["peer-a", "peer-b", "peer-c"]
+    for artifact, data in sink.blobs.items():
+        (tmp_path / artifact).write_bytes(data)
+
+    class Artifacts:
+        fetched = []
+
+        async def fetch(self, artifact, holders):
+            self.fetched.append((artifact, holders))
+            return tmp_path / artifact
+
+    async def scenario():
+        server, client = Host(Identity.generate()), Host(Identity.generate())
+        await server.start()
+        await client.start()
+        worker = server.peer_id
+        ordered = sorted([worker, *workers[:2]])
+        rank = ordered.index(worker)
+        leaf_list = leaves(TASK, worker, records[rank])
+
+        def lookup(task_id, index):
+            return segments_protocol.SegmentAnswer(records[rank][index], proof(leaf_list, index), len(leaf_list))
+
+        try:
+            server.set_handler(segments_protocol.PROTOCOL_V2, segments_protocol.make_record_handler(lookup))
+            client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
+            artifacts = Artifacts()
+            good = await fetch_and_replay(client, artifacts, DP, TASK, worker, ordered, 1, root(leaf_list), 3, SALT)
+            with pytest.raises(BadRecord):
+                await fetch_and_replay(client, artifacts, DP, TASK, worker, ordered, 1, bytes(32), 3, SALT)
+            return good, artifacts.fetched, rank
+        finally:
+            await client.stop()
+            await server.stop()
+
+    good, fetched, rank = asyncio.run(scenario())
+    assert good.match and good.evidence == replay(DP, rank, records[rank][1], sink).evidence
+    assert fetched[0] == (records[rank][1].checkpoint, [fetched[1][1][0]])
