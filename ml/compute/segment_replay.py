@@ -11,9 +11,9 @@ Evidence is sha256(salt || the raw bytes of every recomputed contribution), in s
 divergence (with the committed averages) so that every honest replayer of the same request gets the
 same evidence. `replay_segment` is blocking (torch): callers run it with
 `ml.train.reproducibility.in_compute_thread`; `fetch_and_replay` is a verifier's whole audit of one
-slot (record, proof, blobs, replay) over the node's Host and artifact service. All codecs are supported: the error-feedback residual
-(top-k, sign) and PowerSGD's error and Q travel in the state file, and PowerSGD's two averaging
-phases are both in the averages file.
+slot (record, proof, blobs, replay) over the node's Host and artifact service. All codecs are
+supported: the error-feedback residual (top-k, sign) and PowerSGD's error and Q travel in the state
+file, and PowerSGD's two averaging phases are both in the averages file.
 """
 from __future__ import annotations
 
