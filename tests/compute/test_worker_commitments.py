@@ -72,3 +72,14 @@ def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
     # its commitment is the victim's root, which no record proves under the copycat's own id
     assert root(leaves(task_id, leaf_worker, copied)) == root(victim_leaves)
     assert root(leaves(task_id, role.node.peer_id, copied)) != root(victim_leaves)
+
+
+def test_fault_inject_accepts_the_adversary_modes_only():
+    import pytest
+
+    for mode in ("", "lazy", "partial:0.1", "partial:1", "poison_zero", "poison_noise", "copycat", "wrong_segments",
+                 "false_accuser", "rubber_stamp"):
+        assert local_config({("compute", "fault_inject"): mode})["compute"]["fault_inject"] == mode
+    for mode in ("partial:1.5", "partial:", "lazzy"):
+        with pytest.raises(Exception, match="fault_inject|partial"):
+            local_config({("compute", "fault_inject"): mode})
