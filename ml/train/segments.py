@@ -72,13 +72,10 @@ class RecordingAverager:
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         result = await self.inner.average(tensors, round_id)
         encoded = getattr(self.inner, "last_encoded", None)
-        if encoded is None and self.known is not None and self.known[0] is tensors:
-            digest = bytes.fromhex(self.known[1])   # the trainer's contribution itself, hashed already
-        else:
-            digest = await in_compute_thread(_codec_digest, encoded, tensors)
+        known = self.known[1] if encoded is None and self.known is not None and self.known[0] is tensors else None
+        digest, kept = await in_compute_thread(_keep_round, encoded, tensors, known, result.tensors)
         self.codec_digests.append(digest)
-        self.rounds.append((round_id, [t.detach().to("cpu", copy=True).float().contiguous() for t in result.tensors],
-                            [str(p) for p in result.participants]))
+        self.rounds.append((round_id, kept, [str(p) for p in result.participants]))
         return result
 
     def take_codec(self) -> str:
@@ -97,10 +94,15 @@ class RecordingAverager:
             self.inner.load_state_dict(state)
 
 
-def _codec_digest(encoded: bytes | None, tensors: list[torch.Tensor]) -> bytes:
+def _keep_round(encoded: bytes | None, tensors: list[torch.Tensor], known: str | None,
+                averaged: list[torch.Tensor]) -> tuple[bytes, list[torch.Tensor]]:
+    """(the round's codec digest, a CPU copy of its averaged tensors); `known` is the hash of
+    `tensors` when the trainer hashed them already."""
     if encoded is not None:
-        return hashlib.sha256(encoded).digest()
-    return bytes.fromhex(hash_tensors(tensors))
+        digest = hashlib.sha256(encoded).digest()
+    else:
+        digest = bytes.fromhex(known or hash_tensors(tensors))
+    return digest, [t.detach().to("cpu", copy=True).float().contiguous() for t in averaged]
 
 
 def averages_bytes(rounds: list[tuple[int, list[torch.Tensor], list[str]]]) -> bytes:

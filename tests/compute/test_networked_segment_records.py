@@ -45,6 +45,7 @@ async def train_over_tcp(spec, world, faults):
 def test_networked_records_replay_and_name_the_poisoner(spec):
     records, sink = asyncio.run(train_over_tcp(spec, 3, {2: "poison_noise"}))
     assert [len(r) for r in records] == [spec.segment_count] * 3
+    assert all(len({r[k].averages for r in records}) == 1 for k in range(spec.segment_count))
     for rank in range(3):
         for record in records[rank]:
             got = replay_segment_blobs(spec, rank, 3, record, sink.blobs, None, bytes(32))
