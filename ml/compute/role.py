@@ -541,7 +541,8 @@ class ComputeRole(Role):
             leaf_list = leaves(task_id, leaf_worker, records)
             self._leaves[key] = leaf_list
             commitment = Commitment(root(leaf_list), bytes.fromhex(weights), len(records))
-            self._save_result(key, {"records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
+            await asyncio.to_thread(self._save_result, key, {  # a long job's records are megabytes of JSON
+                                    "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
                                     "segments_root": commitment.segments_root.hex(),
                                     "segments": [x.hex() for x in leaf_list],
                                     "params_hash": summary["params_hash"], "weights": weights,

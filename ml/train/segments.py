@@ -16,6 +16,7 @@ them; for PowerSGD these are the P and Q factors).
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ class MemorySink:
     blobs: dict[str, bytes] = field(default_factory=dict)
 
     async def put(self, data: bytes) -> str:
-        artifact = artifact_id_of_bytes(data)
+        artifact = await asyncio.to_thread(artifact_id_of_bytes, data)
         self.blobs[artifact] = data
         return artifact
 
