@@ -366,3 +366,13 @@ def test_fetch_and_replay_audits_one_slot_over_hosts(honest_dp, tmp_path):
     good, fetched, rank = asyncio.run(scenario())
     assert good.match and good.evidence == replay(DP, rank, records[rank][1], sink).evidence
     assert fetched[0] == (records[rank][1].checkpoint, [fetched[1][1][0]])
+
+
+@pytest.mark.parametrize("mode", ["lazy", "partial:1", "poison_noise"])
+def test_diloco_adversaries_are_caught_in_every_segment(mode):
+    spec = TrainSpec(mode="diloco", steps=30, inner_steps=5, seed=6)
+    records, sink = train(spec, {1: mode})
+    for rank in range(WORLD):
+        for record in records[rank]:
+            got = replay(spec, rank, record, sink)
+            assert got.match == (rank != 1) and (rank != 1 or got.first_divergence == (0, "gradient"))
