@@ -1,4 +1,5 @@
-"""What a worker commits on chain for a task: the Merkle root of its segment hashes and its result hash.
+"""What a worker commits on chain for a task: the Merkle root of its segment records (`of_records`,
+docs/adr/0167; `of` is the older root of bare segment hashes) and its result hash.
 
 Leaves and inner nodes are hashed with distinct prefixes (sha256(0x00 || leaf), sha256(0x01 || l || r)),
 an odd node is carried up unchanged, so a list and its padded variants never share a root.
@@ -11,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 
 from consensus.block import merkle_root as block_merkle_root
+from ml.compute.segment_record import leaves, root
 
 
 class BadCommitment(ValueError):
@@ -47,6 +49,15 @@ class Commitment:
         if len(result) != 32:
             raise BadCommitment("the result hash must be 32 bytes")
         return cls(merkle_root(segment_hashes), result, len(segment_hashes))
+
+    @classmethod
+    def of_records(cls, task_id: bytes, worker: str, records: list, weights_id: str) -> Commitment:
+        """The commitment to per-worker segment records (ml.compute.segment_record): the Merkle root of
+        their leaves, their count, and the weights artifact id as the result hash."""
+        result = bytes.fromhex(weights_id)
+        if len(result) != 32:
+            raise BadCommitment("the result hash must be 32 bytes")
+        return cls(root(leaves(task_id, worker, records)), result, len(records))
 
     def payload(self, task_id: bytes) -> dict:
         """The commit_result transaction payload."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -42,13 +41,16 @@ from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
 from ml.compute.progress_history import record_point
 from ml.compute.replay import replay_job_blocking
+from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
-from ml.compute.task_spec import InvalidTask, train_spec_for_task
+from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.dry_run import Untrainable, dry_run
+from ml.train.faults import falsify_records
 from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
+from ml.train.segments import ArtifactSink
 from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
 from node.p2p.errors import ProtocolError
@@ -65,6 +67,7 @@ READY_TIMEOUT_S = 120.0
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 FETCH_ATTEMPTS = 3
+COPYCAT_WAIT_S = 300.0   # fault_inject=copycat: how long to wait for another worker's commitment
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
@@ -89,7 +92,8 @@ class ComputeRole(Role):
         self.jobs: dict[str, dict] = self.board.jobs  # task id hex -> progress/state of our share
         self.hardware: dict | None = None        # ml.hardware.detect(), measured once at join
         self._published_mbps: int | None = None  # the bandwidth figure in our ledger record
-        self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
+        self.results: dict[str, dict] = {}       # task id hex -> {"records", "segments_root", ...}
+        self._leaves: dict[str, list[bytes]] = {}   # task id hex -> Merkle leaves of the served records
         self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
@@ -102,6 +106,7 @@ class ComputeRole(Role):
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
         self.transport = HostTransport(node.host)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
+        node.host.set_handler(segments_protocol.PROTOCOL_V2, segments_protocol.make_record_handler(self._record_for))
         node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
         node.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(self.board))
         node.status.add_section("compute", self.status)
@@ -202,6 +207,23 @@ class ComputeRole(Role):
 
     def _result_for(self, task_id: bytes) -> dict | None:
         return self.results.get(task_id.hex())
+
+    def _record_for(self, task_id: bytes, index: int) -> segments_protocol.SegmentAnswer | None:
+        """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
+        key = task_id.hex()
+        result = self.results.get(key)
+        if result is None or not isinstance(result.get("records"), list) or not 0 <= index < len(result["records"]):
+            return None
+        try:
+            if key not in self._leaves:
+                records = [SegmentRecord.from_obj(r) for r in result["records"]]
+                self._leaves[key] = leaves(task_id, result.get("leaf_worker") or self.node.peer_id, records)
+            record = SegmentRecord.from_obj(result["records"][index])
+        except BadRecord as exc:
+            log.warning("cannot serve the records of task %s: %s", key, exc)
+            return None
+        leaf_list = self._leaves[key]
+        return segments_protocol.SegmentAnswer(record, proof(leaf_list, index), len(leaf_list))
 
     # ---- main loop
     async def run(self) -> None:
@@ -481,10 +503,12 @@ class ComputeRole(Role):
         self.board.start(key, workers=task["workers"])
         try:
             spec = train_spec_for_task(task["spec"])
+            check_segments(task, spec)
         except InvalidTask as exc:
             await self._reject(key, task_id, f"invalid task: {exc}")
             return
         others = [w for w in task["workers"] if w != me]
+        fault = self.config["fault_inject"]
         group = None
         try:
             device = self._device_for(task, spec)
@@ -500,7 +524,8 @@ class ComputeRole(Role):
             feed = ProgressFeed()
             feed.subscribe(lambda p: self._on_progress(key, p))
             group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
-            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files,
+                                              ArtifactSink(self.node.artifacts), fault)
             self._ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -508,16 +533,25 @@ class ComputeRole(Role):
             summary = await train_to_end(trainer)
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
-            hashes = summary["segment_hashes"]
-            if self.config["fault_inject"] == "wrong_segments":
-                hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
-            self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"], "weights": weights,
+            records, leaf_worker = trainer.recorder.records, me
+            if fault == "wrong_segments":
+                records = falsify_records(records)
+            elif fault == "copycat":
+                records, leaf_worker = await self._copy_records(task_id, me)
+            leaf_list = leaves(task_id, leaf_worker, records)
+            self._leaves[key] = leaf_list
+            commitment = Commitment(root(leaf_list), bytes.fromhex(weights), len(records))
+            await asyncio.to_thread(self._save_result, key, {  # a long job's records are megabytes of JSON
+                                    "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
+                                    "segments_root": commitment.segments_root.hex(),
+                                    "segments": [x.hex() for x in leaf_list],
+                                    "params_hash": summary["params_hash"], "weights": weights,
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], task["workers"]))
-            receipt = await self.ledger.send("commit_result", Commitment.of(hashes, weights).payload(task_id))
+            receipt = await self.ledger.send("commit_result", commitment.payload(task_id))
             self.board.update(key, state="committed", commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome="committed")
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
@@ -532,6 +566,22 @@ class ComputeRole(Role):
         finally:
             if group is not None:
                 self._spawn(self._close_after_peers(task_id, group))
+
+    async def _copy_records(self, task_id: bytes, me: str) -> tuple[list[SegmentRecord], str]:
+        """fault_inject=copycat (testing only): another worker's records and its id, once it committed;
+        we then commit its segments_root as ours."""
+        key, deadline = task_id.hex(), time.monotonic() + COPYCAT_WAIT_S
+        while time.monotonic() < deadline:
+            task = await self.ledger.call("dkb_getTask", key)
+            others = sorted(w for w in (task or {}).get("commits", {}) if w != me)
+            if others:
+                victim, count = others[0], task["commits"][others[0]][2]
+                await self._learn_addresses([victim])
+                answers = [await segments_protocol.fetch_record(self.node.host, victim, task_id, i)
+                           for i in range(count)]
+                return [a.record for a in answers], victim
+            await asyncio.sleep(1.0)
+        raise RuntimeError("copycat: no other worker committed in time")
 
     async def _keep_weights(self, trainer) -> str:
         """Add the trained weights to the node's artifacts (served from then on); their id."""

@@ -60,7 +60,8 @@ async def in_compute_thread(func: Callable[..., _T], *args: Any) -> _T:
 def _update(digest, name: str, tensor: torch.Tensor) -> None:
     t = tensor.detach().cpu().contiguous()
     digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if t.numel():
+        digest.update(t.view(-1).view(torch.uint8).numpy())   # the raw bytes, without a copy
 
 
 def hash_tensors(tensors: Iterable[torch.Tensor]) -> str:
