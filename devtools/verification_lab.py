@@ -21,7 +21,7 @@ from pathlib import Path
 from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
 from devtools.ledger_chain import Chain, ident
-from ml.compute.duties import AUDIT, DISPUTE, REFEREE, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, duties_for
 from ml.compute.segment_record import leaves, proof, root
 from ml.compute.segments_protocol import SegmentAnswer
 from ml.compute.task_spec import submit_payload, train_spec_for_task
@@ -163,9 +163,10 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
                     if not mode:
                         replayed += train_spec.steps_in_segment(duty.segment)
                     if duty.kind == AUDIT:
-                        txs.append(chain.tx(party.identity, "audit_result", judgement.audit_payload(task_id, duty.slot)))
-                    elif duty.kind == REFEREE:
-                        txs.append(chain.tx(party.identity, "referee_vote", judgement.vote_payload(task_id, duty.slot)))
+                        tx_type, payload = "audit_result", judgement.audit_payload(task_id, duty.slot)
+                    else:
+                        tx_type, payload = "referee_vote", judgement.vote_payload(task_id, duty.slot)
+                    txs.append(chain.tx(party.identity, tx_type, payload))
             result = chain.block(txs)
             for receipt in result.receipts:
                 if receipt.code != 0:

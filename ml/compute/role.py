@@ -34,16 +34,16 @@ from typing import TYPE_CHECKING
 from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
-from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
+from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
 from ml.compute.progress_history import record_point
-from ml.compute.replay import replay_job_blocking
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
+from ml.compute.verification_flow import VERIFIER_FAULTS, Judgement, Sources, judge_as
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.train.dry_run import Untrainable, dry_run
@@ -94,7 +94,9 @@ class ComputeRole(Role):
         self._published_mbps: int | None = None  # the bandwidth figure in our ledger record
         self.results: dict[str, dict] = {}       # task id hex -> {"records", "segments_root", ...}
         self._leaves: dict[str, list[bytes]] = {}   # task id hex -> Merkle leaves of the served records
-        self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
+        self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
+        self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
+        self._judging = asyncio.Lock()
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
@@ -362,7 +364,10 @@ class ComputeRole(Role):
         self._heads_wanted.clear()
         for task in reversed(tasks):  # oldest first
             key, status = task["task_id"], task["status"]
-            involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
+            slots = task.get("slots") or []
+            involved = me in task["workers"] or any(
+                me in ([v.get("verifier") for v in slot.get("verifiers") or []]
+                       + [r.get("referee") for r in slot.get("referees") or []]) for slot in slots)
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
@@ -373,16 +378,18 @@ class ComputeRole(Role):
                     self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
                     await self._finalize(key, height)
                     self._due_at(self._finalize_at[key])
-                elif status in ("committed", "disputed"):
-                    if height >= task["window_end"]:
-                        await self._finalize(key, height)
-                    self._due_at(max(task["window_end"], self._finalize_at.get(key, 0)))
-            elif (self.config["audit"] and status in AUDITABLE and me != task["owner"] and self._idle()
-                  and workers_to_audit(task, me) and key not in self.audits):
-                self._busy = self._spawn(self._run_audit(task))
-            if status == "verified" and involved:
-                await self._finalize(key, height)
-                self._due_at(self._finalize_at[key])
+            if status in AUDITABLE and (self.config["audit"] or me in task["workers"]):
+                for duty in duties_for(task, me, height + 1):
+                    if duty.key not in self._duties_started:
+                        self._duties_started.add(duty.key)
+                        self._spawn(self._perform(duty, task))
+            if status in AUDITABLE and involved:
+                pending = [slot for slot in slots if slot.get("outcome") == "pending"]
+                if not pending and (status == "verified" or height >= task["window_end"]):
+                    self._finalize_at.pop(key, None)   # due now: no need to wait for the retry height
+                    await self._finalize(key, height)
+                deadlines = [d for slot in pending for d in _slot_deadlines(slot)]
+                self._due_at(min([*deadlines, task["window_end"], self._finalize_at.get(key, task["window_end"])]))
 
     def _due_at(self, height: int) -> None:
         self._due_height = height if self._due_height is None else min(self._due_height, height)
@@ -615,63 +622,78 @@ class ComputeRole(Role):
             self._ready_groups.discard(task_id)
             await group.close()
 
-    # ---- auditing others
-    async def _fetch_segments(self, task_id: bytes, worker: str) -> segments_protocol.SegmentReport:
-        await self._learn_addresses([worker])
-        for attempt in range(FETCH_ATTEMPTS):
-            try:
-                return await segments_protocol.fetch_segments(self.node.host, worker, task_id)
-            except segments_protocol.SegmentsError:
-                if attempt == FETCH_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(1.0)
-        raise AssertionError("unreachable")
+    # ---- verification duties: audits, disputes, referee votes (docs/adr/0168, 0175)
+    async def _perform(self, duty: Duty, task: dict) -> None:
+        """Send what `duty` asks of this node; a failure is logged and the duty retried at the next
+        look (while its deadline allows)."""
+        key, task_id = duty.task_id, bytes.fromhex(duty.task_id)
+        try:
+            if duty.kind == DISPUTE:
+                await self.ledger.send("dispute", {"task_id": task_id, "slot": duty.slot})
+                log.warning("task %s: a verifier says our segment %d mismatches; disputed (slot %d)",
+                            key, duty.segment, duty.slot)
+                return
+            async with self._judging:   # one replay at a time: they compete for the same cores
+                judgement = await self._judge(duty, task)
+            if judgement is None:
+                return
+            if duty.kind == AUDIT:
+                await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
+                self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
+            else:
+                await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))
+            self.audits.setdefault(key, []).append({
+                "kind": duty.kind, "slot": duty.slot, "worker": duty.worker, "segment": duty.segment,
+                "match": judgement.match, "step": judgement.step, "reason": judgement.reason})
+            log.info("%s of task %s slot %d (%s, segment %d): %s (%s)", duty.kind, key, duty.slot, duty.worker[:16],
+                     duty.segment, "match" if judgement.match else "MISMATCH", judgement.reason)
+        except asyncio.CancelledError:
+            raise
+        except (TxFailed, LedgerUnavailable) as exc:
+            log.warning("%s of task %s slot %d not applied: %s", duty.kind, key, duty.slot, exc)
+            self._duties_started.discard(duty.key)
+        except Exception as exc:  # a failed replay must not stop the node; retried at the next look
+            self.last_error = f"{duty.kind} of {key} slot {duty.slot}: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.last_error)
+            self._duties_started.discard(duty.key)
 
-    async def _run_audit(self, task: dict) -> None:
-        key = task["task_id"]
-        task_id = bytes.fromhex(key)
-        mode = self.config["allreduce_mode"]
-
-        files: dict[str, Path] = {}
+    async def _judge(self, duty: Duty, task: dict) -> Judgement | None:
+        """Replay the slot's segment (or answer as the configured adversary, in tests)."""
         device = await self._replay_device(task)
         if device is None:
-            log.info("not auditing task %s: it trained on %s, which this node cannot replay bit for bit",
-                     key, task.get("device"))
-            self.audits[key] = []
-            return
+            log.warning("cannot judge task %s: it trained on %s, which this node cannot replay bit for bit",
+                        duty.task_id, task.get("device"))
+            return None
+        spec = train_spec_for_task(task["spec"])
+        if spec.device != device:
+            spec = dataclasses.replace(spec, device=device)
+        committed = sorted(task["commits"])
+        await self._learn_addresses(committed)
+        files = await self._fetch_task_inputs(None, task, spec, committed)
+        task_id = bytes.fromhex(duty.task_id)
 
-        async def replay(spec, workers, last_segment, left):
-            if spec.device != device:
-                spec = dataclasses.replace(spec, device=device)
-            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left,
-                                           files)
+        async def record(worker: str, index: int) -> segments_protocol.SegmentAnswer:
+            for attempt in range(FETCH_ATTEMPTS):
+                try:
+                    return await segments_protocol.fetch_record(self.node.host, worker, task_id, index)
+                except segments_protocol.SegmentsError:
+                    if attempt == FETCH_ATTEMPTS - 1:
+                        raise
+                    await asyncio.sleep(1.0)
+            raise AssertionError("unreachable")
 
-        async def fetch(worker):
-            return await self._fetch_segments(task_id, worker)
+        async def artifact(artifact_id: str, holders: list[str]) -> Path:
+            return await self.node.artifacts.fetch(artifact_id, holders)
 
-        try:
-            files.update(await self._fetch_task_inputs(
-                None, task, train_spec_for_task(task["spec"]), sorted({*task["commits"], *task["workers"]})))
-            verdicts = await audit_task(task, self.node.peer_id, fetch, replay)
-        except InvalidTask as exc:
-            log.warning("cannot audit task %s: %s", key, exc)
-            self.audits[key] = []
-            return
-        except Exception as exc:  # a failed replay must not stop the node; retried at the next poll
-            self.last_error = f"audit of {key}: {type(exc).__name__}: {exc}"
-            log.warning("%s", self.last_error)
-            return
-        done = self.audits[key] = []
-        for verdict in verdicts:
-            try:
-                await self.ledger.send("audit_result", verdict.payload(task_id))
-                done.append({"worker": verdict.worker, "segment": verdict.segment, "match": verdict.match,
-                             "reason": verdict.reason})
-                self.audits_sent.inc(verdict="match" if verdict.match else "mismatch")
-                log.info("audited %s of task %s: %s (%s)", verdict.worker, key,
-                         "match" if verdict.match else "MISMATCH", verdict.reason)
-            except TxFailed as exc:
-                log.warning("audit_result for %s of %s not applied: %s", verdict.worker, key, exc)
+        mode = self.config["fault_inject"] if self.config["fault_inject"] in VERIFIER_FAULTS else ""
+        return await judge_as(mode, task, spec, duty.worker, duty.segment, duty.salt, Sources(record, artifact, files))
+
+
+def _slot_deadlines(slot: dict) -> list[int]:
+    """The heights at which a pending slot moves on (answers, dispute, referee votes due)."""
+    out = [v["deadline"] for v in slot.get("verifiers") or [] if isinstance(v.get("deadline"), int)]
+    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline") if slot.get(name)]
+    return [d + 1 for d in out]
 
 
 def ready_timeout(files: dict[str, Path]) -> float:
