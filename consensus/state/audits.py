@@ -264,6 +264,8 @@ def _resolved(state: LedgerState, task_id: bytes, slot: Slot) -> None:
 def refresh_status(task: Task) -> None:
     """committed while slots are open without a mismatch; disputed once a slot mismatched, is
     disputed, refereed, undecided or guilty; verified once every slot resolved without any of that."""
+    if not task.slots:
+        return   # no audits (audits_per_worker 0): committed until the window ends
     contested = any(slot["outcome"] in (GUILTY, UNDECIDED) or slot["dispute_deadline"] or slot["referees"]
                     for slot in task.slots)
     if contested:
