@@ -9,9 +9,9 @@ and referees, the hash of the block that makes them) so every replica draws the 
 A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
 its deadline is redrawn once) -> all answers equal and ``match`` -> ``ok``; all equal and a
 mismatch -> the worker may ``dispute`` for ``dispute_blocks`` (no dispute -> ``guilty``); answers
-that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by its deadline; a
-strict majority of the drawn referees on one (match, evidence) is the verdict (``guilty`` iff its
-match is false), no majority -> ``undecided`` (nobody slashed, worker paid). No answer at all ->
+that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by its deadline; the
+(match, evidence) most votes agree on, leading every other value strictly, is the verdict (``guilty``
+iff its match is false); a tie or no vote -> ``undecided`` (nobody slashed, worker paid). No answer at all ->
 ``unaudited`` (worker paid). ``settle`` turns the resolved slots into who is guilty, who is paid
 from the verifier pool and whose answer the verdict contradicts (slashed at finalize).
 """
@@ -239,16 +239,19 @@ def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, task_i
 
 
 def _decide_by_referees(state: LedgerState, task_id: bytes, slot: Slot) -> None:
-    """A strict majority of the drawn referees on one (match, evidence) is the verdict."""
+    """The (match, evidence) most referee votes agree on, when it leads every other value strictly,
+    is the verdict; silent referees do not count (silence cannot block a decision) and a tie, or no
+    vote at all, leaves the slot ``undecided`` (ADR 0168: honest parties all report the same evidence,
+    so only colluding referees can outvote them)."""
     tally: dict[tuple[bool, bytes], int] = {}
     for entry in slot["referees"]:
         vote = entry["vote"]
         if vote is not None:
             key = (vote["match"], vote["evidence"])
             tally[key] = tally.get(key, 0) + 1
-    winners = [key for key, count in tally.items() if count > len(slot["referees"]) // 2]
-    if winners:
-        match, evidence = winners[0]
+    ranked = sorted(tally.items(), key=lambda item: -item[1])
+    if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+        match, evidence = ranked[0][0]
         slot["verdict"] = {"match": match, "evidence": evidence}
         slot["outcome"] = OK if match else GUILTY
     else:

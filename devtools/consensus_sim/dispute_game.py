@@ -37,7 +37,7 @@ PRICE = 100_000
 SEGMENTS = 4
 BALANCE = 1_000_000
 WORKER_BOND, VERIFIER_BOND, DECOY_BOND = 3_000, 1_000, 9_000
-GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_blocks": 8, "dispute_blocks": 8,
+GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_blocks": 40, "dispute_blocks": 40,
                "referees": 5, "audit_window": 2, "task_timeout": 40}
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 40}, "workers": 3,
         "sync_mode": "allreduce", "codec": "int8", "price": PRICE, "profile": PROFILE, "segments": SEGMENTS}

@@ -108,6 +108,7 @@ def draw_profile(cfg: SimConfig, rng: random.Random) -> SimConfig:
 class Simulation:
     gossip_interval = 0.3
     sync_delay = 0.5
+    game_tick = 0.05     # how often the game's parties look at the chain and act
 
     def __init__(self, config: SimConfig) -> None:
         self.rng = random.Random(config.seed)
@@ -246,13 +247,13 @@ class Simulation:
                 self.loop.call_later(delay, other.submit, raw)
 
     async def _play_game(self) -> None:
-        """Every 0.3 virtual seconds: read the most advanced honest replica's ledger, and send every
+        """Every ``game_tick`` virtual seconds: read the most advanced honest replica's ledger, and send every
         party's moves (nonces from that ledger, so a resent move is the same bytes) to a random up node."""
         game = self.game
         assert game is not None
         chain_id = self.genesis.chain_id
         while True:
-            await self.clock.sleep(0.3)
+            await self.clock.sleep(self.game_tick)
             up = [r for r in self.replicas if r.up]
             honest_up = [r for r in self.honest() if r.up]
             if not up or not honest_up:
