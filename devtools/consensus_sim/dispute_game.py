@@ -36,7 +36,7 @@ HONEST, CHEAT, FALSE_ACCUSER, RUBBER_STAMP, SILENT, DECOY, OWNER = (
 PRICE = 100_000
 SEGMENTS = 4
 BALANCE = 1_000_000
-WORKER_BOND, VERIFIER_BOND, DECOY_BOND = 3_000, 1_000, 9_000
+WORKER_BOND, VERIFIER_BOND, BYZANTINE_BOND, DECOY_BOND = 3_000, 1_000, 2_500, 9_000   # byzantine: drawn often
 GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_blocks": 40, "dispute_blocks": 40,
                "referees": 5, "audit_window": 2, "task_timeout": 40}
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 40}, "workers": 3,
@@ -82,9 +82,9 @@ class DisputeGame:
                         party("worker-a", HONEST, "compute", WORKER_BOND),
                         party("worker-b", HONEST, "compute", WORKER_BOND),
                         *(party(f"verifier-{i}", HONEST, "verifier", VERIFIER_BOND) for i in range(6)),
-                        party("accuser", FALSE_ACCUSER, "verifier", VERIFIER_BOND),
-                        party("stamp", RUBBER_STAMP, "verifier", VERIFIER_BOND),
-                        party("silent", SILENT, "verifier", VERIFIER_BOND),
+                        party("accuser", FALSE_ACCUSER, "verifier", BYZANTINE_BOND),
+                        party("stamp", RUBBER_STAMP, "verifier", BYZANTINE_BOND),
+                        party("silent", SILENT, "verifier", BYZANTINE_BOND),
                         party("decoy", DECOY, "compute", DECOY_BOND)]
         self.by_id = {p.peer_id: p for p in self.parties}
         self.task_id = task_id_for(self.owner.peer_id, 0)   # the owner's first transaction submits it
@@ -185,6 +185,7 @@ class DisputeGame:
             counts[f"slot_{slot['outcome']}"] += 1
             counts["referee_panels"] += bool(slot["referees"])
             counts["disputes"] += slot["dispute"] is not None
+            counts["honest_disputes"] += slot["dispute"] is not None and self.kind(slot["worker"]) == HONEST
             counts["redraws"] += sum(1 for v in slot["verifiers"] if v["redraw"])
             for v in slot["verifiers"]:
                 counts[f"answers_{self.kind(v['verifier'])}"] += v["answer"] is not None
