@@ -280,7 +280,7 @@ class Simulation:
         state = self.honest()[0].ledger.state
         for violation in game.check(state, self.genesis.params):
             self.checker.violation(violation)
-        self.game_stats = {**game.stats(state), "moves": self.game_moves, "height": state.height}
+        self.game_stats: dict[str, int] = {**game.stats(state), "moves": self.game_moves, "height": state.height}
 
     # ------------------------------------------------------------------ phases
     async def _main(self) -> None:
@@ -335,7 +335,7 @@ class Simulation:
         self.byzantine_slashed = 0
         self.liveness_time = 0.0
         self.game_moves = 0
-        self.game_stats: dict[str, int] = {}
+        self.game_stats = {}
         handler = DriverErrorLog(self.checker)
         loggers = [logging.getLogger("consensus.driver"), logging.getLogger("consensus.network")]
         for logger in loggers:
