@@ -711,7 +711,7 @@ def hardware_record(detected: dict, bandwidth_mbps: int) -> dict:
               "gpu_tflops": round(float(detected.get("gpu_tflops") or 0)),
               "cuda_devices": int(detected.get("cuda_devices") or 0),
               "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6))}
-    return {name: values.get(name, 0) for name in HARDWARE}
+    return {name: values[name] for name in HARDWARE if name in values}   # optional fields (profiles) left out
 
 
 def _ram_mb() -> int:
