@@ -199,8 +199,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(task))
         return 0
-    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "sources", "workers",
-                 "rejections", "commits", "audits", "window_end", "payouts", "result"):
+    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
+                 "workers", "rejections", "commits", "audits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
