@@ -6,7 +6,8 @@ A profile id is text of at most 96 characters from ``[a-z0-9._/+-]``:
   with the kernel settings of ``PORTABLE_CPU_ENV``: ATen's vectorized kernels fixed at AVX2 (whatever
   AVX-512 the CPU has), MKL in its conditional-reproducibility COMPATIBLE branch (the one branch MKL
   keeps identical on Intel and non-Intel CPUs; its AVX2 branch is Intel-only and silently falls back
-  to the CPU's own dispatch elsewhere), oneDNN capped at AVX2, one thread.
+  to the CPU's own dispatch elsewhere), oneDNN capped at AVX2 and unused by torch for training
+  (``configure_portable_torch``), one thread.
 - ``cuda-<gpu-slug>-cc<major.minor>-cuda<ver>/torch-<version>``: one GPU model and compute capability
   with one CUDA runtime and torch release (deterministic algorithms, no TF32: ml.train.reproducibility).
 
@@ -103,6 +104,15 @@ def apply_portable_cpu_env(environ: MutableMapping[str, str] | None = None) -> b
 def portable_env_applied(environ: MutableMapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     return all(environ.get(name) == value for name, value in PORTABLE_CPU_ENV.items())
+
+
+def configure_portable_torch(torch) -> None:
+    """In a process running the portable CPU profile, keep torch's fp32 ops off oneDNN: its AVX2
+    kernels still size their blocking (and so their summation order) by the CPU's cache sizes, while
+    ATen's own kernels (GELU, and convolutions as im2col plus MKL's COMPATIBLE sgemm) depend only on
+    the settings above. Called by ml.train.reproducibility.configure_determinism; a no-op elsewhere."""
+    if portable_env_applied():
+        torch.backends.mkldnn.enabled = False
 
 
 def _portable_cpu_active(torch) -> bool:

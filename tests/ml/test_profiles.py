@@ -97,6 +97,22 @@ def test_a_process_started_without_the_settings_claims_no_portable_profile(monke
         assert not any(p.startswith("cpu-") for p in local_profiles())
 
 
+def test_onednn_is_turned_off_only_under_the_portable_profile(monkeypatch):
+    from types import SimpleNamespace
+
+    from ml.profiles import configure_portable_torch
+
+    fake = SimpleNamespace(backends=SimpleNamespace(mkldnn=SimpleNamespace(enabled=True)))
+    for name in PORTABLE_CPU_ENV:
+        monkeypatch.delenv(name, raising=False)
+    configure_portable_torch(fake)
+    assert fake.backends.mkldnn.enabled is True      # native kernels: oneDNN stays
+    for name, value in PORTABLE_CPU_ENV.items():
+        monkeypatch.setenv(name, value)
+    configure_portable_torch(fake)
+    assert fake.backends.mkldnn.enabled is False
+
+
 def test_hardware_record_publishes_at_most_eight_profiles(monkeypatch):
     monkeypatch.setattr(role_module, "HARDWARE", {**role_module.HARDWARE, "profiles": None})
     ids = [f"cpu-x86-64-avx2/torch-2.{i}.0" for i in range(12)]
@@ -114,6 +130,8 @@ def test_compute_node_start_applies_the_profile_before_torch_loads():
             "assert 'torch' not in sys.modules\n"
             "assert apply_compute_profile(config, config.get('node', 'roles'), os.environ)\n"
             "import ml.compute.role, torch; from ml.profiles import local_profiles\n"
+            "from ml.train.reproducibility import configure_determinism; configure_determinism(1)\n"
+            "assert not torch.backends.mkldnn.enabled\n"
             "print(torch.backends.cpu.get_cpu_capability(), local_profiles())\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(ATEN_CPU_CAPABILITY="avx512"),
                           capture_output=True, text=True, timeout=120)
