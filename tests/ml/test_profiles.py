@@ -76,6 +76,14 @@ def test_profile_ids_are_bounded_and_well_formed():
             check_profile_id(bad)
 
 
+def test_the_pinned_torch_release_is_pyprojects_pin():
+    """A CLI without torch names the portable profile of the pinned release: it must be the one the
+    compute extra installs."""
+    from ml.profiles import PINNED_TORCH
+
+    assert f'"torch=={PINNED_TORCH}"' in (REPO / "pyproject.toml").read_text()
+
+
 def test_apply_overrides_what_the_user_preset():
     environ = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
                "OMP_NUM_THREADS": "16", "HOME": "/home/x"}
