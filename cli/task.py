@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--optimizer", choices=("adamw", "sgd"), help="optimizer (default adamw)")
     submit.add_argument("--weight-decay", type=float, help="optimizer weight decay")
     submit.add_argument("--device", choices=("cpu", "cuda", "any"), help="where workers train (default cpu)")
+    submit.add_argument("--profile", metavar="ID",
+                        help="execution profile the workers and verifiers must run (default: the portable CPU "
+                             "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
@@ -196,8 +199,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(task))
         return 0
-    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "sources", "workers",
-                 "rejections", "commits", "audits", "window_end", "payouts", "result"):
+    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
+                 "workers", "rejections", "commits", "audits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")

@@ -276,6 +276,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "seconds before retrying after the ledger failed a look at the tasks (task changes arrive"
                              " on the tasks subscription)", check_positive),
         "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
+        "portable_cpu": Key(bool, True,
+                            "train on CPU under the portable CPU profile (ADR 0166: AVX2 kernels, bitwise identical "
+                            "on every x86-64 CPU with AVX2); false: the machine's fastest kernels, and the node "
+                            "offers no CPU profile"),
         "allreduce_mode": Key(str, "butterfly",
                               "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
         "fault_inject": Key(str, "",

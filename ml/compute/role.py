@@ -46,6 +46,7 @@ from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_tas
 from ml.compute.verification_flow import VERIFIER_FAULTS, Judgement, Sources, judge_as
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
+from ml.profiles import MAX_PROFILES
 from ml.train.dry_run import Untrainable, dry_run
 from ml.train.faults import falsify_records
 from ml.train.inputs import artifact_ids
@@ -710,8 +711,9 @@ def hardware_record(detected: dict, bandwidth_mbps: int) -> dict:
               "gpu": str(detected.get("gpu") or "")[:64], "gpu_mem_mb": int(detected.get("gpu_mem_mb") or 0),
               "gpu_tflops": round(float(detected.get("gpu_tflops") or 0)),
               "cuda_devices": int(detected.get("cuda_devices") or 0),
-              "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6))}
-    return {name: values[name] for name in HARDWARE if name in values}   # optional fields (profiles) left out
+              "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6)),
+              "profiles": [str(p) for p in detected.get("profiles") or []][:MAX_PROFILES]}   # ADR 0166
+    return {name: values[name] for name in HARDWARE if name in values}   # optional fields left out
 
 
 def _ram_mb() -> int:

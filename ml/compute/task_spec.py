@@ -40,14 +40,18 @@ def _encode_value(value):
     return value
 
 
-def submit_payload(spec: TrainSpec, workers: int, price: int) -> dict:
-    """The submit_task payload for training `spec` with `workers` workers for `price`."""
+def submit_payload(spec: TrainSpec, workers: int, price: int, profile: str = "") -> dict:
+    """The submit_task payload for training `spec` with `workers` workers for `price`, in execution
+    profile `profile` (ml.profiles; "" leaves it out: the ledger picks one)."""
     sync_mode = next(name for name, mode in SYNC_MODES.items() if mode == spec.mode)
     defaults = TrainSpec()
     hyperparams = {name: _encode_value(getattr(spec, name)) for name in _FIELD_TYPES
                    if name not in _ON_PAYLOAD and getattr(spec, name) != getattr(defaults, name)}
-    return {"model": spec.model, "dataset": spec.dataset, "hyperparams": hyperparams, "workers": workers,
-            "sync_mode": sync_mode, "codec": spec.codec, "price": price, "segments": spec.segment_count}
+    payload = {"model": spec.model, "dataset": spec.dataset, "hyperparams": hyperparams, "workers": workers,
+               "sync_mode": sync_mode, "codec": spec.codec, "price": price, "segments": spec.segment_count}
+    if profile:
+        payload["profile"] = profile
+    return payload
 
 
 def declared_segments(task: dict) -> int | None:
