@@ -149,9 +149,9 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             txs = []
             for party in parties:
                 for duty in duties_for(doc, party.peer_id, height):
-                    if duty.key in done:
+                    if (party.peer_id, duty.key) in done:
                         continue
-                    done.add(duty.key)
+                    done.add((party.peer_id, duty.key))
                     if duty.kind == DISPUTE:
                         txs.append(chain.tx(party.identity, "dispute", {"task_id": task_id, "slot": duty.slot}))
                         continue

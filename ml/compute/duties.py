@@ -59,10 +59,10 @@ def duties_for(task: dict, me: str, height: int) -> list[Duty]:
             deadline = _deadline(entry, "deadline")
             if entry.get("verifier") == me and entry.get("answer") is None and _open(deadline, height):
                 out.append(Duty(AUDIT, deadline=deadline, **base))
-        accused = any(isinstance(v.get("answer"), dict) and v["answer"].get("match") is False for v in verifiers)
+        # the ledger opens a dispute window (dispute_deadline) once the slot's verifiers agree on a mismatch
         dispute_deadline = _deadline(slot, "dispute_deadline")
-        if (base["worker"] == me and accused and not slot.get("dispute") and not slot.get("referees")
-                and _open(dispute_deadline, height)):
+        if (base["worker"] == me and dispute_deadline and not slot.get("dispute") and not slot.get("referees")
+                and height <= dispute_deadline):
             out.append(Duty(DISPUTE, deadline=dispute_deadline, **base))
         for entry in slot.get("referees") or []:
             if not isinstance(entry, dict):
