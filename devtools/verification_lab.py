@@ -63,6 +63,8 @@ class RunResult:
     job_worker_steps: int
     replayed_worker_steps: int
     outcomes: list[str]
+    faked_fraction: float = 0.0        # partial cheater: the fraction of its segments it faked
+    workers: list[str] = field(default_factory=list)
 
     @property
     def honest_slashed(self) -> list[str]:
@@ -190,7 +192,15 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         sorted(p for p in stakes_before if stakes_after[p] < stakes_before[p]), contradicted, drawn,
         {k: v for k, v in (doc.get("payouts") or {}).items()}, job_cpu, audit_cpu,
         spec.steps * WORKERS, replayed,
-        [s["outcome"] for s in slots])
+        [s["outcome"] for s in slots], _faked_fraction(trainers, spec), ranked)
+
+
+def _faked_fraction(trainers, spec: TrainSpec) -> float:
+    for trainer in trainers:
+        fault = getattr(trainer, "fault", None)
+        if fault is not None and fault.q:
+            return sum(fault.fake_segment(i) for i in range(spec.segment_count)) / spec.segment_count
+    return 0.0
 
 
 def lab_spec(steps: int = 200, segment_steps: int = 10) -> TrainSpec:
