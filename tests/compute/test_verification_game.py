@@ -53,7 +53,8 @@ def test_rubber_stamp_is_caught_by_the_second_verifier():
 def test_duties_follow_the_slot_state():
     slot = {"slot": 0, "worker": "w", "segment": 2, "salt": "ab" * 32, "outcome": "pending",
             "verifiers": [{"verifier": "v1", "deadline": 10, "answer": None},
-                          {"verifier": "v2", "deadline": 10, "answer": {"match": False, "evidence": "00" * 32, "step": 0}}],
+                          {"verifier": "v2", "deadline": 10,
+                           "answer": {"match": False, "evidence": "00" * 32, "step": 0}}],
             "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0}
     task = {"task_id": "11" * 32, "slots": [slot]}
     assert [d.kind for d in duties_for(task, "v1", 5)] == [AUDIT]
