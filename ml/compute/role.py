@@ -108,8 +108,7 @@ class ComputeRole(Role):
         self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
         self.transport = HostTransport(node.host)
-        node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
-        node.host.set_handler(segments_protocol.PROTOCOL_V2, segments_protocol.make_record_handler(self._record_for))
+        node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(self._record_for))
         node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
         node.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(self.board))
         node.status.add_section("compute", self.status)
@@ -207,9 +206,6 @@ class ComputeRole(Role):
         tmp = folder / f"{BANDWIDTH_FILE}.tmp"
         tmp.write_text(json.dumps({"link_mbps": link_mbps}))
         os.replace(tmp, folder / BANDWIDTH_FILE)
-
-    def _result_for(self, task_id: bytes) -> dict | None:
-        return self.results.get(task_id.hex())
 
     def _record_for(self, task_id: bytes, index: int) -> segments_protocol.SegmentAnswer | None:
         """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
@@ -552,7 +548,6 @@ class ComputeRole(Role):
             await asyncio.to_thread(self._save_result, key, {  # a long job's records are megabytes of JSON
                                     "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
                                     "segments_root": commitment.segments_root.hex(),
-                                    "segments": [x.hex() for x in leaf_list],
                                     "params_hash": summary["params_hash"], "weights": weights,
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})

@@ -261,7 +261,7 @@ def test_task_segments_v2_over_hosts(honest_dp):
         await server.start()
         await client.start()
         try:
-            server.set_handler(segments_protocol.PROTOCOL_V2, segments_protocol.make_record_handler(lookup))
+            server.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(lookup))
             client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
             answer = await segments_protocol.fetch_record(client, server.peer_id, TASK, 2)
             with pytest.raises(segments_protocol.SegmentsError, match="no record"):
@@ -297,10 +297,10 @@ def test_task_segments_v2_rejects_malformed_answers(honest_dp):
     with pytest.raises(segments_protocol.SegmentsError):
         segments_protocol.decode_answer(b"\xff", 1)
     with pytest.raises(segments_protocol.SegmentsError):
-        segments_protocol.decode_request_v2(TASK)
-    assert segments_protocol.decode_request_v2(TASK + struct.pack(">I", 5)) == (TASK, 5)
+        segments_protocol.decode_request(TASK)
+    assert segments_protocol.decode_request(TASK + struct.pack(">I", 5)) == (TASK, 5)
     with pytest.raises(ValueError):
-        segments_protocol.encode_request_v2(TASK, -1)
+        segments_protocol.encode_request(TASK, -1)
 
 
 def test_a_committed_state_that_cannot_be_trained_from_is_a_mismatch(honest_dp):
@@ -352,7 +352,7 @@ def test_fetch_and_replay_audits_one_slot_over_hosts(honest_dp, tmp_path):
             return segments_protocol.SegmentAnswer(records[rank][index], proof(leaf_list, index), len(leaf_list))
 
         try:
-            server.set_handler(segments_protocol.PROTOCOL_V2, segments_protocol.make_record_handler(lookup))
+            server.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(lookup))
             client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
             artifacts = Artifacts()
             good = await fetch_and_replay(client, artifacts, DP, TASK, worker, ordered, 1, root(leaf_list), 3, SALT)
