@@ -27,10 +27,8 @@ from pathlib import Path
 import torch
 
 from ml.compute.segment_record import SegmentRecord
-from ml.compute.segments_protocol import check_answer, fetch_record
 from ml.train.averaging import Averaged
 from ml.train.compression import BIASED_CODECS, Compressor, flatten
-from ml.train.reproducibility import in_compute_thread
 from ml.train.segments import SegmentRecorder, load_averages
 from ml.train.simulation import make_trainer, with_codec_layer
 from ml.train.spec import TrainSpec
@@ -145,27 +143,6 @@ def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: Segment
             path.write_bytes(blobs.get(name, b""))
             paths.append(path)
         return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step)
-
-
-async def fetch_and_replay(host, artifacts, spec: TrainSpec, task_id: bytes, worker: str, workers: list[str],
-                           segment: int, segments_root: bytes, segments: int, salt: bytes,
-                           files: Mapping[str, Path] | None = None, until_step: int | None = None) -> SegmentReplay:
-    """A verifier's whole audit of one slot: `worker`'s record of `segment` over /dekube/task-segments/2,
-    checked against its on-chain `segments_root` and `segments`, its checkpoint (from the worker) and
-    averages (from any worker: they are the same artifact in data-parallel training) through the
-    node's artifact service, then `replay_segment` in a compute thread. Raises SegmentsError when the
-    worker gives no valid answer, BadRecord when its answer does not verify against the commitment,
-    and what `artifacts.fetch` raises when a blob cannot be had; the caller decides what these mean."""
-    ordered = sorted(workers)
-    if worker not in ordered:
-        raise ValueError(f"{worker} is not a worker of the task")
-    answer = await fetch_record(host, worker, task_id, segment)
-    check_answer(answer, task_id, worker, segments_root, segments)
-    record = answer.record
-    checkpoint = await artifacts.fetch(record.checkpoint, [worker])
-    averages = await artifacts.fetch(record.averages, [worker, *(w for w in ordered if w != worker)])
-    return await in_compute_thread(replay_segment, spec, ordered.index(worker), len(ordered), record, checkpoint,
-                                   averages, files, salt, until_step)
 
 
 async def _replay(trainer, recorder: SegmentRecorder, record: SegmentRecord, last: int) -> tuple[int, str] | None:

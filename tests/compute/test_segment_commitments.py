@@ -324,20 +324,20 @@ def test_a_committed_state_that_cannot_be_trained_from_is_a_mismatch(honest_dp):
         assert not got.match and got.first_divergence in ((0, "state_in"), (0, "gradient")), corrupt
 
 
-def test_fetch_and_replay_audits_one_slot_over_hosts(honest_dp, tmp_path):
-    from ml.compute.segment_replay import fetch_and_replay
+def test_judge_slot_audits_one_slot_over_hosts(honest_dp, tmp_path):
+    """A verifier's whole audit of one slot (ml/compute/verification_flow.py): the record over
+    /dekube/task-segments/2 checked against the on-chain root, the state files fetched, the replay."""
+    from ml.compute.verification_flow import Sources, judge_slot, unavailable_evidence
 
     records, sink = honest_dp
     workers = ["peer-a", "peer-b", "peer-c"]
     for artifact, data in sink.blobs.items():
         (tmp_path / artifact).write_bytes(data)
+    fetched = []
 
-    class Artifacts:
-        fetched = []
-
-        async def fetch(self, artifact, holders):
-            self.fetched.append((artifact, holders))
-            return tmp_path / artifact
+    async def artifact(artifact_id, holders):
+        fetched.append((artifact_id, holders))
+        return tmp_path / artifact_id
 
     async def scenario():
         server, client = Host(Identity.generate()), Host(Identity.generate())
@@ -351,21 +351,28 @@ def test_fetch_and_replay_audits_one_slot_over_hosts(honest_dp, tmp_path):
         def lookup(task_id, index):
             return segments_protocol.SegmentAnswer(records[rank][index], proof(leaf_list, index), len(leaf_list))
 
+        async def record(peer, index):
+            return await segments_protocol.fetch_record(client, peer, TASK, index, timeout_s=2)
+
+        def task(segments_root):
+            return {"task_id": TASK.hex(), "workers": ordered,
+                    "commits": {w: [segments_root.hex(), "00" * 32, 3, 1] for w in ordered}}
+
         try:
             server.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(lookup))
             client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
-            artifacts = Artifacts()
-            good = await fetch_and_replay(client, artifacts, DP, TASK, worker, ordered, 1, root(leaf_list), 3, SALT)
-            with pytest.raises(BadRecord):
-                await fetch_and_replay(client, artifacts, DP, TASK, worker, ordered, 1, bytes(32), 3, SALT)
-            return good, artifacts.fetched, rank
+            sources = Sources(record, artifact, {})
+            good = await judge_slot(task(root(leaf_list)), DP, worker, 1, SALT, sources)
+            forged = await judge_slot(task(bytes(32)), DP, worker, 1, SALT, sources)   # not under its root
+            return good, forged, rank
         finally:
             await client.stop()
             await server.stop()
 
-    good, fetched, rank = asyncio.run(scenario())
+    good, forged, rank = asyncio.run(scenario())
     assert good.match and good.evidence == replay(DP, rank, records[rank][1], sink).evidence
     assert fetched[0] == (records[rank][1].checkpoint, [fetched[1][1][0]])
+    assert not forged.match and forged.evidence == unavailable_evidence(SALT)
 
 
 @pytest.mark.parametrize("mode", ["lazy", "partial:1", "poison_noise"])
