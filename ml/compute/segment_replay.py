@@ -10,8 +10,8 @@ Evidence is sha256(salt || the raw bytes of every recomputed contribution), in s
 `until_step` (inclusive, an offset in the segment) or the segment end; the replay goes on past a
 divergence (with the committed averages) so that every honest replayer of the same request gets the
 same evidence. `replay_segment` is blocking (torch): callers run it with
-`ml.train.reproducibility.in_compute_thread`; `fetch_and_replay` is a verifier's whole audit of one
-slot (record, proof, blobs, replay) over the node's Host and artifact service. All codecs are
+`ml.train.reproducibility.in_compute_thread` (a verifier's whole audit of a slot -- record, proof,
+state files, replay -- is ml/compute/verification_flow.py's `judge_slot`). All codecs are
 supported: the error-feedback residual (top-k, sign) and PowerSGD's error and Q travel in the state
 file, and PowerSGD's two averaging phases are both in the averages file.
 """
