@@ -264,6 +264,9 @@ def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified:
               f"{f' running profile {task.profile}' if task.profile else ''}; {len(able)} eligible")
     if busy:
         reason += f" ({busy} busy with other tasks)"
+    if len(able) >= wanted and not audits.can_audit_every_worker(state, params, task.profile, task.owner,
+                                                                  able[:wanted]):
+        reason += "; every worker needs an eligible verifier besides itself (ADR 0168)"
     return reason
 
 
