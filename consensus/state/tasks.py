@@ -2,7 +2,8 @@
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
 --(all committed, or a quorum by the commit deadline: audit slots drawn)--> committed --(slots resolve,
-consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid; created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
+consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid;
+created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
 assigned | running --(reject_task by a strict majority of the workers)--> rejected. See docs/adr/0023
 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker does not hold
 a task open), 0151 for rejection and expiry, 0152 for devices, sources and the task's result.
