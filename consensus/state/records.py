@@ -109,9 +109,9 @@ class TaskStatus:
     CREATED = "created"
     ASSIGNED = "assigned"
     RUNNING = "running"          # at least one worker committed its result
-    COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit window open
-    VERIFIED = "verified"        # every worker has a matching audit and none mismatches
-    DISPUTED = "disputed"        # some audit reported a mismatch
+    COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit slots open
+    VERIFIED = "verified"        # every audit slot resolved without a mismatch (ADR 0168)
+    DISPUTED = "disputed"        # some slot mismatched, is disputed or refereed, or ended guilty or undecided
     PAID = "paid"                # finalized: payouts done, escrow empty
     CANCELLED = "cancelled"      # refunded before assignment
     REJECTED = "rejected"        # a strict majority of its workers reported it untrainable: refunded less reject_fee
@@ -129,7 +129,7 @@ class Task(Record):
     ``commit_deadline``: last height that accepts a commitment (assignment + task_timeout, brought
     forward to the quorum's commit + the grace once a quorum committed, see tasks.commit_grace);
     ``commits``: worker -> [segments_root, result_hash, segments, height];
-    ``audits``: list of [verifier, worker, segment, match, height];
+    ``audits``: legacy (before ADR 0168), always empty;
     ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount;
     ``sources``: the owner's multiaddrs to fetch the task's artifacts from; ``device``: what the
     workers train on (as asked; "any" becomes "cuda" or "cpu" at assignment); ``rejections``:

@@ -1,8 +1,9 @@
 """Task lifecycle on chain: submit, cancel, assignment, commit, reject, audit, dispute, finalize, expiry.
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
---(all committed, or a quorum by the commit deadline)--> committed --(audits)--> verified | disputed
---(finalize)--> paid; created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
+--(all committed, or a quorum by the commit deadline: audit slots drawn)--> committed --(slots resolve,
+consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid;
+created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
 assigned | running --(reject_task by a strict majority of the workers)--> rejected. See docs/adr/0023
 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker does not hold
 a task open), 0151 for rejection and expiry, 0152 for devices, sources and the task's result.
@@ -264,6 +265,9 @@ def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified:
               f"{f' running profile {task.profile}' if task.profile else ''}; {len(able)} eligible")
     if busy:
         reason += f" ({busy} busy with other tasks)"
+    if len(able) >= wanted and not audits.can_audit_every_worker(state, params, task.profile, task.owner,
+                                                                  able[:wanted]):
+        reason += "; every worker needs an eligible verifier besides itself (ADR 0168)"
     return reason
 
 

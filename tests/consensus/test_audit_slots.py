@@ -176,6 +176,10 @@ def test_assignment_waits_until_every_worker_could_be_audited():
     assert t.status == TaskStatus.CREATED       # W1 would be the only node able to verify... itself
     register(chain, VERIFIERS[0], "verifier", 1000)
     assert t.status == TaskStatus.ASSIGNED and t.workers == [W1.peer_id]
+    short = make_chain(verifiers=0, workers=(W1,), task_assign_timeout=2)
+    waiting = short.ledger.state.tasks[submit(short, workers=1)]
+    short.empty_blocks(2)
+    assert waiting.status == TaskStatus.EXPIRED and "needs an eligible verifier besides itself" in waiting.reason
     off = make_chain(verifiers=0, workers=(W1,), audits_per_worker=0)
     assert off.ledger.state.tasks[submit(off, workers=1)].status == TaskStatus.ASSIGNED
 
