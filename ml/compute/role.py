@@ -43,7 +43,7 @@ from ml.compute.progress_history import record_point
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
-from ml.compute.verification_flow import VERIFIER_FAULTS, Judgement, Sources, judge_as
+from ml.compute.verification_flow import VERIFIER_FAULTS, Judgement, Sources, judge_as, unavailable_evidence
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
 from ml.profiles import MAX_PROFILES
@@ -68,6 +68,7 @@ READY_TIMEOUT_S = 120.0
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 FETCH_ATTEMPTS = 3
+UNAVAILABLE_FRACTION = 0.25  # a judge answers "unavailable" only in the last quarter of its answer window
 COPYCAT_WAIT_S = 300.0   # fault_inject=copycat: how long to wait for another worker's commitment
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
@@ -98,6 +99,7 @@ class ComputeRole(Role):
         self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
         self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
         self._judging = asyncio.Lock()
+        self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> height it was first looked at
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
@@ -633,6 +635,10 @@ class ComputeRole(Role):
                 judgement = await self._judge(duty, task)
             if judgement is None:
                 return
+            if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
+                log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
+                self._duties_started.discard(duty.key)
+                return
             if duty.kind == AUDIT:
                 await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
                 self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
@@ -652,6 +658,16 @@ class ComputeRole(Role):
             self.last_error = f"{duty.kind} of {key} slot {duty.slot}: {type(exc).__name__}: {exc}"
             log.warning("%s", self.last_error)
             self._duties_started.discard(duty.key)
+
+    async def _too_early_to_give_up(self, duty: Duty) -> bool:
+        """Whether a judge that could not get the worker's record or state files should try again
+        rather than answer "unavailable" (a mismatch): until the last UNAVAILABLE_FRACTION of its
+        answer window, so a passing network fault on either side does not accuse an honest worker."""
+        if not duty.deadline:
+            return False
+        height = await self.ledger.call("dkb_blockNumber")
+        window = max(1, duty.deadline - self._first_seen.setdefault(duty.key, height))
+        return height < duty.deadline - window * UNAVAILABLE_FRACTION
 
     async def _judge(self, duty: Duty, task: dict) -> Judgement | None:
         """Replay the slot's segment (or answer as the configured adversary, in tests)."""
