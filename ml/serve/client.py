@@ -1,0 +1,251 @@
+"""The serving client: chains block servers to run a decoder it holds only the ends of.
+
+`plan_chain` picks servers whose ranges tile blocks 0..layers (preferring the ones listed first, or
+the fastest measured by `measure`). `RemoteGenerator` generates greedily token by token: it embeds
+tokens locally, sends the hidden states through the chain (each server keeps the session's KV
+cache), and reads the next token from the head. It records every chunk it sent each span; when a
+server fails mid-generation, it opens a session on another server with the same range and sends the
+recorded chunks plus the current one in one request, so the new server's cache holds exactly what
+the old one had and the output continues unchanged. `local_generate` runs the same chunks through a
+whole local model: in bit-exact mode ("f32") both give the same tokens.
+
+`RemotePromptTuner` fine-tunes parameters the client owns (an input soft prompt and deep prompts
+added before every block) with forward and backward passes through the servers.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ml.serve.model import ServeDecoder
+from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+
+
+class NoChain(RuntimeError):
+    """No live servers cover all blocks (or a failed span has no replacement)."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    peer_id: str
+    start: int
+    end: int
+
+
+def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
+               speed: dict[str, float] | None = None) -> list[ServerInfo]:
+    """Servers whose ranges tile 0..layers, fewest hops first, then fastest (by `speed`, higher is
+    better; otherwise the order given)."""
+    live = [s for s in servers if s.peer_id not in dead and 0 <= s.start < s.end <= layers]
+    order = {id(s): i for i, s in enumerate(live)}
+    best: dict[int, list[ServerInfo]] = {0: []}
+    for position in range(layers):          # shortest tiling by dynamic programming over start positions
+        if position not in best:
+            continue
+        starting = sorted((s for s in live if s.start == position),
+                          key=lambda s: (-(speed or {}).get(s.peer_id, 0.0), order[id(s)]))
+        for server in starting:
+            path = best[position] + [server]
+            if server.end not in best or len(path) < len(best[server.end]):
+                best[server.end] = path
+    if layers not in best:
+        raise NoChain(f"no live servers cover blocks 0..{layers}")
+    return best[layers]
+
+
+async def measure(host, servers: list[ServerInfo], width: int, tokens: int = 8) -> dict[str, float]:
+    """Tokens per second each server answers for a stateless forward of `tokens` positions
+    (latency included): the client's own measurement, not the server's claim."""
+    speed = {}
+    for server in servers:
+        client = SpanClient(host, server.peer_id, server.start, server.end, timeout=15.0)
+        try:
+            began = time.perf_counter()
+            await client.forward(torch.zeros(1, tokens, width), None, "f16")
+            speed[server.peer_id] = tokens / (time.perf_counter() - began)
+        except (SpanUnavailable, RemoteError):
+            speed[server.peer_id] = 0.0
+        finally:
+            await client.close()
+    return speed
+
+
+def greedy(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits[0, -1]))
+
+
+def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from the whole model, in the chunks the remote generator uses (prefix, then one
+    token at a time)."""
+    caches = model.new_caches(1, len(prompt) + max_new_tokens)
+    tokens, out = list(prompt), []
+    with torch.no_grad():
+        hidden = model.run_blocks(model.embed_tokens(torch.tensor([tokens])), caches)
+        for step in range(max_new_tokens):
+            out.append(greedy(model.logits(hidden)))
+            if step + 1 < max_new_tokens:
+                position = len(tokens) + step
+                hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches)
+    return out
+
+
+@dataclass
+class GenerationStats:
+    replays: int = 0
+    recover_s: list[float] = field(default_factory=list)
+    steps: int = 0
+
+
+class RemoteGenerator:
+    def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
+                 speed: dict[str, float] | None = None):
+        if not ends.has_ends:
+            raise ValueError("the client needs the model's ends (embeddings, norm, head)")
+        self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
+        self.dead: set[str] = set()
+        self.stats = GenerationStats()
+        self.chain: list[SpanClient] = []
+        self.history: list[list[torch.Tensor]] = []
+        self._max_length = 0
+
+    async def _open(self, server: ServerInfo) -> SpanClient:
+        client = SpanClient(self.host, server.peer_id, server.start, server.end)
+        await client.open(self._max_length)
+        return client
+
+    async def start(self, max_length: int) -> None:
+        self._max_length = max_length
+        for server in plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed):
+            self.chain.append(await self._open_with_fallback(server))
+            self.history.append([])
+
+    async def _open_with_fallback(self, wanted: ServerInfo) -> SpanClient:
+        """A session on `wanted` or, failing that, on another live server with the same range."""
+        candidates = [wanted] + [s for s in self.servers if (s.start, s.end) == (wanted.start, wanted.end)
+                                 and s.peer_id != wanted.peer_id]
+        for server in candidates:
+            if server.peer_id in self.dead:
+                continue
+            try:
+                return await self._open(server)
+            except (SpanUnavailable, RemoteError):
+                self.dead.add(server.peer_id)
+        raise NoChain(f"no live server for blocks {wanted.start}:{wanted.end}")
+
+    async def _step_span(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        while True:
+            client = self.chain[index]
+            try:
+                out = await client.step([hidden], self.codec)
+                self.history[index].append(hidden)
+                return out
+            except (SpanUnavailable, RemoteError):
+                began = time.perf_counter()
+                client.abort()
+                self.dead.add(client.peer_id)
+                replacement = await self._open_with_fallback(ServerInfo(client.peer_id, client.start, client.end))
+                self.chain[index] = replacement
+                try:   # replay the recorded chunks and this step in one request
+                    out = await replacement.step(self.history[index] + [hidden], self.codec)
+                except (SpanUnavailable, RemoteError):
+                    replacement.abort()
+                    self.dead.add(replacement.peer_id)
+                    continue
+                self.stats.replays += 1
+                self.stats.recover_s.append(time.perf_counter() - began)
+                self.history[index].append(hidden)
+                return out
+
+    async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
+        for index in range(len(self.chain)):
+            hidden = await self._step_span(index, hidden)
+        self.stats.steps += 1
+        return hidden
+
+    async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
+        total = len(prompt) + max_new_tokens
+        if total > self.ends.config.context:
+            raise ValueError(f"{total} positions exceed the model's context of {self.ends.config.context}")
+        await self.start(total)
+        try:
+            out: list[int] = []
+            with torch.no_grad():
+                hidden = await self._through_chain(self.ends.embed_tokens(torch.tensor([prompt])))
+                for step in range(max_new_tokens):
+                    out.append(greedy(self.ends.logits(hidden)))
+                    if step + 1 < max_new_tokens:
+                        embedded = self.ends.embed_tokens(torch.tensor([[out[-1]]]), len(prompt) + step)
+                        hidden = await self._through_chain(embedded)
+            return out
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.close() for client in self.chain), return_exceptions=True)
+        self.chain, self.history = [], []
+
+
+class RemotePromptTuner:
+    """Prompt tuning through block servers: the client owns `input_prompt` (P, width), prepended to
+    the embedded tokens, and `deep_prompts` (layers, P, width), added to the first P positions
+    before each block by the server running it. Only these parameters change."""
+
+    def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], prompt_length: int = 4,
+                 codec: str = "f32", lr: float = 1e-2, seed: int = 0):
+        config = ends.config
+        self.host, self.ends, self.codec = host, ends, codec
+        self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
+        gen = torch.Generator().manual_seed(seed)
+        self.input_prompt = torch.nn.Parameter(0.02 * torch.randn(prompt_length, config.width, generator=gen))
+        self.deep_prompts = torch.nn.Parameter(torch.zeros(config.layers, prompt_length, config.width))
+        self.optimizer = torch.optim.Adam([self.input_prompt, self.deep_prompts], lr=lr)
+        for param in ends.parameters():
+            param.requires_grad_(False)
+
+    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        prompt_length = self.input_prompt.shape[0]
+        embedded = self.ends.embed_tokens(tokens[:, :-1], offset=prompt_length)
+        prefix = self.input_prompt.detach().expand(tokens.shape[0], -1, -1) + self.ends.position[:prompt_length]
+        return torch.cat([prefix, embedded], 1)
+
+    async def step(self, tokens: torch.Tensor) -> float:
+        """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions."""
+        batch, prompt_length = tokens.shape[0], self.input_prompt.shape[0]
+        deep = self.deep_prompts.detach().unsqueeze(1).expand(-1, batch, -1, -1).contiguous()
+        hidden, inputs = self._inputs(tokens), []
+        for span in self.chain:
+            inputs.append(hidden)
+            hidden = await span.forward(hidden, deep[span.start:span.end], self.codec)
+        leaf = hidden.detach().requires_grad_(True)
+        logits = self.ends.logits(leaf)[:, prompt_length:]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        grad, deep_grad = leaf.grad, torch.zeros_like(self.deep_prompts)
+        for span, span_input in zip(reversed(self.chain), reversed(inputs)):
+            grad, grad_prompts = await span.backward(span_input, grad, deep[span.start:span.end], self.codec)
+            deep_grad[span.start:span.end] = grad_prompts.sum(1)
+        self.optimizer.zero_grad()
+        self.input_prompt.grad = grad[:, :prompt_length].sum(0)
+        self.deep_prompts.grad = deep_grad
+        self.optimizer.step()
+        return float(loss)
+
+    async def loss(self, tokens: torch.Tensor) -> float:
+        """The loss without a step (forward passes only)."""
+        batch = tokens.shape[0]
+        deep = self.deep_prompts.detach().unsqueeze(1).expand(-1, batch, -1, -1).contiguous()
+        hidden = self._inputs(tokens)
+        with torch.no_grad():
+            for span in self.chain:
+                hidden = await span.forward(hidden, deep[span.start:span.end], self.codec)
+            logits = self.ends.logits(hidden)[:, self.input_prompt.shape[0]:]
+            return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

@@ -1,0 +1,212 @@
+"""`/dekube/serve/1.0.0`: a client drives a block server over one stream of request/reply frames.
+
+Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type":
+
+- "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
+- "open" {"max_length", "batch"} -> {"type": "opened"}: one inference session per stream, closed
+  when the stream ends (or by "close", answered {"type": "closed", "usage"}).
+- "step" {"codec"} + tensors h0..h<k-1> -> {"type": "hidden", "usage"} + tensor "h": the chunks run
+  in order with the session's KV caches; the reply is the last chunk's output (k > 1 replays a prefix).
+- "forward" {"codec"} + "h" [+ "prompts"] -> "h": a stateless pass (fine-tuning).
+- "backward" {"codec"} + "h", "grad" [+ "prompts"] -> "grad_h" [+ "grad_prompts"].
+
+Replies use the request's codec ("f32" bit-exact, "f16", "i8"). A refused request is answered
+{"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
+the stream is closed. Torch work and tensor (de)coding run in worker threads, one compute at a time
+per server. `make_handler` is the server's stream handler; `SpanClient` the client's end.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+
+import torch
+
+from ml.serve.server import BlockServer, ServeError, Usage
+from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length
+from node.p2p.errors import ProtocolError
+
+PROTOCOL = "/dekube/serve/1.0.0"
+IDLE_TIMEOUT_S = 300.0
+READ_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+MAX_CHUNKS = 4096
+
+
+class RemoteError(RuntimeError):
+    """The server refused a request (its answer is the message)."""
+
+
+class SpanUnavailable(ConnectionError):
+    """The server could not be reached, or its stream broke or timed out: a reason to fail over."""
+
+
+async def read_frame(stream, timeout: float) -> Message | None:
+    """The next frame from `stream`, or None if it ended cleanly before one began."""
+    try:
+        prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    length = frame_length(prefix)
+    body = await asyncio.wait_for(stream.readexactly(length), READ_TIMEOUT_S)
+    return await asyncio.to_thread(decode_frame, body)
+
+
+def _codec(header: dict) -> str:
+    codec = header.get("codec", "f32")
+    if codec not in CODECS:
+        raise ServeError(f"unknown codec {str(codec)[:20]!r}; known: {list(CODECS)}")
+    return codec
+
+
+def make_handler(server: BlockServer, model_id: str):
+    """The Host stream handler serving `server`'s blocks as model `model_id`."""
+    compute = asyncio.Semaphore(1)
+
+    async def run(fn, *args):
+        async with compute:
+            return await asyncio.to_thread(fn, *args)
+
+    async def answer(msg: Message, state: dict) -> bytes:
+        kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
+        if kind == "info":
+            return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
+                                 "width": server.config.width, "layers": server.config.layers})
+        if kind == "open":
+            if state.get("session"):
+                raise ServeError("this stream already has a session")
+            session_id = secrets.token_hex(8)
+            server.open_session(session_id, header.get("max_length"), header.get("batch", 1))
+            state["session"] = session_id
+            return encode_frame({"type": "opened"})
+        if kind == "close":
+            usage = server.close_session(state.pop("session", "")) or Usage()
+            return encode_frame({"type": "closed", "usage": usage.as_dict()})
+        codec = _codec(header)
+        if kind == "step":
+            if not state.get("session"):
+                raise ServeError("open a session first")
+            names = [f"h{i}" for i in range(len(tensors))]
+            if not 1 <= len(tensors) <= MAX_CHUNKS or sorted(tensors) != sorted(names):
+                raise ServeError("a step carries tensors h0..h<k-1>")
+            out = await run(server.step, state["session"], [tensors[n] for n in names])
+            usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage}, {"h": out}, codec)
+        if kind == "forward":
+            if "h" not in tensors:
+                raise ServeError("forward needs tensor h")
+            out = await run(server.forward, tensors["h"], tensors.get("prompts"), state["usage"])
+            return await asyncio.to_thread(encode_frame, {"type": "hidden"}, {"h": out}, codec)
+        if kind == "backward":
+            if "h" not in tensors or "grad" not in tensors:
+                raise ServeError("backward needs tensors h and grad")
+            grad_h, grad_prompts = await run(server.backward, tensors["h"], tensors["grad"],
+                                             tensors.get("prompts"), state["usage"])
+            out = {"grad_h": grad_h} | ({} if grad_prompts is None else {"grad_prompts": grad_prompts})
+            return await asyncio.to_thread(encode_frame, {"type": "grads"}, out, codec)
+        raise ServeError(f"unknown request type {str(kind)[:20]!r}")
+
+    async def handle(stream) -> None:
+        state: dict = {"usage": Usage()}
+        try:
+            while True:
+                try:
+                    msg = await read_frame(stream, IDLE_TIMEOUT_S)
+                except WireError as exc:
+                    await stream.write(encode_frame({"type": "error", "error": str(exc)[:300]}))
+                    break
+                if msg is None:
+                    break
+                try:
+                    reply = await answer(msg, state)
+                except (ServeError, WireError, ValueError) as exc:
+                    reply = encode_frame({"type": "error", "error": str(exc)[:300]})
+                await stream.write(reply)
+            await stream.close()
+        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+            stream.reset()
+        finally:
+            if state.get("session"):
+                server.close_session(state["session"])
+
+    return handle
+
+
+class SpanClient:
+    """The client's stream to one server holding blocks start..end."""
+
+    def __init__(self, host, peer_id: str, start: int, end: int, timeout: float = REQUEST_TIMEOUT_S):
+        self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
+        self._stream = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def __repr__(self) -> str:
+        return f"SpanClient({self.peer_id[:12]}.., {self.start}:{self.end})"
+
+    async def request(self, header: dict, tensors: dict[str, torch.Tensor] | None = None,
+                      codec: str = "f32") -> Message:
+        frame = await asyncio.to_thread(encode_frame, {**header, "codec": codec}, tensors, codec)
+        try:
+            if self._stream is None:
+                self._stream = await asyncio.wait_for(self.host.open_stream(self.peer_id, PROTOCOL), self.timeout)
+            await self._stream.write(frame)
+            self.bytes_sent += len(frame)
+            reply = await read_frame(self._stream, self.timeout)
+        except WireError as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: malformed reply: {exc}") from None
+        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: {exc!r}") from None
+        if reply is None:
+            self.abort()
+            raise SpanUnavailable(f"{self}: stream ended")
+        self.bytes_received += reply.nbytes
+        if reply.header.get("type") == "error":
+            raise RemoteError(f"{self}: {str(reply.header.get('error'))[:300]}")
+        return reply
+
+    async def info(self) -> dict:
+        return (await self.request({"type": "info"})).header
+
+    async def open(self, max_length: int, batch: int = 1) -> None:
+        await self.request({"type": "open", "max_length": max_length, "batch": batch})
+
+    async def step(self, chunks: list[torch.Tensor], codec: str) -> torch.Tensor:
+        reply = await self.request({"type": "step"}, {f"h{i}": c for i, c in enumerate(chunks)}, codec)
+        return self._tensor(reply, "h", chunks[-1].shape)
+
+    async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str) -> torch.Tensor:
+        tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts})
+        return self._tensor(await self.request({"type": "forward"}, tensors, codec), "h", hidden.shape)
+
+    async def backward(self, hidden: torch.Tensor, grad: torch.Tensor, prompts: torch.Tensor | None,
+                       codec: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tensors = {"h": hidden, "grad": grad} | ({} if prompts is None else {"prompts": prompts})
+        reply = await self.request({"type": "backward"}, tensors, codec)
+        grad_h = self._tensor(reply, "grad_h", hidden.shape)
+        if prompts is not None:
+            self._tensor(reply, "grad_prompts", prompts.shape)
+        return grad_h, reply.tensors.get("grad_prompts")
+
+    def _tensor(self, reply: Message, name: str, shape: torch.Size) -> torch.Tensor:
+        if name not in reply.tensors or reply.tensors[name].shape != shape:
+            self.abort()
+            raise SpanUnavailable(f"{self}: reply lacks tensor {name} of shape {list(shape)}")
+        return reply.tensors[name]
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._stream.close(), 5.0)
+            self._stream = None
+
+    def abort(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.reset()
+            self._stream = None
