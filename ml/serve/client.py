@@ -38,19 +38,22 @@ class ServerInfo:
 
 def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
                speed: dict[str, float] | None = None) -> list[ServerInfo]:
-    """Servers whose ranges tile 0..layers, fewest hops first, then fastest (by `speed`, higher is
-    better; otherwise the order given)."""
+    """Servers whose ranges tile 0..layers: fewest hops first, then the highest summed `speed`
+    (measured tokens/s), then the order given."""
     live = [s for s in servers if s.peer_id not in dead and 0 <= s.start < s.end <= layers]
     order = {id(s): i for i, s in enumerate(live)}
+    speed = speed or {}
+
+    def rank(path: list[ServerInfo]) -> tuple:
+        return len(path), -sum(speed.get(s.peer_id, 0.0) for s in path), [order[id(s)] for s in path]
+
     best: dict[int, list[ServerInfo]] = {0: []}
-    for position in range(layers):          # shortest tiling by dynamic programming over start positions
+    for position in range(layers):          # best tiling by dynamic programming over start positions
         if position not in best:
             continue
-        starting = sorted((s for s in live if s.start == position),
-                          key=lambda s: (-(speed or {}).get(s.peer_id, 0.0), order[id(s)]))
-        for server in starting:
+        for server in (s for s in live if s.start == position):
             path = best[position] + [server]
-            if server.end not in best or len(path) < len(best[server.end]):
+            if server.end not in best or rank(path) < rank(best[server.end]):
                 best[server.end] = path
     if layers not in best:
         raise NoChain(f"no live servers cover blocks 0..{layers}")
@@ -234,7 +237,7 @@ class RemotePromptTuner:
         self.input_prompt.grad = grad[:, :prompt_length].sum(0)
         self.deep_prompts.grad = deep_grad
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     async def loss(self, tokens: torch.Tensor) -> float:
         """The loss without a step (forward passes only)."""

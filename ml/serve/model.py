@@ -203,7 +203,11 @@ def random_decoder(config: DecoderConfig, seed: int, block_range: tuple[int, int
                 elif "norm" in name:
                     param.fill_(1.0)
                 else:
-                    std = 0.02 / math.sqrt(2 * config.layers) if name.endswith(("out.weight", "mlp.2.weight")) else 0.02
+                    std = 0.02
+                    if name.endswith(("out.weight", "mlp.2.weight")):
+                        std = 0.02 / math.sqrt(2 * config.layers)
+                    elif name == "head.weight":   # logits of unit scale at any width
+                        std = 1.0 / math.sqrt(config.width)
                     param.normal_(0.0, std, generator=gen)
 
     if ends:
