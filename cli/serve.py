@@ -1,0 +1,147 @@
+"""``dekube-node serve`` and ``dekube-node generate``: serve a range of a decoder's blocks, and
+generate text through servers that together hold all of them (ml/serve, ADR 0171).
+
+``serve --model SPEC --blocks A:B [--listen MULTIADDR]`` starts a bare p2p Host with the
+``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
+serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
+[--max-tokens N] [--codec f32|f16|i8] [--check-local]`` chains the servers (a second server with a
+range already covered is a spare used if the first one fails) and prints JSON {"text", "tokens",
+"replays", "tokens_per_s"} (plus "identical_to_local" with --check-local). Discovery through the
+ledger and payment are not wired yet: servers are named on the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from cli.errors import CliError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="serve a range of a decoder's blocks to generating clients")
+    serve.add_argument("--model", required=True, help="random:<layers>x<width>[:heads][@seed], random:large, "
+                                                      "or a char-transformer .safetensors file")
+    serve.add_argument("--blocks", help="A:B, the blocks to serve (default: all)")
+    serve.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help="p2p listen multiaddr")
+    serve.add_argument("--max-sessions", type=int, default=64)
+    serve.set_defaults(handler=run_serve)
+    generate = subparsers.add_parser("generate", help="generate text through block servers")
+    generate.add_argument("--model", required=True, help="the same model spec the servers use")
+    generate.add_argument("--server", action="append", required=True, metavar="MULTIADDR=A:B",
+                          help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat)")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-tokens", type=int, default=32)
+    generate.add_argument("--codec", choices=["f32", "f16", "i8"], default="f32",
+                          help="hidden-state encoding (f32 is bit-exact)")
+    generate.add_argument("--check-local", action="store_true",
+                          help="also run the whole model locally and report whether the tokens are identical")
+    generate.set_defaults(handler=run_generate)
+
+
+def _spec(text: str):
+    from ml.serve.catalog import ModelSpecError, parse_model
+
+    try:
+        return parse_model(text)
+    except ModelSpecError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from ml.serve.catalog import ModelSpecError, parse_blocks
+
+    spec = _spec(args.model)
+    try:
+        blocks = parse_blocks(args.blocks, spec.config.layers) if args.blocks else (0, spec.config.layers)
+    except ModelSpecError as exc:
+        raise CliError(str(exc)) from None
+    return asyncio.run(_serve(spec, blocks, args))
+
+
+async def _serve(spec, blocks: tuple[int, int], args: argparse.Namespace) -> int:
+    from ml.serve import protocol
+    from ml.serve.server import BlockServer
+    from node.identity import Identity
+    from node.p2p.host import Host
+
+    model = await asyncio.to_thread(spec.load_part, blocks, False)
+    server = BlockServer(model, max_sessions=args.max_sessions)
+    host = Host(Identity.generate(), [args.listen])
+    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id))
+    try:
+        await host.start()
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.listen}: {exc}") from None
+    addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
+    print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
+                      "blocks": f"{blocks[0]}:{blocks[1]}"}), flush=True)
+    try:
+        while True:
+            await asyncio.sleep(60)
+            server.expire()
+    finally:
+        await host.stop()
+
+
+def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
+    from ml.serve.catalog import ModelSpecError, parse_blocks
+
+    addr, sep, blocks = text.rpartition("=")
+    if not sep or "/p2p/" not in addr:
+        raise CliError(f"--server needs MULTIADDR/p2p/<peer id>=A:B, got {text!r}")
+    try:
+        return addr, parse_blocks(blocks, layers)
+    except ModelSpecError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from ml.serve.catalog import ModelSpecError
+
+    spec = _spec(args.model)
+    servers = [_parse_server(s, spec.config.layers) for s in args.server]
+    try:
+        prompt = spec.encode(args.prompt)
+    except ModelSpecError as exc:
+        raise CliError(str(exc)) from None
+    if not prompt or args.max_tokens < 1 or len(prompt) + args.max_tokens > spec.config.context:
+        raise CliError(f"need a non-empty prompt and 1 <= prompt + max-tokens <= {spec.config.context}")
+    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args))))
+    return 0
+
+
+async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace) -> dict:
+    from ml.serve.client import NoChain, RemoteGenerator, ServerInfo, local_generate
+    from node.identity import Identity
+    from node.p2p.host import Host
+
+    host = Host(Identity.generate())
+    await host.start()
+    try:
+        infos = []
+        for addr, (start, end) in servers:
+            try:
+                peer_id = await asyncio.wait_for(host.connect(addr), 15)
+            except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
+                print(f"dekube-node: server {addr} unreachable: {exc}", file=sys.stderr)
+                continue
+            infos.append(ServerInfo(peer_id, start, end))
+        ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
+        generator = RemoteGenerator(host, ends, infos, codec=args.codec)
+        began = time.perf_counter()
+        try:
+            tokens = await generator.generate(prompt, args.max_tokens)
+        except NoChain as exc:
+            raise CliError(str(exc)) from None
+        result = {"text": spec.decode(tokens), "tokens": tokens, "replays": generator.stats.replays,
+                  "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2)}
+        if args.check_local:
+            whole = await asyncio.to_thread(spec.load_part, None, True)
+            local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens)
+            result["identical_to_local"] = local == tokens
+        return result
+    finally:
+        await host.stop()

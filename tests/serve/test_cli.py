@@ -1,0 +1,55 @@
+"""`dekube-node serve` / `generate` as processes: two servers plus a spare, generate with a server
+killed before the client starts (the spare takes over), identical tokens to local inference."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "random:4x32:4@5"
+
+
+def start_server(blocks: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", MODEL, "--blocks", blocks],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(proc.stderr.read())
+    return proc, json.loads(line)
+
+
+def test_generate_through_served_blocks_matches_local(capsys):
+    procs = []
+    try:
+        first, first_info = start_server("0:2")
+        spare, spare_info = start_server("0:2")
+        second, second_info = start_server("2:4")
+        procs = [first, spare, second]
+        first.kill()
+        first.wait()
+        code = main(["generate", "--model", MODEL, "--prompt", "hello", "--max-tokens", "12", "--check-local",
+                     "--server", f"{first_info['addrs'][0]}=0:2", "--server", f"{spare_info['addrs'][0]}=0:2",
+                     "--server", f"{second_info['addrs'][0]}=2:4"])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and out["identical_to_local"] is True and len(out["tokens"]) == 12
+        assert second_info["blocks"] == "2:4" and second_info["model"] == first_info["model"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["serve", "--model", "random:4x30:4", "--blocks", "0:1"], "divisible"),
+    (["serve", "--model", "random:4x32", "--blocks", "3:9"], "inside"),
+    (["serve", "--model", "nope.safetensors"], "neither"),
+    (["generate", "--model", MODEL, "--server", "/ip4/127.0.0.1/tcp/1=0:4", "--prompt", "x"], "p2p"),
+])
+def test_bad_arguments_are_one_line_errors(argv, match, capsys):
+    assert main(argv) == 1
+    assert match in capsys.readouterr().err
