@@ -5,8 +5,9 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
 - "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
 - "open" {"max_length", "batch"} -> {"type": "opened"}: one inference session per stream, closed
   when the stream ends (or by "close", answered {"type": "closed", "usage"}).
-- "step" {"codec"} + tensors h0..h<k-1> -> {"type": "hidden", "usage"} + tensor "h": the chunks run
-  in order with the session's KV caches; the reply is the last chunk's output (k > 1 replays a prefix).
+- "step" {"codec", "chunks": [length, ...]} + tensor "h" (batch, sum of lengths, width) ->
+  {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
+  the reply is the last chunk's output (several chunks replay a prefix).
 - "forward" {"codec"} + "h" [+ "prompts"] -> "h": a stateless pass (fine-tuning).
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] -> "grad_h" [+ "grad_prompts"].
 
@@ -62,6 +63,17 @@ def _codec(header: dict) -> str:
     return codec
 
 
+def _split_chunks(lengths: object, hidden: torch.Tensor | None) -> list[torch.Tensor]:
+    """A step's tensor "h" (batch, total, width) cut into its chunks (header "chunks": lengths)."""
+    if hidden is None or hidden.dim() != 3:
+        raise ServeError("a step carries hidden states h of shape (batch, length, width)")
+    if (not isinstance(lengths, list) or not 1 <= len(lengths) <= MAX_CHUNKS
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)
+            or sum(lengths) != hidden.shape[1]):
+        raise ServeError(f"chunks must be 1..{MAX_CHUNKS} positive lengths summing to h's length")
+    return list(torch.split(hidden, lengths, dim=1))
+
+
 def make_handler(server: BlockServer, model_id: str):
     """The Host stream handler serving `server`'s blocks as model `model_id`."""
     compute = asyncio.Semaphore(1)
@@ -89,10 +101,8 @@ def make_handler(server: BlockServer, model_id: str):
         if kind == "step":
             if not state.get("session"):
                 raise ServeError("open a session first")
-            names = [f"h{i}" for i in range(len(tensors))]
-            if not 1 <= len(tensors) <= MAX_CHUNKS or sorted(tensors) != sorted(names):
-                raise ServeError("a step carries tensors h0..h<k-1>")
-            out = await run(server.step, state["session"], [tensors[n] for n in names])
+            chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
+            out = await run(server.step, state["session"], chunks)
             usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage}, {"h": out}, codec)
         if kind == "forward":
@@ -177,7 +187,8 @@ class SpanClient:
         await self.request({"type": "open", "max_length": max_length, "batch": batch})
 
     async def step(self, chunks: list[torch.Tensor], codec: str) -> torch.Tensor:
-        reply = await self.request({"type": "step"}, {f"h{i}": c for i, c in enumerate(chunks)}, codec)
+        lengths = [c.shape[1] for c in chunks]
+        reply = await self.request({"type": "step", "chunks": lengths}, {"h": torch.cat(chunks, 1)}, codec)
         return self._tensor(reply, "h", chunks[-1].shape)
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ml.serve.wire import decode_frame, encode_frame, frame_length
 from node.identity import Identity
 from node.p2p.host import Host
 
-CONFIG = DecoderConfig(vocab_size=48, context=64, width=32, layers=6, heads=4)
+CONFIG = DecoderConfig(vocab_size=48, context=128, width=32, layers=6, heads=4)
 SEED = 7
 PROMPT = [3, 14, 15, 9, 2, 6, 5, 35, 8, 9]
 
@@ -131,22 +131,22 @@ def test_char_transformer_generation_through_servers_equals_local():
 
 
 def test_a_server_killed_mid_generation_is_replaced_and_the_output_continues():
-    expected = local_generate(random_decoder(CONFIG, SEED), PROMPT, 30)
+    expected = local_generate(random_decoder(CONFIG, SEED), PROMPT, 90)
 
     async def scenario():
-        # the middle range has two servers; the one in use dies after 10 tokens
+        # the middle range has two servers; the one in use dies after 70 tokens (a 70-chunk replay)
         async with Network(random_build, [(0, 2), (2, 4), (2, 4), (4, 6)]) as net:
             generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec="f32")
             original_step = generator._through_chain
 
             async def step_and_kill(hidden):
-                if generator.stats.steps == 10:
+                if generator.stats.steps == 70:
                     victim = generator.chain[1].peer_id
                     await next(h for h in net.hosts if h.peer_id == victim).stop()
                 return await original_step(hidden)
 
             generator._through_chain = step_and_kill
-            tokens = await generator.generate(PROMPT, 30)
+            tokens = await generator.generate(PROMPT, 90)
             return tokens, generator.stats, generator.dead, net.servers
 
     tokens, stats, dead, servers = asyncio.run(scenario())
@@ -264,7 +264,7 @@ async def _first_reply(net, payload: bytes) -> dict:
 @pytest.mark.parametrize("payload,expect", [
     (struct.pack(">I", 1 << 30), "exceeds"),                                             # oversized
     (struct.pack(">II", 8, 100) + b"\0" * 4, "out of bounds"),                           # header overruns
-    (encode_frame({"type": "step"}, {"h0": torch.zeros(1, 2, CONFIG.width)}), "open a session"),
+    (encode_frame({"type": "step", "chunks": [2]}, {"h": torch.zeros(1, 2, CONFIG.width)}), "open a session"),
     (encode_frame({"type": "open", "max_length": 10 ** 9}), "max_length"),
     (encode_frame({"type": "nope"}), "unknown request"),
     (encode_frame({"type": "forward", "codec": "f32"}, {"h": torch.zeros(1, 2, CONFIG.width + 1)}), "hidden states"),
@@ -312,3 +312,23 @@ def test_a_refused_open_is_a_remote_error():
 
     with pytest.raises(RemoteError, match="max_length"):
         asyncio.run(scenario())
+
+
+def test_step_chunks_must_cover_the_hidden_states():
+    async def scenario():
+        async with Network(random_build, [(0, 6)]) as net:
+            span = SpanClient(net.client, net.servers[0].peer_id, 0, 6)
+            await span.open(16)
+            errors = []
+            for chunks in ([1], [3, 0], "x", [True, 1]):
+                try:
+                    await span.request({"type": "step", "chunks": chunks}, {"h": torch.zeros(1, 2, CONFIG.width)})
+                except RemoteError as exc:
+                    errors.append(str(exc))
+            out = await span.step([torch.zeros(1, 2, CONFIG.width), torch.zeros(1, 1, CONFIG.width)], "f32")
+            await span.close()
+            return errors, out
+
+    errors, out = asyncio.run(scenario())
+    assert len(errors) == 4 and all("chunks" in e for e in errors)
+    assert out.shape == (1, 1, CONFIG.width)
