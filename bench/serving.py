@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from ml.serve import protocol  # noqa: E402
-from ml.serve.client import RemoteGenerator, RemotePromptTuner, ServerInfo, greedy, local_generate  # noqa: E402
+from ml.serve.client import RemoteGenerator, RemoteTuner, ServerInfo, greedy, local_generate  # noqa: E402
 from ml.serve.model import DecoderBlock, DecoderConfig, random_decoder  # noqa: E402
 from ml.serve.server import BlockServer  # noqa: E402
 from node.identity import Identity  # noqa: E402
@@ -121,7 +121,7 @@ async def run(args) -> dict:
         result["replays"] = generator.stats.replays
 
         live = [info for i, info in enumerate(infos) if i != victim_index]
-        tuner = RemotePromptTuner(client, ends, live, prompt_length=8, codec=args.codec)
+        tuner = RemoteTuner(client, ends, live, prompt_length=8, codec=args.codec)
         batch = torch.randint(0, 256, (4, 65), generator=torch.Generator().manual_seed(4))
         await tuner.step(batch)   # warm-up
         began = time.perf_counter()

@@ -9,8 +9,9 @@ recorded chunks plus the current one in one request, so the new server's cache h
 the old one had and the output continues unchanged. `local_generate` runs the same chunks through a
 whole local model: in bit-exact mode ("f32") both give the same tokens.
 
-`RemotePromptTuner` fine-tunes parameters the client owns (an input soft prompt and deep prompts
-added before every block) with forward and backward passes through the servers.
+`RemoteTuner` fine-tunes parameters the client owns (an input soft prompt, deep prompts added
+before every block, LoRA adapters on every block's qkv projection) with forward and backward passes
+through the servers; a tuned adapter can then be used for generation (`RemoteGenerator(lora=...)`).
 """
 from __future__ import annotations
 
@@ -81,18 +82,19 @@ def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits[0, -1]))
 
 
-def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int) -> list[int]:
+def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
+                   lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[int]:
     """Greedy tokens from the whole model, in the chunks the remote generator uses (prefix, then one
     token at a time)."""
     caches = model.new_caches(1, len(prompt) + max_new_tokens)
     tokens, out = list(prompt), []
     with torch.no_grad():
-        hidden = model.run_blocks(model.embed_tokens(torch.tensor([tokens])), caches)
+        hidden = model.run_blocks(model.embed_tokens(torch.tensor([tokens])), caches, lora=lora)
         for step in range(max_new_tokens):
             out.append(greedy(model.logits(hidden)))
             if step + 1 < max_new_tokens:
                 position = len(tokens) + step
-                hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches)
+                hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches, lora=lora)
     return out
 
 
@@ -105,10 +107,11 @@ class GenerationStats:
 
 class RemoteGenerator:
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
-                 speed: dict[str, float] | None = None):
+                 speed: dict[str, float] | None = None, lora: tuple[torch.Tensor, torch.Tensor] | None = None):
         if not ends.has_ends:
             raise ValueError("the client needs the model's ends (embeddings, norm, head)")
         self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
+        self.lora = lora   # the client's adapter for every block: A (layers, r, width), B (layers, 3 width, r)
         self.dead: set[str] = set()
         self.stats = GenerationStats()
         self.chain: list[SpanClient] = []
@@ -117,7 +120,8 @@ class RemoteGenerator:
 
     async def _open(self, server: ServerInfo) -> SpanClient:
         client = SpanClient(self.host, server.peer_id, server.start, server.end)
-        await client.open(self._max_length)
+        adapter = None if self.lora is None else tuple(t[server.start:server.end] for t in self.lora)
+        await client.open(self._max_length, lora=adapter, codec=self.codec)
         return client
 
     async def start(self, max_length: int) -> None:
@@ -194,61 +198,98 @@ class RemoteGenerator:
         self.chain, self.history = [], []
 
 
-class RemotePromptTuner:
-    """Prompt tuning through block servers: the client owns `input_prompt` (P, width), prepended to
-    the embedded tokens, and `deep_prompts` (layers, P, width), added to the first P positions
-    before each block by the server running it. Only these parameters change."""
+class RemoteTuner:
+    """Fine-tuning through block servers of parameters the client owns: with `prompt_length` P > 0 an
+    input soft prompt (P, width) prepended to the embedded tokens and deep prompts (layers, P, width)
+    added to the first P positions before each block; with `lora_rank` r > 0 LoRA adapters on every
+    block's qkv projection (A (layers, r, width), B (layers, 3 width, r), B starting at zero). The
+    servers run forward and backward passes and return the gradients; only these parameters change."""
 
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], prompt_length: int = 4,
-                 codec: str = "f32", lr: float = 1e-2, seed: int = 0):
+                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0):
         config = ends.config
-        self.host, self.ends, self.codec = host, ends, codec
+        if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
+            raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
+        self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
         self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
         gen = torch.Generator().manual_seed(seed)
-        self.input_prompt = torch.nn.Parameter(0.02 * torch.randn(prompt_length, config.width, generator=gen))
-        self.deep_prompts = torch.nn.Parameter(torch.zeros(config.layers, prompt_length, config.width))
-        self.optimizer = torch.optim.Adam([self.input_prompt, self.deep_prompts], lr=lr)
+        self.params: dict[str, torch.nn.Parameter] = {}
+        if prompt_length:
+            self.params["input_prompt"] = torch.nn.Parameter(0.02 * torch.randn(prompt_length, config.width,
+                                                                                generator=gen))
+            self.params["deep_prompts"] = torch.nn.Parameter(torch.zeros(config.layers, prompt_length, config.width))
+        if lora_rank:
+            scale = 1.0 / config.width ** 0.5
+            self.params["lora_a"] = torch.nn.Parameter(scale * torch.randn(config.layers, lora_rank, config.width,
+                                                                           generator=gen))
+            self.params["lora_b"] = torch.nn.Parameter(torch.zeros(config.layers, 3 * config.width, lora_rank))
+        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
         for param in ends.parameters():
             param.requires_grad_(False)
 
+    @property
+    def lora(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if "lora_a" not in self.params:
+            return None
+        return self.params["lora_a"].detach(), self.params["lora_b"].detach()
+
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
-        prompt_length = self.input_prompt.shape[0]
-        embedded = self.ends.embed_tokens(tokens[:, :-1], offset=prompt_length)
-        prefix = self.input_prompt.detach().expand(tokens.shape[0], -1, -1) + self.ends.position[:prompt_length]
-        return torch.cat([prefix, embedded], 1)
+        embedded = self.ends.embed_tokens(tokens[:, :-1], offset=self.prompt_length)
+        if not self.prompt_length:
+            return embedded
+        prompt = self.params["input_prompt"].detach().expand(tokens.shape[0], -1, -1)
+        return torch.cat([prompt + self.ends.position[:self.prompt_length], embedded], 1)
+
+    def _span_args(self, span: SpanClient, batch: int):
+        deep = None
+        if self.prompt_length:
+            deep = self.params["deep_prompts"].detach()[span.start:span.end].unsqueeze(1)
+            deep = deep.expand(-1, batch, -1, -1).contiguous()
+        lora = self.lora
+        return deep, None if lora is None else (lora[0][span.start:span.end], lora[1][span.start:span.end])
+
+    def _loss(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.ends.logits(hidden)[:, self.prompt_length:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
     async def step(self, tokens: torch.Tensor) -> float:
         """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions."""
-        batch, prompt_length = tokens.shape[0], self.input_prompt.shape[0]
-        deep = self.deep_prompts.detach().unsqueeze(1).expand(-1, batch, -1, -1).contiguous()
+        batch = tokens.shape[0]
         hidden, inputs = self._inputs(tokens), []
         for span in self.chain:
             inputs.append(hidden)
-            hidden = await span.forward(hidden, deep[span.start:span.end], self.codec)
+            deep, lora = self._span_args(span, batch)
+            hidden = await span.forward(hidden, deep, self.codec, lora)
         leaf = hidden.detach().requires_grad_(True)
-        logits = self.ends.logits(leaf)[:, prompt_length:]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = self._loss(leaf, tokens)
         loss.backward()
-        grad, deep_grad = leaf.grad, torch.zeros_like(self.deep_prompts)
+        grad = leaf.grad
+        grads = {name: torch.zeros_like(p) for name, p in self.params.items()}
         for span, span_input in zip(reversed(self.chain), reversed(inputs)):
-            grad, grad_prompts = await span.backward(span_input, grad, deep[span.start:span.end], self.codec)
-            deep_grad[span.start:span.end] = grad_prompts.sum(1)
+            deep, lora = self._span_args(span, batch)
+            got = await span.backward(span_input, grad, deep, self.codec, lora)
+            grad = got["grad_h"]
+            if deep is not None:
+                grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1)
+            if lora is not None:
+                grads["lora_a"][span.start:span.end] = got["grad_lora_a"]
+                grads["lora_b"][span.start:span.end] = got["grad_lora_b"]
+        if self.prompt_length:
+            grads["input_prompt"] = grad[:, :self.prompt_length].sum(0)
         self.optimizer.zero_grad()
-        self.input_prompt.grad = grad[:, :prompt_length].sum(0)
-        self.deep_prompts.grad = deep_grad
+        for name, param in self.params.items():
+            param.grad = grads[name]
         self.optimizer.step()
         return float(loss.detach())
 
     async def loss(self, tokens: torch.Tensor) -> float:
         """The loss without a step (forward passes only)."""
-        batch = tokens.shape[0]
-        deep = self.deep_prompts.detach().unsqueeze(1).expand(-1, batch, -1, -1).contiguous()
         hidden = self._inputs(tokens)
         with torch.no_grad():
             for span in self.chain:
-                hidden = await span.forward(hidden, deep[span.start:span.end], self.codec)
-            logits = self.ends.logits(hidden)[:, self.input_prompt.shape[0]:]
-            return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)))
+                deep, lora = self._span_args(span, tokens.shape[0])
+                hidden = await span.forward(hidden, deep, self.codec, lora)
+            return float(self._loss(hidden, tokens))
 
     async def close(self) -> None:
         await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

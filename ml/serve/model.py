@@ -87,9 +87,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None,
+                lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
+        qkv = self.qkv(x)
+        if lora is not None:    # low-rank adapter on the qkv projection: + B (A x)
+            qkv = qkv + (x @ lora[0].transpose(0, 1)) @ lora[1].transpose(0, 1)
+        q, k, v = qkv.split(width, dim=2)
         shape = (batch, length, self.heads, width // self.heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         past = 0
@@ -114,8 +118,9 @@ class DecoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cache)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None,
+                lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cache, lora)
         return x + self.mlp(self.norm2(x))
 
 
@@ -152,14 +157,17 @@ class ServeDecoder(nn.Module):
         return [KVCache(batch, self.config.heads, head_dim, max_length) for _ in range(self.start, self.end)]
 
     def run_blocks(self, hidden: torch.Tensor, caches: list[KVCache] | None = None,
-                   prompts: torch.Tensor | None = None) -> torch.Tensor:
+                   prompts: torch.Tensor | None = None,
+                   lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Blocks start..end over `hidden` (batch, length, width). With `caches`, a step of an
         inference session; with `prompts` (blocks, batch, P, width), deep prompt tuning: prompt i
-        is added to the first P positions before block i."""
+        is added to the first P positions before block i; with `lora` = (A (blocks, r, width),
+        B (blocks, 3 width, r)), block i's qkv projection gets + B[i] A[i] x."""
         for index, block in enumerate(self.blocks.values()):
             if prompts is not None:
                 hidden = torch.cat([hidden[:, :prompts.shape[2]] + prompts[index], hidden[:, prompts.shape[2]:]], 1)
-            hidden = block(hidden, None if caches is None else caches[index])
+            adapter = None if lora is None else (lora[0][index], lora[1][index])
+            hidden = block(hidden, None if caches is None else caches[index], adapter)
         return hidden
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -3,13 +3,15 @@
 Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type":
 
 - "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
-- "open" {"max_length", "batch"} -> {"type": "opened"}: one inference session per stream, closed
-  when the stream ends (or by "close", answered {"type": "closed", "usage"}).
+- "open" {"max_length", "batch"} [+ "lora_a", "lora_b"] -> {"type": "opened"}: one inference session
+  per stream (with the client's adapter, if sent, applied at every step), closed when the stream
+  ends (or by "close", answered {"type": "closed", "usage"}).
 - "step" {"codec", "chunks": [length, ...]} + tensor "h" (batch, sum of lengths, width) ->
   {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
   the reply is the last chunk's output (several chunks replay a prefix).
-- "forward" {"codec"} + "h" [+ "prompts"] -> "h": a stateless pass (fine-tuning).
-- "backward" {"codec"} + "h", "grad" [+ "prompts"] -> "grad_h" [+ "grad_prompts"].
+- "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
+- "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
+  [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
 
 Replies use the request's codec ("f32" bit-exact, "f16", "i8"). A refused request is answered
 {"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
@@ -74,6 +76,14 @@ def _split_chunks(lengths: object, hidden: torch.Tensor | None) -> list[torch.Te
     return list(torch.split(hidden, lengths, dim=1))
 
 
+def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if "lora_a" not in tensors and "lora_b" not in tensors:
+        return None
+    if "lora_a" not in tensors or "lora_b" not in tensors:
+        raise ServeError("an adapter needs both lora_a and lora_b")
+    return tensors["lora_a"], tensors["lora_b"]
+
+
 def make_handler(server: BlockServer, model_id: str):
     """The Host stream handler serving `server`'s blocks as model `model_id`."""
     compute = asyncio.Semaphore(1)
@@ -91,7 +101,7 @@ def make_handler(server: BlockServer, model_id: str):
             if state.get("session"):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
-            server.open_session(session_id, header.get("max_length"), header.get("batch", 1))
+            server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors))
             state["session"] = session_id
             return encode_frame({"type": "opened"})
         if kind == "close":
@@ -108,15 +118,14 @@ def make_handler(server: BlockServer, model_id: str):
         if kind == "forward":
             if "h" not in tensors:
                 raise ServeError("forward needs tensor h")
-            out = await run(server.forward, tensors["h"], tensors.get("prompts"), state["usage"])
+            out = await run(server.forward, tensors["h"], tensors.get("prompts"), _lora(tensors), state["usage"])
             return await asyncio.to_thread(encode_frame, {"type": "hidden"}, {"h": out}, codec)
         if kind == "backward":
             if "h" not in tensors or "grad" not in tensors:
                 raise ServeError("backward needs tensors h and grad")
-            grad_h, grad_prompts = await run(server.backward, tensors["h"], tensors["grad"],
-                                             tensors.get("prompts"), state["usage"])
-            out = {"grad_h": grad_h} | ({} if grad_prompts is None else {"grad_prompts": grad_prompts})
-            return await asyncio.to_thread(encode_frame, {"type": "grads"}, out, codec)
+            grads = await run(server.backward, tensors["h"], tensors["grad"], tensors.get("prompts"),
+                              _lora(tensors), state["usage"])
+            return await asyncio.to_thread(encode_frame, {"type": "grads"}, grads, codec)
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
@@ -143,6 +152,10 @@ def make_handler(server: BlockServer, model_id: str):
                 server.close_session(state["session"])
 
     return handle
+
+
+def _adapter(lora: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    return {} if lora is None else {"lora_a": lora[0], "lora_b": lora[1]}
 
 
 class SpanClient:
@@ -183,26 +196,31 @@ class SpanClient:
     async def info(self) -> dict:
         return (await self.request({"type": "info"})).header
 
-    async def open(self, max_length: int, batch: int = 1) -> None:
-        await self.request({"type": "open", "max_length": max_length, "batch": batch})
+    async def open(self, max_length: int, batch: int = 1, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   codec: str = "f32") -> None:
+        await self.request({"type": "open", "max_length": max_length, "batch": batch}, _adapter(lora), codec)
 
     async def step(self, chunks: list[torch.Tensor], codec: str) -> torch.Tensor:
         lengths = [c.shape[1] for c in chunks]
         reply = await self.request({"type": "step", "chunks": lengths}, {"h": torch.cat(chunks, 1)}, codec)
         return self._tensor(reply, "h", chunks[-1].shape)
 
-    async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str) -> torch.Tensor:
-        tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts})
+    async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
+                      lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
         return self._tensor(await self.request({"type": "forward"}, tensors, codec), "h", hidden.shape)
 
-    async def backward(self, hidden: torch.Tensor, grad: torch.Tensor, prompts: torch.Tensor | None,
-                       codec: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        tensors = {"h": hidden, "grad": grad} | ({} if prompts is None else {"prompts": prompts})
+    async def backward(self, hidden: torch.Tensor, grad: torch.Tensor, prompts: torch.Tensor | None, codec: str,
+                       lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """{"grad_h", and "grad_prompts" / "grad_lora_a", "grad_lora_b" for what was sent}."""
+        tensors = {"h": hidden, "grad": grad} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
         reply = await self.request({"type": "backward"}, tensors, codec)
-        grad_h = self._tensor(reply, "grad_h", hidden.shape)
+        expected = {"grad_h": hidden.shape}
         if prompts is not None:
-            self._tensor(reply, "grad_prompts", prompts.shape)
-        return grad_h, reply.tensors.get("grad_prompts")
+            expected["grad_prompts"] = prompts.shape
+        if lora is not None:
+            expected["grad_lora_a"], expected["grad_lora_b"] = lora[0].shape, lora[1].shape
+        return {name: self._tensor(reply, name, shape) for name, shape in expected.items()}
 
     def _tensor(self, reply: Message, name: str, shape: torch.Size) -> torch.Tensor:
         if name not in reply.tensors or reply.tensors[name].shape != shape:

@@ -21,6 +21,9 @@ MAX_SESSIONS = 64
 MAX_CACHE_BYTES = 2 << 30
 SESSION_TTL_S = 300.0
 MAX_BATCH = 16
+MAX_RANK = 64
+
+Adapter = tuple[torch.Tensor, torch.Tensor]   # LoRA (A, B) for the served blocks
 
 
 class ServeError(ValueError):
@@ -45,6 +48,7 @@ class Session:
     last_used: float
     usage: Usage = field(default_factory=Usage)
     busy: bool = False
+    lora: Adapter | None = None
 
     @property
     def length(self) -> int:
@@ -72,13 +76,14 @@ class BlockServer:
     def cache_in_use(self) -> int:
         return sum(s.reserved for s in self.sessions.values())
 
-    def open_session(self, session_id: str, max_length: int, batch: int = 1) -> Session:
+    def open_session(self, session_id: str, max_length: int, batch: int = 1, lora: Adapter | None = None) -> Session:
         if not isinstance(session_id, str) or not 1 <= len(session_id) <= 64:
             raise ServeError("a session id is 1-64 characters")
         if not isinstance(max_length, int) or not 1 <= max_length <= self.config.context:
             raise ServeError(f"max_length must be 1..{self.config.context}")
         if not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
             raise ServeError(f"batch must be 1..{MAX_BATCH}")
+        self.check_lora(lora)
         reserved = cache_bytes(self.config, self.end - self.start, batch, max_length)
         with self._lock:
             self._expire_locked()
@@ -88,7 +93,8 @@ class BlockServer:
                 raise ServeError(f"server is full ({self.max_sessions} sessions)")
             if self.cache_in_use() + reserved > self.max_cache_bytes:
                 raise ServeError(f"no room for a KV cache of {reserved} bytes")
-            session = Session(session_id, batch, self.model.new_caches(batch, max_length), reserved, self._clock())
+            session = Session(session_id, batch, self.model.new_caches(batch, max_length), reserved, self._clock(),
+                              lora=lora)
             self.sessions[session_id] = session
             return session
 
@@ -145,7 +151,7 @@ class BlockServer:
             with torch.no_grad():
                 for chunk in chunks:
                     past = session.length
-                    out = self.model.run_blocks(chunk, session.caches)
+                    out = self.model.run_blocks(chunk, session.caches, lora=session.lora)
                     self._count(session.usage, chunk.shape[0], past, chunk.shape[1])
             return out
         finally:
@@ -168,29 +174,46 @@ class BlockServer:
             raise ServeError(f"prompts must be ({blocks}, batch, P<=length, {self.config.width}), "
                              f"got {list(prompts.shape)}")
 
-    def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None = None,
+    def check_lora(self, lora: Adapter | None) -> None:
+        if lora is None:
+            return
+        a, b = lora
+        blocks, width = self.end - self.start, self.config.width
+        if (a.dim() != 3 or b.dim() != 3 or a.shape[0] != blocks or b.shape[0] != blocks
+                or a.shape[2] != width or b.shape[1] != 3 * width or not 1 <= a.shape[1] == b.shape[2] <= MAX_RANK):
+            raise ServeError(f"lora must be A ({blocks}, r, {width}) and B ({blocks}, {3 * width}, r), "
+                             f"1 <= r <= {MAX_RANK}")
+
+    def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None = None, lora: Adapter | None = None,
                 usage: Usage | None = None) -> torch.Tensor:
         """A stateless pass over whole sequences (fine-tuning's forward)."""
         self._check_hidden(hidden)
         self._check_prompts(hidden, prompts)
+        self.check_lora(lora)
         with torch.no_grad():
-            out = self.model.run_blocks(hidden, prompts=prompts)
+            out = self.model.run_blocks(hidden, prompts=prompts, lora=lora)
         self._count(usage or Usage(), hidden.shape[0], 0, hidden.shape[1])
         return out
 
     def backward(self, hidden: torch.Tensor, grad_output: torch.Tensor, prompts: torch.Tensor | None = None,
-                 usage: Usage | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 lora: Adapter | None = None, usage: Usage | None = None) -> dict[str, torch.Tensor]:
         """Recompute the pass over `hidden` and return the gradients of <output, grad_output> with
-        respect to `hidden` and `prompts`; the server's weights get no gradient."""
+        respect to the hidden states ("grad_h"), the prompts ("grad_prompts") and the adapters
+        ("grad_lora_a", "grad_lora_b"); the server's weights get no gradient."""
         self._check_hidden(hidden)
         self._check_prompts(hidden, prompts)
+        self.check_lora(lora)
         if grad_output.shape != hidden.shape:
             raise ServeError(f"grad must have the shape of the hidden states {list(hidden.shape)}")
-        inputs = hidden.detach().clone().requires_grad_(True)
-        prompt_leaf = None if prompts is None else prompts.detach().clone().requires_grad_(True)
+        leaves = {"grad_h": hidden}
+        if prompts is not None:
+            leaves["grad_prompts"] = prompts
+        if lora is not None:
+            leaves["grad_lora_a"], leaves["grad_lora_b"] = lora
+        leaves = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
+        adapter = None if lora is None else (leaves["grad_lora_a"], leaves["grad_lora_b"])
         with torch.enable_grad():
-            out = self.model.run_blocks(inputs, prompts=prompt_leaf)
-            wrt = [inputs] + ([prompt_leaf] if prompt_leaf is not None else [])
-            grads = torch.autograd.grad(out, wrt, grad_outputs=grad_output)
+            out = self.model.run_blocks(leaves["grad_h"], prompts=leaves.get("grad_prompts"), lora=adapter)
+            grads = torch.autograd.grad(out, list(leaves.values()), grad_outputs=grad_output)
         self._count(usage or Usage(), hidden.shape[0], 0, hidden.shape[1], factor=3)   # recompute + backward ~ 3x
-        return grads[0], (grads[1] if prompt_leaf is not None else None)
+        return dict(zip(leaves, grads))

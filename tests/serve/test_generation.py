@@ -9,7 +9,7 @@ import torch
 
 from ml.registry.models import CharTransformer
 from ml.serve import protocol
-from ml.serve.client import NoChain, RemoteGenerator, RemotePromptTuner, ServerInfo, local_generate, plan_chain
+from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, plan_chain
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
 from ml.serve.server import BlockServer
@@ -196,58 +196,77 @@ def test_lossy_codecs_keep_hidden_states_close(codec, bound):
     assert sent < 2 * 4 * reference.numel()   # compressed below fp32
 
 
-def test_prompt_tuning_through_servers_lowers_the_loss_and_matches_local_gradients():
-    torch.manual_seed(1)
+def local_tuning_grads(params: dict, batch: torch.Tensor, prompt_length: int) -> dict:
+    """The gradients of the tuning loss by local autograd through the whole model."""
+    local = random_decoder(CONFIG, SEED)
+    for param in local.parameters():
+        param.requires_grad_(False)
+    leaves = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+    hidden = local.embed_tokens(batch[:, :-1], offset=prompt_length)
+    prompts = lora = None
+    if prompt_length:
+        soft = (leaves["input_prompt"] + local.position[:prompt_length]).expand(batch.shape[0], -1, -1)
+        hidden = torch.cat([soft, hidden], 1)
+        prompts = leaves["deep_prompts"].unsqueeze(1).expand(-1, batch.shape[0], -1, -1)
+    if "lora_a" in leaves:
+        lora = (leaves["lora_a"], leaves["lora_b"])
+    logits = local.logits(local.run_blocks(hidden, prompts=prompts, lora=lora))[:, prompt_length:]
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)).backward()
+    return {name: leaf.grad for name, leaf in leaves.items()}
+
+
+@pytest.mark.parametrize("prompt_length,lora_rank,steps,lr", [(8, 0, 40, 3e-2), (0, 4, 30, 1e-2), (4, 2, 30, 1e-2)],
+                         ids=["prompts", "lora", "both"])
+def test_tuning_through_servers_lowers_the_loss_with_exact_gradients(prompt_length, lora_rank, steps, lr):
     # the tiny task: continue a fixed repeating pattern the random model does not know
     pattern = torch.tensor([5, 9, 1, 7, 3] * 5)
     batch = torch.stack([pattern[i:i + 17] for i in range(4)])
 
     async def scenario():
         async with Network(random_build, [(0, 3), (3, 6)]) as net:
-            tuner = RemotePromptTuner(net.client, random_build((0, 0), True), net.servers, prompt_length=8, lr=3e-2)
+            tuner = RemoteTuner(net.client, random_build((0, 0), True), net.servers, prompt_length=prompt_length,
+                                lora_rank=lora_rank, lr=lr)
             before = await tuner.loss(batch)
-            losses = [await tuner.step(batch) for _ in range(40)]
+            start = {name: p.detach().clone() for name, p in tuner.params.items()}
+            losses = [await tuner.step(batch)]
+            first_grads = {name: p.grad.clone() for name, p in tuner.params.items()}
+            losses += [await tuner.step(batch) for _ in range(steps - 1)]
             after = await tuner.loss(batch)
             await tuner.close()
-            return before, losses, after, tuner
+            return before, losses, after, start, first_grads
 
-    before, losses, after, tuner = asyncio.run(scenario())
-    assert after < 0.9 * before and after < losses[20] < losses[0], (before, after)
+    before, losses, after, start, first_grads = asyncio.run(scenario())
+    assert after < 0.9 * before and after < losses[steps // 2] < losses[0], (before, after)
     assert losses[0] == pytest.approx(before, rel=1e-5)
+    expected = local_tuning_grads(start, batch, prompt_length)
+    assert set(first_grads) == set(expected)
+    for name, grad in expected.items():
+        torch.testing.assert_close(first_grads[name], grad, atol=1e-6, rtol=1e-4)
 
-    # the gradients the servers returned equal local autograd through the whole model
-    local = random_decoder(CONFIG, SEED)
-    for param in local.parameters():
-        param.requires_grad_(False)
-    deep = tuner.deep_prompts.detach().clone().requires_grad_(True)
-    soft = tuner.input_prompt.detach().clone().requires_grad_(True)
-    hidden = torch.cat([(soft + local.position[:8]).expand(4, -1, -1),
-                        local.embed_tokens(batch[:, :-1], offset=8)], 1)
-    out = local.run_blocks(hidden, prompts=deep.unsqueeze(1).expand(-1, 4, -1, -1))
-    logits = local.logits(out)[:, 8:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-    loss.backward()
 
-    async def remote_grads():
-        async with Network(random_build, [(0, 3), (3, 6)]) as net:
-            again = RemotePromptTuner(net.client, random_build((0, 0), True), net.servers, prompt_length=8, lr=0.0)
-            with torch.no_grad():
-                again.deep_prompts.copy_(deep.detach())
-                again.input_prompt.copy_(soft.detach())
-            await again.step(batch)
-            await again.close()
-            return again.deep_prompts.grad, again.input_prompt.grad
+def test_generation_with_a_tuned_adapter_equals_local_and_changes_the_output():
+    gen = torch.Generator().manual_seed(3)
+    lora = (torch.randn(CONFIG.layers, 2, CONFIG.width, generator=gen),
+            torch.randn(CONFIG.layers, 3 * CONFIG.width, 2, generator=gen))
+    whole = random_decoder(CONFIG, SEED)
+    expected = local_generate(whole, PROMPT, 20, lora=lora)
+    assert expected != local_generate(whole, PROMPT, 20)
 
-    deep_grad, soft_grad = asyncio.run(remote_grads())
-    torch.testing.assert_close(deep_grad, deep.grad, atol=1e-6, rtol=1e-4)
-    torch.testing.assert_close(soft_grad, soft.grad, atol=1e-6, rtol=1e-4)
+    async def scenario():
+        async with Network(random_build, [(0, 2), (2, 6)]) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, lora=lora)
+            return await generator.generate(PROMPT, 20)
+
+    assert asyncio.run(scenario()) == expected
 
 
 def test_server_weights_never_change():
     server = BlockServer(random_decoder(CONFIG, SEED, (0, 3), ends=False))
     before = {k: v.clone() for k, v in server.model.state_dict().items()}
     hidden = torch.randn(2, 8, CONFIG.width)
-    server.backward(hidden, torch.randn_like(hidden), torch.randn(3, 2, 2, CONFIG.width))
+    lora = (torch.randn(3, 2, CONFIG.width), torch.randn(3, 3 * CONFIG.width, 2))
+    grads = server.backward(hidden, torch.randn_like(hidden), torch.randn(3, 2, 2, CONFIG.width), lora)
+    assert sorted(grads) == ["grad_h", "grad_lora_a", "grad_lora_b", "grad_prompts"]
     assert all(torch.equal(before[k], v) for k, v in server.model.state_dict().items())
     assert all(p.grad is None for p in server.model.parameters())
 
