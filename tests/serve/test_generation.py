@@ -288,7 +288,14 @@ async def _first_reply(net, payload: bytes) -> dict:
     (encode_frame({"type": "nope"}), "unknown request"),
     (encode_frame({"type": "forward", "codec": "f32"}, {"h": torch.zeros(1, 2, CONFIG.width + 1)}), "hidden states"),
     (encode_frame({"type": "forward", "codec": "bf9"}, {"h": torch.zeros(1, 2, CONFIG.width)}), "unknown codec"),
-])
+    (encode_frame({"type": "forward"}, {"h": torch.zeros(1, 2, CONFIG.width), "lora_a": torch.zeros(6, 2, 32)}),
+     "both lora_a and lora_b"),
+    (encode_frame({"type": "forward"}, {"h": torch.zeros(1, 2, CONFIG.width), "lora_a": torch.zeros(6, 2, 32),
+                                        "lora_b": torch.zeros(6, 96, 3)}), "lora must be"),
+    (encode_frame({"type": "backward"}, {"h": torch.zeros(1, 2, CONFIG.width), "grad": torch.zeros(1, 3, 32)}),
+     "grad must have"),
+], ids=["oversized", "header-overrun", "step-before-open", "huge-session", "unknown-type", "wrong-width",
+        "unknown-codec", "half-adapter", "adapter-rank-mismatch", "grad-shape"])
 def test_hostile_frames_get_an_error_and_the_server_lives_on(payload, expect):
     async def scenario():
         async with Network(random_build, [(0, 6)]) as net:
