@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--offload-new", type=int, default=16)
-    parser.add_argument("--codec", default="f32", choices=["f32", "f16", "i8"])
+    parser.add_argument("--codec", default="f32", choices=["f32", "f16", "i8", "i4"])
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 

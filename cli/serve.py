@@ -4,7 +4,7 @@ generate text through servers that together hold all of them (ml/serve, ADR 0171
 ``serve --model SPEC --blocks A:B [--listen MULTIADDR]`` starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
-[--max-tokens N] [--codec f32|f16|i8] [--check-local]`` chains the servers (a second server with a
+[--max-tokens N] [--codec f32|f16|i8|i4] [--check-local]`` chains the servers (a second server with a
 range already covered is a spare used if the first one fails) and prints JSON {"text", "tokens",
 "replays", "tokens_per_s"} (plus "identical_to_local" with --check-local). Discovery through the
 ledger and payment are not wired yet: servers are named on the command line.
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat)")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-tokens", type=int, default=32)
-    generate.add_argument("--codec", choices=["f32", "f16", "i8"], default="f32",
+    generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
                           help="hidden-state encoding (f32 is bit-exact)")
     generate.add_argument("--check-local", action="store_true",
                           help="also run the whole model locally and report whether the tokens are identical")

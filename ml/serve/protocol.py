@@ -92,7 +92,7 @@ def make_handler(server: BlockServer, model_id: str):
         async with compute:
             return await asyncio.to_thread(fn, *args)
 
-    async def answer(msg: Message, state: dict) -> bytes:
+    async def answer(msg: Message, state: dict, peer: str) -> bytes:
         kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
         if kind == "info":
             return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
@@ -101,7 +101,8 @@ def make_handler(server: BlockServer, model_id: str):
             if state.get("session"):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
-            server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors))
+            server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors),
+                                owner=peer)
             state["session"] = session_id
             return encode_frame({"type": "opened"})
         if kind == "close":
@@ -140,7 +141,7 @@ def make_handler(server: BlockServer, model_id: str):
                 if msg is None:
                     break
                 try:
-                    reply = await answer(msg, state)
+                    reply = await answer(msg, state, str(getattr(stream, "remote_peer", "")))
                 except (ServeError, WireError, ValueError) as exc:
                     reply = encode_frame({"type": "error", "error": str(exc)[:300]})
                 await stream.write(reply)

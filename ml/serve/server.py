@@ -18,6 +18,7 @@ import torch
 from ml.serve.model import KVCache, ServeDecoder, cache_bytes
 
 MAX_SESSIONS = 64
+MAX_SESSIONS_PER_OWNER = 8
 MAX_CACHE_BYTES = 2 << 30
 SESSION_TTL_S = 300.0
 MAX_BATCH = 16
@@ -49,6 +50,7 @@ class Session:
     usage: Usage = field(default_factory=Usage)
     busy: bool = False
     lora: Adapter | None = None
+    owner: str = ""
 
     @property
     def length(self) -> int:
@@ -57,7 +59,8 @@ class Session:
 
 class BlockServer:
     def __init__(self, model: ServeDecoder, *, max_sessions: int = MAX_SESSIONS,
-                 max_cache_bytes: int = MAX_CACHE_BYTES, ttl_s: float = SESSION_TTL_S, clock=time.monotonic):
+                 max_sessions_per_owner: int = MAX_SESSIONS_PER_OWNER, max_cache_bytes: int = MAX_CACHE_BYTES,
+                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic):
         if model.start == model.end:
             raise ValueError("a block server needs at least one block")
         model.eval()
@@ -67,6 +70,7 @@ class BlockServer:
         self.config = model.config
         self.start, self.end = model.start, model.end
         self.max_sessions, self.max_cache_bytes, self.ttl_s = max_sessions, max_cache_bytes, ttl_s
+        self.max_sessions_per_owner = max_sessions_per_owner
         self._clock = clock
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
@@ -76,7 +80,9 @@ class BlockServer:
     def cache_in_use(self) -> int:
         return sum(s.reserved for s in self.sessions.values())
 
-    def open_session(self, session_id: str, max_length: int, batch: int = 1, lora: Adapter | None = None) -> Session:
+    def open_session(self, session_id: str, max_length: int, batch: int = 1, lora: Adapter | None = None,
+                     owner: str = "") -> Session:
+        """A new session (`owner`: the peer that opened it, limited to `max_sessions_per_owner`)."""
         if not isinstance(session_id, str) or not 1 <= len(session_id) <= 64:
             raise ServeError("a session id is 1-64 characters")
         if not isinstance(max_length, int) or not 1 <= max_length <= self.config.context:
@@ -91,10 +97,12 @@ class BlockServer:
                 raise ServeError(f"session {session_id} is already open")
             if len(self.sessions) >= self.max_sessions:
                 raise ServeError(f"server is full ({self.max_sessions} sessions)")
+            if sum(s.owner == owner for s in self.sessions.values()) >= self.max_sessions_per_owner:
+                raise ServeError(f"{self.max_sessions_per_owner} sessions per client at most")
             if self.cache_in_use() + reserved > self.max_cache_bytes:
                 raise ServeError(f"no room for a KV cache of {reserved} bytes")
             session = Session(session_id, batch, self.model.new_caches(batch, max_length), reserved, self._clock(),
-                              lora=lora)
+                              lora=lora, owner=owner)
             self.sessions[session_id] = session
             return session
 

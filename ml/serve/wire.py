@@ -8,6 +8,8 @@ one: {"name", "codec", "shape", "nbytes"}. Codecs:
 - "f16": little-endian float16 (values outside fp16's range are refused, not turned into inf).
 - "i8":  blockwise int8: per block of `INT8_BLOCK` consecutive values one float32 scale
   (absmax / 127) followed by the int8 codes; error per value <= scale / 2.
+- "i4":  blockwise int4: the same blocks, scale absmax / 7, codes -7..7 stored as code + 8 in
+  nibbles, two per byte (low nibble first); error per value <= scale / 2.
 
 Everything is bounded and checked before use (frame and header size, names, dims, element counts,
 exact byte counts, finite values); anything else raises WireError. Pure functions only: the stream
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-CODECS = ("f32", "f16", "i8")
+CODECS = ("f32", "f16", "i8", "i4")
 INT8_BLOCK = 64
 MAX_FRAME = 64 << 20
 MAX_HEADER = 64 << 10
@@ -54,6 +56,8 @@ def encoded_size(codec: str, elements: int) -> int:
         return 2 * elements
     if codec == "i8":
         return 4 * math.ceil(elements / INT8_BLOCK) + elements
+    if codec == "i4":
+        return 4 * math.ceil(elements / INT8_BLOCK) + (elements + 1) // 2
     raise WireError(f"unknown codec {codec!r}; known: {list(CODECS)}")
 
 
@@ -68,14 +72,20 @@ def encode_tensor(tensor: torch.Tensor, codec: str) -> bytes:
         if values.size and float(np.abs(values).max()) > F16_MAX:
             raise WireError("tensor exceeds the fp16 range; use f32 or i8")
         return values.astype("<f2").tobytes()
-    if codec == "i8":
+    if codec in ("i8", "i4"):
+        levels = 127 if codec == "i8" else 7
         blocks = math.ceil(values.size / INT8_BLOCK)
         padded = np.zeros(blocks * INT8_BLOCK, dtype=np.float32)
         padded[:values.size] = values
         padded = padded.reshape(blocks, INT8_BLOCK)
-        scales = (np.abs(padded).max(axis=1) / 127.0).astype(np.float32)
+        scales = (np.abs(padded).max(axis=1) / levels).astype(np.float32)
         safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
-        codes = np.clip(np.rint(padded / safe[:, None]), -127, 127).astype(np.int8).reshape(-1)[:values.size]
+        codes = np.clip(np.rint(padded / safe[:, None]), -levels, levels).astype(np.int8).reshape(-1)[:values.size]
+        if codec == "i4":
+            nibbles = (codes + 8).astype(np.uint8)
+            if nibbles.size % 2:
+                nibbles = np.append(nibbles, np.uint8(8))
+            codes = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
         return scales.astype("<f4").tobytes() + codes.tobytes()
     raise WireError(f"unknown codec {codec!r}; known: {list(CODECS)}")
 
@@ -93,8 +103,16 @@ def decode_tensor(data: bytes | memoryview, codec: str, shape: tuple[int, ...]) 
         blocks = math.ceil(elements / INT8_BLOCK)
         scales = np.frombuffer(data, dtype="<f4", count=blocks).astype(np.float32)
         if not (np.isfinite(scales).all() and (scales >= 0).all()):
-            raise WireError("int8 scales must be finite and non-negative")
-        codes = np.frombuffer(data, dtype=np.int8, offset=4 * blocks).astype(np.float32)
+            raise WireError(f"{codec} scales must be finite and non-negative")
+        if codec == "i8":
+            codes = np.frombuffer(data, dtype=np.int8, offset=4 * blocks).astype(np.float32)
+        else:
+            packed = np.frombuffer(data, dtype=np.uint8, offset=4 * blocks)
+            nibbles = np.empty(packed.size * 2, dtype=np.int16)
+            nibbles[0::2], nibbles[1::2] = packed & 0x0F, packed >> 4
+            codes = (nibbles[:elements] - 8).astype(np.float32)
+            if (codes < -7).any():
+                raise WireError("i4 codes must be -7..7")
         values = codes * np.repeat(scales, INT8_BLOCK)[:elements]
     if not np.isfinite(values).all():
         raise WireError("tensor has non-finite values")

@@ -172,7 +172,7 @@ def test_no_replacement_means_a_clear_error():
         asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("codec,bound", [("f16", 2e-2), ("i8", 1e-1)])
+@pytest.mark.parametrize("codec,bound", [("f16", 2e-2), ("i8", 1e-1), ("i4", 4e-1)])
 def test_lossy_codecs_keep_hidden_states_close(codec, bound):
     local = random_decoder(CONFIG, SEED)
     tokens = torch.tensor([PROMPT])
@@ -310,21 +310,24 @@ def test_hostile_frames_get_an_error_and_the_server_lives_on(payload, expect):
 
 def test_session_limits_are_enforced():
     clock = [0.0]
-    server = BlockServer(random_decoder(CONFIG, SEED, (0, 2), ends=False), max_sessions=2,
+    server = BlockServer(random_decoder(CONFIG, SEED, (0, 2), ends=False), max_sessions=3, max_sessions_per_owner=2,
                          max_cache_bytes=300_000, ttl_s=10, clock=lambda: clock[0])
     server.open_session("a", 32)
     with pytest.raises(ValueError, match="room"):
         server.open_session("b", 64, batch=16)
     server.open_session("b", 8)
-    with pytest.raises(ValueError, match="full"):
+    with pytest.raises(ValueError, match="per client"):
         server.open_session("c", 8)
+    server.open_session("c", 8, owner="other")
+    with pytest.raises(ValueError, match="full"):
+        server.open_session("d", 8, owner="third")
     with pytest.raises(ValueError, match="cannot take"):
         server.step("b", [torch.zeros(1, 9, CONFIG.width)])
     out = server.step("a", [torch.zeros(1, 5, CONFIG.width), torch.zeros(1, 1, CONFIG.width)])
     assert out.shape == (1, 1, CONFIG.width) and server.sessions["a"].usage.tokens == 6
     assert server.sessions["a"].usage.flops > 0
     clock[0] = 11.0
-    assert sorted(server.expire()) == ["a", "b"] and not server.sessions
+    assert sorted(server.expire()) == ["a", "b", "c"] and not server.sessions
 
 
 def test_a_refused_open_is_a_remote_error():

@@ -22,19 +22,35 @@ def test_f32_is_bit_exact_and_header_survives():
     assert msg.tensors["g"].shape == (0, 3)
 
 
-@pytest.mark.parametrize("codec,size_ratio", [("f16", 0.5), ("i8", 0.27)])
+@pytest.mark.parametrize("codec,size_ratio", [("f16", 0.5), ("i8", 0.27), ("i4", 0.141)])
 def test_lossy_codecs_are_smaller_and_bounded(codec, size_ratio):
     t = torch.randn(1, 50, 768) * 3
     got = roundtrip({"h": t}, codec).tensors["h"]
     assert len(encode_tensor(t, codec)) <= size_ratio * 4 * t.numel()
     blocks = t.reshape(-1)
-    if codec == "i8":   # error at most half a quantisation step of each 64-value block
+    if codec in ("i8", "i4"):   # error at most half a quantisation step of each 64-value block
         pad = (-blocks.numel()) % wire.INT8_BLOCK
-        scales = torch.nn.functional.pad(blocks.abs(), (0, pad)).reshape(-1, wire.INT8_BLOCK).amax(1) / 127
+        levels = 127 if codec == "i8" else 7
+        scales = torch.nn.functional.pad(blocks.abs(), (0, pad)).reshape(-1, wire.INT8_BLOCK).amax(1) / levels
         bound = scales.repeat_interleave(wire.INT8_BLOCK)[:blocks.numel()] / 2 + 1e-6
         assert bool(((got.reshape(-1) - blocks).abs() <= bound).all())
     else:
         assert float((got - t).abs().max()) <= 3e-3 * float(t.abs().max())
+
+
+@pytest.mark.parametrize("size", [1, 63, 64, 65, 129])
+def test_quantised_codecs_round_trip_odd_sizes_and_zero_blocks(size):
+    t = torch.cat([torch.zeros(64), torch.linspace(-3, 3, size)])
+    for codec in ("i8", "i4"):
+        got = roundtrip({"h": t}, codec).tensors["h"]
+        assert torch.equal(got[:64], torch.zeros(64)) and float((got - t).abs().max()) <= 3 / 7 / 2 + 1e-6
+
+
+def test_bad_int4_code_is_refused():
+    frame = body({"tensors": [{"name": "h", "codec": "i4", "shape": [2], "nbytes": 5}]},
+                 struct.pack("<f", 1.0) + bytes([0x80]))    # low nibble 0 -> code -8
+    with pytest.raises(WireError, match="-7..7"):
+        decode_frame(frame)
 
 
 def test_unencodable_tensors_are_refused():
