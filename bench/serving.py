@@ -7,7 +7,8 @@ yet). The model is `random_decoder` at the given size (default 12 blocks of widt
 parameters), split evenly over `--servers` servers plus one spare for the middle range.
 
 - tokens_per_s: greedy generation of `--new` tokens after a `--prompt`-token prompt, bit-exact mode.
-- identical_output: those tokens equal `local_generate` on the whole model.
+- identical_output: those tokens equal `local_generate` on the whole model (same_tokens_as_local:
+  how many positions agree, for the lossy codecs); wire_bytes_per_token: frames both ways.
 - offload_tokens_per_s: the same model run locally, each block's weights read from its own
   safetensors file (page cache warm) for every step, as a user with too little memory would;
   measured over `--offload-new` tokens.
@@ -91,12 +92,15 @@ async def run(args) -> dict:
         began = time.perf_counter()
         tokens = await generator.generate(prompt, args.new)
         result["tokens_per_s"] = round(args.new / (time.perf_counter() - began), 2)
+        result["wire_bytes_per_token"] = round((generator.stats.bytes_sent + generator.stats.bytes_received)
+                                               / args.new)
 
         whole = random_decoder(config, SEED)
         began = time.perf_counter()
         expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
         result["local_tokens_per_s"] = round(args.new / (time.perf_counter() - began), 2)
         result["identical_output"] = tokens == expected
+        result["same_tokens_as_local"] = sum(a == b for a, b in zip(tokens, expected))
 
         with tempfile.TemporaryDirectory() as folder:
             offloaded, seconds = await asyncio.to_thread(offload_generate, whole, Path(folder), prompt,

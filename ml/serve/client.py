@@ -103,6 +103,12 @@ class GenerationStats:
     replays: int = 0
     recover_s: list[float] = field(default_factory=list)
     steps: int = 0
+    bytes_sent: int = 0       # frames to servers, replays included
+    bytes_received: int = 0
+
+    def add_traffic(self, client: SpanClient) -> None:
+        self.bytes_sent += client.bytes_sent
+        self.bytes_received += client.bytes_received
 
 
 class RemoteGenerator:
@@ -153,6 +159,7 @@ class RemoteGenerator:
             except (SpanUnavailable, RemoteError):
                 began = time.perf_counter()
                 client.abort()
+                self.stats.add_traffic(client)
                 self.dead.add(client.peer_id)
                 replacement = await self._open_with_fallback(ServerInfo(client.peer_id, client.start, client.end))
                 self.chain[index] = replacement
@@ -160,6 +167,7 @@ class RemoteGenerator:
                     out = await replacement.step(self.history[index] + [hidden], self.codec)
                 except (SpanUnavailable, RemoteError):
                     replacement.abort()
+                    self.stats.add_traffic(replacement)
                     self.dead.add(replacement.peer_id)
                     continue
                 self.stats.replays += 1
@@ -195,6 +203,8 @@ class RemoteGenerator:
 
     async def close(self) -> None:
         await asyncio.gather(*(client.close() for client in self.chain), return_exceptions=True)
+        for client in self.chain:
+            self.stats.add_traffic(client)
         self.chain, self.history = [], []
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ml.registry.models import CharTransformer
 from ml.serve import protocol
-from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, plan_chain
+from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, measure, plan_chain
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
 from ml.serve.server import BlockServer
@@ -361,3 +361,19 @@ def test_step_chunks_must_cover_the_hidden_states():
     errors, out = asyncio.run(scenario())
     assert len(errors) == 4 and all("chunks" in e for e in errors)
     assert out.shape == (1, 1, CONFIG.width)
+
+
+def test_measured_speed_picks_live_servers_and_a_dead_one_measures_zero():
+    async def scenario():
+        async with Network(random_build, [(0, 3), (0, 3), (3, 6)]) as net:
+            await net.hosts[0].stop()
+            speed = await measure(net.client, net.servers, CONFIG.width)
+            chain = plan_chain(net.servers, CONFIG.layers, speed=speed)
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, speed=speed)
+            tokens = await generator.generate(PROMPT, 5)
+            return speed, chain, net.servers, tokens
+
+    speed, chain, servers, tokens = asyncio.run(scenario())
+    assert speed[servers[0].peer_id] == 0.0 and speed[servers[1].peer_id] > 0 and speed[servers[2].peer_id] > 0
+    assert [s.peer_id for s in chain] == [servers[1].peer_id, servers[2].peer_id]
+    assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 5)
