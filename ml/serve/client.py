@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ml.serve.model import ServeDecoder
 from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+from ml.serve.wire import roundtrip as wire_roundtrip
 
 
 class NoChain(RuntimeError):
@@ -111,6 +112,15 @@ class GenerationStats:
         self.bytes_received += client.bytes_received
 
 
+@dataclass(frozen=True)
+class SpotCheck:
+    span: int
+    blocks: tuple[int, int]
+    ok: bool
+    first_bad_step: int | None     # the first chunk whose answer differs
+    culprit: str | None            # the server that gave it
+
+
 class RemoteGenerator:
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
                  speed: dict[str, float] | None = None, lora: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -121,20 +131,25 @@ class RemoteGenerator:
         self.dead: set[str] = set()
         self.stats = GenerationStats()
         self.chain: list[SpanClient] = []
-        self.history: list[list[torch.Tensor]] = []
+        self.spans: list[tuple[int, int]] = []
+        self.history: list[list[torch.Tensor]] = []                 # per span: the chunks sent, in order
+        self.outputs: list[list[tuple[str, torch.Tensor]]] = []     # per span: (server, its answer) per chunk
         self._max_length = 0
 
     async def _open(self, server: ServerInfo) -> SpanClient:
         client = SpanClient(self.host, server.peer_id, server.start, server.end)
-        adapter = None if self.lora is None else tuple(t[server.start:server.end] for t in self.lora)
+        adapter = self._lora_for(server.start, server.end)
         await client.open(self._max_length, lora=adapter, codec=self.codec)
         return client
 
     async def start(self, max_length: int) -> None:
         self._max_length = max_length
+        self.chain, self.spans, self.history, self.outputs = [], [], [], []
         for server in plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed):
             self.chain.append(await self._open_with_fallback(server))
+            self.spans.append((server.start, server.end))
             self.history.append([])
+            self.outputs.append([])
 
     async def _open_with_fallback(self, wanted: ServerInfo) -> SpanClient:
         """A session on `wanted` or, failing that, on another live server with the same range."""
@@ -155,6 +170,7 @@ class RemoteGenerator:
             try:
                 out = await client.step([hidden], self.codec)
                 self.history[index].append(hidden)
+                self.outputs[index].append((client.peer_id, out))
                 return out
             except (SpanUnavailable, RemoteError):
                 began = time.perf_counter()
@@ -173,6 +189,7 @@ class RemoteGenerator:
                 self.stats.replays += 1
                 self.stats.recover_s.append(time.perf_counter() - began)
                 self.history[index].append(hidden)
+                self.outputs[index].append((replacement.peer_id, out))
                 return out
 
     async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -205,7 +222,27 @@ class RemoteGenerator:
         await asyncio.gather(*(client.close() for client in self.chain), return_exceptions=True)
         for client in self.chain:
             self.stats.add_traffic(client)
-        self.chain, self.history = [], []
+        self.chain = []   # history and outputs stay for spot checks
+
+    def spot_check(self, index: int, part: ServeDecoder) -> SpotCheck:
+        """Rerun span `index`'s recorded chunks through `part` (the client's own copy of those blocks,
+        in the same profile) and compare every answer the servers gave, bit for bit after the wire
+        codec: an honest server in the same profile matches exactly in every codec."""
+        start, end = self.spans[index]
+        if (part.start, part.end) != (start, end):
+            raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
+        caches = part.new_caches(1, self._max_length)
+        with torch.no_grad():
+            for step, (chunk, (peer_id, answer)) in enumerate(zip(self.history[index], self.outputs[index])):
+                received = wire_roundtrip(chunk, self.codec)      # what the server decoded
+                expected = wire_roundtrip(part.run_blocks(received, caches, lora=self._lora_for(start, end)),
+                                          self.codec)
+                if not torch.equal(expected, answer):
+                    return SpotCheck(index, (start, end), False, step, peer_id)
+        return SpotCheck(index, (start, end), True, None, None)
+
+    def _lora_for(self, start: int, end: int):
+        return None if self.lora is None else (self.lora[0][start:end], self.lora[1][start:end])
 
 
 class RemoteTuner:

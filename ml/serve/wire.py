@@ -119,6 +119,11 @@ def decode_tensor(data: bytes | memoryview, codec: str, shape: tuple[int, ...]) 
     return torch.from_numpy(values.reshape(shape).copy())
 
 
+def roundtrip(tensor: torch.Tensor, codec: str) -> torch.Tensor:
+    """`tensor` as the other side decodes it (bit-identical for "f32")."""
+    return decode_tensor(encode_tensor(tensor, codec), codec, tuple(tensor.shape))
+
+
 def encode_frame(header: dict, tensors: dict[str, torch.Tensor] | None = None, codec: str = "f32") -> bytes:
     """One frame: `header` (without "tensors") plus `tensors`, all in `codec`."""
     tensors = tensors or {}

@@ -30,16 +30,17 @@ def char_model_state():
 class Network:
     """Block servers on their own Hosts plus a client Host that knows their addresses."""
 
-    def __init__(self, build, ranges):
+    def __init__(self, build, ranges, server_classes=None):
         self.build, self.ranges = build, ranges
+        self.server_classes = server_classes or {}
         self.hosts: list[Host] = []
         self.servers: list[ServerInfo] = []
         self.client = Host(Identity.generate())
 
     async def __aenter__(self):
-        for start, end in self.ranges:
+        for index, (start, end) in enumerate(self.ranges):
             host = Host(Identity.generate())
-            server = BlockServer(self.build((start, end), False))
+            server = self.server_classes.get(index, BlockServer)(self.build((start, end), False))
             host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "test-model"))
             await host.start()
             self.hosts.append(host)
@@ -377,3 +378,32 @@ def test_measured_speed_picks_live_servers_and_a_dead_one_measures_zero():
     assert speed[servers[0].peer_id] == 0.0 and speed[servers[1].peer_id] > 0 and speed[servers[2].peer_id] > 0
     assert [s.peer_id for s in chain] == [servers[1].peer_id, servers[2].peer_id]
     assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 5)
+
+
+class LyingServer(BlockServer):
+    """Answers honestly for 5 steps, then nudges one value of its output."""
+
+    def step(self, session_id, chunks):
+        out = super().step(session_id, chunks)
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.steps > 5:
+            out = out.clone()
+            out[0, -1, 0] += 0.5
+        return out
+
+
+@pytest.mark.parametrize("codec", ["f32", "i8"])
+def test_spot_checks_pass_honest_servers_and_name_a_lying_one(codec):
+    async def scenario():
+        async with Network(random_build, [(0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec)
+            await generator.generate(PROMPT, 12)
+            return generator, net.servers
+
+    generator, servers = asyncio.run(scenario())
+    honest = generator.spot_check(0, random_build((0, 3), False))
+    lying = generator.spot_check(1, random_build((3, 6), False))
+    assert honest.ok and honest.first_bad_step is None
+    assert not lying.ok and lying.first_bad_step == 5 and lying.culprit == servers[1].peer_id
+    with pytest.raises(ValueError, match="span 1"):
+        generator.spot_check(1, random_build((0, 3), False))
