@@ -258,6 +258,7 @@ class RemoteTuner:
         if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
             raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
         self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
+        self.servers, self.dead, self.failovers = list(servers), set(), 0
         self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
         gen = torch.Generator().manual_seed(seed)
         self.params: dict[str, torch.nn.Parameter] = {}
@@ -303,18 +304,19 @@ class RemoteTuner:
         """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions."""
         batch = tokens.shape[0]
         hidden, inputs = self._inputs(tokens), []
-        for span in self.chain:
+        for index, span in enumerate(self.chain):
             inputs.append(hidden)
             deep, lora = self._span_args(span, batch)
-            hidden = await span.forward(hidden, deep, self.codec, lora)
+            hidden = await self._call(index, "forward", hidden, deep, self.codec, lora)
         leaf = hidden.detach().requires_grad_(True)
         loss = self._loss(leaf, tokens)
         loss.backward()
         grad = leaf.grad
         grads = {name: torch.zeros_like(p) for name, p in self.params.items()}
-        for span, span_input in zip(reversed(self.chain), reversed(inputs)):
+        for index in reversed(range(len(self.chain))):
+            span = self.chain[index]
             deep, lora = self._span_args(span, batch)
-            got = await span.backward(span_input, grad, deep, self.codec, lora)
+            got = await self._call(index, "backward", inputs[index], grad, deep, self.codec, lora)
             grad = got["grad_h"]
             if deep is not None:
                 grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1)
@@ -333,10 +335,27 @@ class RemoteTuner:
         """The loss without a step (forward passes only)."""
         hidden = self._inputs(tokens)
         with torch.no_grad():
-            for span in self.chain:
+            for index, span in enumerate(self.chain):
                 deep, lora = self._span_args(span, tokens.shape[0])
-                hidden = await span.forward(hidden, deep, self.codec, lora)
+                hidden = await self._call(index, "forward", hidden, deep, self.codec, lora)
             return float(self._loss(hidden, tokens))
+
+    async def _call(self, index: int, method: str, *args):
+        """`method` on span `index`; if its server fails, the same call on another server with the
+        same blocks (passes are stateless, nothing to replay)."""
+        while True:
+            span = self.chain[index]
+            try:
+                return await getattr(span, method)(*args)
+            except (SpanUnavailable, RemoteError):
+                span.abort()
+                self.dead.add(span.peer_id)
+                spare = next((s for s in self.servers if (s.start, s.end) == (span.start, span.end)
+                              and s.peer_id not in self.dead), None)
+                if spare is None:
+                    raise NoChain(f"no live server for blocks {span.start}:{span.end}") from None
+                self.chain[index] = SpanClient(self.host, spare.peer_id, spare.start, spare.end)
+                self.failovers += 1
 
     async def close(self) -> None:
         await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

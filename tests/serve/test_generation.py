@@ -407,3 +407,22 @@ def test_spot_checks_pass_honest_servers_and_name_a_lying_one(codec):
     assert not lying.ok and lying.first_bad_step == 5 and lying.culprit == servers[1].peer_id
     with pytest.raises(ValueError, match="span 1"):
         generator.spot_check(1, random_build((0, 3), False))
+
+
+def test_tuning_goes_on_when_a_server_dies():
+    pattern = torch.tensor([5, 9, 1, 7, 3] * 5)
+    batch = torch.stack([pattern[i:i + 17] for i in range(4)])
+
+    async def scenario(kill: bool):
+        async with Network(random_build, [(0, 3), (3, 6), (3, 6)]) as net:
+            tuner = RemoteTuner(net.client, random_build((0, 0), True), net.servers, prompt_length=4, lr=3e-2)
+            losses = [await tuner.step(batch) for _ in range(3)]
+            if kill:
+                await net.hosts[1].stop()
+            losses += [await tuner.step(batch) for _ in range(3)]
+            await tuner.close()
+            return losses, tuner.failovers
+
+    killed, failovers = asyncio.run(scenario(True))
+    undisturbed, none = asyncio.run(scenario(False))
+    assert failovers == 1 and none == 0 and killed == undisturbed
