@@ -1,12 +1,16 @@
-"""``dekube-node serve`` and ``dekube-node generate``: serve a range of a decoder's blocks, and
-generate text through servers that together hold all of them (ml/serve, ADR 0171).
+"""``dekube-node serve``, ``generate`` and ``tune``: serve a range of a decoder's blocks, generate
+text through servers that together hold all of them, fine-tune parameters the client owns through
+them (ml/serve, ADR 0171).
 
 ``serve --model SPEC --blocks A:B [--listen MULTIADDR]`` starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
 [--max-tokens N] [--codec f32|f16|i8|i4] [--check-local]`` chains the servers (a second server with a
 range already covered is a spare used if the first one fails) and prints JSON {"text", "tokens",
-"replays", "tokens_per_s"} (plus "identical_to_local" with --check-local). Discovery through the
+"replays", "tokens_per_s"} (plus "identical_to_local" with --check-local; ``--adapter FILE`` applies
+a LoRA adapter on the servers). ``tune ... --text FILE [--steps N] [--lora-rank R] [--prompt-length P]
+--out FILE`` fits a LoRA adapter and/or deep prompts to the text's next-token loss (measured on a
+held-out batch before and after) and writes them as safetensors. Discovery through the
 ledger and payment are not wired yet: servers are named on the command line.
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 from cli.errors import CliError
 
@@ -38,7 +43,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="hidden-state encoding (f32 is bit-exact)")
     generate.add_argument("--check-local", action="store_true",
                           help="also run the whole model locally and report whether the tokens are identical")
+    generate.add_argument("--adapter", type=Path, help="a LoRA adapter written by `tune` to apply on the servers")
     generate.set_defaults(handler=run_generate)
+    tune = subparsers.add_parser("tune", help="fine-tune a LoRA adapter / prompts through block servers")
+    tune.add_argument("--model", required=True, help="the same model spec the servers use")
+    tune.add_argument("--server", action="append", required=True, metavar="MULTIADDR=A:B",
+                      help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat)")
+    tune.add_argument("--text", type=Path, required=True, help="a text file to fit (next-token loss)")
+    tune.add_argument("--steps", type=int, default=20)
+    tune.add_argument("--batch", type=int, default=4)
+    tune.add_argument("--length", type=int, default=64, help="tokens per example")
+    tune.add_argument("--lora-rank", type=int, default=4)
+    tune.add_argument("--prompt-length", type=int, default=0, help="deep prompt positions (0: none)")
+    tune.add_argument("--lr", type=float, default=1e-2)
+    tune.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32")
+    tune.add_argument("--out", type=Path, required=True, help="where to write the tuned parameters (.safetensors)")
+    tune.set_defaults(handler=run_tune)
 
 
 def _spec(text: str):
@@ -109,28 +129,52 @@ def run_generate(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if not prompt or args.max_tokens < 1 or len(prompt) + args.max_tokens > spec.config.context:
         raise CliError(f"need a non-empty prompt and 1 <= prompt + max-tokens <= {spec.config.context}")
-    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args))))
+    lora = _load_adapter(args.adapter, spec.config) if args.adapter else None
+    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, lora))))
     return 0
 
 
-async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace) -> dict:
-    from ml.serve.client import NoChain, RemoteGenerator, ServerInfo, local_generate
+def _load_adapter(path: Path, config):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise CliError(f"cannot read adapter {path}: {exc}") from None
+    a, b = tensors.get("lora_a"), tensors.get("lora_b")
+    if (a is None or b is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != config.layers
+            or b.shape[0] != config.layers or a.shape[2] != config.width or b.shape[1] != 3 * config.width
+            or a.shape[1] != b.shape[2]):
+        raise CliError(f"{path} holds no LoRA adapter for this model (lora_a, lora_b)")
+    return a, b
+
+
+async def _connect_servers(host, servers) -> list:
+    from ml.serve.client import ServerInfo
+
+    infos = []
+    for addr, (start, end) in servers:
+        try:
+            peer_id = await asyncio.wait_for(host.connect(addr), 15)
+        except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
+            print(f"dekube-node: server {addr} unreachable: {exc}", file=sys.stderr)
+            continue
+        infos.append(ServerInfo(peer_id, start, end))
+    return infos
+
+
+async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, lora) -> dict:
+    from ml.serve.client import NoChain, RemoteGenerator, local_generate
     from node.identity import Identity
     from node.p2p.host import Host
 
     host = Host(Identity.generate())
     await host.start()
     try:
-        infos = []
-        for addr, (start, end) in servers:
-            try:
-                peer_id = await asyncio.wait_for(host.connect(addr), 15)
-            except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
-                print(f"dekube-node: server {addr} unreachable: {exc}", file=sys.stderr)
-                continue
-            infos.append(ServerInfo(peer_id, start, end))
+        infos = await _connect_servers(host, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
-        generator = RemoteGenerator(host, ends, infos, codec=args.codec)
+        generator = RemoteGenerator(host, ends, infos, codec=args.codec, lora=lora)
         began = time.perf_counter()
         try:
             tokens = await generator.generate(prompt, args.max_tokens)
@@ -140,8 +184,69 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace) 
                   "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2)}
         if args.check_local:
             whole = await asyncio.to_thread(spec.load_part, None, True)
-            local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens)
+            local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, lora)
             result["identical_to_local"] = local == tokens
         return result
+    finally:
+        await host.stop()
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from ml.serve.catalog import ModelSpecError
+
+    spec = _spec(args.model)
+    servers = [_parse_server(s, spec.config.layers) for s in args.server]
+    try:
+        tokens = spec.encode(args.text.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ModelSpecError) as exc:
+        raise CliError(f"cannot use {args.text}: {exc}") from None
+    if not 1 <= args.length <= spec.config.context - args.prompt_length - 1 or len(tokens) < args.length + 2:
+        raise CliError(f"need 1 <= length <= {spec.config.context - args.prompt_length - 1} and a text longer "
+                       "than one example")
+    if args.steps < 1 or not 1 <= args.batch <= 16 or args.lora_rank < 0 or args.prompt_length < 0 \
+            or args.lora_rank + args.prompt_length == 0:
+        raise CliError("need steps >= 1, batch 1..16, and lora-rank > 0 or prompt-length > 0")
+    result = asyncio.run(_tune(spec, servers, tokens, args))
+    print(json.dumps(result))
+    return 0
+
+
+async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    from ml.serve.client import NoChain, RemoteTuner
+    from node.identity import Identity
+    from node.p2p.host import Host
+
+    data = torch.tensor(tokens)
+    gen = torch.Generator().manual_seed(0)
+
+    def batch() -> torch.Tensor:
+        offsets = torch.randint(0, len(tokens) - args.length - 1, (args.batch,), generator=gen)
+        return torch.stack([data[o:o + args.length + 1] for o in offsets.tolist()])
+
+    host = Host(Identity.generate())
+    await host.start()
+    try:
+        infos = await _connect_servers(host, servers)
+        ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
+        try:
+            tuner = RemoteTuner(host, ends, infos, prompt_length=args.prompt_length, lora_rank=args.lora_rank,
+                                codec=args.codec, lr=args.lr)
+            held_out = batch()
+            before = await tuner.loss(held_out)
+            began = time.perf_counter()
+            for _ in range(args.steps):
+                await tuner.step(batch())
+            step_s = (time.perf_counter() - began) / args.steps
+            after = await tuner.loss(held_out)
+            await tuner.close()
+        except NoChain as exc:
+            raise CliError(str(exc)) from None
+        tensors = {name: p.detach().contiguous() for name, p in tuner.params.items()}
+        await asyncio.to_thread(save_file, tensors, str(args.out), {"model": spec.model_id})
+        return {"loss_before": round(before, 4), "loss_after": round(after, 4), "steps": args.steps,
+                "step_s": round(step_s, 4), "failovers": tuner.failovers, "out": str(args.out)}
     finally:
         await host.stop()

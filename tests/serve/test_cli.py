@@ -1,5 +1,6 @@
-"""`dekube-node serve` / `generate` as processes: two servers plus a spare, generate with a server
-killed before the client starts (the spare takes over), identical tokens to local inference."""
+"""`dekube-node serve` / `generate` / `tune` as processes: two servers plus a spare, generate with a
+server killed before the client starts (the spare takes over), identical tokens to local inference;
+tune a LoRA adapter through the servers and generate with it."""
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ def start_server(blocks: str) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads(line)
 
 
-def test_generate_through_served_blocks_matches_local(capsys):
+def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
     procs = []
     try:
         first, first_info = start_server("0:2")
@@ -38,6 +39,19 @@ def test_generate_through_served_blocks_matches_local(capsys):
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["identical_to_local"] is True and len(out["tokens"]) == 12
         assert second_info["blocks"] == "2:4" and second_info["model"] == first_info["model"]
+
+        text = tmp_path / "text.txt"
+        text.write_text("to be or not to be, that is the question. " * 20)
+        servers = ["--server", f"{spare_info['addrs'][0]}=0:2", "--server", f"{second_info['addrs'][0]}=2:4"]
+        adapter = tmp_path / "adapter.safetensors"
+        code = main(["tune", "--model", MODEL, "--text", str(text), "--steps", "15", "--length", "24",
+                     "--lora-rank", "2", "--lr", "0.03", "--out", str(adapter), *servers])
+        tuned = json.loads(capsys.readouterr().out)
+        assert code == 0 and tuned["loss_after"] < tuned["loss_before"] and adapter.exists()
+        code = main(["generate", "--model", MODEL, "--prompt", "to be", "--max-tokens", "8", "--check-local",
+                     "--adapter", str(adapter), *servers])
+        with_adapter = json.loads(capsys.readouterr().out)
+        assert code == 0 and with_adapter["identical_to_local"] is True
     finally:
         for proc in procs:
             proc.kill()
