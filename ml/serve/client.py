@@ -39,18 +39,18 @@ class ServerInfo:
 
 
 def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
-               speed: dict[str, float] | None = None) -> list[ServerInfo]:
-    """Servers whose ranges tile 0..layers: fewest hops first, then the highest summed `speed`
+               speed: dict[str, float] | None = None, start: int = 0) -> list[ServerInfo]:
+    """Servers whose ranges tile blocks start..layers: fewest hops first, then the highest summed `speed`
     (measured tokens/s), then the order given."""
-    live = [s for s in servers if s.peer_id not in dead and 0 <= s.start < s.end <= layers]
+    live = [s for s in servers if s.peer_id not in dead and start <= s.start < s.end <= layers]
     order = {id(s): i for i, s in enumerate(live)}
     speed = speed or {}
 
     def rank(path: list[ServerInfo]) -> tuple:
         return len(path), -sum(speed.get(s.peer_id, 0.0) for s in path), [order[id(s)] for s in path]
 
-    best: dict[int, list[ServerInfo]] = {0: []}
-    for position in range(layers):          # best tiling by dynamic programming over start positions
+    best: dict[int, list[ServerInfo]] = {start: []}
+    for position in range(start, layers):          # best tiling by dynamic programming over start positions
         if position not in best:
             continue
         for server in (s for s in live if s.start == position):
@@ -58,7 +58,7 @@ def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozense
             if server.end not in best or rank(path) < rank(best[server.end]):
                 best[server.end] = path
     if layers not in best:
-        raise NoChain(f"no live servers cover blocks 0..{layers}")
+        raise NoChain(f"no live servers cover blocks {start}:{layers}")
     return best[layers]
 
 
@@ -133,7 +133,7 @@ class RemoteGenerator:
         self.chain: list[SpanClient] = []
         self.spans: list[tuple[int, int]] = []
         self.history: list[list[torch.Tensor]] = []                 # per span: the chunks sent, in order
-        self.outputs: list[list[tuple[str, torch.Tensor]]] = []     # per span: (server, its answer) per chunk
+        self.outputs: list[list[tuple[str, torch.Tensor | None]]] = []   # per span: (server, answer) per chunk
         self._max_length = 0
 
     async def _open(self, server: ServerInfo) -> SpanClient:
@@ -164,37 +164,66 @@ class RemoteGenerator:
                 self.dead.add(server.peer_id)
         raise NoChain(f"no live server for blocks {wanted.start}:{wanted.end}")
 
-    async def _step_span(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+    async def _step_span(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Span `index`'s answer to `hidden` and the index of the span after it (a failed span may be
+        replaced by several)."""
+        client = self.chain[index]
+        try:
+            out = await client.step([hidden], self.codec)
+        except (SpanUnavailable, RemoteError):
+            client.abort()
+            self.stats.add_traffic(client)
+            self.dead.add(client.peer_id)
+            return await self._recover(index, hidden)
+        self.history[index].append(hidden)
+        self.outputs[index].append((client.peer_id, out))
+        return out, index + 1
+
+    async def _recover(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Replace the failed span `index` by live servers tiling its blocks (one with the same range
+        if any, else several) and replay its recorded chunks plus `hidden` through them."""
+        began = time.perf_counter()
+        start, end = self.spans[index]
+        chunks = self.history[index] + [hidden]
         while True:
-            client = self.chain[index]
+            plan = plan_chain(self.servers, end, self.dead, self.speed, start=start)
+            clients, histories, answers, inputs = [], [], [], chunks
             try:
-                out = await client.step([hidden], self.codec)
-                self.history[index].append(hidden)
-                self.outputs[index].append((client.peer_id, out))
-                return out
+                for position, server in enumerate(plan):
+                    client = await self._open(server)
+                    clients.append(client)
+                    last = position == len(plan) - 1
+                    out = await client.step(inputs, self.codec, all_outputs=not last)
+                    histories.append(inputs)
+                    if last:   # its answers to the replayed chunks were not asked for
+                        answers.append([(client.peer_id, None)] * (len(inputs) - 1) + [(client.peer_id, out)])
+                    else:   # the next server replays this one's answers to every chunk
+                        inputs = list(torch.split(out, [c.shape[1] for c in inputs], dim=1))
+                        answers.append([(client.peer_id, o) for o in inputs])
             except (SpanUnavailable, RemoteError):
-                began = time.perf_counter()
-                client.abort()
-                self.stats.add_traffic(client)
-                self.dead.add(client.peer_id)
-                replacement = await self._open_with_fallback(ServerInfo(client.peer_id, client.start, client.end))
-                self.chain[index] = replacement
-                try:   # replay the recorded chunks and this step in one request
-                    out = await replacement.step(self.history[index] + [hidden], self.codec)
-                except (SpanUnavailable, RemoteError):
-                    replacement.abort()
-                    self.stats.add_traffic(replacement)
-                    self.dead.add(replacement.peer_id)
-                    continue
-                self.stats.replays += 1
-                self.stats.recover_s.append(time.perf_counter() - began)
-                self.history[index].append(hidden)
-                self.outputs[index].append((replacement.peer_id, out))
-                return out
+                failed = clients[-1] if len(clients) > len(histories) else None
+                for client in clients:
+                    client.abort()
+                    self.stats.add_traffic(client)
+                self.dead.add(failed.peer_id if failed is not None else plan[len(clients)].peer_id)
+                continue
+            break
+        # the replaced span's earlier answers stay on record (with the server that gave them) for the
+        # first new span only when the range is unchanged; otherwise the new spans' replies are the record
+        if len(plan) == 1:
+            answers[0] = self.outputs[index] + answers[0][-1:]
+        self.chain[index:index + 1] = clients
+        self.spans[index:index + 1] = [(s.start, s.end) for s in plan]
+        self.history[index:index + 1] = histories
+        self.outputs[index:index + 1] = answers
+        self.stats.replays += 1
+        self.stats.recover_s.append(time.perf_counter() - began)
+        return out, index + len(plan)
 
     async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
-        for index in range(len(self.chain)):
-            hidden = await self._step_span(index, hidden)
+        index = 0
+        while index < len(self.chain):
+            hidden, index = await self._step_span(index, hidden)
         self.stats.steps += 1
         return hidden
 
@@ -237,7 +266,7 @@ class RemoteGenerator:
                 received = wire_roundtrip(chunk, self.codec)      # what the server decoded
                 expected = wire_roundtrip(part.run_blocks(received, caches, lora=self._lora_for(start, end)),
                                           self.codec)
-                if not torch.equal(expected, answer):
+                if answer is not None and not torch.equal(expected, answer):
                     return SpotCheck(index, (start, end), False, step, peer_id)
         return SpotCheck(index, (start, end), True, None, None)
 

@@ -8,7 +8,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   ends (or by "close", answered {"type": "closed", "usage"}).
 - "step" {"codec", "chunks": [length, ...]} + tensor "h" (batch, sum of lengths, width) ->
   {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
-  the reply is the last chunk's output (several chunks replay a prefix).
+  the reply is the last chunk's output, or every chunk's with "all": true (several chunks replay a
+  prefix; "all" lets a client feed a replay through a new chain of servers).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
@@ -113,7 +114,7 @@ def make_handler(server: BlockServer, model_id: str):
             if not state.get("session"):
                 raise ServeError("open a session first")
             chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
-            out = await run(server.step, state["session"], chunks)
+            out = await run(server.step, state["session"], chunks, header.get("all") is True)
             usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage}, {"h": out}, codec)
         if kind == "forward":
@@ -142,7 +143,7 @@ def make_handler(server: BlockServer, model_id: str):
                     break
                 try:
                     reply = await answer(msg, state, str(getattr(stream, "remote_peer", "")))
-                except (ServeError, WireError, ValueError) as exc:
+                except (ServeError, WireError, ValueError, RuntimeError) as exc:   # RuntimeError: torch's
                     reply = encode_frame({"type": "error", "error": str(exc)[:300]})
                 await stream.write(reply)
             await stream.close()
@@ -201,10 +202,12 @@ class SpanClient:
                    codec: str = "f32") -> None:
         await self.request({"type": "open", "max_length": max_length, "batch": batch}, _adapter(lora), codec)
 
-    async def step(self, chunks: list[torch.Tensor], codec: str) -> torch.Tensor:
+    async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
+        """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""
         lengths = [c.shape[1] for c in chunks]
-        reply = await self.request({"type": "step", "chunks": lengths}, {"h": torch.cat(chunks, 1)}, codec)
-        return self._tensor(reply, "h", chunks[-1].shape)
+        hidden = torch.cat(chunks, 1)
+        reply = await self.request({"type": "step", "chunks": lengths, "all": all_outputs}, {"h": hidden}, codec)
+        return self._tensor(reply, "h", hidden.shape if all_outputs else chunks[-1].shape)
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
                       lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -137,9 +137,10 @@ class BlockServer:
         attention = 4 * self.config.width * sum(past + i + 1 for i in range(length))
         return batch * blocks * (2 * self.config.block_params() * length + attention)
 
-    def step(self, session_id: str, chunks: list[torch.Tensor]) -> torch.Tensor:
+    def step(self, session_id: str, chunks: list[torch.Tensor], all_outputs: bool = False) -> torch.Tensor:
         """Run `chunks` (each (batch, length, width)) in order through the blocks with the session's
-        caches and return the last chunk's output. One chunk is a step; several replay a prefix."""
+        caches and return the last chunk's output (`all_outputs`: every chunk's, concatenated). One
+        chunk is a step; several replay a prefix."""
         if not chunks:
             raise ServeError("a step needs at least one chunk")
         with self._lock:
@@ -156,12 +157,13 @@ class BlockServer:
                                  f"after {session.length}")
             session.busy = True
         try:
+            outs = []
             with torch.no_grad():
                 for chunk in chunks:
                     past = session.length
-                    out = self.model.run_blocks(chunk, session.caches, lora=session.lora)
+                    outs.append(self.model.run_blocks(chunk, session.caches, lora=session.lora))
                     self._count(session.usage, chunk.shape[0], past, chunk.shape[1])
-            return out
+            return torch.cat(outs, 1) if all_outputs else outs[-1]
         finally:
             with self._lock:
                 session.busy = False

@@ -383,8 +383,8 @@ def test_measured_speed_picks_live_servers_and_a_dead_one_measures_zero():
 class LyingServer(BlockServer):
     """Answers honestly for 5 steps, then nudges one value of its output."""
 
-    def step(self, session_id, chunks):
-        out = super().step(session_id, chunks)
+    def step(self, session_id, chunks, all_outputs=False):
+        out = super().step(session_id, chunks, all_outputs)
         self.steps = getattr(self, "steps", 0) + 1
         if self.steps > 5:
             out = out.clone()
@@ -426,3 +426,28 @@ def test_tuning_goes_on_when_a_server_dies():
     killed, failovers = asyncio.run(scenario(True))
     undisturbed, none = asyncio.run(scenario(False))
     assert failovers == 1 and none == 0 and killed == undisturbed
+
+
+def test_a_failed_span_is_replaced_by_servers_with_other_boundaries():
+    expected = local_generate(random_decoder(CONFIG, SEED), PROMPT, 40)
+
+    async def scenario():
+        # 0:4 dies after 25 tokens; no other 0:4 server, but 0:1 + 1:2 + 2:4 tile its blocks
+        async with Network(random_build, [(0, 4), (4, 6), (0, 1), (1, 2), (2, 4)]) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec="f32")
+            original_step = generator._through_chain
+
+            async def step_and_kill(hidden):
+                if generator.stats.steps == 25:
+                    await net.hosts[0].stop()
+                return await original_step(hidden)
+
+            generator._through_chain = step_and_kill
+            tokens = await generator.generate(PROMPT, 40)
+            return tokens, generator
+
+    tokens, generator = asyncio.run(scenario())
+    assert tokens == expected and generator.stats.replays == 1
+    assert generator.spans == [(0, 1), (1, 2), (2, 4), (4, 6)]
+    for index, (start, end) in enumerate(generator.spans):   # the new servers' answers check out too
+        assert generator.spot_check(index, random_build((start, end), False)).ok
