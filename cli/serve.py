@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from cli.errors import CliError
+from node.extras import require_compute
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.set_defaults(handler=run_tune)
 
 
-def _spec(text: str):
+def _spec(text: str, command: str):
+    require_compute(f"dekube-node {command}")
     from ml.serve.catalog import ModelSpecError, parse_model
 
     try:
@@ -71,9 +73,9 @@ def _spec(text: str):
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    spec = _spec(args.model, "serve")
     from ml.serve.catalog import ModelSpecError, parse_blocks
 
-    spec = _spec(args.model)
     try:
         blocks = parse_blocks(args.blocks, spec.config.layers) if args.blocks else (0, spec.config.layers)
     except ModelSpecError as exc:
@@ -119,9 +121,9 @@ def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    spec = _spec(args.model, "generate")
     from ml.serve.catalog import ModelSpecError
 
-    spec = _spec(args.model)
     servers = [_parse_server(s, spec.config.layers) for s in args.server]
     try:
         prompt = spec.encode(args.prompt)
@@ -192,9 +194,9 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    spec = _spec(args.model, "tune")
     from ml.serve.catalog import ModelSpecError
 
-    spec = _spec(args.model)
     servers = [_parse_server(s, spec.config.layers) for s in args.server]
     try:
         tokens = spec.encode(args.text.read_text(encoding="utf-8"))

@@ -67,3 +67,16 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
 def test_bad_arguments_are_one_line_errors(argv, match, capsys):
     assert main(argv) == 1
     assert match in capsys.readouterr().err
+
+
+def test_without_the_compute_extra_the_commands_name_it():
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] in ('torch', 'numpy'):\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "from cli.main import main\n"
+            "sys.exit(main(['serve', '--model', 'random:2x32']))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "dekube[compute]" in result.stderr
