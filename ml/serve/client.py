@@ -1,12 +1,12 @@
 """The serving client: chains block servers to run a decoder it holds only the ends of.
 
-`plan_chain` picks servers whose ranges tile blocks 0..layers (preferring the ones listed first, or
-the fastest measured by `measure`). `RemoteGenerator` generates greedily token by token: it embeds
+`plan_chain` picks servers whose ranges tile blocks 0..layers, the fastest chain by the client's own
+measurements (`measure`), else the fewest hops. `RemoteGenerator` generates greedily token by token: it embeds
 tokens locally, sends the hidden states through the chain (each server keeps the session's KV
 cache), and reads the next token from the head. It records every chunk it sent each span; when a
-server fails mid-generation, it opens a session on another server with the same range and sends the
-recorded chunks plus the current one in one request, so the new server's cache holds exactly what
-the old one had and the output continues unchanged. `local_generate` runs the same chunks through a
+server fails mid-generation, it re-plans that span's blocks over live servers (one with the same
+range, or several) and sends them the recorded chunks plus the current one, so their caches hold
+exactly what the dead one had and the output continues unchanged. `local_generate` runs the same chunks through a
 whole local model: in bit-exact mode ("f32") both give the same tokens.
 
 `RemoteTuner` fine-tunes parameters the client owns (an input soft prompt, deep prompts added
@@ -40,14 +40,20 @@ class ServerInfo:
 
 def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
                speed: dict[str, float] | None = None, start: int = 0) -> list[ServerInfo]:
-    """Servers whose ranges tile blocks start..layers: fewest hops first, then the highest summed `speed`
-    (measured tokens/s), then the order given."""
+    """Servers whose ranges tile blocks start..layers: the least estimated time per token first (the
+    sum of 1 / `speed`, the measured tokens/s of each hop, latency included; a server measured at 0
+    counts as unusable, one not measured as free), then the fewest hops, then the order given."""
     live = [s for s in servers if s.peer_id not in dead and start <= s.start < s.end <= layers]
     order = {id(s): i for i, s in enumerate(live)}
     speed = speed or {}
 
+    def hop_time(peer_id: str) -> float:
+        if peer_id not in speed:
+            return 0.0
+        return 1.0 / speed[peer_id] if speed[peer_id] > 0 else float("inf")
+
     def rank(path: list[ServerInfo]) -> tuple:
-        return len(path), -sum(speed.get(s.peer_id, 0.0) for s in path), [order[id(s)] for s in path]
+        return sum(hop_time(s.peer_id) for s in path), len(path), [order[id(s)] for s in path]
 
     best: dict[int, list[ServerInfo]] = {start: []}
     for position in range(start, layers):          # best tiling by dynamic programming over start positions

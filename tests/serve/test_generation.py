@@ -95,7 +95,11 @@ def test_plan_chain_tiles_blocks_and_skips_dead_servers():
     assert [s.peer_id for s in plan_chain(servers, 6)] == ["a", "b"]
     assert [s.peer_id for s in plan_chain(servers, 6, dead={"b"})] == ["a", "e"]
     assert [s.peer_id for s in plan_chain(servers, 6, dead={"a"})] == ["c", "d"]
-    assert [s.peer_id for s in plan_chain(servers, 6, speed={"e": 9.0})] == ["a", "e"]
+    speed = {"a": 5.0, "b": 1.0, "c": 5.0, "d": 5.0, "e": 9.0}
+    assert [s.peer_id for s in plan_chain(servers, 6, speed=speed)] == ["a", "e"]     # 0.31 s vs 0.4 and 1.2
+    speed["e"] = 0.0     # unreachable when measured
+    assert [s.peer_id for s in plan_chain(servers, 6, speed=speed)] == ["c", "d"]     # 0.4 s beats 1.2 s
+    assert [s.peer_id for s in plan_chain(servers, 6, start=3)] == ["b"]
     with pytest.raises(NoChain):
         plan_chain(servers, 6, dead={"a", "c"})
 
