@@ -11,6 +11,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   the reply is the last chunk's output, or every chunk's with "all": true (several chunks replay a
   prefix; "all" lets a client feed a replay through a new chain of servers).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
+  Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
+  stream's stateless passes for "forward"/"backward".
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
 
@@ -121,13 +123,15 @@ def make_handler(server: BlockServer, model_id: str):
             if "h" not in tensors:
                 raise ServeError("forward needs tensor h")
             out = await run(server.forward, tensors["h"], tensors.get("prompts"), _lora(tensors), state["usage"])
-            return await asyncio.to_thread(encode_frame, {"type": "hidden"}, {"h": out}, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict()},
+                                           {"h": out}, codec)
         if kind == "backward":
             if "h" not in tensors or "grad" not in tensors:
                 raise ServeError("backward needs tensors h and grad")
             grads = await run(server.backward, tensors["h"], tensors["grad"], tensors.get("prompts"),
                               _lora(tensors), state["usage"])
-            return await asyncio.to_thread(encode_frame, {"type": "grads"}, grads, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict()},
+                                           grads, codec)
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:

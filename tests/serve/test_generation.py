@@ -360,12 +360,16 @@ def test_step_chunks_must_cover_the_hidden_states():
                 except RemoteError as exc:
                     errors.append(str(exc))
             out = await span.step([torch.zeros(1, 2, CONFIG.width), torch.zeros(1, 1, CONFIG.width)], "f32")
+            usage = (await span.request({"type": "step", "chunks": [1]}, {"h": torch.zeros(1, 1, CONFIG.width)}))
+            passes = await span.request({"type": "forward"}, {"h": torch.zeros(2, 5, CONFIG.width)})
             await span.close()
-            return errors, out
+            return errors, out, usage.header["usage"], passes.header["usage"]
 
-    errors, out = asyncio.run(scenario())
+    errors, out, usage, passes = asyncio.run(scenario())
     assert len(errors) == 4 and all("chunks" in e for e in errors)
     assert out.shape == (1, 1, CONFIG.width)
+    assert usage["tokens"] == 4 and usage["flops"] > 4 * 2 * 6 * CONFIG.block_params()
+    assert passes["tokens"] == 10
 
 
 def test_measured_speed_picks_live_servers_and_a_dead_one_measures_zero():
