@@ -3,9 +3,10 @@ backward for clients that fine-tune parameters they own.
 
 Pure compute and bookkeeping, no I/O: the protocol driver (ml/serve/protocol.py) calls these
 methods from a worker thread. The server's weights never change (they do not require grad; a
-backward pass differentiates only the inputs and the client's prompts). Sessions are bounded in
-count, in KV-cache memory (reserved at open for their whole `max_length`) and expire when idle.
-Each session counts the tokens it sent through the blocks and an estimate of the FLOPs spent.
+backward pass differentiates only the inputs and the client's deep prompts and LoRA adapters, sent
+with the request). Sessions are bounded in count (overall and per client), in KV-cache memory
+(reserved at open for their whole `max_length`) and expire when idle. Each session counts the
+tokens it sent through the blocks and an estimate of the FLOPs spent.
 """
 from __future__ import annotations
 
