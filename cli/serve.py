@@ -5,13 +5,13 @@ them (ml/serve, ADR 0171).
 ``serve --model SPEC --blocks A:B [--listen MULTIADDR]`` starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
-[--max-tokens N] [--codec f32|f16|i8|i4] [--check-local]`` chains the servers (a second server with a
-range already covered is a spare used if the first one fails) and prints JSON {"text", "tokens",
-"replays", "tokens_per_s"} (plus "identical_to_local" with --check-local; ``--adapter FILE`` applies
-a LoRA adapter on the servers). ``tune ... --text FILE [--steps N] [--lora-rank R] [--prompt-length P]
---out FILE`` fits a LoRA adapter and/or deep prompts to the text's next-token loss (measured on a
-held-out batch before and after) and writes them as safetensors. Discovery through the
-ledger and payment are not wired yet: servers are named on the command line.
+[--max-tokens N] [--codec f32|f16|i8|i4] [--check-local] [--adapter FILE]`` chains the servers (a
+second server with a range already covered is a spare used if the first one fails) and prints JSON
+{"text", "tokens", "replays", "tokens_per_s"} (plus "identical_to_local" with --check-local);
+``--adapter`` applies what ``tune`` wrote. ``tune ... --text FILE [--steps N] [--lora-rank R]
+[--prompt-length P] --out FILE`` fits a LoRA adapter and/or prompts to the text's next-token loss
+(measured on one fixed batch before and after) and writes them as safetensors. Discovery through
+the ledger and payment are not wired yet: servers are named on the command line.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="hidden-state encoding (f32 is bit-exact)")
     generate.add_argument("--check-local", action="store_true",
                           help="also run the whole model locally and report whether the tokens are identical")
-    generate.add_argument("--adapter", type=Path, help="a LoRA adapter written by `tune` to apply on the servers")
+    generate.add_argument("--adapter", type=Path, help="parameters written by `tune` (LoRA adapter and/or prompts) "
+                                                       "for the servers to apply")
     generate.set_defaults(handler=run_generate)
     tune = subparsers.add_parser("tune", help="fine-tune a LoRA adapter / prompts through block servers")
     tune.add_argument("--model", required=True, help="the same model spec the servers use")
@@ -131,25 +132,20 @@ def run_generate(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if not prompt or args.max_tokens < 1 or len(prompt) + args.max_tokens > spec.config.context:
         raise CliError(f"need a non-empty prompt and 1 <= prompt + max-tokens <= {spec.config.context}")
-    lora = _load_adapter(args.adapter, spec.config) if args.adapter else None
-    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, lora))))
+    tuned = _load_adapter(args.adapter, spec.config) if args.adapter else None
+    if tuned is not None and tuned.prompt_length + len(prompt) + args.max_tokens > spec.config.context:
+        raise CliError(f"prompt + soft prompt + max-tokens exceed the context of {spec.config.context}")
+    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, tuned))))
     return 0
 
 
 def _load_adapter(path: Path, config):
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from ml.serve.adapters import AdapterError, ClientParams
 
     try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError) as exc:
-        raise CliError(f"cannot read adapter {path}: {exc}") from None
-    a, b = tensors.get("lora_a"), tensors.get("lora_b")
-    if (a is None or b is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != config.layers
-            or b.shape[0] != config.layers or a.shape[2] != config.width or b.shape[1] != 3 * config.width
-            or a.shape[1] != b.shape[2]):
-        raise CliError(f"{path} holds no LoRA adapter for this model (lora_a, lora_b)")
-    return a, b
+        return ClientParams.load(path, config)
+    except AdapterError as exc:
+        raise CliError(str(exc)) from None
 
 
 async def _connect_servers(host, servers) -> list:
@@ -166,7 +162,7 @@ async def _connect_servers(host, servers) -> list:
     return infos
 
 
-async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, lora) -> dict:
+async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned) -> dict:
     from ml.serve.client import NoChain, RemoteGenerator, local_generate
     from node.identity import Identity
     from node.p2p.host import Host
@@ -176,7 +172,7 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
     try:
         infos = await _connect_servers(host, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
-        generator = RemoteGenerator(host, ends, infos, codec=args.codec, lora=lora)
+        generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned)
         began = time.perf_counter()
         try:
             tokens = await generator.generate(prompt, args.max_tokens)
@@ -186,7 +182,7 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
                   "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2)}
         if args.check_local:
             whole = await asyncio.to_thread(spec.load_part, None, True)
-            local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, lora)
+            local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, tuned)
             result["identical_to_local"] = local == tokens
         return result
     finally:
@@ -215,7 +211,6 @@ def run_tune(args: argparse.Namespace) -> int:
 
 async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> dict:
     import torch
-    from safetensors.torch import save_file
 
     from ml.serve.client import NoChain, RemoteTuner
     from node.identity import Identity
@@ -246,8 +241,7 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> d
             await tuner.close()
         except NoChain as exc:
             raise CliError(str(exc)) from None
-        tensors = {name: p.detach().contiguous() for name, p in tuner.params.items()}
-        await asyncio.to_thread(save_file, tensors, str(args.out), {"model": spec.model_id})
+        await asyncio.to_thread(tuner.tuned.save, args.out, {"model": spec.model_id})
         return {"loss_before": round(before, 4), "loss_after": round(after, 4), "steps": args.steps,
                 "step_s": round(step_s, 4), "failovers": tuner.failovers, "out": str(args.out)}
     finally:

@@ -11,7 +11,8 @@ whole local model: in bit-exact mode ("f32") both give the same tokens.
 
 `RemoteTuner` fine-tunes parameters the client owns (an input soft prompt, deep prompts added
 before every block, LoRA adapters on every block's qkv projection) with forward and backward passes
-through the servers; a tuned adapter can then be used for generation (`RemoteGenerator(lora=...)`).
+through the servers; what it learnt can then be used for generation (`RemoteGenerator(tuned=...)`:
+adapters applied at every step, deep prompts sent at session open and added to the first chunk).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ml.serve.adapters import ClientParams
 from ml.serve.model import ServeDecoder
 from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
 from ml.serve.wire import roundtrip as wire_roundtrip
@@ -90,19 +92,30 @@ def greedy(logits: torch.Tensor) -> int:
 
 
 def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
-                   lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[int]:
+                   tuned: ClientParams | None = None) -> list[int]:
     """Greedy tokens from the whole model, in the chunks the remote generator uses (prefix, then one
-    token at a time)."""
-    caches = model.new_caches(1, len(prompt) + max_new_tokens)
-    tokens, out = list(prompt), []
+    token at a time), with the client's tuned parameters if any."""
+    tuned = tuned or ClientParams()
+    offset = tuned.prompt_length
+    caches = model.new_caches(1, offset + len(prompt) + max_new_tokens)
+    deep, lora = tuned.for_span(0, model.config.layers)
+    out: list[int] = []
     with torch.no_grad():
-        hidden = model.run_blocks(model.embed_tokens(torch.tensor([tokens])), caches, lora=lora)
+        hidden = first_chunk(model, tuned, prompt)
+        hidden = model.run_blocks(hidden, caches, prompts=deep, lora=lora)
         for step in range(max_new_tokens):
             out.append(greedy(model.logits(hidden)))
             if step + 1 < max_new_tokens:
-                position = len(tokens) + step
+                position = offset + len(prompt) + step
                 hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches, lora=lora)
     return out
+
+
+def first_chunk(ends: ServeDecoder, tuned: ClientParams, prompt: list[int]) -> torch.Tensor:
+    """The hidden states of the first step: the soft prompt (if any), then the embedded prompt."""
+    embedded = ends.embed_tokens(torch.tensor([prompt]), tuned.prompt_length)
+    prefix = tuned.prefix(ends)
+    return embedded if prefix is None else torch.cat([prefix, embedded], 1)
 
 
 @dataclass
@@ -129,11 +142,11 @@ class SpotCheck:
 
 class RemoteGenerator:
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
-                 speed: dict[str, float] | None = None, lora: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 speed: dict[str, float] | None = None, tuned: ClientParams | None = None):
         if not ends.has_ends:
             raise ValueError("the client needs the model's ends (embeddings, norm, head)")
         self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
-        self.lora = lora   # the client's adapter for every block: A (layers, r, width), B (layers, 3 width, r)
+        self.tuned = (tuned or ClientParams()).check(ends.config)   # the client's adapters and prompts
         self.dead: set[str] = set()
         self.stats = GenerationStats()
         self.chain: list[SpanClient] = []
@@ -144,8 +157,8 @@ class RemoteGenerator:
 
     async def _open(self, server: ServerInfo) -> SpanClient:
         client = SpanClient(self.host, server.peer_id, server.start, server.end)
-        adapter = self._lora_for(server.start, server.end)
-        await client.open(self._max_length, lora=adapter, codec=self.codec)
+        deep, lora = self.tuned.for_span(server.start, server.end)
+        await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
         return client
 
     async def start(self, max_length: int) -> None:
@@ -236,18 +249,19 @@ class RemoteGenerator:
     async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         if not prompt or max_new_tokens < 1:
             raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
-        total = len(prompt) + max_new_tokens
+        offset = self.tuned.prompt_length
+        total = offset + len(prompt) + max_new_tokens
         if total > self.ends.config.context:
             raise ValueError(f"{total} positions exceed the model's context of {self.ends.config.context}")
         await self.start(total)
         try:
             out: list[int] = []
             with torch.no_grad():
-                hidden = await self._through_chain(self.ends.embed_tokens(torch.tensor([prompt])))
+                hidden = await self._through_chain(first_chunk(self.ends, self.tuned, prompt))
                 for step in range(max_new_tokens):
                     out.append(greedy(self.ends.logits(hidden)))
                     if step + 1 < max_new_tokens:
-                        embedded = self.ends.embed_tokens(torch.tensor([[out[-1]]]), len(prompt) + step)
+                        embedded = self.ends.embed_tokens(torch.tensor([[out[-1]]]), offset + len(prompt) + step)
                         hidden = await self._through_chain(embedded)
             return out
         finally:
@@ -267,17 +281,20 @@ class RemoteGenerator:
         if (part.start, part.end) != (start, end):
             raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
         caches = part.new_caches(1, self._max_length)
+        deep, lora = self.tuned.for_span(start, end)
+        if deep is not None:
+            deep = wire_roundtrip(deep, self.codec)
+        if lora is not None:
+            lora = (wire_roundtrip(lora[0], self.codec), wire_roundtrip(lora[1], self.codec))
         with torch.no_grad():
             for step, (chunk, (peer_id, answer)) in enumerate(zip(self.history[index], self.outputs[index])):
                 received = wire_roundtrip(chunk, self.codec)      # what the server decoded
-                expected = wire_roundtrip(part.run_blocks(received, caches, lora=self._lora_for(start, end)),
-                                          self.codec)
+                out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
+                expected = wire_roundtrip(out, self.codec)
                 if answer is not None and not torch.equal(expected, answer):
                     return SpotCheck(index, (start, end), False, step, peer_id)
         return SpotCheck(index, (start, end), True, None, None)
 
-    def _lora_for(self, start: int, end: int):
-        return None if self.lora is None else (self.lora[0][start:end], self.lora[1][start:end])
 
 
 class RemoteTuner:
@@ -311,10 +328,9 @@ class RemoteTuner:
             param.requires_grad_(False)
 
     @property
-    def lora(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if "lora_a" not in self.params:
-            return None
-        return self.params["lora_a"].detach(), self.params["lora_b"].detach()
+    def tuned(self) -> ClientParams:
+        """The current parameters (detached), for generation or saving."""
+        return ClientParams(**{name: p.detach().clone() for name, p in self.params.items()})
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         embedded = self.ends.embed_tokens(tokens[:, :-1], offset=self.prompt_length)
@@ -324,12 +340,8 @@ class RemoteTuner:
         return torch.cat([prompt + self.ends.position[:self.prompt_length], embedded], 1)
 
     def _span_args(self, span: SpanClient, batch: int):
-        deep = None
-        if self.prompt_length:
-            deep = self.params["deep_prompts"].detach()[span.start:span.end].unsqueeze(1)
-            deep = deep.expand(-1, batch, -1, -1).contiguous()
-        lora = self.lora
-        return deep, None if lora is None else (lora[0][span.start:span.end], lora[1][span.start:span.end])
+        return ClientParams(**{name: p.detach() for name, p in self.params.items()}).for_span(span.start, span.end,
+                                                                                             batch)
 
     def _loss(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.ends.logits(hidden)[:, self.prompt_length:]

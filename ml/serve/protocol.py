@@ -3,9 +3,10 @@
 Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type":
 
 - "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
-- "open" {"max_length", "batch"} [+ "lora_a", "lora_b"] -> {"type": "opened"}: one inference session
-  per stream (with the client's adapter, if sent, applied at every step), closed when the stream
-  ends (or by "close", answered {"type": "closed", "usage"}).
+- "open" {"max_length", "batch"} [+ "lora_a", "lora_b"] [+ "prompts"] -> {"type": "opened"}: one
+  inference session per stream (with the client's adapter, if sent, applied at every step, and its
+  deep prompts added to the first chunk), closed when the stream ends (or by "close", answered
+  {"type": "closed", "usage"}).
 - "step" {"codec", "chunks": [length, ...]} + tensor "h" (batch, sum of lengths, width) ->
   {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
   the reply is the last chunk's output, or every chunk's with "all": true (several chunks replay a
@@ -105,7 +106,7 @@ def make_handler(server: BlockServer, model_id: str):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
             server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors),
-                                owner=peer)
+                                owner=peer, prompts=tensors.get("prompts"))
             state["session"] = session_id
             return encode_frame({"type": "opened"})
         if kind == "close":
@@ -203,8 +204,9 @@ class SpanClient:
         return (await self.request({"type": "info"})).header
 
     async def open(self, max_length: int, batch: int = 1, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   codec: str = "f32") -> None:
-        await self.request({"type": "open", "max_length": max_length, "batch": batch}, _adapter(lora), codec)
+                   codec: str = "f32", prompts: torch.Tensor | None = None) -> None:
+        tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
+        await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
 
     async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
         """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""

@@ -51,6 +51,7 @@ class Session:
     usage: Usage = field(default_factory=Usage)
     busy: bool = False
     lora: Adapter | None = None
+    prompts: torch.Tensor | None = None   # deep prompts, applied to the session's first chunk
     owner: str = ""
 
     @property
@@ -82,8 +83,10 @@ class BlockServer:
         return sum(s.reserved for s in self.sessions.values())
 
     def open_session(self, session_id: str, max_length: int, batch: int = 1, lora: Adapter | None = None,
-                     owner: str = "") -> Session:
-        """A new session (`owner`: the peer that opened it, limited to `max_sessions_per_owner`)."""
+                     owner: str = "", prompts: torch.Tensor | None = None) -> Session:
+        """A new session (`owner`: the peer that opened it, limited to `max_sessions_per_owner`), with
+        the client's adapter applied at every step and its deep prompts (blocks, batch, P, width)
+        added to the first P positions of the first chunk."""
         if not isinstance(session_id, str) or not 1 <= len(session_id) <= 64:
             raise ServeError("a session id is 1-64 characters")
         if not isinstance(max_length, int) or not 1 <= max_length <= self.config.context:
@@ -91,6 +94,8 @@ class BlockServer:
         if not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
             raise ServeError(f"batch must be 1..{MAX_BATCH}")
         self.check_lora(lora)
+        if prompts is not None:
+            self._check_prompts(torch.empty(batch, max_length, self.config.width), prompts)
         reserved = cache_bytes(self.config, self.end - self.start, batch, max_length)
         with self._lock:
             self._expire_locked()
@@ -103,7 +108,7 @@ class BlockServer:
             if self.cache_in_use() + reserved > self.max_cache_bytes:
                 raise ServeError(f"no room for a KV cache of {reserved} bytes")
             session = Session(session_id, batch, self.model.new_caches(batch, max_length), reserved, self._clock(),
-                              lora=lora, owner=owner)
+                              lora=lora, prompts=prompts, owner=owner)
             self.sessions[session_id] = session
             return session
 
@@ -152,6 +157,8 @@ class BlockServer:
                 raise ServeError(f"session {session_id} is busy")
             for chunk in chunks:
                 self._check_hidden(chunk, session.batch)
+            if session.prompts is not None and session.length == 0 and chunks[0].shape[1] < session.prompts.shape[2]:
+                raise ServeError(f"the first chunk must cover the {session.prompts.shape[2]} prompt positions")
             total = sum(c.shape[1] for c in chunks)
             if session.length + total > session.caches[0].max_length:
                 raise ServeError(f"session of {session.caches[0].max_length} positions cannot take {total} more "
@@ -162,7 +169,8 @@ class BlockServer:
             with torch.no_grad():
                 for chunk in chunks:
                     past = session.length
-                    outs.append(self.model.run_blocks(chunk, session.caches, lora=session.lora))
+                    prompts = session.prompts if past == 0 else None
+                    outs.append(self.model.run_blocks(chunk, session.caches, prompts=prompts, lora=session.lora))
                     self._count(session.usage, chunk.shape[0], past, chunk.shape[1])
             return torch.cat(outs, 1) if all_outputs else outs[-1]
         finally:

@@ -45,7 +45,7 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
         servers = ["--server", f"{spare_info['addrs'][0]}=0:2", "--server", f"{second_info['addrs'][0]}=2:4"]
         adapter = tmp_path / "adapter.safetensors"
         code = main(["tune", "--model", MODEL, "--text", str(text), "--steps", "15", "--length", "24",
-                     "--lora-rank", "2", "--lr", "0.03", "--out", str(adapter), *servers])
+                     "--lora-rank", "2", "--prompt-length", "2", "--lr", "0.03", "--out", str(adapter), *servers])
         tuned = json.loads(capsys.readouterr().out)
         assert code == 0 and tuned["loss_after"] < tuned["loss_before"] and adapter.exists()
         code = main(["generate", "--model", MODEL, "--prompt", "to be", "--max-tokens", "8", "--check-local",

@@ -9,6 +9,7 @@ import torch
 
 from ml.registry.models import CharTransformer
 from ml.serve import protocol
+from ml.serve.adapters import AdapterError, ClientParams
 from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, measure, plan_chain
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
@@ -249,20 +250,53 @@ def test_tuning_through_servers_lowers_the_loss_with_exact_gradients(prompt_leng
         torch.testing.assert_close(first_grads[name], grad, atol=1e-6, rtol=1e-4)
 
 
-def test_generation_with_a_tuned_adapter_equals_local_and_changes_the_output():
+@pytest.mark.parametrize("kind", ["lora", "prompts", "both"])
+def test_generation_with_tuned_parameters_equals_local_and_changes_the_output(kind):
     gen = torch.Generator().manual_seed(3)
-    lora = (torch.randn(CONFIG.layers, 2, CONFIG.width, generator=gen),
-            torch.randn(CONFIG.layers, 3 * CONFIG.width, 2, generator=gen))
+    fields = {}
+    if kind in ("lora", "both"):
+        fields["lora_a"] = torch.randn(CONFIG.layers, 2, CONFIG.width, generator=gen)
+        fields["lora_b"] = torch.randn(CONFIG.layers, 3 * CONFIG.width, 2, generator=gen)
+    if kind in ("prompts", "both"):
+        fields["input_prompt"] = torch.randn(3, CONFIG.width, generator=gen)
+        fields["deep_prompts"] = torch.randn(CONFIG.layers, 3, CONFIG.width, generator=gen)
+    tuned = ClientParams(**fields)
     whole = random_decoder(CONFIG, SEED)
-    expected = local_generate(whole, PROMPT, 20, lora=lora)
-    assert expected != local_generate(whole, PROMPT, 20)
+    expected = local_generate(whole, PROMPT, 30, tuned)
+    assert expected != local_generate(whole, PROMPT, 30)
 
     async def scenario():
-        async with Network(random_build, [(0, 2), (2, 6)]) as net:
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, lora=lora)
-            return await generator.generate(PROMPT, 20)
+        # a server dies mid-way: the replay must apply the prompts to the replayed first chunk again
+        async with Network(random_build, [(0, 2), (2, 6), (2, 6)]) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, tuned=tuned)
+            original_step = generator._through_chain
 
-    assert asyncio.run(scenario()) == expected
+            async def step_and_kill(hidden):
+                if generator.stats.steps == 12:
+                    await net.hosts[1].stop()
+                return await original_step(hidden)
+
+            generator._through_chain = step_and_kill
+            tokens = await generator.generate(PROMPT, 30)
+            checks = [generator.spot_check(i, random_build(span, False)).ok for i, span in enumerate(generator.spans)]
+            return tokens, generator.stats.replays, checks
+
+    tokens, replays, checks = asyncio.run(scenario())
+    assert tokens == expected and replays == 1 and all(checks)
+
+
+def test_tuned_parameters_are_checked_and_saved(tmp_path):
+    with pytest.raises(AdapterError, match="lora must be"):
+        ClientParams(torch.zeros(6, 2, 32), torch.zeros(6, 96, 3)).check(CONFIG)
+    with pytest.raises(AdapterError, match="input_prompt with deep_prompts"):
+        ClientParams(input_prompt=torch.zeros(2, 32)).check(CONFIG)
+    tuned = ClientParams(input_prompt=torch.randn(2, 32), deep_prompts=torch.randn(6, 2, 32)).check(CONFIG)
+    tuned.save(tmp_path / "a.safetensors")
+    loaded = ClientParams.load(tmp_path / "a.safetensors", CONFIG)
+    assert torch.equal(loaded.deep_prompts, tuned.deep_prompts) and loaded.lora_a is None
+    (tmp_path / "junk").write_bytes(b"junk")
+    with pytest.raises(AdapterError, match="cannot read"):
+        ClientParams.load(tmp_path / "junk", CONFIG)
 
 
 def test_server_weights_never_change():
