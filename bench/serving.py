@@ -14,10 +14,12 @@ parameters), split evenly over `--servers` servers plus one spare for the middle
   measured over `--offload-new` tokens.
 - recover_s: the time from the failed step to the replacement's answer (open + prefix replay) when
   the middle server is stopped half-way through a generation.
-- tune_step_s: one prompt-tuning step (forward + backward through the servers) on a batch of 4 x 64.
+- tune_step_s, tune_loss_before/after: `--tune-steps` steps of fitting a rank-4 LoRA adapter (the
+  client's, on every block) to a repeating 16-byte text, batch 4 x 64, forward + backward through
+  the servers (the spare-less chain left after the kill); the loss is measured on that batch.
 
 Prints one JSON object. Usage: python bench/serving.py [--layers 12 --width 768 --heads 12]
-[--servers 3] [--prompt 64] [--new 128] [--offload-new 16] [--codec f32]
+[--servers 3] [--prompt 64] [--new 128] [--offload-new 16] [--codec f32] [--tune-steps 10]
 """
 from __future__ import annotations
 
@@ -125,13 +127,16 @@ async def run(args) -> dict:
         result["replays"] = generator.stats.replays
 
         live = [info for i, info in enumerate(infos) if i != victim_index]
-        tuner = RemoteTuner(client, ends, live, prompt_length=8, codec=args.codec)
-        batch = torch.randint(0, 256, (4, 65), generator=torch.Generator().manual_seed(4))
-        await tuner.step(batch)   # warm-up
+        # fine-tuning a LoRA adapter (rank 4) on a repeating 16-byte text through the servers
+        tuner = RemoteTuner(client, ends, live, prompt_length=0, lora_rank=4, codec=args.codec, lr=args.tune_lr)
+        text = torch.tensor(list(b"serve the blocks") * 8)
+        batch = torch.stack([text[i:i + 65] for i in range(0, 16, 4)])
+        result["tune_loss_before"] = round(await tuner.loss(batch), 4)
         began = time.perf_counter()
-        for _ in range(3):
+        for _ in range(args.tune_steps):
             await tuner.step(batch)
-        result["tune_step_s"] = round((time.perf_counter() - began) / 3, 4)
+        result["tune_step_s"] = round((time.perf_counter() - began) / args.tune_steps, 4)
+        result["tune_loss_after"] = round(await tuner.loss(batch), 4)
         await tuner.close()
     finally:
         for host in [client, *hosts]:
@@ -149,6 +154,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--offload-new", type=int, default=16)
     parser.add_argument("--codec", default="f32", choices=["f32", "f16", "i8", "i4"])
+    parser.add_argument("--tune-steps", type=int, default=10)
+    parser.add_argument("--tune-lr", type=float, default=1e-2)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 
