@@ -158,30 +158,32 @@ class RemoteGenerator:
     async def _open(self, server: ServerInfo) -> SpanClient:
         client = SpanClient(self.host, server.peer_id, server.start, server.end)
         deep, lora = self.tuned.for_span(server.start, server.end)
-        await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
+        try:
+            await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
+        except RemoteError:
+            client.abort()
+            raise
         return client
 
     async def start(self, max_length: int) -> None:
+        """Open a session on each server of the best chain; a server that cannot be opened is marked
+        dead and the chain planned again."""
         self._max_length = max_length
-        self.chain, self.spans, self.history, self.outputs = [], [], [], []
-        for server in plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed):
-            self.chain.append(await self._open_with_fallback(server))
-            self.spans.append((server.start, server.end))
-            self.history.append([])
-            self.outputs.append([])
-
-    async def _open_with_fallback(self, wanted: ServerInfo) -> SpanClient:
-        """A session on `wanted` or, failing that, on another live server with the same range."""
-        candidates = [wanted] + [s for s in self.servers if (s.start, s.end) == (wanted.start, wanted.end)
-                                 and s.peer_id != wanted.peer_id]
-        for server in candidates:
-            if server.peer_id in self.dead:
-                continue
+        while True:
+            plan = plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed)
+            opened: list[SpanClient] = []
             try:
-                return await self._open(server)
+                for server in plan:
+                    opened.append(await self._open(server))
             except (SpanUnavailable, RemoteError):
-                self.dead.add(server.peer_id)
-        raise NoChain(f"no live server for blocks {wanted.start}:{wanted.end}")
+                self.dead.add(plan[len(opened)].peer_id)
+                await asyncio.gather(*(client.close() for client in opened), return_exceptions=True)
+                continue
+            break
+        self.chain = opened
+        self.spans = [(s.start, s.end) for s in plan]
+        self.history = [[] for _ in plan]
+        self.outputs = [[] for _ in plan]
 
     async def _step_span(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Span `index`'s answer to `hidden` and the index of the span after it (a failed span may be

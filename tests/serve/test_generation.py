@@ -493,3 +493,16 @@ def test_a_failed_span_is_replaced_by_servers_with_other_boundaries():
     assert generator.spans == [(0, 1), (1, 2), (2, 4), (4, 6)]
     for index, (start, end) in enumerate(generator.spans):   # the new servers' answers check out too
         assert generator.spot_check(index, random_build((start, end), False)).ok
+
+
+def test_a_server_down_at_the_start_is_planned_around():
+    async def scenario():
+        async with Network(random_build, [(0, 3), (0, 1), (1, 3), (3, 6)]) as net:
+            await net.hosts[0].stop()
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers)
+            tokens = await generator.generate(PROMPT, 8)
+            return tokens, generator.spans, generator.dead, net.servers[0].peer_id
+
+    tokens, spans, dead, first = asyncio.run(scenario())
+    assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 8)
+    assert spans == [(0, 1), (1, 3), (3, 6)] and dead == {first}
