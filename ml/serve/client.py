@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ml.serve.adapters import ClientParams
+from ml.serve.delta import DeltaBook
 from ml.serve.model import ServeDecoder
 from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
 from ml.serve.wire import roundtrip as wire_roundtrip
@@ -314,6 +315,7 @@ class RemoteTuner:
         self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
         self.servers, self.dead, self.failovers = list(servers), set(), 0
         self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
+        self.books = [(DeltaBook(), DeltaBook()) for _ in self.chain]   # per span: inputs sent, outputs received
         gen = torch.Generator().manual_seed(seed)
         self.params: dict[str, torch.nn.Parameter] = {}
         if prompt_length:
@@ -349,14 +351,16 @@ class RemoteTuner:
         logits = self.ends.logits(hidden)[:, self.prompt_length:]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
-    async def step(self, tokens: torch.Tensor) -> float:
-        """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions."""
+    async def step(self, tokens: torch.Tensor, ids: list[int] | None = None) -> float:
+        """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions.
+        With `ids` (one per example, stable across steps), activations travel as deltas against the
+        example's previous ones (ml/serve/delta.py), and the backward reuses the server's copy."""
         batch = tokens.shape[0]
         hidden, inputs = self._inputs(tokens), []
         for index, span in enumerate(self.chain):
-            inputs.append(hidden)
             deep, lora = self._span_args(span, batch)
-            hidden = await self._call(index, "forward", hidden, deep, self.codec, lora)
+            seen, hidden = await self._forward(index, hidden, deep, lora, ids)
+            inputs.append(seen)
         leaf = hidden.detach().requires_grad_(True)
         loss = self._loss(leaf, tokens)
         loss.backward()
@@ -365,7 +369,7 @@ class RemoteTuner:
         for index in reversed(range(len(self.chain))):
             span = self.chain[index]
             deep, lora = self._span_args(span, batch)
-            got = await self._call(index, "backward", inputs[index], grad, deep, self.codec, lora)
+            got = await self._backward(index, inputs[index], grad, deep, lora, ids)
             grad = got["grad_h"]
             if deep is not None:
                 grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1)
@@ -381,30 +385,54 @@ class RemoteTuner:
         return float(loss.detach())
 
     async def loss(self, tokens: torch.Tensor) -> float:
-        """The loss without a step (forward passes only)."""
+        """The loss without a step (forward passes only, activations sent whole)."""
         hidden = self._inputs(tokens)
         with torch.no_grad():
             for index, span in enumerate(self.chain):
                 deep, lora = self._span_args(span, tokens.shape[0])
-                hidden = await self._call(index, "forward", hidden, deep, self.codec, lora)
+                _, hidden = await self._forward(index, hidden, deep, lora, None)
             return float(self._loss(hidden, tokens))
 
-    async def _call(self, index: int, method: str, *args):
-        """`method` on span `index`; if its server fails, the same call on another server with the
-        same blocks (passes are stateless, nothing to replay)."""
+    async def _forward(self, index: int, hidden: torch.Tensor, deep, lora,
+                       ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the input as the server has it, its output) for span `index`, failing over if needed."""
         while True:
             span = self.chain[index]
             try:
-                return await getattr(span, method)(*args)
+                if ids is None:
+                    return hidden, await span.forward(hidden, deep, self.codec, lora)
+                sent, received = self.books[index]
+                delta = sent.delta(ids, hidden)
+                seen = sent.commit(ids, wire_roundtrip(delta, self.codec))
+                return seen, received.commit(ids, await span.forward(delta, deep, self.codec, lora, ids=ids))
             except (SpanUnavailable, RemoteError):
-                span.abort()
-                self.dead.add(span.peer_id)
-                spare = next((s for s in self.servers if (s.start, s.end) == (span.start, span.end)
-                              and s.peer_id not in self.dead), None)
-                if spare is None:
-                    raise NoChain(f"no live server for blocks {span.start}:{span.end}") from None
-                self.chain[index] = SpanClient(self.host, spare.peer_id, spare.start, spare.end)
-                self.failovers += 1
+                self._failover(index)
+
+    async def _backward(self, index: int, span_input: torch.Tensor, grad: torch.Tensor, deep, lora,
+                        ids: list[int] | None) -> dict[str, torch.Tensor]:
+        fresh = False   # a replacement server has no stored activations: send them
+        while True:
+            span = self.chain[index]
+            try:
+                if ids is not None and not fresh:
+                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids)
+                return await span.backward(span_input, grad, deep, self.codec, lora)
+            except (SpanUnavailable, RemoteError):
+                self._failover(index)
+                fresh = True
+
+    def _failover(self, index: int) -> None:
+        """Replace span `index` by a live server with the same blocks (passes are stateless)."""
+        span = self.chain[index]
+        span.abort()
+        self.dead.add(span.peer_id)
+        spare = next((s for s in self.servers if (s.start, s.end) == (span.start, span.end)
+                      and s.peer_id not in self.dead), None)
+        if spare is None:
+            raise NoChain(f"no live server for blocks {span.start}:{span.end}")
+        self.chain[index] = SpanClient(self.host, spare.peer_id, spare.start, spare.end)
+        self.books[index] = (DeltaBook(), DeltaBook())
+        self.failovers += 1
 
     async def close(self) -> None:
         await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

@@ -13,7 +13,9 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   prefix; "all" lets a client feed a replay through a new chain of servers).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
-  stream's stateless passes for "forward"/"backward".
+  stream's stateless passes for "forward"/"backward". With "ids" (one example id per batch row),
+  "h" and the answer are deltas against the examples' activations last time (ml/serve/delta.py; the
+  stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
 
@@ -30,8 +32,9 @@ import secrets
 
 import torch
 
+from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.server import BlockServer, ServeError, Usage
-from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length
+from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
 PROTOCOL = "/dekube/serve/1.0.0"
@@ -123,20 +126,33 @@ def make_handler(server: BlockServer, model_id: str):
         if kind == "forward":
             if "h" not in tensors:
                 raise ServeError("forward needs tensor h")
-            out = await run(server.forward, tensors["h"], tensors.get("prompts"), _lora(tensors), state["usage"])
+            hidden, ids = tensors["h"], None
+            if "ids" in header:   # h is a delta against the stored inputs of these examples
+                ids = check_ids(header["ids"], hidden.shape[0])
+                hidden = state["inputs"].commit(ids, hidden)
+            out = await run(server.forward, hidden, tensors.get("prompts"), _lora(tensors), state["usage"])
+            if ids is not None:
+                out = state["outputs"].delta(ids, out)
+                state["outputs"].commit(ids, await asyncio.to_thread(roundtrip, out, codec))
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict()},
                                            {"h": out}, codec)
         if kind == "backward":
-            if "h" not in tensors or "grad" not in tensors:
-                raise ServeError("backward needs tensors h and grad")
-            grads = await run(server.backward, tensors["h"], tensors["grad"], tensors.get("prompts"),
+            if "grad" not in tensors:
+                raise ServeError("backward needs tensor grad")
+            if "h" in tensors:
+                hidden = tensors["h"]
+            elif "ids" in header:
+                hidden = state["inputs"].stored(check_ids(header["ids"], tensors["grad"].shape[0]))
+            else:
+                raise ServeError("backward needs tensor h, or ids of a delta forward")
+            grads = await run(server.backward, hidden, tensors["grad"], tensors.get("prompts"),
                               _lora(tensors), state["usage"])
             return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict()},
                                            grads, codec)
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
-        state: dict = {"usage": Usage()}
+        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook()}
         try:
             while True:
                 try:
@@ -216,16 +232,23 @@ class SpanClient:
         return self._tensor(reply, "h", hidden.shape if all_outputs else chunks[-1].shape)
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
-                      lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None
+                      ) -> torch.Tensor:
+        """The blocks' output; with `ids`, `hidden` and the answer are deltas (ml/serve/delta.py)."""
         tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
-        return self._tensor(await self.request({"type": "forward"}, tensors, codec), "h", hidden.shape)
+        header = {"type": "forward"} | ({} if ids is None else {"ids": ids})
+        return self._tensor(await self.request(header, tensors, codec), "h", hidden.shape)
 
-    async def backward(self, hidden: torch.Tensor, grad: torch.Tensor, prompts: torch.Tensor | None, codec: str,
-                       lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """{"grad_h", and "grad_prompts" / "grad_lora_a", "grad_lora_b" for what was sent}."""
-        tensors = {"h": hidden, "grad": grad} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
-        reply = await self.request({"type": "backward"}, tensors, codec)
-        expected = {"grad_h": hidden.shape}
+    async def backward(self, hidden: torch.Tensor | None, grad: torch.Tensor, prompts: torch.Tensor | None,
+                       codec: str, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """{"grad_h", and "grad_prompts" / "grad_lora_a", "grad_lora_b" for what was sent}. Without
+        `hidden`, the server uses the inputs it stored for `ids` in the last delta forward."""
+        tensors = ({"grad": grad} | ({} if hidden is None else {"h": hidden})
+                   | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora))
+        header = {"type": "backward"} | ({} if ids is None else {"ids": ids})
+        reply = await self.request(header, tensors, codec)
+        expected = {"grad_h": grad.shape}
         if prompts is not None:
             expected["grad_prompts"] = prompts.shape
         if lora is not None:

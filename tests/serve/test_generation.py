@@ -11,10 +11,11 @@ from ml.registry.models import CharTransformer
 from ml.serve import protocol
 from ml.serve.adapters import AdapterError, ClientParams
 from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, measure, plan_chain
+from ml.serve.delta import DeltaBook, DeltaError, check_ids
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
 from ml.serve.server import BlockServer
-from ml.serve.wire import decode_frame, encode_frame, frame_length
+from ml.serve.wire import decode_frame, encode_frame, frame_length, roundtrip
 from node.identity import Identity
 from node.p2p.host import Host
 
@@ -506,3 +507,50 @@ def test_a_server_down_at_the_start_is_planned_around():
     tokens, spans, dead, first = asyncio.run(scenario())
     assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 8)
     assert spans == [(0, 1), (1, 3), (3, 6)] and dead == {first}
+
+
+@pytest.mark.parametrize("lr", [0.0, 1e-2])
+def test_activation_deltas_track_full_precision_better_than_plain_int4(lr):
+    pattern = torch.tensor([5, 9, 1, 7, 3] * 5)
+    batch = torch.stack([pattern[i:i + 17] for i in range(4)])
+
+    async def run(codec, ids):
+        async with Network(random_build, [(0, 3), (3, 6)]) as net:
+            tuner = RemoteTuner(net.client, random_build((0, 0), True), net.servers, prompt_length=0, lora_rank=2,
+                                codec=codec, lr=lr)
+            losses = [await tuner.step(batch, ids=ids) for _ in range(8)]
+            sent = sum(span.bytes_sent for span in tuner.chain)
+            await tuner.close()
+            return losses, sent
+
+    exact, _ = asyncio.run(run("f32", None))
+    exact_deltas, _ = asyncio.run(run("f32", [10, 11, 12, 13]))
+    plain, plain_bytes = asyncio.run(run("i4", None))
+    deltas, delta_bytes = asyncio.run(run("i4", [10, 11, 12, 13]))
+    assert exact_deltas == pytest.approx(exact, rel=1e-4)
+    assert deltas[0] == plain[0]     # the first time an example is seen, its delta is the whole activation
+    plain_gap, delta_gap = abs(plain[-1] - exact[-1]), abs(deltas[-1] - exact[-1])
+    if lr == 0:   # the same forward again and again: each delta corrects the last error
+        assert delta_gap < 0.1 * plain_gap, (delta_gap, plain_gap)
+    else:         # training: the gradients still travel in plain int4
+        assert delta_gap < plain_gap, (delta_gap, plain_gap)
+    assert delta_bytes < 1.1 * plain_bytes     # the same codec: no more bytes for the better accuracy
+
+
+def test_delta_books_stay_identical_and_bounded():
+    sender, receiver = DeltaBook(), DeltaBook()
+    gen = torch.Generator().manual_seed(0)
+    value = torch.randn(2, 5, 8, generator=gen)
+    for _ in range(4):
+        value = value + 0.01 * torch.randn(2, 5, 8, generator=gen)
+        delta = sender.delta([1, 2], value)
+        mine = sender.commit([1, 2], roundtrip(delta, "i4"))
+        theirs = receiver.commit([1, 2], decode_frame(encode_frame({}, {"h": delta}, "i4")[4:]).tensors["h"])
+        assert torch.equal(mine, theirs)
+    assert float((mine - value).abs().max()) < 0.01
+    with pytest.raises(DeltaError, match="full"):
+        DeltaBook(max_ids=1).commit([1, 2], torch.zeros(2, 3))
+    with pytest.raises(DeltaError, match="distinct"):
+        check_ids([1, 1], 2)
+    with pytest.raises(DeltaError, match="no stored"):
+        receiver.stored([7])
