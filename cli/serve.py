@@ -2,7 +2,8 @@
 text through servers that together hold all of them, fine-tune parameters the client owns through
 them (ml/serve, ADR 0171).
 
-``serve --model SPEC --blocks A:B [--listen MULTIADDR]`` starts a bare p2p Host with the
+``serve --model SPEC --blocks A:B|auto:N [--known MULTIADDR ...] [--listen MULTIADDR]`` (auto: the
+N blocks the known servers cover least, by measured throughput) starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
 [--max-tokens N] [--codec f32|f16|i8|i4] [--check-local] [--adapter FILE]`` chains the servers (a
@@ -30,7 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="serve a range of a decoder's blocks to generating clients")
     serve.add_argument("--model", required=True, help="random:<layers>x<width>[:heads][@seed], random:large, "
                                                       "or a char-transformer .safetensors file")
-    serve.add_argument("--blocks", help="A:B, the blocks to serve (default: all)")
+    serve.add_argument("--blocks", help="A:B, the blocks to serve (default: all), or auto:N to take the N blocks "
+                                        "the --known servers cover least")
+    serve.add_argument("--known", action="append", default=[], metavar="MULTIADDR",
+                       help="a server of the same model (for --blocks auto:N; repeat)")
     serve.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help="p2p listen multiaddr")
     serve.add_argument("--max-sessions", type=int, default=64)
     serve.set_defaults(handler=run_serve)
@@ -77,31 +81,68 @@ def run_serve(args: argparse.Namespace) -> int:
     spec = _spec(args.model, "serve")
     from ml.serve.catalog import ModelSpecError, parse_blocks
 
+    auto = None
+    if args.blocks and args.blocks.startswith("auto:"):
+        count = args.blocks[5:]
+        if not count.isdigit() or not 1 <= int(count) <= spec.config.layers:
+            raise CliError(f"--blocks auto:N needs 1 <= N <= {spec.config.layers}")
+        auto = int(count)
     try:
-        blocks = parse_blocks(args.blocks, spec.config.layers) if args.blocks else (0, spec.config.layers)
+        blocks = (None if auto else parse_blocks(args.blocks, spec.config.layers) if args.blocks
+                  else (0, spec.config.layers))
     except ModelSpecError as exc:
         raise CliError(str(exc)) from None
-    return asyncio.run(_serve(spec, blocks, args))
+    return asyncio.run(_serve(spec, blocks, auto, args))
 
 
-async def _serve(spec, blocks: tuple[int, int], args: argparse.Namespace) -> int:
+async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]]:
+    """(start, end, measured tokens/s) of the known servers of this model that answer."""
+    from ml.serve.client import ServerInfo, measure
+    from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+
+    coverage = []
+    for addr in known:
+        try:
+            peer_id = await asyncio.wait_for(host.connect(addr), 15)
+            span = SpanClient(host, peer_id, 0, 0, timeout=15)
+            try:
+                info = await span.info()
+            finally:
+                await span.close()
+        except (OSError, ValueError, TimeoutError, ConnectionError, SpanUnavailable, RemoteError) as exc:
+            print(f"dekube-node: known server {addr} unreachable: {exc}", file=sys.stderr)
+            continue
+        start, end = info.get("start"), info.get("end")
+        if info.get("model") != spec.model_id or not isinstance(start, int) or not isinstance(end, int):
+            continue
+        server = ServerInfo(peer_id, start, end)
+        speed = (await measure(host, [server], spec.config.width))[peer_id]
+        if speed > 0 and 0 <= start < end <= spec.config.layers:
+            coverage.append((start, end, speed))
+    return coverage
+
+
+async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace) -> int:
     from ml.serve import protocol
+    from ml.serve.balance import choose_blocks
     from ml.serve.server import BlockServer
     from node.identity import Identity
     from node.p2p.host import Host
 
-    model = await asyncio.to_thread(spec.load_part, blocks, False)
-    server = BlockServer(model, max_sessions=args.max_sessions)
     host = Host(Identity.generate(), [args.listen])
-    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id))
     try:
         await host.start()
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc}") from None
-    addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
-    print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
-                      "blocks": f"{blocks[0]}:{blocks[1]}"}), flush=True)
     try:
+        if blocks is None:   # fill the gap in what the known servers cover
+            blocks = choose_blocks(spec.config.layers, auto, await _coverage(host, spec, args.known))
+        model = await asyncio.to_thread(spec.load_part, blocks, False)
+        server = BlockServer(model, max_sessions=args.max_sessions)
+        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id))
+        addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
+        print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
+                          "blocks": f"{blocks[0]}:{blocks[1]}"}), flush=True)
         while True:
             await asyncio.sleep(60)
             server.expire()

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "random:4x32:4@5"
 
 
-def start_server(blocks: str) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", MODEL, "--blocks", blocks],
+def start_server(blocks: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", MODEL, "--blocks", blocks, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
@@ -52,6 +52,11 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
                      "--adapter", str(adapter), *servers])
         with_adapter = json.loads(capsys.readouterr().out)
         assert code == 0 and with_adapter["identical_to_local"] is True
+
+        # a new server asked to fill the gap next to the 2:4 server takes 0:2
+        third, third_info = start_server("auto:2", "--known", second_info["addrs"][0])
+        procs.append(third)
+        assert third_info["blocks"] == "0:2"
     finally:
         for proc in procs:
             proc.kill()
@@ -62,6 +67,7 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
     (["serve", "--model", "random:4x30:4", "--blocks", "0:1"], "divisible"),
     (["serve", "--model", "random:4x32", "--blocks", "3:9"], "inside"),
     (["serve", "--model", "nope.safetensors"], "neither"),
+    (["serve", "--model", "random:4x32", "--blocks", "auto:9"], "auto:N"),
     (["generate", "--model", MODEL, "--server", "/ip4/127.0.0.1/tcp/1=0:4", "--prompt", "x"], "p2p"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, match, capsys):
