@@ -37,9 +37,10 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from ml.serve import protocol  # noqa: E402
-from ml.serve.client import RemoteGenerator, RemoteTuner, ServerInfo, greedy, local_generate  # noqa: E402
+from ml.serve.client import RemoteGenerator, ServerInfo, greedy, local_generate  # noqa: E402
 from ml.serve.model import DecoderBlock, DecoderConfig, random_decoder  # noqa: E402
 from ml.serve.server import BlockServer  # noqa: E402
+from ml.serve.tuner import RemoteTuner  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 

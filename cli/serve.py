@@ -253,7 +253,8 @@ def run_tune(args: argparse.Namespace) -> int:
 async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> dict:
     import torch
 
-    from ml.serve.client import NoChain, RemoteTuner
+    from ml.serve.client import NoChain
+    from ml.serve.tuner import RemoteTuner
     from node.identity import Identity
     from node.p2p.host import Host
 

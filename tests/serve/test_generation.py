@@ -10,11 +10,12 @@ import torch
 from ml.registry.models import CharTransformer
 from ml.serve import protocol
 from ml.serve.adapters import AdapterError, ClientParams
-from ml.serve.client import NoChain, RemoteGenerator, RemoteTuner, ServerInfo, local_generate, measure, plan_chain
+from ml.serve.client import NoChain, RemoteGenerator, ServerInfo, local_generate, measure, plan_chain
 from ml.serve.delta import DeltaBook, DeltaError, check_ids
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
 from ml.serve.server import BlockServer
+from ml.serve.tuner import RemoteTuner
 from ml.serve.wire import decode_frame, encode_frame, frame_length, roundtrip
 from node.identity import Identity
 from node.p2p.host import Host
