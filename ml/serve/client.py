@@ -212,13 +212,14 @@ class RemoteGenerator:
                     client = await self._open(server)
                     clients.append(client)
                     last = position == len(plan) - 1
-                    out = await client.step(inputs, self.codec, all_outputs=not last)
+                    outs = await self._replay(client, inputs, all_outputs=not last)
                     histories.append(inputs)
                     if last:   # its answers to the replayed chunks were not asked for
+                        out = outs[-1]
                         answers.append([(client.peer_id, None)] * (len(inputs) - 1) + [(client.peer_id, out)])
                     else:   # the next server replays this one's answers to every chunk
-                        inputs = list(torch.split(out, [c.shape[1] for c in inputs], dim=1))
-                        answers.append([(client.peer_id, o) for o in inputs])
+                        inputs = outs
+                        answers.append([(client.peer_id, o) for o in outs])
             except (SpanUnavailable, RemoteError):
                 failed = clients[-1] if len(clients) > len(histories) else None
                 for client in clients:
@@ -238,6 +239,16 @@ class RemoteGenerator:
         self.stats.replays += 1
         self.stats.recover_s.append(time.perf_counter() - began)
         return out, index + len(plan)
+
+    async def _replay(self, client: SpanClient, chunks: list[torch.Tensor], all_outputs: bool) -> list[torch.Tensor]:
+        """Send recorded chunks to `client` in one step and return its answers as a step-by-step run
+        would have delivered them. The chunks go as the first server decoded them, in f32, and the
+        answers are put through the codec one by one, because a lossy codec's blocks would otherwise
+        straddle chunk boundaries: so the replay is exact in every codec."""
+        sent = [wire_roundtrip(chunk, self.codec) for chunk in chunks]
+        out = await client.step(sent, "f32", all_outputs=all_outputs)
+        outs = list(torch.split(out, [c.shape[1] for c in chunks], dim=1)) if all_outputs else [out]
+        return [wire_roundtrip(o, self.codec) for o in outs]
 
     async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
         index = 0
@@ -293,4 +304,22 @@ class RemoteGenerator:
                 expected = wire_roundtrip(out, self.codec)
                 if answer is not None and not torch.equal(expected, answer):
                     return SpotCheck(index, (start, end), False, step, peer_id)
+        return SpotCheck(index, (start, end), True, None, None)
+
+    async def spot_check_remote(self, index: int, referee: ServerInfo) -> SpotCheck:
+        """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
+        span's recorded chunks in a fresh session and compare each of its answers with the recorded
+        ones, bit for bit. A mismatch names the first differing step and the server that answered
+        it; which of the two lies is for a third opinion (a local check or another referee)."""
+        start, end = self.spans[index]
+        if (referee.start, referee.end) != (start, end):
+            raise ValueError(f"span {index} is blocks {start}:{end}, the referee holds {referee.start}:{referee.end}")
+        client = await self._open(referee)
+        try:
+            answers = await self._replay(client, self.history[index], all_outputs=True)
+        finally:
+            await client.close()
+        for step, ((peer_id, answer), expected) in enumerate(zip(self.outputs[index], answers)):
+            if answer is not None and not torch.equal(expected, answer):
+                return SpotCheck(index, (start, end), False, step, peer_id)
         return SpotCheck(index, (start, end), True, None, None)

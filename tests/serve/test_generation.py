@@ -439,13 +439,18 @@ class LyingServer(BlockServer):
 @pytest.mark.parametrize("codec", ["f32", "i8"])
 def test_spot_checks_pass_honest_servers_and_name_a_lying_one(codec):
     async def scenario():
-        async with Network(random_build, [(0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
+        async with Network(random_build, [(0, 3), (3, 6), (0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
             generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec)
             await generator.generate(PROMPT, 12)
+            generator.remote_checks = [await generator.spot_check_remote(0, net.servers[2]),
+                                       await generator.spot_check_remote(1, net.servers[3])]
             return generator, net.servers
 
     generator, servers = asyncio.run(scenario())
     honest = generator.spot_check(0, random_build((0, 3), False))
+    referee_honest, referee_lying = generator.remote_checks
+    assert referee_honest.ok and not referee_lying.ok and referee_lying.first_bad_step == 5
+    assert referee_lying.culprit == servers[1].peer_id
     lying = generator.spot_check(1, random_build((3, 6), False))
     assert honest.ok and honest.first_bad_step is None
     assert not lying.ok and lying.first_bad_step == 5 and lying.culprit == servers[1].peer_id
@@ -555,3 +560,24 @@ def test_delta_books_stay_identical_and_bounded():
         check_ids([1, 1], 2)
     with pytest.raises(DeltaError, match="no stored"):
         receiver.stored([7])
+
+
+@pytest.mark.parametrize("codec", ["i8", "i4"])
+def test_recovery_is_exact_in_lossy_codecs_too(codec):
+    async def scenario(kill: bool):
+        # a spare with the same range: another split would add a quantised hop and change the output
+        async with Network(random_build, [(0, 3), (3, 6), (0, 3)]) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec)
+            original_step = generator._through_chain
+
+            async def step_and_kill(hidden):
+                if kill and generator.stats.steps == 15:
+                    await net.hosts[0].stop()
+                return await original_step(hidden)
+
+            generator._through_chain = step_and_kill
+            return await generator.generate(PROMPT, 30), generator.stats.replays
+
+    undisturbed, none = asyncio.run(scenario(False))
+    recovered, one = asyncio.run(scenario(True))
+    assert recovered == undisturbed and (none, one) == (0, 1)
