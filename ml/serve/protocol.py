@@ -91,6 +91,13 @@ def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
     return tensors["lora_a"], tensors["lora_b"]
 
 
+def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor, codec: str) -> torch.Tensor:
+    """The delta to send for `value`, after recording what the receiver will reconstruct."""
+    delta = book.delta(ids, value)
+    book.commit(ids, roundtrip(delta, codec))
+    return delta
+
+
 def make_handler(server: BlockServer, model_id: str):
     """The Host stream handler serving `server`'s blocks as model `model_id`."""
     compute = asyncio.Semaphore(1)
@@ -129,11 +136,10 @@ def make_handler(server: BlockServer, model_id: str):
             hidden, ids = tensors["h"], None
             if "ids" in header:   # h is a delta against the stored inputs of these examples
                 ids = check_ids(header["ids"], hidden.shape[0])
-                hidden = state["inputs"].commit(ids, hidden)
+                hidden = await asyncio.to_thread(state["inputs"].commit, ids, hidden)
             out = await run(server.forward, hidden, tensors.get("prompts"), _lora(tensors), state["usage"])
             if ids is not None:
-                out = state["outputs"].delta(ids, out)
-                state["outputs"].commit(ids, await asyncio.to_thread(roundtrip, out, codec))
+                out = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict()},
                                            {"h": out}, codec)
         if kind == "backward":
@@ -142,7 +148,8 @@ def make_handler(server: BlockServer, model_id: str):
             if "h" in tensors:
                 hidden = tensors["h"]
             elif "ids" in header:
-                hidden = state["inputs"].stored(check_ids(header["ids"], tensors["grad"].shape[0]))
+                hidden = await asyncio.to_thread(state["inputs"].stored,
+                                                 check_ids(header["ids"], tensors["grad"].shape[0]))
             else:
                 raise ServeError("backward needs tensor h, or ids of a delta forward")
             grads = await run(server.backward, hidden, tensors["grad"], tensors.get("prompts"),
