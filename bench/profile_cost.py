@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from ml.hardware import cpu_model  # noqa: E402  (no torch import either)
 from ml.profiles import PORTABLE_CPU_ENV, apply_portable_cpu_env  # noqa: E402  (no torch import)
 
 MODELS = {"digits-mlp": "digits", "char-transformer": "shakespeare"}
@@ -101,19 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         models[model] = {"steps": steps[model], **runs,
                          "slowdown_vs_native_1t": round(runs["native_1t"]["steps_per_s"] / portable, 3),
                          "slowdown_vs_native_all": round(runs["native_all"]["steps_per_s"] / portable, 3)}
-    print(json.dumps({"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+    print(json.dumps({"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                       "repeats": args.repeats, "models": models}))
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ asyncio.to_thread. Without CUDA (or torch) every figure is zero or "".
 """
 from __future__ import annotations
 
+import platform
 import time
+from pathlib import Path
 
 BENCH_SIZE = 4096
 BENCH_REPEATS = 10
@@ -48,3 +50,14 @@ def detect() -> dict:
         tflops = 0.0
     return {"gpu": props.name, "gpu_mem_mb": int(props.total_memory // (1024 * 1024)),
             "gpu_tflops": tflops, "cuda_devices": torch.cuda.device_count(), "profiles": empty["profiles"]}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for benchmark and profile reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

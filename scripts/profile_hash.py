@@ -13,27 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ml.hardware import cpu_model  # noqa: E402  (no torch import either)
 from ml.profiles import PORTABLE_CPU_ENV, apply_portable_cpu_env  # noqa: E402  (no torch import)
 
 MODELS = {"digits-mlp": "digits", "char-transformer": "shakespeare"}
 STEPS = 20
 SEGMENT_STEPS = 10
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def train(model: str, steps: int) -> dict:

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ml.registry import models as registry
+
 
 @dataclass(frozen=True)
 class DecoderConfig:
@@ -80,12 +82,8 @@ def cache_bytes(config: DecoderConfig, blocks: int, batch: int, max_length: int)
     return 2 * blocks * batch * max_length * config.width * 4
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.out = nn.Linear(width, width)
+class CausalSelfAttention(registry.CausalSelfAttention):
+    """The registry attention (same parameters) with a KV cache and a LoRA hook."""
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -110,13 +108,13 @@ class CausalSelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, length, width))
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(registry.TransformerBlock):
+    """The registry block (same parameter names: a trained char-transformer loads unchanged) whose
+    attention keeps a KV cache."""
+
     def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(width)
+        super().__init__(width, heads)
         self.attn = CausalSelfAttention(width, heads)
-        self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
