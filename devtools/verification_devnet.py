@@ -25,7 +25,7 @@ from ml.train.spec import TrainSpec
 
 PRICE = 100_000
 WORKERS = 5
-SCENARIOS = (("honest", None, ""), ("lazy", 1, "lazy"), ("poison_zero", 2, "poison_zero"),
+SCENARIOS: tuple[tuple[str, int | None, str], ...] = (("honest", None, ""), ("lazy", 1, "lazy"), ("poison_zero", 2, "poison_zero"),
              ("copycat", 3, "copycat"), ("partial_q0.5", 1, "partial:0.5"),
              ("false_accuser", 0, "false_accuser"), ("rubber_stamp", 0, "rubber_stamp"))
 CROSS, NATIVE = 4, 5          # compute node indices with the special environments
@@ -83,8 +83,8 @@ def run_devnet_scenarios(root: Path | None = None, steps: int = 60, segment_step
         results: dict = {}
         try:
             net.testnet.up(wait_height=1, timeout=120)
-            for index, node in enumerate(net.compute):
-                net.start_compute(node, _base_env(index))
+            for i, node in enumerate(net.compute):
+                net.start_compute(node, _base_env(i))
             net.wait_registered(net.compute, 180)
             cross, native = net.compute[CROSS].peer_id, net.compute[NATIVE].peer_id
             for name, index, mode in SCENARIOS:

@@ -117,7 +117,9 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     served: dict[str, tuple[str, list]] = {}
     for rank, peer in enumerate(ranked):
         source = 0 if by_peer[peer].mode == "copycat" and rank != 0 else rank
-        served[peer] = (ranked[source], trainers[source].recorder.records)
+        recorder = trainers[source].recorder
+        assert recorder is not None   # build_recorded attached one to every trainer
+        served[peer] = (ranked[source], recorder.records)
     for rank, peer in enumerate(ranked):
         leaf_worker, records = served[peer]
         weights = artifact_id_of_bytes(trainers[rank].weights_bytes())

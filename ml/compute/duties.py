@@ -50,24 +50,28 @@ def duties_for(task: dict, me: str, height: int) -> list[Duty]:
         if not isinstance(slot, dict) or slot.get("outcome") not in (None, PENDING):
             continue
         try:
-            base = dict(task_id=task_id, slot=int(slot["slot"]), worker=str(slot["worker"]),
-                        segment=int(slot["segment"]), salt=bytes.fromhex(slot["salt"]))
+            index, worker = int(slot["slot"]), str(slot["worker"])
+            segment, salt = int(slot["segment"]), bytes.fromhex(slot["salt"])
         except (KeyError, TypeError, ValueError):
             continue
+
+        def duty(kind: str, deadline: int) -> Duty:
+            return Duty(kind, task_id, index, worker, segment, salt, deadline)
+
         verifiers = [v for v in slot.get("verifiers") or [] if isinstance(v, dict)]
         for entry in verifiers:
             deadline = _deadline(entry, "deadline")
             if entry.get("verifier") == me and entry.get("answer") is None and _open(deadline, height):
-                out.append(Duty(AUDIT, deadline=deadline, **base))
+                out.append(duty(AUDIT, deadline))
         # the ledger opens a dispute window (dispute_deadline) once the slot's verifiers agree on a mismatch
         dispute_deadline = _deadline(slot, "dispute_deadline")
-        if (base["worker"] == me and dispute_deadline and not slot.get("dispute") and not slot.get("referees")
+        if (worker == me and dispute_deadline and not slot.get("dispute") and not slot.get("referees")
                 and height <= dispute_deadline):
-            out.append(Duty(DISPUTE, deadline=dispute_deadline, **base))
+            out.append(duty(DISPUTE, dispute_deadline))
         for entry in slot.get("referees") or []:
             if not isinstance(entry, dict):
                 continue
             deadline = _deadline(entry, "deadline") or _deadline(slot, "referee_deadline")
             if entry.get("referee") == me and entry.get("vote") is None and _open(deadline, height):
-                out.append(Duty(REFEREE, deadline=deadline, **base))
+                out.append(duty(REFEREE, deadline))
     return out
