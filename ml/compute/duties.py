@@ -9,6 +9,7 @@ them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 AUDIT, DISPUTE, REFEREE = "audit", "dispute", "referee"
@@ -28,6 +29,10 @@ class Duty:
     @property
     def key(self) -> tuple[str, str, int]:
         return self.kind, self.task_id, self.slot
+
+
+def _duty(task_id: str, slot: int, worker: str, segment: int, salt: bytes, kind: str, deadline: int) -> Duty:
+    return Duty(kind, task_id, slot, worker, segment, salt, deadline)
 
 
 def _deadline(entry: dict, *names: str) -> int:
@@ -54,9 +59,7 @@ def duties_for(task: dict, me: str, height: int) -> list[Duty]:
             segment, salt = int(slot["segment"]), bytes.fromhex(slot["salt"])
         except (KeyError, TypeError, ValueError):
             continue
-
-        def duty(kind: str, deadline: int) -> Duty:
-            return Duty(kind, task_id, index, worker, segment, salt, deadline)
+        duty = functools.partial(_duty, task_id, index, worker, segment, salt)
 
         verifiers = [v for v in slot.get("verifiers") or [] if isinstance(v, dict)]
         for entry in verifiers:
