@@ -25,9 +25,9 @@ from ml.train.spec import TrainSpec
 
 PRICE = 100_000
 WORKERS = 5
-SCENARIOS: tuple[tuple[str, int | None, str], ...] = (
-    ("honest", None, ""), ("lazy", 1, "lazy"), ("poison_zero", 2, "poison_zero"), ("copycat", 3, "copycat"), ("partial_q0.5", 1, "partial:0.5"),
-             ("false_accuser", 0, "false_accuser"), ("rubber_stamp", 0, "rubber_stamp"))
+SCENARIOS: tuple[tuple[str, int | None, str], ...] = (   # name, compute node index, fault_inject
+    ("honest", None, ""), ("lazy", 1, "lazy"), ("poison_zero", 2, "poison_zero"), ("copycat", 3, "copycat"),
+    ("partial_q0.5", 1, "partial:0.5"), ("false_accuser", 0, "false_accuser"), ("rubber_stamp", 0, "rubber_stamp"))
 CROSS, NATIVE = 4, 5          # compute node indices with the special environments
 PARAMS = {"audit_answer_blocks": 150, "dispute_blocks": 60, "audit_window": 40}
 
