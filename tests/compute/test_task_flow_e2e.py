@@ -59,12 +59,10 @@ def submit(net, spec: TrainSpec = SPEC) -> str:
 
 
 def wait_paid(net, task_id: str, timeout: float = 150) -> dict:
-    started, height = time.monotonic(), rpc(net, "dkb_blockNumber")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         task = rpc(net, "dkb_getTask", task_id)
         if task is not None and task["status"] == "paid":
-            print(f"TIMING {task_id[:8]} {time.monotonic() - started:.1f}s {rpc(net, 'dkb_blockNumber') - height} blocks")
             return task
         time.sleep(0.3)
     raise AssertionError(f"task not paid in {timeout} s: {rpc(net, 'dkb_getTask', task_id)}")
@@ -249,10 +247,15 @@ def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
     assert all(rpc(devnet, "dkb_getStake", peer)["bonded"] > 0 for peer in judges(task))
     assert rpc(devnet, "dkb_getNode", cheater.peer_id)["reputation"] < 0 + 1   # +1 then -10
     check_supply(devnet)
-    # back to honest for what follows
+    # back to honest for what follows; the restarted node bonds its configured stake again (a balance
+    # move the next test must not see)
     devnet.testnet.stop_node(cheater, timeout=5)
     devnet.start_compute(cheater)
     devnet.wait_registered([cheater], 60)
+    deadline = time.monotonic() + 30
+    while rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"] != stake_before:
+        assert time.monotonic() < deadline, rpc(devnet, "dkb_getStake", cheater.peer_id)
+        time.sleep(0.3)
 
 
 def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
@@ -262,11 +265,19 @@ def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
     tasks = json.loads(capsys.readouterr().out)
     assert tasks and all(t["status"] == "paid" for t in tasks)
     task_id = tasks[-1]["task_id"]
+    task = rpc(devnet, "dkb_getTask", task_id)
     assert cli_main(["task", "show", task_id, "--rpc", devnet.rpc_url]) == 0
-    assert "status:     paid" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "status:     paid" in out and f"audit slots ({len(task['slots'])}, profile {PROFILE}):" in out
+    for slot in task["slots"]:   # each slot: its outcome, segment, worker, and each verifier's answer
+        head = f"  slot {slot['slot']}  {slot['outcome']:9}  segment {slot['segment']} of {slot['worker'][:16]}.."
+        assert head in out
+        for v in slot["verifiers"]:
+            assert f"verifier {v['verifier'][:16]}..  " in out
     assert cli_main(["task", "wait", task_id, "--rpc", devnet.rpc_url]) == 0
     out = capsys.readouterr().out
-    assert "verifier" in out and out.count(" worker ") == 3
+    assert "audit slots" in out and "verifier" in out
+    assert sum(f"  {w}  worker " in out for w in task["workers"]) == 3
     assert cli_main(["task", "show", "00" * 32, "--rpc", devnet.rpc_url]) == 1
 
 
