@@ -69,7 +69,7 @@ def make_role(tmp_path):
 
 def task_doc(role, **extra):
     workers = sorted([role.node.peer_id, W2, W3])
-    return {"task_id": "11" * 32, "status": "assigned", "workers": workers, "commits": {}, "audits": [],
+    return {"task_id": "11" * 32, "status": "assigned", "workers": workers, "commits": {}, "slots": [],
             "owner": OWNER, "sources": [SOURCE, "junk"], "device": "cpu",
             "spec": {"model": "digits-mlp", "dataset": "digits", "codec": "int8", "sync_mode": "allreduce",
                      "hyperparams": {"steps": 4}}, **extra}
