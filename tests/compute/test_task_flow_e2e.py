@@ -314,6 +314,10 @@ def test_worker_killed_mid_task_the_others_are_audited_and_paid(devnet):
     assert task["commit_deadline"] == quorum_height + 200 // 4 < task["assigned_height"] + 200  # the grace
     check_slots(task, survivors)
     assert victim.peer_id not in judges(task)   # drawn or not, a dead node answers nothing
+    for slot in task["slots"]:   # a slot that drew it got a redrawn verifier at its deadline, which answered
+        if any(v["verifier"] == victim.peer_id for v in slot["verifiers"]):
+            redrawn = [v for v in slot["verifiers"] if v["redraw"]]
+            assert redrawn and all(v["answer"] is not None for v in redrawn), slot
     expected = expected_payouts(task, survivors)   # the absent worker's share comes back to the owner
     assert task["payouts"] == expected and expected[task["owner"]] >= WORKER_SHARE
     after = balances(devnet)
