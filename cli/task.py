@@ -22,6 +22,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.task_report import slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from ml.compute.task_spec import model_name
@@ -200,10 +201,12 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(task))
         return 0
     for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
-                 "workers", "rejections", "commits", "audits", "window_end", "payouts", "result"):
+                 "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+    for line in slot_lines(task):
+        print(line)
     return 0
 
 
