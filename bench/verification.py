@@ -21,8 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
+
 from ml.profiles import apply_portable_cpu_env  # noqa: E402
 
+ORIGINAL_ENV = dict(os.environ)   # the devnet's nodes start from this: each applies its own profile
 apply_portable_cpu_env()   # before torch loads: the profile compute nodes run (ADR 0166)
 
 from consensus.genesis import Params  # noqa: E402
@@ -101,9 +105,10 @@ def main() -> None:
     out["audit_overhead"] = round(sum(r.audit_cpu_s for r in base) / sum(r.job_cpu_s for r in base), 4)
     out["audit_overhead_steps"] = round(sum(r.replayed_worker_steps for r in base)
                                         / sum(r.job_worker_steps for r in base), 4)
-    if args.devnet:
-        from devtools.verification_devnet import run_devnet_scenarios
-        out["devnet"] = run_devnet_scenarios()
+    if args.devnet:   # in a process of its own: this one's portable environment must not leak into the nodes
+        done = subprocess.run([sys.executable, "-m", "devtools.verification_devnet"], env=ORIGINAL_ENV,
+                              cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=True)
+        out["devnet"] = json.loads(done.stdout.strip().splitlines()[-1])
         out["honest_slashed_cross_capability"] = out["devnet"].get("honest_slashed_cross_capability")
     out["seconds"] = round(time.time() - started, 1)
     print(json.dumps(out))

@@ -7,7 +7,9 @@ Two nodes stay special throughout: one is started with `ATEN_CPU_CAPABILITY=avx5
 (the honest verifier "on another kernel capability" of issue 11: the portable profile overrides it, so
 its replays give the workers' bits), and one runs native kernels (`[compute] portable_cpu = false`): it
 publishes no portable profile, so the ledger never draws it to train or judge a portable task.
-bench/verification.py --devnet prints what `run_devnet_scenarios` returns.
+bench/verification.py --devnet prints what `run_devnet_scenarios` returns (`python -m
+devtools.verification_devnet` from an environment without the portable profile's variables: the
+nodes apply it themselves, and the native node must not inherit it).
 """
 from __future__ import annotations
 
@@ -114,3 +116,9 @@ def run_devnet_scenarios(root: Path | None = None, steps: int = 60, segment_step
     results["honest_slashed_cross_capability"] = sum(r["cross_capability_slashed"] for r in results.values()
                                                       if isinstance(r, dict))
     return results
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run_devnet_scenarios()))
