@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "cli.wallet",
     "cli.task",
     "cli.artifact",
+    "cli.serve",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
 

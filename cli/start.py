@@ -6,10 +6,13 @@ SIGINT/SIGTERM.
 (cli/dev_chain.py). ``--genesis FILE`` joins an existing network: the file is copied into the home
 and its chain id used; with ``--bootstrap`` peers the validator role syncs blocks from the committee.
 A validator without a genesis stops before starting, with the commands that make one.
+A node with the compute role applies the portable CPU profile's kernel settings before torch loads
+(docs/adr/0166; ``[compute] portable_cpu = false`` keeps the machine's fastest kernels).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -19,10 +22,13 @@ from cli.genesis import read_genesis
 from cli.home import HOME_ENV, add_home_argument, config_path, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus.genesis import Genesis
+from ml.profiles import apply_portable_cpu_env
 from node.config import load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
 from node.roles import role_factory
+
+log = logging.getLogger(__name__)
 
 # flag -> (section, key, help); list-valued keys accept repeated flags or commas.
 FLAGS = {
@@ -108,10 +114,23 @@ def run(args: argparse.Namespace) -> int:
                        "or run 'dekube-node start --dev' for a local dev chain")
     identity = load_identity(key_path(home), unlock_passphrase(args))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
+    apply_compute_profile(config, role_names, os.environ)   # before any role imports torch
     roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting
     from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help
 
     return run_node(lambda: Node(config, identity, roles, home=home))
+
+
+def apply_compute_profile(config, role_names: list[str], environ) -> bool:
+    """A node that computes trains under the portable CPU profile (docs/adr/0166) unless its operator set
+    ``[compute] portable_cpu = false``: the profile's kernel settings go into ``environ`` here, before
+    the compute role imports torch (torch, MKL and oneDNN read them when they load). True if applied."""
+    if "compute" not in role_names or not config.get("compute", "portable_cpu"):
+        return False
+    if not apply_portable_cpu_env(environ):
+        log.warning("torch was loaded before the portable CPU profile was applied: this process will not "
+                    "offer the profile")
+    return True
 
 
 def install_genesis(genesis: Genesis, source: Path, target: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.task_report import slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from ml.compute.task_spec import model_name
@@ -55,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--optimizer", choices=("adamw", "sgd"), help="optimizer (default adamw)")
     submit.add_argument("--weight-decay", type=float, help="optimizer weight decay")
     submit.add_argument("--device", choices=("cpu", "cuda", "any"), help="where workers train (default cpu)")
+    submit.add_argument("--profile", metavar="ID",
+                        help="execution profile the workers and verifiers must run (default: the portable CPU "
+                             "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
@@ -196,11 +200,13 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(task))
         return 0
-    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "sources", "workers",
-                 "rejections", "commits", "audits", "window_end", "payouts", "result"):
+    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
+                 "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+    for line in slot_lines(task):
+        print(line)
     return 0
 
 

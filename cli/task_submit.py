@@ -31,6 +31,7 @@ from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
 from ml.compute.task_spec import InvalidTask, submit_payload
+from ml.profiles import ProfileError, check_profile_id, default_profile
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
@@ -98,10 +99,27 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
     return spec, inputs
 
 
+def task_profile(args: argparse.Namespace) -> str:
+    """The execution profile the task names (docs/adr/0166): ``--profile``, else the portable CPU
+    profile for a CPU task and none ("": the ledger picks the class) for cuda or any."""
+    device = getattr(args, "device", None) or "cpu"
+    chosen = getattr(args, "profile", None)
+    if chosen is None:
+        return default_profile(device)
+    try:
+        check_profile_id(chosen)
+    except ProfileError as exc:
+        raise CliError(f"--profile: {exc}") from None
+    if device != "any" and not chosen.startswith(f"{device}-"):
+        raise CliError(f"--profile {chosen} is not a {device} profile (--device {device})")
+    return chosen
+
+
 def run_submit(args: argparse.Namespace) -> int:
     spec, inputs = prepare(args)
+    profile = task_profile(args)
     try:
-        payload = submit_payload(spec, args.workers, args.price)
+        payload = submit_payload(spec, args.workers, args.price, profile)
     except InvalidTask as exc:
         raise CliError(str(exc)) from None
     if args.device is not None:

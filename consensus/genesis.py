@@ -50,6 +50,13 @@ class Params:
     slash_downtime_bps: int = 10         # of bonded+unbonding stake, when jailed for downtime
     jail_blocks: int = 500               # a jailed validator may send unjail this many blocks later
     min_relay_stake: int = 100           # a relay's own bonded stake needed for its receipts to be paid
+    # Audit slots, disputes and referees (ADRs 0168, 0169).
+    audits_per_worker: int = 2           # m: audit slots drawn per committed worker when the commit phase closes
+    audit_double_bps: int = 5_000        # chance a slot gets a second verifier (the audit of the auditor)
+    audit_answer_blocks: int = 50        # blocks a drawn verifier (or referee) has to answer
+    dispute_blocks: int = 20             # blocks an audited worker has to dispute a mismatch
+    referees: int = 3                    # referees drawn for a disputed or split slot
+    slash_false_audit_bps: int = 1_000   # of bonded+unbonding stake, per answer the resolved outcome contradicts
 
     def validate(self) -> None:
         for f in fields(self):
@@ -62,12 +69,25 @@ class Params:
                 raise GenesisError(f"param {name} must be positive")
         if self.verifier_share_bps + self.relay_share_bps > 10_000:
             raise GenesisError("verifier_share_bps + relay_share_bps must not exceed 10000")
-        if max(self.slash_double_sign_bps, self.slash_mismatch_bps, self.slash_downtime_bps) > 10_000:
+        if max(self.slash_double_sign_bps, self.slash_mismatch_bps, self.slash_downtime_bps,
+               self.slash_false_audit_bps) > 10_000:
             raise GenesisError("slash fractions are at most 10000 bps")
+        if self.audit_double_bps > 10_000:
+            raise GenesisError("audit_double_bps is at most 10000")
+        if self.audits_per_worker > MAX_AUDITS_PER_WORKER:
+            raise GenesisError(f"audits_per_worker is at most {MAX_AUDITS_PER_WORKER}")
+        if not 1 <= self.referees <= MAX_REFEREES:
+            raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
+        for name in ("audit_answer_blocks", "dispute_blocks"):
+            if getattr(self, name) == 0:
+                raise GenesisError(f"param {name} must be positive")
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
-                  "min_relay_stake")
+                  "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
+                  "referees", "slash_false_audit_bps")
+MAX_AUDITS_PER_WORKER = 16
+MAX_REFEREES = 15
 
 
 def hashed_params(params: Params) -> dict[str, int]:

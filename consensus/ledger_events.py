@@ -3,8 +3,11 @@ machine events) and the ``txs`` topic (each transaction's receipt, keyed by its 
 
 ``task_events`` maps the ledger's block events (consensus/state/tasks.py) to JSON payloads
 ``{"event", "task_id", "height", ...}`` with events named after the task lifecycle: created,
-assigned (with the device), committed (a worker's result), audit_window_opened (status committed),
-audited, disputed, finalized (paid, with the result), cancelled, rejection (one worker's reject_task
+assigned (with the device and profile), committed (a worker's result), audit_window_opened (status
+committed), then per audit slot (docs/adr/0168) audit_assigned {slot, worker, segment, verifiers, salt,
+deadline} (again with ``redraw`` for a silent verifier's replacement), audit_answered, disputed,
+referees_drawn {slot, referees, deadline}, referee_voted, slot_resolved {slot, worker, outcome,
+verdict}; finalized (paid, with the result and who was slashed), cancelled, rejection (one worker's reject_task
 and reason), rejected (a majority rejected: the reasons and payouts), expired (never assigned: the
 reason). ``tx_events`` pairs receipts with their senders.
 """
@@ -25,8 +28,12 @@ TASK_EVENT_NAMES = {
     "task_assigned": "assigned",
     "result_committed": "committed",
     "audit_window_opened": "audit_window_opened",
-    "task_audited": "audited",
-    "task_disputed": "disputed",
+    "audit_assigned": "audit_assigned",
+    "audit_answered": "audit_answered",
+    "slot_disputed": "disputed",
+    "referees_drawn": "referees_drawn",
+    "referee_voted": "referee_voted",
+    "slot_resolved": "slot_resolved",
     "task_paid": "finalized",
     "task_cancelled": "cancelled",
     "worker_rejected": "rejection",

@@ -247,6 +247,32 @@ def text_list(max_items: int, max_len: int, allowed: frozenset[str] | None = Non
     return check
 
 
+PROFILE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._/+-")
+MAX_PROFILE_CHARS = 96
+MAX_NODE_PROFILES = 8
+
+
+def profile_id(min_len: int = 0) -> Check:
+    """An execution profile id (ml/profiles.py): ``[a-z0-9._/+-]``, ``min_len``..96 characters."""
+    def check(value: Any, path: str) -> None:
+        if type(value) is not str or not min_len <= len(value) <= MAX_PROFILE_CHARS:
+            _fail(path, f"must be text of {min_len}..{MAX_PROFILE_CHARS} characters")
+        if not all(ch in PROFILE_CHARS for ch in value):
+            _fail(path, "must use only a-z, 0-9 and . _ / + -")
+    return check
+
+
+def profile_list(value: Any, path: str) -> None:
+    """The profiles a node runs: at most 8 distinct non-empty profile ids."""
+    if type(value) is not list or len(value) > MAX_NODE_PROFILES:
+        _fail(path, f"must be a list of at most {MAX_NODE_PROFILES} profile ids")
+    item_check = profile_id(min_len=1)
+    for i, item in enumerate(value):
+        item_check(item, f"{path}[{i}]")
+    if len(set(value)) != len(value):
+        _fail(path, "must not repeat a profile")
+
+
 def printable(max_len: int) -> Check:
     """Text of printable ASCII (no control characters), at most ``max_len`` characters."""
     def check(value: Any, path: str) -> None:
@@ -326,12 +352,15 @@ HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numb
     "cpu_cores": uint(0, MAX_CPU_CORES), "ram_mb": uint(0, 2**24),        # 16 TiB
     "gpu": printable(64), "gpu_mem_mb": uint(0, 2**21),                    # 2 TiB
     "bandwidth_mbps": uint(0, 10**6),                                      # 1 Tbit/s
+    "profiles": OptionalField(profile_list),                               # execution profiles it runs
 }
 MAX_NODE_ADDRS = 8
 MAX_ADDR_CHARS = 256
 MAX_PAYLOAD_BYTES = {"register_node": 2048}   # the whole record, encoded
 MAX_TASK_SOURCES = 8             # owner multiaddrs a task names for fetching its artifacts
 MAX_REASON_CHARS = 500           # reject_task's reason
+MAX_TASK_SEGMENTS = 2**20        # submit_task's declared segment count
+MAX_AUDIT_SLOT = 2**16           # audit slot indexes (workers x audits_per_worker stays far below)
 HYPERPARAMS = params_map(max_items=48, max_key=32, max_text=512, max_bytes=4096)
 RELAY_RECEIPT: Schema = {
     "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
@@ -354,13 +383,17 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "price": uint(1),
         "sources": OptionalField(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
         "device": OptionalField(text(8, DEVICES)),
+        "profile": OptionalField(profile_id()),            # "" or absent: the ledger picks at assignment
+        "segments": OptionalField(uint(1, MAX_TASK_SEGMENTS)),   # the spec's fixed segment count
     },
     "cancel_task": {"task_id": TASK_ID},
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
                       "segments": uint(1, 2**32)},
-    "audit_result": {"task_id": TASK_ID, "worker": peer_id, "segment": uint(0, 2**32), "match": boolean},
-    "dispute": {"task_id": TASK_ID},
+    "audit_result": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean,
+                     "evidence": HASH32, "step": uint(0, 2**32)},
+    "dispute": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT)},
+    "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
     "finalize": {"task_id": TASK_ID},
     "relay_receipt": {"receipt": fields(RELAY_RECEIPT), "src_sig": blob(64), "dst_sig": blob(64)},
     "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},

@@ -26,7 +26,9 @@ from node.keystore import KEY_FILE_NAME, save_identity
 
 COMPUTE_MANIFEST = "compute.json"
 COMPUTE_FUNDS = 10**6
-FAST_TASK_PARAMS = {"audit_window": 40}  # blocks (~0.3 s each here): room for a replay
+FAST_TASK_PARAMS = {"audit_window": 40, "audit_answer_blocks": 150, "dispute_blocks": 60}
+# blocks (~0.3 s each here): room for a replay; a drawn verifier (or referee) answers within
+# audit_answer_blocks, an accused worker disputes within dispute_blocks, on a loaded 2-core machine too
 
 
 def quiet_ports(count: int, low: int = 20_000, high: int = 32_000) -> list[int]:

@@ -1,11 +1,14 @@
-"""What accelerator this machine has, measured: CUDA device name, memory and a short matmul benchmark.
+"""What accelerator this machine has, measured: CUDA device name, memory and a short matmul benchmark,
+and the execution profiles this process can compute in (ml.profiles, docs/adr/0166).
 
 Blocking (the benchmark takes a fraction of a second on a GPU): callers on an event loop use
 asyncio.to_thread. Without CUDA (or torch) every figure is zero or "".
 """
 from __future__ import annotations
 
+import platform
 import time
+from pathlib import Path
 
 BENCH_SIZE = 4096
 BENCH_REPEATS = 10
@@ -25,12 +28,16 @@ def _matmul_tflops(torch, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS) 
 
 
 def detect() -> dict:
-    """{"gpu": name or "", "gpu_mem_mb": int, "gpu_tflops": float (fp32 matmul), "cuda_devices": int}."""
-    empty = {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0}
+    """{"gpu": name or "", "gpu_mem_mb": int, "gpu_tflops": float (fp32 matmul), "cuda_devices": int,
+    "profiles": [profile ids]}."""
+    empty = {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0, "profiles": []}
     try:
         import torch
     except ImportError:
         return empty
+    from ml.profiles import local_profiles
+
+    empty["profiles"] = local_profiles()
     if not torch.cuda.is_available():
         return empty
     try:
@@ -42,4 +49,15 @@ def detect() -> dict:
     except RuntimeError:   # out of memory (another process holds the GPU), ...: not measured
         tflops = 0.0
     return {"gpu": props.name, "gpu_mem_mb": int(props.total_memory // (1024 * 1024)),
-            "gpu_tflops": tflops, "cuda_devices": torch.cuda.device_count()}
+            "gpu_tflops": tflops, "cuda_devices": torch.cuda.device_count(), "profiles": empty["profiles"]}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for benchmark and profile reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -120,6 +120,16 @@ def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
     return check
 
 
+FAULT_MODES = ("", "wrong_segments", "lazy", "poison_zero", "poison_noise", "copycat", "false_accuser",
+               "rubber_stamp")
+
+
+def check_fault_mode(value: str) -> None:
+    if value in FAULT_MODES or re.fullmatch(r"partial:(0(\.\d+)?|1(\.0+)?)", value):
+        return
+    raise ValueError(f"{value!r} is not one of {', '.join(FAULT_MODES[1:])} or partial:<q> (0 <= q <= 1)")
+
+
 def check_roles(value: list[str]) -> None:
     for role in value:
         if role not in ROLE_NAMES:
@@ -266,11 +276,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "seconds before retrying after the ledger failed a look at the tasks (task changes arrive"
                              " on the tasks subscription)", check_positive),
         "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
+        "portable_cpu": Key(bool, True,
+                            "train on CPU under the portable CPU profile (ADR 0166: AVX2 kernels, bitwise identical "
+                            "on every x86-64 CPU with AVX2); false: the machine's fastest kernels, and the node "
+                            "offers no CPU profile"),
         "allreduce_mode": Key(str, "butterfly",
                               "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
         "fault_inject": Key(str, "",
-                            "TESTING ONLY: 'wrong_segments' commits falsified segment hashes",
-                            check_choice(("", "wrong_segments"))),
+                            "TESTING ONLY: an adversary mode (docs/adr/0167): worker lazy | partial:<q> | poison_zero"
+                            " | poison_noise | copycat | wrong_segments, verifier false_accuser | rubber_stamp",
+                            check_fault_mode),
     },
 }
 

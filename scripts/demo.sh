@@ -4,7 +4,7 @@
 # its own over scikit-learn's 8x8 digits exported to model.pt2 with its data files, submitted as a
 # paid task for 3 workers with live progress, the trained weights fetched, checked against the
 # ledger and evaluated locally (accuracy before and after). Second part, the built-in registry task
-# (scripts/demo_task.sh: a digits MLP, audited by replay and paid, with the payouts), then funds
+# (scripts/demo_task.sh: a digits MLP, its audit slots replayed, paid, with the payouts), then funds
 # moved with the wallet. Leaves the network running in ./devnet (stop it with
 #   dekube-node testnet down --home ./devnet); pass --down to stop it at the end.
 # Then, where it can (root, network namespaces), a task across NAT: validators and relays on

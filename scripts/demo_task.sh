@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The task flow on embedded defaults: a local devnet of 2 validators + 4 compute nodes on 127.0.0.1,
 # a digits MLP task for 3 workers with an int8 all-reduce over the nodes' p2p stack; waits until it
-# is trained, committed, audited by replay on the 4th node and paid, then prints the payouts.
+# is trained and committed, its audit slots (docs/adr/0168: ledger-drawn verifiers replay a drawn
+# segment of each worker and answer with evidence) resolve, it is paid; prints the slots and payouts.
 # Stops every process at the end (pass --keep to leave the devnet running; stop it later with
 # dekube-node testnet down --home DIR). Assumes scripts/install.sh has run (dekube-node on PATH).
 set -euo pipefail
@@ -26,9 +27,10 @@ for node in json.load(open(sys.argv[1] + "/compute.json")):
     for task_id, job in status["jobs"].items():
         print(f"  {node['name']} worker  task {task_id[:12]}..  {job['state']}  step {job['step']}  "
               f"sent {job['bytes_sent'] / 1e6:.2f} MB  {job.get('metrics')}")
-    for task_id, verdicts in status["audits"].items():
-        print(f"  {node['name']} verifier task {task_id[:12]}..  " +
-              ", ".join(f"{v['worker'][:12]}.. segment {v['segment']} {'match' if v['match'] else 'MISMATCH'}" for v in verdicts))
+    for task_id, duties in status["audits"].items():   # the audit answers and referee votes it sent
+        for d in duties:
+            print(f"  {node['name']} {d['kind']:8} task {task_id[:12]}..  slot {d['slot']}: {d['worker'][:12]}.. "
+                  f"segment {d['segment']} {'match' if d['match'] else 'MISMATCH'}")
 PY
 echo "== tasks"
 dekube-node task list --rpc "$RPC"

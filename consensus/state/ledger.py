@@ -18,7 +18,7 @@ from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, liveness, nodes, relay, staking, tasks
+from consensus.state import accounts, audits, liveness, nodes, relay, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -37,8 +37,9 @@ HANDLERS = {
     "cancel_task": tasks.apply_cancel_task,
     "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
-    "audit_result": tasks.apply_audit_result,
-    "dispute": tasks.apply_dispute,
+    "audit_result": audits.apply_audit_result,
+    "dispute": audits.apply_dispute,
+    "referee_vote": audits.apply_referee_vote,
     "finalize": tasks.apply_finalize,
     "relay_receipt": relay.apply_relay_receipt,
     "evidence": apply_evidence_tx,

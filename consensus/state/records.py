@@ -109,9 +109,9 @@ class TaskStatus:
     CREATED = "created"
     ASSIGNED = "assigned"
     RUNNING = "running"          # at least one worker committed its result
-    COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit window open
-    VERIFIED = "verified"        # every worker has a matching audit and none mismatches
-    DISPUTED = "disputed"        # some audit reported a mismatch
+    COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit slots open
+    VERIFIED = "verified"        # every audit slot resolved without a mismatch (ADR 0168)
+    DISPUTED = "disputed"        # some slot mismatched, is disputed or refereed, or ended guilty or undecided
     PAID = "paid"                # finalized: payouts done, escrow empty
     CANCELLED = "cancelled"      # refunded before assignment
     REJECTED = "rejected"        # a strict majority of its workers reported it untrainable: refunded less reject_fee
@@ -129,19 +129,25 @@ class Task(Record):
     ``commit_deadline``: last height that accepts a commitment (assignment + task_timeout, brought
     forward to the quorum's commit + the grace once a quorum committed, see tasks.commit_grace);
     ``commits``: worker -> [segments_root, result_hash, segments, height];
-    ``audits``: list of [verifier, worker, segment, match, height];
+    ``audits``: legacy (before ADR 0168), always empty;
     ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount;
     ``sources``: the owner's multiaddrs to fetch the task's artifacts from; ``device``: what the
     workers train on (as asked; "any" becomes "cuda" or "cpu" at assignment); ``rejections``:
     worker -> reason (reject_task); ``reason``: why the task was rejected or expired; ``result``:
     the result_hash (weights artifact id) the most paid committers agreed on, set at finalize.
+    ``profile``: the execution profile its workers and verifiers run ("" = legacy, anyone);
+    ``segments``: the spec's declared segment count (0: not declared); ``slots``: the audit slots
+    drawn when the commit phase closed (consensus/state/audits.py, docs/adr/0168). ``audits`` and
+    ``disputes`` belong to the free-for-all audits before ADR 0168 and stay empty.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
                           "window_end", "relay_claims", "audit_seed", "payouts",
-                          "sources", "device", "rejections", "reason", "result")
+                          "sources", "device", "rejections", "reason", "result",
+                          "profile", "segments", "slots")
     V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
+    V2_FIELDS = 22   # ... and before profile..slots (ADR 0168) the first 22: encoded so while those are unset
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
                  sources: list | None = None, device: str = "cpu"):
@@ -167,11 +173,20 @@ class Task(Record):
         self.rejections = {}
         self.reason = ""
         self.result = b""
+        self.profile = ""
+        self.segments = 0
+        self.slots = []
+
+    def to_obj(self) -> list:
+        obj = super().to_obj()
+        return obj if self.profile or self.segments or self.slots else obj[:self.V2_FIELDS]
 
     @classmethod
     def from_obj(cls, obj: list):
         if len(obj) == cls.V1_FIELDS:   # a record from before ADR 0151: the new fields at their defaults
             obj = [*obj, [], "cpu", {}, "", b""]
+        if len(obj) == cls.V2_FIELDS:   # a record from before ADR 0168
+            obj = [*obj, "", 0, []]
         return super().from_obj(obj)
 
 

@@ -1,8 +1,9 @@
 """Task lifecycle on chain: submit, cancel, assignment, commit, reject, audit, dispute, finalize, expiry.
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
---(all committed, or a quorum by the commit deadline)--> committed --(audits)--> verified | disputed
---(finalize)--> paid; created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
+--(all committed, or a quorum by the commit deadline: audit slots drawn)--> committed --(slots resolve,
+consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid;
+created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
 assigned | running --(reject_task by a strict majority of the workers)--> rejected. See docs/adr/0023
 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker does not hold
 a task open), 0151 for rejection and expiry, 0152 for devices, sources and the task's result.
@@ -13,8 +14,10 @@ the state untouched (the ante step has already taken the fee and nonce).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 from consensus.genesis import Params
+from consensus.state import audits
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -65,8 +68,10 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.touch_meta()
     spec = {k: p[k] for k in ("model", "dataset", "hyperparams", "workers", "sync_mode", "codec")}
     spec["device"] = p.get("device", DEFAULT_DEVICE)
-    state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
-                                sources=list(p.get("sources", [])), device=spec["device"])
+    task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
+                                       sources=list(p.get("sources", [])), device=spec["device"])
+    task.profile = p.get("profile", "")
+    task.segments = p.get("segments", 0)
     state.open_tasks[task_id] = state.task_seq
     state.touch(TASK, task_id)
     state.events.append({"type": "task_submitted", "task_id": task_id, "owner": tx.sender})
@@ -91,8 +96,19 @@ def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Close the commit phases that end at this height, assign workers to open tasks, then expire
     the open tasks that waited task_assign_timeout blocks."""
     close_commit_phases(state, params, ctx)
+    advance_audits(state, params, ctx)
     assign_open_tasks(state, params, ctx)
     expire_open_tasks(state, params, ctx)
+
+
+def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> None:
+    """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees)."""
+    due = sorted((task.seq, task_id) for task_id, task in state.tasks.items()
+                 if task.status in TaskStatus.AUDITABLE and task.slots)
+    for _, task_id in due:
+        task = state.tasks[task_id]
+        if audits.pending_slots(task):
+            audits.advance_task(state, params, ctx, task_id, task, closing=True)
 
 
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -112,6 +128,7 @@ def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, ta
     state.touch(TASK, task_id)
     absent = [worker for worker in task.workers if worker not in task.commits]
     state.events.append({"type": "audit_window_opened", "task_id": task_id, "absent": absent})
+    audits.draw_slots(state, params, ctx, task_id, task)
 
 
 # ---- assignment ------------------------------------------------------------------------------
@@ -157,10 +174,29 @@ def device_pool(state: LedgerState, device: str, wanted: int, candidates: list[s
     return "cpu", candidates
 
 
+def profile_pool(state: LedgerState, profile: str, pool: list[str]) -> tuple[str, list[str]]:
+    """The execution profile a task runs and the candidates that run it. A named profile: the nodes
+    listing it in ``hardware.profiles``. No profile: the one most candidates share (nodes without
+    profiles count for "", the legacy profile everyone matches; ties go to a named profile, then the
+    smaller id)."""
+    if profile:
+        return profile, [peer_id for peer_id in pool if audits.runs_profile(state.nodes[peer_id].hardware, profile)]
+    counts: Counter[str] = Counter()
+    for peer_id in pool:
+        counts.update(state.nodes[peer_id].hardware.get("profiles") or [""])
+    if not counts:
+        return "", pool
+    chosen = min(counts, key=lambda name: (-counts[name], name == "", name))
+    if not chosen:
+        return "", pool
+    return chosen, [peer_id for peer_id in pool if audits.runs_profile(state.nodes[peer_id].hardware, chosen)]
+
+
 def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Give each open task (oldest first) its workers: the highest-weight eligible compute
-    nodes able to train on its device, ties broken by sha256(task_id, peer_id). A task waits
-    while too few are free."""
+    nodes able to train on its device and running its execution profile, ties broken by
+    sha256(task_id, peer_id). A task waits while too few are free, or while some chosen worker
+    would have no eligible verifier (ADR 0168)."""
     if not state.open_tasks:
         return
     candidates = eligible_workers(state, params)
@@ -172,10 +208,13 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
         wanted = task.spec["workers"]
         device, pool = device_pool(state, task.device, wanted,
                                    [peer_id for peer_id in candidates if peer_id != task.owner])
+        profile, pool = profile_pool(state, task.profile, pool)
         if len(pool) < wanted:
             continue
         pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
         chosen = sorted(pool[:wanted])
+        if not audits.can_audit_every_worker(state, params, profile, task.owner, chosen):
+            continue
         for peer_id in chosen:
             node = state.nodes[peer_id]
             node.active_tasks += 1
@@ -184,12 +223,14 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
                 candidates.remove(peer_id)
         task.workers = chosen
         task.device = device
+        task.profile = profile
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
         task.commit_deadline = ctx.height + params.task_timeout
         del state.open_tasks[task_id]
         state.touch(TASK, task_id)
-        state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device})
+        state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device,
+                             "profile": profile})
 
 
 def expire_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -215,13 +256,18 @@ def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified:
     """Why ``task`` found no workers, e.g. "needs 3 compute nodes for device cuda; 1 eligible"."""
     wanted, device = task.spec["workers"], task.spec.get("device", DEFAULT_DEVICE)
     able = [peer_id for peer_id in qualified if peer_id != task.owner
-            and (device != "cuda" or has_gpu(state, peer_id))]
+            and (device != "cuda" or has_gpu(state, peer_id))
+            and audits.runs_profile(state.nodes[peer_id].hardware, task.profile)]
     busy = sum(1 for peer_id in able if state.nodes[peer_id].active_tasks >= params.max_tasks_per_worker)
     shown = "cuda or cpu" if device == "any" else device
     reason = (f"not assigned within {params.task_assign_timeout} blocks: needs {wanted} compute "
-              f"node{'s' if wanted != 1 else ''} for device {shown}; {len(able)} eligible")
+              f"node{'s' if wanted != 1 else ''} for device {shown}"
+              f"{f' running profile {task.profile}' if task.profile else ''}; {len(able)} eligible")
     if busy:
         reason += f" ({busy} busy with other tasks)"
+    if len(able) >= wanted and not audits.can_audit_every_worker(state, params, task.profile, task.owner,
+                                                                  able[:wanted]):
+        reason += "; every worker needs an eligible verifier besides itself (ADR 0168)"
     return reason
 
 
@@ -237,7 +283,7 @@ def _refund(state: LedgerState, task: Task, payouts: dict[str, int]) -> None:
     task.escrow = 0
 
 
-# ---- results, audits, disputes -------------------------------------------------------------
+# ---- results (audit slots, disputes and referees: consensus/state/audits.py) -----------------
 
 def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     p = tx.payload
@@ -251,6 +297,9 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
         raise TxError(TxCode.BAD_STATE, "this worker rejected the task; it cannot commit a result")
     if ctx.height > task.commit_deadline:
         raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
+    if task.segments and p["segments"] != task.segments:
+        raise TxError(TxCode.BAD_PAYLOAD, f"the task declares {task.segments} segments, the commitment has "
+                                          f"{p['segments']}")
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
     task.status = TaskStatus.RUNNING
     if len(task.commits) == commit_quorum(len(task.workers)):
@@ -334,80 +383,10 @@ def leading_result(task: Task, excluded: frozenset[str] | set[str] = frozenset()
 
 def current_result(task: Task) -> bytes:
     """The task's result: fixed at finalize; before that, the leader among the committers whose
-    audits do not (yet) convict them."""
+    audit slots do not (yet) find them guilty."""
     if task.status not in TaskStatus.ACTIVE:
         return task.result
-    cheaters = {worker for worker in task.commits if _cheated(task, worker)}
-    return leading_result(task, cheaters)
-
-
-def _cheated(task: Task, worker: str) -> bool:
-    matches, mismatches = _audit_counts(task, worker)
-    return mismatches > matches
-
-
-def _audit_counts(task: Task, worker: str) -> tuple[int, int]:
-    matches = mismatches = 0
-    for _, audited, _, match, _ in task.audits:
-        if audited == worker:
-            if match:
-                matches += 1
-            else:
-                mismatches += 1
-    return matches, mismatches
-
-
-def _refresh_audit_status(task: Task) -> None:
-    counts = [_audit_counts(task, worker) for worker in task.commits]
-    if task.disputes or any(mismatches for _, mismatches in counts):
-        task.status = TaskStatus.DISPUTED
-    elif all(matches for matches, _ in counts):
-        task.status = TaskStatus.VERIFIED
-    else:
-        task.status = TaskStatus.COMMITTED
-
-
-def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    p = tx.payload
-    task = get_task(state, p["task_id"])
-    worker = p["worker"]
-    if tx.sender == task.owner or tx.sender in task.workers:
-        raise TxError(TxCode.UNAUTHORIZED, "the owner and the workers cannot audit their own task")
-    stake = state.stakes.get(tx.sender)
-    if stake is None or stake.bonded < params.min_verifier_stake:
-        raise TxError(TxCode.UNAUTHORIZED, f"verifiers need {params.min_verifier_stake} bonded stake")
-    _require_status(task, TaskStatus.AUDITABLE, "audit")
-    if worker not in task.commits:
-        raise TxError(TxCode.BAD_PAYLOAD, "that worker has no committed result in this task")
-    if p["segment"] >= task.commits[worker][2]:
-        raise TxError(TxCode.BAD_PAYLOAD, f"segment {p['segment']} out of range")
-    if any(v == tx.sender and w == worker for v, w, _, _, _ in task.audits):
-        raise TxError(TxCode.ALREADY_KNOWN, "this verifier already audited this worker")
-    task.audits.append([tx.sender, worker, p["segment"], p["match"], ctx.height])
-    if not p["match"]:
-        task.window_end = max(task.window_end, ctx.height + params.audit_window)
-    _refresh_audit_status(task)
-    state.touch(TASK, p["task_id"])
-    state.events.append({"type": "task_audited", "task_id": p["task_id"], "worker": worker,
-                         "match": p["match"]})
-
-
-def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """The owner, or a worker with a mismatching audit, holds the task open for more audits."""
-    task_id = tx.payload["task_id"]
-    task = get_task(state, task_id)
-    if tx.sender != task.owner and tx.sender not in task.workers:
-        raise TxError(TxCode.UNAUTHORIZED, "only the owner or a worker can dispute a task")
-    _require_status(task, TaskStatus.AUDITABLE, "dispute")
-    if tx.sender in task.workers and not _audit_counts(task, tx.sender)[1]:
-        raise TxError(TxCode.BAD_STATE, "a worker can dispute only a mismatching audit of its result")
-    if tx.sender in task.disputes:
-        raise TxError(TxCode.ALREADY_KNOWN, "already disputed by this sender")
-    task.disputes.append(tx.sender)
-    task.window_end = max(task.window_end, ctx.height + params.audit_window)
-    _refresh_audit_status(task)
-    state.touch(TASK, task_id)
-    state.events.append({"type": "task_disputed", "task_id": task_id, "by": tx.sender})
+    return leading_result(task, audits.guilty_workers(task))
 
 
 # ---- finalize: payouts and slashing --------------------------------------------------------
@@ -417,51 +396,59 @@ def _check_finalizable(task: Task, height: int) -> None:
     if task.status in TaskStatus.OPEN_FOR_COMMITS:
         if height <= task.commit_deadline:
             raise TxError(TxCode.BAD_STATE, f"workers may commit until height {task.commit_deadline}")
-    elif task.status != TaskStatus.VERIFIED and height < task.window_end:
+        return
+    pending = audits.pending_slots(task)
+    if pending:
+        raise TxError(TxCode.BAD_STATE, f"audit slots {pending} are not resolved yet")
+    if task.status != TaskStatus.VERIFIED and height < task.window_end:
         raise TxError(TxCode.BAD_STATE, f"audit window open until height {task.window_end}")
 
 
+def _adjust_reputation(state: LedgerState, peer_id: str, delta: int) -> None:
+    node = state.nodes.get(peer_id)
+    if node is not None:
+        node.reputation = min(max(node.reputation + delta, REPUTATION_BOUNDS[0]), REPUTATION_BOUNDS[1])
+        state.touch(NODE, peer_id)
+
+
 def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """Pay workers whose result stood, the verifiers who agreed with each verdict and the
-    relays' claims; slash workers whose mismatches outnumber their matches; refund the rest."""
+    """Settle a task whose audit slots are resolved (ADR 0168): every committed worker no slot found
+    guilty is paid its full share; a guilty worker is slashed ``slash_mismatch_bps`` (burnt) and
+    unpaid; each verifier answer the slot's verdict contradicts costs ``slash_false_audit_bps``; the
+    verifier pool goes to the answers and referee votes that agree with the verdicts; relays' claims
+    are paid; the owner gets the rest."""
     task_id = tx.payload["task_id"]
     task = get_task(state, task_id)
     _check_finalizable(task, ctx.height)
     verifier_pool = task.price * params.verifier_share_bps // 10_000
     relay_budget = task.price * params.relay_share_bps // 10_000
     worker_share = (task.price - verifier_pool - relay_budget) // len(task.workers)
+    settlement = audits.settle(task, verifier_pool)
     payouts: dict[str, int] = {}
 
     def pay(peer_id: str, amount: int) -> None:
         if amount:
             payouts[peer_id] = payouts.get(peer_id, 0) + amount
 
-    honest_verifiers: set[str] = set()
-    slashed: set[str] = set()
     for worker in task.workers:
-        node = state.nodes.get(worker)
         if worker not in task.commits:
             delta = REPUTATION_NO_SHOW
+        elif worker in settlement.guilty:
+            slash(state, worker, params.slash_mismatch_bps)
+            delta = REPUTATION_SLASHED
         else:
-            matches, mismatches = _audit_counts(task, worker)
-            cheated = mismatches > matches
-            if cheated:
-                slashed.add(worker)
-            honest_verifiers.update(v for v, w, _, match, _ in task.audits if w == worker and match != cheated)
-            if cheated:
-                slash(state, worker, params.slash_mismatch_bps)
-                delta = REPUTATION_SLASHED
-            else:
-                pay(worker, worker_share)
-                delta = REPUTATION_PAID
+            pay(worker, worker_share)
+            delta = REPUTATION_PAID
+        node = state.nodes.get(worker)
         if node is not None:
             node.active_tasks = max(0, node.active_tasks - 1)
-            node.reputation = min(max(node.reputation + delta, REPUTATION_BOUNDS[0]), REPUTATION_BOUNDS[1])
             state.touch(NODE, worker)
-    if honest_verifiers:
-        each = verifier_pool // len(honest_verifiers)
-        for verifier in sorted(honest_verifiers):
-            pay(verifier, each)
+        _adjust_reputation(state, worker, delta)
+    for verifier in settlement.false_answers:
+        slash(state, verifier, params.slash_false_audit_bps)
+        _adjust_reputation(state, verifier, REPUTATION_SLASHED)
+    for peer_id, amount in sorted(settlement.shares.items()):
+        pay(peer_id, amount)
     for relay, amount in sorted(task.relay_claims.items()):
         pay(relay, amount)
     paid_out = sum(payouts.values())
@@ -471,9 +458,10 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
     task.payouts = payouts
     task.escrow = 0
     task.status = TaskStatus.PAID
-    task.result = leading_result(task, slashed)
+    task.result = leading_result(task, settlement.guilty)
     state.touch(TASK, task_id)
-    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result})
+    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
+                         "slashed": sorted(settlement.guilty | set(settlement.false_answers))})
 
 
 def claim_relay_budget(task: Task, params: Params, relay: str, amount: int) -> None:

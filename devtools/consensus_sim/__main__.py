@@ -1,4 +1,5 @@
-"""CLI: ``python -m devtools.consensus_sim --seeds 200`` (seeds 0..199) or ``--seed N`` to replay one.
+"""CLI: ``python -m devtools.consensus_sim --seeds 200`` (seeds 0..199) or ``--seed N`` to replay one;
+``--dispute-game`` also plays the audit dispute game with byzantine parties on the ledger.
 
 One line per seed; a failing seed prints its violations and the replay command. Exit status 1 if
 any seed failed.
@@ -19,13 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--seeds", type=int, default=10, help="run seeds FIRST..FIRST+SEEDS-1")
     group.add_argument("--seed", type=int, help="replay one seed, printing its full result")
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--dispute-game", action="store_true",
+                        help="also play the audit dispute game with byzantine parties (ADR 0170)")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
     failures: list[int] = []
     heights = 0
     started = time.perf_counter()
     for seed in seeds:
-        result = simulate(SimConfig(seed=seed))
+        result = simulate(SimConfig(seed=seed, dispute_game=args.dispute_game))
         heights += min(result.heights)
         status = "ok" if result.ok else "FAILED"
         print(f"seed={seed} {status} heights={result.heights} virtual_s={result.virtual_time} "

@@ -27,6 +27,7 @@ from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.messages import Proposal, Vote, verify_proposal, verify_vote
 from consensus.tendermint import TimeoutConfig
 from consensus.tx import build_tx
+from devtools.consensus_sim.dispute_game import DisputeGame, game_params
 from devtools.consensus_sim.invariants import Checker, DriverErrorLog
 from devtools.consensus_sim.loop import SimClock, VirtualTimeLoop
 from devtools.consensus_sim.network import Faults, SimNetwork
@@ -60,6 +61,8 @@ class SimConfig:
     epoch_length: int = 8
     liveness_heights: int = 5
     liveness_bound: float = 30.0
+    dispute_game: bool = False             # also play the audit dispute game (dispute_game.py, ADR 0170)
+    game_bound: float = 120.0              # virtual seconds after the heal for the game's task to be paid
 
 
 @dataclass
@@ -105,6 +108,7 @@ def draw_profile(cfg: SimConfig, rng: random.Random) -> SimConfig:
 class Simulation:
     gossip_interval = 0.3
     sync_delay = 0.5
+    game_tick = 0.05     # how often the game's parties look at the chain and act
 
     def __init__(self, config: SimConfig) -> None:
         self.rng = random.Random(config.seed)
@@ -115,10 +119,16 @@ class Simulation:
         validators = [Identity.from_seed(hashlib.sha256(b"sim-validator-%d" % i).digest())
                       for i in range(cfg.validators)]
         self.users = [Identity.from_seed(hashlib.sha256(b"sim-user-%d" % i).digest()) for i in range(USERS)]
+        self.game = DisputeGame(cfg.seed) if cfg.dispute_game else None
+        self.game_rng = random.Random(cfg.seed * 7919 + 17)   # the game never moves the fault model's draws
+        params = Params(committee_size=cfg.validators, epoch_length=cfg.epoch_length)
+        balances = {u.peer_id: USER_BALANCE for u in self.users}
+        if self.game is not None:
+            params = game_params(params)
+            balances.update(self.game.balances)
         self.genesis = Genesis(
-            CHAIN_ID, GENESIS_TIME_MS, {u.peer_id: USER_BALANCE for u in self.users},
-            tuple(GenesisValidator(v.peer_id, VALIDATOR_STAKE) for v in validators),
-            Params(committee_size=cfg.validators, epoch_length=cfg.epoch_length))
+            CHAIN_ID, GENESIS_TIME_MS, balances,
+            tuple(GenesisValidator(v.peer_id, VALIDATOR_STAKE) for v in validators), params)
         self.byzantine = {cfg.validators - 1} if cfg.byzantine else set()
         self.net = SimNetwork(self.loop, self.rng, Faults(drop=cfg.drop, duplicate=cfg.duplicate,
                                                           max_delay=cfg.max_delay),
@@ -229,6 +239,49 @@ class Simulation:
                         delay = self.rng.uniform(self.net.faults.min_delay, self.net.faults.max_delay)
                         self.loop.call_later(delay, other.submit, raw)
 
+    def _gossip(self, entry: Replica, raw: bytes) -> None:
+        for other in self.replicas:  # transaction gossip, subject to the network's faults
+            if other is not entry and self.net.can_reach(entry.index, other.index) \
+                    and self.game_rng.random() >= self.net.faults.drop:
+                delay = self.game_rng.uniform(self.net.faults.min_delay, self.net.faults.max_delay)
+                self.loop.call_later(delay, other.submit, raw)
+
+    async def _play_game(self) -> None:
+        """Every ``game_tick`` virtual seconds: read the most advanced honest replica's ledger, and send every
+        party's moves (nonces from that ledger, so a resent move is the same bytes) to a random up node."""
+        game = self.game
+        assert game is not None
+        chain_id = self.genesis.chain_id
+        while True:
+            await self.clock.sleep(self.game_tick)
+            up = [r for r in self.replicas if r.up]
+            honest_up = [r for r in self.honest() if r.up]
+            if not up or not honest_up:
+                continue
+            view = max(honest_up, key=lambda r: r.ledger.height).ledger
+            entry = self.game_rng.choice(up)
+            sent: dict[str, int] = {}
+            for identity, tx_type, payload in game.moves(view.state):
+                nonce = view.nonce(identity.peer_id) + sent.get(identity.peer_id, 0)
+                sent[identity.peer_id] = sent.get(identity.peer_id, 0) + 1
+                raw = build_tx(identity, chain_id, nonce, tx_type, payload, fee=1).raw
+                self.game_moves += 1
+                if entry.submit(raw):
+                    self._gossip(entry, raw)
+
+    async def _finish_game(self) -> None:
+        game = self.game
+        assert game is not None
+        started = self.loop.time()
+        while not all(game.finished(r.ledger.state) for r in self.honest()):
+            if self.loop.time() - started > self.cfg.game_bound:
+                break
+            await self.clock.sleep(0.2)
+        state = self.honest()[0].ledger.state
+        for violation in game.check(state, self.genesis.params):
+            self.checker.violation(violation)
+        self.game_stats: dict[str, int] = {**game.stats(state), "moves": self.game_moves, "height": state.height}
+
     # ------------------------------------------------------------------ phases
     async def _main(self) -> None:
         cfg = self.cfg
@@ -236,6 +289,8 @@ class Simulation:
             await replica.boot(TIMEOUTS, replica.index in self.byzantine)
         self.spawn(self._inject_faults())
         self.spawn(self._submit_transactions())
+        if self.game is not None:
+            self.spawn(self._play_game())
         await self.clock.sleep(cfg.fault_time)
         # liveness phase: heal everything, restart everyone, then require progress
         self.faults_on = False
@@ -255,6 +310,8 @@ class Simulation:
                 break
             await self.clock.sleep(0.1)
         self.liveness_time = self.loop.time() - heal_time
+        if self.game is not None:
+            await self._finish_game()
         for replica in self.replicas:
             if replica.driver is not None:
                 await replica.driver.stop()
@@ -277,6 +334,8 @@ class Simulation:
         started = time.perf_counter()
         self.byzantine_slashed = 0
         self.liveness_time = 0.0
+        self.game_moves = 0
+        self.game_stats = {}
         handler = DriverErrorLog(self.checker)
         loggers = [logging.getLogger("consensus.driver"), logging.getLogger("consensus.network")]
         for logger in loggers:
@@ -302,7 +361,8 @@ class Simulation:
                      "double_votes": stats.double_votes, "wrong_proposals": stats.wrong_proposals},
             txs=dict(self.txs), byzantine_slashed=self.byzantine_slashed,
             trace=self.checker.trace.hexdigest(), commits=self.checker.commits,
-            extra={"liveness_s": round(self.liveness_time, 3), "max_round": self.checker.max_round})
+            extra={"liveness_s": round(self.liveness_time, 3), "max_round": self.checker.max_round,
+                   **({"game": self.game_stats} if self.game is not None else {})})
 
 
 def profile_of(cfg: SimConfig) -> dict:

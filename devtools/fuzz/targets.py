@@ -623,13 +623,15 @@ def _allreduce_meta() -> Loaded:
 
 @target("segments", ("ml",), max_len=4096)
 def _segments() -> Loaded:
-    from ml.compute.segments_protocol import SegmentsError, decode_response, encode_response
+    from ml.compute.segment_record import SegmentRecord, StepHashes
+    from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, decode_answer, encode_answer
 
     def seeds() -> list[bytes]:
-        doc = {"segments": ["ab" * 32], "params_hash": "cd" * 32, "short_rounds": [[3, ["peer"]]]}
-        return [encode_response(doc)[4:], encode_response({"error": "unknown task"})[4:]]
+        record = SegmentRecord(0, "ab" * 32, "cd" * 32, "ef" * 32, (StepHashes("01" * 32, "02" * 32, "03" * 32),),
+                               "04" * 32)
+        return [encode_answer(SegmentAnswer(record, [b"\x05" * 32], 2))[4:], encode_answer(None, "unknown task")[4:]]
 
-    return Loaded(decode_response, (SegmentsError,), seeds)
+    return Loaded(lambda data: decode_answer(data, 0), (SegmentsError,), seeds)
 
 
 # ------------------------------------------------------------------ the runner's own check

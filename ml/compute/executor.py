@@ -17,7 +17,10 @@ from pathlib import Path
 from ml.allreduce import AllReduceGroup, DeadlinePolicy
 from ml.job.participation import ParticipationLog
 from ml.train.allreduce_averager import averager_for_group, group_codec
+from ml.train.faults import MODES as TRAINER_FAULTS
+from ml.train.faults import install as install_fault
 from ml.train.progress import ProgressFeed
+from ml.train.segments import BlobSink, SegmentRecorder
 from ml.train.simulation import make_trainer
 from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase
@@ -42,10 +45,18 @@ def make_group(spec: TrainSpec, transport, me: str, workers: list[str], task_id:
 
 
 def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: list[str],
-                    feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None) -> TrainerBase:
+                    feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None,
+                    sink: BlobSink | None = None, fault: str = "") -> TrainerBase:
     """Build `me`'s trainer (loads the dataset, builds the model: seconds on a busy machine, so call it
     in a thread and before the start barrier, never between the barrier and the first round).
-    `files` maps the artifact ids the spec names (ml.train.inputs.artifact_ids) to local paths."""
+    `files` maps the artifact ids the spec names (ml.train.inputs.artifact_ids) to local paths. With
+    a `sink`, the trainer keeps per-segment records (`trainer.recorder.records`) and puts their
+    checkpoints and averages into it; `fault` is a testing-only adversary mode (ml.train.faults)."""
     ordered = sorted(workers)
     averager = ParticipationLog(averager_for_group(spec, group), len(ordered))
-    return make_trainer(spec, ordered.index(me), len(ordered), averager, feed, files)
+    trainer = make_trainer(spec, ordered.index(me), len(ordered), averager, feed, files)
+    if sink is not None:
+        SegmentRecorder(sink).attach(trainer)
+    if fault in TRAINER_FAULTS or fault.startswith("partial:"):
+        install_fault(trainer, fault)
+    return trainer

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -35,20 +34,24 @@ from typing import TYPE_CHECKING
 from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
-from ml.compute.audit import audit_task, workers_to_audit
 from ml.compute.commitment import Commitment
+from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
 from ml.compute.progress_history import record_point
-from ml.compute.replay import replay_job_blocking
+from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
-from ml.compute.task_spec import InvalidTask, train_spec_for_task
+from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
+from ml.compute.verification_flow import VERIFIER_FAULTS, Judgement, Sources, judge_as, unavailable_evidence
 from ml.job.participation import departures
 from ml.job.runner import train_to_end
+from ml.profiles import MAX_PROFILES
 from ml.train.dry_run import Untrainable, dry_run
+from ml.train.faults import falsify_records
 from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
+from ml.train.segments import ArtifactSink
 from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
 from node.p2p.errors import ProtocolError
@@ -65,6 +68,8 @@ READY_TIMEOUT_S = 120.0
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 FETCH_ATTEMPTS = 3
+UNAVAILABLE_FRACTION = 0.25  # a judge answers "unavailable" only in the last quarter of its answer window
+COPYCAT_WAIT_S = 300.0   # fault_inject=copycat: how long to wait for another worker's commitment
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
 FINALIZE_RETRY_BLOCKS = 50
@@ -89,8 +94,12 @@ class ComputeRole(Role):
         self.jobs: dict[str, dict] = self.board.jobs  # task id hex -> progress/state of our share
         self.hardware: dict | None = None        # ml.hardware.detect(), measured once at join
         self._published_mbps: int | None = None  # the bandwidth figure in our ledger record
-        self.results: dict[str, dict] = {}       # task id hex -> {"segments", "params_hash", ...}
-        self.audits: dict[str, list[dict]] = {}  # task id hex -> verdicts we submitted
+        self.results: dict[str, dict] = {}       # task id hex -> {"records", "segments_root", ...}
+        self._leaves: dict[str, list[bytes]] = {}   # task id hex -> Merkle leaves of the served records
+        self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
+        self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
+        self._judging = asyncio.Lock()
+        self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> height it was first looked at
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
@@ -101,7 +110,7 @@ class ComputeRole(Role):
         self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
         self.transport = HostTransport(node.host)
-        node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_handler(self._result_for))
+        node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(self._record_for))
         node.host.set_handler(ready_protocol.PROTOCOL, ready_protocol.make_handler(self._ready_groups.__contains__))
         node.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(self.board))
         node.status.add_section("compute", self.status)
@@ -200,8 +209,22 @@ class ComputeRole(Role):
         tmp.write_text(json.dumps({"link_mbps": link_mbps}))
         os.replace(tmp, folder / BANDWIDTH_FILE)
 
-    def _result_for(self, task_id: bytes) -> dict | None:
-        return self.results.get(task_id.hex())
+    def _record_for(self, task_id: bytes, index: int) -> segments_protocol.SegmentAnswer | None:
+        """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
+        key = task_id.hex()
+        result = self.results.get(key)
+        if result is None or not isinstance(result.get("records"), list) or not 0 <= index < len(result["records"]):
+            return None
+        try:
+            if key not in self._leaves:
+                records = [SegmentRecord.from_obj(r) for r in result["records"]]
+                self._leaves[key] = leaves(task_id, result.get("leaf_worker") or self.node.peer_id, records)
+            record = SegmentRecord.from_obj(result["records"][index])
+        except BadRecord as exc:
+            log.warning("cannot serve the records of task %s: %s", key, exc)
+            return None
+        leaf_list = self._leaves[key]
+        return segments_protocol.SegmentAnswer(record, proof(leaf_list, index), len(leaf_list))
 
     # ---- main loop
     async def run(self) -> None:
@@ -340,7 +363,10 @@ class ComputeRole(Role):
         self._heads_wanted.clear()
         for task in reversed(tasks):  # oldest first
             key, status = task["task_id"], task["status"]
-            involved = me in task["workers"] or any(v == me for v, *_ in task["audits"])
+            slots = task.get("slots") or []
+            involved = me in task["workers"] or any(
+                me in ([v.get("verifier") for v in slot.get("verifiers") or []]
+                       + [r.get("referee") for r in slot.get("referees") or []]) for slot in slots)
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
@@ -351,16 +377,18 @@ class ComputeRole(Role):
                     self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
                     await self._finalize(key, height)
                     self._due_at(self._finalize_at[key])
-                elif status in ("committed", "disputed"):
-                    if height >= task["window_end"]:
-                        await self._finalize(key, height)
-                    self._due_at(max(task["window_end"], self._finalize_at.get(key, 0)))
-            elif (self.config["audit"] and status in AUDITABLE and me != task["owner"] and self._idle()
-                  and workers_to_audit(task, me) and key not in self.audits):
-                self._busy = self._spawn(self._run_audit(task))
-            if status == "verified" and involved:
-                await self._finalize(key, height)
-                self._due_at(self._finalize_at[key])
+            if status in AUDITABLE and (self.config["audit"] or me in task["workers"]):
+                for duty in duties_for(task, me, height + 1):
+                    if duty.key not in self._duties_started:
+                        self._duties_started.add(duty.key)
+                        self._spawn(self._perform(duty, task))
+            if status in AUDITABLE and involved:
+                pending = [slot for slot in slots if slot.get("outcome") == "pending"]
+                if not pending and (status == "verified" or height >= task["window_end"]):
+                    self._finalize_at.pop(key, None)   # due now: no need to wait for the retry height
+                    await self._finalize(key, height)
+                deadlines = [d for slot in pending for d in _slot_deadlines(slot)]
+                self._due_at(min([*deadlines, task["window_end"], self._finalize_at.get(key, task["window_end"])]))
 
     def _due_at(self, height: int) -> None:
         self._due_height = height if self._due_height is None else min(self._due_height, height)
@@ -481,10 +509,12 @@ class ComputeRole(Role):
         self.board.start(key, workers=task["workers"])
         try:
             spec = train_spec_for_task(task["spec"])
+            check_segments(task, spec)
         except InvalidTask as exc:
             await self._reject(key, task_id, f"invalid task: {exc}")
             return
         others = [w for w in task["workers"] if w != me]
+        fault = self.config["fault_inject"]
         group = None
         try:
             device = self._device_for(task, spec)
@@ -500,7 +530,8 @@ class ComputeRole(Role):
             feed = ProgressFeed()
             feed.subscribe(lambda p: self._on_progress(key, p))
             group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
-            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files)
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, task["workers"], feed, files,
+                                              ArtifactSink(self.node.artifacts), fault)
             self._ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -508,16 +539,24 @@ class ComputeRole(Role):
             summary = await train_to_end(trainer)
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
-            hashes = summary["segment_hashes"]
-            if self.config["fault_inject"] == "wrong_segments":
-                hashes = [hashlib.sha256(bytes.fromhex(h)).hexdigest() for h in hashes]
-            self._save_result(key, {"segments": hashes, "params_hash": summary["params_hash"], "weights": weights,
+            records, leaf_worker = trainer.recorder.records, me
+            if fault == "wrong_segments":
+                records = falsify_records(records)
+            elif fault == "copycat":
+                records, leaf_worker = await self._copy_records(task_id, me)
+            leaf_list = leaves(task_id, leaf_worker, records)
+            self._leaves[key] = leaf_list
+            commitment = Commitment(root(leaf_list), bytes.fromhex(weights), len(records))
+            await asyncio.to_thread(self._save_result, key, {  # a long job's records are megabytes of JSON
+                                    "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
+                                    "segments_root": commitment.segments_root.hex(),
+                                    "params_hash": summary["params_hash"], "weights": weights,
                                     "short_rounds": summary["short_rounds"],
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], task["workers"]))
-            receipt = await self.ledger.send("commit_result", Commitment.of(hashes, weights).payload(task_id))
+            receipt = await self.ledger.send("commit_result", commitment.payload(task_id))
             self.board.update(key, state="committed", commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome="committed")
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
@@ -532,6 +571,22 @@ class ComputeRole(Role):
         finally:
             if group is not None:
                 self._spawn(self._close_after_peers(task_id, group))
+
+    async def _copy_records(self, task_id: bytes, me: str) -> tuple[list[SegmentRecord], str]:
+        """fault_inject=copycat (testing only): another worker's records and its id, once it committed;
+        we then commit its segments_root as ours."""
+        key, deadline = task_id.hex(), time.monotonic() + COPYCAT_WAIT_S
+        while time.monotonic() < deadline:
+            task = await self.ledger.call("dkb_getTask", key)
+            others = sorted(w for w in (task or {}).get("commits", {}) if w != me)
+            if others:
+                victim, count = others[0], task["commits"][others[0]][2]
+                await self._learn_addresses([victim])
+                answers = [await segments_protocol.fetch_record(self.node.host, victim, task_id, i)
+                           for i in range(count)]
+                return [a.record for a in answers], victim
+            await asyncio.sleep(1.0)
+        raise RuntimeError("copycat: no other worker committed in time")
 
     async def _keep_weights(self, trainer) -> str:
         """Add the trained weights to the node's artifacts (served from then on); their id."""
@@ -565,63 +620,92 @@ class ComputeRole(Role):
             self._ready_groups.discard(task_id)
             await group.close()
 
-    # ---- auditing others
-    async def _fetch_segments(self, task_id: bytes, worker: str) -> segments_protocol.SegmentReport:
-        await self._learn_addresses([worker])
-        for attempt in range(FETCH_ATTEMPTS):
-            try:
-                return await segments_protocol.fetch_segments(self.node.host, worker, task_id)
-            except segments_protocol.SegmentsError:
-                if attempt == FETCH_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(1.0)
-        raise AssertionError("unreachable")
+    # ---- verification duties: audits, disputes, referee votes (docs/adr/0168, 0175)
+    async def _perform(self, duty: Duty, task: dict) -> None:
+        """Send what `duty` asks of this node; a failure is logged and the duty retried at the next
+        look (while its deadline allows)."""
+        key, task_id = duty.task_id, bytes.fromhex(duty.task_id)
+        try:
+            if duty.kind == DISPUTE:
+                await self.ledger.send("dispute", {"task_id": task_id, "slot": duty.slot})
+                log.warning("task %s: a verifier says our segment %d mismatches; disputed (slot %d)",
+                            key, duty.segment, duty.slot)
+                return
+            async with self._judging:   # one replay at a time: they compete for the same cores
+                judgement = await self._judge(duty, task)
+            if judgement is None:
+                return
+            if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
+                log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
+                self._duties_started.discard(duty.key)
+                return
+            if duty.kind == AUDIT:
+                await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
+                self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
+            else:
+                await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))
+            self.audits.setdefault(key, []).append({
+                "kind": duty.kind, "slot": duty.slot, "worker": duty.worker, "segment": duty.segment,
+                "match": judgement.match, "step": judgement.step, "reason": judgement.reason})
+            log.info("%s of task %s slot %d (%s, segment %d): %s (%s)", duty.kind, key, duty.slot, duty.worker[:16],
+                     duty.segment, "match" if judgement.match else "MISMATCH", judgement.reason)
+        except asyncio.CancelledError:
+            raise
+        except (TxFailed, LedgerUnavailable) as exc:
+            log.warning("%s of task %s slot %d not applied: %s", duty.kind, key, duty.slot, exc)
+            self._duties_started.discard(duty.key)
+        except Exception as exc:  # a failed replay must not stop the node; retried at the next look
+            self.last_error = f"{duty.kind} of {key} slot {duty.slot}: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.last_error)
+            self._duties_started.discard(duty.key)
 
-    async def _run_audit(self, task: dict) -> None:
-        key = task["task_id"]
-        task_id = bytes.fromhex(key)
-        mode = self.config["allreduce_mode"]
+    async def _too_early_to_give_up(self, duty: Duty) -> bool:
+        """Whether a judge that could not get the worker's record or state files should try again
+        rather than answer "unavailable" (a mismatch): until the last UNAVAILABLE_FRACTION of its
+        answer window, so a passing network fault on either side does not accuse an honest worker."""
+        if not duty.deadline:
+            return False
+        height = await self.ledger.call("dkb_blockNumber")
+        window = max(1, duty.deadline - self._first_seen.setdefault(duty.key, height))
+        return height < duty.deadline - window * UNAVAILABLE_FRACTION
 
-        files: dict[str, Path] = {}
+    async def _judge(self, duty: Duty, task: dict) -> Judgement | None:
+        """Replay the slot's segment (or answer as the configured adversary, in tests)."""
         device = await self._replay_device(task)
         if device is None:
-            log.info("not auditing task %s: it trained on %s, which this node cannot replay bit for bit",
-                     key, task.get("device"))
-            self.audits[key] = []
-            return
+            log.warning("cannot judge task %s: it trained on %s, which this node cannot replay bit for bit",
+                        duty.task_id, task.get("device"))
+            return None
+        spec = train_spec_for_task(task["spec"])
+        if spec.device != device:
+            spec = dataclasses.replace(spec, device=device)
+        committed = sorted(task["commits"])
+        await self._learn_addresses(committed)
+        files = await self._fetch_task_inputs(None, task, spec, committed)
+        task_id = bytes.fromhex(duty.task_id)
 
-        async def replay(spec, workers, last_segment, left):
-            if spec.device != device:
-                spec = dataclasses.replace(spec, device=device)
-            return await asyncio.to_thread(replay_job_blocking, spec, workers, last_segment, task_id, mode, left,
-                                           files)
+        async def record(worker: str, index: int) -> segments_protocol.SegmentAnswer:
+            for attempt in range(FETCH_ATTEMPTS):
+                try:
+                    return await segments_protocol.fetch_record(self.node.host, worker, task_id, index)
+                except segments_protocol.SegmentsError:
+                    if attempt == FETCH_ATTEMPTS - 1:
+                        raise
+                    await asyncio.sleep(1.0)
+            raise AssertionError("unreachable")
 
-        async def fetch(worker):
-            return await self._fetch_segments(task_id, worker)
+        async def artifact(artifact_id: str, holders: list[str]) -> Path:
+            return await self.node.artifacts.fetch(artifact_id, holders)
 
-        try:
-            files.update(await self._fetch_task_inputs(
-                None, task, train_spec_for_task(task["spec"]), sorted({*task["commits"], *task["workers"]})))
-            verdicts = await audit_task(task, self.node.peer_id, fetch, replay)
-        except InvalidTask as exc:
-            log.warning("cannot audit task %s: %s", key, exc)
-            self.audits[key] = []
-            return
-        except Exception as exc:  # a failed replay must not stop the node; retried at the next poll
-            self.last_error = f"audit of {key}: {type(exc).__name__}: {exc}"
-            log.warning("%s", self.last_error)
-            return
-        done = self.audits[key] = []
-        for verdict in verdicts:
-            try:
-                await self.ledger.send("audit_result", verdict.payload(task_id))
-                done.append({"worker": verdict.worker, "segment": verdict.segment, "match": verdict.match,
-                             "reason": verdict.reason})
-                self.audits_sent.inc(verdict="match" if verdict.match else "mismatch")
-                log.info("audited %s of task %s: %s (%s)", verdict.worker, key,
-                         "match" if verdict.match else "MISMATCH", verdict.reason)
-            except TxFailed as exc:
-                log.warning("audit_result for %s of %s not applied: %s", verdict.worker, key, exc)
+        mode = self.config["fault_inject"] if self.config["fault_inject"] in VERIFIER_FAULTS else ""
+        return await judge_as(mode, task, spec, duty.worker, duty.segment, duty.salt, Sources(record, artifact, files))
+
+
+def _slot_deadlines(slot: dict) -> list[int]:
+    """The heights at which a pending slot moves on (answers, dispute, referee votes due)."""
+    out = [v["deadline"] for v in slot.get("verifiers") or [] if isinstance(v.get("deadline"), int)]
+    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline") if slot.get(name)]
+    return [d + 1 for d in out]
 
 
 def ready_timeout(files: dict[str, Path]) -> float:
@@ -638,8 +722,9 @@ def hardware_record(detected: dict, bandwidth_mbps: int) -> dict:
               "gpu": str(detected.get("gpu") or "")[:64], "gpu_mem_mb": int(detected.get("gpu_mem_mb") or 0),
               "gpu_tflops": round(float(detected.get("gpu_tflops") or 0)),
               "cuda_devices": int(detected.get("cuda_devices") or 0),
-              "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6))}
-    return {name: values.get(name, 0) for name in HARDWARE}
+              "bandwidth_mbps": max(0, min(int(bandwidth_mbps), 10**6)),
+              "profiles": [str(p) for p in detected.get("profiles") or []][:MAX_PROFILES]}   # ADR 0166
+    return {name: values[name] for name in HARDWARE if name in values}   # optional fields left out
 
 
 def _ram_mb() -> int:

@@ -1,12 +1,11 @@
-"""`/dekube/task-segments/1`: a verifier asks a worker for the segment hashes behind its commitment.
+"""The verifiers' requests to a worker for what stands behind its commitment.
 
-Request: the 32-byte task id. Response: a 4-byte big-endian length, then UTF-8 JSON
-{"segments": [hex, ...], "params_hash": hex, "short_rounds": [[round, [peer, ...]], ...]} (rounds
-whose mean lacked some workers, so the verifier replays those departures), or {"error": text} when
-the worker has no result for that task. Frames over MAX_RESPONSE bytes or anything malformed raise
-SegmentsError; the verifier checks the list against the Merkle root on chain itself, so a worker
-cannot answer with hashes other than the ones it committed to. Encoding/decoding is pure;
-`serve_segments`/`fetch_segments` are the thin stream drivers.
+`/dekube/task-segments/2` (docs/adr/0167): request = the 32-byte task id and a 4-byte big-endian
+segment index; response = a 4-byte big-endian length, then UTF-8 JSON {"record": SegmentRecord,
+"proof": [hex, ...], "count": n} (the record, its Merkle audit path and the worker's leaf count) or
+{"error": text}. Responses over MAX_RESPONSE bytes, malformed ones, or a record for another index
+raise SegmentsError; `check_answer` verifies the proof against the worker's on-chain segments_root
+and segment count. `make_record_handler`/`fetch_record` are the thin stream drivers.
 """
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ import asyncio
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ml.compute.segment_record import MAX_PROOF, MAX_SEGMENTS, BadRecord, SegmentRecord, leaf, verify_proof
 from node.p2p.errors import ProtocolError
 
-PROTOCOL = "/dekube/task-segments/1"
 TASK_ID_BYTES = 32
-MAX_RESPONSE = 1 << 20
 TIMEOUT_S = 10.0
 
 
@@ -28,83 +26,109 @@ class SegmentsError(ValueError):
     """A malformed, oversized or negative answer to a segments request."""
 
 
+PROTOCOL = "/dekube/task-segments/2"
+REQUEST_BYTES = TASK_ID_BYTES + 4
+MAX_RESPONSE = 8 << 20
+
+
 @dataclass(frozen=True)
-class SegmentReport:
-    segments: list[str]
-    params_hash: str
-    short_rounds: list = field(default_factory=list)   # [[round, [participant, ...]], ...]
+class SegmentAnswer:
+    record: SegmentRecord
+    proof: list[bytes]
+    count: int
 
 
-def encode_response(doc: dict) -> bytes:
-    body = json.dumps(doc, separators=(",", ":")).encode()
+def encode_request(task_id: bytes, index: int) -> bytes:
+    if len(task_id) != TASK_ID_BYTES or not 0 <= index < MAX_SEGMENTS:
+        raise ValueError("a request names a 32-byte task id and a segment index below 2^20")
+    return task_id + struct.pack(">I", index)
+
+
+def decode_request(data: bytes) -> tuple[bytes, int]:
+    if len(data) != REQUEST_BYTES:
+        raise SegmentsError(f"a segment request is {REQUEST_BYTES} bytes")
+    return data[:TASK_ID_BYTES], struct.unpack(">I", data[TASK_ID_BYTES:])[0]
+
+
+def encode_answer(answer: SegmentAnswer | None, error: str = "") -> bytes:
+    doc = ({"error": error[:500] or "no such segment"} if answer is None else
+           {"record": answer.record.to_obj(), "proof": [p.hex() for p in answer.proof], "count": answer.count})
+    body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
     if len(body) > MAX_RESPONSE:
         raise SegmentsError(f"response of {len(body)} bytes exceeds {MAX_RESPONSE}")
     return struct.pack(">I", len(body)) + body
 
 
-def decode_response_length(header: bytes) -> int:
-    (length,) = struct.unpack(">I", header)
-    if length > MAX_RESPONSE:
-        raise SegmentsError(f"response of {length} bytes exceeds {MAX_RESPONSE}")
-    return length
-
-
-def decode_response(body: bytes) -> SegmentReport:
-    """The worker's report from a response body; SegmentsError if malformed or an error."""
+def decode_answer(body: bytes, index: int) -> SegmentAnswer:
+    """The worker's answer for segment `index` from a response body; SegmentsError if malformed."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise SegmentsError("response is not JSON") from None
     if not isinstance(doc, dict):
         raise SegmentsError("response is not a JSON object")
     if "error" in doc:
         raise SegmentsError(f"worker answered: {str(doc['error'])[:200]}")
-    segments, params_hash, short_rounds = doc.get("segments"), doc.get("params_hash"), doc.get("short_rounds", [])
-    if (not isinstance(segments, list) or not all(isinstance(s, str) for s in segments)
-            or not isinstance(params_hash, str)):
-        raise SegmentsError("response lacks segments (list of text) or params_hash (text)")
-    if not isinstance(short_rounds, list) or not all(
-            isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and isinstance(r[1], list)
-            and all(isinstance(p, str) for p in r[1]) for r in short_rounds):
-        raise SegmentsError("short_rounds must be a list of [round, [peer id, ...]]")
-    return SegmentReport(segments, params_hash, short_rounds)
+    if set(doc) != {"record", "proof", "count"}:
+        raise SegmentsError("response must hold exactly record, proof and count")
+    count, proof = doc["count"], doc["proof"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEGMENTS:
+        raise SegmentsError("count must be an integer in [1, 2^20]")
+    if not isinstance(proof, list) or len(proof) > MAX_PROOF or not all(
+            isinstance(p, str) and len(p) == 64 for p in proof):
+        raise SegmentsError(f"proof must be at most {MAX_PROOF} 32-byte hex hashes")
+    try:
+        path = [bytes.fromhex(p) for p in proof]
+        record = SegmentRecord.from_obj(doc["record"])
+    except (ValueError, BadRecord) as exc:
+        raise SegmentsError(f"bad record or proof: {exc}") from None
+    if record.index != index:
+        raise SegmentsError(f"asked for segment {index}, got a record of segment {record.index}")
+    return SegmentAnswer(record, path, count)
 
 
-def make_handler(lookup: Callable[[bytes], dict | None]):
-    """A Host stream handler answering from `lookup(task_id) -> {"segments", "params_hash",
-    "short_rounds"} | None`."""
+def check_answer(answer: SegmentAnswer, task_id: bytes, worker: str, segments_root: bytes, segments: int) -> None:
+    """BadRecord unless `answer` is `worker`'s record under its committed `segments_root` of `segments`."""
+    if answer.count != segments:
+        raise BadRecord(f"the worker answers with {answer.count} segments, it committed {segments}")
+    if not verify_proof(segments_root, leaf(task_id, worker, answer.record), answer.record.index, answer.count,
+                        answer.proof):
+        raise BadRecord("the record's Merkle proof does not lead to the committed segments_root")
 
-    async def serve_segments(stream) -> None:
+
+def make_record_handler(lookup: Callable[[bytes, int], SegmentAnswer | None]):
+    """A Host stream handler for PROTOCOL answering from `lookup(task_id, index)`."""
+
+    async def serve_record(stream) -> None:
         try:
-            task_id = await asyncio.wait_for(stream.readexactly(TASK_ID_BYTES), TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError):
+            task_id, index = decode_request(await asyncio.wait_for(stream.readexactly(REQUEST_BYTES), TIMEOUT_S))
+        except (TimeoutError, asyncio.IncompleteReadError, SegmentsError):
             stream.reset()
             return
-        result = lookup(task_id)
-        doc = ({"error": f"no result for task {task_id.hex()}"} if result is None else
-               {"segments": result["segments"], "params_hash": result["params_hash"],
-                "short_rounds": result.get("short_rounds", [])})
-        await stream.write(encode_response(doc))
+        answer = lookup(task_id, index)
+        error = "" if answer is not None else f"no record of segment {index} of task {task_id.hex()}"
+        await stream.write(encode_answer(answer, error))
         await stream.close()
 
-    return serve_segments
+    return serve_record
 
 
-async def fetch_segments(host, peer_id: str, task_id: bytes) -> SegmentReport:
-    """Ask `peer_id` for its segment hashes of `task_id` over the Host."""
-    if len(task_id) != TASK_ID_BYTES:
-        raise ValueError("a task id is 32 bytes")
+async def fetch_record(host, peer_id: str, task_id: bytes, index: int, timeout_s: float = TIMEOUT_S) -> SegmentAnswer:
+    """Ask `peer_id` for its record of segment `index` of `task_id` (check it with `check_answer`)."""
+    request = encode_request(task_id, index)
 
     async def exchange():
         stream = await host.open_stream(peer_id, PROTOCOL)
         try:
-            await stream.write(task_id)
-            length = decode_response_length(await stream.readexactly(4))
-            return decode_response(await stream.readexactly(length))
+            await stream.write(request)
+            (length,) = struct.unpack(">I", await stream.readexactly(4))
+            if length > MAX_RESPONSE:
+                raise SegmentsError(f"response of {length} bytes exceeds {MAX_RESPONSE}")
+            return decode_answer(await stream.readexactly(length), index)
         finally:
             await stream.close()
 
     try:
-        return await asyncio.wait_for(exchange(), TIMEOUT_S)
+        return await asyncio.wait_for(exchange(), timeout_s)
     except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
         raise SegmentsError(f"no answer from {peer_id}: {exc!r}") from None

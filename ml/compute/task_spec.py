@@ -4,7 +4,8 @@ The ledger's submit_task payload names `model`, `dataset`, `workers`, `sync_mode
 "diloco"), `codec` and a `hyperparams` map. The canonical ledger encoding has no floats, so float
 hyper-parameters travel as decimal text and `codec_options` as JSON text; text fields (artifact ids,
 loss, device, init, tokenizer) as themselves; `train_spec_for_task`
-reverses that and validates the result (an unknown or malformed task raises InvalidTask, so a
+reverses that and validates the result; `segments` is the spec's segment count, which the ledger
+holds every commitment to and a worker checks (`check_segments`) (an unknown or malformed task raises InvalidTask, so a
 compute node skips it instead of crashing).
 """
 from __future__ import annotations
@@ -39,14 +40,39 @@ def _encode_value(value):
     return value
 
 
-def submit_payload(spec: TrainSpec, workers: int, price: int) -> dict:
-    """The submit_task payload for training `spec` with `workers` workers for `price`."""
+def submit_payload(spec: TrainSpec, workers: int, price: int, profile: str = "") -> dict:
+    """The submit_task payload for training `spec` with `workers` workers for `price`, in execution
+    profile `profile` (ml.profiles; "" leaves it out: the ledger picks one)."""
     sync_mode = next(name for name, mode in SYNC_MODES.items() if mode == spec.mode)
     defaults = TrainSpec()
     hyperparams = {name: _encode_value(getattr(spec, name)) for name in _FIELD_TYPES
                    if name not in _ON_PAYLOAD and getattr(spec, name) != getattr(defaults, name)}
-    return {"model": spec.model, "dataset": spec.dataset, "hyperparams": hyperparams, "workers": workers,
-            "sync_mode": sync_mode, "codec": spec.codec, "price": price}
+    payload = {"model": spec.model, "dataset": spec.dataset, "hyperparams": hyperparams, "workers": workers,
+               "sync_mode": sync_mode, "codec": spec.codec, "price": price, "segments": spec.segment_count}
+    if profile:
+        payload["profile"] = profile
+    return payload
+
+
+def declared_segments(task: dict) -> int | None:
+    """The segment count a ledger task declares (`segments`, on the task or in its spec map), or None
+    for a task from before segment counts (docs/adr/0167)."""
+    value = task.get("segments")
+    if value is None and isinstance(task.get("spec"), dict):
+        value = task["spec"].get("segments")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidTask(f"the task declares an invalid segment count {value!r}")
+    return value
+
+
+def check_segments(task: dict, spec: TrainSpec) -> None:
+    """InvalidTask when the task's declared segment count differs from its spec's (a worker committing
+    to the declared count would commit to segments the spec does not have)."""
+    declared = declared_segments(task)
+    if declared is not None and declared != spec.segment_count:
+        raise InvalidTask(f"the task declares {declared} segments, its spec has {spec.segment_count}")
 
 
 def _decode_value(name: str, value):

@@ -14,7 +14,7 @@ whose workers talk over the node's p2p stack instead of plain TCP.
 
 Each finished worker's summary gains "departures": for every worker that left, its peer name, the
 all-reduce round it was first missing from and the step the survivors had reached then (from the
-worker's own record, which a replay follows: `ml.compute.replay.replay_job(..., left=...)`), why it
+worker's own record, which a replay follows: `devtools.job_replay.replay_job(..., left=...)`), why it
 left and the last step it reported.
 """
 from __future__ import annotations

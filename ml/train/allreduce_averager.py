@@ -44,6 +44,7 @@ class AllGatherAverager:
     def __init__(self, group, codec: str, options: dict | None = None):
         self.group = group
         self.compressor = Compressor(codec, options)
+        self.last_encoded: bytes | None = None   # this worker's encoding of the last round
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         flat = flatten(tensors)
@@ -52,6 +53,7 @@ class AllGatherAverager:
         except CodecError as exc:
             log.warning("round %d: cannot encode this worker's contribution: %s", round_id, exc)
             encoded = None
+        self.last_encoded = encoded
         result = await self.group.allgather_mean(encoded, self.compressor.codec,
                                                  [tuple(t.shape) for t in tensors], round_id)
         return Averaged(list(result.tensors), tuple(result.participants), int(result.bytes_sent))

@@ -83,10 +83,12 @@ class LocalMember:
         self.group = group
         self.rank = rank
         self.compressor = compressor
+        self.last_encoded: bytes | None = None   # this member's encoding, when its codec keeps state
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         flat = flatten(tensors)
         data = await in_compute_thread(self.compressor.encode, flat)
+        self.last_encoded = data if self.compressor.error_feedback else None
         result = self.group._contribute(round_id, self.rank, data)
         if len(self.group._rounds[round_id]) == self.group.world:
             await self.group._complete(round_id, flat.numel())
@@ -99,7 +101,8 @@ class LocalMember:
         return Averaged(unflatten(mean, tensors), tuple(range(world)), sent)
 
     def state_dict(self) -> dict:
-        return self.compressor.state_dict()
+        return self.compressor.state_dict() if self.compressor.error_feedback else {}
 
     def load_state_dict(self, state: dict) -> None:
-        self.compressor.load_state_dict(state)
+        if self.compressor.error_feedback:
+            self.compressor.load_state_dict(state)

@@ -8,9 +8,9 @@ data-parallel training would use, so the same tokens), and the others contribute
 then sets the parameters to the round's start minus the leader's pseudo-gradient (the mean times the
 participant count), with no outer optimizer. Each such round costs the bytes of an ordinary one.
 
-Segment hashes: one per outer step, the hash of this worker's pseudo-gradient. It depends only on the
-worker's state at the start of the outer step and its data shard, so a verifier replays it alone from
-a checkpoint (`segment_hash`).
+Segments: one per outer step. `segment_hashes` keeps the hash of this worker's pseudo-gradient per outer
+step; a `SegmentRecorder` (ml.train.segments) keeps the full per-segment records (checkpoint, averages,
+hashes) that a verifier replays alone (ml.compute.segment_replay, docs/adr/0167).
 """
 from __future__ import annotations
 
@@ -38,8 +38,6 @@ class DiLoCoTrainer(TrainerBase):
                                      momentum=self.spec.outer_momentum, nesterov=True)
         self.outer_step = 0
         self.leader_rounds = leader_rounds(self.spec)
-        self.checkpoints: dict[int, bytes] = {}   # outer step -> checkpoint at its start
-        self.keep_checkpoints = False
 
     @property
     def in_warm_start(self) -> bool:
@@ -85,36 +83,63 @@ class DiLoCoTrainer(TrainerBase):
         for p in self.params:
             p.grad = None
 
-    def segment_hash(self) -> str:
-        """Run this outer step's local segment (blocking) and return its hash, without averaging.
-
-        Used for replay: restore a checkpoint taken at the start of the outer step, then call this.
-        """
-        delta, _ = self._local_segment()
-        return hash_tensors(delta)
+    async def outer_round(self) -> float | None:
+        """One outer step (one segment): H local steps, the group's average of the pseudo-gradients, the
+        outer step; with a recorder, the checkpoint before and the record after. Returns the mean loss."""
+        recorder = self.recorder
+        if recorder is not None:
+            await recorder.begin(self, self.outer_step)
+        if self.fault is not None and self.fault.fake_segment(self.outer_step):
+            self.step += self.spec.inner_steps
+            delta, loss = [torch.zeros_like(p, device="cpu") for p in self.params], None
+        else:
+            delta, loss = await in_compute_thread(self._local_segment)
+        if self.fault is not None:
+            delta = self.fault.contribution(delta)
+        if recorder is not None:
+            await recorder.gradient(delta)
+        self.segment_hashes.append(hash_tensors(delta))
+        averaged = await self.averager.average(delta, round_id=self.outer_step)
+        if recorder is not None:
+            await recorder.averaged(averaged.tensors)
+        await in_compute_thread(self._outer_apply, averaged.tensors, len(averaged.participants))
+        self.outer_step += 1
+        self.bytes_sent += averaged.bytes_sent
+        self.last_participants = averaged.participants
+        if recorder is not None:
+            await recorder.end(self)
+        return loss
 
     async def run(self, until_outer_step: int | None = None) -> dict:
         """Train up to `until_outer_step` outer steps (default: all); returns the final evaluation."""
         total = self.spec.outer_steps
         target = total if until_outer_step is None else min(until_outer_step, total)
         while self.outer_step < target:
-            if self.keep_checkpoints:
-                self.checkpoints[self.outer_step] = self.checkpoint()
-            delta, loss = await in_compute_thread(self._local_segment)
+            loss = await self.outer_round()
             if loss is not None:
                 self._record_loss(loss)
-            self.segment_hashes.append(hash_tensors(delta))
-            averaged = await self.averager.average(delta, round_id=self.outer_step)
-            await in_compute_thread(self._outer_apply, averaged.tensors, len(averaged.participants))
-            self.outer_step += 1
-            self.bytes_sent += averaged.bytes_sent
-            self.last_participants = averaged.participants
             if self.outer_step < total:
                 self._report(outer_step=self.outer_step,
                              metrics=await self.evaluate() if self.eval_due() else None)
         metrics = await self.evaluate()
         self._report(outer_step=self.outer_step, metrics=metrics)
         return metrics
+
+    def training_state(self) -> dict:
+        state = super().training_state()
+        state["outer"] = self.outer.state_dict()
+        state["outer_step"] = self.outer_step
+        return state
+
+    def load_training_state(self, state: dict) -> None:
+        super().load_training_state(state)
+        if not isinstance(state.get("outer_step"), int):
+            raise ValueError("not a DiLoCo training state")
+        self.outer.load_state_dict(state["outer"])
+        self.outer_step = state["outer_step"]
+
+    def state_marker(self) -> tuple:
+        return (self.step, self.outer_step)
 
     def state_dict(self) -> dict:
         state = super().state_dict()

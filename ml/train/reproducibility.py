@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ml.profiles import configure_portable_torch
+
 _configured_threads: int | None = None
 _T = TypeVar("_T")
 
@@ -36,6 +38,7 @@ def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    configure_portable_torch(torch)   # the portable CPU profile keeps ops off oneDNN (docs/adr/0166)
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     _configured_threads = threads
@@ -60,7 +63,8 @@ async def in_compute_thread(func: Callable[..., _T], *args: Any) -> _T:
 def _update(digest, name: str, tensor: torch.Tensor) -> None:
     t = tensor.detach().cpu().contiguous()
     digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if t.numel():
+        digest.update(t.view(-1).view(torch.uint8).numpy())   # the raw bytes, without a copy
 
 
 def hash_tensors(tensors: Iterable[torch.Tensor]) -> str:

@@ -14,8 +14,10 @@ from ml.codecs import powersgd_rank
 from ml.train.averaging import Averager, LocalAveragingGroup
 from ml.train.data_parallel import DataParallelTrainer
 from ml.train.diloco import DiLoCoTrainer
+from ml.train.faults import install as install_fault
 from ml.train.powersgd_averager import PowerSGDAverager
 from ml.train.progress import ProgressFeed
+from ml.train.segments import MemorySink, SegmentRecorder
 from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase
 
@@ -50,6 +52,19 @@ def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = Non
     group = LocalAveragingGroup(world, plain_codec, spec.codec_options)
     return [make_trainer(spec, rank, world, with_codec_layer(spec, group.member(rank)), feed, files)
             for rank in range(world)]
+
+
+def build_recorded(spec: TrainSpec, world: int, faults: Mapping[int, str] | None = None,
+                   files: Mapping[str, Path] | None = None, fault_seed: int | None = 0) -> tuple[list[TrainerBase],
+                                                                                             MemorySink]:
+    """`build_simulated` with every worker keeping per-segment records (checkpoints and averages in
+    one MemorySink; `trainer.recorder.records`), and the given ranks running adversary modes."""
+    trainers = build_simulated(spec, world, files=files)
+    sink = MemorySink()
+    for trainer in trainers:
+        SegmentRecorder(sink).attach(trainer)
+        install_fault(trainer, (faults or {}).get(trainer.rank, ""), fault_seed)
+    return trainers, sink
 
 
 async def run_trainers(trainers: list[TrainerBase]) -> SimulatedRun:

@@ -47,7 +47,7 @@ class TrainSpec:
     inner_steps: int = 50         # DiLoCo H: local steps per outer step
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    segment_steps: int = 10       # data-parallel: one segment hash every this many steps
+    segment_steps: int = 10       # data-parallel: steps per committed segment (DiLoCo: one per outer step)
     report_every: int = 10        # steps between progress reports
     threads: int = 1              # torch intra-op threads (part of the reproducibility contract)
     model_artifact: str = ""      # artifact id of a torch.export archive (.pt2); then model == "pt2"
@@ -109,6 +109,23 @@ class TrainSpec:
     @property
     def outer_steps(self) -> int:
         return self.steps // self.inner_steps
+
+    @property
+    def segment_count(self) -> int:
+        """Segments a worker commits (docs/adr/0167): data-parallel ceil(steps / segment_steps), DiLoCo
+        one per outer step."""
+        if self.mode == "diloco":
+            return self.outer_steps
+        return -(-self.steps // self.segment_steps)
+
+    def steps_in_segment(self, index: int) -> int:
+        """Hashed steps in segment `index`: optimizer steps (data-parallel; the last segment may be
+        shorter) or 1 (a DiLoCo outer step)."""
+        if not 0 <= index < self.segment_count:
+            raise ValueError(f"segment {index} outside the spec's {self.segment_count}")
+        if self.mode == "diloco":
+            return 1
+        return min(self.segment_steps, self.steps - index * self.segment_steps)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine decay."""

@@ -3,7 +3,6 @@ state hashes and progress reports. Torch work runs in a worker thread, never on 
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from ml.train.inputs import build_inputs
 from ml.train.progress import ProgressFeed, TrainProgress
 from ml.train.reproducibility import configure_determinism, hash_state, in_compute_thread
 from ml.train.spec import TrainSpec
+from ml.train.state_file import load_state, state_bytes
 from ml.train.weights import weights_bytes
 
 
@@ -50,12 +50,18 @@ class TrainerBase:
         self.bytes_sent = 0
         self.segment_hashes: list[str] = []
         self.last_participants: tuple = ()
+        self.recorder = None   # ml.train.segments.SegmentRecorder, when per-segment records are kept
+        self.fault = None      # ml.train.faults.Fault: adversary modes for tests and benchmarks only
         self._loss_sum = 0.0
         self._loss_count = 0
 
     # -- local computation (called in a worker thread) -------------------------------------------
     def _gradients(self, step: int) -> float:
         """Forward/backward on this worker's batch for `step`; leaves gradients in `p.grad`."""
+        if self.fault is not None:
+            faked = self.fault.gradients(self, step)
+            if faked is not None:
+                return faked
         x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
         return self._backward(x, y)
 
@@ -97,14 +103,34 @@ class TrainerBase:
         if "averager" in state and hasattr(self.averager, "load_state_dict"):
             self.averager.load_state_dict(state["averager"])
 
+    def training_state(self) -> dict:
+        """Everything that determines how this worker continues (model, optimizer, codec state such
+        as error-feedback residuals, step): what a segment checkpoint holds."""
+        averager = self.averager.state_dict() if hasattr(self.averager, "state_dict") else {}
+        return {"model": self.model.state_dict(), "inner": self.inner.state_dict(), "averager": averager,
+                "step": self.step}
+
+    def load_training_state(self, state: dict) -> None:
+        """Continue from `training_state()` output; ValueError/KeyError/TypeError/RuntimeError if it does
+        not fit this trainer."""
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise ValueError("not a training state")
+        self.model.load_state_dict(state["model"])
+        self.inner.load_state_dict(state["inner"])
+        if hasattr(self.averager, "load_state_dict"):
+            self.averager.load_state_dict(state["averager"])
+        self.step = state["step"]
+
+    def state_marker(self) -> tuple:
+        """Changes whenever the training state does (between segments)."""
+        return (self.step,)
+
     def checkpoint(self) -> bytes:
-        """The full training state of this worker as bytes (torch.save)."""
-        buffer = io.BytesIO()
-        torch.save(self.state_dict(), buffer)
-        return buffer.getvalue()
+        """The full training state of this worker as deterministic safetensors bytes (ml.train.state_file)."""
+        return state_bytes(self.training_state())
 
     def restore(self, checkpoint: bytes) -> None:
-        self.load_state_dict(torch.load(io.BytesIO(checkpoint), weights_only=True))
+        self.load_training_state(load_state(checkpoint))
 
     def params_hash(self) -> str:
         """sha256 of the model parameters and buffers."""

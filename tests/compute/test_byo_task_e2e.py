@@ -1,7 +1,8 @@
 """End to end on a local devnet (2 validators + 4 compute node processes) with the owner's own model: the
 owner's node holds a .pt2 archive and an .npz dataset, submits a task naming them with its addresses
-as `sources`; the 3 workers fetch them, train, commit the weights' artifact id; the 4th node audits
-by replay (fetching the inputs too); the owner follows a worker's progress live over
+as `sources` (and the portable CPU profile, as the CLI does); the 3 workers fetch them, train, commit
+the weights' artifact id; the ledger-drawn verifiers replay a drawn segment of each worker (fetching
+the inputs too) and every audit slot ends ok; the owner follows a worker's progress live over
 /dekube/task-progress/1.0.0 and fetches the weights from the workers, checking them against the
 ledger's result. An untrainable task (the dataset does not fit the model) is rejected by the workers
 with the reason and refunded minus the reject fee, with no reputation lost; a worker killed mid-task
@@ -24,7 +25,7 @@ from ml.compute.progress_protocol import follow_progress
 from ml.compute.task_spec import submit_payload
 from ml.train.spec import TrainSpec
 from node.artifacts import artifact_id_of_file
-from tests.compute.test_task_flow_e2e import balance_plus_fees, http_json, wait_for_step
+from tests.compute.test_task_flow_e2e import PROFILE, balance_plus_fees, http_json, wait_for_step
 from tests.ml.byo import digits_cnn_archive, digits_npz
 
 pytestmark = pytest.mark.timeout(420)
@@ -64,7 +65,7 @@ def owner_sources(node) -> list[str]:
 async def submit(net, node, spec: TrainSpec) -> str:
     faucet = net.testnet.faucet()
     nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
-    payload = {**submit_payload(spec, 3, PRICE), "sources": owner_sources(node)}
+    payload = {**submit_payload(spec, 3, PRICE, PROFILE), "sources": owner_sources(node)}
     tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload)
     rpc(net, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
@@ -115,7 +116,9 @@ def test_own_model_trained_weights_fetched_and_progress_followed(devnet, inputs)
             return spec, task, updates, artifact_id_of_file(path), load_file(str(path))
 
     spec, task, updates, fetched_id, weights = asyncio.run(scenario())
-    assert len(task["commits"]) == 3 and all(a[3] for a in task["audits"]) and len(task["audits"]) == 3
+    assert len(task["commits"]) == 3 and len(task["slots"]) == 3 * 2   # audits_per_worker slots per worker
+    assert all(slot["outcome"] == "ok" for slot in task["slots"]), task["slots"]
+    assert {slot["worker"] for slot in task["slots"]} == set(task["workers"])
     assert {commit[1] for commit in task["commits"].values()} == {task["result"]}   # all agree on the weights
     assert fetched_id == task["result"]
     assert set(weights) == {"conv.weight", "conv.bias", "fc.weight", "fc.bias"}   # loads into the owner's model

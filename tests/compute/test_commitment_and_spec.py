@@ -1,11 +1,12 @@
-"""Commitments (Merkle root, audited segment choice) and the ledger <-> TrainSpec mapping."""
+"""Commitments (the root of the segment records) and the ledger <-> TrainSpec mapping."""
 import hashlib
 
 import pytest
 
 from consensus.encoding import encode
 from consensus.tx import build_tx, decode_tx
-from ml.compute.commitment import BadCommitment, Commitment, audited_segment, merkle_root
+from ml.compute.commitment import BadCommitment, Commitment
+from ml.compute.segment_record import SegmentRecord, StepHashes, leaves, root
 from ml.compute.task_spec import InvalidTask, model_name, submit_payload, train_spec_for_task
 from ml.train.spec import TrainSpec
 from node.identity import Identity
@@ -15,41 +16,14 @@ def h(i: int) -> str:
     return hashlib.sha256(str(i).encode()).hexdigest()
 
 
-def test_merkle_root_binds_every_leaf_and_the_order():
-    hashes = [h(i) for i in range(5)]
-    root = merkle_root(hashes)
-    assert len(root) == 32 and merkle_root(list(hashes)) == root
-    assert merkle_root(hashes[:4]) != root
-    assert merkle_root(hashes + [hashes[-1]]) != root          # padding is not a no-op
-    assert merkle_root([hashes[1], hashes[0]] + hashes[2:]) != root
-    for i in range(5):
-        changed = list(hashes)
-        changed[i] = h(100 + i)
-        assert merkle_root(changed) != root
-    assert merkle_root([hashes[0]]) == hashlib.sha256(b"\x00" + bytes.fromhex(hashes[0])).digest()
-
-
-@pytest.mark.parametrize("bad", [[], ["zz"], ["ab" * 31], [123]])
-def test_merkle_root_rejects_bad_hashes(bad):
-    with pytest.raises(BadCommitment):
-        merkle_root(bad)
-
-
 def test_commitment_payload_is_a_valid_commit_result_tx():
-    commitment = Commitment.of([h(1), h(2), h(3)], h(9))
-    assert commitment.segments == 3 and commitment.result_hash == bytes.fromhex(h(9))
+    record = SegmentRecord(0, h(1), h(2), h(3), (StepHashes(h(4), h(5), h(6)),), h(7))
+    commitment = Commitment.of_records(bytes(32), "w", [record], h(9))
+    assert commitment.segments == 1 and commitment.result_hash == bytes.fromhex(h(9))
     tx = build_tx(Identity.generate(), "c", 0, "commit_result", commitment.payload(bytes(32)))
-    assert decode_tx(tx.raw).payload["segments_root"] == merkle_root([h(1), h(2), h(3)])
-
-
-def test_audited_segment_is_deterministic_in_range_and_spread():
-    seed = bytes(range(32))
-    picks = {audited_segment(seed, f"v{i}", "w", 10) for i in range(200)}
-    assert picks == set(range(10))
-    assert audited_segment(seed, "v", "w", 10) == audited_segment(seed, "v", "w", 10)
-    assert audited_segment(seed, "v", "w", 1) == 0
-    with pytest.raises(ValueError):
-        audited_segment(seed, "v", "w", 0)
+    assert decode_tx(tx.raw).payload["segments_root"] == root(leaves(bytes(32), "w", [record]))
+    with pytest.raises(BadCommitment):
+        Commitment.of_records(bytes(32), "w", [record], "ab" * 31)
 
 
 def test_task_spec_round_trip_through_the_ledger_payload():

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from ml.compute.replay import replay_job
+from devtools.job_replay import replay_job
 from ml.job.participation import InconsistentRecord, departure_step, departures
 from ml.train.spec import TrainSpec
 

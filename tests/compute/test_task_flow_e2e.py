@@ -1,10 +1,13 @@
-"""End to end on a local devnet (2 validators + 4 compute node processes): a digits task is assigned to
-3 workers, trained with an int8 all-reduce over the nodes' p2p Host, committed, audited by replay on
-the 4th node and paid from escrow; then a worker restarted to commit falsified segment hashes is
-caught by the audit, slashed and not paid; last, a worker SIGKILLed mid-task: the other two finish,
-commit, and once the commit grace has passed are audited (replaying the departure) and paid, the
-absent worker's share going back to the owner. Balances move by exactly the payouts (fees aside);
-supply is conserved.
+"""End to end on a local devnet (2 validators + 4 compute node processes running the portable CPU
+profile): a digits task is assigned to 3 workers, trained with an int8 all-reduce over the nodes' p2p
+Host and committed; the ledger draws `audits_per_worker` audit slots per worker (docs/adr/0168), the
+drawn verifiers replay their slot's segment and answer with evidence, every slot ends ok and the task
+is paid from escrow. Then a worker restarted to commit falsified segment hashes is caught: its
+verifiers answer a mismatch, it disputes, the referees confirm, it is slashed and unpaid while its
+co-workers are paid. Last, a worker SIGKILLed mid-task: the other two finish, commit, and once the
+commit grace has passed are audited (replaying the departure) and paid, the absent worker's share
+going back to the owner. Payouts are checked against the settlement rule re-derived from the slots;
+balances move by exactly the payouts (fees aside); supply is conserved.
 """
 import json
 import time
@@ -18,6 +21,7 @@ from consensus.state.tasks import task_id_for, worker_weight
 from consensus.tx import DEFAULT_FEE, build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
+from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.spec import TrainSpec
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,6 +29,8 @@ pytestmark = pytest.mark.timeout(240)
 SPEC = TrainSpec(codec="int8", steps=20, segment_steps=5)
 PRICE = 100_000
 PARAMS = {"verifier_share_bps": 500, "relay_share_bps": 1_000, "slash_mismatch_bps": 1_000}
+VERIFIER_POOL = PRICE * 500 // 10_000
+WORKER_SHARE = (PRICE - VERIFIER_POOL - PRICE * 1_000 // 10_000) // 3
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +47,13 @@ def rpc(net, method, *params):
     return rpcclient.call(net.rpc_url, method, *params)
 
 
+PROFILE = portable_cpu_profile(torch_release())   # what `dekube-node task submit` names for a cpu task
+
+
 def submit(net, spec: TrainSpec = SPEC) -> str:
     faucet = net.testnet.faucet()
     nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
-    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 3, PRICE))
+    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 3, PRICE, PROFILE))
     rpc(net, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
 
@@ -83,6 +92,57 @@ def check_supply(net) -> None:
     assert supply["total"] == supply["genesis"], supply
 
 
+def answer_key(answer: dict | None):
+    return None if answer is None else (answer["match"], answer["evidence"])
+
+
+def check_slots(task: dict, workers: list[str], guilty: frozenset[str] = frozenset()) -> None:
+    """Every committed worker has its audit slots, each resolved: ``guilty`` for the workers in
+    ``guilty`` (a mismatch the referees confirmed), ``ok`` for the others; verifiers and referees are
+    never the owner or the audited worker, and an honest party's answer equals the verdict."""
+    slots = task["slots"]
+    assert slots and sorted({s["worker"] for s in slots}) == sorted(workers), slots
+    assert [s["slot"] for s in slots] == list(range(len(slots)))
+    for slot in slots:
+        worker = slot["worker"]
+        parties = [v["verifier"] for v in slot["verifiers"]] + [r["referee"] for r in slot["referees"]]
+        assert worker not in parties and task["owner"] not in parties, slot
+        assert 0 <= slot["segment"] < task["segments"] and len(bytes.fromhex(slot["salt"])) == 32
+        verdict = answer_key(slot["verdict"])
+        if worker in guilty:
+            assert slot["outcome"] == "guilty" and verdict[0] is False, slot
+            assert slot["dispute"] is not None and slot["referees"], slot   # the cheater disputed; referees decided
+        else:
+            assert slot["outcome"] == "ok" and verdict[0] is True and not slot["referees"], slot
+            answered = [v for v in slot["verifiers"] if v["answer"] is not None]
+            assert answered and all(answer_key(v["answer"]) == verdict for v in answered), slot
+
+
+def expected_payouts(task: dict, paid_workers: list[str]) -> dict[str, int]:
+    """The settlement (docs/adr/0168) re-derived from the resolved slots: each worker not found guilty
+    gets its full share; the verifier pool is split equally over the slots with at least one answer
+    (or referee vote) equal to the verdict, a slot's part equally among those; the owner gets the rest."""
+    out = {w: WORKER_SHARE for w in paid_workers}
+    payees_by_slot = []
+    for slot in task["slots"]:
+        verdict = answer_key(slot["verdict"])
+        payees = [v["verifier"] for v in slot["verifiers"] if answer_key(v["answer"]) == verdict]
+        payees += [r["referee"] for r in slot["referees"] if answer_key(r["vote"]) == verdict]
+        if verdict is not None and payees:
+            payees_by_slot.append(payees)
+    for payees in payees_by_slot:
+        for peer in payees:
+            out[peer] = out.get(peer, 0) + VERIFIER_POOL // len(payees_by_slot) // len(payees)
+    out[task["owner"]] = PRICE - sum(out.values())
+    return out
+
+
+def judges(task: dict) -> set[str]:
+    """The verifiers and referees that answered one of the task's slots."""
+    return ({v["verifier"] for s in task["slots"] for v in s["verifiers"] if v["answer"] is not None}
+            | {r["referee"] for s in task["slots"] for r in s["referees"] if r["vote"] is not None})
+
+
 def http_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
@@ -99,18 +159,18 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     task = wait_paid(devnet, task_id)
     owner, workers = task["owner"], task["workers"]
     assert len(workers) == 3 and len(task["commits"]) == 3
-    roots = {commit[0] for commit in task["commits"].values()}
-    assert len(roots) == 1   # data-parallel: every worker holds the same segment hashes
-    verifiers = {audit[0] for audit in task["audits"]}
-    assert len(verifiers) == 1 and not verifiers & set(workers)
-    assert sorted(a[1] for a in task["audits"]) == sorted(workers) and all(a[3] for a in task["audits"])
-    verifier = verifiers.pop()
-    worker_share = (PRICE - PRICE * 500 // 10_000 - PRICE * 1_000 // 10_000) // 3
-    expected = {**{w: worker_share for w in workers}, verifier: PRICE * 500 // 10_000}
-    expected[owner] = PRICE - sum(expected.values())
+    assert task["profile"] == PROFILE and task["segments"] == SPEC.segment_count
+    # data-parallel: every worker ends with the same weights, but each commits its own segment records
+    # (its own gradients; the leaves name the worker, docs/adr/0167)
+    assert len({commit[1] for commit in task["commits"].values()}) == 1
+    assert len({commit[0] for commit in task["commits"].values()}) == 3
+    assert len(task["slots"]) == 3 * 2   # audits_per_worker (default 2) slots per committed worker
+    check_slots(task, workers)
+    expected = expected_payouts(task, workers)
     assert task["payouts"] == expected
+    assert sum(expected.values()) == PRICE and sum(v for p, v in expected.items() if p != owner) > 3 * WORKER_SHARE
     after = balances(devnet)
-    for peer in workers + [verifier]:
+    for peer in set(expected) - {owner}:
         assert after[peer] - before[peer] == expected[peer]
     assert after[owner] - before[owner] == expected[owner] - PRICE
     check_supply(devnet)
@@ -128,20 +188,27 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
             rpc(devnet, "dkb_getNode", workers[0])["hardware"]["bandwidth_mbps"] == 100:
         assert time.monotonic() < deadline, (measured, rpc(devnet, "dkb_getNode", workers[0]))
         time.sleep(0.5)
-    verifier_node = next(n for n in devnet.compute if n.peer_id == verifier)
-    # the task can be paid (by a worker) before the verifier has seen its last audit's receipt
-    deadline = time.monotonic() + 15
-    while 'dekube_compute_audits_total{verdict="match"} 3.0' not in metrics_text(verifier_node):
-        assert time.monotonic() < deadline, metrics_text(verifier_node)
-        time.sleep(0.2)
+    # each node that answered an audit counted it (the task can be paid, by a worker, before a verifier
+    # has seen its last answer's receipt)
+    answers: dict[str, int] = {}
+    for slot in task["slots"]:
+        for v in slot["verifiers"]:
+            if v["answer"] is not None:
+                answers[v["verifier"]] = answers.get(v["verifier"], 0) + 1
+    for peer, count in answers.items():
+        node = next(n for n in devnet.compute if n.peer_id == peer)
+        deadline = time.monotonic() + 15
+        while f'dekube_compute_audits_total{{verdict="match"}} {count}.0' not in metrics_text(node):
+            assert time.monotonic() < deadline, metrics_text(node)
+            time.sleep(0.2)
 
 
 @pytest.mark.slow
 def test_diloco_task_per_worker_segments_are_audited_and_paid(devnet):
     task = wait_paid(devnet, submit(devnet, TrainSpec(mode="diloco", codec="int8", steps=30, inner_steps=10)))
     assert len({commit[0] for commit in task["commits"].values()}) == 3   # pseudo-gradients differ per worker
-    assert len(task["audits"]) == 3 and all(audit[3] for audit in task["audits"])
-    assert all(task["payouts"][w] > 0 for w in task["workers"])
+    check_slots(task, task["workers"])
+    assert task["payouts"] == expected_payouts(task, task["workers"])
     check_supply(devnet)
 
 
@@ -166,18 +233,29 @@ def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
 
     task = wait_paid(devnet, submit(devnet))
     assert cheater.peer_id in task["workers"] and cheater.peer_id in task["commits"]
-    verdicts = {audit[1]: audit[3] for audit in task["audits"]}
-    assert verdicts == {w: w != cheater.peer_id for w in task["workers"]}
-    assert cheater.peer_id not in task["payouts"]
+    check_slots(task, task["workers"], guilty=frozenset({cheater.peer_id}))
     honest = [w for w in task["workers"] if w != cheater.peer_id]
-    assert all(task["payouts"][w] > 0 for w in honest)
+    expected = expected_payouts(task, honest)   # the cheater may still earn a verifier's share
+    assert task["payouts"] == expected
+    assert all(task["payouts"][w] >= WORKER_SHARE for w in honest)
+    assert task["payouts"].get(cheater.peer_id, 0) < WORKER_SHARE
     after = balances(devnet)
-    assert after[cheater.peer_id] == before[cheater.peer_id]
-    for peer in honest:
-        assert after[peer] - before[peer] == task["payouts"][peer]
+    for peer in set(expected) - {task["owner"]}:
+        assert after[peer] - before[peer] == expected[peer]
+    assert after[cheater.peer_id] - before[cheater.peer_id] == expected.get(cheater.peer_id, 0)
     assert rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"] == stake_before - stake_before * 1_000 // 10_000
+    assert all(rpc(devnet, "dkb_getStake", peer)["bonded"] > 0 for peer in judges(task))
     assert rpc(devnet, "dkb_getNode", cheater.peer_id)["reputation"] < 0 + 1   # +1 then -10
     check_supply(devnet)
+    # back to honest for what follows; the restarted node bonds its configured stake again (a balance
+    # move the next test must not see)
+    devnet.testnet.stop_node(cheater, timeout=5)
+    devnet.start_compute(cheater)
+    devnet.wait_registered([cheater], 60)
+    deadline = time.monotonic() + 30
+    while rpc(devnet, "dkb_getStake", cheater.peer_id)["bonded"] != stake_before:
+        assert time.monotonic() < deadline, rpc(devnet, "dkb_getStake", cheater.peer_id)
+        time.sleep(0.3)
 
 
 def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
@@ -187,11 +265,19 @@ def test_task_cli_lists_shows_and_reports_payouts(devnet, capsys):
     tasks = json.loads(capsys.readouterr().out)
     assert tasks and all(t["status"] == "paid" for t in tasks)
     task_id = tasks[-1]["task_id"]
+    task = rpc(devnet, "dkb_getTask", task_id)
     assert cli_main(["task", "show", task_id, "--rpc", devnet.rpc_url]) == 0
-    assert "status:     paid" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "status:     paid" in out and f"audit slots ({len(task['slots'])}, profile {PROFILE}):" in out
+    for slot in task["slots"]:   # each slot: its outcome, segment, worker, and each verifier's answer
+        head = f"  slot {slot['slot']}  {slot['outcome']:9}  segment {slot['segment']} of {slot['worker'][:16]}.."
+        assert head in out
+        for v in slot["verifiers"]:
+            assert f"verifier {v['verifier'][:16]}..  " in out
     assert cli_main(["task", "wait", task_id, "--rpc", devnet.rpc_url]) == 0
     out = capsys.readouterr().out
-    assert "verifier" in out and out.count(" worker ") == 3
+    assert "audit slots" in out and "verifier" in out
+    assert sum(f"  {w}  worker " in out for w in task["workers"]) == 3
     assert cli_main(["task", "show", "00" * 32, "--rpc", devnet.rpc_url]) == 1
 
 
@@ -226,15 +312,17 @@ def test_worker_killed_mid_task_the_others_are_audited_and_paid(devnet):
     assert sorted(task["commits"]) == survivors
     quorum_height = max(commit[3] for commit in task["commits"].values())
     assert task["commit_deadline"] == quorum_height + 200 // 4 < task["assigned_height"] + 200  # the grace
-    assert sorted(a[1] for a in task["audits"]) == survivors and all(a[3] for a in task["audits"])
-    verifier = task["audits"][0][0]
-    worker_share = (PRICE - PRICE * 500 // 10_000 - PRICE * 1_000 // 10_000) // 3
-    expected = {**{w: worker_share for w in survivors}, verifier: PRICE * 500 // 10_000}
-    expected[task["owner"]] = PRICE - sum(expected.values())   # the absent worker's share comes back
-    assert task["payouts"] == expected
+    check_slots(task, survivors)
+    assert victim.peer_id not in judges(task)   # drawn or not, a dead node answers nothing
+    for slot in task["slots"]:   # a slot that drew it got a redrawn verifier at its deadline, which answered
+        if any(v["verifier"] == victim.peer_id for v in slot["verifiers"]):
+            redrawn = [v for v in slot["verifiers"] if v["redraw"]]
+            assert redrawn and all(v["answer"] is not None for v in redrawn), slot
+    expected = expected_payouts(task, survivors)   # the absent worker's share comes back to the owner
+    assert task["payouts"] == expected and expected[task["owner"]] >= WORKER_SHARE
     after = balances(devnet)
     assert after[victim.peer_id] == before[victim.peer_id]
-    for peer in survivors + [verifier]:
+    for peer in set(expected) - {task["owner"]}:
         assert after[peer] - before[peer] == expected[peer]
     assert rpc(devnet, "dkb_getNode", victim.peer_id)["active_tasks"] == 0
     survivor_node = next(n for n in devnet.compute if n.peer_id == survivors[0])

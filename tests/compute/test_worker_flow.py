@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from consensus.tx import HARDWARE
+from consensus.tx import HARDWARE, OptionalField
 from ml.compute import role as role_module
 from ml.compute.role import READY_TIMEOUT_S, hardware_record, ready_timeout
 from ml.compute.task_inputs import fetch_inputs, source_peers
@@ -69,7 +69,7 @@ def make_role(tmp_path):
 
 def task_doc(role, **extra):
     workers = sorted([role.node.peer_id, W2, W3])
-    return {"task_id": "11" * 32, "status": "assigned", "workers": workers, "commits": {}, "audits": [],
+    return {"task_id": "11" * 32, "status": "assigned", "workers": workers, "commits": {}, "slots": [],
             "owner": OWNER, "sources": [SOURCE, "junk"], "device": "cpu",
             "spec": {"model": "digits-mlp", "dataset": "digits", "codec": "int8", "sync_mode": "allreduce",
                      "hyperparams": {"steps": 4}}, **extra}
@@ -194,10 +194,14 @@ def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monk
 def test_hardware_record_has_exactly_the_ledger_fields():
     record = hardware_record({"gpu": "NVIDIA H100 80GB HBM3" + "x" * 100, "gpu_mem_mb": 81559,
                               "gpu_tflops": 51.3, "cuda_devices": 1}, 2_000_000)
-    assert set(record) == set(HARDWARE)
+    assert set(record) == {name for name, check in HARDWARE.items() if not isinstance(check, OptionalField)}
     assert record["gpu"].startswith("NVIDIA H100") and len(record["gpu"]) == 64
     assert record["gpu_mem_mb"] == 81559 and record["bandwidth_mbps"] == 10**6
-    assert all(type(v) in (int, str) for v in record.values())        # the ledger has no floats
+    scalars = {name: v for name, v in record.items() if name != "profiles"}
+    assert all(type(v) in (int, str) for v in scalars.values())        # the ledger has no floats
+    assert record["profiles"] == []   # execution profiles (ADR 0166): a list of ids, none detected here
+    profile = "cpu-x86-64-avx2/torch-2.13.0"
+    assert hardware_record({"profiles": [profile]}, 90)["profiles"] == [profile]
     assert hardware_record({}, 90)["gpu"] == "" and hardware_record({}, 90)["bandwidth_mbps"] == 90
 
 

@@ -19,9 +19,12 @@ def random_tx(draw, chain, submitted):
     other = draw(st.sampled_from(PEOPLE))
     amount = draw(st.integers(1, 400_000))
     task_id = draw(st.sampled_from(submitted)) if submitted and draw(st.booleans()) else b"\x07" * 32
+    slot_index = draw(st.integers(0, 5))
+    match = draw(st.booleans())
+    evidence = draw(st.sampled_from([b"\xe0" * 32, b"\xe1" * 32]))
     kind = draw(st.sampled_from(["transfer", "bond", "unbond", "register_node", "submit_task", "cancel_task",
-                                 "commit_result", "reject_task", "audit_result", "dispute", "finalize",
-                                 "relay_receipt"]))
+                                 "commit_result", "reject_task", "audit_result", "dispute", "referee_vote",
+                                 "finalize", "relay_receipt"]))
     payloads = {
         "transfer": {"to": other.peer_id, "amount": amount},
         "bond": {"amount": amount},
@@ -34,19 +37,25 @@ def random_tx(draw, chain, submitted):
         "cancel_task": {"task_id": task_id},
         "commit_result": {"task_id": task_id, "segments_root": b"\x01" * 32, "result_hash": b"\x02" * 32,
                           "segments": 4},
-        "audit_result": {"task_id": task_id, "worker": other.peer_id, "segment": 1, "match": draw(st.booleans())},
+        "audit_result": {"task_id": task_id, "slot": slot_index, "match": match, "evidence": evidence,
+                         "step": 0 if match else draw(st.integers(0, 3))},
         "reject_task": {"task_id": task_id, "reason": "untrainable"},
-        "dispute": {"task_id": task_id},
+        "dispute": {"task_id": task_id, "slot": slot_index},
+        "referee_vote": {"task_id": task_id, "slot": slot_index, "match": match, "evidence": evidence},
         "finalize": {"task_id": task_id},
     }
     task = chain.ledger.state.tasks.get(task_id)
-    if task is not None and task.workers and kind in ("commit_result", "reject_task", "dispute", "audit_result"):
-        chosen = draw(st.sampled_from(task.workers))
-        worker = next(p for p in PEOPLE if p.peer_id == chosen)
-        if kind == "audit_result":
-            payloads[kind]["worker"] = worker.peer_id  # audited by whoever was drawn
-        else:
-            who = worker  # steer toward transactions that succeed
+    by_id = {p.peer_id: p for p in PEOPLE}
+    if task is not None and task.workers and kind in ("commit_result", "reject_task"):
+        who = by_id[draw(st.sampled_from(task.workers))]  # steer toward transactions that succeed
+    if task is not None and task.slots and kind in ("audit_result", "dispute", "referee_vote"):
+        slot = task.slots[slot_index % len(task.slots)]
+        payloads[kind]["slot"] = slot["slot"]
+        parties = {"audit_result": [v["verifier"] for v in slot["verifiers"]], "dispute": [slot["worker"]],
+                   "referee_vote": [r["referee"] for r in slot["referees"]]}[kind]
+        parties = [peer_id for peer_id in parties if peer_id in by_id]
+        if parties:
+            who = by_id[draw(st.sampled_from(parties))]
     if kind == "relay_receipt":
         src, dst = draw(st.permutations(PEOPLE))[:2]
         receipt = {"relay": who.peer_id, "src": src.peer_id, "dst": dst.peer_id, "payer": src.peer_id,
@@ -64,7 +73,8 @@ def random_tx(draw, chain, submitted):
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
     chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
-                                                 task_assign_timeout=6, reject_fee=25))
+                                                 task_assign_timeout=6, reject_fee=25, audit_answer_blocks=3,
+                                                 dispute_blocks=2))
     chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (
         chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                       "hardware": GPU_HW if i % 2 else HW}),

@@ -2,9 +2,10 @@
 once a majority committed and the grace has passed; the absent worker is not paid (its share goes
 back to the owner), supply is conserved, and replicas (and a reloaded state) agree on every step."""
 import pytest
-from test_ledger_kit import CHAIN, Chain, ident
+from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ident
 
 from consensus.block import build_block
+from consensus.genesis import Params
 from consensus.state.ledger import Ledger
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import LedgerState
@@ -20,11 +21,14 @@ HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwid
 
 @pytest.fixture
 def chain():
-    chain = Chain()
+    chain = Chain(params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+                                audits_per_worker=1, audit_double_bps=0))
     for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                            "hardware": HARDWARE})
         chain.ok(worker, "bond", {"amount": bond})
+    chain.ok(VERIFIER, "register_node", {"roles": ["verifier"], "listen_addrs": [], "relay_addrs": [],
+                                         "hardware": HARDWARE})
     chain.ok(VERIFIER, "bond", {"amount": 500})
     return chain
 
@@ -40,9 +44,9 @@ def commit(chain, who, task_id):
                                             "result_hash": b"\x22" * 32, "segments": 4})
 
 
-def audit(chain, worker, task_id, match=True):
-    return chain.run(VERIFIER, "audit_result", {"task_id": task_id, "worker": worker.peer_id, "segment": 1,
-                                                "match": match})
+def audit(chain, task_id, slot=0, match=True):
+    return chain.run(VERIFIER, "audit_result", {"task_id": task_id, "slot": slot, "match": match,
+                                                "evidence": HONEST_EVIDENCE, "step": 0})
 
 
 def test_quorum_is_a_strict_majority_and_grace_follows_the_timeout(chain):
@@ -60,7 +64,7 @@ def test_absent_worker_does_not_hold_the_task_open_and_is_not_paid(chain):
     assert commit(chain, W2, task_id).code == TxCode.OK
     quorum_height = chain.ledger.height
     assert task.commit_deadline == quorum_height + commit_grace(chain.params)
-    assert audit(chain, W1, task_id).code == TxCode.BAD_STATE   # no audits while commits may come
+    assert audit(chain, task_id).code == TxCode.BAD_STATE   # no audits while commits may come
     chain.empty_blocks(task.commit_deadline - chain.ledger.height - 1)
     assert task.status == TaskStatus.RUNNING       # the last worker may still commit in the next block
     result = chain.block()                          # the deadline block: the phase closes at its end
@@ -68,18 +72,22 @@ def test_absent_worker_does_not_hold_the_task_open_and_is_not_paid(chain):
     assert task.window_end == chain.ledger.height + chain.params.audit_window
     assert {"type": "audit_window_opened", "task_id": task_id, "absent": [W3.peer_id]} in result.events
     assert commit(chain, W3, task_id).code == TxCode.BAD_STATE
-    assert audit(chain, W3, task_id).code == TxCode.BAD_PAYLOAD     # nothing committed to audit
-    assert audit(chain, W1, task_id).code == TxCode.OK
+    assert [slot["worker"] for slot in task.slots] == sorted([W1.peer_id, W2.peer_id])   # committers only
+    assert audit(chain, task_id, slot=2).code == TxCode.BAD_PAYLOAD   # no third slot
     assert task.status == TaskStatus.COMMITTED
-    assert audit(chain, W2, task_id).code == TxCode.OK
+    answer_all_slots(chain, task_id)
     assert task.status == TaskStatus.VERIFIED       # every committer matched; the absent one is no blocker
 
     before = {who.peer_id: chain.ledger.balance(who.peer_id) for who in (OWNER, W1, W2, W3, VERIFIER)}
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     verifier_pool, relay_budget = PRICE * 500 // 10_000, PRICE * 1_000 // 10_000
     share = (PRICE - verifier_pool - relay_budget) // 3
-    assert task.payouts == {W1.peer_id: share, W2.peer_id: share, VERIFIER.peer_id: verifier_pool,
-                            OWNER.peer_id: PRICE - 2 * share - verifier_pool}
+    verifiers = [slot["verifiers"][0]["verifier"] for slot in task.slots]
+    expected = {W1.peer_id: share, W2.peer_id: share}
+    for verifier in verifiers:
+        expected[verifier] = expected.get(verifier, 0) + verifier_pool // 2
+    expected[OWNER.peer_id] = PRICE - sum(expected.values())
+    assert task.payouts == expected
     for who in (OWNER, W1, W2, W3, VERIFIER):
         assert chain.ledger.balance(who.peer_id) - before[who.peer_id] == task.payouts.get(who.peer_id, 0)
     assert chain.ledger.node_info(W3.peer_id)["reputation"] == -5

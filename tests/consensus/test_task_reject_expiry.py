@@ -1,7 +1,7 @@
 """Issue 10 on the ledger: reject_task, expiry of unassigned tasks, device-aware assignment, task
 sources, and the task's result (ADRs 0151, 0152)."""
 import pytest
-from test_ledger_kit import CHAIN, Chain, ident
+from test_ledger_kit import CHAIN, Chain, answer_slot, ident
 
 from consensus.encoding import decode, encode
 from consensus.genesis import Genesis, GenesisValidator, Params, hashed_params
@@ -22,7 +22,7 @@ SOURCES = ["/ip4/203.0.113.7/tcp/4001/p2p/" + OWNER.peer_id, "/ip4/127.0.0.1/udp
 
 def params(**overrides):
     base = {"unbonding_period": 3, "task_timeout": 12, "audit_window": 2, "min_fee": 0,
-            "task_assign_timeout": 5, "reject_fee": REJECT_FEE}
+            "task_assign_timeout": 5, "reject_fee": REJECT_FEE, "audits_per_worker": 0}
     return Params(**{**base, **overrides})
 
 
@@ -371,8 +371,7 @@ def test_result_is_the_hash_most_committers_agree_on():
 
 
 def test_result_excludes_slashed_committers():
-    chain = make_chain(cpu=(W1, W2, W3, OUTSIDER))
-    chain.ok(G1, "bond", {"amount": 500})                    # a verifier
+    chain = make_chain(cpu=(W1, W2, W3, OUTSIDER), audits_per_worker=1, audit_double_bps=0)
     nonce = chain.ledger.nonce(OWNER.peer_id)
     chain.ok(OWNER, "submit_task", {**SPEC, "workers": 2, "price": PRICE})
     task_id = task_id_for(OWNER.peer_id, nonce)
@@ -382,11 +381,20 @@ def test_result_excludes_slashed_committers():
     commit(chain, by_id[first], task_id, B)                  # first to commit: leads a 1-1 tie
     commit(chain, by_id[second], task_id, A)
     assert chain.ledger.task_info(task_id)["result"] == B.hex()
-    chain.ok(G1, "audit_result", {"task_id": task_id, "worker": first, "segment": 1, "match": False})
-    assert chain.ledger.task_info(task_id)["result"] == A.hex()          # convicted so far: not counted
+    [slot_of_first] = [slot for slot in t.slots if slot["worker"] == first]
+    [verifier] = slot_of_first["verifiers"]
+    assert answer_slot(chain, task_id, slot_of_first["slot"], verifier["verifier"], match=False, step=3).code \
+        == TxCode.OK
+    chain.empty_blocks(chain.params.dispute_blocks + 1)       # no dispute: guilty
+    assert slot_of_first["outcome"] == "guilty"
+    assert chain.ledger.task_info(task_id)["result"] == A.hex()          # convicted: not counted
+    [other] = [slot for slot in t.slots if slot["worker"] == second]
+    answer_slot(chain, task_id, other["slot"], other["verifiers"][0]["verifier"])
     chain.empty_blocks(2)
-    chain.ok(W3, "finalize", {"task_id": task_id})
-    assert t.status == TaskStatus.PAID and t.result == A and first not in t.payouts
+    chain.ok(W3 if W3.peer_id not in t.workers else OWNER, "finalize", {"task_id": task_id})
+    assert t.status == TaskStatus.PAID and t.result == A
+    assert t.payouts.get(first, 0) <= PRICE * chain.params.verifier_share_bps // 10_000   # at most a verifier's pay
+    assert chain.ledger.stake_info(first)["slashed"] > 0 and chain.ledger.stake_info(second)["slashed"] == 0
 
 
 # ---- records, genesis, events -----------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The explorer in headless Chromium (Debian's chromium driven by Playwright) against a devnet of
 2 validators and 2 compute nodes: the page renders blocks, validators and nodes from a validator's
 RPC, updates live over the websocket, and draws a task's training curve (from the compute nodes'
-dkb_taskProgress) while the task trains; no console errors. Saves screenshots under
+dkb_taskProgress) while the task trains, and a task's audit slots (verifiers' answers, a dispute,
+referees' votes, outcomes; a task document the page's RPC read is answered with); no console
+errors under the page's strict CSP. Saves screenshots under
 $DEKUBE_ARTIFACTS (default tests/explorer/artifacts/), the CI artifact folder.
 """
+import json
 import os
 import shutil
 import time
@@ -23,6 +26,41 @@ ARTIFACTS = Path(os.environ.get("DEKUBE_ARTIFACTS") or Path(__file__).parent / "
 ACTIVE = {"created", "assigned", "running"}
 POINTS = """() => { const path = document.querySelector('#curve-loss path.series');
                    return path ? path.getAttribute('d').split('L').length : 0; }"""
+
+
+FAKE_TASK = "ab" * 32
+W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
+SLOTTED_TASK = {
+    "task_id": FAKE_TASK, "status": "paid", "owner": OWNER, "price": 100_000, "escrow": 0,
+    "spec": {"model": "digits-mlp", "dataset": "digits", "codec": "int8", "hyperparams": {"steps": 20}},
+    "workers": [W1, W2], "commits": {W1: ["aa" * 32, "cc" * 32, 4, 30], W2: ["bb" * 32, "cc" * 32, 4, 31]},
+    "created_height": 10, "assigned_height": 12, "profile": "cpu-x86-64-avx2/torch-2.13.0", "segments": 4,
+    "slots": [
+        {"slot": 0, "worker": W1, "segment": 3, "salt": "00" * 32, "outcome": "ok",
+         "verifiers": [{"verifier": V1, "deadline": 80, "redraw": False,
+                        "answer": {"match": True, "evidence": "e1" * 32, "step": 0}}],
+         "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0,
+         "verdict": {"match": True, "evidence": "e1" * 32}},
+        {"slot": 1, "worker": W2, "segment": 1, "salt": "01" * 32, "outcome": "guilty",
+         "verifiers": [{"verifier": V1, "deadline": 80, "redraw": False, "answer": None},
+                       {"verifier": V2, "deadline": 90, "redraw": True,
+                        "answer": {"match": False, "evidence": "e2" * 32, "step": 2}}],
+         "dispute_deadline": 100, "dispute": {"height": 95}, "referee_deadline": 140,
+         "referees": [{"referee": R1, "vote": {"match": False, "evidence": "e2" * 32}}],
+         "verdict": {"match": False, "evidence": "e2" * 32}},
+    ],
+    "payouts": {W1: 42_500, V1: 2_500, R1: 2_500, OWNER: 52_500}, "relay_claims": {}, "result": "cc" * 32,
+}
+
+
+def answer_slotted_task(route) -> None:
+    """The page's RPC reads pass through, except dkb_getTask of FAKE_TASK: answered with SLOTTED_TASK."""
+    body = json.loads(route.request.post_data or "{}")
+    if route.request.method == "POST" and body.get("method") == "dkb_getTask" and body.get("params") == [FAKE_TASK]:
+        route.fulfill(status=200, content_type="application/json",
+                      body=json.dumps({"jsonrpc": "2.0", "id": body.get("id"), "result": SLOTTED_TASK}))
+    else:
+        route.continue_()
 
 
 def chromium_path() -> str | None:
@@ -139,5 +177,19 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     page.evaluate(f"location.hash = '#block/{first}'")
     page.wait_for_selector("#block-tx-rows", state="attached", timeout=10_000)
     assert page.inner_text("#detail h2") == f"Block {first}"
+    # a task's audit slots: each slot's worker, segment, verifiers' answers, dispute, referees, outcome
+    page.route(f"{devnet.rpc_url}/", answer_slotted_task)
+    page.evaluate(f"location.hash = '#task/{FAKE_TASK}'")
+    page.wait_for_selector("#task-slot-rows tr", timeout=10_000)
+    rows = page.locator("#task-slot-rows tr")
+    assert rows.count() == 2
+    ok, guilty = rows.nth(0).inner_text(), rows.nth(1).inner_text()
+    assert "match" in ok and "mismatch" not in ok and ok.rstrip().endswith("ok"), ok
+    for text in ("mismatch", "from step 2", "no answer (due @80)", "(redrawn)", "disputed @95", "guilty"):
+        assert text in guilty, (text, guilty)
+    assert "audit slots (2)" in page.inner_text("#task-body") and "audited (2/2)" in page.inner_text("#task-body")
+    assert page.locator("#task-worker-rows .badge.guilty").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "explorer-task-slots.png"), full_page=True)
+    page.unroute(f"{devnet.rpc_url}/")
     assert errors == [], errors
     page.close()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load, load_file
 
-from ml.compute.replay import replay_job_blocking
+from devtools.job_replay import replay_job_blocking
 from ml.train.inputs import artifact_ids, build_inputs
 from ml.train.model_archive import ArchiveRefused, check_expression, load_archive
 from ml.train.simulation import build_simulated, train_simulated

@@ -45,13 +45,18 @@ def _spec_and_files(d: Path, model_cls=DigitsCNN, device: str = "cuda"):
 def test_detect_reports_zeros_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert detect() == {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0}
+    found = detect()
+    assert found == {"gpu": "", "gpu_mem_mb": 0, "gpu_tflops": 0.0, "cuda_devices": 0,
+                     "profiles": found["profiles"]}
+    assert not any(p.startswith("cuda-") for p in found["profiles"])
 
 
 @needs_cuda
 def test_detect_measures_the_gpu():
     found = detect()
     assert found["gpu"] and found["gpu_mem_mb"] > 1000 and found["gpu_tflops"] > 0.5 and found["cuda_devices"] >= 1
+    cuda = [p for p in found["profiles"] if p.startswith("cuda-")]
+    assert len(cuda) == 1 and f"-cuda{torch.version.cuda}/torch-" in cuda[0], found["profiles"]
 
 
 @needs_cuda

@@ -7,7 +7,7 @@ import signal
 import pytest
 from loopback_groups import close_all, make_groups
 
-from ml.compute.replay import replay_job
+from devtools.job_replay import replay_job
 from ml.job import JobFailed, run_local_job, train_over_group
 from ml.registry import build_model, get_dataset
 from ml.train.allreduce_averager import group_codec

@@ -1,19 +1,24 @@
 """Bit-reproducible CPU training: identical runs, replay from checkpoints, segment hashes, progress."""
 import asyncio
+import dataclasses
+import hashlib
 
 import torch
 
+from ml.compute.segment_replay import replay_segment_blobs
 from ml.train.averaging import LocalAveragingGroup
-from ml.train.diloco import DiLoCoTrainer
 from ml.train.progress import ProgressFeed
 from ml.train.reproducibility import hash_tensors
 from ml.train.simulation import (
+    build_recorded,
     build_simulated,
     make_trainer,
     run_trainers,
     train_simulated,
 )
 from ml.train.spec import TrainSpec
+from ml.train.state_file import load_state, state_bytes
+from node.artifacts.merkle import artifact_id_of_bytes
 
 DP = TrainSpec(steps=40, segment_steps=10, report_every=10, seed=5)
 DILOCO = TrainSpec(mode="diloco", steps=20, inner_steps=5, seed=5)
@@ -44,7 +49,7 @@ def test_data_parallel_segment_replays_from_checkpoint():
         return trainers, replayed
 
     original, replayed = asyncio.run(scenario())
-    assert replayed[0].segment_hashes == original[0].segment_hashes
+    assert replayed[0].segment_hashes == original[0].segment_hashes[2:]  # the history is not training state
     assert replayed[1].params_hash() == original[1].params_hash()
 
 
@@ -74,26 +79,25 @@ def test_error_feedback_residual_travels_in_the_checkpoint():
     assert forgetful.params_hash() != original.params_hash()
 
 
-def test_diloco_segment_hash_replays_alone_from_its_checkpoint():
-    async def scenario():
-        trainers = build_simulated(DILOCO, world=2)
-        for t in trainers:
-            t.keep_checkpoints = True
-        await run_trainers(trainers)
-        return trainers
-
-    trainers = asyncio.run(scenario())
+def test_diloco_segment_replays_alone_from_its_checkpoint():
+    trainers, sink = build_recorded(DILOCO, world=2)
+    asyncio.run(run_trainers(trainers))
     worker = trainers[1]
-    assert len(worker.segment_hashes) == DILOCO.outer_steps == 4
+    records = worker.recorder.records
+    assert len(records) == DILOCO.outer_steps == DILOCO.segment_count == 4
     assert worker.segment_hashes != trainers[0].segment_hashes  # different shards, different deltas
-    verifier = DiLoCoTrainer(DILOCO, rank=1, world=2, averager=None)
-    for outer_step in (0, 2, 3):
-        verifier.restore(worker.checkpoints[outer_step])
-        assert verifier.segment_hash() == worker.segment_hashes[outer_step]
-    verifier.restore(worker.checkpoints[2])
-    with torch.no_grad():
-        verifier.params[-1][0] += 1e-6  # a tampered start state no longer replays
-    assert verifier.segment_hash() != worker.segment_hashes[2]
+    for record in (records[0], records[2], records[3]):
+        replay = replay_segment_blobs(DILOCO, 1, 2, record, sink.blobs, None, bytes(32))
+        assert replay.match and replay.first_divergence is None
+    state = load_state(sink.blobs[records[2].checkpoint])
+    state["model"][next(iter(state["model"]))].view(-1)[0] += 1e-3  # a tampered start state no longer replays
+    tampered = state_bytes(state)
+    blobs = dict(sink.blobs) | {records[2].checkpoint: tampered}
+    assert replay_segment_blobs(DILOCO, 1, 2, records[2], blobs, None, bytes(32)).first_divergence == (0, "state_in")
+    forged = dataclasses.replace(records[2], checkpoint=artifact_id_of_bytes(tampered),
+                                 state_in=hashlib.sha256(tampered).hexdigest())
+    blobs[forged.checkpoint] = tampered
+    assert replay_segment_blobs(DILOCO, 1, 2, forged, blobs, None, bytes(32)).first_divergence == (0, "gradient")
 
 
 def test_hash_tensors_sees_every_bit_shape_and_order():

@@ -4,7 +4,7 @@ Builds the emulated internet of task_net.py (validators and two relays on public
 compute nodes each behind its own NAT router, one of them symmetric), submits the user's own model
 (examples/digits_cnn.py: a CNN exported to model.pt2, with train.npz/test.npz, served from the
 submitting host; ``--registry`` submits the registry's digits MLP instead) for 3 workers (int8
-all-reduce), follows it until it is trained, committed, audited by replay and paid, fetches the
+all-reduce), follows it until it is trained, committed, audited (ledger-drawn slots, replayed) and paid, fetches the
 trained weights and evaluates them (accuracy before and after), prints what the ledger and the
 relays saw, and tears everything down. Exit status 0 only if the task was paid (and its weights
 fetched) and the supply is conserved.
@@ -79,9 +79,16 @@ def main() -> int:
             task = json.loads(out.strip().splitlines()[-1])
             names = {m.peer_id: m.name for m in net.compute}
             print(f"== task {task['task_id'][:16]}.. {task['status']}")
-            for verifier, worker, segment, match, height in task["audits"]:
-                print(f"  {names.get(verifier)} replayed segment {segment} of {names.get(worker)}: "
-                      f"{'match' if match else 'MISMATCH'} (height {height})")
+            for slot in task["slots"]:   # the ledger-drawn audit slots (docs/adr/0168)
+                answers = ", ".join(
+                    f"{names.get(v['verifier'])} " + ("silent" if v["answer"] is None
+                                                      else "match" if v["answer"]["match"] else "MISMATCH")
+                    for v in slot["verifiers"])
+                votes = "".join(f", referee {names.get(r['referee'])} "
+                                + ("silent" if r["vote"] is None else "match" if r["vote"]["match"] else "MISMATCH")
+                                for r in slot["referees"])
+                print(f"  slot {slot['slot']}: segment {slot['segment']} of {names.get(slot['worker'])} "
+                      f"replayed by {answers or 'nobody'}{votes}: {slot['outcome']}")
             for peer, amount in sorted(task["payouts"].items(), key=lambda kv: -kv[1]):
                 print(f"  paid {amount:>7} to {names.get(peer, 'the owner (refund)')}")
             fetched = task.get("fetched")

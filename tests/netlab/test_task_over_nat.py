@@ -1,8 +1,9 @@
 """The main job on the emulated internet: validators and relays on public hosts, four compute nodes
 each behind its own NAT router (one symmetric), all real ``dekube-node start`` processes. A paid
 digits task is assigned, trained with an int8 all-reduce among three NAT'd workers that reach each
-other only by the relayed addresses in their ledger records, committed, audited by replay on the
-fourth node and paid; the relays carried the traffic and the supply is conserved."""
+other only by the relayed addresses in their ledger records, committed, audited (the ledger draws
+audit slots; their verifiers replay a segment of each worker over the relays, docs/adr/0168) and
+paid; the relays carried the traffic and the supply is conserved."""
 from __future__ import annotations
 
 import json
@@ -48,13 +49,16 @@ def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
     assert task["status"] == "paid", task
     workers = set(task["workers"])
     assert len(workers) == 3 and workers <= {m.peer_id for m in net.compute}
-    results = {tuple(commit[:2]) for commit in task["commits"].values()}
-    assert set(task["commits"]) == workers and len(results) == 1  # one agreed model, one segment root
-    (verifier,) = {m.peer_id for m in net.compute} - workers
-    assert {(a[0], a[1]) for a in task["audits"]} == {(verifier, w) for w in workers}
-    assert all(a[3] for a in task["audits"])  # every replay matched
+    assert set(task["commits"]) == workers
+    assert len({commit[1] for commit in task["commits"].values()}) == 1   # one agreed model
+    assert len({commit[0] for commit in task["commits"].values()}) == 3   # per-worker segment records (ADR 0167)
+    # every worker's drawn segments were replayed by ledger-drawn verifiers (over the relays) and matched
+    slots = task["slots"]
+    assert {s["worker"] for s in slots} == workers and all(s["outcome"] == "ok" for s in slots), slots
+    verifiers = {v["verifier"] for s in slots for v in s["verifiers"] if v["answer"] is not None}
+    assert verifiers and all(v["verifier"] != s["worker"] for s in slots for v in s["verifiers"])
     assert sum(task["payouts"].values()) == PRICE and all(task["payouts"][w] > 0 for w in workers)
-    assert task["payouts"][verifier] > 0
+    assert all(task["payouts"][v] > 0 for v in verifiers)
     supply = net.rpc("dkb_getSupply")
     assert supply["total"] == supply["genesis"]
     relayed = sum(net.metric(r, "dekube_relay_bytes_total") for r in net.relays) - relayed_before

@@ -9,7 +9,7 @@ const BLOCKS_SHOWN = 20;
 const MAX_NODES = 64;
 const PROGRESS_POLL_MS = 1000;
 const SLOW_REFRESH_MS = 5000;
-const ACTIVE_TASK = new Set(["created", "assigned", "running", "audit", "auditing", "disputed"]);
+const ACTIVE_TASK = new Set(["created", "assigned", "running", "committed", "verified", "disputed"]);
 
 const state = {
   chainId: null, height: null, blocks: new Map(), validators: null, tasks: [], nodes: new Map(),
@@ -353,19 +353,43 @@ async function showBlock(height) {
 }
 
 const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],
-  ["audit window", "window_end"], ["audited", null], ["paid", null]];
+  ["audit slots", null], ["audited", null], ["paid", null]];
+
+const slotsOf = (task) => (Array.isArray(task.slots) ? task.slots : []);
 
 function timeline(task) {
   const commits = Object.keys(task.commits || {}).length;
-  const audits = Array.isArray(task.audits) ? task.audits.length : 0;
+  const slots = slotsOf(task);
+  const resolved = slots.filter((s) => s.outcome && s.outcome !== "pending").length;
   const done = {created: true, assigned: !!task.assigned_height, committed: commits > 0,
-    "audit window": !!task.window_end, audited: audits > 0, paid: ["paid", "finalized"].includes(task.status)};
+    "audit slots": slots.length > 0, audited: slots.length > 0 && resolved === slots.length,
+    paid: ["paid", "finalized"].includes(task.status)};
   const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
     name + (field && task[field] ? ` @${task[field]}` : "")
       + (name === "committed" ? ` (${commits}/${(task.workers || []).length})` : "")
-      + (name === "audited" ? ` (${audits})` : "")));
+      + (name === "audit slots" && slots.length ? ` (${slots.length})` : "")
+      + (name === "audited" && slots.length ? ` (${resolved}/${slots.length})` : "")));
   if (!done.paid && !ACTIVE_TASK.has(task.status)) items.push(el("li", {}, badge(task.status)));
   return el("ul", {class: "timeline"}, items);
+}
+
+// An audit slot (docs/adr/0168): a drawn segment of one worker, its verifiers' answers (match or
+// mismatch, with evidence), the worker's dispute, the referees' votes, the outcome.
+function answerCell(who, answer, deadline, redraw) {
+  const what = answer ? [badge(answer.match ? "match" : "mismatch"),
+    answer.match || !answer.step ? "" : ` from step ${answer.step}`, ` ${short(answer.evidence)}`]
+    : [` no answer${typeof deadline === "number" ? ` (due @${deadline})` : ""}`];
+  return el("div", {}, el("span", {class: "mono"}, short(who)), " ", ...what, redraw ? " (redrawn)" : "");
+}
+
+function slotRow(slot) {
+  const verifiers = (slot.verifiers || []).map((v) => answerCell(v.verifier, v.answer, v.deadline, v.redraw));
+  const referees = (slot.referees || []).map((r) => answerCell(r.referee, r.vote, slot.referee_deadline, false));
+  const dispute = slot.dispute ? `disputed @${slot.dispute.height}`
+    : slot.dispute_deadline && slot.outcome === "pending" ? `may dispute until @${slot.dispute_deadline}` : "–";
+  return el("tr", {"data-slot": slot.slot}, el("td", {}, slot.slot), el("td", {class: "mono"}, short(slot.worker)),
+    el("td", {}, slot.segment), el("td", {}, verifiers.length ? verifiers : "none eligible"), el("td", {}, dispute),
+    el("td", {}, referees.length ? referees : "–"), el("td", {}, badge(slot.outcome || "pending")));
 }
 
 async function showTask(taskId, first = true) {
@@ -375,18 +399,15 @@ async function showTask(taskId, first = true) {
   const spec = task.spec || {};
   const payouts = task.payouts || {};
   const rejections = task.rejections || {};
-  const audits = Array.isArray(task.audits) ? task.audits : [];   // [verifier, worker, segment, match, height]
-  const disputes = Array.isArray(task.disputes) ? task.disputes : [];
+  const slots = slotsOf(task);
   const commitOf = (w) => {
     const c = (task.commits || {})[w];
     return c ? `committed${Array.isArray(c) && typeof c[c.length - 1] === "number" ? ` @${c[c.length - 1]}` : ""}` : "–";
   };
-  const auditsOf = (w) => audits.filter((a) => a[1] === w).map((a) => el("div", {},
-    badge(a[3] ? "match" : "mismatch"), ` segment ${a[2]} by ${short(a[0])} @${a[4]}`));
+  const outcomesOf = (w) => slots.filter((s) => s.worker === w).map((s) => badge(s.outcome || "pending"));
   const workerRows = (task.workers || []).map((w) => el("tr", {}, el("td", {class: "mono"}, short(w)),
-    el("td", {}, commitOf(w)), el("td", {}, auditsOf(w).length ? auditsOf(w) : "–"),
-    el("td", {}, disputes.includes(w) ? badge("disputed") : "–"), el("td", {}, fmtInt(payouts[w])),
-    el("td", {}, rejections[w] || "")));
+    el("td", {}, commitOf(w)), el("td", {}, outcomesOf(w).length ? outcomesOf(w) : "–"),
+    el("td", {}, fmtInt(payouts[w])), el("td", {}, rejections[w] || "")));
   const events = (state.taskEvents.get(taskId) || []).map((e) => el("li", {}, `@${e.height} ${e.event}`));
   let curves = $("task-curves");
   if (first || !curves) {
@@ -402,9 +423,13 @@ async function showTask(taskId, first = true) {
       + ` · codec ${spec.codec || "?"}`
       + (task.result ? ` · result ${short(task.result)}` : "") + (task.reason ? ` · ${task.reason}` : "")),
     timeline(task), events.length ? el("ul", {class: "hint"}, events) : null,
-    el("h3", {}, `Workers (audits ${audits.length}, disputes ${disputes.length})`),
-    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audits", "dispute", "payout", "rejected"]
+    el("h3", {}, `Workers (${(task.workers || []).length})`),
+    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audit slots", "payout", "rejected"]
       .map((h) => el("th", {}, h)))), el("tbody", {id: "task-worker-rows"}, workerRows)),
+    el("h3", {}, `Audit slots (${slots.length})` + (task.profile ? ` · profile ${task.profile}` : "")),
+    slots.length ? el("table", {}, el("thead", {}, el("tr", {}, ["slot", "worker", "segment", "verifiers",
+      "dispute", "referees", "outcome"].map((h) => el("th", {}, h)))), el("tbody", {id: "task-slot-rows"},
+      slots.map(slotRow))) : el("p", {class: "hint"}, "drawn when the commit phase closes"),
     el("h3", {}, "Payouts"), el("p", {class: "mono"}, Object.entries(payouts)
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none yet"),
     el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})

@@ -1,17 +1,12 @@
-"""Replay of a task's training by a verifier: every worker of the job simulated in this process, over
-the same all-reduce code on loopback TCP, up to the last segment being audited.
+"""A whole training job replayed in one process -- every worker simulated over the same all-reduce code
+on loopback TCP, up to a given segment -- as the tests' reference for what networked runs must
+produce bit for bit (verifiers no longer do this: they replay one worker's segment from its committed
+state, ml/compute/segment_replay.py).
 
 Workers that left the real run (a crash, or excluded from a round: the trainer stops then) are made
 to leave the replay at the same round (`ml.job.participation.departures` of the rounds the workers
-reported as short):
-their group and transport close, the others' attempt fails at once and is redone among the rest,
-exactly as in the real run, so the survivors' hashes still match.
-
-CPU training is bit-reproducible and the all-reduce result does not depend on timing or transport
-(the same plan, codec and summation order), so the replayed segment hashes equal the honest
-workers' ones bit for bit (tested against a networked run). Replaying segment k costs the job's
-first k+1 segments for all workers together; it runs on its own event loop in a worker thread so the
-node's loop stays responsive.
+reported as short): their group and transport close, the others' attempt fails at once and is redone
+among the rest, exactly as in the real run, so the survivors' hashes still match.
 """
 from __future__ import annotations
 

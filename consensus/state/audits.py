@@ -1,0 +1,405 @@
+"""Audit slots (docs/adr/0168): drawn verifiers, answers with evidence, disputes, referees, verdicts.
+
+When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; a slot
+names one segment of that worker (drawn uniformly, with replacement), a 32-byte salt and one verifier
+drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second verifier with
+probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed (and, for redraws
+and referees, the hash of the block that makes them) so every replica draws the same.
+
+A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
+its deadline is redrawn once) -> all answers equal and ``match`` -> ``ok``; all equal and a
+mismatch -> the worker may ``dispute`` for ``dispute_blocks`` (no dispute -> ``guilty``); answers
+that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by its deadline; the
+(match, evidence) most votes agree on, leading every other value strictly, is the verdict (``guilty``
+iff its match is false); a tie or no vote -> ``undecided`` (nobody slashed, worker paid). No answer at all ->
+``unaudited`` (worker paid). ``settle`` turns the resolved slots into who is guilty, who is paid
+from the verifier pool and whose answer the verdict contradicts (slashed at finalize).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from consensus.genesis import Params
+from consensus.state.context import BlockContext
+from consensus.state.records import Task, TaskStatus
+from consensus.state.store import TASK, LedgerState
+from consensus.tx import Tx
+from consensus.txcodes import TxCode, TxError
+
+PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = "pending", "ok", "guilty", "unaudited", "undecided"
+VERIFIER_ROLES = frozenset({"compute", "verifier"})
+
+Slot = dict[str, Any]
+
+
+# ---- who may verify, and stake-weighted draws ------------------------------------------------
+
+def runs_profile(hardware: dict[str, Any], profile: str) -> bool:
+    """Whether a node with ``hardware`` runs ``profile`` ("" is the legacy profile: everyone does)."""
+    return not profile or profile in hardware.get("profiles", ())
+
+
+def eligible_verifiers(state: LedgerState, params: Params, profile: str,
+                       excluded: set[str] | frozenset[str]) -> list[tuple[str, int]]:
+    """``(peer_id, bonded)`` of the nodes that may verify a task of ``profile``, by peer ID: a compute
+    (or verifier) role, at least ``min_verifier_stake`` bonded, the profile in ``hardware.profiles``."""
+    out = []
+    for peer_id in sorted(state.nodes):
+        if peer_id in excluded:
+            continue
+        node = state.nodes[peer_id]
+        stake = state.stakes.get(peer_id)
+        if (stake is not None and stake.bonded >= params.min_verifier_stake
+                and VERIFIER_ROLES.intersection(node.roles) and runs_profile(node.hardware, profile)):
+            out.append((peer_id, stake.bonded))
+    return out
+
+
+def draw_number(material: bytes, modulus: int) -> int:
+    """A number in [0, modulus) from sha256(material) (bias below 2**-200 for any stake total)."""
+    return int.from_bytes(hashlib.sha256(material).digest(), "big") % modulus
+
+
+def draw_weighted(material: bytes, weighted: list[tuple[str, int]]) -> str | None:
+    """One peer of ``weighted``, each with probability proportional to its weight; None if empty."""
+    total = sum(weight for _, weight in weighted)
+    if total <= 0:
+        return None
+    point = draw_number(material, total)
+    for peer_id, weight in weighted:
+        if point < weight:
+            return peer_id
+        point -= weight
+    raise AssertionError("unreachable: the point lies below the total")
+
+
+def draw_distinct(material: bytes, weighted: list[tuple[str, int]], count: int) -> list[str]:
+    """Up to ``count`` distinct peers drawn stake-weighted without replacement."""
+    pool = list(weighted)
+    chosen: list[str] = []
+    while pool and len(chosen) < count:
+        peer_id = draw_weighted(material + len(chosen).to_bytes(2, "big"), pool)
+        if peer_id is None:
+            break
+        chosen.append(peer_id)
+        pool = [entry for entry in pool if entry[0] != peer_id]
+    return chosen
+
+
+def _material(task: Task, label: bytes, index: int, extra: bytes = b"") -> bytes:
+    return b"dekube/audit-draw\x00" + task.audit_seed + extra + label + index.to_bytes(4, "big")
+
+
+def _verifier_entry(peer_id: str, deadline: int, redraw: bool = False) -> dict[str, Any]:
+    return {"verifier": peer_id, "deadline": deadline, "answer": None, "redraw": redraw}
+
+
+def can_audit_every_worker(state: LedgerState, params: Params, profile: str, owner: str,
+                           workers: list[str]) -> bool:
+    """Whether each of ``workers`` would have at least one eligible verifier (the rule assignment
+    applies when ``audits_per_worker`` > 0, ADR 0168)."""
+    if params.audits_per_worker == 0:
+        return True
+    verifiers = [peer_id for peer_id, _ in eligible_verifiers(state, params, profile, {owner})]
+    return all(any(v != worker for v in verifiers) for worker in workers)
+
+
+# ---- drawing the slots when the commit phase closes ------------------------------------------
+
+def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    """Draw ``audits_per_worker`` slots for each committed worker (in worker order) from the task's
+    audit seed; a slot without any eligible verifier is ``unaudited`` at once."""
+    task.slots = []
+    deadline = ctx.height + params.audit_answer_blocks
+    for worker in sorted(task.commits):
+        segments = task.segments or task.commits[worker][2]
+        excluded = {task.owner, worker}
+        for _ in range(params.audits_per_worker):
+            index = len(task.slots)
+            pool = eligible_verifiers(state, params, task.profile, excluded)
+            first = draw_weighted(_material(task, b"verifier", index), pool)
+            verifiers = []
+            if first is not None:
+                verifiers.append(_verifier_entry(first, deadline))
+                if draw_number(_material(task, b"double", index), 10_000) < params.audit_double_bps:
+                    second = draw_weighted(_material(task, b"second", index),
+                                           [entry for entry in pool if entry[0] != first])
+                    if second is not None:
+                        verifiers.append(_verifier_entry(second, deadline))
+            slot: Slot = {
+                "slot": index, "worker": worker,
+                "segment": draw_number(_material(task, b"segment", index), segments),
+                "salt": hashlib.sha256(_material(task, b"salt", index)).digest(),
+                "verifiers": verifiers, "dispute_deadline": 0, "dispute": None,
+                "referees": [], "referee_deadline": 0, "verdict": None,
+                "outcome": PENDING if verifiers else UNAUDITED,
+            }
+            task.slots.append(slot)
+            state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": index, "worker": worker,
+                                 "segment": slot["segment"], "verifiers": [v["verifier"] for v in verifiers],
+                                 "salt": slot["salt"], "deadline": deadline})
+            if not verifiers:
+                _resolved(state, task_id, slot)
+    refresh_status(task)
+    state.touch(TASK, task_id)
+
+
+# ---- moving slots along -----------------------------------------------------------------------
+
+def advance_task(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                 closing: bool) -> None:
+    """Advance every pending slot; ``closing``: at the end of the block (deadlines at this height
+    have passed, silent verifiers are redrawn)."""
+    changed = False
+    for slot in task.slots:
+        if slot["outcome"] == PENDING:
+            changed |= _advance(state, params, ctx, task_id, task, slot, closing)
+    if changed:
+        refresh_status(task)
+        state.touch(TASK, task_id)
+
+
+def _expired(deadline: int, ctx: BlockContext, closing: bool) -> bool:
+    return deadline < ctx.height or (closing and deadline <= ctx.height)
+
+
+def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot,
+             closing: bool) -> bool:
+    """One step of ``slot``'s state machine; True when it changed."""
+    if slot["referees"]:
+        votes = [entry["vote"] for entry in slot["referees"]]
+        if all(vote is not None for vote in votes) or _expired(slot["referee_deadline"], ctx, closing):
+            _decide_by_referees(state, task_id, slot)
+            return True
+        return False
+    if slot["dispute_deadline"]:
+        if _expired(slot["dispute_deadline"], ctx, closing):
+            slot["outcome"] = GUILTY
+            _resolved(state, task_id, slot)
+            return True
+        return False
+    changed = False
+    if closing:
+        changed = _redraw_silent(state, params, ctx, task_id, task, slot)
+    if any(v["answer"] is None and not _expired(v["deadline"], ctx, closing) for v in slot["verifiers"]):
+        return changed
+    answers = {(v["answer"]["match"], v["answer"]["evidence"]) for v in slot["verifiers"] if v["answer"]}
+    if not answers:
+        slot["outcome"] = UNAUDITED
+        _resolved(state, task_id, slot)
+    elif len(answers) > 1:
+        _draw_referees(state, params, ctx, task_id, task, slot)
+    else:
+        match, evidence = next(iter(answers))
+        slot["verdict"] = {"match": match, "evidence": evidence}
+        if match:
+            slot["outcome"] = OK
+            _resolved(state, task_id, slot)
+        else:
+            slot["dispute_deadline"] = ctx.height + params.dispute_blocks
+    return True
+
+
+def _redraw_silent(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                   slot: Slot) -> bool:
+    """Replace each first-drawn verifier whose deadline is this height and who did not answer (once)."""
+    silent = [v for v in slot["verifiers"]
+              if v["answer"] is None and not v["redraw"] and v["deadline"] == ctx.height]
+    if not silent:
+        return False
+    excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
+    pool = eligible_verifiers(state, params, task.profile, excluded)
+    deadline = ctx.height + params.audit_answer_blocks
+    drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.block_hash), pool, len(silent))
+    for peer_id in drawn:
+        slot["verifiers"].append(_verifier_entry(peer_id, deadline, redraw=True))
+    if drawn:
+        state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": slot["slot"],
+                             "worker": slot["worker"], "segment": slot["segment"], "verifiers": drawn,
+                             "salt": slot["salt"], "deadline": deadline, "redraw": True})
+    return True
+
+
+def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                   slot: Slot) -> None:
+    excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
+    pool = eligible_verifiers(state, params, task.profile, excluded)
+    chosen = draw_distinct(_material(task, b"referee", slot["slot"], ctx.block_hash), pool, params.referees)
+    slot["verdict"] = None
+    if not chosen:
+        slot["outcome"] = UNDECIDED
+        _resolved(state, task_id, slot)
+        return
+    slot["referees"] = [{"referee": peer_id, "vote": None} for peer_id in chosen]
+    slot["referee_deadline"] = ctx.height + params.audit_answer_blocks
+    state.events.append({"type": "referees_drawn", "task_id": task_id, "slot": slot["slot"], "referees": chosen,
+                         "deadline": slot["referee_deadline"]})
+
+
+def _decide_by_referees(state: LedgerState, task_id: bytes, slot: Slot) -> None:
+    """The (match, evidence) most referee votes agree on, when it leads every other value strictly,
+    is the verdict; silent referees do not count (silence cannot block a decision) and a tie, or no
+    vote at all, leaves the slot ``undecided`` (ADR 0168: honest parties all report the same evidence,
+    so only colluding referees can outvote them)."""
+    tally: dict[tuple[bool, bytes], int] = {}
+    for entry in slot["referees"]:
+        vote = entry["vote"]
+        if vote is not None:
+            key = (vote["match"], vote["evidence"])
+            tally[key] = tally.get(key, 0) + 1
+    ranked = sorted(tally.items(), key=lambda item: -item[1])
+    if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+        match, evidence = ranked[0][0]
+        slot["verdict"] = {"match": match, "evidence": evidence}
+        slot["outcome"] = OK if match else GUILTY
+    else:
+        slot["outcome"] = UNDECIDED
+    _resolved(state, task_id, slot)
+
+
+def _resolved(state: LedgerState, task_id: bytes, slot: Slot) -> None:
+    state.events.append({"type": "slot_resolved", "task_id": task_id, "slot": slot["slot"],
+                         "worker": slot["worker"], "outcome": slot["outcome"], "verdict": slot["verdict"]})
+
+
+def refresh_status(task: Task) -> None:
+    """committed while slots are open without a mismatch; disputed once a slot mismatched, is
+    disputed, refereed, undecided or guilty; verified once every slot resolved without any of that."""
+    if not task.slots:
+        return   # no audits (audits_per_worker 0): committed until the window ends
+    contested = any(slot["outcome"] in (GUILTY, UNDECIDED) or slot["dispute_deadline"] or slot["referees"]
+                    for slot in task.slots)
+    if contested:
+        task.status = TaskStatus.DISPUTED
+    elif all(slot["outcome"] != PENDING for slot in task.slots):
+        task.status = TaskStatus.VERIFIED
+    else:
+        task.status = TaskStatus.COMMITTED
+
+
+def pending_slots(task: Task) -> list[int]:
+    return [slot["slot"] for slot in task.slots if slot["outcome"] == PENDING]
+
+
+def guilty_workers(task: Task) -> set[str]:
+    return {slot["worker"] for slot in task.slots if slot["outcome"] == GUILTY}
+
+
+# ---- transactions ----------------------------------------------------------------------------
+
+def _slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
+    p = tx.payload
+    task = state.tasks.get(p["task_id"])
+    if task is None:
+        raise TxError(TxCode.NOT_FOUND, f"unknown task {p['task_id'].hex()}")
+    if task.status not in TaskStatus.AUDITABLE:
+        raise TxError(TxCode.BAD_STATE, f"the task is {task.status}: it has no open audit slots")
+    if p["slot"] >= len(task.slots):
+        raise TxError(TxCode.BAD_PAYLOAD, f"slot {p['slot']} out of range (the task has {len(task.slots)})")
+    slot: Slot = task.slots[p["slot"]]
+    if slot["outcome"] != PENDING:
+        raise TxError(TxCode.BAD_STATE, f"slot {p['slot']} is resolved ({slot['outcome']})")
+    return task, slot
+
+
+def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A drawn verifier's answer: match, its evidence (sha256 over the salt and the gradients it
+    recomputed) and the first divergent step (0 with a match), before its deadline."""
+    p = tx.payload
+    task, slot = _slot_of(state, tx)
+    if p["match"] and p["step"]:
+        raise TxError(TxCode.BAD_PAYLOAD, "step is the first divergent step: 0 when the segment matches")
+    entry = next((v for v in slot["verifiers"] if v["verifier"] == tx.sender), None)
+    if entry is None:
+        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a drawn verifier of slot {p['slot']}")
+    if entry["answer"] is not None:
+        raise TxError(TxCode.ALREADY_KNOWN, "this verifier already answered this slot")
+    if ctx.height > entry["deadline"] or slot["dispute_deadline"] or slot["referees"]:
+        raise TxError(TxCode.BAD_STATE, f"the answer deadline (height {entry['deadline']}) has passed")
+    entry["answer"] = {"match": p["match"], "evidence": p["evidence"], "step": p["step"]}
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "audit_answered", "task_id": p["task_id"], "slot": p["slot"],
+                         "verifier": tx.sender, "match": p["match"], "evidence": p["evidence"], "step": p["step"]})
+    advance_task(state, params, ctx, p["task_id"], task, closing=False)
+
+
+def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """The audited worker contests a mismatch within ``dispute_blocks``: referees are drawn."""
+    p = tx.payload
+    task, slot = _slot_of(state, tx)
+    if tx.sender != slot["worker"]:
+        raise TxError(TxCode.UNAUTHORIZED, "only the audited worker can dispute its slot")
+    if slot["dispute"] is not None or slot["referees"]:
+        raise TxError(TxCode.ALREADY_KNOWN, "this slot is already before referees")
+    if not slot["dispute_deadline"]:
+        raise TxError(TxCode.BAD_STATE, "a worker can dispute only a mismatch its verifiers agreed on")
+    if ctx.height > slot["dispute_deadline"]:
+        raise TxError(TxCode.BAD_STATE, f"the dispute deadline (height {slot['dispute_deadline']}) has passed")
+    slot["dispute"] = {"height": ctx.height}
+    state.events.append({"type": "slot_disputed", "task_id": p["task_id"], "slot": p["slot"], "worker": tx.sender})
+    _draw_referees(state, params, ctx, p["task_id"], task, slot)
+    refresh_status(task)
+    state.touch(TASK, p["task_id"])
+
+
+def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A drawn referee's (match, evidence) for a contested slot, before the referee deadline."""
+    p = tx.payload
+    task, slot = _slot_of(state, tx)
+    entry = next((r for r in slot["referees"] if r["referee"] == tx.sender), None)
+    if entry is None:
+        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {p['slot']}")
+    if entry["vote"] is not None:
+        raise TxError(TxCode.ALREADY_KNOWN, "this referee already voted")
+    if ctx.height > slot["referee_deadline"]:
+        raise TxError(TxCode.BAD_STATE, f"the referee deadline (height {slot['referee_deadline']}) has passed")
+    entry["vote"] = {"match": p["match"], "evidence": p["evidence"]}
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "referee_voted", "task_id": p["task_id"], "slot": p["slot"],
+                         "referee": tx.sender, "match": p["match"], "evidence": p["evidence"]})
+    advance_task(state, params, ctx, p["task_id"], task, closing=False)
+
+
+# ---- settlement at finalize ------------------------------------------------------------------
+
+@dataclass
+class Settlement:
+    """What the resolved slots decide: guilty workers, verifier-pool shares, contradicted answers."""
+
+    guilty: set[str] = field(default_factory=set)
+    shares: dict[str, int] = field(default_factory=dict)
+    false_answers: list[str] = field(default_factory=list)   # one entry per contradicted answer
+
+
+def settle(task: Task, verifier_pool: int) -> Settlement:
+    """Guilty workers; the verifier pool split equally over the slots with at least one answer that
+    agrees with the verdict, each slot's share equally among those verifiers and majority referees
+    (remainders stay in the escrow, for the owner); every verifier answer unequal to the verdict."""
+    out = Settlement(guilty=guilty_workers(task))
+    payees_by_slot: list[list[str]] = []
+    for slot in task.slots:
+        verdict = slot["verdict"]
+        if slot["outcome"] not in (OK, GUILTY) or verdict is None:
+            continue
+        key = (verdict["match"], verdict["evidence"])
+        payees = []
+        for v in slot["verifiers"]:
+            answer = v["answer"]
+            if answer is None:
+                continue
+            if (answer["match"], answer["evidence"]) == key:
+                payees.append(v["verifier"])
+            else:
+                out.false_answers.append(v["verifier"])
+        payees += [r["referee"] for r in slot["referees"]
+                   if r["vote"] is not None and (r["vote"]["match"], r["vote"]["evidence"]) == key]
+        if payees:
+            payees_by_slot.append(payees)
+    if payees_by_slot:
+        per_slot = verifier_pool // len(payees_by_slot)
+        for payees in payees_by_slot:
+            for peer_id in payees:
+                out.shares[peer_id] = out.shares.get(peer_id, 0) + per_slot // len(payees)
+    return out

@@ -1,0 +1,61 @@
+"""A ledger with in-process block production: every call makes blocks the way a node would
+(build_block, apply_block, the ledger's invariants checked after each). The ledger tests and the
+in-process verification lab (devtools/verification_lab.py) drive the real state machine with it."""
+from __future__ import annotations
+
+from consensus.block import build_block
+from consensus.genesis import Genesis, GenesisValidator, Params
+from consensus.state.ledger import Ledger
+from consensus.tx import build_tx
+from consensus.txcodes import TxCode
+from node.identity import Identity
+
+
+def ident(i: int) -> Identity:
+    """A deterministic identity (seed = i as 32 big-endian bytes)."""
+    return Identity.from_seed(i.to_bytes(32, "big"))
+
+
+class Chain:
+    """A ledger plus block production."""
+
+    def __init__(self, balances=None, validators=(0,), params=None, balance=1_000_000, chain_id="dekube-test"):
+        self.chain_id = chain_id
+        self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
+        if balances is None:
+            balances = {ident(i).peer_id: balance for i in range(1, 10)}
+        self.params = params or Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0)
+        self.genesis = Genesis(chain_id, 0, balances,
+                               tuple(GenesisValidator(ident(v).peer_id, 10_000) for v in validators), self.params)
+        self.ledger = Ledger.from_genesis(self.genesis)
+        self.nonces: dict[str, int] = {}
+
+    def tx(self, who: Identity, tx_type: str, payload: dict, fee: int = 0, nonce: int | None = None):
+        if nonce is None:
+            nonce = self.nonces.get(who.peer_id, self.ledger.nonce(who.peer_id))
+            self.nonces[who.peer_id] = nonce + 1
+        return build_tx(who, self.chain_id, nonce, tx_type, payload, fee)
+
+    def block(self, txs=(), evidence=(), last_commit=b""):
+        led = self.ledger
+        block = build_block(self.chain_id, led.height + 1, 1000 * (led.height + 1), led.last_block_hash,
+                            led.app_hash, self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs],
+                            evidence, last_commit)
+        result = led.apply_block(block)
+        led.check_invariants()
+        self.nonces.clear()
+        return result
+
+    def run(self, who: Identity, tx_type: str, payload: dict, fee: int = 0):
+        """Execute one tx in its own block and return its receipt."""
+        return self.block([self.tx(who, tx_type, payload, fee)]).receipts[0]
+
+    def ok(self, who: Identity, tx_type: str, payload: dict, fee: int = 0):
+        receipt = self.run(who, tx_type, payload, fee)
+        if receipt.code != TxCode.OK:
+            raise AssertionError(f"{tx_type} by {who.peer_id[:12]} failed: {receipt}")
+        return receipt
+
+    def empty_blocks(self, n: int):
+        for _ in range(n):
+            self.block()

@@ -1,0 +1,156 @@
+"""What one worker commits about one segment of a task (`SegmentRecord`), the Merkle leaf it makes,
+the root of a worker's leaves (its on-chain segments_root) and audit paths (RFC 6962) for one leaf.
+
+A record names the artifact of the worker's full state at the segment start (`checkpoint`), the
+artifact of the averaged tensors its group produced in the segment (`averages`), the sha256 of the
+checkpoint bytes (`state_in`), one `StepHashes` per step (data-parallel: optimizer steps; DiLoCo: one
+per outer step) and the sha256 of the state at the segment end (`state_out`, which is the next
+segment's `state_in`). Canonical JSON: sorted keys, no spaces, steps as [gradient, codec, average]
+triples. `SegmentRecord.from_json` validates hostile input strictly.
+
+Leaf = sha256("dekube/segment-leaf" || task id || worker || canonical record); the root is
+`consensus.block.merkle_root` of the leaves (leaf node sha256(0x00 || leaf), inner sha256(0x01 || l || r),
+an odd node carried up), which equals RFC 6962's tree hash; `proof`/`verify_proof` are its audit paths.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from consensus.block import merkle_root
+
+LEAF_DOMAIN = b"dekube/segment-leaf"
+MAX_STEPS = 100_000            # steps in one segment record
+MAX_SEGMENTS = 1 << 20         # segments of one task
+MAX_PROOF = 64
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+FIELDS = ("averages", "checkpoint", "index", "state_in", "state_out", "steps")
+
+
+class BadRecord(ValueError):
+    """A segment record, proof or leaf count that is malformed or does not verify."""
+
+
+@dataclass(frozen=True)
+class StepHashes:
+    gradient: str   # this worker's own contribution (gradient / pseudo-gradient) before the codec
+    codec: str      # what its codec produced from it (see ml.train.segments for the exact definition)
+    average: str    # the averaged tensors the group returned for the step
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    index: int
+    checkpoint: str          # artifact id of the state file at the segment start
+    averages: str            # artifact id of the segment's averaged tensors
+    state_in: str            # sha256 of the checkpoint bytes
+    steps: tuple[StepHashes, ...]
+    state_out: str           # sha256 of the state file at the segment end
+
+    def to_obj(self) -> dict:
+        return {"index": self.index, "checkpoint": self.checkpoint, "averages": self.averages,
+                "state_in": self.state_in, "state_out": self.state_out,
+                "steps": [[s.gradient, s.codec, s.average] for s in self.steps]}
+
+    def canonical(self) -> bytes:
+        return json.dumps(self.to_obj(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_obj(cls, obj) -> SegmentRecord:
+        if not isinstance(obj, dict) or tuple(sorted(obj)) != FIELDS:
+            raise BadRecord(f"a segment record is an object with exactly the fields {list(FIELDS)}")
+        index = obj["index"]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_SEGMENTS:
+            raise BadRecord("record index must be an integer in [0, 2^20)")
+        for name in ("checkpoint", "averages", "state_in", "state_out"):
+            _check_hex(obj[name], name)
+        steps = obj["steps"]
+        if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
+            raise BadRecord(f"record steps must be a list of 1..{MAX_STEPS} hash triples")
+        parsed = []
+        for step in steps:
+            if not isinstance(step, list) or len(step) != 3:
+                raise BadRecord("each step is [gradient, codec, average]")
+            for value in step:
+                _check_hex(value, "step hash")
+            parsed.append(StepHashes(*step))
+        return cls(index, obj["checkpoint"], obj["averages"], obj["state_in"], tuple(parsed), obj["state_out"])
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SegmentRecord:
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadRecord("a segment record is JSON") from None
+        return cls.from_obj(obj)
+
+
+def _check_hex(value, name: str) -> None:
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise BadRecord(f"{name} must be 64 lowercase hex digits")
+
+
+def leaf(task_id: bytes, worker: str, record: SegmentRecord) -> bytes:
+    """The Merkle leaf of `worker`'s record for `task_id`."""
+    if len(task_id) != 32:
+        raise ValueError("a task id is 32 bytes")
+    return hashlib.sha256(LEAF_DOMAIN + task_id + worker.encode() + record.canonical()).digest()
+
+
+def leaves(task_id: bytes, worker: str, records: list[SegmentRecord]) -> list[bytes]:
+    if [r.index for r in records] != list(range(len(records))):
+        raise BadRecord("records must be numbered 0, 1, 2, ... in order")
+    return [leaf(task_id, worker, r) for r in records]
+
+
+def root(leaf_list: list[bytes]) -> bytes:
+    """The segments_root over a worker's leaves (consensus.block.merkle_root)."""
+    if not leaf_list:
+        raise BadRecord("a commitment has at least one segment")
+    return merkle_root(leaf_list)
+
+
+def _leaf_node(item: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + item).digest()
+
+
+def _inner(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def proof(leaf_list: list[bytes], index: int) -> list[bytes]:
+    """The audit path of leaf `index`: the sibling at every level where it has one, bottom up."""
+    if not 0 <= index < len(leaf_list):
+        raise ValueError(f"leaf {index} outside {len(leaf_list)} leaves")
+    level = [_leaf_node(item) for item in leaf_list]
+    path = []
+    while len(level) > 1:
+        sibling = index ^ 1
+        if sibling < len(level):
+            path.append(level[sibling])
+        level = [_inner(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)] + (
+            [level[-1]] if len(level) % 2 else [])
+        index //= 2
+    return path
+
+
+def verify_proof(root_hash: bytes, leaf_item: bytes, index: int, count: int, path: list[bytes]) -> bool:
+    """Whether `path` proves `leaf_item` is leaf `index` of `count` under `root_hash`."""
+    if (isinstance(index, bool) or isinstance(count, bool) or not isinstance(index, int)
+            or not isinstance(count, int) or not 0 <= index < count <= MAX_SEGMENTS
+            or not isinstance(path, list) or len(path) > MAX_PROOF
+            or not all(isinstance(p, bytes) and len(p) == 32 for p in path)):
+        return False
+    node, width, used = _leaf_node(leaf_item), count, 0
+    while width > 1:
+        if index ^ 1 < width:
+            if used == len(path):
+                return False
+            sibling = path[used]
+            used += 1
+            node = _inner(sibling, node) if index % 2 else _inner(node, sibling)
+        index //= 2
+        width = (width + 1) // 2
+    return used == len(path) and node == root_hash

@@ -1,0 +1,139 @@
+"""How a node answers the verification duties the ledger gives it (docs/adr/0168, 0175): judge one audit
+slot -- one worker's one segment -- by replaying it from the worker's committed state file, as a drawn
+verifier (`audit_result`) or a drawn referee (`referee_vote`); and dispute, as the audited worker, an
+answer that accuses it.
+
+`judge_slot` is independent of the network: it takes a `Sources` (fetch a worker's record with its
+Merkle proof, fetch an artifact from holders, the task's input files), so the compute role, the tests
+and the in-process lab (devtools/verification_lab.py) run the same code. A record that does not
+verify under the worker's committed root, or state files nobody serves, is a mismatch with the
+`unavailable_evidence` of the slot's salt (every honest judge that cannot get them says the same);
+otherwise the verdict is the replay's (ml/compute/segment_replay.py) with one more check: the averages
+the worker applied must be the ones most of its co-workers recorded for the same segment.
+
+Adversarial verifier modes exist for the benchmark and the tests only (`[compute] fault_inject`):
+`false_accuser` answers mismatch without replaying, `rubber_stamp` answers match with evidence made
+from the published record (it cannot make the real evidence without computing).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ml.compute.segment_record import BadRecord, SegmentRecord
+from ml.compute.segment_replay import SegmentReplay, replay_segment
+from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
+from ml.train.reproducibility import in_compute_thread
+from ml.train.spec import TrainSpec
+
+log = logging.getLogger(__name__)
+
+VERIFIER_FAULTS = ("false_accuser", "rubber_stamp")
+
+
+class Unavailable(RuntimeError):
+    """What a judge needs (a record, a state file) could not be had from anyone."""
+
+
+@dataclass
+class Sources:
+    """Where a judge gets what it replays from."""
+    record: Callable[[str, int], Awaitable[SegmentAnswer]]          # (worker, segment) -> answer
+    artifact: Callable[[str, list[str]], Awaitable[Path]]           # (artifact id, holders) -> local file
+    files: dict[str, Path]                                          # the task's input artifacts
+
+
+@dataclass(frozen=True)
+class Judgement:
+    match: bool
+    evidence: bytes
+    step: int
+    reason: str
+
+    def audit_payload(self, task_id: bytes, slot: int) -> dict:
+        return {"task_id": task_id, "slot": slot, "match": self.match, "evidence": self.evidence,
+                "step": self.step}
+
+    def vote_payload(self, task_id: bytes, slot: int) -> dict:
+        return {"task_id": task_id, "slot": slot, "match": self.match, "evidence": self.evidence}
+
+
+def unavailable_evidence(salt: bytes) -> bytes:
+    """The evidence of a judge that could not get the worker's record or state files."""
+    return hashlib.sha256(salt + b"dekube/unavailable").digest()
+
+
+async def _checked_record(task: dict, worker: str, segment: int, sources: Sources) -> SegmentRecord:
+    root_hex, _result, segments, *_ = task["commits"][worker]
+    try:
+        answer = await sources.record(worker, segment)
+        check_answer(answer, bytes.fromhex(task["task_id"]), worker, bytes.fromhex(root_hex), segments)
+    except (SegmentsError, BadRecord, OSError) as exc:
+        raise Unavailable(f"record of segment {segment} from {worker[:16]}: {exc}") from None
+    return answer.record
+
+
+async def _majority_averages(task: dict, worker: str, segment: int, own: SegmentRecord,
+                             sources: Sources) -> list[str] | None:
+    """The per-step average hashes most committed workers recorded for `segment` (the audited one
+    counted), or None without a strict majority among the records to be had."""
+    lists = [[s.average for s in own.steps]]
+    for other in sorted(task["commits"]):
+        if other == worker:
+            continue
+        try:
+            record = await _checked_record(task, other, segment, sources)
+        except Unavailable:
+            continue
+        lists.append([s.average for s in record.steps])
+    votes = Counter(tuple(x) for x in lists)
+    best, count = votes.most_common(1)[0]
+    return list(best) if count * 2 > len(lists) else None
+
+
+async def judge_slot(task: dict, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+                     sources: Sources) -> Judgement:
+    """Replay `worker`'s `segment` of `task` (a dkb_getTask document) and judge it."""
+    workers = sorted(task["workers"])
+    if worker not in workers or worker not in task["commits"]:
+        raise ValueError(f"{worker} is not a committed worker of the task")
+    try:
+        record = await _checked_record(task, worker, segment, sources)
+        holders = [worker, *sorted(w for w in task["commits"] if w != worker)]
+        checkpoint = await sources.artifact(record.checkpoint, [worker])
+        averages = await sources.artifact(record.averages, holders)
+    except Unavailable as exc:
+        return Judgement(False, unavailable_evidence(salt), 0, str(exc))
+    except Exception as exc:  # an artifact nobody serves (ArtifactError and friends)
+        return Judgement(False, unavailable_evidence(salt), 0, f"state files unavailable: {exc}")
+    replay: SegmentReplay = await in_compute_thread(
+        replay_segment, spec, workers.index(worker), len(workers), record, checkpoint, averages, sources.files, salt)
+    if not replay.match:
+        step, field = replay.first_divergence or (0, "?")
+        return Judgement(False, replay.evidence, step, f"{field} differs at step {step} of segment {segment}")
+    majority = await _majority_averages(task, worker, segment, record, sources)
+    own = [s.average for s in record.steps]
+    if majority is not None and majority != own:
+        step = next(i for i, (a, b) in enumerate(zip(own, majority)) if a != b)
+        return Judgement(False, replay.evidence, step,
+                         f"the averages it applied differ from its co-workers' at step {step}")
+    return Judgement(True, replay.evidence, 0, "replayed hashes match")
+
+
+async def judge_as(mode: str, task: dict, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+                   sources: Sources) -> Judgement:
+    """`judge_slot`, or the answer of an adversarial verifier mode (tests and benchmark only)."""
+    if mode == "false_accuser":
+        return Judgement(False, hashlib.sha256(b"made up" + salt).digest(), 0, "false accusation (fault_inject)")
+    if mode == "rubber_stamp":
+        try:
+            record = await _checked_record(task, worker, segment, sources)
+            made_up = hashlib.sha256(salt + record.canonical()).digest()
+        except Unavailable:
+            made_up = hashlib.sha256(salt).digest()
+        return Judgement(True, made_up, 0, "rubber stamp (fault_inject)")
+    return await judge_slot(task, spec, worker, segment, salt, sources)

@@ -1,0 +1,325 @@
+"""The serving client: chains block servers to run a decoder it holds only the ends of.
+
+`plan_chain` picks servers whose ranges tile blocks 0..layers, the fastest chain by the client's own
+measurements (`measure`), else the fewest hops. `RemoteGenerator` generates greedily token by token: it embeds
+tokens locally, sends the hidden states through the chain (each server keeps the session's KV
+cache), and reads the next token from the head. It records every chunk it sent each span; when a
+server fails mid-generation, it re-plans that span's blocks over live servers (one with the same
+range, or several) and sends them the recorded chunks plus the current one, so their caches hold
+exactly what the dead one had and the output continues unchanged. `local_generate` runs the same chunks through a
+whole local model: in bit-exact mode ("f32") both give the same tokens.
+
+Parameters the client tuned (ml/serve/tuner.py) apply in generation with
+`RemoteGenerator(tuned=...)`: adapters at every step, deep prompts sent at session open and added to
+the first chunk.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ml.serve.adapters import ClientParams
+from ml.serve.model import ServeDecoder
+from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+from ml.serve.wire import roundtrip as wire_roundtrip
+
+
+class NoChain(RuntimeError):
+    """No live servers cover all blocks (or a failed span has no replacement)."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    peer_id: str
+    start: int
+    end: int
+
+
+def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
+               speed: dict[str, float] | None = None, start: int = 0) -> list[ServerInfo]:
+    """Servers whose ranges tile blocks start..layers: the least estimated time per token first (the
+    sum of 1 / `speed`, the measured tokens/s of each hop, latency included; a server measured at 0
+    counts as unusable, one not measured as free), then the fewest hops, then the order given."""
+    live = [s for s in servers if s.peer_id not in dead and start <= s.start < s.end <= layers]
+    order = {id(s): i for i, s in enumerate(live)}
+    speed = speed or {}
+
+    def hop_time(peer_id: str) -> float:
+        if peer_id not in speed:
+            return 0.0
+        return 1.0 / speed[peer_id] if speed[peer_id] > 0 else float("inf")
+
+    def rank(path: list[ServerInfo]) -> tuple:
+        return sum(hop_time(s.peer_id) for s in path), len(path), [order[id(s)] for s in path]
+
+    best: dict[int, list[ServerInfo]] = {start: []}
+    for position in range(start, layers):          # best tiling by dynamic programming over start positions
+        if position not in best:
+            continue
+        for server in (s for s in live if s.start == position):
+            path = best[position] + [server]
+            if server.end not in best or rank(path) < rank(best[server.end]):
+                best[server.end] = path
+    if layers not in best:
+        raise NoChain(f"no live servers cover blocks {start}:{layers}")
+    return best[layers]
+
+
+async def measure(host, servers: list[ServerInfo], width: int, tokens: int = 8) -> dict[str, float]:
+    """Tokens per second each server answers for a stateless forward of `tokens` positions
+    (latency included): the client's own measurement, not the server's claim."""
+    speed = {}
+    for server in servers:
+        client = SpanClient(host, server.peer_id, server.start, server.end, timeout=15.0)
+        try:
+            began = time.perf_counter()
+            await client.forward(torch.zeros(1, tokens, width), None, "f16")
+            speed[server.peer_id] = tokens / (time.perf_counter() - began)
+        except (SpanUnavailable, RemoteError):
+            speed[server.peer_id] = 0.0
+        finally:
+            await client.close()
+    return speed
+
+
+def greedy(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits[0, -1]))
+
+
+def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
+                   tuned: ClientParams | None = None) -> list[int]:
+    """Greedy tokens from the whole model, in the chunks the remote generator uses (prefix, then one
+    token at a time), with the client's tuned parameters if any."""
+    tuned = tuned or ClientParams()
+    offset = tuned.prompt_length
+    caches = model.new_caches(1, offset + len(prompt) + max_new_tokens)
+    deep, lora = tuned.for_span(0, model.config.layers)
+    out: list[int] = []
+    with torch.no_grad():
+        hidden = first_chunk(model, tuned, prompt)
+        hidden = model.run_blocks(hidden, caches, prompts=deep, lora=lora)
+        for step in range(max_new_tokens):
+            out.append(greedy(model.logits(hidden)))
+            if step + 1 < max_new_tokens:
+                position = offset + len(prompt) + step
+                hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches, lora=lora)
+    return out
+
+
+def first_chunk(ends: ServeDecoder, tuned: ClientParams, prompt: list[int]) -> torch.Tensor:
+    """The hidden states of the first step: the soft prompt (if any), then the embedded prompt."""
+    embedded = ends.embed_tokens(torch.tensor([prompt]), tuned.prompt_length)
+    prefix = tuned.prefix(ends)
+    return embedded if prefix is None else torch.cat([prefix, embedded], 1)
+
+
+@dataclass
+class GenerationStats:
+    replays: int = 0
+    recover_s: list[float] = field(default_factory=list)
+    steps: int = 0
+    bytes_sent: int = 0       # frames to servers, replays included
+    bytes_received: int = 0
+
+    def add_traffic(self, client: SpanClient) -> None:
+        self.bytes_sent += client.bytes_sent
+        self.bytes_received += client.bytes_received
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    span: int
+    blocks: tuple[int, int]
+    ok: bool
+    first_bad_step: int | None     # the first chunk whose answer differs
+    culprit: str | None            # the server that gave it
+
+
+class RemoteGenerator:
+    def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
+                 speed: dict[str, float] | None = None, tuned: ClientParams | None = None):
+        if not ends.has_ends:
+            raise ValueError("the client needs the model's ends (embeddings, norm, head)")
+        self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
+        self.tuned = (tuned or ClientParams()).check(ends.config)   # the client's adapters and prompts
+        self.dead: set[str] = set()
+        self.stats = GenerationStats()
+        self.chain: list[SpanClient] = []
+        self.spans: list[tuple[int, int]] = []
+        self.history: list[list[torch.Tensor]] = []                 # per span: the chunks sent, in order
+        self.outputs: list[list[tuple[str, torch.Tensor | None]]] = []   # per span: (server, answer) per chunk
+        self._max_length = 0
+
+    async def _open(self, server: ServerInfo) -> SpanClient:
+        client = SpanClient(self.host, server.peer_id, server.start, server.end)
+        deep, lora = self.tuned.for_span(server.start, server.end)
+        try:
+            await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
+        except RemoteError:
+            client.abort()
+            raise
+        return client
+
+    async def start(self, max_length: int) -> None:
+        """Open a session on each server of the best chain; a server that cannot be opened is marked
+        dead and the chain planned again."""
+        self._max_length = max_length
+        while True:
+            plan = plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed)
+            opened: list[SpanClient] = []
+            try:
+                for server in plan:
+                    opened.append(await self._open(server))
+            except (SpanUnavailable, RemoteError):
+                self.dead.add(plan[len(opened)].peer_id)
+                await asyncio.gather(*(client.close() for client in opened), return_exceptions=True)
+                continue
+            break
+        self.chain = opened
+        self.spans = [(s.start, s.end) for s in plan]
+        self.history = [[] for _ in plan]
+        self.outputs = [[] for _ in plan]
+
+    async def _step_span(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Span `index`'s answer to `hidden` and the index of the span after it (a failed span may be
+        replaced by several)."""
+        client = self.chain[index]
+        try:
+            out = await client.step([hidden], self.codec)
+        except (SpanUnavailable, RemoteError):
+            client.abort()
+            self.stats.add_traffic(client)
+            self.dead.add(client.peer_id)
+            return await self._recover(index, hidden)
+        self.history[index].append(hidden)
+        self.outputs[index].append((client.peer_id, out))
+        return out, index + 1
+
+    async def _recover(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Replace the failed span `index` by live servers tiling its blocks (one with the same range
+        if any, else several) and replay its recorded chunks plus `hidden` through them."""
+        began = time.perf_counter()
+        start, end = self.spans[index]
+        chunks = self.history[index] + [hidden]
+        while True:
+            plan = plan_chain(self.servers, end, self.dead, self.speed, start=start)
+            clients, histories, answers, inputs = [], [], [], chunks
+            try:
+                for position, server in enumerate(plan):
+                    client = await self._open(server)
+                    clients.append(client)
+                    last = position == len(plan) - 1
+                    outs = await self._replay(client, inputs, all_outputs=not last)
+                    histories.append(inputs)
+                    if last:   # its answers to the replayed chunks were not asked for
+                        out = outs[-1]
+                        answers.append([(client.peer_id, None)] * (len(inputs) - 1) + [(client.peer_id, out)])
+                    else:   # the next server replays this one's answers to every chunk
+                        inputs = outs
+                        answers.append([(client.peer_id, o) for o in outs])
+            except (SpanUnavailable, RemoteError):
+                failed = clients[-1] if len(clients) > len(histories) else None
+                for client in clients:
+                    client.abort()
+                    self.stats.add_traffic(client)
+                self.dead.add(failed.peer_id if failed is not None else plan[len(clients)].peer_id)
+                continue
+            break
+        # the replaced span's earlier answers stay on record (with the server that gave them) for the
+        # first new span only when the range is unchanged; otherwise the new spans' replies are the record
+        if len(plan) == 1:
+            answers[0] = self.outputs[index] + answers[0][-1:]
+        self.chain[index:index + 1] = clients
+        self.spans[index:index + 1] = [(s.start, s.end) for s in plan]
+        self.history[index:index + 1] = histories
+        self.outputs[index:index + 1] = answers
+        self.stats.replays += 1
+        self.stats.recover_s.append(time.perf_counter() - began)
+        return out, index + len(plan)
+
+    async def _replay(self, client: SpanClient, chunks: list[torch.Tensor], all_outputs: bool) -> list[torch.Tensor]:
+        """Send recorded chunks to `client` in one step and return its answers as a step-by-step run
+        would have delivered them. The chunks go as the first server decoded them, in f32, and the
+        answers are put through the codec one by one, because a lossy codec's blocks would otherwise
+        straddle chunk boundaries: so the replay is exact in every codec."""
+        sent = [wire_roundtrip(chunk, self.codec) for chunk in chunks]
+        out = await client.step(sent, "f32", all_outputs=all_outputs)
+        outs = list(torch.split(out, [c.shape[1] for c in chunks], dim=1)) if all_outputs else [out]
+        return [wire_roundtrip(o, self.codec) for o in outs]
+
+    async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
+        index = 0
+        while index < len(self.chain):
+            hidden, index = await self._step_span(index, hidden)
+        self.stats.steps += 1
+        return hidden
+
+    async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
+        offset = self.tuned.prompt_length
+        total = offset + len(prompt) + max_new_tokens
+        if total > self.ends.config.context:
+            raise ValueError(f"{total} positions exceed the model's context of {self.ends.config.context}")
+        await self.start(total)
+        try:
+            out: list[int] = []
+            with torch.no_grad():
+                hidden = await self._through_chain(first_chunk(self.ends, self.tuned, prompt))
+                for step in range(max_new_tokens):
+                    out.append(greedy(self.ends.logits(hidden)))
+                    if step + 1 < max_new_tokens:
+                        embedded = self.ends.embed_tokens(torch.tensor([[out[-1]]]), offset + len(prompt) + step)
+                        hidden = await self._through_chain(embedded)
+            return out
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.close() for client in self.chain), return_exceptions=True)
+        for client in self.chain:
+            self.stats.add_traffic(client)
+        self.chain = []   # history and outputs stay for spot checks
+
+    def spot_check(self, index: int, part: ServeDecoder) -> SpotCheck:
+        """Rerun span `index`'s recorded chunks through `part` (the client's own copy of those blocks,
+        in the same profile) and compare every answer the servers gave, bit for bit after the wire
+        codec: an honest server in the same profile matches exactly in every codec."""
+        start, end = self.spans[index]
+        if (part.start, part.end) != (start, end):
+            raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
+        caches = part.new_caches(1, self._max_length)
+        deep, lora = self.tuned.for_span(start, end)
+        if deep is not None:
+            deep = wire_roundtrip(deep, self.codec)
+        if lora is not None:
+            lora = (wire_roundtrip(lora[0], self.codec), wire_roundtrip(lora[1], self.codec))
+        with torch.no_grad():
+            for step, (chunk, (peer_id, answer)) in enumerate(zip(self.history[index], self.outputs[index])):
+                received = wire_roundtrip(chunk, self.codec)      # what the server decoded
+                out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
+                expected = wire_roundtrip(out, self.codec)
+                if answer is not None and not torch.equal(expected, answer):
+                    return SpotCheck(index, (start, end), False, step, peer_id)
+        return SpotCheck(index, (start, end), True, None, None)
+
+    async def spot_check_remote(self, index: int, referee: ServerInfo) -> SpotCheck:
+        """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
+        span's recorded chunks in a fresh session and compare each of its answers with the recorded
+        ones, bit for bit. A mismatch names the first differing step and the server that answered
+        it; which of the two lies is for a third opinion (a local check or another referee)."""
+        start, end = self.spans[index]
+        if (referee.start, referee.end) != (start, end):
+            raise ValueError(f"span {index} is blocks {start}:{end}, the referee holds {referee.start}:{referee.end}")
+        client = await self._open(referee)
+        try:
+            answers = await self._replay(client, self.history[index], all_outputs=True)
+        finally:
+            await client.close()
+        for step, ((peer_id, answer), expected) in enumerate(zip(self.outputs[index], answers)):
+            if answer is not None and not torch.equal(expected, answer):
+                return SpotCheck(index, (start, end), False, step, peer_id)
+        return SpotCheck(index, (start, end), True, None, None)

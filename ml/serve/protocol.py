@@ -1,0 +1,281 @@
+"""`/dekube/serve/1.0.0`: a client drives a block server over one stream of request/reply frames.
+
+Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type":
+
+- "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
+- "open" {"max_length", "batch"} [+ "lora_a", "lora_b"] [+ "prompts"] -> {"type": "opened"}: one
+  inference session per stream (with the client's adapter, if sent, applied at every step, and its
+  deep prompts added to the first chunk), closed when the stream ends (or by "close", answered
+  {"type": "closed", "usage"}).
+- "step" {"codec", "chunks": [length, ...]} + tensor "h" (batch, sum of lengths, width) ->
+  {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
+  the reply is the last chunk's output, or every chunk's with "all": true (several chunks replay a
+  prefix; "all" lets a client feed a replay through a new chain of servers).
+- "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
+  Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
+  stream's stateless passes for "forward"/"backward". With "ids" (one example id per batch row),
+  "h" and the answer are deltas against the examples' activations last time (ml/serve/delta.py; the
+  stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
+- "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
+  [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
+
+Replies use the request's codec ("f32" bit-exact, "f16", "i8"). A refused request is answered
+{"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
+the stream is closed. Torch work and tensor (de)coding run in worker threads, one compute at a time
+per server. `make_handler` is the server's stream handler; `SpanClient` the client's end.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+
+import torch
+
+from ml.serve.delta import DeltaBook, check_ids
+from ml.serve.server import BlockServer, ServeError, Usage
+from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
+from node.p2p.errors import ProtocolError
+
+PROTOCOL = "/dekube/serve/1.0.0"
+IDLE_TIMEOUT_S = 300.0
+READ_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+MAX_CHUNKS = 4096
+
+
+class RemoteError(RuntimeError):
+    """The server refused a request (its answer is the message)."""
+
+
+class SpanUnavailable(ConnectionError):
+    """The server could not be reached, or its stream broke or timed out: a reason to fail over."""
+
+
+async def read_frame(stream, timeout: float) -> Message | None:
+    """The next frame from `stream`, or None if it ended cleanly before one began."""
+    try:
+        prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    length = frame_length(prefix)
+    body = await asyncio.wait_for(stream.readexactly(length), READ_TIMEOUT_S)
+    return await asyncio.to_thread(decode_frame, body)
+
+
+def _codec(header: dict) -> str:
+    codec = header.get("codec", "f32")
+    if codec not in CODECS:
+        raise ServeError(f"unknown codec {str(codec)[:20]!r}; known: {list(CODECS)}")
+    return codec
+
+
+def _split_chunks(lengths: object, hidden: torch.Tensor | None) -> list[torch.Tensor]:
+    """A step's tensor "h" (batch, total, width) cut into its chunks (header "chunks": lengths)."""
+    if hidden is None or hidden.dim() != 3:
+        raise ServeError("a step carries hidden states h of shape (batch, length, width)")
+    if (not isinstance(lengths, list) or not 1 <= len(lengths) <= MAX_CHUNKS
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)
+            or sum(lengths) != hidden.shape[1]):
+        raise ServeError(f"chunks must be 1..{MAX_CHUNKS} positive lengths summing to h's length")
+    return list(torch.split(hidden, lengths, dim=1))
+
+
+def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if "lora_a" not in tensors and "lora_b" not in tensors:
+        return None
+    if "lora_a" not in tensors or "lora_b" not in tensors:
+        raise ServeError("an adapter needs both lora_a and lora_b")
+    return tensors["lora_a"], tensors["lora_b"]
+
+
+def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor, codec: str) -> torch.Tensor:
+    """The delta to send for `value`, after recording what the receiver will reconstruct."""
+    delta = book.delta(ids, value)
+    book.commit(ids, roundtrip(delta, codec))
+    return delta
+
+
+def make_handler(server: BlockServer, model_id: str):
+    """The Host stream handler serving `server`'s blocks as model `model_id`."""
+    compute = asyncio.Semaphore(1)
+
+    async def run(fn, *args):
+        async with compute:
+            return await asyncio.to_thread(fn, *args)
+
+    async def answer(msg: Message, state: dict, peer: str) -> bytes:
+        kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
+        if kind == "info":
+            return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
+                                 "width": server.config.width, "layers": server.config.layers})
+        if kind == "open":
+            if state.get("session"):
+                raise ServeError("this stream already has a session")
+            session_id = secrets.token_hex(8)
+            server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors),
+                                owner=peer, prompts=tensors.get("prompts"))
+            state["session"] = session_id
+            return encode_frame({"type": "opened"})
+        if kind == "close":
+            usage = server.close_session(state.pop("session", "")) or Usage()
+            return encode_frame({"type": "closed", "usage": usage.as_dict()})
+        codec = _codec(header)
+        if kind == "step":
+            if not state.get("session"):
+                raise ServeError("open a session first")
+            chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
+            out = await run(server.step, state["session"], chunks, header.get("all") is True)
+            usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage}, {"h": out}, codec)
+        if kind == "forward":
+            if "h" not in tensors:
+                raise ServeError("forward needs tensor h")
+            hidden, ids = tensors["h"], None
+            if "ids" in header:   # h is a delta against the stored inputs of these examples
+                ids = check_ids(header["ids"], hidden.shape[0])
+                hidden = await asyncio.to_thread(state["inputs"].commit, ids, hidden)
+            out = await run(server.forward, hidden, tensors.get("prompts"), _lora(tensors), state["usage"])
+            if ids is not None:
+                out = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict()},
+                                           {"h": out}, codec)
+        if kind == "backward":
+            if "grad" not in tensors:
+                raise ServeError("backward needs tensor grad")
+            if "h" in tensors:
+                hidden = tensors["h"]
+            elif "ids" in header:
+                hidden = await asyncio.to_thread(state["inputs"].stored,
+                                                 check_ids(header["ids"], tensors["grad"].shape[0]))
+            else:
+                raise ServeError("backward needs tensor h, or ids of a delta forward")
+            grads = await run(server.backward, hidden, tensors["grad"], tensors.get("prompts"),
+                              _lora(tensors), state["usage"])
+            return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict()},
+                                           grads, codec)
+        raise ServeError(f"unknown request type {str(kind)[:20]!r}")
+
+    async def handle(stream) -> None:
+        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook()}
+        try:
+            while True:
+                try:
+                    msg = await read_frame(stream, IDLE_TIMEOUT_S)
+                except WireError as exc:
+                    await stream.write(encode_frame({"type": "error", "error": str(exc)[:300]}))
+                    break
+                if msg is None:
+                    break
+                try:
+                    reply = await answer(msg, state, str(getattr(stream, "remote_peer", "")))
+                except (ServeError, WireError, ValueError, RuntimeError) as exc:   # RuntimeError: torch's
+                    reply = encode_frame({"type": "error", "error": str(exc)[:300]})
+                await stream.write(reply)
+            await stream.close()
+        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+            stream.reset()
+        finally:
+            if state.get("session"):
+                server.close_session(state["session"])
+
+    return handle
+
+
+def _adapter(lora: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    return {} if lora is None else {"lora_a": lora[0], "lora_b": lora[1]}
+
+
+class SpanClient:
+    """The client's stream to one server holding blocks start..end."""
+
+    def __init__(self, host, peer_id: str, start: int, end: int, timeout: float = REQUEST_TIMEOUT_S):
+        self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
+        self._stream = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def __repr__(self) -> str:
+        return f"SpanClient({self.peer_id[:12]}.., {self.start}:{self.end})"
+
+    async def request(self, header: dict, tensors: dict[str, torch.Tensor] | None = None,
+                      codec: str = "f32") -> Message:
+        frame = await asyncio.to_thread(encode_frame, {**header, "codec": codec}, tensors, codec)
+        try:
+            if self._stream is None:
+                self._stream = await asyncio.wait_for(self.host.open_stream(self.peer_id, PROTOCOL), self.timeout)
+            await self._stream.write(frame)
+            self.bytes_sent += len(frame)
+            reply = await read_frame(self._stream, self.timeout)
+        except WireError as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: malformed reply: {exc}") from None
+        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: {exc!r}") from None
+        if reply is None:
+            self.abort()
+            raise SpanUnavailable(f"{self}: stream ended")
+        self.bytes_received += reply.nbytes
+        if reply.header.get("type") == "error":
+            raise RemoteError(f"{self}: {str(reply.header.get('error'))[:300]}")
+        return reply
+
+    async def info(self) -> dict:
+        return (await self.request({"type": "info"})).header
+
+    async def open(self, max_length: int, batch: int = 1, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   codec: str = "f32", prompts: torch.Tensor | None = None) -> None:
+        tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
+        await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
+
+    async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
+        """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""
+        lengths = [c.shape[1] for c in chunks]
+        hidden = torch.cat(chunks, 1)
+        reply = await self.request({"type": "step", "chunks": lengths, "all": all_outputs}, {"h": hidden}, codec)
+        return self._tensor(reply, "h", hidden.shape if all_outputs else chunks[-1].shape)
+
+    async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
+                      lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None
+                      ) -> torch.Tensor:
+        """The blocks' output; with `ids`, `hidden` and the answer are deltas (ml/serve/delta.py)."""
+        tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
+        header = {"type": "forward"} | ({} if ids is None else {"ids": ids})
+        return self._tensor(await self.request(header, tensors, codec), "h", hidden.shape)
+
+    async def backward(self, hidden: torch.Tensor | None, grad: torch.Tensor, prompts: torch.Tensor | None,
+                       codec: str, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """{"grad_h", and "grad_prompts" / "grad_lora_a", "grad_lora_b" for what was sent}. Without
+        `hidden`, the server uses the inputs it stored for `ids` in the last delta forward."""
+        tensors = ({"grad": grad} | ({} if hidden is None else {"h": hidden})
+                   | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora))
+        header = {"type": "backward"} | ({} if ids is None else {"ids": ids})
+        reply = await self.request(header, tensors, codec)
+        expected = {"grad_h": grad.shape}
+        if prompts is not None:
+            expected["grad_prompts"] = prompts.shape
+        if lora is not None:
+            expected["grad_lora_a"], expected["grad_lora_b"] = lora[0].shape, lora[1].shape
+        return {name: self._tensor(reply, name, shape) for name, shape in expected.items()}
+
+    def _tensor(self, reply: Message, name: str, shape: torch.Size) -> torch.Tensor:
+        if name not in reply.tensors or reply.tensors[name].shape != shape:
+            self.abort()
+            raise SpanUnavailable(f"{self}: reply lacks tensor {name} of shape {list(shape)}")
+        return reply.tensors[name]
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._stream.close(), 5.0)
+            self._stream = None
+
+    def abort(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.reset()
+            self._stream = None

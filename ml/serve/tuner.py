@@ -1,0 +1,158 @@
+"""Fine-tuning through block servers of parameters the client owns (ADR 0172).
+
+`RemoteTuner` holds an input soft prompt, deep prompts and/or LoRA adapters, runs the chain of
+servers forward (stateless passes), the head and loss locally, the chain backward, and steps Adam;
+the servers return gradients and never change their weights. A failed server is swapped for a spare
+with the same blocks. With example ids, activations travel as deltas (ml/serve/delta.py).
+"""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+import torch.nn.functional as F
+
+from ml.serve.adapters import ClientParams
+from ml.serve.client import NoChain, ServerInfo, plan_chain
+from ml.serve.delta import DeltaBook
+from ml.serve.model import ServeDecoder
+from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+from ml.serve.wire import roundtrip as wire_roundtrip
+
+
+class RemoteTuner:
+    """Fine-tuning through block servers of parameters the client owns: with `prompt_length` P > 0 an
+    input soft prompt (P, width) prepended to the embedded tokens and deep prompts (layers, P, width)
+    added to the first P positions before each block; with `lora_rank` r > 0 LoRA adapters on every
+    block's qkv projection (A (layers, r, width), B (layers, 3 width, r), B starting at zero). The
+    servers run forward and backward passes and return the gradients; only these parameters change."""
+
+    def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], prompt_length: int = 4,
+                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0):
+        config = ends.config
+        if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
+            raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
+        self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
+        self.servers, self.dead, self.failovers = list(servers), set(), 0
+        self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
+        self.books = [(DeltaBook(), DeltaBook()) for _ in self.chain]   # per span: inputs sent, outputs received
+        gen = torch.Generator().manual_seed(seed)
+        self.params: dict[str, torch.nn.Parameter] = {}
+        if prompt_length:
+            self.params["input_prompt"] = torch.nn.Parameter(0.02 * torch.randn(prompt_length, config.width,
+                                                                                generator=gen))
+            self.params["deep_prompts"] = torch.nn.Parameter(torch.zeros(config.layers, prompt_length, config.width))
+        if lora_rank:
+            scale = 1.0 / config.width ** 0.5
+            self.params["lora_a"] = torch.nn.Parameter(scale * torch.randn(config.layers, lora_rank, config.width,
+                                                                           generator=gen))
+            self.params["lora_b"] = torch.nn.Parameter(torch.zeros(config.layers, 3 * config.width, lora_rank))
+        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
+        for param in ends.parameters():
+            param.requires_grad_(False)
+
+    @property
+    def tuned(self) -> ClientParams:
+        """The current parameters (detached), for generation or saving."""
+        return ClientParams(**{name: p.detach().clone() for name, p in self.params.items()})
+
+    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        embedded = self.ends.embed_tokens(tokens[:, :-1], offset=self.prompt_length)
+        if not self.prompt_length:
+            return embedded
+        prompt = self.params["input_prompt"].detach().expand(tokens.shape[0], -1, -1)
+        return torch.cat([prompt + self.ends.position[:self.prompt_length], embedded], 1)
+
+    def _span_args(self, span: SpanClient, batch: int):
+        return ClientParams(**{name: p.detach() for name, p in self.params.items()}).for_span(span.start, span.end,
+                                                                                             batch)
+
+    def _loss(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.ends.logits(hidden)[:, self.prompt_length:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+    async def step(self, tokens: torch.Tensor, ids: list[int] | None = None) -> float:
+        """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions.
+        With `ids` (one per example, stable across steps), activations travel as deltas against the
+        example's previous ones (ml/serve/delta.py), and the backward reuses the server's copy."""
+        batch = tokens.shape[0]
+        hidden, inputs = self._inputs(tokens), []
+        for index, span in enumerate(self.chain):
+            deep, lora = self._span_args(span, batch)
+            seen, hidden = await self._forward(index, hidden, deep, lora, ids)
+            inputs.append(seen)
+        leaf = hidden.detach().requires_grad_(True)
+        loss = self._loss(leaf, tokens)
+        loss.backward()
+        grad = leaf.grad
+        grads = {name: torch.zeros_like(p) for name, p in self.params.items()}
+        for index in reversed(range(len(self.chain))):
+            span = self.chain[index]
+            deep, lora = self._span_args(span, batch)
+            got = await self._backward(index, inputs[index], grad, deep, lora, ids)
+            grad = got["grad_h"]
+            if deep is not None:
+                grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1)
+            if lora is not None:
+                grads["lora_a"][span.start:span.end] = got["grad_lora_a"]
+                grads["lora_b"][span.start:span.end] = got["grad_lora_b"]
+        if self.prompt_length:
+            grads["input_prompt"] = grad[:, :self.prompt_length].sum(0)
+        self.optimizer.zero_grad()
+        for name, param in self.params.items():
+            param.grad = grads[name]
+        self.optimizer.step()
+        return float(loss.detach())
+
+    async def loss(self, tokens: torch.Tensor) -> float:
+        """The loss without a step (forward passes only, activations sent whole)."""
+        hidden = self._inputs(tokens)
+        with torch.no_grad():
+            for index, span in enumerate(self.chain):
+                deep, lora = self._span_args(span, tokens.shape[0])
+                _, hidden = await self._forward(index, hidden, deep, lora, None)
+            return float(self._loss(hidden, tokens))
+
+    async def _forward(self, index: int, hidden: torch.Tensor, deep, lora,
+                       ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the input as the server has it, its output) for span `index`, failing over if needed."""
+        while True:
+            span = self.chain[index]
+            try:
+                if ids is None:
+                    return hidden, await span.forward(hidden, deep, self.codec, lora)
+                sent, received = self.books[index]
+                delta = sent.delta(ids, hidden)
+                seen = sent.commit(ids, wire_roundtrip(delta, self.codec))
+                return seen, received.commit(ids, await span.forward(delta, deep, self.codec, lora, ids=ids))
+            except (SpanUnavailable, RemoteError):
+                self._failover(index)
+
+    async def _backward(self, index: int, span_input: torch.Tensor, grad: torch.Tensor, deep, lora,
+                        ids: list[int] | None) -> dict[str, torch.Tensor]:
+        fresh = False   # a replacement server has no stored activations: send them
+        while True:
+            span = self.chain[index]
+            try:
+                if ids is not None and not fresh:
+                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids)
+                return await span.backward(span_input, grad, deep, self.codec, lora)
+            except (SpanUnavailable, RemoteError):
+                self._failover(index)
+                fresh = True
+
+    def _failover(self, index: int) -> None:
+        """Replace span `index` by a live server with the same blocks (passes are stateless)."""
+        span = self.chain[index]
+        span.abort()
+        self.dead.add(span.peer_id)
+        spare = next((s for s in self.servers if (s.start, s.end) == (span.start, span.end)
+                      and s.peer_id not in self.dead), None)
+        if spare is None:
+            raise NoChain(f"no live server for blocks {span.start}:{span.end}")
+        self.chain[index] = SpanClient(self.host, spare.peer_id, spare.start, spare.end)
+        self.books[index] = (DeltaBook(), DeltaBook())
+        self.failovers += 1
+
+    async def close(self) -> None:
+        await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

@@ -1,0 +1,63 @@
+"""``task submit`` names the task's execution profile (docs/adr/0166): the portable CPU profile for a CPU
+task, none for cuda/any (the ledger picks), or ``--profile ID``; a malformed or mismatched one is one
+line on stderr before anything is sent."""
+import pytest
+
+import cli.task_submit as task_submit
+from cli.main import main
+from ml.profiles import default_profile
+from node.identity import Identity
+from node.keystore import save_identity
+
+
+@pytest.fixture
+def key(tmp_path):
+    path = tmp_path / "key.json"
+    save_identity(path, Identity.generate())
+    return path
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The submit_task payloads the command would send (the ledger is never reached)."""
+    payloads = []
+
+    async def fake_submit(args, identity, payload, inputs):
+        payloads.append(payload)
+        return 0
+
+    monkeypatch.setattr(task_submit, "submit", fake_submit)
+    return payloads
+
+
+def submit(key, *argv):
+    return main(["task", "submit", "--rpc", "http://127.0.0.1:9", "--key", str(key), "--price", "100",
+                 "--skip-dry-run", "--model", "mlp", "--dataset", "digits", "--json", *argv])
+
+
+@pytest.mark.parametrize(("argv", "profile"), [
+    ((), default_profile("cpu")),
+    (("--device", "cpu"), "cpu-x86-64-avx2/torch-2.13.0"),
+    (("--device", "cuda"), None),
+    (("--device", "any"), None),
+    (("--device", "cuda", "--profile", "cuda-nvidia-h100-80gb-hbm3-cc9.0-cuda12.8/torch-2.13.0"),
+     "cuda-nvidia-h100-80gb-hbm3-cc9.0-cuda12.8/torch-2.13.0"),
+    (("--device", "any", "--profile", "cpu-x86-64-avx2/torch-2.13.0"), "cpu-x86-64-avx2/torch-2.13.0"),
+])
+def test_submit_payload_names_the_profile(key, sent, argv, profile):
+    assert submit(key, *argv) == 0
+    assert sent[-1].get("profile") == profile
+    assert "" not in sent[-1].values()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--profile", "CPU AVX2"), "--profile: bad profile id"),
+    (("--profile", "x" * 97), "--profile: bad profile id"),
+    (("--profile", "cuda-nvidia-h100-cc9.0-cuda12.8/torch-2.13.0"), "is not a cpu profile"),
+    (("--device", "cuda", "--profile", "cpu-x86-64-avx2/torch-2.13.0"), "is not a cuda profile"),
+])
+def test_bad_profile_is_one_line_before_anything_is_sent(key, sent, capsys, argv, message):
+    assert submit(key, *argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert sent == []

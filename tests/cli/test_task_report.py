@@ -1,0 +1,59 @@
+"""cli.task_report: how `task show` / `task wait` tell a task's audit slots and payouts."""
+from cli.task_report import report_final, role_of, slot_lines
+
+W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
+EV, BAD = "aa" * 32, "bb" * 32
+
+
+def task() -> dict:
+    return {
+        "task_id": "11" * 32, "status": "paid", "owner": OWNER, "workers": [W1, W2], "price": 1000,
+        "profile": "cpu-x86-64-avx2/torch-2.13.0",
+        "slots": [
+            {"slot": 0, "worker": W1, "segment": 3, "salt": "00" * 32, "outcome": "ok",
+             "verifiers": [{"verifier": V1, "deadline": 50, "redraw": False,
+                            "answer": {"match": True, "evidence": EV, "step": 0}}],
+             "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0,
+             "verdict": {"match": True, "evidence": EV}},
+            {"slot": 1, "worker": W2, "segment": 1, "salt": "01" * 32, "outcome": "guilty",
+             "verifiers": [{"verifier": V1, "deadline": 50, "redraw": False, "answer": None},
+                           {"verifier": V2, "deadline": 90, "redraw": True,
+                            "answer": {"match": False, "evidence": BAD, "step": 2}}],
+             "dispute_deadline": 100, "dispute": {"height": 95}, "referee_deadline": 140,
+             "referees": [{"referee": R1, "vote": {"match": False, "evidence": BAD}}],
+             "verdict": {"match": False, "evidence": BAD}},
+        ],
+        "payouts": {W1: 600, V2: 30, R1: 20, OWNER: 350}, "result": "cc" * 32,
+    }
+
+
+def test_slot_lines_tell_worker_segment_answers_dispute_referees_and_outcome():
+    lines = slot_lines(task())
+    assert lines[0] == "audit slots (2, profile cpu-x86-64-avx2/torch-2.13.0):"
+    text = "\n".join(lines)
+    assert f"  slot 0  ok         segment 3 of {W1[:16]}.." in lines
+    assert f"  slot 1  guilty     segment 1 of {W2[:16]}.." in lines
+    assert f"verifier {V1[:16]}..  match, evidence {EV[:16]}..  (due by height 50)" in text
+    assert f"verifier {V1[:16]}..  silent (no answer by its deadline)" in text
+    assert f"verifier {V2[:16]}..  MISMATCH from step 2, evidence {BAD[:16]}..  [redrawn]" in text
+    assert "disputed by the worker at height 95" in text
+    assert f"referee  {R1[:16]}..  MISMATCH, evidence {BAD[:16]}..  (due by height 140)" in text
+    assert slot_lines({**task(), "slots": []}) == []
+
+
+def test_pending_slot_shows_open_answers_and_dispute_window():
+    doc = task()
+    slot = doc["slots"][1]
+    slot.update(outcome="pending", dispute=None, referees=[], verdict=None)
+    text = "\n".join(slot_lines(doc))
+    assert "no answer yet" in text and "the worker may dispute until height 100" in text
+
+
+def test_roles_and_the_final_report(capsys):
+    doc = task()
+    assert [role_of(doc, p) for p in (OWNER, W1, V2, R1, "12D3KooWzz")] == \
+        ["owner", "worker", "verifier", "referee", "relay"]
+    assert report_final(doc) == 0
+    out = capsys.readouterr().out
+    assert "slot 1  guilty" in out and f"  {R1}  referee  20" in out
+    assert f"  {W2}  worker   0 (not paid: no commitment, or an audit slot found it guilty)" in out
