@@ -1,8 +1,10 @@
 """Shared helpers for the ledger tests: deterministic identities and a one-node test chain
 (devtools/ledger_chain.py, also used by the verification lab)."""
 from consensus.genesis import Params
+from consensus.txcodes import TxCode
 from devtools.ledger_chain import Chain as LabChain
-from devtools.ledger_chain import ident  # noqa: F401  (re-exported for the ledger tests)
+from devtools.ledger_chain import ident
+from node.identity import Identity
 
 CHAIN = "dekube-test"
 
@@ -22,3 +24,32 @@ def test_kit_chain_starts_at_genesis():
     assert chain.ledger.balance(ident(1).peer_id) == 1_000_000
     chain.empty_blocks(2)
     assert chain.ledger.height == 2
+
+
+# ---- audit slots (ADR 0168) -------------------------------------------------------------------
+
+HONEST_EVIDENCE = b"\xe0" * 32   # what an honest replay of any slot yields in these tests
+
+
+def identity_of(peer_id: str) -> Identity:
+    """The test identity ``ident(i)`` (i < 64) with this peer ID."""
+    return next(ident(i) for i in range(64) if ident(i).peer_id == peer_id)
+
+
+def answer_slot(chain, task_id: bytes, slot: int, verifier: str, match=True, evidence=HONEST_EVIDENCE, step=0):
+    """``verifier`` (a peer ID) sends audit_result for ``slot``; returns the receipt."""
+    return chain.run(identity_of(verifier), "audit_result", {"task_id": task_id, "slot": slot, "match": match,
+                                                             "evidence": evidence, "step": step})
+
+
+def answer_all_slots(chain, task_id: bytes, match=True, evidence=HONEST_EVIDENCE):
+    """Every drawn verifier of every pending slot answers (match, evidence), in one block."""
+    task = chain.ledger.state.tasks[task_id]
+    txs = [chain.tx(identity_of(v["verifier"]), "audit_result",
+                    {"task_id": task_id, "slot": slot["slot"], "match": match, "evidence": evidence,
+                     "step": 0 if match else 1})
+           for slot in task.slots if slot["outcome"] == "pending"
+           for v in slot["verifiers"] if v["answer"] is None]
+    result = chain.block(txs)
+    assert all(r.code == TxCode.OK for r in result.receipts), result.receipts
+    return result
