@@ -388,6 +388,7 @@ RELAY_RECEIPT: Schema = {
 SERVE_RECEIPT: Schema = {  # cumulative usage of one serving session (ADR 0174)
     "session": blob(16), "server": peer_id, "client": peer_id, "model": text(128, min_len=1),
     "tokens": uint(0, 2**48), "flops": uint(0, 2**96), "amount": uint(1, 2**96), "seq": uint(1, 2**32),
+    "transcript": HASH32,   # hash chain over the answers served (ml/serve/billing.py): evidence for spot checks
 }
 
 PAYLOAD_SCHEMAS: dict[str, Schema] = {

@@ -121,3 +121,23 @@ def serve_escrow_json(state: LedgerState, client: str) -> dict:
     """A client's escrow as RPC shows it."""
     escrow = state.serve_escrows.get(client) or ServeEscrow()
     return {"client": client, **escrow.to_json()}
+
+
+MAX_LIST_NODES = 1000
+
+
+def list_nodes(state: LedgerState, role: str | None = None, model: str | None = None,
+               limit: int = 100) -> list[dict]:
+    """Node records (sorted by peer id) with ``role``, or announcing a served range of ``model``
+    (``hardware.serving``), at most ``limit``: how clients and servers find each other (ADR 0174)."""
+    out = []
+    for peer_id in sorted(state.nodes):
+        node = state.nodes[peer_id]
+        if role is not None and role not in node.roles:
+            continue
+        if model is not None and not any(r.get("model") == model for r in node.hardware.get("serving", ())):
+            continue
+        out.append({"peer_id": peer_id, **node.to_json()})
+        if len(out) >= limit:
+            break
+    return out

@@ -25,7 +25,7 @@ def serving_chain(bond: int = 500) -> Chain:
 def receipt(seq: int, amount: int, tokens: int = 10, flops: int = 1000, session: bytes = b"s" * 16,
             client=CLIENT, server=SERVER) -> dict:
     return {"session": session, "server": server.peer_id, "client": client.peer_id, "model": "random:4x32",
-            "tokens": tokens, "flops": flops, "amount": amount, "seq": seq}
+            "tokens": tokens, "flops": flops, "amount": amount, "seq": seq, "transcript": b"\x01" * 32}
 
 
 def signed(chain: Chain, rec: dict, client=CLIENT, server=SERVER) -> dict:
