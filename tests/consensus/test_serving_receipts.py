@@ -156,3 +156,17 @@ def test_malformed_receipts_are_refused(bad):
     with pytest.raises(TxError) as err:   # refused when decoded, before any block
         chain.tx(SERVER, "serve_receipt", payload)
     assert err.value.code == TxCode.BAD_PAYLOAD
+
+
+def test_served_ranges_are_listed_by_model():
+    from consensus.state.serving import list_nodes
+    chain = serving_chain()
+    served = {"model": "random:4x32", "start": 0, "end": 2, "tokens_per_s": 50, "profile": "", "price": 3}
+    chain.ok(OTHER, "register_node", {"roles": ["compute"], "listen_addrs": ["/ip4/10.0.0.3/tcp/4001"],
+                                      "relay_addrs": [], "hardware": {**HW, "serving": [served]}})
+    state = chain.ledger.state
+    assert [n["peer_id"] for n in list_nodes(state, model="random:4x32")] == [OTHER.peer_id]
+    assert list_nodes(state, model="other") == []
+    assert {n["peer_id"] for n in list_nodes(state, role="compute")} == {SERVER.peer_id, OTHER.peer_id}
+    assert len(list_nodes(state, limit=1)) == 1
+    assert list_nodes(state, model="random:4x32")[0]["hardware"]["serving"] == [served]
