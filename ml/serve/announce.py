@@ -55,7 +55,9 @@ def announced_servers(nodes: list, model: str, layers: int, exclude: str = "") -
     for node in nodes if isinstance(nodes, list) else []:
         if not isinstance(node, dict) or not isinstance(node.get("peer_id"), str) or node["peer_id"] == exclude:
             continue
-        hardware = node.get("hardware") if isinstance(node.get("hardware"), dict) else {}
+        hardware = node.get("hardware")
+        if not isinstance(hardware, dict):
+            hardware = {}
         addrs = tuple(a for a in node.get("listen_addrs") or [] if isinstance(a, str)) + tuple(
             a for a in node.get("relay_addrs") or [] if isinstance(a, str))
         for entry in hardware.get("serving") or []:

@@ -36,7 +36,6 @@ async def fund(url: str, dev: Identity, servers: list[Identity]) -> None:
     try:
         for server in servers:
             await gateway.send("transfer", {"to": server.peer_id, "amount": 10_000})
-        await gateway.send("serve_deposit", {"amount": 1_000_000})
     finally:
         await gateway.close()
     for server in servers:
@@ -64,6 +63,11 @@ def test_servers_found_on_the_ledger_are_paid_for_generation(tmp_path, capsys):
         servers = [Identity.generate(), Identity.generate()]
         keys = [save_identity(tmp_path / f"server{i}.json", s) for i, s in enumerate(servers)]
         asyncio.run(fund(url, dev, servers))
+        wallet = ["--rpc", url, "--key", str(dev_key), "--json"]
+        assert main(["wallet", "serve-deposit", "1000000", "--wait", *wallet]) == 0
+        capsys.readouterr()
+        assert main(["wallet", "serve-escrow", *wallet]) == 0
+        assert json.loads(capsys.readouterr().out) == {"client": dev.peer_id, "balance": 1_000_000, "unlock_height": 0}
 
         first, first_info = start_server(url, keys[0], "0:2")
         procs.append(first)
