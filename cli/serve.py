@@ -17,7 +17,8 @@ model, blocks, measured tokens/s and profile in the node record (``hardware.serv
 at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt``) every
 ``--claim-every`` seconds and at exit; ``--blocks auto:N`` then also reads the ledger's coverage.
 ``generate``/``tune --ledger URL`` find the servers in the ledger (``dkb_listNodes``) instead of
-``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow.
+``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
+--rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--credit-tokens", type=int, default=1024,
                        help="tokens served to a client ahead of its next receipt")
     serve.add_argument("--claim-every", type=float, default=30.0, help="seconds between on-chain receipt claims")
+    serve.add_argument("--rebalance-every", type=float, default=0.0,
+                       help="seconds between coverage checks on the ledger: move to thinner blocks when that lifts "
+                            "the swarm's weakest block (ADR 0173; 0: keep the blocks)")
     serve.set_defaults(handler=run_serve)
     generate = subparsers.add_parser("generate", help="generate text through block servers")
     generate.add_argument("--model", required=True, help="the same model spec the servers use")
@@ -159,8 +163,10 @@ def run_serve(args: argparse.Namespace) -> int:
                   else (0, spec.config.layers))
     except ModelSpecError as exc:
         raise CliError(str(exc)) from None
-    if args.price < 0 or args.credit_tokens < 1 or args.claim_every <= 0:
-        raise CliError("need --price >= 0, --credit-tokens >= 1 and --claim-every > 0")
+    if args.price < 0 or args.credit_tokens < 1 or args.claim_every <= 0 or args.rebalance_every < 0:
+        raise CliError("need --price >= 0, --credit-tokens >= 1, --claim-every > 0 and --rebalance-every >= 0")
+    if args.rebalance_every and not args.ledger:
+        raise CliError("--rebalance-every reads the coverage from the ledger: give --ledger")
     if args.price and not (args.ledger and args.key):
         raise CliError("--price needs --ledger and --key (the server claims its receipts on chain)")
     return asyncio.run(_serve(spec, blocks, auto, args))
@@ -227,16 +233,42 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
                           "announced": announced}), flush=True)
+        rebalance_at = time.monotonic() + args.rebalance_every
         while True:
-            await asyncio.sleep(args.claim_every)
+            await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
             server.expire()
-            if gateway is not None:
-                await _claim(gateway, book)
+            if gateway is None:
+                continue
+            await _claim(gateway, book)
+            if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
+                rebalance_at = time.monotonic() + args.rebalance_every
+                target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
+                if target is None:
+                    continue
+                model = await asyncio.to_thread(spec.load_part, target, False)
+                server = BlockServer(model, max_sessions=args.max_sessions)
+                host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
+                blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
+                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced}), flush=True)
     finally:
         if gateway is not None:
             await _claim(gateway, book)
             await gateway.close()
         await host.stop()
+
+
+async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float):
+    """The range to move to given the coverage the ledger announces (Petals' rule, ADR 0173), or None."""
+    from ml.serve.announce import coverage
+    from ml.serve.balance import should_move
+
+    try:
+        others = coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
+    except CliError as exc:
+        print(f"dekube-node: {exc}", file=sys.stderr)
+        return None
+    return should_move(spec.config.layers, blocks, tokens_per_s, others)
 
 
 async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> bool:

@@ -22,6 +22,7 @@ import hashlib
 import math
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -133,15 +134,46 @@ class ReceiptBook:
             return sum(r.receipt["amount"] for r in self._latest.values())
 
 
+class DebtBook:
+    """Tokens each client was served on streams that ended without a receipt covering them, so that
+    opening a new stream does not renew a client's credit. Debts are forgotten after `ttl_s` (a
+    stateless measurement costs a few tokens), and the book holds at most `limit` clients."""
+
+    def __init__(self, ttl_s: float = 600.0, limit: int = 10_000, clock=time.monotonic):
+        self.ttl_s, self.limit, self._clock = ttl_s, limit, clock
+        self._lock = threading.Lock()
+        self._debts: dict[str, list[tuple[float, int]]] = {}
+
+    def owed(self, client: str) -> int:
+        with self._lock:
+            return sum(tokens for _, tokens in self._live(client))
+
+    def add(self, client: str, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        with self._lock:
+            entries = self._live(client)
+            entries.append((self._clock(), tokens))
+            self._debts[client] = entries[-64:]
+            while len(self._debts) > self.limit:
+                self._debts.pop(next(iter(self._debts)))
+
+    def _live(self, client: str) -> list[tuple[float, int]]:
+        cutoff = self._clock() - self.ttl_s
+        return [(at, tokens) for at, tokens in self._debts.get(client, []) if at >= cutoff]
+
+
 class ServerMeter:
     """The server's side of one stream's billing."""
 
     def __init__(self, identity, chain_id: str, model: str, client: str, price_per_gflop: int,
-                 book: ReceiptBook, credit_tokens: int = DEFAULT_CREDIT_TOKENS):
+                 book: ReceiptBook, credit_tokens: int = DEFAULT_CREDIT_TOKENS, debts: DebtBook | None = None):
         if price_per_gflop < 1:
             raise ValueError("a billing server charges at least 1 per GFLOP")
         self.identity, self.chain_id, self.model, self.client = identity, chain_id, model, client
         self.price, self.book, self.credit_tokens = price_per_gflop, book, credit_tokens
+        self.debts = debts if debts is not None else DebtBook()
+        self.served = 0                        # tokens served on this stream
         self.session = secrets.token_bytes(16)
         self.transcript = ZERO
         self.reported = (0, 0, ZERO)           # tokens, flops, transcript last reported to the client
@@ -157,7 +189,7 @@ class ServerMeter:
     def guard(self, tokens: int, incoming: int) -> None:
         """Refuse a request of `incoming` tokens that would leave more than `credit_tokens` served
         without a receipt (`tokens`: served so far)."""
-        unsigned = tokens - self.signed_tokens() + incoming
+        unsigned = tokens - self.signed_tokens() + incoming + self.debts.owed(self.client)
         if unsigned > self.credit_tokens:
             raise BillingError(f"{unsigned} tokens would be served without a receipt; "
                                f"send one (credit {self.credit_tokens})")
@@ -168,7 +200,12 @@ class ServerMeter:
         if answer is not None:
             self.transcript = extend(self.transcript, answer_digest(answer))
         self.reported = (tokens, flops, self.transcript)
+        self.served = tokens
         return {"usage": {"tokens": tokens, "flops": flops}, "transcript": self.transcript.hex()}
+
+    def end(self) -> None:
+        """The stream ended: what it served beyond its last receipt becomes the client's debt."""
+        self.debts.add(self.client, self.served - self.signed_tokens())
 
     def accept(self, receipt_json: object, client_sig_hex: object) -> str:
         """Check a client's receipt against what this stream last reported; countersign and keep it."""

@@ -35,11 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ml.serve.billing import BillingError, ClientMeter, ReceiptBook, ServerMeter
+from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter
 from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.server import BlockServer, ServeError, Usage
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
@@ -114,6 +114,7 @@ class Billing:
     price_per_gflop: int
     book: ReceiptBook
     credit_tokens: int = 1024
+    debts: DebtBook = field(default_factory=DebtBook)   # unsigned tokens of ended streams, per client
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         if billing is not None:
             state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
                                          str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,
-                                         billing.book, billing.credit_tokens)
+                                         billing.book, billing.credit_tokens, billing.debts)
         try:
             while True:
                 try:
@@ -250,6 +251,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         finally:
             if state.get("session"):
                 server.close_session(state["session"])
+            if state.get("meter") is not None:
+                state["meter"].end()
 
     return handle
 

@@ -101,7 +101,7 @@ def test_paid_generation_equals_local_and_the_receipts_pay_on_chain():
     assert chain.ledger.state.serve_escrows[ident(9).peer_id].balance == 10_000 - sum(paid)
 
 
-def test_a_client_that_does_not_sign_is_cut_off_after_its_credit():
+def test_a_client_that_does_not_sign_is_cut_off_after_its_credit_on_every_stream():
     async def scenario():
         async with PaidNetwork([(0, 6)], credit_tokens=4) as net:
             span = SpanClient(net.client, net.servers[0].peer_id, 0, 6)   # no meter: never signs
@@ -111,6 +111,12 @@ def test_a_client_that_does_not_sign_is_cut_off_after_its_credit():
             with pytest.raises(RemoteError, match="without a receipt"):
                 await span.step([torch.zeros(1, 1, CONFIG.width)], "f32")
             await span.close()
+            await asyncio.sleep(0.2)
+            # a new stream does not renew the credit: the unpaid tokens are the client's debt
+            fresh = SpanClient(net.client, net.servers[0].peer_id, 0, 6)
+            with pytest.raises(RemoteError, match="without a receipt"):
+                await fresh.forward(torch.zeros(1, 1, CONFIG.width), None, "f32")
+            await fresh.close()
 
     asyncio.run(scenario())
 
@@ -190,3 +196,18 @@ def test_a_lying_servers_countersigned_transcript_is_evidence():
     assert verify_signature(public_key_for(receipt["server"]), serve_receipt_signing_bytes(CHAIN_ID, receipt),
                             bytes.fromhex(evidence["server_sig"]))
     assert generator.spot_check(0, random_build((0, 3), False)).evidence is None   # honest: nothing to show
+
+
+def test_debts_expire_and_are_bounded():
+    from ml.serve.billing import DebtBook
+    now = [0.0]
+    debts = DebtBook(ttl_s=10, limit=2, clock=lambda: now[0])
+    debts.add("a", 5)
+    debts.add("a", 3)
+    debts.add("b", 0)
+    assert debts.owed("a") == 8 and debts.owed("b") == 0
+    now[0] = 11
+    assert debts.owed("a") == 0
+    for name in ("b", "c", "d"):
+        debts.add(name, 1)
+    assert debts.owed("b") == 0 and debts.owed("d") == 1   # the oldest client was dropped

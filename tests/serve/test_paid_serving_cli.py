@@ -1,7 +1,8 @@
-"""Serving through the ledger, end to end (ADR 0174): on a dev chain, two `serve --ledger` processes
-announce their ranges in their node records (the second one picks the gap, `--blocks auto:2`), a
-`generate --ledger` finds them there, pays with co-signed receipts from its serving escrow, gets the
-tokens of local inference, and the servers' claims are paid on chain."""
+"""Serving through the ledger, end to end (ADR 0174): on a dev chain, `serve --ledger` processes
+announce their ranges in their node records (the second one picks the gap, `--blocks auto:2`; a third
+with `--rebalance-every` moves to blocks left uncovered), a `generate --ledger` finds them there, pays
+with co-signed receipts from its serving escrow (funded with `wallet serve-deposit`), gets the tokens
+of local inference, and the servers' claims are paid on chain."""
 import asyncio
 import json
 import subprocess
@@ -20,15 +21,27 @@ MODEL = "random:4x32:4@5"
 PRICE = 50_000
 
 
-def start_server(url: str, key: Path, blocks: str) -> tuple[subprocess.Popen, dict]:
+def start_server(url: str, key: Path, blocks: str, *extra: str) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", MODEL, "--blocks", blocks,
-                             "--ledger", url, "--key", str(key), "--price", str(PRICE), "--claim-every", "1"],
+                             "--ledger", url, "--key", str(key), "--price", str(PRICE), "--claim-every", "1", *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
         proc.kill()
         raise AssertionError(proc.stderr.read())
     return proc, json.loads(line)
+
+
+async def announce_elsewhere(url: str, server: Identity, model: str) -> None:
+    """Rewrite `server`'s record to announce another model, as if it had left this one."""
+    gateway = LedgerGateway(server, [url])
+    try:
+        record = await gateway.node_info(server.peer_id)
+        hardware = {**record["hardware"], "serving": [{**record["hardware"]["serving"][0], "model": model + "-old"}]}
+        await gateway.send("register_node", {"roles": record["roles"], "listen_addrs": record["listen_addrs"],
+                                             "relay_addrs": record["relay_addrs"], "hardware": hardware})
+    finally:
+        await gateway.close()
 
 
 async def fund(url: str, dev: Identity, servers: list[Identity]) -> None:
@@ -60,7 +73,7 @@ def test_servers_found_on_the_ledger_are_paid_for_generation(tmp_path, capsys):
         wait_height(http, 2, chain)
         dev_key = home / "dev_key.json"
         dev = load_identity(dev_key)
-        servers = [Identity.generate(), Identity.generate()]
+        servers = [Identity.generate(), Identity.generate(), Identity.generate()]
         keys = [save_identity(tmp_path / f"server{i}.json", s) for i, s in enumerate(servers)]
         asyncio.run(fund(url, dev, servers))
         wallet = ["--rpc", url, "--key", str(dev_key), "--json"]
@@ -76,8 +89,20 @@ def test_servers_found_on_the_ledger_are_paid_for_generation(tmp_path, capsys):
         assert first_info["announced"] and second_info["announced"] and second_info["blocks"] == "2:4"
         record = rpc(http, "dkb_getNode", servers[1].peer_id)
         assert record["hardware"]["serving"][0]["start"] == 2 and record["hardware"]["serving"][0]["price"] == PRICE
+        # a third server on 2:4 checks the ledger's coverage every second (with equal throughputs it stays)...
+        third, third_info = start_server(url, keys[2], "2:4", "--rebalance-every", "1")
+        procs.append(third)
+        # ...until the first server's range is announced away: then it moves to the uncovered blocks
+        asyncio.run(announce_elsewhere(url, servers[0], first_info["model"]))
+        deadline = time.monotonic() + 60
+        while rpc(http, "dkb_getNode", servers[2].peer_id)["hardware"]["serving"][0]["start"] != 0:
+            assert time.monotonic() < deadline, "the third server did not move to the uncovered blocks"
+            time.sleep(0.5)
+        assert json.loads(third.stdout.readline()) == {"moved": "0:2", "announced": True}
+        first.kill()   # its record now claims other blocks: retire it
+        first.wait(10)
         listed = rpc(http, "dkb_listNodes", None, first_info["model"])
-        assert {n["peer_id"] for n in listed} == {s.peer_id for s in servers}
+        assert {n["peer_id"] for n in listed} == {servers[1].peer_id, servers[2].peer_id}
 
         code = main(["generate", "--model", MODEL, "--ledger", url, "--key", str(dev_key), "--max-price",
                      str(PRICE), "--prompt", "hello", "--max-tokens", "8", "--check-local"])
