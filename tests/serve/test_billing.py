@@ -211,3 +211,19 @@ def test_debts_expire_and_are_bounded():
     for name in ("b", "c", "d"):
         debts.add(name, 1)
     assert debts.owed("b") == 0 and debts.owed("d") == 1   # the oldest client was dropped
+
+
+@pytest.mark.parametrize("codec", ["f16", "i8", "i4"])
+def test_lossy_codecs_agree_on_the_transcript(codec):
+    async def scenario():
+        async with PaidNetwork([(0, 3), (3, 6)]) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec,
+                                        payer=payer())
+            await generator.generate(PROMPT, 6)
+            await asyncio.sleep(0.05)
+            return generator, [book.unclaimed() for book in net.books]
+
+    generator, unclaimed = asyncio.run(scenario())
+    assert generator.stats.replays == 0 and all(m.signed is not None and m.signed.receipt["seq"] == 6
+                                                for m in generator.meters)
+    assert [r[0].receipt for r in unclaimed] == [m.signed.receipt for m in generator.meters]
