@@ -13,7 +13,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   prefix; "all" lets a client feed a replay through a new chain of servers).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
-  stream's stateless passes for "forward"/"backward". With "ids" (one example id per batch row),
+  stream's stateless passes (and closed sessions) for "forward"/"backward"; a billing server reports
+  the whole stream's in every reply (what receipts cover). With "ids" (one example id per batch row),
   "h" and the answer are deltas against the examples' activations last time (ml/serve/delta.py; the
   stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
