@@ -2,8 +2,8 @@
 offloading from disk, recovery from a killed server, and a prompt-tuning step.
 
 Servers and client are Hosts in this process on 127.0.0.1 (real Noise/yamux streams, no added
-latency or bandwidth limit: the netlab version with NAT'd servers and delay lines is not written
-yet). The model is `random_decoder` at the given size (default 12 blocks of width 768, ~86M
+latency or bandwidth limit: bench/serving_netlab.py is the version with NAT'd servers and delay
+lines). The model is `random_decoder` at the given size (default 12 blocks of width 768, ~86M
 parameters), split evenly over `--servers` servers plus one spare for the middle range.
 
 - tokens_per_s: greedy generation of `--new` tokens after a `--prompt`-token prompt, bit-exact mode.

@@ -12,7 +12,13 @@ second server with a range already covered is a spare used if the first one fail
 ``--adapter`` applies what ``tune`` wrote. ``tune ... --text FILE [--steps N] [--lora-rank R]
 [--prompt-length P] --out FILE`` fits a LoRA adapter and/or prompts to the text's next-token loss
 (measured on one fixed batch before and after) and writes them as safetensors. Discovery through
-the ledger and payment are not wired yet: servers are named on the command line.
+the ledger and payment (ADR 0174): ``serve --ledger URL --key FILE [--price P]`` announces the
+model, blocks, measured tokens/s and profile in the node record (``hardware.serving``), bills clients
+at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt``) every
+``--claim-every`` seconds and at exit; ``--blocks auto:N`` then also reads the ledger's coverage.
+``generate``/``tune --ledger URL`` find the servers in the ledger (``dkb_listNodes``) instead of
+``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
+--rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block.
 """
 from __future__ import annotations
 
@@ -37,11 +43,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="a server of the same model (for --blocks auto:N; repeat)")
     serve.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help="p2p listen multiaddr")
     serve.add_argument("--max-sessions", type=int, default=64)
+    _ledger_arguments(serve)
+    serve.add_argument("--price", type=int, default=0, help="per GFLOP served, billed with receipts (needs --ledger "
+                                                           "and --key; 0: free)")
+    serve.add_argument("--credit-tokens", type=int, default=1024,
+                       help="tokens served to a client ahead of its next receipt")
+    serve.add_argument("--claim-every", type=float, default=30.0, help="seconds between on-chain receipt claims")
+    serve.add_argument("--rebalance-every", type=float, default=0.0,
+                       help="seconds between coverage checks on the ledger: move to thinner blocks when that lifts "
+                            "the swarm's weakest block (ADR 0173; 0: keep the blocks)")
     serve.set_defaults(handler=run_serve)
     generate = subparsers.add_parser("generate", help="generate text through block servers")
     generate.add_argument("--model", required=True, help="the same model spec the servers use")
-    generate.add_argument("--server", action="append", required=True, metavar="MULTIADDR=A:B",
-                          help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat)")
+    generate.add_argument("--server", action="append", default=[], metavar="MULTIADDR=A:B",
+                          help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat; "
+                               "or --ledger)")
+    _ledger_arguments(generate)
+    generate.add_argument("--max-price", type=int, default=0,
+                          help="pay servers up to this per GFLOP from the key's serving escrow (0: free servers)")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-tokens", type=int, default=32)
     generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
@@ -53,8 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.set_defaults(handler=run_generate)
     tune = subparsers.add_parser("tune", help="fine-tune a LoRA adapter / prompts through block servers")
     tune.add_argument("--model", required=True, help="the same model spec the servers use")
-    tune.add_argument("--server", action="append", required=True, metavar="MULTIADDR=A:B",
-                      help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat)")
+    tune.add_argument("--server", action="append", default=[], metavar="MULTIADDR=A:B",
+                      help="a server's multiaddr ending in /p2p/<peer id>, and its blocks (repeat; or --ledger)")
+    _ledger_arguments(tune)
+    tune.add_argument("--max-price", type=int, default=0,
+                      help="pay servers up to this per GFLOP from the key's serving escrow (0: free servers)")
     tune.add_argument("--text", type=Path, required=True, help="a text file to fit (next-token loss)")
     tune.add_argument("--steps", type=int, default=20)
     tune.add_argument("--batch", type=int, default=4)
@@ -65,6 +87,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32")
     tune.add_argument("--out", type=Path, required=True, help="where to write the tuned parameters (.safetensors)")
     tune.set_defaults(handler=run_tune)
+
+
+def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger", metavar="URL", help="a validator's JSON-RPC URL: announce / find servers there")
+    parser.add_argument("--key", type=Path, help="node key file (signs records and receipts; default: a new key)")
+
+
+def _identity(args: argparse.Namespace):
+    from node.identity import Identity
+    from node.keystore import load_identity
+
+    if args.key is None:
+        return Identity.generate()
+    try:
+        return load_identity(args.key)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot load key {args.key}: {exc}") from None
+
+
+def _gateway(args: argparse.Namespace, identity):
+    from node.ledger.gateway import LedgerGateway
+
+    return LedgerGateway(identity, [args.ledger]) if args.ledger else None
+
+
+async def _ledger_servers(gateway, host, spec, exclude: str = "") -> list:
+    """The servers of this model the ledger's records announce, their addresses added to `host`."""
+    from ml.serve.announce import announced_servers
+    from node.ledger.errors import LedgerUnavailable
+
+    try:
+        nodes = await gateway.call("dkb_listNodes", None, spec.model_id, 1000)
+    except (LedgerUnavailable, OSError) as exc:
+        raise CliError(f"cannot list servers on {gateway.url}: {exc}") from None
+    found = announced_servers(nodes, spec.model_id, spec.config.layers, exclude)
+    for item in found:
+        if item.addrs:
+            host.peerbook.add_addrs(item.server.peer_id, list(item.addrs))
+    return found
+
+
+async def _payer(args: argparse.Namespace, gateway, identity):
+    from ml.serve.protocol import Payer
+
+    if args.max_price <= 0:
+        return None
+    if gateway is None or args.key is None:
+        raise CliError("--max-price needs --ledger and --key (receipts are signed for the ledger's chain)")
+    return Payer(identity, await gateway.chain_id(), args.max_price)
 
 
 def _spec(text: str, command: str):
@@ -92,6 +163,12 @@ def run_serve(args: argparse.Namespace) -> int:
                   else (0, spec.config.layers))
     except ModelSpecError as exc:
         raise CliError(str(exc)) from None
+    if args.price < 0 or args.credit_tokens < 1 or args.claim_every <= 0 or args.rebalance_every < 0:
+        raise CliError("need --price >= 0, --credit-tokens >= 1, --claim-every > 0 and --rebalance-every >= 0")
+    if args.rebalance_every and not args.ledger:
+        raise CliError("--rebalance-every reads the coverage from the ledger: give --ledger")
+    if args.price and not (args.ledger and args.key):
+        raise CliError("--price needs --ledger and --key (the server claims its receipts on chain)")
     return asyncio.run(_serve(spec, blocks, auto, args))
 
 
@@ -124,30 +201,114 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
 
 async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace) -> int:
     from ml.serve import protocol
+    from ml.serve.announce import coverage, own_throughput
     from ml.serve.balance import choose_blocks
+    from ml.serve.billing import ReceiptBook
     from ml.serve.server import BlockServer
-    from node.identity import Identity
     from node.p2p.host import Host
 
-    host = Host(Identity.generate(), [args.listen])
+    identity = _identity(args)
+    gateway = _gateway(args, identity)
+    host = Host(identity, [args.listen])
     try:
         await host.start()
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc}") from None
+    book = ReceiptBook()
     try:
-        if blocks is None:   # fill the gap in what the known servers cover
-            blocks = choose_blocks(spec.config.layers, auto, await _coverage(host, spec, args.known))
+        if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
+            known = await _coverage(host, spec, args.known)
+            if gateway is not None:
+                known += coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
+            blocks = choose_blocks(spec.config.layers, auto, known)
         model = await asyncio.to_thread(spec.load_part, blocks, False)
         server = BlockServer(model, max_sessions=args.max_sessions)
-        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id))
+        billing = None
+        if args.price:
+            billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
+        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
         addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
+        tokens_per_s = await asyncio.to_thread(own_throughput, server)
+        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else False
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
-                          "blocks": f"{blocks[0]}:{blocks[1]}"}), flush=True)
+                          "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
+                          "announced": announced}), flush=True)
+        rebalance_at = time.monotonic() + args.rebalance_every
         while True:
-            await asyncio.sleep(60)
+            await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
             server.expire()
+            if gateway is None:
+                continue
+            await _claim(gateway, book)
+            if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
+                rebalance_at = time.monotonic() + args.rebalance_every
+                target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
+                if target is None:
+                    continue
+                model = await asyncio.to_thread(spec.load_part, target, False)
+                server = BlockServer(model, max_sessions=args.max_sessions)
+                host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
+                blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
+                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced}), flush=True)
     finally:
+        if gateway is not None:
+            await _claim(gateway, book)
+            await gateway.close()
         await host.stop()
+
+
+async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float):
+    """The range to move to given the coverage the ledger announces (Petals' rule, ADR 0173), or None."""
+    from ml.serve.announce import coverage
+    from ml.serve.balance import should_move
+
+    try:
+        others = coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
+    except CliError as exc:
+        print(f"dekube-node: {exc}", file=sys.stderr)
+        return None
+    return should_move(spec.config.layers, blocks, tokens_per_s, others)
+
+
+async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> bool:
+    """Publish the served range in this node's record (hardware.serving); False (and a warning) if
+    the ledger refused or cannot be reached."""
+    from ml.profiles import default_profile
+    from ml.serve.announce import served_range
+    from node.ledger.errors import LedgerUnavailable, TxFailed
+    from node.ledger.record import default_hardware
+
+    profile = default_profile("cpu")
+    try:
+        current = await gateway.node_info(host.peer_id) or {}
+        hardware = {**default_hardware(), **(current.get("hardware") or {}),
+                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price)]}
+        hardware["profiles"] = sorted(set(hardware.get("profiles", [])) | {profile})[:8]
+        gateway.record.contribute("serve", roles=["compute"], listen_addrs=list(map(str, host.listen_addrs)),
+                                  hardware=hardware)
+        await gateway.record.sync()
+        return True
+    except (LedgerUnavailable, TxFailed, OSError, ValueError) as exc:
+        print(f"dekube-node: announcing on the ledger failed: {exc}", file=sys.stderr)
+        return False
+
+
+async def _claim(gateway, book) -> None:
+    """Claim every receipt not yet paid; a receipt the ledger already paid counts as claimed."""
+    from node.ledger.errors import LedgerUnavailable, TxFailed
+
+    for signed in book.unclaimed():
+        try:
+            await gateway.send("serve_receipt", signed.payload())
+        except TxFailed as exc:
+            if str(exc.code).lower() != "replayed":
+                print(f"dekube-node: claiming a receipt failed: {exc}", file=sys.stderr)
+                continue
+        except (LedgerUnavailable, OSError) as exc:
+            print(f"dekube-node: claiming receipts failed: {exc}", file=sys.stderr)
+            return
+        book.mark_claimed(signed)
 
 
 def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
@@ -167,6 +328,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from ml.serve.catalog import ModelSpecError
 
     servers = [_parse_server(s, spec.config.layers) for s in args.server]
+    if not servers and not args.ledger:
+        raise CliError("name servers with --server, or find them with --ledger")
     try:
         prompt = spec.encode(args.prompt)
     except ModelSpecError as exc:
@@ -203,30 +366,51 @@ async def _connect_servers(host, servers) -> list:
     return infos
 
 
+async def _find_servers(host, gateway, spec, servers) -> tuple[list, dict | None]:
+    """The named servers plus those the ledger announces, and (for ledger-found ones) the client's own
+    measured tokens/s of each, which the chain is planned by."""
+    from ml.serve.client import measure
+
+    infos = await _connect_servers(host, servers)
+    speed = None
+    if gateway is not None:
+        found = [a.server for a in await _ledger_servers(gateway, host, spec, exclude=host.peer_id)]
+        infos += found
+        speed = await measure(host, infos, spec.config.width)
+    return infos, speed
+
+
 async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned) -> dict:
     from ml.serve.client import NoChain, RemoteGenerator, local_generate
-    from node.identity import Identity
     from node.p2p.host import Host
 
-    host = Host(Identity.generate())
+    identity = _identity(args)
+    gateway = _gateway(args, identity)
+    host = Host(identity)
     await host.start()
     try:
-        infos = await _connect_servers(host, servers)
+        payer = await _payer(args, gateway, identity)
+        infos, speed = await _find_servers(host, gateway, spec, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
-        generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned)
+        generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned, speed=speed, payer=payer)
         began = time.perf_counter()
         try:
             tokens = await generator.generate(prompt, args.max_tokens)
         except NoChain as exc:
             raise CliError(str(exc)) from None
         result = {"text": spec.decode(tokens), "tokens": tokens, "replays": generator.stats.replays,
-                  "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2)}
+                  "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2),
+                  "servers": len(infos)}
+        if payer is not None:
+            result["paid"] = sum(m.signed.receipt["amount"] for m in generator.meters if m.signed)
         if args.check_local:
             whole = await asyncio.to_thread(spec.load_part, None, True)
             local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, tuned)
             result["identical_to_local"] = local == tokens
         return result
     finally:
+        if gateway is not None:
+            await gateway.close()
         await host.stop()
 
 
@@ -235,6 +419,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from ml.serve.catalog import ModelSpecError
 
     servers = [_parse_server(s, spec.config.layers) for s in args.server]
+    if not servers and not args.ledger:
+        raise CliError("name servers with --server, or find them with --ledger")
     try:
         tokens = spec.encode(args.text.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ModelSpecError) as exc:
@@ -255,7 +441,6 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> d
 
     from ml.serve.client import NoChain
     from ml.serve.tuner import RemoteTuner
-    from node.identity import Identity
     from node.p2p.host import Host
 
     data = torch.tensor(tokens)
@@ -265,14 +450,17 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> d
         offsets = torch.randint(0, len(tokens) - args.length - 1, (args.batch,), generator=gen)
         return torch.stack([data[o:o + args.length + 1] for o in offsets.tolist()])
 
-    host = Host(Identity.generate())
+    identity = _identity(args)
+    gateway = _gateway(args, identity)
+    host = Host(identity)
     await host.start()
     try:
-        infos = await _connect_servers(host, servers)
+        payer = await _payer(args, gateway, identity)
+        infos, _ = await _find_servers(host, gateway, spec, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
         try:
             tuner = RemoteTuner(host, ends, infos, prompt_length=args.prompt_length, lora_rank=args.lora_rank,
-                                codec=args.codec, lr=args.lr)
+                                codec=args.codec, lr=args.lr, payer=payer)
             held_out = batch()
             before = await tuner.loss(held_out)
             began = time.perf_counter()
@@ -287,4 +475,6 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> d
         return {"loss_before": round(before, 4), "loss_after": round(after, 4), "steps": args.steps,
                 "step_s": round(step_s, 4), "failovers": tuner.failovers, "out": str(args.out)}
     finally:
+        if gateway is not None:
+            await gateway.close()
         await host.stop()

@@ -48,7 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub = action(name, text, run_stake)
         sub.add_argument("amount", type=int)
     action("unjail", "ask to be a validator candidate again after a jailing (ADR 0165)", run_unjail)
-    for sub in (send, *(actions.choices[n] for n in ("bond", "unbond", "unjail"))):
+    for name, text in (("serve-deposit", "move tokens into your serving escrow (pays block servers, ADR 0174)"),
+                       ("serve-withdraw", "take tokens back from an unlocked serving escrow")):
+        sub = action(name, text, run_serve_escrow)
+        sub.add_argument("amount", type=int)
+    action("serve-unlock", "start unlocking your serving escrow (servers may claim until it matures)",
+           run_serve_escrow)
+    escrow = action("serve-escrow", "show a serving escrow (balance, unlock height)", run_show_escrow)
+    escrow.add_argument("address", nargs="?", help="peer ID (default: the key's)")
+    for sub in (send, *(actions.choices[n] for n in ("bond", "unbond", "unjail", "serve-deposit", "serve-withdraw",
+                                                      "serve-unlock"))):
         sub.add_argument("--fee", type=int, default=DEFAULT_FEE,
                          help=f"fee paid to the block proposer (default {DEFAULT_FEE})")
         sub.add_argument("--wait", action="store_true", help="wait for the receipt (fail unless it succeeded)")
@@ -106,6 +115,17 @@ def run_send(args: argparse.Namespace) -> int:
 
 def run_stake(args: argparse.Namespace) -> int:
     return _submit(args, args.wallet_command, {"amount": _positive(args.amount)})
+
+
+def run_serve_escrow(args: argparse.Namespace) -> int:
+    tx_type = args.wallet_command.replace("-", "_")
+    return _submit(args, tx_type, {} if tx_type == "serve_unlock" else {"amount": _positive(args.amount)})
+
+
+def run_show_escrow(args: argparse.Namespace) -> int:
+    address = _address(args)
+    _print(args, _rpc(args, "dkb_getServeEscrow", address))
+    return 0
 
 
 def run_unjail(args: argparse.Namespace) -> int:

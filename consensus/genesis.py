@@ -50,6 +50,10 @@ class Params:
     slash_downtime_bps: int = 10         # of bonded+unbonding stake, when jailed for downtime
     jail_blocks: int = 500               # a jailed validator may send unjail this many blocks later
     min_relay_stake: int = 100           # a relay's own bonded stake needed for its receipts to be paid
+    # Serving (ADR 0174): a server's own bonded stake needed for its receipts to be paid, and the blocks
+    # between a client's serve_unlock and its serve_withdraw (servers claim their receipts meanwhile).
+    min_serve_stake: int = 100
+    serve_unlock_blocks: int = 100
     # Audit slots, disputes and referees (ADRs 0168, 0169).
     audits_per_worker: int = 2           # m: audit slots drawn per committed worker when the commit phase closes
     audit_double_bps: int = 5_000        # chance a slot gets a second verifier (the audit of the auditor)
@@ -78,14 +82,14 @@ class Params:
             raise GenesisError(f"audits_per_worker is at most {MAX_AUDITS_PER_WORKER}")
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
-        for name in ("audit_answer_blocks", "dispute_blocks"):
+        for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
                   "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
-                  "referees", "slash_false_audit_bps")
+                  "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks")
 MAX_AUDITS_PER_WORKER = 16
 MAX_REFEREES = 15
 

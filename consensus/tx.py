@@ -273,6 +273,24 @@ def profile_list(value: Any, path: str) -> None:
         _fail(path, "must not repeat a profile")
 
 
+MAX_SERVED_RANGES = 4
+MAX_SERVED_LAYERS = 1024
+SERVED_RANGE: Schema = {  # one announced range of a model's blocks (ADR 0174)
+    "model": text(128, min_len=1), "start": uint(0, MAX_SERVED_LAYERS - 1), "end": uint(1, MAX_SERVED_LAYERS),
+    "tokens_per_s": uint(0, 10**9), "profile": profile_id(), "price": uint(0, 2**64),
+}
+
+
+def serving_list(value: Any, path: str) -> None:
+    """The model block ranges a node serves: at most 4 maps, each with ``start < end``."""
+    if type(value) is not list or len(value) > MAX_SERVED_RANGES:
+        _fail(path, f"must be a list of at most {MAX_SERVED_RANGES} served ranges")
+    for i, item in enumerate(value):
+        _check_fields(item, SERVED_RANGE, f"{path}[{i}]")
+        if item["start"] >= item["end"]:
+            _fail(f"{path}[{i}]", "start must be below end")
+
+
 def printable(max_len: int) -> Check:
     """Text of printable ASCII (no control characters), at most ``max_len`` characters."""
     def check(value: Any, path: str) -> None:
@@ -353,6 +371,7 @@ HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numb
     "gpu": printable(64), "gpu_mem_mb": uint(0, 2**21),                    # 2 TiB
     "bandwidth_mbps": uint(0, 10**6),                                      # 1 Tbit/s
     "profiles": OptionalField(profile_list),                               # execution profiles it runs
+    "serving": OptionalField(serving_list),                                # model blocks it serves (ADR 0174)
 }
 MAX_NODE_ADDRS = 8
 MAX_ADDR_CHARS = 256
@@ -365,6 +384,11 @@ HYPERPARAMS = params_map(max_items=48, max_key=32, max_text=512, max_bytes=4096)
 RELAY_RECEIPT: Schema = {
     "relay": peer_id, "src": peer_id, "dst": peer_id, "payer": peer_id, "session": blob(16),
     "bytes_total": uint(1, 2**64), "amount_total": uint(1), "task_id": blob(0, 32),
+}
+SERVE_RECEIPT: Schema = {  # cumulative usage of one serving session (ADR 0174)
+    "session": blob(16), "server": peer_id, "client": peer_id, "model": text(128, min_len=1),
+    "tokens": uint(0, 2**48), "flops": uint(0, 2**96), "amount": uint(1, 2**96), "seq": uint(1, 2**32),
+    "transcript": HASH32,   # hash chain over the answers served (ml/serve/billing.py): evidence for spot checks
 }
 
 PAYLOAD_SCHEMAS: dict[str, Schema] = {
@@ -396,6 +420,10 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
     "finalize": {"task_id": TASK_ID},
     "relay_receipt": {"receipt": fields(RELAY_RECEIPT), "src_sig": blob(64), "dst_sig": blob(64)},
+    "serve_deposit": {"amount": uint(1)},
+    "serve_unlock": {},
+    "serve_withdraw": {"amount": uint(1)},
+    "serve_receipt": {"receipt": fields(SERVE_RECEIPT), "client_sig": blob(64), "server_sig": blob(64)},
     "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},
     "unjail": {},
 }
@@ -406,3 +434,11 @@ RECEIPT_DOMAIN = b"dekube/relay-receipt/v1\x00"
 def relay_receipt_signing_bytes(chain_id: str, receipt: dict[str, Any]) -> bytes:
     """What both endpoints of a relayed connection sign for a usage receipt."""
     return RECEIPT_DOMAIN + encode_uvarint(len(chain_id.encode())) + chain_id.encode() + encode(receipt)
+
+
+SERVE_RECEIPT_DOMAIN = b"dekube/serve-receipt/v1\x00"
+
+
+def serve_receipt_signing_bytes(chain_id: str, receipt: dict[str, Any]) -> bytes:
+    """What the client and the server of a serving session sign for a usage receipt (ADR 0174)."""
+    return SERVE_RECEIPT_DOMAIN + encode_uvarint(len(chain_id.encode())) + chain_id.encode() + encode(receipt)

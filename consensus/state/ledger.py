@@ -18,7 +18,7 @@ from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, audits, liveness, nodes, relay, staking, tasks
+from consensus.state import accounts, audits, liveness, nodes, relay, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -42,6 +42,10 @@ HANDLERS = {
     "referee_vote": audits.apply_referee_vote,
     "finalize": tasks.apply_finalize,
     "relay_receipt": relay.apply_relay_receipt,
+    "serve_deposit": serving.apply_serve_deposit,
+    "serve_unlock": serving.apply_serve_unlock,
+    "serve_withdraw": serving.apply_serve_withdraw,
+    "serve_receipt": serving.apply_serve_receipt,
     "evidence": apply_evidence_tx,
     "unjail": staking.apply_unjail,
 }

@@ -1,4 +1,5 @@
-"""Ledger state records (accounts, stakes, nodes, tasks, relay channels) and their encoding.
+"""Ledger state records (accounts, stakes, nodes, tasks, relay channels, serving escrows and sessions)
+and their encoding.
 
 Each record is a small mutable object with ``to_obj()`` (a canonical-encodable list, field
 order fixed by ``FIELDS``) and ``from_obj()``. Storage keys are ``PREFIX + id``.
@@ -197,4 +198,28 @@ class RelayChannel(Record):
 
     def __init__(self, bytes_paid: int = 0, amount_paid: int = 0):
         self.bytes_paid = bytes_paid
+        self.amount_paid = amount_paid
+
+
+class ServeEscrow(Record):
+    """A client's serving escrow (ADR 0174): ``balance`` servers are paid from by receipts;
+    ``unlock_height``: 0 while locked, else the height from which the client may withdraw."""
+
+    __slots__ = FIELDS = ("balance", "unlock_height")
+
+    def __init__(self, balance: int = 0, unlock_height: int = 0):
+        self.balance = balance
+        self.unlock_height = unlock_height
+
+
+class ServeChannel(Record):
+    """What one serving session (session id, server, client) was already paid: the last receipt's
+    sequence number and cumulative tokens, FLOPs and amount."""
+
+    __slots__ = FIELDS = ("seq", "tokens", "flops", "amount_paid")
+
+    def __init__(self, seq: int = 0, tokens: int = 0, flops: int = 0, amount_paid: int = 0):
+        self.seq = seq
+        self.tokens = tokens
+        self.flops = flops
         self.amount_paid = amount_paid

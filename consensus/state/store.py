@@ -1,7 +1,8 @@
 """In-memory ledger state with dirty tracking, and its key/value form for storage.
 
 ``LedgerState`` holds one dict per table (accounts, stakes, nodes, tasks, relay channels,
-evidence seen) plus chain scalars. Handlers mutate records and call ``touch``; at the end of
+serving escrows and channels, evidence seen) plus chain scalars. Handlers mutate records and call
+``touch``; at the end of
 a block ``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed
 record (sorted), which feed both the app hash and the storage write batch. ``load`` rebuilds
 the state (and its derived indexes) from those pairs.
@@ -9,11 +10,23 @@ the state (and its derived indexes) from those pairs.
 from __future__ import annotations
 
 from consensus.encoding import decode, encode
-from consensus.state.records import Account, NodeRecord, RelayChannel, Stake, Task, TaskStatus
+from consensus.state.records import (
+    Account,
+    NodeRecord,
+    RelayChannel,
+    ServeChannel,
+    ServeEscrow,
+    Stake,
+    Task,
+    TaskStatus,
+)
 
 ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "task", "chan", "evid", "meta"
-_PREFIX = {name: name.encode() + b"/" for name in (ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META)}
-_RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel}
+SERVE_ESCROW, SERVE_CHANNEL = "sesc", "schan"
+_TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, EVIDENCE)
+_PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
+_RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
+                 SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel}
 _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
                 "committee_start")
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
@@ -24,7 +37,7 @@ def _id_bytes(ident) -> bytes:
 
 
 def _id_from_bytes(table: str, raw: bytes):
-    return raw if table in (TASK, CHANNEL, EVIDENCE) else raw.decode()
+    return raw if table in (TASK, CHANNEL, SERVE_CHANNEL, EVIDENCE) else raw.decode()
 
 
 class LedgerState:
@@ -34,6 +47,8 @@ class LedgerState:
         self.nodes: dict[str, NodeRecord] = {}
         self.tasks: dict[bytes, Task] = {}
         self.channels: dict[bytes, RelayChannel] = {}
+        self.serve_escrows: dict[str, ServeEscrow] = {}    # client -> its serving escrow (ADR 0174)
+        self.serve_channels: dict[bytes, ServeChannel] = {}
         self.evidence: dict[bytes, int] = {}       # evidence key -> height it was applied at
         self.height = 0
         self.app_hash = b""
@@ -48,7 +63,8 @@ class LedgerState:
         self.unbonding_queue: dict[int, set[str]] = {}  # release height -> peers
         self.events: list[dict] = []               # this block's events (task assigned, paid, ...)
         self._tables = {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
-                        CHANNEL: self.channels, EVIDENCE: self.evidence}
+                        CHANNEL: self.channels, SERVE_ESCROW: self.serve_escrows,
+                        SERVE_CHANNEL: self.serve_channels, EVIDENCE: self.evidence}
         self._dirty: set[tuple[str, object]] = set()
         self._meta_dirty = False
 
@@ -106,7 +122,7 @@ class LedgerState:
     def items(self) -> list[tuple[bytes, bytes]]:
         """Every stored key/value of the state, sorted (for full-state hashes and snapshots)."""
         out = []
-        for table in (ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE):
+        for table in _TABLES:
             for ident, record in self.table(table).items():
                 if _is_empty(table, record):
                     continue
@@ -147,4 +163,6 @@ def _is_empty(table: str, record) -> bool:
         return record.balance == 0 and record.nonce == 0
     if table == STAKE:
         return record.bonded == 0 and not record.unbonding and record.slashed == 0
+    if table == SERVE_ESCROW:
+        return record.balance == 0 and record.unlock_height == 0
     return False

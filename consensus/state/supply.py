@@ -1,4 +1,4 @@
-"""The supply invariant: balances + bonded + unbonding + task escrow + burned == genesis supply."""
+"""The supply invariant: balances + bonded + unbonding + task escrow + serving escrow + burned == genesis supply."""
 from __future__ import annotations
 
 from consensus.state.store import LedgerState
@@ -14,6 +14,7 @@ def supply_breakdown(state: LedgerState) -> dict[str, int]:
         "bonded": sum(stake.bonded for stake in state.stakes.values()),
         "unbonding": sum(stake.unbonding_total for stake in state.stakes.values()),
         "escrow": sum(task.escrow for task in state.tasks.values()),
+        "serve_escrow": sum(escrow.balance for escrow in state.serve_escrows.values()),
         "burned": state.burned,
     }
 

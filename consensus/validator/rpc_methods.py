@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from consensus.state import serving
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
@@ -143,6 +144,20 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         chain.require_ready()
         return chain.ledger.node_info(check_address(address))
 
+    async def dkb_listNodes(role: str | None = None, model: str | None = None, limit: int = 100) -> list:
+        """Node records, by role or by a model they serve (ADR 0174)."""
+        chain.require_ready()
+        if not isinstance(limit, int) or not 1 <= limit <= serving.MAX_LIST_NODES:
+            raise InvalidParams(f"limit must be in 1..{serving.MAX_LIST_NODES}")
+        if role is not None and not isinstance(role, str) or model is not None and not isinstance(model, str):
+            raise InvalidParams("role and model are text")
+        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit)
+
+    async def dkb_getServeEscrow(address: str) -> dict:
+        """A client's serving escrow: balance and unlock height (0: locked)."""
+        chain.require_ready()
+        return serving.serve_escrow_json(chain.ledger.state, check_address(address))
+
     async def dkb_getTask(task_id: str) -> dict | None:
         chain.require_ready()
         return chain.ledger.task_info(parse_hex(task_id, "task_id", 32))
@@ -162,9 +177,9 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
 
     for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
-               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks):
+               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
         dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-        dkb_getTask, dkb_listTasks)}
+        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow)}

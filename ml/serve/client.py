@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ml.serve.adapters import ClientParams
+from ml.serve.billing import ClientMeter, answer_digest, max_flops_per_token, spot_evidence
 from ml.serve.model import ServeDecoder
-from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+from ml.serve.protocol import Payer, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.wire import roundtrip as wire_roundtrip
 
 
@@ -136,11 +137,13 @@ class SpotCheck:
     ok: bool
     first_bad_step: int | None     # the first chunk whose answer differs
     culprit: str | None            # the server that gave it
+    evidence: dict | None = None   # the culprit's countersigned receipt covering the wrong answer (billing.py)
 
 
 class RemoteGenerator:
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
-                 speed: dict[str, float] | None = None, tuned: ClientParams | None = None):
+                 speed: dict[str, float] | None = None, tuned: ClientParams | None = None,
+                 payer: Payer | None = None):
         if not ends.has_ends:
             raise ValueError("the client needs the model's ends (embeddings, norm, head)")
         self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
@@ -152,9 +155,27 @@ class RemoteGenerator:
         self.history: list[list[torch.Tensor]] = []                 # per span: the chunks sent, in order
         self.outputs: list[list[tuple[str, torch.Tensor | None]]] = []   # per span: (server, answer) per chunk
         self._max_length = 0
+        self.payer = payer                                          # set: sign usage receipts (ADR 0174)
+        self.meters: list[ClientMeter] = []                         # every billed stream, for evidence
+
+    def _meter(self, server: ServerInfo) -> ClientMeter | None:
+        if self.payer is None:
+            return None
+        meter = ClientMeter(self.payer.identity, self.payer.chain_id, self.payer.max_price_per_gflop,
+                            max_flops_per_token(self.ends.config, server.end - server.start))
+        self.meters.append(meter)
+        return meter
+
+    def _evidence(self, peer_id: str, answer: torch.Tensor) -> dict | None:
+        """The culprit's countersigned receipt covering `answer`, if it signed one."""
+        digest = answer_digest(answer)
+        for meter in self.meters:
+            if meter.offer is not None and meter.offer["server"] == peer_id and digest in meter.digests:
+                return spot_evidence(meter, meter.digests.index(digest))
+        return None
 
     async def _open(self, server: ServerInfo) -> SpanClient:
-        client = SpanClient(self.host, server.peer_id, server.start, server.end)
+        client = SpanClient(self.host, server.peer_id, server.start, server.end, meter=self._meter(server))
         deep, lora = self.tuned.for_span(server.start, server.end)
         try:
             await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
@@ -303,7 +324,7 @@ class RemoteGenerator:
                 out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
                 expected = wire_roundtrip(out, self.codec)
                 if answer is not None and not torch.equal(expected, answer):
-                    return SpotCheck(index, (start, end), False, step, peer_id)
+                    return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer))
         return SpotCheck(index, (start, end), True, None, None)
 
     async def spot_check_remote(self, index: int, referee: ServerInfo) -> SpotCheck:

@@ -13,11 +13,18 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   prefix; "all" lets a client feed a replay through a new chain of servers).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
-  stream's stateless passes for "forward"/"backward". With "ids" (one example id per batch row),
+  stream's stateless passes (and closed sessions) for "forward"/"backward"; a billing server reports
+  the whole stream's in every reply (what receipts cover). With "ids" (one example id per batch row),
   "h" and the answer are deltas against the examples' activations last time (ml/serve/delta.py; the
   stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
+
+Billing (ADR 0174, ml/serve/billing.py): a server made with `Billing` offers {"billing": {session, server,
+chain_id, model, price, credit_tokens}} in "opened" and stateless replies, reports "transcript" with
+every compute reply, and refuses compute while more than credit_tokens are not covered by a receipt.
+Any request may carry "receipt" + "client_sig" (the cumulative receipt of the previous reply); its
+reply then carries "server_sig". "receipt" alone sends one (before a close).
 
 Replies use the request's codec ("f32" bit-exact, "f16", "i8"). A refused request is answered
 {"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
@@ -29,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from dataclasses import dataclass, field
 
 import torch
 
+from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter
 from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.server import BlockServer, ServeError, Usage
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
@@ -98,19 +107,68 @@ def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor, codec: str
     return delta
 
 
-def make_handler(server: BlockServer, model_id: str):
-    """The Host stream handler serving `server`'s blocks as model `model_id`."""
+@dataclass(frozen=True)
+class Billing:
+    """A server's terms: who signs (its Identity), on which chain, at what price per GFLOP."""
+    identity: object
+    chain_id: str
+    price_per_gflop: int
+    book: ReceiptBook
+    credit_tokens: int = 1024
+    debts: DebtBook = field(default_factory=DebtBook)   # unsigned tokens of ended streams, per client
+
+
+@dataclass(frozen=True)
+class Payer:
+    """A client's terms: who signs, on which chain, the most it pays per GFLOP."""
+    identity: object
+    chain_id: str
+    max_price_per_gflop: int
+
+
+def _stream_usage(server: BlockServer, state: dict) -> Usage:
+    """What this stream was served: its stateless passes, closed sessions and its open session."""
+    session = server.sessions.get(state.get("session", ""))
+    extra = session.usage if session is not None else Usage()
+    return Usage(state["usage"].tokens + extra.tokens, state["usage"].flops + extra.flops)
+
+
+def make_handler(server: BlockServer, model_id: str, billing: Billing | None = None):
+    """The Host stream handler serving `server`'s blocks as model `model_id` (billing its clients
+    with receipts if `billing`)."""
     compute = asyncio.Semaphore(1)
 
     async def run(fn, *args):
         async with compute:
             return await asyncio.to_thread(fn, *args)
 
+    def billed(state: dict, answer: torch.Tensor | None, codec: str) -> dict:
+        """Reply header fields for billing after a compute (runs in a worker thread)."""
+        meter: ServerMeter | None = state.get("meter")
+        if meter is None:
+            return {}
+        usage = _stream_usage(server, state)
+        decoded = None if answer is None else roundtrip(answer, codec)
+        return {**meter.report(usage.tokens, usage.flops, decoded), "billing": meter.offer()}
+
+    def guard(state: dict, hidden: torch.Tensor | None) -> None:
+        if state.get("meter") is not None and hidden is not None and hidden.dim() >= 2:
+            state["meter"].guard(_stream_usage(server, state).tokens, hidden.shape[0] * hidden.shape[1])
+
     async def answer(msg: Message, state: dict, peer: str) -> bytes:
         kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
+        extra: dict = {}
+        if "receipt" in header:
+            if state.get("meter") is None:
+                raise ServeError("this server does not bill")
+            extra["server_sig"] = await asyncio.to_thread(state["meter"].accept, header["receipt"],
+                                                          header.get("client_sig"))
+        if kind == "receipt":
+            return encode_frame({"type": "receipt", **extra})
         if kind == "info":
             return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
-                                 "width": server.config.width, "layers": server.config.layers})
+                                 "width": server.config.width, "layers": server.config.layers,
+                                 "price": billing.price_per_gflop if billing else 0, **extra})
         if kind == "open":
             if state.get("session"):
                 raise ServeError("this stream already has a session")
@@ -118,18 +176,24 @@ def make_handler(server: BlockServer, model_id: str):
             server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors),
                                 owner=peer, prompts=tensors.get("prompts"))
             state["session"] = session_id
-            return encode_frame({"type": "opened"})
+            offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
+            return encode_frame({"type": "opened", **offer, **extra})
         if kind == "close":
             usage = server.close_session(state.pop("session", "")) or Usage()
-            return encode_frame({"type": "closed", "usage": usage.as_dict()})
+            state["usage"].tokens += usage.tokens
+            state["usage"].flops += usage.flops
+            return encode_frame({"type": "closed", "usage": usage.as_dict(), **extra})
         codec = _codec(header)
         if kind == "step":
             if not state.get("session"):
                 raise ServeError("open a session first")
             chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
+            guard(state, tensors.get("h"))
             out = await run(server.step, state["session"], chunks, header.get("all") is True)
             usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
-            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage}, {"h": out}, codec)
+            extra |= await asyncio.to_thread(billed, state, out, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage, **extra}, {"h": out},
+                                           codec)
         if kind == "forward":
             if "h" not in tensors:
                 raise ServeError("forward needs tensor h")
@@ -137,11 +201,13 @@ def make_handler(server: BlockServer, model_id: str):
             if "ids" in header:   # h is a delta against the stored inputs of these examples
                 ids = check_ids(header["ids"], hidden.shape[0])
                 hidden = await asyncio.to_thread(state["inputs"].commit, ids, hidden)
+            guard(state, hidden)
             out = await run(server.forward, hidden, tensors.get("prompts"), _lora(tensors), state["usage"])
             if ids is not None:
                 out = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
-            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict()},
-                                           {"h": out}, codec)
+            extra |= billed(state, None, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict(),
+                                                          **extra}, {"h": out}, codec)
         if kind == "backward":
             if "grad" not in tensors:
                 raise ServeError("backward needs tensor grad")
@@ -152,14 +218,20 @@ def make_handler(server: BlockServer, model_id: str):
                                                  check_ids(header["ids"], tensors["grad"].shape[0]))
             else:
                 raise ServeError("backward needs tensor h, or ids of a delta forward")
+            guard(state, tensors["grad"])
             grads = await run(server.backward, hidden, tensors["grad"], tensors.get("prompts"),
                               _lora(tensors), state["usage"])
-            return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict()},
-                                           grads, codec)
+            extra |= billed(state, None, codec)
+            return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict(),
+                                                          **extra}, grads, codec)
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
         state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook()}
+        if billing is not None:
+            state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
+                                         str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,
+                                         billing.book, billing.credit_tokens, billing.debts)
         try:
             while True:
                 try:
@@ -180,6 +252,8 @@ def make_handler(server: BlockServer, model_id: str):
         finally:
             if state.get("session"):
                 server.close_session(state["session"])
+            if state.get("meter") is not None:
+                state["meter"].end()
 
     return handle
 
@@ -191,8 +265,10 @@ def _adapter(lora: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.
 class SpanClient:
     """The client's stream to one server holding blocks start..end."""
 
-    def __init__(self, host, peer_id: str, start: int, end: int, timeout: float = REQUEST_TIMEOUT_S):
+    def __init__(self, host, peer_id: str, start: int, end: int, timeout: float = REQUEST_TIMEOUT_S,
+                 meter: ClientMeter | None = None):
         self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
+        self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
         self._stream = None
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -201,8 +277,11 @@ class SpanClient:
         return f"SpanClient({self.peer_id[:12]}.., {self.start}:{self.end})"
 
     async def request(self, header: dict, tensors: dict[str, torch.Tensor] | None = None,
-                      codec: str = "f32") -> Message:
-        frame = await asyncio.to_thread(encode_frame, {**header, "codec": codec}, tensors, codec)
+                      codec: str = "f32", tokens: int = 0, answer: str | None = None) -> Message:
+        """One request and its reply (`tokens`: positions sent for compute, `answer`: the reply tensor a
+        step's transcript covers; both for billing)."""
+        receipt, client_sig = self.meter.attach() if self.meter is not None else ({}, b"")
+        frame = await asyncio.to_thread(encode_frame, {**header, **receipt, "codec": codec}, tensors, codec)
         try:
             if self._stream is None:
                 self._stream = await asyncio.wait_for(self.host.open_stream(self.peer_id, PROTOCOL), self.timeout)
@@ -221,6 +300,17 @@ class SpanClient:
         self.bytes_received += reply.nbytes
         if reply.header.get("type") == "error":
             raise RemoteError(f"{self}: {str(reply.header.get('error'))[:300]}")
+        if self.meter is not None:
+            try:
+                self.meter.on_countersign(reply.header, client_sig)
+                if "billing" in reply.header:
+                    self.meter.accept_offer(reply.header["billing"], self.peer_id)
+                if header.get("type") in ("step", "forward", "backward"):
+                    self.meter.on_reply(reply.header, tokens,
+                                        reply.tensors.get(answer) if answer is not None else None)
+            except BillingError as exc:
+                self.abort()
+                raise SpanUnavailable(f"{self}: billing: {exc}") from None
         return reply
 
     async def info(self) -> dict:
@@ -235,7 +325,8 @@ class SpanClient:
         """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""
         lengths = [c.shape[1] for c in chunks]
         hidden = torch.cat(chunks, 1)
-        reply = await self.request({"type": "step", "chunks": lengths, "all": all_outputs}, {"h": hidden}, codec)
+        reply = await self.request({"type": "step", "chunks": lengths, "all": all_outputs}, {"h": hidden}, codec,
+                                   tokens=hidden.shape[0] * hidden.shape[1], answer="h")
         return self._tensor(reply, "h", hidden.shape if all_outputs else chunks[-1].shape)
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
@@ -244,7 +335,8 @@ class SpanClient:
         """The blocks' output; with `ids`, `hidden` and the answer are deltas (ml/serve/delta.py)."""
         tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
         header = {"type": "forward"} | ({} if ids is None else {"ids": ids})
-        return self._tensor(await self.request(header, tensors, codec), "h", hidden.shape)
+        reply = await self.request(header, tensors, codec, tokens=hidden.shape[0] * hidden.shape[1])
+        return self._tensor(reply, "h", hidden.shape)
 
     async def backward(self, hidden: torch.Tensor | None, grad: torch.Tensor, prompts: torch.Tensor | None,
                        codec: str, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -254,7 +346,7 @@ class SpanClient:
         tensors = ({"grad": grad} | ({} if hidden is None else {"h": hidden})
                    | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora))
         header = {"type": "backward"} | ({} if ids is None else {"ids": ids})
-        reply = await self.request(header, tensors, codec)
+        reply = await self.request(header, tensors, codec, tokens=grad.shape[0] * grad.shape[1])
         expected = {"grad_h": grad.shape}
         if prompts is not None:
             expected["grad_prompts"] = prompts.shape
@@ -268,7 +360,14 @@ class SpanClient:
             raise SpanUnavailable(f"{self}: reply lacks tensor {name} of shape {list(shape)}")
         return reply.tensors[name]
 
+    async def settle(self) -> None:
+        """Send the receipt covering the last reply, if one is pending (before closing)."""
+        if self.meter is not None and self.meter.pending is not None and self._stream is not None:
+            with contextlib.suppress(SpanUnavailable, RemoteError):
+                await self.request({"type": "receipt"})
+
     async def close(self) -> None:
+        await self.settle()
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._stream.close(), 5.0)

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from ml.serve.adapters import ClientParams
+from ml.serve.billing import ClientMeter, max_flops_per_token
 from ml.serve.client import NoChain, ServerInfo, plan_chain
 from ml.serve.delta import DeltaBook
 from ml.serve.model import ServeDecoder
-from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
+from ml.serve.protocol import Payer, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.wire import roundtrip as wire_roundtrip
 
 
@@ -28,13 +29,14 @@ class RemoteTuner:
     servers run forward and backward passes and return the gradients; only these parameters change."""
 
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], prompt_length: int = 4,
-                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0):
+                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0, payer: Payer | None = None):
         config = ends.config
+        self.payer = payer   # set: sign usage receipts for every server (ADR 0174)
         if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
             raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
         self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
         self.servers, self.dead, self.failovers = list(servers), set(), 0
-        self.chain = [SpanClient(host, s.peer_id, s.start, s.end) for s in plan_chain(servers, config.layers)]
+        self.chain = [self._span(s) for s in plan_chain(servers, config.layers)]
         self.books = [(DeltaBook(), DeltaBook()) for _ in self.chain]   # per span: inputs sent, outputs received
         gen = torch.Generator().manual_seed(seed)
         self.params: dict[str, torch.nn.Parameter] = {}
@@ -150,9 +152,15 @@ class RemoteTuner:
                       and s.peer_id not in self.dead), None)
         if spare is None:
             raise NoChain(f"no live server for blocks {span.start}:{span.end}")
-        self.chain[index] = SpanClient(self.host, spare.peer_id, spare.start, spare.end)
+        self.chain[index] = self._span(spare)
         self.books[index] = (DeltaBook(), DeltaBook())
         self.failovers += 1
+
+    def _span(self, server: ServerInfo) -> SpanClient:
+        meter = None if self.payer is None else ClientMeter(
+            self.payer.identity, self.payer.chain_id, self.payer.max_price_per_gflop,
+            max_flops_per_token(self.ends.config, server.end - server.start))
+        return SpanClient(self.host, server.peer_id, server.start, server.end, meter=meter)
 
     async def close(self) -> None:
         await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)

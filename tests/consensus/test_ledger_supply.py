@@ -7,7 +7,7 @@ from consensus.genesis import Params
 from consensus.state.records import TaskStatus
 from consensus.state.supply import SupplyInvariantError, check_supply
 from consensus.state.tasks import task_id_for
-from consensus.tx import relay_receipt_signing_bytes
+from consensus.tx import relay_receipt_signing_bytes, serve_receipt_signing_bytes
 
 PEOPLE = [ident(i) for i in range(1, 7)]
 HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
@@ -24,7 +24,8 @@ def random_tx(draw, chain, submitted):
     evidence = draw(st.sampled_from([b"\xe0" * 32, b"\xe1" * 32]))
     kind = draw(st.sampled_from(["transfer", "bond", "unbond", "register_node", "submit_task", "cancel_task",
                                  "commit_result", "reject_task", "audit_result", "dispute", "referee_vote",
-                                 "finalize", "relay_receipt"]))
+                                 "finalize", "relay_receipt", "serve_deposit", "serve_unlock", "serve_withdraw",
+                                 "serve_receipt"]))
     payloads = {
         "transfer": {"to": other.peer_id, "amount": amount},
         "bond": {"amount": amount},
@@ -43,6 +44,9 @@ def random_tx(draw, chain, submitted):
         "dispute": {"task_id": task_id, "slot": slot_index},
         "referee_vote": {"task_id": task_id, "slot": slot_index, "match": match, "evidence": evidence},
         "finalize": {"task_id": task_id},
+        "serve_deposit": {"amount": amount},
+        "serve_unlock": {},
+        "serve_withdraw": {"amount": amount},
     }
     task = chain.ledger.state.tasks.get(task_id)
     by_id = {p.peer_id: p for p in PEOPLE}
@@ -62,6 +66,12 @@ def random_tx(draw, chain, submitted):
                    "session": b"x" * 16, "bytes_total": amount, "amount_total": amount, "task_id": b""}
         message = relay_receipt_signing_bytes(CHAIN, receipt)
         payload = {"receipt": receipt, "src_sig": src.sign(message), "dst_sig": dst.sign(message)}
+    elif kind == "serve_receipt":
+        receipt = {"session": b"s" * 16, "server": who.peer_id, "client": other.peer_id, "model": "m",
+                   "tokens": amount, "flops": amount, "amount": amount, "seq": draw(st.integers(1, 3)),
+                   "transcript": b"\x00" * 32}
+        message = serve_receipt_signing_bytes(CHAIN, receipt)
+        payload = {"receipt": receipt, "client_sig": other.sign(message), "server_sig": who.sign(message)}
     else:
         payload = payloads[kind]
     fee = draw(st.integers(0, 50))

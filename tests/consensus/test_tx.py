@@ -61,7 +61,7 @@ def test_wrong_chain_and_oversize():
     assert info.value.code == TxCode.OVERSIZED
 
 
-NO_FIELDS = {"unjail"}   # payload-less types: the sender is the whole request
+NO_FIELDS = {"unjail", "serve_unlock"}   # payload-less types: the sender is the whole request
 
 
 def test_every_type_has_a_schema_that_rejects_an_empty_or_unknown_payload():
@@ -73,6 +73,19 @@ def test_every_type_has_a_schema_that_rejects_an_empty_or_unknown_payload():
         else:
             with pytest.raises(TxError) as info:
                 build_tx(A, CHAIN, 0, tx_type, {})
+        assert info.value.code == TxCode.BAD_PAYLOAD
+
+
+def test_register_node_serving_ranges_are_bounded():
+    hw = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
+    served = {"model": "random:12x768", "start": 0, "end": 4, "tokens_per_s": 120,
+              "profile": "cpu-x86-64-avx2/torch-2.13.0", "price": 5}
+    ok = {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [], "hardware": {**hw, "serving": [served]}}
+    build_tx(A, CHAIN, 0, "register_node", ok)
+    for bad in ([{**served, "start": 4}], [served] * 5, [{**served, "profile": "CPU"}],
+                [{**served, "extra": 1}], [{**served, "end": 2000}], "x"):
+        with pytest.raises(TxError) as info:
+            build_tx(A, CHAIN, 0, "register_node", {**ok, "hardware": {**hw, "serving": bad}})
         assert info.value.code == TxCode.BAD_PAYLOAD
 
 

@@ -212,6 +212,37 @@ function renderNodes() {
   }));
 }
 
+// ---- model coverage (served ranges announced in node records, ADR 0174)
+async function loadCoverage() {
+  const nodes = await rpc("dkb_listNodes", [null, null, 1000]);
+  const models = new Map();
+  for (const node of Array.isArray(nodes) ? nodes : []) {
+    for (const r of (node.hardware && Array.isArray(node.hardware.serving)) ? node.hardware.serving : []) {
+      if (typeof r.model !== "string" || !(r.start < r.end)) continue;
+      if (!models.has(r.model)) models.set(r.model, []);
+      models.get(r.model).push({peer: node.peer_id, start: r.start, end: r.end, tps: r.tokens_per_s || 0});
+    }
+  }
+  state.coverage = models;
+  renderCoverage();
+}
+
+function renderCoverage() {
+  const rows = [...(state.coverage || new Map()).entries()].sort((a, b) => a[0].localeCompare(b[0]));
+  replaceRows($("model-rows"), rows.map(([model, ranges]) => {
+    const layers = Math.max(...ranges.map((r) => r.end));
+    const count = Array.from({length: layers}, (_, i) => ranges.filter((r) => r.start <= i && i < r.end));
+    const tps = count.map((held) => held.reduce((sum, r) => sum + r.tps, 0));
+    const weakest = Math.min(...tps);
+    const cells = count.map((held, i) => el("span", {class: held.length ? "block" : "block gap",
+      title: `block ${i}: ${held.length} server(s), ${tps[i]} tokens/s`}, String(held.length)));
+    const servers = ranges.map((r) => `${short(r.peer)} ${r.start}:${r.end} (${r.tps}/s)`).join(", ");
+    return el("tr", {"data-model": model}, el("td", {class: "mono"}, model), el("td", {}, `0:${layers}`),
+      el("td", {}, ...cells), el("td", {}, count.some((held) => !held.length) ? "gap" : `${weakest} tokens/s`),
+      el("td", {}, servers));
+  }));
+}
+
 function parseMetrics(text) {
   const out = [];
   for (const line of text.split("\n")) {
@@ -511,6 +542,7 @@ async function slowRefresh() {
   await guarded(loadValidators);
   await guarded(loadTasks);
   await guarded(loadNodes);
+  await guarded(loadCoverage);
   await guarded(loadRelayLocal);
   $("peers").textContent = String(state.peers.length);
 }
