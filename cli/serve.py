@@ -220,6 +220,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             known = await _coverage(host, spec, args.known)
             if gateway is not None:
                 known += coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
+            assert auto is not None   # blocks is None only for --blocks auto:N
             blocks = choose_blocks(spec.config.layers, auto, known)
         model = await asyncio.to_thread(spec.load_part, blocks, False)
         server = BlockServer(model, max_sessions=args.max_sessions)

@@ -37,12 +37,12 @@ class ClientParams:
         layers, width = config.layers, config.width
         if (self.lora_a is None) != (self.lora_b is None) or (self.input_prompt is None) != (self.deep_prompts is None):
             raise AdapterError("need lora_a with lora_b, and input_prompt with deep_prompts")
-        if self.lora_a is not None:
+        if self.lora_a is not None and self.lora_b is not None:
             a, b = self.lora_a, self.lora_b
             if (a.dim() != 3 or b.dim() != 3 or a.shape[0] != layers or b.shape[0] != layers or a.shape[2] != width
                     or b.shape[1] != 3 * width or a.shape[1] != b.shape[2]):
                 raise AdapterError(f"lora must be A ({layers}, r, {width}) and B ({layers}, {3 * width}, r)")
-        if self.input_prompt is not None:
+        if self.input_prompt is not None and self.deep_prompts is not None:
             p, d = self.input_prompt, self.deep_prompts
             if (p.dim() != 2 or p.shape[1] != width or d.dim() != 3 or d.shape[0] != layers
                     or d.shape[1:] != p.shape or not 1 <= p.shape[0] < config.context):
@@ -54,7 +54,7 @@ class ClientParams:
         deep = None
         if self.deep_prompts is not None:
             deep = self.deep_prompts[start:end].unsqueeze(1).expand(-1, batch, -1, -1).contiguous()
-        lora = None if self.lora_a is None else (self.lora_a[start:end], self.lora_b[start:end])
+        lora = None if self.lora_a is None or self.lora_b is None else (self.lora_a[start:end], self.lora_b[start:end])
         return deep, lora
 
     def prefix(self, ends: ServeDecoder, batch: int = 1) -> torch.Tensor | None:

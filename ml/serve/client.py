@@ -39,7 +39,7 @@ class ServerInfo:
     end: int
 
 
-def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] = frozenset(),
+def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] | frozenset[str] = frozenset(),
                speed: dict[str, float] | None = None, start: int = 0) -> list[ServerInfo]:
     """Servers whose ranges tile blocks start..layers: the least estimated time per token first (the
     sum of 1 / `speed`, the measured tokens/s of each hop, latency included; a server measured at 0
@@ -227,7 +227,8 @@ class RemoteGenerator:
         chunks = self.history[index] + [hidden]
         while True:
             plan = plan_chain(self.servers, end, self.dead, self.speed, start=start)
-            clients, histories, answers, inputs = [], [], [], chunks
+            clients, histories, inputs = [], [], chunks
+            answers: list[list[tuple[str, torch.Tensor | None]]] = []
             try:
                 for position, server in enumerate(plan):
                     client = await self._open(server)

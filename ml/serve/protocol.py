@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -173,8 +174,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             if state.get("session"):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
-            server.open_session(session_id, header.get("max_length"), header.get("batch", 1), _lora(tensors),
-                                owner=peer, prompts=tensors.get("prompts"))
+            server.open_session(session_id, header.get("max_length"), header.get("batch", 1),  # type: ignore[arg-type]
+                                _lora(tensors), owner=peer, prompts=tensors.get("prompts"))   # (open_session checks)
             state["session"] = session_id
             offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
             return encode_frame({"type": "opened", **offer, **extra})
@@ -190,9 +191,10 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
             guard(state, tensors.get("h"))
             out = await run(server.step, state["session"], chunks, header.get("all") is True)
-            usage = server.sessions[state["session"]].usage.as_dict() if state["session"] in server.sessions else {}
+            session = server.sessions.get(state["session"])
+            step_usage = session.usage.as_dict() if session is not None else {}
             extra |= await asyncio.to_thread(billed, state, out, codec)
-            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": usage, **extra}, {"h": out},
+            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": step_usage, **extra}, {"h": out},
                                            codec)
         if kind == "forward":
             if "h" not in tensors:
@@ -269,7 +271,7 @@ class SpanClient:
                  meter: ClientMeter | None = None):
         self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
-        self._stream = None
+        self._stream: Any = None   # the HostStream, opened at the first request
         self.bytes_sent = 0
         self.bytes_received = 0
 

@@ -35,7 +35,8 @@ class RemoteTuner:
         if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
             raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
         self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
-        self.servers, self.dead, self.failovers = list(servers), set(), 0
+        self.servers, self.failovers = list(servers), 0
+        self.dead: set[str] = set()
         self.chain = [self._span(s) for s in plan_chain(servers, config.layers)]
         self.books = [(DeltaBook(), DeltaBook()) for _ in self.chain]   # per span: inputs sent, outputs received
         gen = torch.Generator().manual_seed(seed)
@@ -87,6 +88,7 @@ class RemoteTuner:
         loss = self._loss(leaf, tokens)
         loss.backward()
         grad = leaf.grad
+        assert grad is not None   # the loss depends on the servers' output
         grads = {name: torch.zeros_like(p) for name, p in self.params.items()}
         for index in reversed(range(len(self.chain))):
             span = self.chain[index]

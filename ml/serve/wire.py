@@ -75,9 +75,9 @@ def encode_tensor(tensor: torch.Tensor, codec: str) -> bytes:
     if codec in ("i8", "i4"):
         levels = 127 if codec == "i8" else 7
         blocks = math.ceil(values.size / INT8_BLOCK)
-        padded = np.zeros(blocks * INT8_BLOCK, dtype=np.float32)
-        padded[:values.size] = values
-        padded = padded.reshape(blocks, INT8_BLOCK)
+        flat = np.zeros(blocks * INT8_BLOCK, dtype=np.float32)
+        flat[:values.size] = values
+        padded = flat.reshape(blocks, INT8_BLOCK)
         scales = (np.abs(padded).max(axis=1) / levels).astype(np.float32)
         safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
         codes = np.clip(np.rint(padded / safe[:, None]), -levels, levels).astype(np.int8).reshape(-1)[:values.size]
@@ -190,7 +190,8 @@ def decode_frame(body: bytes) -> Message:
     metas = header.pop("tensors", [])
     if not isinstance(metas, list) or len(metas) > MAX_TENSORS:
         raise WireError(f"tensors must be a list of at most {MAX_TENSORS}")
-    checked, seen = [], set()
+    checked: list = []
+    seen: set[str] = set()
     for meta in metas:
         name, codec, shape, nbytes = _check_meta(meta, seen)
         seen.add(name)
