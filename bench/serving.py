@@ -40,7 +40,7 @@ from ml.serve import protocol  # noqa: E402
 from ml.serve.client import RemoteGenerator, ServerInfo, greedy, local_generate  # noqa: E402
 from ml.serve.model import DecoderBlock, DecoderConfig, random_decoder  # noqa: E402
 from ml.serve.server import BlockServer  # noqa: E402
-from ml.serve.tuner import RemoteTuner  # noqa: E402
+from ml.serve.tuner import time_lora_tuning  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.p2p.host import Host  # noqa: E402
 
@@ -129,16 +129,7 @@ async def run(args) -> dict:
 
         live = [info for i, info in enumerate(infos) if i != victim_index]
         # fine-tuning a LoRA adapter (rank 4) on a repeating 16-byte text through the servers
-        tuner = RemoteTuner(client, ends, live, prompt_length=0, lora_rank=4, codec=args.codec, lr=args.tune_lr)
-        text = torch.tensor(list(b"serve the blocks") * 8)
-        batch = torch.stack([text[i:i + 65] for i in range(0, 16, 4)])
-        result["tune_loss_before"] = round(await tuner.loss(batch), 4)
-        began = time.perf_counter()
-        for _ in range(args.tune_steps):
-            await tuner.step(batch)
-        result["tune_step_s"] = round((time.perf_counter() - began) / args.tune_steps, 4)
-        result["tune_loss_after"] = round(await tuner.loss(batch), 4)
-        await tuner.close()
+        result |= await time_lora_tuning(client, ends, live, args.codec, args.tune_lr, args.tune_steps)
     finally:
         for host in [client, *hosts]:
             await host.stop()

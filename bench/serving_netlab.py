@@ -116,7 +116,7 @@ async def role_client(args) -> dict:
     from bench.serving import offload_generate
     from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
     from ml.serve.model import random_decoder
-    from ml.serve.tuner import RemoteTuner
+    from ml.serve.tuner import time_lora_tuning
     from node.p2p.host import Host
     from relay.client import RelayClient
     from relay.holepunch import HolePuncher
@@ -187,16 +187,7 @@ async def role_client(args) -> dict:
         result["replays"] = generator.stats.replays
 
         live = [info for info in infos if info.peer_id not in generator.dead]
-        tuner = RemoteTuner(host, ends, live, prompt_length=0, lora_rank=4, codec="f32", lr=1e-2)
-        text = torch.tensor(list(b"serve the blocks") * 8)
-        batch = torch.stack([text[i:i + 65] for i in range(0, 16, 4)])
-        result["tune_loss_before"] = round(await tuner.loss(batch), 4)
-        began = time.perf_counter()
-        for _ in range(args.tune_steps):
-            await tuner.step(batch)
-        result["tune_step_s"] = round((time.perf_counter() - began) / args.tune_steps, 3)
-        result["tune_loss_after"] = round(await tuner.loss(batch), 4)
-        await tuner.close()
+        result |= await time_lora_tuning(host, ends, live, "f32", 1e-2, args.tune_steps)
     finally:
         await host.stop()
     return result
