@@ -22,6 +22,7 @@ class Averaged:
     tensors: list[torch.Tensor]   # the group mean, same shapes as the contribution
     participants: tuple           # who contributed (ranks or peer ids), identical on every member
     bytes_sent: int               # bytes this member sent for the round
+    received: tuple = ()          # ml.allreduce.receipts.Receipt per sender (network groups only)
 
 
 class Averager(Protocol):
