@@ -40,7 +40,9 @@ def claims_about(worker: str, records: Mapping[str, SegmentRecord]) -> list[Clai
         if receiver == worker:
             continue
         for offset, receipts in enumerate(records[receiver].received):
-            out += [Claim(receiver, offset, r) for r in receipts if r.sender == worker]
+            # an empty butterfly range (a reducer with no shard of a small tensor) says nothing
+            out += [Claim(receiver, offset, r) for r in receipts
+                    if r.sender == worker and (r.chunk == 0 or r.start < r.stop)]
     return out
 
 

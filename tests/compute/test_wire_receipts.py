@@ -22,6 +22,8 @@ SALT = b"\x07" * 32
 PEERS = ["peer-0", "peer-1", "peer-2"]
 INT8 = TrainSpec(steps=8, segment_steps=4, seed=5, codec="int8")
 TOPK = TrainSpec(steps=8, segment_steps=4, seed=5, codec="topk", codec_options={"ratio": 0.05})
+POWERSGD = TrainSpec(steps=8, segment_steps=4, seed=5, codec="powersgd2")
+DILOCO = TrainSpec(mode="diloco", steps=20, inner_steps=5, seed=5, codec="int8")
 
 
 def judge_all(spec, records, sink, tmp_path, segment=1):
@@ -44,7 +46,8 @@ def judge_all(spec, records, sink, tmp_path, segment=1):
     return [asyncio.run(judge_slot(task, spec, w, segment, SALT, sources)) for w in PEERS]
 
 
-@pytest.fixture(scope="module", params=[INT8, TOPK], ids=["butterfly-int8", "allgather-topk"])
+@pytest.fixture(scope="module", params=[INT8, TOPK, POWERSGD, DILOCO],
+                ids=["butterfly-int8", "allgather-topk", "powersgd", "diloco"])
 def stealthy(request):
     return request.param, *asyncio.run(train_over_tcp(request.param, 3, {2: "poison_stealth"}))
 
@@ -56,9 +59,14 @@ def test_records_hold_a_receipt_from_every_other_sender(stealthy):
             assert SegmentRecord.from_json(record.canonical()) == record
             for offset, receipts in enumerate(record.received):
                 assert {r.sender for r in receipts} == set(PEERS) - {PEERS[rank]}
-                assert all(r.round == record.index * spec.segment_steps + offset for r in receipts)
-                if spec.codec == "int8":
-                    assert all(r.chunk > 0 and r.start < r.stop for r in receipts)
+                if spec.mode == "diloco":
+                    assert {r.round for r in receipts} == {record.index}
+                elif spec.codec == "powersgd2":   # two rounds a step: P and Q
+                    assert len({r.round for r in receipts}) == 2
+                else:
+                    assert {r.round for r in receipts} == {record.index * spec.segment_steps + offset}
+                if spec.codec != "topk":
+                    assert all(r.chunk > 0 and r.start <= r.stop for r in receipts)
                 else:
                     assert all((r.start, r.stop, r.chunk) == (0, 0, 0) for r in receipts)
 
