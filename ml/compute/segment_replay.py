@@ -89,6 +89,7 @@ class CommittedAverages:
         """Compare what the receivers recorded from this worker in `round_id` with what its honest
         contribution puts on the wire."""
         flat = flat_contribution(tensors) if self.compressor is None else torch.empty(0)
+        assert self.wire_codec is not None   # made whenever there are claims
         for claim in self.claims.pop(round_id):
             honest = honest_digest(self.wire_codec, flat, self.last_encoded, claim.receipt)
             self.checked.append((claim, honest == claim.receipt.digest))
