@@ -23,6 +23,8 @@ from ml.codecs.base import Codec
 from ml.compute.segment_record import SegmentRecord, WireReceipt
 
 MIN_ACCUSERS = 2   # receivers that must disagree (with a strict majority) before a sender is named
+MAX_CLAIM_CHUNKS = 4096   # a receipt cut finer than this is no honest plan's (the group's chunks are 2^18
+                          # values): a disagreeing vote, not minutes of re-encoding for the judge
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ def honest_digest(codec: Codec, flat: torch.Tensor, encoded: bytes | None, recei
     encoding; butterfly: the chunks of its range), or None where the receipt fits no honest round."""
     if receipt.chunk == 0:
         return None if encoded is None else hashlib.sha256(encoded).hexdigest()
+    if -(-(receipt.stop - receipt.start) // receipt.chunk) > MAX_CLAIM_CHUNKS:
+        return None
     try:
         return expected_part_digest(codec, flat, receipt.start, receipt.stop, receipt.chunk)
     except ValueError:

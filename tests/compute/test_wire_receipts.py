@@ -14,7 +14,7 @@ from ml.compute.segment_record import BadRecord, SegmentRecord, StepHashes, Wire
 from ml.compute.segment_replay import replay_segment_blobs
 from ml.compute.segments_protocol import SegmentAnswer
 from ml.compute.verification_flow import Sources, judge_slot
-from ml.compute.wire_evidence import Claim, wire_verdict
+from ml.compute.wire_evidence import Claim, honest_digest, wire_verdict
 from ml.train.spec import TrainSpec
 from tests.compute.test_networked_segment_records import TASK, train_over_tcp
 
@@ -120,6 +120,11 @@ def test_expected_digest_is_what_the_sender_puts_on_the_wire():
         assert expected_part_digest(codec, flat, 100, 900, 256) == sent
     with pytest.raises(ValueError):
         expected_part_digest(get_codec("int8"), flat, 900, 1001, 256)
+    # what a hostile receipt can make a judge compute is bounded
+    huge = torch.zeros(1 << 20)
+    assert honest_digest(get_codec("int8"), huge, None, WireReceipt(0, "w", "00" * 32, 0, 1 << 20, 1)) is None
+    assert honest_digest(get_codec("int8"), flat, None, WireReceipt(0, "w", "00" * 32, 0, 2000, 256)) is None
+    assert honest_digest(get_codec("int8"), flat, None, WireReceipt(0, "w", "00" * 32, 0, 0, 0)) is None
 
 
 def test_receipts_reject_hostile_input():
