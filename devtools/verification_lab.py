@@ -110,7 +110,8 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     stakes_before = {p.peer_id: chain.ledger.state.stakes[p.peer_id].bonded for p in parties}
 
     trainers, sink = build_recorded(spec, WORKERS, {r: by_peer[p].mode for r, p in enumerate(ranked)
-                                                    if by_peer[p].mode not in ("", "copycat")}, fault_seed=seed)
+                                                    if by_peer[p].mode not in ("", "copycat")}, fault_seed=seed,
+                                  names=ranked)
     cpu0 = time.process_time()
     asyncio.run(run_trainers(trainers))
     job_cpu = time.process_time() - cpu0

@@ -120,8 +120,8 @@ def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
     return check
 
 
-FAULT_MODES = ("", "wrong_segments", "lazy", "poison_zero", "poison_noise", "copycat", "false_accuser",
-               "rubber_stamp")
+FAULT_MODES = ("", "wrong_segments", "lazy", "poison_zero", "poison_noise", "poison_stealth", "copycat",
+               "false_accuser", "rubber_stamp")
 
 
 def check_fault_mode(value: str) -> None:
@@ -284,7 +284,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
         "fault_inject": Key(str, "",
                             "TESTING ONLY: an adversary mode (docs/adr/0167): worker lazy | partial:<q> | poison_zero"
-                            " | poison_noise | copycat | wrong_segments, verifier false_accuser | rubber_stamp",
+                            " | poison_noise | poison_stealth | copycat | wrong_segments,"
+                            " verifier false_accuser | rubber_stamp",
                             check_fault_mode),
     },
 }

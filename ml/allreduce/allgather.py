@@ -16,6 +16,7 @@ given up the attempt and committed a later one without it).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -25,6 +26,7 @@ from ml.codecs.base import CodecError, all_finite
 from .attempt import AttemptContext, run_all
 from .inbox import PeerFailure
 from .payloads import decode_into
+from .receipts import Receipt
 from .wire import Kind
 
 
@@ -85,6 +87,8 @@ async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[
     out = torch.empty_like(ctx.flat)
     await ctx.offload(decode_into, ctx.codec, payload, out, sender, "contribution")
     decoded[sender] = out
+    digest = await ctx.offload(lambda: hashlib.sha256(payload).hexdigest())
+    ctx.received[sender] = Receipt(sender, digest, 0, 0, 0)
 
 
 def pieces(total: int, piece_bytes: int) -> int:

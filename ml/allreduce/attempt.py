@@ -19,6 +19,7 @@ from ml.codecs.base import Codec
 from .inbox import Inbox, PeerFailure
 from .links import PeerLinks
 from .plan import Plan
+from .receipts import Receipt
 from .wire import Frame, Kind, members_from_mask
 
 
@@ -51,6 +52,7 @@ class AttemptContext:
     agreed_rates: dict[str, float] = field(default_factory=dict)  # upload rates measured this attempt
     encoded: bytes | memoryview = b""  # all-gather: this peer's encoded contribution (flat is its decoding)
     piece_bytes: int = 0               # all-gather: frame size the encodings are cut into
+    received: dict[str, Receipt] = field(default_factory=dict)  # sender -> what this peer got from it
 
     def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple, meta: dict | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)

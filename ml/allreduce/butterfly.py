@@ -13,11 +13,13 @@ Non-reducers (NAT'd or slow peers) only send parts and receive results.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import torch
 
 from .attempt import AttemptContext, run_all
 from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
+from .receipts import Receipt, feed
 from .wire import Kind
 
 RATE_DEAD_BAND = 2.0  # measured upload rates this close to the median count as equal
@@ -70,6 +72,7 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
     others = [m for m in plan.members if m != ctx.me]
     chunks = plan.chunks(shard)
     arrivals = {m: [] for m in others}  # (arrival time, bytes) of each part, to measure upload rates
+    hashers = {m: hashlib.sha256() for m in others}  # each sender's parts, for its receipt
     for c, (a, b) in enumerate(chunks):
         payloads = {}
         for sender in others:
@@ -78,13 +81,16 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
                 ctx.check_first_meta(sender, frame.meta)
             payloads[sender] = frame.payload
             arrivals[sender].append((frame.received_at, len(frame.payload)))
-        encoded, mean = await ctx.offload(_reduce_chunk, ctx, payloads, a, b)
+        encoded, mean = await ctx.offload(_reduce_chunk, ctx, payloads, a, b, hashers)
         ctx.out[a:b] = mean
         meta = None
         if shard == 0 and c == len(chunks) - 1:
             meta = _rates_meta(ctx, arrivals)
             ctx.agreed_rates = _parse_rates(ctx, meta)
         results[c].set_result((encoded, meta))
+    start, stop = plan.shards[shard]
+    for sender, hasher in hashers.items():
+        ctx.received[sender] = Receipt(sender, hasher.hexdigest(), start, stop, plan.chunk_numel)
 
 
 async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.Future], member: str) -> None:
@@ -119,9 +125,12 @@ def _settle_rate(rate: float, median: float) -> float:
     return min(max(rate, median / 4), median * 4)
 
 
-def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int) -> tuple[Payload, torch.Tensor]:
-    """Sum in sorted member order (our own part unquantized), divide, encode once; runs in a
-    worker thread."""
+def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int,
+                  hashers: dict) -> tuple[Payload, torch.Tensor]:
+    """Hash each sender's part into its receipt; sum in sorted member order (our own part
+    unquantized), divide, encode once; runs in a worker thread."""
+    for sender, payload in payloads.items():
+        feed(hashers[sender], payload)
     terms = [(m, ctx.flat[a:b] if m == ctx.me else payloads[m]) for m in ctx.plan.members]
     acc = sum_in_order(ctx.codec, terms, ctx.me, "contribution", b - a)
     return encode_result(ctx.codec, acc.div_(len(ctx.plan.members)))

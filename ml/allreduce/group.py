@@ -46,6 +46,7 @@ from .deadlines import DeadlinePolicy, StallEstimator
 from .inbox import Inbox, PeerFailure
 from .links import PeerLinks
 from .plan import Plan, make_plan
+from .receipts import Receipt
 from .ring import RING_CODECS, run_ring
 from .round_core import (
     AllReduceError,
@@ -85,6 +86,7 @@ class AllReduceResult:
     attempts: int                        # 1 when no member failed
     excluded: dict[str, str] = field(default_factory=dict)  # peer -> why it was left out
     bytes_sent: int = 0                  # by this peer during the round
+    received: tuple[Receipt, ...] = ()   # what this peer got from each sender in the committed attempt
 
     def includes(self, peer: str) -> bool:
         return peer in self.participants
@@ -157,6 +159,8 @@ class AllReduceGroup:
         self._misplanned: asyncio.Future | None = None  # done (with the error) on a first chunk of another plan
         self._background: set[asyncio.Task] = set()
         self._started = False
+        self._receipts: tuple[Receipt, ...] = ()  # the last attempt that succeeded here: its receipts
+        self._receipts_attempt = -1
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -257,6 +261,7 @@ class AllReduceGroup:
         self._inbox.forget_before(round_id)
         bytes_before = self._links.bytes_sent
         shape_digest = hashlib.blake2b(json.dumps(contribution.shapes).encode(), digest_size=8).hexdigest()
+        self._receipts, self._receipts_attempt = (), -1
         core = self._core = RoundCore(self.my_id, self._peers, round_id, shape_digest,
                                       min_participants=self.min_participants, fault=contribution.fault)
         try:
@@ -269,7 +274,8 @@ class AllReduceGroup:
         self._rates = next_rates(self._rates, self._peers, committed)
         return AllReduceResult(_unflatten(committed.result, contribution.shapes), committed.participants,
                                round_id, committed.attempt + 1, dict(committed.excluded),
-                               self._links.bytes_sent - bytes_before)
+                               self._links.bytes_sent - bytes_before,
+                               self._receipts if committed.attempt == self._receipts_attempt else ())
 
     async def _drive(self, core: RoundCore, contribution: _Contribution) -> Committed:
         """Carry out the core's actions until it commits the round or fails it."""
@@ -344,6 +350,8 @@ class AllReduceGroup:
         # committing: its sender gave up this attempt (docs/adr/0141)
         if (not task.cancelled() and error is None and not self._inbox.pending(ctx.round_id, ctx.attempt, Kind.VIEW)
                 and not self._inbox.pending(ctx.round_id, None, Kind.COMMITTED)):
+            self._receipts = tuple(ctx.received[m] for m in sorted(ctx.received))
+            self._receipts_attempt = ctx.attempt
             return core.attempt_succeeded(ctx.out, ctx.agreed_rates)
         if task.cancelled() and self._misplanned.done():
             error = self._misplanned.result()

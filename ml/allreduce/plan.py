@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from .receipts import chunk_ranges
+
 ALIGN = 256  # shard boundaries fall on multiples of this (keeps codec blocks whole)
 
 
@@ -25,7 +27,7 @@ class Plan:
 
     def chunks(self, shard: int) -> list[tuple[int, int]]:
         start, stop = self.shards[shard]
-        return [(s, min(s + self.chunk_numel, stop)) for s in range(start, stop, self.chunk_numel)]
+        return chunk_ranges(start, stop, self.chunk_numel)
 
     def shard_of(self, reducer: str) -> int:
         return self.reducers.index(reducer)

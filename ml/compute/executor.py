@@ -19,6 +19,7 @@ from ml.job.participation import ParticipationLog
 from ml.train.allreduce_averager import averager_for_group, group_codec
 from ml.train.faults import MODES as TRAINER_FAULTS
 from ml.train.faults import install as install_fault
+from ml.train.faults import wire_group
 from ml.train.progress import ProgressFeed
 from ml.train.segments import BlobSink, SegmentRecorder
 from ml.train.simulation import make_trainer
@@ -53,7 +54,7 @@ def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: li
     a `sink`, the trainer keeps per-segment records (`trainer.recorder.records`) and puts their
     checkpoints and averages into it; `fault` is a testing-only adversary mode (ml.train.faults)."""
     ordered = sorted(workers)
-    averager = ParticipationLog(averager_for_group(spec, group), len(ordered))
+    averager = ParticipationLog(averager_for_group(spec, wire_group(group, fault)), len(ordered))
     trainer = make_trainer(spec, ordered.index(me), len(ordered), averager, feed, files)
     if sink is not None:
         SegmentRecorder(sink).attach(trainer)

@@ -4,9 +4,12 @@ the root of a worker's leaves (its on-chain segments_root) and audit paths (RFC 
 A record names the artifact of the worker's full state at the segment start (`checkpoint`), the
 artifact of the averaged tensors its group produced in the segment (`averages`), the sha256 of the
 checkpoint bytes (`state_in`), one `StepHashes` per step (data-parallel: optimizer steps; DiLoCo: one
-per outer step) and the sha256 of the state at the segment end (`state_out`, which is the next
-segment's `state_in`). Canonical JSON: sorted keys, no spaces, steps as [gradient, codec, average]
-triples. `SegmentRecord.from_json` validates hostile input strictly.
+per outer step), the sha256 of the state at the segment end (`state_out`, which is the next
+segment's `state_in`) and, per step, what this worker RECEIVED from each other sender in each
+averaging round of the step (`received`: `WireReceipt`s, sorted by round then sender; the evidence
+that binds what a sender put on the wire to what it committed, docs/adr/0167). Canonical JSON:
+sorted keys, no spaces, steps as [gradient, codec, average] triples, receipts as
+[round, sender, digest, start, stop, chunk]. `SegmentRecord.from_json` validates hostile input strictly.
 
 Leaf = sha256("dekube/segment-leaf" || task id || worker || canonical record); the root is
 `consensus.block.merkle_root` of the leaves (leaf node sha256(0x00 || leaf), inner sha256(0x01 || l || r),
@@ -25,8 +28,11 @@ LEAF_DOMAIN = b"dekube/segment-leaf"
 MAX_STEPS = 100_000            # steps in one segment record
 MAX_SEGMENTS = 1 << 20         # segments of one task
 MAX_PROOF = 64
+MAX_RECEIPTS = 1024            # receipts in one step (senders x averaging rounds)
+MAX_SENDER = 256               # characters of a sender id
+MAX_OFFSET = 1 << 48           # round ids, ranges and chunk sizes
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-FIELDS = ("averages", "checkpoint", "index", "state_in", "state_out", "steps")
+FIELDS = ("averages", "checkpoint", "index", "received", "state_in", "state_out", "steps")
 
 
 class BadRecord(ValueError):
@@ -41,6 +47,20 @@ class StepHashes:
 
 
 @dataclass(frozen=True)
+class WireReceipt:
+    """What this worker received from `sender` in averaging round `round` (ml.allreduce.receipts)."""
+    round: int
+    sender: str
+    digest: str     # sha256 of the bytes received from the sender
+    start: int      # butterfly: the range of the sender's flat contribution this worker reduced,
+    stop: int       # cut into chunks of `chunk` values; all-gather: 0, 0, 0 (its whole encoding)
+    chunk: int
+
+    def to_list(self) -> list:
+        return [self.round, self.sender, self.digest, self.start, self.stop, self.chunk]
+
+
+@dataclass(frozen=True)
 class SegmentRecord:
     index: int
     checkpoint: str          # artifact id of the state file at the segment start
@@ -48,11 +68,17 @@ class SegmentRecord:
     state_in: str            # sha256 of the checkpoint bytes
     steps: tuple[StepHashes, ...]
     state_out: str           # sha256 of the state file at the segment end
+    received: tuple[tuple[WireReceipt, ...], ...] = ()   # per step (empty: none, e.g. a simulated group)
+
+    def __post_init__(self):
+        if not self.received:
+            object.__setattr__(self, "received", tuple(() for _ in self.steps))
 
     def to_obj(self) -> dict:
         return {"index": self.index, "checkpoint": self.checkpoint, "averages": self.averages,
                 "state_in": self.state_in, "state_out": self.state_out,
-                "steps": [[s.gradient, s.codec, s.average] for s in self.steps]}
+                "steps": [[s.gradient, s.codec, s.average] for s in self.steps],
+                "received": [[r.to_list() for r in step] for step in self.received]}
 
     def canonical(self) -> bytes:
         return json.dumps(self.to_obj(), sort_keys=True, separators=(",", ":")).encode()
@@ -76,7 +102,11 @@ class SegmentRecord:
             for value in step:
                 _check_hex(value, "step hash")
             parsed.append(StepHashes(*step))
-        return cls(index, obj["checkpoint"], obj["averages"], obj["state_in"], tuple(parsed), obj["state_out"])
+        received = obj["received"]
+        if not isinstance(received, list) or len(received) != len(steps):
+            raise BadRecord("record received must be one list of receipts per step")
+        return cls(index, obj["checkpoint"], obj["averages"], obj["state_in"], tuple(parsed), obj["state_out"],
+                   tuple(_receipts(step) for step in received))
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SegmentRecord:
@@ -85,6 +115,32 @@ class SegmentRecord:
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise BadRecord("a segment record is JSON") from None
         return cls.from_obj(obj)
+
+
+def _receipts(step) -> tuple[WireReceipt, ...]:
+    if not isinstance(step, list) or len(step) > MAX_RECEIPTS:
+        raise BadRecord(f"a step's receipts are a list of at most {MAX_RECEIPTS}")
+    out = []
+    for item in step:
+        if not isinstance(item, list) or len(item) != 6:
+            raise BadRecord("a receipt is [round, sender, digest, start, stop, chunk]")
+        round_id, sender, digest, start, stop, chunk = item
+        if not all(_offset(v) for v in (round_id, start, stop, chunk)):
+            raise BadRecord("receipt round, start, stop and chunk are integers in [0, 2^48)")
+        if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER or not sender.isprintable():
+            raise BadRecord(f"a receipt's sender is 1..{MAX_SENDER} printable characters")
+        _check_hex(digest, "receipt digest")
+        if (chunk == 0 and (start, stop) != (0, 0)) or start > stop:
+            raise BadRecord("a receipt range is start <= stop with a chunk size, or 0, 0, 0 (whole encoding)")
+        out.append(WireReceipt(round_id, sender, digest, start, stop, chunk))
+    keys = [(r.round, r.sender) for r in out]
+    if keys != sorted(set(keys)):
+        raise BadRecord("a step's receipts are sorted by (round, sender), one per sender and round")
+    return tuple(out)
+
+
+def _offset(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value < MAX_OFFSET
 
 
 def _check_hex(value, name: str) -> None:

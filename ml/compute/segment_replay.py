@@ -20,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ml.codecs import get_codec
 from ml.compute.segment_record import SegmentRecord
+from ml.compute.wire_evidence import Claim, flat_contribution, honest_digest
+from ml.train.allreduce_averager import group_codec
 from ml.train.averaging import Averaged
 from ml.train.compression import BIASED_CODECS, Compressor, flatten
 from ml.train.segments import SegmentRecorder, load_averages
@@ -46,6 +49,7 @@ class SegmentReplay:
     match: bool
     first_divergence: tuple[int, str] | None   # (step offset in the segment, field) of the first difference
     evidence: bytes                            # 32 bytes
+    wire: tuple[tuple[Claim, bool], ...] = ()  # each receivers' claim given, and whether the honest bytes match it
 
 
 class MissingAverage(RuntimeError):
@@ -57,21 +61,38 @@ class CommittedAverages:
     with worker-side state (top-k, sign) it encodes this worker's contribution as the original did, so
     the error-feedback residual and the codec hash follow."""
 
-    def __init__(self, spec: TrainSpec, rounds: dict[int, tuple[list[torch.Tensor], list[str]]]):
+    def __init__(self, spec: TrainSpec, rounds: dict[int, tuple[list[torch.Tensor], list[str]]],
+                 claims: Sequence[Claim] = ()):
         self.rounds = rounds
         biased = spec.codec.partition("+")[0] in BIASED_CODECS
         self.compressor = Compressor(spec.codec, spec.codec_options) if biased else None
         self.last_encoded: bytes | None = None
+        self.claims: dict[int, list[Claim]] = {}
+        for claim in claims:
+            self.claims.setdefault(claim.receipt.round, []).append(claim)
+        self.wire_codec = get_codec(group_codec(spec)) if self.claims else None
+        self.checked: list[tuple[Claim, bool]] = []
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         if self.compressor is not None:
             self.last_encoded = await asyncio.to_thread(self.compressor.encode, flatten(tensors))
+        if round_id in self.claims:
+            await asyncio.to_thread(self._check_claims, tensors, round_id)
         entry = self.rounds.get(round_id)
         if entry is None or len(entry[0]) != len(tensors) or any(
                 tuple(a.shape) != tuple(t.shape) for a, t in zip(entry[0], tensors)):
             raise MissingAverage(f"no committed average of round {round_id} with the contribution's shapes")
         averaged, participants = entry
         return Averaged([a.clone() for a in averaged], tuple(participants), 0)
+
+    def _check_claims(self, tensors: list[torch.Tensor], round_id: int) -> None:
+        """Compare what the receivers recorded from this worker in `round_id` with what its honest
+        contribution puts on the wire."""
+        flat = flat_contribution(tensors) if self.compressor is None else torch.empty(0)
+        assert self.wire_codec is not None   # made whenever there are claims
+        for claim in self.claims.pop(round_id):
+            honest = honest_digest(self.wire_codec, flat, self.last_encoded, claim.receipt)
+            self.checked.append((claim, honest == claim.receipt.digest))
 
     def state_dict(self) -> dict:
         return self.compressor.state_dict() if self.compressor is not None else {}
@@ -87,9 +108,11 @@ def _first_step(spec: TrainSpec, index: int) -> int:
 
 def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, checkpoint_path: Path | str,
                    averages_path: Path | str, files: Mapping[str, Path] | None, salt: bytes,
-                   until_step: int | None = None) -> SegmentReplay:
+                   until_step: int | None = None, claims: Sequence[Claim] = ()) -> SegmentReplay:
     """Replay worker `rank` of `world` (its rank among the sorted workers) over segment `record.index`
     of `spec` from the committed checkpoint and averages files; compare every hash of `record`.
+    `claims`: receipts its co-workers recorded from it (ml.compute.wire_evidence), each checked against
+    the honest contribution of its round (`SegmentReplay.wire`).
 
     A record inconsistent with the spec, a checkpoint or averages file that does not match the record,
     or one that cannot be loaded or trained from is a mismatch (the worker committed it); a bad argument
@@ -98,8 +121,11 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
         raise ValueError("replay_segment needs a SegmentRecord, 0 <= rank < world and a 32-byte salt")
     evidence = hashlib.sha256(salt)
 
+    committed: CommittedAverages | None = None
+
     def verdict(divergence: tuple[int, str] | None) -> SegmentReplay:
-        return SegmentReplay(divergence is None, divergence, evidence.digest())
+        wire = tuple(committed.checked) if committed is not None else ()
+        return SegmentReplay(divergence is None, divergence, evidence.digest(), wire)
 
     if record.index >= spec.segment_count or len(record.steps) != spec.steps_in_segment(record.index):
         return verdict((0, "record"))
@@ -119,7 +145,8 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
     except BadStateFile:
         return verdict((0, "state_in"))
     del data
-    trainer = make_trainer(spec, rank, world, with_codec_layer(spec, CommittedAverages(spec, rounds)), files=files)
+    committed = CommittedAverages(spec, rounds, claims)
+    trainer = make_trainer(spec, rank, world, with_codec_layer(spec, committed), files=files)
     recorder = SegmentRecorder(sink=None, evidence=evidence)
     recorder.attach(trainer)
     try:
@@ -133,7 +160,8 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
 
 
 def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, blobs: Mapping[str, bytes],
-                         files: Mapping[str, Path] | None, salt: bytes, until_step: int | None = None) -> SegmentReplay:
+                         files: Mapping[str, Path] | None, salt: bytes, until_step: int | None = None,
+                         claims: Sequence[Claim] = ()) -> SegmentReplay:
     """`replay_segment` with the checkpoint and averages taken from `blobs` (artifact id -> bytes, e.g.
     a simulation's MemorySink); a blob that is missing is a mismatch."""
     with tempfile.TemporaryDirectory(prefix="dekube-replay-") as folder:
@@ -142,7 +170,7 @@ def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: Segment
             path = Path(folder) / name
             path.write_bytes(blobs.get(name, b""))
             paths.append(path)
-        return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step)
+        return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step, claims)
 
 
 async def _replay(trainer, recorder: SegmentRecorder, record: SegmentRecord, last: int) -> tuple[int, str] | None:

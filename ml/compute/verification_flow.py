@@ -8,8 +8,11 @@ Merkle proof, fetch an artifact from holders, the task's input files), so the co
 and the in-process lab (devtools/verification_lab.py) run the same code. A record that does not
 verify under the worker's committed root, or state files nobody serves, is a mismatch with the
 `unavailable_evidence` of the slot's salt (every honest judge that cannot get them says the same);
-otherwise the verdict is the replay's (ml/compute/segment_replay.py) with one more check: the averages
-the worker applied must be the ones most of its co-workers recorded for the same segment.
+otherwise the verdict is the replay's (ml/compute/segment_replay.py) with two more checks: the averages
+the worker applied must be the ones most of its co-workers recorded for the same segment, and what its
+co-workers recorded receiving from it must not be, by a strict majority of them, other than what its
+honest contribution puts on the wire (ml/compute/wire_evidence.py; a worker that commits the honest
+contribution but sends another one). The evidence is the replay's in every case.
 
 Adversarial verifier modes exist for the benchmark and the tests only (`[compute] fault_inject`):
 `false_accuser` answers mismatch without replaying, `rubber_stamp` answers match with evidence made
@@ -27,6 +30,7 @@ from pathlib import Path
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
 from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
+from ml.compute.wire_evidence import claims_about, wire_verdict
 from ml.train.reproducibility import in_compute_thread
 from ml.train.spec import TrainSpec
 
@@ -77,19 +81,23 @@ async def _checked_record(task: dict, worker: str, segment: int, sources: Source
     return answer.record
 
 
-async def _majority_averages(task: dict, worker: str, segment: int, own: SegmentRecord,
-                             sources: Sources) -> list[str] | None:
-    """The per-step average hashes most committed workers recorded for `segment` (the audited one
-    counted), or None without a strict majority among the records to be had."""
-    lists = [[s.average for s in own.steps]]
+async def _co_worker_records(task: dict, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
+    """The records of `segment` of the other committed workers that can be had (verified under their roots)."""
+    out = {}
     for other in sorted(task["commits"]):
         if other == worker:
             continue
         try:
-            record = await _checked_record(task, other, segment, sources)
+            out[other] = await _checked_record(task, other, segment, sources)
         except Unavailable:
             continue
-        lists.append([s.average for s in record.steps])
+    return out
+
+
+def _majority_averages(own: SegmentRecord, others: dict[str, SegmentRecord]) -> list[str] | None:
+    """The per-step average hashes most committed workers recorded for the segment (the audited one
+    counted), or None without a strict majority among the records to be had."""
+    lists = [[s.average for s in own.steps]] + [[s.average for s in r.steps] for r in others.values()]
     votes = Counter(tuple(x) for x in lists)
     best, count = votes.most_common(1)[0]
     return list(best) if count * 2 > len(lists) else None
@@ -110,17 +118,23 @@ async def judge_slot(task: dict, spec: TrainSpec, worker: str, segment: int, sal
         return Judgement(False, unavailable_evidence(salt), 0, str(exc))
     except Exception as exc:  # an artifact nobody serves (ArtifactError and friends)
         return Judgement(False, unavailable_evidence(salt), 0, f"state files unavailable: {exc}")
+    others = await _co_worker_records(task, worker, segment, sources)
     replay: SegmentReplay = await in_compute_thread(
-        replay_segment, spec, workers.index(worker), len(workers), record, checkpoint, averages, sources.files, salt)
+        replay_segment, spec, workers.index(worker), len(workers), record, checkpoint, averages, sources.files, salt,
+        None, claims_about(worker, others))
     if not replay.match:
         step, field = replay.first_divergence or (0, "?")
         return Judgement(False, replay.evidence, step, f"{field} differs at step {step} of segment {segment}")
-    majority = await _majority_averages(task, worker, segment, record, sources)
+    majority = _majority_averages(record, others)
     own = [s.average for s in record.steps]
     if majority is not None and majority != own:
         step = next(i for i, (a, b) in enumerate(zip(own, majority)) if a != b)
         return Judgement(False, replay.evidence, step,
                          f"the averages it applied differ from its co-workers' at step {step}")
+    sent = wire_verdict(list(replay.wire))
+    if sent is not None:
+        return Judgement(False, replay.evidence, sent,
+                         f"most of its receivers got other bytes than its committed contribution at step {sent}")
     return Judgement(True, replay.evidence, 0, "replayed hashes match")
 
 

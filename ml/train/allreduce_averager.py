@@ -30,7 +30,8 @@ class AllReduceAverager:
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
         result = await self.group.allreduce([t.detach().float().contiguous() for t in tensors], round_id)
-        return Averaged(list(result.tensors), tuple(result.participants), int(result.bytes_sent))
+        return Averaged(list(result.tensors), tuple(result.participants), int(result.bytes_sent),
+                        tuple(result.received))
 
 
 class AllGatherAverager:
@@ -56,7 +57,8 @@ class AllGatherAverager:
         self.last_encoded = encoded
         result = await self.group.allgather_mean(encoded, self.compressor.codec,
                                                  [tuple(t.shape) for t in tensors], round_id)
-        return Averaged(list(result.tensors), tuple(result.participants), int(result.bytes_sent))
+        return Averaged(list(result.tensors), tuple(result.participants), int(result.bytes_sent),
+                        tuple(result.received))
 
     def state_dict(self) -> dict:
         return self.compressor.state_dict()

@@ -7,21 +7,27 @@
   for its steps (data-parallel) or a zero pseudo-gradient without the inner steps (DiLoCo).
 - `poison_zero` / `poison_noise`: every contribution sent to the group is zeros / the true one plus
   Gaussian noise; the records hash what was sent.
+- `poison_stealth`: trains and commits honestly, but sends zeros on the wire (`stealth_group` wraps the
+  all-reduce group under its averager): its records and replay match; only its receivers' receipts
+  (docs/adr/0167, receiver-side evidence) show what it sent.
 - `wrong_segments`: commits records whose gradient hashes are made up (`falsify_records`).
 - `copycat`: trains honestly but commits another worker's segments_root and serves that worker's
   records (done by the compute role, ml/compute/role.py; nothing here).
-The records always hash what the worker really sent, so a replay of its segment finds the deviation.
+Except for `poison_stealth`, the records hash what the worker really sent, so a replay of its segment
+finds the deviation.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
+import math
 import random
 import re
 
 import torch
 
-MODES = ("lazy", "poison_zero", "poison_noise", "copycat")
+MODES = ("lazy", "poison_zero", "poison_noise", "poison_stealth", "copycat")
 _PARTIAL = re.compile(r"partial:(0(\.\d+)?|1(\.0+)?)\Z")
 NOISE_STD = 0.01
 
@@ -82,6 +88,32 @@ class Fault:
             gen = torch.Generator().manual_seed(self._rng.getrandbits(63))
             return [t + NOISE_STD * torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in tensors]
         return tensors
+
+
+class StealthGroup:
+    """fault_inject=poison_stealth: an all-reduce group that sends zeros in place of this worker's
+    contribution (dense rounds: zero tensors; all-gather rounds: the codec's encoding of zeros), while
+    the averager above it, and so the records, see the honest one."""
+
+    def __init__(self, group):
+        self.group = group
+
+    async def allreduce(self, tensors: list[torch.Tensor], round_id: int):
+        return await self.group.allreduce([torch.zeros_like(t) for t in tensors], round_id)
+
+    async def allgather_mean(self, encoded, codec, shapes, round_id: int):
+        if encoded is not None:
+            numel = sum(math.prod(s) for s in shapes)
+            encoded = await asyncio.to_thread(codec.encode, torch.zeros(numel))
+        return await self.group.allgather_mean(encoded, codec, shapes, round_id)
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+
+def wire_group(group, mode: str):
+    """The group a worker's averager talks through under adversary `mode` (`group` unless stealthy)."""
+    return StealthGroup(group) if mode == "poison_stealth" else group
 
 
 def install(trainer, mode: str, seed: int | None = None) -> Fault | None:

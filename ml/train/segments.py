@@ -13,6 +13,9 @@ the sha256 of the bytes this worker's own compressor produced when the codec kee
 (top-k / sign with error feedback), else the canonical hash of the tensors handed to the group (for
 stateless dense codecs the group encodes them in chunks inside the all-reduce, a pure function of
 them; for PowerSGD these are the P and Q factors).
+
+The receipts of a step are what the group says this worker received from each other sender in each
+round of the step (`Averaged.received`, ml.allreduce.receipts), kept as `WireReceipt`s with the round id.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from ml.compute.segment_record import SegmentRecord, StepHashes
+from ml.compute.segment_record import SegmentRecord, StepHashes, WireReceipt
 from ml.train.averaging import Averaged
 from ml.train.reproducibility import hash_tensors, in_compute_thread
 from ml.train.state_file import BadStateFile, read_tensor_file, state_bytes
@@ -68,6 +71,7 @@ class RecordingAverager:
         self.inner = inner
         self.rounds: list[tuple[int, list[torch.Tensor], list[str]]] = []
         self.codec_digests: list[bytes] = []
+        self.receipts: list[WireReceipt] = []
         self.known: tuple[list[torch.Tensor], str] | None = None   # (contribution, its hash) of the step
 
     async def average(self, tensors: list[torch.Tensor], round_id: int) -> Averaged:
@@ -76,12 +80,18 @@ class RecordingAverager:
         known = self.known[1] if encoded is None and self.known is not None and self.known[0] is tensors else None
         digest, kept = await in_compute_thread(_keep_round, encoded, tensors, known, result.tensors)
         self.codec_digests.append(digest)
+        self.receipts += [WireReceipt(round_id, r.sender, r.digest, r.start, r.stop, r.chunk)
+                          for r in getattr(result, "received", ())]
         self.rounds.append((round_id, kept, [str(p) for p in result.participants]))
         return result
 
     def take_codec(self) -> str:
         digests, self.codec_digests = self.codec_digests, []
         return hashlib.sha256(b"".join(digests)).hexdigest()
+
+    def take_receipts(self) -> tuple[WireReceipt, ...]:
+        receipts, self.receipts = self.receipts, []
+        return tuple(sorted(receipts, key=lambda r: (r.round, r.sender)))
 
     def take_rounds(self) -> list[tuple[int, list[torch.Tensor], list[str]]]:
         rounds, self.rounds = self.rounds, []
@@ -165,6 +175,7 @@ class SegmentRecorder:
         self.evidence = evidence            # a hashlib object fed every gradient's raw bytes (replay)
         self.records: list[SegmentRecord] = []
         self.steps: list[StepHashes] = []
+        self.received: list[tuple[WireReceipt, ...]] = []
         self.state_out: str | None = None
         self.recording: RecordingAverager | None = None
         self._index = 0
@@ -185,10 +196,11 @@ class SegmentRecorder:
 
     async def begin(self, trainer, index: int) -> None:
         """Segment `index` starts: store the trainer's full state as its checkpoint."""
-        self._index, self.steps, self.state_out = index, [], None
+        self._index, self.steps, self.received, self.state_out = index, [], [], None
         if self.recording is not None:
             self.recording.take_rounds()
             self.recording.take_codec()
+            self.recording.take_receipts()
         if self.sink is None:
             return
         marker = trainer.state_marker()
@@ -219,6 +231,7 @@ class SegmentRecorder:
         average = await in_compute_thread(hash_tensors, tensors)
         codec = self.recording.take_codec() if self.recording is not None else hashlib.sha256(b"").hexdigest()
         self.steps.append(StepHashes(self._gradient, codec, average))
+        self.received.append(self.recording.take_receipts() if self.recording is not None else ())
 
     async def end(self, trainer) -> None:
         """Segment ends: hash the state reached; with a sink, store the averages and keep the record."""
@@ -230,7 +243,7 @@ class SegmentRecorder:
         self._carry = (trainer.state_marker(), data)
         averages = await self.sink.put(await in_compute_thread(averages_bytes, rounds))
         self.records.append(SegmentRecord(self._index, self._checkpoint, averages, self._state_in,
-                                          tuple(self.steps), self.state_out))
+                                          tuple(self.steps), self.state_out, tuple(self.received)))
 
 
 def _serialize(trainer) -> bytes:

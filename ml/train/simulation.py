@@ -46,24 +46,33 @@ def with_codec_layer(spec: TrainSpec, averager: Averager) -> Averager:
 
 
 def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = None,
-                    files: Mapping[str, Path] | None = None) -> list[TrainerBase]:
-    """`world` trainers of `spec` sharing one in-process averaging group."""
-    plain_codec = "fp32" if powersgd_rank(spec.codec) is not None else spec.codec
-    group = LocalAveragingGroup(world, plain_codec, spec.codec_options)
+                    files: Mapping[str, Path] | None = None, group: LocalAveragingGroup | None = None
+                    ) -> list[TrainerBase]:
+    """`world` trainers of `spec` sharing one in-process averaging group (`group`, or a new one)."""
+    group = group or simulated_group(spec, world)
     return [make_trainer(spec, rank, world, with_codec_layer(spec, group.member(rank)), feed, files)
             for rank in range(world)]
 
 
+def simulated_group(spec: TrainSpec, world: int, names: list[str] | None = None) -> LocalAveragingGroup:
+    plain_codec = "fp32" if powersgd_rank(spec.codec) is not None else spec.codec
+    return LocalAveragingGroup(world, plain_codec, spec.codec_options, names)
+
+
 def build_recorded(spec: TrainSpec, world: int, faults: Mapping[int, str] | None = None,
-                   files: Mapping[str, Path] | None = None, fault_seed: int | None = 0) -> tuple[list[TrainerBase],
-                                                                                             MemorySink]:
+                   files: Mapping[str, Path] | None = None, fault_seed: int | None = 0,
+                   names: list[str] | None = None) -> tuple[list[TrainerBase], MemorySink]:
     """`build_simulated` with every worker keeping per-segment records (checkpoints and averages in
-    one MemorySink; `trainer.recorder.records`), and the given ranks running adversary modes."""
-    trainers = build_simulated(spec, world, files=files)
+    one MemorySink; `trainer.recorder.records`), and the given ranks running adversary modes. With
+    `names` (the workers' sorted peer ids), the records hold receipts as a network group's would."""
+    group = simulated_group(spec, world, names)
+    trainers = build_simulated(spec, world, files=files, group=group)
     sink = MemorySink()
     for trainer in trainers:
         SegmentRecorder(sink).attach(trainer)
-        install_fault(trainer, (faults or {}).get(trainer.rank, ""), fault_seed)
+        mode = (faults or {}).get(trainer.rank, "")
+        install_fault(trainer, mode, fault_seed)
+        group.member(trainer.rank).send_zeros = mode == "poison_stealth"
     return trainers, sink
 
 

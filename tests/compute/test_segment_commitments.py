@@ -238,7 +238,7 @@ def test_state_files_reject_hostile_bytes():
 
 
 def test_fault_modes_parse():
-    for mode in ("lazy", "partial:0.1", "partial:1", "poison_zero", "poison_noise", "copycat"):
+    for mode in ("lazy", "partial:0.1", "partial:1", "poison_zero", "poison_noise", "poison_stealth", "copycat"):
         Fault(mode)
     for mode in ("partial:2", "partial:", "poison", "lazy "):
         with pytest.raises(BadFault):

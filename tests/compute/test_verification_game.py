@@ -29,7 +29,7 @@ def test_honest_task_is_verified_and_everyone_paid():
     assert 0 < result.replayed_worker_steps < result.job_worker_steps
 
 
-@pytest.mark.parametrize("mode", ["poison_zero", "lazy", "copycat", "partial:1"])
+@pytest.mark.parametrize("mode", ["poison_zero", "poison_stealth", "lazy", "copycat", "partial:1"])
 def test_cheating_worker_is_named_alone_and_slashed(mode):
     result = run_task(Scenario(mode, {1: mode}), 2, SPEC)
     assert result.guilty == result.adversaries

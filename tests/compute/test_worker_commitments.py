@@ -77,7 +77,8 @@ def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
 def test_fault_inject_accepts_the_adversary_modes_only():
     import pytest
 
-    for mode in ("", "lazy", "partial:0.1", "partial:1", "poison_zero", "poison_noise", "copycat", "wrong_segments",
+    for mode in ("", "lazy", "partial:0.1", "partial:1", "poison_zero", "poison_noise", "poison_stealth", "copycat",
+                 "wrong_segments",
                  "false_accuser", "rubber_stamp"):
         assert local_config({("compute", "fault_inject"): mode})["compute"]["fault_inject"] == mode
     for mode in ("partial:1.5", "partial:", "lazzy"):
