@@ -223,3 +223,24 @@ class ServeChannel(Record):
         self.tokens = tokens
         self.flops = flops
         self.amount_paid = amount_paid
+
+
+class ServeDispute(Record):
+    """A client's fraud claim against a server's signed answer (ADR 0176): the parties, what the
+    transcript commits to (``link``: one step; ``answer``: the server's answer digest; ``inputs``: the
+    content hash of the bundle referees recompute from), the client's ``bond``, the drawn referees
+    (``[peer_id, vote | None]``, a vote ``[valid, output]``), the vote ``deadline`` and ``status``
+    (open, guilty, rejected, undecided)."""
+
+    __slots__ = FIELDS = ("client", "server", "session", "model", "profile", "start", "end", "link", "answer",
+                          "inputs", "bond", "referees", "deadline", "status")
+
+    def __init__(self, client: str = "", server: str = "", session: bytes = b"", model: str = "", profile: str = "",
+                 start: int = 0, end: int = 0, link: bytes = b"", answer: bytes = b"", inputs: bytes = b"",
+                 bond: int = 0, referees: list | None = None, deadline: int = 0, status: str = "open"):
+        self.client, self.server, self.session, self.model, self.profile = client, server, session, model, profile
+        self.start, self.end, self.link, self.answer, self.inputs = start, end, link, answer, inputs
+        self.bond = bond
+        self.referees = referees if referees is not None else []
+        self.deadline = deadline
+        self.status = status

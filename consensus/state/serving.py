@@ -29,6 +29,20 @@ def serve_channel_id(receipt: dict) -> bytes:
     return hashlib.sha256(b"dekube/serve-channel\x00" + encode(key)).digest()
 
 
+GUILTY = "guilty"   # a serving dispute's verdict against the server (ADR 0176, serve_disputes.py)
+
+
+def dispute_id_for_channel(channel_id: bytes) -> bytes:
+    """The id of the one dispute a session (its channel) may have."""
+    return hashlib.sha256(b"dekube/serve-dispute\x00" + channel_id).digest()
+
+
+def is_convicted(state: LedgerState, channel_id: bytes) -> bool:
+    """Whether the session of ``channel_id`` was found to have served a wrong answer (ADR 0176)."""
+    dispute = state.serve_disputes.get(dispute_id_for_channel(channel_id))
+    return dispute is not None and dispute.status == GUILTY
+
+
 def _escrow(state: LedgerState, client: str) -> ServeEscrow:
     escrow = state.serve_escrows.get(client)
     if escrow is None:
@@ -94,6 +108,8 @@ def apply_serve_receipt(state: LedgerState, params: Params, ctx: BlockContext, t
             verify_signature(client_key, message, client_sig) and verify_signature(server_key, message, server_sig)):
         raise TxError(TxCode.BAD_SIGNATURE, "receipt is not signed by both the client and the server")
     chan_id = serve_channel_id(receipt)
+    if is_convicted(state, chan_id):
+        raise TxError(TxCode.UNAUTHORIZED, "referees found this session's server answered wrongly (ADR 0176)")
     channel = state.serve_channels.get(chan_id) or ServeChannel()
     if (receipt["seq"] <= channel.seq or receipt["amount"] <= channel.amount_paid
             or receipt["tokens"] < channel.tokens or receipt["flops"] < channel.flops):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from consensus.state import serving
+from consensus.state import serve_disputes, serving
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
@@ -158,6 +158,11 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         chain.require_ready()
         return serving.serve_escrow_json(chain.ledger.state, check_address(address))
 
+    async def dkb_getServeDispute(dispute: str) -> dict | None:
+        """A serving dispute: parties, referees and their votes, deadline, status (ADR 0176)."""
+        chain.require_ready()
+        return serve_disputes.dispute_json(chain.ledger.state, parse_hex(dispute, "dispute", 32))
+
     async def dkb_getTask(task_id: str) -> dict | None:
         chain.require_ready()
         return chain.ledger.task_info(parse_hex(task_id, "task_id", 32))
@@ -177,9 +182,10 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
 
     for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
-               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow):
+               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
+               dkb_getServeDispute):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
         dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow)}
+        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute)}
