@@ -227,19 +227,21 @@ class ServeChannel(Record):
 
 class ServeDispute(Record):
     """A client's fraud claim against a server's signed answer (ADR 0176): the parties, what the
-    transcript commits to (``link``: one step; ``answer``: the server's answer digest; ``inputs``: the
-    content hash of the bundle referees recompute from), the client's ``bond``, the drawn referees
-    (``[peer_id, vote | None]``, a vote ``[valid, output]``), the vote ``deadline`` and ``status``
-    (open, guilty, rejected, undecided)."""
+    transcript commits to (``prior``: the transcript before the step, ``link``: the step, ``answer``:
+    the server's answer digest, ``inputs``: the content hash of the bundle referees recompute from),
+    the client's ``bond``, the drawn referees (``[peer_id, vote | None]``, a vote ``[valid, output]``),
+    the vote ``deadline`` and ``status`` (open, guilty, rejected, undecided)."""
 
-    __slots__ = FIELDS = ("client", "server", "session", "model", "profile", "start", "end", "link", "answer",
-                          "inputs", "bond", "referees", "deadline", "status")
+    __slots__ = FIELDS = ("client", "server", "session", "model", "profile", "start", "end", "prior", "link",
+                          "answer", "inputs", "bond", "referees", "deadline", "status")
 
     def __init__(self, client: str = "", server: str = "", session: bytes = b"", model: str = "", profile: str = "",
-                 start: int = 0, end: int = 0, link: bytes = b"", answer: bytes = b"", inputs: bytes = b"",
-                 bond: int = 0, referees: list | None = None, deadline: int = 0, status: str = "open"):
+                 start: int = 0, end: int = 0, prior: bytes = b"", link: bytes = b"", answer: bytes = b"",
+                 inputs: bytes = b"", bond: int = 0, referees: list | None = None, deadline: int = 0,
+                 status: str = "open"):
         self.client, self.server, self.session, self.model, self.profile = client, server, session, model, profile
-        self.start, self.end, self.link, self.answer, self.inputs = start, end, link, answer, inputs
+        self.start, self.end, self.prior, self.link = start, end, prior, link
+        self.answer, self.inputs = answer, inputs
         self.bond = bond
         self.referees = referees if referees is not None else []
         self.deadline = deadline

@@ -107,14 +107,14 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
     debit(state, client, p["bond"])
     deadline = ctx.height + params.audit_answer_blocks
     state.serve_disputes[ident] = ServeDispute(
-        client, server, receipt["session"], receipt["model"], p["profile"], p["start"], p["end"], p["link"],
+        client, server, receipt["session"], receipt["model"], p["profile"], p["start"], p["end"], p["prior"], p["link"],
         p["answer"], p["inputs"], p["bond"], [[peer_id, None] for peer_id in chosen], deadline, OPEN)
     state.open_serve_disputes.add(ident)
     state.touch(SERVE_DISPUTE, ident)
     state.events.append({"type": "serve_dispute_opened", "dispute": ident, "client": client, "server": server,
                          "model": receipt["model"], "profile": p["profile"], "start": p["start"], "end": p["end"],
-                         "link": p["link"], "answer": p["answer"], "inputs": p["inputs"], "referees": chosen,
-                         "deadline": deadline})
+                         "prior": p["prior"], "link": p["link"], "answer": p["answer"], "inputs": p["inputs"],
+                         "referees": chosen, "deadline": deadline})
 
 
 def apply_serve_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:

@@ -1,0 +1,106 @@
+"""Wrong activations slashed (ADR 0176): a lying server is caught by the client's spot check, disputed on
+chain, refereed by two honest servers that fetch the step bundle from the client and recompute it,
+and slashed; the bundle's checks refuse tampering, and an honest step recomputes to the signed answer."""
+import asyncio
+import functools
+
+from consensus.genesis import Params
+from devtools.ledger_chain import Chain, ident
+from ml.serve.billing import spot_evidence
+from ml.serve.client import RemoteGenerator
+from ml.serve.dispute import (
+    BUNDLE_PROTOCOL,
+    BundleStore,
+    Claim,
+    dispute_payload,
+    encode_bundle,
+    fetch_bundle,
+    make_bundle_handler,
+    referee_verdict,
+)
+from ml.serve.server import BlockServer
+from ml.serve.transcript import ZERO
+from tests.serve.test_billing import PRICE, PaidNetwork, payer
+from tests.serve.test_generation import PROMPT, random_build
+
+PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
+RANGES = [(0, 3), (3, 6), (3, 6), (3, 6)]   # servers ident(1..4); ident(2) lies; ident(3), ident(4) referee
+CLIENT, LIAR = ident(9), ident(2)
+
+
+def ledger(model: str) -> Chain:
+    chain = Chain(params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0, referees=2,
+                                audit_answer_blocks=10, serve_dispute_bond=100, slash_serve_bps=2_000,
+                                serve_referee_fee=10))
+    txs = []
+    for index, (start, end) in enumerate(RANGES):
+        who = ident(index + 1)
+        hardware = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50,
+                    "profiles": [PROFILE], "serving": [{"model": model, "start": start, "end": end,
+                                                        "tokens_per_s": 10, "profile": PROFILE, "price": PRICE}]}
+        txs += [chain.tx(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                                "hardware": hardware}),
+                chain.tx(who, "bond", {"amount": 500})]
+    txs.append(chain.tx(CLIENT, "serve_deposit", {"amount": 10_000}))
+    chain.block(txs)
+    return chain
+
+
+def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
+    async def scenario():
+        async with PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)}) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            await generator.generate(PROMPT, 12)
+            await asyncio.sleep(0.05)
+            check = generator.spot_check(1, random_build((3, 6), False))
+            assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
+            evidence = check.evidence
+            bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"])
+            store = BundleStore()
+            store.add(bundle)
+            net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
+
+            chain = ledger(evidence["receipt"]["model"])
+            claimed = net.books[1].unclaimed()[0]
+            chain.ok(LIAR, "serve_receipt", claimed.payload())
+            paid = claimed.receipt["amount"]
+            stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
+            client_before = chain.ledger.balance(CLIENT.peer_id)
+            result = chain.block([chain.tx(CLIENT, "serve_dispute", dispute_payload(evidence, bundle, PROFILE, 200))])
+            assert result.receipts[0].code == 0, result.receipts[0]
+            event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
+            assert sorted(event["referees"]) == sorted([ident(3).peer_id, ident(4).peer_id])
+            claim = Claim.from_event(event)
+            for peer in event["referees"]:
+                index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                host = net.hosts[index]
+                host.peerbook.add_addrs(net.client.peer_id, net.client.listen_addrs)
+                fetched = await fetch_bundle(host, net.client.peer_id, claim.inputs)
+                assert fetched == bundle
+                valid, output = await asyncio.to_thread(referee_verdict, fetched, claim, random_build(RANGES[index],
+                                                                                                      False))
+                assert valid and output != claim.answer
+                chain.ok(ident(index + 1), "serve_referee_vote", {"dispute": event["dispute"], "valid": valid,
+                                                                  "output": output})
+            record = chain.ledger.state.serve_disputes[event["dispute"]]
+            assert record.status == "guilty"
+            slashed = stake_before * 2_000 // 10_000
+            assert chain.ledger.state.stakes[LIAR.peer_id].bonded == stake_before - slashed
+            assert chain.ledger.balance(CLIENT.peer_id) == client_before + min(paid, slashed)   # bond back + refund
+
+            # an honest step of the same stream recomputes to the answer the server signed
+            meter = next(m for m in generator.meters if m.offer and m.offer["server"] == LIAR.peer_id)
+            honest = spot_evidence(meter, 2)
+            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"])
+            honest_payload = dispute_payload(honest, honest_bundle, PROFILE, 200)
+            honest_claim = Claim(honest["receipt"]["model"], 3, 6, honest_payload["prior"], honest_payload["link"],
+                                 honest_payload["answer"], honest_payload["inputs"])
+            assert referee_verdict(honest_bundle, honest_claim, random_build((0, 6), False)) == (
+                True, honest_claim.answer)
+            # tampered or missing bundles are invalid
+            tampered = bundle[:-4] + bytes(4)
+            assert referee_verdict(tampered, claim, random_build((3, 6), False)) == (False, ZERO)
+            assert referee_verdict(None, claim, random_build((3, 6), False)) == (False, ZERO)
+            assert await fetch_bundle(net.hosts[2], net.client.peer_id, b"\x01" * 32) is None
+
+    asyncio.run(scenario())
