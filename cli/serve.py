@@ -18,7 +18,9 @@ at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt
 ``--claim-every`` seconds and at exit; ``--blocks auto:N`` then also reads the ledger's coverage.
 ``generate``/``tune --ledger URL`` find the servers in the ledger (``dkb_listNodes``) instead of
 ``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
---rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block.
+--rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block. A
+server with a ledger also referees the serving disputes that drew it (ADR 0176): at each claim tick
+it fetches the disputing client's step bundle, recomputes it and votes (``serve_referee_vote``).
 """
 from __future__ import annotations
 
@@ -204,6 +206,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     from ml.serve.announce import coverage, own_throughput
     from ml.serve.balance import choose_blocks
     from ml.serve.billing import ReceiptBook
+    from ml.serve.dispute import referee_duty
     from ml.serve.server import BlockServer
     from node.p2p.host import Host
 
@@ -235,12 +238,14 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
                           "announced": announced}), flush=True)
         rebalance_at = time.monotonic() + args.rebalance_every
+        fetch_failures: dict[str, int] = {}
         while True:
             await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
             server.expire()
             if gateway is None:
                 continue
             await _claim(gateway, book)
+            await referee_duty(gateway, host, model, fetch_failures)   # serving disputes that drew us (ADR 0176)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
                 rebalance_at = time.monotonic() + args.rebalance_every
                 target = await _better_range(gateway, host, spec, blocks, tokens_per_s)

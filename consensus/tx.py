@@ -430,6 +430,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "answer": HASH32, "inputs": HASH32,   # the server's answer digest; the content hash of the step bundle
         "start": uint(0, MAX_SERVED_LAYERS - 1), "end": uint(1, MAX_SERVED_LAYERS), "profile": profile_id(),
         "bond": uint(1, 2**96),
+        "addrs": OptionalField(multiaddr_list(MAX_NODE_ADDRS, MAX_ADDR_CHARS)),   # where referees fetch the bundle
     },
     "serve_referee_vote": {"dispute": HASH32, "valid": boolean, "output": HASH32},
     "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},

@@ -108,13 +108,14 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
     deadline = ctx.height + params.audit_answer_blocks
     state.serve_disputes[ident] = ServeDispute(
         client, server, receipt["session"], receipt["model"], p["profile"], p["start"], p["end"], p["prior"], p["link"],
-        p["answer"], p["inputs"], p["bond"], [[peer_id, None] for peer_id in chosen], deadline, OPEN)
+        p["answer"], p["inputs"], p["bond"], [[peer_id, None] for peer_id in chosen], deadline, OPEN,
+        list(p.get("addrs", [])))
     state.open_serve_disputes.add(ident)
     state.touch(SERVE_DISPUTE, ident)
     state.events.append({"type": "serve_dispute_opened", "dispute": ident, "client": client, "server": server,
                          "model": receipt["model"], "profile": p["profile"], "start": p["start"], "end": p["end"],
                          "prior": p["prior"], "link": p["link"], "answer": p["answer"], "inputs": p["inputs"],
-                         "referees": chosen, "deadline": deadline})
+                         "referees": chosen, "deadline": deadline, "addrs": list(p.get("addrs", []))})
 
 
 def apply_serve_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
@@ -194,3 +195,19 @@ def dispute_json(state: LedgerState, ident: bytes) -> dict | None:
     """A dispute as RPC shows it."""
     dispute = state.serve_disputes.get(ident)
     return None if dispute is None else {"dispute": ident.hex(), **dispute.to_json()}
+
+
+MAX_LIST_DISPUTES = 100
+
+
+def list_open_disputes(state: LedgerState, referee: str | None = None, limit: int = MAX_LIST_DISPUTES) -> list[dict]:
+    """Open disputes (by id), or those where ``referee`` was drawn and has not voted yet: a referee's to-do."""
+    out = []
+    for ident in sorted(state.open_serve_disputes):
+        dispute = state.serve_disputes[ident]
+        if referee is not None and not any(peer == referee and vote is None for peer, vote in dispute.referees):
+            continue
+        out.append({"dispute": ident.hex(), **dispute.to_json()})
+        if len(out) >= limit:
+            break
+    return out

@@ -163,6 +163,15 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         chain.require_ready()
         return serve_disputes.dispute_json(chain.ledger.state, parse_hex(dispute, "dispute", 32))
 
+    async def dkb_listServeDisputes(referee: str | None = None, limit: int = 100) -> list:
+        """Open serving disputes, or those awaiting ``referee``'s vote (ADR 0176)."""
+        chain.require_ready()
+        if not isinstance(limit, int) or not 1 <= limit <= serve_disputes.MAX_LIST_DISPUTES:
+            raise InvalidParams(f"limit must be in 1..{serve_disputes.MAX_LIST_DISPUTES}")
+        if referee is not None:
+            check_address(referee)
+        return await chain.read_state(serve_disputes.list_open_disputes, chain.ledger.state, referee, limit)
+
     async def dkb_getTask(task_id: str) -> dict | None:
         chain.require_ready()
         return chain.ledger.task_info(parse_hex(task_id, "task_id", 32))
@@ -183,9 +192,10 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
     for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
                dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
-               dkb_getServeDispute):
+               dkb_getServeDispute, dkb_listServeDisputes):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
         dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute)}
+        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
+        dkb_listServeDisputes)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,8 @@ from ml.serve.model import ServeDecoder
 from ml.serve.transcript import ZERO, chain, step_link, tensor_digest
 from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
+
+log = logging.getLogger(__name__)
 
 BUNDLE_PROTOCOL = "/dekube/serve-dispute/1.0.0"
 MAX_BUNDLES = 64
@@ -76,6 +79,12 @@ class Claim:
     def from_event(cls, event: dict) -> Claim:
         return cls(event["model"], event["start"], event["end"], event["prior"], event["link"], event["answer"],
                    event["inputs"])
+
+    @classmethod
+    def from_json(cls, record: dict) -> Claim:
+        """From dkb_getServeDispute / dkb_listServeDisputes (hex fields)."""
+        return cls(record["model"], record["start"], record["end"], *(bytes.fromhex(record[name]) for name in
+                                                                      ("prior", "link", "answer", "inputs")))
 
 
 def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
@@ -133,12 +142,13 @@ def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
 
 def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
     """(valid, output): whether the bundle checks out, and the digest of the referee's own answer to its
-    last step after the codec (blocking: torch; run it in a worker thread)."""
+    last step after the codec (blocking: torch; run it in a worker thread). Raises DisputeError when
+    `part` does not hold the disputed blocks (the referee cannot judge: it abstains)."""
+    blocks = _blocks(part, claim.start, claim.end)
     if bundle is None:
         return False, ZERO
     try:
         steps, inputs = _steps(bundle, claim)
-        blocks = _blocks(part, claim.start, claim.end)
         if inputs.shape[1] > blocks.config.context or inputs.shape[2] != blocks.config.width:
             raise DisputeError("bundle inputs do not fit the model")
     except DisputeError:
@@ -210,3 +220,40 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
                 await stream.close()
     bundle = prefix + body
     return bundle if hashlib.sha256(bundle).digest() == inputs else None
+
+
+FETCH_ATTEMPTS = 3
+
+
+async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, int]) -> int:
+    """Vote on every open dispute that drew this server as a referee (polled from the ledger): fetch the
+    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is retried at
+    the next call and voted invalid after FETCH_ATTEMPTS tries (`failures` keeps the count); a dispute
+    on blocks this server no longer holds is left alone. Returns the votes sent."""
+    from node.ledger.errors import LedgerUnavailable, TxFailed
+
+    try:
+        disputes = await gateway.call("dkb_listServeDisputes", host.peer_id)
+    except LedgerUnavailable as exc:
+        log.warning("listing serving disputes failed: %s", exc)
+        return 0
+    votes = 0
+    for record in disputes:
+        claim = Claim.from_json(record)
+        if not part.start <= claim.start < claim.end <= part.end:
+            continue
+        with contextlib.suppress(ValueError):
+            host.peerbook.add_addrs(record["client"], record.get("addrs", []))
+        bundle = await fetch_bundle(host, record["client"], claim.inputs)
+        if bundle is None:
+            failures[record["dispute"]] = failures.get(record["dispute"], 0) + 1
+            if failures[record["dispute"]] < FETCH_ATTEMPTS:
+                continue
+        valid, output = await asyncio.to_thread(referee_verdict, bundle, claim, part)
+        try:
+            await gateway.send("serve_referee_vote", {"dispute": bytes.fromhex(record["dispute"]), "valid": valid,
+                                                      "output": output})
+            votes += 1
+        except (LedgerUnavailable, TxFailed) as exc:
+            log.warning("voting on serving dispute %s failed: %s", record["dispute"][:16], exc)
+    return votes

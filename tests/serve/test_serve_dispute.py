@@ -5,6 +5,7 @@ import asyncio
 import functools
 
 from consensus.genesis import Params
+from consensus.state.serve_disputes import list_open_disputes
 from devtools.ledger_chain import Chain, ident
 from ml.serve.billing import spot_evidence
 from ml.serve.client import RemoteGenerator
@@ -16,6 +17,7 @@ from ml.serve.dispute import (
     encode_bundle,
     fetch_bundle,
     make_bundle_handler,
+    referee_duty,
     referee_verdict,
 )
 from ml.serve.server import BlockServer
@@ -26,6 +28,20 @@ from tests.serve.test_generation import PROMPT, random_build
 PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 RANGES = [(0, 3), (3, 6), (3, 6), (3, 6)]   # servers ident(1..4); ident(2) lies; ident(3), ident(4) referee
 CLIENT, LIAR = ident(9), ident(2)
+
+
+class ChainGateway:
+    """The two gateway calls a referee's duty makes, against an in-process chain."""
+
+    def __init__(self, chain: Chain, identity):
+        self.chain, self.identity = chain, identity
+
+    async def call(self, method: str, *params):
+        assert method == "dkb_listServeDisputes"
+        return list_open_disputes(self.chain.ledger.state, *params)
+
+    async def send(self, tx_type: str, payload: dict) -> dict:
+        return self.chain.ok(self.identity, tx_type, payload).to_json()
 
 
 def ledger(model: str) -> Chain:
@@ -66,22 +82,20 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             paid = claimed.receipt["amount"]
             stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
             client_before = chain.ledger.balance(CLIENT.peer_id)
-            result = chain.block([chain.tx(CLIENT, "serve_dispute", dispute_payload(evidence, bundle, PROFILE, 200))])
+            payload = {**dispute_payload(evidence, bundle, PROFILE, 200),
+                       "addrs": [str(addr) for addr in net.client.listen_addrs]}
+            result = chain.block([chain.tx(CLIENT, "serve_dispute", payload)])
             assert result.receipts[0].code == 0, result.receipts[0]
             event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
             assert sorted(event["referees"]) == sorted([ident(3).peer_id, ident(4).peer_id])
             claim = Claim.from_event(event)
-            for peer in event["referees"]:
+            for peer in event["referees"]:   # each referee's duty: poll, fetch from the client, recompute, vote
                 index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
-                host = net.hosts[index]
-                host.peerbook.add_addrs(net.client.peer_id, net.client.listen_addrs)
-                fetched = await fetch_bundle(host, net.client.peer_id, claim.inputs)
-                assert fetched == bundle
-                valid, output = await asyncio.to_thread(referee_verdict, fetched, claim, random_build(RANGES[index],
-                                                                                                      False))
-                assert valid and output != claim.answer
-                chain.ok(ident(index + 1), "serve_referee_vote", {"dispute": event["dispute"], "valid": valid,
-                                                                  "output": output})
+                duty = referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                    random_build(RANGES[index], False), {})
+                assert await duty == 1
+            votes = [vote for _, vote in chain.ledger.state.serve_disputes[event["dispute"]].referees]
+            assert all(vote[0] and vote[1] != claim.answer for vote in votes) and votes[0] == votes[1]
             record = chain.ledger.state.serve_disputes[event["dispute"]]
             assert record.status == "guilty"
             slashed = stake_before * 2_000 // 10_000
