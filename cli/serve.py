@@ -203,7 +203,7 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
 
 async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace) -> int:
     from ml.serve import protocol
-    from ml.serve.announce import coverage, own_throughput
+    from ml.serve.announce import coverage, needs_refresh, own_throughput
     from ml.serve.balance import choose_blocks
     from ml.serve.billing import ReceiptBook
     from ml.serve.dispute import referee_duty
@@ -233,10 +233,10 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
         addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
         tokens_per_s = await asyncio.to_thread(own_throughput, server)
-        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else False
+        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else None
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
-                          "announced": announced}), flush=True)
+                          "announced": announced is not None}), flush=True)
         rebalance_at = time.monotonic() + args.rebalance_every
         fetch_failures: dict[str, int] = {}
         while True:
@@ -246,6 +246,8 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                 continue
             await _claim(gateway, book)
             await referee_duty(gateway, host, model, fetch_failures)   # serving disputes that drew us (ADR 0176)
+            if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
                 rebalance_at = time.monotonic() + args.rebalance_every
                 target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
@@ -256,7 +258,8 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                 host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
                 blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
-                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced}), flush=True)
+                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced is not None}),
+                      flush=True)
     finally:
         if gateway is not None:
             await _claim(gateway, book)
@@ -277,9 +280,19 @@ async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per
     return should_move(spec.config.layers, blocks, tokens_per_s, others)
 
 
-async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> bool:
-    """Publish the served range in this node's record (hardware.serving); False (and a warning) if
-    the ledger refused or cannot be reached."""
+async def _height(gateway) -> int:
+    """The chain's height (0 when the ledger cannot be reached: nothing is refreshed then)."""
+    from node.ledger.errors import LedgerUnavailable
+
+    try:
+        return int(await gateway.call("dkb_blockNumber"))
+    except (LedgerUnavailable, OSError, TypeError, ValueError):
+        return 0
+
+
+async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> int | None:
+    """Publish the served range in this node's record (hardware.serving) with the chain's height; the
+    height announced, or None (and a warning) if the ledger refused or cannot be reached."""
     from ml.profiles import default_profile
     from ml.serve.announce import served_range
     from node.ledger.errors import LedgerUnavailable, TxFailed
@@ -288,16 +301,18 @@ async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: 
     profile = default_profile("cpu")
     try:
         current = await gateway.node_info(host.peer_id) or {}
+        height = int(await gateway.call("dkb_blockNumber"))
         hardware = {**default_hardware(), **(current.get("hardware") or {}),
-                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price)]}
+                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price,
+                                             height)]}
         hardware["profiles"] = sorted(set(hardware.get("profiles", [])) | {profile})[:8]
         gateway.record.contribute("serve", roles=["compute"], listen_addrs=list(map(str, host.listen_addrs)),
                                   hardware=hardware)
         await gateway.record.sync()
-        return True
-    except (LedgerUnavailable, TxFailed, OSError, ValueError) as exc:
+        return height
+    except (LedgerUnavailable, TxFailed, OSError, ValueError, TypeError) as exc:
         print(f"dekube-node: announcing on the ledger failed: {exc}", file=sys.stderr)
-        return False
+        return None
 
 
 async def _claim(gateway, book) -> None:

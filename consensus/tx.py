@@ -278,6 +278,7 @@ MAX_SERVED_LAYERS = 1024
 SERVED_RANGE: Schema = {  # one announced range of a model's blocks (ADR 0174)
     "model": text(128, min_len=1), "start": uint(0, MAX_SERVED_LAYERS - 1), "end": uint(1, MAX_SERVED_LAYERS),
     "tokens_per_s": uint(0, 10**9), "profile": profile_id(), "price": uint(0, 2**64),
+    "height": OptionalField(uint(0, 2**63)),   # the height it was announced or refreshed at (ADR 0177)
 }
 
 

@@ -33,7 +33,7 @@ from consensus.state.accounts import debit
 from consensus.state.audits import draw_distinct
 from consensus.state.context import BlockContext
 from consensus.state.records import ServeDispute
-from consensus.state.serving import GUILTY, dispute_id_for_channel, serve_channel_id
+from consensus.state.serving import GUILTY, dispute_id_for_channel, fresh_serving, serve_channel_id
 from consensus.state.staking import slash
 from consensus.state.store import SERVE_DISPUTE, LedgerState
 from consensus.tx import Tx, public_key_for, serve_receipt_signing_bytes, verify_signature
@@ -47,10 +47,11 @@ def dispute_id(receipt: dict[str, Any]) -> bytes:
     return dispute_id_for_channel(serve_channel_id(receipt))
 
 
-def serves(hardware: dict[str, Any], model: str, profile: str, start: int, end: int) -> bool:
-    """Whether a node announces ``model`` in ``profile`` over a range covering blocks start..end."""
+def serves(hardware: dict[str, Any], model: str, profile: str, start: int, end: int, height: int, ttl: int) -> bool:
+    """Whether a node announces ``model`` in ``profile`` over a range covering blocks start..end,
+    refreshed within ``ttl`` blocks of ``height`` (ADR 0177)."""
     return any(r.get("model") == model and r.get("profile") == profile and r.get("start", 0) <= start
-               and r.get("end", 0) >= end for r in hardware.get("serving", ()))
+               and r.get("end", 0) >= end for r in fresh_serving(hardware, height, ttl))
 
 
 def eligible_referees(state: LedgerState, params: Params, model: str, profile: str, start: int, end: int,
@@ -61,7 +62,8 @@ def eligible_referees(state: LedgerState, params: Params, model: str, profile: s
         node = state.nodes[peer_id]
         stake = state.stakes.get(peer_id)
         if (peer_id not in excluded and stake is not None and stake.bonded >= params.min_serve_stake
-                and "compute" in node.roles and serves(node.hardware, model, profile, start, end)):
+                and "compute" in node.roles
+                and serves(node.hardware, model, profile, start, end, state.height, params.serve_announce_ttl)):
             out.append((peer_id, stake.bonded))
     return out
 

@@ -142,18 +142,33 @@ def serve_escrow_json(state: LedgerState, client: str) -> dict:
 MAX_LIST_NODES = 1000
 
 
+def is_fresh(entry: dict, height: int, ttl: int) -> bool:
+    """Whether a served range still counts at ``height``: refreshed within ``ttl`` blocks (ADR 0177).
+    A range without a height (written before heights existed) counts."""
+    return "height" not in entry or entry["height"] + ttl >= height
+
+
+def fresh_serving(hardware: dict, height: int, ttl: int) -> list[dict]:
+    return [r for r in hardware.get("serving", ()) if is_fresh(r, height, ttl)]
+
+
 def list_nodes(state: LedgerState, role: str | None = None, model: str | None = None,
-               limit: int = 100) -> list[dict]:
+               limit: int = 100, ttl: int | None = None) -> list[dict]:
     """Node records (sorted by peer id) with ``role``, or announcing a served range of ``model``
-    (``hardware.serving``), at most ``limit``: how clients and servers find each other (ADR 0174)."""
+    (``hardware.serving``), at most ``limit``: how clients and servers find each other (ADR 0174).
+    With ``ttl``, ranges not refreshed within ``ttl`` blocks are left out of the records shown, and a
+    node whose ranges of ``model`` are all stale is not listed for it (ADR 0177)."""
     out = []
     for peer_id in sorted(state.nodes):
         node = state.nodes[peer_id]
         if role is not None and role not in node.roles:
             continue
-        if model is not None and not any(r.get("model") == model for r in node.hardware.get("serving", ())):
+        shown = node.to_json()
+        if ttl is not None and "serving" in node.hardware:
+            shown["hardware"] = {**shown["hardware"], "serving": fresh_serving(shown["hardware"], state.height, ttl)}
+        if model is not None and not any(r.get("model") == model for r in shown["hardware"].get("serving", ())):
             continue
-        out.append({"peer_id": peer_id, **node.to_json()})
+        out.append({"peer_id": peer_id, **shown})
         if len(out) >= limit:
             break
     return out

@@ -151,7 +151,8 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
             raise InvalidParams(f"limit must be in 1..{serving.MAX_LIST_NODES}")
         if role is not None and not isinstance(role, str) or model is not None and not isinstance(model, str):
             raise InvalidParams("role and model are text")
-        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit)
+        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit,
+                                      chain.ledger.params.serve_announce_ttl)
 
     async def dkb_getServeEscrow(address: str) -> dict:
         """A client's serving escrow: balance and unlock height (0: locked)."""

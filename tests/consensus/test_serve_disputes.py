@@ -25,10 +25,11 @@ def hardware(profile: str = PROFILE, start: int = 0, end: int = 4) -> dict:
                          "price": 1}]}
 
 
-def dispute_chain(referees=REFEREES) -> Chain:
+def dispute_chain(referees=REFEREES, ttl: int = 600) -> Chain:
     chain = Chain(balance=100_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
                                                   serve_unlock_blocks=5, referees=3, audit_answer_blocks=5,
-                                                  serve_dispute_bond=100, slash_serve_bps=2_000, serve_referee_fee=10))
+                                                  serve_dispute_bond=100, slash_serve_bps=2_000, serve_referee_fee=10,
+                                                  serve_announce_ttl=ttl))
     txs = []
     for who in [SERVER, *referees]:
         txs += [chain.tx(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
@@ -178,3 +179,37 @@ def test_open_disputes_survive_a_state_reload():
     state = LedgerState.load(chain.ledger.state.items())
     assert state.serve_disputes[ident_] == chain.ledger.state.serve_disputes[ident_]
     assert state.open_serve_disputes == {ident_}
+
+
+def test_stale_announcements_are_refused_hidden_and_not_drawn():
+    """ADR 0177: a served range carries the height it was refreshed at; past serve_announce_ttl it is
+    left out of discovery and referee draws, and a range already that old (or from the future) is refused."""
+    from consensus.state.serving import list_nodes
+
+    chain = dispute_chain(ttl=8)
+    chain.empty_blocks(10)
+    now = chain.ledger.height
+
+    def announce(who, height):
+        hw = hardware()
+        hw["serving"][0]["height"] = height
+        return chain.run(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                                "hardware": hw})
+
+    assert announce(REFEREES[0], now + 5).code == TxCode.BAD_PAYLOAD        # from the future
+    assert announce(REFEREES[0], now - 9).code == TxCode.BAD_PAYLOAD        # already stale
+    for who in REFEREES:
+        assert announce(who, chain.ledger.height + 1).code == TxCode.OK
+    listed = {n["peer_id"] for n in list_nodes(chain.ledger.state, model=MODEL, ttl=8)}
+    assert {r.peer_id for r in REFEREES} <= listed
+    chain.empty_blocks(10)                                                  # nobody refreshed
+    state = chain.ledger.state
+    listed = {n["peer_id"]: n for n in list_nodes(state, model=MODEL, ttl=8)}
+    assert not {r.peer_id for r in REFEREES} & set(listed)                 # stale: hidden
+    assert SERVER.peer_id in listed                                        # no height: a legacy range counts
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
+    assert chain.run(CLIENT, "serve_dispute", claim(chain)).code == TxCode.NOT_FOUND   # no fresh referee
+    assert announce(REFEREES[1], chain.ledger.height + 1).code == TxCode.OK           # one refreshes
+    result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
+    event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
+    assert event["referees"] == [REFEREES[1].peer_id]
