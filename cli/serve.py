@@ -317,19 +317,9 @@ async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: 
 
 async def _claim(gateway, book) -> None:
     """Claim every receipt not yet paid; a receipt the ledger already paid counts as claimed."""
-    from node.ledger.errors import LedgerUnavailable, TxFailed
+    from ml.serve.service import claim_receipts
 
-    for signed in book.unclaimed():
-        try:
-            await gateway.send("serve_receipt", signed.payload())
-        except TxFailed as exc:
-            if str(exc.code).lower() != "replayed":
-                print(f"dekube-node: claiming a receipt failed: {exc}", file=sys.stderr)
-                continue
-        except (LedgerUnavailable, OSError) as exc:
-            print(f"dekube-node: claiming receipts failed: {exc}", file=sys.stderr)
-            return
-        book.mark_claimed(signed)
+    await claim_receipts(gateway, book)
 
 
 def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
