@@ -92,14 +92,15 @@ class StepRecord:
     inputs: torch.Tensor
     answer: bytes
     link: bytes
+    setup: bytes = ZERO    # the session's adapter and deep prompts (transcript.setup_digest)
 
     @classmethod
     def of(cls, start: int, end: int, codec: str, chunks: list[int], all_outputs: bool, inputs: torch.Tensor,
-           answer: torch.Tensor) -> StepRecord:
+           answer: torch.Tensor, setup: bytes = ZERO) -> StepRecord:
         """The record of a step (hashes the tensors: call it off the event loop for big ones)."""
         answer_hash = tensor_digest(answer)
-        link = step_link(start, end, codec, chunks, all_outputs, tensor_digest(inputs), answer_hash)
-        return cls(start, end, codec, tuple(chunks), all_outputs, inputs, answer_hash, link)
+        link = step_link(start, end, codec, chunks, all_outputs, tensor_digest(inputs), answer_hash, setup)
+        return cls(start, end, codec, tuple(chunks), all_outputs, inputs, answer_hash, link, setup)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def encode_bundle(model: str, steps: list[StepRecord]) -> bytes:
         raise DisputeError("a bundle needs at least one step")
     header = {"type": "dispute-bundle", "model": model,
               "steps": [{"start": s.start, "end": s.end, "codec": s.codec, "chunks": list(s.chunks),
-                         "all": s.all_outputs, "answer": s.answer.hex()} for s in steps]}
+                         "all": s.all_outputs, "answer": s.answer.hex(), "setup": s.setup.hex()} for s in steps]}
     return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1)}, "f32")
 
 
@@ -112,14 +112,16 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
                 or not all(type(n) is int and n >= 1 for n in chunks) or not isinstance(step.get("answer"), str)):
             raise DisputeError("bundle step is malformed or on other blocks")
         try:
-            answer = bytes.fromhex(step["answer"])
+            answer, setup = bytes.fromhex(step["answer"]), bytes.fromhex(str(step.get("setup", "")))
         except ValueError:
-            raise DisputeError("bundle answer is not hex") from None
+            raise DisputeError("bundle answer or setup is not hex") from None
+        if setup != ZERO:   # sessions with the client's adapter or prompts are not refereed (ADR 0176)
+            raise DisputeError("the session carried an adapter or prompts: a referee cannot recompute it")
         length = sum(chunks)
         if offset + length > inputs.shape[1]:
             raise DisputeError("bundle steps run past its inputs")
         links.append(step_link(claim.start, claim.end, step["codec"], chunks, step["all"],
-                               tensor_digest(inputs[:, offset:offset + length]), answer))
+                               tensor_digest(inputs[:, offset:offset + length]), answer, setup))
         offset += length
     if offset != inputs.shape[1]:
         raise DisputeError("bundle inputs are longer than its steps")

@@ -44,7 +44,7 @@ import torch
 from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter, StepRecord
 from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.server import BlockServer, ServeError, Usage
-from ml.serve.transcript import step_link, tensor_digest
+from ml.serve.transcript import ZERO, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
@@ -154,8 +154,10 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         link = None
         if step is not None:
             lengths, all_outputs, inputs, answer = step
+            session = server.sessions.get(state.get("session", ""))
+            setup = ZERO if session is None else setup_digest(session.lora, session.prompts)
             link = step_link(server.start, server.end, codec, lengths, all_outputs, tensor_digest(inputs),
-                             tensor_digest(roundtrip(answer, codec)))
+                             tensor_digest(roundtrip(answer, codec)), setup)
         return {**meter.report(usage.tokens, usage.flops, link), "billing": meter.offer()}
 
     def guard(state: dict, hidden: torch.Tensor | None) -> None:
@@ -278,6 +280,7 @@ class SpanClient:
                  meter: ClientMeter | None = None):
         self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
+        self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
         self._stream: Any = None   # the HostStream, opened at the first request
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -319,7 +322,7 @@ class SpanClient:
                     if answer is not None and answer in reply.tensors and tensors is not None:
                         step = await asyncio.to_thread(
                             StepRecord.of, self.start, self.end, codec, header["chunks"], header.get("all") is True,
-                            roundtrip(tensors["h"], codec), reply.tensors[answer])
+                            roundtrip(tensors["h"], codec), reply.tensors[answer], self.setup)
                     self.meter.on_reply(reply.header, tokens, step)
             except BillingError as exc:
                 self.abort()
@@ -333,6 +336,10 @@ class SpanClient:
                    codec: str = "f32", prompts: torch.Tensor | None = None) -> None:
         tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
         await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
+        if self.meter is not None and (lora is not None or prompts is not None):   # the transcript commits to it
+            self.setup = await asyncio.to_thread(
+                setup_digest, None if lora is None else (roundtrip(lora[0], codec), roundtrip(lora[1], codec)),
+                None if prompts is None else roundtrip(prompts, codec))
 
     async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
         """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""

@@ -118,3 +118,26 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             assert await fetch_bundle(net.hosts[2], net.client.peer_id, b"\x01" * 32) is None
 
     asyncio.run(scenario())
+
+
+def test_sessions_with_the_clients_adapter_are_not_refereed():
+    """The link commits to the session's setup (adapter, deep prompts); a referee cannot recompute such
+    a session, so it votes the bundle invalid and an honest server with adapter sessions cannot be convicted."""
+    import hashlib
+
+    import torch
+
+    from ml.serve.billing import StepRecord
+    from ml.serve.wire import roundtrip
+
+    part = random_build((3, 6), False)
+    inputs = torch.randn(1, 10, part.config.width, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        answer = part.run_blocks(inputs, part.new_caches(1, 10))
+    for setup, expected_valid in ((ZERO, True), (b"\x01" * 32, False)):
+        step = StepRecord.of(3, 6, "f32", [10], False, inputs, roundtrip(answer, "f32"), setup)
+        bundle = encode_bundle("test-model", [step])
+        claim = Claim("test-model", 3, 6, ZERO, step.link, step.answer, hashlib.sha256(bundle).digest())
+        valid, output = referee_verdict(bundle, claim, part)
+        assert valid is expected_valid
+        assert output == (step.answer if expected_valid else ZERO)
