@@ -213,3 +213,18 @@ def test_stale_announcements_are_refused_hidden_and_not_drawn():
     result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
     event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
     assert event["referees"] == [REFEREES[1].peer_id]
+
+
+def test_what_rpc_shows_of_disputes():
+    from consensus.state.serve_disputes import dispute_json, list_open_disputes
+
+    chain = dispute_chain()
+    ident_, referees = opened(chain)
+    shown = dispute_json(chain.ledger.state, ident_)
+    assert shown["dispute"] == ident_.hex() and shown["status"] == "open" and shown["link"] == LINK.hex()
+    assert dispute_json(chain.ledger.state, b"\x00" * 32) is None
+    assert [d["dispute"] for d in list_open_disputes(chain.ledger.state, referees[0])] == [ident_.hex()]
+    vote(chain, referees[0], ident_, True, ANSWER)
+    assert list_open_disputes(chain.ledger.state, referees[0]) == []          # voted: off its to-do list
+    assert len(list_open_disputes(chain.ledger.state, referees[1])) == 1
+    assert list_open_disputes(chain.ledger.state, SERVER.peer_id) == []
