@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from consensus.state.serve_disputes import dispute_id
 from ml.serve.billing import StepRecord
 from ml.serve.model import ServeDecoder
 from ml.serve.transcript import ZERO, chain, step_link, tensor_digest
@@ -259,3 +260,43 @@ async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, in
         except (LedgerUnavailable, TxFailed) as exc:
             log.warning("voting on serving dispute %s failed: %s", record["dispute"][:16], exc)
     return votes
+
+
+DECIDE_POLL_S = 1.0
+
+
+async def server_profile(gateway, server: str, model: str) -> str | None:
+    """The profile `server` announces for `model` (the referees are drawn in it), or None."""
+    record = await gateway.call("dkb_getNode", server)
+    hardware = (record or {}).get("hardware") or {}
+    for entry in hardware.get("serving") or []:
+        if isinstance(entry, dict) and entry.get("model") == model and isinstance(entry.get("profile"), str):
+            return entry["profile"]
+    profiles = hardware.get("profiles") or []
+    return profiles[0] if profiles and isinstance(profiles[0], str) else None
+
+
+async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: int,
+                       wait_s: float = 0.0, poll_s: float = DECIDE_POLL_S) -> dict:
+    """Pack `evidence` (a failed spot check's), serve its bundle from `host` (`store` must be behind
+    BUNDLE_PROTOCOL there), send `serve_dispute` with this host's addresses and, for up to `wait_s`,
+    keep serving it until the referees decide. Returns {"dispute", "status"} (status "open" if not
+    decided in time)."""
+    model = evidence["receipt"]["model"]
+    profile = await server_profile(gateway, evidence["receipt"]["server"], model)
+    if profile is None:
+        raise DisputeError("the server announces no profile for that model: no referee could be drawn")
+    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"])
+    store.add(bundle)
+    payload = {**dispute_payload(evidence, bundle, profile, bond),
+               "addrs": [str(addr) for addr in host.listen_addrs][:8]}
+    await gateway.send("serve_dispute", payload)
+    ident = dispute_id(payload["receipt"]).hex()
+    deadline = asyncio.get_running_loop().time() + wait_s
+    status = "open"
+    while True:
+        record = await gateway.call("dkb_getServeDispute", ident)
+        status = (record or {}).get("status", "open")
+        if status != "open" or asyncio.get_running_loop().time() >= deadline:
+            return {"dispute": ident, "status": status}
+        await asyncio.sleep(poll_s)

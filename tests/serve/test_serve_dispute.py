@@ -5,7 +5,7 @@ import asyncio
 import functools
 
 from consensus.genesis import Params
-from consensus.state.serve_disputes import list_open_disputes
+from consensus.state.serve_disputes import dispute_json, list_open_disputes
 from devtools.ledger_chain import Chain, ident
 from ml.serve.billing import spot_evidence
 from ml.serve.client import RemoteGenerator
@@ -16,6 +16,7 @@ from ml.serve.dispute import (
     dispute_payload,
     encode_bundle,
     fetch_bundle,
+    file_dispute,
     make_bundle_handler,
     referee_duty,
     referee_verdict,
@@ -31,14 +32,19 @@ CLIENT, LIAR = ident(9), ident(2)
 
 
 class ChainGateway:
-    """The two gateway calls a referee's duty makes, against an in-process chain."""
+    """The gateway calls a client's claim and a referee's duty make, against an in-process chain."""
 
     def __init__(self, chain: Chain, identity):
         self.chain, self.identity = chain, identity
 
     async def call(self, method: str, *params):
+        state = self.chain.ledger.state
+        if method == "dkb_getNode":
+            return self.chain.ledger.node_info(*params)
+        if method == "dkb_getServeDispute":
+            return dispute_json(state, bytes.fromhex(params[0]))
         assert method == "dkb_listServeDisputes"
-        return list_open_disputes(self.chain.ledger.state, *params)
+        return list_open_disputes(state, *params)
 
     async def send(self, tx_type: str, payload: dict) -> dict:
         return self.chain.ok(self.identity, tx_type, payload).to_json()
@@ -71,9 +77,7 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             check = generator.spot_check(1, random_build((3, 6), False))
             assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
             evidence = check.evidence
-            bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"])
             store = BundleStore()
-            store.add(bundle)
             net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
 
             chain = ledger(evidence["receipt"]["model"])
@@ -82,21 +86,28 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             paid = claimed.receipt["amount"]
             stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
             client_before = chain.ledger.balance(CLIENT.peer_id)
-            payload = {**dispute_payload(evidence, bundle, PROFILE, 200),
-                       "addrs": [str(addr) for addr in net.client.listen_addrs]}
-            result = chain.block([chain.tx(CLIENT, "serve_dispute", payload)])
-            assert result.receipts[0].code == 0, result.receipts[0]
-            event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
-            assert sorted(event["referees"]) == sorted([ident(3).peer_id, ident(4).peer_id])
-            claim = Claim.from_event(event)
-            for peer in event["referees"]:   # each referee's duty: poll, fetch from the client, recompute, vote
+            # the client files the claim and serves the bundle until the referees decide
+            filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, store, evidence, 200,
+                                                      wait_s=60, poll_s=0.02))
+            while not chain.ledger.state.serve_disputes:
+                await asyncio.sleep(0.02)
+            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            referees = [peer for peer, _ in record.referees]
+            assert sorted(referees) == sorted([ident(3).peer_id, ident(4).peer_id])
+            assert record.addrs == [str(addr) for addr in net.client.listen_addrs]
+            bundle = store.get(record.inputs)
+            assert bundle is not None
+            claim = Claim(record.model, record.start, record.end, record.prior, record.link, record.answer,
+                          record.inputs)
+            for peer in referees:   # each referee's duty: poll, fetch from the client, recompute, vote
                 index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
                 duty = referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
                                     random_build(RANGES[index], False), {})
                 assert await duty == 1
-            votes = [vote for _, vote in chain.ledger.state.serve_disputes[event["dispute"]].referees]
+            assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            votes = [vote for _, vote in record.referees]
             assert all(vote[0] and vote[1] != claim.answer for vote in votes) and votes[0] == votes[1]
-            record = chain.ledger.state.serve_disputes[event["dispute"]]
+            record = chain.ledger.state.serve_disputes[ident_]
             assert record.status == "guilty"
             slashed = stake_before * 2_000 // 10_000
             assert chain.ledger.state.stakes[LIAR.peer_id].bonded == stake_before - slashed
