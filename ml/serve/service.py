@@ -92,7 +92,12 @@ class ServingService:
             log.error("[serve] model is set but this node does not run the compute role: not serving")
             await asyncio.Event().wait()
         await self.node.ready.wait()
-        await self.serve()
+        try:
+            await self.serve()
+        except (ValueError, ImportError, OSError) as exc:   # a bad [serve] model or blocks, no torch, no file
+            self.last_error = f"cannot serve: {exc}"
+            log.error("[serve] cannot serve %s: %s", self.config["model"], exc)
+            await asyncio.Event().wait()
 
     # ---- serving
     async def serve(self) -> None:

@@ -123,5 +123,13 @@ def test_an_empty_serve_section_is_idle_and_serving_needs_the_compute_role():
         await asyncio.sleep(0.05)
         assert lonely.last_error == "[serve] model needs the compute role" and lonely.server is None
         task.cancel()
+        broken = ServingService(node_with_serving(chain, host, model="random:nonsense"))
+        task = asyncio.create_task(broken.run())
+        for _ in range(100):
+            if broken.last_error:
+                break
+            await asyncio.sleep(0.02)
+        assert broken.last_error.startswith("cannot serve") and not task.done()   # the node keeps running
+        task.cancel()
 
     asyncio.run(scenario())
