@@ -18,7 +18,12 @@ at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt
 ``--claim-every`` seconds and at exit; ``--blocks auto:N`` then also reads the ledger's coverage.
 ``generate``/``tune --ledger URL`` find the servers in the ledger (``dkb_listNodes``) instead of
 ``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
---rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block.
+--rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block. A
+server with a ledger also referees the serving disputes that drew it (ADR 0176): at each claim tick
+it fetches the disputing client's step bundle, recomputes it and votes (``serve_referee_vote``).
+``generate --spot-check`` reruns every span on local copies of its blocks and names servers that
+answered wrongly; with ``--dispute-bond B`` (and ``--max-price``) it files ``serve_dispute`` for each
+and serves the evidence to the referees until they decide (``--dispute-wait`` seconds).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--credit-tokens", type=int, default=1024,
                        help="tokens served to a client ahead of its next receipt")
     serve.add_argument("--claim-every", type=float, default=30.0, help="seconds between on-chain receipt claims")
+    serve.add_argument("--lie-after", type=int, default=None, help=argparse.SUPPRESS)   # TESTING ONLY (ADR 0176)
     serve.add_argument("--rebalance-every", type=float, default=0.0,
                        help="seconds between coverage checks on the ledger: move to thinner blocks when that lifts "
                             "the swarm's weakest block (ADR 0173; 0: keep the blocks)")
@@ -69,6 +75,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="also run the whole model locally and report whether the tokens are identical")
     generate.add_argument("--adapter", type=Path, help="parameters written by `tune` (LoRA adapter and/or prompts) "
                                                        "for the servers to apply")
+    generate.add_argument("--spot-check", action="store_true",
+                          help="afterwards rerun every span's steps on local copies of its blocks (loads the whole "
+                               "model) and name servers that answered wrongly")
+    generate.add_argument("--dispute-bond", type=int, default=0,
+                          help="dispute each wrong answer the spot check finds on chain with this bond, and serve "
+                               "the evidence to the referees until they decide (ADR 0176; needs --max-price)")
+    generate.add_argument("--dispute-wait", type=float, default=120.0,
+                          help="seconds to wait for the referees' verdict")
     generate.set_defaults(handler=run_generate)
     tune = subparsers.add_parser("tune", help="fine-tune a LoRA adapter / prompts through block servers")
     tune.add_argument("--model", required=True, help="the same model spec the servers use")
@@ -201,9 +215,10 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
 
 async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace) -> int:
     from ml.serve import protocol
-    from ml.serve.announce import coverage, own_throughput
+    from ml.serve.announce import coverage, needs_refresh, own_throughput
     from ml.serve.balance import choose_blocks
     from ml.serve.billing import ReceiptBook
+    from ml.serve.dispute import referee_duty
     from ml.serve.server import BlockServer
     from node.p2p.host import Host
 
@@ -223,24 +238,28 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             assert auto is not None   # blocks is None only for --blocks auto:N
             blocks = choose_blocks(spec.config.layers, auto, known)
         model = await asyncio.to_thread(spec.load_part, blocks, False)
-        server = BlockServer(model, max_sessions=args.max_sessions)
+        server = BlockServer(model, max_sessions=args.max_sessions, lie_after=args.lie_after)
         billing = None
         if args.price:
             billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
         host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
         addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
         tokens_per_s = await asyncio.to_thread(own_throughput, server)
-        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else False
+        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else None
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
-                          "announced": announced}), flush=True)
+                          "announced": announced is not None}), flush=True)
         rebalance_at = time.monotonic() + args.rebalance_every
+        fetch_failures: dict[str, int] = {}
         while True:
             await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
             server.expire()
             if gateway is None:
                 continue
             await _claim(gateway, book)
+            await referee_duty(gateway, host, model, fetch_failures)   # serving disputes that drew us (ADR 0176)
+            if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
                 rebalance_at = time.monotonic() + args.rebalance_every
                 target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
@@ -251,7 +270,8 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                 host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
                 blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
-                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced}), flush=True)
+                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced is not None}),
+                      flush=True)
     finally:
         if gateway is not None:
             await _claim(gateway, book)
@@ -272,9 +292,19 @@ async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per
     return should_move(spec.config.layers, blocks, tokens_per_s, others)
 
 
-async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> bool:
-    """Publish the served range in this node's record (hardware.serving); False (and a warning) if
-    the ledger refused or cannot be reached."""
+async def _height(gateway) -> int:
+    """The chain's height (0 when the ledger cannot be reached: nothing is refreshed then)."""
+    from node.ledger.errors import LedgerUnavailable
+
+    try:
+        return int(await gateway.call("dkb_blockNumber"))
+    except (LedgerUnavailable, OSError, TypeError, ValueError):
+        return 0
+
+
+async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> int | None:
+    """Publish the served range in this node's record (hardware.serving) with the chain's height; the
+    height announced, or None (and a warning) if the ledger refused or cannot be reached."""
     from ml.profiles import default_profile
     from ml.serve.announce import served_range
     from node.ledger.errors import LedgerUnavailable, TxFailed
@@ -283,33 +313,25 @@ async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: 
     profile = default_profile("cpu")
     try:
         current = await gateway.node_info(host.peer_id) or {}
+        height = int(await gateway.call("dkb_blockNumber"))
         hardware = {**default_hardware(), **(current.get("hardware") or {}),
-                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price)]}
+                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price,
+                                             height)]}
         hardware["profiles"] = sorted(set(hardware.get("profiles", [])) | {profile})[:8]
         gateway.record.contribute("serve", roles=["compute"], listen_addrs=list(map(str, host.listen_addrs)),
                                   hardware=hardware)
         await gateway.record.sync()
-        return True
-    except (LedgerUnavailable, TxFailed, OSError, ValueError) as exc:
+        return height
+    except (LedgerUnavailable, TxFailed, OSError, ValueError, TypeError) as exc:
         print(f"dekube-node: announcing on the ledger failed: {exc}", file=sys.stderr)
-        return False
+        return None
 
 
 async def _claim(gateway, book) -> None:
     """Claim every receipt not yet paid; a receipt the ledger already paid counts as claimed."""
-    from node.ledger.errors import LedgerUnavailable, TxFailed
+    from ml.serve.service import claim_receipts
 
-    for signed in book.unclaimed():
-        try:
-            await gateway.send("serve_receipt", signed.payload())
-        except TxFailed as exc:
-            if str(exc.code).lower() != "replayed":
-                print(f"dekube-node: claiming a receipt failed: {exc}", file=sys.stderr)
-                continue
-        except (LedgerUnavailable, OSError) as exc:
-            print(f"dekube-node: claiming receipts failed: {exc}", file=sys.stderr)
-            return
-        book.mark_claimed(signed)
+    await claim_receipts(gateway, book)
 
 
 def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
@@ -337,11 +359,43 @@ def run_generate(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if not prompt or args.max_tokens < 1 or len(prompt) + args.max_tokens > spec.config.context:
         raise CliError(f"need a non-empty prompt and 1 <= prompt + max-tokens <= {spec.config.context}")
+    if args.dispute_bond < 0 or args.dispute_bond and not (args.spot_check and args.max_price > 0):
+        raise CliError("--dispute-bond needs --spot-check and --max-price (the evidence is a paid receipt)")
     tuned = _load_adapter(args.adapter, spec.config) if args.adapter else None
     if tuned is not None and tuned.prompt_length + len(prompt) + args.max_tokens > spec.config.context:
         raise CliError(f"prompt + soft prompt + max-tokens exceed the context of {spec.config.context}")
     print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, tuned))))
     return 0
+
+
+async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace) -> dict:
+    """Rerun each span locally; with --dispute-bond, dispute every wrong answer on chain (ADR 0176)."""
+    from ml.serve.dispute import BUNDLE_PROTOCOL, BundleStore, DisputeError, file_dispute, make_bundle_handler
+    from node.ledger.errors import LedgerUnavailable, TxFailed
+
+    checks = []
+    for index, blocks in enumerate(generator.spans):
+        part = await asyncio.to_thread(spec.load_part, blocks, False)
+        checks.append(await asyncio.to_thread(generator.spot_check, index, part))
+    out: dict = {"spot_checks": [{"blocks": f"{c.blocks[0]}:{c.blocks[1]}", "ok": c.ok, "culprit": c.culprit,
+                                  "step": c.first_bad_step} for c in checks]}
+    if not args.dispute_bond:
+        return out
+    store = BundleStore()
+    host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
+    out["disputes"] = []
+    for check in checks:
+        if check.ok:
+            continue
+        if check.evidence is None:
+            out["disputes"].append({"culprit": check.culprit, "error": "no countersigned receipt covers the step"})
+            continue
+        try:
+            out["disputes"].append({"culprit": check.culprit, **await file_dispute(
+                gateway, host, store, check.evidence, args.dispute_bond, wait_s=args.dispute_wait)})
+        except (DisputeError, LedgerUnavailable, TxFailed, OSError) as exc:
+            out["disputes"].append({"culprit": check.culprit, "error": str(exc)[:300]})
+    return out
 
 
 def _load_adapter(path: Path, config):
@@ -408,6 +462,8 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
             whole = await asyncio.to_thread(spec.load_part, None, True)
             local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, tuned)
             result["identical_to_local"] = local == tokens
+        if args.spot_check:
+            result |= await _spot_check(spec, generator, gateway, host, args)
         return result
     finally:
         if gateway is not None:

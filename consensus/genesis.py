@@ -54,6 +54,14 @@ class Params:
     # between a client's serve_unlock and its serve_withdraw (servers claim their receipts meanwhile).
     min_serve_stake: int = 100
     serve_unlock_blocks: int = 100
+    # Serving disputes (ADR 0176): the least bond a client posts with a fraud claim (lost if referees
+    # reject it), the share of a lying server's stake slashed, and what each agreeing referee is paid.
+    serve_dispute_bond: int = 100
+    slash_serve_bps: int = 1_000
+    serve_referee_fee: int = 10
+    # A served range announced (or refreshed) at height h counts for discovery and referee draws until
+    # h + serve_announce_ttl (ADR 0177); register_node refuses a range already older than that.
+    serve_announce_ttl: int = 600
     # Audit slots, disputes and referees (ADRs 0168, 0169).
     audits_per_worker: int = 2           # m: audit slots drawn per committed worker when the commit phase closes
     audit_double_bps: int = 5_000        # chance a slot gets a second verifier (the audit of the auditor)
@@ -74,7 +82,7 @@ class Params:
         if self.verifier_share_bps + self.relay_share_bps > 10_000:
             raise GenesisError("verifier_share_bps + relay_share_bps must not exceed 10000")
         if max(self.slash_double_sign_bps, self.slash_mismatch_bps, self.slash_downtime_bps,
-               self.slash_false_audit_bps) > 10_000:
+               self.slash_false_audit_bps, self.slash_serve_bps) > 10_000:
             raise GenesisError("slash fractions are at most 10000 bps")
         if self.audit_double_bps > 10_000:
             raise GenesisError("audit_double_bps is at most 10000")
@@ -82,14 +90,15 @@ class Params:
             raise GenesisError(f"audits_per_worker is at most {MAX_AUDITS_PER_WORKER}")
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
-        for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks"):
+        for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
                   "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
-                  "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks")
+                  "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
+                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl")
 MAX_AUDITS_PER_WORKER = 16
 MAX_REFEREES = 15
 

@@ -278,6 +278,7 @@ MAX_SERVED_LAYERS = 1024
 SERVED_RANGE: Schema = {  # one announced range of a model's blocks (ADR 0174)
     "model": text(128, min_len=1), "start": uint(0, MAX_SERVED_LAYERS - 1), "end": uint(1, MAX_SERVED_LAYERS),
     "tokens_per_s": uint(0, 10**9), "profile": profile_id(), "price": uint(0, 2**64),
+    "height": OptionalField(uint(0, 2**63)),   # the height it was announced or refreshed at (ADR 0177)
 }
 
 
@@ -424,6 +425,15 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "serve_unlock": {},
     "serve_withdraw": {"amount": uint(1)},
     "serve_receipt": {"receipt": fields(SERVE_RECEIPT), "client_sig": blob(64), "server_sig": blob(64)},
+    "serve_dispute": {  # a client's fraud claim against a server's signed answer (ADR 0176)
+        "receipt": fields(SERVE_RECEIPT), "client_sig": blob(64), "server_sig": blob(64),
+        "prior": HASH32, "link": HASH32,   # transcript = sha256(prior || link); link commits to one step
+        "answer": HASH32, "inputs": HASH32,   # the server's answer digest; the content hash of the step bundle
+        "start": uint(0, MAX_SERVED_LAYERS - 1), "end": uint(1, MAX_SERVED_LAYERS), "profile": profile_id(),
+        "bond": uint(1, 2**96),
+        "addrs": OptionalField(multiaddr_list(MAX_NODE_ADDRS, MAX_ADDR_CHARS)),   # where referees fetch the bundle
+    },
+    "serve_referee_vote": {"dispute": HASH32, "valid": boolean, "output": HASH32},
     "evidence": {"evidence": blob(*range(1, MAX_EVIDENCE_BYTES + 1))},
     "unjail": {},
 }

@@ -52,6 +52,21 @@ def check_non_negative(value: int) -> None:
         raise ValueError(f"must not be negative, got {value}")
 
 
+def check_non_negative_float(value: float) -> None:
+    if value < 0:
+        raise ValueError("must be >= 0")
+
+
+def check_blocks(value: str) -> None:
+    """A:B (0 <= A < B) or auto:N (N >= 1); the model's block count is checked when serving starts."""
+    kind, _, rest = value.partition(":")
+    if kind == "auto":
+        if not rest.isdigit() or int(rest) < 1:
+            raise ValueError("auto:N needs N >= 1")
+    elif not (kind.isdigit() and rest.isdigit() and int(kind) < int(rest)):
+        raise ValueError("blocks are A:B with A < B, or auto:N")
+
+
 def check_host(value: str) -> None:
     if not value or len(value) > 253:
         raise ValueError(f"invalid host {value!r}")
@@ -287,6 +302,22 @@ SCHEMA: dict[str, dict[str, Key]] = {
                             " | poison_noise | poison_stealth | copycat | wrong_segments,"
                             " verifier false_accuser | rubber_stamp",
                             check_fault_mode),
+    },
+    "serve": {
+        "model": Key(str, "",
+                     "with the compute role: serve this model's blocks (random:<L>x<W>[:heads][@seed] or a "
+                     "char-transformer .safetensors path; ADRs 0171-0177); empty: no serving"),
+        "blocks": Key(str, "auto:1",
+                      "blocks to serve: A:B, or auto:N (the N thinnest blocks in the ledger's coverage)",
+                      check_blocks),
+        "price": Key(int, 0, "price per GFLOP billed with co-signed receipts (0: free)", check_non_negative),
+        "credit_tokens": Key(int, 1024, "tokens served ahead of a client's receipt", check_positive),
+        "max_sessions": Key(int, 64, "inference sessions held at once", check_positive),
+        "claim_every": Key(float, 30.0,
+                           "seconds between receipt claims, referee duty and announcement refresh", check_positive),
+        "rebalance_every": Key(float, 0.0,
+                               "seconds between coverage checks moving an idle server to thinner blocks (0: never)",
+                               check_non_negative_float),
     },
 }
 

@@ -40,6 +40,7 @@ ROLE_IMPLEMENTATIONS: dict[str, str] = {
 NODE_SERVICES: dict[str, str] = {
     "relay_client": "relay.node_client:RelayNodeClient",   # circuits and reservations (ADR 0062)
     "bandwidth": "node.bandwidth:BandwidthService",         # measured bandwidth and latency (ADR 0158)
+    "serving": "ml.serve.service:ServingService",           # [serve]: a block server beside compute (ADR 0177)
 }
 
 

@@ -18,7 +18,7 @@ from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, audits, liveness, nodes, relay, serving, staking, tasks
+from consensus.state import accounts, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -46,6 +46,8 @@ HANDLERS = {
     "serve_unlock": serving.apply_serve_unlock,
     "serve_withdraw": serving.apply_serve_withdraw,
     "serve_receipt": serving.apply_serve_receipt,
+    "serve_dispute": serve_disputes.apply_serve_dispute,
+    "serve_referee_vote": serve_disputes.apply_serve_referee_vote,
     "evidence": apply_evidence_tx,
     "unjail": staking.apply_unjail,
 }
@@ -230,6 +232,7 @@ class Ledger:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)
 
         tasks.end_block(state, params, ctx)
+        serve_disputes.advance_disputes(state, params, ctx)
         if ctx.height % params.epoch_length == 0:
             staking.elect_committee(state, params, ctx.height + 1)
         state.height = ctx.height

@@ -223,3 +223,27 @@ class ServeChannel(Record):
         self.tokens = tokens
         self.flops = flops
         self.amount_paid = amount_paid
+
+
+class ServeDispute(Record):
+    """A client's fraud claim against a server's signed answer (ADR 0176): the parties, what the
+    transcript commits to (``prior``: the transcript before the step, ``link``: the step, ``answer``:
+    the server's answer digest, ``inputs``: the content hash of the bundle referees recompute from),
+    the client's ``bond``, the drawn referees (``[peer_id, vote | None]``, a vote ``[valid, output]``),
+    the vote ``deadline``, ``status`` (open, guilty, rejected, undecided) and the client's ``addrs``."""
+
+    __slots__ = FIELDS = ("client", "server", "session", "model", "profile", "start", "end", "prior", "link",
+                          "answer", "inputs", "bond", "referees", "deadline", "status", "addrs")
+
+    def __init__(self, client: str = "", server: str = "", session: bytes = b"", model: str = "", profile: str = "",
+                 start: int = 0, end: int = 0, prior: bytes = b"", link: bytes = b"", answer: bytes = b"",
+                 inputs: bytes = b"", bond: int = 0, referees: list | None = None, deadline: int = 0,
+                 status: str = "open", addrs: list | None = None):
+        self.client, self.server, self.session, self.model, self.profile = client, server, session, model, profile
+        self.start, self.end, self.prior, self.link = start, end, prior, link
+        self.answer, self.inputs = answer, inputs
+        self.bond = bond
+        self.referees = referees if referees is not None else []
+        self.deadline = deadline
+        self.status = status
+        self.addrs = addrs if addrs is not None else []

@@ -29,6 +29,20 @@ def serve_channel_id(receipt: dict) -> bytes:
     return hashlib.sha256(b"dekube/serve-channel\x00" + encode(key)).digest()
 
 
+GUILTY = "guilty"   # a serving dispute's verdict against the server (ADR 0176, serve_disputes.py)
+
+
+def dispute_id_for_channel(channel_id: bytes) -> bytes:
+    """The id of the one dispute a session (its channel) may have."""
+    return hashlib.sha256(b"dekube/serve-dispute\x00" + channel_id).digest()
+
+
+def is_convicted(state: LedgerState, channel_id: bytes) -> bool:
+    """Whether the session of ``channel_id`` was found to have served a wrong answer (ADR 0176)."""
+    dispute = state.serve_disputes.get(dispute_id_for_channel(channel_id))
+    return dispute is not None and dispute.status == GUILTY
+
+
 def _escrow(state: LedgerState, client: str) -> ServeEscrow:
     escrow = state.serve_escrows.get(client)
     if escrow is None:
@@ -94,6 +108,8 @@ def apply_serve_receipt(state: LedgerState, params: Params, ctx: BlockContext, t
             verify_signature(client_key, message, client_sig) and verify_signature(server_key, message, server_sig)):
         raise TxError(TxCode.BAD_SIGNATURE, "receipt is not signed by both the client and the server")
     chan_id = serve_channel_id(receipt)
+    if is_convicted(state, chan_id):
+        raise TxError(TxCode.UNAUTHORIZED, "referees found this session's server answered wrongly (ADR 0176)")
     channel = state.serve_channels.get(chan_id) or ServeChannel()
     if (receipt["seq"] <= channel.seq or receipt["amount"] <= channel.amount_paid
             or receipt["tokens"] < channel.tokens or receipt["flops"] < channel.flops):
@@ -126,18 +142,33 @@ def serve_escrow_json(state: LedgerState, client: str) -> dict:
 MAX_LIST_NODES = 1000
 
 
+def is_fresh(entry: dict, height: int, ttl: int) -> bool:
+    """Whether a served range still counts at ``height``: refreshed within ``ttl`` blocks (ADR 0177).
+    A range without a height (written before heights existed) counts."""
+    return "height" not in entry or entry["height"] + ttl >= height
+
+
+def fresh_serving(hardware: dict, height: int, ttl: int) -> list[dict]:
+    return [r for r in hardware.get("serving", ()) if is_fresh(r, height, ttl)]
+
+
 def list_nodes(state: LedgerState, role: str | None = None, model: str | None = None,
-               limit: int = 100) -> list[dict]:
+               limit: int = 100, ttl: int | None = None) -> list[dict]:
     """Node records (sorted by peer id) with ``role``, or announcing a served range of ``model``
-    (``hardware.serving``), at most ``limit``: how clients and servers find each other (ADR 0174)."""
+    (``hardware.serving``), at most ``limit``: how clients and servers find each other (ADR 0174).
+    With ``ttl``, ranges not refreshed within ``ttl`` blocks are left out of the records shown, and a
+    node whose ranges of ``model`` are all stale is not listed for it (ADR 0177)."""
     out = []
     for peer_id in sorted(state.nodes):
         node = state.nodes[peer_id]
         if role is not None and role not in node.roles:
             continue
-        if model is not None and not any(r.get("model") == model for r in node.hardware.get("serving", ())):
+        shown = node.to_json()
+        if ttl is not None and "serving" in node.hardware:
+            shown["hardware"] = {**shown["hardware"], "serving": fresh_serving(shown["hardware"], state.height, ttl)}
+        if model is not None and not any(r.get("model") == model for r in shown["hardware"].get("serving", ())):
             continue
-        out.append({"peer_id": peer_id, **node.to_json()})
+        out.append({"peer_id": peer_id, **shown})
         if len(out) >= limit:
             break
     return out

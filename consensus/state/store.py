@@ -15,6 +15,7 @@ from consensus.state.records import (
     NodeRecord,
     RelayChannel,
     ServeChannel,
+    ServeDispute,
     ServeEscrow,
     Stake,
     Task,
@@ -22,11 +23,11 @@ from consensus.state.records import (
 )
 
 ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "task", "chan", "evid", "meta"
-SERVE_ESCROW, SERVE_CHANNEL = "sesc", "schan"
-_TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, EVIDENCE)
+SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE = "sesc", "schan", "sdisp"
+_TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE)
 _PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
 _RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
-                 SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel}
+                 SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel, SERVE_DISPUTE: ServeDispute}
 _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
                 "committee_start")
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
@@ -37,7 +38,7 @@ def _id_bytes(ident) -> bytes:
 
 
 def _id_from_bytes(table: str, raw: bytes):
-    return raw if table in (TASK, CHANNEL, SERVE_CHANNEL, EVIDENCE) else raw.decode()
+    return raw if table in (TASK, CHANNEL, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE) else raw.decode()
 
 
 class LedgerState:
@@ -49,6 +50,7 @@ class LedgerState:
         self.channels: dict[bytes, RelayChannel] = {}
         self.serve_escrows: dict[str, ServeEscrow] = {}    # client -> its serving escrow (ADR 0174)
         self.serve_channels: dict[bytes, ServeChannel] = {}
+        self.serve_disputes: dict[bytes, ServeDispute] = {}  # dispute id -> fraud claim (ADR 0176)
         self.evidence: dict[bytes, int] = {}       # evidence key -> height it was applied at
         self.height = 0
         self.app_hash = b""
@@ -60,11 +62,13 @@ class LedgerState:
         self.task_seq = 0
         # derived indexes (not stored; rebuilt by load)
         self.open_tasks: dict[bytes, int] = {}     # created, waiting for workers: task_id -> seq
+        self.open_serve_disputes: set[bytes] = set()   # serving disputes awaiting their referees
         self.unbonding_queue: dict[int, set[str]] = {}  # release height -> peers
         self.events: list[dict] = []               # this block's events (task assigned, paid, ...)
         self._tables = {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
                         CHANNEL: self.channels, SERVE_ESCROW: self.serve_escrows,
-                        SERVE_CHANNEL: self.serve_channels, EVIDENCE: self.evidence}
+                        SERVE_CHANNEL: self.serve_channels, SERVE_DISPUTE: self.serve_disputes,
+                        EVIDENCE: self.evidence}
         self._dirty: set[tuple[str, object]] = set()
         self._meta_dirty = False
 
@@ -152,6 +156,7 @@ class LedgerState:
         for task_id, task in state.tasks.items():
             if task.status == TaskStatus.CREATED:
                 state.open_tasks[task_id] = task.seq
+        state.open_serve_disputes = {d for d, rec in state.serve_disputes.items() if rec.status == "open"}
         for peer_id, stake in state.stakes.items():
             for release_height, _ in stake.unbonding:
                 state.unbonding_queue.setdefault(release_height, set()).add(peer_id)

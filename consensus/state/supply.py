@@ -1,4 +1,5 @@
-"""The supply invariant: balances + bonded + unbonding + task escrow + serving escrow + burned == genesis supply."""
+"""The supply invariant: balances + bonded + unbonding + task escrow + serving escrow + serving dispute bonds
++ burned == genesis supply."""
 from __future__ import annotations
 
 from consensus.state.store import LedgerState
@@ -15,6 +16,7 @@ def supply_breakdown(state: LedgerState) -> dict[str, int]:
         "unbonding": sum(stake.unbonding_total for stake in state.stakes.values()),
         "escrow": sum(task.escrow for task in state.tasks.values()),
         "serve_escrow": sum(escrow.balance for escrow in state.serve_escrows.values()),
+        "serve_dispute_bonds": sum(dispute.bond for dispute in state.serve_disputes.values()),
         "burned": state.burned,
     }
 

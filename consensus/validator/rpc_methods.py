@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from consensus.state import serving
+from consensus.state import serve_disputes, serving
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
@@ -151,12 +151,27 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
             raise InvalidParams(f"limit must be in 1..{serving.MAX_LIST_NODES}")
         if role is not None and not isinstance(role, str) or model is not None and not isinstance(model, str):
             raise InvalidParams("role and model are text")
-        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit)
+        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit,
+                                      chain.ledger.params.serve_announce_ttl)
 
     async def dkb_getServeEscrow(address: str) -> dict:
         """A client's serving escrow: balance and unlock height (0: locked)."""
         chain.require_ready()
         return serving.serve_escrow_json(chain.ledger.state, check_address(address))
+
+    async def dkb_getServeDispute(dispute: str) -> dict | None:
+        """A serving dispute: parties, referees and their votes, deadline, status (ADR 0176)."""
+        chain.require_ready()
+        return serve_disputes.dispute_json(chain.ledger.state, parse_hex(dispute, "dispute", 32))
+
+    async def dkb_listServeDisputes(referee: str | None = None, limit: int = 100) -> list:
+        """Open serving disputes, or those awaiting ``referee``'s vote (ADR 0176)."""
+        chain.require_ready()
+        if not isinstance(limit, int) or not 1 <= limit <= serve_disputes.MAX_LIST_DISPUTES:
+            raise InvalidParams(f"limit must be in 1..{serve_disputes.MAX_LIST_DISPUTES}")
+        if referee is not None:
+            check_address(referee)
+        return await chain.read_state(serve_disputes.list_open_disputes, chain.ledger.state, referee, limit)
 
     async def dkb_getTask(task_id: str) -> dict | None:
         chain.require_ready()
@@ -177,9 +192,11 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
 
     for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
-               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow):
+               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
+               dkb_getServeDispute, dkb_listServeDisputes):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
         dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow)}
+        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
+        dkb_listServeDisputes)}

@@ -1,10 +1,12 @@
 """Serving announcements in the ledger node record (ADR 0174), and discovery from them.
 
-A server publishes `hardware.serving`: a list of {model, start, end, tokens_per_s, profile, price}
-(consensus/tx.py SERVED_RANGE) next to the rest of its record. A client reads the records that
-announce a model (`dkb_listNodes` with `model`), learns the servers' addresses from the same records,
-and still ranks them by its own measurement (`client.measure`): the announced throughput only helps
-a joining server decide which blocks are thin (`balance.choose_blocks`).
+A server publishes `hardware.serving`: a list of {model, start, end, tokens_per_s, profile, price,
+height} (consensus/tx.py SERVED_RANGE) next to the rest of its record, and refreshes `height` every
+REFRESH_BLOCKS blocks: the ledger leaves ranges older than `serve_announce_ttl` out (ADR 0177). A
+client reads the records that announce a model (`dkb_listNodes` with `model`), learns the servers'
+addresses from the same records, and still ranks them by its own measurement (`client.measure`):
+the announced throughput only helps a joining server decide which blocks are thin
+(`balance.choose_blocks`).
 """
 from __future__ import annotations
 
@@ -17,14 +19,24 @@ from ml.serve.client import ServerInfo
 from ml.serve.server import BlockServer
 
 MAX_TOKENS_PER_S = 10**9
+# a server re-announces its range this many blocks after the height it last announced (ADR 0177), well
+# within the ledger's serve_announce_ttl (default 600), after which discovery and referee draws drop it
+REFRESH_BLOCKS = 100
 
 
-def served_range(model: str, start: int, end: int, tokens_per_s: float, profile: str, price: int) -> dict:
-    """One `hardware.serving` entry (the ledger bounds each field)."""
+def served_range(model: str, start: int, end: int, tokens_per_s: float, profile: str, price: int,
+                 height: int | None = None) -> dict:
+    """One `hardware.serving` entry (the ledger bounds each field); `height`: the chain height now."""
     if not 0 <= start < end:
         raise ValueError("a served range needs start < end")
-    return {"model": model, "start": start, "end": end,
-            "tokens_per_s": max(0, min(MAX_TOKENS_PER_S, int(tokens_per_s))), "profile": profile, "price": price}
+    entry = {"model": model, "start": start, "end": end,
+             "tokens_per_s": max(0, min(MAX_TOKENS_PER_S, int(tokens_per_s))), "profile": profile, "price": price}
+    return entry if height is None else {**entry, "height": height}
+
+
+def needs_refresh(announced_height: int | None, height: int) -> bool:
+    """Whether a range announced at `announced_height` should be announced again at `height`."""
+    return announced_height is None or height - announced_height >= REFRESH_BLOCKS
 
 
 def own_throughput(server: BlockServer, tokens: int = 8, repeats: int = 3) -> float:

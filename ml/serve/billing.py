@@ -3,7 +3,8 @@
 A billing server offers, when a stream opens a session or runs its first pass, a 16-byte session id,
 its price (per GFLOP, rounded up) and how many tokens it serves ahead of payment (`credit_tokens`).
 Every compute reply reports the stream's cumulative usage {tokens, flops} and `transcript`: a hash
-chain over the answers of inference steps (sha256(previous || sha256(answer as float32 bytes))).
+chain over the inference steps (sha256(previous || link), a link committing to the step's inputs and
+answer: ml/serve/transcript.py).
 The client checks the tokens against its own count and the FLOPs against a bound, extends its own
 transcript from the answers it received, and signs a cumulative receipt {session, server, client,
 model, tokens, flops, amount, seq, transcript}, sent with its next request (or alone, "receipt",
@@ -12,13 +13,13 @@ least at its price, countersigns it and keeps the newest per session (`ReceiptBo
 chain (`serve_receipt`, consensus/state/serving.py). A server refuses to compute while more than
 `credit_tokens` are unsigned, so a client that stops signing costs it at most that.
 
-Because the server signed a transcript that commits to every answer it gave, a failed spot check
-(client.py) yields evidence (`spot_evidence`): the co-signed receipt, the answers' digests and the
-index of the first wrong one, which anyone holding the recorded inputs and the blocks can check.
+Because the server signed a transcript that commits to every input and answer, a failed spot check
+(client.py) yields evidence (`spot_evidence`): the co-signed receipt whose transcript ends at the wrong
+step, the steps up to it (inputs as the server decoded them) and its link, which referees holding the
+blocks check and recompute (ADR 0176, ml/serve/dispute.py).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 import threading
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from consensus.tx import public_key_for, serve_receipt_signing_bytes, verify_signature
+from ml.serve.transcript import ZERO, extend, step_link, tensor_digest
 
-ZERO = bytes(32)
 MAX_RECEIPTS = 4096
 DEFAULT_CREDIT_TOKENS = 1024
 
@@ -46,15 +47,6 @@ def max_flops_per_token(config, blocks: int) -> int:
 def amount_due(flops: int, price_per_gflop: int) -> int:
     """What `flops` cost at `price_per_gflop`, rounded up, at least 1."""
     return max(1, math.ceil(flops * price_per_gflop / 1e9))
-
-
-def answer_digest(answer: torch.Tensor) -> bytes:
-    """The digest of an answer as the client decoded it (float32, contiguous)."""
-    return hashlib.sha256(answer.detach().to(torch.float32).contiguous().numpy().tobytes()).digest()
-
-
-def extend(transcript: bytes, digest: bytes) -> bytes:
-    return hashlib.sha256(transcript + digest).digest()
 
 
 def receipt_to_json(receipt: dict) -> dict:
@@ -86,6 +78,29 @@ def _hex_sig(value: object) -> bytes:
     if len(sig) != 64:
         raise BillingError("a signature is 64 bytes of hex")
     return sig
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One inference step as the client saw it: blocks start..end ran `chunks` (lengths) of `inputs`
+    (the hidden states as the server decoded them) in `codec`, answering states with digest `answer`."""
+    start: int
+    end: int
+    codec: str
+    chunks: tuple[int, ...]
+    all_outputs: bool
+    inputs: torch.Tensor
+    answer: bytes
+    link: bytes
+    setup: bytes = ZERO    # the session's adapter and deep prompts (transcript.setup_digest)
+
+    @classmethod
+    def of(cls, start: int, end: int, codec: str, chunks: list[int], all_outputs: bool, inputs: torch.Tensor,
+           answer: torch.Tensor, setup: bytes = ZERO) -> StepRecord:
+        """The record of a step (hashes the tensors: call it off the event loop for big ones)."""
+        answer_hash = tensor_digest(answer)
+        link = step_link(start, end, codec, chunks, all_outputs, tensor_digest(inputs), answer_hash, setup)
+        return cls(start, end, codec, tuple(chunks), all_outputs, inputs, answer_hash, link, setup)
 
 
 @dataclass(frozen=True)
@@ -194,11 +209,11 @@ class ServerMeter:
             raise BillingError(f"{unsigned} tokens would be served without a receipt; "
                                f"send one (credit {self.credit_tokens})")
 
-    def report(self, tokens: int, flops: int, answer: torch.Tensor | None) -> dict:
-        """Header fields of a compute reply: cumulative usage and transcript (`answer`: a step's, as
-        the client will decode it)."""
-        if answer is not None:
-            self.transcript = extend(self.transcript, answer_digest(answer))
+    def report(self, tokens: int, flops: int, link: bytes | None) -> dict:
+        """Header fields of a compute reply: cumulative usage and transcript (`link`: an inference
+        step's, ml/serve/transcript.py)."""
+        if link is not None:
+            self.transcript = extend(self.transcript, link)
         self.reported = (tokens, flops, self.transcript)
         self.served = tokens
         return {"usage": {"tokens": tokens, "flops": flops}, "transcript": self.transcript.hex()}
@@ -241,7 +256,8 @@ class ClientMeter:
         self.offer: dict | None = None
         self.tokens = 0                         # tokens this client sent
         self.transcript = ZERO
-        self.digests: list[bytes] = []          # every step answer's digest, in order
+        self.steps: list[StepRecord] = []       # every inference step, in order (evidence for disputes)
+        self.receipts: list[SignedReceipt] = []  # every countersigned receipt, in order
         self.seq = 0
         self.pending: dict | None = None        # the receipt to send with the next request
         self.sent: dict | None = None           # the receipt sent, awaiting the server's signature
@@ -260,9 +276,9 @@ class ClientMeter:
         if self.offer is None:
             self.offer = offer
 
-    def on_reply(self, header: dict, tokens: int, answer: torch.Tensor | None) -> None:
+    def on_reply(self, header: dict, tokens: int, step: StepRecord | None) -> None:
         """Check a compute reply's usage (`tokens`: what this request sent) and prepare the receipt
-        covering it."""
+        covering it (`step`: the inference step it answered, if any)."""
         self.tokens += tokens
         if self.offer is None:
             return
@@ -272,10 +288,9 @@ class ClientMeter:
         flops = usage.get("flops")
         if type(flops) is not int or not 0 <= flops <= self.tokens * self.max_flops_per_token:
             raise BillingError(f"server reports {flops} FLOPs for {self.tokens} tokens")
-        if answer is not None:
-            digest = answer_digest(answer)
-            self.digests.append(digest)
-            self.transcript = extend(self.transcript, digest)
+        if step is not None:
+            self.steps.append(step)
+            self.transcript = extend(self.transcript, step.link)
         self.seq += 1
         self.pending = {"session": bytes.fromhex(self.offer["session"]), "server": self.offer["server"],
                         "client": self.identity.peer_id, "model": self.offer["model"], "tokens": self.tokens,
@@ -300,23 +315,26 @@ class ClientMeter:
         if key is None or not verify_signature(key, message, server_sig):
             raise BillingError("server's countersignature does not verify")
         self.signed = SignedReceipt(self.sent, client_sig, server_sig)
+        self.receipts.append(self.signed)
         self.sent = None
 
 
 def spot_evidence(meter: ClientMeter, wrong_step: int) -> dict | None:
-    """Evidence that the server answered step `wrong_step` wrongly: its countersigned receipt, whose
-    transcript commits to the answers' digests, and the digests (None without a receipt covering it)."""
-    signed = meter.signed
+    """Evidence that the server answered inference step `wrong_step` of its stream wrongly: its
+    countersigned receipt whose transcript ends at that step (sha256(prior || link)), the prior
+    transcript, the step's link and answer digest, and the steps up to it (the inputs referees
+    recompute from). None without such a receipt (the client kept signing each reply's receipt with
+    its next request, so every step has one)."""
+    if not 0 <= wrong_step < len(meter.steps):
+        return None
+    prior = ZERO
+    for step in meter.steps[:wrong_step]:
+        prior = extend(prior, step.link)
+    covered = extend(prior, meter.steps[wrong_step].link)
+    signed = next((r for r in meter.receipts if r.receipt["transcript"] == covered), None)
     if signed is None:
         return None
-    covered = signed.receipt["transcript"]
-    chain, count = ZERO, 0
-    for digest in meter.digests:
-        if chain == covered:
-            break
-        chain, count = extend(chain, digest), count + 1
-    if chain != covered or wrong_step >= count:
-        return None
     return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
-            "server_sig": signed.server_sig.hex(), "digests": [d.hex() for d in meter.digests[:count]],
-            "wrong_step": wrong_step}
+            "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": meter.steps[wrong_step].link.hex(),
+            "answer": meter.steps[wrong_step].answer.hex(), "wrong_step": wrong_step,
+            "steps": meter.steps[:wrong_step + 1]}

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ml.serve.adapters import ClientParams
-from ml.serve.billing import ClientMeter, answer_digest, max_flops_per_token, spot_evidence
+from ml.serve.billing import ClientMeter, max_flops_per_token, spot_evidence
 from ml.serve.model import ServeDecoder
 from ml.serve.protocol import Payer, RemoteError, SpanClient, SpanUnavailable
+from ml.serve.transcript import tensor_digest
 from ml.serve.wire import roundtrip as wire_roundtrip
 
 
@@ -168,10 +169,13 @@ class RemoteGenerator:
 
     def _evidence(self, peer_id: str, answer: torch.Tensor) -> dict | None:
         """The culprit's countersigned receipt covering `answer`, if it signed one."""
-        digest = answer_digest(answer)
+        digest = tensor_digest(answer)
         for meter in self.meters:
-            if meter.offer is not None and meter.offer["server"] == peer_id and digest in meter.digests:
-                return spot_evidence(meter, meter.digests.index(digest))
+            if meter.offer is None or meter.offer["server"] != peer_id:
+                continue
+            for index, step in enumerate(meter.steps):
+                if step.answer == digest:
+                    return spot_evidence(meter, index)
         return None
 
     async def _open(self, server: ServerInfo) -> SpanClient:

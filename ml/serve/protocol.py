@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter
+from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter, StepRecord
 from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.server import BlockServer, ServeError, Usage
+from ml.serve.transcript import ZERO, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
@@ -143,14 +144,21 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         async with compute:
             return await asyncio.to_thread(fn, *args)
 
-    def billed(state: dict, answer: torch.Tensor | None, codec: str) -> dict:
-        """Reply header fields for billing after a compute (runs in a worker thread)."""
+    def billed(state: dict, step: tuple | None, codec: str) -> dict:
+        """Reply header fields for billing after a compute (runs in a worker thread); `step`: an inference
+        step's (chunk lengths, all, inputs as decoded, answer) for the transcript."""
         meter: ServerMeter | None = state.get("meter")
         if meter is None:
             return {}
         usage = _stream_usage(server, state)
-        decoded = None if answer is None else roundtrip(answer, codec)
-        return {**meter.report(usage.tokens, usage.flops, decoded), "billing": meter.offer()}
+        link = None
+        if step is not None:
+            lengths, all_outputs, inputs, answer = step
+            session = server.sessions.get(state.get("session", ""))
+            setup = ZERO if session is None else setup_digest(session.lora, session.prompts)
+            link = step_link(server.start, server.end, codec, lengths, all_outputs, tensor_digest(inputs),
+                             tensor_digest(roundtrip(answer, codec)), setup)
+        return {**meter.report(usage.tokens, usage.flops, link), "billing": meter.offer()}
 
     def guard(state: dict, hidden: torch.Tensor | None) -> None:
         if state.get("meter") is not None and hidden is not None and hidden.dim() >= 2:
@@ -190,10 +198,11 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                 raise ServeError("open a session first")
             chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
             guard(state, tensors.get("h"))
-            out = await run(server.step, state["session"], chunks, header.get("all") is True)
+            all_outputs = header.get("all") is True
+            out = await run(server.step, state["session"], chunks, all_outputs)
             session = server.sessions.get(state["session"])
             step_usage = session.usage.as_dict() if session is not None else {}
-            extra |= await asyncio.to_thread(billed, state, out, codec)
+            extra |= await asyncio.to_thread(billed, state, (header["chunks"], all_outputs, tensors["h"], out), codec)
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": step_usage, **extra}, {"h": out},
                                            codec)
         if kind == "forward":
@@ -271,6 +280,7 @@ class SpanClient:
                  meter: ClientMeter | None = None):
         self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
+        self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
         self._stream: Any = None   # the HostStream, opened at the first request
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -280,8 +290,8 @@ class SpanClient:
 
     async def request(self, header: dict, tensors: dict[str, torch.Tensor] | None = None,
                       codec: str = "f32", tokens: int = 0, answer: str | None = None) -> Message:
-        """One request and its reply (`tokens`: positions sent for compute, `answer`: the reply tensor a
-        step's transcript covers; both for billing)."""
+        """One request and its reply (`tokens`: positions sent for compute, `answer`: the reply tensor of an
+        inference step, which the transcript covers with the step's input "h"; both for billing)."""
         receipt, client_sig = self.meter.attach() if self.meter is not None else ({}, b"")
         frame = await asyncio.to_thread(encode_frame, {**header, **receipt, "codec": codec}, tensors, codec)
         try:
@@ -308,8 +318,12 @@ class SpanClient:
                 if "billing" in reply.header:
                     self.meter.accept_offer(reply.header["billing"], self.peer_id)
                 if header.get("type") in ("step", "forward", "backward"):
-                    self.meter.on_reply(reply.header, tokens,
-                                        reply.tensors.get(answer) if answer is not None else None)
+                    step = None
+                    if answer is not None and answer in reply.tensors and tensors is not None:
+                        step = await asyncio.to_thread(
+                            StepRecord.of, self.start, self.end, codec, header["chunks"], header.get("all") is True,
+                            roundtrip(tensors["h"], codec), reply.tensors[answer], self.setup)
+                    self.meter.on_reply(reply.header, tokens, step)
             except BillingError as exc:
                 self.abort()
                 raise SpanUnavailable(f"{self}: billing: {exc}") from None
@@ -322,6 +336,10 @@ class SpanClient:
                    codec: str = "f32", prompts: torch.Tensor | None = None) -> None:
         tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
         await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
+        if self.meter is not None and (lora is not None or prompts is not None):   # the transcript commits to it
+            self.setup = await asyncio.to_thread(
+                setup_digest, None if lora is None else (roundtrip(lora[0], codec), roundtrip(lora[1], codec)),
+                None if prompts is None else roundtrip(prompts, codec))
 
     async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
         """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""

@@ -62,7 +62,7 @@ class Session:
 class BlockServer:
     def __init__(self, model: ServeDecoder, *, max_sessions: int = MAX_SESSIONS,
                  max_sessions_per_owner: int = MAX_SESSIONS_PER_OWNER, max_cache_bytes: int = MAX_CACHE_BYTES,
-                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic):
+                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic, lie_after: int | None = None):
         if model.start == model.end:
             raise ValueError("a block server needs at least one block")
         model.eval()
@@ -77,6 +77,9 @@ class BlockServer:
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
         self.totals = Usage()
+        # adversary mode for tests and benchmarks (ADR 0176): after this many steps, every step's answer
+        # is nudged (one value + 0.5), a lying server that spot checks catch and referees convict
+        self.lie_after, self.steps_served = lie_after, 0
 
     # ---- sessions
     def cache_in_use(self) -> int:
@@ -172,7 +175,12 @@ class BlockServer:
                     prompts = session.prompts if past == 0 else None
                     outs.append(self.model.run_blocks(chunk, session.caches, prompts=prompts, lora=session.lora))
                     self._count(session.usage, chunk.shape[0], past, chunk.shape[1])
-            return torch.cat(outs, 1) if all_outputs else outs[-1]
+            out = torch.cat(outs, 1) if all_outputs else outs[-1]
+            self.steps_served += 1
+            if self.lie_after is not None and self.steps_served > self.lie_after:
+                out = out.clone()
+                out[0, -1, 0] += 0.5
+            return out
         finally:
             with self._lock:
                 session.busy = False

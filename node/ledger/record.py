@@ -1,7 +1,8 @@
 """This node's ledger record (``register_node``), published by one writer for all roles.
 
 ``register_node`` replaces the whole record, so roles never send it themselves: each contributes
-the fields it owns (``contribute(owner, roles=..., relay_addrs=..., hardware=...)``) and the
+the fields it owns (``contribute(owner, roles=..., relay_addrs=..., hardware=...)``; ``hardware`` maps
+are merged key by key, so a serving service adds ``serving`` to the compute role's) and the
 publisher merges every contribution with the record on chain into one payload (``merge_record``,
 pure): roles are the union of the chain's and every contributor's, a field nobody contributes
 keeps its value on chain (or a default). ``run`` publishes after a change settles (``DEBOUNCE_S``)
@@ -55,11 +56,16 @@ def merge_record(current: dict | None, contributions: dict[str, dict]) -> dict |
     current = current or {}
     roles = set(current.get("roles", []))
     wanted: dict[str, Any] = {}
+    hardware: dict[str, Any] | None = None
     for fields in contributions.values():
         roles |= set(fields.get("roles", ()))
-        for key in ("listen_addrs", "relay_addrs", "hardware"):
+        for key in ("listen_addrs", "relay_addrs"):
             if fields.get(key) is not None:
                 wanted[key] = fields[key]
+        if fields.get("hardware") is not None:   # contributors own keys of it (compute: the machine, serve: serving)
+            hardware = {**(hardware or {}), **fields["hardware"]}
+    if hardware is not None:
+        wanted["hardware"] = {**default_hardware(), **hardware}
     payload = {
         "roles": sorted(roles & LEDGER_ROLES),
         "listen_addrs": (dialable(wanted["listen_addrs"]) if "listen_addrs" in wanted

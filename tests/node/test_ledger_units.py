@@ -50,3 +50,15 @@ def test_the_record_merges_every_contribution_and_keeps_what_nobody_contributes(
     dropped = {**current, **update, "roles": ["compute"], "relay_addrs": []}  # another writer replaced it
     assert merge_record(dropped, contributions) == {**update, "roles": ["compute", "verifier"]}  # ours come back
     assert len(merge_record(None, {"x": {"relay_addrs": [RELAY_ADDR] * 12}})["relay_addrs"]) == 8
+
+
+def test_hardware_contributions_merge_key_by_key():
+    """The serving service adds `serving` to the compute role's hardware instead of replacing it (ADR 0177)."""
+    machine = {"cpu_cores": 8, "ram_mb": 1, "gpu": "x", "gpu_mem_mb": 2, "bandwidth_mbps": 3, "profiles": ["p"]}
+    serving = [{"model": "m", "start": 0, "end": 2, "tokens_per_s": 1, "profile": "p", "price": 0, "height": 5}]
+    for order in (("compute", "serve"), ("serve", "compute")):
+        parts = {"compute": {"roles": {"compute"}, "hardware": machine}, "serve": {"hardware": {"serving": serving}}}
+        payload = merge_record(None, {name: parts[name] for name in order})
+        assert payload["hardware"] == {**machine, "serving": serving}
+    alone = merge_record(None, {"serve": {"hardware": {"serving": serving}}})
+    assert alone["hardware"]["serving"] == serving and "cpu_cores" in alone["hardware"]

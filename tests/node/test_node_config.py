@@ -179,3 +179,14 @@ def test_junk_multiaddrs_give_value_errors_only(text):
             check(text)
         except ValueError:
             pass
+
+
+def test_the_serve_section_checks_its_blocks(tmp_path):
+    config = load_config(write(tmp_path, '[serve]\nmodel = "random:4x32"\nblocks = "1:3"\nprice = 5\n'))
+    assert config["serve"]["blocks"] == "1:3" and config["serve"]["price"] == 5
+    assert defaults()["serve"]["model"] == "" and defaults()["serve"]["blocks"] == "auto:1"
+    for bad in ("3:1", "auto:0", "a:b", "2"):
+        with pytest.raises(ConfigError, match=r"\[serve\] blocks"):
+            load_config(write(tmp_path, f'[serve]\nblocks = "{bad}"\n'))
+    with pytest.raises(ConfigError, match=r"\[serve\] rebalance_every"):
+        load_config(write(tmp_path, "[serve]\nrebalance_every = -1.0\n"))

@@ -14,9 +14,8 @@ from ml.serve.billing import (
     ClientMeter,
     ReceiptBook,
     ServerMeter,
+    StepRecord,
     amount_due,
-    answer_digest,
-    extend,
     receipt_from_json,
     receipt_to_json,
 )
@@ -24,6 +23,7 @@ from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
 from ml.serve.model import random_decoder
 from ml.serve.protocol import Billing, Payer, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.server import BlockServer
+from ml.serve.transcript import chain, extend
 from node.p2p.host import Host
 from tests.serve.test_generation import CONFIG, PROMPT, SEED, LyingServer, random_build
 
@@ -142,9 +142,9 @@ def meters():
 
 def test_server_accepts_only_the_usage_it_reported():
     server, client, book = meters()
-    answer = torch.ones(1, 1, 4)
-    header = server.report(5, 1_000, answer)
-    client.on_reply(header, 5, answer)
+    step = StepRecord.of(0, 2, "f32", [1], False, torch.zeros(1, 1, 4), torch.ones(1, 1, 4))
+    header = server.report(5, 1_000, step.link)
+    client.on_reply(header, 5, step)
     fields, sig = client.attach()
     tampered = {**fields["receipt"], "tokens": 4}
     with pytest.raises(BillingError, match="tokens"):
@@ -160,7 +160,7 @@ def test_server_accepts_only_the_usage_it_reported():
     with pytest.raises(BillingError, match="seq"):   # the same receipt twice
         server.accept(fields["receipt"], fields["client_sig"])
     assert receipt_from_json(receipt_to_json(client.signed.receipt)) == client.signed.receipt
-    assert client.signed.receipt["transcript"] == extend(bytes(32), answer_digest(answer))
+    assert client.signed.receipt["transcript"] == extend(bytes(32), step.link)
 
 
 def test_client_refuses_overstated_usage():
@@ -187,11 +187,9 @@ def test_a_lying_servers_countersigned_transcript_is_evidence():
     assert evidence is not None and evidence["wrong_step"] == 5
     receipt = receipt_from_json(evidence["receipt"])
     assert receipt["server"] == servers[1].peer_id
-    # the digests chain to the transcript the server signed, and the wrong answer's digest is among them
-    chain = bytes(32)
-    for digest in evidence["digests"]:
-        chain = extend(chain, bytes.fromhex(digest))
-    assert chain == receipt["transcript"]
+    # the steps chain to the transcript the server signed, which ends at the wrong step
+    assert chain([step.link for step in evidence["steps"]]) == receipt["transcript"]
+    assert extend(bytes.fromhex(evidence["prior"]), bytes.fromhex(evidence["link"])) == receipt["transcript"]
     from consensus.tx import public_key_for, serve_receipt_signing_bytes, verify_signature
     assert verify_signature(public_key_for(receipt["server"]), serve_receipt_signing_bytes(CHAIN_ID, receipt),
                             bytes.fromhex(evidence["server_sig"]))

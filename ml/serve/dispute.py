@@ -1,0 +1,302 @@
+"""Serving disputes, the parties' side (ADR 0176): the client's claim and step bundle, the referee's check.
+
+A failed spot check gives evidence (billing.spot_evidence): the countersigned receipt whose transcript
+ends at the wrong step, the prior transcript, the step's link and answer digest, and the steps up to
+it. The client packs the steps into a **bundle** (one wire frame: a JSON header naming the model and
+each step's blocks, codec, chunk lengths, "all" flag and answer digest, and one f32 tensor "h" with
+every step's inputs as the server decoded them, back to back), files `serve_dispute` with the
+bundle's sha256 as `inputs` (`dispute_payload`), and serves the bundle to whoever asks for that hash
+over `/dekube/serve-dispute/1.0.0` (`BundleStore`, `make_bundle_handler`).
+
+A drawn referee fetches the bundle from the client (`fetch_bundle`, hash checked) and calls
+`referee_verdict`: the bundle must chain to the dispute's prior transcript and link, on the blocks and
+model disputed, its last answer digest must be the disputed one; then the referee reruns every step
+through its own copy of those blocks with fresh KV caches (what the server's session did) and votes
+`valid` with the digest of its own answer to the last step, after the codec. A bundle that is missing,
+malformed or does not check out is voted invalid (the claim then fails and the client loses its bond).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from consensus.state.serve_disputes import dispute_id
+from ml.serve.billing import StepRecord
+from ml.serve.model import ServeDecoder
+from ml.serve.transcript import ZERO, chain, step_link, tensor_digest
+from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
+from node.p2p.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+BUNDLE_PROTOCOL = "/dekube/serve-dispute/1.0.0"
+MAX_BUNDLES = 64
+FETCH_TIMEOUT_S = 30.0
+
+
+class DisputeError(ValueError):
+    """Evidence that cannot make a claim."""
+
+
+def encode_bundle(model: str, steps: list[StepRecord]) -> bytes:
+    """The bundle of `steps` (one session's, in order) as one wire frame, length prefix included."""
+    if not steps:
+        raise DisputeError("a bundle needs at least one step")
+    header = {"type": "dispute-bundle", "model": model,
+              "steps": [{"start": s.start, "end": s.end, "codec": s.codec, "chunks": list(s.chunks),
+                         "all": s.all_outputs, "answer": s.answer.hex(), "setup": s.setup.hex()} for s in steps]}
+    return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1)}, "f32")
+
+
+def dispute_payload(evidence: dict, bundle: bytes, profile: str, bond: int) -> dict:
+    """The `serve_dispute` payload for spot-check `evidence` whose steps are packed in `bundle`."""
+    step = evidence["steps"][-1]
+    receipt = dict(evidence["receipt"])
+    receipt["session"], receipt["transcript"] = bytes.fromhex(receipt["session"]), bytes.fromhex(receipt["transcript"])
+    return {"receipt": receipt, "client_sig": bytes.fromhex(evidence["client_sig"]),
+            "server_sig": bytes.fromhex(evidence["server_sig"]), "prior": bytes.fromhex(evidence["prior"]),
+            "link": bytes.fromhex(evidence["link"]), "answer": bytes.fromhex(evidence["answer"]),
+            "inputs": hashlib.sha256(bundle).digest(), "start": step.start, "end": step.end, "profile": profile,
+            "bond": bond}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a referee checks a bundle against (from the `serve_dispute_opened` event or dkb_getServeDispute)."""
+    model: str
+    start: int
+    end: int
+    prior: bytes
+    link: bytes
+    answer: bytes
+    inputs: bytes
+
+    @classmethod
+    def from_event(cls, event: dict) -> Claim:
+        return cls(event["model"], event["start"], event["end"], event["prior"], event["link"], event["answer"],
+                   event["inputs"])
+
+    @classmethod
+    def from_json(cls, record: dict) -> Claim:
+        """From dkb_getServeDispute / dkb_listServeDisputes (hex fields)."""
+        return cls(record["model"], record["start"], record["end"], *(bytes.fromhex(record[name]) for name in
+                                                                      ("prior", "link", "answer", "inputs")))
+
+
+def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
+    """The bundle's steps and inputs, checked against the claim's hash, chain, blocks and answer."""
+    if hashlib.sha256(bundle).digest() != claim.inputs:
+        raise DisputeError("bundle does not hash to the claim's inputs")
+    try:
+        if len(bundle) < 8 or frame_length(bundle[:4]) != len(bundle) - 4:
+            raise DisputeError("bundle length prefix is wrong")
+        message = decode_frame(bundle[4:])
+    except WireError as exc:
+        raise DisputeError(f"malformed bundle: {exc}") from None
+    header, inputs = message.header, message.tensors.get("h")
+    steps = header.get("steps")
+    if header.get("model") != claim.model or not isinstance(steps, list) or not steps or inputs is None:
+        raise DisputeError("bundle names another model, or lacks steps or inputs")
+    if inputs.dim() != 3:
+        raise DisputeError("bundle inputs are (batch, length, width)")
+    links, offset = [], 0
+    for step in steps:
+        chunks = step.get("chunks") if isinstance(step, dict) else None
+        if (not isinstance(step, dict) or step.get("start") != claim.start or step.get("end") != claim.end
+                or step.get("codec") not in CODECS or not isinstance(step.get("all"), bool)
+                or not isinstance(chunks, list) or not chunks
+                or not all(type(n) is int and n >= 1 for n in chunks) or not isinstance(step.get("answer"), str)):
+            raise DisputeError("bundle step is malformed or on other blocks")
+        try:
+            answer, setup = bytes.fromhex(step["answer"]), bytes.fromhex(str(step.get("setup", "")))
+        except ValueError:
+            raise DisputeError("bundle answer or setup is not hex") from None
+        if setup != ZERO:   # sessions with the client's adapter or prompts are not refereed (ADR 0176)
+            raise DisputeError("the session carried an adapter or prompts: a referee cannot recompute it")
+        length = sum(chunks)
+        if offset + length > inputs.shape[1]:
+            raise DisputeError("bundle steps run past its inputs")
+        links.append(step_link(claim.start, claim.end, step["codec"], chunks, step["all"],
+                               tensor_digest(inputs[:, offset:offset + length]), answer, setup))
+        offset += length
+    if offset != inputs.shape[1]:
+        raise DisputeError("bundle inputs are longer than its steps")
+    if chain(links[:-1]) != claim.prior or links[-1] != claim.link or answer != claim.answer:
+        raise DisputeError("bundle does not chain to the disputed transcript")
+    return steps, inputs
+
+
+def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
+    """Blocks start..end of `part` (which must hold them) as a decoder of their own."""
+    if not part.start <= start < end <= part.end:
+        raise DisputeError(f"referee holds blocks {part.start}:{part.end}, not {start}:{end}")
+    if (part.start, part.end) == (start, end):
+        return part
+    sub = ServeDecoder(part.config, (start, end), ends=False)
+    sub.blocks.load_state_dict({k: v for k, v in part.blocks.state_dict().items()
+                                if start <= int(k.split(".")[0]) < end})
+    return sub.eval()
+
+
+def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
+    """(valid, output): whether the bundle checks out, and the digest of the referee's own answer to its
+    last step after the codec (blocking: torch; run it in a worker thread). Raises DisputeError when
+    `part` does not hold the disputed blocks (the referee cannot judge: it abstains)."""
+    blocks = _blocks(part, claim.start, claim.end)
+    if bundle is None:
+        return False, ZERO
+    try:
+        steps, inputs = _steps(bundle, claim)
+        if inputs.shape[1] > blocks.config.context or inputs.shape[2] != blocks.config.width:
+            raise DisputeError("bundle inputs do not fit the model")
+    except DisputeError:
+        return False, ZERO
+    caches = blocks.new_caches(inputs.shape[0], inputs.shape[1])
+    offset, out = 0, inputs[:, :0]
+    with torch.no_grad():
+        for step in steps:
+            outs = []
+            for length in step["chunks"]:
+                outs.append(blocks.run_blocks(inputs[:, offset:offset + length], caches))
+                offset += length
+            out = torch.cat(outs, 1) if step["all"] else outs[-1]
+    return True, tensor_digest(roundtrip(out, steps[-1]["codec"]))
+
+
+class BundleStore:
+    """The bundles a client serves to referees, by content hash (the newest `limit`)."""
+
+    def __init__(self, limit: int = MAX_BUNDLES):
+        self.limit = limit
+        self._bundles: dict[bytes, bytes] = {}
+
+    def add(self, bundle: bytes) -> bytes:
+        key = hashlib.sha256(bundle).digest()
+        self._bundles[key] = bundle
+        while len(self._bundles) > self.limit:
+            self._bundles.pop(next(iter(self._bundles)))
+        return key
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._bundles.get(key)
+
+
+def make_bundle_handler(store: BundleStore):
+    """The client's stream handler: a request {"type": "bundle", "inputs": hex} is answered with the
+    bundle's bytes (itself a frame), or an error frame."""
+    async def handle(stream) -> None:
+        try:
+            prefix = await asyncio.wait_for(stream.readexactly(4), FETCH_TIMEOUT_S)
+            body = await asyncio.wait_for(stream.readexactly(min(frame_length(prefix), 4096)), FETCH_TIMEOUT_S)
+            request = decode_frame(body).header
+            try:
+                key = bytes.fromhex(str(request.get("inputs", "")))
+            except ValueError:
+                key = b""
+            bundle = store.get(key) if request.get("type") == "bundle" else None
+            await stream.write(bundle if bundle is not None else encode_frame({"type": "error",
+                                                                               "error": "no such bundle"}))
+            await stream.close()
+        except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+            stream.reset()
+    return handle
+
+
+async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH_TIMEOUT_S) -> bytes | None:
+    """The bundle hashing to `inputs` from `peer_id` (the disputing client), or None."""
+    stream = None
+    try:
+        stream = await asyncio.wait_for(host.open_stream(peer_id, BUNDLE_PROTOCOL), timeout)
+        await stream.write(encode_frame({"type": "bundle", "inputs": inputs.hex()}))
+        prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
+        body = await asyncio.wait_for(stream.readexactly(frame_length(prefix)), timeout)
+    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+        return None
+    finally:
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await stream.close()
+    bundle = prefix + body
+    return bundle if hashlib.sha256(bundle).digest() == inputs else None
+
+
+FETCH_ATTEMPTS = 3
+
+
+async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, int]) -> int:
+    """Vote on every open dispute that drew this server as a referee (polled from the ledger): fetch the
+    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is retried at
+    the next call and voted invalid after FETCH_ATTEMPTS tries (`failures` keeps the count); a dispute
+    on blocks this server no longer holds is left alone. Returns the votes sent."""
+    from node.ledger.errors import LedgerUnavailable, TxFailed
+
+    try:
+        disputes = await gateway.call("dkb_listServeDisputes", host.peer_id)
+    except LedgerUnavailable as exc:
+        log.warning("listing serving disputes failed: %s", exc)
+        return 0
+    votes = 0
+    for record in disputes:
+        claim = Claim.from_json(record)
+        if not part.start <= claim.start < claim.end <= part.end:
+            continue
+        with contextlib.suppress(ValueError):
+            host.peerbook.add_addrs(record["client"], record.get("addrs", []))
+        bundle = await fetch_bundle(host, record["client"], claim.inputs)
+        if bundle is None:
+            failures[record["dispute"]] = failures.get(record["dispute"], 0) + 1
+            if failures[record["dispute"]] < FETCH_ATTEMPTS:
+                continue
+        valid, output = await asyncio.to_thread(referee_verdict, bundle, claim, part)
+        try:
+            await gateway.send("serve_referee_vote", {"dispute": bytes.fromhex(record["dispute"]), "valid": valid,
+                                                      "output": output})
+            votes += 1
+        except (LedgerUnavailable, TxFailed) as exc:
+            log.warning("voting on serving dispute %s failed: %s", record["dispute"][:16], exc)
+    return votes
+
+
+DECIDE_POLL_S = 1.0
+
+
+async def server_profile(gateway, server: str, model: str) -> str | None:
+    """The profile `server` announces for `model` (the referees are drawn in it), or None."""
+    record = await gateway.call("dkb_getNode", server)
+    hardware = (record or {}).get("hardware") or {}
+    for entry in hardware.get("serving") or []:
+        if isinstance(entry, dict) and entry.get("model") == model and isinstance(entry.get("profile"), str):
+            return entry["profile"]
+    profiles = hardware.get("profiles") or []
+    return profiles[0] if profiles and isinstance(profiles[0], str) else None
+
+
+async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: int,
+                       wait_s: float = 0.0, poll_s: float = DECIDE_POLL_S) -> dict:
+    """Pack `evidence` (a failed spot check's), serve its bundle from `host` (`store` must be behind
+    BUNDLE_PROTOCOL there), send `serve_dispute` with this host's addresses and, for up to `wait_s`,
+    keep serving it until the referees decide. Returns {"dispute", "status"} (status "open" if not
+    decided in time)."""
+    model = evidence["receipt"]["model"]
+    profile = await server_profile(gateway, evidence["receipt"]["server"], model)
+    if profile is None:
+        raise DisputeError("the server announces no profile for that model: no referee could be drawn")
+    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"])
+    store.add(bundle)
+    payload = {**dispute_payload(evidence, bundle, profile, bond),
+               "addrs": [str(addr) for addr in host.listen_addrs][:8]}
+    await gateway.send("serve_dispute", payload)
+    ident = dispute_id(payload["receipt"]).hex()
+    deadline = asyncio.get_running_loop().time() + wait_s
+    status = "open"
+    while True:
+        record = await gateway.call("dkb_getServeDispute", ident)
+        status = (record or {}).get("status", "open")
+        if status != "open" or asyncio.get_running_loop().time() >= deadline:
+            return {"dispute": ident, "status": status}
+        await asyncio.sleep(poll_s)

@@ -1,0 +1,154 @@
+"""Wrong activations slashed (ADR 0176): a lying server is caught by the client's spot check, disputed on
+chain, refereed by two honest servers that fetch the step bundle from the client and recompute it,
+and slashed; the bundle's checks refuse tampering, and an honest step recomputes to the signed answer."""
+import asyncio
+import functools
+
+from consensus.genesis import Params
+from consensus.state.serve_disputes import dispute_json, list_open_disputes
+from devtools.ledger_chain import Chain, ident
+from ml.serve.billing import spot_evidence
+from ml.serve.client import RemoteGenerator
+from ml.serve.dispute import (
+    BUNDLE_PROTOCOL,
+    BundleStore,
+    Claim,
+    dispute_payload,
+    encode_bundle,
+    fetch_bundle,
+    file_dispute,
+    make_bundle_handler,
+    referee_duty,
+    referee_verdict,
+)
+from ml.serve.server import BlockServer
+from ml.serve.transcript import ZERO
+from tests.serve.test_billing import PRICE, PaidNetwork, payer
+from tests.serve.test_generation import PROMPT, random_build
+
+PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
+RANGES = [(0, 3), (3, 6), (3, 6), (3, 6)]   # servers ident(1..4); ident(2) lies; ident(3), ident(4) referee
+CLIENT, LIAR = ident(9), ident(2)
+
+
+class ChainGateway:
+    """The gateway calls a client's claim and a referee's duty make, against an in-process chain."""
+
+    def __init__(self, chain: Chain, identity):
+        self.chain, self.identity = chain, identity
+
+    async def call(self, method: str, *params):
+        state = self.chain.ledger.state
+        if method == "dkb_getNode":
+            return self.chain.ledger.node_info(*params)
+        if method == "dkb_getServeDispute":
+            return dispute_json(state, bytes.fromhex(params[0]))
+        assert method == "dkb_listServeDisputes"
+        return list_open_disputes(state, *params)
+
+    async def send(self, tx_type: str, payload: dict) -> dict:
+        return self.chain.ok(self.identity, tx_type, payload).to_json()
+
+
+def ledger(model: str) -> Chain:
+    chain = Chain(params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0, referees=2,
+                                audit_answer_blocks=10, serve_dispute_bond=100, slash_serve_bps=2_000,
+                                serve_referee_fee=10))
+    txs = []
+    for index, (start, end) in enumerate(RANGES):
+        who = ident(index + 1)
+        hardware = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50,
+                    "profiles": [PROFILE], "serving": [{"model": model, "start": start, "end": end,
+                                                        "tokens_per_s": 10, "profile": PROFILE, "price": PRICE}]}
+        txs += [chain.tx(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                                "hardware": hardware}),
+                chain.tx(who, "bond", {"amount": 500})]
+    txs.append(chain.tx(CLIENT, "serve_deposit", {"amount": 10_000}))
+    chain.block(txs)
+    return chain
+
+
+def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
+    async def scenario():
+        async with PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)}) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            await generator.generate(PROMPT, 12)
+            await asyncio.sleep(0.05)
+            check = generator.spot_check(1, random_build((3, 6), False))
+            assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
+            evidence = check.evidence
+            store = BundleStore()
+            net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
+
+            chain = ledger(evidence["receipt"]["model"])
+            claimed = net.books[1].unclaimed()[0]
+            chain.ok(LIAR, "serve_receipt", claimed.payload())
+            paid = claimed.receipt["amount"]
+            stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
+            client_before = chain.ledger.balance(CLIENT.peer_id)
+            # the client files the claim and serves the bundle until the referees decide
+            filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, store, evidence, 200,
+                                                      wait_s=60, poll_s=0.02))
+            while not chain.ledger.state.serve_disputes:
+                await asyncio.sleep(0.02)
+            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            referees = [peer for peer, _ in record.referees]
+            assert sorted(referees) == sorted([ident(3).peer_id, ident(4).peer_id])
+            assert record.addrs == [str(addr) for addr in net.client.listen_addrs]
+            bundle = store.get(record.inputs)
+            assert bundle is not None
+            claim = Claim(record.model, record.start, record.end, record.prior, record.link, record.answer,
+                          record.inputs)
+            for peer in referees:   # each referee's duty: poll, fetch from the client, recompute, vote
+                index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                duty = referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                    random_build(RANGES[index], False), {})
+                assert await duty == 1
+            assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            votes = [vote for _, vote in record.referees]
+            assert all(vote[0] and vote[1] != claim.answer for vote in votes) and votes[0] == votes[1]
+            record = chain.ledger.state.serve_disputes[ident_]
+            assert record.status == "guilty"
+            slashed = stake_before * 2_000 // 10_000
+            assert chain.ledger.state.stakes[LIAR.peer_id].bonded == stake_before - slashed
+            assert chain.ledger.balance(CLIENT.peer_id) == client_before + min(paid, slashed)   # bond back + refund
+
+            # an honest step of the same stream recomputes to the answer the server signed
+            meter = next(m for m in generator.meters if m.offer and m.offer["server"] == LIAR.peer_id)
+            honest = spot_evidence(meter, 2)
+            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"])
+            honest_payload = dispute_payload(honest, honest_bundle, PROFILE, 200)
+            honest_claim = Claim(honest["receipt"]["model"], 3, 6, honest_payload["prior"], honest_payload["link"],
+                                 honest_payload["answer"], honest_payload["inputs"])
+            assert referee_verdict(honest_bundle, honest_claim, random_build((0, 6), False)) == (
+                True, honest_claim.answer)
+            # tampered or missing bundles are invalid
+            tampered = bundle[:-4] + bytes(4)
+            assert referee_verdict(tampered, claim, random_build((3, 6), False)) == (False, ZERO)
+            assert referee_verdict(None, claim, random_build((3, 6), False)) == (False, ZERO)
+            assert await fetch_bundle(net.hosts[2], net.client.peer_id, b"\x01" * 32) is None
+
+    asyncio.run(scenario())
+
+
+def test_sessions_with_the_clients_adapter_are_not_refereed():
+    """The link commits to the session's setup (adapter, deep prompts); a referee cannot recompute such
+    a session, so it votes the bundle invalid and an honest server with adapter sessions cannot be convicted."""
+    import hashlib
+
+    import torch
+
+    from ml.serve.billing import StepRecord
+    from ml.serve.wire import roundtrip
+
+    part = random_build((3, 6), False)
+    inputs = torch.randn(1, 10, part.config.width, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        answer = part.run_blocks(inputs, part.new_caches(1, 10))
+    for setup, expected_valid in ((ZERO, True), (b"\x01" * 32, False)):
+        step = StepRecord.of(3, 6, "f32", [10], False, inputs, roundtrip(answer, "f32"), setup)
+        bundle = encode_bundle("test-model", [step])
+        claim = Claim("test-model", 3, 6, ZERO, step.link, step.answer, hashlib.sha256(bundle).digest())
+        valid, output = referee_verdict(bundle, claim, part)
+        assert valid is expected_valid
+        assert output == (step.answer if expected_valid else ZERO)
