@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load, save_file
+from safetensors.torch import load_file, save_file
 
 from ml.serve.client import greedy
 from ml.serve.model import DecoderBlock
@@ -29,7 +29,7 @@ from ml.serve.model import DecoderBlock
 class OffloadRun:
     tokens: list[int]
     seconds: float       # the whole generation
-    read_seconds: float  # of which reading the block files
+    read_seconds: float  # of which reading the block files into the block
     file_bytes: int      # bytes read through the block files
     disk_bytes: int | None  # bytes the kernel fetched from storage meanwhile (None: not known here)
 
@@ -73,13 +73,6 @@ def write_blocks(model, folder: Path) -> None:
             os.close(fd)
 
 
-def _read(path: Path, cold: bool) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        data = f.readall()
-        if cold:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    return data
-
 
 def offload_generate(model, folder: Path, prompt: list[int], new: int, *, cold: bool) -> OffloadRun:
     """Greedy generation of ``new`` tokens after ``prompt``, every block's weights read from
@@ -100,10 +93,14 @@ def offload_generate(model, folder: Path, prompt: list[int], new: int, *, cold: 
         for step in range(new):
             for index in range(config.layers):
                 started = time.perf_counter()
-                data = _read(block_path(folder, index), cold)
+                path = block_path(folder, index)
+                tensors = load_file(str(path))   # may map the file: its pages stay until the tensors go
+                block.load_state_dict(tensors)
+                del tensors
+                if cold:
+                    _drop_cache(path)
                 read_seconds += time.perf_counter() - started
-                file_bytes += len(data)
-                block.load_state_dict(load(data))
+                file_bytes += path.stat().st_size
                 hidden = block(hidden, caches[index])
             out.append(greedy(model.logits(hidden)))
             hidden = model.embed_tokens(torch.tensor([[out[-1]]]), len(prompt) + step)

@@ -90,6 +90,7 @@ async def role_server(args) -> None:
     from relay.client import RelayClient
     from relay.holepunch import HolePuncher
     from relay.holepunch_inbound import upgrade_inbound
+    from relay.node_punch import INBOUND_DEFER_S
 
     config = config_of(args)
     start, end = ranges_of(config.layers)[args.index]
@@ -103,7 +104,10 @@ async def role_server(args) -> None:
     puncher.start()
     await puncher.connect_public(args.relay)
     await client.reserve(args.relay)
-    inbound = asyncio.ensure_future(upgrade_inbound(puncher, client))
+    # as a node does (relay/node_punch.py): an inbound relayed connection is left INBOUND_DEFER_S to the
+    # dialer's own punch; punching it at once starts a second DCUtR in the other direction that races
+    # the dialer's on the same punch ports (the dialer's SYNs then fail with EADDRNOTAVAIL)
+    inbound = asyncio.ensure_future(upgrade_inbound(puncher, client, defer=INBOUND_DEFER_S))
     print("READY " + json.dumps({"peer_id": host.peer_id, "circuits": client.relayed_addrs, "start": start,
                                  "end": end}), flush=True)
     await wait_stdin_closed()
