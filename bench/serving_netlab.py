@@ -5,9 +5,11 @@ client whose link passes a userspace delay line (`--client-delay` ms each way), 
 endpoint-independent NAT routers with `--rate` Mbit/s tbf caps both ways and delay lines of 20, 35,
 50 and 30 ms each way: homes 1-3 hold the model's three ranges, home 4 a spare for the middle range.
 Each server is a process in its home (`--role server`): a Host listening on its private address, a
-relay reservation and a hole puncher that upgrades inbound relayed connections. The client (`--role
-client`) reaches every server through the relay and hole punching (`relay.holepunch_dial.dial_peer`;
-which path each got is reported), then measures, with the same numbers as bench/serving.py:
+relay reservation and a hole puncher that upgrades inbound relayed connections after
+`relay.node_punch.INBOUND_DEFER_S`, as nodes do (at once, it races the client's own punch on the
+same ports). The client (`--role client`) reaches every server through the relay and hole punching
+(`relay.holepunch_dial.dial_peer`; which path each got is reported, `punched (by the server)` when
+the server's punch won, and `direct_at_generation`), then measures, with the same numbers as bench/serving.py:
 tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode), identical_output against
 `local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
 offload from disk, page cache dropped after every read / warm),
@@ -16,6 +18,7 @@ output is still identical), tune_step_s (LoRA rank 4 through the servers left).
 
 Prints one JSON object. Needs root. Usage: python bench/serving_netlab.py [--layers 12 --width 768
 --heads 12] [--prompt 64] [--new 128] [--rate 100] [--client-delay 20] [--tune-steps 5]
+[--offload-dir DIR (disk-backed; default $TMPDIR)] [--log-dir DIR (each process's relay/p2p log)]
 """
 from __future__ import annotations
 
