@@ -5,16 +5,20 @@ client whose link passes a userspace delay line (`--client-delay` ms each way), 
 endpoint-independent NAT routers with `--rate` Mbit/s tbf caps both ways and delay lines of 20, 35,
 50 and 30 ms each way: homes 1-3 hold the model's three ranges, home 4 a spare for the middle range.
 Each server is a process in its home (`--role server`): a Host listening on its private address, a
-relay reservation and a hole puncher that upgrades inbound relayed connections. The client (`--role
-client`) reaches every server through the relay and hole punching (`relay.holepunch_dial.dial_peer`;
-which path each got is reported), then measures, with the same numbers as bench/serving.py:
+relay reservation and a hole puncher that upgrades inbound relayed connections after
+`relay.node_punch.INBOUND_DEFER_S`, as nodes do (at once, it races the client's own punch on the
+same ports). The client (`--role client`) reaches every server through the relay and hole punching
+(`relay.holepunch_dial.dial_peer`; which path each got is reported, `punched (by the server)` when
+the server's punch won, and `direct_at_generation`), then measures, with the same numbers as bench/serving.py:
 tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode), identical_output against
-`local_generate`, offload_tokens_per_s (bench/serving.py's layer-by-layer offload from disk),
+`local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
+offload from disk, page cache dropped after every read / warm),
 recover_s (the middle server SIGKILLed half-way: the spare takes over with one replay, and the
 output is still identical), tune_step_s (LoRA rank 4 through the servers left).
 
 Prints one JSON object. Needs root. Usage: python bench/serving_netlab.py [--layers 12 --width 768
 --heads 12] [--prompt 64] [--new 128] [--rate 100] [--client-delay 20] [--tune-steps 5]
+[--offload-dir DIR (disk-backed; default $TMPDIR)] [--log-dir DIR (each process's relay/p2p log)]
 """
 from __future__ import annotations
 
@@ -89,6 +93,7 @@ async def role_server(args) -> None:
     from relay.client import RelayClient
     from relay.holepunch import HolePuncher
     from relay.holepunch_inbound import upgrade_inbound
+    from relay.node_punch import INBOUND_DEFER_S
 
     config = config_of(args)
     start, end = ranges_of(config.layers)[args.index]
@@ -102,7 +107,10 @@ async def role_server(args) -> None:
     puncher.start()
     await puncher.connect_public(args.relay)
     await client.reserve(args.relay)
-    inbound = asyncio.ensure_future(upgrade_inbound(puncher, client))
+    # as a node does (relay/node_punch.py): an inbound relayed connection is left INBOUND_DEFER_S to the
+    # dialer's own punch; punching it at once starts a second DCUtR in the other direction that races
+    # the dialer's on the same punch ports (the dialer's SYNs then fail with EADDRNOTAVAIL)
+    inbound = asyncio.ensure_future(upgrade_inbound(puncher, client, defer=INBOUND_DEFER_S))
     print("READY " + json.dumps({"peer_id": host.peer_id, "circuits": client.relayed_addrs, "start": start,
                                  "end": end}), flush=True)
     await wait_stdin_closed()
@@ -113,7 +121,7 @@ async def role_server(args) -> None:
 async def role_client(args) -> dict:
     import torch
 
-    from bench.serving import offload_generate
+    from bench.offload import offload_figures
     from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
     from ml.serve.model import random_decoder
     from ml.serve.tuner import time_lora_tuning
@@ -121,6 +129,7 @@ async def role_client(args) -> dict:
     from relay.client import RelayClient
     from relay.holepunch import HolePuncher
     from relay.holepunch_dial import dial_peer
+    from relay.holepunch_inbound import has_direct
 
     config = config_of(args)
     servers = json.loads(args.servers)
@@ -142,6 +151,10 @@ async def role_client(args) -> dict:
             host.peerbook.add_addrs(info["peer_id"], info["circuits"])
             path = await dial_peer(host, relay, puncher, info["peer_id"], [], info["circuits"], punch_wait=10.0)
             kind = path.kind
+            if kind == "relayed" and await puncher.wait_direct(info["peer_id"], 2.0) is not None:
+                # the server's own DCUtR (it starts one on every inbound relayed connection) won the
+                # race with ours: our dials from the punch port then fail with EADDRNOTAVAIL
+                kind = "punched (by the server)"
             for _ in range(2 if kind == "relayed" else 0):   # a punch that missed its timing: try again
                 if await puncher.direct_connect(path.conn) is not None:
                     kind = "punched (retry)"
@@ -156,6 +169,7 @@ async def role_client(args) -> dict:
         for info in chain:
             rtts.append(round(await host.ping(info.peer_id), 4))
         result["rtt_s"] = rtts
+        result["direct_at_generation"] = [has_direct(host, info.peer_id) for info in infos]
 
         generator = RemoteGenerator(host, ends, chain, codec="f32")
         began = time.perf_counter()
@@ -164,11 +178,9 @@ async def role_client(args) -> dict:
         whole = random_decoder(config, SEED)
         expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
         result["identical_output"] = tokens == expected
-        with tempfile.TemporaryDirectory() as folder:
-            offloaded, seconds = await asyncio.to_thread(offload_generate, whole, Path(folder), prompt,
-                                                         args.offload_new)
-        result["offload_tokens_per_s"] = round(args.offload_new / seconds, 2)
-        result["offload_identical_prefix"] = offloaded == expected[:args.offload_new]
+        with tempfile.TemporaryDirectory(dir=args.offload_dir) as folder:
+            result |= await asyncio.to_thread(offload_figures, whole, Path(folder), prompt, args.offload_new,
+                                              expected)
         del whole
 
         generator = RemoteGenerator(host, ends, infos, codec="f32")
@@ -199,6 +211,8 @@ def start_role(ns: str, role: str, args, *extra: str) -> tuple[subprocess.Popen,
     cmd = ["ip", "netns", "exec", ns, sys.executable, str(Path(__file__).resolve()), "--role", role,
            "--layers", str(args.layers), "--width", str(args.width), "--heads", str(args.heads),
            "--prompt", str(args.prompt), "--new", str(args.new), *extra]
+    if args.log_dir:
+        cmd += ["--log-dir", args.log_dir]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     line = proc.stdout.readline()
     if not line.startswith("READY "):
@@ -232,6 +246,10 @@ def orchestrate(args) -> dict:
                "--heads", str(args.heads), "--prompt", str(args.prompt), "--new", str(args.new),
                "--offload-new", str(args.offload_new), "--tune-steps", str(args.tune_steps),
                "--rate", str(args.rate), "--client-delay", str(args.client_delay)]
+        if args.log_dir:
+            cmd += ["--log-dir", args.log_dir]
+        if args.offload_dir:
+            cmd += ["--offload-dir", args.offload_dir]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
         if out.returncode != 0:
             raise RuntimeError(f"client failed (rc={out.returncode}): {out.stderr[-2000:]}")
@@ -256,6 +274,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--offload-new", type=int, default=16)
+    parser.add_argument("--offload-dir", help="disk-backed directory for the offloaded block files (default: $TMPDIR)")
     parser.add_argument("--tune-steps", type=int, default=5)
     parser.add_argument("--rate", type=float, default=100.0, help="home links, Mbit/s each way")
     parser.add_argument("--client-delay", type=float, default=20.0, help="client link delay, ms each way")
@@ -265,7 +284,13 @@ def main() -> None:
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--relay", help=argparse.SUPPRESS)
     parser.add_argument("--servers", help=argparse.SUPPRESS)
+    parser.add_argument("--log-dir", help="write each process's relay/p2p log (INFO) to <dir>/<role>[<index>].log")
     args = parser.parse_args()
+    if args.role and args.log_dir:
+        import logging
+        name = f"{args.role}{'' if args.index is None else args.index}"
+        logging.basicConfig(filename=str(Path(args.log_dir) / f"{name}.log"), level=logging.INFO,
+                            format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     if args.role == "relay":
         asyncio.run(role_relay(args))
     elif args.role == "server":
