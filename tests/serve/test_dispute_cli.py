@@ -47,7 +47,12 @@ def test_generate_spot_checks_and_disputes_a_lying_server(tmp_path, capsys):
                      "--dispute-wait", "90"])
         out = json.loads(capsys.readouterr().out)
         assert code == 0, out
-        assert out["spot_checks"] == [{"blocks": "0:4", "ok": False, "culprit": servers[0].peer_id, "step": 3}]
+        (check,) = out["spot_checks"]
+        # the liar counts every step it serves, the client's speed measurements too (more of them on a
+        # loaded machine), so its first wrong answer is at generation step 3 or earlier
+        assert {k: check[k] for k in ("blocks", "ok", "culprit")} == {"blocks": "0:4", "ok": False,
+                                                                     "culprit": servers[0].peer_id}
+        assert 0 <= check["step"] <= 3
         (dispute,) = out["disputes"]
         assert dispute["culprit"] == servers[0].peer_id and dispute["status"] == "guilty", dispute
         record = rpc(http, "dkb_getServeDispute", dispute["dispute"])
