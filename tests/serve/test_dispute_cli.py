@@ -48,8 +48,8 @@ def test_generate_spot_checks_and_disputes_a_lying_server(tmp_path, capsys):
         out = json.loads(capsys.readouterr().out)
         assert code == 0, out
         (check,) = out["spot_checks"]
-        # the liar counts every step it serves, the client's speed measurements too (more of them on a
-        # loaded machine), so its first wrong answer is at generation step 3 or earlier
+        # the liar counts every step request it serves, a replay after a timeout on a loaded machine too,
+        # so its first wrong answer is at generation step 3 or earlier
         assert {k: check[k] for k in ("blocks", "ok", "culprit")} == {"blocks": "0:4", "ok": False,
                                                                      "culprit": servers[0].peer_id}
         assert 0 <= check["step"] <= 3
