@@ -1,40 +1,22 @@
 """Serving disputes end to end on a dev chain (ADR 0176): a `serve` process that lies after 3 steps is
 caught by `generate --spot-check`, disputed with `--dispute-bond`, refereed by two other `serve`
 processes on the same blocks (their claim loop's referee duty) and found guilty; its stake is slashed."""
-import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from cli.main import main
-from node.identity import Identity
-from node.keystore import load_identity, save_identity
-from tests.cli.test_operator_path import free_ports, rpc, stop, wait_height
-from tests.serve.test_paid_serving_cli import MODEL, PRICE, fund, start_server
+from tests.cli.test_operator_path import rpc, stop, wait_height
+from tests.serve.test_paid_serving_cli import MODEL, PRICE, fund_servers_and_deposit, start_dev_chain, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generate_spot_checks_and_disputes_a_lying_server(tmp_path, capsys):
-    p2p, http = free_ports(2)
-    url = f"http://127.0.0.1:{http}/"
-    home = tmp_path / "dev"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DEKUBE_")}
-    chain = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--dev", "--home", str(home),
-                              "--listen", f"/ip4/127.0.0.1/tcp/{p2p}", "--rpc-port", str(http)],
-                             cwd=ROOT, env={**env, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    chain, http, url, home = start_dev_chain(tmp_path)
     procs = []
     try:
         wait_height(http, 2, chain)
-        dev_key = home / "dev_key.json"
-        dev = load_identity(dev_key)
-        servers = [Identity.generate(), Identity.generate(), Identity.generate()]
-        keys = [save_identity(tmp_path / f"server{i}.json", s) for i, s in enumerate(servers)]
-        asyncio.run(fund(url, dev, servers))
-        wallet = ["--rpc", url, "--key", str(dev_key), "--json"]
-        assert main(["wallet", "serve-deposit", "1000000", "--wait", *wallet]) == 0
+        servers, keys, dev_key, wallet = fund_servers_and_deposit(tmp_path, url, home)
         liar, _ = start_server(url, keys[0], "0:4", "--lie-after", "3")
         procs.append(liar)
         for key in keys[1:]:   # honest servers the client will not pay (their price is above its --max-price)

@@ -59,25 +59,38 @@ async def fund(url: str, dev: Identity, servers: list[Identity]) -> None:
             await gateway.close()
 
 
-def test_servers_found_on_the_ledger_are_paid_for_generation(tmp_path, capsys):
+def start_dev_chain(tmp_path):
+    """A `start --dev` chain process; (process, RPC port, RPC URL, home)."""
     p2p, http = free_ports(2)
-    url = f"http://127.0.0.1:{http}/"
     home = tmp_path / "dev"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DEKUBE_")}
     chain = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--dev", "--home", str(home),
                               "--listen", f"/ip4/127.0.0.1/tcp/{p2p}", "--rpc-port", str(http)],
                              cwd=ROOT, env={**env, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return chain, http, f"http://127.0.0.1:{http}/", home
+
+
+def fund_servers_and_deposit(tmp_path, url, home, count=3):
+    """`count` funded, bonded server identities and their key files; the dev account deposits into its
+    serving escrow. (servers, keys, dev_key, wallet CLI args)."""
+    dev_key = home / "dev_key.json"
+    dev = load_identity(dev_key)
+    servers = [Identity.generate() for _ in range(count)]
+    keys = [save_identity(tmp_path / f"server{i}.json", s) for i, s in enumerate(servers)]
+    asyncio.run(fund(url, dev, servers))
+    wallet = ["--rpc", url, "--key", str(dev_key), "--json"]
+    assert main(["wallet", "serve-deposit", "1000000", "--wait", *wallet]) == 0
+    return servers, keys, dev_key, wallet
+
+
+def test_servers_found_on_the_ledger_are_paid_for_generation(tmp_path, capsys):
+    chain, http, url, home = start_dev_chain(tmp_path)
     procs = []
     try:
         wait_height(http, 2, chain)
-        dev_key = home / "dev_key.json"
+        servers, keys, dev_key, wallet = fund_servers_and_deposit(tmp_path, url, home)
         dev = load_identity(dev_key)
-        servers = [Identity.generate(), Identity.generate(), Identity.generate()]
-        keys = [save_identity(tmp_path / f"server{i}.json", s) for i, s in enumerate(servers)]
-        asyncio.run(fund(url, dev, servers))
-        wallet = ["--rpc", url, "--key", str(dev_key), "--json"]
-        assert main(["wallet", "serve-deposit", "1000000", "--wait", *wallet]) == 0
         capsys.readouterr()
         assert main(["wallet", "serve-escrow", *wallet]) == 0
         assert json.loads(capsys.readouterr().out) == {"client": dev.peer_id, "balance": 1_000_000, "unlock_height": 0}
