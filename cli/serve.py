@@ -346,13 +346,19 @@ def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
         raise CliError(str(exc)) from None
 
 
+def _named_servers(args: argparse.Namespace, spec) -> list:
+    """The `--server MULTIADDR=A:B` list; an error when there are none and no `--ledger` to find them."""
+    servers = [_parse_server(s, spec.config.layers) for s in args.server]
+    if not servers and not args.ledger:
+        raise CliError("name servers with --server, or find them with --ledger")
+    return servers
+
+
 def run_generate(args: argparse.Namespace) -> int:
     spec = _spec(args.model, "generate")
     from ml.serve.catalog import ModelSpecError
 
-    servers = [_parse_server(s, spec.config.layers) for s in args.server]
-    if not servers and not args.ledger:
-        raise CliError("name servers with --server, or find them with --ledger")
+    servers = _named_servers(args, spec)
     try:
         prompt = spec.encode(args.prompt)
     except ModelSpecError as exc:
@@ -475,9 +481,7 @@ def run_tune(args: argparse.Namespace) -> int:
     spec = _spec(args.model, "tune")
     from ml.serve.catalog import ModelSpecError
 
-    servers = [_parse_server(s, spec.config.layers) for s in args.server]
-    if not servers and not args.ledger:
-        raise CliError("name servers with --server, or find them with --ledger")
+    servers = _named_servers(args, spec)
     try:
         tokens = spec.encode(args.text.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ModelSpecError) as exc:
