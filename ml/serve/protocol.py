@@ -178,13 +178,14 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         if kind == "info":
             return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
                                  "width": server.config.width, "layers": server.config.layers,
-                                 "profile": server.profile, "price": billing.price_per_gflop if billing else 0, **extra})
+                                 "profile": server.profile, "price": billing.price_per_gflop if billing else 0,
+                                 **extra})
         if kind == "open":
             if state.get("session"):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
             await asyncio.to_thread(server.open_session, session_id, header.get("max_length"),  # type: ignore[arg-type]
-                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"))   # (it checks)
+                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"))   # it checks
             state["session"] = session_id
             offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
             return encode_frame({"type": "opened", "profile": server.profile, **offer, **extra})
