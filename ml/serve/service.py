@@ -107,9 +107,8 @@ class ServingService:
 
     async def start_device(self) -> None:
         """Resolve `[serve] device` (and set deterministic CUDA up); RoleStartError when it cannot be had."""
-        from node.roles import RoleStartError
-
         from ml.serve.device import DeviceError, prepare_device, serving_profile
+        from node.roles import RoleStartError
 
         try:
             self.device = await asyncio.to_thread(prepare_device, self.config["device"])
