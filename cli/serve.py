@@ -404,7 +404,14 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
     """Rerun each span locally (on `device`, in `profile`); the answers of servers in another profile are
     replayed by a second server of theirs, or reported unchecked (ADR 0179). With --dispute-bond,
     dispute every wrong answer the local check finds on chain (ADR 0176)."""
-    from ml.serve.dispute import BUNDLE_PROTOCOL, BundleStore, DisputeError, file_dispute, make_bundle_handler
+    from ml.serve.dispute import (
+        BUNDLE_PROTOCOL,
+        BundleStore,
+        DisputeError,
+        file_dispute,
+        make_bundle_handler,
+        server_profile,
+    )
     from node.ledger.errors import LedgerUnavailable, TxFailed
 
     checks, entries = [], []
@@ -428,6 +435,11 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
             out["disputes"].append({"culprit": check.culprit, "error": "no countersigned receipt covers the step"})
             continue
         try:
+            announced = await server_profile(gateway, check.culprit, check.evidence["receipt"]["model"])
+            if announced != profile:   # referees are drawn in the announced profile: they would not see our bits
+                out["disputes"].append({"culprit": check.culprit, "error": f"the server announces profile "
+                                        f"{announced} on the ledger, this client computed in {profile}: not disputed"})
+                continue
             out["disputes"].append({"culprit": check.culprit, **await file_dispute(
                 gateway, host, store, check.evidence, args.dispute_bond, wait_s=args.dispute_wait)})
         except (DisputeError, LedgerUnavailable, TxFailed, OSError) as exc:
