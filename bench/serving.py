@@ -22,7 +22,8 @@ parameters), split evenly over `--servers` servers plus one spare for the middle
 
 `--device auto|cpu|cuda` (default auto: CUDA when torch sees it) is where the servers, the client's
 ends, the local reference and the tuner compute (docs/adr/0179), recorded as "device" with the
-execution "profile"; offloading stays on the CPU (its point is a machine without the memory).
+execution "profile"; offloading stays on the CPU (its point is a machine without the memory), so
+on CUDA offload_identical_prefix compares CPU tokens with the CUDA reference and may be false.
 
 Prints one JSON object. Usage: python bench/serving.py [--layers 12 --width 768 --heads 12]
 [--servers 3] [--prompt 64] [--new 128] [--offload-new 16] [--codec f32] [--tune-steps 10] [--device auto]
