@@ -10,13 +10,12 @@ import torch
 
 from ml.profiles import default_profile
 from ml.serve import protocol
-from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
+from ml.serve.client import RemoteGenerator, local_generate
 from ml.serve.device import prepare_device, serving_profile
 from ml.serve.model import DecoderConfig, random_decoder
 from ml.serve.server import BlockServer
 from ml.serve.tuner import RemoteTuner
-from node.identity import Identity
-from node.p2p.host import Host
+from tests.serve.test_generation import Network
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch sees none here")
 
@@ -35,44 +34,31 @@ def part(block_range, ends=False, device="cuda"):
     return random_decoder(CONFIG, SEED, block_range, ends).to(device)
 
 
-class CudaServers:
-    """CUDA block servers on their own Hosts (`lie_after`: index -> steps before it lies), and a client."""
+def cuda_servers(ranges, profile: str, lie_after: dict[int, int] | None = None) -> tuple[Network, list[BlockServer]]:
+    """CUDA block servers on their own Hosts (`lie_after`: index -> steps before it lies), a client Host,
+    and the BlockServers as built."""
+    made: list[BlockServer] = []
 
-    def __init__(self, ranges, profile: str, lie_after: dict[int, int] | None = None):
-        self.ranges, self.profile, self.lie_after = ranges, profile, lie_after or {}
-        self.hosts: list[Host] = []
-        self.servers: list[BlockServer] = []
-        self.infos: list[ServerInfo] = []
-        self.client = Host(Identity.generate())
+    def kind(index):
+        def build(model):
+            made.append(BlockServer(model, profile=profile, lie_after=(lie_after or {}).get(index)))
+            return made[-1]
+        return build
 
-    async def __aenter__(self):
-        for index, block_range in enumerate(self.ranges):
-            host = Host(Identity.generate())
-            server = BlockServer(part(block_range), profile=self.profile, lie_after=self.lie_after.get(index))
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "cuda-test-model"))
-            await host.start()
-            self.hosts.append(host)
-            self.servers.append(server)
-            self.infos.append(ServerInfo(host.peer_id, *block_range))
-        await self.client.start()
-        for host in self.hosts:
-            self.client.peerbook.add_addrs(host.peer_id, host.listen_addrs)
-        return self
-
-    async def __aexit__(self, *exc):
-        for host in [self.client, *self.hosts]:
-            await host.stop()
+    return Network(lambda block_range, ends: part(block_range, ends), ranges,
+                   {i: kind(i) for i in range(len(ranges))}), made
 
 
 def test_generation_through_two_cuda_servers_equals_local_generate_on_cuda_bit_for_bit(profile):
     async def scenario():
-        async with CudaServers([(0, 2), (2, 4)], profile) as net:
-            span = protocol.SpanClient(net.client, net.infos[0].peer_id, 0, 2)
+        network, made = cuda_servers([(0, 2), (2, 4)], profile)
+        async with network as net:
+            span = protocol.SpanClient(net.client, net.servers[0].peer_id, 0, 2)
             info = await span.info()
             await span.close()
-            generator = RemoteGenerator(net.client, part((0, 0), ends=True), net.infos, codec="f32")
+            generator = RemoteGenerator(net.client, part((0, 0), ends=True), net.servers, codec="f32")
             tokens = await generator.generate(PROMPT, 16)
-            devices = {server.device.type for server in net.servers}
+            devices = {server.device.type for server in made}
             return info, generator, tokens, devices
 
     info, generator, tokens, devices = asyncio.run(scenario())
@@ -92,12 +78,12 @@ def test_generation_through_two_cuda_servers_equals_local_generate_on_cuda_bit_f
 def test_a_second_cuda_server_referees_a_cuda_server(profile):
     async def scenario():
         ranges = [(0, 2), (2, 4), (0, 2), (2, 4)]   # the chain, then a second server of each range
-        async with CudaServers(ranges, profile, lie_after={0: 4}) as net:
-            generator = RemoteGenerator(net.client, part((0, 0), ends=True), net.infos[:2], codec="f32")
+        async with cuda_servers(ranges, profile, lie_after={0: 4})[0] as net:
+            generator = RemoteGenerator(net.client, part((0, 0), ends=True), net.servers[:2], codec="f32")
             await generator.generate(PROMPT, 10)
-            lying = await generator.spot_check_remote(0, net.infos[2], same_profile=True)
-            honest = await generator.spot_check_remote(1, net.infos[3], same_profile=True)
-            return net.infos, lying, honest
+            lying = await generator.spot_check_remote(0, net.servers[2], same_profile=True)
+            honest = await generator.spot_check_remote(1, net.servers[3], same_profile=True)
+            return net.servers, lying, honest
 
     infos, lying, honest = asyncio.run(scenario())
     assert honest.ok and honest.unchecked == ()
@@ -110,8 +96,8 @@ def test_tuning_with_cuda_ends_through_cuda_servers_lowers_the_loss(profile):
     batch = torch.stack([pattern[i:i + 25] for i in range(4)])
 
     async def scenario():
-        async with CudaServers([(0, 2), (2, 4)], profile) as net:
-            tuner = RemoteTuner(net.client, part((0, 0), ends=True), net.infos, prompt_length=2, lora_rank=2,
+        async with cuda_servers([(0, 2), (2, 4)], profile)[0] as net:
+            tuner = RemoteTuner(net.client, part((0, 0), ends=True), net.servers, prompt_length=2, lora_rank=2,
                                 lr=0.05)
             try:
                 before = await tuner.loss(batch)

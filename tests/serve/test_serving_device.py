@@ -4,6 +4,7 @@ should, a CPU server announces the CPU profile, and a spot check never accuses a
 another profile: it leaves it unchecked, or has a second server of that profile replay it."""
 import asyncio
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -13,18 +14,20 @@ from ml.profiles import default_profile
 from ml.serve import device as serve_device
 from ml.serve import protocol
 from ml.serve.catalog import parse_model
-from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
+from ml.serve.client import RemoteGenerator, local_generate
 from ml.serve.device import DeviceError, resolve_device, serving_profile
 from ml.serve.server import BlockServer
 from node.config import ConfigError, defaults, load_config
 from node.identity import Identity
 from node.p2p.host import Host
 from node.roles import RoleStartError
+from tests.serve.test_generation import Network
 
 MODEL = "random:4x32:4@5"
 PROMPT = [3, 14, 15, 9, 2, 6, 5, 35]
 CPU = default_profile("cpu")
 OTHER = "cuda-nvidia-h100-80gb-hbm3-cc9.0-cuda12.8/torch-2.11.0"   # a profile this client does not compute in
+SPEC = parse_model(MODEL)
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour of a machine without CUDA")
 
 
@@ -58,8 +61,7 @@ def test_serve_device_is_a_config_key_with_three_choices(tmp_path):
 
 
 def test_parts_caches_and_answers_live_where_the_weights_are():
-    spec = parse_model(MODEL)
-    part = spec.load_part((0, 2), False, "cpu")
+    part = SPEC.load_part((0, 2), False, "cpu")
     assert part.device == torch.device("cpu")
     assert all(c.keys.device == part.device for c in part.new_caches(1, 8))
     server = BlockServer(part, profile=CPU)
@@ -71,51 +73,30 @@ def test_parts_caches_and_answers_live_where_the_weights_are():
     assert grads["grad_h"].device == torch.device("cpu")
 
 
-class Servers:
-    """Block servers of MODEL on their own Hosts, each with its profile (and a liar), and a client Host."""
-
-    def __init__(self, ranges: list[tuple[int, int]], profiles: list[str], lie_after: dict[int, int] | None = None):
-        self.spec = parse_model(MODEL)
-        self.ranges, self.profiles, self.lie_after = ranges, profiles, lie_after or {}
-        self.hosts: list[Host] = []
-        self.infos: list[ServerInfo] = []
-        self.client = Host(Identity.generate())
-
-    async def __aenter__(self):
-        for index, ((start, end), profile) in enumerate(zip(self.ranges, self.profiles)):
-            host = Host(Identity.generate())
-            server = BlockServer(self.spec.load_part((start, end), False, "cpu"), profile=profile,
-                                 lie_after=self.lie_after.get(index))
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, self.spec.model_id))
-            await host.start()
-            self.hosts.append(host)
-            self.infos.append(ServerInfo(host.peer_id, start, end))
-        await self.client.start()
-        for host in self.hosts:
-            self.client.peerbook.add_addrs(host.peer_id, host.listen_addrs)
-        return self
-
-    async def __aexit__(self, *exc):
-        for host in [self.client, *self.hosts]:
-            await host.stop()
+def servers(ranges: list[tuple[int, int]], profiles: list[str], lie_after: dict[int, int] | None = None) -> Network:
+    """CPU block servers of MODEL on their own Hosts, each telling its profile (`lie_after`: index -> steps
+    before it lies), and a client Host."""
+    lie_after = lie_after or {}
+    kinds = {i: partial(BlockServer, profile=p, lie_after=lie_after.get(i)) for i, p in enumerate(profiles)}
+    return Network(lambda block_range, ends: SPEC.load_part(block_range, ends, "cpu"), ranges, kinds)
 
 
 def test_generation_on_an_explicit_cpu_equals_local_and_servers_tell_their_profile():
     async def scenario():
-        async with Servers([(0, 2), (2, 4)], [CPU, CPU]) as net:
-            span = protocol.SpanClient(net.client, net.infos[0].peer_id, 0, 2)
+        async with servers([(0, 2), (2, 4)], [CPU, CPU]) as net:
+            span = protocol.SpanClient(net.client, net.servers[0].peer_id, 0, 2)
             info = await span.info()
             await span.close()
-            ends = net.spec.load_part((0, 0), True, "cpu")
-            generator = RemoteGenerator(net.client, ends, net.infos)
+            ends = SPEC.load_part((0, 0), True, "cpu")
+            generator = RemoteGenerator(net.client, ends, net.servers)
             return info, generator, await generator.generate(PROMPT, 10)
 
     info, generator, tokens = asyncio.run(scenario())
     assert info["profile"] == CPU
     assert set(generator.profiles.values()) == {CPU} and len(generator.profiles) == 2
-    whole = parse_model(MODEL).load_part(None, True)
+    whole = SPEC.load_part(None, True)
     assert tokens == local_generate(whole, PROMPT, 10, device="cpu") and whole.device == torch.device("cpu")
-    checks = [generator.spot_check(i, parse_model(MODEL).load_part(span, False, "cpu"), CPU)
+    checks = [generator.spot_check(i, SPEC.load_part(span, False, "cpu"), CPU)
               for i, span in enumerate(generator.spans)]
     assert all(c.ok and c.unchecked == () for c in checks)
 
@@ -125,14 +106,14 @@ def test_a_server_in_another_profile_is_never_accused_by_a_local_check():
     another profile's rounding would, or a lie): the local check leaves it unchecked, a second server of
     OTHER replays it and names it, and without such a second server it stays unchecked."""
     async def scenario():
-        async with Servers([(0, 2), (2, 4), (0, 2)], [OTHER, CPU, OTHER], lie_after={0: 3}) as net:
-            generator = RemoteGenerator(net.client, net.spec.load_part((0, 0), True, "cpu"), net.infos[:2])
+        async with servers([(0, 2), (2, 4), (0, 2)], [OTHER, CPU, OTHER], lie_after={0: 3}) as net:
+            generator = RemoteGenerator(net.client, SPEC.load_part((0, 0), True, "cpu"), net.servers[:2])
             await generator.generate(PROMPT, 8)
-            local = generator.spot_check(0, net.spec.load_part((0, 2), False, "cpu"), CPU)
-            generator.servers = net.infos   # the client learns of the third server (the ledger, --server)
-            second = await generator.spot_check_remote(0, net.infos[2], same_profile=True)
-            local_second = generator.spot_check(1, net.spec.load_part((2, 4), False, "cpu"), CPU)
-            return generator, net.infos, local, second, local_second
+            local = generator.spot_check(0, SPEC.load_part((0, 2), False, "cpu"), CPU)
+            generator.servers = net.servers   # the client learns of the third server (the ledger, --server)
+            second = await generator.spot_check_remote(0, net.servers[2], same_profile=True)
+            local_second = generator.spot_check(1, SPEC.load_part((2, 4), False, "cpu"), CPU)
+            return generator, net.servers, local, second, local_second
 
     generator, infos, local, second, local_second = asyncio.run(scenario())
     assert generator.profiles[infos[0].peer_id] == OTHER            # told in "opened"
@@ -141,7 +122,7 @@ def test_a_server_in_another_profile_is_never_accused_by_a_local_check():
     assert local_second.ok and local_second.unchecked == ()
     # a check that is not told its profile takes every server to be in it: the old behaviour, which names
     # the server of the other profile (why the CLI always passes the client's profile)
-    blind = generator.spot_check(0, parse_model(MODEL).load_part((0, 2), False, "cpu"))
+    blind = generator.spot_check(0, SPEC.load_part((0, 2), False, "cpu"))
     assert not blind.ok and blind.culprit == infos[0].peer_id
 
 
@@ -149,18 +130,18 @@ def test_generate_spot_check_reports_a_server_of_another_profile_unchecked(capsy
     """The CLI path: a server that says it computes in OTHER and 'differs' is not named when no second
     server of OTHER holds its blocks; it is reported unchecked with the reason."""
     async def start():
-        net = Servers([(0, 2), (2, 4)], [OTHER, CPU], lie_after={0: 3})
+        net = servers([(0, 2), (2, 4)], [OTHER, CPU], lie_after={0: 3})
         await net.__aenter__()
         return net
 
     loop = asyncio.new_event_loop()
     net = loop.run_until_complete(start())
     try:
-        servers = [f"{net.hosts[i].listen_addrs[0]}/p2p/{net.hosts[i].peer_id}={a}:{b}"
-                   for i, (a, b) in enumerate(net.ranges)]
+        named = [f"{net.hosts[i].listen_addrs[0]}/p2p/{net.hosts[i].peer_id}={a}:{b}"
+                 for i, (a, b) in enumerate(net.ranges)]
         runner = loop.run_in_executor(None, main, ["generate", "--model", MODEL, "--prompt", "hello", "--max-tokens",
                                                    "8", "--spot-check", "--device", "cpu",
-                                                   *(arg for s in servers for arg in ("--server", s))])
+                                                   *(arg for s in named for arg in ("--server", s))])
         code = loop.run_until_complete(runner)
     finally:
         loop.run_until_complete(net.__aexit__())
