@@ -11,11 +11,10 @@ import torch
 
 from cli.main import main
 from ml.profiles import default_profile
-from ml.serve import device as serve_device
 from ml.serve import protocol
 from ml.serve.catalog import parse_model
 from ml.serve.client import RemoteGenerator, local_generate
-from ml.serve.device import DeviceError, resolve_device, serving_profile
+from ml.serve.device import DeviceError, prepare_device, resolve_device, serving_profile
 from ml.serve.server import BlockServer
 from node.config import ConfigError, defaults, load_config
 from node.identity import Identity
@@ -45,7 +44,7 @@ def test_auto_resolves_to_cuda_only_when_torch_sees_it(monkeypatch):
 
 
 def test_a_cpu_server_is_in_the_cpu_profile():
-    assert serve_device.prepare_device("cpu") == "cpu"
+    assert prepare_device("cpu") == "cpu"
     assert serving_profile("cpu") == CPU
     with pytest.raises(DeviceError):
         serving_profile("tpu")
