@@ -20,8 +20,13 @@ parameters), split evenly over `--servers` servers plus one spare for the middle
   client's, on every block) to a repeating 16-byte text, batch 4 x 64, forward + backward through
   the servers (the spare-less chain left after the kill); the loss is measured on that batch.
 
+`--device auto|cpu|cuda` (default auto: CUDA when torch sees it) is where the servers, the client's
+ends, the local reference and the tuner compute (docs/adr/0179), recorded as "device" with the
+execution "profile"; offloading stays on the CPU (its point is a machine without the memory), so
+on CUDA offload_identical_prefix compares CPU tokens with the CUDA reference and may be false.
+
 Prints one JSON object. Usage: python bench/serving.py [--layers 12 --width 768 --heads 12]
-[--servers 3] [--prompt 64] [--new 128] [--offload-new 16] [--codec f32] [--tune-steps 10]
+[--servers 3] [--prompt 64] [--new 128] [--offload-new 16] [--codec f32] [--tune-steps 10] [--device auto]
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import torch  # noqa: E402
 from bench.offload import offload_figures  # noqa: E402
 from ml.serve import protocol  # noqa: E402
 from ml.serve.client import RemoteGenerator, ServerInfo, local_generate  # noqa: E402
+from ml.serve.device import prepare_device, serving_profile  # noqa: E402
 from ml.serve.model import DecoderConfig, random_decoder  # noqa: E402
 from ml.serve.server import BlockServer  # noqa: E402
 from ml.serve.tuner import time_lora_tuning  # noqa: E402
@@ -50,6 +56,8 @@ SEED = 1
 
 
 async def run(args) -> dict:
+    device = prepare_device(args.device)
+    profile = serving_profile(device)
     config = DecoderConfig(vocab_size=256, context=max(512, args.prompt + args.new + 8), width=args.width,
                            layers=args.layers, heads=args.heads)
     bounds = [round(i * config.layers / args.servers) for i in range(args.servers + 1)]
@@ -58,7 +66,7 @@ async def run(args) -> dict:
     hosts, infos = [], []
     for start, end in ranges + [middle]:
         host = Host(Identity.generate())
-        server = BlockServer(random_decoder(config, SEED, (start, end), ends=False))
+        server = BlockServer(random_decoder(config, SEED, (start, end), ends=False).to(device), profile=profile)
         host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED)))
         await host.start()
         hosts.append(host)
@@ -67,11 +75,11 @@ async def run(args) -> dict:
     await client.start()
     for host in hosts:
         client.peerbook.add_addrs(host.peer_id, host.listen_addrs)
-    ends = random_decoder(config, SEED, (0, 0), ends=True)
+    ends = random_decoder(config, SEED, (0, 0), ends=True).to(device)
     prompt = [int(t) for t in torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(3))]
     result: dict = {"setting": "in-process Hosts on 127.0.0.1, no added latency", "layers": config.layers,
                     "width": config.width, "servers": args.servers, "prompt": args.prompt, "new": args.new,
-                    "codec": args.codec, "threads": torch.get_num_threads()}
+                    "codec": args.codec, "threads": torch.get_num_threads(), "device": device, "profile": profile}
     try:
         generator = RemoteGenerator(client, ends, infos, codec=args.codec)
         began = time.perf_counter()
@@ -82,13 +90,13 @@ async def run(args) -> dict:
 
         whole = random_decoder(config, SEED)
         began = time.perf_counter()
-        expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
+        expected = await asyncio.to_thread(local_generate, whole, prompt, args.new, None, device)
         result["local_tokens_per_s"] = round(args.new / (time.perf_counter() - began), 2)
         result["identical_output"] = tokens == expected
         result["same_tokens_as_local"] = sum(a == b for a, b in zip(tokens, expected))
 
         with tempfile.TemporaryDirectory(dir=args.offload_dir) as folder:
-            result |= await asyncio.to_thread(offload_figures, whole, Path(folder), prompt, args.offload_new,
+            result |= await asyncio.to_thread(offload_figures, whole.cpu(), Path(folder), prompt, args.offload_new,
                                               expected)
         del whole
 
@@ -129,6 +137,8 @@ def main() -> None:
     parser.add_argument("--codec", default="f32", choices=["f32", "f16", "i8", "i4"])
     parser.add_argument("--tune-steps", type=int, default=10)
     parser.add_argument("--tune-lr", type=float, default=1e-2)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where servers, ends and the local reference compute (auto: CUDA when present)")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 

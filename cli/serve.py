@@ -24,6 +24,10 @@ it fetches the disputing client's step bundle, recomputes it and votes (``serve_
 ``generate --spot-check`` reruns every span on local copies of its blocks and names servers that
 answered wrongly; with ``--dispute-bond B`` (and ``--max-price``) it files ``serve_dispute`` for each
 and serves the evidence to the referees until they decide (``--dispute-wait`` seconds).
+``--device auto|cpu|cuda`` (all three commands; auto: CUDA when torch sees it) says where the server's
+blocks, or the client's ends, local model and spot checks, compute (docs/adr/0179); a CUDA server
+announces its GPU's execution profile, and a spot check compares only servers of the client's own
+profile, asking a second server of another profile to replay the rest, or reporting them unchecked.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="a server of the same model (for --blocks auto:N; repeat)")
     serve.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help="p2p listen multiaddr")
     serve.add_argument("--max-sessions", type=int, default=64)
+    _device_argument(serve)
     _ledger_arguments(serve)
     serve.add_argument("--price", type=int, default=0, help="per GFLOP served, billed with receipts (needs --ledger "
                                                            "and --key; 0: free)")
@@ -83,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                "the evidence to the referees until they decide (ADR 0176; needs --max-price)")
     generate.add_argument("--dispute-wait", type=float, default=120.0,
                           help="seconds to wait for the referees' verdict")
+    _device_argument(generate)
     generate.set_defaults(handler=run_generate)
     tune = subparsers.add_parser("tune", help="fine-tune a LoRA adapter / prompts through block servers")
     tune.add_argument("--model", required=True, help="the same model spec the servers use")
@@ -100,12 +106,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--lr", type=float, default=1e-2)
     tune.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32")
     tune.add_argument("--out", type=Path, required=True, help="where to write the tuned parameters (.safetensors)")
+    _device_argument(tune)
     tune.set_defaults(handler=run_tune)
 
 
 def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", metavar="URL", help="a validator's JSON-RPC URL: announce / find servers there")
     parser.add_argument("--key", type=Path, help="node key file (signs records and receipts; default: a new key)")
+
+
+def _device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where torch computes: auto (CUDA when present, else CPU), cpu or cuda (docs/adr/0179)")
+
+
+def _device(args: argparse.Namespace) -> tuple[str, str]:
+    """(device, execution profile) for --device, set up for deterministic compute; a clear error at start
+    when it cannot be honoured (cuda without a CUDA device)."""
+    from ml.serve.device import DeviceError, prepare_device, serving_profile
+
+    try:
+        device = prepare_device(args.device)
+    except DeviceError as exc:
+        raise CliError(str(exc)) from None
+    return device, serving_profile(device)
 
 
 def _identity(args: argparse.Namespace):
@@ -183,7 +207,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError("--rebalance-every reads the coverage from the ledger: give --ledger")
     if args.price and not (args.ledger and args.key):
         raise CliError("--price needs --ledger and --key (the server claims its receipts on chain)")
-    return asyncio.run(_serve(spec, blocks, auto, args))
+    return asyncio.run(_serve(spec, blocks, auto, args, *_device(args)))
 
 
 async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]]:
@@ -213,7 +237,8 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
     return coverage
 
 
-async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace) -> int:
+async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace,
+                 device: str, profile: str) -> int:
     from ml.serve import protocol
     from ml.serve.announce import coverage, needs_refresh, own_throughput
     from ml.serve.balance import choose_blocks
@@ -237,18 +262,19 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                 known += coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
             assert auto is not None   # blocks is None only for --blocks auto:N
             blocks = choose_blocks(spec.config.layers, auto, known)
-        model = await asyncio.to_thread(spec.load_part, blocks, False)
-        server = BlockServer(model, max_sessions=args.max_sessions, lie_after=args.lie_after)
+        model = await asyncio.to_thread(spec.load_part, blocks, False, device)
+        server = BlockServer(model, max_sessions=args.max_sessions, lie_after=args.lie_after, profile=profile)
         billing = None
         if args.price:
             billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
         host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
         addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
         tokens_per_s = await asyncio.to_thread(own_throughput, server)
-        announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price) if gateway else None
+        announced = (await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile) if gateway
+                     else None)
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
-                          "announced": announced is not None}), flush=True)
+                          "device": device, "profile": profile, "announced": announced is not None}), flush=True)
         rebalance_at = time.monotonic() + args.rebalance_every
         fetch_failures: dict[str, int] = {}
         while True:
@@ -259,17 +285,17 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             await _claim(gateway, book)
             await referee_duty(gateway, host, model, fetch_failures)   # serving disputes that drew us (ADR 0176)
             if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
-                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
                 rebalance_at = time.monotonic() + args.rebalance_every
                 target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
                 if target is None:
                     continue
-                model = await asyncio.to_thread(spec.load_part, target, False)
-                server = BlockServer(model, max_sessions=args.max_sessions)
+                model = await asyncio.to_thread(spec.load_part, target, False, device)
+                server = BlockServer(model, max_sessions=args.max_sessions, profile=profile)
                 host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
                 blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
-                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price)
+                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
                 print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced is not None}),
                       flush=True)
     finally:
@@ -302,15 +328,15 @@ async def _height(gateway) -> int:
         return 0
 
 
-async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int) -> int | None:
-    """Publish the served range in this node's record (hardware.serving) with the chain's height; the
-    height announced, or None (and a warning) if the ledger refused or cannot be reached."""
-    from ml.profiles import default_profile
+async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int,
+                    profile: str) -> int | None:
+    """Publish the served range in this node's record (hardware.serving, in the execution `profile` the
+    server computes in) with the chain's height; the height announced, or None (and a warning) if the
+    ledger refused or cannot be reached."""
     from ml.serve.announce import served_range
     from node.ledger.errors import LedgerUnavailable, TxFailed
     from node.ledger.record import default_hardware
 
-    profile = default_profile("cpu")
     try:
         current = await gateway.node_info(host.peer_id) or {}
         height = int(await gateway.call("dkb_blockNumber"))
@@ -370,21 +396,33 @@ def run_generate(args: argparse.Namespace) -> int:
     tuned = _load_adapter(args.adapter, spec.config) if args.adapter else None
     if tuned is not None and tuned.prompt_length + len(prompt) + args.max_tokens > spec.config.context:
         raise CliError(f"prompt + soft prompt + max-tokens exceed the context of {spec.config.context}")
-    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, tuned))))
+    print(json.dumps(asyncio.run(_generate(spec, servers, prompt, args, tuned, *_device(args)))))
     return 0
 
 
-async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace) -> dict:
-    """Rerun each span locally; with --dispute-bond, dispute every wrong answer on chain (ADR 0176)."""
-    from ml.serve.dispute import BUNDLE_PROTOCOL, BundleStore, DisputeError, file_dispute, make_bundle_handler
+async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, device: str, profile: str) -> dict:
+    """Rerun each span locally (on `device`, in `profile`); the answers of servers in another profile are
+    replayed by a second server of theirs, or reported unchecked (ADR 0179). With --dispute-bond,
+    dispute every wrong answer the local check finds on chain (ADR 0176)."""
+    from ml.serve.dispute import (
+        BUNDLE_PROTOCOL,
+        BundleStore,
+        DisputeError,
+        file_dispute,
+        make_bundle_handler,
+        server_profile,
+    )
     from node.ledger.errors import LedgerUnavailable, TxFailed
 
-    checks = []
+    checks, entries = [], []
     for index, blocks in enumerate(generator.spans):
-        part = await asyncio.to_thread(spec.load_part, blocks, False)
-        checks.append(await asyncio.to_thread(generator.spot_check, index, part))
-    out: dict = {"spot_checks": [{"blocks": f"{c.blocks[0]}:{c.blocks[1]}", "ok": c.ok, "culprit": c.culprit,
-                                  "step": c.first_bad_step} for c in checks]}
+        part = await asyncio.to_thread(spec.load_part, blocks, False, device)
+        check = await asyncio.to_thread(generator.spot_check, index, part, profile)
+        checks.append(check)
+        entries.append({"blocks": f"{blocks[0]}:{blocks[1]}", "ok": check.ok, "culprit": check.culprit,
+                        "step": check.first_bad_step, "by": "local"})
+        entries += await _remote_checks(generator, index, check.unchecked, profile)
+    out: dict = {"spot_checks": entries}
     if not args.dispute_bond:
         return out
     store = BundleStore()
@@ -397,11 +435,48 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace) 
             out["disputes"].append({"culprit": check.culprit, "error": "no countersigned receipt covers the step"})
             continue
         try:
+            announced = await server_profile(gateway, check.culprit, check.evidence["receipt"]["model"])
+            if announced != profile:   # referees are drawn in the announced profile: they would not see our bits
+                out["disputes"].append({"culprit": check.culprit, "error": f"the server announces profile "
+                                        f"{announced} on the ledger, this client computed in {profile}: not disputed"})
+                continue
             out["disputes"].append({"culprit": check.culprit, **await file_dispute(
                 gateway, host, store, check.evidence, args.dispute_bond, wait_s=args.dispute_wait)})
         except (DisputeError, LedgerUnavailable, TxFailed, OSError) as exc:
             out["disputes"].append({"culprit": check.culprit, "error": str(exc)[:300]})
     return out
+
+
+async def _remote_checks(generator, index: int, unchecked: tuple[str, ...], profile: str) -> list[dict]:
+    """Spot checks of span `index`'s servers in other profiles than this client's, each by a second server
+    of that profile (`spot_check_remote`); a server without one is reported unchecked, never accused."""
+    from ml.serve.protocol import RemoteError, SpanUnavailable
+
+    start, end = generator.spans[index]
+    entries, left = [], set(unchecked)
+    for candidate in generator.servers:
+        if not left:
+            break
+        known = candidate.profile or generator.profiles.get(candidate.peer_id, "")
+        if ((candidate.start, candidate.end) != (start, end) or candidate.peer_id in left | generator.dead
+                or (known and known not in {generator.profiles.get(peer, "") for peer in left})):
+            continue
+        try:
+            check = await generator.spot_check_remote(index, candidate, same_profile=True)
+        except (SpanUnavailable, RemoteError):
+            continue
+        compared = left - set(check.unchecked)
+        if not compared:
+            continue
+        left -= compared
+        entries.append({"blocks": f"{start}:{end}", "ok": check.ok, "culprit": check.culprit,
+                        "step": check.first_bad_step, "by": candidate.peer_id})
+    for peer in sorted(left):
+        reason = (f"server {peer} computes in profile {generator.profiles.get(peer) or 'unknown'}, this client in "
+                  f"{profile}, and no second server of that profile holds blocks {start}:{end}: not checked")
+        print(f"dekube-node: spot check: {reason}", file=sys.stderr)
+        entries.append({"blocks": f"{start}:{end}", "ok": None, "unchecked": peer, "reason": reason})
+    return entries
 
 
 def _load_adapter(path: Path, config):
@@ -441,7 +516,8 @@ async def _find_servers(host, gateway, spec, servers) -> tuple[list, dict | None
     return infos, speed
 
 
-async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned) -> dict:
+async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned, device: str,
+                    profile: str) -> dict:
     from ml.serve.client import NoChain, RemoteGenerator, local_generate
     from node.p2p.host import Host
 
@@ -452,7 +528,7 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
     try:
         payer = await _payer(args, gateway, identity)
         infos, speed = await _find_servers(host, gateway, spec, servers)
-        ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
+        ends = await asyncio.to_thread(spec.load_part, (0, 0), True, device)
         generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned, speed=speed, payer=payer)
         began = time.perf_counter()
         try:
@@ -461,15 +537,16 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
             raise CliError(str(exc)) from None
         result = {"text": spec.decode(tokens), "tokens": tokens, "replays": generator.stats.replays,
                   "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2),
-                  "servers": len(infos)}
+                  "servers": len(infos), "device": device,
+                  "profiles": sorted(set(generator.profiles.values()))}   # the servers' (bit-exact within one)
         if payer is not None:
             result["paid"] = sum(m.signed.receipt["amount"] for m in generator.meters if m.signed)
         if args.check_local:
-            whole = await asyncio.to_thread(spec.load_part, None, True)
+            whole = await asyncio.to_thread(spec.load_part, None, True, device)
             local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, tuned)
             result["identical_to_local"] = local == tokens
         if args.spot_check:
-            result |= await _spot_check(spec, generator, gateway, host, args)
+            result |= await _spot_check(spec, generator, gateway, host, args, device, profile)
         return result
     finally:
         if gateway is not None:
@@ -492,12 +569,12 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.steps < 1 or not 1 <= args.batch <= 16 or args.lora_rank < 0 or args.prompt_length < 0 \
             or args.lora_rank + args.prompt_length == 0:
         raise CliError("need steps >= 1, batch 1..16, and lora-rank > 0 or prompt-length > 0")
-    result = asyncio.run(_tune(spec, servers, tokens, args))
+    result = asyncio.run(_tune(spec, servers, tokens, args, _device(args)[0]))
     print(json.dumps(result))
     return 0
 
 
-async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> dict:
+async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace, device: str) -> dict:
     import torch
 
     from ml.serve.client import NoChain
@@ -518,7 +595,7 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace) -> d
     try:
         payer = await _payer(args, gateway, identity)
         infos, _ = await _find_servers(host, gateway, spec, servers)
-        ends = await asyncio.to_thread(spec.load_part, (0, 0), True)
+        ends = await asyncio.to_thread(spec.load_part, (0, 0), True, device)
         try:
             tuner = RemoteTuner(host, ends, infos, prompt_length=args.prompt_length, lora_rank=args.lora_rank,
                                 codec=args.codec, lr=args.lr, payer=payer)

@@ -313,6 +313,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "price": Key(int, 0, "price per GFLOP billed with co-signed receipts (0: free)", check_non_negative),
         "credit_tokens": Key(int, 1024, "tokens served ahead of a client's receipt", check_positive),
         "max_sessions": Key(int, 64, "inference sessions held at once", check_positive),
+        "device": Key(str, "auto", "where the served blocks compute: auto (CUDA when torch sees it, else CPU), cpu or "
+                      "cuda (ADR 0179; cuda without a CUDA device stops the node at start)",
+                      check_choice(("auto", "cpu", "cuda"))),
         "claim_every": Key(float, 30.0,
                            "seconds between receipt claims, referee duty and announcement refresh", check_positive),
         "rebalance_every": Key(float, 0.0,

@@ -58,10 +58,12 @@ class ClientParams:
         return deep, lora
 
     def prefix(self, ends: ServeDecoder, batch: int = 1) -> torch.Tensor | None:
-        """The soft prompt's hidden states (batch, P, width) that precede the tokens, or None."""
+        """The soft prompt's hidden states (batch, P, width) that precede the tokens (on the ends'
+        device), or None."""
         if self.input_prompt is None:
             return None
-        return (self.input_prompt + ends.position[:self.prompt_length]).expand(batch, -1, -1)
+        position = ends.position[:self.prompt_length]
+        return (self.input_prompt.to(position.device) + position).expand(batch, -1, -1)
 
     def save(self, path: Path, metadata: dict[str, str] | None = None) -> None:
         from safetensors.torch import save_file

@@ -78,9 +78,9 @@ def announced_servers(nodes: list, model: str, layers: int, exclude: str = "") -
             start, end = entry.get("start"), entry.get("end")
             if type(start) is not int or type(end) is not int or not 0 <= start < end <= layers:
                 continue
-            out.append(Announced(ServerInfo(node["peer_id"], start, end), addrs,
-                                 int(entry.get("tokens_per_s") or 0), str(entry.get("profile", "")),
-                                 int(entry.get("price") or 0)))
+            profile = str(entry.get("profile", ""))
+            out.append(Announced(ServerInfo(node["peer_id"], start, end, profile), addrs,
+                                 int(entry.get("tokens_per_s") or 0), profile, int(entry.get("price") or 0)))
     return out
 
 

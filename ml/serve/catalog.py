@@ -30,14 +30,16 @@ class ModelSpec:
     seed: int | None = None
     path: Path | None = None
 
-    def load_part(self, block_range: tuple[int, int] | None, ends: bool) -> ServeDecoder:
+    def load_part(self, block_range: tuple[int, int] | None, ends: bool, device: str = "cpu") -> ServeDecoder:
+        """Blocks `block_range` (None: all) and, if `ends`, the ends, built on the CPU and moved to
+        `device` (blocking)."""
         if self.path is None:
-            return random_decoder(self.config, self.seed or 0, block_range, ends)
+            return random_decoder(self.config, self.seed or 0, block_range, ends).to(device)
         from safetensors.torch import load_file
 
         model = ServeDecoder(self.config, block_range, ends)
         model.load_parts(load_file(str(self.path)))
-        return model
+        return model.to(device)
 
     def encode(self, text: str) -> list[int]:
         if self.path is None:

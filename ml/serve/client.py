@@ -12,6 +12,13 @@ whole local model: in bit-exact mode ("f32") both give the same tokens.
 Parameters the client tuned (ml/serve/tuner.py) apply in generation with
 `RemoteGenerator(tuned=...)`: adapters at every step, deep prompts sent at session open and added to
 the first chunk.
+
+Devices (docs/adr/0179): the client's ends, `local_generate`'s model and a spot check's part compute
+where their weights are (CPU or CUDA); what goes over the wire and what is recorded stays on the CPU.
+The bit-exact promise holds within one execution profile only, so every answer is recorded with its
+server, and each server's profile (announced in the ledger, else told in "opened") is kept: a spot
+check given its own profile compares only the answers of servers in that profile and lists the others
+as unchecked, never accusing a server for computing in another profile.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ class ServerInfo:
     peer_id: str
     start: int
     end: int
+    profile: str = ""   # the execution profile it announces ("": not known before it is opened)
 
 
 def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] | frozenset[str] = frozenset(),
@@ -92,13 +100,16 @@ def greedy(logits: torch.Tensor) -> int:
 
 
 def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
-                   tuned: ClientParams | None = None) -> list[int]:
+                   tuned: ClientParams | None = None, device: str | None = None) -> list[int]:
     """Greedy tokens from the whole model, in the chunks the remote generator uses (prefix, then one
-    token at a time), with the client's tuned parameters if any."""
+    token at a time), with the client's tuned parameters if any; on `device` (the model is moved
+    there), by default where the model is."""
+    if device is not None:
+        model.to(device)
     tuned = tuned or ClientParams()
     offset = tuned.prompt_length
     caches = model.new_caches(1, offset + len(prompt) + max_new_tokens)
-    deep, lora = tuned.for_span(0, model.config.layers)
+    deep, lora = _to(tuned.for_span(0, model.config.layers), model.device)
     out: list[int] = []
     with torch.no_grad():
         hidden = first_chunk(model, tuned, prompt)
@@ -109,6 +120,13 @@ def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
                 position = offset + len(prompt) + step
                 hidden = model.run_blocks(model.embed_tokens(torch.tensor([[out[-1]]]), position), caches, lora=lora)
     return out
+
+
+def _to(span_args: tuple, device: torch.device) -> tuple:
+    """A span's (deep prompts, LoRA) from `ClientParams.for_span` on `device`."""
+    deep, lora = span_args
+    return (None if deep is None else deep.to(device),
+            None if lora is None else (lora[0].to(device), lora[1].to(device)))
 
 
 def first_chunk(ends: ServeDecoder, tuned: ClientParams, prompt: list[int]) -> torch.Tensor:
@@ -139,6 +157,7 @@ class SpotCheck:
     first_bad_step: int | None     # the first chunk whose answer differs
     culprit: str | None            # the server that gave it
     evidence: dict | None = None   # the culprit's countersigned receipt covering the wrong answer (billing.py)
+    unchecked: tuple[str, ...] = ()   # servers in another profile than the checker's: not compared
 
 
 class RemoteGenerator:
@@ -158,6 +177,7 @@ class RemoteGenerator:
         self._max_length = 0
         self.payer = payer                                          # set: sign usage receipts (ADR 0174)
         self.meters: list[ClientMeter] = []                         # every billed stream, for evidence
+        self.profiles: dict[str, str] = {}                          # peer id -> its profile (ADR 0179)
 
     def _meter(self, server: ServerInfo) -> ClientMeter | None:
         if self.payer is None:
@@ -186,6 +206,7 @@ class RemoteGenerator:
         except RemoteError:
             client.abort()
             raise
+        self.profiles[server.peer_id] = server.profile or client.profile   # the ledger's word first
         return client
 
     async def start(self, max_length: int) -> None:
@@ -277,11 +298,12 @@ class RemoteGenerator:
         return [wire_roundtrip(o, self.codec) for o in outs]
 
     async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
-        index = 0
+        """The chain's answer to `hidden` (from the ends' device, sent from the CPU), on the ends' device."""
+        index, hidden = 0, hidden.cpu()
         while index < len(self.chain):
             hidden, index = await self._step_span(index, hidden)
         self.stats.steps += 1
-        return hidden
+        return hidden.to(self.ends.device)
 
     async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         if not prompt or max_new_tokens < 1:
@@ -310,33 +332,47 @@ class RemoteGenerator:
             self.stats.add_traffic(client)
         self.chain = []   # history and outputs stay for spot checks
 
-    def spot_check(self, index: int, part: ServeDecoder) -> SpotCheck:
+    def _foreign(self, index: int, profile: str | None) -> tuple[str, ...]:
+        """The servers that answered span `index` in another profile than `profile` (None: all alike)."""
+        if profile is None:
+            return ()
+        return tuple(sorted({peer for peer, answer in self.outputs[index]
+                             if answer is not None and self.profiles.get(peer, "") != profile}))
+
+    def spot_check(self, index: int, part: ServeDecoder, profile: str | None = None) -> SpotCheck:
         """Rerun span `index`'s recorded chunks through `part` (the client's own copy of those blocks,
-        in the same profile) and compare every answer the servers gave, bit for bit after the wire
-        codec: an honest server in the same profile matches exactly in every codec."""
+        on its device) and compare every answer the servers gave, bit for bit after the wire codec: an
+        honest server in the same profile matches exactly in every codec. With `profile` (the one
+        `part` computes in), only the answers of servers in that profile are compared (the others are
+        listed in `unchecked`); without it, every server is taken to be in the checker's profile."""
         start, end = self.spans[index]
         if (part.start, part.end) != (start, end):
             raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
+        foreign = self._foreign(index, profile)
         caches = part.new_caches(1, self._max_length)
         deep, lora = self.tuned.for_span(start, end)
         if deep is not None:
             deep = wire_roundtrip(deep, self.codec)
         if lora is not None:
             lora = (wire_roundtrip(lora[0], self.codec), wire_roundtrip(lora[1], self.codec))
+        deep, lora = _to((deep, lora), part.device)
         with torch.no_grad():
             for step, (chunk, (peer_id, answer)) in enumerate(zip(self.history[index], self.outputs[index])):
-                received = wire_roundtrip(chunk, self.codec)      # what the server decoded
+                received = wire_roundtrip(chunk, self.codec).to(part.device)      # what the server decoded
                 out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
-                expected = wire_roundtrip(out, self.codec)
-                if answer is not None and not torch.equal(expected, answer):
-                    return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer))
-        return SpotCheck(index, (start, end), True, None, None)
+                if answer is None or peer_id in foreign:
+                    continue
+                if not torch.equal(wire_roundtrip(out.cpu(), self.codec), answer):
+                    return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer),
+                                     foreign)
+        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
 
-    async def spot_check_remote(self, index: int, referee: ServerInfo) -> SpotCheck:
+    async def spot_check_remote(self, index: int, referee: ServerInfo, same_profile: bool = False) -> SpotCheck:
         """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
         span's recorded chunks in a fresh session and compare each of its answers with the recorded
         ones, bit for bit. A mismatch names the first differing step and the server that answered
-        it; which of the two lies is for a third opinion (a local check or another referee)."""
+        it; which of the two lies is for a third opinion (a local check or another referee). With
+        `same_profile`, only the answers of servers in the referee's profile are compared."""
         start, end = self.spans[index]
         if (referee.start, referee.end) != (start, end):
             raise ValueError(f"span {index} is blocks {start}:{end}, the referee holds {referee.start}:{referee.end}")
@@ -345,7 +381,8 @@ class RemoteGenerator:
             answers = await self._replay(client, self.history[index], all_outputs=True)
         finally:
             await client.close()
+        foreign = self._foreign(index, self.profiles[referee.peer_id] if same_profile else None)
         for step, ((peer_id, answer), expected) in enumerate(zip(self.outputs[index], answers)):
-            if answer is not None and not torch.equal(expected, answer):
-                return SpotCheck(index, (start, end), False, step, peer_id)
-        return SpotCheck(index, (start, end), True, None, None)
+            if answer is not None and peer_id not in foreign and not torch.equal(expected, answer):
+                return SpotCheck(index, (start, end), False, step, peer_id, unchecked=foreign)
+        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)

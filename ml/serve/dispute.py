@@ -140,7 +140,7 @@ def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
     sub = ServeDecoder(part.config, (start, end), ends=False)
     sub.blocks.load_state_dict({k: v for k, v in part.blocks.state_dict().items()
                                 if start <= int(k.split(".")[0]) < end})
-    return sub.eval()
+    return sub.to(part.device).eval()   # the referee computes where its own blocks are (ADR 0179)
 
 
 def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
@@ -157,6 +157,7 @@ def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> t
     except DisputeError:
         return False, ZERO
     caches = blocks.new_caches(inputs.shape[0], inputs.shape[1])
+    inputs = inputs.to(blocks.device)
     offset, out = 0, inputs[:, :0]
     with torch.no_grad():
         for step in steps:
@@ -165,7 +166,7 @@ def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> t
                 outs.append(blocks.run_blocks(inputs[:, offset:offset + length], caches))
                 offset += length
             out = torch.cat(outs, 1) if step["all"] else outs[-1]
-    return True, tensor_digest(roundtrip(out, steps[-1]["codec"]))
+    return True, tensor_digest(roundtrip(out.cpu(), steps[-1]["codec"]))
 
 
 class BundleStore:

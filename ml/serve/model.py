@@ -9,6 +9,8 @@ the weights the whole model has there.
 
 Every computation on hidden states goes through `DecoderBlock.step`, the same code for a server,
 a local reference run and a replay, so in one profile the same chunks give bit-identical results.
+A part is built on the CPU (its weights do not depend on the device) and may then be moved with
+`.to(device)`: its KV caches and computations follow its weights (`device`).
 """
 from __future__ import annotations
 
@@ -55,9 +57,10 @@ LARGE = {"width": 768, "layers": 12, "heads": 12, "context": 512, "vocab_size": 
 class KVCache:
     """Keys and values of one block for one session, preallocated to `max_length` positions."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, max_length: int, dtype=torch.float32):
-        self.keys = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype)
-        self.values = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype)
+    def __init__(self, batch: int, heads: int, head_dim: int, max_length: int, dtype=torch.float32,
+                 device: torch.device | str = "cpu"):
+        self.keys = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype, device=device)
         self.length = 0
 
     @property
@@ -103,7 +106,7 @@ class CausalSelfAttention(registry.CausalSelfAttention):
         elif past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            mask = torch.ones(length, past + length, dtype=torch.bool).tril(diagonal=past)
+            mask = torch.ones(length, past + length, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(batch, length, width))
 
@@ -139,12 +142,18 @@ class ServeDecoder(nn.Module):
             self.head = nn.Linear(config.width, config.vocab_size)
         self.blocks = nn.ModuleDict({str(i): DecoderBlock(config.width, config.heads) for i in range(start, end)})
 
+    @property
+    def device(self) -> torch.device:
+        """Where this part's weights are (and so its KV caches and computations)."""
+        return next((p.device for p in self.parameters()), torch.device("cpu"))
+
     # ---- the client's ends
     def embed_tokens(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """The hidden states of `tokens` (on any device) at positions offset.., on this part's device."""
         length = tokens.shape[1]
         if offset + length > self.config.context:
             raise ValueError(f"position {offset + length} exceeds the model's context of {self.config.context}")
-        return self.embed(tokens) + self.position[offset:offset + length]
+        return self.embed(tokens.to(self.position.device)) + self.position[offset:offset + length]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(hidden))
@@ -152,7 +161,8 @@ class ServeDecoder(nn.Module):
     # ---- blocks
     def new_caches(self, batch: int, max_length: int) -> list[KVCache]:
         head_dim = self.config.width // self.config.heads
-        return [KVCache(batch, self.config.heads, head_dim, max_length) for _ in range(self.start, self.end)]
+        return [KVCache(batch, self.config.heads, head_dim, max_length, device=self.device)
+                for _ in range(self.start, self.end)]
 
     def run_blocks(self, hidden: torch.Tensor, caches: list[KVCache] | None = None,
                    prompts: torch.Tensor | None = None,

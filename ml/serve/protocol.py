@@ -2,7 +2,8 @@
 
 Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type":
 
-- "info" -> {"type": "info", "model", "start", "end", "width", "layers"}
+- "info" -> {"type": "info", "model", "start", "end", "width", "layers", "profile"} ("profile": the
+  execution profile the server computes in, docs/adr/0179; also in "opened")
 - "open" {"max_length", "batch"} [+ "lora_a", "lora_b"] [+ "prompts"] -> {"type": "opened"}: one
   inference session per stream (with the client's adapter, if sent, applied at every step, and its
   deep prompts added to the first chunk), closed when the stream ends (or by "close", answered
@@ -177,16 +178,17 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         if kind == "info":
             return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
                                  "width": server.config.width, "layers": server.config.layers,
-                                 "price": billing.price_per_gflop if billing else 0, **extra})
+                                 "profile": server.profile, "price": billing.price_per_gflop if billing else 0,
+                                 **extra})
         if kind == "open":
             if state.get("session"):
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
-            server.open_session(session_id, header.get("max_length"), header.get("batch", 1),  # type: ignore[arg-type]
-                                _lora(tensors), owner=peer, prompts=tensors.get("prompts"))   # (open_session checks)
+            await asyncio.to_thread(server.open_session, session_id, header.get("max_length"),  # type: ignore[arg-type]
+                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"))   # it checks
             state["session"] = session_id
             offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
-            return encode_frame({"type": "opened", **offer, **extra})
+            return encode_frame({"type": "opened", "profile": server.profile, **offer, **extra})
         if kind == "close":
             usage = server.close_session(state.pop("session", "")) or Usage()
             state["usage"].tokens += usage.tokens
@@ -281,6 +283,7 @@ class SpanClient:
         self.host, self.peer_id, self.start, self.end, self.timeout = host, peer_id, start, end, timeout
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
         self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
+        self.profile = ""             # the execution profile the server says it computes in ("opened", ADR 0179)
         self._stream: Any = None   # the HostStream, opened at the first request
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -335,7 +338,8 @@ class SpanClient:
     async def open(self, max_length: int, batch: int = 1, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
                    codec: str = "f32", prompts: torch.Tensor | None = None) -> None:
         tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
-        await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
+        reply = await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
+        self.profile = str(reply.header.get("profile", ""))[:96]
         if self.meter is not None and (lora is not None or prompts is not None):   # the transcript commits to it
             self.setup = await asyncio.to_thread(
                 setup_digest, None if lora is None else (roundtrip(lora[0], codec), roundtrip(lora[1], codec)),

@@ -7,6 +7,11 @@ backward pass differentiates only the inputs and the client's deep prompts and L
 with the request). Sessions are bounded in count (overall and per client), in KV-cache memory
 (reserved at open for their whole `max_length`) and expire when idle. Each session counts the
 tokens it sent through the blocks and an estimate of the FLOPs spent.
+
+The server computes where its model's weights are (`device`, docs/adr/0179): its KV caches are
+allocated there, and its methods take and return CPU tensors (what the wire decodes and encodes),
+moving them to and from the device in the worker thread that calls them. `profile` is the execution
+profile it computes in (ml/serve/device.py), told to clients in "info" and "opened".
 """
 from __future__ import annotations
 
@@ -62,13 +67,14 @@ class Session:
 class BlockServer:
     def __init__(self, model: ServeDecoder, *, max_sessions: int = MAX_SESSIONS,
                  max_sessions_per_owner: int = MAX_SESSIONS_PER_OWNER, max_cache_bytes: int = MAX_CACHE_BYTES,
-                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic, lie_after: int | None = None):
+                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic, lie_after: int | None = None,
+                 profile: str = ""):
         if model.start == model.end:
             raise ValueError("a block server needs at least one block")
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)
-        self.model = model
+        self.model, self.device, self.profile = model, model.device, profile
         self.config = model.config
         self.start, self.end = model.start, model.end
         self.max_sessions, self.max_cache_bytes, self.ttl_s = max_sessions, max_cache_bytes, ttl_s
@@ -99,6 +105,8 @@ class BlockServer:
         self.check_lora(lora)
         if prompts is not None:
             self._check_prompts(torch.empty(batch, max_length, self.config.width), prompts)
+            prompts = prompts.to(self.device)
+        lora = self._on_device(lora)
         reserved = cache_bytes(self.config, self.end - self.start, batch, max_length)
         with self._lock:
             self._expire_locked()
@@ -170,12 +178,12 @@ class BlockServer:
         try:
             outs = []
             with torch.no_grad():
-                for chunk in chunks:
+                for chunk in (c.to(self.device) for c in chunks):
                     past = session.length
                     prompts = session.prompts if past == 0 else None
                     outs.append(self.model.run_blocks(chunk, session.caches, prompts=prompts, lora=session.lora))
                     self._count(session.usage, chunk.shape[0], past, chunk.shape[1])
-            out = torch.cat(outs, 1) if all_outputs else outs[-1]
+            out = (torch.cat(outs, 1) if all_outputs else outs[-1]).cpu()
             self.steps_served += 1
             if self.lie_after is not None and self.steps_served > self.lie_after:
                 out = out.clone()
@@ -201,6 +209,9 @@ class BlockServer:
             raise ServeError(f"prompts must be ({blocks}, batch, P<=length, {self.config.width}), "
                              f"got {list(prompts.shape)}")
 
+    def _on_device(self, lora: Adapter | None) -> Adapter | None:
+        return None if lora is None else (lora[0].to(self.device), lora[1].to(self.device))
+
     def check_lora(self, lora: Adapter | None) -> None:
         if lora is None:
             return
@@ -218,9 +229,10 @@ class BlockServer:
         self._check_prompts(hidden, prompts)
         self.check_lora(lora)
         with torch.no_grad():
-            out = self.model.run_blocks(hidden, prompts=prompts, lora=lora)
+            out = self.model.run_blocks(hidden.to(self.device), prompts=None if prompts is None else
+                                        prompts.to(self.device), lora=self._on_device(lora))
         self._count(usage or Usage(), hidden.shape[0], 0, hidden.shape[1])
-        return out
+        return out.cpu()
 
     def backward(self, hidden: torch.Tensor, grad_output: torch.Tensor, prompts: torch.Tensor | None = None,
                  lora: Adapter | None = None, usage: Usage | None = None) -> dict[str, torch.Tensor]:
@@ -237,10 +249,10 @@ class BlockServer:
             leaves["grad_prompts"] = prompts
         if lora is not None:
             leaves["grad_lora_a"], leaves["grad_lora_b"] = lora
-        leaves = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
+        leaves = {name: t.detach().to(self.device, copy=True).requires_grad_(True) for name, t in leaves.items()}
         adapter = None if lora is None else (leaves["grad_lora_a"], leaves["grad_lora_b"])
         with torch.enable_grad():
             out = self.model.run_blocks(leaves["grad_h"], prompts=leaves.get("grad_prompts"), lora=adapter)
-            grads = torch.autograd.grad(out, list(leaves.values()), grad_outputs=grad_output)
+            grads = torch.autograd.grad(out, list(leaves.values()), grad_outputs=grad_output.to(self.device))
         self._count(usage or Usage(), hidden.shape[0], 0, hidden.shape[1], factor=3)   # recompute + backward ~ 3x
-        return dict(zip(leaves, grads))
+        return {name: grad.cpu() for name, grad in zip(leaves, grads)}

@@ -9,6 +9,9 @@ through the node's one RecordPublisher (contribution "serve": the compute role's
 ADR 0177 merges hardware key by key). Every `claim_every` seconds it claims its receipts, does its
 referee duty for serving disputes (ADR 0176), refreshes the announcement's height, and (with
 `rebalance_every`) moves an idle server to thinner blocks. Torch is imported only when serving.
+`[serve] device` (auto, cpu, cuda; ADR 0179) is resolved when the service starts: cuda on a machine
+without a CUDA device stops the node with that message (RoleStartError), never mid-session; a CUDA
+server announces its GPU's execution profile.
 """
 from __future__ import annotations
 
@@ -72,13 +75,15 @@ class ServingService:
         self.tokens_per_s = 0.0
         self.announced: int | None = None        # the height of the last announcement
         self.server: Any = None
+        self.device, self.profile = "", ""       # resolved at start from [serve] device
         self.book: Any = None
         self.last_error: str | None = None
         if self.enabled:
             node.status.add_section("serving", self.status)
 
     def status(self) -> dict:
-        return {"model": self.config["model"], "blocks": None if self.blocks is None else list(self.blocks),
+        return {"model": self.config["model"], "device": self.device, "profile": self.profile,
+                "blocks": None if self.blocks is None else list(self.blocks),
                 "tokens_per_s": round(self.tokens_per_s, 1), "announced_height": self.announced,
                 "sessions": len(self.server.sessions) if self.server is not None else 0,
                 "unclaimed_receipts": len(self.book.unclaimed()) if self.book is not None else 0,
@@ -91,6 +96,7 @@ class ServingService:
             self.last_error = "[serve] model needs the compute role"
             log.error("[serve] model is set but this node does not run the compute role: not serving")
             await asyncio.Event().wait()
+        await self.start_device()
         await self.node.ready.wait()
         try:
             await self.serve()
@@ -98,6 +104,22 @@ class ServingService:
             self.last_error = f"cannot serve: {exc}"
             log.error("[serve] cannot serve %s: %s", self.config["model"], exc)
             await asyncio.Event().wait()
+
+    async def start_device(self) -> None:
+        """Resolve `[serve] device` (and set deterministic CUDA up); RoleStartError when it cannot be had."""
+        from ml.serve.device import DeviceError, prepare_device, serving_profile
+        from node.roles import RoleStartError
+
+        try:
+            self.device = await asyncio.to_thread(prepare_device, self.config["device"])
+        except DeviceError as exc:
+            self.last_error = f"[serve] {exc}"
+            raise RoleStartError(f"[serve] {exc}") from None
+        except ImportError as exc:   # no torch
+            self.last_error = f"cannot serve: {exc}"
+            log.error("[serve] cannot serve %s: %s", self.config["model"], exc)
+            await asyncio.Event().wait()
+        self.profile = await asyncio.to_thread(serving_profile, self.device)
 
     # ---- serving
     async def serve(self) -> None:
@@ -144,8 +166,8 @@ class ServingService:
         from ml.serve.announce import own_throughput
         from ml.serve.server import BlockServer
 
-        model = await asyncio.to_thread(spec.load_part, blocks, False)
-        server = BlockServer(model, max_sessions=self.config["max_sessions"])
+        model = await asyncio.to_thread(spec.load_part, blocks, False, self.device)
+        server = BlockServer(model, max_sessions=self.config["max_sessions"], profile=self.profile)
         billing = None
         if self.config["price"]:
             billing = protocol.Billing(self.node.identity, await self.node.ledger.chain_id(), self.config["price"],
@@ -159,7 +181,6 @@ class ServingService:
 
     async def announce(self, spec) -> None:
         """Add this range to the node record's hardware (contribution "serve") at the chain's height."""
-        from ml.profiles import default_profile
         from ml.serve.announce import served_range
         from node.ledger.errors import LedgerUnavailable, TxFailed
 
@@ -167,7 +188,7 @@ class ServingService:
         try:
             height = int(await self.node.ledger.call("dkb_blockNumber"))
             entry = served_range(spec.model_id, self.blocks[0], self.blocks[1], self.tokens_per_s,
-                                 default_profile("cpu"), self.config["price"], height)
+                                 self.profile, self.config["price"], height)
             self.node.ledger.record.contribute(CONTRIBUTOR, roles=["compute"], hardware={"serving": [entry]})
             await self.node.ledger.record.sync()
             self.announced, self.last_error = height, None

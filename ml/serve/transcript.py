@@ -21,8 +21,8 @@ LINK_DOMAIN = "dekube/serve-step/v1"
 
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
-    """sha256 of a tensor's shape and float32 bytes (contiguous)."""
-    data = tensor.detach().to(torch.float32).contiguous()
+    """sha256 of a tensor's shape and float32 bytes (contiguous, read on the CPU from any device)."""
+    data = tensor.detach().to(torch.float32).cpu().contiguous()
     return hashlib.sha256(encode(list(data.shape)) + data.numpy().tobytes()).digest()
 
 

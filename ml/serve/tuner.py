@@ -3,7 +3,9 @@
 `RemoteTuner` holds an input soft prompt, deep prompts and/or LoRA adapters, runs the chain of
 servers forward (stateless passes), the head and loss locally, the chain backward, and steps Adam;
 the servers return gradients and never change their weights. A failed server is swapped for a spare
-with the same blocks. With example ids, activations travel as deltas (ml/serve/delta.py).
+with the same blocks. With example ids, activations travel as deltas (ml/serve/delta.py). The
+parameters, the ends, the head and the loss live on the ends' device (CPU or CUDA, docs/adr/0179);
+what goes to and comes from the servers is on the CPU.
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class RemoteTuner:
             self.params["lora_a"] = torch.nn.Parameter(scale * torch.randn(config.layers, lora_rank, config.width,
                                                                            generator=gen))
             self.params["lora_b"] = torch.nn.Parameter(torch.zeros(config.layers, 3 * config.width, lora_rank))
+        self.device = ends.device   # initialised on the CPU (the same values on any device), then moved
+        self.params = {name: torch.nn.Parameter(p.detach().to(self.device)) for name, p in self.params.items()}
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
         for param in ends.parameters():
             param.requires_grad_(False)
@@ -58,22 +62,24 @@ class RemoteTuner:
     @property
     def tuned(self) -> ClientParams:
         """The current parameters (detached), for generation or saving."""
-        return ClientParams(**{name: p.detach().clone() for name, p in self.params.items()})
+        return ClientParams(**{name: p.detach().cpu().clone() for name, p in self.params.items()})
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first span's input (on the CPU)."""
         embedded = self.ends.embed_tokens(tokens[:, :-1], offset=self.prompt_length)
         if not self.prompt_length:
-            return embedded
+            return embedded.cpu()
         prompt = self.params["input_prompt"].detach().expand(tokens.shape[0], -1, -1)
-        return torch.cat([prompt + self.ends.position[:self.prompt_length], embedded], 1)
+        return torch.cat([prompt + self.ends.position[:self.prompt_length], embedded], 1).cpu()
 
     def _span_args(self, span: SpanClient, batch: int):
-        return ClientParams(**{name: p.detach() for name, p in self.params.items()}).for_span(span.start, span.end,
-                                                                                             batch)
+        """The span's (deep prompts, LoRA), on the CPU for the wire."""
+        return ClientParams(**{name: p.detach().cpu() for name, p in self.params.items()}).for_span(
+            span.start, span.end, batch)
 
     def _loss(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.ends.logits(hidden)[:, self.prompt_length:]
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1).to(logits.device))
 
     async def step(self, tokens: torch.Tensor, ids: list[int] | None = None) -> float:
         """One optimizer step on `tokens` (batch, length + 1): next-token loss on the real positions.
@@ -85,11 +91,11 @@ class RemoteTuner:
             deep, lora = self._span_args(span, batch)
             seen, hidden = await self._forward(index, hidden, deep, lora, ids)
             inputs.append(seen)
-        leaf = hidden.detach().requires_grad_(True)
+        leaf = hidden.detach().to(self.device).requires_grad_(True)
         loss = self._loss(leaf, tokens)
         loss.backward()
-        grad = leaf.grad
-        assert grad is not None   # the loss depends on the servers' output
+        assert leaf.grad is not None   # the loss depends on the servers' output
+        grad = leaf.grad.cpu()
         grads = {name: torch.zeros_like(p) for name, p in self.params.items()}
         for index in reversed(range(len(self.chain))):
             span = self.chain[index]
@@ -97,12 +103,12 @@ class RemoteTuner:
             got = await self._backward(index, inputs[index], grad, deep, lora, ids)
             grad = got["grad_h"]
             if deep is not None:
-                grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1)
+                grads["deep_prompts"][span.start:span.end] = got["grad_prompts"].sum(1).to(self.device)
             if lora is not None:
-                grads["lora_a"][span.start:span.end] = got["grad_lora_a"]
-                grads["lora_b"][span.start:span.end] = got["grad_lora_b"]
+                grads["lora_a"][span.start:span.end] = got["grad_lora_a"].to(self.device)
+                grads["lora_b"][span.start:span.end] = got["grad_lora_b"].to(self.device)
         if self.prompt_length:
-            grads["input_prompt"] = grad[:, :self.prompt_length].sum(0)
+            grads["input_prompt"] = grad[:, :self.prompt_length].sum(0).to(self.device)
         self.optimizer.zero_grad()
         for name, param in self.params.items():
             param.grad = grads[name]
@@ -116,7 +122,7 @@ class RemoteTuner:
             for index, span in enumerate(self.chain):
                 deep, lora = self._span_args(span, tokens.shape[0])
                 _, hidden = await self._forward(index, hidden, deep, lora, None)
-            return float(self._loss(hidden, tokens))
+            return float(self._loss(hidden.to(self.device), tokens))
 
     async def _forward(self, index: int, hidden: torch.Tensor, deep, lora,
                        ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:

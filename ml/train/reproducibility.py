@@ -33,15 +33,23 @@ def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
     if _configured_threads is not None and _configured_threads != threads:
         raise RuntimeError(f"torch already configured for {_configured_threads} threads, not {threads}")
     if device == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        configure_cuda_determinism()
     configure_portable_torch(torch)   # the portable CPU profile keeps ops off oneDNN (docs/adr/0166)
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     _configured_threads = threads
+
+
+def configure_cuda_determinism() -> None:
+    """Deterministic CUDA for this process (docs/adr/0150): cuBLAS's fixed workspace, no TF32, no cuDNN
+    autotuning, deterministic algorithms. Call it before the first CUDA matmul (cuBLAS reads the
+    workspace setting when it creates its handle). Serving on CUDA uses it too (docs/adr/0179)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
 
 
 def _with_configured_threads(func: Callable[..., _T], *args: Any) -> _T:

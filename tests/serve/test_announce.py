@@ -20,7 +20,8 @@ def test_announced_servers_keep_the_models_valid_ranges():
              record("me", (2, 4)), {"peer_id": "d", "hardware": {"serving": [{"model": "m", "start": 3, "end": 99}]}},
              "junk", {"peer_id": 5}]
     found = announced_servers(nodes, "m", 6, exclude="me")
-    assert [a.server for a in found] == [ServerInfo("a", 0, 2), ServerInfo("b", 2, 6), ServerInfo("b", 0, 1)]
+    assert [a.server for a in found] == [ServerInfo("a", 0, 2, "p"), ServerInfo("b", 2, 6, "p"),
+                                         ServerInfo("b", 0, 1, "p")]   # with the profile announced (ADR 0179)
     assert found[0].addrs == ("/ip4/10.0.0.1/tcp/1",) and found[1].tokens_per_s == 30
     assert coverage(found) == [(0, 2, 10.0), (2, 6, 30.0), (0, 1, 10.0)]
     assert announced_servers("not a list", "m", 6) == []

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli.main import main
+from ml.serve.device import serving_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "random:4x32:4@5"
@@ -39,6 +41,9 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["identical_to_local"] is True and len(out["tokens"]) == 12
         assert second_info["blocks"] == "2:4" and second_info["model"] == first_info["model"]
+        # --device auto (ADR 0179): CUDA when torch sees it, announced in that device's profile
+        assert first_info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert first_info["profile"] == serving_profile(first_info["device"]) and out["device"] == first_info["device"]
 
         text = tmp_path / "text.txt"
         text.write_text("to be or not to be, that is the question. " * 20)
