@@ -58,16 +58,19 @@ class TaskNet:
     validators: list[Member] = field(default_factory=list)
 
     @classmethod
-    def build(cls, root: Path, compute: int = 4) -> TaskNet:
-        lab = Lab().build(["val", "relay1", "relay2"], HOME_NATS[:compute])
+    def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (),
+              compute_config: list[dict] | None = None) -> TaskNet:
+        """``public``: more public hosts (for clients); ``compute_config``: config overrides per compute
+        node ({(section, key): value}, e.g. a ``[serve]`` section)."""
+        lab = Lab().build(["val", "relay1", "relay2", *public], HOME_NATS[:compute])
         try:
-            return cls._write(lab, Path(root), compute)
+            return cls._write(lab, Path(root), compute, compute_config or [{}] * compute)
         except BaseException:
             lab.teardown()
             raise
 
     @classmethod
-    def _write(cls, lab: Lab, root: Path, compute: int) -> TaskNet:
+    def _write(cls, lab: Lab, root: Path, compute: int, compute_config: list[dict]) -> TaskNet:
         relay_ids = [Identity.generate() for _ in range(2)]
         compute_ids = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, 2, chain_id="dekube-netlab", host=lab.public["val"],
@@ -82,8 +85,8 @@ class TaskNet:
                 ("rpc", "host"): ip, ("rpc", "port"): str(RPC_PORT), ("relay", "ledger_rpc"): rpc_urls[0]}))
             relay_addrs.append(f"/ip4/{ip}/tcp/{PORT}/p2p/{ident.peer_id}")
         members = []
-        for i, (ident, home) in enumerate(zip(compute_ids, lab.homes)):
-            members.append(cls._home(root / f"c{i}", home.ns, ident, {
+        for i, (ident, home, extra) in enumerate(zip(compute_ids, lab.homes, compute_config)):
+            members.append(cls._home(root / f"c{i}", home.ns, ident, {**extra,
                 ("node", "roles"): "compute", ("p2p", "listen"): f"/ip4/{home.ip}/tcp/{PORT}",
                 ("rpc", "host"): home.ip, ("rpc", "port"): str(RPC_PORT),
                 ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)],
@@ -147,13 +150,22 @@ class TaskNet:
         self.lab.teardown()
 
     # ---- talking to the network from inside it
-    def cli(self, *args: str, timeout: float = 600.0) -> str:
-        """``dekube-node ARGS`` inside the validators' namespace; its stdout (raises on failure)."""
-        done = subprocess.run(["ip", "netns", "exec", self.lab.ns_of("val"), sys.executable, "-m", "cli.main", *args],
-                              capture_output=True, text=True, env=self._env(), cwd=str(REPO_ROOT), timeout=timeout)
+    def cli(self, *args: str, timeout: float = 600.0, host: str = "val") -> str:
+        """``dekube-node ARGS`` inside the namespace of public ``host`` (default: the validators');
+        its stdout (raises on failure)."""
+        done = subprocess.run(self._cli_command(host, args), capture_output=True, text=True, env=self._env(),
+                              cwd=str(REPO_ROOT), timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"dekube-node {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
         return done.stdout
+
+    def cli_process(self, *args: str, host: str = "val") -> subprocess.Popen:
+        """``dekube-node ARGS`` started in public ``host``'s namespace (text pipes for stdout and stderr)."""
+        return subprocess.Popen(self._cli_command(host, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self._env(), cwd=str(REPO_ROOT))
+
+    def _cli_command(self, host: str, args) -> list[str]:
+        return ["ip", "netns", "exec", self.lab.ns_of(host), sys.executable, "-m", "cli.main", *args]
 
     def rpc(self, method: str, *params, url: str | None = None):
         """One JSON-RPC call to a validator (or ``url``) from inside the lab; None if unreachable."""
