@@ -104,7 +104,7 @@ def test_generate_through_nated_servers_is_local_text_and_paid_on_chain(serve_ne
         assert info["hardware"]["serving"][0]["price"] == PRICE
     net.cli("wallet", "serve-deposit", str(DEPOSIT), "--rpc", url, "--key", str(net.testnet.faucet_key),
             "--wait", "--json", host="client")
-    client = net.testnet.faucet.peer_id
+    client = net.testnet.faucet().peer_id
     assert net.rpc("dkb_getServeEscrow", client)["balance"] == DEPOSIT
     before = {m.peer_id: net.rpc("dkb_getBalance", m.peer_id) for m in net.compute}
     relayed_before = sum(net.metric(r, "dekube_relay_bytes_total") for r in net.relays)
