@@ -4,8 +4,9 @@ hosts, four ``dekube-node start --role compute`` processes behind NAT routers (o
 a public client host who funds a serving escrow (``wallet serve-deposit``) and runs ``dekube-node
 generate --ledger``. The CLI finds the servers in the ledger, reaches them only through the relayed
 addresses their records carry, prints the tokens local inference gives, and the servers' node services
-claim their co-signed receipts on chain. A second generation loses its middle server to SIGKILL
-mid-way: the spare takes over with exactly one replay and the text is still the same."""
+claim their co-signed receipts on chain; a user behind a NAT of its own (home 5) gets the same. A later
+generation loses its middle server to SIGKILL mid-way: the spare takes over with exactly one replay and
+the text is still the same."""
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +31,7 @@ PRICE = 1_000_000                       # per GFLOP: a few thousand per server f
 DEPOSIT = 500_000
 PROMPT = "hello"
 WATCH_S = 240.0
+KILL_AFTER_S = 1.0   # the middle server dies this long after its session opened (400 tokens take far longer)
 # prints "watching" once it polls, then "open" when the node's [serve] status shows a session
 SESSION_WATCHER = """
 import json, sys, time, urllib.request
@@ -57,6 +59,7 @@ def serve_net(tmp_path_factory):
                ("serve", "claim_every"): "1"} for blocks in RANGES]
     net = TaskNet.build(tmp_path_factory.mktemp("servenet") / "net", public=("client",), compute_config=config)
     try:
+        net.lab.add_home(len(RANGES) + 1, "eim")   # a user at home too (namespace "h5")
         net.up()
         model_id = parse_model(MODEL).model_id
         net.poll(lambda: len(net.rpc("dkb_listNodes", None, model_id, 1000)) == len(RANGES), 180,
@@ -125,6 +128,12 @@ def test_generate_through_nated_servers_is_local_text_and_paid_on_chain(serve_ne
     assert supply["total"] == supply["genesis"]
 
 
+def test_a_client_behind_nat_generates_through_nated_servers(serve_net):
+    net = serve_net
+    out = json.loads(net.cli(*generate_args(net, 16), host=f"h{len(RANGES) + 1}", timeout=300))
+    assert out["tokens"] == local_tokens(16) and out["replays"] == 0 and out["paid"] > 0
+
+
 def test_a_server_killed_mid_generation_costs_one_replay(serve_net):
     net = serve_net
     pair = [net.compute[1], net.compute[3]]   # both serve 2:4; the client chains the one it measures faster
@@ -149,7 +158,9 @@ def test_a_server_killed_mid_generation_costs_one_replay(serve_net):
                                               f"{generation.communicate()}"
             assert time.monotonic() < deadline, "no middle server opened a session"
             time.sleep(0.01)
-        net.kill(victim)   # SIGKILL while the session is open
+        time.sleep(KILL_AFTER_S)   # let some tokens pass through it first
+        assert generation.poll() is None, f"generate ended before the kill: {generation.communicate()}"
+        net.kill(victim)   # SIGKILL while the session is open and the generation goes on
         stdout, stderr = generation.communicate(timeout=300)
         assert generation.returncode == 0, stderr[-2000:]
         out = json.loads(stdout)
