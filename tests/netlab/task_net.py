@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,11 +59,28 @@ class TaskNet:
     validators: list[Member] = field(default_factory=list)
 
     @classmethod
-    def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (),
+    @contextlib.contextmanager
+    def running(cls, root: Path, **build) -> Iterator[TaskNet]:
+        """The network built (``build``'s arguments) and ``up``; every member's log tail printed when
+        the block fails; always closed."""
+        net = cls.build(root, **build)
+        try:
+            net.up()
+            yield net
+        except BaseException:
+            for member in net.compute + net.relays + net.validators:
+                print(f"== {member.name}\n{net.log_tail(member)}")
+            raise
+        finally:
+            net.close()
+
+    @classmethod
+    def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (), client_homes: int = 0,
               compute_config: list[dict] | None = None) -> TaskNet:
-        """``public``: more public hosts (for clients); ``compute_config``: config overrides per compute
-        node ({(section, key): value}, e.g. a ``[serve]`` section)."""
-        lab = Lab().build(["val", "relay1", "relay2", *public], HOME_NATS[:compute])
+        """``public``: more public hosts, ``client_homes``: more homes behind endpoint-independent NATs
+        (``h5``, ... after the compute nodes' homes), both for clients; ``compute_config``: config
+        overrides per compute node ({(section, key): value}, e.g. a ``[serve]`` section)."""
+        lab = Lab().build(["val", "relay1", "relay2", *public], HOME_NATS[:compute] + ["eim"] * client_homes)
         try:
             return cls._write(lab, Path(root), compute, compute_config or [{}] * compute)
         except BaseException:

@@ -57,20 +57,12 @@ def serve_net(tmp_path_factory):
         pytest.skip(why)
     config = [{("serve", "model"): MODEL, ("serve", "blocks"): blocks, ("serve", "price"): str(PRICE),
                ("serve", "claim_every"): "1"} for blocks in RANGES]
-    net = TaskNet.build(tmp_path_factory.mktemp("servenet") / "net", public=("client",), compute_config=config)
-    try:
-        net.lab.add_home(len(RANGES) + 1, "eim")   # a user at home too (namespace "h5")
-        net.up()
+    with TaskNet.running(tmp_path_factory.mktemp("servenet") / "net", public=("client",), client_homes=1,
+                         compute_config=config) as net:   # a user on a public host, another at home (h5)
         model_id = parse_model(MODEL).model_id
         net.poll(lambda: len(net.rpc("dkb_listNodes", None, model_id, 1000)) == len(RANGES), 180,
                  "every server's range announced on the ledger")
         yield net
-    except BaseException:
-        for member in net.compute + net.relays + net.validators:
-            print(f"== {member.name}\n{net.log_tail(member)}")
-        raise
-    finally:
-        net.close()
 
 
 def local_tokens(max_tokens: int) -> list[int]:
