@@ -169,18 +169,20 @@ class TaskNet:
 
     # ---- talking to the network from inside it
     def cli(self, *args: str, timeout: float = 600.0, host: str = "val") -> str:
-        """``dekube-node ARGS`` inside the namespace of public ``host`` (default: the validators');
-        its stdout (raises on failure)."""
+        """``dekube-node ARGS`` inside the namespace of ``host`` (a public host or a home ``hN``; default:
+        the validators'); its stdout (raises on failure)."""
         done = subprocess.run(self._cli_command(host, args), capture_output=True, text=True, env=self._env(),
                               cwd=str(REPO_ROOT), timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"dekube-node {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
         return done.stdout
 
-    def cli_process(self, *args: str, host: str = "val") -> subprocess.Popen:
-        """``dekube-node ARGS`` started in public ``host``'s namespace (text pipes for stdout and stderr)."""
-        return subprocess.Popen(self._cli_command(host, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self._env(), cwd=str(REPO_ROOT))
+    def cli_process(self, *args: str, host: str = "val", log: Path) -> subprocess.Popen:
+        """``dekube-node ARGS`` started in ``host``'s namespace: stdout a text pipe, stderr appended to
+        ``log`` (a pipe nobody reads could fill and stall it)."""
+        with open(log, "ab") as err:
+            return subprocess.Popen(self._cli_command(host, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=err, text=True, env=self._env(), cwd=str(REPO_ROOT))
 
     def _cli_command(self, host: str, args) -> list[str]:
         return ["ip", "netns", "exec", self.lab.ns_of(host), sys.executable, "-m", "cli.main", *args]
