@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -516,16 +517,27 @@ async def _find_servers(host, gateway, spec, servers) -> tuple[list, dict | None
     return infos, speed
 
 
-async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned, device: str,
-                    profile: str) -> dict:
-    from ml.serve.client import NoChain, RemoteGenerator, local_generate
-    from node.p2p.host import Host
+@contextlib.asynccontextmanager
+async def _client(args: argparse.Namespace):
+    """(host, gateway or None, identity) of a short-lived client node: its relay client dials the
+    relayed addresses NAT'd servers announce, like ``task fetch`` does (cli/client_node.py)."""
+    from cli.client_node import client_node
 
     identity = _identity(args)
     gateway = _gateway(args, identity)
-    host = Host(identity)
-    await host.start()
     try:
+        async with client_node(identity) as node:
+            yield node.host, gateway, identity
+    finally:
+        if gateway is not None:
+            await gateway.close()
+
+
+async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned, device: str,
+                    profile: str) -> dict:
+    from ml.serve.client import NoChain, RemoteGenerator, local_generate
+
+    async with _client(args) as (host, gateway, identity):
         payer = await _payer(args, gateway, identity)
         infos, speed = await _find_servers(host, gateway, spec, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True, device)
@@ -548,10 +560,6 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
         if args.spot_check:
             result |= await _spot_check(spec, generator, gateway, host, args, device, profile)
         return result
-    finally:
-        if gateway is not None:
-            await gateway.close()
-        await host.stop()
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -579,7 +587,6 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace, devi
 
     from ml.serve.client import NoChain
     from ml.serve.tuner import RemoteTuner
-    from node.p2p.host import Host
 
     data = torch.tensor(tokens)
     gen = torch.Generator().manual_seed(0)
@@ -588,11 +595,7 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace, devi
         offsets = torch.randint(0, len(tokens) - args.length - 1, (args.batch,), generator=gen)
         return torch.stack([data[o:o + args.length + 1] for o in offsets.tolist()])
 
-    identity = _identity(args)
-    gateway = _gateway(args, identity)
-    host = Host(identity)
-    await host.start()
-    try:
+    async with _client(args) as (host, gateway, identity):
         payer = await _payer(args, gateway, identity)
         infos, _ = await _find_servers(host, gateway, spec, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True, device)
@@ -612,7 +615,3 @@ async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace, devi
         await asyncio.to_thread(tuner.tuned.save, args.out, {"model": spec.model_id})
         return {"loss_before": round(before, 4), "loss_after": round(after, 4), "steps": args.steps,
                 "step_s": round(step_s, 4), "failovers": tuner.failovers, "out": str(args.out)}
-    finally:
-        if gateway is not None:
-            await gateway.close()
-        await host.stop()

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,16 +59,36 @@ class TaskNet:
     validators: list[Member] = field(default_factory=list)
 
     @classmethod
-    def build(cls, root: Path, compute: int = 4) -> TaskNet:
-        lab = Lab().build(["val", "relay1", "relay2"], HOME_NATS[:compute])
+    @contextlib.contextmanager
+    def running(cls, root: Path, **build) -> Iterator[TaskNet]:
+        """The network built (``build``'s arguments) and ``up``; every member's log tail printed when
+        the block fails; always closed."""
+        net = cls.build(root, **build)
         try:
-            return cls._write(lab, Path(root), compute)
+            net.up()
+            yield net
+        except BaseException:
+            for member in net.compute + net.relays + net.validators:
+                print(f"== {member.name}\n{net.log_tail(member)}")
+            raise
+        finally:
+            net.close()
+
+    @classmethod
+    def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (), client_homes: int = 0,
+              compute_config: list[dict] | None = None) -> TaskNet:
+        """``public``: more public hosts, ``client_homes``: more homes behind endpoint-independent NATs
+        (``h5``, ... after the compute nodes' homes), both for clients; ``compute_config``: config
+        overrides per compute node ({(section, key): value}, e.g. a ``[serve]`` section)."""
+        lab = Lab().build(["val", "relay1", "relay2", *public], HOME_NATS[:compute] + ["eim"] * client_homes)
+        try:
+            return cls._write(lab, Path(root), compute, compute_config or [{}] * compute)
         except BaseException:
             lab.teardown()
             raise
 
     @classmethod
-    def _write(cls, lab: Lab, root: Path, compute: int) -> TaskNet:
+    def _write(cls, lab: Lab, root: Path, compute: int, compute_config: list[dict]) -> TaskNet:
         relay_ids = [Identity.generate() for _ in range(2)]
         compute_ids = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, 2, chain_id="dekube-netlab", host=lab.public["val"],
@@ -82,8 +103,8 @@ class TaskNet:
                 ("rpc", "host"): ip, ("rpc", "port"): str(RPC_PORT), ("relay", "ledger_rpc"): rpc_urls[0]}))
             relay_addrs.append(f"/ip4/{ip}/tcp/{PORT}/p2p/{ident.peer_id}")
         members = []
-        for i, (ident, home) in enumerate(zip(compute_ids, lab.homes)):
-            members.append(cls._home(root / f"c{i}", home.ns, ident, {
+        for i, (ident, home, extra) in enumerate(zip(compute_ids, lab.homes, compute_config)):
+            members.append(cls._home(root / f"c{i}", home.ns, ident, {**extra,
                 ("node", "roles"): "compute", ("p2p", "listen"): f"/ip4/{home.ip}/tcp/{PORT}",
                 ("rpc", "host"): home.ip, ("rpc", "port"): str(RPC_PORT),
                 ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)],
@@ -147,13 +168,24 @@ class TaskNet:
         self.lab.teardown()
 
     # ---- talking to the network from inside it
-    def cli(self, *args: str, timeout: float = 600.0) -> str:
-        """``dekube-node ARGS`` inside the validators' namespace; its stdout (raises on failure)."""
-        done = subprocess.run(["ip", "netns", "exec", self.lab.ns_of("val"), sys.executable, "-m", "cli.main", *args],
-                              capture_output=True, text=True, env=self._env(), cwd=str(REPO_ROOT), timeout=timeout)
+    def cli(self, *args: str, timeout: float = 600.0, host: str = "val") -> str:
+        """``dekube-node ARGS`` inside the namespace of ``host`` (a public host or a home ``hN``; default:
+        the validators'); its stdout (raises on failure)."""
+        done = subprocess.run(self._cli_command(host, args), capture_output=True, text=True, env=self._env(),
+                              cwd=str(REPO_ROOT), timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"dekube-node {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
         return done.stdout
+
+    def cli_process(self, *args: str, host: str = "val", log: Path) -> subprocess.Popen:
+        """``dekube-node ARGS`` started in ``host``'s namespace: stdout a text pipe, stderr appended to
+        ``log`` (a pipe nobody reads could fill and stall it)."""
+        with open(log, "ab") as err:
+            return subprocess.Popen(self._cli_command(host, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=err, text=True, env=self._env(), cwd=str(REPO_ROOT))
+
+    def _cli_command(self, host: str, args) -> list[str]:
+        return ["ip", "netns", "exec", self.lab.ns_of(host), sys.executable, "-m", "cli.main", *args]
 
     def rpc(self, method: str, *params, url: str | None = None):
         """One JSON-RPC call to a validator (or ``url``) from inside the lab; None if unreachable."""

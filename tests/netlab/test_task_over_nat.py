@@ -23,16 +23,8 @@ def task_net(tmp_path_factory):
     why = unavailable()
     if why:
         pytest.skip(why)
-    net = TaskNet.build(tmp_path_factory.mktemp("tasknet") / "net")
-    try:
-        net.up()
+    with TaskNet.running(tmp_path_factory.mktemp("tasknet") / "net") as net:
         yield net
-    except BaseException:
-        for member in net.compute + net.relays + net.validators:
-            print(f"== {member.name}\n{net.log_tail(member)}")
-        raise
-    finally:
-        net.close()
 
 
 def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
