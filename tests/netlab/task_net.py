@@ -76,11 +76,14 @@ class TaskNet:
 
     @classmethod
     def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (), client_homes: int = 0,
-              compute_config: list[dict] | None = None) -> TaskNet:
+              compute_config: list[dict] | None = None, home_delay_ms: float | None = None) -> TaskNet:
         """``public``: more public hosts, ``client_homes``: more homes behind endpoint-independent NATs
         (``h5``, ... after the compute nodes' homes), both for clients; ``compute_config``: config
-        overrides per compute node ({(section, key): value}, e.g. a ``[serve]`` section)."""
-        lab = Lab().build(["val", "relay1", "relay2", *public], HOME_NATS[:compute] + ["eim"] * client_homes)
+        overrides per compute node ({(section, key): value}, e.g. a ``[serve]`` section);
+        ``home_delay_ms``: a delay line of that many ms each way on every home's WAN link."""
+        nats = HOME_NATS[:compute] + ["eim"] * client_homes
+        delays = None if home_delay_ms is None else [home_delay_ms] * len(nats)
+        lab = Lab().build(["val", "relay1", "relay2", *public], nats, delays)
         try:
             return cls._write(lab, Path(root), compute, compute_config or [{}] * compute)
         except BaseException:

@@ -31,7 +31,8 @@ PRICE = 1_000_000                       # per GFLOP: a few thousand per server f
 DEPOSIT = 500_000
 PROMPT = "hello"
 WATCH_S = 240.0
-KILL_AFTER_S = 1.0   # the middle server dies this long after its session opened (400 tokens take far longer)
+HOME_DELAY_MS = 10.0   # each way on every home's link: a token costs >= 3 hops x 20 ms RTT on any machine
+KILL_AFTER_S = 1.0     # the middle server dies this long after its session opened (400 tokens take >= 24 s)
 # prints "watching" once it polls, then "open" when the node's [serve] status shows a session
 SESSION_WATCHER = """
 import json, sys, time, urllib.request
@@ -57,8 +58,9 @@ def serve_net(tmp_path_factory):
         pytest.skip(why)
     config = [{("serve", "model"): MODEL, ("serve", "blocks"): blocks, ("serve", "price"): str(PRICE),
                ("serve", "claim_every"): "1"} for blocks in RANGES]
+    # a user on a public host, another at home (h5)
     with TaskNet.running(tmp_path_factory.mktemp("servenet") / "net", public=("client",), client_homes=1,
-                         compute_config=config) as net:   # a user on a public host, another at home (h5)
+                         compute_config=config, home_delay_ms=HOME_DELAY_MS) as net:
         model_id = parse_model(MODEL).model_id
         net.poll(lambda: len(net.rpc("dkb_listNodes", None, model_id, 1000)) == len(RANGES), 180,
                  "every server's range announced on the ledger")
