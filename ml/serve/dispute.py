@@ -12,8 +12,10 @@ A drawn referee fetches the bundle from the client (`fetch_bundle`, hash checked
 `referee_verdict`: the bundle must chain to the dispute's prior transcript and link, on the blocks and
 model disputed, its last answer digest must be the disputed one; then the referee reruns every step
 through its own copy of those blocks with fresh KV caches (what the server's session did) and votes
-`valid` with the digest of its own answer to the last step, after the codec. A bundle that is missing,
-malformed or does not check out is voted invalid (the claim then fails and the client loses its bond).
+`valid` with the digest of its own answer to the last step, after the codec. A bundle that is malformed
+or does not check out is voted invalid (the claim then fails and the client loses its bond); a bundle
+the referee could not fetch is no verdict: it tries again at its next duty round until the dispute
+closes, and abstains if it never gets it (ADR 0178: an honest client's claim must not depend on load).
 """
 from __future__ import annotations
 
@@ -143,18 +145,18 @@ def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
     return sub.eval()
 
 
-def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
-    """(valid, output): whether the bundle checks out, and the digest of the referee's own answer to its
-    last step after the codec (blocking: torch; run it in a worker thread). Raises DisputeError when
-    `part` does not hold the disputed blocks (the referee cannot judge: it abstains)."""
+def referee_verdict(bundle: bytes, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
+    """(valid, output): whether the bundle (fetched, hashing to the claim's inputs or not) checks out, and
+    the digest of the referee's own answer to its last step after the codec (blocking: torch; run it in
+    a worker thread). Raises DisputeError when `part` does not hold the disputed blocks (the referee
+    cannot judge: it abstains)."""
     blocks = _blocks(part, claim.start, claim.end)
-    if bundle is None:
-        return False, ZERO
     try:
         steps, inputs = _steps(bundle, claim)
         if inputs.shape[1] > blocks.config.context or inputs.shape[2] != blocks.config.width:
             raise DisputeError("bundle inputs do not fit the model")
-    except DisputeError:
+    except DisputeError as exc:
+        log.warning("dispute bundle refused: %s", exc)
         return False, ZERO
     caches = blocks.new_caches(inputs.shape[0], inputs.shape[1])
     offset, out = 0, inputs[:, :0]
@@ -215,7 +217,8 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
         await stream.write(encode_frame({"type": "bundle", "inputs": inputs.hex()}))
         prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
         body = await asyncio.wait_for(stream.readexactly(frame_length(prefix)), timeout)
-    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
+        log.warning("fetching dispute bundle from %s failed: %r", peer_id[:16], exc)
         return None
     finally:
         if stream is not None:
@@ -225,14 +228,12 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
     return bundle if hashlib.sha256(bundle).digest() == inputs else None
 
 
-FETCH_ATTEMPTS = 3
-
-
-async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, int]) -> int:
+async def referee_duty(gateway, host, part: ServeDecoder) -> int:
     """Vote on every open dispute that drew this server as a referee (polled from the ledger): fetch the
-    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is retried at
-    the next call and voted invalid after FETCH_ATTEMPTS tries (`failures` keeps the count); a dispute
-    on blocks this server no longer holds is left alone. Returns the votes sent."""
+    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is no verdict
+    on the claim (the client may be slow or the network down for a while): the dispute stays on the
+    ledger's to-do list and is tried again at the next call, until it closes; a dispute on blocks this
+    server no longer holds is left alone. Returns the votes sent."""
     from node.ledger.errors import LedgerUnavailable, TxFailed
 
     try:
@@ -249,10 +250,9 @@ async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, in
             host.peerbook.add_addrs(record["client"], record.get("addrs", []))
         bundle = await fetch_bundle(host, record["client"], claim.inputs)
         if bundle is None:
-            failures[record["dispute"]] = failures.get(record["dispute"], 0) + 1
-            if failures[record["dispute"]] < FETCH_ATTEMPTS:
-                continue
+            continue   # no verdict without the bundle: abstain now, try again next time
         valid, output = await asyncio.to_thread(referee_verdict, bundle, claim, part)
+        log.info("serving dispute %s: voting valid=%s output=%s", record["dispute"][:16], valid, output.hex()[:16])
         try:
             await gateway.send("serve_referee_vote", {"dispute": bytes.fromhex(record["dispute"]), "valid": valid,
                                                       "output": output})
