@@ -104,10 +104,10 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
     if ident in state.serve_disputes:
         raise TxError(TxCode.REPLAYED, "this session was already disputed")
     channel = state.serve_channels.get(serve_channel_id(receipt))
-    if channel is not None and channel.claimed_height and ctx.height > channel.claimed_height + params.serve_dispute_window:
-        raise TxError(TxCode.BAD_STATE, f"too late: the session was last claimed at height {channel.claimed_height} "
-                                        f"and its disputes closed at {channel.claimed_height + params.serve_dispute_window} "
-                                        f"(serve_dispute_window), now {ctx.height}")
+    closes = channel.claimed_height + params.serve_dispute_window if channel is not None else 0
+    if channel is not None and channel.claimed_height and ctx.height > closes:
+        raise TxError(TxCode.BAD_STATE, f"too late: the session was last claimed at height {channel.claimed_height}, "
+                                        f"its disputes closed at {closes} (serve_dispute_window), now {ctx.height}")
     pool = eligible_referees(state, params, receipt["model"], p["profile"], p["start"], p["end"], {client, server})
     material = b"dekube/serve-referees\x00" + ident + ctx.block_hash
     chosen = draw_distinct(material, pool, params.referees)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from ml.profiles import configure_portable_torch
 from ml.registry import models as registry
 
-
 SERVE_THREADS = 1   # torch intra-op threads of every block computation (ADR 0178): any machine can match it
 
 

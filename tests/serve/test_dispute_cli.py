@@ -39,7 +39,8 @@ def test_generate_spot_checks_and_disputes_a_lying_server(tmp_path, capsys, monk
         if out["disputes"][0].get("status") != "guilty":   # the servers' logs say why (failed fetches, refused bundles)
             for proc in procs:
                 proc.kill()
-            raise AssertionError(f"{out}\n" + "\n----\n".join(proc.communicate(timeout=10)[1][-4000:] for proc in procs))
+            logs = [proc.communicate(timeout=10)[1][-4000:] for proc in procs]
+            raise AssertionError(f"{out}\n" + "\n----\n".join(logs))
         # the liar's first wrong answer is step 3: an earlier mismatch would be the client's own recompute
         # disagreeing with honest answers (torch threads left at 1 by a test run before this one, ADR 0178)
         assert {k: check[k] for k in ("blocks", "ok", "culprit", "step")} == {
