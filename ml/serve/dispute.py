@@ -3,15 +3,18 @@
 A failed spot check gives evidence (billing.spot_evidence): the countersigned receipt whose transcript
 ends at the wrong step, the prior transcript, the step's link and answer digest, and the steps up to
 it. The client packs the steps into a **bundle** (one wire frame: a JSON header naming the model and
-each step's blocks, codec, chunk lengths, "all" flag and answer digest, and one f32 tensor "h" with
-every step's inputs as the server decoded them, back to back), files `serve_dispute` with the
+each step's blocks, codec, chunk lengths, "all" flag, answer digest and setup digest, one f32 tensor
+"h" with every step's inputs as the server decoded them, back to back, and, for a session opened with
+the client's adapter or deep prompts, those as the server decoded them: "lora_a", "lora_b",
+"prompts", which must hash to the setup digest every link commits to), files `serve_dispute` with the
 bundle's sha256 as `inputs` (`dispute_payload`), and serves the bundle to whoever asks for that hash
 over `/dekube/serve-dispute/1.0.0` (`BundleStore`, `make_bundle_handler`).
 
 A drawn referee fetches the bundle from the client (`fetch_bundle`, hash checked) and calls
 `referee_verdict`: the bundle must chain to the dispute's prior transcript and link, on the blocks and
 model disputed, its last answer digest must be the disputed one; then the referee reruns every step
-through its own copy of those blocks with fresh KV caches (what the server's session did) and votes
+through its own copy of those blocks with fresh KV caches, the session's deep prompts added to the
+first chunk and its adapter at every chunk (what the server's session did), and votes
 `valid` with the digest of its own answer to the last step, after the codec. A bundle that is malformed
 or does not check out is voted invalid (the claim then fails and the client loses its bond); a bundle
 the referee could not fetch is no verdict: it tries again at its next duty round until the dispute
@@ -30,7 +33,7 @@ import torch
 from consensus.state.serve_disputes import dispute_id
 from ml.serve.billing import StepRecord
 from ml.serve.model import ServeDecoder
-from ml.serve.transcript import ZERO, chain, step_link, tensor_digest
+from ml.serve.transcript import ZERO, chain, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
@@ -45,14 +48,31 @@ class DisputeError(ValueError):
     """Evidence that cannot make a claim."""
 
 
-def encode_bundle(model: str, steps: list[StepRecord]) -> bytes:
-    """The bundle of `steps` (one session's, in order) as one wire frame, length prefix included."""
+SETUP_TENSORS = ("lora_a", "lora_b", "prompts")
+
+
+def _setup_of(tensors: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+    """(LoRA (A, B) | None, deep prompts | None) from a session's setup tensors."""
+    if ("lora_a" in tensors) != ("lora_b" in tensors):
+        raise DisputeError("a setup's adapter needs both lora_a and lora_b")
+    lora = (tensors["lora_a"], tensors["lora_b"]) if "lora_a" in tensors else None
+    return lora, tensors.get("prompts")
+
+
+def encode_bundle(model: str, steps: list[StepRecord], setup: dict[str, torch.Tensor] | None = None) -> bytes:
+    """The bundle of `steps` (one session's, in order) as one wire frame, length prefix included, with the
+    session's `setup` tensors (lora_a, lora_b, prompts as the server decoded them) when it had any: the
+    steps' links commit to their digest (transcript.setup_digest)."""
     if not steps:
         raise DisputeError("a bundle needs at least one step")
+    setup = {name: t for name, t in (setup or {}).items() if name in SETUP_TENSORS}
+    digest = setup_digest(*_setup_of(setup))
+    if any(s.setup != digest for s in steps):
+        raise DisputeError("the setup tensors do not match the steps' setup digest")
     header = {"type": "dispute-bundle", "model": model,
               "steps": [{"start": s.start, "end": s.end, "codec": s.codec, "chunks": list(s.chunks),
                          "all": s.all_outputs, "answer": s.answer.hex(), "setup": s.setup.hex()} for s in steps]}
-    return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1)}, "f32")
+    return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1), **setup}, "f32")
 
 
 def dispute_payload(evidence: dict, bundle: bytes, profile: str, bond: int) -> dict:
@@ -90,8 +110,18 @@ class Claim:
                                                                       ("prior", "link", "answer", "inputs")))
 
 
-def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
-    """The bundle's steps and inputs, checked against the claim's hash, chain, blocks and answer."""
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle's contents, checked against a claim."""
+    steps: list[dict]
+    inputs: torch.Tensor
+    lora: tuple[torch.Tensor, torch.Tensor] | None
+    prompts: torch.Tensor | None
+
+
+def _steps(bundle: bytes, claim: Claim) -> Bundle:
+    """The bundle's steps, inputs and session setup, checked against the claim's hash, chain, blocks and
+    answer (the setup tensors against the digest every link commits to)."""
     if hashlib.sha256(bundle).digest() != claim.inputs:
         raise DisputeError("bundle does not hash to the claim's inputs")
     try:
@@ -106,6 +136,10 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
         raise DisputeError("bundle names another model, or lacks steps or inputs")
     if inputs.dim() != 3:
         raise DisputeError("bundle inputs are (batch, length, width)")
+    lora, prompts = _setup_of({name: t for name, t in message.tensors.items() if name in SETUP_TENSORS})
+    if set(message.tensors) - {"h", *SETUP_TENSORS}:
+        raise DisputeError("bundle carries tensors other than its inputs and setup")
+    digest = setup_digest(lora, prompts)
     links, offset = [], 0
     for step in steps:
         chunks = step.get("chunks") if isinstance(step, dict) else None
@@ -118,8 +152,8 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
             answer, setup = bytes.fromhex(step["answer"]), bytes.fromhex(str(step.get("setup", "")))
         except ValueError:
             raise DisputeError("bundle answer or setup is not hex") from None
-        if setup != ZERO:   # sessions with the client's adapter or prompts are not refereed (ADR 0176)
-            raise DisputeError("the session carried an adapter or prompts: a referee cannot recompute it")
+        if setup != digest:
+            raise DisputeError("the bundle's adapter or prompts are not those its steps commit to")
         length = sum(chunks)
         if offset + length > inputs.shape[1]:
             raise DisputeError("bundle steps run past its inputs")
@@ -130,7 +164,7 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
         raise DisputeError("bundle inputs are longer than its steps")
     if chain(links[:-1]) != claim.prior or links[-1] != claim.link or answer != claim.answer:
         raise DisputeError("bundle does not chain to the disputed transcript")
-    return steps, inputs
+    return Bundle(steps, inputs, lora, prompts)
 
 
 def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
@@ -152,22 +186,34 @@ def referee_verdict(bundle: bytes, claim: Claim, part: ServeDecoder) -> tuple[bo
     cannot judge: it abstains)."""
     blocks = _blocks(part, claim.start, claim.end)
     try:
-        steps, inputs = _steps(bundle, claim)
-        if inputs.shape[1] > blocks.config.context or inputs.shape[2] != blocks.config.width:
-            raise DisputeError("bundle inputs do not fit the model")
+        checked = _steps(bundle, claim)
+        return True, _replay(blocks, checked)
     except DisputeError as exc:
         log.warning("dispute bundle refused: %s", exc)
         return False, ZERO
+
+
+def _replay(blocks: ServeDecoder, bundle: Bundle) -> bytes:
+    """Rerun the bundle's steps as the server's session did (fresh KV caches, the deep prompts added to
+    the first chunk, the adapter at every chunk); the digest of the last step's answer after its codec."""
+    inputs, config = bundle.inputs, blocks.config
+    if inputs.shape[1] > config.context or inputs.shape[2] != config.width:
+        raise DisputeError("bundle inputs do not fit the model")
     caches = blocks.new_caches(inputs.shape[0], inputs.shape[1])
     offset, out = 0, inputs[:, :0]
-    with torch.no_grad():
-        for step in steps:
-            outs = []
-            for length in step["chunks"]:
-                outs.append(blocks.run_blocks(inputs[:, offset:offset + length], caches))
-                offset += length
-            out = torch.cat(outs, 1) if step["all"] else outs[-1]
-    return True, tensor_digest(roundtrip(out, steps[-1]["codec"]))
+    try:
+        with torch.no_grad():
+            for step in bundle.steps:
+                outs = []
+                for length in step["chunks"]:
+                    chunk = inputs[:, offset:offset + length]
+                    outs.append(blocks.run_blocks(chunk, caches, prompts=bundle.prompts if offset == 0 else None,
+                                                  lora=bundle.lora))
+                    offset += length
+                out = torch.cat(outs, 1) if step["all"] else outs[-1]
+    except (RuntimeError, ValueError, IndexError) as exc:   # setup shapes that do not fit (torch's errors)
+        raise DisputeError(f"bundle does not run on the blocks: {str(exc)[:200]}") from None
+    return tensor_digest(roundtrip(out, bundle.steps[-1]["codec"]))
 
 
 class BundleStore:
@@ -286,7 +332,7 @@ async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: 
     profile = await server_profile(gateway, evidence["receipt"]["server"], model)
     if profile is None:
         raise DisputeError("the server announces no profile for that model: no referee could be drawn")
-    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"])
+    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
     store.add(bundle)
     payload = {**dispute_payload(evidence, bundle, profile, bond),
                "addrs": [str(addr) for addr in host.listen_addrs][:8]}

@@ -1,18 +1,26 @@
 """Wrong activations slashed (ADR 0176): a lying server is caught by the client's spot check, disputed on
 chain, refereed by two honest servers that fetch the step bundle from the client and recompute it,
-and slashed; the bundle's checks refuse tampering, and an honest step recomputes to the signed answer."""
+and slashed (in plain sessions and in sessions with the client's adapter or deep prompts); the bundle's
+checks refuse tampering, and an honest step recomputes to the signed answer."""
 import asyncio
 import functools
+import hashlib
+from dataclasses import astuple
+
+import pytest
+import torch
 
 from consensus.genesis import Params
 from consensus.state.serve_disputes import dispute_json, list_open_disputes
 from devtools.ledger_chain import Chain, ident
+from ml.serve.adapters import ClientParams
 from ml.serve.billing import spot_evidence
 from ml.serve.client import RemoteGenerator
 from ml.serve.dispute import (
     BUNDLE_PROTOCOL,
     BundleStore,
     Claim,
+    DisputeError,
     dispute_payload,
     encode_bundle,
     fetch_bundle,
@@ -23,8 +31,9 @@ from ml.serve.dispute import (
 )
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
+from ml.serve.wire import encode_frame
 from tests.serve.test_billing import PRICE, PaidNetwork, payer
-from tests.serve.test_generation import PROMPT, random_build
+from tests.serve.test_generation import CONFIG, PROMPT, random_build
 
 PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 RANGES = [(0, 3), (3, 6), (3, 6), (3, 6)]   # servers ident(1..4); ident(2) lies; ident(3), ident(4) referee
@@ -68,15 +77,36 @@ def ledger(model: str) -> Chain:
     return chain
 
 
-def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
+def tuned_params(kind: str) -> ClientParams | None:
+    """The client's parameters for a session of `kind`: plain, with a LoRA adapter, or with prompts."""
+    gen = torch.Generator().manual_seed(11)
+    if kind == "lora":
+        return ClientParams(torch.randn(CONFIG.layers, 2, CONFIG.width, generator=gen) * 0.1,
+                            torch.randn(CONFIG.layers, 3 * CONFIG.width, 2, generator=gen) * 0.1)
+    if kind == "prompts":
+        return ClientParams(input_prompt=torch.randn(3, CONFIG.width, generator=gen),
+                            deep_prompts=torch.randn(CONFIG.layers, 3, CONFIG.width, generator=gen))
+    return None
+
+
+@pytest.mark.parametrize("kind", ["plain", "lora", "prompts"])
+def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed(kind):
+    """Also in sessions with the client's adapter or deep prompts (ADR 0178): the links commit to their
+    digest, the bundle carries them and referees replay with them."""
+    tuned = tuned_params(kind)
+
     async def scenario():
         async with PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)}) as net:
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer(),
+                                        tuned=tuned)
             await generator.generate(PROMPT, 12)
             await asyncio.sleep(0.05)
             check = generator.spot_check(1, random_build((3, 6), False))
             assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
             evidence = check.evidence
+            assert (evidence["steps"][0].setup == ZERO) is (tuned is None)
+            carried = {"plain": set(), "lora": {"lora_a", "lora_b"}, "prompts": {"prompts"}}[kind]
+            assert set(evidence["setup"]) == carried
             store = BundleStore()
             net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
 
@@ -125,7 +155,7 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             # an honest step of the same stream recomputes to the answer the server signed
             meter = next(m for m in generator.meters if m.offer and m.offer["server"] == LIAR.peer_id)
             honest = spot_evidence(meter, 2)
-            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"])
+            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"], honest["setup"])
             honest_payload = dispute_payload(honest, honest_bundle, PROFILE, 200)
             honest_claim = Claim(honest["receipt"]["model"], 3, 6, honest_payload["prior"], honest_payload["link"],
                                  honest_payload["answer"], honest_payload["inputs"])
@@ -134,32 +164,24 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             # a tampered bundle is invalid
             tampered = bundle[:-4] + bytes(4)
             assert referee_verdict(tampered, claim, random_build((3, 6), False)) == (False, ZERO)
+            if tuned is not None:   # a bundle without the session's setup, or with another, is refused
+                for setup in ({}, {name: t + 1 for name, t in honest["setup"].items()}):
+                    with pytest.raises(DisputeError):
+                        encode_bundle(honest["receipt"]["model"], honest["steps"], setup)
+                    forged = bundle_without_check(honest["receipt"]["model"], honest["steps"], setup)
+                    forged_claim = Claim(*astuple(honest_claim)[:-1], hashlib.sha256(forged).digest())
+                    assert referee_verdict(forged, forged_claim, random_build((3, 6), False)) == (False, ZERO)
             assert await fetch_bundle(net.hosts[2], net.client.peer_id, b"\x01" * 32) is None
 
     asyncio.run(scenario())
 
 
-def test_sessions_with_the_clients_adapter_are_not_refereed():
-    """The link commits to the session's setup (adapter, deep prompts); a referee cannot recompute such
-    a session, so it votes the bundle invalid and an honest server with adapter sessions cannot be convicted."""
-    import hashlib
-
-    import torch
-
-    from ml.serve.billing import StepRecord
-    from ml.serve.wire import roundtrip
-
-    part = random_build((3, 6), False)
-    inputs = torch.randn(1, 10, part.config.width, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        answer = part.run_blocks(inputs, part.new_caches(1, 10))
-    for setup, expected_valid in ((ZERO, True), (b"\x01" * 32, False)):
-        step = StepRecord.of(3, 6, "f32", [10], False, inputs, roundtrip(answer, "f32"), setup)
-        bundle = encode_bundle("test-model", [step])
-        claim = Claim("test-model", 3, 6, ZERO, step.link, step.answer, hashlib.sha256(bundle).digest())
-        valid, output = referee_verdict(bundle, claim, part)
-        assert valid is expected_valid
-        assert output == (step.answer if expected_valid else ZERO)
+def bundle_without_check(model: str, steps: list, setup: dict) -> bytes:
+    """A bundle as a dishonest client could build it, with whatever setup tensors (encode_bundle refuses)."""
+    header = {"type": "dispute-bundle", "model": model,
+              "steps": [{"start": st.start, "end": st.end, "codec": st.codec, "chunks": list(st.chunks),
+                         "all": st.all_outputs, "answer": st.answer.hex(), "setup": st.setup.hex()} for st in steps]}
+    return encode_frame(header, {"h": torch.cat([st.inputs for st in steps], 1), **setup}, "f32")
 
 
 def test_block_answers_do_not_depend_on_the_torch_thread_count_a_party_left():
@@ -168,8 +190,6 @@ def test_block_answers_do_not_depend_on_the_torch_thread_count_a_party_left():
     computed other bits than servers at the machine's count, flagged an honest step and lost its claim.
     run_blocks pins the count, so a server, a client and a referee agree whatever their process set."""
     import threading
-
-    import torch
 
     part = random_build((3, 6), False)
     inputs = torch.randn(1, 9, part.config.width, generator=torch.Generator().manual_seed(3))
