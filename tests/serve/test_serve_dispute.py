@@ -214,3 +214,35 @@ def test_block_answers_do_not_depend_on_the_torch_thread_count_a_party_left():
     assert all(len(out) == 4 for out in answers.values())
     for threads in (2, 3):
         assert all(torch.equal(a, b) for a, b in zip(answers[1], answers[threads])), threads
+
+
+def test_a_third_opinion_names_which_of_two_disagreeing_servers_lied():
+    """ADR 0178: a second server's replay that disagrees with the span's server names no liar; a third
+    opinion does (another server, or the client's own blocks), with evidence against whichever lied,
+    the span's server for its step or the second server for its replay, which referees convict."""
+    async def scenario():
+        # ident(3) lies from its first step: the replay it is asked for; ident(2) serves the span honestly
+        async with PaidNetwork(RANGES, server_classes={2: functools.partial(BlockServer, lie_after=0)}) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            await generator.generate(PROMPT, 6)
+            lying_referee, honest_third = net.servers[2], net.servers[3]
+            alone = await generator.spot_check_remote(1, lying_referee)
+            by_server = await generator.spot_check_remote(1, lying_referee, honest_third)
+            by_local = await generator.spot_check_remote(1, lying_referee, random_build((3, 6), False))
+            honest = await generator.spot_check_remote(1, honest_third, lying_referee)
+            return alone, by_server, by_local, honest
+
+    alone, by_server, by_local, honest = asyncio.run(scenario())
+    assert not alone.ok and alone.first_bad_step == 5 and alone.culprit is None and alone.evidence is None
+    assert honest.ok                                              # two honest servers agree: no third asked
+    for check in (by_server, by_local):
+        assert not check.ok and check.first_bad_step == 5 and check.culprit == ident(3).peer_id
+        evidence = check.evidence
+        assert evidence is not None and evidence["receipt"]["server"] == ident(3).peer_id
+        # the liar's replay is one step over every chunk; referees recompute it to another answer: guilty
+        bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"], evidence["setup"])
+        payload = dispute_payload(evidence, bundle, PROFILE, 200)
+        claim = Claim(evidence["receipt"]["model"], 3, 6, payload["prior"], payload["link"], payload["answer"],
+                      payload["inputs"])
+        valid, output = referee_verdict(bundle, claim, random_build((3, 6), False))
+        assert valid and output != claim.answer
