@@ -277,14 +277,13 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
                           "device": device, "profile": profile, "announced": announced is not None}), flush=True)
         rebalance_at = time.monotonic() + args.rebalance_every
-        fetch_failures: dict[str, int] = {}
         while True:
             await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
             server.expire()
             if gateway is None:
                 continue
             await _claim(gateway, book)
-            await referee_duty(gateway, host, model, fetch_failures)   # serving disputes that drew us (ADR 0176)
+            await referee_duty(gateway, host, model)   # serving disputes that drew us (ADR 0176)
             if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:

@@ -59,6 +59,9 @@ class Params:
     serve_dispute_bond: int = 100
     slash_serve_bps: int = 1_000
     serve_referee_fee: int = 10
+    # A session may be disputed until serve_dispute_window blocks after its last paid receipt was claimed
+    # (a session never claimed, which paid its server nothing, any time; ADR 0178).
+    serve_dispute_window: int = 1_000
     # A served range announced (or refreshed) at height h counts for discovery and referee draws until
     # h + serve_announce_ttl (ADR 0177); register_node refuses a range already older than that.
     serve_announce_ttl: int = 600
@@ -90,7 +93,8 @@ class Params:
             raise GenesisError(f"audits_per_worker is at most {MAX_AUDITS_PER_WORKER}")
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
-        for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl"):
+        for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
+                     "serve_dispute_window"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
 
@@ -98,7 +102,7 @@ class Params:
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
                   "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
                   "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
-                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl")
+                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window")
 MAX_AUDITS_PER_WORKER = 16
 MAX_REFEREES = 15
 

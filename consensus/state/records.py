@@ -214,15 +214,17 @@ class ServeEscrow(Record):
 
 class ServeChannel(Record):
     """What one serving session (session id, server, client) was already paid: the last receipt's
-    sequence number and cumulative tokens, FLOPs and amount."""
+    sequence number and cumulative tokens, FLOPs and amount, and the height it was claimed at (the
+    session's disputes close ``serve_dispute_window`` blocks later, ADR 0178)."""
 
-    __slots__ = FIELDS = ("seq", "tokens", "flops", "amount_paid")
+    __slots__ = FIELDS = ("seq", "tokens", "flops", "amount_paid", "claimed_height")
 
-    def __init__(self, seq: int = 0, tokens: int = 0, flops: int = 0, amount_paid: int = 0):
+    def __init__(self, seq: int = 0, tokens: int = 0, flops: int = 0, amount_paid: int = 0, claimed_height: int = 0):
         self.seq = seq
         self.tokens = tokens
         self.flops = flops
         self.amount_paid = amount_paid
+        self.claimed_height = claimed_height
 
 
 class ServeDispute(Record):

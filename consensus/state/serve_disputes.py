@@ -22,6 +22,8 @@ draw), the (valid, output) most votes agree on, leading every other strictly, de
 - a tie or no vote: **undecided**, the bond returns to the client.
 
 One dispute per session (its id is a hash of the session's channel id); bonds count in the supply.
+A session whose server claimed a receipt at height h may be disputed until h + ``serve_dispute_window``
+(its last claim counts; a session never claimed may be disputed any time, ADR 0178).
 """
 from __future__ import annotations
 
@@ -101,6 +103,11 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
     ident = dispute_id(receipt)
     if ident in state.serve_disputes:
         raise TxError(TxCode.REPLAYED, "this session was already disputed")
+    channel = state.serve_channels.get(serve_channel_id(receipt))
+    closes = channel.claimed_height + params.serve_dispute_window if channel is not None else 0
+    if channel is not None and channel.claimed_height and ctx.height > closes:
+        raise TxError(TxCode.BAD_STATE, f"too late: the session was last claimed at height {channel.claimed_height}, "
+                                        f"its disputes closed at {closes} (serve_dispute_window), now {ctx.height}")
     pool = eligible_referees(state, params, receipt["model"], p["profile"], p["start"], p["end"], {client, server})
     material = b"dekube/serve-referees\x00" + ident + ctx.block_hash
     chosen = draw_distinct(material, pool, params.referees)

@@ -126,7 +126,7 @@ def apply_serve_receipt(state: LedgerState, params: Params, ctx: BlockContext, t
     state.credit(server, owed)
     state.touch(SERVE_ESCROW, client)
     channel.seq, channel.tokens, channel.flops = receipt["seq"], receipt["tokens"], receipt["flops"]
-    channel.amount_paid = receipt["amount"]
+    channel.amount_paid, channel.claimed_height = receipt["amount"], ctx.height
     state.serve_channels[chan_id] = channel
     state.touch(SERVE_CHANNEL, chan_id)
     state.events.append({"type": "serve_paid", "server": server, "client": client, "session": receipt["session"],

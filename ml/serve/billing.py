@@ -257,6 +257,9 @@ class ClientMeter:
         self.tokens = 0                         # tokens this client sent
         self.transcript = ZERO
         self.steps: list[StepRecord] = []       # every inference step, in order (evidence for disputes)
+        # the session's adapter and deep prompts as the server decoded them ({"lora_a", "lora_b", "prompts"},
+        # the tensors sent), which its links commit to (StepRecord.setup) and referees replay with (ADR 0178)
+        self.setup: dict[str, torch.Tensor] = {}
         self.receipts: list[SignedReceipt] = []  # every countersigned receipt, in order
         self.seq = 0
         self.pending: dict | None = None        # the receipt to send with the next request
@@ -337,4 +340,4 @@ def spot_evidence(meter: ClientMeter, wrong_step: int) -> dict | None:
     return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
             "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": meter.steps[wrong_step].link.hex(),
             "answer": meter.steps[wrong_step].answer.hex(), "wrong_step": wrong_step,
-            "steps": meter.steps[:wrong_step + 1]}
+            "steps": meter.steps[:wrong_step + 1], "setup": dict(meter.setup)}

@@ -346,9 +346,19 @@ class RemoteGenerator:
         `part` computes in), only the answers of servers in that profile are compared (the others are
         listed in `unchecked`); without it, every server is taken to be in the checker's profile."""
         start, end = self.spans[index]
+        foreign = self._foreign(index, profile)
+        expected_answers = self._local_answers(index, part)
+        for step, (expected, (peer_id, answer)) in enumerate(zip(expected_answers, self.outputs[index])):
+            if answer is not None and peer_id not in foreign and not torch.equal(expected, answer):
+                return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer), foreign)
+        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
+
+    def _local_answers(self, index: int, part: ServeDecoder) -> list[torch.Tensor]:
+        """`part`'s answers to span `index`'s recorded chunks, after the wire codec, on the CPU
+        (blocking: torch)."""
+        start, end = self.spans[index]
         if (part.start, part.end) != (start, end):
             raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
-        foreign = self._foreign(index, profile)
         caches = part.new_caches(1, self._max_length)
         deep, lora = self.tuned.for_span(start, end)
         if deep is not None:
@@ -356,33 +366,58 @@ class RemoteGenerator:
         if lora is not None:
             lora = (wire_roundtrip(lora[0], self.codec), wire_roundtrip(lora[1], self.codec))
         deep, lora = _to((deep, lora), part.device)
+        answers = []
         with torch.no_grad():
-            for step, (chunk, (peer_id, answer)) in enumerate(zip(self.history[index], self.outputs[index])):
+            for step, chunk in enumerate(self.history[index]):
                 received = wire_roundtrip(chunk, self.codec).to(part.device)      # what the server decoded
                 out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
-                if answer is None or peer_id in foreign:
-                    continue
-                if not torch.equal(wire_roundtrip(out.cpu(), self.codec), answer):
-                    return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer),
-                                     foreign)
-        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
+                answers.append(wire_roundtrip(out.cpu(), self.codec))
+        return answers
 
-    async def spot_check_remote(self, index: int, referee: ServerInfo, same_profile: bool = False) -> SpotCheck:
-        """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
-        span's recorded chunks in a fresh session and compare each of its answers with the recorded
-        ones, bit for bit. A mismatch names the first differing step and the server that answered
-        it; which of the two lies is for a third opinion (a local check or another referee). With
-        `same_profile`, only the answers of servers in the referee's profile are compared."""
-        start, end = self.spans[index]
-        if (referee.start, referee.end) != (start, end):
-            raise ValueError(f"span {index} is blocks {start}:{end}, the referee holds {referee.start}:{referee.end}")
-        client = await self._open(referee)
+    async def _replay_on(self, index: int, server: ServerInfo) -> tuple[list[torch.Tensor], ClientMeter | None]:
+        """`server`'s answers to span `index`'s recorded chunks replayed in a fresh session, and the meter
+        of that stream (its countersigned receipt covers the replay: evidence if the server lied)."""
+        client = await self._open(server)
         try:
             answers = await self._replay(client, self.history[index], all_outputs=True)
         finally:
             await client.close()
-        foreign = self._foreign(index, self.profiles[referee.peer_id] if same_profile else None)
-        for step, ((peer_id, answer), expected) in enumerate(zip(self.outputs[index], answers)):
-            if answer is not None and peer_id not in foreign and not torch.equal(expected, answer):
-                return SpotCheck(index, (start, end), False, step, peer_id, unchecked=foreign)
-        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
+        return answers, client.meter
+
+    async def spot_check_remote(self, index: int, referee: ServerInfo,
+                                third: ServerInfo | ServeDecoder | None = None,
+                                same_profile: bool = False) -> SpotCheck:
+        """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
+        span's recorded chunks in a fresh session and compare each of its answers with the recorded
+        ones, bit for bit. Two answers that differ do not say who lied: `third` does (ADR 0178), the
+        client's own copy of the blocks (a local recompute) or a third server with them (another
+        replay). At the first differing step, the one of the two it agrees with is honest and the
+        other is the culprit, with evidence (its countersigned receipt covering the wrong answer: the
+        original step's, or the referee's replay) to dispute. Without a third opinion, or when it
+        agrees with neither, the check fails naming no culprit: there is nobody to dispute. With
+        `same_profile`, only the answers of servers in the referee's profile are compared (ADR 0179)."""
+        start, end = self.spans[index]
+        for other in (referee, third):
+            if isinstance(other, ServerInfo) and (other.start, other.end) != (start, end):
+                raise ValueError(f"span {index} is blocks {start}:{end}, {other.peer_id[:12]} holds "
+                                 f"{other.start}:{other.end}")
+        answers, referee_meter = await self._replay_on(index, referee)
+        foreign = self._foreign(index, self.profiles.get(referee.peer_id, "") if same_profile else None)
+        step = next((i for i, ((peer, recorded), replayed) in enumerate(zip(self.outputs[index], answers))
+                     if recorded is not None and peer not in foreign and not torch.equal(recorded, replayed)), None)
+        if step is None:
+            return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
+        server, recorded = self.outputs[index][step]
+        assert recorded is not None
+        if isinstance(third, ServerInfo):
+            opinion = (await self._replay_on(index, third))[0][step]
+        elif third is not None:
+            opinion = (await asyncio.to_thread(self._local_answers, index, third))[step]
+        else:
+            return SpotCheck(index, (start, end), False, step, None, unchecked=foreign)
+        if torch.equal(opinion, answers[step]):       # the referee was right: the span's server lied
+            return SpotCheck(index, (start, end), False, step, server, self._evidence(server, recorded), foreign)
+        if torch.equal(opinion, recorded):            # the span's server was right: the referee lied
+            evidence = spot_evidence(referee_meter, 0) if referee_meter is not None else None
+            return SpotCheck(index, (start, end), False, step, referee.peer_id, evidence, foreign)
+        return SpotCheck(index, (start, end), False, step, None, unchecked=foreign)

@@ -3,17 +3,22 @@
 A failed spot check gives evidence (billing.spot_evidence): the countersigned receipt whose transcript
 ends at the wrong step, the prior transcript, the step's link and answer digest, and the steps up to
 it. The client packs the steps into a **bundle** (one wire frame: a JSON header naming the model and
-each step's blocks, codec, chunk lengths, "all" flag and answer digest, and one f32 tensor "h" with
-every step's inputs as the server decoded them, back to back), files `serve_dispute` with the
+each step's blocks, codec, chunk lengths, "all" flag, answer digest and setup digest, one f32 tensor
+"h" with every step's inputs as the server decoded them, back to back, and, for a session opened with
+the client's adapter or deep prompts, those as the server decoded them: "lora_a", "lora_b",
+"prompts", which must hash to the setup digest every link commits to), files `serve_dispute` with the
 bundle's sha256 as `inputs` (`dispute_payload`), and serves the bundle to whoever asks for that hash
 over `/dekube/serve-dispute/1.0.0` (`BundleStore`, `make_bundle_handler`).
 
 A drawn referee fetches the bundle from the client (`fetch_bundle`, hash checked) and calls
 `referee_verdict`: the bundle must chain to the dispute's prior transcript and link, on the blocks and
 model disputed, its last answer digest must be the disputed one; then the referee reruns every step
-through its own copy of those blocks with fresh KV caches (what the server's session did) and votes
-`valid` with the digest of its own answer to the last step, after the codec. A bundle that is missing,
-malformed or does not check out is voted invalid (the claim then fails and the client loses its bond).
+through its own copy of those blocks with fresh KV caches, the session's deep prompts added to the
+first chunk and its adapter at every chunk (what the server's session did), and votes
+`valid` with the digest of its own answer to the last step, after the codec. A bundle that is malformed
+or does not check out is voted invalid (the claim then fails and the client loses its bond); a bundle
+the referee could not fetch is no verdict: it tries again at its next duty round until the dispute
+closes, and abstains if it never gets it (ADR 0178: an honest client's claim must not depend on load).
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import torch
 from consensus.state.serve_disputes import dispute_id
 from ml.serve.billing import StepRecord
 from ml.serve.model import ServeDecoder
-from ml.serve.transcript import ZERO, chain, step_link, tensor_digest
+from ml.serve.transcript import ZERO, chain, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
@@ -43,14 +48,31 @@ class DisputeError(ValueError):
     """Evidence that cannot make a claim."""
 
 
-def encode_bundle(model: str, steps: list[StepRecord]) -> bytes:
-    """The bundle of `steps` (one session's, in order) as one wire frame, length prefix included."""
+SETUP_TENSORS = ("lora_a", "lora_b", "prompts")
+
+
+def _setup_of(tensors: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+    """(LoRA (A, B) | None, deep prompts | None) from a session's setup tensors."""
+    if ("lora_a" in tensors) != ("lora_b" in tensors):
+        raise DisputeError("a setup's adapter needs both lora_a and lora_b")
+    lora = (tensors["lora_a"], tensors["lora_b"]) if "lora_a" in tensors else None
+    return lora, tensors.get("prompts")
+
+
+def encode_bundle(model: str, steps: list[StepRecord], setup: dict[str, torch.Tensor] | None = None) -> bytes:
+    """The bundle of `steps` (one session's, in order) as one wire frame, length prefix included, with the
+    session's `setup` tensors (lora_a, lora_b, prompts as the server decoded them) when it had any: the
+    steps' links commit to their digest (transcript.setup_digest)."""
     if not steps:
         raise DisputeError("a bundle needs at least one step")
+    setup = {name: t for name, t in (setup or {}).items() if name in SETUP_TENSORS}
+    digest = setup_digest(*_setup_of(setup))
+    if any(s.setup != digest for s in steps):
+        raise DisputeError("the setup tensors do not match the steps' setup digest")
     header = {"type": "dispute-bundle", "model": model,
               "steps": [{"start": s.start, "end": s.end, "codec": s.codec, "chunks": list(s.chunks),
                          "all": s.all_outputs, "answer": s.answer.hex(), "setup": s.setup.hex()} for s in steps]}
-    return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1)}, "f32")
+    return encode_frame(header, {"h": torch.cat([s.inputs for s in steps], 1), **setup}, "f32")
 
 
 def dispute_payload(evidence: dict, bundle: bytes, profile: str, bond: int) -> dict:
@@ -88,8 +110,18 @@ class Claim:
                                                                       ("prior", "link", "answer", "inputs")))
 
 
-def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
-    """The bundle's steps and inputs, checked against the claim's hash, chain, blocks and answer."""
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle's contents, checked against a claim."""
+    steps: list[dict]
+    inputs: torch.Tensor
+    lora: tuple[torch.Tensor, torch.Tensor] | None
+    prompts: torch.Tensor | None
+
+
+def _steps(bundle: bytes, claim: Claim) -> Bundle:
+    """The bundle's steps, inputs and session setup, checked against the claim's hash, chain, blocks and
+    answer (the setup tensors against the digest every link commits to)."""
     if hashlib.sha256(bundle).digest() != claim.inputs:
         raise DisputeError("bundle does not hash to the claim's inputs")
     try:
@@ -104,6 +136,10 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
         raise DisputeError("bundle names another model, or lacks steps or inputs")
     if inputs.dim() != 3:
         raise DisputeError("bundle inputs are (batch, length, width)")
+    lora, prompts = _setup_of({name: t for name, t in message.tensors.items() if name in SETUP_TENSORS})
+    if set(message.tensors) - {"h", *SETUP_TENSORS}:
+        raise DisputeError("bundle carries tensors other than its inputs and setup")
+    digest = setup_digest(lora, prompts)
     links, offset = [], 0
     for step in steps:
         chunks = step.get("chunks") if isinstance(step, dict) else None
@@ -116,8 +152,8 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
             answer, setup = bytes.fromhex(step["answer"]), bytes.fromhex(str(step.get("setup", "")))
         except ValueError:
             raise DisputeError("bundle answer or setup is not hex") from None
-        if setup != ZERO:   # sessions with the client's adapter or prompts are not refereed (ADR 0176)
-            raise DisputeError("the session carried an adapter or prompts: a referee cannot recompute it")
+        if setup != digest:
+            raise DisputeError("the bundle's adapter or prompts are not those its steps commit to")
         length = sum(chunks)
         if offset + length > inputs.shape[1]:
             raise DisputeError("bundle steps run past its inputs")
@@ -128,7 +164,7 @@ def _steps(bundle: bytes, claim: Claim) -> tuple[list[dict], torch.Tensor]:
         raise DisputeError("bundle inputs are longer than its steps")
     if chain(links[:-1]) != claim.prior or links[-1] != claim.link or answer != claim.answer:
         raise DisputeError("bundle does not chain to the disputed transcript")
-    return steps, inputs
+    return Bundle(steps, inputs, lora, prompts)
 
 
 def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
@@ -143,30 +179,43 @@ def _blocks(part: ServeDecoder, start: int, end: int) -> ServeDecoder:
     return sub.to(part.device).eval()   # the referee computes where its own blocks are (ADR 0179)
 
 
-def referee_verdict(bundle: bytes | None, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
-    """(valid, output): whether the bundle checks out, and the digest of the referee's own answer to its
-    last step after the codec (blocking: torch; run it in a worker thread). Raises DisputeError when
-    `part` does not hold the disputed blocks (the referee cannot judge: it abstains)."""
+def referee_verdict(bundle: bytes, claim: Claim, part: ServeDecoder) -> tuple[bool, bytes]:
+    """(valid, output): whether the bundle (fetched, hashing to the claim's inputs or not) checks out, and
+    the digest of the referee's own answer to its last step after the codec (blocking: torch; run it in
+    a worker thread). Raises DisputeError when `part` does not hold the disputed blocks (the referee
+    cannot judge: it abstains)."""
     blocks = _blocks(part, claim.start, claim.end)
-    if bundle is None:
-        return False, ZERO
     try:
-        steps, inputs = _steps(bundle, claim)
-        if inputs.shape[1] > blocks.config.context or inputs.shape[2] != blocks.config.width:
-            raise DisputeError("bundle inputs do not fit the model")
-    except DisputeError:
+        checked = _steps(bundle, claim)
+        return True, _replay(blocks, checked)
+    except DisputeError as exc:
+        log.warning("dispute bundle refused: %s", exc)
         return False, ZERO
+
+
+def _replay(blocks: ServeDecoder, bundle: Bundle) -> bytes:
+    """Rerun the bundle's steps as the server's session did (fresh KV caches, the deep prompts added to
+    the first chunk, the adapter at every chunk); the digest of the last step's answer after its codec."""
+    inputs, config = bundle.inputs, blocks.config
+    if inputs.shape[1] > config.context or inputs.shape[2] != config.width:
+        raise DisputeError("bundle inputs do not fit the model")
     caches = blocks.new_caches(inputs.shape[0], inputs.shape[1])
     inputs = inputs.to(blocks.device)
     offset, out = 0, inputs[:, :0]
-    with torch.no_grad():
-        for step in steps:
-            outs = []
-            for length in step["chunks"]:
-                outs.append(blocks.run_blocks(inputs[:, offset:offset + length], caches))
-                offset += length
-            out = torch.cat(outs, 1) if step["all"] else outs[-1]
-    return True, tensor_digest(roundtrip(out.cpu(), steps[-1]["codec"]))
+    prompts = None if bundle.prompts is None else bundle.prompts.to(blocks.device)
+    lora = None if bundle.lora is None else (bundle.lora[0].to(blocks.device), bundle.lora[1].to(blocks.device))
+    try:
+        with torch.no_grad():
+            for step in bundle.steps:
+                outs = []
+                for length in step["chunks"]:
+                    chunk = inputs[:, offset:offset + length]
+                    outs.append(blocks.run_blocks(chunk, caches, prompts=prompts if offset == 0 else None, lora=lora))
+                    offset += length
+                out = torch.cat(outs, 1) if step["all"] else outs[-1]
+    except (RuntimeError, ValueError, IndexError) as exc:   # setup shapes that do not fit (torch's errors)
+        raise DisputeError(f"bundle does not run on the blocks: {str(exc)[:200]}") from None
+    return tensor_digest(roundtrip(out.cpu(), bundle.steps[-1]["codec"]))
 
 
 class BundleStore:
@@ -216,7 +265,8 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
         await stream.write(encode_frame({"type": "bundle", "inputs": inputs.hex()}))
         prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
         body = await asyncio.wait_for(stream.readexactly(frame_length(prefix)), timeout)
-    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
+        log.warning("fetching dispute bundle from %s failed: %r", peer_id[:16], exc)
         return None
     finally:
         if stream is not None:
@@ -226,14 +276,12 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
     return bundle if hashlib.sha256(bundle).digest() == inputs else None
 
 
-FETCH_ATTEMPTS = 3
-
-
-async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, int]) -> int:
+async def referee_duty(gateway, host, part: ServeDecoder) -> int:
     """Vote on every open dispute that drew this server as a referee (polled from the ledger): fetch the
-    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is retried at
-    the next call and voted invalid after FETCH_ATTEMPTS tries (`failures` keeps the count); a dispute
-    on blocks this server no longer holds is left alone. Returns the votes sent."""
+    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is no verdict
+    on the claim (the client may be slow or the network down for a while): the dispute stays on the
+    ledger's to-do list and is tried again at the next call, until it closes; a dispute on blocks this
+    server no longer holds is left alone. Returns the votes sent."""
     from node.ledger.errors import LedgerUnavailable, TxFailed
 
     try:
@@ -250,10 +298,9 @@ async def referee_duty(gateway, host, part: ServeDecoder, failures: dict[str, in
             host.peerbook.add_addrs(record["client"], record.get("addrs", []))
         bundle = await fetch_bundle(host, record["client"], claim.inputs)
         if bundle is None:
-            failures[record["dispute"]] = failures.get(record["dispute"], 0) + 1
-            if failures[record["dispute"]] < FETCH_ATTEMPTS:
-                continue
+            continue   # no verdict without the bundle: abstain now, try again next time
         valid, output = await asyncio.to_thread(referee_verdict, bundle, claim, part)
+        log.info("serving dispute %s: voting valid=%s output=%s", record["dispute"][:16], valid, output.hex()[:16])
         try:
             await gateway.send("serve_referee_vote", {"dispute": bytes.fromhex(record["dispute"]), "valid": valid,
                                                       "output": output})
@@ -287,7 +334,7 @@ async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: 
     profile = await server_profile(gateway, evidence["receipt"]["server"], model)
     if profile is None:
         raise DisputeError("the server announces no profile for that model: no referee could be drawn")
-    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"])
+    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
     store.add(bundle)
     payload = {**dispute_payload(evidence, bundle, profile, bond),
                "addrs": [str(addr) for addr in host.listen_addrs][:8]}

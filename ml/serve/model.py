@@ -10,7 +10,10 @@ the weights the whole model has there.
 Every computation on hidden states goes through `DecoderBlock.step`, the same code for a server,
 a local reference run and a replay, so in one profile the same chunks give bit-identical results.
 A part is built on the CPU (its weights do not depend on the device) and may then be moved with
-`.to(device)`: its KV caches and computations follow its weights (`device`).
+`.to(device)`: its KV caches and computations follow its weights (`device`). Bit-identical results
+need the same torch settings in every party's computing thread: `pin_numerics` (called by
+`run_blocks`) fixes the intra-op thread count, a reduction split over another number of threads
+rounding differently (ADR 0178).
 """
 from __future__ import annotations
 
@@ -22,7 +25,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ml.profiles import configure_portable_torch
 from ml.registry import models as registry
+
+SERVE_THREADS = 1   # torch intra-op threads of every block computation (ADR 0178): any machine can match it
+
+
+def pin_numerics() -> None:
+    """Put this OS thread's torch in the settings every party's block computations share (ADR 0178):
+    SERVE_THREADS intra-op threads (torch sets the count per OS thread, and a new thread inherits
+    whatever the process last set: the machine's core count, OMP_NUM_THREADS, or a training job's),
+    and in the portable CPU profile oneDNN off (ml.profiles.configure_portable_torch). A server, a
+    client's spot check and a referee otherwise disagree on an honest answer."""
+    if torch.get_num_threads() != SERVE_THREADS:
+        torch.set_num_threads(SERVE_THREADS)
+    configure_portable_torch(torch)
 
 
 @dataclass(frozen=True)
@@ -170,7 +187,9 @@ class ServeDecoder(nn.Module):
         """Blocks start..end over `hidden` (batch, length, width). With `caches`, a step of an
         inference session; with `prompts` (blocks, batch, P, width), deep prompt tuning: prompt i
         is added to the first P positions before block i; with `lora` = (A (blocks, r, width),
-        B (blocks, 3 width, r)), block i's qkv projection gets + B[i] A[i] x."""
+        B (blocks, 3 width, r)), block i's qkv projection gets + B[i] A[i] x. Blocking: torch, with this
+        thread's numerics pinned (pin_numerics)."""
+        pin_numerics()
         for index, block in enumerate(self.blocks.values()):
             if prompts is not None:
                 hidden = torch.cat([hidden[:, :prompts.shape[2]] + prompts[index], hidden[:, prompts.shape[2]:]], 1)

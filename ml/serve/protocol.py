@@ -275,6 +275,16 @@ def _adapter(lora: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.
     return {} if lora is None else {"lora_a": lora[0], "lora_b": lora[1]}
 
 
+def _decoded_setup(lora: tuple[torch.Tensor, torch.Tensor] | None, prompts: torch.Tensor | None,
+                   codec: str) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """A session's setup digest and tensors as the server decodes them from an "open" in `codec`."""
+    tensors = {name: roundtrip(t, codec) for name, t in _adapter(lora).items()}
+    if prompts is not None:
+        tensors["prompts"] = roundtrip(prompts, codec)
+    decoded_lora = (tensors["lora_a"], tensors["lora_b"]) if lora is not None else None
+    return setup_digest(decoded_lora, tensors.get("prompts")), tensors
+
+
 class SpanClient:
     """The client's stream to one server holding blocks start..end."""
 
@@ -341,9 +351,7 @@ class SpanClient:
         reply = await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
         self.profile = str(reply.header.get("profile", ""))[:96]
         if self.meter is not None and (lora is not None or prompts is not None):   # the transcript commits to it
-            self.setup = await asyncio.to_thread(
-                setup_digest, None if lora is None else (roundtrip(lora[0], codec), roundtrip(lora[1], codec)),
-                None if prompts is None else roundtrip(prompts, codec))
+            self.setup, self.meter.setup = await asyncio.to_thread(_decoded_setup, lora, prompts, codec)
 
     async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
         """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""

@@ -251,7 +251,7 @@ class BlockServer:
             leaves["grad_lora_a"], leaves["grad_lora_b"] = lora
         leaves = {name: t.detach().to(self.device, copy=True).requires_grad_(True) for name, t in leaves.items()}
         adapter = None if lora is None else (leaves["grad_lora_a"], leaves["grad_lora_b"])
-        with torch.enable_grad():
+        with torch.enable_grad():   # run_blocks pins this thread's numerics for the backward too
             out = self.model.run_blocks(leaves["grad_h"], prompts=leaves.get("grad_prompts"), lora=adapter)
             grads = torch.autograd.grad(out, list(leaves.values()), grad_outputs=grad_output.to(self.device))
         self._count(usage or Usage(), hidden.shape[0], 0, hidden.shape[1], factor=3)   # recompute + backward ~ 3x

@@ -131,14 +131,13 @@ class ServingService:
         self.book = ReceiptBook()
         blocks = await self._initial_blocks(spec)
         await self._load(spec, blocks)
-        failures: dict[str, int] = {}
         every, rebalance_every = self.config["claim_every"], self.config["rebalance_every"]
         rebalance_at = time.monotonic() + rebalance_every
         while True:
             await asyncio.sleep(min(every, rebalance_every or every))
             self.server.expire()
             await claim_receipts(self.node.ledger, self.book)
-            await referee_duty(self.node.ledger, self.node.host, self.server.model, failures)
+            await referee_duty(self.node.ledger, self.node.host, self.server.model)
             await self.refresh(spec)
             if rebalance_every and time.monotonic() >= rebalance_at and not self.server.sessions:
                 rebalance_at = time.monotonic() + rebalance_every

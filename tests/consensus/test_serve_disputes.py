@@ -25,11 +25,11 @@ def hardware(profile: str = PROFILE, start: int = 0, end: int = 4) -> dict:
                          "price": 1}]}
 
 
-def dispute_chain(referees=REFEREES, ttl: int = 600) -> Chain:
+def dispute_chain(referees=REFEREES, ttl: int = 600, window: int = 1_000) -> Chain:
     chain = Chain(balance=100_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
                                                   serve_unlock_blocks=5, referees=3, audit_answer_blocks=5,
                                                   serve_dispute_bond=100, slash_serve_bps=2_000, serve_referee_fee=10,
-                                                  serve_announce_ttl=ttl))
+                                                  serve_announce_ttl=ttl, serve_dispute_window=window))
     txs = []
     for who in [SERVER, *referees]:
         txs += [chain.tx(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
@@ -171,6 +171,33 @@ def test_bad_claims_and_votes_are_refused():
     assert vote(chain, referee, ident_, True, ANSWER).code == TxCode.OK
     assert vote(chain, referee, ident_, True, ANSWER).code == TxCode.REPLAYED
     assert vote(chain, referee, b"\x01" * 32, True, ANSWER).code == TxCode.NOT_FOUND
+
+
+def test_a_dispute_after_the_window_since_the_last_claim_is_refused():
+    """ADR 0178: a session may be disputed until serve_dispute_window blocks after its server's last claim."""
+    chain = dispute_chain(window=6)
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
+    first_claim = chain.ledger.height
+    chain.empty_blocks(4)
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt(seq=2, amount=90)))    # a later claim reopens the window
+    last_claim = chain.ledger.height
+    assert chain.ledger.state.serve_channels[next(iter(chain.ledger.state.serve_channels))].claimed_height == last_claim
+    assert last_claim > first_claim + 1
+    chain.empty_blocks(last_claim + 6 - chain.ledger.height)                      # the next block is one too late
+    before = balance(chain, CLIENT)
+    late = chain.run(CLIENT, "serve_dispute", claim(chain))
+    assert late.code == TxCode.BAD_STATE and "serve_dispute_window" in late.log
+    assert balance(chain, CLIENT) == before and chain.ledger.state.serve_disputes == {}   # no bond taken
+
+
+def test_a_dispute_on_the_windows_last_block_and_on_an_unclaimed_session_is_filed():
+    chain = dispute_chain(window=6)
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
+    chain.empty_blocks(5)                                                         # the next block: claim + 6
+    assert chain.run(CLIENT, "serve_dispute", claim(chain)).code == TxCode.OK
+    unclaimed = dispute_chain(window=6)
+    unclaimed.empty_blocks(20)                                                    # never claimed: paid nothing
+    assert unclaimed.run(CLIENT, "serve_dispute", claim(unclaimed)).code == TxCode.OK
 
 
 def test_open_disputes_survive_a_state_reload():

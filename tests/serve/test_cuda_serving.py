@@ -81,7 +81,7 @@ def test_a_second_cuda_server_referees_a_cuda_server(profile):
         async with cuda_servers(ranges, profile, lie_after={0: 4})[0] as net:
             generator = RemoteGenerator(net.client, part((0, 0), ends=True), net.servers[:2], codec="f32")
             await generator.generate(PROMPT, 10)
-            lying = await generator.spot_check_remote(0, net.servers[2], same_profile=True)
+            lying = await generator.spot_check_remote(0, net.servers[2], part((0, 2), ends=False), same_profile=True)
             honest = await generator.spot_check_remote(1, net.servers[3], same_profile=True)
             return net.servers, lying, honest
 

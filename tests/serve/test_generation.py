@@ -442,15 +442,18 @@ def test_spot_checks_pass_honest_servers_and_name_a_lying_one(codec):
         async with Network(random_build, [(0, 3), (3, 6), (0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
             generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec)
             await generator.generate(PROMPT, 12)
+            local = random_build((3, 6), False)
             generator.remote_checks = [await generator.spot_check_remote(0, net.servers[2]),
-                                       await generator.spot_check_remote(1, net.servers[3])]
+                                       await generator.spot_check_remote(1, net.servers[3]),
+                                       await generator.spot_check_remote(1, net.servers[3], local)]
             return generator, net.servers
 
     generator, servers = asyncio.run(scenario())
     honest = generator.spot_check(0, random_build((0, 3), False))
-    referee_honest, referee_lying = generator.remote_checks
-    assert referee_honest.ok and not referee_lying.ok and referee_lying.first_bad_step == 5
-    assert referee_lying.culprit == servers[1].peer_id
+    referee_honest, disagreement, third_opinion = generator.remote_checks
+    assert referee_honest.ok and not disagreement.ok and disagreement.first_bad_step == 5
+    assert disagreement.culprit is None                     # two servers disagree: who lied needs a third opinion
+    assert third_opinion.first_bad_step == 5 and third_opinion.culprit == servers[1].peer_id   # the local check
     lying = generator.spot_check(1, random_build((3, 6), False))
     assert honest.ok and honest.first_bad_step is None
     assert not lying.ok and lying.first_bad_step == 5 and lying.culprit == servers[1].peer_id

@@ -1,18 +1,26 @@
 """Wrong activations slashed (ADR 0176): a lying server is caught by the client's spot check, disputed on
 chain, refereed by two honest servers that fetch the step bundle from the client and recompute it,
-and slashed; the bundle's checks refuse tampering, and an honest step recomputes to the signed answer."""
+and slashed (in plain sessions and in sessions with the client's adapter or deep prompts); the bundle's
+checks refuse tampering, and an honest step recomputes to the signed answer."""
 import asyncio
 import functools
+import hashlib
+from dataclasses import astuple
+
+import pytest
+import torch
 
 from consensus.genesis import Params
 from consensus.state.serve_disputes import dispute_json, list_open_disputes
 from devtools.ledger_chain import Chain, ident
+from ml.serve.adapters import ClientParams
 from ml.serve.billing import spot_evidence
 from ml.serve.client import RemoteGenerator
 from ml.serve.dispute import (
     BUNDLE_PROTOCOL,
     BundleStore,
     Claim,
+    DisputeError,
     dispute_payload,
     encode_bundle,
     fetch_bundle,
@@ -23,8 +31,9 @@ from ml.serve.dispute import (
 )
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
+from ml.serve.wire import encode_frame
 from tests.serve.test_billing import PRICE, PaidNetwork, payer
-from tests.serve.test_generation import PROMPT, random_build
+from tests.serve.test_generation import CONFIG, PROMPT, random_build
 
 PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 RANGES = [(0, 3), (3, 6), (3, 6), (3, 6)]   # servers ident(1..4); ident(2) lies; ident(3), ident(4) referee
@@ -68,15 +77,36 @@ def ledger(model: str) -> Chain:
     return chain
 
 
-def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
+def tuned_params(kind: str) -> ClientParams | None:
+    """The client's parameters for a session of `kind`: plain, with a LoRA adapter, or with prompts."""
+    gen = torch.Generator().manual_seed(11)
+    if kind == "lora":
+        return ClientParams(torch.randn(CONFIG.layers, 2, CONFIG.width, generator=gen) * 0.1,
+                            torch.randn(CONFIG.layers, 3 * CONFIG.width, 2, generator=gen) * 0.1)
+    if kind == "prompts":
+        return ClientParams(input_prompt=torch.randn(3, CONFIG.width, generator=gen),
+                            deep_prompts=torch.randn(CONFIG.layers, 3, CONFIG.width, generator=gen))
+    return None
+
+
+@pytest.mark.parametrize("kind", ["plain", "lora", "prompts"])
+def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed(kind):
+    """Also in sessions with the client's adapter or deep prompts (ADR 0178): the links commit to their
+    digest, the bundle carries them and referees replay with them."""
+    tuned = tuned_params(kind)
+
     async def scenario():
         async with PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)}) as net:
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer(),
+                                        tuned=tuned)
             await generator.generate(PROMPT, 12)
             await asyncio.sleep(0.05)
             check = generator.spot_check(1, random_build((3, 6), False))
             assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
             evidence = check.evidence
+            assert (evidence["steps"][0].setup == ZERO) is (tuned is None)
+            carried = {"plain": set(), "lora": {"lora_a", "lora_b"}, "prompts": {"prompts"}}[kind]
+            assert set(evidence["setup"]) == carried
             store = BundleStore()
             net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
 
@@ -99,11 +129,20 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             assert bundle is not None
             claim = Claim(record.model, record.start, record.end, record.prior, record.link, record.answer,
                           record.inputs)
-            for peer in referees:   # each referee's duty: poll, fetch from the client, recompute, vote
+            def duty(peer):
                 index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
-                duty = referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
-                                    random_build(RANGES[index], False), {})
-                assert await duty == 1
+                return referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                    random_build(RANGES[index], False))
+
+            # a client that does not answer (slow, or offline for a while) gets no vote against its claim:
+            # the referees abstain and try again at their next round (ADR 0178)
+            net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(BundleStore()))
+            for _ in range(4):
+                assert [await duty(peer) for peer in referees] == [0, 0]
+            assert all(vote is None for _, vote in record.referees) and record.status == "open"
+            net.client.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
+            for peer in referees:   # each referee's duty: poll, fetch from the client, recompute, vote
+                assert await duty(peer) == 1
             assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
             votes = [vote for _, vote in record.referees]
             assert all(vote[0] and vote[1] != claim.answer for vote in votes) and votes[0] == votes[1]
@@ -116,39 +155,94 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed():
             # an honest step of the same stream recomputes to the answer the server signed
             meter = next(m for m in generator.meters if m.offer and m.offer["server"] == LIAR.peer_id)
             honest = spot_evidence(meter, 2)
-            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"])
+            honest_bundle = encode_bundle(honest["receipt"]["model"], honest["steps"], honest["setup"])
             honest_payload = dispute_payload(honest, honest_bundle, PROFILE, 200)
             honest_claim = Claim(honest["receipt"]["model"], 3, 6, honest_payload["prior"], honest_payload["link"],
                                  honest_payload["answer"], honest_payload["inputs"])
             assert referee_verdict(honest_bundle, honest_claim, random_build((0, 6), False)) == (
                 True, honest_claim.answer)
-            # tampered or missing bundles are invalid
+            # a tampered bundle is invalid
             tampered = bundle[:-4] + bytes(4)
             assert referee_verdict(tampered, claim, random_build((3, 6), False)) == (False, ZERO)
-            assert referee_verdict(None, claim, random_build((3, 6), False)) == (False, ZERO)
+            if tuned is not None:   # a bundle without the session's setup, or with another, is refused
+                for setup in ({}, {name: t + 1 for name, t in honest["setup"].items()}):
+                    with pytest.raises(DisputeError):
+                        encode_bundle(honest["receipt"]["model"], honest["steps"], setup)
+                    forged = bundle_without_check(honest["receipt"]["model"], honest["steps"], setup)
+                    forged_claim = Claim(*astuple(honest_claim)[:-1], hashlib.sha256(forged).digest())
+                    assert referee_verdict(forged, forged_claim, random_build((3, 6), False)) == (False, ZERO)
             assert await fetch_bundle(net.hosts[2], net.client.peer_id, b"\x01" * 32) is None
 
     asyncio.run(scenario())
 
 
-def test_sessions_with_the_clients_adapter_are_not_refereed():
-    """The link commits to the session's setup (adapter, deep prompts); a referee cannot recompute such
-    a session, so it votes the bundle invalid and an honest server with adapter sessions cannot be convicted."""
-    import hashlib
+def bundle_without_check(model: str, steps: list, setup: dict) -> bytes:
+    """A bundle as a dishonest client could build it, with whatever setup tensors (encode_bundle refuses)."""
+    header = {"type": "dispute-bundle", "model": model,
+              "steps": [{"start": st.start, "end": st.end, "codec": st.codec, "chunks": list(st.chunks),
+                         "all": st.all_outputs, "answer": st.answer.hex(), "setup": st.setup.hex()} for st in steps]}
+    return encode_frame(header, {"h": torch.cat([st.inputs for st in steps], 1), **setup}, "f32")
 
-    import torch
 
-    from ml.serve.billing import StepRecord
-    from ml.serve.wire import roundtrip
+def test_block_answers_do_not_depend_on_the_torch_thread_count_a_party_left():
+    """ADR 0178 (why the dispute CLI test saw 'rejected'): torch's intra-op thread count is per OS thread
+    and a new thread inherits the process's last setting; a client whose process was left at 1 thread
+    computed other bits than servers at the machine's count, flagged an honest step and lost its claim.
+    run_blocks pins the count, so a server, a client and a referee agree whatever their process set."""
+    import threading
 
     part = random_build((3, 6), False)
-    inputs = torch.randn(1, 10, part.config.width, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        answer = part.run_blocks(inputs, part.new_caches(1, 10))
-    for setup, expected_valid in ((ZERO, True), (b"\x01" * 32, False)):
-        step = StepRecord.of(3, 6, "f32", [10], False, inputs, roundtrip(answer, "f32"), setup)
-        bundle = encode_bundle("test-model", [step])
-        claim = Claim("test-model", 3, 6, ZERO, step.link, step.answer, hashlib.sha256(bundle).digest())
-        valid, output = referee_verdict(bundle, claim, part)
-        assert valid is expected_valid
-        assert output == (step.answer if expected_valid else ZERO)
+    inputs = torch.randn(1, 9, part.config.width, generator=torch.Generator().manual_seed(3))
+    previous = torch.get_num_threads()
+
+    def session(threads: int, out: list) -> None:
+        torch.set_num_threads(threads)   # what the party's process left for this thread
+        caches = part.new_caches(1, 9)
+        with torch.no_grad():
+            out.append(part.run_blocks(inputs[:, :6], caches))
+            out += [part.run_blocks(inputs[:, i:i + 1], caches) for i in range(6, 9)]
+
+    answers = {}
+    try:
+        for threads in (1, 2, 3):
+            answers[threads] = []
+            worker = threading.Thread(target=session, args=(threads, answers[threads]))
+            worker.start()
+            worker.join()
+    finally:
+        torch.set_num_threads(previous)
+    assert all(len(out) == 4 for out in answers.values())
+    for threads in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(answers[1], answers[threads])), threads
+
+
+def test_a_third_opinion_names_which_of_two_disagreeing_servers_lied():
+    """ADR 0178: a second server's replay that disagrees with the span's server names no liar; a third
+    opinion does (another server, or the client's own blocks), with evidence against whichever lied,
+    the span's server for its step or the second server for its replay, which referees convict."""
+    async def scenario():
+        # ident(3) lies from its first step: the replay it is asked for; ident(2) serves the span honestly
+        async with PaidNetwork(RANGES, server_classes={2: functools.partial(BlockServer, lie_after=0)}) as net:
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+            await generator.generate(PROMPT, 6)
+            lying_referee, honest_third = net.servers[2], net.servers[3]
+            alone = await generator.spot_check_remote(1, lying_referee)
+            by_server = await generator.spot_check_remote(1, lying_referee, honest_third)
+            by_local = await generator.spot_check_remote(1, lying_referee, random_build((3, 6), False))
+            honest = await generator.spot_check_remote(1, honest_third, lying_referee)
+            return alone, by_server, by_local, honest
+
+    alone, by_server, by_local, honest = asyncio.run(scenario())
+    assert not alone.ok and alone.first_bad_step == 5 and alone.culprit is None and alone.evidence is None
+    assert honest.ok                                              # two honest servers agree: no third asked
+    for check in (by_server, by_local):
+        assert not check.ok and check.first_bad_step == 5 and check.culprit == ident(3).peer_id
+        evidence = check.evidence
+        assert evidence is not None and evidence["receipt"]["server"] == ident(3).peer_id
+        # the liar's replay is one step over every chunk; referees recompute it to another answer: guilty
+        bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"], evidence["setup"])
+        payload = dispute_payload(evidence, bundle, PROFILE, 200)
+        claim = Claim(evidence["receipt"]["model"], 3, 6, payload["prior"], payload["link"], payload["answer"],
+                      payload["inputs"])
+        valid, output = referee_verdict(bundle, claim, random_build((3, 6), False))
+        assert valid and output != claim.answer

@@ -103,7 +103,8 @@ def test_generation_on_an_explicit_cpu_equals_local_and_servers_tell_their_profi
 def test_a_server_in_another_profile_is_never_accused_by_a_local_check():
     """Servers 0 and 2 say they compute in OTHER; server 0 'differs' from this CPU client after 3 steps (as
     another profile's rounding would, or a lie): the local check leaves it unchecked, a second server of
-    OTHER replays it and names it, and without such a second server it stays unchecked."""
+    OTHER replays it and finds the step where they differ (naming who lied takes a third opinion of that
+    profile, ADR 0178), and without such a second server it stays unchecked."""
     async def scenario():
         async with servers([(0, 2), (2, 4), (0, 2)], [OTHER, CPU, OTHER], lie_after={0: 3}) as net:
             generator = RemoteGenerator(net.client, SPEC.load_part((0, 0), True, "cpu"), net.servers[:2])
@@ -117,7 +118,7 @@ def test_a_server_in_another_profile_is_never_accused_by_a_local_check():
     generator, infos, local, second, local_second = asyncio.run(scenario())
     assert generator.profiles[infos[0].peer_id] == OTHER            # told in "opened"
     assert local.ok and local.culprit is None and local.unchecked == (infos[0].peer_id,)
-    assert not second.ok and second.culprit == infos[0].peer_id and second.unchecked == ()
+    assert not second.ok and second.first_bad_step == 3 and second.culprit is None and second.unchecked == ()
     assert local_second.ok and local_second.unchecked == ()
     # a check that is not told its profile takes every server to be in it: the old behaviour, which names
     # the server of the other profile (why the CLI always passes the client's profile)
