@@ -244,7 +244,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     from ml.serve.announce import coverage, needs_refresh, own_throughput
     from ml.serve.balance import choose_blocks
     from ml.serve.billing import ReceiptBook
-    from ml.serve.dispute import referee_duty
+    from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
     from ml.serve.server import BlockServer
     from node.p2p.host import Host
 
@@ -256,6 +256,9 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc}") from None
     book = ReceiptBook()
+    inbox = Inbox(gateway, host.peer_id)   # the dispute evidence clients deliver to us (ADR 0182)
+    if gateway is not None:
+        host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
     try:
         if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
             known = await _coverage(host, spec, args.known)
@@ -283,7 +286,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             if gateway is None:
                 continue
             await _claim(gateway, book)
-            await referee_duty(gateway, host, model)   # serving disputes that drew us (ADR 0176)
+            await referee_duty(gateway, host, model, inbox)   # serving disputes that drew us (ADR 0176)
             if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
