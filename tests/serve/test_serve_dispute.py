@@ -32,6 +32,7 @@ from ml.serve.dispute import (
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
 from ml.serve.wire import encode_frame
+from node.p2p.host import Host
 from tests.serve.test_billing import PRICE, PaidNetwork, payer
 from tests.serve.test_generation import CONFIG, PROMPT, random_build
 
@@ -246,3 +247,88 @@ def test_a_third_opinion_names_which_of_two_disagreeing_servers_lied():
                       payload["inputs"])
         valid, output = referee_verdict(bundle, claim, random_build((3, 6), False))
         assert valid and output != claim.answer
+
+
+def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_convicted():
+    """ADR 0182: a client that listens nowhere (behind NAT, or the CLI's node on 0.0.0.0) advertises no
+    address; it pushes the bundle to the drawn referees, which keep it and vote on it. A delivery that is
+    unsolicited, from another peer, to a node that is no referee, or of bytes that are not the committed
+    bundle is refused with a reason and changes nothing."""
+    from ml.serve.evidence import Inbox, deliver_bundle
+
+    async def scenario():
+        network = PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)})
+        network.client = Host(ident(9), listen_addrs=())   # dials out only
+        async with network as net:
+            assert net.client.listen_addrs == []
+            chain = ledger("test-model")
+            inboxes = [Inbox(ChainGateway(chain, ident(i + 1)), host.peer_id) for i, host in enumerate(net.hosts)]
+            for host, inbox in zip(net.hosts, inboxes):
+                host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
+
+            async def evidence_of_a_new_session() -> dict:
+                generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+                await generator.generate(PROMPT, 8)
+                await asyncio.sleep(0.05)
+                check = generator.spot_check(1, random_build((3, 6), False))
+                assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
+                return check.evidence
+
+            def duty(peer):
+                index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                return referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                    random_build(RANGES[index], False), inboxes[index])
+
+            # the CLI's path: file, deliver until the referees voted
+            stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
+            filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, BundleStore(),
+                                                      await evidence_of_a_new_session(), 200, wait_s=60, poll_s=0.02))
+            while not chain.ledger.state.serve_disputes:
+                await asyncio.sleep(0.02)
+            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            assert record.addrs == []                       # nothing a referee could fetch from
+            referees = [peer for peer, _ in record.referees]
+            held = [inboxes[[h.peer_id for h in net.hosts].index(peer)] for peer in referees]
+            for _ in range(500):
+                if all(inbox.get(record.inputs) is not None for inbox in held):
+                    break
+                await asyncio.sleep(0.02)
+            assert all(inbox.get(record.inputs) is not None for inbox in held)
+            for peer in referees:
+                assert await duty(peer) == 1
+            assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            assert chain.ledger.state.stakes[LIAR.peer_id].bonded < stake_before
+            assert all(inbox.get(record.inputs) is None for inbox in held)   # used, dropped
+
+            # refused deliveries, against a second session's dispute filed by hand
+            evidence = await evidence_of_a_new_session()
+            bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"], evidence["setup"])
+            payload = dispute_payload(evidence, bundle, PROFILE, 200)
+            unknown = await deliver_bundle(net.client, referees[0], b"\x07" * 32, bundle)
+            assert unknown == "no open dispute has that id"
+            chain.ok(CLIENT, "serve_dispute", {**payload, "addrs": []})
+            dispute = next(i for i in chain.ledger.state.open_serve_disputes)
+            record = chain.ledger.state.serve_disputes[dispute]
+            referees = [peer for peer, _ in record.referees]
+            bystander = next(h for h in net.hosts if h.peer_id not in referees + [LIAR.peer_id])
+            first = next(h for h in net.hosts if h.peer_id == referees[0])
+            bystander.peerbook.add_addrs(referees[0], first.listen_addrs)
+            refused = {
+                "forged": await deliver_bundle(net.client, referees[0], dispute, bundle[:-4] + bytes(4)),
+                "not the client": await deliver_bundle(bystander, referees[0], dispute, bundle),
+                "no referee": await deliver_bundle(net.client, bystander.peer_id, dispute, bundle),
+                "junk request": await deliver_bundle(net.client, referees[0], b"\x01", bundle),
+            }
+            assert refused == {
+                "forged": "the bundle does not hash to the dispute's committed inputs",
+                "not the client": "only the dispute's client delivers its evidence",
+                "no referee": "this node is not a referee of that dispute waiting for its evidence",
+                "junk request": "a delivery names its dispute by its 32-byte id in hex"}
+            assert all(inbox.get(record.inputs) is None for inbox in inboxes)
+            assert [await duty(peer) for peer in referees] == [0, 0]   # nothing delivered: no vote
+            assert all(vote is None for _, vote in record.referees) and record.status == "open"
+            assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None
+            assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None   # again: kept once
+            assert await duty(referees[0]) == 1
+
+    asyncio.run(scenario())
