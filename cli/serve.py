@@ -20,14 +20,16 @@ at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt
 ``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
 --rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block. A
 server with a ledger also referees the serving disputes that drew it (ADR 0176): at each claim tick
-it fetches the disputing client's step bundle, recomputes it and votes (``serve_referee_vote``).
+it takes the step bundle the disputing client delivered (or fetches it), recomputes it and votes
+(``serve_referee_vote``).
 ``generate --spot-check`` reruns every span on local copies of its blocks and names servers that
 answered wrongly; with ``--dispute-bond B`` (and ``--max-price``) it files ``serve_dispute`` for each
-and serves the evidence to the referees until they decide (``--dispute-wait`` seconds).
+and delivers the evidence to the drawn referees until they decide (``--dispute-wait`` seconds; ADR 0182).
 ``--device auto|cpu|cuda`` (all three commands; auto: CUDA when torch sees it) says where the server's
 blocks, or the client's ends, local model and spot checks, compute (docs/adr/0179); a CUDA server
 announces its GPU's execution profile, and a spot check compares only servers of the client's own
-profile, asking a second server of another profile to replay the rest, or reporting them unchecked.
+profile, asking a second server of another profile to replay the rest (and a third to name who lied
+when they disagree), or reporting them unchecked.
 """
 from __future__ import annotations
 
@@ -85,8 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="afterwards rerun every span's steps on local copies of its blocks (loads the whole "
                                "model) and name servers that answered wrongly")
     generate.add_argument("--dispute-bond", type=int, default=0,
-                          help="dispute each wrong answer the spot check finds on chain with this bond, and serve "
-                               "the evidence to the referees until they decide (ADR 0176; needs --max-price)")
+                          help="dispute each wrong answer the spot check finds on chain with this bond, and deliver "
+                               "the evidence to the referees until they decide (ADR 0176, 0182; needs --max-price)")
     generate.add_argument("--dispute-wait", type=float, default=120.0,
                           help="seconds to wait for the referees' verdict")
     _device_argument(generate)

@@ -354,7 +354,8 @@ async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: 
         raise DisputeError("the server announces no profile for that model: no referee could be drawn")
     bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
     store.add(bundle)
-    payload = {**dispute_payload(evidence, bundle, profile, bond), "addrs": reachable_addrs(host)}
+    payload = {**await asyncio.to_thread(dispute_payload, evidence, bundle, profile, bond),   # hashes the bundle
+               "addrs": reachable_addrs(host)}
     await gateway.send("serve_dispute", payload)
     ident = dispute_id(payload["receipt"])
     delivery = Delivery(gateway, host, ident, bundle)
