@@ -36,7 +36,15 @@ import torch
 
 from consensus.state.serve_disputes import dispute_id
 from ml.serve.billing import StepRecord
-from ml.serve.evidence import BUNDLE_PROTOCOL, STREAM_ERRORS, Delivery, Inbox, read_header, receive
+from ml.serve.evidence import (
+    BUNDLE_PROTOCOL,
+    STREAM_ERRORS,
+    Delivery,
+    Inbox,
+    read_header,
+    receive,
+    transfer_timeout,
+)
 from ml.serve.model import ServeDecoder
 from ml.serve.transcript import ZERO, chain, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
@@ -270,7 +278,8 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
         stream = await asyncio.wait_for(host.open_stream(peer_id, BUNDLE_PROTOCOL), timeout)
         await stream.write(encode_frame({"type": "bundle", "inputs": inputs.hex()}))
         prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
-        body = await asyncio.wait_for(stream.readexactly(frame_length(prefix)), timeout)
+        length = frame_length(prefix)
+        body = await asyncio.wait_for(stream.readexactly(length), transfer_timeout(length, timeout))
     except STREAM_ERRORS as exc:
         log.warning("fetching dispute bundle from %s failed: %r", peer_id[:16], exc)
         return None

@@ -36,7 +36,13 @@ DELIVER_TIMEOUT_S = 30.0
 RETRY_S = 5.0
 MAX_INBOX_BYTES = 4 * MAX_FRAME
 MAX_REQUEST = 4096
+MIN_RATE = 1 << 20   # bytes/s a bundle transfer is given at least (a relayed link may be slow)
 STREAM_ERRORS = (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError)
+
+
+def transfer_timeout(length: int, timeout: float = DELIVER_TIMEOUT_S) -> float:
+    """Seconds allowed to move `length` bytes of evidence: `timeout` plus the time at MIN_RATE."""
+    return timeout + length / MIN_RATE
 
 
 class DeliveryRefused(Exception):
@@ -59,6 +65,7 @@ class Inbox:
     def __init__(self, gateway, peer_id: str, max_bytes: int = MAX_INBOX_BYTES):
         self.gateway, self.peer_id, self.max_bytes = gateway, peer_id, max_bytes
         self._bundles: dict[bytes, bytes] = {}
+        self.receiving: set[bytes] = set()   # the inputs of deliveries being read: one at a time each
 
     def get(self, inputs: bytes) -> bytes | None:
         return self._bundles.get(inputs)
@@ -106,24 +113,38 @@ async def receive(stream, request: dict, inbox: Inbox, timeout: float = DELIVER_
         await stream.close()
         return
     if inbox.get(inputs) is None:
-        await answer("send")
-        prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
+        if inputs in inbox.receiving:
+            await answer("error", "a delivery of that bundle is under way")
+            await stream.close()
+            return
+        inbox.receiving.add(inputs)
         try:
-            length = frame_length(prefix)
-        except WireError as exc:
-            await answer("error", f"the bundle is refused: {exc}")
+            error = await _read_bundle(stream, inputs, inbox, answer, timeout)
+        finally:
+            inbox.receiving.discard(inputs)
+        if error:
+            log.info("dispute evidence from %s refused: %s", stream.remote_peer[:16], error)
+            await answer("error", error)
             await stream.close()
             return
-        bundle = prefix + await asyncio.wait_for(stream.readexactly(length), timeout)
-        if await asyncio.to_thread(lambda: hashlib.sha256(bundle).digest()) != inputs:
-            log.info("dispute evidence from %s refused: wrong hash", stream.remote_peer[:16])
-            await answer("error", "the bundle does not hash to the dispute's committed inputs")
-            await stream.close()
-            return
-        inbox.add(inputs, bundle)
-        log.info("dispute evidence %s stored from %s", inputs.hex()[:16], stream.remote_peer[:16])
     await answer("stored")
     await stream.close()
+
+
+async def _read_bundle(stream, inputs: bytes, inbox: Inbox, answer, timeout: float) -> str:
+    """Ask for the bundle, read it and keep it if it hashes to `inputs`; the reason if not."""
+    await answer("send")
+    prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
+    try:
+        length = frame_length(prefix)
+    except WireError as exc:
+        return f"the bundle is refused: {exc}"
+    bundle = prefix + await asyncio.wait_for(stream.readexactly(length), transfer_timeout(length, timeout))
+    if await asyncio.to_thread(lambda: hashlib.sha256(bundle).digest()) != inputs:
+        return "the bundle does not hash to the dispute's committed inputs"
+    inbox.add(inputs, bundle)
+    log.info("dispute evidence %s stored from %s", inputs.hex()[:16], stream.remote_peer[:16])
+    return ""
 
 
 async def deliver_bundle(host, referee: str, dispute: bytes, bundle: bytes,
@@ -135,8 +156,8 @@ async def deliver_bundle(host, referee: str, dispute: bytes, bundle: bytes,
         await stream.write(encode_frame({"type": "deliver", "dispute": dispute.hex()}))
         reply = await read_header(stream, timeout)
         if reply.get("type") == "send":
-            await stream.write(bundle)
-            reply = await read_header(stream, timeout)
+            await asyncio.wait_for(stream.write(bundle), transfer_timeout(len(bundle), timeout))
+            reply = await read_header(stream, transfer_timeout(len(bundle), timeout))
     except STREAM_ERRORS as exc:
         return f"delivery failed: {exc!r}"
     finally:

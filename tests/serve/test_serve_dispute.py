@@ -31,7 +31,7 @@ from ml.serve.dispute import (
 )
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
-from ml.serve.wire import encode_frame
+from ml.serve.wire import MAX_FRAME, encode_frame
 from node.p2p.host import Host
 from tests.serve.test_billing import PRICE, PaidNetwork, payer
 from tests.serve.test_generation import CONFIG, PROMPT, random_build
@@ -315,12 +315,15 @@ def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_conv
             bystander.peerbook.add_addrs(referees[0], first.listen_addrs)
             refused = {
                 "forged": await deliver_bundle(net.client, referees[0], dispute, bundle[:-4] + bytes(4)),
+                "oversized": await deliver_bundle(net.client, referees[0], dispute,
+                                                  (MAX_FRAME + 1).to_bytes(4, "big") + bytes(8)),
                 "not the client": await deliver_bundle(bystander, referees[0], dispute, bundle),
                 "no referee": await deliver_bundle(net.client, bystander.peer_id, dispute, bundle),
                 "junk request": await deliver_bundle(net.client, referees[0], b"\x01", bundle),
             }
             assert refused == {
                 "forged": "the bundle does not hash to the dispute's committed inputs",
+                "oversized": f"the bundle is refused: frame of {MAX_FRAME + 1} bytes exceeds {MAX_FRAME}",
                 "not the client": "only the dispute's client delivers its evidence",
                 "no referee": "this node is not a referee of that dispute waiting for its evidence",
                 "junk request": "a delivery names its dispute by its 32-byte id in hex"}
