@@ -29,6 +29,7 @@ from ml.serve.dispute import (
     referee_duty,
     referee_verdict,
 )
+from ml.serve.evidence import Inbox, deliver_bundle
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
 from ml.serve.wire import MAX_FRAME, encode_frame
@@ -254,8 +255,6 @@ def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_conv
     address; it pushes the bundle to the drawn referees, which keep it and vote on it. A delivery that is
     unsolicited, from another peer, to a node that is no referee, or of bytes that are not the committed
     bundle is refused with a reason and changes nothing."""
-    from ml.serve.evidence import Inbox, deliver_bundle
-
     async def scenario():
         network = PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)})
         network.client = Host(ident(9), listen_addrs=())   # dials out only
@@ -333,5 +332,79 @@ def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_conv
             assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None
             assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None   # again: kept once
             assert await duty(referees[0]) == 1
+
+    asyncio.run(scenario())
+
+
+def test_evidence_reaches_referees_only_reachable_through_a_relay():
+    """ADR 0182 across NAT: the referees can be reached only at the relayed addresses their ledger records
+    carry, the client (listening nowhere) learns them from the ledger and dials them through its relay
+    client; the bundle arrives over the circuits and the liar is convicted."""
+    from node.p2p.peerbook import PeerBook
+    from relay.client import RelayClient
+    from tests.relay.relay_harness import start_relay
+
+    class RelayedRecords(ChainGateway):
+        """Node records as a NAT'd server's: no listen address, its relayed ones."""
+
+        def __init__(self, chain, identity, relayed: dict[str, list[str]]):
+            super().__init__(chain, identity)
+            self.relayed = relayed
+
+        async def call(self, method: str, *params):
+            record = await super().call(method, *params)
+            if method == "dkb_getNode" and record is not None:
+                record = {**record, "listen_addrs": [], "relay_addrs": self.relayed.get(params[0], [])}
+            return record
+
+    async def scenario():
+        network = PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)})
+        network.client = Host(ident(9), listen_addrs=())
+        async with network as net:
+            relay = await start_relay({h.peer_id for h in [net.client, *net.hosts]})
+            clients = [RelayClient(h) for h in [net.client, *net.hosts[2:]]]
+            try:
+                for client in clients:
+                    client.start()
+                net.client.register_circuit_dialer(lambda maddr, bulk: clients[0].dial([str(maddr)], bulk=bulk))
+                relayed = {}
+                for client in clients[1:]:
+                    await client.reserve(relay.host.listen_addrs[0])
+                    relayed[client.host.peer_id] = client.relayed_addrs
+                net.client.peerbook = PeerBook()   # the client knows the chained servers only
+                for info, host in zip(net.servers[:2], net.hosts):
+                    net.client.peerbook.add_addrs(info.peer_id, host.listen_addrs)
+                chain = ledger("test-model")
+                inboxes = {h.peer_id: Inbox(ChainGateway(chain, ident(i + 1)), h.peer_id)
+                           for i, h in enumerate(net.hosts)}
+                for host in net.hosts:
+                    host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inboxes[host.peer_id]))
+                generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+                await generator.generate(PROMPT, 8)
+                await asyncio.sleep(0.05)
+                check = generator.spot_check(1, random_build((3, 6), False))
+                assert check.culprit == LIAR.peer_id and check.evidence is not None
+                filing = asyncio.create_task(file_dispute(RelayedRecords(chain, CLIENT, relayed), net.client,
+                                                          BundleStore(), check.evidence, 200, wait_s=60, poll_s=0.02))
+                while not chain.ledger.state.serve_disputes:
+                    await asyncio.sleep(0.02)
+                ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+                referees = [peer for peer, _ in record.referees]
+                assert record.addrs == [] and set(referees) == set(relayed)
+                for _ in range(500):
+                    if all(inboxes[peer].get(record.inputs) is not None for peer in referees):
+                        break
+                    await asyncio.sleep(0.02)
+                for peer in referees:   # reached over a circuit: a relayed connection has no remote address
+                    assert inboxes[peer].get(record.inputs) is not None
+                    assert [conn.remote_addr for conn in net.client.connections(peer)] == [None]
+                    index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                    assert await referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                              random_build(RANGES[index], False), inboxes[peer]) == 1
+                assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            finally:
+                net.client.register_circuit_dialer(None)
+                await relay.stop()
+                await relay.host.stop()
 
     asyncio.run(scenario())
