@@ -311,7 +311,7 @@ async def referee_duty(gateway, host, part: ServeDecoder, inbox: Inbox | None = 
         if not part.start <= claim.start < claim.end <= part.end:
             continue
         bundle = inbox.get(claim.inputs) if inbox is not None else None
-        if bundle is None:
+        if bundle is None and (record.get("addrs") or host.is_connected(record["client"])):   # else wait for it
             with contextlib.suppress(ValueError):
                 host.peerbook.add_addrs(record["client"], record.get("addrs", []))
             bundle = await fetch_bundle(host, record["client"], claim.inputs)
