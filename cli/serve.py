@@ -20,14 +20,16 @@ at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt
 ``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
 --rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block. A
 server with a ledger also referees the serving disputes that drew it (ADR 0176): at each claim tick
-it fetches the disputing client's step bundle, recomputes it and votes (``serve_referee_vote``).
+it takes the step bundle the disputing client delivered (or fetches it), recomputes it and votes
+(``serve_referee_vote``).
 ``generate --spot-check`` reruns every span on local copies of its blocks and names servers that
 answered wrongly; with ``--dispute-bond B`` (and ``--max-price``) it files ``serve_dispute`` for each
-and serves the evidence to the referees until they decide (``--dispute-wait`` seconds).
+and delivers the evidence to the drawn referees until they decide (``--dispute-wait`` seconds; ADR 0182).
 ``--device auto|cpu|cuda`` (all three commands; auto: CUDA when torch sees it) says where the server's
 blocks, or the client's ends, local model and spot checks, compute (docs/adr/0179); a CUDA server
 announces its GPU's execution profile, and a spot check compares only servers of the client's own
-profile, asking a second server of another profile to replay the rest, or reporting them unchecked.
+profile, asking a second server of another profile to replay the rest (and a third to name who lied
+when they disagree), or reporting them unchecked.
 """
 from __future__ import annotations
 
@@ -85,8 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="afterwards rerun every span's steps on local copies of its blocks (loads the whole "
                                "model) and name servers that answered wrongly")
     generate.add_argument("--dispute-bond", type=int, default=0,
-                          help="dispute each wrong answer the spot check finds on chain with this bond, and serve "
-                               "the evidence to the referees until they decide (ADR 0176; needs --max-price)")
+                          help="dispute each wrong answer the spot check finds on chain with this bond, and deliver "
+                               "the evidence to the referees until they decide (ADR 0176, 0182; needs --max-price)")
     generate.add_argument("--dispute-wait", type=float, default=120.0,
                           help="seconds to wait for the referees' verdict")
     _device_argument(generate)
@@ -244,7 +246,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     from ml.serve.announce import coverage, needs_refresh, own_throughput
     from ml.serve.balance import choose_blocks
     from ml.serve.billing import ReceiptBook
-    from ml.serve.dispute import referee_duty
+    from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
     from ml.serve.server import BlockServer
     from node.p2p.host import Host
 
@@ -256,6 +258,9 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc}") from None
     book = ReceiptBook()
+    inbox = Inbox(gateway, host.peer_id)   # the dispute evidence clients deliver to us (ADR 0182)
+    if gateway is not None:
+        host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
     try:
         if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
             known = await _coverage(host, spec, args.known)
@@ -283,7 +288,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             if gateway is None:
                 continue
             await _claim(gateway, book)
-            await referee_duty(gateway, host, model)   # serving disputes that drew us (ADR 0176)
+            await referee_duty(gateway, host, model, inbox)   # serving disputes that drew us (ADR 0176)
             if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
             if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
@@ -402,8 +407,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, device: str, profile: str) -> dict:
     """Rerun each span locally (on `device`, in `profile`); the answers of servers in another profile are
-    replayed by a second server of theirs, or reported unchecked (ADR 0179). With --dispute-bond,
-    dispute every wrong answer the local check finds on chain (ADR 0176)."""
+    replayed by a second server of theirs (a third one naming the liar when they disagree), or reported
+    unchecked (ADR 0179, 0182). With --dispute-bond, dispute on chain every wrong answer a check names a
+    liar for (ADR 0176)."""
     from ml.serve.dispute import (
         BUNDLE_PROTOCOL,
         BundleStore,
@@ -414,31 +420,33 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
     )
     from node.ledger.errors import LedgerUnavailable, TxFailed
 
-    checks, entries = [], []
+    checks, entries = [], []   # checks: (check, the profile its answers were recomputed in)
     for index, blocks in enumerate(generator.spans):
         part = await asyncio.to_thread(spec.load_part, blocks, False, device)
         check = await asyncio.to_thread(generator.spot_check, index, part, profile)
-        checks.append(check)
+        checks.append((check, profile))
         entries.append({"blocks": f"{blocks[0]}:{blocks[1]}", "ok": check.ok, "culprit": check.culprit,
                         "step": check.first_bad_step, "by": "local"})
-        entries += await _remote_checks(generator, index, check.unchecked, profile)
+        remote_entries, remote_checks = await _remote_checks(generator, index, check.unchecked, profile)
+        entries += remote_entries
+        checks += remote_checks
     out: dict = {"spot_checks": entries}
     if not args.dispute_bond:
         return out
     store = BundleStore()
     host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(store))
     out["disputes"] = []
-    for check in checks:
-        if check.ok:
+    for check, computed in checks:
+        if check.ok or check.culprit is None:   # nobody named: nothing to dispute
             continue
         if check.evidence is None:
             out["disputes"].append({"culprit": check.culprit, "error": "no countersigned receipt covers the step"})
             continue
         try:
             announced = await server_profile(gateway, check.culprit, check.evidence["receipt"]["model"])
-            if announced != profile:   # referees are drawn in the announced profile: they would not see our bits
+            if announced != computed:   # referees are drawn in the announced profile: they would not see our bits
                 out["disputes"].append({"culprit": check.culprit, "error": f"the server announces profile "
-                                        f"{announced} on the ledger, this client computed in {profile}: not disputed"})
+                                        f"{announced} on the ledger, the check computed in {computed}: not disputed"})
                 continue
             out["disputes"].append({"culprit": check.culprit, **await file_dispute(
                 gateway, host, store, check.evidence, args.dispute_bond, wait_s=args.dispute_wait)})
@@ -447,36 +455,61 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
     return out
 
 
-async def _remote_checks(generator, index: int, unchecked: tuple[str, ...], profile: str) -> list[dict]:
+async def _remote_checks(generator, index: int, unchecked: tuple[str, ...],
+                         profile: str) -> tuple[list[dict], list[tuple]]:
     """Spot checks of span `index`'s servers in other profiles than this client's, each by a second server
-    of that profile (`spot_check_remote`); a server without one is reported unchecked, never accused."""
+    of that profile (`spot_check_remote`) and, where a third server of that profile holds the span, with
+    its opinion, which names the liar when the two disagree (ADR 0182); a disagreement without one names
+    nobody, and a server without a second one is reported unchecked: neither is accused. Returns the
+    report's entries and the (check, profile) pairs that could name a culprit."""
     from ml.serve.protocol import RemoteError, SpanUnavailable
 
     start, end = generator.spans[index]
-    entries, left = [], set(unchecked)
+    entries, checks, left = [], [], set(unchecked)
+
+    def profile_of(server) -> str:
+        return server.profile or generator.profiles.get(server.peer_id, "")
+
+    def may_replay(server) -> bool:
+        """Holds the span, is none of the servers checked, not known to compute in another profile."""
+        known = profile_of(server)
+        return ((server.start, server.end) == (start, end) and server.peer_id not in left | generator.dead
+                and (not known or known in {generator.profiles.get(peer, "") for peer in left}))
+
     for candidate in generator.servers:
         if not left:
             break
-        known = candidate.profile or generator.profiles.get(candidate.peer_id, "")
-        if ((candidate.start, candidate.end) != (start, end) or candidate.peer_id in left | generator.dead
-                or (known and known not in {generator.profiles.get(peer, "") for peer in left})):
+        if not may_replay(candidate):
             continue
+        third = next((s for s in generator.servers if s.peer_id != candidate.peer_id and may_replay(s)
+                      and profile_of(s) in ("", profile_of(candidate))), None)
         try:
-            check = await generator.spot_check_remote(index, candidate, same_profile=True)
+            check = await generator.spot_check_remote(index, candidate, third, same_profile=True)
         except (SpanUnavailable, RemoteError):
             continue
         compared = left - set(check.unchecked)
         if not compared:
             continue
         left -= compared
-        entries.append({"blocks": f"{start}:{end}", "ok": check.ok, "culprit": check.culprit,
-                        "step": check.first_bad_step, "by": candidate.peer_id})
+        entry = {"blocks": f"{start}:{end}", "ok": check.ok, "culprit": check.culprit,
+                 "step": check.first_bad_step, "by": candidate.peer_id}
+        if third is not None:
+            entry["third"] = third.peer_id
+        if not check.ok and check.culprit is None:
+            entry["reason"] = (f"server {candidate.peer_id} replays other answers than {', '.join(sorted(compared))} "
+                               f"at step {check.first_bad_step} and " + (
+                                   f"{third.peer_id} agrees with neither" if third is not None else
+                                   f"no third server of that profile holds blocks {start}:{end}")
+                               + ": nobody named, nothing disputed")
+            print(f"dekube-node: spot check: {entry['reason']}", file=sys.stderr)
+        entries.append(entry)
+        checks.append((check, generator.profiles.get(candidate.peer_id, "")))
     for peer in sorted(left):
         reason = (f"server {peer} computes in profile {generator.profiles.get(peer) or 'unknown'}, this client in "
                   f"{profile}, and no second server of that profile holds blocks {start}:{end}: not checked")
         print(f"dekube-node: spot check: {reason}", file=sys.stderr)
         entries.append({"blocks": f"{start}:{end}", "ok": None, "unchecked": peer, "reason": reason})
-    return entries
+    return entries, checks
 
 
 def _load_adapter(path: Path, config):

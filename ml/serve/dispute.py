@@ -7,18 +7,22 @@ each step's blocks, codec, chunk lengths, "all" flag, answer digest and setup di
 "h" with every step's inputs as the server decoded them, back to back, and, for a session opened with
 the client's adapter or deep prompts, those as the server decoded them: "lora_a", "lora_b",
 "prompts", which must hash to the setup digest every link commits to), files `serve_dispute` with the
-bundle's sha256 as `inputs` (`dispute_payload`), and serves the bundle to whoever asks for that hash
-over `/dekube/serve-dispute/1.0.0` (`BundleStore`, `make_bundle_handler`).
+bundle's sha256 as `inputs` (`dispute_payload`) and the addresses a referee can dial it on (none
+wildcard, its relayed ones too), serves the bundle to whoever asks for that hash over
+`/dekube/serve-dispute/1.0.0` (`BundleStore`, `make_bundle_handler`) and, since a client behind NAT
+or listening on no reachable address cannot be fetched from, also delivers it to each drawn referee
+until they voted (ml/serve/evidence.py, ADR 0182).
 
-A drawn referee fetches the bundle from the client (`fetch_bundle`, hash checked) and calls
-`referee_verdict`: the bundle must chain to the dispute's prior transcript and link, on the blocks and
-model disputed, its last answer digest must be the disputed one; then the referee reruns every step
-through its own copy of those blocks with fresh KV caches, the session's deep prompts added to the
-first chunk and its adapter at every chunk (what the server's session did), and votes
-`valid` with the digest of its own answer to the last step, after the codec. A bundle that is malformed
-or does not check out is voted invalid (the claim then fails and the client loses its bond); a bundle
-the referee could not fetch is no verdict: it tries again at its next duty round until the dispute
-closes, and abstains if it never gets it (ADR 0178: an honest client's claim must not depend on load).
+A drawn referee takes the bundle the client delivered (its `Inbox`) or else fetches it from the client
+(`fetch_bundle`, hash checked) and calls `referee_verdict`: the bundle must chain to the dispute's
+prior transcript and link, on the blocks and model disputed, its last answer digest must be the
+disputed one; then the referee reruns every step through its own copy of those blocks with fresh KV
+caches, the session's deep prompts added to the first chunk and its adapter at every chunk (what the
+server's session did), and votes `valid` with the digest of its own answer to the last step, after
+the codec. A bundle that is malformed or does not check out is voted invalid (the claim then fails
+and the client loses its bond); a bundle the referee neither got nor could fetch is no verdict: it
+tries again at its next duty round until the dispute closes, and abstains if it never gets it (ADR
+0178: an honest client's claim must not depend on load).
 """
 from __future__ import annotations
 
@@ -32,14 +36,22 @@ import torch
 
 from consensus.state.serve_disputes import dispute_id
 from ml.serve.billing import StepRecord
+from ml.serve.evidence import (
+    BUNDLE_PROTOCOL,
+    STREAM_ERRORS,
+    Delivery,
+    Inbox,
+    read_header,
+    receive,
+    transfer_timeout,
+)
 from ml.serve.model import ServeDecoder
 from ml.serve.transcript import ZERO, chain, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
-from node.p2p.errors import ProtocolError
+from node.ledger.record import dialable
 
 log = logging.getLogger(__name__)
 
-BUNDLE_PROTOCOL = "/dekube/serve-dispute/1.0.0"
 MAX_BUNDLES = 64
 FETCH_TIMEOUT_S = 30.0
 
@@ -236,23 +248,25 @@ class BundleStore:
         return self._bundles.get(key)
 
 
-def make_bundle_handler(store: BundleStore):
-    """The client's stream handler: a request {"type": "bundle", "inputs": hex} is answered with the
-    bundle's bytes (itself a frame), or an error frame."""
+def make_bundle_handler(store: BundleStore | None = None, inbox: Inbox | None = None):
+    """The stream handler of BUNDLE_PROTOCOL: a client's `store` answers a request {"type": "bundle",
+    "inputs": hex} with the bundle's bytes (itself a frame); a referee's `inbox` takes a client's
+    {"type": "deliver", "dispute": hex} (evidence.receive). Anything else gets an error frame."""
     async def handle(stream) -> None:
         try:
-            prefix = await asyncio.wait_for(stream.readexactly(4), FETCH_TIMEOUT_S)
-            body = await asyncio.wait_for(stream.readexactly(min(frame_length(prefix), 4096)), FETCH_TIMEOUT_S)
-            request = decode_frame(body).header
+            request = await read_header(stream, FETCH_TIMEOUT_S)
+            if request.get("type") == "deliver" and inbox is not None:
+                await receive(stream, request, inbox)
+                return
             try:
                 key = bytes.fromhex(str(request.get("inputs", "")))
             except ValueError:
                 key = b""
-            bundle = store.get(key) if request.get("type") == "bundle" else None
-            await stream.write(bundle if bundle is not None else encode_frame({"type": "error",
-                                                                               "error": "no such bundle"}))
+            bundle = store.get(key) if request.get("type") == "bundle" and store is not None else None
+            error = "this node referees no disputes" if request.get("type") == "deliver" else "no such bundle"
+            await stream.write(bundle if bundle is not None else encode_frame({"type": "error", "error": error}))
             await stream.close()
-        except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
+        except STREAM_ERRORS:
             stream.reset()
     return handle
 
@@ -264,8 +278,9 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
         stream = await asyncio.wait_for(host.open_stream(peer_id, BUNDLE_PROTOCOL), timeout)
         await stream.write(encode_frame({"type": "bundle", "inputs": inputs.hex()}))
         prefix = await asyncio.wait_for(stream.readexactly(4), timeout)
-        body = await asyncio.wait_for(stream.readexactly(frame_length(prefix)), timeout)
-    except (WireError, TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError) as exc:
+        length = frame_length(prefix)
+        body = await asyncio.wait_for(stream.readexactly(length), transfer_timeout(length, timeout))
+    except STREAM_ERRORS as exc:
         log.warning("fetching dispute bundle from %s failed: %r", peer_id[:16], exc)
         return None
     finally:
@@ -276,9 +291,10 @@ async def fetch_bundle(host, peer_id: str, inputs: bytes, timeout: float = FETCH
     return bundle if hashlib.sha256(bundle).digest() == inputs else None
 
 
-async def referee_duty(gateway, host, part: ServeDecoder) -> int:
-    """Vote on every open dispute that drew this server as a referee (polled from the ledger): fetch the
-    client's bundle, recompute, send `serve_referee_vote`. A bundle that cannot be fetched is no verdict
+async def referee_duty(gateway, host, part: ServeDecoder, inbox: Inbox | None = None) -> int:
+    """Vote on every open dispute that drew this server as a referee (polled from the ledger): take the
+    bundle the client delivered to `inbox` or else fetch it from the client, recompute, send
+    `serve_referee_vote`. A bundle neither delivered nor fetched is no verdict
     on the claim (the client may be slow or the network down for a while): the dispute stays on the
     ledger's to-do list and is tried again at the next call, until it closes; a dispute on blocks this
     server no longer holds is left alone. Returns the votes sent."""
@@ -294,9 +310,11 @@ async def referee_duty(gateway, host, part: ServeDecoder) -> int:
         claim = Claim.from_json(record)
         if not part.start <= claim.start < claim.end <= part.end:
             continue
-        with contextlib.suppress(ValueError):
-            host.peerbook.add_addrs(record["client"], record.get("addrs", []))
-        bundle = await fetch_bundle(host, record["client"], claim.inputs)
+        bundle = inbox.get(claim.inputs) if inbox is not None else None
+        if bundle is None and (record.get("addrs") or host.is_connected(record["client"])):   # else wait for it
+            with contextlib.suppress(ValueError):
+                host.peerbook.add_addrs(record["client"], record.get("addrs", []))
+            bundle = await fetch_bundle(host, record["client"], claim.inputs)
         if bundle is None:
             continue   # no verdict without the bundle: abstain now, try again next time
         valid, output = await asyncio.to_thread(referee_verdict, bundle, claim, part)
@@ -305,6 +323,8 @@ async def referee_duty(gateway, host, part: ServeDecoder) -> int:
             await gateway.send("serve_referee_vote", {"dispute": bytes.fromhex(record["dispute"]), "valid": valid,
                                                       "output": output})
             votes += 1
+            if inbox is not None:
+                inbox.discard(claim.inputs)
         except (LedgerUnavailable, TxFailed) as exc:
             log.warning("voting on serving dispute %s failed: %s", record["dispute"][:16], exc)
     return votes
@@ -324,27 +344,38 @@ async def server_profile(gateway, server: str, model: str) -> str | None:
     return profiles[0] if profiles and isinstance(profiles[0], str) else None
 
 
+def reachable_addrs(host) -> list[str]:
+    """The addresses a referee could fetch a bundle from `host` on: its listen addresses that are not
+    wildcards (0.0.0.0 names no machine) and the relayed addresses it holds (ADR 0182)."""
+    return dialable([*host.listen_addrs, *host.extra_addrs()])
+
+
 async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: int,
                        wait_s: float = 0.0, poll_s: float = DECIDE_POLL_S) -> dict:
     """Pack `evidence` (a failed spot check's), serve its bundle from `host` (`store` must be behind
-    BUNDLE_PROTOCOL there), send `serve_dispute` with this host's addresses and, for up to `wait_s`,
-    keep serving it until the referees decide. Returns {"dispute", "status"} (status "open" if not
-    decided in time)."""
+    BUNDLE_PROTOCOL there), send `serve_dispute` with the addresses referees can reach this host on and,
+    for up to `wait_s`, deliver it to the drawn referees (at least once each) and keep serving it until
+    they decide. Returns {"dispute", "status"} (status "open" if not decided in time) and, when some
+    referee never stored the bundle, "undelivered": {referee: last error}."""
     model = evidence["receipt"]["model"]
     profile = await server_profile(gateway, evidence["receipt"]["server"], model)
     if profile is None:
         raise DisputeError("the server announces no profile for that model: no referee could be drawn")
     bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
     store.add(bundle)
-    payload = {**dispute_payload(evidence, bundle, profile, bond),
-               "addrs": [str(addr) for addr in host.listen_addrs][:8]}
+    payload = {**await asyncio.to_thread(dispute_payload, evidence, bundle, profile, bond),   # hashes the bundle
+               "addrs": reachable_addrs(host)}
     await gateway.send("serve_dispute", payload)
-    ident = dispute_id(payload["receipt"]).hex()
+    ident = dispute_id(payload["receipt"])
+    delivery = Delivery(gateway, host, ident, bundle)
     deadline = asyncio.get_running_loop().time() + wait_s
-    status = "open"
     while True:
-        record = await gateway.call("dkb_getServeDispute", ident)
-        status = (record or {}).get("status", "open")
+        record = await gateway.call("dkb_getServeDispute", ident.hex()) or {}
+        status = record.get("status", "open")
+        if status == "open":
+            await delivery.round(record)
         if status != "open" or asyncio.get_running_loop().time() >= deadline:
-            return {"dispute": ident, "status": status}
+            undelivered = {peer: delivery.errors[peer] for peer, vote in record.get("referees", [])
+                           if vote is None and peer in delivery.errors}
+            return {"dispute": ident.hex(), "status": status, **({"undelivered": undelivered} if undelivered else {})}
         await asyncio.sleep(poll_s)

@@ -125,10 +125,12 @@ class ServingService:
     async def serve(self) -> None:
         from ml.serve.billing import ReceiptBook
         from ml.serve.catalog import parse_model
-        from ml.serve.dispute import referee_duty
+        from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
 
         spec = await asyncio.to_thread(parse_model, self.config["model"])
         self.book = ReceiptBook()
+        inbox = Inbox(self.node.ledger, self.node.peer_id)   # the evidence clients deliver to us (ADR 0182)
+        self.node.host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
         blocks = await self._initial_blocks(spec)
         await self._load(spec, blocks)
         every, rebalance_every = self.config["claim_every"], self.config["rebalance_every"]
@@ -137,7 +139,7 @@ class ServingService:
             await asyncio.sleep(min(every, rebalance_every or every))
             self.server.expire()
             await claim_receipts(self.node.ledger, self.book)
-            await referee_duty(self.node.ledger, self.node.host, self.server.model)
+            await referee_duty(self.node.ledger, self.node.host, self.server.model, inbox)
             await self.refresh(spec)
             if rebalance_every and time.monotonic() >= rebalance_at and not self.server.sessions:
                 rebalance_at = time.monotonic() + rebalance_every

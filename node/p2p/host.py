@@ -178,6 +178,10 @@ class Host:
         NAT'd node holds reservations for), after the bound listen addresses."""
         self._extra_addrs = provider
 
+    def extra_addrs(self) -> list[str]:
+        """What ``advertise_extra_addrs``' provider gives now (e.g. the relayed addresses held)."""
+        return list(self._extra_addrs()) if self._extra_addrs is not None else []
+
     def connections(self, peer_id: str | None = None) -> list[Connection]:
         return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
 

@@ -1,7 +1,8 @@
 """Serving disputes end to end on a dev chain (ADR 0176): a `serve` process that lies after 3 steps is
 caught by `generate --spot-check`, disputed with `--dispute-bond`, refereed by two other `serve`
-processes on the same blocks (their claim loop's referee duty) and found guilty; its stake is slashed.
-The client computes with another torch thread count than the servers, as in a full-suite run."""
+processes on the same blocks (their claim loop's referee duty, on the bundle the client delivered to
+them: ADR 0182) and found guilty; its stake is slashed. The client computes with another torch thread
+count than the servers, as in a full-suite run."""
 import json
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def test_generate_spot_checks_and_disputes_a_lying_server(tmp_path, capsys, monk
         assert dispute["culprit"] == servers[0].peer_id and dispute["status"] == "guilty", dispute
         record = rpc(http, "dkb_getServeDispute", dispute["dispute"])
         assert sorted(peer for peer, _ in record["referees"]) == sorted(s.peer_id for s in servers[1:])
+        # the CLI's client node listens on 0.0.0.0 only, which names no machine: it advertised nothing and the
+        # referees judged the bundle it delivered to them (ADR 0182)
+        assert record["addrs"] == []
         assert rpc(http, "dkb_getStake", servers[0].peer_id)["slashed"] > 0
     finally:
         for proc in procs:

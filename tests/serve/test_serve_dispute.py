@@ -29,9 +29,11 @@ from ml.serve.dispute import (
     referee_duty,
     referee_verdict,
 )
+from ml.serve.evidence import Inbox, deliver_bundle
 from ml.serve.server import BlockServer
 from ml.serve.transcript import ZERO
-from ml.serve.wire import encode_frame
+from ml.serve.wire import MAX_FRAME, encode_frame
+from node.p2p.host import Host
 from tests.serve.test_billing import PRICE, PaidNetwork, payer
 from tests.serve.test_generation import CONFIG, PROMPT, random_build
 
@@ -246,3 +248,163 @@ def test_a_third_opinion_names_which_of_two_disagreeing_servers_lied():
                       payload["inputs"])
         valid, output = referee_verdict(bundle, claim, random_build((3, 6), False))
         assert valid and output != claim.answer
+
+
+def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_convicted():
+    """ADR 0182: a client that listens nowhere (behind NAT, or the CLI's node on 0.0.0.0) advertises no
+    address; it pushes the bundle to the drawn referees, which keep it and vote on it. A delivery that is
+    unsolicited, from another peer, to a node that is no referee, or of bytes that are not the committed
+    bundle is refused with a reason and changes nothing."""
+    async def scenario():
+        network = PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)})
+        network.client = Host(ident(9), listen_addrs=())   # dials out only
+        async with network as net:
+            assert net.client.listen_addrs == []
+            chain = ledger("test-model")
+            inboxes = [Inbox(ChainGateway(chain, ident(i + 1)), host.peer_id) for i, host in enumerate(net.hosts)]
+            for host, inbox in zip(net.hosts, inboxes):
+                host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
+
+            async def evidence_of_a_new_session() -> dict:
+                generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+                await generator.generate(PROMPT, 8)
+                await asyncio.sleep(0.05)
+                check = generator.spot_check(1, random_build((3, 6), False))
+                assert not check.ok and check.culprit == LIAR.peer_id and check.evidence is not None
+                return check.evidence
+
+            def duty(peer):
+                index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                return referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                    random_build(RANGES[index], False), inboxes[index])
+
+            # the CLI's path: file, deliver until the referees voted
+            stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
+            filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, BundleStore(),
+                                                      await evidence_of_a_new_session(), 200, wait_s=60, poll_s=0.02))
+            while not chain.ledger.state.serve_disputes:
+                await asyncio.sleep(0.02)
+            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            assert record.addrs == []                       # nothing a referee could fetch from
+            referees = [peer for peer, _ in record.referees]
+            held = [inboxes[[h.peer_id for h in net.hosts].index(peer)] for peer in referees]
+            for _ in range(500):
+                if all(inbox.get(record.inputs) is not None for inbox in held):
+                    break
+                await asyncio.sleep(0.02)
+            assert all(inbox.get(record.inputs) is not None for inbox in held)
+            for peer in referees:
+                assert await duty(peer) == 1
+            assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            assert chain.ledger.state.stakes[LIAR.peer_id].bonded < stake_before
+            assert all(inbox.get(record.inputs) is None for inbox in held)   # used, dropped
+
+            # refused deliveries, against a second session's dispute filed by hand
+            evidence = await evidence_of_a_new_session()
+            bundle = encode_bundle(evidence["receipt"]["model"], evidence["steps"], evidence["setup"])
+            payload = dispute_payload(evidence, bundle, PROFILE, 200)
+            unknown = await deliver_bundle(net.client, referees[0], b"\x07" * 32, bundle)
+            assert unknown == "no open dispute has that id"
+            chain.ok(CLIENT, "serve_dispute", {**payload, "addrs": []})
+            dispute = next(i for i in chain.ledger.state.open_serve_disputes)
+            record = chain.ledger.state.serve_disputes[dispute]
+            referees = [peer for peer, _ in record.referees]
+            bystander = next(h for h in net.hosts if h.peer_id not in referees + [LIAR.peer_id])
+            first = next(h for h in net.hosts if h.peer_id == referees[0])
+            bystander.peerbook.add_addrs(referees[0], first.listen_addrs)
+            refused = {
+                "forged": await deliver_bundle(net.client, referees[0], dispute, bundle[:-4] + bytes(4)),
+                "oversized": await deliver_bundle(net.client, referees[0], dispute,
+                                                  (MAX_FRAME + 1).to_bytes(4, "big") + bytes(8)),
+                "not the client": await deliver_bundle(bystander, referees[0], dispute, bundle),
+                "no referee": await deliver_bundle(net.client, bystander.peer_id, dispute, bundle),
+                "junk request": await deliver_bundle(net.client, referees[0], b"\x01", bundle),
+            }
+            assert refused == {
+                "forged": "the bundle does not hash to the dispute's committed inputs",
+                "oversized": f"the bundle is refused: frame of {MAX_FRAME + 1} bytes exceeds {MAX_FRAME}",
+                "not the client": "only the dispute's client delivers its evidence",
+                "no referee": "this node is not a referee of that dispute waiting for its evidence",
+                "junk request": "a delivery names its dispute by its 32-byte id in hex"}
+            assert all(inbox.get(record.inputs) is None for inbox in inboxes)
+            assert [await duty(peer) for peer in referees] == [0, 0]   # nothing delivered: no vote
+            assert all(vote is None for _, vote in record.referees) and record.status == "open"
+            assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None
+            assert await deliver_bundle(net.client, referees[0], dispute, bundle) is None   # again: kept once
+            assert await duty(referees[0]) == 1
+
+    asyncio.run(scenario())
+
+
+def test_evidence_reaches_referees_only_reachable_through_a_relay():
+    """ADR 0182 across NAT: the referees can be reached only at the relayed addresses their ledger records
+    carry, the client (listening nowhere) learns them from the ledger and dials them through its relay
+    client; the bundle arrives over the circuits and the liar is convicted."""
+    from node.p2p.peerbook import PeerBook
+    from relay.client import RelayClient
+    from tests.relay.relay_harness import start_relay
+
+    class RelayedRecords(ChainGateway):
+        """Node records as a NAT'd server's: no listen address, its relayed ones."""
+
+        def __init__(self, chain, identity, relayed: dict[str, list[str]]):
+            super().__init__(chain, identity)
+            self.relayed = relayed
+
+        async def call(self, method: str, *params):
+            record = await super().call(method, *params)
+            if method == "dkb_getNode" and record is not None:
+                record = {**record, "listen_addrs": [], "relay_addrs": self.relayed.get(params[0], [])}
+            return record
+
+    async def scenario():
+        network = PaidNetwork(RANGES, server_classes={1: functools.partial(BlockServer, lie_after=5)})
+        network.client = Host(ident(9), listen_addrs=())
+        async with network as net:
+            relay = await start_relay({h.peer_id for h in [net.client, *net.hosts]})
+            clients = [RelayClient(h) for h in [net.client, *net.hosts[2:]]]
+            try:
+                for client in clients:
+                    client.start()
+                net.client.register_circuit_dialer(lambda maddr, bulk: clients[0].dial([str(maddr)], bulk=bulk))
+                relayed = {}
+                for client in clients[1:]:
+                    await client.reserve(relay.host.listen_addrs[0])
+                    relayed[client.host.peer_id] = client.relayed_addrs
+                net.client.peerbook = PeerBook()   # the client knows the chained servers only
+                for info, host in zip(net.servers[:2], net.hosts):
+                    net.client.peerbook.add_addrs(info.peer_id, host.listen_addrs)
+                chain = ledger("test-model")
+                inboxes = {h.peer_id: Inbox(ChainGateway(chain, ident(i + 1)), h.peer_id)
+                           for i, h in enumerate(net.hosts)}
+                for host in net.hosts:
+                    host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inboxes[host.peer_id]))
+                generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers[:2], payer=payer())
+                await generator.generate(PROMPT, 8)
+                await asyncio.sleep(0.05)
+                check = generator.spot_check(1, random_build((3, 6), False))
+                assert check.culprit == LIAR.peer_id and check.evidence is not None
+                filing = asyncio.create_task(file_dispute(RelayedRecords(chain, CLIENT, relayed), net.client,
+                                                          BundleStore(), check.evidence, 200, wait_s=60, poll_s=0.02))
+                while not chain.ledger.state.serve_disputes:
+                    await asyncio.sleep(0.02)
+                ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+                referees = [peer for peer, _ in record.referees]
+                assert record.addrs == [] and set(referees) == set(relayed)
+                for _ in range(500):
+                    if all(inboxes[peer].get(record.inputs) is not None for peer in referees):
+                        break
+                    await asyncio.sleep(0.02)
+                for peer in referees:   # reached over a circuit: a relayed connection has no remote address
+                    assert inboxes[peer].get(record.inputs) is not None
+                    assert [conn.remote_addr for conn in net.client.connections(peer)] == [None]
+                    index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
+                    assert await referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
+                                              random_build(RANGES[index], False), inboxes[peer]) == 1
+                assert await filing == {"dispute": ident_.hex(), "status": "guilty"}
+            finally:
+                net.client.register_circuit_dialer(None)
+                await relay.stop()
+                await relay.host.stop()
+
+    asyncio.run(scenario())

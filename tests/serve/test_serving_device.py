@@ -181,3 +181,33 @@ def test_a_serve_section_asking_for_cuda_without_cuda_stops_the_node_at_start():
         assert (cpu.device, cpu.profile) == ("cpu", CPU)
 
     asyncio.run(scenario())
+
+
+def test_the_cli_asks_a_third_server_of_the_profile_to_name_who_lied():
+    """ADR 0182: `generate --spot-check` (`_remote_checks`) has a second server of the other profile replay
+    the span and, when a third server of that profile holds it, asks it too: the liar is named (and can be
+    disputed). With only two servers of that profile, their disagreement names nobody."""
+    from cli.serve import _remote_checks
+
+    async def scenario():
+        async with servers([(0, 2), (2, 4), (0, 2), (0, 2)], [OTHER, CPU, OTHER, OTHER], lie_after={0: 3}) as net:
+            generator = RemoteGenerator(net.client, SPEC.load_part((0, 0), True, "cpu"), net.servers[:2])
+            await generator.generate(PROMPT, 8)
+            local = generator.spot_check(0, SPEC.load_part((0, 2), False, "cpu"), CPU)
+            generator.servers = net.servers[:3]   # one other server of OTHER: a disagreement, nobody named
+            two = await _remote_checks(generator, 0, local.unchecked, CPU)
+            generator.servers = net.servers       # and a third
+            three = await _remote_checks(generator, 0, local.unchecked, CPU)
+            return net.servers, local, two, three
+
+    infos, local, (two_entries, two_checks), (three_entries, three_checks) = asyncio.run(scenario())
+    assert local.unchecked == (infos[0].peer_id,)
+    (entry,) = two_entries
+    assert entry["ok"] is False and entry["culprit"] is None and entry["by"] == infos[2].peer_id
+    assert "no third server" in entry["reason"] and "nobody named" in entry["reason"] and "third" not in entry
+    assert [check.culprit for check, _ in two_checks] == [None]
+    (entry,) = three_entries
+    assert entry["ok"] is False and entry["culprit"] == infos[0].peer_id and entry["step"] == 3
+    assert entry["by"] == infos[2].peer_id and entry["third"] == infos[3].peer_id
+    ((check, profile),) = three_checks
+    assert check.culprit == infos[0].peer_id and profile == OTHER
