@@ -47,7 +47,7 @@ class PaidNetwork:
             host, book = Host(identity), ReceiptBook()
             server = self.server_classes.get(index, BlockServer)(random_build((start, end), False))
             host.set_handler(protocol.PROTOCOL, protocol.make_handler(
-                server, "test-model", Billing(identity, CHAIN_ID, PRICE, book, self.credit)))
+                server, "test-model", Billing(identity, CHAIN_ID, PRICE, book, self.credit), host))
             await host.start()
             self.hosts.append(host)
             self.books.append(book)
