@@ -324,32 +324,21 @@ class RemoteGenerator:
         self.pushes[last] = False
 
     async def _pushed_through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
-        """One step in push mode: the first span gets `hidden`, the spans its run of pushes reaches are
-        asked for the pushed input at once; every answer is checked and recorded in chain order, and a
-        span whose push did not come (or failed) gets its input from the client, as without push."""
-        if self.pushes is None:
-            await self._route()
-        assert self.pushes is not None
-        step_id, shape = self.stats.steps, hidden.shape
-        run = 1
-        while run < len(self.chain) and self.pushes[run - 1]:
-            run += 1
-
-        async def ask(index: int) -> torch.Tensor | Message | None:
-            client = self.chain[index]
-            push_to = self._target(index + 1) if index + 1 < run else None
-            if index == 0:
-                return await client.step([hidden], self.codec, step=step_id, push_to=push_to)
-            return await client.pushed_step(shape, self.codec, step_id, self.push_wait_s, push_to)
-        asked = [self.chain[i] for i in range(run)]
-        replies = dict(zip(map(id, asked), await asyncio.gather(*(ask(i) for i in range(run)), return_exceptions=True)))
+        """One step in push mode: a span gets its input from the client, and the spans its run of pushes
+        reaches are asked at the same time for the pushed input; every answer is checked and recorded
+        in chain order, and a span whose push did not come (or failed) gets its input from the client,
+        starting a run again."""
+        step_id = self.stats.steps
+        replies: dict[int, torch.Tensor | Message | BaseException | None] = {}
         index, previous_answered = 0, False
         while index < len(self.chain):
             client = self.chain[index]
-            reply = replies.pop(id(client), None)
+            if id(client) not in replies:
+                replies |= await self._ask_run(index, hidden, step_id)
+            reply = replies.pop(id(client))
             if isinstance(reply, BaseException) and not isinstance(reply, (SpanUnavailable, RemoteError)):
                 raise reply
-            if reply is None:   # not asked, or no push came: the client sends the input
+            if reply is None:   # no push came: the client sends the input
                 if previous_answered and self.pushes is not None:
                     self.stats.push_fallbacks += 1
                     self.pushes[index - 1] = False   # that hop does not push any more until the chain changes
@@ -378,6 +367,27 @@ class RemoteGenerator:
             self.outputs[index].append((client.peer_id, out))
             hidden, index, previous_answered = out, index + 1, True
         return hidden
+
+    async def _ask_run(self, index: int, hidden: torch.Tensor, step_id: int
+                       ) -> dict[int, torch.Tensor | Message | BaseException | None]:
+        """Send span `index` the input `hidden` and ask the spans its pushes reach (while each pushes to
+        the next) for step `step_id` on their pushed input, all at once: replies (or errors) by client."""
+        if self.pushes is None:
+            await self._route()
+        assert self.pushes is not None
+        end = index + 1
+        while end < len(self.chain) and self.pushes[end - 1]:
+            end += 1
+
+        async def ask(position: int) -> torch.Tensor | Message | None:
+            client = self.chain[position]
+            push_to = self._target(position + 1) if position + 1 < end else None
+            if position == index:
+                return await client.step([hidden], self.codec, step=step_id, push_to=push_to)
+            return await client.pushed_step(hidden.shape, self.codec, step_id, self.push_wait_s, push_to)
+        asked = self.chain[index:end]
+        replies = await asyncio.gather(*(ask(position) for position in range(index, end)), return_exceptions=True)
+        return dict(zip(map(id, asked), replies, strict=True))
 
     async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         if not prompt or max_new_tokens < 1:

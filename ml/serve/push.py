@@ -108,13 +108,13 @@ class Inbox:
             raise ServeError(f"session {session[:16]} takes no pushes")
         if sender != box.sender:
             raise ServeError(f"peer {sender[:16]}.. was not named to push into session {session[:16]}")
+        hidden = pushed.hidden
+        if hidden.dim() != 3 or hidden.shape[0] != batch or hidden.shape[2] != width:
+            raise ServeError(f"a pushed input is (batch {batch}, length, width {width}), got {list(hidden.shape)}")
         if step <= box.settled or step in box.pending:
             raise ServeError(f"step {step} of session {session[:16]} is already settled")
         if len(box.pending) >= self.max_pending:
             raise ServeError(f"session {session[:16]} already holds {self.max_pending} pushed steps")
-        hidden = pushed.hidden
-        if hidden.dim() != 3 or hidden.shape[0] != batch or hidden.shape[2] != width:
-            raise ServeError(f"a pushed input is (batch {batch}, length, width {width}), got {list(hidden.shape)}")
         box.pending[step] = pushed
         box.arrived.set()
 
