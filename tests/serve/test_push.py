@@ -20,9 +20,9 @@ from tests.serve.test_generation import CONFIG, PROMPT, SEED, Network, random_bu
 THREE = [(0, 2), (2, 4), (4, 6)]
 
 
-def generate(ranges, new, codec="f32", push=True, kill_at=None, **options):
-    """Tokens, stats, histories and outputs of one generation (`kill_at`: stop the middle span's
-    server before that step)."""
+def generate(ranges, new, codec="f32", push=True, kill_at=None, victim=1, **options):
+    """Tokens and the generator of one generation (`kill_at`: stop span `victim`'s server before that
+    step)."""
     async def scenario():
         async with Network(random_build, ranges) as net:
             generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec, push=push,
@@ -31,8 +31,8 @@ def generate(ranges, new, codec="f32", push=True, kill_at=None, **options):
 
             async def step(hidden):
                 if generator.stats.steps == kill_at:
-                    victim = generator.chain[1].peer_id
-                    await next(h for h in net.hosts if h.peer_id == victim).stop()
+                    peer = generator.chain[victim].peer_id
+                    await next(h for h in net.hosts if h.peer_id == peer).stop()
                 return await original(hidden)
 
             generator._through_chain = step
@@ -65,9 +65,11 @@ def test_lossy_codecs_decode_the_same_input_pushed_or_sent(codec):
         assert all(torch.equal(a[1], b[1]) for a, b in zip(pushed.outputs[index], driven.outputs[index], strict=True))
 
 
-def test_a_server_killed_mid_pushed_generation_is_replaced_and_the_output_continues():
+@pytest.mark.parametrize("victim", [0, 1, 2])
+def test_a_server_killed_mid_pushed_generation_is_replaced_and_the_output_continues(victim):
     expected = local_generate(random_decoder(CONFIG, SEED), PROMPT, 40)
-    tokens, generator = generate([(0, 2), (2, 4), (2, 4), (4, 6)], 40, kill_at=25)
+    ranges = [(0, 2), (2, 4), (4, 6)]
+    tokens, generator = generate(ranges + [ranges[victim]], 40, kill_at=25, victim=victim)
     assert tokens == expected and generator.stats.replays == 1 and len(generator.dead) == 1
     assert generator.stats.pushed > 2 * 25   # pushes resumed on the new chain
 
