@@ -52,6 +52,10 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
                      "--adapter", str(adapter), *servers])
         with_adapter = json.loads(capsys.readouterr().out)
         assert code == 0 and with_adapter["identical_to_local"] is True
+        code = main(["generate", "--model", MODEL, "--prompt", "to be", "--max-tokens", "8", "--check-local",
+                     "--adapter", str(adapter), "--push", *servers])   # the 0:2 server pushes to the 2:4 one
+        pushed = json.loads(capsys.readouterr().out)
+        assert code == 0 and pushed["tokens"] == with_adapter["tokens"] and pushed["pushed_steps"] == 8
 
         # a new server asked to fill the gap next to the 2:4 server takes 0:2
         third, third_info = start_server("auto:2", "--known", second_info["addrs"][0])
