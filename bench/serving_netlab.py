@@ -99,10 +99,12 @@ async def role_server(args) -> None:
     start, end = ranges_of(config.layers)[args.index]
     host = Host(identity(f"server{args.index}"), [f"/ip4/{args.ip}/tcp/{PORT}"])
     server = BlockServer(await asyncio.to_thread(random_decoder, config, SEED, (start, end), False))
-    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED)))
+    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED), host=host))
     await host.start()
     client = RelayClient(host)
     client.start()
+    # pushes to the next server (ADR 0181) go over a circuit through the relay, as the client's first dial does
+    host.register_circuit_dialer(lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk))
     puncher = HolePuncher(host)
     puncher.start()
     await puncher.connect_public(args.relay)
@@ -165,25 +167,31 @@ async def role_client(args) -> dict:
         ends = random_decoder(config, SEED, (0, 0), ends=True)
         prompt = [int(t) for t in torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(3))]
         chain = infos[:3]   # the spare is only used after the kill
+        outputs: dict[str, list[int]] = {}
         rtts = []
         for info in chain:
             rtts.append(round(await host.ping(info.peer_id), 4))
         result["rtt_s"] = rtts
         result["direct_at_generation"] = [has_direct(host, info.peer_id) for info in infos]
 
-        generator = RemoteGenerator(host, ends, chain, codec="f32")
-        began = time.perf_counter()
-        tokens = await generator.generate(prompt, args.new)
-        result["tokens_per_s"] = round(args.new / (time.perf_counter() - began), 2)
+        for push, suffix in ((False, "_client_driven"), (True, "")):
+            generator = RemoteGenerator(host, ends, chain, codec="f32", push=push)
+            began = time.perf_counter()
+            tokens = await generator.generate(prompt, args.new)
+            result[f"tokens_per_s{suffix}"] = round(args.new / (time.perf_counter() - began), 2)
+            outputs[suffix] = tokens
+            if push:
+                result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
         whole = random_decoder(config, SEED)
         expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
-        result["identical_output"] = tokens == expected
+        result["identical_output"] = outputs[""] == expected
+        result["identical_output_client_driven"] = outputs["_client_driven"] == expected
         with tempfile.TemporaryDirectory(dir=args.offload_dir) as folder:
             result |= await asyncio.to_thread(offload_figures, whole, Path(folder), prompt, args.offload_new,
                                               expected)
         del whole
 
-        generator = RemoteGenerator(host, ends, infos, codec="f32")
+        generator = RemoteGenerator(host, ends, infos, codec="f32", push=True)
         original = generator._through_chain
 
         async def step_and_kill(hidden):

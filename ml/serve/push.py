@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ml.serve.server import ServeError
+from node.p2p.errors import ProtocolError
 
 MAX_PENDING = 4            # pushed steps a session holds ahead of its client's requests
 PUSH_WAIT_MAX_S = 30.0     # the longest a step waits for its pushed input
@@ -165,19 +166,29 @@ class PushLink:
         return self._stream
 
     async def send(self, frame: bytes, read_reply) -> dict:
-        """Send one push frame and return the acknowledgement's header (raises on any failure)."""
+        """Send one push frame and return the acknowledgement's header (raises on any failure). A stream
+        that breaks is opened again once: the Host may have moved the peer to another connection (a
+        relayed one retired after a hole punch resets its streams)."""
         async with self._lock:
-            try:
-                stream = await self.open()
-                await stream.write(frame)
-                reply = await read_reply(stream, PUSH_TIMEOUT_S)
-            except BaseException:
-                self.close()
-                raise
-            if reply is None:
-                self.close()
-                raise ConnectionError("push stream ended")
-            return reply.header
+            for attempt in (1, 2):
+                try:
+                    stream = await self.open()
+                    await stream.write(frame)
+                    reply = await read_reply(stream, PUSH_TIMEOUT_S)
+                    if reply is None:
+                        raise ConnectionError("push stream ended")
+                    return reply.header
+                except TimeoutError:   # no acknowledgement in time: not worth another wait
+                    self.close()
+                    raise
+                except (OSError, asyncio.IncompleteReadError, ProtocolError):
+                    self.close()
+                    if attempt == 2:
+                        raise
+                except BaseException:
+                    self.close()
+                    raise
+            raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._stream is not None:
