@@ -71,9 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tokens", type=int, default=32)
     generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
                           help="hidden-state encoding (f32 is bit-exact)")
-    generate.add_argument("--push", action="store_true",
+    generate.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
                           help="servers push each step's answer straight to the next server (ADR 0181): one pass "
-                               "down the chain per token instead of a round trip to each server")
+                               "down the chain per token instead of a round trip to each server (default; "
+                               "--no-push: the client sends every server its input)")
     generate.add_argument("--check-local", action="store_true",
                           help="also run the whole model locally and report whether the tokens are identical")
     generate.add_argument("--adapter", type=Path, help="parameters written by `tune` (LoRA adapter and/or prompts) "
@@ -467,7 +468,7 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
                   "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2),
                   "servers": len(infos)}
         if args.push:
-            result["pushed_steps"] = generator.stats.pushed
+            result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
         if payer is not None:
             result["paid"] = sum(m.signed.receipt["amount"] for m in generator.meters if m.signed)
         if args.check_local:
