@@ -10,11 +10,14 @@ relay reservation and a hole puncher that upgrades inbound relayed connections a
 same ports). The client (`--role client`) reaches every server through the relay and hole punching
 (`relay.holepunch_dial.dial_peer`; which path each got is reported, `punched (by the server)` when
 the server's punch won, and `direct_at_generation`), then measures, with the same numbers as bench/serving.py:
-tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode), identical_output against
-`local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
+tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode, servers pushing each step's answer to
+the next server as `dekube-node generate` does by default, ADR 0181; the servers reach each other over
+relay circuits, dialed with their relay client, which their hole punchers may upgrade) with
+pushed_steps / push_fallbacks, tokens_per_s_client_driven (the client sends every server its input),
+identical_output / identical_output_client_driven against `local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
 offload from disk, page cache dropped after every read / warm),
-recover_s (the middle server SIGKILLed half-way: the spare takes over with one replay, and the
-output is still identical), tune_step_s (LoRA rank 4 through the servers left).
+recover_s (pushed generation, the middle server SIGKILLed half-way: the spare takes over with one
+replay, and the output is still identical), tune_step_s (LoRA rank 4 through the servers left).
 
 Prints one JSON object. Needs root. Usage: python bench/serving_netlab.py [--layers 12 --width 768
 --heads 12] [--prompt 64] [--new 128] [--rate 100] [--client-delay 20] [--tune-steps 5]
