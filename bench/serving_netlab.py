@@ -14,8 +14,9 @@ tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode, servers pushin
 the next server as `dekube-node generate` does by default, ADR 0181; the servers reach each other over
 relay circuits, dialed with their relay client, which their hole punchers may upgrade) with
 pushed_steps / push_fallbacks, tokens_per_s_client_driven (the client sends every server its input),
-identical_output / identical_output_client_driven against `local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
-offload from disk, page cache dropped after every read / warm),
+identical_output / identical_output_client_driven against `local_generate`, offload_tokens_per_s /
+offload_warm_tokens_per_s (bench/offload.py: layer-by-layer offload from disk, page cache dropped after
+every read / warm),
 recover_s (pushed generation, the middle server SIGKILLed half-way: the spare takes over with one
 replay, and the output is still identical), tune_step_s (LoRA rank 4 through the servers left).
 
