@@ -185,7 +185,7 @@ async def role_client(args) -> dict:
             result[f"tokens_per_s{suffix}"] = round(args.new / (time.perf_counter() - began), 2)
             outputs[suffix] = tokens
             if push:
-                result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
+                result |= {"pushed_steps": generator.stats.pushed, "push_fallbacks": generator.stats.push_fallbacks}
         whole = random_decoder(config, SEED)
         expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
         result["identical_output"] = outputs[""] == expected
