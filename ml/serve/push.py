@@ -155,9 +155,12 @@ class PushLink:
         self.host, self.peer, self.protocol = host, target.peer, protocol
         self._lock = asyncio.Lock()
         self._stream: Any = None
-        if target.addrs:
-            with contextlib.suppress(Exception):   # a bad address is one the dial skips
-                host.peerbook.add_addrs(target.peer, list(target.addrs))
+        # the client's addresses for the next server are used only for a peer this Host knows no way to:
+        # a client must not displace what the node learned itself (its peer book keeps a few per peer)
+        if not host.peerbook.addrs(target.peer) and not host.connections(target.peer):
+            for addr in target.addrs:
+                with contextlib.suppress(ValueError, ProtocolError):   # not a multiaddr, or another peer's
+                    host.peerbook.add_addrs(target.peer, [addr])
 
     async def open(self):
         """The link's stream, opened now if it is not yet."""

@@ -161,6 +161,12 @@ def test_only_the_named_peer_can_push_and_bad_pushes_leave_the_session_usable():
                 reply = await span.pushed_step(hidden.shape, "f32", 0, 5.0)
                 out = await span.finish_pushed(reply, "f32", hidden)
                 stale = (await push(net.hosts[0], good, {"h": hidden}))["error"]
+                nowhere = {"peer": Identity.generate().peer_id, "session": "x",
+                           "addrs": ["junk", f"/ip4/127.0.0.1/tcp/1/p2p/{intruder.peer_id}", "/ip4/127.0.0.1/tcp/1"]}
+                unreachable = await span.route(net.servers[0].peer_id, nowhere)   # junk skipped, the dial fails
+                with pytest.raises(protocol.RemoteError, match="names this server"):
+                    await span.route(net.servers[0].peer_id, {"peer": net.servers[1].peer_id, "session": "x"})
+                assert unreachable is False
                 missing = await span.pushed_step(torch.Size([1, 1, CONFIG.width]), "f32", 1, 0.2)
                 after = await span.step([torch.randn(1, 1, CONFIG.width)], "f32", step=1)
                 await span.close()
