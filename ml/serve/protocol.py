@@ -21,7 +21,9 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   "push": true carries no "h": the server runs it on the input pushed for that step id, waiting up to
   "wait_s" for it, and answers as usual plus "input" (the digest of the input it ran), or {"type":
   "need_input", "step"} if none came (or it did not match the request's chunks and codec): the client
-  then sends the step with "h".
+  then sends the step with "h". A server that answers "need_input" to a step with "push_to" tells that
+  server so ("push" with "none": true and no "h"), which then answers "need_input" without waiting;
+  a step also stops waiting soon after the stream its named sender pushed on ends.
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
   stream's stateless passes (and closed sessions) for "forward"/"backward"; a billing server reports
@@ -196,13 +198,17 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             links.clear()
         return links.setdefault(target.peer, PushLink(host, target, PROTOCOL))
 
-    def start_push(state: dict, target: Target, step: int, out: torch.Tensor, codec: str) -> None:
-        """Send `out` (as the reply to the client encodes it) to the next server, without waiting."""
+    def start_push(state: dict, target: Target, step: int, out: torch.Tensor | None, codec: str) -> None:
+        """Send `out` (as the reply to the client encodes it) to the next server, without waiting; None:
+        tell it this step has no answer to push (it then asks the client at once)."""
         link = link_to(state, target)
 
         async def push() -> None:
-            frame = await asyncio.to_thread(encode_frame, {"type": "push", "session": target.session, "step": step,
-                                                           "chunks": [out.shape[1]], "codec": codec}, {"h": out}, codec)
+            header = {"type": "push", "session": target.session, "step": step, "codec": codec}
+            if out is None:
+                frame = encode_frame(header | {"none": True})
+            else:
+                frame = await asyncio.to_thread(encode_frame, header | {"chunks": [out.shape[1]]}, {"h": out}, codec)
             try:
                 ack = await link.send(frame, read_frame)
             except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError, WireError) as exc:
@@ -274,9 +280,12 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             if session is None:
                 raise ServeError("a push names a session this server holds")
             pushed_step = step_id(header.get("step"))
-            _split_chunks(header.get("chunks"), tensors.get("h"))
-            inbox.put(target_session, peer, pushed_step, Pushed(tuple(header["chunks"]), codec, tensors["h"]),
-                      session.batch, server.config.width)
+            pushed = None
+            if header.get("none") is not True:
+                _split_chunks(header.get("chunks"), tensors.get("h"))
+                pushed = Pushed(tuple(header["chunks"]), codec, tensors["h"])
+            inbox.put(target_session, peer, pushed_step, pushed, session.batch, server.config.width)
+            state["pushed_into"].add(target_session)
             return encode_frame({"type": "pushed", "step": pushed_step})
         if kind == "step":
             if not state.get("session"):
@@ -289,6 +298,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                     raise ServeError("a pushed step has a step id and no h")
                 hidden = await pushed_input(header, state["session"], step, codec)
                 if hidden is None:
+                    if target is not None and host is not None:   # the next server need not wait for us
+                        start_push(state, target, step, None, codec)
                     return encode_frame({"type": "need_input", "step": step, **extra})
                 digest = (await asyncio.to_thread(tensor_digest, hidden)).hex()
             elif step is not None:
@@ -339,7 +350,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
-        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook(), "links": {}, "pushes": set()}
+        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook(), "links": {}, "pushes": set(),
+                       "pushed_into": set()}
         if billing is not None:
             state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
                                          str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,
@@ -366,6 +378,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                 task.cancel()
             for link in state["links"].values():
                 link.close()
+            for session_id in state["pushed_into"]:   # a previous server's push stream ended
+                inbox.sender_gone(session_id, str(getattr(stream, "remote_peer", "")))
             if state.get("session"):
                 inbox.drop(state["session"])
                 server.close_session(state["session"])

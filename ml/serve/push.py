@@ -29,6 +29,7 @@ PUSH_WAIT_MAX_S = 30.0     # the longest a step waits for its pushed input
 PUSH_TIMEOUT_S = 10.0      # opening a link or having a push acknowledged
 MAX_ADDRS = 8              # addresses a client may give for the next server
 MAX_ID = 100               # peer ids and session ids, characters
+SENDER_GONE_GRACE_S = 1.0  # a step still waits this long after its sender's push stream ended (it may reopen)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class Pushed:
 class _Box:
     sender: str | None                  # the peer allowed to push (None: nobody)
     settled: int = -1                   # the highest step id whose input is settled
-    pending: dict[int, Pushed] = field(default_factory=dict)
+    gone_at: float | None = None        # when the sender's push stream into this session ended
+    pending: dict[int, Pushed | None] = field(default_factory=dict)   # None: the sender has no input for it
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -88,35 +90,45 @@ class Target:
 class Inbox:
     """Pushed inputs of a server's sessions."""
 
-    def __init__(self, max_pending: int = MAX_PENDING):
-        self.max_pending = max_pending
+    def __init__(self, max_pending: int = MAX_PENDING, grace_s: float = SENDER_GONE_GRACE_S):
+        self.max_pending, self.grace_s = max_pending, grace_s
         self._boxes: dict[str, _Box] = {}
 
     def route(self, session: str, sender: str | None) -> None:
         """Session `session` takes pushes from `sender` from now on (its client said so)."""
         box = self._boxes.setdefault(session, _Box(sender))
-        box.sender = sender
+        box.sender, box.gone_at = sender, None
+
+    def sender_gone(self, session: str, sender: str) -> None:
+        """`sender`'s stream that pushed into `session` ended (it may have died): a step waiting for its
+        push waits only `grace_s` more, unless a push comes."""
+        box = self._boxes.get(session)
+        if box is not None and box.sender == sender:
+            box.gone_at = asyncio.get_running_loop().time()
+            box.arrived.set()
 
     def drop(self, session: str) -> None:
         box = self._boxes.pop(session, None)
         if box is not None:
             box.arrived.set()   # a step still waiting ends now (it finds nothing)
 
-    def put(self, session: str, sender: str, step: int, pushed: Pushed, batch: int, width: int) -> None:
-        """Keep a push for `session`'s step `step` from `sender`, or refuse it (ServeError)."""
+    def put(self, session: str, sender: str, step: int, pushed: Pushed | None, batch: int, width: int) -> None:
+        """Keep a push for `session`'s step `step` from `sender` (None: the sender says it will have no
+        answer to push for that step, so the step need not wait), or refuse it (ServeError)."""
         box = self._boxes.get(session)
         if box is None or box.sender is None:
             raise ServeError(f"session {session[:16]} takes no pushes")
         if sender != box.sender:
             raise ServeError(f"peer {sender[:16]}.. was not named to push into session {session[:16]}")
-        hidden = pushed.hidden
-        if hidden.dim() != 3 or hidden.shape[0] != batch or hidden.shape[2] != width:
+        hidden = None if pushed is None else pushed.hidden
+        if hidden is not None and (hidden.dim() != 3 or hidden.shape[0] != batch or hidden.shape[2] != width):
             raise ServeError(f"a pushed input is (batch {batch}, length, width {width}), got {list(hidden.shape)}")
         if step <= box.settled or step in box.pending:
             raise ServeError(f"step {step} of session {session[:16]} is already settled")
         if len(box.pending) >= self.max_pending:
             raise ServeError(f"session {session[:16]} already holds {self.max_pending} pushed steps")
         box.pending[step] = pushed
+        box.gone_at = None
         box.arrived.set()
 
     def settle(self, session: str, step: int) -> None:
@@ -128,8 +140,9 @@ class Inbox:
                 del box.pending[old]
 
     async def take(self, session: str, step: int, wait: float) -> Pushed | None:
-        """The input pushed for `step`, waiting up to `wait` seconds for it; None if it did not come
-        (the step is settled either way: a later push for it is refused)."""
+        """The input pushed for `step`, waiting up to `wait` seconds for it (less once the sender's push
+        stream ended); None if it did not come (the step is settled either way: a later push for it is
+        refused)."""
         box = self._boxes.get(session)
         if box is None:
             return None
@@ -137,7 +150,8 @@ class Inbox:
             raise ServeError(f"step {step} of session {session[:16]} is already settled")
         deadline = asyncio.get_running_loop().time() + wait
         while step not in box.pending and self._boxes.get(session) is box:
-            left = deadline - asyncio.get_running_loop().time()
+            end = deadline if box.gone_at is None else min(deadline, box.gone_at + self.grace_s)
+            left = end - asyncio.get_running_loop().time()
             if left <= 0:
                 break
             box.arrived.clear()

@@ -188,7 +188,7 @@ def test_only_the_named_peer_can_push_and_bad_pushes_leave_the_session_usable():
 
 def test_inbox_keeps_pushes_in_bounds():
     async def scenario():
-        inbox = Inbox(max_pending=2)
+        inbox = Inbox(max_pending=2, grace_s=0.0)
         hidden = torch.zeros(1, 1, 8)
         with pytest.raises(ServeError, match="takes no pushes"):
             inbox.put("s", "a", 0, Pushed((1,), "f32", hidden), 1, 8)
@@ -208,7 +208,21 @@ def test_inbox_keeps_pushes_in_bounds():
         await asyncio.sleep(0.01)
         inbox.put("s", "a", 3, Pushed((1,), "f32", hidden), 1, 8)
         assert (await waiting) is not None
-        waiting = asyncio.ensure_future(inbox.take("s", 4, 5.0))
+        waiting = asyncio.ensure_future(inbox.take("s", 4, 30.0))
+        await asyncio.sleep(0.01)
+        inbox.sender_gone("s", "b")                           # not the named sender: nothing changes
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        inbox.sender_gone("s", "a")                           # its push stream ended: no more waiting
+        await asyncio.sleep(0.05)
+        assert waiting.done() and waiting.result() is None
+        inbox.route("s", "a")
+        waiting = asyncio.ensure_future(inbox.take("s", 5, 30.0))
+        await asyncio.sleep(0.01)
+        inbox.put("s", "a", 5, None, 1, 8)                    # the sender has nothing to push for step 5
+        await asyncio.sleep(0.05)
+        assert waiting.done() and waiting.result() is None
+        waiting = asyncio.ensure_future(inbox.take("s", 6, 5.0))
         await asyncio.sleep(0.01)
         inbox.drop("s")                                       # the session closed: the wait ends
         assert (await waiting) is None
