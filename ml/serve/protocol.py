@@ -23,7 +23,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   "need_input", "step"} if none came (or it did not match the request's chunks and codec): the client
   then sends the step with "h". A server that answers "need_input" to a step with "push_to" tells that
   server so ("push" with "none": true and no "h"), which then answers "need_input" without waiting;
-  a step also stops waiting soon after the stream its named sender pushed on ends.
+  a step also stops waiting when the stream its named sender pushed on ends and that peer has no
+  connection left (it died; a stream reset by a connection change is reopened by the sender).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
   stream's stateless passes (and closed sessions) for "forward"/"backward"; a billing server reports
@@ -162,7 +163,7 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
     """The Host stream handler serving `server`'s blocks as model `model_id` (billing its clients
     with receipts if `billing`; pushing answers to next servers over `host`, if given)."""
     compute = asyncio.Semaphore(1)
-    inbox = Inbox()
+    inbox = Inbox(connected=lambda peer: host is None or any(not c.closed for c in host.connections(peer)))
 
     async def run(fn, *args):
         async with compute:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ PUSH_WAIT_MAX_S = 30.0     # the longest a step waits for its pushed input
 PUSH_TIMEOUT_S = 10.0      # opening a link or having a push acknowledged
 MAX_ADDRS = 8              # addresses a client may give for the next server
 MAX_ID = 100               # peer ids and session ids, characters
-SENDER_GONE_GRACE_S = 1.0  # a step still waits this long after its sender's push stream ended (it may reopen)
+SENDER_POLL_S = 0.1        # how often a step whose sender's push stream ended looks whether it is still connected
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Pushed:
 class _Box:
     sender: str | None                  # the peer allowed to push (None: nobody)
     settled: int = -1                   # the highest step id whose input is settled
-    gone_at: float | None = None        # when the sender's push stream into this session ended
+    gone: bool = False                  # the sender's push stream into this session ended
     pending: dict[int, Pushed | None] = field(default_factory=dict)   # None: the sender has no input for it
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -90,21 +91,22 @@ class Target:
 class Inbox:
     """Pushed inputs of a server's sessions."""
 
-    def __init__(self, max_pending: int = MAX_PENDING, grace_s: float = SENDER_GONE_GRACE_S):
-        self.max_pending, self.grace_s = max_pending, grace_s
+    def __init__(self, max_pending: int = MAX_PENDING, connected: Callable[[str], bool] = lambda peer: True):
+        self.max_pending = max_pending
+        self.connected = connected   # whether a peer has a live connection to this server
         self._boxes: dict[str, _Box] = {}
 
     def route(self, session: str, sender: str | None) -> None:
         """Session `session` takes pushes from `sender` from now on (its client said so)."""
         box = self._boxes.setdefault(session, _Box(sender))
-        box.sender, box.gone_at = sender, None
+        box.sender, box.gone = sender, False
 
     def sender_gone(self, session: str, sender: str) -> None:
-        """`sender`'s stream that pushed into `session` ended (it may have died): a step waiting for its
-        push waits only `grace_s` more, unless a push comes."""
+        """`sender`'s stream that pushed into `session` ended: it may have died (then a step waiting for
+        its push stops waiting once it has no connection left) or moved to another connection."""
         box = self._boxes.get(session)
         if box is not None and box.sender == sender:
-            box.gone_at = asyncio.get_running_loop().time()
+            box.gone = True
             box.arrived.set()
 
     def drop(self, session: str) -> None:
@@ -128,7 +130,7 @@ class Inbox:
         if len(box.pending) >= self.max_pending:
             raise ServeError(f"session {session[:16]} already holds {self.max_pending} pushed steps")
         box.pending[step] = pushed
-        box.gone_at = None
+        box.gone = False
         box.arrived.set()
 
     def settle(self, session: str, step: int) -> None:
@@ -140,9 +142,9 @@ class Inbox:
                 del box.pending[old]
 
     async def take(self, session: str, step: int, wait: float) -> Pushed | None:
-        """The input pushed for `step`, waiting up to `wait` seconds for it (less once the sender's push
-        stream ended); None if it did not come (the step is settled either way: a later push for it is
-        refused)."""
+        """The input pushed for `step`, waiting up to `wait` seconds for it (less if the sender's push
+        stream ended and it has no connection left); None if it did not come (the step is settled either
+        way: a later push for it is refused)."""
         box = self._boxes.get(session)
         if box is None:
             return None
@@ -150,10 +152,13 @@ class Inbox:
             raise ServeError(f"step {step} of session {session[:16]} is already settled")
         deadline = asyncio.get_running_loop().time() + wait
         while step not in box.pending and self._boxes.get(session) is box:
-            end = deadline if box.gone_at is None else min(deadline, box.gone_at + self.grace_s)
-            left = end - asyncio.get_running_loop().time()
+            left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
+            if box.gone:
+                if box.sender is None or not self.connected(box.sender):
+                    break
+                left = min(left, SENDER_POLL_S)   # its connection may still be closing: look again soon
             box.arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(box.arrived.wait(), left)

@@ -188,7 +188,8 @@ def test_only_the_named_peer_can_push_and_bad_pushes_leave_the_session_usable():
 
 def test_inbox_keeps_pushes_in_bounds():
     async def scenario():
-        inbox = Inbox(max_pending=2, grace_s=0.0)
+        connected = {"a"}
+        inbox = Inbox(max_pending=2, connected=connected.__contains__)
         hidden = torch.zeros(1, 1, 8)
         with pytest.raises(ServeError, match="takes no pushes"):
             inbox.put("s", "a", 0, Pushed((1,), "f32", hidden), 1, 8)
@@ -213,8 +214,11 @@ def test_inbox_keeps_pushes_in_bounds():
         inbox.sender_gone("s", "b")                           # not the named sender: nothing changes
         await asyncio.sleep(0.05)
         assert not waiting.done()
-        inbox.sender_gone("s", "a")                           # its push stream ended: no more waiting
-        await asyncio.sleep(0.05)
+        inbox.sender_gone("s", "a")                           # its push stream ended, but it is connected
+        await asyncio.sleep(0.25)
+        assert not waiting.done()
+        connected.clear()                                     # and now it is not: no more waiting
+        await asyncio.sleep(0.25)
         assert waiting.done() and waiting.result() is None
         inbox.route("s", "a")
         waiting = asyncio.ensure_future(inbox.take("s", 5, 30.0))
