@@ -171,6 +171,7 @@ class RemoteGenerator:
         self.meters: list[ClientMeter] = []                         # every billed stream, for evidence
         self.push, self.push_wait_s = push, push_wait_s
         self.pushes: list[bool] | None = None   # per span: it pushes to the next one (None: to be routed)
+        self.mispushed: set[str] = set()        # servers whose push differed from their answer: not used to push
 
     def _meter(self, server: ServerInfo) -> ClientMeter | None:
         if self.payer is None:
@@ -313,11 +314,14 @@ class RemoteGenerator:
         hops can push (a server that cannot reach the next one, or does not push at all, ends a run)."""
         last = len(self.chain) - 1
 
+        def pushes_to_next(index: int) -> bool:
+            return index < last and self.chain[index].peer_id not in self.mispushed
+
         async def route(index: int) -> bool:
             client = self.chain[index]
             try:
-                return await client.route(self.chain[index - 1].peer_id if index else None,
-                                          self._target(index + 1) if index < last else None)
+                return await client.route(self.chain[index - 1].peer_id if index and pushes_to_next(index - 1)
+                                          else None, self._target(index + 1) if pushes_to_next(index) else None)
             except (SpanUnavailable, RemoteError):
                 return False
         self.pushes = list(await asyncio.gather(*(route(i) for i in range(len(self.chain)))))
@@ -345,7 +349,7 @@ class RemoteGenerator:
                 hidden, index = await self._step_span(index, hidden, step_id)
                 previous_answered = False
                 continue
-            previous_answered = False
+            pushed_by_answered, previous_answered = previous_answered, False
             if isinstance(reply, BaseException):
                 client.abort()
                 self.stats.add_traffic(client)
@@ -357,6 +361,8 @@ class RemoteGenerator:
                     out = await client.finish_pushed(reply, self.codec, hidden)
                 except PushMismatch:   # its session ran another input: replay it in a fresh session
                     self.stats.push_fallbacks += 1
+                    if pushed_by_answered:   # else the input came from a session replayed in this step
+                        self.mispushed.add(self.chain[index - 1].peer_id)
                     self.stats.add_traffic(client)
                     hidden, index = await self._recover(index, hidden)
                     continue

@@ -12,7 +12,7 @@ from ml.serve.model import random_decoder
 from ml.serve.push import Inbox, Pushed, Target
 from ml.serve.server import ServeError
 from ml.serve.transcript import tensor_digest
-from ml.serve.wire import encode_frame
+from ml.serve.wire import decode_frame, encode_frame
 from node.identity import Identity
 from node.p2p.host import Host
 from tests.serve.test_generation import CONFIG, PROMPT, SEED, Network, random_build
@@ -123,6 +123,35 @@ def test_a_push_that_does_not_arrive_falls_back_once(monkeypatch):
     assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 10)
     assert dropped == [1] and generator.stats.push_fallbacks == 1 and generator.stats.pushed == 10
     assert generator.pushes == [True, False, False]
+
+
+def test_a_server_that_pushes_another_answer_than_it_gives_is_caught_and_not_used_to_push(monkeypatch):
+    original = protocol.PushLink.send
+    altered: list[int] = []
+
+    async def send(self, frame, read_reply):   # the first server pushes something else than it answers
+        msg = decode_frame(frame[4:])
+        if self.peer == second[0] and "h" in msg.tensors:
+            altered.append(msg.header["step"])
+            frame = encode_frame(msg.header, {"h": msg.tensors["h"] + 1.0}, msg.header["codec"])
+        return await original(self, frame, read_reply)
+
+    monkeypatch.setattr(protocol.PushLink, "send", send)
+    second: list[str] = []
+
+    async def scenario():
+        async with Network(random_build, THREE) as net:
+            second.append(net.servers[1].peer_id)
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, push=True)
+            return await generator.generate(PROMPT, 12), generator, net.servers
+
+    tokens, generator, servers = asyncio.run(scenario())
+    assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 12)
+    assert altered == [0] and generator.mispushed == {servers[0].peer_id}   # caught at once, never used again
+    # span 2 ran the altered input and pushed its answer on: both are replayed in fresh sessions
+    assert generator.stats.replays == 2 and generator.stats.push_fallbacks == 2 and not generator.dead
+    assert generator.stats.pushed == 11   # hop 2->3 from step 1 on, hop 1->2 never again
+    assert generator.spot_check(1, random_build((2, 4), False)).ok   # the record is what the servers ran
 
 
 def test_only_the_named_peer_can_push_and_bad_pushes_leave_the_session_usable():
