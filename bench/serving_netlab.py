@@ -18,7 +18,8 @@ identical_output / identical_output_client_driven against `local_generate`, offl
 offload_warm_tokens_per_s (bench/offload.py: layer-by-layer offload from disk, page cache dropped after
 every read / warm),
 recover_s (pushed generation, the middle server SIGKILLed half-way: the spare takes over with one
-replay, and the output is still identical), tune_step_s (LoRA rank 4 through the servers left).
+replay, and the output is still identical; kill_step_s: that whole token step, failed request, waits
+for pushes that cannot come and replay), tune_step_s (LoRA rank 4 through the servers left).
 
 Prints one JSON object. Needs root. Usage: python bench/serving_netlab.py [--layers 12 --width 768
 --heads 12] [--prompt 64] [--new 128] [--rate 100] [--client-delay 20] [--tune-steps 5]
@@ -199,10 +200,14 @@ async def role_client(args) -> dict:
         original = generator._through_chain
 
         async def step_and_kill(hidden):
-            if generator.stats.steps == args.new // 2:
-                victim = generator.chain[1].peer_id
-                os.kill(servers[[s["peer_id"] for s in servers].index(victim)]["pid"], signal.SIGKILL)
-            return await original(hidden)
+            if generator.stats.steps != args.new // 2:
+                return await original(hidden)
+            victim = generator.chain[1].peer_id
+            os.kill(servers[[s["peer_id"] for s in servers].index(victim)]["pid"], signal.SIGKILL)
+            began = time.perf_counter()
+            out = await original(hidden)
+            result["kill_step_s"] = round(time.perf_counter() - began, 3)
+            return out
 
         generator._through_chain = step_and_kill
         recovered = await generator.generate(prompt, args.new)
