@@ -99,53 +99,52 @@ def test_a_server_that_cannot_reach_the_next_one_leaves_that_hop_to_the_client(m
     assert refused and generator.stats.pushed == 10 and generator.stats.push_fallbacks == 0   # hop 2->3 pushed
 
 
-def test_a_push_that_does_not_arrive_falls_back_once(monkeypatch):
+def generate_with_pushes_to(monkeypatch, target, change, new, **options):
+    """Generate through three servers with every push to span `target`'s server passed through
+    `change(frame)` (which may raise: the push is lost): tokens, generator, servers."""
     original = protocol.PushLink.send
-    dropped: list[int] = []
+    peers: list[str] = []
 
-    async def send(self, frame, read_reply):   # pushes to the last server are lost on the way
-        if self.peer == last[0]:
-            dropped.append(1)
-            raise ConnectionError("lost")
+    async def send(self, frame, read_reply):
+        if self.peer == peers[0]:
+            frame = change(frame)
         return await original(self, frame, read_reply)
 
     monkeypatch.setattr(protocol.PushLink, "send", send)
-    last: list[str] = []
 
     async def scenario():
         async with Network(random_build, THREE) as net:
-            last.append(net.servers[2].peer_id)
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, push=True,
-                                        push_wait_s=0.5)
-            return await generator.generate(PROMPT, 10), generator
+            peers.append(net.servers[target].peer_id)
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, push=True, **options)
+            return await generator.generate(PROMPT, new), generator, net.servers
 
-    tokens, generator = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_push_that_does_not_arrive_falls_back_once(monkeypatch):
+    dropped: list[int] = []
+
+    def lose(frame):   # pushes to the last server are lost on the way
+        dropped.append(1)
+        raise ConnectionError("lost")
+
+    tokens, generator, _ = generate_with_pushes_to(monkeypatch, 2, lose, 10, push_wait_s=0.5)
     assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 10)
     assert dropped == [1] and generator.stats.push_fallbacks == 1 and generator.stats.pushed == 10
     assert generator.pushes == [True, False, False]
 
 
 def test_a_server_that_pushes_another_answer_than_it_gives_is_caught_and_not_used_to_push(monkeypatch):
-    original = protocol.PushLink.send
     altered: list[int] = []
 
-    async def send(self, frame, read_reply):   # the first server pushes something else than it answers
+    def alter(frame):   # the first server pushes something else than it answers
         msg = decode_frame(frame[4:])
-        if self.peer == second[0] and "h" in msg.tensors:
-            altered.append(msg.header["step"])
-            frame = encode_frame(msg.header, {"h": msg.tensors["h"] + 1.0}, msg.header["codec"])
-        return await original(self, frame, read_reply)
+        if "h" not in msg.tensors:
+            return frame
+        altered.append(msg.header["step"])
+        return encode_frame(msg.header, {"h": msg.tensors["h"] + 1.0}, msg.header["codec"])
 
-    monkeypatch.setattr(protocol.PushLink, "send", send)
-    second: list[str] = []
-
-    async def scenario():
-        async with Network(random_build, THREE) as net:
-            second.append(net.servers[1].peer_id)
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, push=True)
-            return await generator.generate(PROMPT, 12), generator, net.servers
-
-    tokens, generator, servers = asyncio.run(scenario())
+    tokens, generator, servers = generate_with_pushes_to(monkeypatch, 1, alter, 12)
     assert tokens == local_generate(random_decoder(CONFIG, SEED), PROMPT, 12)
     assert altered == [0] and generator.mispushed == {servers[0].peer_id}   # caught at once, never used again
     # span 2 ran the altered input and pushed its answer on: both are replayed in fresh sessions
