@@ -10,11 +10,16 @@ relay reservation and a hole puncher that upgrades inbound relayed connections a
 same ports). The client (`--role client`) reaches every server through the relay and hole punching
 (`relay.holepunch_dial.dial_peer`; which path each got is reported, `punched (by the server)` when
 the server's punch won, and `direct_at_generation`), then measures, with the same numbers as bench/serving.py:
-tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode), identical_output against
-`local_generate`, offload_tokens_per_s / offload_warm_tokens_per_s (bench/offload.py: layer-by-layer
-offload from disk, page cache dropped after every read / warm),
-recover_s (the middle server SIGKILLed half-way: the spare takes over with one replay, and the
-output is still identical), tune_step_s (LoRA rank 4 through the servers left).
+tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode, servers pushing each step's answer to
+the next server as `dekube-node generate` does by default, ADR 0181; the servers reach each other over
+relay circuits, dialed with their relay client, which their hole punchers may upgrade) with
+pushed_steps / push_fallbacks, tokens_per_s_client_driven (the client sends every server its input),
+identical_output / identical_output_client_driven against `local_generate`, offload_tokens_per_s /
+offload_warm_tokens_per_s (bench/offload.py: layer-by-layer offload from disk, page cache dropped after
+every read / warm),
+recover_s (pushed generation, the middle server SIGKILLed half-way: the spare takes over with one
+replay, and the output is still identical; kill_step_s: that whole token step, failed request, waits
+for pushes that cannot come and replay), tune_step_s (LoRA rank 4 through the servers left).
 
 Prints one JSON object. Needs root. Usage: python bench/serving_netlab.py [--layers 12 --width 768
 --heads 12] [--prompt 64] [--new 128] [--rate 100] [--client-delay 20] [--tune-steps 5]
@@ -99,10 +104,12 @@ async def role_server(args) -> None:
     start, end = ranges_of(config.layers)[args.index]
     host = Host(identity(f"server{args.index}"), [f"/ip4/{args.ip}/tcp/{PORT}"])
     server = BlockServer(await asyncio.to_thread(random_decoder, config, SEED, (start, end), False))
-    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED)))
+    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED), host=host))
     await host.start()
     client = RelayClient(host)
     client.start()
+    # pushes to the next server (ADR 0181) go over a circuit through the relay, as the client's first dial does
+    host.register_circuit_dialer(lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk))
     puncher = HolePuncher(host)
     puncher.start()
     await puncher.connect_public(args.relay)
@@ -165,32 +172,42 @@ async def role_client(args) -> dict:
         ends = random_decoder(config, SEED, (0, 0), ends=True)
         prompt = [int(t) for t in torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(3))]
         chain = infos[:3]   # the spare is only used after the kill
+        outputs: dict[str, list[int]] = {}
         rtts = []
         for info in chain:
             rtts.append(round(await host.ping(info.peer_id), 4))
         result["rtt_s"] = rtts
         result["direct_at_generation"] = [has_direct(host, info.peer_id) for info in infos]
 
-        generator = RemoteGenerator(host, ends, chain, codec="f32")
-        began = time.perf_counter()
-        tokens = await generator.generate(prompt, args.new)
-        result["tokens_per_s"] = round(args.new / (time.perf_counter() - began), 2)
+        for push, suffix in ((False, "_client_driven"), (True, "")):
+            generator = RemoteGenerator(host, ends, chain, codec="f32", push=push)
+            began = time.perf_counter()
+            tokens = await generator.generate(prompt, args.new)
+            result[f"tokens_per_s{suffix}"] = round(args.new / (time.perf_counter() - began), 2)
+            outputs[suffix] = tokens
+            if push:
+                result |= {"pushed_steps": generator.stats.pushed, "push_fallbacks": generator.stats.push_fallbacks}
         whole = random_decoder(config, SEED)
         expected = await asyncio.to_thread(local_generate, whole, prompt, args.new)
-        result["identical_output"] = tokens == expected
+        result["identical_output"] = outputs[""] == expected
+        result["identical_output_client_driven"] = outputs["_client_driven"] == expected
         with tempfile.TemporaryDirectory(dir=args.offload_dir) as folder:
             result |= await asyncio.to_thread(offload_figures, whole, Path(folder), prompt, args.offload_new,
                                               expected)
         del whole
 
-        generator = RemoteGenerator(host, ends, infos, codec="f32")
+        generator = RemoteGenerator(host, ends, infos, codec="f32", push=True)
         original = generator._through_chain
 
         async def step_and_kill(hidden):
-            if generator.stats.steps == args.new // 2:
-                victim = generator.chain[1].peer_id
-                os.kill(servers[[s["peer_id"] for s in servers].index(victim)]["pid"], signal.SIGKILL)
-            return await original(hidden)
+            if generator.stats.steps != args.new // 2:
+                return await original(hidden)
+            victim = generator.chain[1].peer_id
+            os.kill(servers[[s["peer_id"] for s in servers].index(victim)]["pid"], signal.SIGKILL)
+            began = time.perf_counter()
+            out = await original(hidden)
+            result["kill_step_s"] = round(time.perf_counter() - began, 3)
+            return out
 
         generator._through_chain = step_and_kill
         recovered = await generator.generate(prompt, args.new)

@@ -79,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tokens", type=int, default=32)
     generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
                           help="hidden-state encoding (f32 is bit-exact)")
+    generate.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
+                          help="servers push each step's answer straight to the next server (ADR 0181): one pass "
+                               "down the chain per token instead of a round trip to each server (default; "
+                               "--no-push: the client sends every server its input)")
     generate.add_argument("--check-local", action="store_true",
                           help="also run the whole model locally and report whether the tokens are identical")
     generate.add_argument("--adapter", type=Path, help="parameters written by `tune` (LoRA adapter and/or prompts) "
@@ -273,7 +277,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         billing = None
         if args.price:
             billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
-        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
+        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing, host))
         addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
         tokens_per_s = await asyncio.to_thread(own_throughput, server)
         announced = (await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile) if gateway
@@ -298,7 +302,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
                     continue
                 model = await asyncio.to_thread(spec.load_part, target, False, device)
                 server = BlockServer(model, max_sessions=args.max_sessions, profile=profile)
-                host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
+                host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing, host))
                 blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
                 announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
                 print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced is not None}),
@@ -573,7 +577,8 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
         payer = await _payer(args, gateway, identity)
         infos, speed = await _find_servers(host, gateway, spec, servers)
         ends = await asyncio.to_thread(spec.load_part, (0, 0), True, device)
-        generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned, speed=speed, payer=payer)
+        generator = RemoteGenerator(host, ends, infos, codec=args.codec, tuned=tuned, speed=speed, payer=payer,
+                                    push=args.push)
         began = time.perf_counter()
         try:
             tokens = await generator.generate(prompt, args.max_tokens)
@@ -583,6 +588,8 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
                   "tokens_per_s": round(len(tokens) / (time.perf_counter() - began), 2),
                   "servers": len(infos), "device": device,
                   "profiles": sorted(set(generator.profiles.values()))}   # the servers' (bit-exact within one)
+        if args.push:
+            result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
         if payer is not None:
             result["paid"] = sum(m.signed.receipt["amount"] for m in generator.meters if m.signed)
         if args.check_local:

@@ -19,6 +19,11 @@ The bit-exact promise holds within one execution profile only, so every answer i
 server, and each server's profile (announced in the ledger, else told in "opened") is kept: a spot
 check given its own profile compares only the answers of servers in that profile and lists the others
 as unchecked, never accusing a server for computing in another profile.
+
+With `push=True` (ADR 0181) a token goes down the chain in one pass: the client sends the first server
+the input and asks every later server, at the same time, to run the step on the input its predecessor
+pushes to it; it still receives (and records) every server's answer, checks that each pushed input is
+the answer it received, and falls back to sending inputs itself for a hop where a push does not come.
 """
 from __future__ import annotations
 
@@ -31,8 +36,9 @@ import torch
 from ml.serve.adapters import ClientParams
 from ml.serve.billing import ClientMeter, max_flops_per_token, spot_evidence
 from ml.serve.model import ServeDecoder
-from ml.serve.protocol import Payer, RemoteError, SpanClient, SpanUnavailable
+from ml.serve.protocol import Payer, PushMismatch, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.transcript import tensor_digest
+from ml.serve.wire import Message
 from ml.serve.wire import roundtrip as wire_roundtrip
 
 
@@ -143,6 +149,8 @@ class GenerationStats:
     steps: int = 0
     bytes_sent: int = 0       # frames to servers, replays included
     bytes_received: int = 0
+    pushed: int = 0           # span steps whose input a server pushed (push mode)
+    push_fallbacks: int = 0   # span steps the client had to send itself after asking for a push
 
     def add_traffic(self, client: SpanClient) -> None:
         self.bytes_sent += client.bytes_sent
@@ -160,10 +168,13 @@ class SpotCheck:
     unchecked: tuple[str, ...] = ()   # servers in another profile than the checker's: not compared
 
 
+PUSH_WAIT_S = 5.0   # how long a server waits for a pushed input before the client sends it itself
+
+
 class RemoteGenerator:
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
                  speed: dict[str, float] | None = None, tuned: ClientParams | None = None,
-                 payer: Payer | None = None):
+                 payer: Payer | None = None, push: bool = False, push_wait_s: float = PUSH_WAIT_S):
         if not ends.has_ends:
             raise ValueError("the client needs the model's ends (embeddings, norm, head)")
         self.host, self.ends, self.servers, self.codec, self.speed = host, ends, list(servers), codec, speed
@@ -178,6 +189,9 @@ class RemoteGenerator:
         self.payer = payer                                          # set: sign usage receipts (ADR 0174)
         self.meters: list[ClientMeter] = []                         # every billed stream, for evidence
         self.profiles: dict[str, str] = {}                          # peer id -> its profile (ADR 0179)
+        self.push, self.push_wait_s = push, push_wait_s
+        self.pushes: list[bool] | None = None   # per span: it pushes to the next one (None: to be routed)
+        self.mispushed: set[str] = set()        # servers whose push differed from their answer: not used to push
 
     def _meter(self, server: ServerInfo) -> ClientMeter | None:
         if self.payer is None:
@@ -228,13 +242,15 @@ class RemoteGenerator:
         self.spans = [(s.start, s.end) for s in plan]
         self.history = [[] for _ in plan]
         self.outputs = [[] for _ in plan]
+        self.pushes = None
 
-    async def _step_span(self, index: int, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+    async def _step_span(self, index: int, hidden: torch.Tensor, step_id: int | None = None
+                         ) -> tuple[torch.Tensor, int]:
         """Span `index`'s answer to `hidden` and the index of the span after it (a failed span may be
-        replaced by several)."""
+        replaced by several); `step_id`: the step's id in push mode."""
         client = self.chain[index]
         try:
-            out = await client.step([hidden], self.codec)
+            out = await client.step([hidden], self.codec, step=step_id)
         except (SpanUnavailable, RemoteError):
             client.abort()
             self.stats.add_traffic(client)
@@ -285,6 +301,7 @@ class RemoteGenerator:
         self.outputs[index:index + 1] = answers
         self.stats.replays += 1
         self.stats.recover_s.append(time.perf_counter() - began)
+        self.pushes = None   # the chain changed: route it again
         return out, index + len(plan)
 
     async def _replay(self, client: SpanClient, chunks: list[torch.Tensor], all_outputs: bool) -> list[torch.Tensor]:
@@ -299,11 +316,107 @@ class RemoteGenerator:
 
     async def _through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
         """The chain's answer to `hidden` (from the ends' device, sent from the CPU), on the ends' device."""
-        index, hidden = 0, hidden.cpu()
-        while index < len(self.chain):
-            hidden, index = await self._step_span(index, hidden)
+        hidden = hidden.cpu()
+        if self.push:
+            hidden = await self._pushed_through_chain(hidden)
+        else:
+            index = 0
+            while index < len(self.chain):
+                hidden, index = await self._step_span(index, hidden)
         self.stats.steps += 1
         return hidden.to(self.ends.device)
+
+    def _target(self, index: int) -> dict:
+        """Span `index`'s server as a push target: peer, session and the addresses the client knows."""
+        client = self.chain[index]
+        addrs = [str(addr) for addr in self.host.peerbook.addrs(client.peer_id)][:8]
+        return {"peer": client.peer_id, "session": client.session, "addrs": addrs}
+
+    async def _route(self) -> None:
+        """Tell each span's server who may push into its session and who it pushes to; record which
+        hops can push (a server that cannot reach the next one, or does not push at all, ends a run)."""
+        last = len(self.chain) - 1
+
+        def pushes_to_next(index: int) -> bool:
+            return index < last and self.chain[index].peer_id not in self.mispushed
+
+        async def route(index: int) -> bool:
+            client = self.chain[index]
+            try:
+                return await client.route(self.chain[index - 1].peer_id if index and pushes_to_next(index - 1)
+                                          else None, self._target(index + 1) if pushes_to_next(index) else None)
+            except (SpanUnavailable, RemoteError):
+                return False
+        self.pushes = list(await asyncio.gather(*(route(i) for i in range(len(self.chain)))))
+        self.pushes[last] = False
+
+    async def _pushed_through_chain(self, hidden: torch.Tensor) -> torch.Tensor:
+        """One step in push mode: a span gets its input from the client, and the spans its run of pushes
+        reaches are asked at the same time for the pushed input; every answer is checked and recorded
+        in chain order, and a span whose push did not come (or failed) gets its input from the client,
+        starting a run again."""
+        step_id = self.stats.steps
+        replies: dict[int, torch.Tensor | Message | BaseException | None] = {}
+        index, previous_answered = 0, False
+        while index < len(self.chain):
+            client = self.chain[index]
+            if id(client) not in replies:
+                replies |= await self._ask_run(index, hidden, step_id)
+            reply = replies.pop(id(client))
+            if isinstance(reply, BaseException) and not isinstance(reply, (SpanUnavailable, RemoteError)):
+                raise reply
+            if reply is None:   # no push came: the client sends the input
+                if previous_answered and self.pushes is not None:
+                    self.stats.push_fallbacks += 1
+                    self.pushes[index - 1] = False   # that hop does not push any more until the chain changes
+                hidden, index = await self._step_span(index, hidden, step_id)
+                previous_answered = False
+                continue
+            pushed_by_answered, previous_answered = previous_answered, False
+            if isinstance(reply, BaseException):
+                client.abort()
+                self.stats.add_traffic(client)
+                self.dead.add(client.peer_id)
+                hidden, index = await self._recover(index, hidden)
+                continue
+            if isinstance(reply, Message):
+                try:
+                    out = await client.finish_pushed(reply, self.codec, hidden)
+                except PushMismatch:   # its session ran another input: replay it in a fresh session
+                    self.stats.push_fallbacks += 1
+                    if pushed_by_answered:   # else the input came from a session replayed in this step
+                        self.mispushed.add(self.chain[index - 1].peer_id)
+                    self.stats.add_traffic(client)
+                    hidden, index = await self._recover(index, hidden)
+                    continue
+                self.stats.pushed += 1
+            else:
+                out = reply
+            self.history[index].append(hidden)
+            self.outputs[index].append((client.peer_id, out))
+            hidden, index, previous_answered = out, index + 1, True
+        return hidden
+
+    async def _ask_run(self, index: int, hidden: torch.Tensor, step_id: int
+                       ) -> dict[int, torch.Tensor | Message | BaseException | None]:
+        """Send span `index` the input `hidden` and ask the spans its pushes reach (while each pushes to
+        the next) for step `step_id` on their pushed input, all at once: replies (or errors) by client."""
+        if self.pushes is None:
+            await self._route()
+        assert self.pushes is not None
+        end = index + 1
+        while end < len(self.chain) and self.pushes[end - 1]:
+            end += 1
+
+        async def ask(position: int) -> torch.Tensor | Message | None:
+            client = self.chain[position]
+            push_to = self._target(position + 1) if position + 1 < end else None
+            if position == index:
+                return await client.step([hidden], self.codec, step=step_id, push_to=push_to)
+            return await client.pushed_step(hidden.shape, self.codec, step_id, self.push_wait_s, push_to)
+        asked = self.chain[index:end]
+        replies = await asyncio.gather(*(ask(position) for position in range(index, end)), return_exceptions=True)
+        return dict(zip(map(id, asked), replies, strict=True))
 
     async def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         if not prompt or max_new_tokens < 1:

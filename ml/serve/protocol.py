@@ -12,6 +12,20 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   {"type": "hidden", "usage"} + tensor "h": the chunks run in order with the session's KV caches;
   the reply is the last chunk's output, or every chunk's with "all": true (several chunks replay a
   prefix; "all" lets a client feed a replay through a new chain of servers).
+- Pushed steps (ADR 0181, ml/serve/push.py): "opened" names the session ("session"). "route" {"push_from":
+  peer or null} [+ "push_to"] -> {"type": "routed", "push": bool}: the session takes pushes only from
+  that peer; with "push_to" {peer, session, addrs} the server tries to open a stream to the next server
+  and says whether it can push there. A "step" may carry "step" (a step id, increasing per session) and
+  "push_to": after computing it, the server also sends its answer, encoded as in its reply, as
+  {"type": "push", "session", "step", "chunks", "codec"} + "h" to that server (acknowledged {"type":
+  "pushed"} or refused with an error; the sender's reply to the client does not wait). A "step" with
+  "push": true carries no "h": the server runs it on the input pushed for that step id, waiting up to
+  "wait_s" for it, and answers as usual plus "input" (the digest of the input it ran), or {"type":
+  "need_input", "step"} if none came (or it did not match the request's chunks and codec): the client
+  then sends the step with "h". A server that answers "need_input" to a step with "push_to" tells that
+  server so ("push" with "none": true and no "h"), which then answers "need_input" without waiting;
+  a step also stops waiting when the stream its named sender pushed on ends and that peer has no
+  connection left (it died; a stream reset by a connection change is reopened by the sender).
 - "forward" {"codec"} + "h" [+ "prompts"] [+ "lora_a", "lora_b"] -> "h": a stateless pass (fine-tuning).
   Every compute reply's "usage" is {"tokens", "flops"} served so far: the session's for "step", the
   stream's stateless passes (and closed sessions) for "forward"/"backward"; a billing server reports
@@ -36,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,16 +59,20 @@ import torch
 
 from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter, StepRecord
 from ml.serve.delta import DeltaBook, check_ids
+from ml.serve.push import PUSH_WAIT_MAX_S, Inbox, Pushed, PushLink, Target, peer_id, step_id
 from ml.serve.server import BlockServer, ServeError, Usage
 from ml.serve.transcript import ZERO, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
+
+log = logging.getLogger(__name__)
 
 PROTOCOL = "/dekube/serve/1.0.0"
 IDLE_TIMEOUT_S = 300.0
 READ_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 MAX_CHUNKS = 4096
+MAX_LINKS = 4              # push links one client stream may have its server hold
 
 
 class RemoteError(RuntimeError):
@@ -62,6 +81,11 @@ class RemoteError(RuntimeError):
 
 class SpanUnavailable(ConnectionError):
     """The server could not be reached, or its stream broke or timed out: a reason to fail over."""
+
+
+class PushMismatch(SpanUnavailable):
+    """A pushed step ran another input than the previous server answered the client: the session is
+    out of step (the client replays it elsewhere)."""
 
 
 async def read_frame(stream, timeout: float) -> Message | None:
@@ -136,10 +160,11 @@ def _stream_usage(server: BlockServer, state: dict) -> Usage:
     return Usage(state["usage"].tokens + extra.tokens, state["usage"].flops + extra.flops)
 
 
-def make_handler(server: BlockServer, model_id: str, billing: Billing | None = None):
+def make_handler(server: BlockServer, model_id: str, billing: Billing | None = None, host=None):
     """The Host stream handler serving `server`'s blocks as model `model_id` (billing its clients
-    with receipts if `billing`)."""
+    with receipts if `billing`; pushing answers to next servers over `host`, if given)."""
     compute = asyncio.Semaphore(1)
+    inbox = Inbox(connected=lambda peer: host is None or any(not c.closed for c in host.connections(peer)))
 
     async def run(fn, *args):
         async with compute:
@@ -165,6 +190,49 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         if state.get("meter") is not None and hidden is not None and hidden.dim() >= 2:
             state["meter"].guard(_stream_usage(server, state).tokens, hidden.shape[0] * hidden.shape[1])
 
+    own_peer = str(getattr(host, "peer_id", ""))
+
+    def link_to(state: dict, target: Target) -> PushLink:
+        links: dict[str, PushLink] = state["links"]
+        if target.peer not in links and len(links) >= MAX_LINKS:
+            for old in links.values():
+                old.close()
+            links.clear()
+        return links.setdefault(target.peer, PushLink(host, target, PROTOCOL))
+
+    def start_push(state: dict, target: Target, step: int, out: torch.Tensor | None, codec: str) -> None:
+        """Send `out` (as the reply to the client encodes it) to the next server, without waiting; None:
+        tell it this step has no answer to push (it then asks the client at once)."""
+        link = link_to(state, target)
+
+        async def push() -> None:
+            header = {"type": "push", "session": target.session, "step": step, "codec": codec}
+            if out is None:
+                frame = encode_frame(header | {"none": True})
+            else:
+                frame = await asyncio.to_thread(encode_frame, header | {"chunks": [out.shape[1]]}, {"h": out}, codec)
+            try:
+                ack = await link.send(frame, read_frame)
+            except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError, WireError) as exc:
+                log.info("push of step %d to %s failed: %r", step, target.peer[:16], exc)
+                return
+            if ack.get("type") != "pushed":
+                log.info("push of step %d refused by %s: %s", step, target.peer[:16], str(ack.get("error"))[:200])
+
+        task = asyncio.ensure_future(push())
+        state["pushes"].add(task)
+        task.add_done_callback(state["pushes"].discard)
+
+    async def pushed_input(header: dict, session_id: str, step: int, codec: str) -> torch.Tensor | None:
+        """The input pushed for a "push" step, if it came in time and matches the request."""
+        wait = header.get("wait_s", 5.0)
+        if type(wait) not in (int, float) or not 0 <= wait <= PUSH_WAIT_MAX_S:
+            raise ServeError(f"wait_s is 0..{PUSH_WAIT_MAX_S:g} seconds")
+        pushed = await inbox.take(session_id, step, float(wait))
+        if pushed is None or list(pushed.chunks) != header.get("chunks") or pushed.codec != codec:
+            return None
+        return pushed.hidden
+
     async def answer(msg: Message, state: dict, peer: str) -> bytes:
         kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
         extra: dict = {}
@@ -188,23 +256,68 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                                     header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"))   # it checks
             state["session"] = session_id
             offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
-            return encode_frame({"type": "opened", "profile": server.profile, **offer, **extra})
+            return encode_frame({"type": "opened", "session": session_id, "profile": server.profile, **offer, **extra})
+        if kind == "route":
+            if not state.get("session"):
+                raise ServeError("open a session first")
+            sender = header.get("push_from")
+            inbox.route(state["session"], None if sender is None else peer_id(sender, "push_from"))
+            can_push = False
+            if "push_to" in header and host is not None:
+                try:
+                    await link_to(state, Target.parse(header["push_to"], own_peer)).open()
+                    can_push = True
+                except (TimeoutError, OSError, ProtocolError) as exc:
+                    log.info("cannot reach %s to push: %r", str(header["push_to"].get("peer"))[:16], exc)
+            return encode_frame({"type": "routed", "push": can_push, **extra})
         if kind == "close":
+            inbox.drop(state.get("session", ""))
             usage = server.close_session(state.pop("session", "")) or Usage()
             state["usage"].tokens += usage.tokens
             state["usage"].flops += usage.flops
             return encode_frame({"type": "closed", "usage": usage.as_dict(), **extra})
         codec = _codec(header)
+        if kind == "push":
+            target_session = str(header.get("session", ""))
+            session = server.sessions.get(target_session)
+            if session is None:
+                raise ServeError("a push names a session this server holds")
+            pushed_step = step_id(header.get("step"))
+            pushed = None
+            if header.get("none") is not True:
+                _split_chunks(header.get("chunks"), tensors.get("h"))
+                pushed = Pushed(tuple(header["chunks"]), codec, tensors["h"])
+            inbox.put(target_session, peer, pushed_step, pushed, session.batch, server.config.width)
+            state["pushed_into"].add(target_session)
+            return encode_frame({"type": "pushed", "step": pushed_step})
         if kind == "step":
             if not state.get("session"):
                 raise ServeError("open a session first")
-            chunks = _split_chunks(header.get("chunks"), tensors.get("h"))
-            guard(state, tensors.get("h"))
+            step = step_id(header["step"]) if "step" in header else None
+            target = Target.parse(header["push_to"], own_peer) if "push_to" in header else None
+            hidden, digest = tensors.get("h"), None
+            if header.get("push") is True:
+                if step is None or hidden is not None:
+                    raise ServeError("a pushed step has a step id and no h")
+                hidden = await pushed_input(header, state["session"], step, codec)
+                if hidden is None:
+                    if target is not None and host is not None:   # the next server need not wait for us
+                        start_push(state, target, step, None, codec)
+                    return encode_frame({"type": "need_input", "step": step, **extra})
+                digest = (await asyncio.to_thread(tensor_digest, hidden)).hex()
+            elif step is not None:
+                inbox.settle(state["session"], step)
+            chunks = _split_chunks(header.get("chunks"), hidden)
+            guard(state, hidden)
             all_outputs = header.get("all") is True
             out = await run(server.step, state["session"], chunks, all_outputs)
+            if target is not None and step is not None and host is not None and not all_outputs:
+                start_push(state, target, step, out, codec)
             session = server.sessions.get(state["session"])
             step_usage = session.usage.as_dict() if session is not None else {}
-            extra |= await asyncio.to_thread(billed, state, (header["chunks"], all_outputs, tensors["h"], out), codec)
+            extra |= await asyncio.to_thread(billed, state, (header["chunks"], all_outputs, hidden, out), codec)
+            if digest is not None:
+                extra["input"] = digest
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": step_usage, **extra}, {"h": out},
                                            codec)
         if kind == "forward":
@@ -240,7 +353,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
-        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook()}
+        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook(), "links": {}, "pushes": set(),
+                       "pushed_into": set()}
         if billing is not None:
             state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
                                          str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,
@@ -263,7 +377,14 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
             stream.reset()
         finally:
+            for task in list(state["pushes"]):
+                task.cancel()
+            for link in state["links"].values():
+                link.close()
+            for session_id in state["pushed_into"]:   # a previous server's push stream ended
+                inbox.sender_gone(session_id, str(getattr(stream, "remote_peer", "")))
             if state.get("session"):
+                inbox.drop(state["session"])
                 server.close_session(state["session"])
             if state.get("meter") is not None:
                 state["meter"].end()
@@ -295,6 +416,8 @@ class SpanClient:
         self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
         self.profile = ""             # the execution profile the server says it computes in ("opened", ADR 0179)
         self._stream: Any = None   # the HostStream, opened at the first request
+        self._client_sig = b""     # the client's signature on the receipt sent with the last request
+        self.session = ""          # the server's session id (named to the previous server for pushes)
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -305,7 +428,16 @@ class SpanClient:
                       codec: str = "f32", tokens: int = 0, answer: str | None = None) -> Message:
         """One request and its reply (`tokens`: positions sent for compute, `answer`: the reply tensor of an
         inference step, which the transcript covers with the step's input "h"; both for billing)."""
-        receipt, client_sig = self.meter.attach() if self.meter is not None else ({}, b"")
+        reply = await self.exchange(header, tensors, codec)
+        inputs = None if tensors is None or answer is None else tensors.get("h")
+        await self.account(header, reply, codec, tokens, answer, inputs)
+        return reply
+
+    async def exchange(self, header: dict, tensors: dict[str, torch.Tensor] | None = None,
+                       codec: str = "f32") -> Message:
+        """Send one request and read its reply, checking the server's countersignature and offer; a
+        compute reply is then for `account` (which `request` calls at once)."""
+        receipt, self._client_sig = self.meter.attach() if self.meter is not None else ({}, b"")
         frame = await asyncio.to_thread(encode_frame, {**header, **receipt, "codec": codec}, tensors, codec)
         try:
             if self._stream is None:
@@ -327,20 +459,31 @@ class SpanClient:
             raise RemoteError(f"{self}: {str(reply.header.get('error'))[:300]}")
         if self.meter is not None:
             try:
-                self.meter.on_countersign(reply.header, client_sig)
+                self.meter.on_countersign(reply.header, self._client_sig)
                 if "billing" in reply.header:
                     self.meter.accept_offer(reply.header["billing"], self.peer_id)
-                if header.get("type") in ("step", "forward", "backward"):
-                    step = None
-                    if answer is not None and answer in reply.tensors and tensors is not None:
-                        step = await asyncio.to_thread(
-                            StepRecord.of, self.start, self.end, codec, header["chunks"], header.get("all") is True,
-                            roundtrip(tensors["h"], codec), reply.tensors[answer], self.setup)
-                    self.meter.on_reply(reply.header, tokens, step)
             except BillingError as exc:
                 self.abort()
                 raise SpanUnavailable(f"{self}: billing: {exc}") from None
         return reply
+
+    async def account(self, header: dict, reply: Message, codec: str, tokens: int, answer: str | None,
+                      inputs: torch.Tensor | None) -> None:
+        """Bill a compute reply: check its usage and extend the transcript with the step (`inputs`: the
+        hidden states the step ran, sent by the client or pushed to the server; `answer`: the reply
+        tensor answering them)."""
+        if self.meter is None or header.get("type") not in ("step", "forward", "backward"):
+            return
+        try:
+            step = None
+            if answer is not None and answer in reply.tensors and inputs is not None:
+                step = await asyncio.to_thread(
+                    StepRecord.of, self.start, self.end, codec, header["chunks"], header.get("all") is True,
+                    roundtrip(inputs, codec), reply.tensors[answer], self.setup)
+            self.meter.on_reply(reply.header, tokens, step)
+        except BillingError as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: billing: {exc}") from None
 
     async def info(self) -> dict:
         return (await self.request({"type": "info"})).header
@@ -350,16 +493,48 @@ class SpanClient:
         tensors = _adapter(lora) | ({} if prompts is None else {"prompts": prompts})
         reply = await self.request({"type": "open", "max_length": max_length, "batch": batch}, tensors, codec)
         self.profile = str(reply.header.get("profile", ""))[:96]
+        self.session = str(reply.header.get("session", ""))
         if self.meter is not None and (lora is not None or prompts is not None):   # the transcript commits to it
             self.setup, self.meter.setup = await asyncio.to_thread(_decoded_setup, lora, prompts, codec)
 
-    async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False) -> torch.Tensor:
-        """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1)."""
+    async def step(self, chunks: list[torch.Tensor], codec: str, all_outputs: bool = False,
+                   step: int | None = None, push_to: dict | None = None) -> torch.Tensor:
+        """The answer to the last chunk (`all_outputs`: to every chunk, concatenated on dim 1); with
+        `step` (its id) and `push_to`, the server also pushes its answer to that next server."""
         lengths = [c.shape[1] for c in chunks]
         hidden = torch.cat(chunks, 1)
-        reply = await self.request({"type": "step", "chunks": lengths, "all": all_outputs}, {"h": hidden}, codec,
-                                   tokens=hidden.shape[0] * hidden.shape[1], answer="h")
+        header = {"type": "step", "chunks": lengths, "all": all_outputs}
+        header |= ({} if step is None else {"step": step}) | ({} if push_to is None else {"push_to": push_to})
+        reply = await self.request(header, {"h": hidden}, codec, tokens=hidden.shape[0] * hidden.shape[1], answer="h")
         return self._tensor(reply, "h", hidden.shape if all_outputs else chunks[-1].shape)
+
+    async def route(self, push_from: str | None, push_to: dict | None) -> bool:
+        """Name the peer that may push into this session, and the next server (None: none); whether this
+        server can push to it."""
+        header = {"type": "route", "push_from": push_from} | ({} if push_to is None else {"push_to": push_to})
+        return (await self.request(header)).header.get("push") is True
+
+    async def pushed_step(self, shape: torch.Size, codec: str, step: int, wait_s: float,
+                          push_to: dict | None = None) -> Message | None:
+        """Ask for step `step` on the input the previous server pushes (of `shape`); the reply, to
+        `finish_pushed` once the input is known, or None when the server got no push in `wait_s`."""
+        header = {"type": "step", "chunks": [shape[1]], "push": True, "step": step, "wait_s": wait_s}
+        reply = await self.exchange(header | ({} if push_to is None else {"push_to": push_to}), None, codec)
+        if reply.header.get("type") == "need_input":
+            return None
+        self._tensor(reply, "h", shape)
+        return reply
+
+    async def finish_pushed(self, reply: Message, codec: str, inputs: torch.Tensor) -> torch.Tensor:
+        """The answer of a pushed step whose input was `inputs` (as the client received it from the
+        previous server): billed, after checking the server ran exactly that input."""
+        digest = await asyncio.to_thread(tensor_digest, roundtrip(inputs, codec))
+        if reply.header.get("input") != digest.hex():
+            self.abort()
+            raise PushMismatch(f"{self}: the input pushed to it is not what the previous server answered")
+        header = {"type": "step", "chunks": [inputs.shape[1]], "all": False}
+        await self.account(header, reply, codec, inputs.shape[0] * inputs.shape[1], "h", inputs)
+        return reply.tensors["h"]
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
                       lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None

@@ -173,7 +173,8 @@ class ServingService:
         if self.config["price"]:
             billing = protocol.Billing(self.node.identity, await self.node.ledger.chain_id(), self.config["price"],
                                        self.book, self.config["credit_tokens"])
-        self.node.host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing))
+        self.node.host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing,
+                                                                                  self.node.host))
         self.server, self.blocks = server, blocks
         self.tokens_per_s = await asyncio.to_thread(own_throughput, server)
         await self.announce(spec)

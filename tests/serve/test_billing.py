@@ -47,7 +47,7 @@ class PaidNetwork:
             host, book = Host(identity), ReceiptBook()
             server = self.server_classes.get(index, BlockServer)(random_build((start, end), False))
             host.set_handler(protocol.PROTOCOL, protocol.make_handler(
-                server, "test-model", Billing(identity, CHAIN_ID, PRICE, book, self.credit)))
+                server, "test-model", Billing(identity, CHAIN_ID, PRICE, book, self.credit), host))
             await host.start()
             self.hosts.append(host)
             self.books.append(book)
@@ -66,18 +66,19 @@ def payer(max_price=PRICE):
     return Payer(ident(9), CHAIN_ID, max_price)
 
 
-def test_paid_generation_equals_local_and_the_receipts_pay_on_chain():
+@pytest.mark.parametrize("push", [False, True])
+def test_paid_generation_equals_local_and_the_receipts_pay_on_chain(push):
     expected = local_generate(random_decoder(CONFIG, SEED), PROMPT, 16)
 
     async def scenario():
         async with PaidNetwork([(0, 3), (3, 6)]) as net:
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, payer=payer())
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, payer=payer(), push=push)
             tokens = await generator.generate(PROMPT, 16)
             await asyncio.sleep(0.05)
             return tokens, [book.unclaimed() for book in net.books], generator
 
     tokens, unclaimed, generator = asyncio.run(scenario())
-    assert tokens == expected
+    assert tokens == expected and generator.stats.pushed == (16 if push else 0)
     assert all(len(receipts) == 1 for receipts in unclaimed)
     final = [receipts[0].receipt for receipts in unclaimed]
     # every position went through both servers, and the closing receipt covers the last step
@@ -172,10 +173,11 @@ def test_client_refuses_overstated_usage():
         client.on_reply(server.report(3, 10**12, None), 3, None)
 
 
-def test_a_lying_servers_countersigned_transcript_is_evidence():
+@pytest.mark.parametrize("push", [False, True])
+def test_a_lying_servers_countersigned_transcript_is_evidence(push):
     async def scenario():
         async with PaidNetwork([(0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
-            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, payer=payer())
+            generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, payer=payer(), push=push)
             await generator.generate(PROMPT, 12)
             await asyncio.sleep(0.05)
             return generator, net.servers
@@ -211,17 +213,19 @@ def test_debts_expire_and_are_bounded():
     assert debts.owed("b") == 0 and debts.owed("d") == 1   # the oldest client was dropped
 
 
+@pytest.mark.parametrize("push", [False, True])
 @pytest.mark.parametrize("codec", ["f16", "i8", "i4"])
-def test_lossy_codecs_agree_on_the_transcript(codec):
+def test_lossy_codecs_agree_on_the_transcript(codec, push):
     async def scenario():
         async with PaidNetwork([(0, 3), (3, 6)]) as net:
             generator = RemoteGenerator(net.client, random_build((0, 0), True), net.servers, codec=codec,
-                                        payer=payer())
+                                        payer=payer(), push=push)
             await generator.generate(PROMPT, 6)
             await asyncio.sleep(0.05)
             return generator, [book.unclaimed() for book in net.books]
 
     generator, unclaimed = asyncio.run(scenario())
+    assert generator.stats.pushed == (6 if push else 0)   # the pushed input is what the server's transcript commits
     assert generator.stats.replays == 0 and all(m.signed is not None and m.signed.receipt["seq"] == 6
                                                 for m in generator.meters)
     assert [r[0].receipt for r in unclaimed] == [m.signed.receipt for m in generator.meters]

@@ -44,7 +44,7 @@ class Network:
         for index, (start, end) in enumerate(self.ranges):
             host = Host(Identity.generate())
             server = self.server_classes.get(index, BlockServer)(self.build((start, end), False))
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "test-model"))
+            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "test-model", host=host))
             await host.start()
             self.hosts.append(host)
             self.servers.append(ServerInfo(host.peer_id, start, end))

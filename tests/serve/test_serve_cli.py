@@ -54,9 +54,13 @@ def test_generate_and_tune_through_served_blocks(capsys, tmp_path):
         tuned = json.loads(capsys.readouterr().out)
         assert code == 0 and tuned["loss_after"] < tuned["loss_before"] and adapter.exists()
         code = main(["generate", "--model", MODEL, "--prompt", "to be", "--max-tokens", "8", "--check-local",
-                     "--adapter", str(adapter), *servers])
+                     "--adapter", str(adapter), *servers])   # pushed: the 0:2 server sends its answers to the 2:4 one
         with_adapter = json.loads(capsys.readouterr().out)
-        assert code == 0 and with_adapter["identical_to_local"] is True
+        assert code == 0 and with_adapter["identical_to_local"] is True and with_adapter["pushed_steps"] == 8
+        code = main(["generate", "--model", MODEL, "--prompt", "to be", "--max-tokens", "8", "--adapter", str(adapter),
+                     "--no-push", *servers])
+        driven = json.loads(capsys.readouterr().out)
+        assert code == 0 and driven["tokens"] == with_adapter["tokens"] and "pushed_steps" not in driven
 
         # a new server asked to fill the gap next to the 2:4 server takes 0:2
         third, third_info = start_server("auto:2", "--known", second_info["addrs"][0])
