@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from consensus.tx import public_key_for, serve_receipt_signing_bytes, verify_signature
-from ml.serve.transcript import ZERO, extend, step_link, tensor_digest
+from ml.serve.transcript import ZERO, extend, grads_digest, pass_link, step_link, tensor_digest
 
 MAX_RECEIPTS = 4096
 DEFAULT_CREDIT_TOKENS = 1024
@@ -101,6 +101,31 @@ class StepRecord:
         answer_hash = tensor_digest(answer)
         link = step_link(start, end, codec, chunks, all_outputs, tensor_digest(inputs), answer_hash, setup)
         return cls(start, end, codec, tuple(chunks), all_outputs, inputs, answer_hash, link, setup)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One tuning pass as the client saw it (ADR 0183): its kind, blocks start..end, codec, and the
+    digests of the inputs the server resolved, the output gradient (ZERO for a forward), the setup
+    sent with it and the answer as the client resolved it; `link` is what the transcript extends by."""
+    kind: str
+    start: int
+    end: int
+    codec: str
+    inputs: bytes
+    grad: bytes
+    setup: bytes
+    answer: bytes
+    link: bytes
+
+    @classmethod
+    def of(cls, kind: str, start: int, end: int, codec: str, inputs: torch.Tensor, grad: torch.Tensor | None,
+           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor]) -> PassRecord:
+        """The record of a pass (hashes the tensors: call it off the event loop)."""
+        digests = (tensor_digest(inputs), ZERO if grad is None else tensor_digest(grad),
+                   grads_digest(answer) if isinstance(answer, dict) else tensor_digest(answer))
+        link = pass_link(kind, start, end, codec, digests[0], digests[1], digests[2], setup)
+        return cls(kind, start, end, codec, digests[0], digests[1], setup, digests[2], link)
 
 
 @dataclass(frozen=True)
@@ -257,6 +282,7 @@ class ClientMeter:
         self.tokens = 0                         # tokens this client sent
         self.transcript = ZERO
         self.steps: list[StepRecord] = []       # every inference step, in order (evidence for disputes)
+        self.passes: list[PassRecord] = []      # every tuning pass, in order (digests only, ADR 0183)
         # the session's adapter and deep prompts as the server decoded them ({"lora_a", "lora_b", "prompts"},
         # the tensors sent), which its links commit to (StepRecord.setup) and referees replay with (ADR 0178)
         self.setup: dict[str, torch.Tensor] = {}
@@ -279,9 +305,9 @@ class ClientMeter:
         if self.offer is None:
             self.offer = offer
 
-    def on_reply(self, header: dict, tokens: int, step: StepRecord | None) -> None:
+    def on_reply(self, header: dict, tokens: int, step: StepRecord | PassRecord | None) -> None:
         """Check a compute reply's usage (`tokens`: what this request sent) and prepare the receipt
-        covering it (`step`: the inference step it answered, if any)."""
+        covering it (`step`: the inference step or tuning pass it answered, if any)."""
         self.tokens += tokens
         if self.offer is None:
             return
@@ -292,7 +318,10 @@ class ClientMeter:
         if type(flops) is not int or not 0 <= flops <= self.tokens * self.max_flops_per_token:
             raise BillingError(f"server reports {flops} FLOPs for {self.tokens} tokens")
         if step is not None:
-            self.steps.append(step)
+            if isinstance(step, PassRecord):
+                self.passes.append(step)
+            else:
+                self.steps.append(step)
             self.transcript = extend(self.transcript, step.link)
         self.seq += 1
         self.pending = {"session": bytes.fromhex(self.offer["session"]), "server": self.offer["server"],

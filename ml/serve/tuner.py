@@ -10,6 +10,7 @@ what goes to and comes from the servers is on the CPU.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import torch
@@ -135,7 +136,8 @@ class RemoteTuner:
                 sent, received = self.books[index]
                 delta = sent.delta(ids, hidden)
                 seen = sent.commit(ids, wire_roundtrip(delta, self.codec))
-                return seen, received.commit(ids, await span.forward(delta, deep, self.codec, lora, ids=ids))
+                return seen, await span.forward(delta, deep, self.codec, lora, ids=ids, seen=seen,
+                                                resolve=functools.partial(received.commit, ids))
             except (SpanUnavailable, RemoteError):
                 self._failover(index)
 
@@ -146,7 +148,7 @@ class RemoteTuner:
             span = self.chain[index]
             try:
                 if ids is not None and not fresh:
-                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids)
+                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids, seen=span_input)
                 return await span.backward(span_input, grad, deep, self.codec, lora)
             except (SpanUnavailable, RemoteError):
                 self._failover(index)
