@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from consensus.tx import public_key_for, serve_receipt_signing_bytes, verify_signature
-from ml.serve.transcript import ZERO, extend, grads_digest, pass_link, step_link, tensor_digest
+from ml.serve.transcript import ZERO, chain, extend, grads_digest, pass_link, step_link, tensor_digest
 
 MAX_RECEIPTS = 4096
 DEFAULT_CREDIT_TOKENS = 1024
@@ -117,15 +117,22 @@ class PassRecord:
     setup: bytes
     answer: bytes
     link: bytes
+    # kept for a pass to spot check (RemoteTuner check_passes): what the server decoded ("h" resolved,
+    # "grad", "prompts", "lora_a", "lora_b"; "base": a delta forward's answer base) and what came back
+    sent: dict[str, torch.Tensor] | None = None
+    received: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def of(cls, kind: str, start: int, end: int, codec: str, inputs: torch.Tensor, grad: torch.Tensor | None,
-           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor]) -> PassRecord:
-        """The record of a pass (hashes the tensors: call it off the event loop)."""
+           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor],
+           sent: dict[str, torch.Tensor] | None = None) -> PassRecord:
+        """The record of a pass (hashes the tensors: call it off the event loop); with `sent`, it keeps
+        those tensors and the answer for a spot check."""
         digests = (tensor_digest(inputs), ZERO if grad is None else tensor_digest(grad),
                    grads_digest(answer) if isinstance(answer, dict) else tensor_digest(answer))
         link = pass_link(kind, start, end, codec, digests[0], digests[1], digests[2], setup)
-        return cls(kind, start, end, codec, digests[0], digests[1], setup, digests[2], link)
+        received = None if sent is None else (dict(answer) if isinstance(answer, dict) else {"h": answer})
+        return cls(kind, start, end, codec, digests[0], digests[1], setup, digests[2], link, sent, received)
 
 
 @dataclass(frozen=True)
@@ -359,14 +366,33 @@ def spot_evidence(meter: ClientMeter, wrong_step: int) -> dict | None:
     its next request, so every step has one)."""
     if not 0 <= wrong_step < len(meter.steps):
         return None
-    prior = ZERO
-    for step in meter.steps[:wrong_step]:
-        prior = extend(prior, step.link)
-    covered = extend(prior, meter.steps[wrong_step].link)
-    signed = next((r for r in meter.receipts if r.receipt["transcript"] == covered), None)
+    prior, signed = _covering(meter, [step.link for step in meter.steps], wrong_step)
     if signed is None:
         return None
     return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
             "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": meter.steps[wrong_step].link.hex(),
             "answer": meter.steps[wrong_step].answer.hex(), "wrong_step": wrong_step,
             "steps": meter.steps[:wrong_step + 1], "setup": dict(meter.setup)}
+
+
+def _covering(meter: ClientMeter, links: list[bytes], index: int) -> tuple[bytes, SignedReceipt | None]:
+    """The transcript before link `index` and the countersigned receipt whose transcript ends at it."""
+    prior = chain(links[:index])
+    covered = extend(prior, links[index])
+    return prior, next((r for r in meter.receipts if r.receipt["transcript"] == covered), None)
+
+
+def pass_evidence(meter: ClientMeter, wrong_pass: int) -> dict | None:
+    """Evidence that the server answered tuning pass `wrong_pass` of its stream wrongly (ADR 0183): its
+    countersigned receipt whose transcript ends at that pass's link, the prior transcript, the link,
+    and the pass (kind, codec, what the server decoded: referees recompute from it). None without
+    such a receipt or without the pass's tensors (kept only for passes chosen to check)."""
+    if not 0 <= wrong_pass < len(meter.passes) or meter.passes[wrong_pass].sent is None:
+        return None
+    prior, signed = _covering(meter, [record.link for record in meter.passes], wrong_pass)
+    if signed is None:
+        return None
+    record = meter.passes[wrong_pass]
+    return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
+            "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": record.link.hex(),
+            "answer": record.answer.hex(), "wrong_pass": wrong_pass, "pass": record}

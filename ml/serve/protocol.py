@@ -425,14 +425,22 @@ def _decoded_setup(lora: tuple[torch.Tensor, torch.Tensor] | None, prompts: torc
 def _pass_record(kind: str, start: int, end: int, codec: str, inputs: tuple[torch.Tensor | None, bool],
                  grad: torch.Tensor | None, prompts: torch.Tensor | None,
                  lora: tuple[torch.Tensor, torch.Tensor] | None,
-                 answer: torch.Tensor | dict[str, torch.Tensor]) -> PassRecord:
-    """The client's record of a tuning pass, with every tensor it sent as the server decodes it."""
+                 answer: torch.Tensor | dict[str, torch.Tensor], base: torch.Tensor | None,
+                 keep: bool) -> PassRecord:
+    """The client's record of a tuning pass, with every tensor it sent as the server decodes it (and,
+    if `keep`, those tensors and the answer for a spot check)."""
     hidden, sent_whole = inputs
     if hidden is None:
         raise ValueError("a pass record needs its inputs")
-    setup = _decoded_setup(lora, prompts, codec)[0]
-    return PassRecord.of(kind, start, end, codec, roundtrip(hidden, codec) if sent_whole else hidden,
-                         None if grad is None else roundtrip(grad, codec), setup, answer)
+    setup, sent = _decoded_setup(lora, prompts, codec)
+    sent["h"] = roundtrip(hidden, codec) if sent_whole else hidden
+    if grad is not None:
+        sent["grad"] = roundtrip(grad, codec)
+    if base is not None:
+        sent["base"] = base
+        answer = base + answer if isinstance(answer, torch.Tensor) else answer
+    return PassRecord.of(kind, start, end, codec, sent["h"], sent.get("grad"), setup, answer,
+                         sent if keep else None)
 
 
 class SpanClient:
@@ -444,6 +452,7 @@ class SpanClient:
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
         self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
         self.profile = ""             # the execution profile the server says it computes in ("opened", ADR 0179)
+        self.check_passes: frozenset[int] = frozenset()   # tuning passes whose tensors to keep (ADR 0183)
         self._stream: Any = None   # the HostStream, opened at the first request
         self._client_sig = b""     # the client's signature on the receipt sent with the last request
         self.session = ""          # the server's session id (named to the previous server for pushes)
@@ -567,18 +576,17 @@ class SpanClient:
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
                       lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None,
-                      seen: torch.Tensor | None = None, resolve=None) -> torch.Tensor:
+                      seen: torch.Tensor | None = None, base: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks' output. With `ids`, `hidden` and the answer are deltas (ml/serve/delta.py): `seen`
-        is the input the server resolves, and `resolve` (delta -> output) the client's resolution of the
-        answer, which is returned; both are what the transcript's link commits to (ADR 0183)."""
+        is the input the server resolves and `base` the answer's base in the client's book, so that the
+        transcript's link commits to the resolved input and answer (`base` + the delta, ADR 0183)."""
         tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
         header = {"type": "forward"} | ({} if ids is None else {"ids": ids})
         reply = await self.exchange(header, tensors, codec)
         out = self._tensor(reply, "h", hidden.shape)
-        out = out if resolve is None else resolve(out)
         inputs = (hidden, True) if seen is None else (seen, False)
         await self.account_pass("forward", reply, codec, hidden.shape[0] * hidden.shape[1], inputs, None,
-                                prompts, lora, out)
+                                prompts, lora, out, base)
         return out
 
     async def backward(self, hidden: torch.Tensor | None, grad: torch.Tensor, prompts: torch.Tensor | None,
@@ -601,20 +609,22 @@ class SpanClient:
         grads = {name: self._tensor(reply, name, shape) for name, shape in expected.items()}
         inputs = (hidden, True) if hidden is not None else (seen, False)
         await self.account_pass("backward", reply, codec, grad.shape[0] * grad.shape[1], inputs, grad,
-                                prompts, lora, grads)
+                                prompts, lora, grads, None)
         return grads
 
     async def account_pass(self, kind: str, reply: Message, codec: str, tokens: int,
                            inputs: tuple[torch.Tensor | None, bool], grad: torch.Tensor | None,
                            prompts: torch.Tensor | None, lora: tuple[torch.Tensor, torch.Tensor] | None,
-                           answer: torch.Tensor | dict[str, torch.Tensor]) -> None:
+                           answer: torch.Tensor | dict[str, torch.Tensor], base: torch.Tensor | None) -> None:
         """Bill a tuning pass and extend the transcript with its link (`inputs`: the hidden states and
-        whether they were sent whole, so the server decoded them in `codec`, or are already resolved)."""
+        whether they were sent whole, so the server decoded them in `codec`, or are already resolved;
+        `base`: a delta forward's answer base). A pass numbered in `check_passes` keeps its tensors."""
         if self.meter is None:
             return
         try:
+            keep = len(self.meter.passes) in self.check_passes
             record = await asyncio.to_thread(_pass_record, kind, self.start, self.end, codec, inputs, grad, prompts,
-                                             lora, answer)
+                                             lora, answer, base, keep)
             self.meter.on_reply(reply.header, tokens, record)
         except BillingError as exc:
             self.abort()
