@@ -124,13 +124,13 @@ class PassRecord:
 
     @classmethod
     def of(cls, kind: str, start: int, end: int, codec: str, inputs: torch.Tensor, grad: torch.Tensor | None,
-           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor],
+           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor], base: bytes = ZERO,
            sent: dict[str, torch.Tensor] | None = None) -> PassRecord:
-        """The record of a pass (hashes the tensors: call it off the event loop); with `sent`, it keeps
-        those tensors and the answer for a spot check."""
+        """The record of a pass (hashes the tensors: call it off the event loop; `base`: the digest of a
+        delta forward's answer base); with `sent`, it keeps those tensors and the answer for a spot check."""
         digests = (tensor_digest(inputs), ZERO if grad is None else tensor_digest(grad),
                    grads_digest(answer) if isinstance(answer, dict) else tensor_digest(answer))
-        link = pass_link(kind, start, end, codec, digests[0], digests[1], digests[2], setup)
+        link = pass_link(kind, start, end, codec, digests[0], digests[1], digests[2], setup, base)
         received = None if sent is None else (dict(answer) if isinstance(answer, dict) else {"h": answer})
         return cls(kind, start, end, codec, digests[0], digests[1], setup, digests[2], link, sent, received)
 

@@ -127,11 +127,13 @@ def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
     return tensors["lora_a"], tensors["lora_b"]
 
 
-def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor, codec: str) -> torch.Tensor:
-    """The delta to send for `value`, after recording what the receiver will reconstruct."""
-    delta = book.delta(ids, value)
+def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor,
+                codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the delta to send for `value`, its base), after recording what the receiver will reconstruct."""
+    base = book.bases(ids, tuple(value.shape[1:]))
+    delta = value - base
     book.commit(ids, roundtrip(delta, codec))
-    return delta
+    return delta, base
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         return {**meter.report(usage.tokens, usage.flops, link), "billing": meter.offer()}
 
     def pass_billed(state: dict, kind: str, codec: str, tensors: dict[str, torch.Tensor], inputs: torch.Tensor,
-                    answer: torch.Tensor | dict[str, torch.Tensor], ids: list[int] | None = None) -> dict:
+                    answer: torch.Tensor | dict[str, torch.Tensor], ids: list[int] | None = None,
+                    base: torch.Tensor | None = None) -> dict:
         """`billed` for a tuning pass (worker thread): its link commits to the resolved `inputs`, the
         decoded grad and setup, and the answer as the client resolves it (ADR 0183; with `ids`, a delta
         forward's answer is the sum the outputs book stored)."""
@@ -197,7 +200,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             answer_digest = tensor_digest(roundtrip(answer, codec) if ids is None else state["outputs"].stored(ids))
         link = pass_link(kind, server.start, server.end, codec, tensor_digest(inputs),
                          ZERO if grad is None else tensor_digest(grad), answer_digest,
-                         setup_digest(_lora(tensors), tensors.get("prompts")))
+                         setup_digest(_lora(tensors), tensors.get("prompts")),
+                         ZERO if base is None else tensor_digest(base))
         return billed(state, None, codec, link)
 
     def guard(state: dict, hidden: torch.Tensor | None) -> None:
@@ -343,10 +347,12 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                 inputs = await asyncio.to_thread(state["inputs"].commit, ids, inputs)
             guard(state, inputs)
             out = await run(server.forward, inputs, tensors.get("prompts"), _lora(tensors), state["usage"])
+            base = None
             if ids is not None:
-                out = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
+                out, base = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
             if state.get("meter") is not None:
-                extra |= await asyncio.to_thread(pass_billed, state, "forward", codec, tensors, inputs, out, ids)
+                extra |= await asyncio.to_thread(pass_billed, state, "forward", codec, tensors, inputs, out, ids,
+                                                 base)
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict(),
                                                           **extra}, {"h": out}, codec)
         if kind == "backward":
@@ -440,7 +446,7 @@ def _pass_record(kind: str, start: int, end: int, codec: str, inputs: tuple[torc
         sent["base"] = base
         answer = base + answer if isinstance(answer, torch.Tensor) else answer
     return PassRecord.of(kind, start, end, codec, sent["h"], sent.get("grad"), setup, answer,
-                         sent if keep else None)
+                         ZERO if base is None else tensor_digest(base), sent if keep else None)
 
 
 class SpanClient:

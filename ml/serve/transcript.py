@@ -10,8 +10,9 @@ and see whether the server's answer was right, and nobody can claim other inputs
 
 A fine-tuning pass (a stateless "forward" or "backward", ADR 0183) links under its own domain: its
 kind, the block range, the codec, the digests of the inputs the server resolved (a delta's sum with its
-base, not the delta), of the output gradient (ZERO for a forward), of the setup sent with it and of the
-answer as the client resolves it (a forward's output; a backward's gradients, `grads_digest`).
+base, not the delta), of the output gradient (ZERO for a forward), of the setup sent with it, of the
+answer as the client resolves it (a forward's output; a backward's gradients, `grads_digest`) and of a
+delta forward's answer base (ZERO otherwise: a referee recomputes base + codec(output - base)).
 """
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def grads_digest(grads: dict[str, torch.Tensor]) -> bytes:
 
 
 def pass_link(kind: str, start: int, end: int, codec: str, inputs: bytes, grad: bytes, answer: bytes,
-              setup: bytes = ZERO) -> bytes:
-    """The link of one tuning pass (`kind` "forward" or "backward") over blocks start..end."""
+              setup: bytes = ZERO, base: bytes = ZERO) -> bytes:
+    """The link of one tuning pass (`kind` "forward" or "backward") over blocks start..end (`base`: the
+    digest of a delta forward's answer base, which the resolved answer is base + decoded delta of)."""
     if kind not in PASS_KINDS:
         raise ValueError(f"a pass is one of {PASS_KINDS}, not {kind!r}")
-    return hashlib.sha256(encode([PASS_DOMAIN, kind, start, end, codec, inputs, grad, answer, setup])).digest()
+    return hashlib.sha256(encode([PASS_DOMAIN, kind, start, end, codec, inputs, grad, answer, setup,
+                                  base])).digest()
 
 
 def extend(transcript: bytes, link: bytes) -> bytes:
