@@ -3,8 +3,8 @@
 A billing server offers, when a stream opens a session or runs its first pass, a 16-byte session id,
 its price (per GFLOP, rounded up) and how many tokens it serves ahead of payment (`credit_tokens`).
 Every compute reply reports the stream's cumulative usage {tokens, flops} and `transcript`: a hash
-chain over the inference steps (sha256(previous || link), a link committing to the step's inputs and
-answer: ml/serve/transcript.py).
+chain over the inference steps and tuning passes (sha256(previous || link), a link committing to the
+step's or pass's inputs and answer: ml/serve/transcript.py, ADR 0183).
 The client checks the tokens against its own count and the FLOPs against a bound, extends its own
 transcript from the answers it received, and signs a cumulative receipt {session, server, client,
 model, tokens, flops, amount, seq, transcript}, sent with its next request (or alone, "receipt",
@@ -16,7 +16,8 @@ chain (`serve_receipt`, consensus/state/serving.py). A server refuses to compute
 Because the server signed a transcript that commits to every input and answer, a failed spot check
 (client.py) yields evidence (`spot_evidence`): the co-signed receipt whose transcript ends at the wrong
 step, the steps up to it (inputs as the server decoded them) and its link, which referees holding the
-blocks check and recompute (ADR 0176, ml/serve/dispute.py).
+blocks check and recompute (ADR 0176, ml/serve/dispute.py); for a tuning pass kept for checking,
+`pass_evidence` (ADR 0183).
 """
 from __future__ import annotations
 

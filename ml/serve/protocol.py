@@ -34,6 +34,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
+  On a billing stream each forward and backward extends the transcript with a pass link (ADR 0183:
+  resolved inputs, grad, setup, answer as the client resolves it, a delta forward's base).
 
 Billing (ADR 0174, ml/serve/billing.py): a server made with `Billing` offers {"billing": {session, server,
 chain_id, model, price, credit_tokens}} in "opened" and stateless replies, reports "transcript" with
