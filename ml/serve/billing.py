@@ -3,8 +3,8 @@
 A billing server offers, when a stream opens a session or runs its first pass, a 16-byte session id,
 its price (per GFLOP, rounded up) and how many tokens it serves ahead of payment (`credit_tokens`).
 Every compute reply reports the stream's cumulative usage {tokens, flops} and `transcript`: a hash
-chain over the inference steps (sha256(previous || link), a link committing to the step's inputs and
-answer: ml/serve/transcript.py).
+chain over the inference steps and tuning passes (sha256(previous || link), a link committing to the
+step's or pass's inputs and answer: ml/serve/transcript.py, ADR 0183).
 The client checks the tokens against its own count and the FLOPs against a bound, extends its own
 transcript from the answers it received, and signs a cumulative receipt {session, server, client,
 model, tokens, flops, amount, seq, transcript}, sent with its next request (or alone, "receipt",
@@ -16,7 +16,8 @@ chain (`serve_receipt`, consensus/state/serving.py). A server refuses to compute
 Because the server signed a transcript that commits to every input and answer, a failed spot check
 (client.py) yields evidence (`spot_evidence`): the co-signed receipt whose transcript ends at the wrong
 step, the steps up to it (inputs as the server decoded them) and its link, which referees holding the
-blocks check and recompute (ADR 0176, ml/serve/dispute.py).
+blocks check and recompute (ADR 0176, ml/serve/dispute.py); for a tuning pass kept for checking,
+`pass_evidence` (ADR 0183).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from consensus.tx import public_key_for, serve_receipt_signing_bytes, verify_signature
-from ml.serve.transcript import ZERO, extend, step_link, tensor_digest
+from ml.serve.transcript import ZERO, chain, extend, grads_digest, pass_link, step_link, tensor_digest
 
 MAX_RECEIPTS = 4096
 DEFAULT_CREDIT_TOKENS = 1024
@@ -101,6 +102,38 @@ class StepRecord:
         answer_hash = tensor_digest(answer)
         link = step_link(start, end, codec, chunks, all_outputs, tensor_digest(inputs), answer_hash, setup)
         return cls(start, end, codec, tuple(chunks), all_outputs, inputs, answer_hash, link, setup)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One tuning pass as the client saw it (ADR 0183): its kind, blocks start..end, codec, and the
+    digests of the inputs the server resolved, the output gradient (ZERO for a forward), the setup
+    sent with it and the answer as the client resolved it; `link` is what the transcript extends by."""
+    kind: str
+    start: int
+    end: int
+    codec: str
+    inputs: bytes
+    grad: bytes
+    setup: bytes
+    answer: bytes
+    link: bytes
+    # kept for a pass to spot check (RemoteTuner check_passes): what the server decoded ("h" resolved,
+    # "grad", "prompts", "lora_a", "lora_b"; "base": a delta forward's answer base) and what came back
+    sent: dict[str, torch.Tensor] | None = None
+    received: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, kind: str, start: int, end: int, codec: str, inputs: torch.Tensor, grad: torch.Tensor | None,
+           setup: bytes, answer: torch.Tensor | dict[str, torch.Tensor], base: bytes = ZERO,
+           sent: dict[str, torch.Tensor] | None = None) -> PassRecord:
+        """The record of a pass (hashes the tensors: call it off the event loop; `base`: the digest of a
+        delta forward's answer base); with `sent`, it keeps those tensors and the answer for a spot check."""
+        digests = (tensor_digest(inputs), ZERO if grad is None else tensor_digest(grad),
+                   grads_digest(answer) if isinstance(answer, dict) else tensor_digest(answer))
+        link = pass_link(kind, start, end, codec, digests[0], digests[1], digests[2], setup, base)
+        received = None if sent is None else (dict(answer) if isinstance(answer, dict) else {"h": answer})
+        return cls(kind, start, end, codec, digests[0], digests[1], setup, digests[2], link, sent, received)
 
 
 @dataclass(frozen=True)
@@ -257,6 +290,7 @@ class ClientMeter:
         self.tokens = 0                         # tokens this client sent
         self.transcript = ZERO
         self.steps: list[StepRecord] = []       # every inference step, in order (evidence for disputes)
+        self.passes: list[PassRecord] = []      # every tuning pass, in order (digests only, ADR 0183)
         # the session's adapter and deep prompts as the server decoded them ({"lora_a", "lora_b", "prompts"},
         # the tensors sent), which its links commit to (StepRecord.setup) and referees replay with (ADR 0178)
         self.setup: dict[str, torch.Tensor] = {}
@@ -279,9 +313,9 @@ class ClientMeter:
         if self.offer is None:
             self.offer = offer
 
-    def on_reply(self, header: dict, tokens: int, step: StepRecord | None) -> None:
+    def on_reply(self, header: dict, tokens: int, step: StepRecord | PassRecord | None) -> None:
         """Check a compute reply's usage (`tokens`: what this request sent) and prepare the receipt
-        covering it (`step`: the inference step it answered, if any)."""
+        covering it (`step`: the inference step or tuning pass it answered, if any)."""
         self.tokens += tokens
         if self.offer is None:
             return
@@ -292,7 +326,10 @@ class ClientMeter:
         if type(flops) is not int or not 0 <= flops <= self.tokens * self.max_flops_per_token:
             raise BillingError(f"server reports {flops} FLOPs for {self.tokens} tokens")
         if step is not None:
-            self.steps.append(step)
+            if isinstance(step, PassRecord):
+                self.passes.append(step)
+            else:
+                self.steps.append(step)
             self.transcript = extend(self.transcript, step.link)
         self.seq += 1
         self.pending = {"session": bytes.fromhex(self.offer["session"]), "server": self.offer["server"],
@@ -330,14 +367,33 @@ def spot_evidence(meter: ClientMeter, wrong_step: int) -> dict | None:
     its next request, so every step has one)."""
     if not 0 <= wrong_step < len(meter.steps):
         return None
-    prior = ZERO
-    for step in meter.steps[:wrong_step]:
-        prior = extend(prior, step.link)
-    covered = extend(prior, meter.steps[wrong_step].link)
-    signed = next((r for r in meter.receipts if r.receipt["transcript"] == covered), None)
+    prior, signed = _covering(meter, [step.link for step in meter.steps], wrong_step)
     if signed is None:
         return None
     return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
             "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": meter.steps[wrong_step].link.hex(),
             "answer": meter.steps[wrong_step].answer.hex(), "wrong_step": wrong_step,
             "steps": meter.steps[:wrong_step + 1], "setup": dict(meter.setup)}
+
+
+def _covering(meter: ClientMeter, links: list[bytes], index: int) -> tuple[bytes, SignedReceipt | None]:
+    """The transcript before link `index` and the countersigned receipt whose transcript ends at it."""
+    prior = chain(links[:index])
+    covered = extend(prior, links[index])
+    return prior, next((r for r in meter.receipts if r.receipt["transcript"] == covered), None)
+
+
+def pass_evidence(meter: ClientMeter, wrong_pass: int) -> dict | None:
+    """Evidence that the server answered tuning pass `wrong_pass` of its stream wrongly (ADR 0183): its
+    countersigned receipt whose transcript ends at that pass's link, the prior transcript, the link,
+    and the pass (kind, codec, what the server decoded: referees recompute from it). None without
+    such a receipt or without the pass's tensors (kept only for passes chosen to check)."""
+    if not 0 <= wrong_pass < len(meter.passes) or meter.passes[wrong_pass].sent is None:
+        return None
+    prior, signed = _covering(meter, [record.link for record in meter.passes], wrong_pass)
+    if signed is None:
+        return None
+    record = meter.passes[wrong_pass]
+    return {"receipt": receipt_to_json(signed.receipt), "client_sig": signed.client_sig.hex(),
+            "server_sig": signed.server_sig.hex(), "prior": prior.hex(), "link": record.link.hex(),
+            "answer": record.answer.hex(), "wrong_pass": wrong_pass, "pass": record}

@@ -23,6 +23,10 @@ the codec. A bundle that is malformed or does not check out is voted invalid (th
 and the client loses its bond); a bundle the referee neither got nor could fetch is no verdict: it
 tries again at its next duty round until the dispute closes, and abstains if it never gets it (ADR
 0178: an honest client's claim must not depend on load).
+
+A tuning pass (billing.pass_evidence) is disputed the same way with a pass bundle
+(ml/serve/pass_check.py, ADR 0183): the referee checks it hashes to the disputed link and recomputes
+that one pass, forward or backward.
 """
 from __future__ import annotations
 
@@ -46,8 +50,9 @@ from ml.serve.evidence import (
     transfer_timeout,
 )
 from ml.serve.model import ServeDecoder
+from ml.serve.pass_check import PASS_BUNDLE, encode_pass_bundle, pass_bundle_output
 from ml.serve.transcript import ZERO, chain, setup_digest, step_link, tensor_digest
-from ml.serve.wire import CODECS, WireError, decode_frame, encode_frame, frame_length, roundtrip
+from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.ledger.record import dialable
 
 log = logging.getLogger(__name__)
@@ -88,8 +93,9 @@ def encode_bundle(model: str, steps: list[StepRecord], setup: dict[str, torch.Te
 
 
 def dispute_payload(evidence: dict, bundle: bytes, profile: str, bond: int) -> dict:
-    """The `serve_dispute` payload for spot-check `evidence` whose steps are packed in `bundle`."""
-    step = evidence["steps"][-1]
+    """The `serve_dispute` payload for spot-check `evidence` whose steps (or tuning pass) are packed in
+    `bundle`."""
+    step = evidence["pass"] if "pass" in evidence else evidence["steps"][-1]
     receipt = dict(evidence["receipt"])
     receipt["session"], receipt["transcript"] = bytes.fromhex(receipt["session"]), bytes.fromhex(receipt["transcript"])
     return {"receipt": receipt, "client_sig": bytes.fromhex(evidence["client_sig"]),
@@ -131,17 +137,21 @@ class Bundle:
     prompts: torch.Tensor | None
 
 
-def _steps(bundle: bytes, claim: Claim) -> Bundle:
-    """The bundle's steps, inputs and session setup, checked against the claim's hash, chain, blocks and
-    answer (the setup tensors against the digest every link commits to)."""
+def _message(bundle: bytes, claim: Claim) -> Message:
+    """The bundle's frame, checked against the claim's hash."""
     if hashlib.sha256(bundle).digest() != claim.inputs:
         raise DisputeError("bundle does not hash to the claim's inputs")
     try:
         if len(bundle) < 8 or frame_length(bundle[:4]) != len(bundle) - 4:
             raise DisputeError("bundle length prefix is wrong")
-        message = decode_frame(bundle[4:])
+        return decode_frame(bundle[4:])
     except WireError as exc:
         raise DisputeError(f"malformed bundle: {exc}") from None
+
+
+def _steps(message: Message, claim: Claim) -> Bundle:
+    """The bundle's steps, inputs and session setup, checked against the claim's chain, blocks and
+    answer (the setup tensors against the digest every link commits to)."""
     header, inputs = message.header, message.tensors.get("h")
     steps = header.get("steps")
     if header.get("model") != claim.model or not isinstance(steps, list) or not steps or inputs is None:
@@ -198,8 +208,13 @@ def referee_verdict(bundle: bytes, claim: Claim, part: ServeDecoder) -> tuple[bo
     cannot judge: it abstains)."""
     blocks = _blocks(part, claim.start, claim.end)
     try:
-        checked = _steps(bundle, claim)
-        return True, _replay(blocks, checked)
+        message = _message(bundle, claim)
+        if message.header.get("type") == PASS_BUNDLE:   # a tuning pass (ADR 0183)
+            try:
+                return True, pass_bundle_output(message.header, message.tensors, claim, blocks)
+            except ValueError as exc:
+                raise DisputeError(str(exc)) from None
+        return True, _replay(blocks, _steps(message, claim))
     except DisputeError as exc:
         log.warning("dispute bundle refused: %s", exc)
         return False, ZERO
@@ -361,7 +376,10 @@ async def file_dispute(gateway, host, store: BundleStore, evidence: dict, bond: 
     profile = await server_profile(gateway, evidence["receipt"]["server"], model)
     if profile is None:
         raise DisputeError("the server announces no profile for that model: no referee could be drawn")
-    bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
+    if "pass" in evidence:   # a tuning pass's (billing.pass_evidence, ADR 0183)
+        bundle = await asyncio.to_thread(encode_pass_bundle, model, evidence["pass"])
+    else:
+        bundle = await asyncio.to_thread(encode_bundle, model, evidence["steps"], evidence.get("setup"))
     store.add(bundle)
     payload = {**await asyncio.to_thread(dispute_payload, evidence, bundle, profile, bond),   # hashes the bundle
                "addrs": reachable_addrs(host)}

@@ -34,6 +34,8 @@ Frames are ml/serve/wire.py's (JSON header + tensors). Requests, by header "type
   stream keeps them, bounded), and a "backward" with ids and no "h" reuses the stored inputs.
 - "backward" {"codec"} + "h", "grad" [+ "prompts"] [+ "lora_a", "lora_b"] -> "grad_h"
   [+ "grad_prompts"] [+ "grad_lora_a", "grad_lora_b"].
+  On a billing stream each forward and backward extends the transcript with a pass link (ADR 0183:
+  resolved inputs, grad, setup, answer as the client resolves it, a delta forward's base).
 
 Billing (ADR 0174, ml/serve/billing.py): a server made with `Billing` offers {"billing": {session, server,
 chain_id, model, price, credit_tokens}} in "opened" and stateless replies, reports "transcript" with
@@ -57,11 +59,11 @@ from typing import Any
 
 import torch
 
-from ml.serve.billing import BillingError, ClientMeter, DebtBook, ReceiptBook, ServerMeter, StepRecord
+from ml.serve.billing import BillingError, ClientMeter, DebtBook, PassRecord, ReceiptBook, ServerMeter, StepRecord
 from ml.serve.delta import DeltaBook, check_ids
 from ml.serve.push import PUSH_WAIT_MAX_S, Inbox, Pushed, PushLink, Target, peer_id, step_id
 from ml.serve.server import BlockServer, ServeError, Usage
-from ml.serve.transcript import ZERO, setup_digest, step_link, tensor_digest
+from ml.serve.transcript import ZERO, grads_digest, pass_link, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
@@ -127,11 +129,13 @@ def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
     return tensors["lora_a"], tensors["lora_b"]
 
 
-def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor, codec: str) -> torch.Tensor:
-    """The delta to send for `value`, after recording what the receiver will reconstruct."""
-    delta = book.delta(ids, value)
+def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor,
+                codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the delta to send for `value`, its base), after recording what the receiver will reconstruct."""
+    base = book.bases(ids, tuple(value.shape[1:]))
+    delta = value - base
     book.commit(ids, roundtrip(delta, codec))
-    return delta
+    return delta, base
 
 
 @dataclass(frozen=True)
@@ -170,14 +174,13 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         async with compute:
             return await asyncio.to_thread(fn, *args)
 
-    def billed(state: dict, step: tuple | None, codec: str) -> dict:
+    def billed(state: dict, step: tuple | None, codec: str, link: bytes | None = None) -> dict:
         """Reply header fields for billing after a compute (runs in a worker thread); `step`: an inference
-        step's (chunk lengths, all, inputs as decoded, answer) for the transcript."""
+        step's (chunk lengths, all, inputs as decoded, answer) for the transcript (`link`: a pass's)."""
         meter: ServerMeter | None = state.get("meter")
         if meter is None:
             return {}
         usage = _stream_usage(server, state)
-        link = None
         if step is not None:
             lengths, all_outputs, inputs, answer = step
             session = server.sessions.get(state.get("session", ""))
@@ -185,6 +188,23 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
             link = step_link(server.start, server.end, codec, lengths, all_outputs, tensor_digest(inputs),
                              tensor_digest(roundtrip(answer, codec)), setup)
         return {**meter.report(usage.tokens, usage.flops, link), "billing": meter.offer()}
+
+    def pass_billed(state: dict, kind: str, codec: str, tensors: dict[str, torch.Tensor], inputs: torch.Tensor,
+                    answer: torch.Tensor | dict[str, torch.Tensor], ids: list[int] | None = None,
+                    base: torch.Tensor | None = None) -> dict:
+        """`billed` for a tuning pass (worker thread): its link commits to the resolved `inputs`, the
+        decoded grad and setup, and the answer as the client resolves it (ADR 0183; with `ids`, a delta
+        forward's answer is the sum the outputs book stored)."""
+        grad = tensors.get("grad")
+        if isinstance(answer, dict):
+            answer_digest = grads_digest({name: roundtrip(g, codec) for name, g in answer.items()})
+        else:
+            answer_digest = tensor_digest(roundtrip(answer, codec) if ids is None else state["outputs"].stored(ids))
+        link = pass_link(kind, server.start, server.end, codec, tensor_digest(inputs),
+                         ZERO if grad is None else tensor_digest(grad), answer_digest,
+                         setup_digest(_lora(tensors), tensors.get("prompts")),
+                         ZERO if base is None else tensor_digest(base))
+        return billed(state, None, codec, link)
 
     def guard(state: dict, hidden: torch.Tensor | None) -> None:
         if state.get("meter") is not None and hidden is not None and hidden.dim() >= 2:
@@ -323,31 +343,35 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         if kind == "forward":
             if "h" not in tensors:
                 raise ServeError("forward needs tensor h")
-            hidden, ids = tensors["h"], None
+            inputs, ids = tensors["h"], None
             if "ids" in header:   # h is a delta against the stored inputs of these examples
-                ids = check_ids(header["ids"], hidden.shape[0])
-                hidden = await asyncio.to_thread(state["inputs"].commit, ids, hidden)
-            guard(state, hidden)
-            out = await run(server.forward, hidden, tensors.get("prompts"), _lora(tensors), state["usage"])
+                ids = check_ids(header["ids"], inputs.shape[0])
+                inputs = await asyncio.to_thread(state["inputs"].commit, ids, inputs)
+            guard(state, inputs)
+            out = await run(server.forward, inputs, tensors.get("prompts"), _lora(tensors), state["usage"])
+            base = None
             if ids is not None:
-                out = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
-            extra |= billed(state, None, codec)
+                out, base = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
+            if state.get("meter") is not None:
+                extra |= await asyncio.to_thread(pass_billed, state, "forward", codec, tensors, inputs, out, ids,
+                                                 base)
             return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict(),
                                                           **extra}, {"h": out}, codec)
         if kind == "backward":
             if "grad" not in tensors:
                 raise ServeError("backward needs tensor grad")
             if "h" in tensors:
-                hidden = tensors["h"]
+                inputs = tensors["h"]
             elif "ids" in header:
-                hidden = await asyncio.to_thread(state["inputs"].stored,
+                inputs = await asyncio.to_thread(state["inputs"].stored,
                                                  check_ids(header["ids"], tensors["grad"].shape[0]))
             else:
                 raise ServeError("backward needs tensor h, or ids of a delta forward")
             guard(state, tensors["grad"])
-            grads = await run(server.backward, hidden, tensors["grad"], tensors.get("prompts"),
+            grads = await run(server.backward, inputs, tensors["grad"], tensors.get("prompts"),
                               _lora(tensors), state["usage"])
-            extra |= billed(state, None, codec)
+            if state.get("meter") is not None:
+                extra |= await asyncio.to_thread(pass_billed, state, "backward", codec, tensors, inputs, grads)
             return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict(),
                                                           **extra}, grads, codec)
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
@@ -406,6 +430,27 @@ def _decoded_setup(lora: tuple[torch.Tensor, torch.Tensor] | None, prompts: torc
     return setup_digest(decoded_lora, tensors.get("prompts")), tensors
 
 
+def _pass_record(kind: str, start: int, end: int, codec: str, inputs: tuple[torch.Tensor | None, bool],
+                 grad: torch.Tensor | None, prompts: torch.Tensor | None,
+                 lora: tuple[torch.Tensor, torch.Tensor] | None,
+                 answer: torch.Tensor | dict[str, torch.Tensor], base: torch.Tensor | None,
+                 keep: bool) -> PassRecord:
+    """The client's record of a tuning pass, with every tensor it sent as the server decodes it (and,
+    if `keep`, those tensors and the answer for a spot check)."""
+    hidden, sent_whole = inputs
+    if hidden is None:
+        raise ValueError("a pass record needs its inputs")
+    setup, sent = _decoded_setup(lora, prompts, codec)
+    sent["h"] = roundtrip(hidden, codec) if sent_whole else hidden
+    if grad is not None:
+        sent["grad"] = roundtrip(grad, codec)
+    if base is not None:
+        sent["base"] = base
+        answer = base + answer if isinstance(answer, torch.Tensor) else answer
+    return PassRecord.of(kind, start, end, codec, sent["h"], sent.get("grad"), setup, answer,
+                         ZERO if base is None else tensor_digest(base), sent if keep else None)
+
+
 class SpanClient:
     """The client's stream to one server holding blocks start..end."""
 
@@ -415,6 +460,7 @@ class SpanClient:
         self.meter = meter            # set: sign usage receipts for this stream (ADR 0174)
         self.setup = ZERO             # the session's adapter and prompts as the server decoded them (ADR 0176)
         self.profile = ""             # the execution profile the server says it computes in ("opened", ADR 0179)
+        self.check_passes: frozenset[int] = frozenset()   # tuning passes whose tensors to keep (ADR 0183)
         self._stream: Any = None   # the HostStream, opened at the first request
         self._client_sig = b""     # the client's signature on the receipt sent with the last request
         self.session = ""          # the server's session id (named to the previous server for pushes)
@@ -537,29 +583,60 @@ class SpanClient:
         return reply.tensors["h"]
 
     async def forward(self, hidden: torch.Tensor, prompts: torch.Tensor | None, codec: str,
-                      lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None
-                      ) -> torch.Tensor:
-        """The blocks' output; with `ids`, `hidden` and the answer are deltas (ml/serve/delta.py)."""
+                      lora: tuple[torch.Tensor, torch.Tensor] | None = None, ids: list[int] | None = None,
+                      seen: torch.Tensor | None = None, base: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks' output. With `ids`, `hidden` and the answer are deltas (ml/serve/delta.py): `seen`
+        is the input the server resolves and `base` the answer's base in the client's book, so that the
+        transcript's link commits to the resolved input and answer (`base` + the delta, ADR 0183)."""
         tensors = {"h": hidden} | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora)
         header = {"type": "forward"} | ({} if ids is None else {"ids": ids})
-        reply = await self.request(header, tensors, codec, tokens=hidden.shape[0] * hidden.shape[1])
-        return self._tensor(reply, "h", hidden.shape)
+        reply = await self.exchange(header, tensors, codec)
+        out = self._tensor(reply, "h", hidden.shape)
+        inputs = (hidden, True) if seen is None else (seen, False)
+        await self.account_pass("forward", reply, codec, hidden.shape[0] * hidden.shape[1], inputs, None,
+                                prompts, lora, out, base)
+        return out
 
     async def backward(self, hidden: torch.Tensor | None, grad: torch.Tensor, prompts: torch.Tensor | None,
                        codec: str, lora: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+                       ids: list[int] | None = None, seen: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """{"grad_h", and "grad_prompts" / "grad_lora_a", "grad_lora_b" for what was sent}. Without
-        `hidden`, the server uses the inputs it stored for `ids` in the last delta forward."""
+        `hidden`, the server uses the inputs it stored for `ids` in the last delta forward: `seen`, as
+        the client resolved them (for the transcript, ADR 0183)."""
+        if hidden is None and seen is None and self.meter is not None:
+            raise ValueError("a billed backward without hidden states needs the inputs the server stored (seen)")
         tensors = ({"grad": grad} | ({} if hidden is None else {"h": hidden})
                    | ({} if prompts is None else {"prompts": prompts}) | _adapter(lora))
         header = {"type": "backward"} | ({} if ids is None else {"ids": ids})
-        reply = await self.request(header, tensors, codec, tokens=grad.shape[0] * grad.shape[1])
+        reply = await self.exchange(header, tensors, codec)
         expected = {"grad_h": grad.shape}
         if prompts is not None:
             expected["grad_prompts"] = prompts.shape
         if lora is not None:
             expected["grad_lora_a"], expected["grad_lora_b"] = lora[0].shape, lora[1].shape
-        return {name: self._tensor(reply, name, shape) for name, shape in expected.items()}
+        grads = {name: self._tensor(reply, name, shape) for name, shape in expected.items()}
+        inputs = (hidden, True) if hidden is not None else (seen, False)
+        await self.account_pass("backward", reply, codec, grad.shape[0] * grad.shape[1], inputs, grad,
+                                prompts, lora, grads, None)
+        return grads
+
+    async def account_pass(self, kind: str, reply: Message, codec: str, tokens: int,
+                           inputs: tuple[torch.Tensor | None, bool], grad: torch.Tensor | None,
+                           prompts: torch.Tensor | None, lora: tuple[torch.Tensor, torch.Tensor] | None,
+                           answer: torch.Tensor | dict[str, torch.Tensor], base: torch.Tensor | None) -> None:
+        """Bill a tuning pass and extend the transcript with its link (`inputs`: the hidden states and
+        whether they were sent whole, so the server decoded them in `codec`, or are already resolved;
+        `base`: a delta forward's answer base). A pass numbered in `check_passes` keeps its tensors."""
+        if self.meter is None:
+            return
+        try:
+            keep = len(self.meter.passes) in self.check_passes
+            record = await asyncio.to_thread(_pass_record, kind, self.start, self.end, codec, inputs, grad, prompts,
+                                             lora, answer, base, keep)
+            self.meter.on_reply(reply.header, tokens, record)
+        except BillingError as exc:
+            self.abort()
+            raise SpanUnavailable(f"{self}: billing: {exc}") from None
 
     def _tensor(self, reply: Message, name: str, shape: torch.Size) -> torch.Tensor:
         if name not in reply.tensors or reply.tensors[name].shape != shape:

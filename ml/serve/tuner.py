@@ -11,17 +11,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ml.serve.adapters import ClientParams
-from ml.serve.billing import ClientMeter, max_flops_per_token
+from ml.serve.billing import ClientMeter, max_flops_per_token, pass_evidence
 from ml.serve.client import NoChain, ServerInfo, plan_chain
 from ml.serve.delta import DeltaBook
 from ml.serve.model import ServeDecoder
+from ml.serve.pass_check import recompute_pass, same_answer
 from ml.serve.protocol import Payer, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.wire import roundtrip as wire_roundtrip
+
+
+@dataclass(frozen=True)
+class PassCheck:
+    """A tuning spot check's outcome for one span: the first kept pass whose answer differs from the
+    local recompute (its number in its server's stream, its kind), that server and its evidence
+    (billing.pass_evidence: the countersigned receipt covering the wrong answer)."""
+    span: int
+    blocks: tuple[int, int]
+    ok: bool
+    checked: int                    # kept passes compared
+    wrong_pass: int | None = None
+    kind: str | None = None
+    culprit: str | None = None
+    evidence: dict | None = None
 
 
 class RemoteTuner:
@@ -29,12 +46,19 @@ class RemoteTuner:
     input soft prompt (P, width) prepended to the embedded tokens and deep prompts (layers, P, width)
     added to the first P positions before each block; with `lora_rank` r > 0 LoRA adapters on every
     block's qkv projection (A (layers, r, width), B (layers, 3 width, r), B starting at zero). The
-    servers run forward and backward passes and return the gradients; only these parameters change."""
+    servers run forward and backward passes and return the gradients; only these parameters change.
+
+    With a `payer`, every pass extends its server's countersigned transcript (ADR 0183), and the passes
+    numbered in `check_passes` (per server stream: forward and backward alternate, 0-based) keep what
+    was sent and received, for `spot_check`."""
 
     def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], prompt_length: int = 4,
-                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0, payer: Payer | None = None):
+                 lora_rank: int = 0, codec: str = "f32", lr: float = 1e-2, seed: int = 0, payer: Payer | None = None,
+                 check_passes: frozenset[int] = frozenset()):
         config = ends.config
         self.payer = payer   # set: sign usage receipts for every server (ADR 0174)
+        self.check_passes = frozenset(check_passes)
+        self.streams: list[SpanClient] = []   # every server stream opened, failed-over ones included
         if prompt_length < 0 or lora_rank < 0 or prompt_length + lora_rank == 0:
             raise ValueError("tune prompts (prompt_length > 0), adapters (lora_rank > 0) or both")
         self.host, self.ends, self.codec, self.prompt_length = host, ends, codec, prompt_length
@@ -135,7 +159,9 @@ class RemoteTuner:
                 sent, received = self.books[index]
                 delta = sent.delta(ids, hidden)
                 seen = sent.commit(ids, wire_roundtrip(delta, self.codec))
-                return seen, received.commit(ids, await span.forward(delta, deep, self.codec, lora, ids=ids))
+                base = received.bases(ids, tuple(hidden.shape[1:]))
+                out = await span.forward(delta, deep, self.codec, lora, ids=ids, seen=seen, base=base)
+                return seen, received.commit(ids, out)
             except (SpanUnavailable, RemoteError):
                 self._failover(index)
 
@@ -146,7 +172,7 @@ class RemoteTuner:
             span = self.chain[index]
             try:
                 if ids is not None and not fresh:
-                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids)
+                    return await span.backward(None, grad, deep, self.codec, lora, ids=ids, seen=span_input)
                 return await span.backward(span_input, grad, deep, self.codec, lora)
             except (SpanUnavailable, RemoteError):
                 self._failover(index)
@@ -169,7 +195,30 @@ class RemoteTuner:
         meter = None if self.payer is None else ClientMeter(
             self.payer.identity, self.payer.chain_id, self.payer.max_price_per_gflop,
             max_flops_per_token(self.ends.config, server.end - server.start))
-        return SpanClient(self.host, server.peer_id, server.start, server.end, meter=meter)
+        span = SpanClient(self.host, server.peer_id, server.start, server.end, meter=meter)
+        span.check_passes = self.check_passes
+        self.streams.append(span)
+        return span
+
+    def spot_check(self, index: int, part: ServeDecoder) -> PassCheck:
+        """Recompute the kept passes (`check_passes`) of every stream that served span `index` with
+        `part` (the client's own copy of those blocks, in the servers' profile) through the server's own
+        forward/backward, and compare the answers bit for bit (blocking: torch; call it after `close`,
+        which has the last pass's receipt countersigned)."""
+        start, end = self.chain[index].start, self.chain[index].end
+        if (part.start, part.end) != (start, end):
+            raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
+        checked = 0
+        for stream in (s for s in self.streams if (s.start, s.end) == (start, end) and s.meter is not None):
+            assert stream.meter is not None
+            for number, record in enumerate(stream.meter.passes):
+                if record.sent is None or record.received is None:
+                    continue
+                checked += 1
+                if not same_answer(recompute_pass(part, record.kind, record.codec, record.sent), record.received):
+                    return PassCheck(index, (start, end), False, checked, number, record.kind, stream.peer_id,
+                                     pass_evidence(stream.meter, number))
+        return PassCheck(index, (start, end), True, checked)
 
     async def close(self) -> None:
         await asyncio.gather(*(span.close() for span in self.chain), return_exceptions=True)
