@@ -574,7 +574,7 @@ class SpanClient:
     async def finish_pushed(self, reply: Message, codec: str, inputs: torch.Tensor) -> torch.Tensor:
         """The answer of a pushed step whose input was `inputs` (as the client received it from the
         previous server): billed, after checking the server ran exactly that input."""
-        digest = await asyncio.to_thread(tensor_digest, roundtrip(inputs, codec))
+        digest = await asyncio.to_thread(lambda: tensor_digest(roundtrip(inputs, codec)))   # both off the loop
         if reply.header.get("input") != digest.hex():
             self.abort()
             raise PushMismatch(f"{self}: the input pushed to it is not what the previous server answered")
