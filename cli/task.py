@@ -25,7 +25,7 @@ from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.task_report import slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
-from ml.compute.task_spec import model_name
+from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
@@ -113,8 +113,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="codec: fp32, fp16, int8, int4, powersgd<r> (all-reduce), topk (1%%) or sign "
                              "(all-gather with error feedback)")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per worker (default 100)")
-    parser.add_argument("--sync", default="allreduce", choices=("allreduce", "diloco"),
-                        help="allreduce (data-parallel) or diloco")
+    parser.add_argument("--sync", default="allreduce", choices=tuple(SYNC_MODES),
+                        help="allreduce (data-parallel), diloco or streaming (streaming DiLoCo: fragments synced "
+                             "in turn, overlapped with the inner steps)")
     parser.add_argument("--inner-steps", type=int, help="DiLoCo: local steps per outer step")
     parser.add_argument("--segment-steps", type=int, help="data-parallel: steps per committed segment")
     parser.add_argument("--batch-size", "--batch", dest="batch_size", type=int, help="per-worker batch size")
@@ -147,7 +148,7 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
     values = {"model": model_name(args.model), "dataset": args.dataset, "codec": args.codec, "steps": args.steps,
-              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+              "mode": SYNC_MODES[args.sync]}
     for name in ("inner_steps", "segment_steps", "batch_size", "lr", "seed"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)

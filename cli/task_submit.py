@@ -30,7 +30,7 @@ from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
-from ml.compute.task_spec import InvalidTask, submit_payload
+from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
 from ml.profiles import ProfileError, check_profile_id, default_profile
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -47,7 +47,7 @@ def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
     values = {**inputs.values, "codec": args.codec, "steps": args.steps,
-              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+              "mode": SYNC_MODES[args.sync]}
     for name in SPEC_OPTIONS:
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)

@@ -1,10 +1,13 @@
-"""What both trainers share: one worker's model, data shard, local gradient step, checkpoints,
-state hashes and progress reports. Torch work runs in a worker thread, never on the event loop.
+"""What every trainer shares: one worker's model, data shard, local gradient step, checkpoints,
+state hashes, progress reports and the time spent computing. Torch work runs in a worker thread,
+never on the event loop.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -15,6 +18,8 @@ from ml.train.reproducibility import configure_determinism, hash_state, in_compu
 from ml.train.spec import TrainSpec
 from ml.train.state_file import load_state, state_bytes
 from ml.train.weights import weights_bytes
+
+_T = TypeVar("_T")
 
 
 def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -52,8 +57,17 @@ class TrainerBase:
         self.last_participants: tuple = ()
         self.recorder = None   # ml.train.segments.SegmentRecorder, when per-segment records are kept
         self.fault = None      # ml.train.faults.Fault: adversary modes for tests and benchmarks only
+        self.compute_seconds = 0.0   # wall time spent in training computation (utilization = this / wall time)
         self._loss_sum = 0.0
         self._loss_count = 0
+
+    async def compute(self, func: Callable[..., _T], *args: Any) -> _T:
+        """`in_compute_thread(func, *args)`, its duration added to `compute_seconds`."""
+        started = time.monotonic()
+        try:
+            return await in_compute_thread(func, *args)
+        finally:
+            self.compute_seconds += time.monotonic() - started
 
     # -- local computation (called in a worker thread) -------------------------------------------
     def _gradients(self, step: int) -> float:
