@@ -41,7 +41,7 @@ class OuterTrainer(TrainerBase):
         self.leader_rounds = leader_rounds(self.spec)
 
     def _outer_parameters(self) -> list[torch.Tensor]:
-        return self.params
+        return list(self.params)
 
     def _union_gradients(self, step: int) -> float:
         """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
