@@ -2,8 +2,9 @@
 schedule; the int4 pseudo-gradient with error feedback; the outer step and the mix; the overlap (inner
 steps go on while a fragment's all-reduce is in flight, and a slow one changes nothing but the wait);
 bitwise reproducibility (same seed, restore from a checkpoint, replay of a worker's segment from its
-records); convergence of 4 workers on digits at fewer bytes than DiLoCo + int8; the sync mode on the
-task path (ledger payload and back, CLI choice)."""
+records); convergence of 4 workers on digits at fewer bytes than DiLoCo + int8; a job over worker
+processes and the real all-reduce (slow); the sync mode on the task path (ledger payload and back,
+CLI choice)."""
 import asyncio
 import dataclasses
 from typing import Any
@@ -270,3 +271,18 @@ def test_four_workers_converge_on_digits_with_fewer_bytes_than_diloco_int8():
     assert streaming.metrics[0]["loss"] < 0.3
     assert streaming.bytes_sent_per_worker < 0.7 * diloco.bytes_sent_per_worker
     assert all(0 < t.compute_seconds for t in streaming.trainers)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)   # two worker processes over loopback TCP: ~3 minutes on a loaded machine
+def test_a_job_over_worker_processes_ends_with_one_model_on_every_worker():
+    """The network all-reduce (int4 in shards) rounds differently from the simulation, so the check is
+    that the workers agree and every segment was committed."""
+    from ml.job import run_local_job
+
+    spec = dataclasses.replace(SHORT, report_every=20)
+    results = asyncio.run(run_local_job(spec, 2, timeout=600))
+    assert [r["participants"] for r in results] == [["worker-0", "worker-1"]] * 2
+    assert len({r["params_hash"] for r in results}) == 1
+    assert all(len(r["segment_hashes"]) == spec.segment_count for r in results)
+    assert all(0 < r["bytes_sent"] < 2 * train_simulated(spec, 2).bytes_sent_per_worker for r in results)
