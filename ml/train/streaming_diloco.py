@@ -28,7 +28,7 @@ import torch
 
 from ml.codecs import CodecError, get_codec
 from ml.train.averaging import Averaged
-from ml.train.compression import flatten
+from ml.train.compression import flatten, unflatten
 from ml.train.diloco import LEADER, OuterTrainer
 from ml.train.reproducibility import hash_tensors
 from ml.train.streaming_schedule import STREAM, WARM, Round, fragment_of_params, schedule
@@ -84,11 +84,7 @@ class StreamingDiLoCoTrainer(OuterTrainer):
                 size = self.residuals[f].numel()
                 self.residuals[f] = lost[offset:offset + size].clone()
                 offset += size
-            out, offset = [], 0
-            for d in deltas:
-                out.append(flat[offset:offset + d.numel()].view_as(d).clone())
-                offset += d.numel()
-            return out
+            return unflatten(flat, deltas)
 
     def _apply(self, rnd: Round, averaged: list[torch.Tensor], participants: int) -> None:
         indices = self._indices(rnd.fragments)
