@@ -30,6 +30,7 @@ from ml.codecs import CodecError, get_codec
 from ml.train.averaging import Averaged
 from ml.train.compression import flatten, unflatten
 from ml.train.diloco import LEADER, OuterTrainer
+from ml.train.dry_run import Untrainable
 from ml.train.reproducibility import hash_tensors
 from ml.train.streaming_schedule import STREAM, WARM, Round, fragment_of_params, schedule
 
@@ -41,7 +42,10 @@ class StreamingDiLoCoTrainer(OuterTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         names = [name for name, _ in self.model.named_parameters()]
-        owner = fragment_of_params(names, self.spec.fragments)
+        try:
+            owner = fragment_of_params(names, self.spec.fragments)
+        except ValueError as exc:   # the compute role rejects the task instead of failing it
+            raise Untrainable(str(exc)) from None
         self.members = [[i for i, f in enumerate(owner) if f == fragment] for fragment in range(self.spec.fragments)]
         self.rounds = schedule(self.spec)
         self.warm_end = self.leader_rounds * self.spec.inner_steps

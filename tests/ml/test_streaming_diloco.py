@@ -19,6 +19,7 @@ from ml.compute.task_spec import submit_payload, train_spec_for_task
 from ml.registry import get_dataset
 from ml.train.averaging import Averaged, LocalAveragingGroup
 from ml.train.compression import flatten
+from ml.train.dry_run import Untrainable
 from ml.train.recipes import recipe
 from ml.train.simulation import build_recorded, build_simulated, make_trainer, train_simulated
 from ml.train.spec import InvalidSpec
@@ -251,6 +252,12 @@ def test_workers_restored_from_their_segment_checkpoints_continue_to_the_same_bi
         assert new.residuals[0].any()   # the error-feedback residual travels in the checkpoint
     run(resumed)
     assert [t.params_hash() for t in resumed] == [t.params_hash() for t in trainers]
+
+
+def test_a_model_with_fewer_layers_than_fragments_is_untrainable():
+    spec = recipe("digits-streaming", fragments=4, overlap_steps=1)   # digits-mlp has 3 layers
+    with pytest.raises(Untrainable, match="4 fragments need at least as many layers"):
+        lone_trainer(spec)
 
 
 def test_a_checkpoint_of_another_model_is_refused():
