@@ -293,3 +293,12 @@ def test_a_job_over_worker_processes_ends_with_one_model_on_every_worker():
     assert len({r["params_hash"] for r in results}) == 1
     assert all(len(r["segment_hashes"]) == spec.segment_count for r in results)
     assert all(0 < r["bytes_sent"] < 2 * train_simulated(spec, 2).bytes_sent_per_worker for r in results)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_streaming_on_cuda_is_reproducible_and_ends_with_one_model():
+    spec = dataclasses.replace(SHORT, device="cuda")
+    runs = [train_simulated(spec, 2) for _ in range(2)]
+    assert runs[0].trainers[0].anchor[0].device.type == "cuda"
+    assert {t.params_hash() for r in runs for t in r.trainers} == {runs[0].trainers[0].params_hash()}
+    assert runs[0].trainers[0].segment_hashes == runs[1].trainers[1].segment_hashes
