@@ -22,6 +22,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.payout_lines import payout_lines
 from cli.task_report import slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
@@ -207,6 +208,10 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
     for line in slot_lines(task):
         print(line)
+    if task.get("payouts"):
+        print("payouts by kind:")
+        for line in payout_lines(task):
+            print(line)
     return 0
 
 
