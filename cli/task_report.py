@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from cli.payout_lines import payout_lines
+from cli.safe_text import echo
 
 FAILED = ("rejected", "expired")
 
@@ -62,20 +63,20 @@ def report_final(task: dict, *, as_json: bool = False, extra: dict | None = None
         print(json.dumps({**task, **(extra or {})}))
         return code
     if status in FAILED or status == "cancelled":
-        print(f"task {task['task_id']} {status}" + (f": {task['reason']}" if task.get("reason") else ""))
+        echo(f"task {task['task_id']} {status}" + (f": {task['reason']}" if task.get("reason") else ""))
         for worker, reason in (task.get("rejections") or {}).items():
-            print(f"  rejected by worker {worker}: {reason}")
+            echo(f"  rejected by worker {worker}: {reason}")
     for line in slot_lines(task):
-        print(line)
+        echo(line)
     payouts = task.get("payouts") or {}
     if payouts:
-        print(f"payouts of task {task['task_id']} (price {task['price']}):")
+        echo(f"payouts of task {task['task_id']} (price {task['price']}):")
     for line in payout_lines(task):
-        print(line)
+        echo(line)
     if status == "paid":
         for worker in task["workers"]:
             if worker not in payouts:
-                print(f"  {worker}  {'worker':10} 0 (not paid: no commitment, or an audit slot found it guilty)")
+                echo(f"  {worker}  {'worker':10} 0 (not paid: no commitment, or an audit slot found it guilty)")
     if task.get("result"):
-        print(f"result (weights artifact): {task['result']}")
+        echo(f"result (weights artifact): {task['result']}")
     return code

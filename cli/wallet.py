@@ -14,6 +14,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.safe_text import echo
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
@@ -89,7 +90,7 @@ def _print(args: argparse.Namespace, doc: dict) -> None:
         print(json.dumps(doc))
     else:
         for name, value in doc.items():
-            print(f"{name + ':':10}{value}")
+            echo(f"{name + ':':10}{value}")
 
 
 def run_balance(args: argparse.Namespace) -> int:
