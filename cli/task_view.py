@@ -8,6 +8,7 @@ leading worker is one plain line, so the output stays readable. ``--json`` calle
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
@@ -91,9 +92,10 @@ class TaskView:
         metric = safe(eval_text(self.latest_metrics()) or "-")
         if str(lead.get("state", "")).startswith("fetching") and lead.get("fetch_total"):
             metric = f"files {megabytes(lead.get('fetched_bytes'))} of {megabytes(lead['fetch_total'])}"
-        fields = {"loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
-                  "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
-                  "state": safe(lead.get("state", ""))}
+        fields: dict[str, Any] = {
+            "loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
+            "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
+            "state": safe(lead.get("state", ""))}
         if self.live:
             if self._progress is None:
                 self._progress = Progress(

@@ -62,7 +62,9 @@ def task_pins(tasks: Iterable[dict], me: str) -> frozenset[str]:
     for task in tasks:
         if not isinstance(task, dict) or task.get("status") in ENDED_TASKS or not _involved(task, me):
             continue
-        spec = task.get("spec") if isinstance(task.get("spec"), dict) else {}
+        spec = task.get("spec")
+        if not isinstance(spec, dict):
+            spec = {}
         pins.update(str(spec.get(name)) for name in SOURCE_FIELDS if spec.get(name))
         for commit in (task.get("commits") or {}).values():
             if isinstance(commit, list) and len(commit) > 1 and isinstance(commit[1], str):
