@@ -1,4 +1,5 @@
-"""The explorer in headless Chromium against a stubbed JSON-RPC (issues 21 and 22): every registered
+"""The explorer in headless Chromium against a stubbed JSON-RPC (issues 21 and 22): chain text is shown
+as text (a task's model with markup and terminal escapes creates no element); every registered
 node is in the Nodes table (relays and verifier-only compute nodes were left out), runs of empty
 blocks fold into one row, a node listed in the link (`?nodes=`) is named as the source of the data it
 reports and flagged when it is not a worker of the task on chain (a crafted link showed an attacker's
@@ -30,7 +31,9 @@ def block(height: int) -> dict:
 
 NODES = [record(V1, "validator"), record(R1, "relay"), record(R2, "relay"), record(C1, "compute"),
          record(C2, "compute"), record(C3, "compute")]   # C3: verifier-only, in no task
-ANSWERS = {"dkb_chainId": "dekube-test", "dkb_blockNumber": 30, "dkb_listTasks": [],
+HOSTILE = {"task_id": "cd" * 32, "status": "running", "owner": V1, "price": 1, "workers": [C1], "created_height": 3,
+           "spec": {"model": '<img id="pwn" src="x"><b id="pwn2">bold</b>\x1b[2J', "dataset": "<script>x</script>"}}
+ANSWERS = {"dkb_chainId": "dekube-test", "dkb_blockNumber": 30, "dkb_listTasks": [HOSTILE],
            "dkb_getValidators": {"height": 30, "epoch_start": 1, "total_power": 1,
                                  "validators": [{"peer_id": V1, "power": 1}], "candidates": []},
            "dkb_peers": [], "dkb_listNodes": NODES,
@@ -112,7 +115,17 @@ def test_every_registered_node_and_folded_empty_blocks(page):
     assert blocks.nth(1).get_attribute("data-height") == "25"
     assert blocks.nth(2).get_attribute("data-heights") == "11-24" and "14 empty blocks" in blocks.nth(2).inner_text()
     assert page.locator("#sources").is_hidden()   # no other node in the link: nothing to attribute
+    row = page.inner_text(f'tr[data-task="{HOSTILE["task_id"]}"]')
+    assert '<img id="pwn" src="x">' in row and "<script>x</script>" in row
+    assert page.locator("#pwn, #pwn2, #task-rows script").count() == 0
     assert not page.errors, page.errors
+
+
+def test_the_page_never_parses_text_as_html():
+    for name in ("app.js", "chart.js"):
+        code = (STATIC / name).read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in code, f"{name} uses {sink}"
 
 
 def test_listed_nodes_are_named_as_sources_and_unreachable_ones_say_why(page):
