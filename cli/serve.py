@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _device_argument(serve)
     _ledger_arguments(serve)
     serve.add_argument("--price", type=int, default=0, help="per GFLOP served, billed with receipts (needs --ledger "
-                                                           "and --key; 0: free)")
+                                                           "and --key, a funded key: it bonds what it lacks of "
+                                                           "min_serve_stake at start, or refuses; 0: free)")
     serve.add_argument("--credit-tokens", type=int, default=1024,
                        help="tokens served to a client ahead of its next receipt")
     serve.add_argument("--claim-every", type=float, default=30.0, help="seconds between on-chain receipt claims")
