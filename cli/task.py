@@ -22,6 +22,8 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.payout_lines import payout_lines
+from cli.safe_text import echo
 from cli.task_report import slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
@@ -205,9 +207,13 @@ def run_show(args: argparse.Namespace) -> int:
                  "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
-        print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+        echo(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
     for line in slot_lines(task):
-        print(line)
+        echo(line)
+    if task.get("payouts"):
+        print("payouts by kind:")
+        for line in payout_lines(task):
+            echo(line)
     return 0
 
 
@@ -222,7 +228,7 @@ def run_list(args: argparse.Namespace) -> int:
         print("no tasks")
     for task in tasks:
         spec = task["spec"]
-        print(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
+        echo(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
               f"x{spec['workers']}  price {task['price']}")
     return 0
 
@@ -259,5 +265,5 @@ def run_local(args: argparse.Namespace) -> int:
               f"{summary['metrics']}; every worker ends with params {summary['params_hashes'][0][:16]}.."
               if len(summary["params_hashes"]) == 1 else f"workers disagree: {summary['params_hashes']}")
         for gone in summary["departures"]:
-            print(f"  {gone['peer'][:16]}.. departed in round {gone['round']} (step {gone['step']}): {gone['reason']}")
+            echo(f"  {gone['peer'][:16]}.. departed in round {gone['round']} (step {gone['step']}): {gone['reason']}")
     return 0 if len(summary["params_hashes"]) == 1 else 1

@@ -7,7 +7,8 @@
 `up` creates the network unless DIR holds one, starts every process and waits until every compute
 node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log),
 listens for p2p on a port the kernel picks (its registration carries the bound address) and uses
-validator I mod V's RPC.
+validator I mod V's RPC. Its RPC sends CORS headers to the validators' origins, so their explorer pages
+(``explorer_url``) can draw its training curves.
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ class ComputeDevnet:
                 ("rpc", "port"): str(node.rpc_port),
                 ("consensus", "chain_id"): chain_id,
                 ("compute", "rpc_url"): testnet.nodes[i % len(testnet.nodes)].rpc_url,
+                # the validators' explorer pages read this node's training progress (dkb_taskProgress)
+                ("rpc", "cors"): "true",
+                ("rpc", "allowed_origins"): ",".join(v.rpc_url for v in testnet.nodes),
             }
             for name, value in (compute_settings or {}).items():
                 section, _, key = name.partition(".")
@@ -89,6 +93,11 @@ class ComputeDevnet:
         (root / COMPUTE_MANIFEST).write_text(json.dumps([
             {"name": n.name, "peer_id": n.peer_id, "p2p_port": n.p2p_port, "rpc_port": n.rpc_port} for n in nodes]))
         return cls(testnet, nodes)
+
+    def explorer_url(self) -> str:
+        """The first validator's explorer page with every compute node's RPC listed (``?nodes=``), so the
+        page draws the training curves they report."""
+        return f"{self.rpc_url}/explorer/?nodes=" + ",".join(n.rpc_url for n in self.compute)
 
     @classmethod
     def load(cls, root: Path | str) -> ComputeDevnet:

@@ -89,18 +89,13 @@ def browser():
 def devnet(tmp_path_factory):
     from devtools.devnet import ComputeDevnet
 
-    saved = os.environ.get("DEKUBE_RPC_CORS")
-    os.environ["DEKUBE_RPC_CORS"] = "true"   # compute nodes answer the page's (loopback) origin
+    # as `testnet up --compute` makes it: the compute nodes answer the validators' explorer origin
     net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=2)
     try:
         net.up(timeout=150)
         yield net
     finally:
         net.down(timeout=5)
-        if saved is None:
-            os.environ.pop("DEKUBE_RPC_CORS", None)
-        else:
-            os.environ["DEKUBE_RPC_CORS"] = saved
 
 
 def submit_task(net) -> str:
@@ -136,8 +131,7 @@ def open_page(browser, url):
 
 def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    compute_urls = ",".join(n.rpc_url for n in devnet.compute)
-    base = f"{devnet.rpc_url}/explorer/?nodes={compute_urls}"
+    base = devnet.explorer_url()   # the link `testnet up` prints
     page, errors = open_page(browser, base)
     page.wait_for_selector("#block-rows tr", timeout=20_000)
     page.wait_for_selector("#validator-rows tr", timeout=20_000)
