@@ -69,7 +69,7 @@ class DiLoCoTrainer(TrainerBase):
         """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
         batches = [self.dataset.train_batch(step, rank, self.world, self.spec.batch_size, self.spec.seed)
                    for rank in range(self.world)]
-        return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+        return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), step)
 
     def _outer_apply(self, averaged: list[torch.Tensor], participants: int) -> None:
         if self.in_warm_start:   # only the leader contributed: its pseudo-gradient is the sum

@@ -14,6 +14,7 @@ import torch
 from ml.train.file_dataset import DatasetError
 from ml.train.inputs import MissingInput, build_inputs
 from ml.train.model_archive import ArchiveRefused
+from ml.train.op_randomness import step_randomness
 from ml.train.spec import TrainSpec
 from ml.train.worker import make_optimizer
 
@@ -47,22 +48,8 @@ def dry_run(spec: TrainSpec, files: Mapping[str, Path] | None = None, world: int
     optimizer = make_optimizer(spec, params)
     x, y = dataset.train_batch(0, 0, world, spec.batch_size, spec.seed)
     started = time.perf_counter()
-    try:
-        out = model(x.to(spec.device))
-    except Exception as exc:  # torch raises RuntimeError, ValueError, AssertionError, ... on bad inputs
-        raise Untrainable(f"the model cannot run on the dataset's batches (inputs {x.dtype} "
-                          f"{tuple(x.shape)}): {_first_line(exc)}") from None
-    if not isinstance(out, torch.Tensor):
-        raise Untrainable(f"the model returns {type(out).__name__}, not one tensor")
-    try:
-        loss = inputs.loss(out, y.to(spec.device))
-    except Exception as exc:
-        raise Untrainable(f"the loss cannot use the model's outputs {out.dtype} {tuple(out.shape)} with "
-                          f"targets {y.dtype} {tuple(y.shape)}: {_first_line(exc)}") from None
-    try:
-        loss.backward()
-    except Exception as exc:  # e.g. an operator with no deterministic backward on this device
-        raise Untrainable(f"the backward pass fails on {spec.device}: {_first_line(exc)}") from None
+    with step_randomness(spec.seed, 0, 0, spec.device):   # the seeded draws of the workers' first step
+        loss = _forward_backward(model, inputs.loss, x.to(spec.device), y.to(spec.device), spec.device)
     value = float(loss.detach())
     if not math.isfinite(value):
         raise Untrainable(f"the loss is {value} at the first step")
@@ -78,6 +65,27 @@ def dry_run(spec: TrainSpec, files: Mapping[str, Path] | None = None, world: int
         raise Untrainable("the parameters are not finite after the first step")
     return {"loss": value, "params": sum(p.numel() for p in params),
             "step_seconds": step_seconds, "metrics": metrics}
+
+
+def _forward_backward(model: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                      device: str) -> torch.Tensor:
+    try:
+        out = model(x)
+    except Exception as exc:  # torch raises RuntimeError, ValueError, AssertionError, ... on bad inputs
+        raise Untrainable(f"the model cannot run on the dataset's batches (inputs {x.dtype} "
+                          f"{tuple(x.shape)}): {_first_line(exc)}") from None
+    if not isinstance(out, torch.Tensor):
+        raise Untrainable(f"the model returns {type(out).__name__}, not one tensor")
+    try:
+        loss = loss_fn(out, y)
+    except Exception as exc:
+        raise Untrainable(f"the loss cannot use the model's outputs {out.dtype} {tuple(out.shape)} with "
+                          f"targets {y.dtype} {tuple(y.shape)}: {_first_line(exc)}") from None
+    try:
+        loss.backward()
+    except Exception as exc:  # e.g. an operator with no deterministic backward on this device
+        raise Untrainable(f"the backward pass fails on {device}: {_first_line(exc)}") from None
+    return loss
 
 
 def _first_line(exc: BaseException) -> str:
