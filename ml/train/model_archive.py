@@ -43,7 +43,7 @@ _EXPR_NAMES = frozenset("""
 _ALLOWED_FILES = re.compile(r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
                             r"|models/model\.json|data/sample_inputs/model\.pt"
                             r"|data/(weights|constants)/(model_(weights|constants)_config\.json"
-                            r"|(weight|tensor_constant)_?[0-9]+)|extra/[^/]+)\Z")
+                            r"|(weight|tensor_constant|tensor)_?[0-9]+)|extra/[^/]+)\Z")
 
 
 class ArchiveRefused(ValueError):
@@ -102,7 +102,7 @@ def _check_payload_config(config: dict, what: str) -> None:
         if not isinstance(meta, dict) or meta.get("use_pickle") is not False or not meta.get("tensor_meta"):
             raise ArchiveRefused(f"{what} {fqn!r} is stored as a pickle or custom object; only plain tensors "
                                  "are accepted")
-        if not re.fullmatch(r"(weight|tensor_constant)_?[0-9]+", str(meta.get("path_name", ""))):
+        if not re.fullmatch(r"(weight|tensor_constant|tensor)_?[0-9]+", str(meta.get("path_name", ""))):
             raise ArchiveRefused(f"{what} {fqn!r}: bad payload name {meta.get('path_name')!r}")
 
 

@@ -299,7 +299,7 @@ ARCHS: list[Arch] = [
     Arch("cnn", CNN, "image", fast=True),
     Arch("gru", lambda: Recurrent("GRU"), "tokens", fast=True),
     Arch("gru-bidirectional-2layer", lambda: Recurrent("GRU", num_layers=2, bidirectional=True), "tokens"),
-    Arch("lstm-2layer", lambda: Recurrent("LSTM", num_layers=2), "tokens", fast=True),
+    Arch("lstm-2layer", lambda: Recurrent("LSTM", num_layers=2), "tokens"),
     Arch("rnn-tanh", lambda: Recurrent("RNN"), "tokens"),
     Arch("rnn-relu", lambda: Recurrent("RNN", nonlinearity="relu"), "tokens"),
     Arch("multihead-attention-causal", CausalMHA, "tokens", fast=True),
@@ -308,7 +308,7 @@ ARCHS: list[Arch] = [
          "tokens"),
     Arch("transformer-encoder", lambda: EncoderLM(lambda: nn.TransformerEncoder(encoder_layer(norm_first=True), 2,
                                                                                enable_nested_tensor=False), "stack"),
-         "tokens", fast=True),
+         "tokens"),
     Arch("transformer-decoder-layer", lambda: EncoderLM(
         lambda: nn.TransformerDecoderLayer(32, 4, 64, dropout=0.1, batch_first=True), "decoder"), "tokens"),
     Arch("embedding-bag", BagClassifier, "tokens", fast=True),
