@@ -98,9 +98,9 @@ def test_architecture_dry_runs_trains_and_loads_strictly(arch: Arch, tmp_path):
     run = train_simulated(spec, 2, files=files)
     weights = [t.weights_bytes() for t in run.trainers]
     # the workers' parameters agree bit for bit (batch-norm running statistics are each worker's own)
-    params = [{name: value for name, value in load(w).items() if name in dict(user.named_parameters(remove_duplicate=False))}
-              for w in weights]
-    assert params[0].keys() == dict(user.named_parameters(remove_duplicate=False)).keys()
+    names = dict(user.named_parameters(remove_duplicate=False)).keys()
+    params = [{name: value for name, value in load(w).items() if name in names} for w in weights]
+    assert params[0].keys() == names
     assert all(torch.equal(params[0][name], params[1][name]) for name in params[0])
     if not list(user.buffers()):
         assert weights[0] == weights[1] and run.trainers[0].segment_hashes == run.trainers[1].segment_hashes
