@@ -227,15 +227,28 @@ def trainable_module(program: torch.export.ExportedProgram, device: str = "cpu")
         from torch.export.passes import move_to_device_pass
         program = move_to_device_pass(program, device)
     module = program.module()
-    with torch.no_grad():
-        for param in module.parameters():
-            param.data = param.data.clone()
-            param.requires_grad_(True)
-        for buffer in list(module.buffers()):
-            buffer.data = buffer.data.clone()
+    _own_weights_keeping_ties(module)
     check_graph_module(module)
     switchable_randomness(module)
     return module
+
+
+def _own_weights_keeping_ties(module: torch.nn.Module) -> None:
+    """Give `module` its own copy of every parameter and buffer. Parameters the archive ties (the same
+    tensor under two names, e.g. a language model's input embedding and output layer) come back from
+    deserialization as separate Parameters over one storage; they become one Parameter again, so
+    training keeps them tied as in the user's class."""
+    shared: dict[tuple, torch.nn.Parameter] = {}
+    with torch.no_grad():
+        for name, param in list(module.named_parameters(remove_duplicate=False)):
+            key = (param.device, param.data_ptr(), tuple(param.shape), param.stride(), param.dtype) \
+                if param.numel() else (name,)
+            if key not in shared:
+                shared[key] = torch.nn.Parameter(param.detach().clone(), requires_grad=True)
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, leaf, shared[key])
+        for buffer in list(module.buffers()):
+            buffer.data = buffer.data.clone()
 
 
 def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:

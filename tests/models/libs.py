@@ -4,7 +4,8 @@ torchvision's wheel on the package registry is built against CUDA torch: with th
 machines pin, its native extension (nms, roi_align, ...: detection ops the suite never calls) does not
 load, and its import then fails registering a fake kernel for `torchvision::nms`/`qnms`. Declaring
 those two schemas first (no kernel: calling them still fails) lets the pure-Python model definitions
-import; a torchvision whose extension loads never reaches the declaration.
+import (transformers imports torchvision too); a torchvision whose extension loads never reaches the
+declaration.
 """
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ def torchvision_or_skip() -> ModuleType:
 def library_or_skip(name: str) -> ModuleType:
     if name == "torchvision":
         return torchvision_or_skip()
+    if name == "transformers":   # it imports torchvision when that is installed: prepare it first
+        try:
+            torchvision_or_skip()
+        except pytest.skip.Exception:
+            pass
     try:
         return importlib.import_module(name)
     except ImportError as exc:
