@@ -251,6 +251,20 @@ class SDPAttention(nn.Module):
         return self.head(h + a.transpose(1, 2).reshape(b, t, 32))
 
 
+class TiedLM(nn.Module):
+    """Input embedding and output layer sharing one weight (as GPT-2's, tied by the user)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.mix = nn.Linear(32, 32)
+        self.head = nn.Linear(32, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
 # -- torchvision ----------------------------------------------------------------------------------
 def torchvision_models():
     from tests.models.libs import torchvision_or_skip
@@ -311,6 +325,7 @@ ARCHS: list[Arch] = [
          "tokens"),
     Arch("transformer-decoder-layer", lambda: EncoderLM(
         lambda: nn.TransformerDecoderLayer(32, 4, 64, dropout=0.1, batch_first=True), "decoder"), "tokens"),
+    Arch("tied-embeddings", TiedLM, "tokens", fast=True),
     Arch("embedding-bag", BagClassifier, "tokens", fast=True),
     Arch("sdpa-rmsnorm", SDPAttention, "tokens"),
     Arch("batchnorm1d", lambda: NormMLP(nn.BatchNorm1d), "vector", fast=True),
