@@ -3,6 +3,8 @@ dry run compares a token model's embedding (and output layer) with the dataset's
 what to change instead of torch's "index out of range in self"."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -46,9 +48,16 @@ def text(tmp_path):
     return path
 
 
-def archive(tmp_path, **sizes):
-    torch.manual_seed(0)
-    return export(CharLM(**sizes), torch.zeros(2, 16, dtype=torch.long), tmp_path / "char.pt2")
+_ARCHIVES: dict[tuple, Path] = {}
+
+
+def archive(tmp_path, **sizes) -> Path:
+    """The CharLM of `sizes` exported once per test session (exporting a GRU takes seconds)."""
+    shape = tuple(sorted(sizes.items()))
+    if shape not in _ARCHIVES:
+        torch.manual_seed(0)
+        _ARCHIVES[shape] = export(CharLM(**sizes), torch.zeros(2, 16, dtype=torch.long), tmp_path / "char.pt2")
+    return _ARCHIVES[shape]
 
 
 def spec(model, data, **options):
