@@ -119,21 +119,21 @@ def embedding_rows(model: torch.nn.Module) -> int | None:
             name = target._schema.name.split("::")[-1] if isinstance(target, torch._ops.OpOverload) else ""
             if name in _LOOKUPS and len(user.args) > 1 and user.args[1] is node:
                 table = user.args[0]
-                if isinstance(table, torch.fx.Node) and table.op == "get_attr":
-                    rows.append(int(_attribute(model, str(table.target)).shape[0]))
+                weight = _attribute(model, str(table.target)) if isinstance(table, torch.fx.Node) \
+                    and table.op == "get_attr" else None
+                if weight is not None and weight.dim() == 2:
+                    rows.append(int(weight.shape[0]))
             elif name in _PASS_THROUGH and user not in seen:
                 seen.add(user)
                 frontier.append(user)
     return min(rows) if rows else None
 
 
-def _attribute(module: torch.nn.Module, path: str) -> torch.Tensor:
+def _attribute(module: torch.nn.Module, path: str) -> torch.Tensor | None:
     value: object = module
     for part in path.split("."):
-        value = getattr(value, part)
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{path} is not a tensor")
-    return value
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def check_vocabulary(spec: TrainSpec, files: Mapping[str, Path] | None, vocab: int, size: int | None,
