@@ -63,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
+    submit.add_argument("--tokenizer", choices=("byte", "char"),
+                        help="a .txt dataset's tokens: its bytes (vocabulary 256, the default) or its characters "
+                             "(vocabulary: the training text's distinct characters, sorted)")
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
     submit.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
     submit.add_argument("--wait", action="store_true",

@@ -39,7 +39,7 @@ from node.keystore import load_identity
 RELAY_WAIT_S = 10.0
 MAX_SOURCES = 8   # the ledger's bound on a task's source addresses
 SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "init",
-                "weight_decay", "eval_every")
+                "weight_decay", "eval_every", "tokenizer")
 EVALS_PER_TASK = 5   # with --eval and no --eval-every: held-out metrics this many times during training
 
 
@@ -74,6 +74,8 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
     if args.price <= 0:
         raise CliError("--price must be positive")
     inputs = task_inputs(args.model, args.dataset, args.eval, artifact_id)
+    if getattr(args, "tokenizer", None) is not None and not str(args.dataset).lower().endswith(".txt"):
+        raise CliError(f"--tokenizer applies to a text dataset (.txt), not {args.dataset}")
     spec = build_spec(args, inputs)
     if inputs.has_files:
         require_compute("a task with model or data files (its dry run)")

@@ -47,7 +47,7 @@ class OuterTrainer(TrainerBase):
         """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
         batches = [self.dataset.train_batch(step, rank, self.world, self.spec.batch_size, self.spec.seed)
                    for rank in range(self.world)]
-        return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+        return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), step)
 
     async def outer_round(self) -> float | None:
         raise NotImplementedError

@@ -13,6 +13,7 @@ import torch
 
 from ml.train.averaging import Averager
 from ml.train.inputs import build_inputs
+from ml.train.op_randomness import step_randomness
 from ml.train.progress import ProgressFeed, TrainProgress
 from ml.train.reproducibility import configure_determinism, hash_state, in_compute_thread
 from ml.train.spec import TrainSpec
@@ -77,13 +78,15 @@ class TrainerBase:
             if faked is not None:
                 return faked
         x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
-        return self._backward(x, y)
+        return self._backward(x, y, step)
 
-    def _backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def _backward(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        """Forward/backward on (x, y); random operators draw from step `step`'s seeded generator."""
         for p in self.params:
             p.grad = None
-        loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
-        loss.backward()
+        with step_randomness(self.spec.seed, self.rank, step, self.device):
+            loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
+            loss.backward()
         return float(loss.detach())
 
     def to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
