@@ -153,7 +153,7 @@ class TaskNet:
                   "compute nodes registered with relayed addresses")
 
     def _ready(self, member: Member) -> bool:
-        if member.proc.poll() is not None:
+        if member.proc is None or member.proc.poll() is not None:
             raise RuntimeError(f"{member.name} exited; see {member.home / 'node.log'}:\n{self.log_tail(member)}")
         info = self.rpc("dkb_getNode", member.peer_id)
         return bool(info and "compute" in info["roles"] and len(info.get("relay_addrs") or ()) == len(self.relays)

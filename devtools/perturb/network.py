@@ -22,8 +22,8 @@ from pathlib import Path
 from consensus import rpcclient
 from consensus.genesis import Genesis, GenesisValidator, Params
 from devtools.devnet import COMPUTE_FUNDS, quiet_ports
+from devtools.netlab.isolation import LoopbackFirewall, NetnsLab
 from devtools.perturb.manifest import Manifest
-from devtools.perturb.netns import LoopbackFirewall, NetnsLab
 from devtools.testnet import DEFAULT_FAUCET, DEFAULT_STAKE, FAUCET_KEY, MANIFEST, REPO_ROOT, NodeSpec, Testnet
 from node.config import load_config
 from node.identity import Identity

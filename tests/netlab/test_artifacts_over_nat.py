@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.netlab.artifact_net import link_into, seed_store, start_agent
+from devtools.netlab.lab import Lab, unavailable
+from devtools.netlab.nodes import Node, peer_id_of, seed_of
 from node.identity import Identity
 from node.keystore import save_identity
-
-from .artifact_net import link_into, seed_store, start_agent
-from .lab import Lab, unavailable
-from .nodes import Node, peer_id_of, seed_of
 
 pytestmark = pytest.mark.netlab
 
