@@ -20,9 +20,6 @@ from consensus.tx import DEFAULT_FEE
 from devtools.devnet import ComputeDevnet
 
 pytest.importorskip("torch")
-pytest.importorskip("ml.train.dry_run")
-pytest.importorskip("ml.compute.progress_protocol")
-pytest.importorskip("cli.client_node")
 
 pytestmark = pytest.mark.timeout(420)
 
