@@ -25,7 +25,6 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -34,7 +33,7 @@ import os
 import time
 from typing import Any
 
-from devtools.netlab.commands import serve_commands
+from devtools.netlab.commands import agent_parser, run_agent, serve_commands
 from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
 from node.identity import Identity
 from node.p2p.host import Host
@@ -230,18 +229,14 @@ class Agent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relay", action="store_true")
     parser.add_argument("--allow", default="")
     parser.add_argument("--punch-port", type=int, default=0)
     parser.add_argument("--punch-attempts", type=int, default=3)
     parser.add_argument("--punch-window", type=float, default=5.0)
     parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(Agent(args).run())
+    run_agent(Agent(parser.parse_args()))
 
 
 if __name__ == "__main__":

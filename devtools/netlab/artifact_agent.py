@@ -11,11 +11,10 @@ READY once it holds a reservation (a NAT'd holder); without, READY at once. Prin
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from devtools.netlab.commands import run_node_agent
+from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
 from node.config import load_config
 from node.identity import Identity
 from node.roles import basic_role
@@ -57,15 +56,11 @@ class ArtifactAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--relays", default="", help="comma-separated relay multiaddrs")
     parser.add_argument("--no-hole-punch", action="store_true")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(ArtifactAgent(args).run())
+    run_agent(ArtifactAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

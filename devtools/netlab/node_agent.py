@@ -19,7 +19,6 @@ reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok":
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -29,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from devtools.netlab.commands import serve_commands
+from devtools.netlab.commands import agent_parser, run_agent, serve_commands
 from ml.allreduce import AllReduceGroup
 from ml.compute.host_transport import HostTransport
 from node.config import load_config
@@ -158,14 +157,10 @@ class NodeAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relays", required=True, help="comma-separated relay multiaddrs")
     parser.add_argument("--no-hole-punch", action="store_true")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(NodeAgent(args).run())
+    run_agent(NodeAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

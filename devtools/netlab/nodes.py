@@ -6,19 +6,24 @@ for its READY line; ``node.call(op, **args)`` sends one JSON command and returns
 (raising ``AgentError`` with the agent's message on failure); ``node.call_async`` returns a
 Future, so an orchestrator can kill a relay while a transfer runs. A reader thread per agent routes
 replies by id. ``kill()`` is SIGKILL (a crashed relay); ``stop()`` closes stdin and waits; both
-are bounded.
+are bounded. ``agents_in(lab)`` holds a built lab and a list for the agents started in it; on exit
+it stops them all and tears the lab down.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from node.identity import Identity
+
+from .lab import Lab
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT = "devtools.netlab.agent"             # agents run as modules from the repository root
@@ -135,3 +140,15 @@ class Node:
             except (subprocess.TimeoutExpired, OSError):
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def agents_in(lab: Lab) -> Iterator[tuple[Lab, list[Node]]]:
+    """``(lab, agents)``: append every agent started in ``lab``; all stop, and the lab goes, on exit."""
+    agents: list[Node] = []
+    try:
+        yield lab, agents
+    finally:
+        for agent in agents:
+            agent.stop()
+        lab.teardown()

@@ -9,10 +9,9 @@ with relays it reserves (hole punching off) and is READY once it holds a reserva
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-from devtools.netlab.commands import run_node_agent
+from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
 from ml.compute import progress_protocol
 from ml.compute.job_board import JobBoard
 from node import bandwidth
@@ -68,11 +67,9 @@ class ProgressAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relays", default="")
-    asyncio.run(ProgressAgent(parser.parse_args()).run())
+    run_agent(ProgressAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from devtools.netlab.lab import Lab, shape, unavailable
-from devtools.netlab.nodes import Node, peer_id_of
+from devtools.netlab.nodes import Node, agents_in, peer_id_of
 
 pytestmark = pytest.mark.netlab
 
@@ -20,14 +20,8 @@ def lab():
     why = unavailable()
     if why:
         pytest.skip(why)
-    lab = Lab(home_rate_mbit=100).build(["relay1", "owner", "pub2"], ["eim"])
-    agents: list[Node] = []
-    try:
-        yield lab, agents
-    finally:
-        for agent in agents:
-            agent.stop()
-        lab.teardown()
+    with agents_in(Lab(home_rate_mbit=100).build(["relay1", "owner", "pub2"], ["eim"])) as held:
+        yield held
 
 
 def test_owner_follows_a_natd_worker_through_a_relay(lab):
