@@ -6,7 +6,7 @@ them (ml/serve, ADR 0171).
 N blocks the known servers cover least, by measured throughput) starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
-[--max-tokens N] [--codec f32|f16|i8|i4] [--check-local] [--adapter FILE]`` chains the servers (a
+[--max-tokens N] [--codec f32|f16|int8|int4] [--check-local] [--adapter FILE]`` chains the servers (a
 second server with a range already covered is a spare used if the first one fails) and prints JSON
 {"text", "tokens", "replays", "tokens_per_s"} (plus "identical_to_local" with --check-local);
 ``--adapter`` applies what ``tune`` wrote. ``tune ... --text FILE [--steps N] [--lora-rank R]
@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="pay servers up to this per GFLOP from the key's serving escrow (0: free servers)")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-tokens", type=int, default=32)
-    generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
+    generate.add_argument("--codec", choices=["f32", "f16", "int8", "int4"], default="f32",
                           help="hidden-state encoding (f32 is bit-exact)")
     generate.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
                           help="servers push each step's answer straight to the next server (ADR 0181): one pass "
@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--lora-rank", type=int, default=4)
     tune.add_argument("--prompt-length", type=int, default=0, help="deep prompt positions (0: none)")
     tune.add_argument("--lr", type=float, default=1e-2)
-    tune.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32")
+    tune.add_argument("--codec", choices=["f32", "f16", "int8", "int4"], default="f32")
     tune.add_argument("--out", type=Path, required=True, help="where to write the tuned parameters (.safetensors)")
     _device_argument(tune)
     tune.set_defaults(handler=run_tune)

@@ -25,12 +25,13 @@ from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.payout_lines import payout_lines
 from cli.safe_text import echo
 from cli.task_report import slot_lines
-from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -165,10 +166,10 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
 
 def _rpc(url: str, method: str, *params):
     try:
-        return rpcclient.call(url, method, *params)
-    except rpcclient.RpcUnreachable as exc:
+        return jsonrpc.call(url, method, *params)
+    except LedgerUnavailable as exc:
         raise CliError(f"cannot reach the node: {exc}") from None
-    except rpcclient.RpcCallError as exc:
+    except RpcAnswerError as exc:
         raise CliError(f"{method}: {exc}") from None
 
 

@@ -15,10 +15,11 @@ from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.safe_text import echo
-from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
 from node.keystore import load_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -78,10 +79,10 @@ def _address(args: argparse.Namespace) -> str:
 
 def _rpc(args: argparse.Namespace, method: str, *params):
     try:
-        return rpcclient.call(args.rpc, method, *params)
-    except rpcclient.RpcUnreachable as exc:
+        return jsonrpc.call(args.rpc, method, *params)
+    except LedgerUnavailable as exc:
         raise CliError(f"cannot reach the node: {exc}") from None
-    except rpcclient.RpcCallError as exc:
+    except RpcAnswerError as exc:
         raise CliError(f"{method}: {exc}") from None
 
 
@@ -174,8 +175,8 @@ def wait_receipt(url: str, tx_hash: str, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            receipt = rpcclient.call(url, "dkb_getTransactionReceipt", tx_hash)
-        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError) as exc:
+            receipt = jsonrpc.call(url, "dkb_getTransactionReceipt", tx_hash)
+        except (LedgerUnavailable, RpcAnswerError) as exc:
             raise CliError(f"waiting for {tx_hash}: {exc}") from None
         if receipt is not None:
             return receipt

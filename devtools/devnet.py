@@ -19,11 +19,12 @@ import socket
 import time
 from pathlib import Path
 
-from consensus import rpcclient
 from devtools.testnet import NodeSpec, Testnet, TestnetError
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 COMPUTE_MANIFEST = "compute.json"
 COMPUTE_FUNDS = 10**6
@@ -130,15 +131,15 @@ class ComputeDevnet:
                 raise TestnetError(f"compute node(s) {', '.join(dead)} exited; see {self.testnet.root}/<node>/node.log")
             try:
                 waiting = [n for n in waiting if not self._registered(n)]
-            except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+            except (LedgerUnavailable, RpcAnswerError):
                 pass
             if waiting and time.monotonic() > deadline:
                 raise TestnetError(f"compute nodes not registered after {timeout:g} s: {[n.name for n in waiting]}")
             time.sleep(0.3)
 
     def _registered(self, node: NodeSpec) -> bool:
-        info = rpcclient.call(self.rpc_url, "dkb_getNode", node.peer_id)
-        stake = rpcclient.call(self.rpc_url, "dkb_getStake", node.peer_id)
+        info = jsonrpc.call(self.rpc_url, "dkb_getNode", node.peer_id)
+        stake = jsonrpc.call(self.rpc_url, "dkb_getStake", node.peer_id)
         return info is not None and "compute" in info["roles"] and stake["bonded"] > 0
 
     def down(self, timeout: float = 10.0) -> list[str]:

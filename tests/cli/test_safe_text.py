@@ -30,7 +30,7 @@ def test_safe_escapes_controls_and_bidi_and_keeps_ordinary_text():
 @pytest.fixture
 def stub_rpc(monkeypatch):
     answers = {"dkb_listTasks": [TASK], "dkb_getTask": TASK}
-    monkeypatch.setattr(task_cli.rpcclient, "call", lambda url, method, *params: answers[method])
+    monkeypatch.setattr(task_cli.jsonrpc, "call", lambda url, method, *params: answers[method])
 
 
 def test_task_list_and_show_escape_chain_text(stub_rpc, capsys):

@@ -7,12 +7,10 @@ import json
 
 import pytest
 
+from cli.client_node import client_node
 from cli.errors import CliError
 from cli.task_fetch import REGISTRY_CLASSES, fetch_result, load_hint, result_holders
 from node.identity import Identity
-
-client_node = pytest.importorskip("cli.client_node").client_node
-artifacts = pytest.importorskip("node.artifacts")
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 TASK_ID = "ab" * 32

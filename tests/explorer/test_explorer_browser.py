@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from consensus import rpcclient
 from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
+from node.ledger import jsonrpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,9 +104,9 @@ def submit_task(net) -> str:
 
     spec = TrainSpec(codec="int8", steps=3000, segment_steps=500, report_every=5)
     faucet = net.testnet.faucet()
-    nonce = rpcclient.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    nonce = jsonrpc.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
     tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 2, 100_000))
-    rpcclient.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
+    jsonrpc.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
 
 
@@ -150,7 +150,7 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     deadline = time.monotonic() + 180
     curve_seen_while = None
     while time.monotonic() < deadline:
-        status = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
+        status = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
         points = page.evaluate(POINTS)
         if points >= 2 and status in ACTIVE:
             curve_seen_while = status
