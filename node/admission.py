@@ -15,12 +15,16 @@ or the source IP before one is known), its address prefix (/24 for IPv4, /48 for
   one prefix.
 
 Every holder is capped per peer (``per_peer``; a newcomer past it is refused: a peer competing with
-itself gets nothing). Otherwise a full scope is made room in rather than refused: the victim is an
-idle holder (never one marked busy) of the lowest class present below the newcomer's (for an unknown
-newcomer: an unknown holder), from the most-represented prefix (its own prefix when that prefix is at
-its cap), of that the most-represented peer, of that the one longest inactive. A newcomer is refused
-only when no holder can be evicted, so an attacker's idle slots from a few addresses make room for
-honest peers instead of keeping them out.
+itself gets nothing). Otherwise a full scope is made room in rather than refused. A holder can be
+evicted when it is not marked busy and either ranks in a lower class than the newcomer or, for an
+unknown newcomer, is unknown too and is *over-represented* (its prefix or its peer holds at least two
+more slots than the newcomer's will) or *stale* (inactive for more than ``grace`` seconds: longer than
+an honest holder waits between requests, or than an honest handshake takes). Of those the victim is
+the lowest class, most-represented prefix (its own prefix when that prefix is at its cap), then
+most-represented peer, then the one longest inactive. A newcomer is refused only when nothing can be
+evicted: idle slots held from a few addresses make room for honest peers instead of keeping them
+out, and a young honest holder is not evicted by an attacker reconnecting from as many addresses as
+it has (each eviction ends a stale or over-represented holder, so reconnecting cannot churn forever).
 
 ``Pool.admit`` returns a ``Decision``; the caller closes what ``Decision.evict`` names (the pool has
 already forgotten them) and calls ``release`` when its holder ends, ``touch`` on activity and
@@ -61,6 +65,7 @@ class PoolLimits:
     per_peer: int              # slots one peer (or one source IP) may hold
     unknown_pool: int          # of ``total``, what unknown peers share; the rest is reserved
     per_prefix: int            # unknown slots from one address prefix
+    grace: float = 0.0         # seconds inactive before an unknown holder is stale (evictable by anyone)
     ipv4_prefix: int = 24
     ipv6_prefix: int = 48
 
@@ -118,35 +123,43 @@ class Pool:
         if self.count(peer=peer) >= lim.per_peer:
             return Decision(False, reason=f"at most {lim.per_peer} per peer")
         prefix = self.prefix_of(ip)
-        evict: list[Hashable] = []
+        full = len(self._holders) >= lim.total
+        candidates: list[Holder] | None = None
         if cls == PeerClass.UNKNOWN:
             unknown = [h for h in self._holders.values() if h.cls == PeerClass.UNKNOWN]
             same_prefix = [h for h in unknown if h.prefix == prefix]
             if len(same_prefix) >= lim.per_prefix:
-                evict.append(self._victim(same_prefix))
-            elif len(unknown) >= lim.unknown_pool or len(self._holders) >= lim.total:
-                evict.append(self._victim(unknown))
-        elif len(self._holders) >= lim.total:
-            evict.append(self._victim([h for h in self._holders.values() if h.cls < cls]))
-        if None in evict:
-            if cls != PeerClass.COMMITTEE:
-                return Decision(False, reason=f"full: {len(self._holders)} slots held by peers that are busy "
-                                              "or rank at least as high")
-            evict = []   # the committee always gets through
-        kept = tuple(k for k in evict if k is not None)
-        for victim in kept:
+                candidates = same_prefix
+            elif full or len(unknown) >= lim.unknown_pool:
+                candidates = unknown
+        elif full:
+            candidates = [h for h in self._holders.values() if h.cls < cls]
+        victim = None if candidates is None else self._victim(candidates, peer, prefix, cls)
+        if candidates is not None and victim is None and cls != PeerClass.COMMITTEE:  # the committee always enters
+            return Decision(False, reason=f"full: {len(self._holders)} slots, none idle and evictable")
+        if victim is not None:
             del self._holders[victim]
         self._holders[key] = Holder(key, peer, prefix, cls, self.clock())
-        return Decision(True, kept)
+        return Decision(True, () if victim is None else (victim,))
 
-    def _victim(self, candidates: Iterable[Holder]) -> Hashable | None:
-        """The idle holder to evict: lowest class, most-represented prefix, most-represented peer, idlest."""
-        idle = [h for h in candidates if not h.busy]
-        if not idle:
+    def _victim(self, candidates: list[Holder], peer: str, prefix: str, cls: PeerClass) -> Hashable | None:
+        """The holder to evict for a newcomer (``peer``, ``prefix``, ``cls``), None if none may be."""
+        by_prefix = Counter(h.prefix for h in self._holders.values() if h.cls == PeerClass.UNKNOWN)
+        by_peer = Counter(h.peer for h in self._holders.values() if h.cls == PeerClass.UNKNOWN)
+        now = self.clock()
+
+        def evictable(h: Holder) -> bool:
+            if h.busy:
+                return False
+            if h.cls < cls:
+                return True
+            return (by_prefix[h.prefix] > by_prefix[prefix] + 1 or by_peer[h.peer] > by_peer[peer] + 1
+                    or now - h.last_active > self.limits.grace)
+
+        eligible = [h for h in candidates if evictable(h)]
+        if not eligible:
             return None
-        by_prefix = Counter(h.prefix for h in idle)
-        by_peer = Counter(h.peer for h in idle)
-        return min(idle, key=lambda h: (h.cls, -by_prefix[h.prefix], -by_peer[h.peer], h.last_active)).key
+        return min(eligible, key=lambda h: (h.cls, -by_prefix[h.prefix], -by_peer[h.peer], h.last_active)).key
 
     def release(self, key: Hashable) -> bool:
         """Forget ``key``; False if it held no slot (already evicted or released)."""

@@ -193,6 +193,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                         check_positive),
         "max_pending_inbound": Key(int, 64, "most inbound connections still in their handshake", check_positive),
         "max_pending_inbound_per_ip": Key(int, 8, "of those, most from one IP address", check_positive),
+        "max_pending_inbound_per_prefix": Key(int, 16,
+                                              "of those, most from one /24 (IPv4) or /48 (IPv6); a full pool evicts"
+                                              " the oldest pending socket of the most-represented prefix",
+                                              check_positive),
         "max_connections_per_peer": Key(int, 8,
                                         "connections to one peer, shared + bulk (a relay raises it to fit one per bulk"
                                         " circuit)", check_positive),

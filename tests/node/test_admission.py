@@ -68,7 +68,7 @@ def test_busy_holders_are_never_evicted_and_then_newcomers_are_refused():
     p.set_busy(1, True)
     p.set_busy(2, True)
     d = p.admit(3, "c", "10.0.0.3")
-    assert not d.admitted and "busy" in d.reason
+    assert not d.admitted and "evictable" in d.reason
     p.set_busy(2, False)
     assert p.admit(3, "c", "10.0.0.3").evict == (2,)
 
@@ -128,3 +128,32 @@ def test_peer_classes_take_the_highest_tag():
                                                                     PeerClass.UNKNOWN)
     c.set_tag("crew:t1", PeerClass.BUSINESS, [])
     assert c.class_of("b") == PeerClass.STAKED
+
+
+def test_young_holders_are_evicted_only_when_over_represented():
+    p = pool(total=4, unknown_pool=4, per_prefix=4, per_peer=4, grace=100.0)  # nothing goes stale here
+    p.admit("a1", "a", "10.0.0.1")
+    p.admit("a2", "a", "10.0.0.1")
+    p.admit("b", "b", "10.0.1.1")
+    p.admit("c", "c", "10.0.2.1")
+    assert p.admit("h", "h", "10.0.3.1").evict == ("a1",)   # a holds 2 > 0 + 1
+    # now every peer holds one: a reconnecting attacker cannot evict the young honest holder
+    d = p.admit("x", "x", "10.0.4.1")
+    assert not d.admitted and "h" in p
+
+
+def test_stale_holders_make_room_and_reconnecting_cannot_churn_forever():
+    now = [0.0]
+    p = Pool(PoolLimits(total=4, per_peer=1, unknown_pool=4, per_prefix=4, grace=5.0), lambda: now[0])
+    for i in range(4):
+        now[0] += 1
+        p.admit(i, f"f{i}", f"10.0.{i}.1")                 # one each from four prefixes
+    now[0] += 10
+    assert p.admit("h", "h", "10.9.0.1").evict == (0,)     # the stalest goes
+    evicted = 1
+    for rounds in range(10):                               # the evicted one comes back, and so on
+        d = p.admit(("again", rounds), f"f{rounds}-again", f"10.1{rounds}.0.1")
+        if not d.admitted:
+            break
+        evicted += 1
+    assert evicted == 4 and "h" in p                       # only the three stale ones were left to take

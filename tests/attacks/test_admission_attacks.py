@@ -1,0 +1,115 @@
+"""Cheap identities and a few addresses cannot exhaust a node's pools (issue 22 items 2-5, ADR 0186).
+Each attack is replayed on loopback beside a well-behaved client that must still be served; on the
+code before ADR 0186 each of these tests fails (the client is refused for as long as the attack runs)."""
+import asyncio
+
+from attack_kit import SocketFlood, run
+
+from node.identity import Identity
+from node.p2p.host import DialError, Host
+
+EIGHT = [f"127.0.0.{i}" for i in range(2, 10)]            # one /24, as 127.0.0.1's honest peers
+SIXTY_FOUR = [f"127.0.1.{i}" for i in range(2, 66)]      # another /24: the honest peer is elsewhere
+
+
+def port_of(host):
+    return int(host.listen_addrs[0].split("/")[4])
+
+
+async def connect_time(client, server, limit=5.0):
+    """Seconds until ``client`` holds a working connection to ``server``, retrying like a dialer does."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() - start < limit:
+        try:
+            await asyncio.wait_for(client.connect(server.listen_addrs[0]), limit)
+            assert 0 < await client.ping(server.peer_id)
+            return loop.time() - start
+        except (DialError, TimeoutError, ConnectionError):
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"a new peer was kept out for {limit} s")
+
+
+def handshake_flood(sources, per_source, wait):
+    async def main():
+        server, client = Host(Identity.generate()), Host(Identity.generate())
+        await server.start()
+        await client.start()
+        try:
+            async with SocketFlood(port_of(server), sources, per_source) as flood:
+                await asyncio.sleep(wait)                   # the flood's sockets sit idle in the pool
+                held = len(server._pending)
+                kept_out = await connect_time(client, server)
+                assert held >= 16                           # the flood does sit in the pool
+                assert flood.opened >= len(sources) * per_source
+                return kept_out
+        finally:
+            await client.stop()
+            await server.stop()
+    return run(main(), 40)
+
+
+def test_eight_addresses_cannot_fill_the_handshake_pool():
+    """64 idle sockets from 127.0.0.2-9 (8 each): before, every new peer was refused (the pool's 64)."""
+    assert handshake_flood(EIGHT, 8, 0.3) < 2.0
+
+
+def test_sixty_four_addresses_cannot_fill_the_handshake_pool():
+    """One idle socket from each of 64 addresses of one /24: before, they filled the pool (64, 8 per IP)."""
+    assert handshake_flood(SIXTY_FOUR, 1, 0.3) < 2.0
+
+
+def test_the_chain_commits_while_both_validators_are_flooded_and_one_restarts(tmp_path):
+    """Item 2's chain halt: 64 idle sockets from 127.0.0.2-9 at each of the two validators' p2p ports
+    while the partner restarts. Before, the restarted partner could not reach the other validator
+    nor be reached (height stuck for as long as the flood ran); now the committee gets through."""
+    run(_chain_under_flood(tmp_path), 90)
+
+
+async def _chain_under_flood(tmp_path):
+    from node.runtime import Node
+    from tests.consensus.test_validator_role import (
+        PARTNER,
+        PORTS,
+        VALIDATOR,
+        ValidatorRole,
+        config,
+        make_home,
+    )
+
+    home = make_home(tmp_path)
+    nodes = {ident.peer_id: Node(config(ident), ident, [ValidatorRole], home=h)
+             for ident, h in ((VALIDATOR, home), (PARTNER, home / "partner"))}
+    tasks = {peer: asyncio.create_task(n.run()) for peer, n in nodes.items()}
+    role = nodes[VALIDATOR.peer_id].role("validator")
+    try:
+        await asyncio.wait_for(role.ready.wait(), 10)
+        for _ in range(200):                                 # committing before the attack
+            if role.ledger.height >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert role.ledger.height >= 2
+        floods = [SocketFlood(PORTS[peer], EIGHT, 8) for peer in (VALIDATOR.peer_id, PARTNER.peer_id)]
+        for flood in floods:
+            await flood.__aenter__()
+        try:
+            start = role.ledger.height
+            partner = nodes[PARTNER.peer_id]
+            partner.request_stop()
+            await asyncio.wait_for(tasks[PARTNER.peer_id], 10)
+            restarted = Node(config(PARTNER), PARTNER, [ValidatorRole], home=home / "partner")
+            nodes[PARTNER.peer_id] = restarted
+            tasks[PARTNER.peer_id] = asyncio.create_task(restarted.run())
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15
+            while role.ledger.height < start + 3:            # two validators: a commit needs both
+                assert loop.time() < deadline, f"height stuck at {role.ledger.height} under the flood"
+                await asyncio.sleep(0.1)
+            assert all(flood.opened >= 64 for flood in floods)
+        finally:
+            for flood in floods:
+                await flood.__aexit__(None, None, None)
+    finally:
+        for n in nodes.values():
+            n.request_stop()
+        await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 15)
