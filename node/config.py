@@ -214,6 +214,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "header_timeout": Key(float, 10.0,
                               "seconds a new HTTP connection has to send its request headers", check_positive),
         "idle_timeout": Key(float, 60.0, "seconds an idle keep-alive HTTP connection is kept", check_positive),
+        "max_websockets": Key(int, 128, "most open websockets (a pool apart from HTTP connections); at the cap a"
+                              " new one evicts the idlest of the most-represented client", check_positive),
+        "max_websockets_per_client": Key(int, 16, "most open websockets from one client IP address", check_positive),
+        "ws_idle_timeout": Key(float, 300.0, "seconds a websocket with no message either way is kept",
+                               check_positive),
         "allowed_hosts": Key(list, ["localhost"],
                              "Host names accepted (IP addresses always are; '*': any): guards against DNS rebinding"),
         "allowed_origins": Key(list, ["http://localhost", "http://127.0.0.1", "http://[::1]"],
