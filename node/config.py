@@ -284,6 +284,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
         "max_uploads": Key(int, 32, "artifact streams served at once to all peers", check_positive),
         "max_uploads_per_peer": Key(int, 4, "artifact streams served at once to one peer", check_positive),
+        "max_uploads_unknown": Key(int, 16, "of max_uploads, the streams peers without stake or open business"
+                                   " share (the rest is reserved for staked peers, a task's crew and the committee)",
+                                   check_positive),
         "window_chunks": Key(int, 8, "1 MiB chunks in flight per holder while fetching", check_positive),
         "request_chunks": Key(int, 4, "chunks asked for in one request (at most window_chunks)", check_positive),
         "stall_timeout": Key(float, 30.0,

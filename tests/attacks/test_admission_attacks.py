@@ -113,3 +113,76 @@ async def _chain_under_flood(tmp_path):
         for n in nodes.values():
             n.request_stop()
         await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 15)
+
+
+async def idle_artifact_streams(holder, ident, identities=8, streams=4):
+    """``identities`` fresh hosts each holding ``streams`` artifact streams open after one request."""
+    from node.artifacts.protocol import PROTOCOL, GetManifest, decode_body, decode_header, encode
+
+    hosts, held = [], []
+    for _ in range(identities):
+        host = Host(Identity.generate())
+        await host.start()
+        host.peerbook.add_addrs(holder.peer_id, holder.listen_addrs)
+        hosts.append(host)
+        for _ in range(streams):
+            stream = await host.open_stream(holder.peer_id, PROTOCOL)
+            await stream.write(encode(GetManifest(ident)))
+            kind, length = decode_header(await stream.readexactly(5), 1 << 20)
+            decode_body(kind, await stream.readexactly(length))
+            held.append(stream)
+    return hosts, held
+
+
+async def manifest_wait(client, holder, ident, limit=5.0):
+    """Seconds until ``client`` gets the manifest of ``ident`` from ``holder`` (BUSY: retry)."""
+    from node.artifacts.protocol import PROTOCOL, GetManifest, ManifestMsg, decode_body, decode_header, encode
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() - start < limit:
+        stream = await client.open_stream(holder.peer_id, PROTOCOL)
+        await stream.write(encode(GetManifest(ident)))
+        kind, length = decode_header(await stream.readexactly(5), 1 << 20)
+        answer = decode_body(kind, await stream.readexactly(length))
+        await stream.close()
+        if isinstance(answer, ManifestMsg):
+            return loop.time() - start
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"a downloader got BUSY for {limit} s")
+
+
+def artifact_flood(tmp_path, business: bool, grace: float):
+    """Item 4: 8 throwaway identities x 4 idle streams take all 32 upload slots (before: every other
+    downloader got BUSY for as long as they stayed). Returns how long a downloader waited."""
+    from node.admission import PeerClass
+    from node.artifacts.service import ArtifactLimits, ArtifactService
+
+    async def main():
+        holder, client = Host(Identity.generate()), Host(Identity.generate())
+        await holder.start()
+        await client.start()
+        client.peerbook.add_addrs(holder.peer_id, holder.listen_addrs)
+        service = ArtifactService(holder, tmp_path, ArtifactLimits(upload_grace=grace))
+        if business:                                       # e.g. the crew of a task this node works on
+            holder.classes.set_tag("crew:t", PeerClass.BUSINESS, [client.peer_id])
+        hosts = []
+        try:
+            ident = await service.add_bytes(b"weights" * 1000)
+            hosts, held = await idle_artifact_streams(holder, ident)
+            assert len(held) == 32
+            await asyncio.sleep(grace + 0.2 if not business else 0.1)
+            return await manifest_wait(client, holder, ident)
+        finally:
+            for h in (client, *hosts, holder):
+                await h.stop()
+            service.close()
+    return run(main(), 40)
+
+
+def test_throwaway_identities_cannot_hold_every_upload_slot(tmp_path):
+    assert artifact_flood(tmp_path, business=False, grace=1.0) < 1.0
+
+
+def test_a_crew_member_gets_a_reserved_upload_slot_at_once(tmp_path):
+    assert artifact_flood(tmp_path, business=True, grace=100.0) < 1.0
