@@ -176,6 +176,12 @@ class Pool:
             holder.busy = busy
             holder.last_active = self.clock()
 
+    def promote(self, key: Hashable, cls: PeerClass) -> None:
+        """Raise a holder's class (a session its client has now paid for); never lowers it."""
+        holder = self._holders.get(key)
+        if holder is not None and cls > holder.cls:
+            holder.cls = cls
+
     def idle_since(self, now: float, seconds: float) -> list[Hashable]:
         """Holders not busy and inactive for more than ``seconds`` (for an idle timeout)."""
         return [h.key for h in self._holders.values() if not h.busy and now - h.last_active > seconds]

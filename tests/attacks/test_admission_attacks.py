@@ -186,3 +186,81 @@ def test_throwaway_identities_cannot_hold_every_upload_slot(tmp_path):
 
 def test_a_crew_member_gets_a_reserved_upload_slot_at_once(tmp_path):
     assert artifact_flood(tmp_path, business=True, grace=100.0) < 1.0
+
+
+def serving_flood(business: bool, grace: float):
+    """Item 5: 8 throwaway identities x 8 idle sessions fill a block server's 64 (before: a normal
+    client got `server is full (64 sessions)` for as long as they stayed). Returns its wait."""
+    from ml.serve import protocol
+    from ml.serve.model import DecoderConfig, random_decoder
+    from ml.serve.protocol import RemoteError, SpanClient
+    from ml.serve.server import BlockServer
+    from node.admission import PeerClass
+
+    config = DecoderConfig(vocab_size=16, context=32, width=8, layers=2, heads=2)
+
+    async def main():
+        server_host, client = Host(Identity.generate()), Host(Identity.generate())
+        server = BlockServer(random_decoder(config, 1, (0, 2), ends=False), grace_s=grace)
+        server_host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "m", host=server_host))
+        hosts, spans = [], []
+        for h in (server_host, client):
+            await h.start()
+        client.peerbook.add_addrs(server_host.peer_id, server_host.listen_addrs)
+        if business:                                      # e.g. the owner of a task this server works on
+            server_host.classes.set_tag("crew:t", PeerClass.BUSINESS, [client.peer_id])
+        try:
+            for _ in range(8):
+                attacker = Host(Identity.generate())
+                await attacker.start()
+                attacker.peerbook.add_addrs(server_host.peer_id, server_host.listen_addrs)
+                hosts.append(attacker)
+                for _ in range(8):
+                    span = SpanClient(attacker, server_host.peer_id, 0, 2)
+                    try:
+                        await span.open(16)
+                        spans.append(span)
+                    except RemoteError as exc:                # now: past its share, an attacker is refused
+                        assert "full" in str(exc)
+            assert len(spans) >= 16 and len(server.sessions) >= 16
+            await asyncio.sleep(grace + 0.2 if not business else 0.1)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            while True:
+                span = SpanClient(client, server_host.peer_id, 0, 2)
+                try:
+                    await span.open(16)
+                    await span.close()
+                    return loop.time() - start
+                except RemoteError as exc:
+                    assert "full" in str(exc)
+                    assert loop.time() - start < 5.0, f"a normal client was refused for 5 s: {exc}"
+                    await asyncio.sleep(0.1)
+        finally:
+            for h in (client, *hosts, server_host):
+                await h.stop()
+    return run(main(), 60)
+
+
+def test_throwaway_identities_cannot_hold_every_serving_session():
+    assert serving_flood(business=False, grace=1.0) < 1.0
+
+
+def test_a_task_party_gets_a_reserved_session_at_once():
+    assert serving_flood(business=True, grace=100.0) < 1.0
+
+
+def test_a_paid_session_is_not_evicted_for_unknown_newcomers():
+    from ml.serve.model import DecoderConfig, random_decoder
+    from ml.serve.server import BlockServer
+
+    clock = [0.0]
+    config = DecoderConfig(vocab_size=16, context=32, width=8, layers=2, heads=2)
+    server = BlockServer(random_decoder(config, 1, (0, 2), ends=False), max_sessions=2, max_sessions_per_owner=2,
+                         unknown_sessions=2, grace_s=1.0, clock=lambda: clock[0])
+    server.open_session("paid", 8, owner="client")
+    server.open_session("idle", 8, owner="other")
+    server.mark_paid("paid")
+    clock[0] = 5.0                                       # both stale
+    server.open_session("new", 8, owner="newcomer")
+    assert sorted(server.sessions) == ["new", "paid"]
