@@ -143,6 +143,8 @@ async def _test_idle_websockets_do_not_block_http_and_are_evicted_or_timed_out()
                 await ws.send_json({"jsonrpc": "2.0", "id": 7, "method": "dkb_peerId"})
                 assert (await ws.receive_json(timeout=5))["result"] == node.peer_id
             guard = node.http.guard
+            print(f"\nfigure: 256 idle websockets: /health and RPC 200; {len(guard.websockets)} held, "
+                  f"{guard.ws_evicted} evicted, {guard.ws_refused} refused")
             assert len(guard.websockets) <= node.http.policy.max_websockets
             assert guard.ws_evicted + guard.ws_refused >= 256 - node.http.policy.max_websockets
             await asyncio.sleep(5.0)                      # > ws_idle_timeout: the silent ones are closed
