@@ -369,7 +369,7 @@ class ComputeRole(Role):
             parties = [v.get("verifier") for slot in slots for v in slot.get("verifiers") or []] + \
                 [r.get("referee") for slot in slots for r in slot.get("referees") or []]
             involved = me in task["workers"] or me in parties
-            if involved and status in (*TRAINING, *AUDITABLE):
+            if (involved or task.get("owner") == me) and status in (*TRAINING, *AUDITABLE):
                 business.update(p for p in (*task["workers"], *parties, task.get("owner")) if isinstance(p, str))
             if me in task["workers"]:
                 job = self.jobs.get(key)

@@ -3,11 +3,11 @@
 The thin asyncio driver around the pure parts: it answers requests from the store (chunks read and
 hashed in a thread, the next chunk read while the current one is written), its upload streams a
 scoped pool (node/admission.py, ADR 0186): at most ``max_uploads`` at once and
-``max_uploads_per_peer`` per peer, unknown peers sharing ``max_uploads_unknown`` of them (half per
-address prefix) while staked peers, a task's crew and owner, and the committee use the rest; a full
-pool evicts an idle stream (waiting for a request) of the most-represented peer, or one idle past
-``upload_grace``, instead of answering BUSY. And ``fetch`` runs one puller per holder
-that sends what the ``Scheduler`` says, checks every chunk against the manifest in a thread,
+``max_uploads_per_peer`` per peer, unknown peers sharing ``max_uploads_unknown`` of them while
+staked peers, a task's crew and owner, and the committee use the rest; a full pool evicts an idle
+stream (waiting for a request) of the most-represented peer, or one idle past ``upload_grace``,
+instead of answering BUSY. And ``fetch`` runs one puller per holder that sends what the
+``Scheduler`` says, checks every chunk against the manifest in a thread,
 writes it into the store's partial file and reports back. Everything a fetch learns is in its
 ``FetchReport``; a holder that served bad bytes is also logged and counted
 (``dekube_artifact_bad_holders_total``). Whatever the node holds, complete or partial, it serves.
@@ -134,7 +134,7 @@ class ArtifactService:
         self.store.clear_stale_tmp()
         unknown = min(self.limits.max_uploads_unknown, self.limits.max_uploads)
         self._uploads = Pool(PoolLimits(total=self.limits.max_uploads, per_peer=self.limits.max_uploads_per_peer,
-                                        unknown_pool=unknown, per_prefix=max(1, unknown // 2),
+                                        unknown_pool=unknown, per_prefix=unknown,
                                         grace=self.limits.upload_grace), time.monotonic)
         self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._verified: set[str] = set()
