@@ -260,7 +260,8 @@ class Host:
         try:
             try:
                 secure = await self._secure(tcp, is_initiator=False, expected_peer=None,
-                                            timeout=self.limits.inbound_handshake_timeout)
+                                            timeout=min(self.limits.handshake_timeout,
+                                                        self.limits.inbound_handshake_timeout))
             finally:
                 self._upgrading.discard(tcp)
                 self._pending.release(tcp)

@@ -18,7 +18,7 @@ class HostLimits:
     max_pending_inbound_per_prefix: int = 16  # of those, from one /24 (IPv4) or /48 (IPv6)
     pending_inbound_reserved: int = 8         # of those, kept for known addresses of protected peers
     pending_inbound_grace: float = 2.0        # a socket pending longer may be evicted by any newcomer
-    inbound_handshake_timeout: float = 5.0    # an inbound socket's whole upgrade
+    inbound_handshake_timeout: float = 5.0    # an inbound socket's whole upgrade (at most handshake_timeout)
     max_streams_per_connection: int = 10_240  # yamux streams open at once on one connection
     connect_timeout: float = 3.0         # the TCP connect alone (a dropped SYN fails fast: next address)
     handshake_timeout: float = 10.0      # TCP connect + multistream + noise + muxer selection
