@@ -193,6 +193,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                         check_positive),
         "max_pending_inbound": Key(int, 64, "most inbound connections still in their handshake", check_positive),
         "max_pending_inbound_per_ip": Key(int, 8, "of those, most from one IP address", check_positive),
+        "max_pending_inbound_per_prefix": Key(int, 16,
+                                              "of those, most from one /24 (IPv4) or /48 (IPv6); a full pool evicts"
+                                              " the oldest pending socket of the most-represented prefix",
+                                              check_positive),
         "max_connections_per_peer": Key(int, 8,
                                         "connections to one peer, shared + bulk (a relay raises it to fit one per bulk"
                                         " circuit)", check_positive),
@@ -210,6 +214,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "header_timeout": Key(float, 10.0,
                               "seconds a new HTTP connection has to send its request headers", check_positive),
         "idle_timeout": Key(float, 60.0, "seconds an idle keep-alive HTTP connection is kept", check_positive),
+        "max_websockets": Key(int, 128, "most open websockets (a pool apart from HTTP connections); at the cap a"
+                              " new one evicts the idlest of the most-represented client", check_positive),
+        "max_websockets_per_client": Key(int, 16, "most open websockets from one client IP address", check_positive),
+        "ws_idle_timeout": Key(float, 300.0, "seconds a websocket with no message either way is kept",
+                               check_positive),
         "allowed_hosts": Key(list, ["localhost"],
                              "Host names accepted (IP addresses always are; '*': any): guards against DNS rebinding"),
         "allowed_origins": Key(list, ["http://localhost", "http://127.0.0.1", "http://[::1]"],
@@ -280,6 +289,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                "so owners can fetch them", check_positive),
         "max_uploads": Key(int, 32, "artifact streams served at once to all peers", check_positive),
         "max_uploads_per_peer": Key(int, 4, "artifact streams served at once to one peer", check_positive),
+        "max_uploads_unknown": Key(int, 16, "of max_uploads, the streams peers without stake or open business"
+                                   " share (the rest is reserved for staked peers, a task's crew and the committee)",
+                                   check_positive),
         "window_chunks": Key(int, 8, "1 MiB chunks in flight per holder while fetching", check_positive),
         "request_chunks": Key(int, 4, "chunks asked for in one request (at most window_chunks)", check_positive),
         "stall_timeout": Key(float, 30.0,

@@ -104,6 +104,7 @@ class Node:
             max_inbound_connections=p2p["max_connections"], max_outbound_connections=p2p["max_outbound_connections"],
             max_pending_inbound=p2p["max_pending_inbound"],
             max_pending_inbound_per_ip=p2p["max_pending_inbound_per_ip"],
+            max_pending_inbound_per_prefix=p2p["max_pending_inbound_per_prefix"],
             max_connections_per_peer=p2p["max_connections_per_peer"]), agent_version=f"dekube/{self.version}")
         for addr in p2p["bootstrap"]:  # never evicted to make room for inbound peers (ADR 0145)
             bootstrap_peer = Multiaddr.parse(addr).peer_id

@@ -52,6 +52,7 @@ from ml.train.faults import falsify_records
 from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
 from ml.train.segments import ArtifactSink
+from node.admission import PeerClass
 from node.artifacts.quota import task_pins
 from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
@@ -363,12 +364,15 @@ class ComputeRole(Role):
         height = await self.ledger.call("dkb_blockNumber")
         self._due_height = None
         self._heads_wanted.clear()
+        business: set[str] = set()   # crews, owners, verifiers and referees of our open tasks (ADR 0186)
         for task in reversed(tasks):  # oldest first
             key, status = task["task_id"], task["status"]
             slots = task.get("slots") or []
-            involved = me in task["workers"] or any(
-                me in ([v.get("verifier") for v in slot.get("verifiers") or []]
-                       + [r.get("referee") for r in slot.get("referees") or []]) for slot in slots)
+            parties = [v.get("verifier") for slot in slots for v in slot.get("verifiers") or []] + \
+                [r.get("referee") for slot in slots for r in slot.get("referees") or []]
+            involved = me in task["workers"] or me in parties
+            if (involved or task.get("owner") == me) and status in (*TRAINING, *AUDITABLE):
+                business.update(p for p in (*task["workers"], *parties, task.get("owner")) if isinstance(p, str))
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
@@ -391,6 +395,8 @@ class ComputeRole(Role):
                     await self._finalize(key, height)
                 deadlines = [d for slot in pending for d in _slot_deadlines(slot)]
                 self._due_at(min([*deadlines, task["window_end"], self._finalize_at.get(key, task["window_end"])]))
+        # reserved artifact upload slots and serving capacity for them (node/admission.py)
+        self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 
     def _due_at(self, height: int) -> None:
         self._due_height = height if self._due_height is None else min(self._due_height, height)

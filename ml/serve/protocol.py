@@ -65,6 +65,7 @@ from ml.serve.push import PUSH_WAIT_MAX_S, Inbox, Pushed, PushLink, Target, peer
 from ml.serve.server import BlockServer, ServeError, Usage
 from ml.serve.transcript import ZERO, grads_digest, pass_link, setup_digest, step_link, tensor_digest
 from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
+from node.admission import PeerClass
 from node.p2p.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                 raise ServeError("this server does not bill")
             extra["server_sig"] = await asyncio.to_thread(state["meter"].accept, header["receipt"],
                                                           header.get("client_sig"))
+            if state.get("session"):
+                server.mark_paid(state["session"])   # a paid session holds a reserved slot (ADR 0186)
         if kind == "receipt":
             return encode_frame({"type": "receipt", **extra})
         if kind == "info":
@@ -273,7 +276,8 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
                 raise ServeError("this stream already has a session")
             session_id = secrets.token_hex(8)
             await asyncio.to_thread(server.open_session, session_id, header.get("max_length"),  # type: ignore[arg-type]
-                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"))   # it checks
+                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"),  # it checks
+                                    state["ip"], state["class"])
             state["session"] = session_id
             offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
             return encode_frame({"type": "opened", "session": session_id, "profile": server.profile, **offer, **extra})
@@ -377,8 +381,11 @@ def make_handler(server: BlockServer, model_id: str, billing: Billing | None = N
         raise ServeError(f"unknown request type {str(kind)[:20]!r}")
 
     async def handle(stream) -> None:
+        remote = getattr(getattr(stream, "connection", None), "remote_addr", None)
+        peer = str(getattr(stream, "remote_peer", ""))
         state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook(), "links": {}, "pushes": set(),
-                       "pushed_into": set()}
+                       "pushed_into": set(), "ip": remote.parts[0][1] if remote is not None else "",
+                       "class": host.peer_class(peer) if host is not None else PeerClass.UNKNOWN}
         if billing is not None:
             state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
                                          str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,

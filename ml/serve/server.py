@@ -5,7 +5,11 @@ Pure compute and bookkeeping, no I/O: the protocol driver (ml/serve/protocol.py)
 methods from a worker thread. The server's weights never change (they do not require grad; a
 backward pass differentiates only the inputs and the client's deep prompts and LoRA adapters, sent
 with the request). Sessions are bounded in count (overall and per client), in KV-cache memory
-(reserved at open for their whole `max_length`) and expire when idle. Each session counts the
+(reserved at open for their whole `max_length`) and expire when idle. Their slots are a scoped pool
+(node/admission.py, ADR 0186): clients without stake or business share half of them (a quarter
+per address prefix); a client's session in use is never evicted, and a full pool evicts an idle
+session of the most-represented client (or one idle past `grace_s`) instead of refusing; a paid
+session (`mark_paid`), staked clients and the committee use the reserved half. Each session counts the
 tokens it sent through the blocks and an estimate of the FLOPs spent.
 
 The server computes where its model's weights are (`device`, docs/adr/0179): its KV caches are
@@ -22,9 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ml.serve.model import KVCache, ServeDecoder, cache_bytes
+from node.admission import PeerClass, Pool, PoolLimits
 
 MAX_SESSIONS = 64
 MAX_SESSIONS_PER_OWNER = 8
+SESSION_GRACE_S = 30.0   # a session idle this long may be evicted by any newcomer when the server is full
 MAX_CACHE_BYTES = 2 << 30
 SESSION_TTL_S = 300.0
 MAX_BATCH = 16
@@ -68,7 +74,7 @@ class BlockServer:
     def __init__(self, model: ServeDecoder, *, max_sessions: int = MAX_SESSIONS,
                  max_sessions_per_owner: int = MAX_SESSIONS_PER_OWNER, max_cache_bytes: int = MAX_CACHE_BYTES,
                  ttl_s: float = SESSION_TTL_S, clock=time.monotonic, lie_after: int | None = None,
-                 profile: str = ""):
+                 profile: str = "", grace_s: float = SESSION_GRACE_S, unknown_sessions: int | None = None):
         if model.start == model.end:
             raise ValueError("a block server needs at least one block")
         model.eval()
@@ -82,6 +88,9 @@ class BlockServer:
         self._clock = clock
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
+        unknown = min(max_sessions, unknown_sessions or max(1, max_sessions // 2))   # the rest is reserved
+        self._slots = Pool(PoolLimits(total=max_sessions, per_peer=max_sessions_per_owner, unknown_pool=unknown,
+                                      per_prefix=max(max_sessions_per_owner, unknown // 2), grace=grace_s), clock)
         self.totals = Usage()
         # adversary mode for tests and benchmarks (ADR 0176): after this many steps, every step's answer
         # is nudged (one value + 0.5), a lying server that spot checks catch and referees convict
@@ -92,10 +101,12 @@ class BlockServer:
         return sum(s.reserved for s in self.sessions.values())
 
     def open_session(self, session_id: str, max_length: int, batch: int = 1, lora: Adapter | None = None,
-                     owner: str = "", prompts: torch.Tensor | None = None) -> Session:
-        """A new session (`owner`: the peer that opened it, limited to `max_sessions_per_owner`), with
-        the client's adapter applied at every step and its deep prompts (blocks, batch, P, width)
-        added to the first P positions of the first chunk."""
+                     owner: str = "", prompts: torch.Tensor | None = None, ip: str = "",
+                     owner_class: PeerClass = PeerClass.UNKNOWN) -> Session:
+        """A new session (`owner`: the peer that opened it, limited to `max_sessions_per_owner`; `ip`
+        its address, `owner_class` its admission class), with the client's adapter applied at every
+        step and its deep prompts (blocks, batch, P, width) added to the first P positions of the first
+        chunk. A full server may evict another client's idle session to make room (module docstring)."""
         if not isinstance(session_id, str) or not 1 <= len(session_id) <= 64:
             raise ServeError("a session id is 1-64 characters")
         if not isinstance(max_length, int) or not 1 <= max_length <= self.config.context:
@@ -112,12 +123,15 @@ class BlockServer:
             self._expire_locked()
             if session_id in self.sessions:
                 raise ServeError(f"session {session_id} is already open")
-            if len(self.sessions) >= self.max_sessions:
-                raise ServeError(f"server is full ({self.max_sessions} sessions)")
-            if sum(s.owner == owner for s in self.sessions.values()) >= self.max_sessions_per_owner:
+            if self._slots.count(peer=owner) >= self.max_sessions_per_owner:
                 raise ServeError(f"{self.max_sessions_per_owner} sessions per client at most")
             if self.cache_in_use() + reserved > self.max_cache_bytes:
                 raise ServeError(f"no room for a KV cache of {reserved} bytes")
+            decision = self._slots.admit(session_id, owner, ip or owner, owner_class)
+            if not decision.admitted:
+                raise ServeError(f"server is full ({self.max_sessions} sessions): {decision.reason}")
+            for victim in decision.evict:
+                self.sessions.pop(str(victim), None)
             session = Session(session_id, batch, self.model.new_caches(batch, max_length), reserved, self._clock(),
                               lora=lora, prompts=prompts, owner=owner)
             self.sessions[session_id] = session
@@ -126,7 +140,13 @@ class BlockServer:
     def close_session(self, session_id: str) -> Usage | None:
         with self._lock:
             session = self.sessions.pop(session_id, None)
+            self._slots.release(session_id)
         return None if session is None else session.usage
+
+    def mark_paid(self, session_id: str) -> None:
+        """The session's client has paid (a countersigned receipt): it holds a reserved slot now."""
+        with self._lock:
+            self._slots.promote(session_id, PeerClass.BUSINESS)
 
     def expire(self) -> list[str]:
         with self._lock:
@@ -137,6 +157,7 @@ class BlockServer:
         gone = [sid for sid, s in self.sessions.items() if not s.busy and now - s.last_used > self.ttl_s]
         for sid in gone:
             del self.sessions[sid]
+            self._slots.release(sid)
         return gone
 
     # ---- compute (blocking: call from a worker thread)
@@ -175,6 +196,7 @@ class BlockServer:
                 raise ServeError(f"session of {session.caches[0].max_length} positions cannot take {total} more "
                                  f"after {session.length}")
             session.busy = True
+            self._slots.set_busy(session_id, True)
         try:
             outs = []
             with torch.no_grad():
@@ -193,6 +215,7 @@ class BlockServer:
             with self._lock:
                 session.busy = False
                 session.last_used = self._clock()
+                self._slots.set_busy(session_id, False)
 
     def _count(self, usage: Usage, batch: int, past: int, length: int, factor: int = 1) -> None:
         flops = factor * self._flops(batch, past, length)

@@ -1,9 +1,13 @@
 """ArtifactService: the node's artifact store served and fetched over ``/dekube/artifact/1.0.0``.
 
 The thin asyncio driver around the pure parts: it answers requests from the store (chunks read and
-hashed in a thread, the next chunk read while the current one is written, at most ``max_uploads``
-streams at once and ``max_uploads_per_peer`` per peer), and ``fetch`` runs one puller per holder
-that sends what the ``Scheduler`` says, checks every chunk against the manifest in a thread,
+hashed in a thread, the next chunk read while the current one is written), its upload streams a
+scoped pool (node/admission.py, ADR 0186): at most ``max_uploads`` at once and
+``max_uploads_per_peer`` per peer, unknown peers sharing ``max_uploads_unknown`` of them while
+staked peers, a task's crew and owner, and the committee use the rest; a full pool evicts an idle
+stream (waiting for a request) of the most-represented peer, or one idle past ``upload_grace``,
+instead of answering BUSY. And ``fetch`` runs one puller per holder that sends what the
+``Scheduler`` says, checks every chunk against the manifest in a thread,
 writes it into the store's partial file and reports back. Everything a fetch learns is in its
 ``FetchReport``; a holder that served bad bytes is also logged and counted
 (``dekube_artifact_bad_holders_total``). Whatever the node holds, complete or partial, it serves.
@@ -16,12 +20,12 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.admission import Pool, PoolLimits
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
@@ -67,6 +71,8 @@ class ArtifactLimits:
     max_size: int = 4096 << 20
     max_uploads: int = 32
     max_uploads_per_peer: int = 4
+    max_uploads_unknown: int = 16   # of max_uploads, what peers without stake or business share
+    upload_grace: float = 5.0       # an upload stream idle this long may be evicted by any newcomer
     window_chunks: int = 8
     request_chunks: int = 4
     stall_timeout: float = 30.0
@@ -77,7 +83,9 @@ class ArtifactLimits:
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> ArtifactLimits:
         return cls(max_size=section["max_size_mb"] << 20, max_uploads=section["max_uploads"],
-                   max_uploads_per_peer=section["max_uploads_per_peer"], window_chunks=section["window_chunks"],
+                   max_uploads_per_peer=section["max_uploads_per_peer"],
+                   max_uploads_unknown=min(section["max_uploads_unknown"], section["max_uploads"]),
+                   window_chunks=section["window_chunks"],
                    request_chunks=section["request_chunks"], stall_timeout=section["stall_timeout"],
                    quota=max(section["quota_mb"], section["max_size_mb"]) << 20,
                    own_retention_s=section["own_retention_s"])
@@ -130,7 +138,10 @@ class ArtifactService:
         self.quota = StoreQuota(self.root, self.limits.quota, self.limits.own_retention_s)
         self.store = ArtifactStore(self.root, self.limits.max_size, self.quota)
         self.store.clear_stale_tmp()
-        self._uploads: Counter[str] = Counter()
+        unknown = min(self.limits.max_uploads_unknown, self.limits.max_uploads)
+        self._uploads = Pool(PoolLimits(total=self.limits.max_uploads, per_peer=self.limits.max_uploads_per_peer,
+                                        unknown_pool=unknown, per_prefix=unknown,
+                                        grace=self.limits.upload_grace), time.monotonic)
         self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._verified: set[str] = set()
         self._max_frame = max_response_bytes(max_manifest_bytes(self.limits.max_size))
@@ -154,7 +165,7 @@ class ArtifactService:
         self._bad = metrics.counter("dekube_artifact_bad_holders_total",
                                     "Holders dropped for serving chunks or manifests that fail verification.")
         metrics.gauge("dekube_artifact_uploads", "Artifact streams being served now.").set_function(
-            lambda: sum(self._uploads.values()))
+            lambda: len(self._uploads))
 
     def close(self) -> None:
         """Remove the temporary store of a node without a data dir."""
@@ -178,17 +189,21 @@ class ArtifactService:
         return self.store.list()
 
     def status(self) -> dict[str, Any]:
-        return {"root": str(self.root), "uploads": sum(self._uploads.values()), "fetching": len(self._fetch_locks)}
+        return {"root": str(self.root), "uploads": len(self._uploads), "fetching": len(self._fetch_locks)}
 
     # ---- serving
     async def _serve(self, stream) -> None:
         peer = stream.remote_peer
-        if (sum(self._uploads.values()) >= self.limits.max_uploads
-                or self._uploads[peer] >= self.limits.max_uploads_per_peer):
-            await stream.write(encode(Error(BUSY, "too many artifact transfers; try again later")))
+        addr = stream.connection.remote_addr
+        decision = self._uploads.admit(stream, peer, addr.parts[0][1] if addr is not None else peer,
+                                       self.host.peer_class(peer))
+        for victim in decision.evict:   # an idle stream of the most-represented peer, or a stale one
+            log.debug("artifact upload to %s evicted for %s", getattr(victim, "remote_peer", "?"), peer)
+            victim.reset()  # type: ignore[attr-defined]
+        if not decision.admitted:
+            await stream.write(encode(Error(BUSY, f"too many artifact transfers ({decision.reason}); try again later")))
             await stream.close()
             return
-        self._uploads[peer] += 1
         try:
             await self._serve_requests(stream)
         except ProtocolViolation as exc:
@@ -196,10 +211,10 @@ class ArtifactService:
             with contextlib.suppress(*_NET_ERRORS):   # say why, then stop reading this stream
                 await stream.write(encode(Error(BAD_REQUEST, str(exc))))
                 await stream.close()
+        except _NET_ERRORS as exc:   # the peer went away, or the stream was evicted
+            log.debug("artifact upload to %s ended: %s", peer, _describe(exc))
         finally:
-            self._uploads[peer] -= 1
-            if not self._uploads[peer]:
-                del self._uploads[peer]
+            self._uploads.release(stream)
 
     async def _serve_requests(self, stream) -> None:
         while True:
@@ -213,16 +228,20 @@ class ArtifactService:
             except TimeoutError:
                 stream.reset()
                 return
-            kind, length = decode_header(header, MAX_REQUEST_BYTES)
-            message = decode_body(kind, await asyncio.wait_for(stream.readexactly(length), IDLE_TIMEOUT_S))
-            if isinstance(message, GetManifest):
-                manifest = await asyncio.to_thread(self.store.manifest, message.artifact)
-                await stream.write(encode(ManifestMsg(manifest.encode()) if manifest is not None
-                                          else Error(NOT_FOUND, f"no artifact {message.artifact}")))
-            elif isinstance(message, GetChunks):
-                await self._serve_chunks(stream, message)
-            else:
-                raise ProtocolViolation(f"{type(message).__name__} is not a request")
+            self._uploads.set_busy(stream, True)   # answering: not evictable until it waits again
+            try:
+                kind, length = decode_header(header, MAX_REQUEST_BYTES)
+                message = decode_body(kind, await asyncio.wait_for(stream.readexactly(length), IDLE_TIMEOUT_S))
+                if isinstance(message, GetManifest):
+                    manifest = await asyncio.to_thread(self.store.manifest, message.artifact)
+                    await stream.write(encode(ManifestMsg(manifest.encode()) if manifest is not None
+                                              else Error(NOT_FOUND, f"no artifact {message.artifact}")))
+                elif isinstance(message, GetChunks):
+                    await self._serve_chunks(stream, message)
+                else:
+                    raise ProtocolViolation(f"{type(message).__name__} is not a request")
+            finally:
+                self._uploads.set_busy(stream, False)
 
     async def _serve_chunks(self, stream, request: GetChunks) -> None:
         manifest = await asyncio.to_thread(self.store.manifest, request.artifact)

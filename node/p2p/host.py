@@ -15,10 +15,13 @@ addresses: the Host calls ``await fn(maddr, bulk)``, which must return a Connect
 through ``upgrade`` (the relay client's ``dial``). Which address is tried when is dial_race.py's
 ranking: direct ones staggered, relayed ones held back while a direct one may still work.
 
-Admission (node/p2p/resources.py, ADR 0145): pending inbound sockets are capped in all and per
-source IP; inbound and outbound connections have separate budgets; at the inbound cap a new
-authenticated connection evicts the longest-idle inbound connection of a peer not protected with
-``protect(peer_id, tag)`` (the validator role protects the committee, the runtime bootstrap peers).
+Admission (node/p2p/resources.py, ADR 0145, 0186): pending inbound sockets are a scoped pool
+(node/admission.py): capped in all, per source IP and per address prefix, a full pool evicting the
+oldest pending socket of the most-represented prefix rather than refusing the newcomer, sockets from
+a known address of a protected peer (the committee) admitted always. Inbound and outbound
+connections have separate budgets; at the inbound cap a new authenticated connection evicts the
+longest-idle inbound connection of a peer not protected with ``protect(peer_id, tag)`` (the
+validator role protects the committee, the runtime bootstrap peers).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from node.admission import PeerClass, PeerClasses
 from node.identity import Identity
 
 from .connection import Connection, HostStream
@@ -47,7 +51,7 @@ from .noise import generate_static_keypair
 from .peerbook import PeerBook
 from .ping import PROTOCOL_ID as PING_PROTOCOL
 from .ping import ping_once, serve_ping
-from .resources import PendingInbound, Protector, pick_victim
+from .resources import Protector, pending_pool, pick_victim
 from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
 from .traffic import Traffic
 from .yamux import WindowTuner
@@ -105,8 +109,9 @@ class Host:
         self._dials: dict[str, asyncio.Future[Connection]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._upgrading: set[TcpConnection] = set()  # inbound sockets still being upgraded
-        self._pending = PendingInbound(self.limits.max_pending_inbound, self.limits.max_pending_inbound_per_ip)
+        self._pending = pending_pool(self.limits, time.monotonic)
         self._protector = Protector()
+        self.classes = PeerClasses()  # staked peers, a task's crew...: tagged by the roles that know them
         self._circuit_dialer: CircuitDialer | None = None
         self._extra_addrs: Callable[[], Sequence[str]] | None = None
         self._running = False
@@ -132,7 +137,8 @@ class Host:
         for tcp in list(self._upgrading):  # also those whose upgrade task has not started yet
             tcp.abort()
         self._upgrading.clear()
-        self._pending.clear()
+        for holder in self._pending.holders():
+            self._pending.release(holder.key)
         await asyncio.gather(*(conn.close() for conn in list(self._connections)), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
@@ -200,6 +206,18 @@ class Host:
     def is_protected(self, peer_id: str) -> bool:
         return self._protector.is_protected(peer_id)
 
+    def peer_class(self, peer_id: str) -> PeerClass:
+        """The admission class of ``peer_id`` (node/admission.py): COMMITTEE for a protected peer."""
+        return PeerClass.COMMITTEE if self.is_protected(peer_id) else self.classes.class_of(peer_id)
+
+    def _ip_class(self, ip: str) -> PeerClass:
+        """An inbound socket's class before its peer is known: COMMITTEE from a protected peer's address."""
+        for peer_id in self._protector.peers():
+            if any(not addr.is_relayed and addr.parts[0] in (("ip4", ip), ("ip6", ip))
+                   for addr in self.peerbook.addrs(peer_id)):
+                return PeerClass.COMMITTEE
+        return PeerClass.UNKNOWN
+
     def _count(self, direction: str) -> int:
         return sum(1 for c in self._connections if c.direction == direction)
 
@@ -223,20 +241,30 @@ class Host:
         # a full inbound budget is no reason to refuse here: the new peer may evict an idle one
         peer = tcp.peername
         ip = peer[0] if peer else ""
-        if not self._running or not self._pending.try_add(ip):
+        if not self._running:
+            tcp.abort()
+            return
+        decision = self._pending.admit(tcp, ip, ip, self._ip_class(ip))
+        for victim in decision.evict:  # oldest pending sockets of the most-represented prefix
+            assert isinstance(victim, TcpConnection)
+            self._upgrading.discard(victim)
+            victim.abort()
+        if not decision.admitted:
+            log.debug("inbound socket from %s refused: %s", ip, decision.reason)
             tcp.abort()
             return
         self._upgrading.add(tcp)
-        self._spawn(self._handle_inbound(tcp, ip))
+        self._spawn(self._handle_inbound(tcp))
 
-    async def _handle_inbound(self, tcp: TcpConnection, ip: str) -> None:
+    async def _handle_inbound(self, tcp: TcpConnection) -> None:
         try:
             try:
-                secure = await self._secure(tcp, is_initiator=False, expected_peer=None)
+                secure = await self._secure(tcp, is_initiator=False, expected_peer=None,
+                                            timeout=min(self.limits.handshake_timeout,
+                                                        self.limits.inbound_handshake_timeout))
             finally:
-                if tcp in self._upgrading:  # stop() clears both
-                    self._upgrading.discard(tcp)
-                    self._pending.remove(ip)
+                self._upgrading.discard(tcp)
+                self._pending.release(tcp)
         except (ProtocolError, OSError, TimeoutError) as exc:
             log.debug("inbound upgrade from %s failed: %s", tcp.peername, exc)
             tcp.abort()
@@ -248,9 +276,10 @@ class Host:
             await self._register(secure, "inbound", bulk=False)
 
     # ---- the upgrade, for TCP and for any other byte pipe (relayed circuits)
-    async def _secure(self, pipe: BytePipe, *, is_initiator: bool, expected_peer: str | None) -> SecureConn:
+    async def _secure(self, pipe: BytePipe, *, is_initiator: bool, expected_peer: str | None,
+                      timeout: float | None = None) -> SecureConn:
         """multistream /noise -> noise XX -> multistream /yamux/1.0.0, within the handshake timeout."""
-        timeout = self.limits.handshake_timeout
+        timeout = self.limits.handshake_timeout if timeout is None else timeout
         negotiate = select_protocol if is_initiator else accept_protocol
 
         async def raw_write(data: bytes) -> None:

@@ -1,8 +1,10 @@
 """Connection admission policy of a Host, without I/O (in the spirit of libp2p's resource manager
 and connection manager; docs/adr/0145).
 
-- ``PendingInbound``: inbound sockets still upgrading, capped in all and per source IP, so one
-  address cannot fill the pending pool (each pending socket also has the handshake deadline).
+- ``pending_pool``: inbound sockets still upgrading, a node/admission.py pool (ADR 0186): capped in
+  all, per source IP and per address prefix; a full pool evicts the oldest pending socket of the
+  most-represented prefix and IP (or one pending longer than an honest handshake takes); sockets
+  from a protected peer's known address use reserved capacity.
 - ``Protector``: peers that must never be evicted, each under one or more tags (``"committee"``,
   ``"bootstrap"``); a peer stays protected while any tag holds it.
 - ``pick_victim``: when the inbound budget is full, which inbound connection a new authenticated
@@ -19,43 +21,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from node.admission import Pool, PoolLimits
 
-class PendingInbound:
-    """Inbound sockets not yet authenticated: at most ``total`` in all and ``per_ip`` per address."""
+from .limits import HostLimits
 
-    def __init__(self, total: int, per_ip: int) -> None:
-        self.total = total
-        self.per_ip = per_ip
-        self._by_ip: dict[str, int] = {}
-        self._count = 0
 
-    def __len__(self) -> int:
-        return self._count
-
-    def count(self, ip: str) -> int:
-        return self._by_ip.get(ip, 0)
-
-    def try_add(self, ip: str) -> bool:
-        """Admit one more pending socket from ``ip``; False (not counted) when a cap is reached."""
-        if self._count >= self.total or self._by_ip.get(ip, 0) >= self.per_ip:
-            return False
-        self._by_ip[ip] = self._by_ip.get(ip, 0) + 1
-        self._count += 1
-        return True
-
-    def remove(self, ip: str) -> None:
-        held = self._by_ip.get(ip, 0)
-        if held <= 0:
-            return
-        if held == 1:
-            del self._by_ip[ip]
-        else:
-            self._by_ip[ip] = held - 1
-        self._count -= 1
-
-    def clear(self) -> None:
-        self._by_ip.clear()
-        self._count = 0
+def pending_pool(limits: HostLimits, clock: Callable[[], float]) -> Pool:
+    """The pool of inbound sockets still in their handshake; a source IP is a socket's peer."""
+    total = limits.max_pending_inbound
+    return Pool(PoolLimits(total=total, per_peer=limits.max_pending_inbound_per_ip,
+                           unknown_pool=max(1, total - limits.pending_inbound_reserved),
+                           per_prefix=limits.max_pending_inbound_per_prefix,
+                           grace=limits.pending_inbound_grace), clock)
 
 
 @dataclass
@@ -88,6 +65,9 @@ class Protector:
 
     def is_protected(self, peer_id: str) -> bool:
         return peer_id in self._tags
+
+    def peers(self) -> list[str]:
+        return list(self._tags)
 
     def tags(self, peer_id: str) -> frozenset[str]:
         return frozenset(self._tags.get(peer_id, ()))

@@ -7,9 +7,14 @@ and RocksDB). ``ConnectionGuard`` fixes both around an aiohttp ``web.Server``:
 
 - every connection must be inside a request within ``header_timeout`` seconds of opening, and
   within ``idle_timeout`` seconds of its last response (keep-alive), or it is closed; a connection
-  inside a request (a websocket included) is never timed out by the guard;
+  inside a request is never timed out by the guard;
 - at ``max_connections`` open, a new connection evicts the longest-waiting connection that is
-  not inside a request; when every connection is busy the newcomer gets a 503 and is closed.
+  not inside a request; when every connection is busy the newcomer gets a 503 and is closed;
+- a websocket leaves that pool for a pool of its own (ADR 0186, a node/admission.py ``Pool``):
+  ``max_websockets`` in all, ``max_websockets_per_client`` per client IP, a quarter of the pool per
+  /24 (/48); a full pool evicts the idlest websocket of the most-represented client (or one idle
+  past a grace period) instead of refusing, and one with no message in either direction for
+  ``ws_idle_timeout`` is closed. Upgraded connections never use up plain HTTP's capacity.
 
 ``HttpPolicy.check_request`` refuses what a web page could send to a node on loopback (DNS
 rebinding, cross-site requests, websockets opened from another site): a Host name not in
@@ -24,12 +29,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from node.admission import Pool, PoolLimits
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +112,10 @@ class HttpPolicy:
     max_connections: int = 256
     header_timeout: float = 10.0
     idle_timeout: float = 60.0
+    max_websockets: int = 128
+    max_websockets_per_client: int = 16
+    ws_idle_timeout: float = 300.0
+    ws_grace: float = 30.0          # a websocket idle this long may be evicted by any newcomer
     allowed_hosts: tuple[str, ...] = ("localhost",)
     allowed_origins: tuple[str, ...] = LOOPBACK_ORIGINS
     cors: bool = False
@@ -111,7 +123,8 @@ class HttpPolicy:
     @classmethod
     def from_config(cls, rpc: Mapping[str, Any]) -> HttpPolicy:
         return cls(max_connections=rpc["max_connections"], header_timeout=rpc["header_timeout"],
-                   idle_timeout=rpc["idle_timeout"],
+                   idle_timeout=rpc["idle_timeout"], max_websockets=rpc["max_websockets"],
+                   max_websockets_per_client=rpc["max_websockets_per_client"], ws_idle_timeout=rpc["ws_idle_timeout"],
                    allowed_hosts=(*rpc["allowed_hosts"], rpc["host"]),   # the name it binds is its own
                    allowed_origins=tuple(rpc["allowed_origins"]), cors=rpc["cors"])
 
@@ -161,19 +174,55 @@ class _Connection:
 
 
 class ConnectionGuard:
-    """Open-connection cap and header/idle deadlines for one aiohttp ``web.Server``.
+    """Open-connection cap and header/idle deadlines for one aiohttp ``web.Server``, and the
+    websocket pool.
 
     ``install(server)`` hooks the server's connection callbacks; ``middleware`` marks connections
-    busy while a request runs; ``start()``/``stop()`` run the sweeper that closes late connections.
+    busy while a request runs; ``start()``/``stop()`` run the sweeper that closes late connections;
+    ``admit_websocket``/``websocket_active``/``websocket_closed`` drive the websocket pool.
     """
 
     def __init__(self, policy: HttpPolicy):
         self.policy = policy
         self._conns: dict[Any, _Connection] = {}
         self._sweeper: asyncio.Task | None = None
+        self.websockets = Pool(PoolLimits(
+            total=policy.max_websockets, per_peer=policy.max_websockets_per_client,
+            unknown_pool=policy.max_websockets, per_prefix=max(1, policy.max_websockets // 4),
+            grace=policy.ws_grace), time.monotonic)
+        self._ws_transports: dict[Any, asyncio.Transport] = {}
         self.evicted = 0       # connections closed for making room
         self.timed_out = 0     # connections closed for a late request
         self.refused = 0       # newcomers answered 503
+        self.ws_evicted = 0    # websockets closed for making room
+        self.ws_timed_out = 0  # websockets closed for being idle
+        self.ws_refused = 0    # websocket upgrades refused
+
+    def admit_websocket(self, request: web.BaseRequest) -> str | None:
+        """Move ``request``'s connection from the HTTP pool to the websocket pool (evicting if need be);
+        the reason it is refused, or None when admitted."""
+        key, transport = request.protocol, request.transport
+        ip = str(request.remote or "")
+        decision = self.websockets.admit(key, ip, ip)
+        if not decision.admitted:
+            self.ws_refused += 1
+            return f"too many websockets: {decision.reason}"
+        for victim in decision.evict:
+            self.ws_evicted += 1
+            victim_transport = self._ws_transports.pop(victim, None)
+            if victim_transport is not None:
+                victim_transport.abort()
+        self._conns.pop(key, None)                      # no longer counts against plain HTTP
+        if isinstance(transport, asyncio.Transport):
+            self._ws_transports[key] = transport
+        return None
+
+    def websocket_active(self, request: web.BaseRequest) -> None:
+        self.websockets.touch(request.protocol)
+
+    def websocket_closed(self, request: web.BaseRequest) -> None:
+        self.websockets.release(request.protocol)
+        self._ws_transports.pop(request.protocol, None)
 
     @property
     def open_connections(self) -> int:
@@ -235,6 +284,8 @@ class ConnectionGuard:
             await asyncio.sleep(interval)
             self.close_late(loop.time())
 
+            self.close_idle_websockets(time.monotonic())
+
     def close_late(self, now: float) -> int:
         """Close every connection not inside a request past its deadline; how many were closed."""
         late = [(h, c) for h, c in self._conns.items() if not c.busy and now > c.deadline]
@@ -243,3 +294,14 @@ class ConnectionGuard:
             conn.transport.abort()
         self.timed_out += len(late)
         return len(late)
+
+    def close_idle_websockets(self, now: float) -> int:
+        """Close every websocket without a message either way for ``ws_idle_timeout``; how many."""
+        idle = self.websockets.idle_since(now, self.policy.ws_idle_timeout)
+        for key in idle:
+            self.websockets.release(key)
+            transport = self._ws_transports.pop(key, None)
+            if transport is not None:
+                transport.abort()
+        self.ws_timed_out += len(idle)
+        return len(idle)

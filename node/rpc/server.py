@@ -1,6 +1,7 @@
 """aiohttp server: GET /health, /status, /metrics, /explorer/; POST / and /rpc (JSON-RPC 2.0); GET /ws;
 plus JSON GET routes that components add (e.g. ``/block?height=``). Connection limits and the
-Host/Origin allow-list (node/rpc/limits.py) apply to every route, the websocket included.
+Host/Origin allow-list (node/rpc/limits.py) apply to every route, the websocket included; websockets
+have a pool of their own (per-client caps, idle timeout, eviction), so they never use up HTTP's.
 
 A thin driver around the sans-I/O Dispatcher, the pub/sub Hub and the StatusBoard. The websocket
 speaks the same JSON-RPC plus ``dkb_subscribe(topic, key?)`` (key: e.g. a peer ID for ``txs``) /
@@ -25,6 +26,7 @@ from node.rpc.dispatcher import Dispatcher, encode_json
 from node.rpc.errors import (
     INVALID_INPUT,
     INVALID_PARAMS,
+    LIMIT_EXCEEDED,
     RESOURCE_NOT_FOUND,
     RESOURCE_UNAVAILABLE,
     InvalidParams,
@@ -164,16 +166,23 @@ class HttpServer:
     async def _subscribe_over_http(self, *args: Any) -> None:
         raise MethodNotSupported("Method not supported: subscriptions need a websocket connection at /ws")
 
-    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.dispatcher.max_body_bytes, heartbeat=30.0)
-        await ws.prepare(request)
-        self._sockets.add(ws)
-        connection = _WebsocketSession(ws, self.dispatcher.child(), self.hub)
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        refused = self.guard.admit_websocket(request)  # its own pool: HTTP keeps its capacity (ADR 0186)
+        if refused is not None:
+            return web.json_response({"error": {"code": LIMIT_EXCEEDED, "message": refused}}, status=503)
         try:
-            await connection.serve()
+            ws = web.WebSocketResponse(max_msg_size=self.dispatcher.max_body_bytes, heartbeat=30.0)
+            await ws.prepare(request)
+            self._sockets.add(ws)
+            connection = _WebsocketSession(ws, self.dispatcher.child(), self.hub,
+                                           lambda: self.guard.websocket_active(request))
+            try:
+                await connection.serve()
+            finally:
+                connection.close()
+            return ws
         finally:
-            connection.close()
-        return ws
+            self.guard.websocket_closed(request)
 
     async def _close_websockets(self, app: web.Application) -> None:
         for ws in list(self._sockets):
@@ -183,8 +192,9 @@ class HttpServer:
 class _WebsocketSession:
     """One websocket: JSON-RPC requests in, responses and subscription notifications out."""
 
-    def __init__(self, ws: web.WebSocketResponse, dispatcher: Dispatcher, hub: Hub):
+    def __init__(self, ws: web.WebSocketResponse, dispatcher: Dispatcher, hub: Hub, active: Callable[[], None]):
         self.ws = ws
+        self.active = active  # a message went either way: not idle
         self.dispatcher = dispatcher
         self.hub = hub
         self.pumps: dict[str, tuple[Subscription, asyncio.Task]] = {}
@@ -199,6 +209,7 @@ class _WebsocketSession:
                 body = msg.data
             else:
                 break
+            self.active()
             answer = await self.dispatcher.handle(body)
             if answer is not None:
                 await self.ws.send_str(answer.decode())
@@ -230,6 +241,7 @@ class _WebsocketSession:
         try:
             while True:
                 payload = await sub.next()
+                self.active()
                 await self.ws.send_str(encode_json({"jsonrpc": "2.0", "method": "dkb_subscription",
                                                     "params": {"subscription": sub.id, "result": payload}}))
         except SubscriptionClosed as closed:

@@ -29,3 +29,41 @@ async def rpc_call(session: aiohttp.ClientSession, method: str, *params, headers
     async with session.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)},
                             headers=headers) as r:
         return r.status, await r.json(content_type=None)
+
+
+class SocketFlood:
+    """Idle TCP sockets to ``port`` from the loopback addresses ``sources`` (``per_source`` each),
+    never sending a byte; one closed by the server is reopened at once, as a persistent attacker does."""
+
+    def __init__(self, port: int, sources, per_source: int):
+        self.port, self.sources, self.per_source = port, list(sources), per_source
+        self.opened = 0
+        self._task: asyncio.Task | None = None
+
+    async def _hold(self, source: str) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            self.opened += 1
+            try:
+                await reader.read()                 # returns when the server closes it
+            except OSError:
+                pass
+            finally:
+                writer.close()
+            await asyncio.sleep(0.01)               # and reconnects
+
+    async def __aenter__(self):
+        holders = [self._hold(src) for src in self.sources for _ in range(self.per_source)]
+        self._task = asyncio.ensure_future(asyncio.gather(*holders))
+        while self.opened < len(holders):
+            await asyncio.sleep(0.02)
+        return self
+
+    async def __aexit__(self, *exc):
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)

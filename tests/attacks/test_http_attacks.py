@@ -112,3 +112,50 @@ async def _test_cors_when_configured_answers_preflights_for_allowed_origins_only
         assert status == 200 and doc["result"] == node.peer_id
         async with session.options("/", headers={"Origin": "http://localhost"}) as r:
             assert r.status == 403                         # the list replaced the loopback defaults
+
+
+def test_idle_websockets_do_not_block_http_and_are_evicted_or_timed_out():
+    """Issue 22 item 3: 256 idle websockets (clients answering pings, never sending) held every
+    HTTP connection: /health and every RPC got 503 for as long as they stayed. Now websockets have a
+    pool of their own: HTTP always has capacity, an idle flood makes room for a new websocket, and
+    a websocket silent past ws_idle_timeout is closed."""
+    run(_test_idle_websockets_do_not_block_http_and_are_evicted_or_timed_out())
+
+
+async def _test_idle_websockets_do_not_block_http_and_are_evicted_or_timed_out():
+    async with running_node(ws_idle_timeout=3.0) as (node, session):
+        sockets, sessions = [], []
+        try:
+            for i in range(256):                          # from 127.0.0.2-9, 32 each
+                if i % 32 == 0:
+                    connector = aiohttp.TCPConnector(local_addr=(f"127.0.0.{2 + i // 32}", 0), limit=0)
+                    sessions.append(aiohttp.ClientSession(base_url=node.http.url, connector=connector))
+                try:
+                    sockets.append(await sessions[-1].ws_connect("/ws", autoping=True))
+                except aiohttp.WSServerHandshakeError as exc:
+                    assert exc.status == 503
+            for _ in range(3):                            # plain HTTP is always served
+                async with session.get("/health") as r:
+                    assert r.status == 200
+                status, doc = await rpc_call(session, "dkb_peerId")
+                assert status == 200 and doc["result"] == node.peer_id
+            async with session.ws_connect("/ws") as ws:   # a new client's websocket gets a slot
+                await ws.send_json({"jsonrpc": "2.0", "id": 7, "method": "dkb_peerId"})
+                assert (await ws.receive_json(timeout=5))["result"] == node.peer_id
+            guard = node.http.guard
+            print(f"\nfigure: 256 idle websockets: /health and RPC 200; {len(guard.websockets)} held, "
+                  f"{guard.ws_evicted} evicted, {guard.ws_refused} refused")
+            assert len(guard.websockets) <= node.http.policy.max_websockets
+            assert guard.ws_evicted + guard.ws_refused >= 256 - node.http.policy.max_websockets
+            await asyncio.sleep(5.0)                      # > ws_idle_timeout: the silent ones are closed
+            assert len(guard.websockets) == 0 and guard.ws_timed_out > 0
+            # left: keep-alive HTTP connections (one per session, after a 503) until their idle_timeout
+            assert established_server_sockets(node.http.port) <= 1 + len(sessions)
+            for ws in sockets[-4:]:
+                msg = await ws.receive(timeout=2)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
+        finally:
+            for ws in sockets:
+                await ws.close()
+            for s in sessions:
+                await s.close()

@@ -8,7 +8,7 @@ import pytest
 from node.identity import Identity
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
-from node.p2p.resources import PendingInbound, Protector, pick_victim
+from node.p2p.resources import Protector, pending_pool, pick_victim
 
 
 async def until(predicate, timeout=5.0):
@@ -32,16 +32,15 @@ async def stop_all(*hosts):
         await h.stop()
 
 
-def test_pending_inbound_caps_per_ip_and_in_all():
-    pending = PendingInbound(total=3, per_ip=2)
-    assert pending.try_add("a") and pending.try_add("a")
-    assert not pending.try_add("a")
-    assert pending.try_add("b")
-    assert not pending.try_add("c") and len(pending) == 3
-    pending.remove("a")
-    assert pending.count("a") == 1 and pending.try_add("c")
-    pending.remove("zzz")  # unknown: ignored
-    assert len(pending) == 3
+def test_pending_pool_caps_per_ip_and_evicts_the_most_represented():
+    pending = pending_pool(HostLimits(max_pending_inbound=3, max_pending_inbound_per_ip=2,
+                                      max_pending_inbound_per_prefix=3, pending_inbound_reserved=0), lambda: 0.0)
+    assert pending.admit("a1", "10.0.0.1", "10.0.0.1").admitted and pending.admit("a2", "10.0.0.1", "10.0.0.1").admitted
+    assert not pending.admit("a3", "10.0.0.1", "10.0.0.1").admitted       # per IP
+    assert pending.admit("b", "10.0.0.2", "10.0.0.2").evict == ()
+    assert pending.admit("c", "10.1.0.1", "10.1.0.1").evict == ("a1",)     # the oldest of the crowded IP
+    assert pending.release("a2") and not pending.release("zzz")
+    assert len(pending) == 2
 
 
 def test_protector_tags_and_victim_order():

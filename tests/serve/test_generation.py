@@ -352,7 +352,7 @@ def test_hostile_frames_get_an_error_and_the_server_lives_on(payload, expect):
 def test_session_limits_are_enforced():
     clock = [0.0]
     server = BlockServer(random_decoder(CONFIG, SEED, (0, 2), ends=False), max_sessions=3, max_sessions_per_owner=2,
-                         max_cache_bytes=300_000, ttl_s=10, clock=lambda: clock[0])
+                         max_cache_bytes=300_000, ttl_s=10, clock=lambda: clock[0], unknown_sessions=3)
     server.open_session("a", 32)
     with pytest.raises(ValueError, match="room"):
         server.open_session("b", 64, batch=16)
@@ -360,15 +360,18 @@ def test_session_limits_are_enforced():
     with pytest.raises(ValueError, match="per client"):
         server.open_session("c", 8)
     server.open_session("c", 8, owner="other")
-    with pytest.raises(ValueError, match="full"):
-        server.open_session("d", 8, owner="third")
+    # full: a newcomer evicts an idle session of the client holding the most (ADR 0186)
+    server.open_session("d", 8, owner="third")
+    assert sorted(server.sessions) == ["b", "c", "d"]
+    with pytest.raises(ValueError, match="full"):   # one each now, none stale: refused
+        server.open_session("e", 8, owner="fourth")
     with pytest.raises(ValueError, match="cannot take"):
         server.step("b", [torch.zeros(1, 9, CONFIG.width)])
-    out = server.step("a", [torch.zeros(1, 5, CONFIG.width), torch.zeros(1, 1, CONFIG.width)])
-    assert out.shape == (1, 1, CONFIG.width) and server.sessions["a"].usage.tokens == 6
-    assert server.sessions["a"].usage.flops > 0
+    out = server.step("b", [torch.zeros(1, 5, CONFIG.width), torch.zeros(1, 1, CONFIG.width)])
+    assert out.shape == (1, 1, CONFIG.width) and server.sessions["b"].usage.tokens == 6
+    assert server.sessions["b"].usage.flops > 0
     clock[0] = 11.0
-    assert sorted(server.expire()) == ["a", "b", "c"] and not server.sessions
+    assert sorted(server.expire()) == ["b", "c", "d"] and not server.sessions
 
 
 def test_a_refused_open_is_a_remote_error():
