@@ -66,7 +66,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
             return _read_npz(path)
         from safetensors.torch import load_file
         return load_file(str(path))
-    except DatasetError:
+    except (DatasetError, MemoryError):
         raise
     except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         raise DatasetError(f"{path.name}: cannot read {fmt} tensors: {exc}") from None

@@ -374,7 +374,7 @@ def load_archive(path: Path | str) -> torch.export.ExportedProgram:
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, graph)
         program = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
-    except ArchiveRefused:
+    except (ArchiveRefused, MemoryError):
         raise
     except Exception as exc:  # torch's deserializer raises many types on malformed input
         raise ArchiveRefused(f"{path.name}: cannot deserialize the exported program: {exc}") from None
