@@ -34,7 +34,7 @@ ASSUMPTIONS = frozenset({"positive", "negative", "nonnegative", "nonpositive", "
 
 # function -> (fewest, most) positional arguments; None: no upper bound besides MAX_ARGS
 ARITY: dict[str, tuple[int, int | None]] = {
-    "Add": (2, None), "Mul": (2, None), "Max": (2, None), "Min": (2, None), "And": (2, None),
+    "Add": (2, None), "Mul": (2, None), "Max": (2, 8), "Min": (2, 8), "And": (2, None),
     "Or": (2, None), "Piecewise": (1, None), "IsNonOverlappingAndDenseIndicator": (2, None),
     "Pow": (2, 2), "PowByNatural": (2, 2), "FloatPow": (2, 2), "LShift": (2, 2), "RShift": (2, 2),
     "Mod": (2, 2), "PythonMod": (2, 2), "FloorDiv": (2, 2), "CleanDiv": (2, 2), "CeilDiv": (2, 2),
@@ -144,15 +144,16 @@ class _Parser:
         if name not in ARITY:
             raise self.fail(f"{name!r} is not allowed")
         args = [self.expression(depth + 1)]
+        most = ARITY[name][1] or MAX_ARGS
         while self.at(","):
             self.take("punct", ",")
-            if len(args) >= MAX_ARGS:
-                raise self.fail(f"{name} with more than {MAX_ARGS} arguments")
+            if len(args) >= most:
+                raise self.fail(f"{name} with more than {most} arguments")
             args.append(self.expression(depth + 1))
         self.take("punct", ")")
-        fewest, most = ARITY[name]
-        if len(args) < fewest or (most is not None and len(args) > most):
-            raise self.fail(f"{name} takes {fewest}{'' if most == fewest else '+'} arguments, got {len(args)}")
+        fewest = ARITY[name][0]
+        if len(args) < fewest:
+            raise self.fail(f"{name} takes at least {fewest} arguments, got {len(args)}")
         return _apply(self, name, args)
 
     def integer(self) -> int:
