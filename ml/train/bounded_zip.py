@@ -19,7 +19,8 @@ class ZipBoundError(ValueError):
 
 def checked_members(archive: zipfile.ZipFile, name: str, max_total: int) -> dict[str, zipfile.ZipInfo]:
     """{member name: info} of the files in `archive`, refusing duplicate names, more than MAX_MEMBERS
-    files, a compression other than stored or deflated, a ratio over MAX_RATIO and declared sizes over `max_total` in all."""
+    files, a compression other than stored or deflated, a ratio over MAX_RATIO and declared sizes
+    over `max_total` in all."""
     infos = [info for info in archive.infolist() if not info.is_dir()]
     if len(infos) > MAX_MEMBERS:
         raise ZipBoundError(f"{name}: {len(infos)} files, over the limit of {MAX_MEMBERS}")

@@ -179,7 +179,7 @@ def tensor_layout(fqn: str, meta: dict) -> tuple[torch.dtype, tuple[int, ...], t
     tensor_meta = meta["tensor_meta"]
     if not isinstance(tensor_meta, dict) or tensor_meta.get("layout") != schema.Layout.Strided:
         raise ArchiveRefused(f"{fqn!r}: only strided tensors are accepted")
-    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(tensor_meta.get("dtype"))  # type: ignore[call-overload]
+    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(tensor_meta.get("dtype"))
     sizes, strides = tensor_meta.get("sizes"), tensor_meta.get("strides")
     if dtype is None or not isinstance(sizes, list) or not isinstance(strides, list) \
             or len(sizes) != len(strides) or len(sizes) > MAX_DIMS:

@@ -7,9 +7,9 @@ module it builds, `load_file_dataset`) in a child forked from a forkserver that 
 the child sets RLIMIT_CPU (CPU_SECONDS plus CPU_SECONDS_PER_GIB of input) and RLIMIT_AS (MEMORY_BASE
 plus MEMORY_FACTOR times the tensor bytes, TEXT_MEMORY_FACTOR for text, which tokenizes into int64,
 above what it has mapped), drops the environment (no keys or passphrases) and uses one thread; the
-parent kills it past a wall-clock limit. Its verdict comes back as one JSON message on a pipe. A verdict is cached per file
-(artifact id, path, size, mtime, parameters), so each artifact is checked once per process. Blocking:
-callers on an event loop run it in a thread (the wait holds no lock or GIL).
+parent kills it past a wall-clock limit. Its verdict comes back as one JSON message on a pipe. A
+verdict is cached per file (artifact id, path, size, mtime, parameters), so each artifact is checked
+once per process. Blocking: callers on an event loop run it in a thread (the wait holds no GIL).
 """
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ def check_dataset(train_path: str, eval_path: str = "", tokenizer: str = "byte",
                "context": context}
     verdict = _cached(key, lambda: run_child(request, limits))
     if verdict:
-        raise DatasetError(verdict if verdict.startswith(tuple(p.name for p in paths)) else f"{paths[0].name}: {verdict}")
+        named = verdict.startswith(tuple(p.name for p in paths))
+        raise DatasetError(verdict if named else f"{paths[0].name}: {verdict}")
 
 
 def _dataset_bytes(path: Path) -> tuple[int, int]:
@@ -167,7 +168,8 @@ def run_child(request: dict, limits: Limits) -> str:
     if child.exitcode == -signal.SIGXCPU:
         return f"loading used more than {limits.cpu_s:g} s of CPU; refused"
     if child.exitcode == -signal.SIGKILL:
-        return f"loading was stopped (over {limits.cpu_s:g} s of CPU, {limits.wall_s:g} s in all, or out of memory); refused"
+        return (f"loading was stopped (over {limits.cpu_s:g} s of CPU, {limits.wall_s:g} s in all, or out of "
+                "memory); refused")
     return f"the loader failed (exit status {child.exitcode}); refused"
 
 

@@ -15,6 +15,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 MAX_CHARS = 16_384       # one expression's text
 MAX_DEPTH = 40           # nesting of calls
@@ -219,8 +220,8 @@ def _checked(parser: _Parser, bits: int, degree: int) -> Bound:
     return Bound(None, bits, degree)
 
 
-def _exponent(parser: _Parser, name: str, arg: Bound, natural: bool) -> Number:
-    value = arg.const
+def _exponent(parser: _Parser, name: str, arg: Bound, natural: bool) -> Any:
+    value: Any = arg.const
     if value is None or isinstance(value, bool):
         raise parser.fail(f"{name} with a symbolic exponent (only constant exponents are accepted)")
     if isinstance(value, float):
@@ -239,7 +240,7 @@ def _exponent(parser: _Parser, name: str, arg: Bound, natural: bool) -> Number:
 
 
 def _power(parser: _Parser, name: str, base: Bound, exp: Bound, natural: bool = False) -> Bound:
-    e = _exponent(parser, name, exp, natural)
+    e: Any = _exponent(parser, name, exp, natural)
     whole = math.ceil(abs(e))
     if base.const is None:
         return _checked(parser, base.bits * max(whole, 1), base.degree * whole)
@@ -248,7 +249,8 @@ def _power(parser: _Parser, name: str, base: Bound, exp: Bound, natural: bool = 
         if b == 0 and e < 0:
             raise parser.fail("zero to a negative power")
         if abs(b) > 1 and (_bits(b) - 1) * abs(e) > MAX_BITS:   # a lower bound of the result's bits
-            raise parser.fail(f"a power reaches over {(_bits(b) - 1) * abs(e)} bits, over the limit of {MAX_BITS}")
+            raise parser.fail(f"a power reaches over {(_bits(b) - 1) * abs(e)} bits, over the limit of "
+                              f"{MAX_BITS}")
         return _constant(parser, Fraction(b) ** e if e < 0 else b ** e)
     if (_bits(b) - 1) * whole > MAX_BITS:
         raise parser.fail(f"a power reaches about {_bits(b) * whole} bits, over the limit of {MAX_BITS}")
@@ -313,12 +315,12 @@ def _fold(parser: _Parser, name: str, values: list) -> Number:
     if name == "Add":
         total: Number = 0
         for v in values:
-            total = _constant(parser, total + v).const  # type: ignore[operator,assignment]
+            total = _constant(parser, total + v).const  # type: ignore[assignment]
         return total
     if name == "Mul":
         product: Number = 1
         for v in values:
-            product = _constant(parser, product * v).const  # type: ignore[operator,assignment]
+            product = _constant(parser, product * v).const  # type: ignore[assignment]
         return product
     if name == "Max":
         return max(values)

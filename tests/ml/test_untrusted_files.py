@@ -8,7 +8,6 @@ import json
 import time
 import zipfile
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -18,8 +17,15 @@ from ml.train.file_dataset import DatasetError, load_file_dataset
 from ml.train.model_archive import ArchiveRefused, check_expression, load_archive
 from ml.train.sandbox import Limits, check_archive, check_dataset
 from tests.ml.byo import digits_npz
-from tests.ml.untrusted_files import (npz_bomb, npz_lying_header, owner_dry_run, rewrite, small_archive,
-                                      with_expression, worker_job)
+from tests.ml.untrusted_files import (
+    npz_bomb,
+    npz_lying_header,
+    owner_dry_run,
+    rewrite,
+    small_archive,
+    with_expression,
+    worker_job,
+)
 
 TOWER = "2**2**2**2**5"
 SREPR_TOWER = "Pow(Integer(2), Pow(Integer(2), Pow(Integer(2), Pow(Integer(2), Integer(5)))))"
