@@ -244,7 +244,7 @@ def _power(parser: _Parser, name: str, base: Bound, exp: Bound, natural: bool = 
     whole = math.ceil(abs(e))
     if base.const is None:
         return _checked(parser, base.bits * max(whole, 1), base.degree * whole)
-    b = base.const
+    b: Any = base.const
     if isinstance(e, int) and not isinstance(b, float):
         if b == 0 and e < 0:
             raise parser.fail("zero to a negative power")
