@@ -102,8 +102,8 @@ def check_dataset(train_path: str, eval_path: str = "", tokenizer: str = "byte",
 
     paths = [Path(p) for p in (train_path, eval_path) if p]
     try:
-        limits = limits or limits_for(sum(_dataset_bytes(p)[0] for p in paths),
-                                      max(_dataset_bytes(p)[1] for p in paths))
+        sizes = [_dataset_bytes(p) for p in paths]
+        limits = limits or limits_for(sum(size for size, _ in sizes), max(factor for _, factor in sizes))
         key = ("dataset", artifact_ids, tuple(_file_key(p) for p in paths), tokenizer, context, limits)
     except OSError as exc:
         raise DatasetError(f"cannot read the dataset: {exc}") from None
@@ -116,17 +116,21 @@ def check_dataset(train_path: str, eval_path: str = "", tokenizer: str = "byte",
 
 
 def _dataset_bytes(path: Path) -> tuple[int, int]:
-    """(bytes a dataset file's tensors take, memory factor): an .npz's declared sizes (its bounds are
-    checked when it is read), else the file's size (text expands into int64 tokens)."""
-    from ml.train.file_dataset import _file_format
+    """(bytes a dataset file's tensors take, memory factor): an .npz's declared sizes (refused here
+    past the member bounds), else the file's size (text expands into int64 tokens)."""
+    from ml.train.bounded_zip import ZipBoundError, checked_members
+    from ml.train.file_dataset import MAX_UNPACKED_BYTES, DatasetError, _file_format
 
     fmt = _file_format(path)
     if fmt == "npz":
         try:
-            with zipfile.ZipFile(path) as archive:
-                return sum(info.file_size for info in archive.infolist()), MEMORY_FACTOR
+            with zipfile.ZipFile(path) as archive:   # the bounds, here: a known bomb needs no child
+                members = checked_members(archive, path.name, MAX_UNPACKED_BYTES)
+                return sum(info.file_size for info in members.values()), MEMORY_FACTOR
         except zipfile.BadZipFile:
             pass
+        except ZipBoundError as exc:
+            raise DatasetError(str(exc)) from None
     size = path.stat().st_size
     return size, TEXT_MEMORY_FACTOR if fmt == "text" else MEMORY_FACTOR
 
@@ -139,7 +143,8 @@ def _context():
     fresh child from it (no per-check interpreter start, no fork of a threaded node)."""
     with _context_lock:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "ml.train.model_archive", "ml.train.file_dataset", __name__])
+        ctx.set_forkserver_preload(["torch", "torch._export.serde.serialize", "ml.train.model_archive",
+                                    "ml.train.file_dataset", __name__])
         return ctx
 
 
