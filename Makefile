@@ -3,8 +3,8 @@
 # docs/BENCHMARKS.md.
 PYTHON ?= python3
 ARGS ?=
-# bench/netns.py is a helper module (the namespace lab), not a benchmark
-BENCHES := $(filter-out netns,$(basename $(notdir $(wildcard bench/*.py))))
+# the namespace labs the benchmarks use live in devtools/netlab (ADR 0190)
+BENCHES := $(basename $(notdir $(wildcard bench/*.py)))
 
 .PHONY: help install lint type test test-slow sim bench $(addprefix bench-,$(BENCHES))
 

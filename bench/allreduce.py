@@ -408,15 +408,16 @@ def main() -> None:
     def mode_for(codec: str) -> str:
         return auto_mode(codec) if args.ours_mode == "auto" else args.ours_mode
 
-    sys.path.insert(0, str(REPO / "bench"))
-    from netns import Netlab, available
+    sys.path.insert(0, str(REPO))
+    from devtools.netlab.lab import unavailable
+    from devtools.netlab.star import Star
 
     report = {"peers": PEERS, "numel": args.numel, "link_mbit": args.link_mbit}
-    why = available()
+    why = unavailable(nat=False)
     if why:
         report["error"] = f"network namespaces unavailable: {why}"
     else:
-        with Netlab(PEERS, args.link_mbit) as lab:
+        with Star(PEERS, args.link_mbit) as lab:
             codecs = args.codecs.split(",")
             for transport in transports if "ours" not in skip else ():
                 key = f"ours_{transport}"

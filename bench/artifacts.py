@@ -1,8 +1,8 @@
 """Artifact download benchmark in the netlab: one artifact from 1 and from 3 holders.
 
-Network namespaces (tests/netlab/lab.py): three holders on public hosts whose uplinks are capped
+Network namespaces (devtools/netlab/lab.py): three holders on public hosts whose uplinks are capped
 at ``--link-mbit`` (``tc tbf`` on their egress), and a downloader whose own link is not capped (so
-the holders' uplinks are the bottleneck). Each holder is a real Node (tests/netlab/artifact_agent.py)
+the holders' uplinks are the bottleneck). Each holder is a real Node (devtools/netlab/artifact_agent.py)
 holding the same ``--size-mb`` artifact (hard links of one seeded store); a fresh downloader Node
 fetches it first from one holder, then (a new downloader, empty store) from all three at once.
 Rates count the artifact's bytes over the fetch's wall time (manifest, verification and the final
@@ -26,10 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from netlab.artifact_net import link_into, seed_store, shape_uplink, start_agent  # noqa: E402
-from netlab.lab import Lab, unavailable  # noqa: E402
+from devtools.netlab.artifact_net import link_into, seed_store, start_agent  # noqa: E402
+from devtools.netlab.lab import Lab, shape, unavailable  # noqa: E402
 
 HOLDERS = ("h1", "h2", "h3")
 
@@ -59,7 +58,7 @@ def measure(size_mb: int, link_mbit: float) -> dict:
     holders = []
     try:
         for host in HOLDERS:
-            shape_uplink(lab.ns_of(host), link_mbit)
+            shape(lab.ns_of(host), "eth0", link_mbit)
         started = time.monotonic()
         store = work / "seed" / "artifacts"
         artifact = seed_store(store, size_mb)

@@ -1,5 +1,5 @@
 """Relay benchmark, netlab part: direct vs relayed rate between NAT'd homes on 1 Gbit/s tbf links,
-and relay failover time. Needs root, iproute2, nftables and tc (see tests/netlab/lab.py).
+and relay failover time. Needs root, iproute2, nftables and tc (see devtools/netlab/lab.py).
 
   netlab_figures(mib, rate_mbit) -> {
     netlab_direct_Mbps:   home A -> home B on the hole-punched direct connection,
@@ -28,11 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from netlab.lab import BACKBONE_NET, run, unavailable  # noqa: E402
-from netlab.net import PORT, Net  # noqa: E402
-from netlab.scenarios import circuits_via, failover, measure, punch  # noqa: E402
+from devtools.netlab.lab import BACKBONE_NET, run, unavailable  # noqa: E402
+from devtools.netlab.net import PORT, Net  # noqa: E402
+from devtools.netlab.scenarios import circuits_via, failover, measure, punch  # noqa: E402
 
 
 def cut_link(node) -> None:

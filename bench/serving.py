@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--offload-new", type=int, default=16)
     parser.add_argument("--offload-dir", help="disk-backed directory for the offloaded block files (default: $TMPDIR)")
-    parser.add_argument("--codec", default="f32", choices=["f32", "f16", "i8", "i4"])
+    parser.add_argument("--codec", default="f32", choices=["f32", "f16", "int8", "int4"])
     parser.add_argument("--tune-steps", type=int, default=10)
     parser.add_argument("--tune-lr", type=float, default=1e-2)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

@@ -1,6 +1,6 @@
 """Serving in the netlab (issue 14's benchmark): block servers behind NAT, a client on the internet.
 
-Layout (tests/netlab/lab.py, namespaces named dk<pid>n..., deleted at exit): a public relay, a public
+Layout (devtools/netlab/lab.py, namespaces named dk<pid>n..., deleted at exit): a public relay, a public
 client whose link passes a userspace delay line (`--client-delay` ms each way), and four homes behind
 endpoint-independent NAT routers with `--rate` Mbit/s tbf caps both ways and delay lines of 20, 35,
 50 and 30 ms each way: homes 1-3 hold the model's three ranges, home 4 a spare for the middle range.
@@ -240,7 +240,7 @@ def start_role(ns: str, role: str, args, *extra: str) -> tuple[subprocess.Popen,
 
 def orchestrate(args) -> dict:
     sys.path.insert(0, str(ROOT))
-    from tests.netlab.lab import BACKBONE_NET, Lab, unavailable
+    from devtools.netlab.lab import BACKBONE_NET, Lab, unavailable
 
     why = unavailable()
     if why:

@@ -18,6 +18,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from node.artifacts import ArtifactError, ArtifactStore, check_id
+from node.artifacts.quota import StoreQuota
 from node.config import CONFIG_FILE_NAME, load_config
 from node.identity import Identity
 from node.keystore import load_identity
@@ -53,7 +54,9 @@ def _store(args: argparse.Namespace) -> ArtifactStore:
     home = resolve_home(args)
     config_file = home / CONFIG_FILE_NAME
     config = load_config(config_file if config_file.exists() else None, env={})
-    return ArtifactStore(home / "data" / "artifacts", config.get("artifacts", "max_size_mb") << 20)
+    root, section = home / "data" / "artifacts", config["artifacts"]
+    quota = StoreQuota(root, max(section["quota_mb"], section["max_size_mb"]) << 20, section["own_retention_s"])
+    return ArtifactStore(root, section["max_size_mb"] << 20, quota)
 
 
 def run_add(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import key_path
 from cli.passphrase import unlock_passphrase
+from cli.safe_text import safe
 from consensus.genesis import Genesis, GenesisError, GenesisValidator, Params
 from node.config import check_peer_multiaddr
 from node.identity import Identity, is_valid_peer_id
@@ -178,12 +179,12 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"hash": genesis.hash.hex(), "genesis": genesis.to_obj()}, indent=2, sort_keys=True))
         return 0
-    print(f"chain id:     {genesis.chain_id}")
+    print(safe(f"chain id:     {genesis.chain_id}"))
     print(f"hash:         {genesis.hash.hex()}")
     print(f"total supply: {genesis.total_supply}")
     print(f"validators:   {len(genesis.validators)} (committee size {genesis.params.committee_size})")
     for v in genesis.validators:
-        print(f"  {v.peer_id}  stake {v.stake}  {' '.join(v.listen_addrs) or '(no address)'}")
+        print(safe(f"  {v.peer_id}  stake {v.stake}  {' '.join(v.listen_addrs) or '(no address)'}"))
     print(f"accounts:     {len(genesis.balances)}")
     for peer_id, amount in sorted(genesis.balances.items()):
         print(f"  {peer_id}  {amount}")

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from cli.errors import CliError
+from cli.passphrase import take_env_passphrase
 from cli.rpc_env import apply_rpc_default
 from node.config import ConfigError
 from node.extras import MissingExtra
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    take_env_passphrase()   # out of os.environ before anything can start a subprocess
     try:
         return args.handler(args)
     except USER_ERRORS as exc:

@@ -3,7 +3,8 @@
 Unlocking asks only when the key file is encrypted (the keystore calls the function it is given).
 Creating a key encrypts it unless ``--insecure-unencrypted-key`` says this is a throwaway dev key;
 with no passphrase source and no terminal to prompt on, creation stops with the three ways to give
-one (docs/adr/0161).
+one (docs/adr/0161). ``$DEKUBE_KEY_PASSPHRASE`` is taken out of the environment when the CLI starts
+(``take_env_passphrase``), so nothing this process starts (a compute node's job subprocesses) inherits it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from cli.errors import CliError
 
 PASSPHRASE_ENV = "DEKUBE_KEY_PASSPHRASE"
 MAX_PASSPHRASE_FILE_BYTES = 4096
+_env_secret: bytes | None = None   # $DEKUBE_KEY_PASSPHRASE of this CLI run, no longer in os.environ
+
+
+def take_env_passphrase() -> None:
+    """Move ``$DEKUBE_KEY_PASSPHRASE`` from the environment into this module (a new CLI run: anything an
+    earlier run in this process took is forgotten)."""
+    global _env_secret
+    value = os.environ.pop(PASSPHRASE_ENV, None)
+    _env_secret = value.encode() if value else None
 
 
 def add_unlock_argument(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +60,9 @@ def _given(args: argparse.Namespace) -> bytes | None:
     path = getattr(args, "passphrase_file", None)
     if path is not None:
         return _from_file(path)
-    env = os.environ.get(PASSPHRASE_ENV)
-    return env.encode() if env else None
+    if PASSPHRASE_ENV in os.environ:   # set after the CLI started (or used without cli.main)
+        take_env_passphrase()
+    return _env_secret
 
 
 def unlock_passphrase(args: argparse.Namespace) -> Callable[[], bytes]:

@@ -6,7 +6,7 @@ them (ml/serve, ADR 0171).
 N blocks the known servers cover least, by measured throughput) starts a bare p2p Host with the
 ``/dekube/serve/1.0.0`` handler, prints one JSON line {"peer_id", "addrs", "model", "blocks"} and
 serves until interrupted. ``generate --model SPEC --server MULTIADDR=A:B ... --prompt TEXT
-[--max-tokens N] [--codec f32|f16|i8|i4] [--check-local] [--adapter FILE]`` chains the servers (a
+[--max-tokens N] [--codec f32|f16|int8|int4] [--check-local] [--adapter FILE]`` chains the servers (a
 second server with a range already covered is a spare used if the first one fails) and prints JSON
 {"text", "tokens", "replays", "tokens_per_s"} (plus "identical_to_local" with --check-local);
 ``--adapter`` applies what ``tune`` wrote. ``tune ... --text FILE [--steps N] [--lora-rank R]
@@ -17,7 +17,10 @@ model, blocks, measured tokens/s and profile in the node record (``hardware.serv
 at P per GFLOP with co-signed receipts and claims them on chain (``serve_receipt``) every
 ``--claim-every`` seconds and at exit; ``--blocks auto:N`` then also reads the ledger's coverage.
 ``generate``/``tune --ledger URL`` find the servers in the ledger (``dkb_listNodes``) instead of
-``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. ``serve
+``--server``, and with ``--key FILE --max-price P`` pay from the key's serving escrow. A paid server
+(``--price``) bonds what its key lacks of ``min_serve_stake`` from its free balance at start, or refuses
+to start saying what to send it; ``generate`` reports as ``paid`` only receipts to servers that can
+claim them (others under ``unclaimable``, with why; ml/serve/claimable.py). ``serve
 --rebalance-every S`` moves an idle server to thinner blocks when that lifts the weakest block. A
 server with a ledger also referees the serving disputes that drew it (ADR 0176): at each claim tick
 it takes the step bundle the disputing client delivered (or fetches it), recomputes it and votes
@@ -58,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _device_argument(serve)
     _ledger_arguments(serve)
     serve.add_argument("--price", type=int, default=0, help="per GFLOP served, billed with receipts (needs --ledger "
-                                                           "and --key; 0: free)")
+                                                           "and --key, a funded key: it bonds what it lacks of "
+                                                           "min_serve_stake at start, or refuses; 0: free)")
     serve.add_argument("--credit-tokens", type=int, default=1024,
                        help="tokens served to a client ahead of its next receipt")
     serve.add_argument("--claim-every", type=float, default=30.0, help="seconds between on-chain receipt claims")
@@ -77,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="pay servers up to this per GFLOP from the key's serving escrow (0: free servers)")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-tokens", type=int, default=32)
-    generate.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32",
+    generate.add_argument("--codec", choices=["f32", "f16", "int8", "int4"], default="f32",
                           help="hidden-state encoding (f32 is bit-exact)")
     generate.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
                           help="servers push each step's answer straight to the next server (ADR 0181): one pass "
@@ -111,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--lora-rank", type=int, default=4)
     tune.add_argument("--prompt-length", type=int, default=0, help="deep prompt positions (0: none)")
     tune.add_argument("--lr", type=float, default=1e-2)
-    tune.add_argument("--codec", choices=["f32", "f16", "i8", "i4"], default="f32")
+    tune.add_argument("--codec", choices=["f32", "f16", "int8", "int4"], default="f32")
     tune.add_argument("--out", type=Path, required=True, help="where to write the tuned parameters (.safetensors)")
     _device_argument(tune)
     tune.set_defaults(handler=run_tune)
@@ -266,6 +270,8 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     if gateway is not None:
         host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
     try:
+        if args.price:   # a paid server the ledger would not pay refuses to start, saying why
+            await _ensure_claimable(gateway, host.peer_id)
         if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
             known = await _coverage(host, spec, args.known)
             if gateway is not None:
@@ -278,10 +284,13 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         if args.price:
             billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
         host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing, host))
-        addrs = [f"{addr}/p2p/{host.peer_id}" for addr in host.listen_addrs]
+        addrs = list(host.listen_addrs)   # each already ends in /p2p/<peer id>
         tokens_per_s = await asyncio.to_thread(own_throughput, server)
         announced = (await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile) if gateway
                      else None)
+        if args.price and announced is None:
+            raise CliError("a paid server must be announced on the ledger (the record registers it as a compute "
+                           "node; receipt claims need that): see the warning above")
         print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
                           "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
                           "device": device, "profile": profile, "announced": announced is not None}), flush=True)
@@ -312,6 +321,19 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
             await _claim(gateway, book)
             await gateway.close()
         await host.stop()
+
+
+async def _ensure_claimable(gateway, peer_id: str) -> None:
+    """Bond what the key lacks of min_serve_stake from its free balance, or raise CliError with why."""
+    from ml.serve.claimable import NotClaimable, ensure_claimable
+
+    try:
+        bonded = await ensure_claimable(gateway, peer_id)
+    except NotClaimable as exc:
+        raise CliError(str(exc)) from None
+    if bonded:
+        print(f"dekube-node: bonded {bonded} so that the ledger pays this server's receipts (min_serve_stake)",
+              file=sys.stderr, flush=True)
 
 
 async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float):
@@ -590,8 +612,8 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
                   "profiles": sorted(set(generator.profiles.values()))}   # the servers' (bit-exact within one)
         if args.push:
             result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
-        if payer is not None:
-            result["paid"] = sum(m.signed.receipt["amount"] for m in generator.meters if m.signed)
+        if payer is not None:   # "paid" counts only receipts the ledger will pay (ml/serve/claimable.py)
+            result |= await _paid(gateway, [m.signed.receipt for m in generator.meters if m.signed])
         if args.check_local:
             whole = await asyncio.to_thread(spec.load_part, None, True, device)
             local = await asyncio.to_thread(local_generate, whole, prompt, args.max_tokens, tuned)
@@ -599,6 +621,22 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
         if args.spot_check:
             result |= await _spot_check(spec, generator, gateway, host, args, device, profile)
         return result
+
+
+async def _paid(gateway, receipts: list[dict]) -> dict:
+    """{"paid"} over the co-signed receipts whose servers can claim them, plus {"unclaimable"} (each
+    with why, also said on stderr) for the others."""
+    from ml.serve.claimable import claimable_servers, paid_report
+    from node.ledger.errors import LedgerUnavailable
+
+    try:
+        why = await claimable_servers(gateway, {r["server"] for r in receipts})
+    except (LedgerUnavailable, OSError) as exc:
+        raise CliError(f"cannot check the servers' stake on the ledger: {exc}") from None
+    for server, reason in why.items():
+        print(f"dekube-node: server {server} cannot claim its receipts ({reason}): you will not be charged for "
+              "them", file=sys.stderr)
+    return paid_report(receipts, why)
 
 
 def run_tune(args: argparse.Namespace) -> int:

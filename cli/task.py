@@ -22,13 +22,16 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.payout_lines import payout_lines
+from cli.safe_text import echo
 from cli.task_report import slot_lines
-from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
-from ml.compute.task_spec import model_name
+from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -61,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
+    submit.add_argument("--tokenizer", choices=("byte", "char"),
+                        help="a .txt dataset's tokens: its bytes (vocabulary 256, the default) or its characters "
+                             "(vocabulary: the training text's distinct characters, sorted)")
     submit.add_argument("--price", type=int, required=True, help="tokens paid for the task (escrowed)")
     submit.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
     submit.add_argument("--wait", action="store_true",
@@ -113,8 +119,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="codec: fp32, fp16, int8, int4, powersgd<r> (all-reduce), topk (1%%) or sign "
                              "(all-gather with error feedback)")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per worker (default 100)")
-    parser.add_argument("--sync", default="allreduce", choices=("allreduce", "diloco"),
-                        help="allreduce (data-parallel) or diloco")
+    parser.add_argument("--sync", default="allreduce", choices=tuple(SYNC_MODES),
+                        help="allreduce (data-parallel), diloco or streaming (streaming DiLoCo: fragments synced "
+                             "in turn, overlapped with the inner steps)")
     parser.add_argument("--inner-steps", type=int, help="DiLoCo: local steps per outer step")
     parser.add_argument("--segment-steps", type=int, help="data-parallel: steps per committed segment")
     parser.add_argument("--batch-size", "--batch", dest="batch_size", type=int, help="per-worker batch size")
@@ -147,7 +154,7 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
     values = {"model": model_name(args.model), "dataset": args.dataset, "codec": args.codec, "steps": args.steps,
-              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+              "mode": SYNC_MODES[args.sync]}
     for name in ("inner_steps", "segment_steps", "batch_size", "lr", "seed"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
@@ -159,10 +166,10 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
 
 def _rpc(url: str, method: str, *params):
     try:
-        return rpcclient.call(url, method, *params)
-    except rpcclient.RpcUnreachable as exc:
+        return jsonrpc.call(url, method, *params)
+    except LedgerUnavailable as exc:
         raise CliError(f"cannot reach the node: {exc}") from None
-    except rpcclient.RpcCallError as exc:
+    except RpcAnswerError as exc:
         raise CliError(f"{method}: {exc}") from None
 
 
@@ -204,9 +211,13 @@ def run_show(args: argparse.Namespace) -> int:
                  "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
         if name not in task:   # fields an older validator does not show
             continue
-        print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+        echo(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
     for line in slot_lines(task):
-        print(line)
+        echo(line)
+    if task.get("payouts"):
+        print("payouts by kind:")
+        for line in payout_lines(task):
+            echo(line)
     return 0
 
 
@@ -221,7 +232,7 @@ def run_list(args: argparse.Namespace) -> int:
         print("no tasks")
     for task in tasks:
         spec = task["spec"]
-        print(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
+        echo(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
               f"x{spec['workers']}  price {task['price']}")
     return 0
 
@@ -258,5 +269,5 @@ def run_local(args: argparse.Namespace) -> int:
               f"{summary['metrics']}; every worker ends with params {summary['params_hashes'][0][:16]}.."
               if len(summary["params_hashes"]) == 1 else f"workers disagree: {summary['params_hashes']}")
         for gone in summary["departures"]:
-            print(f"  {gone['peer'][:16]}.. departed in round {gone['round']} (step {gone['step']}): {gone['reason']}")
+            echo(f"  {gone['peer'][:16]}.. departed in round {gone['round']} (step {gone['step']}): {gone['reason']}")
     return 0 if len(summary["params_hashes"]) == 1 else 1

@@ -35,13 +35,25 @@ def result_holders(task: dict, result: str) -> list[str]:
     return holders or list(task.get("commits") or {}) or list(task.get("workers") or [])
 
 
+# registry model -> (its class in ml.registry, the dataset that sizes it by default); a test keeps this in
+# step with ml.registry.MODELS
+REGISTRY_CLASSES = {"digits-mlp": ("DigitsMLP", "digits"), "char-transformer": ("CharTransformer", "shakespeare")}
+
+
 def load_hint(task: dict, out: Path, model_path: Path | None = None) -> str:
-    """The one line that loads the fetched weights into the owner's model (for a .pt2 task, after
-    loading the archive that was submitted: ``model_path`` when known)."""
+    """The one line that loads the fetched weights into the owner's model: for a .pt2 task after
+    loading the archive that was submitted (``model_path`` when known); for a registry model after
+    building its class (ml.registry.build_model, sized by the task's dataset)."""
     weights = out / WEIGHTS_FILE
     line = f'model.load_state_dict(safetensors.torch.load_file("{weights}"))'
-    if (task.get("spec") or {}).get("model") == "pt2":
+    spec = task.get("spec") or {}
+    if spec.get("model") == "pt2":
         return f'model = torch.export.load("{model_path or "YOUR_MODEL.pt2"}").module(); {line}'
+    if spec.get("model") in REGISTRY_CLASSES:
+        cls, default_dataset = REGISTRY_CLASSES[spec["model"]]
+        dataset = spec.get("dataset") if spec.get("dataset") in ("digits", "shakespeare") else default_dataset
+        return (f'from ml.registry import build_model, get_dataset; model = build_model("{spec["model"]}", '
+                f'get_dataset("{dataset}"), 0)  # an ml.registry.{cls}; then {line}')
     return line
 
 

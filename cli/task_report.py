@@ -1,5 +1,6 @@
 """How a task is told: its audit slots (docs/adr/0168: each committed worker's drawn segments, the
-verifiers' answers, a dispute, the referees' votes, the outcome) and the payouts of a paid task; the
+verifiers' answers, a dispute, the referees' votes, the outcome) and the payouts of a paid task, each
+labelled worker, verifier, referee, relay or refund (cli/payout_lines.py); the
 reason, the workers' rejections and the refund of a rejected, expired or cancelled one.
 ``report_final`` returns the command's exit status (0 paid or cancelled by the owner, 1 rejected or
 expired)."""
@@ -7,24 +8,14 @@ from __future__ import annotations
 
 import json
 
+from cli.payout_lines import payout_lines
+from cli.safe_text import echo
+
 FAILED = ("rejected", "expired")
 
 
 def short(peer: str) -> str:
     return f"{peer[:16]}.." if len(peer) > 18 else peer
-
-
-def role_of(task: dict, peer: str) -> str:
-    if peer == task["owner"]:
-        return "owner"
-    if peer in task["workers"]:
-        return "worker"
-    slots = task.get("slots") or []
-    if any(v.get("verifier") == peer for slot in slots for v in slot.get("verifiers") or []):
-        return "verifier"
-    if any(r.get("referee") == peer for slot in slots for r in slot.get("referees") or []):
-        return "referee"
-    return "relay"
 
 
 def answer_text(answer: dict | None) -> str:
@@ -72,20 +63,20 @@ def report_final(task: dict, *, as_json: bool = False, extra: dict | None = None
         print(json.dumps({**task, **(extra or {})}))
         return code
     if status in FAILED or status == "cancelled":
-        print(f"task {task['task_id']} {status}" + (f": {task['reason']}" if task.get("reason") else ""))
+        echo(f"task {task['task_id']} {status}" + (f": {task['reason']}" if task.get("reason") else ""))
         for worker, reason in (task.get("rejections") or {}).items():
-            print(f"  rejected by worker {worker}: {reason}")
+            echo(f"  rejected by worker {worker}: {reason}")
     for line in slot_lines(task):
-        print(line)
+        echo(line)
     payouts = task.get("payouts") or {}
     if payouts:
-        print(f"payouts of task {task['task_id']} (price {task['price']}):")
-    for peer, amount in sorted(payouts.items(), key=lambda item: -item[1]):
-        print(f"  {peer}  {role_of(task, peer):8} {amount}")
+        echo(f"payouts of task {task['task_id']} (price {task['price']}):")
+    for line in payout_lines(task):
+        echo(line)
     if status == "paid":
         for worker in task["workers"]:
             if worker not in payouts:
-                print(f"  {worker}  worker   0 (not paid: no commitment, or an audit slot found it guilty)")
+                echo(f"  {worker}  {'worker':10} 0 (not paid: no commitment, or an audit slot found it guilty)")
     if task.get("result"):
-        print(f"result (weights artifact): {task['result']}")
+        echo(f"result (weights artifact): {task['result']}")
     return code

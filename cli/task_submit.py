@@ -30,7 +30,7 @@ from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
-from ml.compute.task_spec import InvalidTask, submit_payload
+from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
 from ml.profiles import ProfileError, check_profile_id, default_profile
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -39,7 +39,7 @@ from node.keystore import load_identity
 RELAY_WAIT_S = 10.0
 MAX_SOURCES = 8   # the ledger's bound on a task's source addresses
 SPEC_OPTIONS = ("inner_steps", "segment_steps", "batch_size", "lr", "seed", "loss", "optimizer", "init",
-                "weight_decay", "eval_every")
+                "weight_decay", "eval_every", "tokenizer")
 EVALS_PER_TASK = 5   # with --eval and no --eval-every: held-out metrics this many times during training
 
 
@@ -47,7 +47,7 @@ def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
     values = {**inputs.values, "codec": args.codec, "steps": args.steps,
-              "mode": "diloco" if args.sync == "diloco" else "data-parallel"}
+              "mode": SYNC_MODES[args.sync]}
     for name in SPEC_OPTIONS:
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
@@ -74,6 +74,8 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
     if args.price <= 0:
         raise CliError("--price must be positive")
     inputs = task_inputs(args.model, args.dataset, args.eval, artifact_id)
+    if getattr(args, "tokenizer", None) is not None and not str(args.dataset).lower().endswith(".txt"):
+        raise CliError(f"--tokenizer applies to a text dataset (.txt), not {args.dataset}")
     spec = build_spec(args, inputs)
     if inputs.has_files:
         require_compute("a task with model or data files (its dry run)")

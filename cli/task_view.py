@@ -8,9 +8,12 @@ leading worker is one plain line, so the output stays readable. ``--json`` calle
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from cli.safe_text import safe
 
 
 def short(peer: str) -> str:
@@ -48,6 +51,7 @@ class TaskView:
         if self.quiet:
             return
         stamp = time.strftime("%H:%M:%S")
+        text = safe(text)   # reasons and names come from the chain and from peers
         if self._progress is not None:
             self._progress.console.print(f"  {stamp}  {text}", markup=False)
         else:
@@ -85,12 +89,13 @@ class TaskView:
         steps = lead.get("steps") or None
         step = lead.get("step") or 0
         loss = lead.get("loss")
-        metric = eval_text(self.latest_metrics()) or "-"
+        metric = safe(eval_text(self.latest_metrics()) or "-")
         if str(lead.get("state", "")).startswith("fetching") and lead.get("fetch_total"):
             metric = f"files {megabytes(lead.get('fetched_bytes'))} of {megabytes(lead['fetch_total'])}"
-        fields = {"loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
-                  "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
-                  "state": lead.get("state", "")}
+        fields: dict[str, Any] = {
+            "loss": "-" if not isinstance(loss, (int, float)) else f"{loss:.4f}", "metric": metric,
+            "sent": megabytes(sum(r.get("bytes_sent") or 0 for r in self.reports.values())),
+            "state": safe(lead.get("state", ""))}
         if self.live:
             if self._progress is None:
                 self._progress = Progress(

@@ -96,6 +96,7 @@ def run_up(args: argparse.Namespace) -> int:
                             "log": str(n.log_file)} for n in testnet.nodes],
             "compute": [{"name": n.name, "peer_id": n.peer_id, "rpc": n.rpc_url, "log": str(n.log_file)}
                         for n in compute],
+            **({"explorer": devnet.explorer_url()} if devnet is not None else {}),
         }))
         return 0
     print(f"chain {testnet.chain_id}: producing blocks")
@@ -103,6 +104,7 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"  {node.name}  rpc {node.rpc_url}  p2p {node.p2p_addr}  log {node.log_file}")
     for node in compute:
         print(f"  {node.name}  rpc {node.rpc_url}  compute node {node.peer_id}  log {node.log_file}")
+    print(f"explorer: {devnet.explorer_url() if devnet is not None else testnet.nodes[0].rpc_url + '/explorer/'}")
     print(f"faucet key: {testnet.faucet_key} ({testnet.faucet().peer_id})")
     print(f"try: dekube-node wallet balance --rpc {testnet.nodes[0].rpc_url} --key {testnet.faucet_key}")
     return 0

@@ -14,10 +14,12 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
-from consensus import rpcclient
+from cli.safe_text import echo
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
 from node.keystore import load_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -36,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(handler=handler)
         return sub
 
-    balance = action("balance", "show the balance (and stake) of an address", run_balance)
+    balance = action("balance", "show free, bonded and unbonding tokens of an address", run_balance)
     balance.add_argument("address", nargs="?", help="peer ID (default: the key's)")
     nonce = action("nonce", "show the next nonce (latest and pending)", run_nonce)
     nonce.add_argument("address", nargs="?", help="peer ID (default: the key's)")
@@ -77,10 +79,10 @@ def _address(args: argparse.Namespace) -> str:
 
 def _rpc(args: argparse.Namespace, method: str, *params):
     try:
-        return rpcclient.call(args.rpc, method, *params)
-    except rpcclient.RpcUnreachable as exc:
+        return jsonrpc.call(args.rpc, method, *params)
+    except LedgerUnavailable as exc:
         raise CliError(f"cannot reach the node: {exc}") from None
-    except rpcclient.RpcCallError as exc:
+    except RpcAnswerError as exc:
         raise CliError(f"{method}: {exc}") from None
 
 
@@ -89,14 +91,25 @@ def _print(args: argparse.Namespace, doc: dict) -> None:
         print(json.dumps(doc))
     else:
         for name, value in doc.items():
-            print(f"{name + ':':10}{value}")
+            echo(f"{name + ':':10}{value}")
 
 
 def run_balance(args: argparse.Namespace) -> int:
+    """Free (spendable; also as "balance"), bonded and unbonding stake (with the heights each part returns
+    at), and their total."""
     address = _address(args)
     stake = _rpc(args, "dkb_getStake", address)
-    _print(args, {"address": address, "balance": _rpc(args, "dkb_getBalance", address),
-                  "bonded": stake["bonded"], "height": _rpc(args, "dkb_blockNumber")})
+    free = _rpc(args, "dkb_getBalance", address)
+    releases = [[int(height), int(amount)] for height, amount in stake.get("unbonding") or []]
+    unbonding = sum(amount for _, amount in releases)
+    doc = {"address": address, "free": free, "bonded": stake["bonded"], "unbonding": unbonding,
+           "total": free + stake["bonded"] + unbonding, "height": _rpc(args, "dkb_blockNumber")}
+    if args.json:
+        print(json.dumps({**doc, "balance": free, "unbonding_releases": releases}))
+        return 0
+    if releases:
+        doc["unbonding"] = f"{unbonding} (" + ", ".join(f"{a} at height {h}" for h, a in releases) + ")"
+    _print(args, doc)
     return 0
 
 
@@ -162,8 +175,8 @@ def wait_receipt(url: str, tx_hash: str, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            receipt = rpcclient.call(url, "dkb_getTransactionReceipt", tx_hash)
-        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError) as exc:
+            receipt = jsonrpc.call(url, "dkb_getTransactionReceipt", tx_hash)
+        except (LedgerUnavailable, RpcAnswerError) as exc:
             raise CliError(f"waiting for {tx_hash}: {exc}") from None
         if receipt is not None:
             return receipt

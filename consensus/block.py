@@ -4,7 +4,8 @@ The header commits to chain_id, height, time, the previous block's hash, the Mer
 the transactions and of the evidence, the proposer, the hash of the (opaque) last commit
 certificate, and ``app_hash``: the app hash of the state AFTER the previous block (as
 CometBFT does), so a proposer need not execute its own block before proposing it, and each
-block attests to the result of its parent. The block hash is sha256 of the encoded header.
+block attests to the result of its parent. The block hash is sha256 of the encoded header. The Merkle
+roots are node.merkle's RFC 6962 tree (ADR 0190).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consensus.encoding import EncodingError, decode, encode
+from node.merkle import merkle_root
 
 HEADER_DOMAIN = b"dekube/block-header/v1\x00"
 HASH_BYTES = 32
@@ -22,20 +24,6 @@ MAX_LAST_COMMIT_BYTES = 1024 * 1024
 
 class BlockError(ValueError):
     """Bytes that are not a well-formed block, or a block that does not fit its chain."""
-
-
-def merkle_root(items: list[bytes] | tuple[bytes, ...]) -> bytes:
-    """RFC 6962 Merkle tree hash (leaf = sha256(0x00|item), node = sha256(0x01|l|r))."""
-    sha256 = hashlib.sha256
-    if not items:
-        return sha256(b"").digest()
-    level = [sha256(b"\x00" + item).digest() for item in items]
-    while len(level) > 1:
-        nxt = [sha256(b"\x01" + level[i] + level[i + 1]).digest() for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
 
 
 @dataclass(frozen=True)

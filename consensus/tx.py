@@ -30,7 +30,7 @@ MAX_EVIDENCE_BYTES = 8192
 _SIGNATURE_SUFFIX = b"\x05\x40"  # bytes tag + length 64: how the signature field starts
 
 ROLES = frozenset({"validator", "compute", "relay", "verifier"})
-SYNC_MODES = frozenset({"allreduce", "diloco"})
+SYNC_MODES = frozenset({"allreduce", "diloco", "streaming"})
 DEVICES = frozenset({"cpu", "cuda", "any"})   # what a task asks to train on ("any": the scheduler picks)
 DEFAULT_DEVICE = "cpu"
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from consensus import rpcclient
 from consensus.genesis import Genesis
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable
 
 BATCH = 50
 
@@ -26,16 +27,16 @@ def fetch_blocks(url: str, first: int, last: int) -> list[dict]:
     out = []
     for start in range(first, last + 1, BATCH):
         calls = [("dkb_getBlockByNumber", [h, True]) for h in range(start, min(last, start + BATCH - 1) + 1)]
-        for result in rpcclient.batch(url, calls, timeout=60):
+        for result in jsonrpc.batch(url, calls, timeout=60):
             if isinstance(result, Exception) or result is None:
-                raise rpcclient.RpcUnreachable(f"{url}: block fetch failed: {result}")
+                raise LedgerUnavailable(f"{url}: block fetch failed: {result}")
             out.append(result)
     return out
 
 
 def check_chain(urls: list[str], genesis: Genesis, confirmed: set[str] | frozenset = frozenset()) -> list[str]:
     violations: list[str] = []
-    heights = {url: rpcclient.call(url, "dkb_blockNumber") for url in urls}
+    heights = {url: jsonrpc.call(url, "dkb_blockNumber") for url in urls}
     top = min(heights.values())
     chains = {url: fetch_blocks(url, 1, heights[url]) for url in urls}
     reference = chains[urls[0]][:top]
@@ -67,11 +68,11 @@ def check_chain(urls: list[str], genesis: Genesis, confirmed: set[str] | frozens
     for sender, seen in nonces.items():
         if seen != list(range(len(seen))):
             violations.append(f"{sender}: nonces on chain are not 0..{len(seen) - 1} in order: {seen[:20]}")
-        account_nonce = rpcclient.call(url, "dkb_getTransactionCount", sender, "latest")
+        account_nonce = jsonrpc.call(url, "dkb_getTransactionCount", sender, "latest")
         if account_nonce != len(seen):
             violations.append(f"{sender}: account nonce {account_nonce} but {len(seen)} txs on chain")
 
-    supply = rpcclient.call(url, "dkb_getSupply")
+    supply = jsonrpc.call(url, "dkb_getSupply")
     if supply["total"] != genesis.total_supply:
         violations.append(f"supply {supply} != genesis supply {genesis.total_supply}")
     held = 0
@@ -79,7 +80,7 @@ def check_chain(urls: list[str], genesis: Genesis, confirmed: set[str] | frozens
     for start in range(0, len(sorted_accounts), BATCH):
         chunk = sorted_accounts[start:start + BATCH]
         calls = [c for a in chunk for c in (("dkb_getBalance", [a]), ("dkb_getStake", [a]))]
-        results = rpcclient.batch(url, calls, timeout=60)
+        results = jsonrpc.batch(url, calls, timeout=60)
         for balance, stake in zip(results[::2], results[1::2]):
             held += balance + stake["bonded"] + sum(amount for _, amount in stake["unbonding"])
     if held + supply["burned"] + supply["escrow"] != genesis.total_supply:

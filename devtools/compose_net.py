@@ -22,12 +22,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from consensus import rpcclient
 from devtools.devnet import FAST_TASK_PARAMS
 from devtools.testnet import MANIFEST, Testnet
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, load_identity, save_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 CHAIN_ID = "dekube-compose"
 VALIDATOR_BASE_PORT = 26600
@@ -115,8 +116,8 @@ def _write_home(home: Path, ident: Identity, overrides: dict[tuple[str, str], st
 
 def _rpc(url: str, method: str, *params):
     try:
-        return rpcclient.call(url, method, *params, timeout=5.0)
-    except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+        return jsonrpc.call(url, method, *params, timeout=5.0)
+    except (LedgerUnavailable, RpcAnswerError):
         return None
 
 

@@ -7,7 +7,8 @@
 `up` creates the network unless DIR holds one, starts every process and waits until every compute
 node is registered and bonded on the ledger. Compute node I lives in DIR/cI (key, config, node.log),
 listens for p2p on a port the kernel picks (its registration carries the bound address) and uses
-validator I mod V's RPC.
+validator I mod V's RPC. Its RPC sends CORS headers to the validators' origins, so their explorer pages
+(``explorer_url``) can draw its training curves.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import socket
 import time
 from pathlib import Path
 
-from consensus import rpcclient
 from devtools.testnet import NodeSpec, Testnet, TestnetError
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 COMPUTE_MANIFEST = "compute.json"
 COMPUTE_FUNDS = 10**6
@@ -80,6 +82,9 @@ class ComputeDevnet:
                 ("rpc", "port"): str(node.rpc_port),
                 ("consensus", "chain_id"): chain_id,
                 ("compute", "rpc_url"): testnet.nodes[i % len(testnet.nodes)].rpc_url,
+                # the validators' explorer pages read this node's training progress (dkb_taskProgress)
+                ("rpc", "cors"): "true",
+                ("rpc", "allowed_origins"): ",".join(v.rpc_url for v in testnet.nodes),
             }
             for name, value in (compute_settings or {}).items():
                 section, _, key = name.partition(".")
@@ -89,6 +94,11 @@ class ComputeDevnet:
         (root / COMPUTE_MANIFEST).write_text(json.dumps([
             {"name": n.name, "peer_id": n.peer_id, "p2p_port": n.p2p_port, "rpc_port": n.rpc_port} for n in nodes]))
         return cls(testnet, nodes)
+
+    def explorer_url(self) -> str:
+        """The first validator's explorer page with every compute node's RPC listed (``?nodes=``), so the
+        page draws the training curves they report."""
+        return f"{self.rpc_url}/explorer/?nodes=" + ",".join(n.rpc_url for n in self.compute)
 
     @classmethod
     def load(cls, root: Path | str) -> ComputeDevnet:
@@ -121,15 +131,15 @@ class ComputeDevnet:
                 raise TestnetError(f"compute node(s) {', '.join(dead)} exited; see {self.testnet.root}/<node>/node.log")
             try:
                 waiting = [n for n in waiting if not self._registered(n)]
-            except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+            except (LedgerUnavailable, RpcAnswerError):
                 pass
             if waiting and time.monotonic() > deadline:
                 raise TestnetError(f"compute nodes not registered after {timeout:g} s: {[n.name for n in waiting]}")
             time.sleep(0.3)
 
     def _registered(self, node: NodeSpec) -> bool:
-        info = rpcclient.call(self.rpc_url, "dkb_getNode", node.peer_id)
-        stake = rpcclient.call(self.rpc_url, "dkb_getStake", node.peer_id)
+        info = jsonrpc.call(self.rpc_url, "dkb_getNode", node.peer_id)
+        stake = jsonrpc.call(self.rpc_url, "dkb_getStake", node.peer_id)
         return info is not None and "compute" in info["roles"] and stake["bonded"] > 0
 
     def down(self, timeout: float = 10.0) -> list[str]:

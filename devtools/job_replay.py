@@ -42,7 +42,7 @@ class LeavingAverager:
 
 def segments_needed(spec: TrainSpec, last_segment: int) -> dict:
     """How far to train so that segment `last_segment` (0-based) exists: the trainer's run() kwargs."""
-    if spec.mode == "diloco":
+    if spec.outer_mode:
         return {"until_outer_step": min(last_segment + 1, spec.outer_steps)}
     return {"until_step": min((last_segment + 1) * spec.segment_steps, spec.steps)}
 

@@ -15,9 +15,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from consensus import rpcclient
 from consensus.tx import build_tx
 from node.identity import Identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 
 @dataclass
@@ -80,8 +81,8 @@ class WalletLoad:
     def _batch(self, calls: list) -> list | None:
         for _ in range(3):
             try:
-                return rpcclient.batch(self._url(), calls, timeout=10)
-            except rpcclient.RpcUnreachable:
+                return jsonrpc.batch(self._url(), calls, timeout=10)
+            except LedgerUnavailable:
                 self.errors["unreachable"] += 1
         return None
 
@@ -98,7 +99,7 @@ class WalletLoad:
     def _submit(self, items: list[_InFlight]) -> None:
         results = self._batch([("dkb_sendRawTransaction", [item.raw_hex]) for item in items])
         for result in results or []:
-            if isinstance(result, rpcclient.RpcCallError):
+            if isinstance(result, RpcAnswerError):
                 self.errors[(result.data or {}).get("code", result.code)] += 1
 
     def _resubmit_stale(self, now: float) -> None:

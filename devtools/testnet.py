@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consensus import rpcclient
 from consensus.genesis import Genesis, GenesisValidator, Params
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, load_identity, save_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 MANIFEST = "testnet.json"
 FAUCET_KEY = "faucet_key.json"
@@ -247,8 +248,8 @@ class Testnet:
     # ------------------------------------------------------------------ observation
     def height(self, node: NodeSpec, timeout: float = 2.0) -> int | None:
         try:
-            return rpcclient.call(node.rpc_url, "dkb_blockNumber", timeout=timeout)
-        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+            return jsonrpc.call(node.rpc_url, "dkb_blockNumber", timeout=timeout)
+        except (LedgerUnavailable, RpcAnswerError):
             return None
 
     def wait_height(self, height: int, timeout: float, nodes: list[NodeSpec] | None = None) -> None:

@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from consensus import rpcclient
 from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
 from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.spec import TrainSpec
+from node.ledger import jsonrpc
 
 PRICE = 100_000
 WORKERS = 5
@@ -35,7 +35,7 @@ PARAMS = {"audit_answer_blocks": 150, "dispute_blocks": 60, "audit_window": 40}
 
 
 def _rpc(net: ComputeDevnet, method: str, *params):
-    return rpcclient.call(net.rpc_url, method, *params)
+    return jsonrpc.call(net.rpc_url, method, *params)
 
 
 def _submit(net: ComputeDevnet, spec: TrainSpec, profile: str) -> str:

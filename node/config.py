@@ -273,6 +273,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "artifacts": {
         "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
+        "quota_mb": Key(int, 65536, "total disk the artifact store may use (MiB, at least max_size_mb): to make "
+                        "room, artifacts no open task of this node needs are deleted, oldest first", check_positive),
+        "own_retention_s": Key(float, 7 * 24 * 3600.0,
+                               "seconds the artifacts this node made (its results) stay kept after they were made, "
+                               "so owners can fetch them", check_positive),
         "max_uploads": Key(int, 32, "artifact streams served at once to all peers", check_positive),
         "max_uploads_per_peer": Key(int, 4, "artifact streams served at once to one peer", check_positive),
         "window_chunks": Key(int, 8, "1 MiB chunks in flight per holder while fetching", check_positive),

@@ -8,7 +8,7 @@
 # moved with the wallet. Leaves the network running in ./devnet (stop it with
 #   dekube-node testnet down --home ./devnet); pass --down to stop it at the end.
 # Then, where it can (root, network namespaces), a task across NAT: validators and relays on
-# emulated public hosts, the compute nodes each behind its own NAT router (tests/netlab/demo_nat.py);
+# emulated public hosts, the compute nodes each behind its own NAT router (devtools/netlab/demo_nat.py);
 # pass --no-nat to skip that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ if [ "$NAT" = 1 ]; then
     apt-get install -y -qq nftables iproute2 >/dev/null 2>&1 || true
   fi
   echo "== the same task across NAT (emulated internet in network namespaces)"
-  python3 -m tests.netlab.demo_nat || [ $? = 2 ]   # 2: this machine cannot build namespaces (said why)
+  python3 -m devtools.netlab.demo_nat || [ $? = 2 ]   # 2: this machine cannot build namespaces (said why)
 fi
 if [ "$DOWN" = 1 ]; then
   echo "== stopping the network"

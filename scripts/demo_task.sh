@@ -21,9 +21,9 @@ dekube-node task submit --rpc "$RPC" --key "$HOME_DIR/faucet_key.json" --model m
 echo "== what each compute node reports (dkb_computeStatus)"
 python3 - "$HOME_DIR" <<'PY'
 import json, sys
-from consensus import rpcclient
+from node.ledger import jsonrpc
 for node in json.load(open(sys.argv[1] + "/compute.json")):
-    status = rpcclient.call(f"http://127.0.0.1:{node['rpc_port']}", "dkb_computeStatus")
+    status = jsonrpc.call(f"http://127.0.0.1:{node['rpc_port']}", "dkb_computeStatus")
     for task_id, job in status["jobs"].items():
         print(f"  {node['name']} worker  task {task_id[:12]}..  {job['state']}  step {job['step']}  "
               f"sent {job['bytes_sent'] / 1e6:.2f} MB  {job.get('metrics')}")
@@ -34,4 +34,4 @@ for node in json.load(open(sys.argv[1] + "/compute.json")):
 PY
 echo "== tasks"
 dekube-node task list --rpc "$RPC"
-python3 -c "import sys; from consensus import rpcclient; s = rpcclient.call(sys.argv[1], 'dkb_getSupply'); print('supply', s['total'], 'genesis', s['genesis'], 'conserved' if s['total'] == s['genesis'] else 'NOT CONSERVED')" "$RPC"
+python3 -c "import sys; from node.ledger import jsonrpc; s = jsonrpc.call(sys.argv[1], 'dkb_getSupply'); print('supply', s['total'], 'genesis', s['genesis'], 'conserved' if s['total'] == s['genesis'] else 'NOT CONSERVED')" "$RPC"

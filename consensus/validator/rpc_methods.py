@@ -5,13 +5,15 @@ accepted), amounts integers. ``dkb_sendRawTransaction`` maps a rejection onto th
 ADR 0021 (-32001 nonce too low, -32002 nonce too high, -32003 insufficient funds, -32004 bad
 signature, -32005 already known, -32000 anything else) with ``data = {"code": <TxCode name>,
 "tx_code": <int>}``. ``dkb_getTransactionReceipt`` is null while the transaction is pending.
-``dkb_getSupply`` (beyond the issue's list) gives the supply breakdown for invariant checks.
+``dkb_getSupply`` (beyond the issue's list) gives the supply breakdown for invariant checks,
+``dkb_getParams`` the chain's parameters (what a server must bond to be paid, for instance).
 Reads that touch RocksDB run in a thread, reads that iterate the ledger state in the ledger worker
 thread (which mutates it), single lookups on the event loop.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from consensus.state import serve_disputes, serving
@@ -190,13 +192,18 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         parts = await chain.read_state(supply_breakdown, chain.ledger.state)
         return {**parts, "total": sum(parts.values()), "genesis": chain.genesis.total_supply}
 
-    for fn in (dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
+    async def dkb_getParams() -> dict[str, int]:
+        """The chain's parameters (genesis ``params``: stakes, shares, windows), e.g. ``min_serve_stake``."""
+        chain.require_ready()
+        return dataclasses.asdict(chain.ledger.params)
+
+    for fn in (dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
                dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
                dkb_getServeDispute, dkb_listServeDisputes):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
-        dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount, dkb_sendRawTransaction,
-        dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake, dkb_getNode,
-        dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
+        dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
+        dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake,
+        dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
         dkb_listServeDisputes)}

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from devtools.netlab.isolation import probe_isolation
 from devtools.perturb.manifest import ManifestError, load_manifest
-from devtools.perturb.netns import probe_isolation
 from devtools.perturb.network import PerturbNet
 from devtools.perturb.runner import Soak, log
 from node.identity import Identity

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from consensus import rpcclient
 from consensus.genesis import Genesis
 from devtools.chaincheck import BATCH, fetch_blocks
+from node.ledger import jsonrpc
 
 
 class ChainWatcher:
@@ -33,7 +33,7 @@ class ChainWatcher:
 
     def step(self, confirmed: set[str]) -> list[str]:
         violations: list[str] = []
-        heights = {url: rpcclient.call(url, "dkb_blockNumber", timeout=10) for url in self.urls}
+        heights = {url: jsonrpc.call(url, "dkb_blockNumber", timeout=10) for url in self.urls}
         top = min(heights.values())
         if top > self.checked:
             chains = {url: fetch_blocks(url, self.checked + 1, top) for url in self.urls}
@@ -44,7 +44,7 @@ class ChainWatcher:
         missing = sorted(h for h in self.pending_confirmed if h not in self.seen)
         violations += [f"confirmed tx {h} is not on chain at height {top}" for h in missing]
         self.pending_confirmed = {h for h in confirmed if h not in self.seen}
-        supply = rpcclient.call(self.urls[0], "dkb_getSupply", timeout=30)
+        supply = jsonrpc.call(self.urls[0], "dkb_getSupply", timeout=30)
         if supply["total"] != self.genesis.total_supply:
             violations.append(f"supply {supply} != genesis supply {self.genesis.total_supply}")
         return violations
@@ -99,14 +99,14 @@ class ChainWatcher:
         """Account sums and nonces; call with no transaction in flight and every validator at one height."""
         url = self.urls[0]
         out = []
-        supply = rpcclient.call(url, "dkb_getSupply", timeout=30)
+        supply = jsonrpc.call(url, "dkb_getSupply", timeout=30)
         accounts = sorted(self.accounts)
         held = 0
         for start in range(0, len(accounts), BATCH // 2):   # 3 calls per account, a batch holds 100
             chunk = accounts[start:start + BATCH // 2]
             calls = [c for a in chunk for c in (("dkb_getBalance", [a]), ("dkb_getStake", [a]),
                                                 ("dkb_getTransactionCount", [a, "latest"]))]
-            results = rpcclient.batch(url, calls, timeout=60)
+            results = jsonrpc.batch(url, calls, timeout=60)
             for account, balance, stake, nonce in zip(chunk, results[::3], results[1::3], results[2::3]):
                 held += balance + stake["bonded"] + sum(amount for _, amount in stake["unbonding"])
                 if nonce != self.next_nonce.get(account, 0):

@@ -19,15 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from consensus import rpcclient
 from consensus.genesis import Genesis, GenesisValidator, Params
 from devtools.devnet import COMPUTE_FUNDS, quiet_ports
+from devtools.netlab.isolation import LoopbackFirewall, NetnsLab
 from devtools.perturb.manifest import Manifest
-from devtools.perturb.netns import LoopbackFirewall, NetnsLab
 from devtools.testnet import DEFAULT_FAUCET, DEFAULT_STAKE, FAUCET_KEY, MANIFEST, REPO_ROOT, NodeSpec, Testnet
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 P2P_PORT, RPC_PORT = 4001, 8645   # every node's ports in netns mode (each has its own address)
 
@@ -215,8 +216,8 @@ class PerturbNet:
 
     def healthy(self, member: Member, timeout: float = 2.0) -> bool:
         try:
-            return bool(rpcclient.call(member.spec.rpc_url, "dkb_health", timeout=timeout).get("ok"))
-        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError, AttributeError):
+            return bool(jsonrpc.call(member.spec.rpc_url, "dkb_health", timeout=timeout).get("ok"))
+        except (LedgerUnavailable, RpcAnswerError, AttributeError):
             return False
 
     def up(self, timeout: float) -> None:

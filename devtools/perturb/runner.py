@@ -11,13 +11,14 @@ import threading
 import time
 from collections import Counter
 
-from consensus import rpcclient
 from devtools.chaincheck import check_chain
 from devtools.loadgen import WalletLoad
 from devtools.perturb.faults import FAULTS
 from devtools.perturb.invariants import ChainWatcher
 from devtools.perturb.manifest import KINDS, Manifest
 from devtools.perturb.network import Member, PerturbNet
+from node.ledger import jsonrpc
+from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 
 def log(msg: str) -> None:
@@ -109,14 +110,14 @@ class Soak:
         checked = start
         while time.monotonic() < deadline:
             try:
-                top = rpcclient.call(url, "dkb_blockNumber", timeout=5)
+                top = jsonrpc.call(url, "dkb_blockNumber", timeout=5)
                 for height in range(checked + 1, top + 1):
-                    block = rpcclient.call(url, "dkb_getBlockByNumber", height, False, timeout=5)
+                    block = jsonrpc.call(url, "dkb_getBlockByNumber", height, False, timeout=5)
                     votes = (block or {}).get("commit", []) + (block or {}).get("last_commit", [])
                     if any(v.get("validator") == victim.spec.peer_id for v in votes):
                         return True
                 checked = max(checked, top)
-            except (rpcclient.RpcUnreachable, rpcclient.RpcCallError):
+            except (LedgerUnavailable, RpcAnswerError):
                 pass
             time.sleep(0.3)
         return False
@@ -133,7 +134,7 @@ class Soak:
     def check(self) -> list[str]:
         try:
             return self.watcher.step(set(self.load.confirmed))
-        except (rpcclient.RpcUnreachable, rpcclient.RpcCallError) as exc:
+        except (LedgerUnavailable, RpcAnswerError) as exc:
             return [f"invariant check failed over RPC: {exc}"]
 
     def checkpoint(self) -> list[str]:

@@ -1,11 +1,17 @@
 """Blockwise symmetric absmax quantization: int8 (levels -127..127) and int4 (-7..7, two per byte).
 
-Each block of `block` values gets one 2-byte scale. Scales are bfloat16 (the range of fp32, so tiny
-and huge gradient blocks both survive), rounded *up* from absmax/levels, and values are quantized
-against the rounded scale, so the scale's short mantissa never adds error beyond the step size
-(docs/adr/0031). Layout after the header (param = block size):
-    scales: ceil(numel / block) x bf16 | codes: int8 per value, or int4 nibbles (value + 8, low
-    nibble first; an odd count pads the last high nibble with 0).
+The one quantizer family of the project: the all-reduce and the serving wire both use it (ADR 0190).
+Each block of `block` values gets one scale, of one of two kinds (header flags):
+- "bf16" (flags 0, the all-reduce's): 2 bytes, the range of fp32 so tiny and huge gradient blocks
+  both survive, rounded *up* from absmax/levels; values are quantized against the rounded scale, so
+  the short mantissa never adds error beyond the step size (docs/adr/0031).
+- "f32" (flags 1, serving's): 4 bytes, exactly absmax/levels, so a block's absmax value gets code
+  +-levels and decoding then re-encoding gives the same tensor (serving checks a pushed input by
+  the digest of its re-encoding; a rounded-up scale can leave the absmax at code 126).
+Both kinds floor the scale at fp32's smallest normal (an all-zero block decodes to zeros).
+Layout after the header (param = block size):
+    scales: ceil(numel / block) x bf16 or f32 | codes: int8 per value, or int4 nibbles (value + 8,
+    low nibble first; an odd count pads the last high nibble with 0).
 Decoding rejects negative/NaN/too-large scales and the codes the encoder never emits (-128, and
 nibble 0 for int4), so a valid encoding is always finite.
 """
@@ -42,6 +48,15 @@ def _max_scale_bits(levels: int) -> int:
     return bits
 
 
+def _max_f32_scale_bits(levels: int) -> int:
+    """Largest fp32 bit pattern s with levels * s finite in fp32."""
+    limit = torch.tensor([torch.finfo(torch.float32).max / levels], dtype=torch.float64).to(torch.float32)
+    bits = int(limit.view(torch.int32))
+    while not torch.isfinite(torch.tensor([bits], dtype=torch.int32).view(torch.float32) * levels).all():
+        bits -= 1
+    return bits
+
+
 def _round_up_to_bf16(s: torch.Tensor) -> torch.Tensor:
     """bf16 bit patterns (int16) of the smallest bf16 values >= s (s >= 0, finite)."""
     bits = s.view(torch.int32)
@@ -52,23 +67,32 @@ def _bf16_bits_to_float(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
-class BlockwiseCodec:
-    """Symmetric absmax quantization to `bits` (8 or 4) with one bf16 scale per `block` values."""
+SCALE_FLAGS = {"bf16": 0, "f32": 1}
 
-    def __init__(self, bits: int, block: int):
+
+class BlockwiseCodec:
+    """Symmetric absmax quantization to `bits` (8 or 4) with one `scale` ("bf16" or "f32") per
+    `block` values."""
+
+    def __init__(self, bits: int, block: int, scale: str = "bf16"):
         if bits not in (8, 4):
             raise ValueError("bits must be 8 or 4")
         if not (2 <= block <= 32768 and block % 2 == 0):
             raise ValueError("block must be even and in [2, 32768]")
+        if scale not in SCALE_FLAGS:
+            raise ValueError(f"scale must be one of {sorted(SCALE_FLAGS)}")
         self.bits = bits
         self.block = block
+        self.scale = scale
         self.name = "int8" if bits == 8 else "int4"
         self._id = CODEC_IDS[self.name]
+        self._flags = SCALE_FLAGS[scale]
+        self._scale_bytes = 2 if scale == "bf16" else 4
         self._levels = 127 if bits == 8 else 7
-        self._max_scale_bits = _max_scale_bits(self._levels)
+        self._max_scale_bits = (_max_scale_bits if scale == "bf16" else _max_f32_scale_bits)(self._levels)
 
     def __repr__(self) -> str:
-        return f"BlockwiseCodec({self.name}, block={self.block})"
+        return f"BlockwiseCodec({self.name}, block={self.block}, scale={self.scale})"
 
     def _sizes(self, numel: int) -> tuple[int, int]:
         n_blocks = -(-numel // self.block)
@@ -77,23 +101,30 @@ class BlockwiseCodec:
 
     def max_encoded_size(self, numel: int) -> int:
         n_blocks, code_bytes = self._sizes(numel)
-        return HEADER_SIZE + 2 * n_blocks + code_bytes
+        return HEADER_SIZE + self._scale_bytes * n_blocks + code_bytes
+
+    def _scale_bits(self, scale: torch.Tensor) -> torch.Tensor:
+        """The stored bit patterns of the block scales `scale` (>= smallest normal, finite)."""
+        return _round_up_to_bf16(scale) if self.scale == "bf16" else scale.view(torch.int32)
+
+    def _scale_values(self, bits: torch.Tensor) -> torch.Tensor:
+        return _bf16_bits_to_float(bits) if self.scale == "bf16" else bits.to(torch.int32).view(torch.float32)
 
     # -- encode ---------------------------------------------------------------------------------
 
     def _quantize_rows(self, rows: torch.Tensor, scale_bits_out: torch.Tensor, codes_out: torch.Tensor) -> None:
-        """rows [r, block] -> bf16 scale bits into scale_bits_out [r], codes -levels..levels into
+        """rows [r, block] -> scale bits into scale_bits_out [r], codes -levels..levels into
         codes_out [r, block] (int8)."""
         absmax = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_())
         if not bool(torch.isfinite(absmax).all()):
             raise CodecError("tensor contains NaN or Inf")
         scale = (absmax / self._levels).clamp_min_(_SMALLEST_NORMAL)
-        scale_bits = _round_up_to_bf16(scale)
+        scale_bits = self._scale_bits(scale)
         saturated = bool((scale_bits > self._max_scale_bits).any())
         if saturated:  # |x| near fp32 max: cap the scale so decoding stays finite, clamp codes
             scale_bits.clamp_(max=self._max_scale_bits)
         scale_bits_out.copy_(scale_bits)
-        inv = 1.0 / _bf16_bits_to_float(scale_bits)
+        inv = 1.0 / self._scale_values(scale_bits)
         scaled = (rows * inv[:, None]).add_(_ROUNDING_MAGIC).sub_(_ROUNDING_MAGIC)
         if saturated:
             scaled.clamp_(-self._levels, self._levels)
@@ -104,7 +135,7 @@ class BlockwiseCodec:
         x = x.detach()
         n_blocks, _ = self._sizes(numel)
         n_full = numel // self.block
-        scale_bits = torch.empty(n_blocks, dtype=torch.int16)
+        scale_bits = torch.empty(n_blocks, dtype=torch.int16 if self.scale == "bf16" else torch.int32)
         codes = torch.empty(n_blocks, self.block, dtype=torch.int8)
         rows_per_chunk = max(1, chunk_values() // self.block)  # temporaries stay in cache
         for first in range(0, n_full, rows_per_chunk):
@@ -117,24 +148,26 @@ class BlockwiseCodec:
             self._quantize_rows(padded, scale_bits[n_full:], codes[n_full:])
         codes = codes.view(-1)[:numel]
         packed = codes if self.bits == 8 else _pack_nibbles(codes)
-        return b"".join([pack_header(self._id, 0, self.block, numel), tensor_bytes(scale_bits), tensor_bytes(packed)])
+        header = pack_header(self._id, self._flags, self.block, numel)
+        return b"".join([header, tensor_bytes(scale_bits), tensor_bytes(packed)])
 
     # -- decode ---------------------------------------------------------------------------------
 
     def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         flags, block = read_header(data, self._id, numel)
-        if flags != 0:
-            raise CodecError(f"{self.name}: unknown flags {flags:#x}")
+        if flags != self._flags:
+            raise CodecError(f"{self.name}: flags {flags:#x} in header, expected {self._flags:#x} "
+                             f"({self.scale} scales)")
         if block != self.block:
             raise CodecError(f"{self.name}: block size {block} in header, expected {self.block}")
         require_length(data, self.max_encoded_size(numel))
         n_blocks, code_bytes = self._sizes(numel)
-        scale_bits = view_array(data, np.dtype("<i2"), HEADER_SIZE, n_blocks)
+        scale_bits = view_array(data, np.dtype("<i2" if self.scale == "bf16" else "<i4"), HEADER_SIZE, n_blocks)
         # min/max reductions, not element-wise compares + any(): no temporaries, ~20x faster
         if n_blocks and not _within(scale_bits, 0, self._max_scale_bits):
             raise CodecError(f"{self.name}: negative, non-finite or out-of-range block scale")
-        scales = _bf16_bits_to_float(scale_bits)
-        code_offset = HEADER_SIZE + 2 * n_blocks
+        scales = self._scale_values(scale_bits)
+        code_offset = HEADER_SIZE + self._scale_bytes * n_blocks
         if self.bits == 8:
             codes = view_array(data, np.dtype("i1"), code_offset, code_bytes)
             if numel and int(codes.min()) == -128:
@@ -179,12 +212,12 @@ def _unpack_nibbles(packed: torch.Tensor, numel: int) -> torch.Tensor:
     return nibbles.view(torch.int8).sub(8)
 
 
-def _int8(block: int = 128) -> BlockwiseCodec:
-    return BlockwiseCodec(8, block)
+def _int8(block: int = 128, scale: str = "bf16") -> BlockwiseCodec:
+    return BlockwiseCodec(8, block, scale)
 
 
-def _int4(block: int = 64) -> BlockwiseCodec:
-    return BlockwiseCodec(4, block)
+def _int4(block: int = 64, scale: str = "bf16") -> BlockwiseCodec:
+    return BlockwiseCodec(4, block, scale)
 
 
 register_codec("int8", _int8)

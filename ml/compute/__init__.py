@@ -5,7 +5,8 @@ replay (`segment_replay`: one worker's one segment from its checkpoint), finaliz
 `role.ComputeRole` is what `dekube-node start --role compute` runs; `task_spec` maps ledger tasks to
 TrainSpecs; `executor` builds a worker's group and trainer; `host_transport` adapts the Host to the
 all-reduce transport; `ready_protocol` and `segments_protocol` are the workers' start barrier and
-the verifiers' record requests (`/dekube/task-segments/2`); `commitment`, `replay` and `audit`
-verify; the node's ledger gateway (`node.ledger`) talks to validators; `local_job`/`local_worker` run
-`dekube-node task run` (the local devnet of validators plus compute nodes lives in `devtools.devnet`).
+the verifiers' record requests (`/dekube/task-segments/2`); `commitment`, `segment_replay`,
+`verification_flow` and `duties` verify (audit slots drawn by the ledger); the node's ledger
+gateway (`node.ledger`) talks to validators; `local_job`/`local_worker` run `dekube-node task run`
+(the local devnet of validators plus compute nodes lives in `devtools.devnet`).
 """

@@ -52,6 +52,7 @@ from ml.train.faults import falsify_records
 from ml.train.inputs import artifact_ids
 from ml.train.progress import ProgressFeed
 from ml.train.segments import ArtifactSink
+from node.artifacts.quota import task_pins
 from node.bandwidth import worth_publishing
 from node.ledger import RESYNC, LedgerGateway, LedgerUnavailable, TxFailed
 from node.p2p.errors import ProtocolError
@@ -358,6 +359,7 @@ class ComputeRole(Role):
     async def _tick(self) -> None:
         me = self.node.peer_id
         tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
+        self.node.artifacts.quota.set_task_pins(task_pins(tasks, me))   # kept from eviction (node/artifacts/quota.py)
         height = await self.ledger.call("dkb_blockNumber")
         self._due_height = None
         self._heads_wanted.clear()

@@ -12,8 +12,9 @@ sorted keys, no spaces, steps as [gradient, codec, average] triples, receipts as
 [round, sender, digest, start, stop, chunk]. `SegmentRecord.from_json` validates hostile input strictly.
 
 Leaf = sha256("dekube/segment-leaf" || task id || worker || canonical record); the root is
-`consensus.block.merkle_root` of the leaves (leaf node sha256(0x00 || leaf), inner sha256(0x01 || l || r),
-an odd node carried up), which equals RFC 6962's tree hash; `proof`/`verify_proof` are its audit paths.
+`node.merkle.merkle_root` of the leaves (leaf node sha256(0x00 || leaf), inner sha256(0x01 || l || r),
+an odd node carried up), which equals RFC 6962's tree hash; `proof`/`verify_proof` are its audit
+paths, bounded here for hostile input (the tree is node.merkle's, ADR 0190).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from consensus.block import merkle_root
+from node.merkle import audit_path, merkle_root, root_from_path
 
 LEAF_DOMAIN = b"dekube/segment-leaf"
 MAX_STEPS = 100_000            # steps in one segment record
@@ -162,34 +163,15 @@ def leaves(task_id: bytes, worker: str, records: list[SegmentRecord]) -> list[by
 
 
 def root(leaf_list: list[bytes]) -> bytes:
-    """The segments_root over a worker's leaves (consensus.block.merkle_root)."""
+    """The segments_root over a worker's leaves (node.merkle.merkle_root)."""
     if not leaf_list:
         raise BadRecord("a commitment has at least one segment")
     return merkle_root(leaf_list)
 
 
-def _leaf_node(item: bytes) -> bytes:
-    return hashlib.sha256(b"\x00" + item).digest()
-
-
-def _inner(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
-
-
 def proof(leaf_list: list[bytes], index: int) -> list[bytes]:
     """The audit path of leaf `index`: the sibling at every level where it has one, bottom up."""
-    if not 0 <= index < len(leaf_list):
-        raise ValueError(f"leaf {index} outside {len(leaf_list)} leaves")
-    level = [_leaf_node(item) for item in leaf_list]
-    path = []
-    while len(level) > 1:
-        sibling = index ^ 1
-        if sibling < len(level):
-            path.append(level[sibling])
-        level = [_inner(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)] + (
-            [level[-1]] if len(level) % 2 else [])
-        index //= 2
-    return path
+    return audit_path(leaf_list, index)
 
 
 def verify_proof(root_hash: bytes, leaf_item: bytes, index: int, count: int, path: list[bytes]) -> bool:
@@ -199,14 +181,4 @@ def verify_proof(root_hash: bytes, leaf_item: bytes, index: int, count: int, pat
             or not isinstance(path, list) or len(path) > MAX_PROOF
             or not all(isinstance(p, bytes) and len(p) == 32 for p in path)):
         return False
-    node, width, used = _leaf_node(leaf_item), count, 0
-    while width > 1:
-        if index ^ 1 < width:
-            if used == len(path):
-                return False
-            sibling = path[used]
-            used += 1
-            node = _inner(sibling, node) if index % 2 else _inner(node, sibling)
-        index //= 2
-        width = (width + 1) // 2
-    return used == len(path) and node == root_hash
+    return root_from_path(leaf_item, index, count, path) == root_hash

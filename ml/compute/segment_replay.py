@@ -102,10 +102,6 @@ class CommittedAverages:
             self.compressor.load_state_dict(state)
 
 
-def _first_step(spec: TrainSpec, index: int) -> int:
-    return index * (spec.inner_steps if spec.mode == "diloco" else spec.segment_steps)
-
-
 def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, checkpoint_path: Path | str,
                    averages_path: Path | str, files: Mapping[str, Path] | None, salt: bytes,
                    until_step: int | None = None, claims: Sequence[Claim] = ()) -> SegmentReplay:
@@ -153,7 +149,8 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
         trainer.load_training_state(state)
     except (ValueError, KeyError, TypeError, RuntimeError, IndexError):
         return verdict((0, "state_in"))
-    if trainer.step != _first_step(spec, record.index) or getattr(trainer, "outer_step", record.index) != record.index:
+    if (trainer.step != spec.first_step_of_segment(record.index)
+            or getattr(trainer, "outer_step", record.index) != record.index):
         return verdict((0, "state_in"))
     last = len(record.steps) - 1 if until_step is None else until_step
     return verdict(asyncio.run(_replay(trainer, recorder, record, last)))

@@ -1,7 +1,7 @@
 """Translation between a task as the ledger holds it and the TrainSpec a worker trains.
 
-The ledger's submit_task payload names `model`, `dataset`, `workers`, `sync_mode` ("allreduce" or
-"diloco"), `codec` and a `hyperparams` map. The canonical ledger encoding has no floats, so float
+The ledger's submit_task payload names `model`, `dataset`, `workers`, `sync_mode` ("allreduce",
+"diloco" or "streaming"), `codec` and a `hyperparams` map. The canonical ledger encoding has no floats, so float
 hyper-parameters travel as decimal text and `codec_options` as JSON text; text fields (artifact ids,
 loss, device, init, tokenizer) as themselves; `train_spec_for_task`
 reverses that and validates the result; `segments` is the spec's segment count, which the ledger
@@ -16,7 +16,7 @@ from dataclasses import fields
 from ml.train.spec import InvalidSpec, TrainSpec
 
 MODEL_ALIASES = {"mlp": "digits-mlp", "transformer": "char-transformer"}
-SYNC_MODES = {"allreduce": "data-parallel", "diloco": "diloco"}
+SYNC_MODES = {"allreduce": "data-parallel", "diloco": "diloco", "streaming": "streaming-diloco"}
 _ON_PAYLOAD = ("model", "dataset", "codec", "mode")   # TrainSpec fields carried outside hyperparams
 _FIELD_TYPES = {f.name: f.type for f in fields(TrainSpec)}
 

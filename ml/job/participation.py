@@ -58,5 +58,10 @@ def departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
 
 def departure_step(spec: TrainSpec, round_id: int) -> int:
     """Optimizer steps the survivors had done when round `round_id` averaged without the worker:
-    data-parallel rounds are steps; a DiLoCo round follows its outer step's `inner_steps` steps."""
+    data-parallel rounds are steps; a DiLoCo round follows its outer step's `inner_steps` steps; a
+    streaming DiLoCo round is applied at its due step (ml.train.streaming_schedule)."""
+    if spec.mode == "streaming-diloco":
+        from ml.train.streaming_schedule import schedule
+        rounds = schedule(spec)
+        return rounds[round_id].due if 0 <= round_id < len(rounds) else spec.steps
     return (round_id + 1) * spec.inner_steps if spec.mode == "diloco" else round_id

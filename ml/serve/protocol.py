@@ -43,7 +43,7 @@ every compute reply, and refuses compute while more than credit_tokens are not c
 Any request may carry "receipt" + "client_sig" (the cumulative receipt of the previous reply); its
 reply then carries "server_sig". "receipt" alone sends one (before a close).
 
-Replies use the request's codec ("f32" bit-exact, "f16", "i8"). A refused request is answered
+Replies use the request's codec ("f32" bit-exact, "f16", "int8", "int4"). A refused request is answered
 {"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
 the stream is closed. Torch work and tensor (de)coding run in worker threads, one compute at a time
 per server. `make_handler` is the server's stream handler; `SpanClient` the client's end.

@@ -1,4 +1,4 @@
-"""Frames of the serving protocol: a JSON header plus tensors, hidden states encoded fp32, fp16 or int8.
+"""Frames of the serving protocol: a JSON header plus tensors, hidden states as f32, f16, int8 or int4.
 
 A frame is a 4-byte big-endian body length, then the body: a 4-byte header length, the UTF-8 JSON
 header (an object), and the tensors' bytes back to back. The header's "tensors" list describes each
@@ -6,10 +6,11 @@ one: {"name", "codec", "shape", "nbytes"}. Codecs:
 
 - "f32": little-endian float32, bit-exact.
 - "f16": little-endian float16 (values outside fp16's range are refused, not turned into inf).
-- "i8":  blockwise int8: per block of `INT8_BLOCK` consecutive values one float32 scale
-  (absmax / 127) followed by the int8 codes; error per value <= scale / 2.
-- "i4":  blockwise int4: the same blocks, scale absmax / 7, codes -7..7 stored as code + 8 in
-  nibbles, two per byte (low nibble first); error per value <= scale / 2.
+- "int8", "int4": the all-reduce's blockwise quantizers (ml/codecs/blockwise.py) with blocks of
+  `BLOCK` values and exact f32 scales (absmax / levels, so that decoding and re-encoding gives the
+  same tensor: a pushed input is checked by that digest), their encoding verbatim: the codec's
+  8-byte header, one f32 scale per block, then the codes (int4: two per byte); error per value
+  <= scale / 2. One quantizer family and one set of names for training and serving (ADR 0190).
 
 Everything is bounded and checked before use (frame and header size, names, dims, element counts,
 exact byte counts, finite values); anything else raises WireError. Pure functions only: the stream
@@ -26,8 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-CODECS = ("f32", "f16", "i8", "i4")
-INT8_BLOCK = 64
+from ml.codecs import CodecError, get_codec
+
+CODECS = ("f32", "f16", "int8", "int4")
+BLOCK = 64
+QUANTIZERS = {name: get_codec(name, block=BLOCK, scale="f32") for name in ("int8", "int4")}
 MAX_FRAME = 64 << 20
 MAX_HEADER = 64 << 10
 MAX_TENSORS = 64
@@ -54,10 +58,8 @@ def encoded_size(codec: str, elements: int) -> int:
         return 4 * elements
     if codec == "f16":
         return 2 * elements
-    if codec == "i8":
-        return 4 * math.ceil(elements / INT8_BLOCK) + elements
-    if codec == "i4":
-        return 4 * math.ceil(elements / INT8_BLOCK) + (elements + 1) // 2
+    if codec in QUANTIZERS:
+        return QUANTIZERS[codec].max_encoded_size(elements)
     raise WireError(f"unknown codec {codec!r}; known: {list(CODECS)}")
 
 
@@ -70,23 +72,13 @@ def encode_tensor(tensor: torch.Tensor, codec: str) -> bytes:
         return values.astype("<f4").tobytes()
     if codec == "f16":
         if values.size and float(np.abs(values).max()) > F16_MAX:
-            raise WireError("tensor exceeds the fp16 range; use f32 or i8")
+            raise WireError("tensor exceeds the fp16 range; use f32 or int8")
         return values.astype("<f2").tobytes()
-    if codec in ("i8", "i4"):
-        levels = 127 if codec == "i8" else 7
-        blocks = math.ceil(values.size / INT8_BLOCK)
-        flat = np.zeros(blocks * INT8_BLOCK, dtype=np.float32)
-        flat[:values.size] = values
-        padded = flat.reshape(blocks, INT8_BLOCK)
-        scales = (np.abs(padded).max(axis=1) / levels).astype(np.float32)
-        safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
-        codes = np.clip(np.rint(padded / safe[:, None]), -levels, levels).astype(np.int8).reshape(-1)[:values.size]
-        if codec == "i4":
-            nibbles = (codes + 8).astype(np.uint8)
-            if nibbles.size % 2:
-                nibbles = np.append(nibbles, np.uint8(8))
-            codes = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
-        return scales.astype("<f4").tobytes() + codes.tobytes()
+    if codec in QUANTIZERS:
+        try:
+            return QUANTIZERS[codec].encode(torch.from_numpy(values))
+        except CodecError as exc:
+            raise WireError(f"{codec}: {exc}") from None
     raise WireError(f"unknown codec {codec!r}; known: {list(CODECS)}")
 
 
@@ -100,20 +92,10 @@ def decode_tensor(data: bytes | memoryview, codec: str, shape: tuple[int, ...]) 
     elif codec == "f16":
         values = np.frombuffer(data, dtype="<f2").astype(np.float32)
     else:
-        blocks = math.ceil(elements / INT8_BLOCK)
-        scales = np.frombuffer(data, dtype="<f4", count=blocks).astype(np.float32)
-        if not (np.isfinite(scales).all() and (scales >= 0).all()):
-            raise WireError(f"{codec} scales must be finite and non-negative")
-        if codec == "i8":
-            codes = np.frombuffer(data, dtype=np.int8, offset=4 * blocks).astype(np.float32)
-        else:
-            packed = np.frombuffer(data, dtype=np.uint8, offset=4 * blocks)
-            nibbles = np.empty(packed.size * 2, dtype=np.int16)
-            nibbles[0::2], nibbles[1::2] = packed & 0x0F, packed >> 4
-            codes = (nibbles[:elements] - 8).astype(np.float32)
-            if (codes < -7).any():
-                raise WireError("i4 codes must be -7..7")
-        values = codes * np.repeat(scales, INT8_BLOCK)[:elements]
+        try:
+            values = QUANTIZERS[codec].decode(data, elements).numpy()
+        except CodecError as exc:
+            raise WireError(f"{codec}: {exc}") from None
     if not np.isfinite(values).all():
         raise WireError("tensor has non-finite values")
     return torch.from_numpy(values.reshape(shape).copy())

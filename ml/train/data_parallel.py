@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ml.train.reproducibility import in_compute_thread
 from ml.train.worker import TrainerBase
 
 
@@ -30,7 +29,7 @@ class DataParallelTrainer(TrainerBase):
         step, recorder = self.step, self.recorder
         if recorder is not None and step % self.spec.segment_steps == 0:
             await recorder.begin(self, self.segment_of(step))
-        loss = await in_compute_thread(self._gradients, step)
+        loss = await self.compute(self._gradients, step)
         self._record_loss(loss)
         grads = self.to_host([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
         if self.fault is not None:
@@ -40,7 +39,7 @@ class DataParallelTrainer(TrainerBase):
         averaged = await self.averager.average(grads, round_id=step)
         if recorder is not None:
             await recorder.averaged(averaged.tensors)
-        await in_compute_thread(self._apply, averaged.tensors, step)
+        await self.compute(self._apply, averaged.tensors, step)
         self.step += 1
         self.bytes_sent += averaged.bytes_sent
         self.last_participants = averaged.participants

@@ -70,7 +70,7 @@ class Fault:
                     p.grad = g.clone()
                 return loss
             loss = trainer._backward(*trainer.dataset.train_batch(
-                step, trainer.rank, trainer.world, trainer.spec.batch_size, trainer.spec.seed))
+                step, trainer.rank, trainer.world, trainer.spec.batch_size, trainer.spec.seed), step)
             self._previous = ([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                                for p in trainer.params], loss)
             return loss

@@ -49,7 +49,7 @@ class _Examples:
     y: torch.Tensor
 
 
-def _file_format(path: Path) -> str:
+def file_format(path: Path) -> str:
     with open(path, "rb") as f:
         head = f.read(9)
     if head[:4] == b"PK\x03\x04":
@@ -60,7 +60,7 @@ def _file_format(path: Path) -> str:
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    fmt = _file_format(path)
+    fmt = file_format(path)
     try:
         if fmt == "npz":
             return _read_npz(path)
@@ -254,7 +254,7 @@ class FileDataset:
 
 
 def _load_part(path: Path, tokenizer: str, vocab: str | None):
-    if _file_format(path) == "text":
+    if file_format(path) == "text":
         return _text_tokens(path, tokenizer, vocab)
     return _as_examples(path.name, _read_tensors(path)), vocab
 
@@ -287,6 +287,6 @@ def load_file_dataset(train_path: str, eval_path: str = "", tokenizer: str = "by
                                f"match the training file's {tuple(train.x.shape[1:])}/{train.y.dtype}")
     else:
         train, held_out = _split(train)
-    vocab_size = 256 if vocab is None and tokenizer == "byte" and _file_format(Path(train_path)) == "text" \
+    vocab_size = 256 if vocab is None and tokenizer == "byte" and file_format(Path(train_path)) == "text" \
         else (len(vocab) if vocab is not None else None)
     return FileDataset(train, held_out, context, vocab_size)

@@ -23,6 +23,7 @@ from ml.registry.sharding import generator
 from ml.train.file_dataset import load_file_dataset
 from ml.train.losses import get_loss
 from ml.train.model_archive import input_shape, load_archive, trainable_module
+from ml.train.op_randomness import eval_randomness, evaluating
 from ml.train.sandbox import check_archive, check_dataset
 from ml.train.spec import TrainSpec
 
@@ -108,4 +109,11 @@ def build_inputs(spec: TrainSpec, files: Mapping[str, Path] | None = None) -> Ta
         evaluate = functools.partial(dataset.evaluate, model, device, loss)
     else:
         evaluate = functools.partial(dataset.evaluate, model, device=device)
-    return TaskInputs(dataset, model, loss, evaluate)
+    return TaskInputs(dataset, model, loss, functools.partial(_without_randomness, evaluate, spec.seed, device))
+
+
+def _without_randomness(evaluate: Callable[[], dict[str, float]], seed: int, device: str) -> dict[str, float]:
+    """Held-out metrics with dropout and the like off and any other random operator seeded
+    (ml/train/op_randomness.py)."""
+    with evaluating(), eval_randomness(seed, device):
+        return evaluate()

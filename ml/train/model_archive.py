@@ -7,8 +7,8 @@ shared libraries; it `sympy.sympify`s (Python `eval`) the shape expressions of t
 writes serialized node and argument names verbatim into the Python source that `ep.module()`
 compiles; and it resolves any `torch.*` attribute as a call target. So this module reads the archive
 itself: it checks the archive's file list, the JSON of the graph (names are identifiers, shape
-expressions are made of a few known tokens, every call target is on the allow-list) and the weight
-configs (raw tensors only), then deserializes with torch's own code, never loading the sample inputs
+expressions are bounded sympy srepr, every call target is on the allow-list of ml/train/op_policy.py)
+and the weight configs (raw tensors only), then deserializes with torch's own code, never loading the sample inputs
 (the one part stored as a pickle) and never unpickling anything.
 
 Bounded work (docs/adr/0184): shape expressions are parsed by ml/train/shape_expr.py before torch
@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 from ml.train.bounded_zip import ZipBoundError, checked_members, read_member
+from ml.train.op_policy import module_of_stack, op_allowed, op_name, refusal
+from ml.train.op_randomness import switchable_randomness
 from ml.train.shape_expr import ShapeExprError, parse
 
 MODEL_NAME = "model"
@@ -41,47 +43,16 @@ SMALL_FILES = {"archive_format": 16, "archive_version": 16, "byteorder": 16, ".d
                ".data/serialization_id": 128}
 PICKLE_MAGIC = (b"\x80",)  # a pickle stream (protocol 2+) opens with PROTO
 
-# aten operators (any overload) a task's graph may call: deterministic, no randomness, no I/O.
-ALLOWED_ATEN_OPS = frozenset("""
-    abs adaptive_avg_pool1d adaptive_avg_pool2d add addmm alias amax amin any arange argmax argmin
-    avg_pool1d avg_pool2d baddbmm batch_norm bmm cat ceil chunk clamp clamp_max clamp_min clone
-    constant_pad_nd contiguous conv1d conv2d conv3d conv_transpose1d conv_transpose2d cos cumsum
-    detach div einsum elu embedding eq erf exp expand expand_as flatten floor floor_divide full
-    full_like ge gelu group_norm gt hardsigmoid hardswish hardtanh index index_select layer_norm le
-    leaky_relu lift_fresh_copy linear log log1p log_softmax logical_and logical_not logical_or lt
-    masked_fill matmul max max_pool1d max_pool2d maximum mean min minimum mm mse_loss mul narrow ne
-    neg new_ones new_zeros norm ones ones_like pad permute pow reciprocal relu remainder repeat
-    reshape rms_norm rsqrt scaled_dot_product_attention select sigmoid silu sin slice softmax
-    softplus split split_with_sizes sqrt square squeeze stack sub sum sym_size t tanh transpose
-    tril triu type_as unbind unflatten unsqueeze var view where zeros zeros_like
-    _native_batch_norm_legit_functional _native_batch_norm_legit_no_training _softmax _log_softmax
-    _to_copy _unsafe_view _assert_tensor_metadata add_ copy_
-""".split())
-ALLOWED_PYTHON_OPS = frozenset({"_operator.getitem", "_operator.add", "_operator.sub", "_operator.mul",
-                                "_operator.floordiv", "_operator.mod", "_operator.neg"})
-
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FQN = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*\Z")
 _ALLOWED_FILES = re.compile(r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
                             r"|models/model\.json|data/sample_inputs/model\.pt"
                             r"|data/(weights|constants)/(model_(weights|constants)_config\.json"
-                            r"|(weight|tensor_constant)_?[0-9]+)|extra/[^/]+)\Z")
+                            r"|(weight|tensor_constant|tensor)_?[0-9]+)|extra/[^/]+)\Z")
 
 
 class ArchiveRefused(ValueError):
     """A model file that is not a safe torch.export archive (the message says why)."""
-
-
-def op_name(target: str) -> str:
-    """"torch.ops.aten.linear.default" -> "aten.linear"; "_operator.getitem" unchanged."""
-    if target.startswith("torch.ops."):
-        return target[len("torch.ops."):].rsplit(".", 1)[0]
-    return target
-
-
-def op_allowed(name: str) -> bool:
-    namespace, _, op = name.partition(".")
-    return (namespace == "aten" and op in ALLOWED_ATEN_OPS) or name in ALLOWED_PYTHON_OPS
 
 
 def _refuse_non_archive(path: Path) -> None:
@@ -159,7 +130,7 @@ def _check_payload_config(config: dict, what: str) -> None:
         if not isinstance(meta, dict) or meta.get("use_pickle") is not False or not meta.get("tensor_meta"):
             raise ArchiveRefused(f"{what} {fqn!r} is stored as a pickle or custom object; only plain tensors "
                                  "are accepted")
-        if not re.fullmatch(r"(weight|tensor_constant)_?[0-9]+", str(meta.get("path_name", ""))):
+        if not re.fullmatch(r"(weight|tensor_constant|tensor)_?[0-9]+", str(meta.get("path_name", ""))):
             raise ArchiveRefused(f"{what} {fqn!r}: bad payload name {meta.get('path_name')!r}")
 
 
@@ -226,13 +197,21 @@ def check_expression(expr: str, where: str = "") -> None:
 
 
 def check_graph_json(graph: dict) -> None:
-    """Every name is an identifier, every call target on the allow-list, every expression plain and
-    bounded, every integer within int64."""
-    bad_ops: list[str] = []
+    """Every name is an identifier, every call target on the allow-list (a refusal names the operator,
+    the module it came from and what to change), every expression plain and bounded, every integer
+    within int64."""
+    bad: dict[str, str] = {}
     named = ("tensor_values", "sym_int_values", "sym_float_values", "sym_bool_values", "range_constraints")
 
     def walk(value, key: str, where: str) -> None:
         if isinstance(value, dict):
+            target = value.get("target")
+            if isinstance(target, str):
+                name = op_name(target)
+                if not op_allowed(name) and name not in bad:
+                    metadata = value.get("metadata")
+                    stack = metadata.get("nn_module_stack") if isinstance(metadata, dict) else None
+                    bad[name] = module_of_stack(stack if isinstance(stack, str) else None)
             for k, v in value.items():
                 if key in named:
                     if not isinstance(k, str) or not _IDENTIFIER.match(k):
@@ -253,23 +232,18 @@ def check_graph_json(graph: dict) -> None:
                 raise ArchiveRefused(f"bad name {value[:80]!r} in the graph")
             elif key == "expr_str":
                 check_expression(value, where)
-            elif key == "target":
-                name = op_name(value)
-                if not op_allowed(name) and name not in bad_ops:
-                    bad_ops.append(name)
             elif key in ("parameter_name", "buffer_name", "tensor_constant_name", "fqn") and value \
                     and not _FQN.match(value):
                 raise ArchiveRefused(f"bad attribute path {value[:80]!r} in the graph")
 
     walk(graph, "", "")
-    if bad_ops:
-        raise ArchiveRefused(f"unsupported operator(s) in the model graph: {', '.join(bad_ops)} "
-                             f"(allowed: aten operators of ml.train.model_archive.ALLOWED_ATEN_OPS)")
+    if bad:
+        raise ArchiveRefused(refusal(bad))
 
 
 def check_graph_module(module: torch.nn.Module) -> None:
     """The same allow-list on a deserialized graph (defence in depth, and for in-memory programs)."""
-    bad: list[str] = []
+    bad: dict[str, str] = {}
     graph = module.graph
     if not isinstance(graph, torch.fx.Graph):
         raise ArchiveRefused("the model is not a graph module")
@@ -281,11 +255,11 @@ def check_graph_module(module: torch.nn.Module) -> None:
             else:
                 name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__name__', target)}"
             if not op_allowed(name) and name not in bad:
-                bad.append(name)
+                bad[name] = module_of_stack(node.meta.get("nn_module_stack"))
         elif node.op in ("call_module", "call_method"):
-            bad.append(f"{node.op} {node.target}")
+            bad[f"{node.op} {node.target}"] = module_of_stack(node.meta.get("nn_module_stack"))
     if bad:
-        raise ArchiveRefused(f"unsupported operator(s) in the model graph: {', '.join(bad)}")
+        raise ArchiveRefused(refusal(bad))
 
 
 def _inspect(path: Path, archive: zipfile.ZipFile) -> tuple[dict, dict, dict, dict[str, int]]:
@@ -383,19 +357,35 @@ def load_archive(path: Path | str) -> torch.export.ExportedProgram:
 
 
 def trainable_module(program: torch.export.ExportedProgram, device: str = "cpu") -> torch.nn.Module:
-    """A trainable module of `program` on `device`, with its own copy of the archive's weights."""
+    """A trainable module of `program` on `device`, with its own copy of the archive's weights; its
+    random operators (dropout, ...) run with their randomness off inside
+    `ml.train.op_randomness.evaluating()`."""
     if device != "cpu":
         from torch.export.passes import move_to_device_pass
         program = move_to_device_pass(program, device)
     module = program.module()
+    _own_weights_keeping_ties(module)
+    check_graph_module(module)
+    switchable_randomness(module)
+    return module
+
+
+def _own_weights_keeping_ties(module: torch.nn.Module) -> None:
+    """Give `module` its own copy of every parameter and buffer. Parameters the archive ties (the same
+    tensor under two names, e.g. a language model's input embedding and output layer) come back from
+    deserialization as separate Parameters over one storage; they become one Parameter again, so
+    training keeps them tied as in the user's class."""
+    shared: dict[tuple, torch.nn.Parameter] = {}
     with torch.no_grad():
-        for param in module.parameters():
-            param.data = param.data.clone()
-            param.requires_grad_(True)
+        for name, param in list(module.named_parameters(remove_duplicate=False)):
+            key = (param.device, param.data_ptr(), tuple(param.shape), param.stride(), param.dtype) \
+                if param.numel() else (name,)
+            if key not in shared:
+                shared[key] = torch.nn.Parameter(param.detach().clone(), requires_grad=True)
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, leaf, shared[key])
         for buffer in list(module.buffers()):
             buffer.data = buffer.data.clone()
-    check_graph_module(module)
-    return module
 
 
 def input_shape(program: torch.export.ExportedProgram) -> list[int | None]:

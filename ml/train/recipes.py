@@ -29,11 +29,20 @@ SHAKESPEARE_DATA_PARALLEL = TrainSpec(
 SHAKESPEARE_DILOCO = replace(SHAKESPEARE_DATA_PARALLEL, mode="diloco", codec="int8", lr=6e-3,
                              warmup_steps=300, inner_steps=30, outer_lr=0.8, outer_momentum=0.9)
 
+# Streaming DiLoCo (docs/adr/0191): the DiLoCo recipes with the model in fragments synced in turn,
+# each all-reduce overlapping `overlap_steps` inner steps, int4 pseudo-gradients with error feedback.
+DIGITS_STREAMING = replace(DIGITS_DILOCO, mode="streaming-diloco", codec="int4", fragments=2, overlap_steps=2)
+
+SHAKESPEARE_STREAMING = replace(SHAKESPEARE_DILOCO, mode="streaming-diloco", codec="int4", fragments=3,
+                                overlap_steps=2)
+
 RECIPES: dict[str, TrainSpec] = {
     "digits-data-parallel": DIGITS_DATA_PARALLEL,
     "digits-diloco": DIGITS_DILOCO,
     "shakespeare-data-parallel": SHAKESPEARE_DATA_PARALLEL,
     "shakespeare-diloco": SHAKESPEARE_DILOCO,
+    "digits-streaming": DIGITS_STREAMING,
+    "shakespeare-streaming": SHAKESPEARE_STREAMING,
 }
 
 

@@ -119,9 +119,9 @@ def _dataset_bytes(path: Path) -> tuple[int, int]:
     """(bytes a dataset file's tensors take, memory factor): an .npz's declared sizes (refused here
     past the member bounds), else the file's size (text expands into int64 tokens)."""
     from ml.train.bounded_zip import ZipBoundError, checked_members
-    from ml.train.file_dataset import MAX_UNPACKED_BYTES, DatasetError, _file_format
+    from ml.train.file_dataset import MAX_UNPACKED_BYTES, DatasetError, file_format
 
-    fmt = _file_format(path)
+    fmt = file_format(path)
     if fmt == "npz":
         try:
             with zipfile.ZipFile(path) as archive:   # the bounds, here: a known bomb needs no child

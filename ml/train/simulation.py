@@ -19,14 +19,17 @@ from ml.train.powersgd_averager import PowerSGDAverager
 from ml.train.progress import ProgressFeed
 from ml.train.segments import MemorySink, SegmentRecorder
 from ml.train.spec import TrainSpec
+from ml.train.streaming_diloco import StreamingDiLoCoTrainer
 from ml.train.worker import TrainerBase
+
+TRAINERS: dict[str, type[TrainerBase]] = {"data-parallel": DataParallelTrainer, "diloco": DiLoCoTrainer,
+                                          "streaming-diloco": StreamingDiLoCoTrainer}
 
 
 def make_trainer(spec: TrainSpec, rank: int, world: int, averager: Averager,
                  feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None) -> TrainerBase:
     """The trainer for `spec.mode`; `files` maps the artifact ids the spec names to local paths."""
-    cls = DiLoCoTrainer if spec.mode == "diloco" else DataParallelTrainer
-    return cls(spec, rank, world, averager, feed, files)
+    return TRAINERS[spec.mode](spec, rank, world, averager, feed, files)
 
 
 @dataclass

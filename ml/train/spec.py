@@ -19,8 +19,11 @@ from ml.names import (
     TOKENIZERS,
     is_codec_name,
 )
+from ml.train.streaming_schedule import rounds_in_segment
 
-MODES = ("data-parallel", "diloco")
+MODES = ("data-parallel", "diloco", "streaming-diloco")
+OUTER_MODES = ("diloco", "streaming-diloco")   # modes with outer steps of `inner_steps` local steps
+STREAMING_CODECS = ("fp32", "fp16", "bf16", "int8", "int4")   # dense: the trainer's error feedback fits the group's
 OPTIMIZERS = ("adamw", "sgd")
 _ARTIFACT_ID = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -58,6 +61,9 @@ class TrainSpec:
     init: str = "archive"         # archive (the archive's weights: fine-tuning) | seed (fresh, from `seed`)
     tokenizer: str = "byte"       # text datasets: byte | char
     eval_every: int = 0           # steps between held-out evaluations in progress reports (0: at the end only)
+    fragments: int = 2            # streaming DiLoCo P: fragments synced in turn (docs/adr/0191)
+    overlap_steps: int = 1        # streaming DiLoCo tau: inner steps an outer all-reduce overlaps (< H / P)
+    mix: float = 0.5              # streaming DiLoCo alpha: applied = mix * local + (1 - mix) * outer result
 
     def __post_init__(self) -> None:
         if not isinstance(self.codec_options, dict):
@@ -76,21 +82,34 @@ class TrainSpec:
             raise InvalidSpec(f"unknown codec {self.codec!r}; known: {list(CODEC_NAMES)} or powersgd<r>")
         if self.mode not in MODES:
             raise InvalidSpec(f"mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads"):
+        for name in ("steps", "batch_size", "inner_steps", "segment_steps", "report_every", "threads", "fragments"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidSpec(f"{name} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "eval_every"):
+        for name in ("warmup_steps", "eval_every", "overlap_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidSpec(f"{name} must be a non-negative integer, got {value!r}")
-        for name in ("lr", "weight_decay", "min_lr_fraction", "outer_lr", "outer_momentum"):
+        for name in ("lr", "weight_decay", "min_lr_fraction", "outer_lr", "outer_momentum", "mix"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InvalidSpec(f"{name} must be a finite non-negative number, got {value!r}")
-        if self.mode == "diloco" and self.steps % self.inner_steps:
+        if self.mode in OUTER_MODES and self.steps % self.inner_steps:
             raise InvalidSpec(f"DiLoCo steps ({self.steps}) must be a multiple of inner_steps "
                               f"({self.inner_steps})")
+        if self.mode == "streaming-diloco":
+            self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        if self.mix > 1:
+            raise InvalidSpec(f"mix must be in [0, 1], got {self.mix!r}")
+        if self.inner_steps % self.fragments:
+            raise InvalidSpec(f"inner_steps ({self.inner_steps}) must be a multiple of fragments ({self.fragments})")
+        if self.overlap_steps >= self.inner_steps // self.fragments:
+            raise InvalidSpec(f"overlap_steps ({self.overlap_steps}) must be below inner_steps / fragments "
+                              f"({self.inner_steps // self.fragments}): one fragment in flight at a time")
+        if self.codec.partition("+")[0] not in STREAMING_CODECS:
+            raise InvalidSpec(f"streaming-diloco takes a dense codec {STREAMING_CODECS}, got {self.codec!r}")
 
     def _check_artifacts(self) -> None:
         for name in ("model_artifact", "dataset_artifact", "eval_artifact"):
@@ -111,21 +130,32 @@ class TrainSpec:
         return self.steps // self.inner_steps
 
     @property
+    def outer_mode(self) -> bool:
+        """Whether training goes in outer steps of `inner_steps` local steps (DiLoCo, streaming or not)."""
+        return self.mode in OUTER_MODES
+
+    @property
     def segment_count(self) -> int:
         """Segments a worker commits (docs/adr/0167): data-parallel ceil(steps / segment_steps), DiLoCo
-        one per outer step."""
-        if self.mode == "diloco":
+        (streaming too) one per outer step of `inner_steps` steps."""
+        if self.outer_mode:
             return self.outer_steps
         return -(-self.steps // self.segment_steps)
 
     def steps_in_segment(self, index: int) -> int:
         """Hashed steps in segment `index`: optimizer steps (data-parallel; the last segment may be
-        shorter) or 1 (a DiLoCo outer step)."""
+        shorter), 1 (a DiLoCo outer step) or the segment's averaging rounds (streaming DiLoCo)."""
         if not 0 <= index < self.segment_count:
             raise ValueError(f"segment {index} outside the spec's {self.segment_count}")
         if self.mode == "diloco":
             return 1
+        if self.mode == "streaming-diloco":
+            return rounds_in_segment(self, index)
         return min(self.segment_steps, self.steps - index * self.segment_steps)
+
+    def first_step_of_segment(self, index: int) -> int:
+        """The optimizer step segment `index` starts at."""
+        return index * (self.inner_steps if self.outer_mode else self.segment_steps)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine decay."""

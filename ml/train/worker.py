@@ -1,20 +1,26 @@
-"""What both trainers share: one worker's model, data shard, local gradient step, checkpoints,
-state hashes and progress reports. Torch work runs in a worker thread, never on the event loop.
+"""What every trainer shares: one worker's model, data shard, local gradient step, checkpoints,
+state hashes, progress reports and the time spent computing. Torch work runs in a worker thread,
+never on the event loop.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from ml.train.averaging import Averager
 from ml.train.inputs import build_inputs
+from ml.train.op_randomness import step_randomness
 from ml.train.progress import ProgressFeed, TrainProgress
 from ml.train.reproducibility import configure_determinism, hash_state, in_compute_thread
 from ml.train.spec import TrainSpec
 from ml.train.state_file import load_state, state_bytes
 from ml.train.weights import weights_bytes
+
+_T = TypeVar("_T")
 
 
 def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -52,8 +58,17 @@ class TrainerBase:
         self.last_participants: tuple = ()
         self.recorder = None   # ml.train.segments.SegmentRecorder, when per-segment records are kept
         self.fault = None      # ml.train.faults.Fault: adversary modes for tests and benchmarks only
+        self.compute_seconds = 0.0   # wall time spent in training computation (utilization = this / wall time)
         self._loss_sum = 0.0
         self._loss_count = 0
+
+    async def compute(self, func: Callable[..., _T], *args: Any) -> _T:
+        """`in_compute_thread(func, *args)`, its duration added to `compute_seconds`."""
+        started = time.monotonic()
+        try:
+            return await in_compute_thread(func, *args)
+        finally:
+            self.compute_seconds += time.monotonic() - started
 
     # -- local computation (called in a worker thread) -------------------------------------------
     def _gradients(self, step: int) -> float:
@@ -63,13 +78,15 @@ class TrainerBase:
             if faked is not None:
                 return faked
         x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
-        return self._backward(x, y)
+        return self._backward(x, y, step)
 
-    def _backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def _backward(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        """Forward/backward on (x, y); random operators draw from step `step`'s seeded generator."""
         for p in self.params:
             p.grad = None
-        loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
-        loss.backward()
+        with step_randomness(self.spec.seed, self.rank, step, self.device):
+            loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
+            loss.backward()
         return float(loss.detach())
 
     def to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

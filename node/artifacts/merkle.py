@@ -4,7 +4,9 @@ leaf = sha256(0x00 || chunk); inner = sha256(0x01 || left || right), an odd last
 unchanged to the next level; id = sha256(0x02 || size as 8 bytes big-endian || root), as 64 hex.
 The distinct prefixes keep a leaf from passing for an inner node (second-preimage), and binding
 the size keeps a truncated or extended file from sharing an id. An empty artifact has one leaf,
-the hash of the empty chunk. Everything here is pure and blocking (callers hash off the event loop).
+the hash of the empty chunk. The tree is node.merkle's, the project's one (ADR 0190); ``leaf_hash``
+and ``HASH_BYTES`` are re-exported for the artifact modules. Everything here is pure and blocking
+(callers hash off the event loop).
 """
 from __future__ import annotations
 
@@ -13,40 +15,21 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from node.merkle import HASH_BYTES, leaf_hash, root_of_leaf_hashes
+
+__all__ = ["CHUNK_SIZE", "HASH_BYTES", "ID_PATTERN", "artifact_id", "artifact_id_of_bytes", "artifact_id_of_file",
+           "check_id", "chunk_count", "chunk_length", "leaf_hash", "leaves_of_chunks", "leaves_of_file"]
+
 CHUNK_SIZE = 1 << 20
-HASH_BYTES = 32
 ID_PATTERN = re.compile(r"[0-9a-f]{64}")
-_LEAF, _INNER, _ROOT = b"\x00", b"\x01", b"\x02"
-
-
-def leaf_hash(chunk: bytes | memoryview) -> bytes:
-    digest = hashlib.sha256(_LEAF)
-    digest.update(chunk)
-    return digest.digest()
-
-
-def inner_hash(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(_INNER + left + right).digest()
-
-
-def merkle_root(leaves: Sequence[bytes]) -> bytes:
-    """The root over ``leaves`` (at least one)."""
-    if not leaves:
-        raise ValueError("a Merkle tree needs at least one leaf")
-    level = list(leaves)
-    while len(level) > 1:
-        nxt = [inner_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
+_ROOT = b"\x02"
 
 
 def artifact_id(size: int, leaves: Sequence[bytes]) -> str:
     """The 64-hex id of an artifact of ``size`` bytes with these leaf hashes."""
     if size < 0 or size >= 1 << 64:
         raise ValueError(f"artifact size {size} out of range")
-    return hashlib.sha256(_ROOT + size.to_bytes(8, "big") + merkle_root(leaves)).hexdigest()
+    return hashlib.sha256(_ROOT + size.to_bytes(8, "big") + root_of_leaf_hashes(leaves)).hexdigest()
 
 
 def chunk_count(size: int, chunk_size: int = CHUNK_SIZE) -> int:

@@ -48,6 +48,7 @@ from .protocol import (
     encode,
     max_response_bytes,
 )
+from .quota import DEFAULT_RETENTION_S, StoreQuota
 from .scheduler import Scheduler, Verdict
 from .store import ArtifactStore, Partial
 
@@ -70,12 +71,16 @@ class ArtifactLimits:
     request_chunks: int = 4
     stall_timeout: float = 30.0
     max_failures: int = 3
+    quota: int = 65536 << 20          # total bytes of the store (quota.py)
+    own_retention_s: float = DEFAULT_RETENTION_S
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> ArtifactLimits:
         return cls(max_size=section["max_size_mb"] << 20, max_uploads=section["max_uploads"],
                    max_uploads_per_peer=section["max_uploads_per_peer"], window_chunks=section["window_chunks"],
-                   request_chunks=section["request_chunks"], stall_timeout=section["stall_timeout"])
+                   request_chunks=section["request_chunks"], stall_timeout=section["stall_timeout"],
+                   quota=max(section["quota_mb"], section["max_size_mb"]) << 20,
+                   own_retention_s=section["own_retention_s"])
 
 
 @dataclass
@@ -122,7 +127,8 @@ class ArtifactService:
             self._tmp = tempfile.TemporaryDirectory(prefix="dekube-artifacts-")
             root = Path(self._tmp.name)
         self.root = Path(root)
-        self.store = ArtifactStore(self.root, self.limits.max_size)
+        self.quota = StoreQuota(self.root, self.limits.quota, self.limits.own_retention_s)
+        self.store = ArtifactStore(self.root, self.limits.max_size, self.quota)
         self.store.clear_stale_tmp()
         self._uploads: Counter[str] = Counter()
         self._fetch_locks: dict[str, asyncio.Lock] = {}

@@ -7,7 +7,9 @@ Every completion is a rename, so another process (``dekube-node artifact add`` w
 runs) and a crash only ever leave whole files or partials. Nothing on disk is trusted blindly: a
 manifest must hash to its id, a partial's claimed chunks are re-hashed when it is reopened, every
 chunk read for serving is checked against its leaf hash, and a complete file found corrupt is
-demoted to a partial so the bad chunks are fetched again. All methods block (callers use a thread).
+demoted to a partial so the bad chunks are fetched again. With a ``StoreQuota`` (quota.py) every add
+and every new download first makes room under the store's total quota, and what this node adds itself
+is marked as its own. All methods block (callers use a thread).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from .errors import ArtifactError, CorruptChunk
 from .manifest import Manifest, ManifestError
 from .merkle import CHUNK_SIZE, ID_PATTERN, artifact_id, check_id, leaf_hash
+from .quota import StoreQuota
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +116,10 @@ class Partial:
 class ArtifactStore:
     """Artifacts held on disk under ``root``, each at most ``max_size`` bytes."""
 
-    def __init__(self, root: Path, max_size: int) -> None:
+    def __init__(self, root: Path, max_size: int, quota: StoreQuota | None = None) -> None:
         self.root = Path(root)
         self.max_size = max_size
+        self.quota = quota
         for sub in ("objects", "manifests", "partial", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._manifests: dict[str, Manifest] = {}
@@ -141,12 +145,14 @@ class ArtifactStore:
             raise ArtifactError(f"{path} is not a regular file")
         if size > self.max_size:
             raise ArtifactError(f"{path} is {size} bytes, over the artifact size limit of {self.max_size}")
+        self._make_room(size)
         with open(path, "rb") as source:
             return self._add_stream(source)
 
     def add_bytes(self, data: bytes) -> str:
         if len(data) > self.max_size:
             raise ArtifactError(f"{len(data)} bytes exceed the artifact size limit of {self.max_size}")
+        self._make_room(len(data))
         view = memoryview(data)
         return self._add_chunks(view[i:i + CHUNK_SIZE] for i in range(0, len(data), CHUNK_SIZE))
 
@@ -171,6 +177,8 @@ class ArtifactStore:
             artifact = manifest.id
             self.save_manifest(manifest)
             os.replace(tmp, self.object_path(artifact))
+            if self.quota is not None:
+                self.quota.mark_own(artifact)
             return artifact
         finally:
             with contextlib.suppress(OSError):
@@ -317,6 +325,8 @@ class ArtifactStore:
         with self._lock:
             if manifest.id in self._partials:
                 raise ArtifactError(f"{manifest.id} is already being downloaded")
+            data = self.root / "partial" / f"{manifest.id}.data"
+            self._make_room(manifest.size - (data.stat().st_size if data.exists() else 0), keep=manifest.id)
             self.save_manifest(manifest)
             partial = Partial(self, manifest)
             self._partials[manifest.id] = partial
@@ -327,6 +337,37 @@ class ArtifactStore:
             if self._partials.get(partial.id) is partial:
                 del self._partials[partial.id]
         partial.close()
+
+    # ---- quota (quota.py)
+    def _make_room(self, incoming: int, keep: str = "") -> None:
+        if self.quota is not None and incoming > 0:
+            with self._lock:
+                self.quota.make_room(self, incoming, keep)
+
+    def held(self) -> dict[str, tuple[int, float, bool]]:
+        """Every artifact on disk: id -> (bytes, modification time, being downloaded now)."""
+        out: dict[str, tuple[int, float, bool]] = {}
+        for folder, suffix in (("objects", ""), ("partial", ".data")):
+            for path in (self.root / folder).iterdir():
+                name = path.name[:len(path.name) - len(suffix)] if suffix else path.name
+                if not path.name.endswith(suffix) or not ID_PATTERN.fullmatch(name):
+                    continue
+                with contextlib.suppress(OSError):
+                    stat = path.stat()
+                    size, mtime, busy = out.get(name, (0, 0.0, False))
+                    out[name] = (size + stat.st_size, max(mtime, stat.st_mtime), name in self._partials)
+        return out
+
+    def delete(self, artifact: str) -> None:
+        """Remove ``artifact`` (file, partial, manifest); not one being downloaded."""
+        with self._lock:
+            if artifact in self._partials:
+                raise ArtifactError(f"{artifact} is being downloaded")
+            for path in (self.object_path(artifact), self.root / "partial" / f"{artifact}.data",
+                         self.root / "partial" / f"{artifact}.have", self._manifest_path(artifact)):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            self._manifests.pop(artifact, None)
 
     def clear_stale_tmp(self, max_age_s: float = 3600.0) -> None:
         """Delete staging files of adds that died (older than ``max_age_s``; a running add is newer)."""

@@ -1,6 +1,8 @@
 """The errors the ledger gateway raises: the ledger cannot be reached, or a transaction failed."""
 from __future__ import annotations
 
+import json
+
 
 class LedgerUnavailable(ConnectionError):
     """No validator answered (or one answered a read with an error), or the node has no ledger."""
@@ -21,7 +23,7 @@ class RpcAnswerError(Exception):
     """A validator answered a JSON-RPC call with an error object (``code``, ``message``, ``data``)."""
 
     def __init__(self, code: int, message: str, data=None):
-        super().__init__(f"{message} (code {code})")
+        super().__init__(f"{message} (code {code}{', ' + json.dumps(data, default=str) if data is not None else ''})")
         self.code = code
         self.message = message
         self.data = data

@@ -1,16 +1,25 @@
-"""JSON-RPC calls to validators over HTTP (aiohttp, never blocking the event loop), with failover.
+"""The project's one JSON-RPC 2.0 client over HTTP (ADR 0190): the node's, and the CLI's and tools'.
 
-``ValidatorPool(urls)`` keeps the URL that answered last as the preferred one; a call that cannot
-reach it (connection refused, timeout, HTTP error, a body that is not JSON-RPC) tries the next
-URLs in turn and raises LedgerUnavailable only when none answered. An error *answer* is not
-retried elsewhere: it raises RpcAnswerError (the validator understood and refused).
+``ValidatorPool(urls)`` is the node's (aiohttp, never blocking the event loop), with failover: it
+keeps the URL that answered last as the preferred one; a call that cannot reach it (connection
+refused, timeout, HTTP error, a body that is not JSON-RPC) tries the next URLs in turn and raises
+LedgerUnavailable only when none answered. An error *answer* is not retried elsewhere: it raises
+RpcAnswerError (the validator understood and refused).
+
+``call(url, method, *params)`` and ``batch(url, [(method, params), ...])`` are the blocking form
+(stdlib urllib) for the CLI, devtools and tests: ``call`` returns the result or raises
+RpcAnswerError or LedgerUnavailable (connection or HTTP failure, not JSON-RPC); ``batch`` sends one
+batch and returns results or RpcAnswerError instances in request order. Both forms build requests
+and read answers with the same two functions.
 """
 from __future__ import annotations
 
 import itertools
 import json
 import logging
+import urllib.error
 import urllib.parse
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -20,6 +29,36 @@ from .errors import LedgerUnavailable, RpcAnswerError
 log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
+
+
+HEADERS = {"Content-Type": "application/json"}
+
+
+def endpoint(url: str) -> str:
+    return url.rstrip("/") + "/"
+
+
+def request(method: str, params: list, request_id: int | None = None) -> dict[str, Any]:
+    """One JSON-RPC 2.0 request object (a fresh id unless given)."""
+    return {"jsonrpc": "2.0", "id": next(_ids) if request_id is None else request_id, "method": method,
+            "params": params}
+
+
+def result_of(answer: Any) -> Any:
+    """The result of one answer object, or the RpcAnswerError it carries (returned, not raised);
+    TypeError when ``answer`` is not a JSON-RPC object."""
+    if not isinstance(answer, dict):
+        raise TypeError("response is not a JSON-RPC object")
+    if "error" in answer:
+        error = answer["error"] if isinstance(answer["error"], dict) else {}
+        return RpcAnswerError(error.get("code", 0), error.get("message", ""), error.get("data"))
+    return answer.get("result")
+
+
+def raise_error(result: Any) -> Any:
+    if isinstance(result, RpcAnswerError):
+        raise result
+    return result
 
 
 def check_http_url(url: str) -> str:
@@ -85,22 +124,54 @@ class ValidatorPool:
         raise LedgerUnavailable(f"{method}: no validator answered ({'; '.join(errors)})")
 
     async def _post(self, url: str, method: str, params: list) -> Any:
-        body = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}
-        async with self.session().post(url.rstrip("/") + "/", data=json.dumps(body),
-                                       headers={"Content-Type": "application/json"}) as response:
+        async with self.session().post(endpoint(url), data=json.dumps(request(method, params)),
+                                       headers=HEADERS) as response:
             if response.status != 200:
                 raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
                                                   message=response.reason or "")
             answer = json.loads(await response.read())
-        if not isinstance(answer, dict):
-            raise TypeError("response is not a JSON-RPC object")
-        if "error" in answer:
-            error = answer["error"] if isinstance(answer["error"], dict) else {}
-            raise RpcAnswerError(error.get("code", 0), error.get("message", ""), error.get("data"))
-        return answer.get("result")
+        return raise_error(result_of(answer))
 
     async def close(self) -> None:
         for session in (self._session, self._ws_session):
             if session is not None:
                 await session.close()
         self._session = self._ws_session = None
+
+
+# ---- the blocking form
+
+
+def post(url: str, body: Any, timeout: float) -> Any:
+    """POST ``body`` as JSON and return the decoded answer; LedgerUnavailable when that fails."""
+    http_request = urllib.request.Request(endpoint(url), data=json.dumps(body).encode(), headers=HEADERS,
+                                          method="POST")
+    try:
+        with urllib.request.urlopen(http_request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise LedgerUnavailable(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise LedgerUnavailable(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _result(answer: Any) -> Any:
+    try:
+        return result_of(answer)
+    except TypeError as exc:
+        raise LedgerUnavailable(str(exc)) from None
+
+
+def call(url: str, method: str, *params: Any, timeout: float = 10.0) -> Any:
+    return raise_error(_result(post(url, request(method, list(params)), timeout)))
+
+
+def batch(url: str, calls: list[tuple[str, list]], timeout: float = 30.0) -> list[Any]:
+    if not calls:
+        return []
+    ids = [next(_ids) for _ in calls]
+    responses = post(url, [request(m, p, i) for i, (m, p) in zip(ids, calls)], timeout)
+    if not isinstance(responses, list):
+        raise LedgerUnavailable(f"batch answered with {_result(responses)!r}")
+    by_id = {r.get("id"): r for r in responses if isinstance(r, dict)}
+    return [_result(by_id.get(i, {"error": {"code": 0, "message": "no response"}})) for i in ids]

@@ -11,10 +11,10 @@ from node.artifacts.merkle import (
     artifact_id_of_file,
     check_id,
     chunk_count,
-    inner_hash,
     leaf_hash,
-    merkle_root,
 )
+from node.merkle import inner_hash
+from node.merkle import root_of_leaf_hashes as merkle_root
 
 MB = CHUNK_SIZE
 

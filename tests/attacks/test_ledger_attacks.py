@@ -10,7 +10,6 @@ import urllib.request
 
 import pytest
 
-from consensus import rpcclient
 from consensus.block import build_block
 from consensus.encoding import encode
 from consensus.genesis import Genesis, GenesisValidator, Params
@@ -19,6 +18,8 @@ from consensus.tx import SIGN_DOMAIN, VERSION, build_tx
 from consensus.txcodes import TxCode
 from devtools.testnet import Testnet
 from node.identity import Identity
+from node.ledger import jsonrpc
+from node.ledger.errors import RpcAnswerError
 
 FUNDED = Identity.from_seed(b"\x71" * 32)
 EMPTY_BLOCK_WAIT = 0.2
@@ -53,18 +54,18 @@ class Forged:
 
 
 def send(url, tx):
-    return rpcclient.call(url, "dkb_sendRawTransaction", tx.raw.hex())
+    return jsonrpc.call(url, "dkb_sendRawTransaction", tx.raw.hex())
 
 
-def rejection(url, tx) -> rpcclient.RpcCallError:
-    with pytest.raises(rpcclient.RpcCallError) as info:
+def rejection(url, tx) -> RpcAnswerError:
+    with pytest.raises(RpcAnswerError) as info:
         send(url, tx)
     return info.value
 
 
 def wait_receipt(url, tx, timeout=15.0) -> dict:
     deadline = time.monotonic() + timeout
-    while (receipt := rpcclient.call(url, "dkb_getTransactionReceipt", tx.hash.hex())) is None:
+    while (receipt := jsonrpc.call(url, "dkb_getTransactionReceipt", tx.hash.hex())) is None:
         assert time.monotonic() < deadline, "transaction not committed in time"
         time.sleep(0.1)
     return receipt
@@ -76,15 +77,15 @@ def mempool_txs(url) -> int:
 
 
 def block_rate(url, seconds) -> float:
-    start = rpcclient.call(url, "dkb_blockNumber")
+    start = jsonrpc.call(url, "dkb_blockNumber")
     time.sleep(seconds)
-    return (rpcclient.call(url, "dkb_blockNumber") - start) / seconds
+    return (jsonrpc.call(url, "dkb_blockNumber") - start) / seconds
 
 
 def faucet_transfer(net, to, amount=5):
     """The well-behaved client: a faucet transfer, committed with an OK receipt."""
     url, faucet = net.nodes[0].rpc_url, net.faucet()
-    nonce = rpcclient.call(url, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    nonce = jsonrpc.call(url, "dkb_getTransactionCount", faucet.peer_id, "pending")
     tx = build_tx(faucet, net.chain_id, nonce, "transfer", {"to": to, "amount": amount})
     send(url, tx)
     assert wait_receipt(url, tx)["status"] == "ok"
@@ -103,8 +104,8 @@ def test_a_gapped_transaction_keeps_the_idle_block_pace_and_expires(net):
     while mempool_txs(url):
         assert time.monotonic() < deadline, "the gapped transaction was never evicted"
         time.sleep(0.2)
-    assert rpcclient.call(url, "dkb_getTransactionReceipt", gapped.hash.hex()) is None
-    assert rpcclient.call(url, "dkb_getTransactionCount", FUNDED.peer_id) == 0
+    assert jsonrpc.call(url, "dkb_getTransactionReceipt", gapped.hash.hex()) is None
+    assert jsonrpc.call(url, "dkb_getTransactionCount", FUNDED.peer_id) == 0
 
 
 def test_empty_accounts_get_nothing_in_and_records_are_validated(net):
@@ -122,18 +123,18 @@ def test_empty_accounts_get_nothing_in_and_records_are_validated(net):
     send(url, good)
     assert wait_receipt(url, good)["status"] == "ok"
     faucet_transfer(net, Identity.generate().peer_id)
-    assert rpcclient.call(url, "dkb_getNode", FUNDED.peer_id)["hardware"]["cpu_cores"] == 8
+    assert jsonrpc.call(url, "dkb_getNode", FUNDED.peer_id)["hardware"]["cpu_cores"] == 8
     for key in spammers:                                    # no record, no nonce, no account
-        assert rpcclient.call(url, "dkb_getNode", key.peer_id) is None
-        assert rpcclient.call(url, "dkb_getTransactionCount", key.peer_id) == 0
+        assert jsonrpc.call(url, "dkb_getNode", key.peer_id) is None
+        assert jsonrpc.call(url, "dkb_getTransactionCount", key.peer_id) == 0
     assert mempool_txs(url) == 0
 
 
 def test_out_of_range_heights_are_invalid_params_not_internal_errors(net):
     url = net.nodes[0].rpc_url
     for number in (2**64, -1, "0x10000000000000000", "-1", "9" * 5000, 1.5, None):
-        with pytest.raises(rpcclient.RpcCallError) as info:
-            rpcclient.call(url, "dkb_getBlockByNumber", number)
+        with pytest.raises(RpcAnswerError) as info:
+            jsonrpc.call(url, "dkb_getBlockByNumber", number)
         assert info.value.code == -32602, (number, info.value)
     for height in (str(2**64), "-1", "abc"):
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -142,7 +143,7 @@ def test_out_of_range_heights_are_invalid_params_not_internal_errors(net):
         assert json.loads(info.value.read())["error"]["code"] == -32602
     with urllib.request.urlopen(f"{url}/block?height=1", timeout=5) as r:
         assert json.loads(r.read())["height"] == 1
-    assert rpcclient.call(url, "dkb_getBlockByNumber", 10**12) is None   # in range, not there yet
+    assert jsonrpc.call(url, "dkb_getBlockByNumber", 10**12) is None   # in range, not there yet
 
 
 def test_the_ledger_commits_nothing_from_an_empty_account_even_without_a_fee_floor():

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
+from consensus.block import build_block
+from consensus.validator.chainstore import ChainStore
+from consensus.validator.storage import Storage
+from tests.consensus.test_ledger_kit import CHAIN, Chain, ident
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "consensus"))
-
-from test_ledger_kit import CHAIN, Chain, ident  # noqa: E402
-
-from consensus.block import build_block  # noqa: E402
-from consensus.validator.chainstore import ChainStore  # noqa: E402
-from consensus.validator.storage import Storage  # noqa: E402
 
 START_TIMEOUT = 45.0
 

@@ -124,7 +124,7 @@ def test_readme_dev_chain_as_written(tmp_path):
     try:
         wait_height(8645, 2, proc)
         out = cli(*as_args(dev_block[1], tmp_path), env=env).stdout
-        assert re.search(r"balance:\s+1000000000000000\b", out), out
+        assert re.search(r"free:\s+1000000000000000\b", out), out   # the free part of the balance
     finally:
         log = stop(proc)
     assert "dev key:" in log and str(tmp_path / ".dekube-dev" / "dev_key.json") in log

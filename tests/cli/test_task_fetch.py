@@ -7,12 +7,10 @@ import json
 
 import pytest
 
+from cli.client_node import client_node
 from cli.errors import CliError
-from cli.task_fetch import fetch_result, load_hint, result_holders
+from cli.task_fetch import REGISTRY_CLASSES, fetch_result, load_hint, result_holders
 from node.identity import Identity
-
-client_node = pytest.importorskip("cli.client_node").client_node
-artifacts = pytest.importorskip("node.artifacts")
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 TASK_ID = "ab" * 32
@@ -47,8 +45,29 @@ def test_result_holders_are_the_committers_of_the_result():
 
 def test_load_hint_for_an_archive_and_a_registry_model(tmp_path):
     assert load_hint({"spec": {"model": "pt2"}}, tmp_path).startswith('model = torch.export.load("')
-    hint = load_hint({"spec": {"model": "digits-mlp"}}, tmp_path)
+    hint = load_hint({"spec": {"model": "mystery"}}, tmp_path)
     assert hint == f'model.load_state_dict(safetensors.torch.load_file("{tmp_path}/weights.safetensors"))'
+
+
+@pytest.mark.parametrize("model, dataset", [("digits-mlp", "digits"), ("char-transformer", "shakespeare")])
+def test_load_hint_for_a_registry_model_builds_its_class(tmp_path, model, dataset):
+    """The hint names the class to build and runs as printed: the weights load strictly."""
+    import safetensors.torch
+
+    from ml.registry import MODELS, build_model, get_dataset
+
+    assert set(REGISTRY_CLASSES) == set(MODELS)
+    trained = build_model(model, get_dataset(dataset), 7)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in trained.state_dict().items()},
+                                str(tmp_path / "weights.safetensors"))
+    hint = load_hint({"spec": {"model": model, "dataset": dataset}}, tmp_path)
+    assert f"ml.registry.{type(trained).__name__}" in hint
+    code, _, load = hint.partition("  # ")
+    scope: dict = {}
+    exec(code, scope)   # noqa: S102 - the printed hint, run as a user would
+    exec("import safetensors.torch\n" + load.split("then ", 1)[1], scope)
+    for name, value in trained.state_dict().items():
+        assert scope["model"].state_dict()[name].equal(value)
 
 
 def run(coro):

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from devtools.devnet import ComputeDevnet
+from node.ledger import jsonrpc
 
 pytest.importorskip("torch")
-pytest.importorskip("ml.train.dry_run")
-pytest.importorskip("ml.compute.progress_protocol")
-pytest.importorskip("cli.client_node")
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -79,7 +76,7 @@ def test_user_model_trained_fetched_checked_and_evaluated(devnet, job):
     assert re.search(rf"step {STEPS}/{STEPS}", text), text       # live progress from the workers
     assert "payouts of task" in text and "load them: " in text
 
-    task = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)
+    task = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)
     assert task["status"] == "paid" and task["spec"]["model"] == "pt2" and task["sources"]
     weights = out / "weights.safetensors"
     assert artifact_id_of_file(weights) == task["result"]
@@ -108,12 +105,12 @@ def test_cancel_a_task_no_one_can_take(devnet):
                     "digits", "--workers", "8", "--steps", "5", "--price", "5000", "--json")
     assert submitted.returncode == 0, submitted.stderr
     task_id = json.loads(submitted.stdout.strip().splitlines()[-1])["task_id"]
-    balance = rpcclient.call(devnet.rpc_url, "dkb_getBalance", owner)
+    balance = jsonrpc.call(devnet.rpc_url, "dkb_getBalance", owner)
     cancelled = cli("task", "cancel", task_id, "--rpc", devnet.rpc_url, "--key", key)
     assert cancelled.returncode == 0, cancelled.stderr
     assert "cancelled" in cancelled.stdout and "5000 tokens back" in cancelled.stdout
-    assert rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)["status"] == "cancelled"
-    assert rpcclient.call(devnet.rpc_url, "dkb_getBalance", owner) == balance + 5000 - DEFAULT_FEE
+    assert jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)["status"] == "cancelled"
+    assert jsonrpc.call(devnet.rpc_url, "dkb_getBalance", owner) == balance + 5000 - DEFAULT_FEE
     again = cli("task", "cancel", task_id, "--rpc", devnet.rpc_url, "--key", key)
     assert again.returncode == 1 and "only a task not assigned yet" in again.stderr
 
@@ -133,7 +130,7 @@ def test_untrainable_files_are_rejected_by_the_workers_and_refunded(devnet, tmp_
                "--skip-dry-run", "--wait", "--timeout", "200")
     assert done.returncode == 1, done.stdout + done.stderr
     task_id = re.search(r"task ([0-9a-f]{64}) submitted", done.stdout).group(1)
-    task = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)
+    task = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)
     assert task["status"] == "rejected" and task["rejections"]
     assert f"task {task_id} rejected" in done.stdout
     assert "rejected by worker" in done.stdout and "cannot" in done.stdout   # the workers' reason, as they gave it
@@ -146,7 +143,7 @@ def test_a_task_no_one_can_take_expires_with_its_reason(devnet):
                "--workers", "8", "--steps", "5", "--price", "3000", "--wait", "--timeout", "200")
     assert done.returncode == 1, done.stdout + done.stderr
     task_id = re.search(r"task ([0-9a-f]{64}) submitted", done.stdout).group(1)
-    task = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)
+    task = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)
     assert task["status"] == "expired" and task["reason"]
     assert f"task {task_id} expired: {task['reason']}" in done.stdout
     assert task["payouts"] == {task["owner"]: 3000}

@@ -1,5 +1,6 @@
 """cli.task_report: how `task show` / `task wait` tell a task's audit slots and payouts."""
-from cli.task_report import report_final, role_of, slot_lines
+from cli.payout_lines import payout_lines, role_of
+from cli.task_report import report_final, slot_lines
 
 W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
 EV, BAD = "aa" * 32, "bb" * 32
@@ -55,5 +56,38 @@ def test_roles_and_the_final_report(capsys):
         ["owner", "worker", "verifier", "referee", "relay"]
     assert report_final(doc) == 0
     out = capsys.readouterr().out
-    assert "slot 1  guilty" in out and f"  {R1}  referee  20" in out
-    assert f"  {W2}  worker   0 (not paid: no commitment, or an audit slot found it guilty)" in out
+    assert "slot 1  guilty" in out and f"  {R1}  referee    20" in out
+    assert f"  {W2}  worker     0 (not paid: no commitment, or an audit slot found it guilty)" in out
+
+
+def test_payout_lines_split_each_peer_by_kind(capsys):
+    """Price 1000 with the genesis shares: verifier pool 50 (two decided slots, 25 each), relay budget 100,
+    worker share (1000 - 50 - 100) // 2 = 425. W1 committed and also verified W2's slot (guilty); the
+    owner gets the rest back. Each part is its own labelled line."""
+    doc = task()
+    RL = "12D3KooW" + "g" * 44
+    doc["commits"] = {W1: ["aa" * 32, "cc" * 32, 4, 30], W2: ["bb" * 32, "cc" * 32, 4, 31]}
+    doc["slots"][1]["verifiers"][1]["verifier"] = W1
+    doc["relay_claims"] = {RL: 40}
+    doc["payouts"] = {W1: 437, V1: 25, R1: 12, RL: 40, OWNER: 486}
+    lines = payout_lines(doc)
+    assert lines == [f"  {OWNER}  refund     486", f"  {W1}  worker     425", f"  {W1}  verifier   12",
+                     f"  {RL}  relay      40", f"  {V1}  verifier   25", f"  {R1}  referee    12"]
+    assert report_final(doc) == 0
+    out = capsys.readouterr().out
+    assert f"  {W1}  verifier   12" in out and f"  {OWNER}  refund     486" in out
+
+
+def test_a_split_that_does_not_add_up_shows_the_total_with_the_role():
+    doc = task()
+    doc["commits"] = {W1: ["aa" * 32, "cc" * 32, 4, 30]}
+    doc["payouts"] = {W1: 999, OWNER: 1}   # another chain's shares: no invented split
+    assert payout_lines(doc) == [f"  {W1}  worker     999", f"  {OWNER}  refund     1"]
+
+
+def test_rejected_task_shows_reject_fees_relays_and_refund():
+    RL = "12D3KooW" + "g" * 44
+    doc = {**task(), "status": "rejected", "slots": [], "rejections": {W1: "bad", W2: "bad"},
+           "relay_claims": {RL: 30}, "payouts": {W1: 5, W2: 5, RL: 30, OWNER: 960}}
+    assert payout_lines(doc) == [f"  {OWNER}  refund     960", f"  {RL}  relay      30",
+                                 f"  {W1}  reject fee 5", f"  {W2}  reject fee 5"]

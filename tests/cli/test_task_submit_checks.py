@@ -120,7 +120,6 @@ def test_unreachable_ledger_is_one_clear_line(key, capsys):
 
 
 def test_untrainable_registry_spec_fails_the_dry_run_before_any_tx(key, capsys):
-    pytest.importorskip("ml.train.dry_run")
     pytest.importorskip("torch")
     # the example: an MLP over 8x8 digit images cannot read shakespeare's token ids
     code, _, err = submit(capsys, key, "--model", "mlp", "--dataset", "shakespeare", "--steps", "5")
@@ -137,9 +136,7 @@ def flat_model_archive(path) -> None:
 
 
 def test_shape_mismatch_of_the_users_files_fails_the_dry_run_before_any_tx(tmp_path, key, capsys):
-    pytest.importorskip("ml.train.dry_run")
     np = pytest.importorskip("numpy")
-    pytest.importorskip("node.artifacts")
     flat_model_archive(tmp_path / "model.pt2")
     np.savez(tmp_path / "train.npz", x=np.zeros((32, 1, 8, 8), np.float32), y=np.zeros(32, np.int64))
     code, _, err = submit(capsys, key, "--model", str(tmp_path / "model.pt2"), "--dataset",
@@ -148,7 +145,6 @@ def test_shape_mismatch_of_the_users_files_fails_the_dry_run_before_any_tx(tmp_p
 
 
 def test_client_key_that_cannot_be_read_is_one_line(tmp_path, capsys):
-    pytest.importorskip("cli.client_node")
     code = main(["task", "fetch", "ab" * 32, "--rpc", dead_rpc(), "--out", str(tmp_path / "o"),
                  "--client-key", str(tmp_path / "missing.json")])
     err = one_error(capsys.readouterr().err)

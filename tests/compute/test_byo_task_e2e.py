@@ -16,7 +16,6 @@ import pytest
 from safetensors.torch import load_file
 
 from cli.client_node import client_node
-from consensus import rpcclient
 from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
@@ -25,6 +24,7 @@ from ml.compute.progress_protocol import follow_progress
 from ml.compute.task_spec import submit_payload
 from ml.train.spec import TrainSpec
 from node.artifacts import artifact_id_of_file
+from node.ledger import jsonrpc
 from tests.compute.test_task_flow_e2e import PROFILE, balance_plus_fees, http_json, wait_for_step
 from tests.ml.byo import digits_cnn_archive, digits_npz
 
@@ -54,7 +54,7 @@ def inputs(tmp_path_factory):
 
 
 def rpc(net, method, *params):
-    return rpcclient.call(net.rpc_url, method, *params)
+    return jsonrpc.call(net.rpc_url, method, *params)
 
 
 def owner_sources(node) -> list[str]:

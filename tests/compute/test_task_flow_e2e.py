@@ -16,13 +16,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from consensus import rpcclient
 from consensus.state.tasks import task_id_for, worker_weight
 from consensus.tx import DEFAULT_FEE, build_tx
 from devtools.devnet import ComputeDevnet
 from ml.compute.task_spec import submit_payload
 from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.spec import TrainSpec
+from node.ledger import jsonrpc
+from node.ledger.errors import RpcAnswerError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,7 +45,7 @@ def devnet(tmp_path_factory):
 
 
 def rpc(net, method, *params):
-    return rpcclient.call(net.rpc_url, method, *params)
+    return jsonrpc.call(net.rpc_url, method, *params)
 
 
 PROFILE = portable_cpu_profile(torch_release())   # what `dekube-node task submit` names for a cpu task
@@ -179,7 +180,7 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     job = http_json(f"{worker_node.rpc_url}/status")["compute"]["jobs"][task_id]
     assert job["state"] == "committed" and job["step"] == SPEC.steps and job["bytes_sent"] > 0
     assert job["metrics"]["accuracy"] > 50
-    assert rpcclient.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
+    assert jsonrpc.call(worker_node.rpc_url, "dkb_taskProgress", task_id)["step"] == SPEC.steps
     assert 'dekube_compute_tasks_total{outcome="committed"} 1.0' in metrics_text(worker_node)
     # the worker measured its link (the all-reduce's upload rate, probes of its co-workers) and its
     # ledger record now carries that figure instead of the configured guess (ADR 0158)
@@ -285,9 +286,9 @@ def wait_for_step(node, task_id: str, step: int, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if rpcclient.call(node.rpc_url, "dkb_taskProgress", task_id)["step"] >= step:
+            if jsonrpc.call(node.rpc_url, "dkb_taskProgress", task_id)["step"] >= step:
                 return
-        except rpcclient.RpcCallError:   # not assigned to it yet
+        except RpcAnswerError:   # not assigned to it yet
             pass
         time.sleep(0.1)
     raise AssertionError(f"{node.name} did not reach step {step} of {task_id} in {timeout} s")

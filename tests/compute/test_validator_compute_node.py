@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from consensus import rpcclient
 from devtools.testnet import Testnet
+from node.ledger import jsonrpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -15,15 +15,15 @@ def test_validator_and_compute_roles_on_one_node(tmp_path):
     try:
         net.up(wait_height=1, timeout=60)
         deadline = time.monotonic() + 60
-        while not all(rpcclient.call(n.rpc_url, "dkb_computeStatus")["registered"] for n in net.nodes):
+        while not all(jsonrpc.call(n.rpc_url, "dkb_computeStatus")["registered"] for n in net.nodes):
             assert time.monotonic() < deadline, "compute role did not register"
             time.sleep(0.3)
         url = net.nodes[0].rpc_url
         for node in net.nodes:
-            assert {"validator", "compute"} <= set(rpcclient.call(url, "dkb_getNode", node.peer_id)["roles"])
-        candidates = {c["peer_id"] for c in rpcclient.call(url, "dkb_getValidators")["candidates"]}
+            assert {"validator", "compute"} <= set(jsonrpc.call(url, "dkb_getNode", node.peer_id)["roles"])
+        candidates = {c["peer_id"] for c in jsonrpc.call(url, "dkb_getValidators")["candidates"]}
         assert candidates == {n.peer_id for n in net.nodes}
-        height = rpcclient.call(url, "dkb_blockNumber")
+        height = jsonrpc.call(url, "dkb_blockNumber")
         net.wait_height(height + 3, timeout=30)
     finally:
         net.down(timeout=5)

@@ -11,6 +11,7 @@ from ml.compute import role as role_module
 from ml.compute.role import READY_TIMEOUT_S, hardware_record, ready_timeout
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.train.dry_run import Untrainable
+from node.artifacts.quota import StoreQuota
 from node.bandwidth import BandwidthMeter
 from node.identity import Identity
 from node.runtime import Node
@@ -42,6 +43,7 @@ class FakeLedger:
 class FakeArtifacts:
     def __init__(self, folder: Path, size=3 << 20):
         self.folder, self.size, self.fetches = folder, size, []
+        self.quota = StoreQuota(folder / "quota", 1 << 40)   # the compute role sets its task pins each tick
 
     def has(self, artifact):
         return (self.folder / artifact).exists()

@@ -58,8 +58,8 @@ class FakeNodes:
 
 
 def run(monkeypatch, nodes, confirmed=frozenset({"t1", "t2"})):
-    monkeypatch.setattr(chaincheck.rpcclient, "call", nodes.call)
-    monkeypatch.setattr(chaincheck.rpcclient, "batch", nodes.batch)
+    monkeypatch.setattr(chaincheck.jsonrpc, "call", nodes.call)
+    monkeypatch.setattr(chaincheck.jsonrpc, "batch", nodes.batch)
     return chaincheck.check_chain(list(nodes.chains), GENESIS, set(confirmed))
 
 

@@ -135,11 +135,9 @@ def test_damaged_manifest_or_table_file_is_reported(tmp_path):
 
 WRITER = r"""
 import sys
-sys.path.insert(0, sys.argv[2])
-sys.path.insert(0, sys.argv[3])
 from consensus.block import build_block
 from consensus.validator.storage import Storage
-from test_ledger_kit import CHAIN, Chain, ident
+from tests.consensus.test_ledger_kit import CHAIN, Chain, ident
 chain = Chain()
 storage = Storage.open(sys.argv[1], chain.genesis)
 chain.ledger = storage.load_ledger()
@@ -173,7 +171,7 @@ def kill_and_recover(tmp_path, kills, seed):
     rng = random.Random(seed)
     last_told = 0
     for _ in range(kills):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, path, ROOT, os.path.join(ROOT, "tests", "consensus")],
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, path], cwd=ROOT,   # -c imports from the cwd
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().startswith("ready")

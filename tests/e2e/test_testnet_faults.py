@@ -8,12 +8,13 @@ import urllib.request
 
 import pytest
 
-from consensus import rpcclient
 from consensus.tx import build_tx
 from devtools.chaincheck import check_chain
 from devtools.loadgen import WalletLoad
 from devtools.testnet import Testnet
 from node.identity import Identity
+from node.ledger import jsonrpc
+from node.ledger.errors import RpcAnswerError
 
 ACCOUNTS = [Identity.from_seed(i.to_bytes(32, "big")) for i in range(1, 61)]
 SETTINGS = {"consensus.timeout_propose": "1.0", "consensus.timeout_vote": "0.5", "node.log_level": "info"}
@@ -32,11 +33,11 @@ def testnet(tmp_path_factory):
 
 
 def rpc(node, method, *params):
-    return rpcclient.call(node.rpc_url, method, *params)
+    return jsonrpc.call(node.rpc_url, method, *params)
 
 
 def rejection(node, raw_hex):
-    with pytest.raises(rpcclient.RpcCallError) as info:
+    with pytest.raises(RpcAnswerError) as info:
         rpc(node, "dkb_sendRawTransaction", raw_hex)
     return info.value
 
@@ -116,7 +117,7 @@ def test_bad_input_over_rpc_gets_clear_errors(testnet):
     for method, params in (("dkb_getBalance", ["not-a-peer-id"]), ("dkb_getTask", ["00"]),
                            ("dkb_getTransactionReceipt", ["12"]), ("dkb_getBlockByNumber", ["soon"]),
                            ("dkb_listTasks", [None, None, 10**9])):
-        with pytest.raises(rpcclient.RpcCallError) as info:
+        with pytest.raises(RpcAnswerError) as info:
             rpc(node, method, *params)
         assert info.value.code == -32602
     assert rpc(node, "dkb_getBlockByNumber", 10**9) is None

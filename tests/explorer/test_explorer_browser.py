@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from consensus import rpcclient
 from consensus.state.tasks import task_id_for
 from consensus.tx import build_tx
+from node.ledger import jsonrpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -89,18 +89,13 @@ def browser():
 def devnet(tmp_path_factory):
     from devtools.devnet import ComputeDevnet
 
-    saved = os.environ.get("DEKUBE_RPC_CORS")
-    os.environ["DEKUBE_RPC_CORS"] = "true"   # compute nodes answer the page's (loopback) origin
+    # as `testnet up --compute` makes it: the compute nodes answer the validators' explorer origin
     net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=2)
     try:
         net.up(timeout=150)
         yield net
     finally:
         net.down(timeout=5)
-        if saved is None:
-            os.environ.pop("DEKUBE_RPC_CORS", None)
-        else:
-            os.environ["DEKUBE_RPC_CORS"] = saved
 
 
 def submit_task(net) -> str:
@@ -109,9 +104,9 @@ def submit_task(net) -> str:
 
     spec = TrainSpec(codec="int8", steps=3000, segment_steps=500, report_every=5)
     faucet = net.testnet.faucet()
-    nonce = rpcclient.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    nonce = jsonrpc.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
     tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 2, 100_000))
-    rpcclient.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
+    jsonrpc.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
 
 
@@ -136,8 +131,7 @@ def open_page(browser, url):
 
 def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    compute_urls = ",".join(n.rpc_url for n in devnet.compute)
-    base = f"{devnet.rpc_url}/explorer/?nodes={compute_urls}"
+    base = devnet.explorer_url()   # the link `testnet up` prints
     page, errors = open_page(browser, base)
     page.wait_for_selector("#block-rows tr", timeout=20_000)
     page.wait_for_selector("#validator-rows tr", timeout=20_000)
@@ -156,7 +150,7 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     deadline = time.monotonic() + 180
     curve_seen_while = None
     while time.monotonic() < deadline:
-        status = rpcclient.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
+        status = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)["status"]
         points = page.evaluate(POINTS)
         if points >= 2 and status in ACTIVE:
             curve_seen_while = status

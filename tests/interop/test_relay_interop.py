@@ -15,9 +15,7 @@ from node.identity import Identity
 from node.p2p.host import Host
 from relay.client import RelayClient
 from relay.service import Admission, RelayService
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "relay"))
-from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check  # noqa: E402
+from tests.relay.relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check
 
 PEER_SCRIPT = Path(__file__).with_name("relay_pylibp2p_peer.py")
 MIB = 1 << 20

@@ -117,6 +117,40 @@ def test_a_pickled_model_is_refused_with_a_clear_error(tmp_path):
         load_archive(path)
 
 
+@torch.library.custom_op("dekube_test::scale", mutates_args=())
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Scaler(torch.nn.Module):
+    def forward(self, x):
+        return _scale(x)
+
+
+class WithCustomOp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+        self.block = torch.nn.Sequential(torch.nn.ReLU(), Scaler())
+
+    def forward(self, x):
+        return self.block(self.fc(x))
+
+
+def test_an_archive_calling_a_custom_op_is_refused_naming_it_its_module_and_the_fix(tmp_path):
+    path = export(WithCustomOp(), torch.rand(4, 64), tmp_path / "custom.pt2")
+    with pytest.raises(ArchiveRefused) as refused:
+        load_archive(path)
+    message = str(refused.value)
+    assert "dekube_test.scale in module block.1 (Scaler)" in message
+    assert "workers run only torch's own (aten) operators" in message
+
+
 class WithDropout(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -126,10 +160,29 @@ class WithDropout(torch.nn.Module):
         return torch.nn.functional.dropout(self.fc(x), 0.5, training=True)
 
 
-def test_an_archive_calling_an_unsupported_op_is_refused_naming_it(tmp_path):
-    path = export(WithDropout(), torch.rand(4, 64), tmp_path / "dropout.pt2")
-    with pytest.raises(ArchiveRefused, match="aten.dropout"):
-        load_archive(path)
+def test_dropout_is_seeded_per_step_and_off_in_evaluation(tmp_path):
+    from ml.train.model_archive import trainable_module
+    from ml.train.op_randomness import evaluating, step_randomness
+    module = trainable_module(load_archive(export(WithDropout(), torch.rand(4, 64), tmp_path / "dropout.pt2")))
+    x = torch.rand(8, 64)
+    with step_randomness(7, 0, 3):
+        first = module(x)
+    with step_randomness(7, 0, 3):
+        again = module(x)
+    with step_randomness(7, 0, 4):
+        next_step = module(x)
+    with step_randomness(7, 1, 3):
+        other_rank = module(x)
+    assert torch.equal(first, again) and (first == 0).any()
+    assert not torch.equal(first, next_step) and not torch.equal(first, other_rank)
+    with evaluating():
+        plain = module(x)
+    weights = module.state_dict()
+    assert torch.equal(plain, torch.nn.functional.linear(x, weights["fc.weight"], weights["fc.bias"]))
+    state = torch.random.get_rng_state()
+    with step_randomness(7, 0, 3):
+        module(x)
+    assert torch.equal(torch.random.get_rng_state(), state)   # the process's generator is left as it was
 
 
 def _rewrite_graph(src: Path, dst: Path, edit) -> Path:

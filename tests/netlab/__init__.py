@@ -1,1 +1,1 @@
-"""The emulated internet for relay and NAT-traversal tests (network namespaces, NAT routers, tbf)."""
+"""Tests on the emulated internet (devtools/netlab: network namespaces, NAT routers, tbf); they need root."""

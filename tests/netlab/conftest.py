@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .lab import unavailable
-from .net import Net
+from devtools.netlab.lab import unavailable
+from devtools.netlab.net import Net
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.netlab.artifact_net import link_into, seed_store, start_agent
+from devtools.netlab.lab import Lab, unavailable
+from devtools.netlab.nodes import Node, agents_in, peer_id_of, seed_of
 from node.identity import Identity
 from node.keystore import save_identity
-
-from .artifact_net import link_into, seed_store, start_agent
-from .lab import Lab, unavailable
-from .nodes import Node, peer_id_of, seed_of
 
 pytestmark = pytest.mark.netlab
 
@@ -29,14 +28,8 @@ def lab():
     why = unavailable()
     if why:
         pytest.skip(why)
-    lab = Lab(home_rate_mbit=200).build(["relay1", "pub", "dl"], ["eim"])
-    agents: list[Node] = []
-    try:
-        yield lab, agents
-    finally:
-        for agent in agents:
-            agent.stop()
-        lab.teardown()
+    with agents_in(Lab(home_rate_mbit=200).build(["relay1", "pub", "dl"], ["eim"])) as held:
+        yield held
 
 
 def test_download_from_a_public_and_a_relayed_nated_holder(lab, tmp_path):

@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from devtools.netlab.lab import BACKBONE_NET, run
+from devtools.netlab.net import FAR_HOME_DELAY_MS, FAR_RELAY_DELAY_MS, PORT
+from devtools.netlab.node_agent import contribution
+from devtools.netlab.nodes import AgentError
+from devtools.netlab.scenarios import MIB, circuits_via, failover, poll, punch, rate_Mbps, relayed_transfer
 from relay.messages import HOP_PROTOCOL, MessageReader, Status, decode_hop
-
-from .lab import BACKBONE_NET, run
-from .net import FAR_HOME_DELAY_MS, FAR_RELAY_DELAY_MS, PORT
-from .node_agent import contribution
-from .nodes import AgentError
-from .scenarios import MIB, circuits_via, failover, poll, punch, rate_Mbps, relayed_transfer
 
 pytestmark = pytest.mark.netlab
 

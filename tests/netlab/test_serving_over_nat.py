@@ -17,11 +17,10 @@ import time
 
 import pytest
 
+from devtools.netlab.lab import unavailable
+from devtools.netlab.task_net import RPC_PORT, Member, TaskNet
 from ml.serve.catalog import parse_model
 from ml.serve.client import local_generate
-
-from .lab import unavailable
-from .task_net import RPC_PORT, Member, TaskNet
 
 pytestmark = pytest.mark.netlab
 

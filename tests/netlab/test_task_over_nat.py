@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from .lab import unavailable
-from .task_net import TaskNet
+from devtools.netlab.lab import unavailable
+from devtools.netlab.task_net import TaskNet
 
 pytestmark = pytest.mark.netlab
 

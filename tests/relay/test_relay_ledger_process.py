@@ -13,11 +13,10 @@ import pytest
 from relay_harness import SINK_PROTOCOL, Sink, expected_answer, pattern, send_and_check, start_endpoint, stop_all
 from test_relay_node_process import wait_for_status
 
-from consensus import rpcclient
 from consensus.tx import build_tx
 from devtools.testnet import Testnet
 from node.identity import Identity
-from node.ledger import LedgerGateway
+from node.ledger import LedgerGateway, jsonrpc
 from relay.client import RelayRefused
 from relay.messages import Status
 
@@ -55,11 +54,11 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
         status = wait_for_status(proc)
         relay_addr, relay_id = status["listen_addrs"][0], status["peer_id"]
         faucet = net.faucet()  # the relay's own account pays its registration's and receipts' fees
-        rpcclient.call(rpc, "dkb_sendRawTransaction", build_tx(
+        jsonrpc.call(rpc, "dkb_sendRawTransaction", build_tx(
             faucet, CHAIN, 0, "transfer", {"to": relay_id, "amount": 10**6}).raw.hex())
 
         def relay_registered():
-            record = rpcclient.call(rpc, "dkb_getNode", relay_id)
+            record = jsonrpc.call(rpc, "dkb_getNode", relay_id)
             return record is not None and "relay" in record["roles"]
         wait_until(relay_registered, 30, "the relay's registration")
 
@@ -81,7 +80,7 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                 with pytest.raises(RelayRefused) as info:
                     await stranger.reserve(relay_addr)
                 assert info.value.status == Status.PERMISSION_DENIED
-                before = rpcclient.call(rpc, "dkb_getBalance", source.peer_id)
+                before = jsonrpc.call(rpc, "dkb_getBalance", source.peer_id)
                 b.host.set_handler(SINK_PROTOCOL, Sink())
                 conn = await a.dial(b.relayed_addrs)
                 data = pattern(2 << 20)
@@ -89,7 +88,7 @@ def test_relay_process_admits_by_ledger_stake_and_is_paid(tmp_path):
                 await conn.close()  # the relay now asks both endpoints to co-sign the final receipt
 
                 def paid():  # 2 MiB at 1 per MiB, paid by the source (the relay's gain is net of its fees)
-                    return rpcclient.call(rpc, "dkb_getBalance", source.peer_id) <= before - 2
+                    return jsonrpc.call(rpc, "dkb_getBalance", source.peer_id) <= before - 2
                 await asyncio.to_thread(wait_until, paid, 30, "the relay's payment")
             finally:
                 await stop_all(a, b, stranger)

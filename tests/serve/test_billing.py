@@ -214,7 +214,7 @@ def test_debts_expire_and_are_bounded():
 
 
 @pytest.mark.parametrize("push", [False, True])
-@pytest.mark.parametrize("codec", ["f16", "i8", "i4"])
+@pytest.mark.parametrize("codec", ["f16", "int8", "int4"])
 def test_lossy_codecs_agree_on_the_transcript(codec, push):
     async def scenario():
         async with PaidNetwork([(0, 3), (3, 6)]) as net:

@@ -180,7 +180,7 @@ def test_no_replacement_means_a_clear_error():
         asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("codec,bound", [("f16", 2e-2), ("i8", 1e-1), ("i4", 4e-1)])
+@pytest.mark.parametrize("codec,bound", [("f16", 2e-2), ("int8", 1e-1), ("int4", 4e-1)])
 def test_lossy_codecs_keep_hidden_states_close(codec, bound):
     local = random_decoder(CONFIG, SEED)
     tokens = torch.tensor([PROMPT])
@@ -436,7 +436,7 @@ class LyingServer(BlockServer):
         return out
 
 
-@pytest.mark.parametrize("codec", ["f32", "i8"])
+@pytest.mark.parametrize("codec", ["f32", "int8"])
 def test_spot_checks_pass_honest_servers_and_name_a_lying_one(codec):
     async def scenario():
         async with Network(random_build, [(0, 3), (3, 6), (0, 3), (3, 6)], server_classes={1: LyingServer}) as net:
@@ -534,8 +534,8 @@ def test_activation_deltas_track_full_precision_better_than_plain_int4(lr):
 
     exact, _ = asyncio.run(run("f32", None))
     exact_deltas, _ = asyncio.run(run("f32", [10, 11, 12, 13]))
-    plain, plain_bytes = asyncio.run(run("i4", None))
-    deltas, delta_bytes = asyncio.run(run("i4", [10, 11, 12, 13]))
+    plain, plain_bytes = asyncio.run(run("int4", None))
+    deltas, delta_bytes = asyncio.run(run("int4", [10, 11, 12, 13]))
     assert exact_deltas == pytest.approx(exact, rel=1e-4)
     assert deltas[0] == plain[0]     # the first time an example is seen, its delta is the whole activation
     plain_gap, delta_gap = abs(plain[-1] - exact[-1]), abs(deltas[-1] - exact[-1])
@@ -553,8 +553,8 @@ def test_delta_books_stay_identical_and_bounded():
     for _ in range(4):
         value = value + 0.01 * torch.randn(2, 5, 8, generator=gen)
         delta = sender.delta([1, 2], value)
-        mine = sender.commit([1, 2], roundtrip(delta, "i4"))
-        theirs = receiver.commit([1, 2], decode_frame(encode_frame({}, {"h": delta}, "i4")[4:]).tensors["h"])
+        mine = sender.commit([1, 2], roundtrip(delta, "int4"))
+        theirs = receiver.commit([1, 2], decode_frame(encode_frame({}, {"h": delta}, "int4")[4:]).tensors["h"])
         assert torch.equal(mine, theirs)
     assert float((mine - value).abs().max()) < 0.01
     with pytest.raises(DeltaError, match="full"):
@@ -565,7 +565,7 @@ def test_delta_books_stay_identical_and_bounded():
         receiver.stored([7])
 
 
-@pytest.mark.parametrize("codec", ["i8", "i4"])
+@pytest.mark.parametrize("codec", ["int8", "int4"])
 def test_recovery_is_exact_in_lossy_codecs_too(codec):
     async def scenario(kill: bool):
         # a spare with the same range: another split would add a quantised hop and change the output

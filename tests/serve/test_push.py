@@ -55,7 +55,7 @@ def test_pushed_generation_equals_local_and_every_answer_is_recorded(ranges):
         assert pushed.spot_check(index, random_build((start, end), False)).ok
 
 
-@pytest.mark.parametrize("codec", ["f16", "i8", "i4"])
+@pytest.mark.parametrize("codec", ["f16", "int8", "int4"])
 def test_lossy_codecs_decode_the_same_input_pushed_or_sent(codec):
     tokens, pushed = generate(THREE, 8, codec=codec)
     expected, driven = generate(THREE, 8, codec=codec, push=False)

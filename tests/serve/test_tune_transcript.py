@@ -20,7 +20,7 @@ def tuning_batch() -> torch.Tensor:
     return torch.stack([text[i:i + 17] for i in range(0, 8, 4)])
 
 
-@pytest.mark.parametrize("codec,ids", [("f32", None), ("f16", [0, 1]), ("i8", [0, 1])])
+@pytest.mark.parametrize("codec,ids", [("f32", None), ("f16", [0, 1]), ("int8", [0, 1])])
 def test_paid_tuning_passes_extend_the_countersigned_transcript(codec, ids):
     batch = tuning_batch()
 
@@ -131,7 +131,7 @@ def checked_tuning(classes: dict, codec: str, ids, check_passes=frozenset(range(
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("codec,ids", [("f32", None), ("f16", [0, 1]), ("i8", [0, 1])])
+@pytest.mark.parametrize("codec,ids", [("f32", None), ("f16", [0, 1]), ("int8", [0, 1])])
 def test_an_honest_tuning_run_spot_checks_clean(codec, ids):
     checks, _ = checked_tuning({}, codec, ids)
     assert [(c.ok, c.checked, c.culprit) for c in checks] == [(True, 6, None), (True, 6, None)]

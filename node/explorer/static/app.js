@@ -1,12 +1,14 @@
 // dekube explorer: reads the serving node's public JSON-RPC (POST /) and websocket (/ws, topics
 // newHeads and tasks); training progress from compute nodes' dkb_taskProgress (this node's own RPC
-// and any URLs the user lists). No framework, no build step, nothing from other sites.
+// and any URLs the user lists, each shown with whose data it is). No framework, no build step,
+// nothing from other sites.
 (function () {
 "use strict";
 
 const {lineChart, chartLegend} = window.dekubeChart;
 const BLOCKS_SHOWN = 20;
-const MAX_NODES = 64;
+const MAX_NODES = 64;          // peers looked up one by one beyond the registered nodes
+const MAX_LISTED_NODES = 1000;  // registered nodes read with dkb_listNodes
 const PROGRESS_POLL_MS = 1000;
 const SLOW_REFRESH_MS = 5000;
 const ACTIVE_TASK = new Set(["created", "assigned", "running", "committed", "verified", "disputed"]);
@@ -14,6 +16,7 @@ const ACTIVE_TASK = new Set(["created", "assigned", "running", "committed", "ver
 const state = {
   chainId: null, height: null, blocks: new Map(), validators: null, tasks: [], nodes: new Map(),
   peers: [], progressUrls: [], endpointPeer: new Map(), noProgress: new Set(), curves: new Map(),
+  unreachable: new Map(), listedNodes: [], taskWorkers: new Map(),
   taskEvents: new Map(), ledger: true, live: false, detailTimer: null,
 };
 let rpcId = 0;
@@ -94,12 +97,33 @@ function renderHead() {
   }
 }
 
+// Runs of two or more blocks without transactions fold into one row ("12–31: 20 empty blocks").
+function foldEmpty(blocks) {
+  const rows = [];
+  for (const b of blocks) {
+    const last = rows[rows.length - 1];
+    if (b.transactions.length === 0 && last && last.empty && last.low === b.height + 1) {
+      last.low = b.height;
+      last.count += 1;
+    } else {
+      rows.push({empty: b.transactions.length === 0, high: b.height, low: b.height, count: 1, block: b});
+    }
+  }
+  return rows;
+}
+
+function blockRow(b) {
+  return el("tr", {class: "clickable", "data-height": b.height, onclick: () => { location.hash = `#block/${b.height}`; }},
+    el("td", {}, b.height), el("td", {}, fmtTime(b.time_ms)), el("td", {}, b.transactions.length),
+    el("td", {class: "mono"}, short(b.proposer)), el("td", {class: "mono"}, short(b.hash)));
+}
+
 function renderBlocks() {
   const recent = [...state.blocks.values()].sort((a, b) => b.height - a.height).slice(0, BLOCKS_SHOWN);
-  replaceRows($("block-rows"), recent.map((b) => el("tr", {class: "clickable", "data-height": b.height,
-    onclick: () => { location.hash = `#block/${b.height}`; }},
-  el("td", {}, b.height), el("td", {}, fmtTime(b.time_ms)), el("td", {}, b.transactions.length),
-  el("td", {class: "mono"}, short(b.proposer)), el("td", {class: "mono"}, short(b.hash)))));
+  replaceRows($("block-rows"), foldEmpty(recent).map((row) => (row.count === 1 ? blockRow(row.block)
+    : el("tr", {class: "folded", "data-heights": `${row.low}-${row.high}`},
+      el("td", {}, `${row.low}–${row.high}`), el("td", {colspan: 4, class: "hint"},
+        `${row.count} empty blocks`)))));
 }
 
 async function onNewHead(header) {
@@ -183,10 +207,16 @@ function relayOf(addr) {
   return m ? m[1] : null;
 }
 
+// Every registered node (dkb_listNodes: relays and verifier-only compute nodes too), plus records of
+// peers seen elsewhere that the list did not return.
 async function loadNodes() {
   try { state.peers = await rpc("dkb_peers"); } catch (err) { state.peers = []; }
+  const registered = await rpc("dkb_listNodes", [null, null, MAX_LISTED_NODES]);
+  state.listedNodes = Array.isArray(registered) ? registered : [];
+  for (const n of state.listedNodes) if (n && typeof n.peer_id === "string") state.nodes.set(n.peer_id, n);
   const listed = await Promise.all(state.progressUrls.map((url) => endpointPeer(url).catch(() => null)));
-  const ids = [...new Set([...listed.filter(Boolean), ...knownPeers()])].slice(0, MAX_NODES);
+  const ids = [...new Set([...listed.filter(Boolean), ...knownPeers()])].filter((id) => !state.nodes.has(id))
+    .slice(0, MAX_NODES);
   const records = await Promise.all(ids.map((id) => rpc("dkb_getNode", [id]).catch(() => null)));
   ids.forEach((id, i) => { if (records[i]) state.nodes.set(id, records[i]); });
   renderNodes();
@@ -214,9 +244,8 @@ function renderNodes() {
 
 // ---- model coverage (served ranges announced in node records, ADR 0174)
 async function loadCoverage() {
-  const nodes = await rpc("dkb_listNodes", [null, null, 1000]);
   const models = new Map();
-  for (const node of Array.isArray(nodes) ? nodes : []) {
+  for (const node of state.listedNodes) {
     for (const r of (node.hardware && Array.isArray(node.hardware.serving)) ? node.hardware.serving : []) {
       if (typeof r.model !== "string" || !(r.start < r.end)) continue;
       if (!models.has(r.model)) models.set(r.model, []);
@@ -321,11 +350,14 @@ async function pollProgress(taskId) {
     try {
       peer = await endpointPeer(url);
       job = await rpc("dkb_taskProgress", [taskId], url);
+      state.unreachable.delete(url);
     } catch (err) {
       if (err instanceof RpcError && err.code === -32601) state.noProgress.add(url);   // no compute role
+      else if (err instanceof RpcError) state.unreachable.set(url, err.message);       // e.g. no such job
+      else state.unreachable.set(url, unreachableReason(url));
       return;
     }
-    const curve = curves.get(peer) || {loss: new Map(), metrics: new Map(), job: null, key};
+    const curve = curves.get(peer) || {loss: new Map(), metrics: new Map(), job: null, key, url};
     curve.job = job;
     const points = Array.isArray(job.history) ? job.history : [];
     for (const p of points) {
@@ -341,9 +373,36 @@ async function pollProgress(taskId) {
   return curves;
 }
 
-function renderCurves(container, curves) {
+// Why a listed node's RPC could not be read: the browser hides the cause of a failed cross-origin
+// fetch, so name both (the node is down, or it does not send CORS headers to this page's origin).
+function unreachableReason(url) {
+  return url === "/" ? "this node's RPC did not answer"
+    : `no answer readable from this page: the node is down or unreachable, or its RPC does not allow this `
+      + `page's origin ${location.origin} (set [rpc] cors = true and add ${location.origin} to [rpc] allowed_origins)`;
+}
+
+const hostOf = (url) => (url === "/" ? "this node" : url.replace(/^https?:\/\//, "").replace(/\/+$/, ""));
+
+// Whose data each curve is: the URL it was read from and the peer that answered; whether that peer is a
+// worker of the task on chain. Figures from listed nodes are their own reports, not chain data.
+function provenance(taskId, curves) {
+  const workers = new Set(state.taskWorkers.get(taskId) || []);
+  const lines = [...curves.entries()].sort((a, b) => a[0].localeCompare(b[0])).map(([peer, curve]) => el("li",
+    {"data-source": curve.url}, `${hostOf(curve.url)} answered as `, el("span", {class: "mono"}, peer),
+    workers.has(peer) ? " (a worker of this task)" : el("b", {class: "warn"}, " (NOT a worker of this task on chain)")));
+  for (const [url, why] of state.unreachable) {
+    lines.push(el("li", {class: "unreachable", "data-source": url}, `${hostOf(url)}: ${why}`));
+  }
+  if (!state.progressUrls.length && state.noProgress.has("/")) {
+    lines.push(el("li", {class: "hint"}, "this node has no compute role: list compute nodes' RPC URLs below the "
+      + "task table (testnet up prints an explorer link that does)"));
+  }
+  return el("ul", {class: "sources"}, lines);
+}
+
+function renderCurves(container, curves, taskId) {
   const workers = [...curves.keys()].sort();
-  const series = (pick) => workers.map((w) => ({name: short(w),
+  const series = (pick) => workers.map((w) => ({name: `${short(w)} @ ${hostOf(curves.get(w).url)}`,
     points: [...pick(curves.get(w)).entries()].sort((a, b) => a[0] - b[0])}));
   const charts = el("div", {class: "charts"});
   charts.appendChild(el("div", {id: "curve-loss"}, lineChart("training loss per step", series((c) => c.loss))));
@@ -357,9 +416,11 @@ function renderCurves(container, curves) {
     return `${short(w)}: ${job.state || "?"} step ${job.step ?? "?"}${job.steps ? `/${job.steps}` : ""}`
       + (typeof job.bytes_sent === "number" ? `, sent ${fmtBytes(job.bytes_sent)}` : "");
   });
-  container.replaceChildren(charts, chartLegend(workers.map(short)),
+  container.replaceChildren(charts, chartLegend(workers.map((w) => `${short(w)} @ ${hostOf(curves.get(w).url)}`)),
     el("p", {class: "hint"}, workers.length ? states.join(" · ")
-      : "no compute node reachable from this page has a job for this task"));
+      : "no compute node reachable from this page has a job for this task"),
+    el("p", {class: "hint"}, "Progress is what each node reports about itself (not chain data):"),
+    provenance(taskId, curves));
 }
 
 // ---- detail views (#block/N, #task/ID)
@@ -427,6 +488,7 @@ async function showTask(taskId, first = true) {
   const task = await rpc("dkb_getTask", [taskId]);
   const detail = $("detail");
   if (!task) { detail.replaceChildren(closeButton(), el("p", {}, `no task ${taskId}`)); return; }
+  state.taskWorkers.set(taskId, Array.isArray(task.workers) ? task.workers : []);
   const spec = task.spec || {};
   const payouts = task.payouts || {};
   const rejections = task.rejections || {};
@@ -466,7 +528,7 @@ async function showTask(taskId, first = true) {
     el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none"),
   ].filter((child) => child !== null));
-  renderCurves(curves, await pollProgress(taskId));
+  renderCurves(curves, await pollProgress(taskId), taskId);
 }
 
 async function route() {
@@ -482,7 +544,7 @@ async function route() {
     detail.hidden = false;
     await guarded(() => showTask(task[1], true));
     state.detailTimer = setInterval(() => guarded(async () => {
-      renderCurves($("task-curves"), await pollProgress(task[1]));
+      renderCurves($("task-curves"), await pollProgress(task[1]), task[1]);
     }), PROGRESS_POLL_MS);
   } else {
     detail.hidden = true;
@@ -551,6 +613,12 @@ async function main() {
   const params = new URLSearchParams(location.search);
   state.progressUrls = (params.get("nodes") || "").split(",").map((s) => s.trim()).filter(Boolean);
   $("progress-nodes").value = state.progressUrls.join(", ");
+  if (state.progressUrls.length) {   // a link may name any node: say whose data joins this node's
+    const sources = $("sources");
+    sources.hidden = false;
+    sources.textContent = "This link adds training progress and traffic reported by other nodes, not by this "
+      + `node or the chain: ${state.progressUrls.join(", ")}. Each curve is labelled with where it came from.`;
+  }
   $("progress-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const urls = $("progress-nodes").value.split(",").map((s) => s.trim()).filter(Boolean);

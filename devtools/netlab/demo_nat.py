@@ -1,4 +1,4 @@
-"""The main job across NAT: ``python -m tests.netlab.demo_nat`` (root; iproute2, nftables, tc).
+"""The main job across NAT: ``python -m devtools.netlab.demo_nat`` (root; iproute2, nftables, tc).
 
 Builds the emulated internet of task_net.py (validators and two relays on public hosts, four
 compute nodes each behind its own NAT router, one of them symmetric), submits the user's own model

@@ -4,17 +4,14 @@ ends; and the bandwidth probe between two public hosts measures a 40 Mbit/s upli
 Skipped without root and namespaces."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.netlab.artifact_net import shape_uplink
-from tests.netlab.lab import Lab, unavailable
-from tests.netlab.nodes import Node, peer_id_of
+from devtools.netlab.lab import Lab, shape, unavailable
+from devtools.netlab.nodes import Node, agents_in, peer_id_of
 
 pytestmark = pytest.mark.netlab
 
-AGENT = Path(__file__).resolve().parent / "progress_agent.py"
+AGENT = "devtools.netlab.progress_agent"
 TASK = "5a" * 32
 
 
@@ -23,14 +20,8 @@ def lab():
     why = unavailable()
     if why:
         pytest.skip(why)
-    lab = Lab(home_rate_mbit=100).build(["relay1", "owner", "pub2"], ["eim"])
-    agents: list[Node] = []
-    try:
-        yield lab, agents
-    finally:
-        for agent in agents:
-            agent.stop()
-        lab.teardown()
+    with agents_in(Lab(home_rate_mbit=100).build(["relay1", "owner", "pub2"], ["eim"])) as held:
+        yield held
 
 
 def test_owner_follows_a_natd_worker_through_a_relay(lab):
@@ -56,7 +47,7 @@ def test_owner_follows_a_natd_worker_through_a_relay(lab):
 
 def test_probe_measures_a_shaped_uplink(lab):
     lab, agents = lab
-    shape_uplink(lab.ns_of("pub2"), 40)
+    shape(lab.ns_of("pub2"), "eth0", 40)
     prober = Node.start("prober", lab.ns_of("pub2"), f"/ip4/{lab.public['pub2']}/tcp/4002", agent=AGENT)
     agents.append(prober)
     target = Node.start("target", lab.ns_of("owner"), f"/ip4/{lab.public['owner']}/tcp/4002", agent=AGENT)

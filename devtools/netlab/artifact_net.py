@@ -4,21 +4,21 @@
 ``seed_store(dir, size_mb)`` writes one artifact of deterministic bytes into an ArtifactStore
 there; ``link_into(store_dir, data_dir, artifact)`` hard-links it into a holder's
 ``<data_dir>/artifacts`` (no copy, so three 1 GiB holders cost one file). ``start_agent`` runs an
-``artifact_agent.py`` in a namespace. ``shape_uplink(ns, mbit)`` caps a public host's upload with
-``tc tbf`` (the homes' links are capped by the lab itself).
+``artifact_agent.py`` in a namespace (a public host's upload is capped with ``lab.shape``; the
+homes' links are capped by the lab itself).
 """
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from node.artifacts import CHUNK_SIZE, ArtifactStore
 
-from .lab import TBF_BURST, TBF_LATENCY, run
 from .nodes import Node
 
-ARTIFACT_AGENT = Path(__file__).resolve().parent / "artifact_agent.py"
+ARTIFACT_AGENT = "devtools.netlab.artifact_agent"
 
 
 def seed_store(store_dir: Path, size_mb: int, seed: int = 7) -> str:
@@ -44,13 +44,8 @@ def link_into(store_dir: Path, data_dir: Path, artifact: str) -> None:
             os.link(store_dir / sub / artifact, dest)
 
 
-def start_agent(name: str, ns: str, listen: str, data_dir: Path, relays: list[str] = (), *extra: str) -> Node:
+def start_agent(name: str, ns: str, listen: str, data_dir: Path, relays: Sequence[str] = (), *extra: str) -> Node:
     args = ["--data-dir", str(data_dir)]
     if relays:
         args += ["--relays", ",".join(relays)]
     return Node.start(name, ns, listen, *args, *extra, agent=ARTIFACT_AGENT)
-
-
-def shape_uplink(ns: str, mbit: float, dev: str = "eth0") -> None:
-    run("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit:g}mbit", "burst", TBF_BURST,
-        "latency", TBF_LATENCY, ns=ns)

@@ -1,7 +1,7 @@
 """A real dekube ``Node`` for the netlab (its relay client service with hole punching, as
 ``dekube-node start`` runs it), driven by JSON lines like ``agent.py``.
 
-Run inside a namespace: ``python tests/netlab/node_agent.py --seed HEX --listen /ip4/A/tcp/P
+Run inside a namespace: ``python -m devtools.netlab.node_agent --seed HEX --listen /ip4/A/tcp/P
 --relays MADDR,MADDR [--no-hole-punch]``. The node reserves on its relays (``[relay] reserve =
 true``) and prints ``READY {"peer_id", "addrs", "punch_port", "relayed_addrs"}`` once it holds a
 reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok": ..., "result" |
@@ -19,27 +19,22 @@ reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok":
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
 import os
-import sys
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from ml.allreduce import AllReduceGroup  # noqa: E402
-from ml.compute.host_transport import HostTransport  # noqa: E402
-from node.config import load_config  # noqa: E402
-from node.identity import Identity  # noqa: E402
-from node.roles import basic_role  # noqa: E402
-from node.runtime import Node  # noqa: E402
-from tests.netlab.commands import serve_commands  # noqa: E402
+from devtools.netlab.commands import agent_parser, run_agent, serve_commands
+from ml.allreduce import AllReduceGroup
+from ml.compute.host_transport import HostTransport
+from node.config import load_config
+from node.identity import Identity
+from node.roles import basic_role
+from node.runtime import Node
 
 ECHO_PROTOCOL = "/dekube/netlab-echo/1.0.0"
 RESERVE_TIMEOUT_S = 30.0
@@ -112,7 +107,7 @@ class NodeAgent:
                 for c in self.node.host.connections(peer) if not c.closed]
 
     async def op_allreduce(self, peers: dict[str, list[str]], codec: str, numel: int, round_id: int,
-                           non_reducers: list[str] = ()) -> dict:
+                           non_reducers: Sequence[str] = ()) -> dict:
         members = sorted({*peers, self.node.peer_id})
         for peer, circuits in peers.items():
             self.node.host.peerbook.add_addrs(peer, circuits)
@@ -162,14 +157,10 @@ class NodeAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relays", required=True, help="comma-separated relay multiaddrs")
     parser.add_argument("--no-hole-punch", action="store_true")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(NodeAgent(args).run())
+    run_agent(NodeAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

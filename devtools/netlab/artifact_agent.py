@@ -1,6 +1,6 @@
 """A real dekube ``Node`` for the artifact netlab test and bench, driven by JSON lines (``commands.py``).
 
-Run inside a namespace: ``python tests/netlab/artifact_agent.py --seed HEX --listen /ip4/A/tcp/P
+Run inside a namespace: ``python -m devtools.netlab.artifact_agent --seed HEX --listen /ip4/A/tcp/P
 --data-dir DIR [--relays MADDR,...] [--no-hole-punch]``. With relays the node reserves on them and is
 READY once it holds a reservation (a NAT'd holder); without, READY at once. Prints ``READY
 {"peer_id", "addrs", "relayed_addrs"}``. Ops:
@@ -11,19 +11,14 @@ READY once it holds a reservation (a NAT'd holder); without, READY at once. Prin
 """
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from node.config import load_config  # noqa: E402
-from node.identity import Identity  # noqa: E402
-from node.roles import basic_role  # noqa: E402
-from node.runtime import Node  # noqa: E402
-from tests.netlab.commands import run_node_agent  # noqa: E402
+from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
+from node.config import load_config
+from node.identity import Identity
+from node.roles import basic_role
+from node.runtime import Node
 
 RESERVE_TIMEOUT_S = 30.0
 
@@ -61,15 +56,11 @@ class ArtifactAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--relays", default="", help="comma-separated relay multiaddrs")
     parser.add_argument("--no-hole-punch", action="store_true")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(ArtifactAgent(args).run())
+    run_agent(ArtifactAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

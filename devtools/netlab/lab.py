@@ -42,12 +42,13 @@ class LabError(RuntimeError):
     """A lab command failed (the message holds the command and its stderr)."""
 
 
-def unavailable() -> str | None:
-    """None if namespaces with NAT can be built here, else the reason (also when root lacks the
-    capabilities, as in an unprivileged container: a probe namespace is made and deleted)."""
+def unavailable(nat: bool = True) -> str | None:
+    """None if namespaces (with NAT routers, unless ``nat`` is false) can be built here, else the
+    reason (also when root lacks the capabilities, as in an unprivileged container: a probe
+    namespace is made and deleted)."""
     if os.geteuid() != 0:
         return "netlab needs root (network namespaces)"
-    for tool in ("ip", "nft", "tc"):
+    for tool in ("ip", "nft", "tc") if nat else ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"netlab needs `{tool}` (apt-get install -y nftables iproute2)"
     probe = f"dk{os.getpid() % 100000}probe"
@@ -56,8 +57,8 @@ def unavailable() -> str | None:
         return f"cannot create network namespaces here: {made.stderr.strip()}"
     try:
         rules = subprocess.run(["ip", "netns", "exec", probe, "nft", "add", "table", "ip", "probe"],
-                               capture_output=True, text=True)
-        if rules.returncode != 0:
+                               capture_output=True, text=True) if nat else None
+        if rules is not None and rules.returncode != 0:
             return f"nftables does not work in a namespace here: {rules.stderr.strip()}"
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
@@ -70,6 +71,12 @@ def run(*cmd: str, ns: str | None = None, stdin: str | None = None) -> str:
     if proc.returncode != 0:
         raise LabError(f"{' '.join(full)}: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def shape(ns: str, dev: str, mbit: float, latency: str = TBF_LATENCY) -> None:
+    """Cap what ``dev`` in ``ns`` sends at ``mbit`` Mbit/s with ``tc tbf`` (replacing any cap)."""
+    run("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit:g}mbit", "burst", TBF_BURST,
+        "latency", latency, ns=ns)
 
 
 STALE_LAB = re.compile(r"^dk(\d+)n[a-z]")
@@ -132,7 +139,7 @@ class Lab:
     def build(self, public_hosts: list[str], home_nats: list[str], delays_ms: list[float] | None = None) -> Lab:
         """Create the backbone, one namespace per public host and one router + home per NAT flavour
         (home i's WAN link delayed by ``delays_ms[i-1]`` ms one way, where given)."""
-        why = unavailable()
+        why = unavailable(nat=bool(home_nats))
         if why:
             raise LabError(why)
         sweep_stale_labs()
@@ -176,11 +183,13 @@ class Lab:
         proc = subprocess.Popen(["ip", "netns", "exec", wire, sys.executable, str(DELAY_LINE), "in0", "out0",
                                  f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._processes.append(proc)
+        assert proc.stdout is not None
         if proc.stdout.readline().strip() != "READY":
             raise LabError(f"the delay line in {wire} did not start (rc={proc.poll()})")
 
-    def add_public(self, name: str, ip: str, delay_ms: float = 0.0) -> None:
-        """A public host on the backbone; with ``delay_ms``, its link passes a delay line."""
+    def add_public(self, name: str, ip: str, delay_ms: float = 0.0) -> str:
+        """A public host on the backbone; with ``delay_ms``, its link passes a delay line. Returns
+        the name of its port on the backbone's bridge."""
         ns = self._add_ns(self.ns_of(name))
         port = f"p{len(self.public)}"
         if delay_ms:
@@ -188,6 +197,7 @@ class Lab:
         else:
             self._attach(ns, port, ip)
         self.public[name] = ip
+        return port
 
     def add_home(self, i: int, nat: str, delay_ms: float = 0.0) -> Home:
         """Home ``i`` behind a ``nat`` router; with ``delay_ms``, its WAN link passes a delay line
@@ -208,10 +218,8 @@ class Lab:
         run("ip", "route", "add", "default", "via", f"{lan_net}.1", ns=home)
         run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=router)
         run("nft", "-f", "-", ns=router, stdin=self._router_rules(nat))
-        rate = f"{self.home_rate_mbit:g}mbit"
         for dev in ("eth0", "lan"):
-            run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", TBF_BURST,
-                "latency", TBF_LATENCY, ns=router)
+            shape(router, dev, self.home_rate_mbit)
         record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2")
         self.homes.append(record)
         return record

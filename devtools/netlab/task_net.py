@@ -153,7 +153,7 @@ class TaskNet:
                   "compute nodes registered with relayed addresses")
 
     def _ready(self, member: Member) -> bool:
-        if member.proc.poll() is not None:
+        if member.proc is None or member.proc.poll() is not None:
             raise RuntimeError(f"{member.name} exited; see {member.home / 'node.log'}:\n{self.log_tail(member)}")
         info = self.rpc("dkb_getNode", member.peer_id)
         return bool(info and "compute" in info["roles"] and len(info.get("relay_addrs") or ()) == len(self.relays)
@@ -192,9 +192,9 @@ class TaskNet:
 
     def rpc(self, method: str, *params, url: str | None = None):
         """One JSON-RPC call to a validator (or ``url``) from inside the lab; None if unreachable."""
-        code = ("import json, sys; from consensus import rpcclient\n"
-                "try: print(json.dumps(rpcclient.call(sys.argv[1], sys.argv[2], *json.loads(sys.argv[3]))))\n"
-                "except rpcclient.RpcUnreachable: print('null')")
+        code = ("import json, sys; from node.ledger import jsonrpc; from node.ledger.errors import LedgerUnavailable\n"
+                "try: print(json.dumps(jsonrpc.call(sys.argv[1], sys.argv[2], *json.loads(sys.argv[3]))))\n"
+                "except LedgerUnavailable: print('null')")
         done = subprocess.run(["ip", "netns", "exec", self.lab.ns_of("val"), sys.executable, "-c", code,
                                url or self.testnet.nodes[0].rpc_url, method, json.dumps(params)],
                               capture_output=True, text=True, env=self._env(), cwd=str(REPO_ROOT), timeout=30)

@@ -1,26 +1,33 @@
 """Orchestrator side of the netlab: start agents (``agent.py``) inside namespaces and call them.
 
-``Node.start(lab_ns, seed, listen, ...)`` launches one agent (``agent.py``, or ``node_agent.py``
-for a real dekube Node) with ``ip netns exec`` and waits for its READY line; ``node.call(op,
-**args)`` sends one JSON command and returns the result (raising ``AgentError`` with the agent's
-message on failure); ``node.call_async`` returns a Future, so an orchestrator can kill a relay while
-a transfer runs. A reader thread per agent routes replies by id. ``kill()`` is SIGKILL (a crashed
-relay); ``stop()`` closes stdin and waits; both are bounded.
+``Node.start(lab_ns, seed, listen, ...)`` launches one agent module (``agent.py``, or
+``node_agent.py`` for a real dekube Node) from the repository root with ``ip netns exec`` and waits
+for its READY line; ``node.call(op, **args)`` sends one JSON command and returns the result
+(raising ``AgentError`` with the agent's message on failure); ``node.call_async`` returns a
+Future, so an orchestrator can kill a relay while a transfer runs. A reader thread per agent routes
+replies by id. ``kill()`` is SIGKILL (a crashed relay); ``stop()`` closes stdin and waits; both
+are bounded. ``agents_in(lab)`` holds a built lab and a list for the agents started in it; on exit
+it stops them all and tears the lab down.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from node.identity import Identity
 
-AGENT = Path(__file__).resolve().parent / "agent.py"
-NODE_AGENT = Path(__file__).resolve().parent / "node_agent.py"   # a real Node with the same command loop
+from .lab import Lab
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT = "devtools.netlab.agent"             # agents run as modules from the repository root
+NODE_AGENT = "devtools.netlab.node_agent"   # a real Node with the same command loop
 READY_TIMEOUT = 60.0
 
 
@@ -52,14 +59,16 @@ class Node:
         self._reader.start()
 
     @classmethod
-    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: Path = AGENT) -> Node:
-        """Start ``agent`` (``agent.py``, or ``node_agent.py`` for a real Node) as ``name``."""
-        cmd = ["ip", "netns", "exec", ns, sys.executable, str(agent), "--seed", seed_of(name), "--listen", listen,
+    def start(cls, name: str, ns: str, listen: str, *extra: str, agent: str = AGENT) -> Node:
+        """Start the module ``agent`` (``AGENT``, or ``NODE_AGENT`` for a real Node) as ``name``."""
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", agent, "--seed", seed_of(name), "--listen", listen,
                *extra]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        ready = concurrent.futures.Future()
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                cwd=REPO_ROOT)
+        ready: concurrent.futures.Future[dict] = concurrent.futures.Future()
 
         def wait_ready():
+            assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("READY "):
                     ready.set_result(json.loads(line[6:]))
@@ -80,6 +89,7 @@ class Node:
         return self.addrs[0]
 
     def _read_replies(self) -> None:
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
                 reply = json.loads(line)
@@ -99,11 +109,12 @@ class Node:
             future.set_exception(AgentError(f"agent {self.name} exited"))
 
     def call_async(self, op: str, **args) -> concurrent.futures.Future:
-        future = concurrent.futures.Future()
+        future: concurrent.futures.Future = concurrent.futures.Future()
         cmd_id = next(self._ids)
         with self._lock:
             self._pending[cmd_id] = future
         try:
+            assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps({"id": cmd_id, "op": op, **args}) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError) as exc:
@@ -123,8 +134,21 @@ class Node:
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
                 self.proc.wait(10)
             except (subprocess.TimeoutExpired, OSError):
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def agents_in(lab: Lab) -> Iterator[tuple[Lab, list[Node]]]:
+    """``(lab, agents)``: append every agent started in ``lab``; all stop, and the lab goes, on exit."""
+    agents: list[Node] = []
+    try:
+        yield lab, agents
+    finally:
+        for agent in agents:
+            agent.stop()
+        lab.teardown()

@@ -1,8 +1,10 @@
 """The JSON-line command loop the netlab agents run: each stdin line ``{"id", "op", ...}`` calls the
 agent's ``op_<op>(...)`` concurrently and is answered ``{"id", "ok", "result" | "error"}`` on stdout;
-``run_node_agent`` runs an agent that embeds a whole Node around that loop."""
+``run_node_agent`` runs an agent that embeds a whole Node around that loop; ``agent_parser`` and
+``run_agent`` are every agent's command line and entry point."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -56,3 +58,17 @@ async def run_node_agent(agent, reserve_timeout: float) -> None:
     finally:
         node.request_stop()
         await asyncio.wait_for(node_task, 10)
+
+
+def agent_parser() -> argparse.ArgumentParser:
+    """The arguments every agent takes (``--seed HEX``, ``--listen MULTIADDR``); agents add theirs."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", required=True)
+    parser.add_argument("--listen", required=True)
+    return parser
+
+
+def run_agent(agent) -> None:
+    """Run ``agent.run()`` (its command loop, until stdin closes) on uvloop."""
+    import uvloop
+    uvloop.run(agent.run())

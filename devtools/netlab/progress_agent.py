@@ -1,7 +1,7 @@
 """A real dekube ``Node`` in a netlab namespace for the progress and bandwidth checks, driven by JSON
-lines (tests/netlab/commands.py).
+lines (devtools/netlab/commands.py).
 
-``python tests/compute/netlab/progress_agent.py --seed HEX --listen /ip4/A/tcp/P [--relays MADDR,...]``;
+``python -m devtools.netlab.progress_agent --seed HEX --listen /ip4/A/tcp/P [--relays MADDR,...]``;
 with relays it reserves (hole punching off) and is READY once it holds a reservation. Ops:
   run_job(task, steps, step_s)   -> starts a fake job of `steps` steps on the node's progress board
   follow(peer, addrs, task)      -> every update follow_progress yielded, and how the connection went
@@ -9,22 +9,16 @@ with relays it reserves (hole punching off) and is READY once it holds a reserva
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from ml.compute import progress_protocol  # noqa: E402
-from ml.compute.job_board import JobBoard  # noqa: E402
-from node import bandwidth  # noqa: E402
-from node.config import load_config  # noqa: E402
-from node.identity import Identity  # noqa: E402
-from node.roles import basic_role  # noqa: E402
-from node.runtime import Node  # noqa: E402
-from tests.netlab.commands import run_node_agent  # noqa: E402
+from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
+from ml.compute import progress_protocol
+from ml.compute.job_board import JobBoard
+from node import bandwidth
+from node.config import load_config
+from node.identity import Identity
+from node.roles import basic_role
+from node.runtime import Node
 
 RESERVE_TIMEOUT_S = 30.0
 
@@ -73,11 +67,9 @@ class ProgressAgent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relays", default="")
-    asyncio.run(ProgressAgent(parser.parse_args()).run())
+    run_agent(ProgressAgent(parser.parse_args()))
 
 
 if __name__ == "__main__":

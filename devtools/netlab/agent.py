@@ -1,6 +1,6 @@
 """A dekube node for the netlab, driven line by line over stdin/stdout with JSON commands.
 
-Run inside a namespace: ``python tests/netlab/agent.py --seed HEX --listen /ip4/A/tcp/P [--relay
+Run inside a namespace: ``python -m devtools.netlab.agent --seed HEX --listen /ip4/A/tcp/P [--relay
 --allow ID,ID] [--punch-port N] [--auto-punch]``. Every agent runs a Host with a relay client
 (reservations, circuits, receipt co-signing), an AutoNAT server, a hole puncher (with
 ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a resumable-transfer receiver;
@@ -25,30 +25,25 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
 import json
 import os
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable  # noqa: E402
-from node.identity import Identity  # noqa: E402
-from node.p2p.host import Host  # noqa: E402
-from node.p2p.limits import HostLimits  # noqa: E402
-from relay.client import RelayClient, RelayRefused  # noqa: E402
-from relay.holepunch import HolePuncher  # noqa: E402
-from relay.holepunch_dial import dial_peer  # noqa: E402
-from relay.holepunch_inbound import upgrade_inbound  # noqa: E402
-from relay.reachability import AutoNATServer, assess  # noqa: E402
-from relay.service import Admission, RelayService  # noqa: E402
-from tests.netlab.commands import serve_commands  # noqa: E402
+from devtools.netlab.commands import agent_parser, run_agent, serve_commands
+from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resumable
+from node.identity import Identity
+from node.p2p.host import Host
+from node.p2p.limits import HostLimits
+from relay.client import RelayClient, RelayRefused
+from relay.holepunch import HolePuncher
+from relay.holepunch_dial import dial_peer
+from relay.holepunch_inbound import upgrade_inbound
+from relay.reachability import AutoNATServer, assess
+from relay.service import Admission, RelayService
 
 MIB = 1 << 20
 LIMITS = HostLimits(max_connections_per_peer=64)
@@ -70,7 +65,7 @@ class Agent:
         if args.relay:
             allow = {p for p in args.allow.split(",") if p}
             self.service = RelayService(self.host, Admission(allow))
-        self.conns = {}
+        self.conns: dict[str, Any] = {}
         self.keeper: asyncio.Task | None = None
         self.auto_punch = args.auto_punch
         self.inbound_puncher: asyncio.Task | None = None
@@ -126,7 +121,9 @@ class Agent:
 
     async def op_dial(self, circuits: list[str]) -> str:
         conn = await self.client.dial(circuits)
-        return self.client.pipe_for(conn).relay_peer
+        pipe = self.client.pipe_for(conn)
+        assert pipe is not None, "a dialled circuit has a pipe"
+        return pipe.relay_peer
 
     async def op_connect(self, circuits: list[str], punch: bool = False, bulk: bool = True) -> dict:
         relayed = await self.client.dial(circuits, bulk=bulk and not punch)
@@ -163,7 +160,8 @@ class Agent:
         working relay of ``circuits`` per attempt (closed once the transfer is done)."""
         data = pattern(mib * MIB)
         transfer_id = os.urandom(16)
-        relays, opened = [], []
+        relays: list[str] = []
+        opened: list[Any] = []
 
         async def open_path():
             if conn is not None:
@@ -211,7 +209,7 @@ class Agent:
     async def op_status(self) -> dict:
         circuits = {s.hex(): {"relay": c.relay, "bytes": c.bytes_total()}
                     for s, (c, _p) in self.client.circuits.items()}
-        out = {"circuits": circuits}
+        out: dict[str, Any] = {"circuits": circuits}
         if self.service is not None:
             out["relay"] = self.service.status()
             out["receipts"] = [{"session": p["receipt"]["session"].hex(), "bytes": p["receipt"]["bytes_total"],
@@ -231,18 +229,14 @@ class Agent:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", required=True)
-    parser.add_argument("--listen", required=True)
+    parser = agent_parser()
     parser.add_argument("--relay", action="store_true")
     parser.add_argument("--allow", default="")
     parser.add_argument("--punch-port", type=int, default=0)
     parser.add_argument("--punch-attempts", type=int, default=3)
     parser.add_argument("--punch-window", type=float, default=5.0)
     parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
-    args = parser.parse_args()
-    import uvloop
-    uvloop.run(Agent(args).run())
+    run_agent(Agent(parser.parse_args()))
 
 
 if __name__ == "__main__":
