@@ -26,6 +26,7 @@ import torch
 
 from ml.names import TOKENIZERS
 from ml.registry.sharding import contiguous_shard, generator, shard_indices
+from ml.train.bounded_zip import ZipBoundError, checked_members, read_member
 from ml.train.losses import get_loss
 
 HELD_OUT_FRACTION = 0.1
@@ -33,7 +34,9 @@ SPLIT_SEED = "file-split-v1"
 EVAL_TOKENS = 65536
 EVAL_BATCH = 512
 KEY_PAIRS = (("x", "y"), ("features", "labels"))
-MAX_UNPACKED_BYTES = 8 << 30   # an .npz's arrays, uncompressed (a small compressed file may unpack huge)
+MAX_UNPACKED_BYTES = 4 << 30   # an .npz's arrays, uncompressed (a small compressed file may unpack huge)
+MAX_NPY_HEADER = 10_000
+NPZ_KEYS = frozenset({"x", "y", "features", "labels", "tokens"})
 
 
 class DatasetError(ValueError):
@@ -60,20 +63,56 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     fmt = file_format(path)
     try:
         if fmt == "npz":
-            import numpy as np
-            with zipfile.ZipFile(path) as archive:
-                unpacked = sum(info.file_size for info in archive.infolist())
-            if unpacked > MAX_UNPACKED_BYTES:
-                raise DatasetError(f"{path.name}: its arrays unpack to {unpacked} bytes, over the limit of "
-                                   f"{MAX_UNPACKED_BYTES}")
-            with np.load(path, allow_pickle=False) as data:
-                return {key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files}
+            return _read_npz(path)
         from safetensors.torch import load_file
         return load_file(str(path))
+    except (DatasetError, MemoryError):
+        raise
     except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         raise DatasetError(f"{path.name}: cannot read {fmt} tensors: {exc}") from None
     except Exception as exc:  # safetensors raises its own error type on malformed headers
         raise DatasetError(f"{path.name}: cannot read {fmt} tensors: {exc}") from None
+
+
+def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+    """The arrays of an .npz, each member's declared size checked (total, ratio, and against the shape
+    its own .npy header declares) before it is inflated, then read with a bounded reader."""
+    with zipfile.ZipFile(path) as archive:
+        try:
+            members = checked_members(archive, path.name, MAX_UNPACKED_BYTES)
+            tensors = {}
+            for name, info in members.items():
+                key = name[:-4] if name.endswith(".npy") else ""
+                if key not in NPZ_KEYS:
+                    raise DatasetError(f"{path.name}: unexpected file {name!r}: expected tensors x/y, "
+                                       "features/labels or tokens")
+                tensors[key] = _read_npy(path.name, archive, info)
+            return tensors
+        except ZipBoundError as exc:
+            raise DatasetError(str(exc)) from None
+
+
+def _read_npy(name: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> torch.Tensor:
+    import numpy as np
+    from numpy.lib import format as npy
+
+    with archive.open(info) as member:
+        version = npy.read_magic(member)
+        if version not in ((1, 0), (2, 0)):
+            raise DatasetError(f"{name}: {info.filename} has .npy version {version}; save with numpy.savez")
+        reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, fortran, dtype = reader(member, max_header_size=MAX_NPY_HEADER)
+        header = member.tell()
+    if dtype.hasobject:
+        raise DatasetError(f"{name}: {info.filename} holds Python objects (a pickle); store numbers")
+    count = math.prod(shape)
+    if header + count * dtype.itemsize != info.file_size:
+        raise DatasetError(f"{name}: {info.filename} declares {tuple(shape)} {dtype} ({count * dtype.itemsize} "
+                           f"bytes) but holds {info.file_size - header}")
+    data = read_member(archive, info, info.file_size, name)
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=header)
+    array = array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def _text_tokens(path: Path, tokenizer: str, vocab: str | None) -> tuple[torch.Tensor, str | None]:

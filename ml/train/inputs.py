@@ -3,7 +3,8 @@ artifact files the worker fetched (`files`: artifact id -> local path).
 
 Registry models and datasets are built as before; a `pt2` model is loaded from its torch.export archive
 without running code it carries (ml/train/model_archive.py), a `file` dataset from its file
-(ml/train/file_dataset.py). With `init == "seed"` the archive's parameters are replaced by values drawn
+(ml/train/file_dataset.py), each first loaded in a child process with CPU and memory limits
+(ml/train/sandbox.py, once per file). With `init == "seed"` the archive's parameters are replaced by values drawn
 from the spec's seed (`reinitialise`), so every worker starts from the same weights.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ml.train.file_dataset import load_file_dataset
 from ml.train.losses import get_loss
 from ml.train.model_archive import input_shape, load_archive, trainable_module
 from ml.train.op_randomness import eval_randomness, evaluating
+from ml.train.sandbox import check_archive, check_dataset
 from ml.train.spec import TrainSpec
 
 DEFAULT_CONTEXT = 64
@@ -82,15 +84,18 @@ def build_inputs(spec: TrainSpec, files: Mapping[str, Path] | None = None) -> Ta
     device = _device(spec)
     program = None
     if spec.model == ARCHIVE_MODEL:
-        program = load_archive(artifact_path(files, spec.model_artifact, "model"))
+        path = artifact_path(files, spec.model_artifact, "model")
+        check_archive(path, spec.model_artifact)
+        program = load_archive(path)
     if spec.dataset == FILE_DATASET:
         context = DEFAULT_CONTEXT
         shape = input_shape(program) if program is not None else []
         if len(shape) == 2 and isinstance(shape[1], int):
             context = shape[1]
         eval_path = str(artifact_path(files, spec.eval_artifact, "held-out data")) if spec.eval_artifact else ""
-        dataset = load_file_dataset(str(artifact_path(files, spec.dataset_artifact, "dataset")), eval_path,
-                                    spec.tokenizer, context)
+        train_path = str(artifact_path(files, spec.dataset_artifact, "dataset"))
+        check_dataset(train_path, eval_path, spec.tokenizer, context, (spec.dataset_artifact, spec.eval_artifact))
+        dataset = load_file_dataset(train_path, eval_path, spec.tokenizer, context)
     else:
         dataset = get_dataset(spec.dataset)
     if program is not None:
