@@ -24,7 +24,7 @@ class Chain:
         self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
         if balances is None:
             balances = {ident(i).peer_id: balance for i in range(1, 10)}
-        self.params = params or Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0)
+        self.params = params or Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0)
         self.genesis = Genesis(chain_id, 0, balances,
                                tuple(GenesisValidator(ident(v).peer_id, 10_000) for v in validators), self.params)
         self.ledger = Ledger.from_genesis(self.genesis)

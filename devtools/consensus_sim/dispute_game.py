@@ -37,8 +37,8 @@ PRICE = 100_000
 SEGMENTS = 4
 BALANCE = 1_000_000
 WORKER_BOND, VERIFIER_BOND, BYZANTINE_BOND, DECOY_BOND = 3_000, 1_000, 2_500, 9_000   # byzantine: drawn often
-GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_blocks": 40, "dispute_blocks": 40,
-               "referees": 5, "audit_window": 2, "task_timeout": 40}
+GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_s": 40, "dispute_s": 40,
+               "referees": 5, "audit_window_s": 2, "task_min_s": 40, "task_slack_s": 0}
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 40}, "workers": 3,
         "sync_mode": "allreduce", "codec": "int8", "price": PRICE, "profile": PROFILE, "segments": SEGMENTS}
 

@@ -46,7 +46,7 @@ def example(*argv) -> str:
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory):
     net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=3,
-                               params={"task_assign_timeout": ASSIGN_TIMEOUT})
+                               params={"task_assign_s": ASSIGN_TIMEOUT})
     try:
         net.up(timeout=120)
         yield net
