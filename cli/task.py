@@ -22,7 +22,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
-from cli.task_report import slot_lines
+from cli.task_report import FAILED, deadline_lines, slot_lines
 from consensus import rpcclient
 from consensus.tx import DEFAULT_FEE
 from ml.compute.task_spec import model_name
@@ -201,11 +201,11 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(task))
         return 0
     for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
-                 "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
-        if name not in task:   # fields an older validator does not show
+                 "segments", "workers", "rejections", "commits", "payouts", "result"):
+        if name not in task or name == "reason" and not task[name]:   # fields an older validator does not show
             continue
         print(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
-    for line in slot_lines(task):
+    for line in deadline_lines(task) + slot_lines(task):
         print(line)
     return 0
 
@@ -221,8 +221,9 @@ def run_list(args: argparse.Namespace) -> int:
         print("no tasks")
     for task in tasks:
         spec = task["spec"]
+        reason = f"  ({task['reason']})" if task.get("reason") and task["status"] in FAILED else ""
         print(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
-              f"x{spec['workers']}  price {task['price']}")
+              f"x{spec['workers']}  price {task['price']}{reason}")
     return 0
 
 

@@ -12,6 +12,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from cli.task_report import deadline_text
+
 
 def short(peer: str) -> str:
     return f"{peer[:12]}..{peer[-4:]}" if len(peer) > 20 else peer
@@ -65,6 +67,8 @@ class TaskView:
         text = str(status)
         if status == "assigned":
             text += "  workers " + ", ".join(short(w) for w in task["workers"])
+            if task.get("commit_deadline"):
+                text += f"; commit due {deadline_text(task, task['commit_deadline'])}"
         if task.get("reason"):
             text += f": {task['reason']}"
         self.note(text)

@@ -2,10 +2,10 @@
 
 The ledger draws the parties of every audit slot (docs/adr/0168): the verifiers that must replay a
 worker's segment, the worker that may dispute a mismatch, the referees that settle a dispute. This
-module is the pure part of the node's side: given a `dkb_getTask` document, this node's peer id and
-the ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what the node still has to send (an audit answer, a dispute, a
-referee vote), with nothing done twice and nothing sent after its deadline. The compute role runs
-them (ml/compute/verification_flow.py).
+module is the pure part of the node's side: given a `dkb_getTask` document, this node's peer id and the
+ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
+the node still has to send (an audit answer, a dispute, a referee vote), with nothing done twice and
+nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
 

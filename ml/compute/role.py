@@ -1,24 +1,25 @@
 """The compute role: join the ledger as a worker, train assigned tasks with the other workers over this
 node's p2p Host, commit results, audit other workers' results by replay, and finalize tasks.
 
-All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start
-it bonds up to `[compute] stake` and contributes its roles, listen addresses and hardware to the
-node's ledger record: the GPU it detected (`ml.hardware.detect`) and the bandwidth the node measured
+All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start it
+bonds up to `[compute] stake` and contributes its roles, listen addresses and hardware to the node's
+ledger record: the GPU it detected (`ml.hardware.detect`) and the bandwidth the node measured
 (`node.bandwidth`; `[compute] bandwidth_mbps` only until a measurement exists), republished when the
 measurement moves (docs/adr/0158). Then it looks at the tasks whenever the ledger's `tasks` subscription
 reports a change (or a block reaches a block time it waits for: a deadline, an audit window's end, a
-finalize retry; task deadlines are block times, docs/adr/0187), and at least every `FALLBACK_POLL_S`: a task assigned to it is trained (one at a time,
-as the ledger assigns at most `max_tasks_per_worker` each): its input artifacts fetched from the
-task's sources and co-workers, one step dry-run (an untrainable task is rejected with the reason,
-reject_task), trained on the task's device, the final weights added to the node's artifacts and
-committed as the result (commit_result), and served from then on (docs/adr/0157); a
-committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
-task it audited, a task of its own whose audit window has closed, or one where some worker never
-committed (once the ledger accepts it) is finalized. A worker that dies mid-task leaves the
-group; the others finish, commit (with the record of the rounds it missed, for the replay), and the
-ledger opens the audit window once a quorum committed (docs/adr/0081). A job whose task the ledger ended meanwhile (expired, failed, paid without
-it) is stopped. Progress is in `/status` ("compute"),
-the RPC methods `dkb_computeStatus` and `dkb_taskProgress`, and live over `/dekube/task-progress/1.0.0`.
+finalize retry; task deadlines are block times, docs/adr/0187), and at least every `FALLBACK_POLL_S`: a
+task assigned to it is trained (one at a time, as the ledger assigns at most `max_tasks_per_worker`
+each): its input artifacts fetched from the task's sources and co-workers, one step dry-run (an
+untrainable task is rejected with the reason, reject_task), trained on the task's device, the final
+weights added to the node's artifacts and committed as the result (commit_result), and served from then
+on (docs/adr/0157); a committed task it does not work on is audited (`[compute] audit`, see
+docs/adr/0080); a verified task it audited, a task of its own whose audit window has closed, or one
+where some worker never committed (once the ledger accepts it) is finalized. A worker that dies mid-task
+leaves the group; the others finish, commit (with the record of the rounds it missed, for the replay),
+and the ledger opens the audit window once a quorum committed (docs/adr/0081). A job whose task the
+ledger ended meanwhile (expired, failed, paid without it) is stopped. Progress is in `/status`
+("compute"), the RPC methods `dkb_computeStatus` and `dkb_taskProgress`, and live over
+`/dekube/task-progress/1.0.0`.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ ANSWER_BLOCKS = 12
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2, "min_fee": 0, "audits_per_worker": 2,
+    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
+            "min_fee": 0, "audits_per_worker": 2,
             "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3}
     return Params(**{**base, **overrides})
 
@@ -200,7 +201,8 @@ def test_slots_are_drawn_when_the_commit_phase_closes():
         assert all(v["deadline"] == 1000 * (result.height + ANSWER_BLOCKS) for v in slot["verifiers"])   # block time
     events = [e for e in task_events(result) if e["event"] == "audit_assigned"]
     assert [e["slot"] for e in events] == [0, 1, 2, 3]
-    assert events[0]["salt"] == task.slots[0]["salt"].hex() and events[0]["deadline"] == 1000 * (result.height + ANSWER_BLOCKS)
+    assert events[0]["salt"] == task.slots[0]["salt"].hex()
+    assert events[0]["deadline"] == 1000 * (result.height + ANSWER_BLOCKS)
     assert set(events[0]) >= {"task_id", "slot", "worker", "segment", "verifiers", "salt", "deadline"}
     single = make_chain()
     _, task, _ = committed_task(single)

@@ -82,7 +82,8 @@ def random_tx(draw, chain, submitted):
 
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
-    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
+    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+                                                  min_fee=0,
                                                  task_assign_s=6, reject_fee=25, audit_answer_s=3,
                                                  dispute_s=2))
     chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (

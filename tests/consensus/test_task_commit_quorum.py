@@ -6,10 +6,10 @@ from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ide
 
 from consensus.block import build_block
 from consensus.genesis import Params
+from consensus.state.deadlines import commit_grace_ms
 from consensus.state.ledger import Ledger
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import LedgerState
-from consensus.state.deadlines import commit_grace_ms
 from consensus.state.tasks import commit_quorum, task_id_for
 from consensus.txcodes import TxCode
 
