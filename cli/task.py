@@ -24,7 +24,7 @@ from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.task_report import FAILED, deadline_lines, slot_lines
 from consensus import rpcclient
-from consensus.tx import DEFAULT_FEE
+from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--out", type=Path, metavar="DIR", help="with --wait: fetch the trained weights into DIR")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
     submit.add_argument("--skip-dry-run", action="store_true", help="do not run one step locally before paying")
+    submit.add_argument("--expected-s", type=_positive_seconds, metavar="S",
+                        help="the job's expected duration in seconds (default: steps x the dry run's step time); "
+                             "the ledger's commit deadline is derived from it (docs/adr/0187)")
     add_p2p_arguments(submit)
     watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
     watch.add_argument("task_id", help="task id (hex)")
@@ -155,6 +158,16 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
         return TrainSpec(**values)
     except InvalidSpec as exc:
         raise CliError(f"bad task: {exc}") from None
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if not 1 <= value <= MAX_EXPECTED_S:
+        raise argparse.ArgumentTypeError(f"must be in 1..{MAX_EXPECTED_S}")
+    return value
 
 
 def _rpc(url: str, method: str, *params):
