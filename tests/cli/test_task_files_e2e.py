@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits_cnn.py"
 STEPS = 40
-ASSIGN_TIMEOUT = 60   # blocks (~0.3 s each): room to cancel, short enough to watch a task expire
+ASSIGN_TIMEOUT = 20   # seconds of block time: room to cancel, short enough to watch a task expire
 
 
 def cli(*argv, timeout: float = 300) -> subprocess.CompletedProcess:

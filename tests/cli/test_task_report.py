@@ -7,7 +7,8 @@ EV, BAD = "aa" * 32, "bb" * 32
 
 def task() -> dict:
     return {
-        "task_id": "11" * 32, "status": "paid", "owner": OWNER, "block_time_ms": 60_000, "workers": [W1, W2], "price": 1000,
+        "task_id": "11" * 32, "status": "paid", "owner": OWNER, "block_time_ms": 60_000, "workers": [W1, W2],
+        "price": 1000,
         "profile": "cpu-x86-64-avx2/torch-2.13.0",
         "slots": [
             {"slot": 0, "worker": W1, "segment": 3, "salt": "00" * 32, "outcome": "ok",
