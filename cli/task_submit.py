@@ -1,13 +1,14 @@
 """``task submit``: check, dry-run, pay, and (``--wait``) follow a training task to its trained weights.
 
-In order, each step failing with a one-line reason and exit status 1 before anything is paid:
-the model/dataset arguments are checked (cli.task_inputs: missing files, pickles, unknown kinds),
-the TrainSpec is built, and one training step runs locally (``ml.train.dry_run``: shape and dtype
-errors, NaN loss, unsupported ops), whose step time gives the task's expected duration (``expected_s``:
-steps x the measured step time, or ``--expected-s``), from which the ledger derives the workers' commit
-deadline in block time (docs/adr/0187); the command says how long that is. Then, when the task has files, a client node starts, serves
-them as artifacts and the submit_task names its addresses as the task's ``sources`` (where the
-workers fetch them). The transaction is confirmed through the ledger's ``txs`` topic.
+In order, each step failing with a one-line reason and exit status 1 before anything is paid: the
+model/dataset arguments are checked (cli.task_inputs: missing files, pickles, unknown kinds), the
+TrainSpec is built, and one training step runs locally (``ml.train.dry_run``: shape and dtype errors,
+NaN loss, unsupported ops), whose step time gives the task's expected duration (``expected_s``: steps x
+the measured step time, or ``--expected-s``), from which the ledger derives the workers' commit deadline
+in block time (docs/adr/0187); the command says how long that is. Then, when the task has files, a
+client node starts, serves them as artifacts and the submit_task names its addresses as the task's
+``sources`` (where the workers fetch them). The transaction is confirmed through the ledger's ``txs``
+topic.
 
 With ``--wait`` the command follows the task (cli.task_follow: ledger events plus the workers'
 progress over p2p), says when a worker holds the files (the owner could go offline from then on),

@@ -377,7 +377,7 @@ class ComputeRole(Role):
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
                     # a worker never committed: finalize once the commit deadline has passed
-                    self._finalize_at.setdefault(key, task["commit_deadline"] + 1)
+                    self._finalize_at.setdefault(key, int(task.get("commit_deadline") or 0) + 1)
                     await self._finalize(key, now)
                     self._due_at(self._finalize_at[key])
                 elif status in LEDGER_FINAL and job is not None and job["state"] not in ENDED:
