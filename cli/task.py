@@ -24,8 +24,8 @@ from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.payout_lines import payout_lines
 from cli.safe_text import echo
-from cli.task_report import slot_lines
-from consensus.tx import DEFAULT_FEE
+from cli.task_report import FAILED, deadline_lines, slot_lines
+from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
@@ -74,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--out", type=Path, metavar="DIR", help="with --wait: fetch the trained weights into DIR")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
     submit.add_argument("--skip-dry-run", action="store_true", help="do not run one step locally before paying")
+    submit.add_argument("--expected-s", type=_positive_seconds, metavar="S",
+                        help="the job's expected duration in seconds (default: steps x the dry run's step time); "
+                             "the ledger's commit deadline is derived from it (docs/adr/0187)")
     add_p2p_arguments(submit)
     watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
     watch.add_argument("task_id", help="task id (hex)")
@@ -164,6 +167,16 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
         raise CliError(f"bad task: {exc}") from None
 
 
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if not 1 <= value <= MAX_EXPECTED_S:
+        raise argparse.ArgumentTypeError(f"must be in 1..{MAX_EXPECTED_S}")
+    return value
+
+
 def _rpc(url: str, method: str, *params):
     try:
         return jsonrpc.call(url, method, *params)
@@ -208,11 +221,11 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(task))
         return 0
     for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
-                 "segments", "workers", "rejections", "commits", "window_end", "payouts", "result"):
-        if name not in task:   # fields an older validator does not show
+                 "segments", "workers", "rejections", "commits", "payouts", "result"):
+        if name not in task or name == "reason" and not task[name]:   # fields an older validator does not show
             continue
         echo(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
-    for line in slot_lines(task):
+    for line in deadline_lines(task) + slot_lines(task):
         echo(line)
     if task.get("payouts"):
         print("payouts by kind:")
@@ -232,8 +245,9 @@ def run_list(args: argparse.Namespace) -> int:
         print("no tasks")
     for task in tasks:
         spec = task["spec"]
+        reason = f"  ({task['reason']})" if task.get("reason") and task["status"] in FAILED else ""
         echo(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
-              f"x{spec['workers']}  price {task['price']}")
+             f"x{spec['workers']}  price {task['price']}{reason}")
     return 0
 
 

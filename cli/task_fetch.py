@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.task_follow import learn_addresses
-from cli.task_ledger import call
+from cli.task_ledger import FINAL, call
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     if task is None:
         raise CliError(f"no task {task_id}")
     result = task.get("result") or ""
-    if not result and task["status"] in ("paid", "cancelled", "rejected", "expired"):
+    if not result and task["status"] in FINAL:
         raise CliError(f"task {task_id} ended {task['status']} without a result: no worker whose weights were "
                        "paid for (an audit mismatch, a rejection, or no commitment)")
     if not result:

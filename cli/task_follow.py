@@ -2,7 +2,7 @@
 straight from the workers over the p2p network (``/dekube/task-progress/1.0.0``, which crosses NAT
 through relays like any stream), never by polling validators.
 
-``follow_task`` returns the final task (paid, cancelled, rejected or expired). With a client node
+``follow_task`` returns the final task (paid, cancelled, rejected, expired or failed). With a client node
 it follows every assigned worker's progress stream (restarting one that broke, while the task
 lives); ``on_held`` is called once, when a worker reports it is training, i.e. holds the task's
 artifacts, so the owner's own copy is no longer needed.

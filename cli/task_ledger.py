@@ -22,7 +22,7 @@ from node.ledger.errors import RpcAnswerError
 from node.ledger.events import websocket_stream
 from node.ledger.jsonrpc import ValidatorPool
 
-FINAL = ("paid", "cancelled", "rejected", "expired")
+FINAL = ("paid", "cancelled", "rejected", "expired", "failed")   # the ledger has settled the task
 
 
 @contextlib.asynccontextmanager

@@ -1,9 +1,10 @@
 """How a task is told: its audit slots (docs/adr/0168: each committed worker's drawn segments, the
 verifiers' answers, a dispute, the referees' votes, the outcome) and the payouts of a paid task, each
-labelled worker, verifier, referee, relay or refund (cli/payout_lines.py); the
-reason, the workers' rejections and the refund of a rejected, expired or cancelled one.
-``report_final`` returns the command's exit status (0 paid or cancelled by the owner, 1 rejected or
-expired)."""
+labelled worker, verifier, referee, relay or refund (cli/payout_lines.py); the reason, the workers'
+rejections and the refund of a rejected, expired, failed or cancelled one. Deadlines are block times
+(docs/adr/0187), told relative to the ledger's time the document carries (``block_time_ms``).
+``report_final`` returns the command's exit status (0 paid or cancelled by the owner, 1 rejected,
+expired or failed)."""
 from __future__ import annotations
 
 import json
@@ -11,11 +12,46 @@ import json
 from cli.payout_lines import payout_lines
 from cli.safe_text import echo
 
-FAILED = ("rejected", "expired")
+FAILED = ("rejected", "expired", "failed")
+OPEN_FOR_COMMITS = ("assigned", "running")
 
 
 def short(peer: str) -> str:
     return f"{peer[:16]}.." if len(peer) > 18 else peer
+
+
+def duration_text(ms: int) -> str:
+    """``ms`` as 1h02m, 4m05s or 12s."""
+    seconds = max(0, ms) // 1000
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def deadline_text(task: dict, deadline: object) -> str:
+    """A deadline (block time, ms) as "in 4m05s" or "passed 12s ago" from the ledger's time; the block
+    time itself when the document does not carry the ledger's time."""
+    now = task.get("block_time_ms")
+    if not isinstance(deadline, int) or isinstance(deadline, bool):
+        return "no deadline"
+    if not isinstance(now, int) or not now:
+        return f"at block time {deadline} ms"
+    return f"in {duration_text(deadline - now)}" if deadline >= now else f"passed {duration_text(now - deadline)} ago"
+
+
+def deadline_lines(task: dict) -> list[str]:
+    """The task's running deadline, if any: the commit deadline while its workers may commit, the
+    audit window's end while it is committed or disputed."""
+    status = task.get("status")
+    if status in OPEN_FOR_COMMITS and task.get("commit_deadline"):
+        expected = (task.get("spec") or {}).get("expected_s")
+        work = f" (expected work {duration_text(expected * 1000)})" if isinstance(expected, int) else ""
+        return [f"commit by:  {deadline_text(task, task['commit_deadline'])}{work}"]
+    if status in ("committed", "disputed") and task.get("window_end"):
+        return [f"audits end: {deadline_text(task, task['window_end'])} at the earliest"]
+    return []
 
 
 def answer_text(answer: dict | None) -> str:
@@ -43,16 +79,16 @@ def slot_lines(task: dict) -> list[str]:
             text = "silent (no answer by its deadline)" if answer is None and slot["outcome"] != "pending" \
                 else answer_text(answer)
             lines.append(f"      verifier {short(v['verifier'])}  {text}"
-                         f"{'  [redrawn]' if v.get('redraw') else ''}  (due by height {v.get('deadline')})")
+                         f"{'  [redrawn]' if v.get('redraw') else ''}  (due {deadline_text(task, v.get('deadline'))})")
         if slot.get("dispute"):
             lines.append(f"      disputed by the worker at height {slot['dispute'].get('height')}")
         elif slot.get("dispute_deadline") and slot["outcome"] == "pending":
-            lines.append(f"      the worker may dispute until height {slot['dispute_deadline']}")
+            lines.append(f"      the worker may dispute: due {deadline_text(task, slot['dispute_deadline'])}")
         for r in slot.get("referees") or []:
             vote = r.get("vote")
             lines.append(f"      referee  {short(r['referee'])}  "
                          f"{answer_text(vote) if vote is not None else 'no vote'}"
-                         f"  (due by height {slot.get('referee_deadline')})")
+                         f"  (due {deadline_text(task, slot.get('referee_deadline'))})")
     return lines
 
 

@@ -1,11 +1,14 @@
 """``task submit``: check, dry-run, pay, and (``--wait``) follow a training task to its trained weights.
 
-In order, each step failing with a one-line reason and exit status 1 before anything is paid:
-the model/dataset arguments are checked (cli.task_inputs: missing files, pickles, unknown kinds),
-the TrainSpec is built, and one training step runs locally (``ml.train.dry_run``: shape and dtype
-errors, NaN loss, unsupported ops). Then, when the task has files, a client node starts, serves
-them as artifacts and the submit_task names its addresses as the task's ``sources`` (where the
-workers fetch them). The transaction is confirmed through the ledger's ``txs`` topic.
+In order, each step failing with a one-line reason and exit status 1 before anything is paid: the
+model/dataset arguments are checked (cli.task_inputs: missing files, pickles, unknown kinds), the
+TrainSpec is built, and one training step runs locally (``ml.train.dry_run``: shape and dtype errors,
+NaN loss, unsupported ops), whose step time gives the task's expected duration (``expected_s``: steps x
+the measured step time, or ``--expected-s``), from which the ledger derives the workers' commit deadline
+in block time (docs/adr/0187); the command says how long that is. Then, when the task has files, a
+client node starts, serves them as artifacts and the submit_task names its addresses as the task's
+``sources`` (where the workers fetch them). The transaction is confirmed through the ledger's ``txs``
+topic.
 
 With ``--wait`` the command follows the task (cli.task_follow: ledger events plus the workers'
 progress over p2p), says when a worker holds the files (the owner could go offline from then on),
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import socket
 import sys
 import urllib.parse
@@ -69,8 +73,25 @@ def artifact_id(path: Path) -> str:
     return artifact_id_of_file(path)
 
 
+def expected_seconds(step_seconds: float, steps: int) -> int:
+    """The work's expected duration for the ledger (whole seconds, at least 1): ``steps`` steps of the
+    dry run's measured step time (the chain's deadline factor covers slower workers and the syncs)."""
+    return max(1, math.ceil(step_seconds * steps))
+
+
+def commit_window_text(expected_s: int | None) -> str:
+    """What the workers get to commit under the default genesis limits (consensus/genesis.py)."""
+    from consensus.genesis import Params
+    from consensus.state.deadlines import commit_span_ms
+
+    span = commit_span_ms(Params(), expected_s or 0) // 1000
+    basis = f"expected {expected_s} s of work" if expected_s else "no expected duration declared: the chain's minimum"
+    return f"workers must commit within about {span} s of assignment ({basis}; the chain's limits apply)"
+
+
 def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
-    """The checked spec and its files, dry-run locally: CliError (exit 1) on anything untrainable."""
+    """The checked spec and its files, dry-run locally: CliError (exit 1) on anything untrainable. Sets
+    ``args.expected_s`` from the dry run's step time unless ``--expected-s`` gave it."""
     if args.price <= 0:
         raise CliError("--price must be positive")
     inputs = task_inputs(args.model, args.dataset, args.eval, artifact_id)
@@ -94,6 +115,8 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
         raise CliError(f"dry run: the task cannot be trained: {exc}") from None
     except Exception as exc:   # anything else one local step raises: the workers would fail the same way
         raise CliError(f"dry run: the task cannot be trained: {type(exc).__name__}: {exc}") from None
+    if args.expected_s is None:
+        args.expected_s = expected_seconds(result["step_seconds"], spec.steps)
     if not args.json:
         untrained = eval_text(result.get("metrics"))
         print(f"dry run: one step ran locally: loss {result['loss']:.4f}, {result['params']:,} parameters, "
@@ -126,6 +149,10 @@ def run_submit(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.device is not None:
         payload["device"] = args.device
+    if args.expected_s is not None:
+        payload["expected_s"] = args.expected_s
+    if not args.json:
+        print(commit_window_text(args.expected_s))
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     args.submitted_task = None
     try:

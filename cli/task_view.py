@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from cli.safe_text import safe
+from cli.task_report import deadline_text
 
 
 def short(peer: str) -> str:
@@ -69,6 +70,8 @@ class TaskView:
         text = str(status)
         if status == "assigned":
             text += "  workers " + ", ".join(short(w) for w in task["workers"])
+            if task.get("commit_deadline"):
+                text += f"; commit due {deadline_text(task, task['commit_deadline'])}"
         if task.get("reason"):
             text += f": {task['reason']}"
         self.note(text)

@@ -32,8 +32,8 @@ class Params:
     max_tx_bytes: int = 16 * 1024
     max_block_bytes: int = 4 * 1024 * 1024
     max_block_txs: int = 20_000
-    task_timeout: int = 200              # blocks after assignment for all workers to commit
-    audit_window: int = 10               # blocks after the last commitment for audits/disputes
+    task_timeout: int = 200              # legacy (ADR 0187: deadlines are in block time): unused, kept so a v1
+    audit_window: int = 10               # genesis file keeps its hash; see the *_s params below
     max_tasks_per_worker: int = 1
     verifier_share_bps: int = 500        # of a task's price, split among its verifiers
     relay_share_bps: int = 1_000         # of a task's price, budget for relay receipts
@@ -42,7 +42,7 @@ class Params:
     evidence_max_age: int = 1_000        # blocks: older double-sign evidence is refused
     # Added after the first genesis files (ADR 0151): hashed only when they differ from their default,
     # so a genesis file written before them keeps its hash (POST_V1_PARAMS).
-    task_assign_timeout: int = 300       # blocks a task may wait for workers before it expires, refunded
+    task_assign_timeout: int = 300       # legacy (ADR 0187: task_assign_s): unused, kept so genesis files load
     reject_fee: int = 10                 # kept from a rejected task's escrow, split among the rejecting workers
     # Validator standing (ADR 0165): a committee member that misses this many of its proposer slots in a
     # row (its round was decided by a later round's proposer) is jailed and slashed; 0 turns it off.
@@ -68,10 +68,20 @@ class Params:
     # Audit slots, disputes and referees (ADRs 0168, 0169).
     audits_per_worker: int = 2           # m: audit slots drawn per committed worker when the commit phase closes
     audit_double_bps: int = 5_000        # chance a slot gets a second verifier (the audit of the auditor)
-    audit_answer_blocks: int = 50        # blocks a drawn verifier (or referee) has to answer
-    dispute_blocks: int = 20             # blocks an audited worker has to dispute a mismatch
+    audit_answer_blocks: int = 50        # blocks a serving dispute's referees have to vote (ADR 0176)
+    dispute_blocks: int = 20             # legacy (ADR 0187): unused, kept so genesis files keep loading
     referees: int = 3                    # referees drawn for a disputed or split slot
     slash_false_audit_bps: int = 1_000   # of bonded+unbonding stake, per answer the resolved outcome contradicts
+    # Task deadlines in block time (ADR 0187), derived from the work the task declares (its spec's
+    # expected_s, from the submitter's dry run): seconds of the block header's clock, never block counts.
+    deadline_factor_pct: int = 400      # a deadline allows this percentage of the expected work's duration,
+    task_slack_s: int = 300             # plus this (fetching inputs, the start barrier, the commit itself)
+    task_min_s: int = 600               # the least time workers get from assignment to commit
+    task_max_s: int = 2_592_000         # the most (30 days): a task that would need longer is refused at submit
+    audit_answer_s: int = 300           # a verifier or referee: its segment's replay (x the factor) plus this
+    dispute_s: int = 120                # an audited worker: to dispute a mismatch its verifiers agreed on
+    audit_window_s: int = 60            # from the commit phase's close until finalize may pay a task not verified
+    task_assign_s: int = 300            # a task waiting this long for workers expires, refunded
 
     def validate(self) -> None:
         for f in fields(self):
@@ -94,16 +104,23 @@ class Params:
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
         for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
-                     "serve_dispute_window"):
+                     "serve_dispute_window", "task_min_s", "audit_answer_s", "dispute_s", "task_assign_s"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
+        if self.deadline_factor_pct < 100:
+            raise GenesisError("deadline_factor_pct must be at least 100 (a deadline shorter than the work)")
+        if not self.task_min_s <= self.task_max_s <= MAX_DEADLINE_S:
+            raise GenesisError(f"task_min_s <= task_max_s <= {MAX_DEADLINE_S} must hold")
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
                   "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
                   "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
-                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window")
+                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
+                  "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
+                  "audit_window_s", "task_assign_s")
 MAX_AUDITS_PER_WORKER = 16
+MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_REFEREES = 15
 
 

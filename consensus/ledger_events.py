@@ -9,7 +9,8 @@ deadline} (again with ``redraw`` for a silent verifier's replacement), audit_ans
 referees_drawn {slot, referees, deadline}, referee_voted, slot_resolved {slot, worker, outcome,
 verdict}; finalized (paid, with the result and who was slashed), cancelled, rejection (one worker's reject_task
 and reason), rejected (a majority rejected: the reasons and payouts), expired (never assigned: the
-reason). ``tx_events`` pairs receipts with their senders.
+reason), expired (nobody committed by the deadline: the reason and payouts), failed (every
+committer found guilty: the reason, payouts and who was slashed). ``tx_events`` pairs receipts with their senders.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ TASK_EVENT_NAMES = {
     "worker_rejected": "rejection",
     "task_rejected": "rejected",
     "task_expired": "expired",
+    "task_failed": "failed",
 }
 
 

@@ -380,6 +380,7 @@ MAX_PAYLOAD_BYTES = {"register_node": 2048}   # the whole record, encoded
 MAX_TASK_SOURCES = 8             # owner multiaddrs a task names for fetching its artifacts
 MAX_REASON_CHARS = 500           # reject_task's reason
 MAX_TASK_SEGMENTS = 2**20        # submit_task's declared segment count
+MAX_EXPECTED_S = 366 * 86_400    # submit_task's expected duration in seconds (the chain's task_max_s bounds it)
 MAX_AUDIT_SLOT = 2**16           # audit slot indexes (workers x audits_per_worker stays far below)
 HYPERPARAMS = params_map(max_items=48, max_key=32, max_text=512, max_bytes=4096)
 RELAY_RECEIPT: Schema = {
@@ -410,6 +411,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "device": OptionalField(text(8, DEVICES)),
         "profile": OptionalField(profile_id()),            # "" or absent: the ledger picks at assignment
         "segments": OptionalField(uint(1, MAX_TASK_SEGMENTS)),   # the spec's fixed segment count
+        "expected_s": OptionalField(uint(1, MAX_EXPECTED_S)),    # the work's duration (dry run; ADR 0187)
     },
     "cancel_task": {"task_id": TASK_ID},
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},

@@ -37,7 +37,7 @@ RPC_PORT = 8645
 FUNDS = 10**6
 RELAYS = 2
 # a NAT'd verifier needs time to reach the workers through relays before it can replay (tests/netlab)
-TASK_PARAMS = {**FAST_TASK_PARAMS, "audit_window": 200}
+TASK_PARAMS = {**FAST_TASK_PARAMS, "audit_window_s": 60}
 
 
 def validator_ip(i: int) -> str:

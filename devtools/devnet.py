@@ -28,9 +28,12 @@ from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 COMPUTE_MANIFEST = "compute.json"
 COMPUTE_FUNDS = 10**6
-FAST_TASK_PARAMS = {"audit_window": 40, "audit_answer_blocks": 150, "dispute_blocks": 60}
-# blocks (~0.3 s each here): room for a replay; a drawn verifier (or referee) answers within
-# audit_answer_blocks, an accused worker disputes within dispute_blocks, on a loaded 2-core machine too
+FAST_TASK_PARAMS = {"audit_window_s": 12, "audit_answer_s": 45, "dispute_s": 20, "task_min_s": 90,
+                    "task_slack_s": 30}
+# seconds of block time (ADR 0187): room for a replay; a drawn verifier (or referee) answers within
+# audit_answer_s (plus its segment's share of the task's expected_s), an accused worker disputes within
+# dispute_s, on a loaded 2-core machine too; workers commit within task_min_s, or 4 x expected_s + slack
+# when the submitter declared one (a dead worker holds the others up for a quarter of that)
 
 
 def quiet_ports(count: int, low: int = 20_000, high: int = 32_000) -> list[int]:
@@ -62,13 +65,16 @@ class ComputeDevnet:
 
     @classmethod
     def create(cls, root: Path | str, validators: int = 2, compute: int = 4, *, chain_id: str = "dekube-devnet",
-               params: dict | None = None, compute_settings: dict[str, str] | None = None) -> ComputeDevnet:
-        """Write the validators' testnet (compute nodes funded at genesis) and the compute homes."""
+               params: dict | None = None, compute_settings: dict[str, str] | None = None,
+               validator_settings: dict[str, str] | None = None) -> ComputeDevnet:
+        """Write the validators' testnet (compute nodes funded at genesis) and the compute homes;
+        ``validator_settings``: the validators' config overrides "section.key" -> text (e.g. a faster
+        block rate with ``consensus.empty_block_wait``)."""
         root = Path(root).expanduser()
         idents = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, validators, chain_id=chain_id,
                                  balances={i.peer_id: COMPUTE_FUNDS for i in idents},
-                                 params={**FAST_TASK_PARAMS, **(params or {})})
+                                 params={**FAST_TASK_PARAMS, **(params or {})}, settings=validator_settings)
         rpc_ports = quiet_ports(compute)
         nodes = []
         for i, ident in enumerate(idents):

@@ -17,14 +17,18 @@ def ident(i: int) -> Identity:
 
 
 class Chain:
-    """A ledger plus block production."""
+    """A ledger plus block production; each block's time is ``block_ms`` after the previous one's (task
+    deadlines are block times, ADR 0187: a test sets the block rate it wants)."""
 
-    def __init__(self, balances=None, validators=(0,), params=None, balance=1_000_000, chain_id="dekube-test"):
+    def __init__(self, balances=None, validators=(0,), params=None, balance=1_000_000, chain_id="dekube-test",
+                 block_ms=1000):
         self.chain_id = chain_id
+        self.block_ms = block_ms
         self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
         if balances is None:
             balances = {ident(i).peer_id: balance for i in range(1, 10)}
-        self.params = params or Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0)
+        self.params = params or Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+                                       min_fee=0)
         self.genesis = Genesis(chain_id, 0, balances,
                                tuple(GenesisValidator(ident(v).peer_id, 10_000) for v in validators), self.params)
         self.ledger = Ledger.from_genesis(self.genesis)
@@ -38,7 +42,8 @@ class Chain:
 
     def block(self, txs=(), evidence=(), last_commit=b""):
         led = self.ledger
-        block = build_block(self.chain_id, led.height + 1, 1000 * (led.height + 1), led.last_block_hash,
+        block = build_block(self.chain_id, led.height + 1, led.state.last_block_time_ms + self.block_ms,
+                            led.last_block_hash,
                             led.app_hash, self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs],
                             evidence, last_commit)
         result = led.apply_block(block)

@@ -31,7 +31,7 @@ SCENARIOS: tuple[tuple[str, int | None, str], ...] = (   # name, compute node in
     ("honest", None, ""), ("lazy", 1, "lazy"), ("poison_zero", 2, "poison_zero"), ("copycat", 3, "copycat"),
     ("partial_q0.5", 1, "partial:0.5"), ("false_accuser", 0, "false_accuser"), ("rubber_stamp", 0, "rubber_stamp"))
 CROSS, NATIVE = 4, 5          # compute node indices with the special environments
-PARAMS = {"audit_answer_blocks": 150, "dispute_blocks": 60, "audit_window": 40}
+PARAMS = {"audit_answer_s": 45, "dispute_s": 20, "audit_window_s": 12}   # seconds of block time (ADR 0187)
 
 
 def _rpc(net: ComputeDevnet, method: str, *params):
@@ -50,7 +50,7 @@ def _wait_paid(net: ComputeDevnet, task_id: str, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         task = _rpc(net, "dkb_getTask", task_id)
-        if task is not None and task["status"] in ("paid", "expired", "rejected"):
+        if task is not None and task["status"] in ("paid", "expired", "rejected", "failed"):
             return task
         time.sleep(0.5)
     raise TimeoutError(f"task {task_id} not paid in {timeout:g} s: {_rpc(net, 'dkb_getTask', task_id)}")

@@ -36,7 +36,7 @@ VERIFIERS = 5
 STAKE = 1_000
 PRICE = 10_000
 MAX_BLOCKS = 400
-LAB_PARAMS = dict(min_fee=0, task_timeout=40, audit_window=4, audit_answer_blocks=6, dispute_blocks=4,
+LAB_PARAMS = dict(min_fee=0, task_min_s=40, task_slack_s=0, audit_window_s=4, audit_answer_s=6, dispute_s=4,
                   unbonding_period=3)
 
 
@@ -148,12 +148,12 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     try:
         for _ in range(MAX_BLOCKS):
             doc = chain.ledger.task_info(task_id)
-            if doc["status"] == "paid":
+            if doc["status"] in ("paid", "failed"):   # failed: every worker found guilty (ADR 0187)
                 break
-            height = chain.ledger.height + 1
+            next_time = chain.ledger.state.last_block_time_ms + chain.block_ms   # deadlines are block times
             txs = []
             for party in parties:
-                for duty in duties_for(doc, party.peer_id, height):
+                for duty in duties_for(doc, party.peer_id, next_time):
                     if (party.peer_id, duty.key) in done:
                         continue
                     done.add((party.peer_id, duty.key))
@@ -179,7 +179,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             if chain.ledger.task_info(task_id)["status"] in ("verified", "committed", "disputed"):
                 chain.block([chain.tx(owner.identity, "finalize", {"task_id": task_id})])
         else:
-            raise AssertionError(f"task not paid after {MAX_BLOCKS} blocks: {chain.ledger.task_info(task_id)}")
+            raise AssertionError(f"task not settled after {MAX_BLOCKS} blocks: {chain.ledger.task_info(task_id)}")
     finally:
         tmp.cleanup()
     doc = chain.ledger.task_info(task_id)

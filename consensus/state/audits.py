@@ -8,12 +8,13 @@ and referees, the hash of the block that makes them) so every replica draws the 
 
 A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
 its deadline is redrawn once) -> all answers equal and ``match`` -> ``ok``; all equal and a
-mismatch -> the worker may ``dispute`` for ``dispute_blocks`` (no dispute -> ``guilty``); answers
+mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute -> ``guilty``); answers
 that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by its deadline; the
 (match, evidence) most votes agree on, leading every other value strictly, is the verdict (``guilty``
 iff its match is false); a tie or no vote -> ``undecided`` (nobody slashed, worker paid). No answer at all ->
 ``unaudited`` (worker paid). ``settle`` turns the resolved slots into who is guilty, who is paid
-from the verifier pool and whose answer the verdict contradicts (slashed at finalize).
+from the verifier pool and whose answer the verdict contradicts (slashed at finalize). Deadlines are
+block times (ms) from consensus/state/deadlines.py (docs/adr/0187).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.genesis import Params
+from consensus.state import deadlines
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import TASK, LedgerState
@@ -112,7 +114,7 @@ def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
     """Draw ``audits_per_worker`` slots for each committed worker (in worker order) from the task's
     audit seed; a slot without any eligible verifier is ``unaudited`` at once."""
     task.slots = []
-    deadline = ctx.height + params.audit_answer_blocks
+    deadline = deadlines.answer_deadline(params, ctx, task)
     for worker in sorted(task.commits):
         segments = task.segments or task.commits[worker][2]
         excluded = {task.owner, worker}
@@ -150,7 +152,7 @@ def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
 
 def advance_task(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
                  closing: bool) -> None:
-    """Advance every pending slot; ``closing``: at the end of the block (deadlines at this height
+    """Advance every pending slot; ``closing``: at the end of the block (deadlines at this block's time
     have passed, silent verifiers are redrawn)."""
     changed = False
     for slot in task.slots:
@@ -162,7 +164,7 @@ def advance_task(state: LedgerState, params: Params, ctx: BlockContext, task_id:
 
 
 def _expired(deadline: int, ctx: BlockContext, closing: bool) -> bool:
-    return deadline < ctx.height or (closing and deadline <= ctx.height)
+    return deadlines.passed(deadline, ctx, closing)
 
 
 def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot,
@@ -198,20 +200,20 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
             slot["outcome"] = OK
             _resolved(state, task_id, slot)
         else:
-            slot["dispute_deadline"] = ctx.height + params.dispute_blocks
+            slot["dispute_deadline"] = deadlines.dispute_deadline(params, ctx)
     return True
 
 
 def _redraw_silent(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
                    slot: Slot) -> bool:
-    """Replace each first-drawn verifier whose deadline is this height and who did not answer (once)."""
-    silent = [v for v in slot["verifiers"]
-              if v["answer"] is None and not v["redraw"] and v["deadline"] == ctx.height]
+    """Replace each first-drawn verifier whose deadline passes in this block and who did not answer (once)."""
+    silent = [v for v in slot["verifiers"] if v["answer"] is None and not v["redraw"]
+              and deadlines.passed_in_block(v["deadline"], state.last_block_time_ms, ctx)]
     if not silent:
         return False
     excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
     pool = eligible_verifiers(state, params, task.profile, excluded)
-    deadline = ctx.height + params.audit_answer_blocks
+    deadline = deadlines.answer_deadline(params, ctx, task)
     drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.block_hash), pool, len(silent))
     for peer_id in drawn:
         slot["verifiers"].append(_verifier_entry(peer_id, deadline, redraw=True))
@@ -233,7 +235,7 @@ def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, task_i
         _resolved(state, task_id, slot)
         return
     slot["referees"] = [{"referee": peer_id, "vote": None} for peer_id in chosen]
-    slot["referee_deadline"] = ctx.height + params.audit_answer_blocks
+    slot["referee_deadline"] = deadlines.answer_deadline(params, ctx, task)
     state.events.append({"type": "referees_drawn", "task_id": task_id, "slot": slot["slot"], "referees": chosen,
                          "deadline": slot["referee_deadline"]})
 
@@ -316,8 +318,8 @@ def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx
         raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a drawn verifier of slot {p['slot']}")
     if entry["answer"] is not None:
         raise TxError(TxCode.ALREADY_KNOWN, "this verifier already answered this slot")
-    if ctx.height > entry["deadline"] or slot["dispute_deadline"] or slot["referees"]:
-        raise TxError(TxCode.BAD_STATE, f"the answer deadline (height {entry['deadline']}) has passed")
+    if _expired(entry["deadline"], ctx, False) or slot["dispute_deadline"] or slot["referees"]:
+        raise TxError(TxCode.BAD_STATE, f"the answer deadline (block time {entry['deadline']} ms) has passed")
     entry["answer"] = {"match": p["match"], "evidence": p["evidence"], "step": p["step"]}
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "audit_answered", "task_id": p["task_id"], "slot": p["slot"],
@@ -326,7 +328,7 @@ def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx
 
 
 def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """The audited worker contests a mismatch within ``dispute_blocks``: referees are drawn."""
+    """The audited worker contests a mismatch within ``dispute_s``: referees are drawn."""
     p = tx.payload
     task, slot = _slot_of(state, tx)
     if tx.sender != slot["worker"]:
@@ -335,8 +337,8 @@ def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx)
         raise TxError(TxCode.ALREADY_KNOWN, "this slot is already before referees")
     if not slot["dispute_deadline"]:
         raise TxError(TxCode.BAD_STATE, "a worker can dispute only a mismatch its verifiers agreed on")
-    if ctx.height > slot["dispute_deadline"]:
-        raise TxError(TxCode.BAD_STATE, f"the dispute deadline (height {slot['dispute_deadline']}) has passed")
+    if _expired(slot["dispute_deadline"], ctx, False):
+        raise TxError(TxCode.BAD_STATE, f"the dispute deadline (block time {slot['dispute_deadline']} ms) has passed")
     slot["dispute"] = {"height": ctx.height}
     state.events.append({"type": "slot_disputed", "task_id": p["task_id"], "slot": p["slot"], "worker": tx.sender})
     _draw_referees(state, params, ctx, p["task_id"], task, slot)
@@ -353,8 +355,8 @@ def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx
         raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {p['slot']}")
     if entry["vote"] is not None:
         raise TxError(TxCode.ALREADY_KNOWN, "this referee already voted")
-    if ctx.height > slot["referee_deadline"]:
-        raise TxError(TxCode.BAD_STATE, f"the referee deadline (height {slot['referee_deadline']}) has passed")
+    if _expired(slot["referee_deadline"], ctx, False):
+        raise TxError(TxCode.BAD_STATE, f"the referee deadline (block time {slot['referee_deadline']} ms) has passed")
     entry["vote"] = {"match": p["match"], "evidence": p["evidence"]}
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "referee_voted", "task_id": p["task_id"], "slot": p["slot"],

@@ -55,10 +55,12 @@ HANDLERS = {
 VERIFY_CHUNK = 256
 
 
-def task_json(task_id: bytes, task: Task) -> dict:
+def task_json(task_id: bytes, task: Task, block_time_ms: int) -> dict:
     """A task as dkb_getTask shows it: its record, with ``result`` (hex) the current leader among the
-    committers until finalize fixes it (ADR 0152)."""
-    return {"task_id": task_id.hex(), **task.to_json(), "result": tasks.current_result(task).hex()}
+    committers until finalize fixes it (ADR 0152), and ``block_time_ms``: the last block's time, which
+    its deadlines (block times, ADR 0187) are measured against."""
+    return {"task_id": task_id.hex(), **task.to_json(), "result": tasks.current_result(task).hex(),
+            "block_time_ms": block_time_ms}
 
 
 @dataclass(slots=True)
@@ -281,7 +283,7 @@ class Ledger:
 
     def task_info(self, task_id: bytes) -> dict | None:
         task = self.state.tasks.get(task_id)
-        return None if task is None else task_json(task_id, task)
+        return None if task is None else task_json(task_id, task, self.state.last_block_time_ms)
 
     def list_tasks(self, status: str | None = None, owner: str | None = None, limit: int = 100) -> list[dict]:
         """Tasks in submission order (newest first), filtered by status and/or owner."""
@@ -289,7 +291,7 @@ class Ledger:
         out = []
         for task_id, task in found:
             if (status is None or task.status == status) and (owner is None or task.owner == owner):
-                out.append(task_json(task_id, task))
+                out.append(task_json(task_id, task, self.state.last_block_time_ms))
                 if len(out) >= limit:
                     break
         return out

@@ -113,28 +113,34 @@ class TaskStatus:
     COMMITTED = "committed"      # every worker committed, or a quorum did by the commit deadline; audit slots open
     VERIFIED = "verified"        # every audit slot resolved without a mismatch (ADR 0168)
     DISPUTED = "disputed"        # some slot mismatched, is disputed or refereed, or ended guilty or undecided
-    PAID = "paid"                # finalized: payouts done, escrow empty
+    PAID = "paid"                # finalized: at least one worker paid, escrow empty
     CANCELLED = "cancelled"      # refunded before assignment
     REJECTED = "rejected"        # a strict majority of its workers reported it untrainable: refunded less reject_fee
-    EXPIRED = "expired"          # not assigned within task_assign_timeout blocks: refunded
+    EXPIRED = "expired"          # not assigned within task_assign_s, or nobody committed by the deadline: refunded
+    FAILED = "failed"            # finalized without paying a worker: every committer was found guilty (ADR 0187)
 
     OPEN_FOR_COMMITS = frozenset({ASSIGNED, RUNNING})
     AUDITABLE = frozenset({COMMITTED, VERIFIED, DISPUTED})
     ACTIVE = frozenset({ASSIGNED, RUNNING, COMMITTED, VERIFIED, DISPUTED})
-    FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED})   # escrow empty, nothing more can happen
+    FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED, FAILED})   # escrow empty, nothing more can happen
 
 
 class Task(Record):
     """A training task: spec, escrow, lifecycle status, workers, commitments, audits, payouts.
 
-    ``commit_deadline``: last height that accepts a commitment (assignment + task_timeout, brought
-    forward to the quorum's commit + the grace once a quorum committed, see tasks.commit_grace);
+    Deadlines are block times in milliseconds (docs/adr/0187, consensus/state/deadlines.py), as are
+    the audit slots' ``deadline``, ``dispute_deadline`` and ``referee_deadline``.
+    ``commit_deadline``: last block time that accepts a commitment (assignment + a span derived from
+    the spec's ``expected_s``, brought forward to the quorum's commit + the grace once a quorum
+    committed, see deadlines.commit_grace_ms); ``window_end``: from when finalize may pay a task that
+    is committed but not verified; ``assign_deadline``: the block time after which a task still
+    waiting for workers expires;
     ``commits``: worker -> [segments_root, result_hash, segments, height];
     ``audits``: legacy (before ADR 0168), always empty;
     ``relay_claims``: relay -> amount owed from the relay budget; ``payouts``: peer -> amount;
     ``sources``: the owner's multiaddrs to fetch the task's artifacts from; ``device``: what the
     workers train on (as asked; "any" becomes "cuda" or "cpu" at assignment); ``rejections``:
-    worker -> reason (reject_task); ``reason``: why the task was rejected or expired; ``result``:
+    worker -> reason (reject_task); ``reason``: why the task was rejected, expired or failed; ``result``:
     the result_hash (weights artifact id) the most paid committers agreed on, set at finalize.
     ``profile``: the execution profile its workers and verifiers run ("" = legacy, anyone);
     ``segments``: the spec's declared segment count (0: not declared); ``slots``: the audit slots
@@ -146,9 +152,10 @@ class Task(Record):
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
                           "window_end", "relay_claims", "audit_seed", "payouts",
                           "sources", "device", "rejections", "reason", "result",
-                          "profile", "segments", "slots")
+                          "profile", "segments", "slots", "assign_deadline")
     V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
     V2_FIELDS = 22   # ... and before profile..slots (ADR 0168) the first 22: encoded so while those are unset
+    V3_FIELDS = 25   # ... and before assign_deadline (ADR 0187) the first 25: encoded so while it is 0
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
                  sources: list | None = None, device: str = "cpu"):
@@ -177,10 +184,13 @@ class Task(Record):
         self.profile = ""
         self.segments = 0
         self.slots = []
+        self.assign_deadline = 0
 
     def to_obj(self) -> list:
         obj = super().to_obj()
-        return obj if self.profile or self.segments or self.slots else obj[:self.V2_FIELDS]
+        if self.assign_deadline:
+            return obj
+        return obj[:self.V3_FIELDS] if self.profile or self.segments or self.slots else obj[:self.V2_FIELDS]
 
     @classmethod
     def from_obj(cls, obj: list):
@@ -188,6 +198,8 @@ class Task(Record):
             obj = [*obj, [], "cpu", {}, "", b""]
         if len(obj) == cls.V2_FIELDS:   # a record from before ADR 0168
             obj = [*obj, "", 0, []]
+        if len(obj) == cls.V3_FIELDS:   # a record from before ADR 0187
+            obj = [*obj, 0]
         return super().from_obj(obj)
 
 

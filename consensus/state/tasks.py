@@ -2,11 +2,14 @@
 
 created --(end of block: workers assigned)--> assigned --(first commit)--> running
 --(all committed, or a quorum by the commit deadline: audit slots drawn)--> committed --(slots resolve,
-consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid;
-created --(cancel_task)--> cancelled; created --(task_assign_timeout)--> expired;
-assigned | running --(reject_task by a strict majority of the workers)--> rejected. See docs/adr/0023
-for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker does not hold
-a task open), 0151 for rejection and expiry, 0152 for devices, sources and the task's result.
+consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid, or failed when
+no worker earned its share (every committer found guilty); created --(cancel_task)--> cancelled;
+created --(task_assign_timeout)--> expired; assigned --(commit deadline, nobody committed)--> expired;
+assigned | running --(reject_task by a strict majority of the workers)--> rejected. A task that ends
+without paying a worker never reads ``paid``: its ``reason`` says what happened. Deadlines are block
+times derived from the task's declared work (consensus/state/deadlines.py, docs/adr/0187). See
+docs/adr/0023 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker
+does not hold a task open), 0151 for rejection and expiry, 0152 for devices, sources and the result.
 
 Handlers check every condition before they change anything, so a failing payload leaves
 the state untouched (the ante step has already taken the fee and nonce).
@@ -17,7 +20,7 @@ import hashlib
 from collections import Counter
 
 from consensus.genesis import Params
-from consensus.state import audits
+from consensus.state import audits, deadlines
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -30,17 +33,11 @@ REPUTATION_PAID = 1
 REPUTATION_SLASHED = -10
 REPUTATION_NO_SHOW = -5
 REPUTATION_BOUNDS = (-50, 100)
-COMMIT_GRACE_FRACTION = 4    # stragglers get task_timeout // 4 blocks once a quorum has committed
 
 
 def commit_quorum(workers: int) -> int:
     """Commitments that let the commit phase close without the rest: a strict majority."""
     return workers // 2 + 1
-
-
-def commit_grace(params: Params) -> int:
-    """Blocks the other workers still get to commit once a quorum has committed."""
-    return max(1, params.task_timeout // COMMIT_GRACE_FRACTION)
 
 
 def task_id_for(owner: str, nonce: int) -> bytes:
@@ -62,16 +59,21 @@ def _require_status(task: Task, allowed, action: str) -> None:
 
 def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     p = tx.payload
+    if "expected_s" in p:
+        deadlines.check_expected(params, p["expected_s"])
     debit(state, tx.sender, p["price"])
     task_id = task_id_for(tx.sender, tx.nonce)
     state.task_seq += 1
     state.touch_meta()
     spec = {k: p[k] for k in ("model", "dataset", "hyperparams", "workers", "sync_mode", "codec")}
     spec["device"] = p.get("device", DEFAULT_DEVICE)
+    if "expected_s" in p:
+        spec["expected_s"] = p["expected_s"]
     task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
                                        sources=list(p.get("sources", [])), device=spec["device"])
     task.profile = p.get("profile", "")
     task.segments = p.get("segments", 0)
+    task.assign_deadline = ctx.time_ms + params.task_assign_s * 1000
     state.open_tasks[task_id] = state.task_seq
     state.touch(TASK, task_id)
     state.events.append({"type": "task_submitted", "task_id": task_id, "owner": tx.sender})
@@ -93,8 +95,9 @@ def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
 # ---- end of block (run by every validator after the block's transactions) -----------------
 
 def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
-    """Close the commit phases that end at this height, assign workers to open tasks, then expire
-    the open tasks that waited task_assign_timeout blocks."""
+    """Close the commit phases whose deadline this block's time reached (or expire the tasks nobody
+    committed to), assign workers to open tasks, then expire the open tasks that waited
+    task_assign_timeout blocks."""
     close_commit_phases(state, params, ctx)
     advance_audits(state, params, ctx)
     assign_open_tasks(state, params, ctx)
@@ -113,17 +116,21 @@ def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> Non
 
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Open the audit window, over the committers only, of each running task whose commit deadline
-    is this height and that a quorum of its workers committed to. A task below quorum stays open
-    for commits until its deadline, then only finalize applies (ADR 0023)."""
+    this block's time reached and that a quorum of its workers committed to; expire each task whose
+    deadline passed without any commitment (ADR 0187). A task below quorum with commitments stays
+    open for commits until its deadline, then only finalize applies (ADR 0023)."""
     for task_id, task in state.tasks.items():
-        if (task.status == TaskStatus.RUNNING and ctx.height >= task.commit_deadline
-                and len(task.commits) >= commit_quorum(len(task.workers))):
+        if task.status not in TaskStatus.OPEN_FOR_COMMITS or not deadlines.passed(task.commit_deadline, ctx, True):
+            continue
+        if task.commits and len(task.commits) >= commit_quorum(len(task.workers)):
             _open_audit_window(state, params, ctx, task_id, task)
+        elif not task.commits:
+            settle(state, params, task_id, task)
 
 
 def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
     task.status = TaskStatus.COMMITTED
-    task.window_end = ctx.height + params.audit_window
+    task.window_end = deadlines.window_end(params, ctx)
     task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + task_id).digest()
     state.touch(TASK, task_id)
     absent = [worker for worker in task.workers if worker not in task.commits]
@@ -226,7 +233,7 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
         task.profile = profile
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
-        task.commit_deadline = ctx.height + params.task_timeout
+        task.commit_deadline = deadlines.commit_deadline(params, ctx, task)
         del state.open_tasks[task_id]
         state.touch(TASK, task_id)
         state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device,
@@ -234,10 +241,10 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
 
 
 def expire_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
-    """End each task still waiting for workers ``task_assign_timeout`` blocks after its submission:
+    """End each task still waiting for workers ``task_assign_s`` after its submission (block time):
     status expired, the whole escrow back to the owner, and a reason that says what was missing."""
     due = [task_id for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__)
-           if ctx.height >= state.tasks[task_id].created_height + params.task_assign_timeout]
+           if deadlines.passed(state.tasks[task_id].assign_deadline, ctx, closing=True)]
     if not due:
         return
     qualified = qualified_workers(state, params)
@@ -260,7 +267,7 @@ def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified:
             and audits.runs_profile(state.nodes[peer_id].hardware, task.profile)]
     busy = sum(1 for peer_id in able if state.nodes[peer_id].active_tasks >= params.max_tasks_per_worker)
     shown = "cuda or cpu" if device == "any" else device
-    reason = (f"not assigned within {params.task_assign_timeout} blocks: needs {wanted} compute "
+    reason = (f"not assigned within {params.task_assign_s} s: needs {wanted} compute "
               f"node{'s' if wanted != 1 else ''} for device {shown}"
               f"{f' running profile {task.profile}' if task.profile else ''}; {len(able)} eligible")
     if busy:
@@ -295,15 +302,15 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already committed its result")
     if tx.sender in task.rejections:
         raise TxError(TxCode.BAD_STATE, "this worker rejected the task; it cannot commit a result")
-    if ctx.height > task.commit_deadline:
-        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
+    if deadlines.passed(task.commit_deadline, ctx):
+        raise TxError(TxCode.BAD_STATE, f"the commit deadline (block time {task.commit_deadline} ms) has passed")
     if task.segments and p["segments"] != task.segments:
         raise TxError(TxCode.BAD_PAYLOAD, f"the task declares {task.segments} segments, the commitment has "
                                           f"{p['segments']}")
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
     task.status = TaskStatus.RUNNING
     if len(task.commits) == commit_quorum(len(task.workers)):
-        task.commit_deadline = min(task.commit_deadline, ctx.height + commit_grace(params))
+        task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender,
                          "result": p["result_hash"]})
@@ -334,8 +341,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         raise TxError(TxCode.BAD_STATE, "this worker already committed a result; it cannot reject the task")
     if tx.sender in task.rejections:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already rejected the task")
-    if ctx.height > task.commit_deadline:
-        raise TxError(TxCode.BAD_STATE, f"commit deadline (height {task.commit_deadline}) has passed")
+    if deadlines.passed(task.commit_deadline, ctx):
+        raise TxError(TxCode.BAD_STATE, f"the commit deadline (block time {task.commit_deadline} ms) has passed")
     task.rejections[tx.sender] = p["reason"]
     state.touch(TASK, task_id)
     state.events.append({"type": "worker_rejected", "task_id": task_id, "worker": tx.sender, "reason": p["reason"]})
@@ -391,17 +398,17 @@ def current_result(task: Task) -> bytes:
 
 # ---- finalize: payouts and slashing --------------------------------------------------------
 
-def _check_finalizable(task: Task, height: int) -> None:
+def _check_finalizable(task: Task, ctx: BlockContext) -> None:
     _require_status(task, TaskStatus.ACTIVE, "finalize")
     if task.status in TaskStatus.OPEN_FOR_COMMITS:
-        if height <= task.commit_deadline:
-            raise TxError(TxCode.BAD_STATE, f"workers may commit until height {task.commit_deadline}")
+        if not deadlines.passed(task.commit_deadline, ctx):
+            raise TxError(TxCode.BAD_STATE, f"workers may commit until block time {task.commit_deadline} ms")
         return
     pending = audits.pending_slots(task)
     if pending:
         raise TxError(TxCode.BAD_STATE, f"audit slots {pending} are not resolved yet")
-    if task.status != TaskStatus.VERIFIED and height < task.window_end:
-        raise TxError(TxCode.BAD_STATE, f"audit window open until height {task.window_end}")
+    if task.status != TaskStatus.VERIFIED and ctx.time_ms < task.window_end:
+        raise TxError(TxCode.BAD_STATE, f"audit window open until block time {task.window_end} ms")
 
 
 def _adjust_reputation(state: LedgerState, peer_id: str, delta: int) -> None:
@@ -412,14 +419,20 @@ def _adjust_reputation(state: LedgerState, peer_id: str, delta: int) -> None:
 
 
 def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """Settle a task whose audit slots are resolved (ADR 0168): every committed worker no slot found
-    guilty is paid its full share; a guilty worker is slashed ``slash_mismatch_bps`` (burnt) and
-    unpaid; each verifier answer the slot's verdict contradicts costs ``slash_false_audit_bps``; the
-    verifier pool goes to the answers and referee votes that agree with the verdicts; relays' claims
-    are paid; the owner gets the rest."""
+    """Settle a task whose audit slots are resolved (ADR 0168), or whose commit deadline has passed."""
     task_id = tx.payload["task_id"]
     task = get_task(state, task_id)
-    _check_finalizable(task, ctx.height)
+    _check_finalizable(task, ctx)
+    settle(state, params, task_id, task)
+
+
+def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> None:
+    """Every committed worker no slot found guilty is paid its full share; a guilty worker is slashed
+    ``slash_mismatch_bps`` (burnt) and unpaid; a worker that never committed loses reputation; each
+    verifier answer the slot's verdict contradicts costs ``slash_false_audit_bps``; the verifier pool
+    goes to the answers and referee votes that agree with the verdicts; relays' claims are paid; the
+    owner gets the rest. The task ends ``paid`` when a worker was paid, else ``expired`` (nobody
+    committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
     verifier_pool = task.price * params.verifier_share_bps // 10_000
     relay_budget = task.price * params.relay_share_bps // 10_000
     worker_share = (task.price - verifier_pool - relay_budget) // len(task.workers)
@@ -457,11 +470,28 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
         state.credit(peer_id, amount)
     task.payouts = payouts
     task.escrow = 0
-    task.status = TaskStatus.PAID
-    task.result = leading_result(task, settlement.guilty)
+    slashed = sorted(settlement.guilty | set(settlement.false_answers))
+    paid_workers = [worker for worker in task.workers if worker in task.commits and worker not in settlement.guilty]
     state.touch(TASK, task_id)
-    state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
-                         "slashed": sorted(settlement.guilty | set(settlement.false_answers))})
+    if paid_workers:
+        task.status = TaskStatus.PAID
+        task.result = leading_result(task, settlement.guilty)
+        state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
+                             "slashed": slashed})
+        return
+    task.status, task.reason = unpaid_outcome(task)
+    state.events.append({"type": f"task_{task.status}", "task_id": task_id, "reason": task.reason,
+                         "payouts": dict(payouts), "slashed": slashed})
+
+
+def unpaid_outcome(task: Task) -> tuple[str, str]:
+    """The status and reason of a task that settles without paying any worker."""
+    if not task.commits:
+        rejected = f" ({len(task.rejections)} rejected it)" if task.rejections else ""
+        return TaskStatus.EXPIRED, (f"no worker committed a result by the commit deadline (block time "
+                                    f"{task.commit_deadline} ms){rejected}; the owner was refunded")
+    return TaskStatus.FAILED, (f"every committed result ({len(task.commits)}) was found wrong by its audits; "
+                               "the owner was refunded, less the verifiers' pool")
 
 
 def claim_relay_budget(task: Task, params: Params, relay: str, amount: int) -> None:

@@ -37,8 +37,8 @@ PRICE = 100_000
 SEGMENTS = 4
 BALANCE = 1_000_000
 WORKER_BOND, VERIFIER_BOND, BYZANTINE_BOND, DECOY_BOND = 3_000, 1_000, 2_500, 9_000   # byzantine: drawn often
-GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_blocks": 40, "dispute_blocks": 40,
-               "referees": 5, "audit_window": 2, "task_timeout": 40}
+GAME_PARAMS = {"audits_per_worker": 2, "audit_double_bps": 5_000, "audit_answer_s": 40, "dispute_s": 40,
+               "referees": 5, "audit_window_s": 2, "task_min_s": 40, "task_slack_s": 0}
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 40}, "workers": 3,
         "sync_mode": "allreduce", "codec": "int8", "price": PRICE, "profile": PROFILE, "segments": SEGMENTS}
 
@@ -125,7 +125,7 @@ class DisputeGame:
             return []
         for slot in task.slots:
             if slot["outcome"] == "pending":
-                out.extend(self._slot_moves(state.height, slot))
+                out.extend(self._slot_moves(state.last_block_time_ms, slot))   # deadlines: block times
         if not out and all(slot["outcome"] != "pending" for slot in task.slots):
             out.append((self.owner.identity, "finalize", {"task_id": self.task_id}))
         return out
@@ -147,7 +147,7 @@ class DisputeGame:
             return True, made_up_evidence(salt, peer_id)
         return self.kind(slot["worker"]) != CHEAT, honest_evidence(salt)
 
-    def _slot_moves(self, height: int, slot: dict[str, Any]) -> list[Move]:
+    def _slot_moves(self, now_ms: int, slot: dict[str, Any]) -> list[Move]:
         out: list[Move] = []
         base = {"task_id": self.task_id, "slot": slot["slot"]}
         if slot["referees"]:
@@ -162,7 +162,7 @@ class DisputeGame:
         else:
             for entry in slot["verifiers"]:
                 verdict = self._verdict_of(entry["verifier"], slot)
-                if (entry["answer"] is None and entry["deadline"] > height and verdict is not None
+                if (entry["answer"] is None and entry["deadline"] > now_ms and verdict is not None
                         and entry["verifier"] in self.by_id):
                     out.append((self.by_id[entry["verifier"]].identity, "audit_result",
                                 {**base, "match": verdict[0], "evidence": verdict[1],
@@ -173,7 +173,7 @@ class DisputeGame:
 
     def finished(self, state: LedgerState) -> bool:
         task = state.tasks.get(self.task_id)
-        return task is not None and task.status == TaskStatus.PAID
+        return task is not None and task.status in TaskStatus.FINAL
 
     def stats(self, state: LedgerState) -> dict[str, int]:
         """What the run exercised: slot outcomes, referee panels, redraws, disputes, rubber-stamp escapes."""

@@ -35,9 +35,9 @@ RPC_PORT = 8645
 FUNDS = 10**6
 HOME_NATS = ["eim", "eim", "symmetric", "eim"]
 # A NAT'd verifier first tries the workers' private addresses, then relays and hole punches before it
-# can fetch segments: give it ~1 min of blocks to answer its audit slot (a task whose slots all
-# resolved is paid at once; the deadlines only bound how long a silent verifier holds it up).
-TASK_PARAMS = {**FAST_TASK_PARAMS, "audit_window": 200, "audit_answer_blocks": 250}
+# can fetch segments: give it ~1 min to answer its audit slot (a task whose slots all resolved is
+# paid at once; the deadlines only bound how long a silent verifier holds it up).
+TASK_PARAMS = {**FAST_TASK_PARAMS, "audit_window_s": 60, "audit_answer_s": 75}
 
 
 @dataclass

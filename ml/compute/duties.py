@@ -2,10 +2,10 @@
 
 The ledger draws the parties of every audit slot (docs/adr/0168): the verifiers that must replay a
 worker's segment, the worker that may dispute a mismatch, the referees that settle a dispute. This
-module is the pure part of the node's side: given a `dkb_getTask` document, this node's peer id and
-the chain height, `duties_for` lists what the node still has to send (an audit answer, a dispute, a
-referee vote), with nothing done twice and nothing sent after its deadline. The compute role runs
-them (ml/compute/verification_flow.py).
+module is the pure part of the node's side: given a `dkb_getTask` document, this node's peer id and the
+ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
+the node still has to send (an audit answer, a dispute, a referee vote), with nothing done twice and
+nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class Duty:
     worker: str        # the audited worker
     segment: int
     salt: bytes
-    deadline: int      # last height at which the answer counts (0: none given)
+    deadline: int      # last block time (ms) at which the answer counts (0: none given)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -43,12 +43,12 @@ def _deadline(entry: dict, *names: str) -> int:
     return 0
 
 
-def _open(deadline: int, height: int) -> bool:
-    return deadline == 0 or height <= deadline
+def _open(deadline: int, now_ms: int) -> bool:
+    return deadline == 0 or now_ms <= deadline
 
 
-def duties_for(task: dict, me: str, height: int) -> list[Duty]:
-    """The verification messages `me` still owes `task` at `height`, in slot order."""
+def duties_for(task: dict, me: str, now_ms: int) -> list[Duty]:
+    """The verification messages `me` still owes `task` at block time `now_ms`, in slot order."""
     out: list[Duty] = []
     task_id = str(task.get("task_id", ""))
     for slot in task.get("slots") or []:
@@ -64,17 +64,17 @@ def duties_for(task: dict, me: str, height: int) -> list[Duty]:
         verifiers = [v for v in slot.get("verifiers") or [] if isinstance(v, dict)]
         for entry in verifiers:
             deadline = _deadline(entry, "deadline")
-            if entry.get("verifier") == me and entry.get("answer") is None and _open(deadline, height):
+            if entry.get("verifier") == me and entry.get("answer") is None and _open(deadline, now_ms):
                 out.append(duty(AUDIT, deadline))
         # the ledger opens a dispute window (dispute_deadline) once the slot's verifiers agree on a mismatch
         dispute_deadline = _deadline(slot, "dispute_deadline")
         if (worker == me and dispute_deadline and not slot.get("dispute") and not slot.get("referees")
-                and height <= dispute_deadline):
+                and now_ms <= dispute_deadline):
             out.append(duty(DISPUTE, dispute_deadline))
         for entry in slot.get("referees") or []:
             if not isinstance(entry, dict):
                 continue
             deadline = _deadline(entry, "deadline") or _deadline(slot, "referee_deadline")
-            if entry.get("referee") == me and entry.get("vote") is None and _open(deadline, height):
+            if entry.get("referee") == me and entry.get("vote") is None and _open(deadline, now_ms):
                 out.append(duty(REFEREE, deadline))
     return out

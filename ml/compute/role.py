@@ -1,23 +1,25 @@
 """The compute role: join the ledger as a worker, train assigned tasks with the other workers over this
 node's p2p Host, commit results, audit other workers' results by replay, and finalize tasks.
 
-All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start
-it bonds up to `[compute] stake` and contributes its roles, listen addresses and hardware to the
-node's ledger record: the GPU it detected (`ml.hardware.detect`) and the bandwidth the node measured
+All ledger access goes through the node's ledger gateway (`node.ledger`, docs/adr/0100): at start it
+bonds up to `[compute] stake` and contributes its roles, listen addresses and hardware to the node's
+ledger record: the GPU it detected (`ml.hardware.detect`) and the bandwidth the node measured
 (`node.bandwidth`; `[compute] bandwidth_mbps` only until a measurement exists), republished when the
 measurement moves (docs/adr/0158). Then it looks at the tasks whenever the ledger's `tasks` subscription
-reports a change (or a block reaches a height it waits for: an audit window's end, a finalize
-retry), and at least every `FALLBACK_POLL_S`: a task assigned to it is trained (one at a time,
-as the ledger assigns at most `max_tasks_per_worker` each): its input artifacts fetched from the
-task's sources and co-workers, one step dry-run (an untrainable task is rejected with the reason,
-reject_task), trained on the task's device, the final weights added to the node's artifacts and
-committed as the result (commit_result), and served from then on (docs/adr/0157); a
-committed task it does not work on is audited (`[compute] audit`, see docs/adr/0080); a verified
-task it audited, a task of its own whose audit window has closed, or one where some worker never
-committed (once the ledger accepts it) is finalized. A worker that dies mid-task leaves the
-group; the others finish, commit (with the record of the rounds it missed, for the replay), and the
-ledger opens the audit window once a quorum committed (docs/adr/0081). Progress is in `/status` ("compute"),
-the RPC methods `dkb_computeStatus` and `dkb_taskProgress`, and live over `/dekube/task-progress/1.0.0`.
+reports a change (or a block reaches a block time it waits for: a deadline, an audit window's end, a
+finalize retry; task deadlines are block times, docs/adr/0187), and at least every `FALLBACK_POLL_S`: a
+task assigned to it is trained (one at a time, as the ledger assigns at most `max_tasks_per_worker`
+each): its input artifacts fetched from the task's sources and co-workers, one step dry-run (an
+untrainable task is rejected with the reason, reject_task), trained on the task's device, the final
+weights added to the node's artifacts and committed as the result (commit_result), and served from then
+on (docs/adr/0157); a committed task it does not work on is audited (`[compute] audit`, see
+docs/adr/0080); a verified task it audited, a task of its own whose audit window has closed, or one
+where some worker never committed (once the ledger accepts it) is finalized. A worker that dies mid-task
+leaves the group; the others finish, commit (with the record of the rounds it missed, for the replay),
+and the ledger opens the audit window once a quorum committed (docs/adr/0081). A job whose task the
+ledger ended meanwhile (expired, failed, paid without it) is stopped. Progress is in `/status`
+("compute"), the RPC methods `dkb_computeStatus` and `dkb_taskProgress`, and live over
+`/dekube/task-progress/1.0.0`.
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ UNAVAILABLE_FRACTION = 0.25  # a judge answers "unavailable" only in the last qu
 COPYCAT_WAIT_S = 300.0   # fault_inject=copycat: how long to wait for another worker's commitment
 TRAINING = ("assigned", "running")
 AUDITABLE = ("committed", "verified", "disputed")
-FINALIZE_RETRY_BLOCKS = 50
+LEDGER_FINAL = ("paid", "cancelled", "rejected", "expired", "failed")   # nothing more to train or commit
+FINALIZE_RETRY_MS = 15_000   # block time between two finalize attempts of one task
 FALLBACK_POLL_S = 30.0   # a look at the tasks even when no event came (a missed one must not stall us)
 ENDED = ("failed", "committed", "rejected")
 FIRST_BANDWIDTH_CHECK_S = 10.0
@@ -101,15 +104,15 @@ class ComputeRole(Role):
         self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
         self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
         self._judging = asyncio.Lock()
-        self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> height it was first looked at
+        self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> block time it was first looked at
         self._ready_groups: set[bytes] = set()
-        self._finalize_at: dict[str, int] = {}   # task id hex -> height of the next finalize attempt
+        self._finalize_at: dict[str, int] = {}   # task id hex -> block time of the next finalize attempt
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
         self._background: set[asyncio.Task] = set()
         self.last_error: str | None = None
         self._wake = asyncio.Event()             # a task changed: look again
-        self._due_height: int | None = None      # a height at which something becomes due
-        self._heads_wanted = asyncio.Event()     # set while _due_height is: follow newHeads
+        self._due_ms: int | None = None          # a block time at which something becomes due
+        self._heads_wanted = asyncio.Event()     # set while _due_ms is: follow newHeads
         self._task_changed: dict[str, asyncio.Event] = {}  # task id hex -> set on its next event
         self.transport = HostTransport(node.host)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(self._record_for))
@@ -337,17 +340,17 @@ class ComputeRole(Role):
                 await asyncio.sleep(FALLBACK_POLL_S)
 
     async def _watch_heads(self) -> None:
-        """Wake the main loop when a block reaches ``_due_height``; follows ``newHeads`` only while
+        """Wake the main loop when a block's time reaches ``_due_ms``; follows ``newHeads`` only while
         something is due (an idle node gets no message per block)."""
         while True:
             await self._heads_wanted.wait()
             stream = self.ledger.subscribe("newHeads")
             try:
                 async for head in stream:
-                    due = self._due_height
+                    due = self._due_ms
                     if due is None:
                         break
-                    if head is RESYNC or (isinstance(head, dict) and head.get("height", 0) >= due):
+                    if head is RESYNC or (isinstance(head, dict) and head.get("time_ms", 0) >= due):
                         self._wake.set()
             except asyncio.CancelledError:
                 raise
@@ -361,8 +364,8 @@ class ComputeRole(Role):
         me = self.node.peer_id
         tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
         self.node.artifacts.quota.set_task_pins(task_pins(tasks, me))   # kept from eviction (node/artifacts/quota.py)
-        height = await self.ledger.call("dkb_blockNumber")
-        self._due_height = None
+        now = ledger_time(tasks)
+        self._due_ms = None
         self._heads_wanted.clear()
         business: set[str] = set()   # crews, owners, verifiers and referees of our open tasks (ADR 0186)
         for task in reversed(tasks):  # oldest first
@@ -380,27 +383,39 @@ class ComputeRole(Role):
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
                     # a worker never committed: finalize once the commit deadline has passed
-                    self._finalize_at.setdefault(key, height + FINALIZE_RETRY_BLOCKS)
-                    await self._finalize(key, height)
+                    self._finalize_at.setdefault(key, int(task.get("commit_deadline") or 0) + 1)
+                    await self._finalize(key, now)
                     self._due_at(self._finalize_at[key])
+                elif status in LEDGER_FINAL and job is not None and job["state"] not in ENDED:
+                    self._stop_job(key, task)
             if status in AUDITABLE and (self.config["audit"] or me in task["workers"]):
-                for duty in duties_for(task, me, height + 1):
+                for duty in duties_for(task, me, now + 1):
                     if duty.key not in self._duties_started:
                         self._duties_started.add(duty.key)
                         self._spawn(self._perform(duty, task))
             if status in AUDITABLE and involved:
                 pending = [slot for slot in slots if slot.get("outcome") == "pending"]
-                if not pending and (status == "verified" or height >= task["window_end"]):
-                    self._finalize_at.pop(key, None)   # due now: no need to wait for the retry height
-                    await self._finalize(key, height)
+                if not pending and (status == "verified" or now >= task["window_end"]):
+                    self._finalize_at.pop(key, None)   # due now: no need to wait for the retry time
+                    await self._finalize(key, now)
                 deadlines = [d for slot in pending for d in _slot_deadlines(slot)]
                 self._due_at(min([*deadlines, task["window_end"], self._finalize_at.get(key, task["window_end"])]))
         # reserved artifact upload slots and serving capacity for them (node/admission.py)
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 
-    def _due_at(self, height: int) -> None:
-        self._due_height = height if self._due_height is None else min(self._due_height, height)
+    def _due_at(self, time_ms: int) -> None:
+        self._due_ms = time_ms if self._due_ms is None else min(self._due_ms, time_ms)
         self._heads_wanted.set()
+
+    def _stop_job(self, key: str, task: dict) -> None:
+        """Stop our training job for a task the ledger has ended (it can take no commitment any more)."""
+        if self._busy is not None and not self._busy.done():
+            self._busy.cancel()
+        reason = task.get("reason") or ""
+        self.board.update(key, state="failed", finished_at=time.time(),
+                          error=f"the ledger ended the task: {task['status']}" + (f" ({reason})" if reason else ""))
+        self.tasks_done.inc(outcome="failed")
+        log.warning("stopped task %s: the ledger says it is %s", key, task["status"])
 
     def _idle(self) -> bool:
         return self._busy is None or self._busy.done()
@@ -412,12 +427,12 @@ class ComputeRole(Role):
         task.add_done_callback(lambda _: self._wake.set())  # a job or audit ended: look again
         return task
 
-    async def _finalize(self, key: str, height: int) -> None:
-        """Send finalize for `key`, at most once per FINALIZE_RETRY_BLOCKS (the ledger refuses it
-        while commits or audits may still come, and only one finalize per task succeeds)."""
-        if height < self._finalize_at.get(key, 0):
+    async def _finalize(self, key: str, now: int) -> None:
+        """Send finalize for `key`, at most once per FINALIZE_RETRY_MS of block time (the ledger refuses
+        it while commits or audits may still come, and only one finalize per task succeeds)."""
+        if now < self._finalize_at.get(key, 0):
             return
-        self._finalize_at[key] = height + FINALIZE_RETRY_BLOCKS
+        self._finalize_at[key] = now + FINALIZE_RETRY_MS
         try:
             await self.ledger.send("finalize", {"task_id": bytes.fromhex(key)})
             log.info("finalized task %s", key)
@@ -673,9 +688,10 @@ class ComputeRole(Role):
         answer window, so a passing network fault on either side does not accuse an honest worker."""
         if not duty.deadline:
             return False
-        height = await self.ledger.call("dkb_blockNumber")
-        window = max(1, duty.deadline - self._first_seen.setdefault(duty.key, height))
-        return height < duty.deadline - window * UNAVAILABLE_FRACTION
+        task = await self.ledger.call("dkb_getTask", duty.task_id)
+        now = ledger_time([task] if isinstance(task, dict) else [])
+        window = max(1, duty.deadline - self._first_seen.setdefault(duty.key, now))
+        return now < duty.deadline - window * UNAVAILABLE_FRACTION
 
     async def _judge(self, duty: Duty, task: dict) -> Judgement | None:
         """Replay the slot's segment (or answer as the configured adversary, in tests)."""
@@ -709,8 +725,14 @@ class ComputeRole(Role):
         return await judge_as(mode, task, spec, duty.worker, duty.segment, duty.salt, Sources(record, artifact, files))
 
 
+def ledger_time(tasks: list[dict]) -> int:
+    """The ledger's time as its task documents carry it (``block_time_ms``: the last block's time, which
+    task deadlines are measured against, docs/adr/0187); 0 when none says."""
+    return max((t["block_time_ms"] for t in tasks if isinstance(t.get("block_time_ms"), int)), default=0)
+
+
 def _slot_deadlines(slot: dict) -> list[int]:
-    """The heights at which a pending slot moves on (answers, dispute, referee votes due)."""
+    """The block times at which a pending slot moves on (answers, dispute, referee votes due)."""
     out = [v["deadline"] for v in slot.get("verifiers") or [] if isinstance(v.get("deadline"), int)]
     out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline") if slot.get(name)]
     return [d + 1 for d in out]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits_cnn.py"
 STEPS = 40
-ASSIGN_TIMEOUT = 60   # blocks (~0.3 s each): room to cancel, short enough to watch a task expire
+ASSIGN_TIMEOUT = 20   # seconds of block time: room to cancel, short enough to watch a task expire
 
 
 def cli(*argv, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -43,7 +43,7 @@ def example(*argv) -> str:
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory):
     net = ComputeDevnet.create(tmp_path_factory.mktemp("devnet"), validators=2, compute=3,
-                               params={"task_assign_timeout": ASSIGN_TIMEOUT})
+                               params={"task_assign_s": ASSIGN_TIMEOUT})
     try:
         net.up(timeout=120)
         yield net

@@ -1,6 +1,6 @@
 """cli.task_report: how `task show` / `task wait` tell a task's audit slots and payouts."""
 from cli.payout_lines import payout_lines, role_of
-from cli.task_report import report_final, slot_lines
+from cli.task_report import deadline_lines, deadline_text, report_final, slot_lines
 
 W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
 EV, BAD = "aa" * 32, "bb" * 32
@@ -8,19 +8,20 @@ EV, BAD = "aa" * 32, "bb" * 32
 
 def task() -> dict:
     return {
-        "task_id": "11" * 32, "status": "paid", "owner": OWNER, "workers": [W1, W2], "price": 1000,
+        "task_id": "11" * 32, "status": "paid", "owner": OWNER, "block_time_ms": 60_000, "workers": [W1, W2],
+        "price": 1000,
         "profile": "cpu-x86-64-avx2/torch-2.13.0",
         "slots": [
             {"slot": 0, "worker": W1, "segment": 3, "salt": "00" * 32, "outcome": "ok",
-             "verifiers": [{"verifier": V1, "deadline": 50, "redraw": False,
+             "verifiers": [{"verifier": V1, "deadline": 50_000, "redraw": False,
                             "answer": {"match": True, "evidence": EV, "step": 0}}],
              "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0,
              "verdict": {"match": True, "evidence": EV}},
             {"slot": 1, "worker": W2, "segment": 1, "salt": "01" * 32, "outcome": "guilty",
-             "verifiers": [{"verifier": V1, "deadline": 50, "redraw": False, "answer": None},
-                           {"verifier": V2, "deadline": 90, "redraw": True,
+             "verifiers": [{"verifier": V1, "deadline": 50_000, "redraw": False, "answer": None},
+                           {"verifier": V2, "deadline": 90_000, "redraw": True,
                             "answer": {"match": False, "evidence": BAD, "step": 2}}],
-             "dispute_deadline": 100, "dispute": {"height": 95}, "referee_deadline": 140,
+             "dispute_deadline": 100_000, "dispute": {"height": 95}, "referee_deadline": 3_840_000,
              "referees": [{"referee": R1, "vote": {"match": False, "evidence": BAD}}],
              "verdict": {"match": False, "evidence": BAD}},
         ],
@@ -34,11 +35,11 @@ def test_slot_lines_tell_worker_segment_answers_dispute_referees_and_outcome():
     text = "\n".join(lines)
     assert f"  slot 0  ok         segment 3 of {W1[:16]}.." in lines
     assert f"  slot 1  guilty     segment 1 of {W2[:16]}.." in lines
-    assert f"verifier {V1[:16]}..  match, evidence {EV[:16]}..  (due by height 50)" in text
+    assert f"verifier {V1[:16]}..  match, evidence {EV[:16]}..  (due passed 10s ago)" in text   # block times
     assert f"verifier {V1[:16]}..  silent (no answer by its deadline)" in text
     assert f"verifier {V2[:16]}..  MISMATCH from step 2, evidence {BAD[:16]}..  [redrawn]" in text
     assert "disputed by the worker at height 95" in text
-    assert f"referee  {R1[:16]}..  MISMATCH, evidence {BAD[:16]}..  (due by height 140)" in text
+    assert f"referee  {R1[:16]}..  MISMATCH, evidence {BAD[:16]}..  (due in 1h03m)" in text
     assert slot_lines({**task(), "slots": []}) == []
 
 
@@ -47,7 +48,7 @@ def test_pending_slot_shows_open_answers_and_dispute_window():
     slot = doc["slots"][1]
     slot.update(outcome="pending", dispute=None, referees=[], verdict=None)
     text = "\n".join(slot_lines(doc))
-    assert "no answer yet" in text and "the worker may dispute until height 100" in text
+    assert "no answer yet" in text and "the worker may dispute: due in 40s" in text
 
 
 def test_roles_and_the_final_report(capsys):
@@ -91,3 +92,19 @@ def test_rejected_task_shows_reject_fees_relays_and_refund():
            "relay_claims": {RL: 30}, "payouts": {W1: 5, W2: 5, RL: 30, OWNER: 960}}
     assert payout_lines(doc) == [f"  {OWNER}  refund     960", f"  {RL}  relay      30",
                                  f"  {W1}  reject fee 5", f"  {W2}  reject fee 5"]
+
+
+
+def test_deadlines_are_told_from_the_ledgers_time_and_failed_endings_exit_1(capsys):
+    doc = {**task(), "status": "running", "commit_deadline": 125_000, "spec": {"expected_s": 78}, "slots": []}
+    assert deadline_lines(doc) == ["commit by:  in 1m05s (expected work 1m18s)"]
+    assert deadline_text({}, 5) == "at block time 5 ms"          # a validator from before ADR 0187
+    assert deadline_lines({**doc, "status": "committed", "window_end": 30_000}) == \
+        ["audits end: passed 30s ago at the earliest"]
+    expired = {**task(), "status": "expired", "slots": [], "result": "", "payouts": {OWNER: 1000},
+               "reason": "no worker committed a result by the commit deadline (block time 1 ms)"}
+    assert report_final(expired) == 1
+    out = capsys.readouterr().out
+    assert f"task {'11' * 32} expired: no worker committed a result" in out and "paid" not in out.split("payouts")[0]
+    assert report_final({**expired, "status": "failed", "reason": "every committed result (2) was found wrong"}) == 1
+    assert "failed: every committed result" in capsys.readouterr().out

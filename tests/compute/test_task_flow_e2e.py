@@ -16,9 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from consensus.genesis import Params
+from consensus.state.deadlines import commit_span_ms
 from consensus.state.tasks import task_id_for, worker_weight
 from consensus.tx import DEFAULT_FEE, build_tx
-from devtools.devnet import ComputeDevnet
+from devtools.devnet import FAST_TASK_PARAMS, ComputeDevnet
 from ml.compute.task_spec import submit_payload
 from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.spec import TrainSpec
@@ -312,7 +314,10 @@ def test_worker_killed_mid_task_the_others_are_audited_and_paid(devnet):
     survivors = [w for w in workers if w != victim.peer_id]
     assert sorted(task["commits"]) == survivors
     quorum_height = max(commit[3] for commit in task["commits"].values())
-    assert task["commit_deadline"] == quorum_height + 200 // 4 < task["assigned_height"] + 200  # the grace
+    quorum_time = rpc(devnet, "dkb_getBlockByNumber", quorum_height)["time_ms"]   # deadlines: block times
+    assigned_time = rpc(devnet, "dkb_getBlockByNumber", task["assigned_height"])["time_ms"]
+    span = commit_span_ms(Params(**{**FAST_TASK_PARAMS, **PARAMS}), 0)
+    assert task["commit_deadline"] == quorum_time + span // 4 < assigned_time + span  # the grace
     check_slots(task, survivors)
     assert victim.peer_id not in judges(task)   # drawn or not, a dead node answers nothing
     for slot in task["slots"]:   # a slot that drew it got a redrawn verifier at its deadline, which answered

@@ -381,3 +381,27 @@ def test_measured_bandwidth_survives_a_restart(tmp_path, monkeypatch):
     assert restarted._saved_bandwidth() == 42 and restarted.results == {}
     (home / "data" / "compute" / "bandwidth.json").write_text('{"link_mbps": true}')
     assert restarted._saved_bandwidth() is None
+
+
+def test_a_job_whose_task_the_ledger_ended_is_stopped(tmp_path):
+    """ADR 0187: the ledger expired the task (its commit deadline passed): the worker stops training
+    and its job says why, instead of training on to a refused commitment."""
+    role = make_role(tmp_path)
+    task = task_doc(role)
+
+    async def scenario():
+        training = asyncio.get_running_loop().create_future()   # a job that would run for ever
+        role._busy = asyncio.ensure_future(training)
+        role.board.start(task["task_id"], workers=task["workers"])
+        role.board.update(task["task_id"], state="training")
+        await tick_with(role, {**task, "status": "assigned", "block_time_ms": 5_000})
+        assert not role._busy.done()                            # still open on the ledger: go on
+        await tick_with(role, {**task, "status": "expired", "block_time_ms": 700_000,
+                               "reason": "no worker committed a result by the commit deadline"})
+        await asyncio.sleep(0)
+        return role._busy
+
+    busy = asyncio.run(scenario())
+    assert busy.cancelled()
+    job = role.jobs[task["task_id"]]
+    assert job["state"] == "failed" and "the ledger ended the task: expired (no worker committed" in job["error"]

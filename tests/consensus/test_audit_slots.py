@@ -30,8 +30,9 @@ ANSWER_BLOCKS = 12
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_timeout": 12, "audit_window": 2, "min_fee": 0, "audits_per_worker": 2,
-            "audit_double_bps": 0, "audit_answer_blocks": ANSWER_BLOCKS, "dispute_blocks": 3, "referees": 3}
+    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
+            "min_fee": 0, "audits_per_worker": 2,
+            "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3}
     return Params(**{**base, **overrides})
 
 
@@ -176,7 +177,7 @@ def test_assignment_waits_until_every_worker_could_be_audited():
     assert t.status == TaskStatus.CREATED       # W1 would be the only node able to verify... itself
     register(chain, VERIFIERS[0], "verifier", 1000)
     assert t.status == TaskStatus.ASSIGNED and t.workers == [W1.peer_id]
-    short = make_chain(verifiers=0, workers=(W1,), task_assign_timeout=2)
+    short = make_chain(verifiers=0, workers=(W1,), task_assign_s=2)
     waiting = short.ledger.state.tasks[submit(short, workers=1)]
     short.empty_blocks(2)
     assert waiting.status == TaskStatus.EXPIRED and "needs an eligible verifier besides itself" in waiting.reason
@@ -197,10 +198,11 @@ def test_slots_are_drawn_when_the_commit_phase_closes():
         names = [v["verifier"] for v in slot["verifiers"]]
         assert len(names) == 2 == len(set(names))                 # audit of the auditor: always, at 10000 bps
         assert OWNER.peer_id not in names and slot["worker"] not in names
-        assert all(v["deadline"] == result.height + ANSWER_BLOCKS for v in slot["verifiers"])
+        assert all(v["deadline"] == 1000 * (result.height + ANSWER_BLOCKS) for v in slot["verifiers"])   # block time
     events = [e for e in task_events(result) if e["event"] == "audit_assigned"]
     assert [e["slot"] for e in events] == [0, 1, 2, 3]
-    assert events[0]["salt"] == task.slots[0]["salt"].hex() and events[0]["deadline"] == result.height + ANSWER_BLOCKS
+    assert events[0]["salt"] == task.slots[0]["salt"].hex()
+    assert events[0]["deadline"] == 1000 * (result.height + ANSWER_BLOCKS)
     assert set(events[0]) >= {"task_id", "slot", "worker", "segment", "verifiers", "salt", "deadline"}
     single = make_chain()
     _, task, _ = committed_task(single)
@@ -279,7 +281,7 @@ def test_a_false_accusation_is_disputed_and_the_accuser_slashed():
     referees = [r["referee"] for r in slot["referees"]]
     assert len(referees) == 3 and not {OWNER.peer_id, W1.peer_id, accuser} & set(referees)
     [drawn] = [e for e in task_events(result) if e["event"] == "referees_drawn"]
-    assert drawn["referees"] == referees and drawn["deadline"] == result.height + ANSWER_BLOCKS
+    assert drawn["referees"] == referees and drawn["deadline"] == 1000 * (result.height + ANSWER_BLOCKS)
     assert any(e["event"] == "disputed" and e["slot"] == slot["slot"] for e in task_events(result))
     assert chain.run(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]}).code == TxCode.ALREADY_KNOWN
     for referee in referees:
@@ -426,7 +428,10 @@ def test_a_task_record_without_the_new_fields_keeps_its_bytes():
     assert len(decode(t.encode())) == Task.V2_FIELDS
     assert Task.decode(encode(decode(t.encode()))) == t
     t.segments = 4
-    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()).segments == 4
+    assert len(decode(t.encode())) == Task.V3_FIELDS and Task.decode(t.encode()).segments == 4
+    t.assign_deadline = 5_000                                 # ADR 0187: the whole record once it is set
+    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()) == t
+    assert Task.decode(encode(decode(t.encode())[:Task.V3_FIELDS])).assign_deadline == 0
     old = Task.decode(encode(decode(Task(OWNER.peer_id, 1, {}, 5, 3).encode())[:Task.V1_FIELDS]))
     assert old.profile == "" and old.segments == 0 and old.slots == []
 
@@ -444,6 +449,6 @@ def test_audit_params_keep_old_genesis_hashes_and_are_validated():
     defaults = Params()
     assert (defaults.audits_per_worker, defaults.audit_double_bps, defaults.referees) == (2, 5000, 3)
     for bad in ({"audit_double_bps": 10_001}, {"slash_false_audit_bps": 10_001}, {"referees": 0},
-                {"audit_answer_blocks": 0}, {"dispute_blocks": 0}, {"audits_per_worker": 17}):
+                {"audit_answer_s": 0}, {"dispute_s": 0}, {"audits_per_worker": 17}):
         with pytest.raises(GenesisError):
             Params(**bad).validate()

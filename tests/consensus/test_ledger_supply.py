@@ -82,9 +82,10 @@ def random_tx(draw, chain, submitted):
 
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
-    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
-                                                 task_assign_timeout=6, reject_fee=25, audit_answer_blocks=3,
-                                                 dispute_blocks=2))
+    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+                                                  min_fee=0,
+                                                 task_assign_s=6, reject_fee=25, audit_answer_s=3,
+                                                 dispute_s=2))
     chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (
         chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                       "hardware": GPU_HW if i % 2 else HW}),

@@ -142,7 +142,7 @@ def test_timeout_without_commits_refunds_the_owner(market):
     task_id = submit(chain)
     commit(chain, W1, task_id)
     assert chain.run(OUTSIDER, "finalize", {"task_id": task_id}).code == TxCode.BAD_STATE
-    chain.empty_blocks(chain.params.task_timeout)
+    chain.empty_blocks(chain.params.task_min_s)   # blocks of 1 s
     assert commit(chain, W2, task_id).code == TxCode.BAD_STATE  # deadline passed
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     worker_share = (PRICE - 1500) // 2

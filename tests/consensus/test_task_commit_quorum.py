@@ -6,22 +6,24 @@ from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ide
 
 from consensus.block import build_block
 from consensus.genesis import Params
+from consensus.state.deadlines import commit_grace_ms
 from consensus.state.ledger import Ledger
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import LedgerState
-from consensus.state.tasks import commit_grace, commit_quorum, task_id_for
+from consensus.state.tasks import commit_quorum, task_id_for
 from consensus.txcodes import TxCode
 
 OWNER, W1, W2, W3, VERIFIER, OUTSIDER = (ident(i) for i in range(1, 7))
 PRICE = 9_000
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 100}, "workers": 3,
         "sync_mode": "allreduce", "codec": "int8"}
+TIMEOUT, GRACE = 12, 3   # seconds = blocks of the test chain (1 s each): task_min_s, and a quarter of it
 HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
 
 
 @pytest.fixture
 def chain():
-    chain = Chain(params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+    chain = Chain(params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
                                 audits_per_worker=1, audit_double_bps=0))
     for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
@@ -51,25 +53,25 @@ def audit(chain, task_id, slot=0, match=True):
 
 def test_quorum_is_a_strict_majority_and_grace_follows_the_timeout(chain):
     assert [commit_quorum(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
-    assert commit_grace(chain.params) == 3   # task_timeout 12 // 4
+    assert commit_grace_ms(chain.params, Task(OWNER.peer_id, 1, dict(SPEC), PRICE, 1)) == GRACE * 1000
 
 
 def test_absent_worker_does_not_hold_the_task_open_and_is_not_paid(chain):
     task_id = submit(chain)
     task = chain.ledger.state.tasks[task_id]
     assert task.workers == sorted(w.peer_id for w in (W1, W2, W3))
-    assert task.commit_deadline == task.assigned_height + chain.params.task_timeout
+    assert task.commit_deadline == 1000 * (task.assigned_height + TIMEOUT)   # block times in ms
     assert commit(chain, W1, task_id).code == TxCode.OK
-    assert task.commit_deadline == task.assigned_height + chain.params.task_timeout   # below quorum
+    assert task.commit_deadline == 1000 * (task.assigned_height + TIMEOUT)   # below quorum
     assert commit(chain, W2, task_id).code == TxCode.OK
     quorum_height = chain.ledger.height
-    assert task.commit_deadline == quorum_height + commit_grace(chain.params)
+    assert task.commit_deadline == 1000 * (quorum_height + GRACE)
     assert audit(chain, task_id).code == TxCode.BAD_STATE   # no audits while commits may come
-    chain.empty_blocks(task.commit_deadline - chain.ledger.height - 1)
+    chain.empty_blocks(task.commit_deadline // 1000 - chain.ledger.height - 1)
     assert task.status == TaskStatus.RUNNING       # the last worker may still commit in the next block
     result = chain.block()                          # the deadline block: the phase closes at its end
     assert task.status == TaskStatus.COMMITTED and len(task.audit_seed) == 32
-    assert task.window_end == chain.ledger.height + chain.params.audit_window
+    assert task.window_end == 1000 * (chain.ledger.height + chain.params.audit_window_s)
     assert {"type": "audit_window_opened", "task_id": task_id, "absent": [W3.peer_id]} in result.events
     assert commit(chain, W3, task_id).code == TxCode.BAD_STATE
     assert [slot["worker"] for slot in task.slots] == sorted([W1.peer_id, W2.peer_id])   # committers only
@@ -100,7 +102,7 @@ def test_a_straggler_within_the_grace_joins_the_audit(chain):
     task = chain.ledger.state.tasks[task_id]
     commit(chain, W1, task_id)
     commit(chain, W3, task_id)
-    chain.empty_blocks(commit_grace(chain.params) - 1)
+    chain.empty_blocks(GRACE - 1)
     assert commit(chain, W2, task_id).code == TxCode.OK   # the deadline block itself still accepts it
     assert task.status == TaskStatus.COMMITTED and sorted(task.commits) == task.workers
 
@@ -109,11 +111,11 @@ def test_below_quorum_the_task_waits_for_its_full_timeout(chain):
     task_id = submit(chain)
     task = chain.ledger.state.tasks[task_id]
     commit(chain, W2, task_id)
-    chain.empty_blocks(commit_grace(chain.params) + 2)
+    chain.empty_blocks(GRACE + 2)
     assert task.status == TaskStatus.RUNNING
     assert chain.run(OUTSIDER, "finalize", {"task_id": task_id}).code == TxCode.BAD_STATE
     assert commit(chain, W1, task_id).code == TxCode.OK    # late, but before the timeout: quorum now
-    assert task.commit_deadline == chain.ledger.height + commit_grace(chain.params)
+    assert task.commit_deadline == 1000 * (chain.ledger.height + GRACE)
 
 
 def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_app_hash(chain):
@@ -123,7 +125,7 @@ def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_ap
     replica = Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items()))   # restart from storage
     assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
     closed_at = []
-    for _ in range(commit_grace(chain.params) + 1):
+    for _ in range(GRACE + 1):
         led = chain.ledger
         block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
                             chain.proposer, [], ())
@@ -131,7 +133,7 @@ def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_ap
         assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
         if any(event["type"] == "audit_window_opened" for event in results[0].events):
             closed_at.append(block.header.height)
-    assert closed_at == [chain.ledger.state.tasks[task_id].commit_deadline]
+    assert closed_at == [chain.ledger.state.tasks[task_id].commit_deadline // 1000]
     assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
     assert replica.state.tasks[task_id].status == TaskStatus.COMMITTED
     assert replica.full_state_hash() == chain.ledger.full_state_hash()

@@ -21,8 +21,8 @@ SOURCES = ["/ip4/203.0.113.7/tcp/4001/p2p/" + OWNER.peer_id, "/ip4/127.0.0.1/udp
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_timeout": 12, "audit_window": 2, "min_fee": 0,
-            "task_assign_timeout": 5, "reject_fee": REJECT_FEE, "audits_per_worker": 0}
+    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2, "min_fee": 0,
+            "task_assign_s": 5, "reject_fee": REJECT_FEE, "audits_per_worker": 0}
     return Params(**{**base, **overrides})
 
 
@@ -271,7 +271,7 @@ def test_unassignable_task_expires_refunded_with_a_reason():
     assert t.status == TaskStatus.CREATED
     result = chain.block()                                   # created + task_assign_timeout
     assert t.status == TaskStatus.EXPIRED and t.escrow == 0
-    assert t.reason == "not assigned within 5 blocks: needs 3 compute nodes for device cuda; 1 eligible"
+    assert t.reason == "not assigned within 5 s: needs 3 compute nodes for device cuda; 1 eligible"
     assert chain.ledger.balance(OWNER.peer_id) == before      # every token back (min_fee 0)
     assert t.payouts == {OWNER.peer_id: PRICE}
     [event] = events_of(result, "expired")
@@ -289,7 +289,7 @@ def test_expiry_reason_counts_busy_nodes():
     assert task(chain, first).status == TaskStatus.ASSIGNED
     task_id, _ = submit(chain)                               # wants 3: 2 exist, 1 busy
     chain.empty_blocks(5)
-    assert task(chain, task_id).reason == ("not assigned within 5 blocks: needs 3 compute nodes for device cpu; "
+    assert task(chain, task_id).reason == ("not assigned within 5 s: needs 3 compute nodes for device cpu; "
                                            "2 eligible (1 busy with other tasks)")
 
 
@@ -385,7 +385,7 @@ def test_result_excludes_slashed_committers():
     [verifier] = slot_of_first["verifiers"]
     assert answer_slot(chain, task_id, slot_of_first["slot"], verifier["verifier"], match=False, step=3).code \
         == TxCode.OK
-    chain.empty_blocks(chain.params.dispute_blocks + 1)       # no dispute: guilty
+    chain.empty_blocks(chain.params.dispute_s + 1)       # no dispute: guilty
     assert slot_of_first["outcome"] == "guilty"
     assert chain.ledger.task_info(task_id)["result"] == A.hex()          # convicted: not counted
     [other] = [slot for slot in t.slots if slot["worker"] == second]
@@ -419,5 +419,5 @@ def test_genesis_hash_of_an_old_file_is_unchanged_and_new_params_load():
     assert "task_assign_timeout" not in hashed_params(Params())
     changed = Genesis("c", 0, {}, validators, Params(reject_fee=11))
     assert changed.hash != genesis.hash
-    with pytest.raises(ValueError, match="task_assign_timeout"):
-        Params(task_assign_timeout=0).validate()
+    with pytest.raises(ValueError, match="task_assign_s"):
+        Params(task_assign_s=0).validate()

@@ -31,21 +31,21 @@ POINTS = """() => { const path = document.querySelector('#curve-loss path.series
 FAKE_TASK = "ab" * 32
 W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
 SLOTTED_TASK = {
-    "task_id": FAKE_TASK, "status": "paid", "owner": OWNER, "price": 100_000, "escrow": 0,
+    "task_id": FAKE_TASK, "status": "paid", "owner": OWNER, "price": 100_000, "escrow": 0, "block_time_ms": 60_000,
     "spec": {"model": "digits-mlp", "dataset": "digits", "codec": "int8", "hyperparams": {"steps": 20}},
     "workers": [W1, W2], "commits": {W1: ["aa" * 32, "cc" * 32, 4, 30], W2: ["bb" * 32, "cc" * 32, 4, 31]},
     "created_height": 10, "assigned_height": 12, "profile": "cpu-x86-64-avx2/torch-2.13.0", "segments": 4,
     "slots": [
         {"slot": 0, "worker": W1, "segment": 3, "salt": "00" * 32, "outcome": "ok",
-         "verifiers": [{"verifier": V1, "deadline": 80, "redraw": False,
+         "verifiers": [{"verifier": V1, "deadline": 80_000, "redraw": False,
                         "answer": {"match": True, "evidence": "e1" * 32, "step": 0}}],
          "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0,
          "verdict": {"match": True, "evidence": "e1" * 32}},
         {"slot": 1, "worker": W2, "segment": 1, "salt": "01" * 32, "outcome": "guilty",
-         "verifiers": [{"verifier": V1, "deadline": 80, "redraw": False, "answer": None},
-                       {"verifier": V2, "deadline": 90, "redraw": True,
+         "verifiers": [{"verifier": V1, "deadline": 80_000, "redraw": False, "answer": None},   # block times
+                       {"verifier": V2, "deadline": 90_000, "redraw": True,
                         "answer": {"match": False, "evidence": "e2" * 32, "step": 2}}],
-         "dispute_deadline": 100, "dispute": {"height": 95}, "referee_deadline": 140,
+         "dispute_deadline": 100_000, "dispute": {"height": 95}, "referee_deadline": 140_000,
          "referees": [{"referee": R1, "vote": {"match": False, "evidence": "e2" * 32}}],
          "verdict": {"match": False, "evidence": "e2" * 32}},
     ],
@@ -179,7 +179,7 @@ def test_explorer_renders_chain_and_live_training_curve(browser, devnet):
     assert rows.count() == 2
     ok, guilty = rows.nth(0).inner_text(), rows.nth(1).inner_text()
     assert "match" in ok and "mismatch" not in ok and ok.rstrip().endswith("ok"), ok
-    for text in ("mismatch", "from step 2", "no answer (due @80)", "(redrawn)", "disputed @95", "guilty"):
+    for text in ("mismatch", "from step 2", "no answer (due in 20s)", "(redrawn)", "disputed @95", "guilty"):
         assert text in guilty, (text, guilty)
     assert "audit slots (2)" in page.inner_text("#task-body") and "audited (2/2)" in page.inner_text("#task-body")
     assert page.locator("#task-worker-rows .badge.guilty").count() == 1

@@ -23,7 +23,7 @@ async def next_event(stream, name: str, timeout: float = 20.0) -> dict:
 def test_tasks_topic_carries_rejected_and_expired(tmp_path):
     owner, worker = Identity.generate(), Identity.generate()
     net = LedgerTestnet(tmp_path, 1, {owner.peer_id: 10**6, worker.peer_id: 10**6},
-                        params={"task_assign_timeout": 3, "reject_fee": 10, "audits_per_worker": 0})  # no verifier here
+                        params={"task_assign_s": 3, "reject_fee": 10, "audits_per_worker": 0})  # no verifier here
 
     async def main():
         await net.start()

@@ -164,7 +164,7 @@ async function loadTasks() {
   state.tasks.sort((a, b) => (b.created_height || 0) - (a.created_height || 0));
   replaceRows($("task-rows"), state.tasks.map((t) => el("tr", {class: "clickable", "data-task": t.task_id,
     onclick: () => { location.hash = `#task/${t.task_id}`; }},
-  el("td", {class: "mono"}, short(t.task_id)), el("td", {}, badge(t.status)),
+  el("td", {class: "mono"}, short(t.task_id)), el("td", {title: t.reason || null}, badge(t.status)),
   el("td", {}, `${(t.spec && t.spec.model) || "?"} / ${(t.spec && t.spec.dataset) || "?"}`
     + (t.spec && t.spec.hyperparams && t.spec.hyperparams.steps ? `, ${t.spec.hyperparams.steps} steps` : "")),
   el("td", {}, (t.workers || []).length), el("td", {}, fmtInt(t.price)), el("td", {}, t.created_height))));
@@ -444,6 +444,21 @@ async function showBlock(height) {
       .map((h) => el("th", {}, h)))), el("tbody", {id: "block-tx-rows"}, txRows)));
 }
 
+// Task deadlines are block times in ms (docs/adr/0187), told from the ledger's time the document carries.
+function durationText(ms) {
+  const s = Math.floor(Math.max(0, ms) / 1000);
+  if (s >= 3600) return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  if (s >= 60) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+  return `${s}s`;
+}
+
+function dueText(task, deadline) {
+  if (typeof deadline !== "number") return "";
+  const now = task.block_time_ms;
+  if (typeof now !== "number" || !now) return `at block time ${deadline} ms`;
+  return deadline >= now ? `in ${durationText(deadline - now)}` : `passed ${durationText(now - deadline)} ago`;
+}
+
 const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],
   ["audit slots", null], ["audited", null], ["paid", null]];
 
@@ -459,6 +474,8 @@ function timeline(task) {
   const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
     name + (field && task[field] ? ` @${task[field]}` : "")
       + (name === "committed" ? ` (${commits}/${(task.workers || []).length})` : "")
+      + (name === "committed" && ["assigned", "running"].includes(task.status) && task.commit_deadline
+        ? ` · due ${dueText(task, task.commit_deadline)}` : "")
       + (name === "audit slots" && slots.length ? ` (${slots.length})` : "")
       + (name === "audited" && slots.length ? ` (${resolved}/${slots.length})` : "")));
   if (!done.paid && !ACTIVE_TASK.has(task.status)) items.push(el("li", {}, badge(task.status)));
@@ -467,18 +484,21 @@ function timeline(task) {
 
 // An audit slot (docs/adr/0168): a drawn segment of one worker, its verifiers' answers (match or
 // mismatch, with evidence), the worker's dispute, the referees' votes, the outcome.
-function answerCell(who, answer, deadline, redraw) {
+function answerCell(who, answer, due, redraw) {
   const what = answer ? [badge(answer.match ? "match" : "mismatch"),
     answer.match || !answer.step ? "" : ` from step ${answer.step}`, ` ${short(answer.evidence)}`]
-    : [` no answer${typeof deadline === "number" ? ` (due @${deadline})` : ""}`];
+    : [` no answer${due ? ` (due ${due})` : ""}`];
   return el("div", {}, el("span", {class: "mono"}, short(who)), " ", ...what, redraw ? " (redrawn)" : "");
 }
 
-function slotRow(slot) {
-  const verifiers = (slot.verifiers || []).map((v) => answerCell(v.verifier, v.answer, v.deadline, v.redraw));
-  const referees = (slot.referees || []).map((r) => answerCell(r.referee, r.vote, slot.referee_deadline, false));
+function slotRow(task, slot) {
+  const verifiers = (slot.verifiers || []).map((v) => answerCell(v.verifier, v.answer, dueText(task, v.deadline),
+    v.redraw));
+  const referees = (slot.referees || []).map((r) => answerCell(r.referee, r.vote,
+    dueText(task, slot.referee_deadline), false));
   const dispute = slot.dispute ? `disputed @${slot.dispute.height}`
-    : slot.dispute_deadline && slot.outcome === "pending" ? `may dispute until @${slot.dispute_deadline}` : "–";
+    : slot.dispute_deadline && slot.outcome === "pending" ? `may dispute: due ${dueText(task, slot.dispute_deadline)}`
+      : "–";
   return el("tr", {"data-slot": slot.slot}, el("td", {}, slot.slot), el("td", {class: "mono"}, short(slot.worker)),
     el("td", {}, slot.segment), el("td", {}, verifiers.length ? verifiers : "none eligible"), el("td", {}, dispute),
     el("td", {}, referees.length ? referees : "–"), el("td", {}, badge(slot.outcome || "pending")));
@@ -522,7 +542,7 @@ async function showTask(taskId, first = true) {
     el("h3", {}, `Audit slots (${slots.length})` + (task.profile ? ` · profile ${task.profile}` : "")),
     slots.length ? el("table", {}, el("thead", {}, el("tr", {}, ["slot", "worker", "segment", "verifiers",
       "dispute", "referees", "outcome"].map((h) => el("th", {}, h)))), el("tbody", {id: "task-slot-rows"},
-      slots.map(slotRow))) : el("p", {class: "hint"}, "drawn when the commit phase closes"),
+      slots.map((slot) => slotRow(task, slot)))) : el("p", {class: "hint"}, "drawn when the commit phase closes"),
     el("h3", {}, "Payouts"), el("p", {class: "mono"}, Object.entries(payouts)
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none yet"),
     el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})
