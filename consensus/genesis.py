@@ -24,7 +24,7 @@ class GenesisError(ValueError):
 class Params:
     committee_size: int = 4              # K: top-K bonded validators form the committee
     epoch_length: int = 100              # blocks between committee re-elections
-    unbonding_period: int = 20           # blocks before unbonded funds return
+    unbonding_period: int = 1_200        # blocks before unbonded funds return: > every window (ADR 0188)
     min_validator_stake: int = 1_000
     min_worker_stake: int = 100
     min_verifier_stake: int = 100
@@ -72,6 +72,12 @@ class Params:
     dispute_blocks: int = 20             # blocks an audited worker has to dispute a mismatch
     referees: int = 3                    # referees drawn for a disputed or split slot
     slash_false_audit_bps: int = 1_000   # of bonded+unbonding stake, per answer the resolved outcome contradicts
+    # Trust round 2 (ADR 0188): a slot whose verifiers stay silent is redrawn up to audit_redraws times; a
+    # tied or short referee panel is followed by a larger one, up to referee_rounds panels in all; a worker
+    # needs bonded stake >= stake_cover_bps/10^4 x its pay / (audits_per_worker x slash_mismatch_bps/10^4).
+    audit_redraws: int = 3
+    referee_rounds: int = 3
+    stake_cover_bps: int = 20_000
 
     def validate(self) -> None:
         for f in fields(self):
@@ -94,16 +100,40 @@ class Params:
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
         for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
-                     "serve_dispute_window"):
+                     "serve_dispute_window", "referee_rounds"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
+        if self.audit_redraws > MAX_AUDIT_REDRAWS or self.referee_rounds > MAX_REFEREE_ROUNDS:
+            raise GenesisError(f"audit_redraws is at most {MAX_AUDIT_REDRAWS}, referee_rounds at most "
+                               f"{MAX_REFEREE_ROUNDS}")
+        window, name = longest_window(self)
+        if self.unbonding_period <= window:
+            raise GenesisError(f"unbonding_period ({self.unbonding_period}) must exceed the longest window a "
+                               f"slash can come in: {name} ({window} blocks; ADR 0188)")
+
+
+def longest_window(params: Params) -> tuple[int, str]:
+    """The longest span, in blocks, between an act and the slash it can bring, with its name: double-sign
+    evidence (``evidence_max_age``), a serving dispute after the last claim (``serve_dispute_window``), and
+    an audit slot from its draw to its last referee vote (every redraw, the dispute window, every referee
+    panel). Unbonded stake must outlast each (ADR 0188); parties named in an open task or dispute are
+    also held until it ends (consensus/state/obligations.py)."""
+    audit = (params.audit_answer_blocks * (1 + params.audit_redraws) + params.dispute_blocks
+             + params.audit_answer_blocks * params.referee_rounds)
+    windows = {"evidence_max_age": params.evidence_max_age, "serve_dispute_window": params.serve_dispute_window,
+               "audit slot (answers, redraws, dispute, referee panels)": audit}
+    name = max(windows, key=lambda key: windows[key])
+    return windows[name], name
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
                   "min_relay_stake", "audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks",
                   "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
-                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window")
+                  "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
+                  "audit_redraws", "referee_rounds", "stake_cover_bps")
 MAX_AUDITS_PER_WORKER = 16
+MAX_AUDIT_REDRAWS = 8
+MAX_REFEREE_ROUNDS = 4
 MAX_REFEREES = 15
 
 

@@ -36,8 +36,7 @@ VERIFIERS = 5
 STAKE = 1_000
 PRICE = 10_000
 MAX_BLOCKS = 400
-LAB_PARAMS = dict(min_fee=0, task_timeout=40, audit_window=4, audit_answer_blocks=6, dispute_blocks=4,
-                  unbonding_period=3)
+LAB_PARAMS = dict(min_fee=0, task_timeout=40, audit_window=4, audit_answer_blocks=6, dispute_blocks=4)
 
 
 @dataclass(frozen=True)

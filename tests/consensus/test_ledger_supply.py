@@ -82,7 +82,7 @@ def random_tx(draw, chain, submitted):
 
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
-    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+    chain = Chain(balance=500_000, params=Params(task_timeout=12, audit_window=2, min_fee=0,
                                                  task_assign_timeout=6, reject_fee=25, audit_answer_blocks=3,
                                                  dispute_blocks=2))
     chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (

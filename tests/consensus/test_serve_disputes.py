@@ -26,7 +26,7 @@ def hardware(profile: str = PROFILE, start: int = 0, end: int = 4) -> dict:
 
 
 def dispute_chain(referees=REFEREES, ttl: int = 600, window: int = 1_000) -> Chain:
-    chain = Chain(balance=100_000, params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+    chain = Chain(balance=100_000, params=Params(task_timeout=12, audit_window=2, min_fee=0,
                                                   serve_unlock_blocks=5, referees=3, audit_answer_blocks=5,
                                                   serve_dispute_bond=100, slash_serve_bps=2_000, serve_referee_fee=10,
                                                   serve_announce_ttl=ttl, serve_dispute_window=window))

@@ -21,7 +21,7 @@ HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwid
 
 @pytest.fixture
 def chain():
-    chain = Chain(params=Params(unbonding_period=3, task_timeout=12, audit_window=2, min_fee=0,
+    chain = Chain(params=Params(task_timeout=12, audit_window=2, min_fee=0,
                                 audits_per_worker=1, audit_double_bps=0))
     for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],

@@ -21,7 +21,7 @@ SOURCES = ["/ip4/203.0.113.7/tcp/4001/p2p/" + OWNER.peer_id, "/ip4/127.0.0.1/udp
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_timeout": 12, "audit_window": 2, "min_fee": 0,
+    base = {"task_timeout": 12, "audit_window": 2, "min_fee": 0,
             "task_assign_timeout": 5, "reject_fee": REJECT_FEE, "audits_per_worker": 0}
     return Params(**{**base, **overrides})
 
