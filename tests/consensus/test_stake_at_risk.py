@@ -1,8 +1,23 @@
 """Trust round 2 on the ledger (issue 24, ADR 0188): stake stays while a node is at risk, unbonding
 outlasts every window, stake to work scales with pay, and nodes without a profile neither work nor judge."""
 import pytest
-from test_audit_slots import (OWNER, PROFILE, SEGMENTS, SPEC, VERIFIERS, W1, W2, answer_rest_honestly, committed_task,
-                              hardware, make_chain, register, slashed, slots_of, submit)
+from test_audit_slots import (
+    OWNER,
+    PROFILE,
+    SEGMENTS,
+    SPEC,
+    VERIFIERS,
+    W1,
+    W2,
+    answer_rest_honestly,
+    committed_task,
+    hardware,
+    make_chain,
+    register,
+    slashed,
+    slots_of,
+    submit,
+)
 from test_ledger_kit import answer_slot, ident
 
 from consensus.genesis import Genesis, GenesisError, GenesisValidator, Params

@@ -275,7 +275,8 @@ def test_unassignable_task_expires_refunded_with_a_reason():
     assert t.status == TaskStatus.CREATED
     result = chain.block()                                   # created + task_assign_timeout
     assert t.status == TaskStatus.EXPIRED and t.escrow == 0
-    assert t.reason == f"not assigned within 5 blocks: needs 3 compute nodes for device cuda running profile {GPU}; 1 eligible"
+    assert t.reason == (f"not assigned within 5 blocks: needs 3 compute nodes for device cuda running profile {GPU}; "
+                        "1 eligible")
     assert chain.ledger.balance(OWNER.peer_id) == before      # every token back (min_fee 0)
     assert t.payouts == {OWNER.peer_id: PRICE}
     [event] = events_of(result, "expired")
