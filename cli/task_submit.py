@@ -125,12 +125,16 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
 
 
 def task_profile(args: argparse.Namespace) -> str:
-    """The execution profile the task names (docs/adr/0166): ``--profile``, else the portable CPU
-    profile for a CPU task and none ("": the ledger picks the class) for cuda or any."""
+    """The execution profile the task names (docs/adr/0166, 0188): ``--profile``, else the portable CPU
+    profile for a CPU task; a cuda or any task must name one (the ledger refuses a task without)."""
     device = getattr(args, "device", None) or "cpu"
     chosen = getattr(args, "profile", None)
     if chosen is None:
-        return default_profile(device)
+        profile = default_profile(device)
+        if not profile:
+            raise CliError(f"--device {device} needs --profile ID (the GPU class, e.g. a node's `dekube-node "
+                           "status` profiles): every task names the one profile its crew runs (ADR 0188)")
+        return profile
     try:
         check_profile_id(chosen)
     except ProfileError as exc:

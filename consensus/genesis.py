@@ -24,7 +24,7 @@ class GenesisError(ValueError):
 class Params:
     committee_size: int = 4              # K: top-K bonded validators form the committee
     epoch_length: int = 100              # blocks between committee re-elections
-    unbonding_period: int = 20           # blocks before unbonded funds return
+    unbonding_period: int = 1_200        # blocks before unbonded funds return: > every window (ADR 0188)
     min_validator_stake: int = 1_000
     min_worker_stake: int = 100
     min_verifier_stake: int = 100
@@ -82,6 +82,12 @@ class Params:
     dispute_s: int = 120                # an audited worker: to dispute a mismatch its verifiers agreed on
     audit_window_s: int = 60            # from the commit phase's close until finalize may pay a task not verified
     task_assign_s: int = 300            # a task waiting this long for workers expires, refunded
+    # Trust round 2 (ADR 0188): a slot whose verifiers stay silent is redrawn up to audit_redraws times; a
+    # tied or short referee panel is followed by a larger one, up to referee_rounds panels in all; a worker
+    # needs bonded stake >= stake_cover_bps/10^4 x its pay / (audits_per_worker x slash_mismatch_bps/10^4).
+    audit_redraws: int = 3
+    referee_rounds: int = 3
+    stake_cover_bps: int = 20_000
 
     def validate(self) -> None:
         for f in fields(self):
@@ -104,13 +110,34 @@ class Params:
         if not 1 <= self.referees <= MAX_REFEREES:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
         for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
-                     "serve_dispute_window", "task_min_s", "audit_answer_s", "dispute_s", "task_assign_s"):
+                     "serve_dispute_window", "task_min_s", "audit_answer_s", "dispute_s", "task_assign_s",
+                     "referee_rounds"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
         if self.deadline_factor_pct < 100:
             raise GenesisError("deadline_factor_pct must be at least 100 (a deadline shorter than the work)")
         if not self.task_min_s <= self.task_max_s <= MAX_DEADLINE_S:
             raise GenesisError(f"task_min_s <= task_max_s <= {MAX_DEADLINE_S} must hold")
+        if self.audit_redraws > MAX_AUDIT_REDRAWS or self.referee_rounds > MAX_REFEREE_ROUNDS:
+            raise GenesisError(f"audit_redraws is at most {MAX_AUDIT_REDRAWS}, referee_rounds at most "
+                               f"{MAX_REFEREE_ROUNDS}")
+        window, name = longest_window(self)
+        if self.unbonding_period <= window:
+            raise GenesisError(f"unbonding_period ({self.unbonding_period}) must exceed the longest window a "
+                               f"slash can come in: {name} ({window} blocks; ADR 0188)")
+
+
+def longest_window(params: Params) -> tuple[int, str]:
+    """The longest span counted in blocks between an act and the slash it can bring, with its name:
+    double-sign evidence (``evidence_max_age``), a serving dispute after the last claim
+    (``serve_dispute_window``) and its referees' vote (``audit_answer_blocks``). Unbonded stake must
+    outlast each (ADR 0188). A task's audit windows are block times (ADR 0187), not block counts: the
+    parties named in a task that is not final, or in an open dispute, are held until it ends
+    (consensus/state/obligations.py), however long its windows run."""
+    windows = {"evidence_max_age": params.evidence_max_age,
+               "serve_dispute_window (and its referee vote)": params.serve_dispute_window + params.audit_answer_blocks}
+    name = max(windows, key=lambda key: windows[key])
+    return windows[name], name
 
 
 POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "slash_downtime_bps", "jail_blocks",
@@ -118,9 +145,11 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
                   "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
-                  "audit_window_s", "task_assign_s")
+                  "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
+MAX_AUDIT_REDRAWS = 8
+MAX_REFEREE_ROUNDS = 4
 MAX_REFEREES = 15
 
 

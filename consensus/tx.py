@@ -409,8 +409,8 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "price": uint(1),
         "sources": OptionalField(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
         "device": OptionalField(text(8, DEVICES)),
-        "profile": OptionalField(profile_id()),            # "" or absent: the ledger picks at assignment
-        "segments": OptionalField(uint(1, MAX_TASK_SEGMENTS)),   # the spec's fixed segment count
+        "profile": profile_id(min_len=1),             # the one execution profile of its crew (ADR 0188)
+        "segments": uint(1, MAX_TASK_SEGMENTS),        # the spec's fixed segment count, checked at commit
         "expected_s": OptionalField(uint(1, MAX_EXPECTED_S)),    # the work's duration (dry run; ADR 0187)
     },
     "cancel_task": {"task_id": TASK_ID},

@@ -10,6 +10,11 @@ from consensus.tx import build_tx
 from consensus.txcodes import TxCode
 from node.identity import Identity
 
+# Windows short enough for an unbonding period of 4 blocks (it must outlast every window, ADR 0188): for
+# tests of unbonding itself.
+QUICK_UNBONDING = dict(unbonding_period=4, evidence_max_age=2, serve_dispute_window=2, audit_answer_blocks=1,
+                       audit_redraws=0, dispute_blocks=1, referee_rounds=1)
+
 
 def ident(i: int) -> Identity:
     """A deterministic identity (seed = i as 32 big-endian bytes)."""
@@ -27,7 +32,7 @@ class Chain:
         self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
         if balances is None:
             balances = {ident(i).peer_id: balance for i in range(1, 10)}
-        self.params = params or Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+        self.params = params or Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                        min_fee=0)
         self.genesis = Genesis(chain_id, 0, balances,
                                tuple(GenesisValidator(ident(v).peer_id, 10_000) for v in validators), self.params)

@@ -7,14 +7,17 @@ probability ``audit_double_bps``. Every draw is a sha256 of the task's audit see
 and referees, the hash of the block that makes them) so every replica draws the same.
 
 A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
-its deadline is redrawn once) -> all answers equal and ``match`` -> ``ok``; all equal and a
-mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute -> ``guilty``); answers
-that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by its deadline; the
-(match, evidence) most votes agree on, leading every other value strictly, is the verdict (``guilty``
-iff its match is false); a tie or no vote -> ``undecided`` (nobody slashed, worker paid). No answer at all ->
-``unaudited`` (worker paid). ``settle`` turns the resolved slots into who is guilty, who is paid
-from the verifier pool and whose answer the verdict contradicts (slashed at finalize). Deadlines are
-block times (ms) from consensus/state/deadlines.py (docs/adr/0187).
+its deadline is redrawn, up to ``audit_redraws`` times a seat) -> all answers equal and ``match`` ->
+``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
+``guilty``); answers that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by
+its deadline; the (match, evidence) most votes agree on, leading every other value strictly and cast
+by a majority of a full panel, is the verdict (``guilty`` iff its match is false); a tie, or too few
+votes, draws a larger panel (``referee_rounds`` panels at most, ADR 0188), after which the slot is
+``undecided``. No answer after every redraw -> ``unaudited``. A worker is paid only for its slots
+that ended ``ok`` (ADR 0188: never paid unaudited or undecided); ``settle`` turns the resolved slots
+into who is guilty, who is paid from the verifier pool and whose answer or referee vote the verdict
+contradicts (slashed at finalize). Deadlines are block times (ms) from
+consensus/state/deadlines.py (docs/adr/0187).
 """
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ Slot = dict[str, Any]
 # ---- who may verify, and stake-weighted draws ------------------------------------------------
 
 def runs_profile(hardware: dict[str, Any], profile: str) -> bool:
-    """Whether a node with ``hardware`` runs ``profile`` ("" is the legacy profile: everyone does)."""
-    return not profile or profile in hardware.get("profiles", ())
+    """Whether a node with ``hardware`` runs ``profile``: it lists it. Nobody runs "" (a task from
+    before ADR 0188 without a profile), and a node that lists no profile runs none: it neither works
+    nor judges (ADR 0188)."""
+    return bool(profile) and profile in hardware.get("profiles", ())
 
 
 def eligible_verifiers(state: LedgerState, params: Params, profile: str,
@@ -173,7 +178,7 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
     if slot["referees"]:
         votes = [entry["vote"] for entry in slot["referees"]]
         if all(vote is not None for vote in votes) or _expired(slot["referee_deadline"], ctx, closing):
-            _decide_by_referees(state, task_id, slot)
+            _decide_by_referees(state, params, ctx, task_id, task, slot)
             return True
         return False
     if slot["dispute_deadline"]:
@@ -204,17 +209,26 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
     return True
 
 
+def redraws_left(params: Params, slot: Slot) -> int:
+    """How many silent verifiers of ``slot`` may still be replaced: ``audit_redraws`` per seat drawn
+    when the slot opened (ADR 0188: silence is escalated, never left unaudited after one try)."""
+    seats = sum(1 for v in slot["verifiers"] if not v["redraw"])
+    return seats * params.audit_redraws - sum(1 for v in slot["verifiers"] if v["redraw"])
+
+
 def _redraw_silent(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
                    slot: Slot) -> bool:
-    """Replace each first-drawn verifier whose deadline passes in this block and who did not answer (once)."""
-    silent = [v for v in slot["verifiers"] if v["answer"] is None and not v["redraw"]
+    """Replace each verifier whose deadline passes in this block and who did not answer, while
+    ``redraws_left``."""
+    silent = [v for v in slot["verifiers"] if v["answer"] is None
               and deadlines.passed_in_block(v["deadline"], state.last_block_time_ms, ctx)]
-    if not silent:
+    count = min(len(silent), redraws_left(params, slot))
+    if count <= 0:
         return False
     excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
     pool = eligible_verifiers(state, params, task.profile, excluded)
     deadline = deadlines.answer_deadline(params, ctx, task)
-    drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.block_hash), pool, len(silent))
+    drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.block_hash), pool, count)
     for peer_id in drawn:
         slot["verifiers"].append(_verifier_entry(peer_id, deadline, redraw=True))
     if drawn:
@@ -226,25 +240,41 @@ def _redraw_silent(state: LedgerState, params: Params, ctx: BlockContext, task_i
 
 def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
                    slot: Slot) -> None:
-    excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
-    pool = eligible_verifiers(state, params, task.profile, excluded)
-    chosen = draw_distinct(_material(task, b"referee", slot["slot"], ctx.block_hash), pool, params.referees)
     slot["verdict"] = None
-    if not chosen:
+    if not _add_referees(state, params, ctx, task_id, task, slot, params.referees):
         slot["outcome"] = UNDECIDED
         _resolved(state, task_id, slot)
-        return
-    slot["referees"] = [{"referee": peer_id, "vote": None} for peer_id in chosen]
+
+
+def _add_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot,
+                  count: int) -> bool:
+    """Draw up to ``count`` referees for ``slot`` besides its parties and earlier referees, all with a
+    new deadline; False when nobody could be drawn."""
+    excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"]),
+                *(r["referee"] for r in slot["referees"])}
+    pool = eligible_verifiers(state, params, task.profile, excluded)
+    panel = referee_panels(slot)
+    label = b"referee" if not panel else b"referee" + panel.to_bytes(1, "big")
+    chosen = draw_distinct(_material(task, label, slot["slot"], ctx.block_hash), pool, count)
+    if not chosen:
+        return False
+    slot["referees"] += [{"referee": peer_id, "vote": None, "panel": panel} for peer_id in chosen]
     slot["referee_deadline"] = deadlines.answer_deadline(params, ctx, task)
     state.events.append({"type": "referees_drawn", "task_id": task_id, "slot": slot["slot"], "referees": chosen,
-                         "deadline": slot["referee_deadline"]})
+                         "deadline": slot["referee_deadline"], "panel": panel})
+    return True
 
 
-def _decide_by_referees(state: LedgerState, task_id: bytes, slot: Slot) -> None:
-    """The (match, evidence) most referee votes agree on, when it leads every other value strictly,
-    is the verdict; silent referees do not count (silence cannot block a decision) and a tie, or no
-    vote at all, leaves the slot ``undecided`` (ADR 0168: honest parties all report the same evidence,
-    so only colluding referees can outvote them)."""
+def referee_panels(slot: Slot) -> int:
+    """How many referee panels ``slot`` has drawn (entries from before ADR 0188 count as panel 0)."""
+    return 1 + max((r.get("panel", 0) for r in slot["referees"]), default=-1)
+
+
+def referee_verdict(params: Params, slot: Slot) -> tuple[bool, bytes] | None:
+    """The (match, evidence) that decides ``slot``: the value most referee votes agree on, when it leads
+    every other value strictly and is cast by a majority of the panel (at least ``referees`` // 2 + 1
+    votes, more once the panel grew); else None. Honest referees all report the same evidence, so
+    only colluding referees agreeing on one fake value can outvote them (ADR 0168, 0188)."""
     tally: dict[tuple[bool, bytes], int] = {}
     for entry in slot["referees"]:
         vote = entry["vote"]
@@ -252,10 +282,26 @@ def _decide_by_referees(state: LedgerState, task_id: bytes, slot: Slot) -> None:
             key = (vote["match"], vote["evidence"])
             tally[key] = tally.get(key, 0) + 1
     ranked = sorted(tally.items(), key=lambda item: -item[1])
-    if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
-        match, evidence = ranked[0][0]
+    quorum = max(params.referees, len(slot["referees"])) // 2 + 1
+    if ranked and ranked[0][1] >= quorum and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+        return ranked[0][0]
+    return None
+
+
+def _decide_by_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                        slot: Slot) -> None:
+    """The referee verdict decides the slot; without one (a tie, too few votes, a short panel) a larger
+    panel joins (the panel so far plus one more referee each time) until ``referee_rounds`` panels
+    were drawn or nobody is left to draw; then the slot is ``undecided``: nobody slashed and the worker
+    not paid for it (ADR 0188: a judge's default never pays)."""
+    verdict = referee_verdict(params, slot)
+    if verdict is not None:
+        match, evidence = verdict
         slot["verdict"] = {"match": match, "evidence": evidence}
         slot["outcome"] = OK if match else GUILTY
+    elif referee_panels(slot) < params.referee_rounds and _add_referees(
+            state, params, ctx, task_id, task, slot, len(slot["referees"]) + 1):
+        return
     else:
         slot["outcome"] = UNDECIDED
     _resolved(state, task_id, slot)
@@ -372,14 +418,27 @@ class Settlement:
 
     guilty: set[str] = field(default_factory=set)
     shares: dict[str, int] = field(default_factory=dict)
-    false_answers: list[str] = field(default_factory=list)   # one entry per contradicted answer
+    false_answers: list[str] = field(default_factory=list)   # one entry per contradicted answer or vote
+    unsettled: dict[str, int] = field(default_factory=dict)   # worker -> its slots not ended ok or guilty
+
+    def paid_share(self, task: Task, worker: str, share: int) -> int:
+        """What an innocent ``worker`` is paid of ``share``: the part its ``ok`` slots cover (ADR 0188:
+        a slot left unaudited or undecided pays its worker nothing; no slots at all, the whole share)."""
+        slots = sum(1 for slot in task.slots if slot["worker"] == worker)
+        if not slots:
+            return share
+        return share * (slots - self.unsettled.get(worker, 0)) // slots
 
 
 def settle(task: Task, verifier_pool: int) -> Settlement:
-    """Guilty workers; the verifier pool split equally over the slots with at least one answer that
-    agrees with the verdict, each slot's share equally among those verifiers and majority referees
-    (remainders stay in the escrow, for the owner); every verifier answer unequal to the verdict."""
+    """Guilty workers; each worker's slots that ended unaudited or undecided; the verifier pool split
+    equally over the slots with at least one answer that agrees with the verdict, each slot's share
+    equally among those verifiers and majority referees (remainders stay in the escrow, for the
+    owner); every verifier answer and every referee vote unequal to the verdict."""
     out = Settlement(guilty=guilty_workers(task))
+    for slot in task.slots:
+        if slot["outcome"] in (UNAUDITED, UNDECIDED):
+            out.unsettled[slot["worker"]] = out.unsettled.get(slot["worker"], 0) + 1
     payees_by_slot: list[list[str]] = []
     for slot in task.slots:
         verdict = slot["verdict"]
@@ -395,8 +454,13 @@ def settle(task: Task, verifier_pool: int) -> Settlement:
                 payees.append(v["verifier"])
             else:
                 out.false_answers.append(v["verifier"])
-        payees += [r["referee"] for r in slot["referees"]
-                   if r["vote"] is not None and (r["vote"]["match"], r["vote"]["evidence"]) == key]
+        for r in slot["referees"]:
+            if r["vote"] is None:
+                continue
+            if (r["vote"]["match"], r["vote"]["evidence"]) == key:
+                payees.append(r["referee"])
+            else:
+                out.false_answers.append(r["referee"])
         if payees:
             payees_by_slot.append(payees)
     if payees_by_slot:

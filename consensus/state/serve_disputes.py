@@ -20,6 +20,7 @@ draw), the (valid, output) most votes agree on, leading every other strictly, de
 - otherwise (the bundle did not check out, or the answer was right): **rejected**. The bond pays each
   majority referee ``serve_referee_fee`` and the rest goes to the server.
 - a tie or no vote: **undecided**, the bond returns to the client.
+- a referee whose vote the decision contradicts is slashed ``slash_false_audit_bps`` (ADR 0188).
 
 One dispute per session (its id is a hash of the session's channel id); bonds count in the supply.
 A session whose server claimed a receipt at height h may be disputed until h + ``serve_dispute_window``
@@ -193,11 +194,20 @@ def _decide(state: LedgerState, params: Params, ident: bytes, dispute: ServeDisp
         for peer, amount in paid.items():
             if amount and peer != dispute.client:
                 state.credit(peer, amount)
+        _slash_minority(state, params, dispute, (valid, output))
     state.open_serve_disputes.discard(ident)
     state.touch(SERVE_DISPUTE, ident)
     state.touch_meta()
     state.events.append({"type": "serve_dispute_decided", "dispute": ident, "server": dispute.server,
                          "client": dispute.client, "status": dispute.status, "paid": paid})
+
+
+def _slash_minority(state: LedgerState, params: Params, dispute: ServeDispute, decided: tuple[bool, bytes]) -> None:
+    """Every referee whose vote the decision contradicts loses ``slash_false_audit_bps`` of its stake,
+    as a contradicted audit answer does (ADR 0188: every judge has skin in the game)."""
+    for peer, vote in dispute.referees:
+        if vote is not None and (bool(vote[0]), bytes(vote[1])) != decided:
+            slash(state, peer, params.slash_false_audit_bps)
 
 
 def dispute_json(state: LedgerState, ident: bytes) -> dict | None:

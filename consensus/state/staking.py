@@ -1,5 +1,8 @@
 """Staking: bond, unbond (released after the unbonding period), slashing, validator set.
 
+Unbonding entries of a node still named in an open task or serving dispute are held past their
+release height until it ends (consensus/state/obligations.py, ADR 0188): slashes reach them.
+
 The committee (top ``committee_size`` candidates by bonded stake) is part of the replicated
 state: elected from genesis for height 1 and again after every ``epoch_length``-th block, so
 every replica, including one restarted mid-epoch, agrees on who decides each height. Slashing
@@ -14,6 +17,8 @@ from consensus.committee import CommitteeError, ValidatorSet
 from consensus.genesis import Params
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
+from consensus.state.obligations import held_by
+from consensus.state.records import Stake
 from consensus.state.store import STAKE, LedgerState
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
@@ -40,11 +45,15 @@ def apply_unbond(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) 
 
 
 def release_matured_unbonding(state: LedgerState, height: int) -> None:
-    """Return every unbonding entry whose release height is ``height`` to its owner's balance."""
+    """Return every unbonding entry whose release height is ``height`` to its owner's balance; a node
+    still held by an open task or dispute keeps its matured entries one more block (``hold``)."""
     peers = state.unbonding_queue.pop(height, ())
     for peer_id in sorted(peers):
         stake = state.stakes.get(peer_id)
         if stake is None:
+            continue
+        if held_by(state, peer_id):
+            hold(state, peer_id, stake, height)
             continue
         keep = []
         for entry in stake.unbonding:
@@ -54,6 +63,16 @@ def release_matured_unbonding(state: LedgerState, height: int) -> None:
                 keep.append(entry)
         stake.unbonding = keep
         state.touch(STAKE, peer_id)
+
+
+def hold(state: LedgerState, peer_id: str, stake: Stake, height: int) -> None:
+    """Move ``peer_id``'s entries matured at ``height`` to ``height + 1`` (checked again then; the
+    stake record shows the release height moving)."""
+    for entry in stake.unbonding:
+        if entry[0] <= height:
+            entry[0] = height + 1
+    state.unbonding_queue.setdefault(height + 1, set()).add(peer_id)
+    state.touch(STAKE, peer_id)
 
 
 def slash(state: LedgerState, peer_id: str, fraction_bps: int) -> int:

@@ -17,7 +17,6 @@ the state untouched (the ante step has already taken the fee and nonce).
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 
 from consensus.genesis import Params
 from consensus.state import audits, deadlines
@@ -57,8 +56,22 @@ def _require_status(task: Task, allowed, action: str) -> None:
         raise TxError(TxCode.BAD_STATE, f"cannot {action} a task that is {task.status}")
 
 
+def profile_device(profile: str) -> str:
+    """The device class a profile computes on: "cuda" for ``cuda-...`` profiles, else "cpu" (ml/profiles.py)."""
+    return "cuda" if profile.startswith("cuda-") else "cpu"
+
+
+def check_task_profile(payload: dict) -> None:
+    """A task's device and profile must agree: a cuda profile for device cuda, a cpu one for cpu; for
+    "any" the profile decides (ADR 0188: one profile per crew, named by the owner)."""
+    device = payload.get("device", DEFAULT_DEVICE)
+    if device != "any" and profile_device(payload["profile"]) != device:
+        raise TxError(TxCode.BAD_PAYLOAD, f"profile {payload['profile']} is not a {device} profile")
+
+
 def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     p = tx.payload
+    check_task_profile(p)
     if "expected_s" in p:
         deadlines.check_expected(params, p["expected_s"])
     debit(state, tx.sender, p["price"])
@@ -71,8 +84,8 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         spec["expected_s"] = p["expected_s"]
     task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
                                        sources=list(p.get("sources", [])), device=spec["device"])
-    task.profile = p.get("profile", "")
-    task.segments = p.get("segments", 0)
+    task.profile = p["profile"]
+    task.segments = p["segments"]
     task.assign_deadline = ctx.time_ms + params.task_assign_s * 1000
     state.open_tasks[task_id] = state.task_seq
     state.touch(TASK, task_id)
@@ -148,17 +161,38 @@ def worker_weight(state: LedgerState, peer_id: str) -> int:
     return bonded * (100 + node.reputation) * (bandwidth.bit_length() + 1)
 
 
+def worker_share(params: Params, price: int, workers: int) -> int:
+    """What each committed, innocent worker of a task is paid: the price less the verifier pool and
+    the relay budget, split equally."""
+    verifier_pool = price * params.verifier_share_bps // 10_000
+    relay_budget = price * params.relay_share_bps // 10_000
+    return (price - verifier_pool - relay_budget) // workers
+
+
+def required_worker_stake(params: Params, task: Task) -> int:
+    """The bonded stake a worker of ``task`` needs (ADR 0169's arithmetic, ADR 0188): the slash of its
+    m audited segments covers ``stake_cover_bps``/10^4 times its pay, sigma·S·m >= cover·w, so
+    S >= cover·w / (m·sigma) (10x the pay at the defaults); never below ``min_worker_stake``. Without
+    audits or slashing (a parameter at 0) only the minimum applies."""
+    m, sigma, cover = params.audits_per_worker, params.slash_mismatch_bps, params.stake_cover_bps
+    if not (m and sigma and cover):
+        return params.min_worker_stake
+    pay = worker_share(params, task.price, task.spec["workers"])
+    return max(params.min_worker_stake, -(-cover * pay // (m * sigma)))
+
+
 def eligible_workers(state: LedgerState, params: Params) -> list[str]:
-    """Compute nodes with enough bonded stake and a free task slot."""
+    """Compute nodes with enough bonded stake, an execution profile and a free task slot."""
     return [peer_id for peer_id in qualified_workers(state, params)
             if state.nodes[peer_id].active_tasks < params.max_tasks_per_worker]
 
 
 def qualified_workers(state: LedgerState, params: Params) -> list[str]:
-    """Compute nodes with enough bonded stake, busy or not."""
+    """Compute nodes with enough bonded stake and at least one execution profile, busy or not (a node
+    without a profile gets no work: ADR 0188)."""
     out = []
     for peer_id, node in state.nodes.items():
-        if "compute" not in node.roles:
+        if "compute" not in node.roles or not node.hardware.get("profiles"):
             continue
         stake = state.stakes.get(peer_id)
         if stake is not None and stake.bonded >= params.min_worker_stake:
@@ -171,32 +205,12 @@ def has_gpu(state: LedgerState, peer_id: str) -> bool:
     return bool(state.nodes[peer_id].hardware.get("gpu"))
 
 
-def device_pool(state: LedgerState, device: str, wanted: int, candidates: list[str]) -> tuple[str, list[str]]:
-    """The device class a task's workers train on and the candidates that can: "cuda" only GPU nodes;
-    "cpu" any node; "any" GPU nodes when there are ``wanted`` of them, else any node on CPU (so all
-    workers of a task train on the same device class)."""
-    gpus = [peer_id for peer_id in candidates if has_gpu(state, peer_id)]
-    if device == "cuda" or (device == "any" and len(gpus) >= wanted):
-        return "cuda", gpus
-    return "cpu", candidates
-
-
-def profile_pool(state: LedgerState, profile: str, pool: list[str]) -> tuple[str, list[str]]:
-    """The execution profile a task runs and the candidates that run it. A named profile: the nodes
-    listing it in ``hardware.profiles``. No profile: the one most candidates share (nodes without
-    profiles count for "", the legacy profile everyone matches; ties go to a named profile, then the
-    smaller id)."""
-    if profile:
-        return profile, [peer_id for peer_id in pool if audits.runs_profile(state.nodes[peer_id].hardware, profile)]
-    counts: Counter[str] = Counter()
-    for peer_id in pool:
-        counts.update(state.nodes[peer_id].hardware.get("profiles") or [""])
-    if not counts:
-        return "", pool
-    chosen = min(counts, key=lambda name: (-counts[name], name == "", name))
-    if not chosen:
-        return "", pool
-    return chosen, [peer_id for peer_id in pool if audits.runs_profile(state.nodes[peer_id].hardware, chosen)]
+def device_pool(state: LedgerState, profile: str, candidates: list[str]) -> tuple[str, list[str]]:
+    """The device class a task's workers train on (its profile's: "any" is settled by the profile the
+    owner named) and the candidates that run that profile; cuda profiles only on GPU nodes."""
+    device = profile_device(profile)
+    return device, [peer_id for peer_id in candidates if audits.runs_profile(state.nodes[peer_id].hardware, profile)
+                    and (device != "cuda" or has_gpu(state, peer_id))]
 
 
 def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -212,10 +226,9 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
     weights = {peer_id: worker_weight(state, peer_id) for peer_id in candidates}
     for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__):
         task = state.tasks[task_id]
-        wanted = task.spec["workers"]
-        device, pool = device_pool(state, task.device, wanted,
-                                   [peer_id for peer_id in candidates if peer_id != task.owner])
-        profile, pool = profile_pool(state, task.profile, pool)
+        wanted, profile, stake = task.spec["workers"], task.profile, required_worker_stake(params, task)
+        device, pool = device_pool(state, profile, [peer_id for peer_id in candidates if peer_id != task.owner
+                                                    and state.stakes[peer_id].bonded >= stake])
         if len(pool) < wanted:
             continue
         pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
@@ -230,7 +243,6 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
                 candidates.remove(peer_id)
         task.workers = chosen
         task.device = device
-        task.profile = profile
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
         task.commit_deadline = deadlines.commit_deadline(params, ctx, task)
@@ -262,14 +274,15 @@ def expire_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
 def unassigned_reason(state: LedgerState, params: Params, task: Task, qualified: list[str]) -> str:
     """Why ``task`` found no workers, e.g. "needs 3 compute nodes for device cuda; 1 eligible"."""
     wanted, device = task.spec["workers"], task.spec.get("device", DEFAULT_DEVICE)
-    able = [peer_id for peer_id in qualified if peer_id != task.owner
-            and (device != "cuda" or has_gpu(state, peer_id))
-            and audits.runs_profile(state.nodes[peer_id].hardware, task.profile)]
+    stake = required_worker_stake(params, task)
+    _, able = device_pool(state, task.profile, [peer_id for peer_id in qualified if peer_id != task.owner
+                                                and state.stakes[peer_id].bonded >= stake])
     busy = sum(1 for peer_id in able if state.nodes[peer_id].active_tasks >= params.max_tasks_per_worker)
     shown = "cuda or cpu" if device == "any" else device
     reason = (f"not assigned within {params.task_assign_s} s: needs {wanted} compute "
               f"node{'s' if wanted != 1 else ''} for device {shown}"
-              f"{f' running profile {task.profile}' if task.profile else ''}; {len(able)} eligible")
+              f"{f' running profile {task.profile}' if task.profile else ''}"
+              f"{f' with {stake} bonded' if stake > params.min_worker_stake else ''}; {len(able)} eligible")
     if busy:
         reason += f" ({busy} busy with other tasks)"
     if len(able) >= wanted and not audits.can_audit_every_worker(state, params, task.profile, task.owner,
@@ -419,7 +432,7 @@ def _adjust_reputation(state: LedgerState, peer_id: str, delta: int) -> None:
 
 
 def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """Settle a task whose audit slots are resolved (ADR 0168), or whose commit deadline has passed."""
+    """Settle a task whose audit slots are resolved (ADR 0168, 0188), or whose commit deadline has passed."""
     task_id = tx.payload["task_id"]
     task = get_task(state, task_id)
     _check_finalizable(task, ctx)
@@ -427,17 +440,18 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
 
 
 def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> None:
-    """Every committed worker no slot found guilty is paid its full share; a guilty worker is slashed
-    ``slash_mismatch_bps`` (burnt) and unpaid; a worker that never committed loses reputation; each
-    verifier answer the slot's verdict contradicts costs ``slash_false_audit_bps``; the verifier pool
-    goes to the answers and referee votes that agree with the verdicts; relays' claims are paid; the
+    """Every committed worker no slot found guilty is paid its share for the slots that ended ok (a slot
+    unaudited or undecided pays it nothing; ADR 0188); a guilty worker is slashed ``slash_mismatch_bps``
+    (burnt) and unpaid; a worker that never committed loses reputation; each verifier answer and referee
+    vote the slot's verdict contradicts costs ``slash_false_audit_bps``; the verifier pool goes to the
+    answers and referee votes that agree with the verdicts; relays' claims are paid; the
     owner gets the rest. The task ends ``paid`` when a worker was paid, else ``expired`` (nobody
     committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
     verifier_pool = task.price * params.verifier_share_bps // 10_000
-    relay_budget = task.price * params.relay_share_bps // 10_000
-    worker_share = (task.price - verifier_pool - relay_budget) // len(task.workers)
+    share = worker_share(params, task.price, len(task.workers))
     settlement = audits.settle(task, verifier_pool)
     payouts: dict[str, int] = {}
+    paid_workers: list[str] = []
 
     def pay(peer_id: str, amount: int) -> None:
         if amount:
@@ -450,7 +464,10 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
             slash(state, worker, params.slash_mismatch_bps)
             delta = REPUTATION_SLASHED
         else:
-            pay(worker, worker_share)
+            earned = settlement.paid_share(task, worker, share)
+            pay(worker, earned)
+            if earned:
+                paid_workers.append(worker)
             delta = REPUTATION_PAID
         node = state.nodes.get(worker)
         if node is not None:
@@ -471,7 +488,6 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     task.payouts = payouts
     task.escrow = 0
     slashed = sorted(settlement.guilty | set(settlement.false_answers))
-    paid_workers = [worker for worker in task.workers if worker in task.commits and worker not in settlement.guilty]
     state.touch(TASK, task_id)
     if paid_workers:
         task.status = TaskStatus.PAID
@@ -479,17 +495,21 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
         state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
                              "slashed": slashed})
         return
-    task.status, task.reason = unpaid_outcome(task)
+    task.status, task.reason = unpaid_outcome(task, settlement.guilty)
     state.events.append({"type": f"task_{task.status}", "task_id": task_id, "reason": task.reason,
                          "payouts": dict(payouts), "slashed": slashed})
 
 
-def unpaid_outcome(task: Task) -> tuple[str, str]:
+def unpaid_outcome(task: Task, guilty: set[str] | None = None) -> tuple[str, str]:
     """The status and reason of a task that settles without paying any worker."""
     if not task.commits:
         rejected = f" ({len(task.rejections)} rejected it)" if task.rejections else ""
         return TaskStatus.EXPIRED, (f"no worker committed a result by the commit deadline (block time "
                                     f"{task.commit_deadline} ms){rejected}; the owner was refunded")
+    if guilty is not None and len(guilty) < len(task.commits):
+        return TaskStatus.FAILED, (f"no committed result ({len(task.commits)}) was audited ok: {len(guilty)} found "
+                                   "wrong, the others' audit slots unaudited or undecided (ADR 0188); the owner was "
+                                   "refunded, less the verifiers' pool")
     return TaskStatus.FAILED, (f"every committed result ({len(task.commits)}) was found wrong by its audits; "
                                "the owner was refunded, less the verifiers' pool")
 

@@ -33,7 +33,7 @@ PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 OTHER_PROFILE = "cuda-h100-cc9.0-cuda12.4/torch-2.13.0"
 HONEST, CHEAT, FALSE_ACCUSER, RUBBER_STAMP, SILENT, DECOY, OWNER = (
     "honest", "cheat", "false_accuser", "rubber_stamp", "silent", "decoy", "owner")
-PRICE = 100_000
+PRICE = 1_000          # a worker bonded 3,000 may take pay up to 300 (stake >= 10x pay, ADR 0188)
 SEGMENTS = 4
 BALANCE = 1_000_000
 WORKER_BOND, VERIFIER_BOND, BYZANTINE_BOND, DECOY_BOND = 3_000, 1_000, 2_500, 9_000   # byzantine: drawn often

@@ -412,9 +412,11 @@ class ComputeRole(Role):
         if self._busy is not None and not self._busy.done():
             self._busy.cancel()
         reason = task.get("reason") or ""
-        self.board.update(key, state="failed", finished_at=time.time(),
+        # a task its crew rejected (while this node was still checking it) ends "rejected" here too
+        state = "rejected" if task["status"] == "rejected" else "failed"
+        self.board.update(key, state=state, finished_at=time.time(),
                           error=f"the ledger ended the task: {task['status']}" + (f" ({reason})" if reason else ""))
-        self.tasks_done.inc(outcome="failed")
+        self.tasks_done.inc(outcome=state)
         log.warning("stopped task %s: the ledger says it is %s", key, task["status"])
 
     def _idle(self) -> bool:

@@ -1,5 +1,5 @@
 """``task submit`` names the task's execution profile (docs/adr/0166): the portable CPU profile for a CPU
-task, none for cuda/any (the ledger picks), or ``--profile ID``; a malformed or mismatched one is one
+task, ``--profile ID`` (required for cuda/any: ADR 0188); a malformed or mismatched one is one
 line on stderr before anything is sent."""
 import pytest
 
@@ -38,8 +38,6 @@ def submit(key, *argv):
 @pytest.mark.parametrize(("argv", "profile"), [
     ((), default_profile("cpu")),
     (("--device", "cpu"), "cpu-x86-64-avx2/torch-2.13.0"),
-    (("--device", "cuda"), None),
-    (("--device", "any"), None),
     (("--device", "cuda", "--profile", "cuda-nvidia-h100-80gb-hbm3-cc9.0-cuda12.8/torch-2.13.0"),
      "cuda-nvidia-h100-80gb-hbm3-cc9.0-cuda12.8/torch-2.13.0"),
     (("--device", "any", "--profile", "cpu-x86-64-avx2/torch-2.13.0"), "cpu-x86-64-avx2/torch-2.13.0"),
@@ -55,6 +53,8 @@ def test_submit_payload_names_the_profile(key, sent, argv, profile):
     (("--profile", "x" * 97), "--profile: bad profile id"),
     (("--profile", "cuda-nvidia-h100-cc9.0-cuda12.8/torch-2.13.0"), "is not a cpu profile"),
     (("--device", "cuda", "--profile", "cpu-x86-64-avx2/torch-2.13.0"), "is not a cuda profile"),
+    (("--device", "cuda"), "--device cuda needs --profile"),
+    (("--device", "any"), "--device any needs --profile"),
 ])
 def test_bad_profile_is_one_line_before_anything_is_sent(key, sent, capsys, argv, message):
     assert submit(key, *argv) == 1

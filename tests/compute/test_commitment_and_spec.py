@@ -29,7 +29,7 @@ def test_commitment_payload_is_a_valid_commit_result_tx():
 def test_task_spec_round_trip_through_the_ledger_payload():
     spec = TrainSpec(model=model_name("mlp"), codec="int8", steps=40, lr=0.01, segment_steps=5, seed=3,
                      codec_options={"ratio": 0.25})
-    payload = submit_payload(spec, workers=3, price=1000)
+    payload = submit_payload(spec, workers=3, price=1000, profile="cpu-x86-64-avx2/torch-2.13.0")
     encode(payload)  # the canonical ledger encoding accepts it (no floats)
     tx = build_tx(Identity.generate(), "c", 0, "submit_task", payload)
     task_spec = {k: decode_tx(tx.raw).payload[k] for k in ("model", "dataset", "hyperparams", "workers",
@@ -44,7 +44,7 @@ def test_task_spec_with_artifacts_round_trips_through_the_ledger_payload():
     spec = TrainSpec(model="pt2", dataset="file", model_artifact="ab" * 32, dataset_artifact="cd" * 32,
                      eval_artifact="ef" * 32, loss="cross_entropy", device="cuda", init="seed",
                      tokenizer="char", optimizer="sgd", lr=0.05, steps=30, segment_steps=10, eval_every=10)
-    payload = submit_payload(spec, workers=3, price=10)
+    payload = submit_payload(spec, workers=3, price=10, profile="cuda-nvidia-h100-cc9.0-cuda12.8/torch-2.13.0")
     encode(payload)
     tx = build_tx(Identity.generate(), "c", 0, "submit_task", payload)
     task_spec = {k: decode_tx(tx.raw).payload[k] for k in ("model", "dataset", "hyperparams", "workers",

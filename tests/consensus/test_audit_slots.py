@@ -30,9 +30,11 @@ ANSWER_BLOCKS = 12
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
+    # stake_cover_bps 0: these workers bond far less than 10x their pay (test_stake_to_work_scales_with_pay)
+    base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
             "min_fee": 0, "audits_per_worker": 2,
-            "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3}
+            "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3,
+            "stake_cover_bps": 0}
     return Params(**{**base, **overrides})
 
 
@@ -98,16 +100,19 @@ def slashed(chain, who):
 
 # ---- schemas ---------------------------------------------------------------------------------
 
+FULL = {**SPEC, "profile": PROFILE, "segments": SEGMENTS}
+
+
 @pytest.mark.parametrize("payload", [
-    {**SPEC, "profile": "CPU"}, {**SPEC, "profile": "a" * 97}, {**SPEC, "profile": "cpu x"},
-    {**SPEC, "segments": 0}, {**SPEC, "segments": 2**20 + 1},
+    {**FULL, "profile": "CPU"}, {**FULL, "profile": "a" * 97}, {**FULL, "profile": "cpu x"},
+    {**FULL, "segments": 0}, {**FULL, "segments": 2**20 + 1},
+    {**FULL, "profile": ""}, SPEC, {**SPEC, "segments": SEGMENTS}, {**SPEC, "profile": PROFILE},
 ])
-def test_submit_task_profile_and_segments_are_checked(payload):
+def test_submit_task_profile_and_segments_are_required_and_checked(payload):
     with pytest.raises(TxError) as err:
         build_tx(OWNER, CHAIN, 0, "submit_task", payload)
     assert err.value.code == TxCode.BAD_PAYLOAD
-    build_tx(OWNER, CHAIN, 0, "submit_task", {**SPEC, "profile": PROFILE, "segments": 2**20})
-    build_tx(OWNER, CHAIN, 0, "submit_task", {**SPEC, "profile": ""})
+    build_tx(OWNER, CHAIN, 0, "submit_task", {**FULL, "segments": 2**20})
 
 
 @pytest.mark.parametrize("profiles", [[PROFILE] * 2, ["p"] * 9, [""], ["Bad"], ["x" * 97], "cpu"])
@@ -150,24 +155,19 @@ def test_workers_and_verifiers_run_the_tasks_profile():
     drawn = {v["verifier"] for slot in task.slots for v in slot["verifiers"]}
     assert DECOY.peer_id not in drawn and drawn
     assert chain.ledger.task_info(task_id)["profile"] == PROFILE
-    other = submit(chain, profile=OTHER, workers=1)
+    other = submit(chain, profile=OTHER, workers=1, device="cuda")
     assert chain.ledger.state.tasks[other].status == TaskStatus.CREATED   # one node runs it, no verifier
 
 
-def test_a_task_without_profile_gets_the_one_most_candidates_share():
+def test_a_device_any_task_trains_on_its_profiles_device_class():
     chain = make_chain()
-    register(chain, DECOY, "compute", 9000, profiles=(OTHER,))
-    task_id = submit(chain, profile="")
-    assert chain.ledger.state.tasks[task_id].profile == PROFILE   # two compute nodes share it, one runs OTHER
-    legacy = Chain(params=params(), balances={ident(i).peer_id: 1_000_000 for i in range(1, 16)})
-    for who in (W1, W2):
-        legacy.ok(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
-                                         "hardware": {k: v for k, v in hardware().items() if k != "profiles"}})
-        legacy.ok(who, "bond", {"amount": 1000})
-    nonce = legacy.ledger.nonce(OWNER.peer_id)
-    legacy.ok(OWNER, "submit_task", SPEC)
-    t = legacy.ledger.state.tasks[task_id_for(OWNER.peer_id, nonce)]
-    assert t.profile == "" and t.status == TaskStatus.ASSIGNED   # legacy nodes: everyone matches
+    for who in (ident(11), ident(12)):     # GPU nodes that also run the portable CPU profile
+        chain.ok(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                        "hardware": {**hardware(), "gpu": "H100", "gpu_mem_mb": 81920}})
+        chain.ok(who, "bond", {"amount": 9000})
+    task = chain.ledger.state.tasks[submit(chain, device="any")]
+    assert task.status == TaskStatus.ASSIGNED and task.device == "cpu"   # a CPU profile: CPU kernels for all
+    assert chain.run(OWNER, "submit_task", {**FULL, "device": "cuda"}).code == TxCode.BAD_PAYLOAD
 
 
 def test_assignment_waits_until_every_worker_could_be_audited():
@@ -315,11 +315,11 @@ def test_a_rubber_stamp_is_caught_by_the_second_verifier():
     chain.empty_blocks(2)
     chain.ok(OWNER, "finalize", {"task_id": task_id})
     assert slashed(chain, stamp) > 0 and slashed(chain, honest) == 0
-    assert chain.ledger.node_info(stamp)["reputation"] == -10
+    assert chain.ledger.node_info(stamp)["reputation"] == -10 + (stamp in task.workers)
 
 
-def test_a_silent_verifier_is_redrawn_once_then_the_slot_is_unaudited():
-    chain = make_chain()
+def test_a_silent_slot_is_redrawn_to_the_bound_then_unaudited_and_unpaid():
+    chain = make_chain(audit_redraws=2)
     task_id, task, _ = committed_task(chain)
     slot = task.slots[0]
     silent = slot["verifiers"][0]["verifier"]
@@ -332,37 +332,45 @@ def test_a_silent_verifier_is_redrawn_once_then_the_slot_is_unaudited():
     assert redraws and redraws[0]["redraw"] is True and redraws[0]["verifiers"] == [slot["verifiers"][1]["verifier"]]
     late = answer_slot(chain, task_id, slot["slot"], silent)
     assert late.code == TxCode.BAD_STATE and "deadline" in late.log
-    chain.empty_blocks(ANSWER_BLOCKS)                       # the replacement is silent too
-    assert slot["outcome"] == "unaudited" and len(slot["verifiers"]) == 2
+    chain.empty_blocks(ANSWER_BLOCKS)                       # the replacement is silent too: redrawn again
+    assert slot["outcome"] == "pending" and len(slot["verifiers"]) == 3
+    chain.empty_blocks(ANSWER_BLOCKS)                       # ... and its replacement: the bound is reached
+    assert slot["outcome"] == "unaudited" and len(slot["verifiers"]) == 3
     chain.ok(OWNER, "finalize", {"task_id": task_id})
-    assert task.payouts[slot["worker"]] >= WORKER_SHARE
-    replacement = slot["verifiers"][1]["verifier"]
-    for peer in (silent, replacement):
+    worker = slot["worker"]
+    verified_pay = sum(POOL // 3 for s in task.slots[1:] if s["verifiers"][0]["verifier"] == worker)
+    assert task.payouts.get(worker, 0) - verified_pay == WORKER_SHARE // 2   # paid for its audited slot only
+    for peer in (v["verifier"] for v in slot["verifiers"]):
         assert slashed(chain, peer) == 0
-        if peer not in {v["verifier"] for s in task.slots[1:] for v in s["verifiers"]} | set(task.workers):
-            assert peer not in task.payouts
 
 
-def test_referees_without_a_leading_answer_leave_the_slot_undecided():
+def test_a_split_referee_panel_draws_a_larger_one_then_leaves_the_slot_undecided_and_unpaid():
     chain = make_chain()
     task_id, task, _ = committed_task(chain)
     slot = slots_of(task, W2)[0]
     verifier = slot["verifiers"][0]["verifier"]
     answer_slot(chain, task_id, slot["slot"], verifier, match=False)
     chain.ok(W2, "dispute", {"task_id": task_id, "slot": slot["slot"]})
-    referees = [r["referee"] for r in slot["referees"]]
+    first = [r["referee"] for r in slot["referees"]]
     votes = [(True, HONEST_EVIDENCE), (False, HONEST_EVIDENCE), (False, FAKE)]
-    for referee, (match, evidence) in zip(referees, votes):
+    for referee, (match, evidence) in zip(first, votes):
         vote(chain, task_id, slot["slot"], referee, match, evidence)
-    assert slot["outcome"] == "undecided" and slot["verdict"] is None
+    assert slot["outcome"] == "pending" and len(slot["referees"]) == 6     # a second panel (pool: 3 left)
+    second = [r["referee"] for r in slot["referees"][3:]]
+    assert not set(second) & set(first) and {r["panel"] for r in slot["referees"][3:]} == {1}
+    for referee, (match, evidence) in zip(second, [(True, FAKE), (False, b"\x01" * 32), (True, b"\x02" * 32)]):
+        vote(chain, task_id, slot["slot"], referee, match, evidence)
+    assert slot["outcome"] == "undecided" and slot["verdict"] is None       # nobody left for a third panel
     answer_rest_honestly(chain, task_id, task)
     chain.empty_blocks(3)
     chain.ok(OWNER, "finalize", {"task_id": task_id})
-    assert task.payouts[W2.peer_id] >= WORKER_SHARE                 # conservative: the worker is paid
-    assert all(slashed(chain, peer) == 0 for peer in [verifier, *referees, W1.peer_id, W2.peer_id])
+    decided = [s for s in task.slots if s["outcome"] in ("ok", "guilty")]   # the pool is split over these
+    own_pool = sum(POOL // len(decided) for s in decided if s["verifiers"][0]["verifier"] == W2.peer_id)
+    assert task.payouts.get(W2.peer_id, 0) - own_pool == WORKER_SHARE // 2   # never paid by default
+    assert all(slashed(chain, peer) == 0 for peer in [verifier, *first, *second, W1.peer_id, W2.peer_id])
 
 
-def test_silent_referees_do_not_block_the_leading_answer():
+def test_one_vote_of_a_silent_panel_is_no_verdict_a_larger_panel_decides():
     chain = make_chain(referees=3)
     task_id, task, _ = committed_task(chain)
     slot = slots_of(task, W2)[0]
@@ -371,9 +379,35 @@ def test_silent_referees_do_not_block_the_leading_answer():
     first = slot["referees"][0]["referee"]
     vote(chain, task_id, slot["slot"], first, False)
     chain.empty_blocks(ANSWER_BLOCKS)
+    assert slot["outcome"] == "pending" and len(slot["referees"]) > 3      # one vote of three: a larger panel
+    assert len(slot["referees"]) == 6                                       # the 3 left of the pool
+    for entry in slot["referees"][3:]:                                       # 4 of 6: a majority
+        vote(chain, task_id, slot["slot"], entry["referee"], False)
+    chain.empty_blocks(ANSWER_BLOCKS)
     assert slot["outcome"] == "guilty"
     late = vote(chain, task_id, slot["slot"], slot["referees"][1]["referee"])
     assert late.code == TxCode.BAD_STATE
+
+
+def test_referees_on_the_losing_side_are_slashed_like_verifiers():
+    chain = make_chain()
+    task_id, task, _ = committed_task(chain)
+    slot = slots_of(task, W1)[0]
+    accuser = slot["verifiers"][0]["verifier"]
+    answer_slot(chain, task_id, slot["slot"], accuser, match=False, evidence=FAKE, step=2)
+    chain.ok(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})
+    honest, colluder = [r["referee"] for r in slot["referees"][:2]], slot["referees"][2]["referee"]
+    for referee in honest:
+        vote(chain, task_id, slot["slot"], referee)
+    vote(chain, task_id, slot["slot"], colluder, False, FAKE)     # sides with the false accuser, loses
+    assert slot["outcome"] == "ok"
+    answer_rest_honestly(chain, task_id, task)
+    bonded = chain.ledger.stake_info(colluder)["bonded"]
+    chain.empty_blocks(2)
+    chain.ok(OWNER, "finalize", {"task_id": task_id})
+    assert slashed(chain, colluder) == bonded * 1000 // 10_000
+    assert chain.ledger.node_info(colluder)["reputation"] == -10 + (colluder in task.workers)
+    assert all(slashed(chain, peer) == 0 for peer in honest) and slashed(chain, accuser) > 0
 
 
 def test_who_may_send_what():
@@ -404,6 +438,10 @@ def test_a_slot_without_any_eligible_verifier_is_unaudited_at_once():
     task = chain.ledger.state.tasks[task_id]
     assert {slot["outcome"] for slot in slots_of(task, W2)} == {"unaudited"}
     assert all(slot["verifiers"] == [] for slot in slots_of(task, W2))
+    answer_rest_honestly(chain, task_id, task)
+    chain.empty_blocks(2)
+    chain.ok(OWNER, "finalize", {"task_id": task_id})
+    assert task.payouts[W2.peer_id] == POOL and task.payouts[W1.peer_id] == WORKER_SHARE   # W2: its verifier pay only
 
 
 # ---- the task document, records, genesis ---------------------------------------------------------
@@ -441,7 +479,7 @@ def test_audit_params_keep_old_genesis_hashes_and_are_validated():
     genesis = Genesis("c", 0, {}, validators, Params())
     obj = genesis.to_obj()
     for name in ("audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks", "referees",
-                 "slash_false_audit_bps"):
+                 "slash_false_audit_bps", "audit_redraws", "referee_rounds", "stake_cover_bps"):
         assert name not in hashed_params(Params())
         del obj["params"][name]
     assert Genesis.from_obj(obj).hash == genesis.hash
@@ -449,6 +487,7 @@ def test_audit_params_keep_old_genesis_hashes_and_are_validated():
     defaults = Params()
     assert (defaults.audits_per_worker, defaults.audit_double_bps, defaults.referees) == (2, 5000, 3)
     for bad in ({"audit_double_bps": 10_001}, {"slash_false_audit_bps": 10_001}, {"referees": 0},
-                {"audit_answer_s": 0}, {"dispute_s": 0}, {"audits_per_worker": 17}):
+                {"audit_answer_s": 0}, {"dispute_s": 0}, {"audits_per_worker": 17}, {"referee_rounds": 0},
+                {"referee_rounds": 5}, {"audit_redraws": 9}):
         with pytest.raises(GenesisError):
             Params(**bad).validate()

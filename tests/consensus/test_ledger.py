@@ -6,8 +6,10 @@ from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.block import Block, BlockError, build_block
 from consensus.encoding import decode, encode
+from consensus.genesis import Params
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode, TxError
+from devtools.ledger_chain import QUICK_UNBONDING
 
 A, B, C = ident(1), ident(2), ident(3)
 HW = {"cpu_cores": 8, "ram_mb": 16000, "gpu": "rtx4090", "gpu_mem_mb": 24000, "bandwidth_mbps": 500}
@@ -74,19 +76,19 @@ def test_transaction_for_another_chain_is_rejected_in_block():
 
 
 def test_bond_unbond_and_release_after_unbonding_period():
-    chain = Chain()  # unbonding_period = 3
+    chain = Chain(params=Params(min_fee=0, **QUICK_UNBONDING))  # unbonding_period = 4
     chain.ok(A, "bond", {"amount": 5000})
     assert chain.ledger.stake_info(A.peer_id)["bonded"] == 5000
     assert chain.ledger.balance(A.peer_id) == 1_000_000 - 5000
     assert chain.run(A, "unbond", {"amount": 6000}).code == TxCode.INSUFFICIENT_FUNDS
     unbond_height = chain.ledger.height + 1
     chain.ok(A, "unbond", {"amount": 2000})
-    assert chain.ledger.stake_info(A.peer_id) == {"bonded": 3000, "unbonding": [[unbond_height + 3, 2000]],
+    assert chain.ledger.stake_info(A.peer_id) == {"bonded": 3000, "unbonding": [[unbond_height + 4, 2000]],
                                                   "slashed": 0, "jailed_until": 0, "missed": 0}
-    chain.empty_blocks(2)
+    chain.empty_blocks(3)
     assert chain.ledger.balance(A.peer_id) == 1_000_000 - 5000
     chain.empty_blocks(1)
-    assert chain.ledger.height == unbond_height + 3
+    assert chain.ledger.height == unbond_height + 4
     assert chain.ledger.balance(A.peer_id) == 1_000_000 - 3000
     assert chain.ledger.stake_info(A.peer_id)["unbonding"] == []
     assert chain.run(A, "bond", {"amount": 10**7}).code == TxCode.INSUFFICIENT_FUNDS

@@ -3,6 +3,7 @@ from test_ledger_kit import CHAIN, Chain, ident
 
 from consensus.messages import DoubleVoteEvidence, Vote, VoteType, sign_vote
 from consensus.txcodes import TxCode
+from devtools.ledger_chain import QUICK_UNBONDING
 
 VALIDATOR, REPORTER = ident(0), ident(1)
 
@@ -63,12 +64,12 @@ def test_block_evidence_slashes_and_junk_evidence_is_only_an_event():
 
 def test_slash_reaches_unbonding_stake_and_release_pays_only_the_rest():
     from consensus.genesis import Params
-    chain = Chain(params=Params(slash_double_sign_bps=5_000, unbonding_period=3, min_fee=0),
+    chain = Chain(params=Params(slash_double_sign_bps=5_000, min_fee=0, **QUICK_UNBONDING),
                   balances={VALIDATOR.peer_id: 1, REPORTER.peer_id: 1})  # an empty account cannot transact
-    chain.ok(VALIDATOR, "unbond", {"amount": 8_000})          # height 1: releases at height 4
+    chain.ok(VALIDATOR, "unbond", {"amount": 8_000})          # height 1: releases at height 5
     chain.ok(REPORTER, "evidence", {"evidence": double_vote(height=1)})  # 5_000 of 10_000
-    assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 0, "unbonding": [[4, 5_000]],
+    assert chain.ledger.stake_info(VALIDATOR.peer_id) == {"bonded": 0, "unbonding": [[5, 5_000]],
                                                           "slashed": 5_000, "missed": 0, "jailed_until": 502}
-    chain.empty_blocks(2)
+    chain.empty_blocks(3)
     assert chain.ledger.balance(VALIDATOR.peer_id) == 1 + 5_000
     assert chain.ledger.state.burned == 5_000

@@ -14,7 +14,7 @@ class Chain(LabChain):
     finalize without audit slots (test_audit_slots.py has them)."""
 
     def __init__(self, balances=None, validators=(0,), params=None, balance=1_000_000, block_ms=1000):
-        params = params or Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
+        params = params or Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
                                   audits_per_worker=0)
         super().__init__(balances, validators, params, balance, chain_id=CHAIN, block_ms=block_ms)
 

@@ -10,8 +10,9 @@ from consensus.state.tasks import task_id_for
 from consensus.tx import relay_receipt_signing_bytes, serve_receipt_signing_bytes
 
 PEOPLE = [ident(i) for i in range(1, 7)]
-HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
-GPU_HW = {**HW, "gpu": "A100", "gpu_mem_mb": 40_000}
+CPU_PROFILE, GPU_PROFILE = "cpu-x86-64-avx2/torch-2.13.0", "cuda-a100-cc8.0-cuda12.4/torch-2.13.0"
+HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50, "profiles": [CPU_PROFILE]}
+GPU_HW = {**HW, "gpu": "A100", "gpu_mem_mb": 40_000, "profiles": [CPU_PROFILE, GPU_PROFILE]}
 
 
 def random_tx(draw, chain, submitted):
@@ -26,6 +27,8 @@ def random_tx(draw, chain, submitted):
                                  "commit_result", "reject_task", "audit_result", "dispute", "referee_vote",
                                  "finalize", "relay_receipt", "serve_deposit", "serve_unlock", "serve_withdraw",
                                  "serve_receipt"]))
+    device = draw(st.sampled_from(["cpu", "cuda", "any"]))
+    profile = GPU_PROFILE if device == "cuda" or (device == "any" and draw(st.booleans())) else CPU_PROFILE
     payloads = {
         "transfer": {"to": other.peer_id, "amount": amount},
         "bond": {"amount": amount},
@@ -34,7 +37,7 @@ def random_tx(draw, chain, submitted):
                           "listen_addrs": [], "relay_addrs": [], "hardware": draw(st.sampled_from([HW, GPU_HW]))},
         "submit_task": {"model": "m", "dataset": "d", "hyperparams": {}, "workers": draw(st.integers(1, 3)),
                         "sync_mode": "allreduce", "codec": "fp16", "price": amount,
-                        "device": draw(st.sampled_from(["cpu", "cuda", "any"]))},
+                        "device": device, "profile": profile, "segments": 4},
         "cancel_task": {"task_id": task_id},
         "commit_result": {"task_id": task_id, "segments_root": b"\x01" * 32, "result_hash": b"\x02" * 32,
                           "segments": 4},
@@ -82,10 +85,10 @@ def random_tx(draw, chain, submitted):
 
 def market_chain() -> Chain:
     """A chain where four of the accounts are bonded compute nodes, so tasks get assigned."""
-    chain = Chain(balance=500_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+    chain = Chain(balance=500_000, params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                                   min_fee=0,
                                                  task_assign_s=6, reject_fee=25, audit_answer_s=3,
-                                                 dispute_s=2))
+                                                 dispute_s=2, stake_cover_bps=0))
     chain.block([tx for i, p in enumerate(PEOPLE[:4]) for tx in (
         chain.tx(p, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                       "hardware": GPU_HW if i % 2 else HW}),

@@ -10,12 +10,14 @@ from consensus.txcodes import TxCode
 
 OWNER, W1, W2, W3, VERIFIER, VERIFIER2, RELAY, OUTSIDER = (ident(i) for i in range(1, 9))
 PRICE = 10_000
+PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"lr": "0.01", "steps": 100},
-        "workers": 2, "sync_mode": "diloco", "codec": "int8"}
+        "workers": 2, "sync_mode": "diloco", "codec": "int8", "profile": PROFILE, "segments": 8}
 
 
 def hardware(bandwidth):
-    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": bandwidth}
+    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": bandwidth,
+            "profiles": [PROFILE]}
 
 
 def register(chain, who, roles, bond=0, bandwidth=100):

@@ -14,7 +14,7 @@ HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbp
 
 
 def serving_chain(bond: int = 500) -> Chain:
-    chain = Chain(balance=100_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+    chain = Chain(balance=100_000, params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                                   min_fee=0,
                                                   serve_unlock_blocks=5))
     chain.block([chain.tx(SERVER, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],

@@ -15,16 +15,17 @@ from consensus.txcodes import TxCode
 
 OWNER, W1, W2, W3, VERIFIER, OUTSIDER = (ident(i) for i in range(1, 7))
 PRICE = 9_000
+PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 100}, "workers": 3,
-        "sync_mode": "allreduce", "codec": "int8"}
+        "sync_mode": "allreduce", "codec": "int8", "profile": PROFILE, "segments": 4}
 TIMEOUT, GRACE = 12, 3   # seconds = blocks of the test chain (1 s each): task_min_s, and a quarter of it
-HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
+HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100, "profiles": [PROFILE]}
 
 
 @pytest.fixture
 def chain():
-    chain = Chain(params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                audits_per_worker=1, audit_double_bps=0))
+    chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
+                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0))
     for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                            "hardware": HARDWARE})

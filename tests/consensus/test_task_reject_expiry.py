@@ -15,19 +15,22 @@ OWNER, W1, W2, W3, G1, G2, G3, OUTSIDER, RELAY = (ident(i) for i in range(1, 10)
 PRICE = 10_000
 REJECT_FEE = 30
 ARTIFACT = "ab" * 32
+CPU, GPU = "cpu-x86-64-avx2/torch-2.13.0", "cuda-nvidia-geforce-rtx-4090-cc8.9-cuda12.4/torch-2.13.0"
 SPEC = {"model": "pt2", "dataset": "file", "workers": 3, "sync_mode": "allreduce", "codec": "int8",
-        "hyperparams": {"model_artifact": ARTIFACT, "dataset_artifact": "cd" * 32, "steps": 100, "lr": "0.001"}}
+        "hyperparams": {"model_artifact": ARTIFACT, "dataset_artifact": "cd" * 32, "steps": 100, "lr": "0.001"},
+        "profile": CPU, "segments": 8}
 SOURCES = ["/ip4/203.0.113.7/tcp/4001/p2p/" + OWNER.peer_id, "/ip4/127.0.0.1/udp/4001/quic-v1"]
 
 
 def params(**overrides):
-    base = {"unbonding_period": 3, "task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2, "min_fee": 0,
+    base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2, "min_fee": 0,
             "task_assign_s": 5, "reject_fee": REJECT_FEE, "audits_per_worker": 0}
     return Params(**{**base, **overrides})
 
 
 def hardware(gpu=""):
-    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": gpu, "gpu_mem_mb": 24_000 if gpu else 0, "bandwidth_mbps": 100}
+    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": gpu, "gpu_mem_mb": 24_000 if gpu else 0, "bandwidth_mbps": 100,
+            "profiles": [CPU, GPU] if gpu else [CPU]}
 
 
 def register(chain, who, bond, gpu=""):
@@ -47,7 +50,8 @@ def make_chain(cpu=(W1, W2, W3), gpu=(), **overrides):
 
 def submit(chain, price=PRICE, **extra):
     nonce = chain.ledger.nonce(OWNER.peer_id)
-    result = chain.block([chain.tx(OWNER, "submit_task", {**SPEC, "price": price, **extra})])
+    profile = GPU if extra.get("device") == "cuda" else CPU     # what the CLI names (ADR 0188)
+    result = chain.block([chain.tx(OWNER, "submit_task", {**SPEC, "price": price, "profile": profile, **extra})])
     assert result.receipts[0].code == TxCode.OK, result.receipts[0]
     return task_id_for(OWNER.peer_id, nonce), result
 
@@ -271,7 +275,8 @@ def test_unassignable_task_expires_refunded_with_a_reason():
     assert t.status == TaskStatus.CREATED
     result = chain.block()                                   # created + task_assign_timeout
     assert t.status == TaskStatus.EXPIRED and t.escrow == 0
-    assert t.reason == "not assigned within 5 s: needs 3 compute nodes for device cuda; 1 eligible"
+    assert t.reason == (f"not assigned within 5 s: needs 3 compute nodes for device cuda running profile {GPU}; "
+                        "1 eligible")
     assert chain.ledger.balance(OWNER.peer_id) == before      # every token back (min_fee 0)
     assert t.payouts == {OWNER.peer_id: PRICE}
     [event] = events_of(result, "expired")
@@ -289,8 +294,8 @@ def test_expiry_reason_counts_busy_nodes():
     assert task(chain, first).status == TaskStatus.ASSIGNED
     task_id, _ = submit(chain)                               # wants 3: 2 exist, 1 busy
     chain.empty_blocks(5)
-    assert task(chain, task_id).reason == ("not assigned within 5 s: needs 3 compute nodes for device cpu; "
-                                           "2 eligible (1 busy with other tasks)")
+    assert task(chain, task_id).reason == ("not assigned within 5 s: needs 3 compute nodes for device cpu "
+                                           f"running profile {CPU}; 2 eligible (1 busy with other tasks)")
 
 
 def test_a_task_assigned_in_time_does_not_expire():
@@ -323,27 +328,27 @@ def test_cpu_tasks_take_the_heaviest_nodes_whatever_their_hardware():
     assert task(chain, task_id).device == "cpu"
 
 
-def test_any_uses_gpus_when_enough_else_all_cpu():
+def test_any_trains_on_the_device_of_the_profile_the_owner_named():
     chain = make_chain(gpu=(G1, G2, G3))
-    task_id, _ = submit(chain, device="any")
+    task_id, _ = submit(chain, device="any", profile=GPU)    # the CLI found three GPUs of one class
     t = task(chain, task_id)
     assert t.device == "cuda" and set(t.workers) == {G1.peer_id, G2.peer_id, G3.peer_id}
     assert chain.ledger.task_info(task_id)["device"] == "cuda"
     assert t.spec["device"] == "any"                         # what was asked stays in the spec
 
-    chain = make_chain(gpu=(G1, G2))                         # two GPUs for three workers: all on CPU
+    chain = make_chain(gpu=(G1, G2, G3))                     # the portable profile: CPU kernels, GPU nodes or not
     task_id, _ = submit(chain, device="any")
     t = task(chain, task_id)
     assert t.device == "cpu" and set(t.workers) == {W1.peer_id, W2.peer_id, W3.peer_id}
 
 
-def test_any_waits_as_cpu_and_says_so_when_it_expires():
+def test_any_waits_for_its_profile_and_says_so_when_it_expires():
     chain = make_chain(cpu=(W1,), gpu=(G1,))
     task_id, _ = submit(chain, device="any")
     chain.empty_blocks(5)
     t = task(chain, task_id)
     assert t.status == TaskStatus.EXPIRED and t.device == "any"
-    assert t.reason.endswith("needs 3 compute nodes for device cuda or cpu; 2 eligible")
+    assert t.reason.endswith(f"needs 3 compute nodes for device cuda or cpu running profile {CPU}; 2 eligible")
 
 
 # ---- result -----------------------------------------------------------------------------------
@@ -371,7 +376,7 @@ def test_result_is_the_hash_most_committers_agree_on():
 
 
 def test_result_excludes_slashed_committers():
-    chain = make_chain(cpu=(W1, W2, W3, OUTSIDER), audits_per_worker=1, audit_double_bps=0)
+    chain = make_chain(cpu=(W1, W2, W3, OUTSIDER), audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0)
     nonce = chain.ledger.nonce(OWNER.peer_id)
     chain.ok(OWNER, "submit_task", {**SPEC, "workers": 2, "price": PRICE})
     task_id = task_id_for(OWNER.peer_id, nonce)

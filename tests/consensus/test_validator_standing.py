@@ -63,7 +63,7 @@ def test_double_proposal_slashes_and_jails_once():
 
 
 def test_jailed_validator_leaves_at_the_next_election_and_returns_only_by_unjail():
-    params = Params(epoch_length=5, jail_blocks=4, min_fee=0, unbonding_period=3)
+    params = Params(epoch_length=5, jail_blocks=4, min_fee=0)
     chain = Chain(validators=VALIDATORS, params=params, balances={ident(i).peer_id: 10_000 for i in range(10)})
     victim = ident(0)
     for v in VALIDATORS:

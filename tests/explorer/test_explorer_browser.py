@@ -105,7 +105,10 @@ def submit_task(net) -> str:
     spec = TrainSpec(codec="int8", steps=3000, segment_steps=500, report_every=5)
     faucet = net.testnet.faucet()
     nonce = jsonrpc.call(net.rpc_url, "dkb_getTransactionCount", faucet.peer_id, "pending")
-    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", submit_payload(spec, 2, 100_000))
+    from ml.profiles import default_profile
+
+    payload = submit_payload(spec, 2, 100_000, default_profile("cpu"))
+    tx = build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload)
     jsonrpc.call(net.rpc_url, "dkb_sendRawTransaction", tx.raw.hex())
     return task_id_for(faucet.peer_id, nonce).hex()
 

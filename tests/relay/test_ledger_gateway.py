@@ -126,7 +126,7 @@ def test_the_tasks_topic_delivers_a_created_event_and_the_txs_topic_a_receipt(tm
     owner = Identity.generate()
     net = LedgerTestnet(tmp_path, 1, {owner.peer_id: 10**6})
     payload = {"model": "m", "dataset": "d", "hyperparams": {}, "workers": 1, "sync_mode": "allreduce",
-               "codec": "fp16", "price": 100}
+               "codec": "fp16", "price": 100, "profile": "cpu-x86-64-avx2/torch-2.13.0", "segments": 4}
 
     async def main():
         await net.start()

@@ -8,8 +8,10 @@ from consensus.state.tasks import task_id_for
 from node.identity import Identity
 from node.ledger import RESYNC
 
-SPEC = {"model": "m", "dataset": "d", "hyperparams": {}, "sync_mode": "allreduce", "codec": "fp16", "price": 100}
-HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
+CPU, GPU = "cpu-x86-64-avx2/torch-2.13.0", "cuda-nvidia-h100-cc9.0-cuda12.8/torch-2.13.0"
+SPEC = {"model": "m", "dataset": "d", "hyperparams": {}, "sync_mode": "allreduce", "codec": "fp16", "price": 100,
+        "profile": CPU, "segments": 4}
+HW = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50, "profiles": [CPU]}
 
 
 async def next_event(stream, name: str, timeout: float = 20.0) -> dict:
@@ -35,10 +37,10 @@ def test_tasks_topic_carries_rejected_and_expired(tmp_path):
                                                  "hardware": HW})
             await working.send("bond", {"amount": 500})
             # a GPU task on a chain without GPUs: expires with the reason
-            await gateway.send("submit_task", {**SPEC, "workers": 1, "device": "cuda"})
+            await gateway.send("submit_task", {**SPEC, "workers": 1, "device": "cuda", "profile": GPU})
             expired = await next_event(tasks, "expired")
             assert expired["task_id"] == task_id_for(owner.peer_id, 0).hex()
-            assert "needs 1 compute node for device cuda; 0 eligible" in expired["reason"]
+            assert f"needs 1 compute node for device cuda running profile {GPU}; 0 eligible" in expired["reason"]
             assert (await gateway.call("dkb_getTask", expired["task_id"]))["status"] == "expired"
             # a CPU task: assigned to the worker, which rejects it
             await gateway.send("submit_task", {**SPEC, "workers": 1})

@@ -86,7 +86,7 @@ def test_paid_generation_equals_local_and_the_receipts_pay_on_chain(push):
     assert all(r["seq"] == 16 and r["amount"] == amount_due(r["flops"], PRICE) for r in final)
     assert [m.signed.receipt for m in generator.meters] == final   # the client holds the same receipts
 
-    chain = Chain(balance=100_000, params=Params(unbonding_period=3, task_min_s=12, task_slack_s=0, audit_window_s=2,
+    chain = Chain(balance=100_000, params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                                  min_fee=0))
     hw = {"cpu_cores": 2, "ram_mb": 1000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 50}
     chain.block([tx for i in (1, 2) for tx in (
