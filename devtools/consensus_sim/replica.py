@@ -117,6 +117,7 @@ class Replica:
             self.sim.record_fault("evidence_seen", self.index)
 
     def _propose(self, height: int) -> bytes:
+        self.sim.note_proposal(height)
         ledger, params = self.ledger, self.ledger.params
         evidence = list(self.evidence.values())
         budget = min(params.max_block_bytes, MAX_PROPOSAL_VALUE_BYTES - PROPOSAL_BYTES_HEADROOM)

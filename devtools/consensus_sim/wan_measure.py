@@ -1,0 +1,68 @@
+"""Finality of a fault-free committee over the WAN latency table (``wan.py``), measured in the simulator.
+
+One run: ``validators`` honest validators (all in the committee, equal stake), round-robin over the
+regions, production consensus timeouts unless told otherwise, a trickle of transfers; the run ends
+when every replica has stored ``heights`` blocks. Finality of a commit: virtual seconds from the
+height's first proposal being built to a replica storing the block (every replica's commit counts);
+block rate: heights over the virtual time until the last one's first commit; rounds: the round each
+height was committed in (0 = the first). Everything comes from the seed, so a seed replays exactly.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from consensus.tendermint import TimeoutConfig
+from devtools.consensus_sim.scenario import SimConfig, Simulation
+from devtools.consensus_sim.wan import WanConfig
+
+# The node's defaults ([consensus] timeout_propose = 1.0, timeout_vote = 0.5; validator/role.py's mapping).
+PRODUCTION_TIMEOUTS = TimeoutConfig(propose=1.0, propose_delta=0.5, prevote=0.5, prevote_delta=0.25,
+                                    precommit=0.5, precommit_delta=0.25)
+
+
+def timeouts_for(propose: float, vote: float) -> TimeoutConfig:
+    """The node's mapping of ``timeout_propose``/``timeout_vote`` to the core's timeouts."""
+    return TimeoutConfig(propose=propose, propose_delta=propose / 2, prevote=vote, prevote_delta=vote / 2,
+                         precommit=vote, precommit_delta=vote / 2)
+
+
+def wan_sim_config(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
+                   timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, tx_rate: float = 2.0,
+                   bound: float = 600.0) -> SimConfig:
+    return SimConfig(seed=seed, validators=validators, fault_time=0.001, drop=0.0, duplicate=0.0, max_delay=0.02,
+                     partitions=False, crashes=False, torn_crashes=False, byzantine=False, tx_rate=tx_rate,
+                     epoch_length=max(8, heights + 1), liveness_heights=heights, liveness_bound=bound,
+                     wan=wan or WanConfig(), timeouts=timeouts)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
+            timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS) -> dict:
+    """Run once and return the figures (and ``violations``, empty when safety and liveness held)."""
+    started = time.perf_counter()
+    sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts))
+    result = sim.run()
+    checker = sim.checker
+    rounds = [checker.rounds[h] for h in sorted(checker.rounds)]
+    last = max(checker.first_commit) if checker.first_commit else 0
+    span = checker.first_commit.get(last, 0.0)
+    return {
+        "validators": validators,
+        "heights": min(result.heights),
+        "finality_p50_ms": round(1000 * statistics.median(checker.finality), 1) if checker.finality else None,
+        "finality_p95_ms": round(1000 * _percentile(checker.finality, 0.95), 1) if checker.finality else None,
+        "finality_p99_ms": round(1000 * _percentile(checker.finality, 0.99), 1) if checker.finality else None,
+        "blocks_per_min": round(60 * last / span, 1) if span else 0.0,
+        "rounds_mean": round(1 + statistics.fmean(rounds), 3) if rounds else None,
+        "rounds_max": 1 + max(rounds) if rounds else None,
+        "virtual_s": result.virtual_time,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "messages": result.network["sent"],
+        "trace": result.trace,
+        "violations": result.violations,
+    }
