@@ -66,6 +66,7 @@ class SimConfig:
     game_bound: float = 120.0              # virtual seconds after the heal for the game's task to be paid
     wan: WanConfig | None = None           # inter-region latencies instead of max_delay (wan.py, ADR 0193)
     timeouts: TimeoutConfig = TIMEOUTS
+    empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Finality of a fault-free committee over the WAN latency table (``wan.py``), measured in the simulator.
 
 One run: ``validators`` honest validators (all in the committee, equal stake), round-robin over the
-regions, production consensus timeouts unless told otherwise, a trickle of transfers; the run ends
+regions, production consensus timeouts and empty-block wait unless told otherwise, a trickle of transfers; the run ends
 when every replica has stored ``heights`` blocks. Finality of a commit: virtual seconds from the
 height's first proposal being built to a replica storing the block (every replica's commit counts);
 block rate: heights over the virtual time until the last one's first commit; rounds: the round each
@@ -21,6 +21,9 @@ PRODUCTION_TIMEOUTS = TimeoutConfig(propose=1.0, propose_delta=0.5, prevote=0.5,
                                     precommit=0.5, precommit_delta=0.25)
 
 
+EMPTY_BLOCK_WAIT = 0.3   # [consensus] empty_block_wait's default
+
+
 def timeouts_for(propose: float, vote: float) -> TimeoutConfig:
     """The node's mapping of ``timeout_propose``/``timeout_vote`` to the core's timeouts."""
     return TimeoutConfig(propose=propose, propose_delta=propose / 2, prevote=vote, prevote_delta=vote / 2,
@@ -29,11 +32,11 @@ def timeouts_for(propose: float, vote: float) -> TimeoutConfig:
 
 def wan_sim_config(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
                    timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, tx_rate: float = 2.0,
-                   bound: float = 600.0) -> SimConfig:
+                   bound: float = 600.0, empty_block_wait: float | None = EMPTY_BLOCK_WAIT) -> SimConfig:
     return SimConfig(seed=seed, validators=validators, fault_time=0.001, drop=0.0, duplicate=0.0, max_delay=0.02,
                      partitions=False, crashes=False, torn_crashes=False, byzantine=False, tx_rate=tx_rate,
                      epoch_length=max(8, heights + 1), liveness_heights=heights, liveness_bound=bound,
-                     wan=wan or WanConfig(), timeouts=timeouts)
+                     wan=wan or WanConfig(), timeouts=timeouts, empty_block_wait=empty_block_wait)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -42,10 +45,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
-            timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS) -> dict:
+            timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, empty_block_wait: float | None = EMPTY_BLOCK_WAIT) -> dict:
     """Run once and return the figures (and ``violations``, empty when safety and liveness held)."""
     started = time.perf_counter()
-    sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts))
+    sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts, empty_block_wait=empty_block_wait))
     result = sim.run()
     checker = sim.checker
     rounds = [checker.rounds[h] for h in sorted(checker.rounds)]
