@@ -7,7 +7,8 @@ survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` lo
 (on the simulated network endpoint and virtual clock). Block building, proposal checks and
 commit execution follow ``ValidatorRole._propose``/``_is_valid``/``_on_commit``/``_execute``, run
 inline (the simulation has no threads); with ``SimConfig.empty_block_wait`` set, the next proposer
-paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing). Each stored commit is reported to the ``Checker``.
+paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing).
+Each stored commit is reported to the ``Checker``.
 """
 from __future__ import annotations
 

@@ -1,11 +1,15 @@
 """The consensus simulator over a WAN (devtools.consensus_sim.wan, ADR 0193): the latency table, the
 per-link delay and bandwidth model, and committees that commit safely over it, replayable by seed."""
 import random
+from types import SimpleNamespace
 
 import pytest
 
+from consensus.messages import Vote, VoteType, encode_message, sign_vote
+from devtools.consensus_sim.invariants import Checker
 from devtools.consensus_sim.wan import INTRA_REGION_RTT_MS, REGIONS, WanConfig, WanLatency, rtt_ms
 from devtools.consensus_sim.wan_measure import measure, timeouts_for
+from node.identity import Identity
 
 
 def test_the_table_covers_every_pair_symmetrically():
@@ -63,3 +67,15 @@ def test_a_hundred_validators_over_the_wan_commit_under_a_second():
     assert run["heights"] >= 8
     assert run["rounds_max"] == 1
     assert run["finality_p50_ms"] < 1000
+
+
+def test_the_double_sign_tap_checks_each_vote_once_and_still_catches_a_second_vote():
+    me = Identity.from_seed(b"\x01" * 32)
+    sim = SimpleNamespace(replicas=[SimpleNamespace(peer_id=me.peer_id)], loop=SimpleNamespace(time=lambda: 0.0))
+    checker = Checker(sim)
+    first = encode_message(sign_vote(me, "c", Vote(VoteType.PREVOTE, 3, 0, b"\x11" * 32, me.peer_id)))
+    for _ in range(50):          # the same vote, sent to 50 peers
+        checker.on_send(0, first)
+    assert checker.violations == [] and len(checker._seen_votes) == 1
+    checker.on_send(0, encode_message(sign_vote(me, "c", Vote(VoteType.PREVOTE, 3, 0, b"\x22" * 32, me.peer_id))))
+    assert len(checker.violations) == 1 and "DOUBLE-SIGN" in checker.violations[0]
