@@ -3,7 +3,7 @@
 Validators sit round-robin in ten AWS regions (CloudPing round-trip table, ``devtools/consensus_sim/wan.py``);
 each payload takes RTT/2 plus up to 10% jitter, plus size/bandwidth when ``--bandwidth-mbit`` is given.
 For each committee size it prints one JSON line (finality p50/p95/p99 in simulated ms, blocks/min,
-rounds per height, wall seconds), then one summary object. Usage:
+rounds per height, logical bytes stored per height, wall seconds), then one summary object. Usage:
 ``python bench/wan_consensus.py [--validators 4 25 100] [--heights 50] [--timeout-propose 1.0 --timeout-vote 0.5]``.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         runs.append(run)
     keys = ("finality_p50_ms", "finality_p95_ms", "finality_p99_ms", "blocks_per_min", "rounds_mean",
-            "rounds_max", "wall_s")
+            "rounds_max", "stored_bytes_per_height", "wall_s")
     print(json.dumps({"bench": "wan_consensus", "mode": "sim", "heights": args.heights,
                       "timeout_propose": args.timeout_propose, "timeout_vote": args.timeout_vote,
                       "bandwidth_mbit": args.bandwidth_mbit, "validators": [r["validators"] for r in runs],

@@ -5,7 +5,9 @@ regions, production consensus timeouts and empty-block wait unless told otherwis
 when every replica has stored ``heights`` blocks. Finality of a commit: virtual seconds from the
 height's first proposal being built to a replica storing the block (every replica's commit counts);
 block rate: heights over the virtual time until the last one's first commit; rounds: the round each
-height was committed in (0 = the first). Everything comes from the seed, so a seed replays exactly.
+height was committed in (0 = the first); stored bytes per height: the logical bytes (keys and values,
+before the database's compression and overhead) replica 0 holds beyond a fresh genesis store, per
+height. Everything comes from the seed, so a seed replays exactly.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import statistics
 import time
 
 from consensus.tendermint import TimeoutConfig
+from consensus.validator.memkv import MemoryKV
+from consensus.validator.storage import Storage
 from devtools.consensus_sim.scenario import SimConfig, Simulation
 from devtools.consensus_sim.wan import WanConfig
 
@@ -44,16 +48,25 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _logical_bytes(kv: MemoryKV) -> int:
+    return sum(len(key) + len(value) for key, value in kv.scan(b""))
+
+
 def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
-            timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, empty_block_wait: float | None = EMPTY_BLOCK_WAIT) -> dict:
+            timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, empty_block_wait: float | None = EMPTY_BLOCK_WAIT,
+            tx_rate: float = 2.0) -> dict:
     """Run once and return the figures (and ``violations``, empty when safety and liveness held)."""
     started = time.perf_counter()
-    sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts, empty_block_wait=empty_block_wait))
+    sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts, tx_rate,
+                                    empty_block_wait=empty_block_wait))
     result = sim.run()
     checker = sim.checker
     rounds = [checker.rounds[h] for h in sorted(checker.rounds)]
     last = max(checker.first_commit) if checker.first_commit else 0
     span = checker.first_commit.get(last, 0.0)
+    fresh = MemoryKV()
+    Storage.create("genesis-only", fresh, sim.genesis)
+    stored = _logical_bytes(sim.replicas[0].kv) - _logical_bytes(fresh)
     return {
         "validators": validators,
         "heights": min(result.heights),
@@ -66,6 +79,7 @@ def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None 
         "virtual_s": result.virtual_time,
         "wall_s": round(time.perf_counter() - started, 2),
         "messages": result.network["sent"],
+        "stored_bytes_per_height": round(stored / max(1, sim.replicas[0].height)),
         "trace": result.trace,
         "violations": result.violations,
     }
