@@ -48,6 +48,7 @@ def test_a_committee_over_the_wan_commits_safely_in_one_round_and_replays():
     assert run["rounds_max"] == 1
     # a commit needs a proposal, prevotes and precommits to cross the WAN: far above the LAN delays
     assert 100 <= run["finality_p50_ms"] <= run["finality_p95_ms"] < 1000
+    assert run["stored_bytes_per_height"] > 7 * 100   # a block and its certificate of >= 5 precommits
     again = measure(7, 8, seed=5)
     assert again["trace"] == run["trace"] and again["finality_p50_ms"] == run["finality_p50_ms"]
     assert measure(7, 8, seed=6)["trace"] != run["trace"]
