@@ -4,7 +4,8 @@ Safety (checked during both phases, honest replicas only): one block per height 
 replicas and across restarts), one app hash per height, the ledger's supply invariant after every
 block, a valid commit certificate (>2/3 of that height's committee) for every stored block, and no
 honest validator ever sending two different votes for one (height, round, type). Anything the
-driver logs at ERROR level (a bug it swallowed to stay up) is a violation too.
+driver logs at ERROR level (a bug it swallowed to stay up) is a violation too. The checker also
+times each honest commit (virtual seconds from the height's first proposal), for the WAN figures.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class Checker:
         self.trace = hashlib.sha256()
         self.commits = 0
         self.max_round = 0
+        self.finality: list[float] = []          # honest commits: seconds from the height's first proposal
+        self.rounds: dict[int, int] = {}          # height -> highest round it was committed in
+        self.first_commit: dict[int, float] = {}  # height -> when the first honest replica stored it
+        self._seen_votes: set[bytes] = set()      # vote payloads already checked by on_send
 
     def violation(self, text: str) -> None:
         if len(self.violations) < 50:
@@ -37,6 +42,10 @@ class Checker:
         self.trace.update(b"C%d/%d/%d/" % (replica.index, height, commit.round) + block.hash + result.app_hash)
         if replica.index in self.sim.byzantine:
             return
+        now = self.sim.loop.time()
+        self.finality.append(now - self.sim.proposed_at.get(height, now))
+        self.rounds[height] = max(self.rounds.get(height, 0), commit.round)
+        self.first_commit.setdefault(height, now)
         first = self.blocks.setdefault(height, block.hash)
         if first != block.hash:
             self.violation(f"SAFETY: node {replica.index} stored block {block.hash.hex()[:16]} at height "
@@ -55,8 +64,11 @@ class Checker:
 
     def on_send(self, index: int, payload: bytes) -> None:
         """Every payload an honest endpoint sends (its votes are checked for double signing)."""
-        if payload[0] != VOTE_TAG:
-            return
+        if payload[0] != VOTE_TAG or payload in self._seen_votes:
+            return  # a vote is sent to every peer: check each payload once
+        if len(self._seen_votes) > 200_000:
+            self._seen_votes.clear()
+        self._seen_votes.add(payload)
         vote = decode_message(payload)
         if vote.validator != self.sim.replicas[index].peer_id:
             return  # gossip relays others' votes (a byzantine peer's conflicting ones included)

@@ -1,13 +1,15 @@
 """The simulated network: one ``ConsensusNetwork`` endpoint per node, faults drawn from the seed.
 
-Each payload a driver sends is delivered after a random delay, or dropped, or delivered twice, or
-cut by a partition, as the ``Faults`` in force say. Each link (sender, receiver) is FIFO, as the
-production transport's one long-lived stream per peer is; messages reorder across links only; ``heal()`` turns every
-fault off (the liveness phase). A crashed node's endpoint is detached: what it sends and what is
-sent to it is lost. A byzantine node's endpoint equivocates: for each vote it sends, some peers get
-a second, conflicting vote signed with the same key (the signer guard is bypassed on purpose),
-and each proposal it sends is also re-signed as a fresh proposal for the next round, where it is
-usually not the proposer (honest cores drop it; when it is, that is a second proposal for the round).
+Each payload a driver sends is delivered after a random delay, or dropped, or delivered twice, or cut by
+a partition, as the ``Faults`` in force say; with a ``WanLatency`` (``wan.py``) the delay is the link's
+inter-region latency (and transmission time) instead of ``Faults``' uniform range. Each link (sender,
+receiver) is FIFO, as the production transport's one long-lived stream per peer is; messages reorder
+across links only; ``heal()`` turns every fault off (the liveness phase). A crashed node's endpoint is
+detached: what it sends and what is sent to it is lost. A byzantine node's endpoint equivocates: for each
+vote it sends, some peers get a second, conflicting vote signed with the same key (the signer guard is
+bypassed on purpose), and each proposal it sends is also re-signed as a fresh proposal for the next
+round, where it is usually not the proposer (honest cores drop it; when it is, that is a second proposal
+for the round).
 Everything honest nodes send is shown to a ``tap`` (the double-sign check).
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from consensus.messages import (
     sign_proposal,
     sign_vote,
 )
+from devtools.consensus_sim.wan import WanLatency
 from node.identity import Identity
 
 
@@ -52,8 +55,10 @@ class NetStats:
 
 
 class SimNetwork:
-    def __init__(self, loop, rng: random.Random, faults: Faults, peer_ids: list[str]) -> None:
+    def __init__(self, loop, rng: random.Random, faults: Faults, peer_ids: list[str],
+                 latency: WanLatency | None = None) -> None:
         self.loop = loop
+        self.latency = latency
         self.rng = rng
         self.faults = faults
         self.peer_ids = peer_ids
@@ -80,6 +85,13 @@ class SimNetwork:
         groups = self.faults.partition
         return groups is None or any(src in g and dst in g for g in groups)
 
+    def delay(self, src: int, dst: int, size: int) -> float:
+        """Seconds from now until a payload of ``size`` bytes sent on (src, dst) arrives (before FIFO order)."""
+        now = self.loop.time()
+        if self.latency is not None:
+            return self.latency.arrival(now, src, dst, size) - now
+        return self.rng.uniform(self.faults.min_delay, self.faults.max_delay)
+
     def transmit(self, src: int, dst: int, payload: bytes) -> None:
         f, stats = self.faults, self.stats
         stats.sent += 1
@@ -95,7 +107,7 @@ class SimNetwork:
         now = self.loop.time()
         for _ in range(copies):
             # strictly after the link's previous payload: timers due at one instant run in no fixed order
-            at = max(now + self.rng.uniform(f.min_delay, f.max_delay), self._link_clear.get((src, dst), 0.0) + 1e-6)
+            at = max(now + self.delay(src, dst, len(payload)), self._link_clear.get((src, dst), 0.0) + 1e-6)
             self._link_clear[(src, dst)] = at
             self.loop.call_at(at, self._arrive, src, dst, payload)
 

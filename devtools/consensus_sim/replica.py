@@ -6,7 +6,9 @@ survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` lo
 ``SignerGuard`` restored from storage, ``Mempool``, ``TendermintCore`` and ``ConsensusDriver``
 (on the simulated network endpoint and virtual clock). Block building, proposal checks and
 commit execution follow ``ValidatorRole._propose``/``_is_valid``/``_on_commit``/``_execute``, run
-inline (the simulation has no threads). Each stored commit is reported to the ``Checker``.
+inline (the simulation has no threads); with ``SimConfig.empty_block_wait`` set, the next proposer
+paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing).
+Each stored commit is reported to the ``Checker``.
 """
 from __future__ import annotations
 
@@ -117,6 +119,7 @@ class Replica:
             self.sim.record_fault("evidence_seen", self.index)
 
     def _propose(self, height: int) -> bytes:
+        self.sim.note_proposal(height)
         ledger, params = self.ledger, self.ledger.params
         evidence = list(self.evidence.values())
         budget = min(params.max_block_bytes, MAX_PROPOSAL_VALUE_BYTES - PROPOSAL_BYTES_HEADROOM)
@@ -156,7 +159,17 @@ class Replica:
         self.last_certificate = encode_certificate(commit.certificate)
         included = set(block.evidence)
         self.evidence = {k: v for k, v in self.evidence.items() if v not in included}
+        await self._pace(block.height + 1)
         return next_committee
+
+    async def _pace(self, next_height: int) -> None:
+        wait = self.sim.cfg.empty_block_wait
+        if wait is None or self.committee.proposer(next_height, 0) != self.peer_id:
+            return
+        clock = self.sim.clock
+        deadline = clock.now() + wait
+        while not self.mempool.has_ready() and clock.now() < deadline:
+            await clock.sleep(min(0.01, deadline - clock.now()))
 
     # ------------------------------------------------------------------ transactions
     def submit(self, raw: bytes) -> bool:

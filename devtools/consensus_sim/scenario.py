@@ -32,6 +32,7 @@ from devtools.consensus_sim.invariants import Checker, DriverErrorLog
 from devtools.consensus_sim.loop import SimClock, VirtualTimeLoop
 from devtools.consensus_sim.network import Faults, SimNetwork
 from devtools.consensus_sim.replica import Replica
+from devtools.consensus_sim.wan import WanConfig, WanLatency
 from node.identity import Identity
 
 CHAIN_ID = "dekube-sim"
@@ -63,6 +64,9 @@ class SimConfig:
     liveness_bound: float = 30.0
     dispute_game: bool = False             # also play the audit dispute game (dispute_game.py, ADR 0170)
     game_bound: float = 120.0              # virtual seconds after the heal for the game's task to be paid
+    wan: WanConfig | None = None           # inter-region latencies instead of max_delay (wan.py, ADR 0193)
+    timeouts: TimeoutConfig = TIMEOUTS
+    empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
 
 
 @dataclass
@@ -130,9 +134,10 @@ class Simulation:
             CHAIN_ID, GENESIS_TIME_MS, balances,
             tuple(GenesisValidator(v.peer_id, VALIDATOR_STAKE) for v in validators), params)
         self.byzantine = {cfg.validators - 1} if cfg.byzantine else set()
+        latency = None if cfg.wan is None else WanLatency(cfg.validators, cfg.wan, self.rng)
         self.net = SimNetwork(self.loop, self.rng, Faults(drop=cfg.drop, duplicate=cfg.duplicate,
                                                           max_delay=cfg.max_delay),
-                              [v.peer_id for v in validators])
+                              [v.peer_id for v in validators], latency)
         self.checker = Checker(self)
         self.net.tap = self.checker.on_send
         self.replicas = [Replica(self, i, ident, self.genesis) for i, ident in enumerate(validators)]
@@ -140,6 +145,7 @@ class Simulation:
         self.faults = {"crash": 0, "torn_crash": 0, "partition": 0, "restart": 0, "evidence_seen": 0}
         self.txs = {"submitted": 0, "accepted": 0}
         self._verified: dict = {}
+        self.proposed_at: dict[int, float] = {}   # height -> virtual time its first proposal was built
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ helpers for replicas
@@ -153,6 +159,9 @@ class Simulation:
                 else verify_proposal(message, CHAIN_ID)
             self._verified[message] = known
         return known
+
+    def note_proposal(self, height: int) -> None:
+        self.proposed_at.setdefault(height, self.loop.time())
 
     def now_ms(self) -> int:
         return GENESIS_TIME_MS + int(self.loop.time() * 1000)
@@ -176,7 +185,7 @@ class Simulation:
         replica = self.replicas[index]
         if not replica.up and self.faults_on:
             self.faults["restart"] += 1
-            self.spawn(replica.boot(TIMEOUTS, index in self.byzantine))
+            self.spawn(replica.boot(self.cfg.timeouts, index in self.byzantine))
 
     async def _inject_faults(self) -> None:
         cfg = self.cfg
@@ -236,8 +245,7 @@ class Simulation:
                 for other in self.replicas:  # transaction gossip, subject to the network's faults
                     if other is not entry and self.net.can_reach(entry.index, other.index) \
                             and self.rng.random() >= self.net.faults.drop:
-                        delay = self.rng.uniform(self.net.faults.min_delay, self.net.faults.max_delay)
-                        self.loop.call_later(delay, other.submit, raw)
+                        self.loop.call_later(self.net.delay(entry.index, other.index, len(raw)), other.submit, raw)
 
     def _gossip(self, entry: Replica, raw: bytes) -> None:
         for other in self.replicas:  # transaction gossip, subject to the network's faults
@@ -286,7 +294,7 @@ class Simulation:
     async def _main(self) -> None:
         cfg = self.cfg
         for replica in self.replicas:
-            await replica.boot(TIMEOUTS, replica.index in self.byzantine)
+            await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         self.spawn(self._inject_faults())
         self.spawn(self._submit_transactions())
         if self.game is not None:
@@ -299,7 +307,7 @@ class Simulation:
             replica.crash_at_write = None
             if not replica.up:
                 self.faults["restart"] += 1
-                await replica.boot(TIMEOUTS, replica.index in self.byzantine)
+                await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         heal_time = self.loop.time()
         target = max(r.height for r in self.honest()) + cfg.liveness_heights
         while any(r.height < target for r in self.honest()):
