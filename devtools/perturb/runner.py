@@ -1,7 +1,9 @@
 """The soak loop: start the manifest's network and wallet load, then one perturbation at a time (so
 never more than the fault budget of validators is down), each followed by the victim's recovery
-and the invariant checks; every ``checkpoint_every`` perturbations the load is drained and balances
-and nonces are checked; at the end the full ``devtools.chaincheck`` scan. Returns the summary.
+and the invariant checks (an attack also reports what its own watch saw while it ran: the chain
+committing, the victim's /health, honest newcomers served); every ``checkpoint_every`` perturbations
+the load is drained and balances and nonces are checked; at the end the full ``devtools.chaincheck``
+scan. Returns the summary.
 """
 from __future__ import annotations
 
