@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audits, deadlines
+from consensus.state import audits, deadlines, rejections
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -154,10 +154,11 @@ def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, ta
 # ---- assignment ------------------------------------------------------------------------------
 
 def worker_weight(state: LedgerState, peer_id: str) -> int:
-    """Bonded stake x (100 + reputation) x bandwidth class (bit length of declared Mbit/s + 1)."""
+    """Bonded stake x (100 + reputation) x bandwidth class (bit length of the Mbit/s placement
+    counts, capped while unverified: rejections.ranking_bandwidth, ADR 0192, + 1)."""
     node = state.nodes[peer_id]
     bonded = state.stakes[peer_id].bonded
-    bandwidth = int(node.hardware.get("bandwidth_mbps", 0))
+    bandwidth = rejections.ranking_bandwidth(node.hardware)
     return bonded * (100 + node.reputation) * (bandwidth.bit_length() + 1)
 
 
@@ -224,11 +225,13 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
     if not candidates:
         return
     weights = {peer_id: worker_weight(state, peer_id) for peer_id in candidates}
+    bars = rejections.recent_bars(state, ctx.height)
     for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__):
         task = state.tasks[task_id]
         wanted, profile, stake = task.spec["workers"], task.profile, required_worker_stake(params, task)
-        device, pool = device_pool(state, profile, [peer_id for peer_id in candidates if peer_id != task.owner
-                                                    and state.stakes[peer_id].bonded >= stake])
+        allowed = bars.allowed(task.owner, [peer_id for peer_id in candidates if peer_id != task.owner])
+        device, pool = device_pool(state, profile, [peer_id for peer_id in allowed
+                                                    if state.stakes[peer_id].bonded >= stake])
         if len(pool) < wanted:
             continue
         pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
@@ -343,7 +346,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     """A worker reports that it cannot run the task (its dry run failed) instead of committing.
     When a strict majority of the workers rejected, the task ends ``rejected`` (ADR 0151): the relay
     claims are paid, ``reject_fee`` (capped by what is left of the escrow) is split among the
-    rejecting workers, the owner gets the rest; every worker is freed and no reputation changes."""
+    rejecting workers when their rejection is corroborated, the owner gets the rest; every worker is
+    freed; a lone rejecter gets no fee, loses reputation and is barred for a while (ADR 0192)."""
     p = tx.payload
     task_id = p["task_id"]
     task = get_task(state, task_id)
@@ -370,17 +374,18 @@ def _end_rejected(state: LedgerState, params: Params, task_id: bytes, task: Task
     for relay, amount in sorted(task.relay_claims.items()):
         payouts[relay] = payouts.get(relay, 0) + amount
     fee = min(params.reject_fee, task.escrow - sum(payouts.values()))
-    rejecters = sorted(task.rejections)
-    for worker in rejecters:
-        payouts[worker] = payouts.get(worker, 0) + fee // len(rejecters)
+    for worker, share in rejections.reject_payouts(task, fee).items():
+        payouts[worker] = payouts.get(worker, 0) + share
     _refund(state, task, payouts)
+    for worker in rejections.lone_rejecters(task):
+        _adjust_reputation(state, worker, rejections.REPUTATION_LONE_REJECTION)
     for worker in task.workers:
         node = state.nodes.get(worker)
         if node is not None:
             node.active_tasks = max(0, node.active_tasks - 1)
             state.touch(NODE, worker)
     task.status = TaskStatus.REJECTED
-    task.reason = "; ".join(f"{worker}: {task.rejections[worker]}" for worker in rejecters)
+    task.reason = "; ".join(f"{worker}: {task.rejections[worker]}" for worker in sorted(task.rejections))
     state.touch(TASK, task_id)
     state.events.append({"type": "task_rejected", "task_id": task_id, "rejections": dict(task.rejections),
                          "payouts": dict(task.payouts)})

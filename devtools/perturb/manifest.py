@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("kill", "pause", "restart", "disconnect", "disk_full")
+KINDS = ("kill", "pause", "restart", "disconnect", "disk_full",
+         "handshake_flood", "websocket_flood", "artifact_squat")   # the last three: devtools/perturb/attacks.py
 ROLES = ("validator", "relay", "compute")
 MODES = ("auto", "netns", "loopback")
 

@@ -1,7 +1,9 @@
 """The soak loop: start the manifest's network and wallet load, then one perturbation at a time (so
 never more than the fault budget of validators is down), each followed by the victim's recovery
-and the invariant checks; every ``checkpoint_every`` perturbations the load is drained and balances
-and nonces are checked; at the end the full ``devtools.chaincheck`` scan. Returns the summary.
+and the invariant checks (an attack also reports what its own watch saw while it ran: the chain
+committing, the victim's /health, honest newcomers served); every ``checkpoint_every`` perturbations
+the load is drained and balances and nonces are checked; at the end the full ``devtools.chaincheck``
+scan. Returns the summary.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections import Counter
 
 from devtools.chaincheck import check_chain
 from devtools.loadgen import WalletLoad
+from devtools.perturb.attacks import ATTACKS, run_attack
 from devtools.perturb.faults import FAULTS
 from devtools.perturb.invariants import ChainWatcher
 from devtools.perturb.manifest import KINDS, Manifest
@@ -173,8 +176,12 @@ class Soak:
             seconds = self.rng.uniform(*spec.duration)
             before = max(self.net.height(m) or 0 for m in self.net.validators)
             t0 = time.monotonic()
+            during: list[str] = []   # an attack's own invariant violations (the chain, /health, newcomers)
             try:
-                note = FAULTS[kind](self.net, victim, seconds)
+                if kind in ATTACKS:
+                    note, during = None, run_attack(self.net, victim, seconds, ATTACKS[kind])
+                else:
+                    note = FAULTS[kind](self.net, victim, seconds)
             except Exception as exc:  # noqa: BLE001 - the perturbation itself failed: stop, it is a finding
                 self.violations.append(f"{kind} of {victim.name} failed: {exc!r}")
                 break
@@ -182,7 +189,8 @@ class Soak:
             if note:
                 self.notes[f"{kind}: {note}"] += 1
             end_height = self.top_of_others(victim)
-            found = [v for v in (self.recover(victim, kind, end_height), self.live(before)) if v]
+            found = [f"{kind} of {victim.name}: {v}" for v in during]
+            found += [v for v in (self.recover(victim, kind, end_height), self.live(before)) if v]
             if victim.role == "validator" and not found and not self.participates(victim):
                 self.notes[f"{kind}: caught up but no vote in a certificate within 15 s"] += 1
             took = time.monotonic() - t0

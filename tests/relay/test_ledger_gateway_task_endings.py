@@ -52,7 +52,8 @@ def test_tasks_topic_carries_rejected_and_expired(tmp_path):
             assert rejection["worker"] == worker.peer_id and rejection["reason"] == "NaN loss at step 1"
             rejected = await next_event(tasks, "rejected")
             assert rejected["rejections"] == {worker.peer_id: "NaN loss at step 1"}
-            assert rejected["payouts"] == {owner.peer_id: 90, worker.peer_id: 10}
+            # a lone rejecter's rejection is not corroborated: no fee, the owner gets it all (ADR 0192)
+            assert rejected["payouts"] == {owner.peer_id: 100}
             info = await gateway.call("dkb_getTask", task_id)
             assert info["status"] == "rejected" and info["rejections"] == rejected["rejections"]
         finally:

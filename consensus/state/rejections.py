@@ -1,0 +1,85 @@
+"""Task griefing rules: the bandwidth ranking trusts, and what rejecting a task costs (docs/adr/0192).
+
+Ranking (`ranking_bandwidth`): a node's ``hardware.bandwidth_mbps`` is its own claim (the meter of
+ADR 0158 measures it, but the record is signed by the node itself and no other node's probe receipt
+reaches the chain yet), so placement counts at most `UNVERIFIED_BANDWIDTH_CAP_MBPS` of it: a figure
+above that buys nothing, a missing one counts as 0.
+
+Rejection (`reject_payouts`, `penalize_lone_rejection`, `barred_workers`): a rejection is
+*corroborated* when at least `CORROBORATING_REJECTERS` workers of the crew rejected and they are a
+strict majority; only then is ``reject_fee`` kept from the escrow, split among those rejecters. A
+lone rejection (a crew of one, or the only rejecter of a crew it cannot outvote) returns the whole
+escrow less relay claims to the owner, costs the rejecter `REPUTATION_LONE_REJECTION`, and bars it
+for `REJECT_COOLDOWN_BLOCKS` from that owner's tasks; `MAX_LONE_REJECTIONS` lone rejections within
+the window bar it from every task. The bars are derived from the rejected tasks themselves (worker,
+owner, assignment height), so they need no stored table.
+"""
+from __future__ import annotations
+
+from consensus.state.records import Task, TaskStatus
+from consensus.state.store import LedgerState
+
+UNVERIFIED_BANDWIDTH_CAP_MBPS = 100
+CORROBORATING_REJECTERS = 2
+REPUTATION_LONE_REJECTION = -5
+REJECT_COOLDOWN_BLOCKS = 3600
+MAX_LONE_REJECTIONS = 3
+
+
+def ranking_bandwidth(hardware: dict) -> int:
+    """The Mbit/s placement counts for a node: its published figure, capped while unverified."""
+    declared = hardware.get("bandwidth_mbps", 0)
+    if not isinstance(declared, int) or declared < 0:
+        return 0
+    return min(declared, UNVERIFIED_BANDWIDTH_CAP_MBPS)
+
+
+def corroborated(task: Task) -> bool:
+    """Whether the task's rejection was agreed by enough of its crew to pay the reject fee."""
+    return (len(task.rejections) >= CORROBORATING_REJECTERS
+            and 2 * len(task.rejections) > len(task.workers))
+
+
+def reject_payouts(task: Task, fee: int) -> dict[str, int]:
+    """What the rejecters of a task ending ``rejected`` get from ``fee``: an equal share each when
+    corroborated, nothing for a lone rejecter (the owner keeps it)."""
+    if not corroborated(task):
+        return {}
+    rejecters = sorted(task.rejections)
+    return {worker: fee // len(rejecters) for worker in rejecters}
+
+
+def lone_rejecters(task: Task) -> list[str]:
+    """The rejecters of a rejected task whose rejection nobody corroborated."""
+    return [] if corroborated(task) else sorted(task.rejections)
+
+
+class Bars:
+    """Who may not be given whose task at one height (`recent_bars`)."""
+
+    def __init__(self) -> None:
+        self.by_owner: dict[str, set[str]] = {}
+        self.everywhere: set[str] = set()
+
+    def allowed(self, owner: str, pool: list[str]) -> list[str]:
+        """``pool`` less the workers barred from ``owner``'s tasks."""
+        barred = self.everywhere | self.by_owner.get(owner, set())
+        return [peer_id for peer_id in pool if peer_id not in barred] if barred else pool
+
+
+def recent_bars(state: LedgerState, height: int) -> Bars:
+    """The bars at ``height``: a worker with a lone rejection of an owner's task assigned within the
+    cooldown window is barred from that owner's tasks; one with `MAX_LONE_REJECTIONS` such rejections
+    (of anyone's tasks) from every task."""
+    since = height - REJECT_COOLDOWN_BLOCKS
+    bars = Bars()
+    counts: dict[str, int] = {}
+    for task in state.tasks.values():
+        if task.status != TaskStatus.REJECTED or task.assigned_height <= since:
+            continue
+        for worker in lone_rejecters(task):
+            bars.by_owner.setdefault(task.owner, set()).add(worker)
+            counts[worker] = counts.get(worker, 0) + 1
+            if counts[worker] >= MAX_LONE_REJECTIONS:
+                bars.everywhere.add(worker)
+    return bars

@@ -1,0 +1,97 @@
+"""Issue 22 item 7: one node farming reject_task (ADR 0192). A scripted attacker declares 10^6 Mbit/s
+with the minimum bond and rejects every task it gets; before ADR 0192 it got all of one owner's tasks
+and kept reject_fee from each, at no reputation cost."""
+from test_ledger_kit import Chain, ident
+
+from consensus.genesis import Params
+from consensus.state import rejections
+from consensus.state.records import TaskStatus
+from consensus.state.tasks import task_id_for, worker_weight
+from consensus.txcodes import TxCode
+
+OWNER, OTHER_OWNER, H1, H2, ATTACKER = (ident(i) for i in range(1, 6))
+PRICE, REJECT_FEE = 100, 9
+SPEC = {"model": "pt2", "dataset": "file", "workers": 1, "sync_mode": "allreduce", "codec": "int8",
+        "hyperparams": {"model_artifact": "ab" * 32, "dataset_artifact": "cd" * 32, "steps": 10}}
+
+
+def hardware(mbps):
+    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": mbps}
+
+
+def make_chain():
+    chain = Chain(params=Params(unbonding_period=3, task_timeout=50, audit_window=2, min_fee=0,
+                                task_assign_timeout=5, reject_fee=REJECT_FEE, audits_per_worker=0),
+                  balances={ident(i).peer_id: 1_000_000 for i in range(1, 6)})
+    for who, bond, mbps in ((H1, 200, 100), (H2, 200, 100), (ATTACKER, 100, 10**6)):
+        chain.ok(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                        "hardware": hardware(mbps)})
+        chain.ok(who, "bond", {"amount": bond})
+    return chain
+
+
+def submit(chain, owner):
+    nonce = chain.ledger.nonce(owner.peer_id)
+    receipt = chain.block([chain.tx(owner, "submit_task", {**SPEC, "price": PRICE})]).receipts[0]
+    assert receipt.code == TxCode.OK, receipt
+    return task_id_for(owner.peer_id, nonce)
+
+
+def farm(chain, owner, tasks):
+    """The attack: ``owner`` submits ``tasks`` tasks one block apart; the attacker rejects each task it
+    is given at once, honest workers hold theirs. Returns the task ids."""
+    ids = []
+    for _ in range(tasks):
+        ids.append(submit(chain, owner))
+        for task_id in ids:
+            task = chain.ledger.state.tasks[task_id]
+            if ATTACKER.peer_id in task.workers and task.status == TaskStatus.ASSIGNED:
+                receipt = chain.run(ATTACKER, "reject_task", {"task_id": task_id, "reason": "Untrainable"})
+                assert receipt.code == TxCode.OK
+    for _ in range(8):   # let the tasks nobody took expire
+        chain.block([])
+    return ids
+
+
+def test_a_lone_rejecter_farming_one_owner_loses_and_the_owner_loses_nothing():
+    chain = make_chain()
+    start = {who.peer_id: chain.ledger.balance(who.peer_id) for who in (OWNER, ATTACKER)}
+    ids = farm(chain, OWNER, 6)
+    tasks = [chain.ledger.state.tasks[task_id] for task_id in ids]
+    farmed = [task for task in tasks if ATTACKER.peer_id in task.workers]
+    assert len(farmed) <= 1, f"the attacker got {len(farmed)} of {len(tasks)} tasks"
+    assert chain.ledger.balance(ATTACKER.peer_id) <= start[ATTACKER.peer_id]
+    assert chain.ledger.node_info(ATTACKER.peer_id)["reputation"] < 0
+    # the owner paid only for the tasks honest workers hold: every rejected or expired task came back whole
+    held = sum(task.escrow for task in tasks if task.status in TaskStatus.ACTIVE)
+    assert chain.ledger.balance(OWNER.peer_id) + held == start[OWNER.peer_id]
+    assert all(task.payouts.get(OWNER.peer_id) == PRICE for task in tasks if task.status in TaskStatus.FINAL)
+
+
+def test_declared_bandwidth_above_the_cap_buys_no_rank():
+    chain = make_chain()
+    state = chain.ledger.state
+    cap = rejections.UNVERIFIED_BANDWIDTH_CAP_MBPS
+    assert rejections.ranking_bandwidth(state.nodes[ATTACKER.peer_id].hardware) == cap
+    # half the bond, half the weight: 10^6 declared Mbit/s count as much as 100
+    assert worker_weight(state, ATTACKER.peer_id) * 2 == worker_weight(state, H1.peer_id)
+    assert rejections.ranking_bandwidth({"bandwidth_mbps": 10}) == 10
+    assert rejections.ranking_bandwidth({}) == 0
+
+
+def test_repeated_lone_rejections_bar_the_node_from_every_owner_for_the_cooldown():
+    chain = make_chain()
+    for who in (H1, H2):                       # the honest workers leave: only the attacker is there
+        chain.ok(who, "unbond", {"amount": 200})
+    owners = [ident(i) for i in range(6, 6 + rejections.MAX_LONE_REJECTIONS + 1)]
+    for owner in owners:
+        chain.ok(ident(1), "transfer", {"to": owner.peer_id, "amount": 10_000})
+    given = []
+    for owner in owners:
+        ids = farm(chain, owner, 2)
+        given.append(sum(ATTACKER.peer_id in chain.ledger.state.tasks[t].workers for t in ids))
+    # one task per owner (then barred from that owner) until MAX_LONE_REJECTIONS, then none at all
+    assert given == [1] * rejections.MAX_LONE_REJECTIONS + [0]
+    height = chain.ledger.state.height
+    bars = rejections.recent_bars(chain.ledger.state, height + rejections.REJECT_COOLDOWN_BLOCKS + 10)
+    assert bars.allowed(OWNER.peer_id, [ATTACKER.peer_id]) == [ATTACKER.peer_id]   # the cooldown ends
