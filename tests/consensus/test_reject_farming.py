@@ -11,17 +11,21 @@ from consensus.txcodes import TxCode
 
 OWNER, OTHER_OWNER, H1, H2, ATTACKER = (ident(i) for i in range(1, 6))
 PRICE, REJECT_FEE = 100, 9
+PROFILE = "cpu-x86-64-avx2/torch-2.13.0"
 SPEC = {"model": "pt2", "dataset": "file", "workers": 1, "sync_mode": "allreduce", "codec": "int8",
+        "profile": PROFILE, "segments": 1,
         "hyperparams": {"model_artifact": "ab" * 32, "dataset_artifact": "cd" * 32, "steps": 10}}
 
 
 def hardware(mbps):
-    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": mbps}
+    return {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": mbps,
+            "profiles": [PROFILE]}
 
 
 def make_chain():
-    chain = Chain(params=Params(unbonding_period=3, task_timeout=50, audit_window=2, min_fee=0,
-                                task_assign_timeout=5, reject_fee=REJECT_FEE, audits_per_worker=0),
+    # the test chain makes 1 s blocks: seconds = blocks; stake_cover_bps 0: bonds of 100-200 (ADR 0188)
+    chain = Chain(params=Params(task_min_s=50, task_slack_s=0, audit_window_s=2, min_fee=0, task_assign_s=5,
+                                reject_fee=REJECT_FEE, audits_per_worker=0, stake_cover_bps=0),
                   balances={ident(i).peer_id: 1_000_000 for i in range(1, 6)})
     for who, bond, mbps in ((H1, 200, 100), (H2, 200, 100), (ATTACKER, 100, 10**6)):
         chain.ok(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
