@@ -222,7 +222,7 @@ class Node:
             await asyncio.sleep(BOOTSTRAP_REDIAL_S)
 
     async def _dashboard_section(self) -> dict[str, Any]:
-        connections = {}
+        connections: dict[str, bool] = {}
         for conn in self.host.connections():
             if not conn.closed:   # a peer counts as direct when any of its connections is
                 connections[conn.remote_peer] = connections.get(conn.remote_peer, True) and conn.relayed
