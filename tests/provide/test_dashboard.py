@@ -17,7 +17,10 @@ OTHER = Identity.generate().peer_id
 
 
 class DashboardLedger:
-    """What the dashboard section reads through the node's ledger gateway."""
+    """What the dashboard section reads through the node's ledger gateway (``available`` False: the role's
+    loop idles, only the dashboard reads)."""
+
+    available = False
 
     def __init__(self, me):
         self.me = me
