@@ -68,7 +68,12 @@ def ensure_key(home: Path, args: argparse.Namespace) -> tuple[Identity, object, 
     """The home's identity (made with a new key if there is none), an unlock function, and whether it is new."""
     key_file = key_path(home)
     if key_file.exists():
-        unlock = unlock_passphrase(args)
+        ask, asked = unlock_passphrase(args), []
+
+        def unlock() -> bytes:   # asked once: the node's start reuses it
+            if not asked:
+                asked.append(ask())
+            return asked[0]
         return load_identity(key_file, unlock), unlock, False
     passphrase = new_key_passphrase(args)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)

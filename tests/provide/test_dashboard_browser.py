@@ -47,16 +47,16 @@ def test_dashboard_pause_in_chromium(browser, provider):  # noqa: F811
     errors = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     page.goto(provider.http.url + "/")
-    page.wait_for_function("document.getElementById('earnings').textContent.includes('1234')", timeout=15_000)
+    page.wait_for_function("() => document.getElementById('earnings').textContent.includes('1234')", timeout=15_000)
     assert "segment 3 did not replay" in page.text_content("#slashes")
     assert "40" in page.text_content("#payouts")
     page.click("#pause")
-    page.wait_for_function("document.getElementById('pause').textContent.startsWith('Resume')", timeout=10_000)
+    page.wait_for_function("() => document.getElementById('pause').textContent.startsWith('Resume')", timeout=10_000)
     assert compute.paused is True
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-paused.png"), full_page=True)
     page.click("#pause")
-    page.wait_for_function("document.getElementById('pause').textContent.startsWith('Pause')", timeout=10_000)
+    page.wait_for_function("() => document.getElementById('pause').textContent.startsWith('Pause')", timeout=10_000)
     assert compute.paused is False and errors == []
 
     other = browser.new_page()   # another origin (an opaque one), even given the token

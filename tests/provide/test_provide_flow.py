@@ -14,6 +14,7 @@ from cli.errors import CliError
 from cli.networks import known_networks, parse, resolve
 from consensus.genesis import Genesis
 from node.config import load_config
+from node.identity import Identity
 from tests.cli.test_operator_path import cli, env_for, free_ports, start, stop, wait_height
 
 PHRASE = "provider test phrase"
@@ -124,3 +125,34 @@ def test_oversized_description_file_refused(tmp_path):
     with pytest.raises(CliError, match="over 65536 bytes"):
         resolve(str(big))
     assert os.path.getsize(big) > 65536
+
+
+def test_bonding_without_a_terminal_needs_yes(monkeypatch):
+    import argparse
+    import io
+
+    from cli.provide import confirm, required_stake
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(CliError, match="pass --yes"):
+        confirm(argparse.Namespace(yes=False), "bond?")
+    assert confirm(argparse.Namespace(yes=True), "bond?") is True
+    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 250}, None) == 250
+    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 100}, 1000) == 1000
+
+
+def test_an_encrypted_key_is_asked_once(tmp_path, monkeypatch):
+    import argparse
+
+    from cli import provide
+    from node.keystore import save_identity
+    save_identity(tmp_path / "node_key.json", Identity.generate(), passphrase=b"once")
+    asks = []
+
+    def ask(args):
+        def get():
+            asks.append(1)
+            return b"once"
+        return get
+    monkeypatch.setattr(provide, "unlock_passphrase", ask)
+    identity, unlock, new = provide.ensure_key(tmp_path, argparse.Namespace())
+    assert not new and unlock() == b"once" and unlock() == b"once" and len(asks) == 1
