@@ -68,7 +68,8 @@ def ensure_key(home: Path, args: argparse.Namespace) -> tuple[Identity, object, 
     """The home's identity (made with a new key if there is none), an unlock function, and whether it is new."""
     key_file = key_path(home)
     if key_file.exists():
-        ask, asked = unlock_passphrase(args), []
+        ask = unlock_passphrase(args)
+        asked: list[bytes] = []
 
         def unlock() -> bytes:   # asked once: the node's start reuses it
             if not asked:
