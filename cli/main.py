@@ -31,6 +31,7 @@ SUBCOMMANDS = (
     "cli.task",
     "cli.artifact",
     "cli.serve",
+    "cli.provide",
 )
 USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
 

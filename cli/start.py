@@ -87,7 +87,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[tuple[str, str], str]:
     return overrides
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, unlock=None) -> int:
+    """Start the node; ``unlock`` gives the key's passphrase where the caller already has it (``provide``)."""
     overrides = flag_overrides(args)
     if args.dev:
         if args.genesis is not None:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"the validator role needs the chain's genesis and {genesis_file} is missing: pass "
                        "--genesis FILE to join a network, make one with 'dekube-node genesis new', "
                        "or run 'dekube-node start --dev' for a local dev chain")
-    identity = load_identity(key_path(home), unlock_passphrase(args))
+    identity = load_identity(key_path(home), unlock or unlock_passphrase(args))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     apply_compute_profile(config, role_names, os.environ)   # before any role imports torch
     roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting

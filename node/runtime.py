@@ -21,6 +21,7 @@ import uvloop
 
 from node.artifacts import ArtifactService
 from node.config import Config
+from node.dashboard import Dashboard
 from node.identity import Identity
 from node.ledger import LedgerGateway
 from node.metrics import Registry
@@ -112,6 +113,8 @@ class Node:
                 self.host.protect(bootstrap_peer, "bootstrap")
         self.http: HttpServer | None = None
         self._json_gets: dict[str, JsonGet] = {}
+        self.dashboard = Dashboard()   # the provider page at GET / (node/dashboard); roles add to it
+        self.dashboard.sections["node"] = self._dashboard_section
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._started_monotonic: float | None = None
@@ -219,6 +222,14 @@ class Node:
                         log.warning("bootstrap dial failed", extra={"addr": addr, "error": error, "attempts": n})
             await asyncio.sleep(BOOTSTRAP_REDIAL_S)
 
+    async def _dashboard_section(self) -> dict[str, Any]:
+        connections: dict[str, bool] = {}
+        for conn in self.host.connections():
+            if not conn.closed:   # a peer counts as direct when any of its connections is
+                connections[conn.remote_peer] = connections.get(conn.remote_peer, True) and conn.relayed
+        return {"peer_id": self.peer_id, "roles": [r.name for r in self.roles], "uptime_s": round(self.uptime, 1),
+                "peers": [{"peer_id": p, "relayed": relayed} for p, relayed in sorted(connections.items())]}
+
     def peers(self) -> list[str]:
         """Peer IDs with an open connection."""
         return sorted({conn.remote_peer for conn in self.host.connections() if not conn.closed})
@@ -234,7 +245,7 @@ class Node:
         if rpc["enabled"]:
             http = HttpServer(dispatcher=self.rpc, hub=self.hub, status=self.status, metrics=self.metrics,
                               host=rpc["host"], port=rpc["port"], json_gets=self._json_gets,
-                              policy=HttpPolicy.from_config(rpc))
+                              policy=HttpPolicy.from_config(rpc), dashboard=self.dashboard)
             try:
                 await http.start()
             except OSError as exc:

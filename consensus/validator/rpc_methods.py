@@ -197,13 +197,19 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         chain.require_ready()
         return dataclasses.asdict(chain.ledger.params)
 
+    async def dkb_getGenesis() -> dict[str, Any]:
+        """The chain's genesis document (the file form) and its hash: what ``dekube-node provide`` fetches
+        and checks against the hash its network description names (docs/adr/0195)."""
+        chain.require_ready()
+        return {"genesis": chain.genesis.to_obj(), "hash": chain.genesis.hash.hex()}
+
     for fn in (dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
                dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
-               dkb_getServeDispute, dkb_listServeDisputes):
+               dkb_getServeDispute, dkb_listServeDisputes, dkb_getGenesis):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
         dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake,
         dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
-        dkb_listServeDisputes)}
+        dkb_listServeDisputes, dkb_getGenesis)}

@@ -37,6 +37,7 @@ from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
+from ml.compute.dashboard_view import payouts_to, slashes_of
 from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
@@ -83,6 +84,7 @@ ENDED = ("failed", "committed", "rejected")
 FIRST_BANDWIDTH_CHECK_S = 10.0
 BANDWIDTH_CHECK_S = 15.0     # how often the measured bandwidth is compared with the published one
 REPUBLISH_MIN_S = 300.0      # and at most how often a new figure is published
+PAUSED_REASON = "paused by its provider"
 MAX_REASON_CHARS = 500       # reject_task's reason (the ledger's bound)
 BANDWIDTH_FILE = "bandwidth.json"   # in <data_dir>/compute: the last measured figure published
 
@@ -110,6 +112,7 @@ class ComputeRole(Role):
         self._busy: asyncio.Task | None = None   # the training job or audit in progress
         self._background: set[asyncio.Task] = set()
         self.last_error: str | None = None
+        self.paused = False                      # the dashboard's switch: take no new task (docs/adr/0195)
         self._wake = asyncio.Event()             # a task changed: look again
         self._due_ms: int | None = None          # a block time at which something becomes due
         self._heads_wanted = asyncio.Event()     # set while _due_ms is: follow newHeads
@@ -121,6 +124,8 @@ class ComputeRole(Role):
         node.status.add_section("compute", self.status)
         node.rpc.register("dkb_computeStatus", self._rpc_status)
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
+        node.dashboard.sections["compute"] = self.dashboard_section
+        node.dashboard.pause = self.set_paused
         self._register_metrics(node.metrics)
         if node.data_dir is not None:
             self._load_results()
@@ -154,6 +159,32 @@ class ComputeRole(Role):
     def status(self) -> dict:
         return {"registered": self.registered, "ledger": self.ledger.describe(), "hardware": self.hardware,
                 "jobs": self.jobs, "audits": self.audits, "last_error": self.last_error}
+
+    def set_paused(self, paused: bool) -> dict:
+        """Pause: the job under way finishes, a task assigned from now on is rejected (reason "paused by its
+        provider"); audits of finished work go on. Resume: take tasks again."""
+        if paused != self.paused:
+            log.warning("compute %s from the dashboard", "paused" if paused else "resumed")
+        self.paused = paused
+        self._wake.set()
+        return {"paused": self.paused}
+
+    async def dashboard_section(self) -> dict:
+        me = self.node.peer_id
+        current = next(({"task_id": key, **{k: job.get(k) for k in ("state", "step", "steps", "loss")},
+                         "eta_s": self.board.snapshot(key)["eta_s"]}
+                        for key, job in self.jobs.items() if job.get("state") not in ENDED), None)
+        section = {"paused": self.paused, "registered": self.registered, "ledger": self.ledger.describe(),
+                   "hardware": self.hardware, "current_task": current, "last_error": self.last_error,
+                   "ledger_reachable": False}
+        stake = await self.ledger.call("dkb_getStake", me)
+        tasks = await self.ledger.call("dkb_listTasks", None, None, 200)
+        section["ledger_reachable"] = True
+        section["wallet"] = {"balance": await self.ledger.balance(me), "bonded": stake["bonded"],
+                             "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
+        section["payouts"] = payouts_to(tasks, me)
+        section["slashes"] = slashes_of(tasks, me)
+        return section
 
     async def _rpc_status(self) -> dict:
         return self.status()
@@ -379,7 +410,10 @@ class ComputeRole(Role):
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
-                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
+                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self.paused:
+                    self.board.start(key, workers=task["workers"])   # once: the job now exists
+                    self._spawn(self._reject(key, bytes.fromhex(key), PAUSED_REASON))
+                elif status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
                     # a worker never committed: finalize once the commit deadline has passed

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from node import dashboard as dashboard_page
 from node import explorer
 from node.metrics import CONTENT_TYPE, Registry
 from node.rpc.dispatcher import Dispatcher, encode_json
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 32
 MAX_SUBSCRIPTION_KEY_CHARS = 128
-BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws", "/explorer", "/explorer/"})
+BUILTIN_PATHS = frozenset({"/", "/rpc", "/health", "/status", "/metrics", "/ws", "/explorer", "/explorer/",
+                           "/dashboard/data", "/dashboard/pause"})
 JsonGet = Callable[[Mapping[str, str]], Awaitable[Any]]
 _HTTP_STATUS_FOR_CODE = {INVALID_PARAMS: 400, INVALID_INPUT: 400, RESOURCE_NOT_FOUND: 404, RESOURCE_UNAVAILABLE: 503}
 _DROP_NOTICE_TIMEOUT_S = 1.0
@@ -54,8 +56,9 @@ class HttpServer:
 
     def __init__(self, *, dispatcher: Dispatcher, hub: Hub, status: StatusBoard, metrics: Registry,
                  host: str = "127.0.0.1", port: int = 0, json_gets: Mapping[str, JsonGet] | None = None,
-                 policy: HttpPolicy | None = None):
+                 policy: HttpPolicy | None = None, dashboard: dashboard_page.Dashboard | None = None):
         self.dispatcher = dispatcher
+        self.dashboard = dashboard or dashboard_page.Dashboard()
         self.policy = policy or HttpPolicy()
         self.guard = ConnectionGuard(self.policy)
         self.json_gets = dict(json_gets or {})
@@ -86,6 +89,7 @@ class HttpServer:
         app.router.add_post("/rpc", self._rpc)
         app.router.add_get("/ws", self._websocket)
         explorer.add_routes(app)
+        dashboard_page.add_routes(app, self.dashboard)
         for path, handler in self.json_gets.items():
             app.router.add_get(path, self._json_get_handler(handler))
         app.on_shutdown.append(self._close_websockets)

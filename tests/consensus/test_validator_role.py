@@ -109,6 +109,8 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
         assert status["ready"] and status["height"] >= got["height"] and status["catching_up"] is False
         supply = await rpc(session, "dkb_getSupply")
         assert supply["total"] == supply["genesis"]
+        served = await rpc(session, "dkb_getGenesis")   # what `provide` fetches and checks (ADR 0195)
+        assert served["hash"] == role.genesis.hash.hex() == Genesis.from_obj(served["genesis"]).hash.hex()
         validators = await rpc(session, "dkb_getValidators")
         assert {v["peer_id"] for v in validators["validators"]} == {VALIDATOR.peer_id, PARTNER.peer_id}
         return got["height"], block["hash"]

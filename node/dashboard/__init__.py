@@ -1,0 +1,119 @@
+"""The provider's local dashboard at ``/`` (GET; POST / stays JSON-RPC): status, earnings, slashes and a
+pause switch on one page (docs/adr/0195). Like the explorer, a static page (``static/``, nothing from
+other sites) but served only to loopback clients, whatever address the server binds.
+
+``GET /dashboard/data`` answers what ``Dashboard.sections`` produce (the node adds ``node``, the compute
+role ``compute``). ``POST /dashboard/pause`` (``{"paused": true|false}``) calls ``Dashboard.pause``; it
+needs the per-start token the page carries (``X-Dekube-Token``), which a page of another site cannot
+read, and it refuses a request whose ``Origin`` is not this server's own or whose ``Sec-Fetch-Site``
+says cross-site, so a web page cannot press the switch.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from node.rpc.limits import same_origin
+
+STATIC_DIR = Path(__file__).parent / "static"
+TOKEN_HEADER = "X-Dekube-Token"
+MAX_BODY_BYTES = 1024
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+       "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+           "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
+
+
+class Dashboard:
+    """What the page shows and controls; parts of the node add to it while they are built."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(24)
+        self.sections: dict[str, Callable[[], Awaitable[dict]]] = {}
+        self.pause: Callable[[bool], dict] | None = None
+
+    async def data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, section in self.sections.items():
+            try:
+                out[name] = await section()
+            except Exception as exc:   # one part failing (the ledger unreachable) still shows the others
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+
+
+def is_loopback(request: web.BaseRequest) -> bool:
+    try:
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def cross_site(request: web.BaseRequest) -> str | None:
+    """Why a state-changing request is not from this server's own page, or None."""
+    origin = request.headers.get("Origin")
+    if origin is not None and not same_origin(origin, request):
+        return f"origin {origin} may not use the dashboard controls"
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return "cross-site request refused"
+    return None
+
+
+def add_routes(app: web.Application, dashboard: Dashboard) -> None:
+    """GET / (the page), /dashboard/app.js, /dashboard/style.css, /dashboard/data; POST /dashboard/pause."""
+    page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    assets = {"app.js": ((STATIC_DIR / "app.js").read_bytes(), "application/javascript"),
+              "style.css": ((STATIC_DIR / "style.css").read_bytes(), "text/css")}
+
+    async def index(request: web.Request) -> web.Response:
+        if not is_loopback(request):
+            return _refuse(403, "the dashboard is served to this machine only")
+        body = page.replace("{{TOKEN}}", dashboard.token)
+        return web.Response(text=body, content_type="text/html", charset="utf-8", headers=HEADERS)
+
+    async def asset(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in assets or not is_loopback(request):
+            raise web.HTTPNotFound(text="no such dashboard file")
+        body, kind = assets[name]
+        return web.Response(body=body, content_type=kind, charset="utf-8", headers=HEADERS)
+
+    async def data(request: web.Request) -> web.Response:
+        if not is_loopback(request):
+            return _refuse(403, "the dashboard is served to this machine only")
+        return web.json_response(await dashboard.data(), headers={"Cache-Control": "no-store"})
+
+    async def pause(request: web.Request) -> web.Response:
+        if not is_loopback(request):
+            return _refuse(403, "the dashboard is served to this machine only")
+        why = cross_site(request)
+        if why is not None:
+            return _refuse(403, why)
+        if not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), dashboard.token):
+            return _refuse(403, f"missing or wrong {TOKEN_HEADER} (the dashboard page carries it)")
+        if dashboard.pause is None:
+            return _refuse(404, "this node runs no compute role: nothing to pause")
+        raw = await request.content.read(MAX_BODY_BYTES + 1)
+        try:
+            body = json.loads(raw) if len(raw) <= MAX_BODY_BYTES else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("paused"), bool):
+            return _refuse(400, 'expected {"paused": true|false}')
+        return web.json_response(dashboard.pause(body["paused"]))
+
+    app.router.add_get("/", index)
+    app.router.add_get("/dashboard/data", data)
+    app.router.add_post("/dashboard/pause", pause)
+    app.router.add_get("/dashboard/{name}", asset)
