@@ -6,13 +6,13 @@ it and learns, through identify on that connection, the address the NAT maps it 
 addresses are what the dcutr exchange offers. ``direct_connect(relayed)`` runs the initiator side
 (``relay/dcutr.py`` times it) up to ``attempts`` times; ``serve`` (the ``/libp2p/dcutr`` handler)
 runs the responder side. Both sides dial from the punch port at the agreed moment (simultaneous
-open through both NATs); both sides also listen on it for the punch window, so a SYN that
-finds no socket of its own still meets one: where one NAT maps endpoint-dependently (symmetric)
-its side's SYN arrives from an unpredicted port, and an endpoint-independent-filtering or
-address-restricted NAT on the other side lets it through to that listener (ADR 0194). The initiator is the client of the noise handshake
-(as in go-libp2p). The new connection is registered with the Host like any other; the relayed one
-stays open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric
-NAT) the SYNs miss and ``direct_connect`` returns None: the peers stay relayed.
+open through both NATs), and both also listen on it for the punch window, so a SYN that finds no
+socket of its own still meets one. The initiator is the client of the noise handshake (as in
+go-libp2p). The new connection is registered with the Host like any other; the relayed one stays
+open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric NAT)
+its side's SYNs leave from an unpredicted port: they still land on the other side's listener if
+that side's NAT filters by address at most (full cone, restricted cone; ADR 0194); otherwise
+every SYN misses and ``direct_connect`` returns None: the peers stay relayed.
 
 The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
 itself and hands them to ``Host.upgrade``.
