@@ -6,11 +6,13 @@ it and learns, through identify on that connection, the address the NAT maps it 
 addresses are what the dcutr exchange offers. ``direct_connect(relayed)`` runs the initiator side
 (``relay/dcutr.py`` times it) up to ``attempts`` times; ``serve`` (the ``/libp2p/dcutr`` handler)
 runs the responder side. Both sides dial from the punch port at the agreed moment (simultaneous
-open through both NATs); the responder also listens on it for the punch window, so a SYN that
-finds no socket of its own still meets one. The initiator is the client of the noise handshake
-(as in go-libp2p). The new connection is registered with the Host like any other; the relayed one
-stays open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric
-NAT) the SYNs miss and ``direct_connect`` returns None: the peers stay relayed.
+open through both NATs), and both also listen on it for the punch window, so a SYN that finds no
+socket of its own still meets one. The initiator is the client of the noise handshake (as in
+go-libp2p). The new connection is registered with the Host like any other; the relayed one stays
+open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric NAT)
+its side's SYNs leave from an unpredicted port: they still land on the other side's listener if
+that side's NAT filters by address at most (full cone, restricted cone; ADR 0194); otherwise
+every SYN misses and ``direct_connect`` returns None: the peers stay relayed.
 
 The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
 itself and hands them to ``Host.upgrade``.
@@ -194,7 +196,7 @@ class HolePuncher:
             stream.reset()
             raise
         await asyncio.sleep(max(0.0, dial.at - time.monotonic()))
-        tcp = await self._punch(dial.addrs, listen=False)
+        tcp = await self._punch(dial.addrs)
         return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
 
     # ---- responder
@@ -224,7 +226,7 @@ class HolePuncher:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await stream.close()
         try:
-            tcp = await self._punch(dial.addrs, listen=True)
+            tcp = await self._punch(dial.addrs)
             conn = await self.host.upgrade(tcp, is_initiator=False)
         except _PUNCH_ERRORS as exc:
             log.info("hole punch from %s failed: %s", stream.remote_peer, exc)
@@ -250,24 +252,21 @@ class HolePuncher:
         return None
 
     # ---- the punch itself
-    async def _punch(self, addrs, *, listen: bool) -> TcpConnection:
-        """Dial every address from the punch port until one connects (and, when ``listen``, accept on
-        it too) within the punch window; the first connected socket wins, the rest are closed."""
-        if listen:  # one listener at a time, so a SYN cannot land on another punch's listener
-            async with self._listening:
-                return await self._punch_once(addrs, listen=True)
-        return await self._punch_once(addrs, listen=False)
+    async def _punch(self, addrs) -> TcpConnection:
+        """Dial every address from the punch port until one connects, and accept on it too, within
+        the punch window; the first connected socket wins, the rest are closed."""
+        async with self._listening:  # one listener at a time, so a SYN cannot land on another punch's
+            return await self._punch_once(addrs)
 
-    async def _punch_once(self, addrs, *, listen: bool) -> TcpConnection:
+    async def _punch_once(self, addrs) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
         listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
         try:
-            if listen:
-                listener = _bound_socket(socket.AF_INET, self.port)
-                listener.listen(8)
-                expected = {addr.tcp_endpoint()[0] for addr in addrs}
-                tasks.append(asyncio.ensure_future(self._accept_from(listener, expected)))
+            listener = _bound_socket(socket.AF_INET, self.port)
+            listener.listen(8)
+            expected = {addr.tcp_endpoint()[0] for addr in addrs}
+            tasks.append(asyncio.ensure_future(self._accept_from(listener, expected, deadline)))
             sock = await self._first_socket(tasks, deadline)
         finally:
             for task in tasks:
@@ -321,11 +320,13 @@ class HolePuncher:
                 raise
 
     @staticmethod
-    async def _accept_from(listener: socket.socket, expected_ips: set[str]) -> socket.socket:
-        """The first connection accepted from one of ``expected_ips`` (others are closed)."""
+    async def _accept_from(listener: socket.socket, expected_ips: set[str], deadline: float) -> socket.socket:
+        """The first connection accepted from one of ``expected_ips`` (others are closed) before
+        ``deadline``."""
         loop = asyncio.get_running_loop()
-        while True:
-            sock, peer = await loop.sock_accept(listener)
-            if peer[0] in expected_ips:
-                return sock
-            sock.close()
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            while True:
+                sock, peer = await loop.sock_accept(listener)
+                if peer[0] in expected_ips:
+                    return sock
+                sock.close()

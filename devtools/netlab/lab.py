@@ -6,10 +6,12 @@ Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` b
   ``<p>r<i>``      home i's NAT router: ``eth0`` on the bridge (10.99.0.<100+i>), ``lan`` to the home
   ``<p>h<i>``      home i: ``eth0`` = 192.168.<i>.2/24, default route via the router's 192.168.<i>.1
   ``<p>w<port>``   a delay line between a host (or router) and its bridge port, where asked for
-Routers masquerade the home's traffic with nftables and drop every unsolicited inbound packet
-(input and forward: only established/related pass). NAT flavours: ``eim`` maps each home port to
-the same public port for every destination (endpoint-independent mapping: plain masquerade keeps
-the source port) so hole punching works; ``symmetric`` draws a random public port per connection
+  ``<p>c<i>``      home i's carrier NAT, for the ``cgnat`` kind only: ``eth0`` on the bridge
+                   (10.99.0.<100+i>), ``sub`` to the home router, whose WAN is then 100.64.<i>.2/24
+Routers NAT the home's traffic with nftables; which inbound packets pass depends on the NAT kind
+(``nat_zoo.py``: full cone, restricted, port restricted (alias ``eim``), symmetric with
+sequential or random ports, CGNAT). ``eim`` maps each home port to the same public port for every
+destination so hole punching works; ``symmetric`` draws a random public port per connection
 (``masquerade fully-random``) so it does not. Home links get ``tc tbf`` caps in both directions
 (upload on the router's WAN port, download on the router's LAN port). A home's WAN link or a
 public host's link can pass a userspace delay line (``delay.py``) for latency.
@@ -31,6 +33,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .nat_zoo import KINDS, home_rules
 
 BACKBONE_NET = "10.99.0"
 DELAY_LINE = Path(__file__).resolve().parent / "delay.py"
@@ -107,11 +111,12 @@ def _exit_on_sigterm() -> None:
 @dataclass
 class Home:
     index: int
-    nat: str            # "eim" | "symmetric"
+    nat: str            # one of nat_zoo.KINDS
     router_ns: str
     ns: str
     wan_ip: str         # the router's public address
     ip: str             # the home host's private address
+    carrier_ns: str | None = None   # the carrier NAT's namespace (``cgnat`` only)
 
 
 @dataclass
@@ -202,42 +207,42 @@ class Lab:
     def add_home(self, i: int, nat: str, delay_ms: float = 0.0) -> Home:
         """Home ``i`` behind a ``nat`` router; with ``delay_ms``, its WAN link passes a delay line
         that adds that much one-way latency in each direction."""
-        if nat not in ("eim", "symmetric"):
+        if nat not in KINDS:
             raise ValueError(f"unknown NAT flavour {nat!r}")
         router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
         wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
+        carrier = self._add_ns(self.ns_of(f"c{i}")) if nat == "cgnat" else None
+        edge = carrier or router    # the namespace holding the public address
         if delay_ms:
-            self._attach_delayed(router, f"r{i}", wan_ip, delay_ms)
+            self._attach_delayed(edge, f"r{i}", wan_ip, delay_ms)
         else:
-            self._attach(router, f"r{i}", wan_ip)
-        run("ip", "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home, ns=router)
-        run("ip", "addr", "add", f"{lan_net}.1/24", "dev", "lan", ns=router)
-        run("ip", "link", "set", "lan", "up", ns=router)
-        run("ip", "addr", "add", f"{lan_net}.2/24", "dev", "eth0", ns=home)
-        run("ip", "link", "set", "eth0", "up", ns=home)
+            self._attach(edge, f"r{i}", wan_ip)
+        router_wan = wan_ip
+        if carrier is not None:
+            router_wan = f"100.64.{i}.2"
+            self._link(carrier, "sub", f"100.64.{i}.1", router, "eth0", router_wan)
+            run("ip", "route", "add", "default", "via", f"100.64.{i}.1", ns=router)
+            run("ip", "route", "add", f"{lan_net}.0/24", "via", router_wan, ns=carrier)
+            run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=carrier)
+            run("nft", "-f", "-", ns=carrier, stdin=home_rules("port-restricted", wan_ip, router_wan, lan="sub"))
+        self._link(router, "lan", f"{lan_net}.1", home, "eth0", f"{lan_net}.2")
         run("ip", "route", "add", "default", "via", f"{lan_net}.1", ns=home)
         run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=router)
-        run("nft", "-f", "-", ns=router, stdin=self._router_rules(nat))
+        kind = "port-restricted" if nat == "cgnat" else nat
+        run("nft", "-f", "-", ns=router, stdin=home_rules(kind, router_wan, f"{lan_net}.2"))
         for dev in ("eth0", "lan"):
             shape(router, dev, self.home_rate_mbit)
-        record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2")
+        record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2", carrier)
         self.homes.append(record)
         return record
 
     @staticmethod
-    def _router_rules(nat: str) -> str:
-        mapping = "masquerade fully-random" if nat == "symmetric" else "masquerade"
-        return f"""
-table ip nat {{
-  chain postrouting {{ type nat hook postrouting priority srcnat; oifname "eth0" {mapping}; }}
-}}
-table inet filter {{
-  chain input {{ type filter hook input priority filter; policy drop;
-    ct state established,related accept; iifname {{ "lo", "lan" }} accept; }}
-  chain forward {{ type filter hook forward priority filter; policy drop;
-    ct state established,related accept; iifname "lan" oifname "eth0" accept; }}
-}}
-"""
+    def _link(ns_a: str, dev_a: str, ip_a: str, ns_b: str, dev_b: str, ip_b: str) -> None:
+        """A veth from ``dev_a`` in ``ns_a`` to ``dev_b`` in ``ns_b``, /24 addresses, both up."""
+        run("ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b, ns=ns_a)
+        for ns, dev, ip in ((ns_a, dev_a, ip_a), (ns_b, dev_b, ip_b)):
+            run("ip", "addr", "add", f"{ip}/24", "dev", dev, ns=ns)
+            run("ip", "link", "set", dev, "up", ns=ns)
 
     def teardown(self) -> None:
         """Stop the delay lines and delete every namespace this lab made (veths, bridge and rules go

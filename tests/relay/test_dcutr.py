@@ -177,10 +177,28 @@ def test_direct_connect_upgrades_a_relayed_connection_on_loopback():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_direct_connect_gives_up_and_stays_relayed_when_no_path_exists():
+def test_the_initiator_accepts_a_punch_from_a_responder_whose_mapping_was_mispredicted():
+    """B offers a wrong address (as a symmetric NAT's side does: its punch leaves from another
+    port); A's SYNs miss, but A listens on its punch port too and takes B's connection (ADR 0194;
+    before, only the responder listened and this stayed relayed)."""
     async def main():
         a, b, relay, relayed, (pa, pb) = await _relayed_pair()
         pb.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # nothing listens there
+        pa.attempts = 1
+        try:
+            direct = await pa.direct_connect(relayed)
+            assert direct is not None and direct is not relayed
+            assert direct.remote_peer == b.host.peer_id and await direct.ping() >= 0
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_direct_connect_gives_up_and_stays_relayed_when_no_path_exists():
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        for puncher in (pa, pb):  # nothing listens there
+            puncher.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}
         pa.attempts = 2
         try:
             assert await pa.direct_connect(relayed) is None

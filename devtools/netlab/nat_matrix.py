@@ -1,0 +1,73 @@
+"""The pairs-direct matrix over the NAT zoo (ADR 0194): which pairs of NAT kinds end on a direct
+(hole-punched) connection and how fast.
+
+``run_matrix(kinds)`` builds a lab with one relay on the backbone and two homes per kind (so a
+kind can meet itself), starts a bare agent (``agent.py``: the product's HolePuncher, DCUtR over our
+circuit relay, TCP simultaneous open) in every home, and for each unordered pair of kinds lets the
+first kind's home dial the second's through the relay and punch (``scenarios.punch``). Pairs run
+in parallel where they share no home. Returns ``{"pairs", "direct", "direct_fraction",
+"median_time_to_direct_s", "by_pair": {"a/b": {"direct", "seconds"}}}``.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+from .lab import Lab
+from .net import PUNCH
+from .nodes import Node, peer_id_of
+from .scenarios import punch
+
+MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat")
+PORT = 4001
+
+
+def pair_rounds(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Greedy rounds of pairs in which no home appears twice (each pair runs once)."""
+    rounds: list[list[tuple[int, int]]] = []
+    for pair in pairs:
+        for batch in rounds:
+            if not {h for p in batch for h in p} & set(pair):
+                batch.append(pair)
+                break
+        else:
+            rounds.append([pair])
+    return rounds
+
+
+def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...] = PUNCH) -> dict:
+    homes = [kind for kind in kinds for _ in range(2)]          # home 2k+1, 2k+2 are kinds[k]
+    lab = Lab().build(["relay"], homes)
+    agents: dict[int, Node] = {}
+    relay = None
+    try:
+        names = [f"z{i}" for i in range(1, len(homes) + 1)]
+        relay = Node.start("zrelay", lab.ns_of("relay"), f"/ip4/{lab.public['relay']}/tcp/{PORT}",
+                           "--relay", "--allow", ",".join(peer_id_of(n) for n in names))
+
+        def start(i: int) -> Node:
+            record = lab.homes[i - 1]
+            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args)
+
+        with ThreadPoolExecutor(4) as pool:
+            for i, node in zip(range(1, len(homes) + 1), pool.map(start, range(1, len(homes) + 1))):
+                agents[i] = node
+        pairs = [(2 * a + 1, 2 * b + 1 + (a == b)) for a, b in itertools.combinations_with_replacement(
+            range(len(kinds)), 2)]
+        by_pair: dict[str, dict] = {}
+        for batch in pair_rounds(pairs):
+            with ThreadPoolExecutor(len(batch)) as pool:
+                outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay), batch))
+            for (x, y), out in zip(batch, outs):
+                by_pair[f"{homes[x - 1]}/{homes[y - 1]}"] = {"direct": bool(out["conn"]["direct"]),
+                                                              "seconds": round(out["seconds"], 3)}
+    finally:
+        for node in [*agents.values(), *([relay] if relay else [])]:
+            node.stop()
+        lab.teardown()
+    direct_times = [v["seconds"] for v in by_pair.values() if v["direct"]]
+    return {"pairs": len(by_pair), "direct": len(direct_times),
+            "direct_fraction": round(len(direct_times) / len(by_pair), 3),
+            "median_time_to_direct_s": round(statistics.median(direct_times), 3) if direct_times else None,
+            "by_pair": by_pair}

@@ -1,0 +1,36 @@
+"""The pairs-direct matrix over the NAT zoo (``nat_matrix.py``, about a minute: slow).
+
+Every pair in which neither side maps endpoint-dependently ends on a punched direct connection; a
+pair with one symmetric side ends direct when the other side's NAT lets the symmetric side's SYN
+in from an unpredicted port (full cone, restricted: filtering by address at most) and both sides
+listen on their punch ports; the rest stay relayed (no port prediction yet).
+"""
+from __future__ import annotations
+
+import pytest
+
+from devtools.netlab.lab import unavailable
+from devtools.netlab.nat_matrix import MATRIX_KINDS, run_matrix
+
+pytestmark = [pytest.mark.netlab, pytest.mark.slow]
+
+
+def expected_direct(pair: str) -> bool:
+    kinds = pair.split("/")
+    symmetric = [k for k in kinds if k.startswith("symmetric")]
+    if len(symmetric) != 1:
+        return not symmetric
+    other = kinds[1] if kinds[0] in symmetric else kinds[0]
+    return other in ("full-cone", "restricted")
+
+
+def test_pairs_end_direct_wherever_one_side_can_accept_the_other():
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    out = run_matrix(MATRIX_KINDS)
+    assert out["pairs"] == len(MATRIX_KINDS) * (len(MATRIX_KINDS) + 1) // 2
+    for pair, result in out["by_pair"].items():
+        assert result["direct"] == expected_direct(pair), (pair, out)
+    assert out["direct_fraction"] == round(14 / 21, 3)
+    assert out["median_time_to_direct_s"] < 3.0
