@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from devtools.devnet import FAST_TASK_PARAMS
+from devtools.devnet import COMPUTE_STAKE, FAST_TASK_PARAMS
 from devtools.testnet import MANIFEST, Testnet
 from node.config import load_config
 from node.identity import Identity
@@ -34,7 +34,7 @@ CHAIN_ID = "dekube-compose"
 VALIDATOR_BASE_PORT = 26600
 PORT = 4001
 RPC_PORT = 8645
-FUNDS = 10**6
+FUNDS = 10**7
 RELAYS = 2
 # a NAT'd verifier needs time to reach the workers through relays before it can replay (tests/netlab)
 TASK_PARAMS = {**FAST_TASK_PARAMS, "audit_window_s": 60}
@@ -88,7 +88,7 @@ def write_network(root: Path, validators: int, compute: int) -> bool:
         _write_home(root / f"c{i}", ident, {
             ("node", "roles"): "compute", ("p2p", "listen"): f"/ip4/{compute_ip(i)}/tcp/{PORT}",
             ("rpc", "host"): "0.0.0.0", ("rpc", "port"): str(RPC_PORT),
-            ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)],
+            ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)], ("compute", "stake"): str(COMPUTE_STAKE),
             ("relay", "relays"): ",".join(relay_addrs), ("relay", "reserve"): "true"})
     manifest = json.loads((root / MANIFEST).read_text())
     manifest["compose"] = {"relays": [{"name": f"relay{i + 1}", "ip": relay_ip(i), "peer_id": r.peer_id}

@@ -27,7 +27,10 @@ from node.ledger import jsonrpc
 from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 COMPUTE_MANIFEST = "compute.json"
-COMPUTE_FUNDS = 10**6
+COMPUTE_FUNDS = 10**7
+# The stake each dev compute node keeps bonded: a worker needs 10x its pay at risk (ADR 0188), and the
+# README's job (price 100,000 over 3 workers: ~28,333 each, 2 audits at a 10% slash) needs 283,330.
+COMPUTE_STAKE = 400_000
 FAST_TASK_PARAMS = {"audit_window_s": 12, "audit_answer_s": 45, "dispute_s": 20, "task_min_s": 90,
                     "task_slack_s": 30}
 # seconds of block time (ADR 0187): room for a replay; a drawn verifier (or referee) answers within
@@ -88,6 +91,7 @@ class ComputeDevnet:
                 ("rpc", "port"): str(node.rpc_port),
                 ("consensus", "chain_id"): chain_id,
                 ("compute", "rpc_url"): testnet.nodes[i % len(testnet.nodes)].rpc_url,
+                ("compute", "stake"): str(COMPUTE_STAKE),
                 # the validators' explorer pages read this node's training progress (dkb_taskProgress)
                 ("rpc", "cors"): "true",
                 ("rpc", "allowed_origins"): ",".join(v.rpc_url for v in testnet.nodes),

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.devnet import FAST_TASK_PARAMS
+from devtools.devnet import COMPUTE_STAKE, FAST_TASK_PARAMS
 from devtools.testnet import REPO_ROOT, Testnet
 from node.config import load_config
 from node.identity import Identity
@@ -32,7 +32,7 @@ from .lab import Lab
 VALIDATOR_BASE_PORT = 26600
 PORT = 4001
 RPC_PORT = 8645
-FUNDS = 10**6
+FUNDS = 10**7
 HOME_NATS = ["eim", "eim", "symmetric", "eim"]
 # A NAT'd verifier first tries the workers' private addresses, then relays and hole punches before it
 # can fetch segments: give it ~1 min to answer its audit slot (a task whose slots all resolved is
@@ -110,7 +110,7 @@ class TaskNet:
             members.append(cls._home(root / f"c{i}", home.ns, ident, {**extra,
                 ("node", "roles"): "compute", ("p2p", "listen"): f"/ip4/{home.ip}/tcp/{PORT}",
                 ("rpc", "host"): home.ip, ("rpc", "port"): str(RPC_PORT),
-                ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)],
+                ("compute", "rpc_url"): rpc_urls[i % len(rpc_urls)], ("compute", "stake"): str(COMPUTE_STAKE),
                 ("relay", "relays"): ",".join(relay_addrs), ("relay", "reserve"): "true"}))
         net = cls(lab, root, testnet, relays, members)
         net.validators = [Member(v.name, lab.ns_of("val"), v.home, v.peer_id) for v in testnet.nodes]
