@@ -10,7 +10,6 @@ import pytest
 
 from cli.main import main
 from node.identity import Identity
-from node.keystore import save_identity
 
 
 def dead_rpc() -> str:
@@ -19,12 +18,6 @@ def dead_rpc() -> str:
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"   # closed again: connections are refused
 
-
-@pytest.fixture
-def key(tmp_path):
-    path = tmp_path / "key.json"
-    save_identity(path, Identity.generate())
-    return path
 
 
 def submit(capsys, key, *argv):

@@ -7,27 +7,6 @@ import cli.task_submit as task_submit
 from cli.main import main
 from consensus.genesis import Params
 from consensus.state.deadlines import commit_span_ms
-from node.identity import Identity
-from node.keystore import save_identity
-
-
-@pytest.fixture
-def key(tmp_path):
-    path = tmp_path / "key.json"
-    save_identity(path, Identity.generate())
-    return path
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    payloads = []
-
-    async def fake_submit(args, identity, payload, inputs):
-        payloads.append(payload)
-        return 0
-
-    monkeypatch.setattr(task_submit, "submit", fake_submit)
-    return payloads
 
 
 def submit(key, *argv):
