@@ -28,11 +28,14 @@ from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 COMPUTE_MANIFEST = "compute.json"
 COMPUTE_FUNDS = 10**7
-# The stake each dev compute node keeps bonded: a worker needs 10x its pay at risk (ADR 0188), and the
-# README's job (price 100,000 over 3 workers: ~28,333 each, 2 audits at a 10% slash) needs 283,330.
-COMPUTE_STAKE = 400_000
+# The stake each dev compute node keeps bonded: a worker needs 10x its pay at risk (ADR 0188): the
+# README's job (price 100,000 over 3 workers: ~28,333 each, 2 audits at a 10% slash) needs 283,330, a
+# one-worker task at that price 850,000.
+COMPUTE_STAKE = 1_000_000
 FAST_TASK_PARAMS = {"audit_window_s": 12, "audit_answer_s": 45, "dispute_s": 20, "task_min_s": 90,
-                    "task_slack_s": 30}
+                    "task_slack_s": 30, "referees": 1}
+# referees 1: a dev network of 4 compute nodes has 1-2 nodes left to referee a disputed slot (not the
+# worker, its verifiers or the owner), and a verdict needs a majority of the `referees` seats (ADR 0188)
 # seconds of block time (ADR 0187): room for a replay; a drawn verifier (or referee) answers within
 # audit_answer_s (plus its segment's share of the task's expected_s), an accused worker disputes within
 # dispute_s, on a loaded 2-core machine too; workers commit within task_min_s, or 4 x expected_s + slack

@@ -12,13 +12,15 @@ from devtools.ledger_chain import Chain, ident
 
 OWNER, W1, W2, W3 = (ident(i) for i in range(1, 5))
 SPEC = {"model": "mlp-digits", "dataset": "digits", "hyperparams": {"steps": 200}, "workers": 3,
-        "sync_mode": "allreduce", "codec": "int8", "price": 100_000, "expected_s": 78}
-HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100}
+        "sync_mode": "allreduce", "codec": "int8", "price": 100_000, "expected_s": 78,
+        "profile": "cpu-x86-64-avx2/torch-2.13.0", "segments": 4}
+HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwidth_mbps": 100,
+            "profiles": [SPEC["profile"]]}
 
 
 @pytest.fixture
 def chain(monkeypatch):
-    chain = Chain(params=Params(min_fee=0, audits_per_worker=0), block_ms=1000)
+    chain = Chain(params=Params(min_fee=0, audits_per_worker=0, stake_cover_bps=0), block_ms=1000)
     for worker in (W1, W2, W3):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                            "hardware": HARDWARE})
