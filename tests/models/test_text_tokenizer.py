@@ -16,7 +16,8 @@ from ml.train.dry_run import Untrainable, dry_run, embedding_rows
 from ml.train.file_dataset import load_file_dataset
 from ml.train.model_archive import load_archive, trainable_module
 from ml.train.spec import TrainSpec
-from tests.cli.test_task_submit_checks import dead_rpc, key, one_error  # noqa: F401  (key: a fixture)
+from tests.cli.conftest import key  # noqa: F401  (a fixture)
+from tests.cli.test_task_submit_checks import dead_rpc, one_error
 from tests.ml.byo import artifact_id, export, files_of
 
 TEXT = "the quick brown fox jumps over the lazy dog; " * 80   # 28 distinct characters
