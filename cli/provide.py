@@ -21,6 +21,7 @@ from cli.errors import CliError
 from cli.home import add_home_argument, config_path, key_path, resolve_home
 from cli.networks import Network, bootstrap_addrs, fetch_genesis, resolve
 from cli.passphrase import add_create_arguments, new_key_passphrase, unlock_passphrase
+from cli.rpc_call import rpc_call
 from cli.start import apply_compute_profile, install_genesis
 from cli.wallet import wait_receipt
 from consensus.genesis import Genesis
@@ -28,8 +29,6 @@ from consensus.tx import DEFAULT_FEE, build_tx
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import load_identity, save_identity
-from node.ledger import jsonrpc
-from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4011"   # a new provider home's p2p port (not the dev chain's 4001)
 DEFAULT_RPC_PORT = 8650                    # and its RPC and dashboard port (not the dev chain's 8645)
@@ -56,12 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _rpc(url: str, method: str, *params):
-    try:
-        return jsonrpc.call(url, method, *params)
-    except LedgerUnavailable as exc:
-        raise CliError(f"cannot reach the network's RPC {url}: {exc}") from None
-    except RpcAnswerError as exc:
-        raise CliError(f"{method} at {url}: {exc}") from None
+    return rpc_call(url, method, *params, name_url=True)
 
 
 def ensure_key(home: Path, args: argparse.Namespace) -> tuple[Identity, object, bool]:

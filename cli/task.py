@@ -23,6 +23,7 @@ from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.payout_lines import payout_lines
+from cli.rpc_call import rpc_call
 from cli.safe_text import echo
 from cli.task_report import FAILED, deadline_lines, slot_lines
 from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
@@ -30,8 +31,6 @@ from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
 from node.extras import require_compute
 from node.keystore import load_identity
-from node.ledger import jsonrpc
-from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -178,12 +177,7 @@ def _positive_seconds(text: str) -> int:
 
 
 def _rpc(url: str, method: str, *params):
-    try:
-        return jsonrpc.call(url, method, *params)
-    except LedgerUnavailable as exc:
-        raise CliError(f"cannot reach the node: {exc}") from None
-    except RpcAnswerError as exc:
-        raise CliError(f"{method}: {exc}") from None
+    return rpc_call(url, method, *params)
 
 
 def _run_submit(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
+from cli.rpc_call import rpc_call
 from cli.safe_text import echo
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity, is_valid_peer_id
@@ -78,12 +79,7 @@ def _address(args: argparse.Namespace) -> str:
 
 
 def _rpc(args: argparse.Namespace, method: str, *params):
-    try:
-        return jsonrpc.call(args.rpc, method, *params)
-    except LedgerUnavailable as exc:
-        raise CliError(f"cannot reach the node: {exc}") from None
-    except RpcAnswerError as exc:
-        raise CliError(f"{method}: {exc}") from None
+    return rpc_call(args.rpc, method, *params)
 
 
 def _print(args: argparse.Namespace, doc: dict) -> None:

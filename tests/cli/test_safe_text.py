@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from cli import task as task_cli
 from cli.main import main
 from cli.safe_text import safe
 from cli.task_report import report_final
 from cli.task_view import TaskView
+from node.ledger import jsonrpc
 
 OWNER, W1 = "12D3KooW" + "a" * 44, "12D3KooW" + "b" * 44
 EVIL = "mlp\x1b[2J\x1b]0;pwned\x07\u202etxt.exe"
@@ -30,7 +30,7 @@ def test_safe_escapes_controls_and_bidi_and_keeps_ordinary_text():
 @pytest.fixture
 def stub_rpc(monkeypatch):
     answers = {"dkb_listTasks": [TASK], "dkb_getTask": TASK}
-    monkeypatch.setattr(task_cli.jsonrpc, "call", lambda url, method, *params: answers[method])
+    monkeypatch.setattr(jsonrpc, "call", lambda url, method, *params: answers[method])   # cli/rpc_call.py
 
 
 def test_task_list_and_show_escape_chain_text(stub_rpc, capsys):
