@@ -163,18 +163,13 @@ def _gateway(args: argparse.Namespace, identity):
 
 async def _ledger_servers(gateway, host, spec, exclude: str = "") -> list:
     """The servers of this model the ledger's records announce, their addresses added to `host`."""
-    from ml.serve.announce import announced_servers
+    from ml.serve.loop import ledger_servers
     from node.ledger.errors import LedgerUnavailable
 
     try:
-        nodes = await gateway.call("dkb_listNodes", None, spec.model_id, 1000)
+        return await ledger_servers(gateway, host, spec, exclude)
     except (LedgerUnavailable, OSError) as exc:
         raise CliError(f"cannot list servers on {gateway.url}: {exc}") from None
-    found = announced_servers(nodes, spec.model_id, spec.config.layers, exclude)
-    for item in found:
-        if item.addrs:
-            host.peerbook.add_addrs(item.server.peer_id, list(item.addrs))
-    return found
 
 
 async def _payer(args: argparse.Namespace, gateway, identity):
@@ -250,12 +245,8 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
 
 async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace,
                  device: str, profile: str) -> int:
-    from ml.serve import protocol
-    from ml.serve.announce import coverage, needs_refresh, own_throughput
-    from ml.serve.balance import choose_blocks
-    from ml.serve.billing import ReceiptBook
-    from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
-    from ml.serve.server import BlockServer
+    from ml.serve.loop import ServeSettings, ServingLoop, standalone_publisher
+    from node.ledger.errors import LedgerUnavailable
     from node.p2p.host import Host
 
     identity = _identity(args)
@@ -265,60 +256,37 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         await host.start()
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc}") from None
-    book = ReceiptBook()
-    inbox = Inbox(gateway, host.peer_id)   # the dispute evidence clients deliver to us (ADR 0182)
-    if gateway is not None:
-        host.set_handler(BUNDLE_PROTOCOL, make_bundle_handler(inbox=inbox))
+    settings = ServeSettings(max_sessions=args.max_sessions, price=args.price, credit_tokens=args.credit_tokens,
+                             claim_every=args.claim_every, rebalance_every=args.rebalance_every,
+                             lie_after=args.lie_after)
+    publish = standalone_publisher(gateway, host, profile) if gateway is not None else None
+    loop = ServingLoop(host, gateway, identity, spec, settings, device, profile, publish)
     try:
         if args.price:   # a paid server the ledger would not pay refuses to start, saying why
             await _ensure_claimable(gateway, host.peer_id)
         if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
-            known = await _coverage(host, spec, args.known)
-            if gateway is not None:
-                known += coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
             assert auto is not None   # blocks is None only for --blocks auto:N
-            blocks = choose_blocks(spec.config.layers, auto, known)
-        model = await asyncio.to_thread(spec.load_part, blocks, False, device)
-        server = BlockServer(model, max_sessions=args.max_sessions, lie_after=args.lie_after, profile=profile)
-        billing = None
-        if args.price:
-            billing = protocol.Billing(identity, await gateway.chain_id(), args.price, book, args.credit_tokens)
-        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing, host))
-        addrs = list(host.listen_addrs)   # each already ends in /p2p/<peer id>
-        tokens_per_s = await asyncio.to_thread(own_throughput, server)
-        announced = (await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile) if gateway
-                     else None)
-        if args.price and announced is None:
+            try:
+                ledger_known = await loop.coverage()
+            except (LedgerUnavailable, OSError) as exc:
+                raise CliError(f"cannot list servers on {gateway.url}: {exc}") from None
+            blocks = loop.choose(auto, await _coverage(host, spec, args.known) + ledger_known)
+        await loop.load(blocks)
+        if args.price and loop.announced is None:
             raise CliError("a paid server must be announced on the ledger (the record registers it as a compute "
                            "node; receipt claims need that): see the warning above")
-        print(json.dumps({"peer_id": host.peer_id, "addrs": addrs, "model": spec.model_id,
-                          "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(tokens_per_s, 1),
-                          "device": device, "profile": profile, "announced": announced is not None}), flush=True)
-        rebalance_at = time.monotonic() + args.rebalance_every
-        while True:
-            await asyncio.sleep(min(args.claim_every, args.rebalance_every or args.claim_every))
-            server.expire()
-            if gateway is None:
-                continue
-            await _claim(gateway, book)
-            await referee_duty(gateway, host, model, inbox)   # serving disputes that drew us (ADR 0176)
-            if needs_refresh(announced, await _height(gateway)):        # keep the announcement fresh (ADR 0177)
-                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
-            if args.rebalance_every and time.monotonic() >= rebalance_at and not server.sessions:
-                rebalance_at = time.monotonic() + args.rebalance_every
-                target = await _better_range(gateway, host, spec, blocks, tokens_per_s)
-                if target is None:
-                    continue
-                model = await asyncio.to_thread(spec.load_part, target, False, device)
-                server = BlockServer(model, max_sessions=args.max_sessions, profile=profile)
-                host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id, billing, host))
-                blocks, tokens_per_s = target, await asyncio.to_thread(own_throughput, server)
-                announced = await _announce(gateway, host, spec, blocks, tokens_per_s, args.price, profile)
-                print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": announced is not None}),
-                      flush=True)
+        print(json.dumps({"peer_id": host.peer_id, "addrs": list(host.listen_addrs), "model": spec.model_id,
+                          "blocks": f"{blocks[0]}:{blocks[1]}", "tokens_per_s": round(loop.tokens_per_s, 1),
+                          "device": device, "profile": profile, "announced": loop.announced is not None}),
+              flush=True)
+
+        def moved(blocks: tuple[int, int]) -> None:
+            print(json.dumps({"moved": f"{blocks[0]}:{blocks[1]}", "announced": loop.last_error is None}),
+                  flush=True)
+        await loop.run(on_moved=moved)
     finally:
+        await loop.close()
         if gateway is not None:
-            await _claim(gateway, book)
             await gateway.close()
         await host.stop()
 
@@ -334,61 +302,6 @@ async def _ensure_claimable(gateway, peer_id: str) -> None:
     if bonded:
         print(f"dekube-node: bonded {bonded} so that the ledger pays this server's receipts (min_serve_stake)",
               file=sys.stderr, flush=True)
-
-
-async def _better_range(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float):
-    """The range to move to given the coverage the ledger announces (Petals' rule, ADR 0173), or None."""
-    from ml.serve.announce import coverage
-    from ml.serve.balance import should_move
-
-    try:
-        others = coverage(await _ledger_servers(gateway, host, spec, exclude=host.peer_id))
-    except CliError as exc:
-        print(f"dekube-node: {exc}", file=sys.stderr)
-        return None
-    return should_move(spec.config.layers, blocks, tokens_per_s, others)
-
-
-async def _height(gateway) -> int:
-    """The chain's height (0 when the ledger cannot be reached: nothing is refreshed then)."""
-    from node.ledger.errors import LedgerUnavailable
-
-    try:
-        return int(await gateway.call("dkb_blockNumber"))
-    except (LedgerUnavailable, OSError, TypeError, ValueError):
-        return 0
-
-
-async def _announce(gateway, host, spec, blocks: tuple[int, int], tokens_per_s: float, price: int,
-                    profile: str) -> int | None:
-    """Publish the served range in this node's record (hardware.serving, in the execution `profile` the
-    server computes in) with the chain's height; the height announced, or None (and a warning) if the
-    ledger refused or cannot be reached."""
-    from ml.serve.announce import served_range
-    from node.ledger.errors import LedgerUnavailable, TxFailed
-    from node.ledger.record import default_hardware
-
-    try:
-        current = await gateway.node_info(host.peer_id) or {}
-        height = int(await gateway.call("dkb_blockNumber"))
-        hardware = {**default_hardware(), **(current.get("hardware") or {}),
-                    "serving": [served_range(spec.model_id, blocks[0], blocks[1], tokens_per_s, profile, price,
-                                             height)]}
-        hardware["profiles"] = sorted(set(hardware.get("profiles", [])) | {profile})[:8]
-        gateway.record.contribute("serve", roles=["compute"], listen_addrs=list(map(str, host.listen_addrs)),
-                                  hardware=hardware)
-        await gateway.record.sync()
-        return height
-    except (LedgerUnavailable, TxFailed, OSError, ValueError, TypeError) as exc:
-        print(f"dekube-node: announcing on the ledger failed: {exc}", file=sys.stderr)
-        return None
-
-
-async def _claim(gateway, book) -> None:
-    """Claim every receipt not yet paid; a receipt the ledger already paid counts as claimed."""
-    from ml.serve.service import claim_receipts
-
-    await claim_receipts(gateway, book)
 
 
 def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
