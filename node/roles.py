@@ -65,10 +65,12 @@ class Role:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def prepare(self) -> None:
+    async def prepare(self) -> object:
         """Start-up work that must succeed before the node serves anything; raise RoleStartError
         with a message for the operator if the role cannot start. Runs on the event loop: do
-        blocking work with ``asyncio.to_thread`` or an executor."""
+        blocking work with ``asyncio.to_thread`` or an executor. A role may return what it opened
+        (the validator: its chain state); the node ignores it."""
+        return None
 
     async def run(self) -> None:
         """Do the role's work until cancelled."""

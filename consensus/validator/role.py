@@ -27,7 +27,9 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consensus.block import Block, BlockError, build_block
@@ -52,7 +54,7 @@ from consensus.validator.chainstore import (
 )
 from consensus.validator.mempool import Mempool
 from consensus.validator.metrics import ConsensusMetrics
-from consensus.validator.rpc_methods import parse_height, register_methods
+from consensus.validator.rpc_methods import LedgerMethods, parse_height
 from consensus.validator.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role, RoleStartError
@@ -94,6 +96,22 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@dataclass
+class ChainState:
+    """What `prepare()` opens: the chain the role runs on, complete from then on (the committees and
+    the last commit's value id and certificate move with each commit)."""
+
+    genesis: Genesis
+    store: ChainStore
+    ledger: Ledger
+    mempool: Mempool
+    signer: SignerGuard
+    committee: ValidatorSet
+    prev_committee: ValidatorSet | None = None
+    last_value_id: bytes = b""
+    last_certificate: bytes = b""
+
+
 class ValidatorRole(Role):
     name = "validator"
 
@@ -101,51 +119,72 @@ class ValidatorRole(Role):
         super().__init__(node)
         self.peer_id = node.peer_id
         self.settings = node.config["consensus"]
-        self.genesis: Genesis | None = None
-        self.store: ChainStore | None = None
-        self.ledger: Ledger | None = None
-        self.mempool: Mempool | None = None
+        self._chain: ChainState | None = None       # set by prepare()
         self.driver: ConsensusDriver | None = None
         self.gossip: TxGossip | None = None
-        self.committee: ValidatorSet | None = None
         self.ready = asyncio.Event()
-        self._prev_committee: ValidatorSet | None = None
-        self._last_value_id: bytes = b""
-        self._last_certificate: bytes = b""
         self._blocks: dict[bytes, Block] = {}
         self._evidence: dict[bytes, bytes] = {}
         self._pool_lock = threading.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dekube-ledger")
         self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix="dekube-verify")
         self._tx_arrived = asyncio.Event()
-        self._submissions: list[tuple[bytes, asyncio.Future]] = []
-        self._fatal: asyncio.Future | None = None
+        self._submissions: list[tuple[bytes, asyncio.Future[Any]]] = []
+        self._fatal: asyncio.Future[None] | None = None
         self.last_commit_monotonic: float | None = None
-        self._methods = register_methods(node.rpc, self)
+        self._methods = LedgerMethods(self).register(node.rpc)
         for topic in (NEW_HEADS, TASKS_TOPIC, TXS_TOPIC):
             node.hub.add_topic(topic)
         node.ledger.attach_local(self)
         node.status.add_section("consensus", self.status)
         node.add_json_get("/block", self._http_block)
         self.consensus_metrics = ConsensusMetrics(
-            node.metrics, lambda: self.ledger.height if self.ledger is not None else 0,
-            lambda: len(self.mempool) if self.mempool is not None else 0)
+            node.metrics, lambda: self._chain.ledger.height if self._chain is not None else 0,
+            lambda: len(self._chain.mempool) if self._chain is not None else 0)
+
+    # ------------------------------------------------------------------ the chain, once prepared
+    @property
+    def chain(self) -> ChainState:
+        """The chain state `prepare()` opened; ResourceUnavailable before."""
+        if self._chain is None:
+            raise ResourceUnavailable("the chain is still loading")
+        return self._chain
+
+    @property
+    def genesis(self) -> Genesis:
+        return self.chain.genesis
+
+    @property
+    def store(self) -> ChainStore:
+        return self.chain.store
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.chain.ledger
+
+    @property
+    def mempool(self) -> Mempool:
+        return self.chain.mempool
+
+    @property
+    def committee(self) -> ValidatorSet:
+        return self.chain.committee
 
     # ------------------------------------------------------------------ role interface
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         try:
-            if self.store is None:  # the node awaits prepare() first; a test may call run() alone
-                await loop.run_in_executor(self._worker, self._open)
-            self._add_genesis_addresses()
+            # the node awaits prepare() first; a test may call run() alone
+            chain = self._chain if self._chain is not None else await self.prepare()
+            self._add_genesis_addresses(chain.genesis)
             self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers,
                                    members=self._is_member)
             await self.gossip.start()
             self.ready.set()  # ledger loaded: queries and submissions are served from here on
-            await self._start_consensus()
-            log.info("validator started", extra={"height": self.ledger.height, "chain_id": self.genesis.chain_id})
-            follower = loop.create_task(self._follow())
+            driver = await self._start_consensus(chain)
+            log.info("validator started", extra={"height": chain.ledger.height, "chain_id": chain.genesis.chain_id})
+            follower = loop.create_task(self._follow(driver))
             try:
                 await self._fatal
             finally:
@@ -159,61 +198,66 @@ class ValidatorRole(Role):
             self._worker.shutdown(wait=False)
             self._verify_pool.shutdown(wait=False)
 
-    async def prepare(self) -> None:
-        """Open and check the chain database before the node listens (docs/adr/0142)."""
-        await asyncio.get_running_loop().run_in_executor(self._worker, self._open)
+    async def prepare(self) -> ChainState:
+        """Open and check the chain database before the node listens (docs/adr/0142); the chain state."""
+        self._chain = await asyncio.get_running_loop().run_in_executor(self._worker, self._open)
+        self._protect_committee()
+        return self._chain
 
     # ------------------------------------------------------------------ start and stop
-    def _open(self) -> None:
-        if self.node.home is None:
+    def _open(self) -> ChainState:
+        """Worker thread: read the genesis, open and verify the database, load the ledger and signer."""
+        home, data_dir = self.node.home, self.node.data_dir
+        if home is None or data_dir is None:
             raise ValidatorStartError("the validator role needs a node home directory")
-        path = self.node.home / self.settings["genesis_file"]
+        path = home / self.settings["genesis_file"]
         try:
-            self.genesis = Genesis.from_json(path.read_text(encoding="utf-8"))
+            genesis = Genesis.from_json(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ValidatorStartError(f"cannot read genesis {path}: {exc.strerror or exc} "
                                       f"(write one with 'dekube-node testnet up' or copy the chain's)") from None
         except GenesisError as exc:
             raise ValidatorStartError(f"genesis {path} is invalid: {exc}") from None
-        if self.genesis.chain_id != self.settings["chain_id"]:
-            raise ValidatorStartError(f"genesis {path} is for chain {self.genesis.chain_id!r} but [consensus] "
+        if genesis.chain_id != self.settings["chain_id"]:
+            raise ValidatorStartError(f"genesis {path} is for chain {genesis.chain_id!r} but [consensus] "
                                       f"chain_id is {self.settings['chain_id']!r}")
-        self.node.data_dir.mkdir(parents=True, exist_ok=True)
-        path = str(self.node.data_dir / "chain")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        db_path = str(data_dir / "chain")
         try:
-            storage = Storage.open(path, self.genesis)
+            storage = Storage.open(db_path, genesis)
         except StorageError as exc:
-            raise database_error(path, exc) from None
+            raise database_error(db_path, exc) from None
         try:
             self._verify(storage)
         except StorageError as exc:
             storage.close()
-            raise database_error(path, exc) from None
-        self.store = ChainStore(storage)
+            raise database_error(db_path, exc) from None
+        store = ChainStore(storage)
         try:
-            self.ledger = storage.load_ledger()
-            self.signer = SignerGuard.restore(self.node.identity, storage.load_signer_state())
-            height = self.ledger.height
-            self.committee = self.store.committee_for(height + 1, self.ledger)
+            ledger = storage.load_ledger()
+            signer = SignerGuard.restore(self.node.identity, storage.load_signer_state())
+            height = ledger.height
+            chain = ChainState(genesis, store, ledger, Mempool(ledger, max_txs=self.settings["mempool_max_txs"]),
+                               signer, store.committee_for(height + 1, ledger))
             if height > 0:
-                self._prev_committee = self.store.committee_for(height, self.ledger)
-                self._last_value_id = value_id(self.store.block(height).encode())
-                self._last_certificate = self.store.certificate_bytes(height) or b""
+                last = store.block(height)
+                if last is None:
+                    raise StorageError(f"{db_path}: block {height} is missing")
+                chain.prev_committee = store.committee_for(height, ledger)
+                chain.last_value_id = value_id(last.encode())
+                chain.last_certificate = store.certificate_bytes(height) or b""
         except StorageError as exc:
             storage.close()
-            self.store = None
-            raise database_error(path, exc) from None
+            raise database_error(db_path, exc) from None
         except SignerStateError as exc:
             storage.close()
-            self.store = None
             raise ValidatorStartError(f"{storage.path}: {exc}") from None
-        self.mempool = Mempool(self.ledger, max_txs=self.settings["mempool_max_txs"])
-        self._protect_committee()
+        return chain
 
     def _protect_committee(self) -> None:
         """The committee's connections are never evicted for inbound newcomers (ADR 0145)."""
-        if self.committee is not None:
-            self.node.host.set_protected("committee", [p for p in self.committee.peer_ids if p != self.peer_id])
+        committee = self.chain.committee
+        self.node.host.set_protected("committee", [p for p in committee.peer_ids if p != self.peer_id])
 
     def _verify(self, storage: Storage) -> None:
         """Read back the database so that RocksDB checks its checksums: all of it when
@@ -229,30 +273,31 @@ class ValidatorRole(Role):
             "mib": round(size / 2**20, 1), "seconds": round(time.monotonic() - started, 3)})
 
     def _close(self) -> None:
-        if self.store is not None:
-            self.store.storage.close()
+        if self._chain is not None:
+            self._chain.store.storage.close()
 
-    def _add_genesis_addresses(self) -> None:
+    def _add_genesis_addresses(self, genesis: Genesis) -> None:
         book = self.node.host.peerbook
-        for v in self.genesis.validators:
+        for v in genesis.validators:
             if v.peer_id == self.peer_id:
                 continue
             for addr in v.listen_addrs:
                 with contextlib.suppress(ValueError):
                     book.add_addrs(v.peer_id, [Multiaddr.parse(addr)])
 
-    async def _start_consensus(self) -> None:
+    async def _start_consensus(self, chain: ChainState) -> ConsensusDriver:
         s = self.settings
         propose, vote = s["timeout_propose"], s["timeout_vote"]
         timeouts = TimeoutConfig(propose=propose, propose_delta=propose / 2, prevote=vote, prevote_delta=vote / 2,
                                  precommit=vote, precommit_delta=vote / 2)
-        core = TendermintCore(self.genesis.chain_id, self.signer, self._propose, self._is_valid, timeouts,
+        core = TendermintCore(chain.genesis.chain_id, chain.signer, self._propose, self._is_valid, timeouts,
                               value_proposer=self._block_proposer)
-        self.driver = ConsensusDriver(
+        self.driver = driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
             get_block=self._stored_commit, on_evidence=self._on_evidence, on_failure=self._fail,
             members=self._is_member)
-        await self.driver.start(self.ledger.height + 1, self.committee)
+        await driver.start(chain.ledger.height + 1, chain.committee)
+        return driver
 
     def _fail(self, exc: BaseException) -> None:
         """A storage or execution failure: stop the node rather than diverge from the chain."""
@@ -260,18 +305,19 @@ class ValidatorRole(Role):
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_exception(exc)
 
-    async def _follow(self) -> None:
+    async def _follow(self, driver: ConsensusDriver) -> None:
         """Outside the committee nobody sends us votes, so the driver never sees that it is behind:
         ask a random committee member for the blocks from our height every ``FOLLOW_INTERVAL``
         (they arrive as sync frames and are applied by the driver after checking their certificate)."""
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL)
-            if self.peer_id in self.committee:
+            committee = self.chain.committee
+            if self.peer_id in committee:
                 continue
-            peer = random.choice(self.committee.peer_ids)
+            peer = random.choice(committee.peer_ids)
             try:
                 stream = await asyncio.wait_for(self.node.host.open_stream(peer, CONSENSUS_PROTOCOL), 3.0)
-                await stream.write(frame(encode_sync_request(self.driver.height)))
+                await stream.write(frame(encode_sync_request(driver.height)))
                 await stream.close()
             except asyncio.CancelledError:
                 raise
@@ -280,19 +326,21 @@ class ValidatorRole(Role):
 
     # ------------------------------------------------------------------ driver hooks
     def _peers(self) -> tuple[str, ...]:
-        return self.committee.peer_ids if self.committee is not None else ()
+        return self._chain.committee.peer_ids if self._chain is not None else ()
 
     def _is_member(self, peer: str) -> bool:
         """May ``peer`` send votes, proposals and tx gossip: a member of this height's or the last
         height's committee (a member one block behind or ahead still gets through)."""
-        return any(c is not None and peer in c.peer_ids for c in (self.committee, self._prev_committee))
+        chain = self._chain
+        return chain is not None and any(c is not None and peer in c.peer_ids
+                                         for c in (chain.committee, chain.prev_committee))
 
     async def _persist_signer(self, state: bytes) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.store.storage.save_signer_state, state)
+        await asyncio.get_running_loop().run_in_executor(None, self.chain.store.storage.save_signer_state, state)
 
     def _stored_commit(self, height: int) -> Commit | None:
         try:
-            return self.store.stored_commit(height)
+            return self.chain.store.stored_commit(height)
         except StorageError as exc:
             log.error("cannot serve block %d to a syncing peer: %s", height, exc)
             return None
@@ -305,15 +353,16 @@ class ValidatorRole(Role):
             log.warning("double %s by %s at height %d", kind, evidence.validator, evidence.height)
 
     def _propose(self, height: int) -> bytes:
-        ledger, params = self.ledger, self.ledger.params
+        chain = self.chain
+        ledger, params = chain.ledger, chain.ledger.params
         evidence = list(self._evidence.values())
         budget = min(params.max_block_bytes, MAX_PROPOSAL_VALUE_BYTES - PROPOSAL_BYTES_HEADROOM)
-        budget -= sum(map(len, evidence)) + len(self._last_certificate)
+        budget -= sum(map(len, evidence)) + len(chain.last_certificate)
         with self._pool_lock:
-            txs = self.mempool.reap(budget, min(params.max_block_txs, self.settings["max_block_txs"]))
-        block_time = max(now_ms(), ledger.state.last_block_time_ms, self.genesis.genesis_time_ms)
-        block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
-                            self.peer_id, txs, evidence, self._last_certificate)
+            txs = chain.mempool.reap(budget, min(params.max_block_txs, self.settings["max_block_txs"]))
+        block_time = max(now_ms(), ledger.state.last_block_time_ms, chain.genesis.genesis_time_ms)
+        block = build_block(chain.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
+                            self.peer_id, txs, evidence, chain.last_certificate)
         raw = block.encode()
         self._remember(raw, block)
         return raw
@@ -324,10 +373,11 @@ class ValidatorRole(Role):
         self._blocks[value_id(raw)] = block
 
     def _is_valid(self, height: int, value: bytes) -> bool:
+        chain = self.chain
         try:
             block = check_proposed_block(
-                value, height, ledger=self.ledger, committee=self.committee, prev_committee=self._prev_committee,
-                chain_id=self.genesis.chain_id, last_value_id=self._last_value_id, now_ms=now_ms())
+                value, height, ledger=chain.ledger, committee=chain.committee, prev_committee=chain.prev_committee,
+                chain_id=chain.genesis.chain_id, last_value_id=chain.last_value_id, now_ms=now_ms())
         except (BlockError, CertificateError) as exc:
             log.info("rejecting proposed block at height %d: %s", height, exc)
             return False
@@ -358,15 +408,17 @@ class ValidatorRole(Role):
             self._fail(exc)
             raise
         self._blocks.clear()
-        self._prev_committee, self.committee = self.committee, next_committee
+        chain = self.chain
+        previous = chain.committee
+        chain.prev_committee, chain.committee = previous, next_committee
         self._protect_committee()
-        self._last_value_id = vid
-        self._last_certificate = encode_certificate(commit.certificate)
+        chain.last_value_id = vid
+        chain.last_certificate = encode_certificate(commit.certificate)
         included = set(block.evidence)
         self._evidence = {k: v for k, v in self._evidence.items() if v not in included}
         self.last_commit_monotonic = time.monotonic()
         self.consensus_metrics.on_commit(block.height, commit.round, len(block.txs),
-                                         [pid for pid, _ in self._prev_committee.items()],
+                                         [pid for pid, _ in previous.items()],
                                          [vote.validator for vote in commit.certificate])
         self.node.hub.publish(NEW_HEADS, {**block.header.to_json(), "txs": len(block.txs),
                                           "next_app_hash": result.app_hash.hex()})
@@ -377,27 +429,30 @@ class ValidatorRole(Role):
         await self._pace(block.height + 1)
         return next_committee
 
-    def _execute(self, block: Block, commit: Commit, want_txs: bool) -> tuple[BlockResult, ValidatorSet, list]:
+    def _execute(self, block: Block, commit: Commit,
+                 want_txs: bool) -> tuple[BlockResult, ValidatorSet, list[tuple[str, dict[str, Any]]]]:
         """Worker thread: store the certificate, execute and store the block, update the mempool;
         with ``want_txs``, also pair the receipts with their senders for the ``txs`` topic."""
-        self.store.save_certificate(block.height, commit.certificate)
+        store, ledger, mempool = self.chain.store, self.chain.ledger, self.chain.mempool
+        store.save_certificate(block.height, commit.certificate)
         with self._pool_lock:  # txs this node already decoded and checked are neither decoded nor verified again
-            known = self.mempool.known_txs
-        result = self.ledger.apply_block(block, executor=self._verify_pool, known_txs=known)
-        self.store.storage.commit_block(block, result)
+            known = mempool.known_txs
+        result = ledger.apply_block(block, executor=self._verify_pool, known_txs=known)
+        store.storage.commit_block(block, result)
         with self._pool_lock:
-            self.mempool.update(r.tx_hash for r in result.receipts)
-        receipts = tx_events(result, block.txs, known) if want_txs else []
-        return result, self.store.committee_for(block.height + 1, self.ledger), receipts
+            mempool.update(r.tx_hash for r in result.receipts)
+        receipts = tx_events(result, list(block.txs), known) if want_txs else []
+        return result, store.committee_for(block.height + 1, ledger), receipts
 
     async def _pace(self, next_height: int) -> None:
         """As the next proposer with nothing ready to propose, wait a little for a ready transaction
         (one held behind a nonce gap does not count: it cannot go in a block)."""
-        if self.committee.proposer(next_height, 0) != self.peer_id:
+        chain = self.chain
+        if chain.committee.proposer(next_height, 0) != self.peer_id:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings["empty_block_wait"]
-        while not self.mempool.has_ready():
+        while not chain.mempool.has_ready():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
@@ -410,11 +465,11 @@ class ValidatorRole(Role):
         """Worker thread: add each raw tx to the mempool; a Tx or the TxError per input. The lock is
         taken per transaction, so the event loop never waits for a whole batch."""
         out: list[Any] = []
-        storage = self.store.storage
+        storage, mempool = self.chain.store.storage, self.chain.mempool
         for raw in raws:
             try:
                 with self._pool_lock:
-                    tx = self.mempool.add(raw)
+                    tx = mempool.add(raw)
             except TxError as exc:
                 if check_committed and exc.code == TxCode.NONCE_TOO_LOW:
                     exc = self._committed_error(storage, raw) or exc
@@ -470,7 +525,7 @@ class ValidatorRole(Role):
                 accepted.append(raw)
             if not future.done():
                 future.set_result(result)
-        if accepted:
+        if accepted and self.gossip is not None:
             self.gossip.broadcast(accepted)
             self._tx_arrived.set()
 
@@ -486,43 +541,46 @@ class ValidatorRole(Role):
             raise MethodNotFound(f"Method not found: {method}")
         return await fn(*params)
 
-    def require_ready(self) -> None:
+    def require_ready(self) -> ChainState:
+        """The chain state once queries are served; ResourceUnavailable while it loads."""
         if not self.ready.is_set():
             raise ResourceUnavailable("the chain is still loading")
+        return self.chain
 
     def pending_nonce(self, address: str) -> int:
         with self._pool_lock:
-            return self.mempool.pending_nonce(address)
+            return self.chain.mempool.pending_nonce(address)
 
     def is_catching_up(self) -> bool:
         driver = self.driver
         return driver is not None and getattr(driver, "_behind_since", None) is not None
 
     def status(self) -> dict[str, Any]:
-        if not self.ready.is_set():
+        if not self.ready.is_set() or self.driver is None:
             return {"ready": False}
-        core = self.driver.core
+        chain, core = self.chain, self.driver.core
         connected = set(self.node.peers())
         return {
             "ready": True,
-            "chain_id": self.genesis.chain_id,
-            "height": self.ledger.height,
+            "chain_id": chain.genesis.chain_id,
+            "height": chain.ledger.height,
             "round": core.round,
             "step": core.step.name.lower(),
-            "app_hash": self.ledger.app_hash.hex(),
-            "last_block_hash": self.ledger.last_block_hash.hex(),
+            "app_hash": chain.ledger.app_hash.hex(),
+            "last_block_hash": chain.ledger.last_block_hash.hex(),
             "catching_up": self.is_catching_up(),
-            "in_committee": self.peer_id in self.committee,
-            "committee": len(self.committee),
-            "committee_peers_connected": sum(1 for p in self.committee.peer_ids if p in connected),
-            "mempool_txs": len(self.mempool),
+            "in_committee": self.peer_id in chain.committee,
+            "committee": len(chain.committee),
+            "committee_peers_connected": sum(1 for p in chain.committee.peer_ids if p in connected),
+            "mempool_txs": len(chain.mempool),
             "seconds_since_commit": (None if self.last_commit_monotonic is None
                                      else round(time.monotonic() - self.last_commit_monotonic, 3)),
         }
 
     def block_json(self, height: int, full: bool = False) -> dict | None:
         """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates)."""
-        block = self.store.block(height)
+        store = self.chain.store
+        block = store.block(height)
         if block is None:
             return None
         doc = block.header.to_json()
@@ -538,12 +596,12 @@ class ValidatorRole(Role):
             doc["transactions"] = [hashlib.sha256(raw).hexdigest() for raw in block.txs]
         doc["evidence"] = [raw.hex() for raw in block.evidence]
         doc["last_commit"] = _votes_json(block.last_commit)
-        doc["commit"] = _votes_json(self.store.certificate_bytes(height) or b"")
+        doc["commit"] = _votes_json(store.certificate_bytes(height) or b"")
         return doc
 
-    async def _http_block(self, query: dict[str, str]) -> dict:
-        self.require_ready()
-        height = parse_height(query.get("height", "latest"), self.ledger.height)
+    async def _http_block(self, query: Mapping[str, str]) -> dict[str, Any]:
+        chain = self.require_ready()
+        height = parse_height(query.get("height", "latest"), chain.ledger.height)
         doc = await asyncio.get_running_loop().run_in_executor(None, self.block_json, height, False)
         if doc is None:
             raise ResourceNotFound(f"no block at height {height}")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from consensus.state import serve_disputes, serving
 from consensus.state.supply import supply_breakdown
@@ -24,6 +25,9 @@ from node.rpc.errors import InvalidParams, RpcError
 
 if TYPE_CHECKING:
     from consensus.validator.role import ValidatorRole
+    from node.rpc.dispatcher import Dispatcher
+
+T = TypeVar("T")
 
 MAX_RAW_TX_HEX = 2 * 64 * 1024
 MAX_LIST_TASKS = 1000
@@ -80,54 +84,64 @@ def tx_rejection(exc: TxError) -> RpcError:
                     code=exc.code.rpc_code)
 
 
-def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
-    """Register every ``dkb_`` ledger method on ``dispatcher`` against the role ``chain``; returns
-    them by name (the node's ledger gateway calls them in-process)."""
+class LedgerMethods:
+    """The ``dkb_`` ledger methods against the validator role ``role``, one method per request; each
+    read takes the chain state ``role.require_ready()`` returns (ResourceUnavailable while it loads)."""
 
-    def in_thread(fn, *args):
+    def __init__(self, role: ValidatorRole) -> None:
+        self.role = role
+
+    def register(self, dispatcher: Dispatcher) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """Register every method on ``dispatcher``; returns them by name (the node's ledger gateway
+        calls them in-process)."""
+        methods = {name: getattr(self, name) for name in METHODS}
+        for name, fn in methods.items():
+            dispatcher.register(name, fn)
+        return methods
+
+    @staticmethod
+    def _in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
-    async def dkb_chainId() -> str:
-        return chain.node.config.get("consensus", "chain_id")
+    async def dkb_chainId(self) -> str:
+        return str(self.role.node.config.get("consensus", "chain_id"))
 
-    async def dkb_blockNumber() -> int:
-        chain.require_ready()
-        return chain.ledger.height
+    async def dkb_blockNumber(self) -> int:
+        return self.role.require_ready().ledger.height
 
-    async def dkb_getBalance(address: str, block: str = "latest") -> int:
-        chain.require_ready()
-        return chain.ledger.balance(check_address(address))
+    async def dkb_getBalance(self, address: str, block: str = "latest") -> int:
+        return self.role.require_ready().ledger.balance(check_address(address))
 
-    async def dkb_getTransactionCount(address: str, block: str = "latest") -> int:
-        chain.require_ready()
+    async def dkb_getTransactionCount(self, address: str, block: str = "latest") -> int:
+        chain = self.role.require_ready()
         check_address(address)
         if block == "pending":
-            return chain.pending_nonce(address)
+            return self.role.pending_nonce(address)
         if block != "latest":
             raise InvalidParams("block must be 'latest' or 'pending'")
         return chain.ledger.nonce(address)
 
-    async def dkb_sendRawTransaction(tx: str) -> str:
+    async def dkb_sendRawTransaction(self, tx: str) -> str:
         raw = parse_hex(tx, "tx")
         if not raw:
             raise InvalidParams("tx: empty")
         try:
-            accepted = await chain.submit(raw)
+            accepted = await self.role.submit(raw)
         except TxError as exc:
             raise tx_rejection(exc) from None
-        return accepted.hash.hex()
+        return str(accepted.hash.hex())
 
-    async def dkb_getTransactionReceipt(hash: str) -> dict | None:
-        chain.require_ready()
-        receipt = await in_thread(chain.store.storage.receipt, parse_hex(hash, "hash", 32))
+    async def dkb_getTransactionReceipt(self, hash: str) -> dict[str, Any] | None:
+        chain = self.role.require_ready()
+        receipt = await self._in_thread(chain.store.storage.receipt, parse_hex(hash, "hash", 32))
         return None if receipt is None else receipt.to_json()
 
-    async def dkb_getBlockByNumber(number: int | str = "latest", full: bool = False) -> dict | None:
-        chain.require_ready()
-        return await in_thread(chain.block_json, parse_height(number, chain.ledger.height), full)
+    async def dkb_getBlockByNumber(self, number: int | str = "latest", full: bool = False) -> dict[str, Any] | None:
+        chain = self.role.require_ready()
+        return await self._in_thread(self.role.block_json, parse_height(number, chain.ledger.height), full)
 
-    async def dkb_getValidators() -> dict[str, Any]:
-        chain.require_ready()
+    async def dkb_getValidators(self) -> dict[str, Any]:
+        chain = self.role.require_ready()
         committee = chain.committee
         return {
             "height": chain.ledger.height + 1,
@@ -135,81 +149,75 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
             "total_power": committee.total_power,
             "validators": [{"peer_id": pid, "power": power} for pid, power in committee.items()],
             "candidates": [{"peer_id": pid, "bonded": stake}
-                           for pid, stake in await chain.read_state(chain.ledger.validators)],
+                           for pid, stake in await self.role.read_state(chain.ledger.validators)],
         }
 
-    async def dkb_getStake(address: str) -> dict:
-        chain.require_ready()
-        return chain.ledger.stake_info(check_address(address))
+    async def dkb_getStake(self, address: str) -> dict[str, Any]:
+        return self.role.require_ready().ledger.stake_info(check_address(address))
 
-    async def dkb_getNode(address: str) -> dict | None:
-        chain.require_ready()
-        return chain.ledger.node_info(check_address(address))
+    async def dkb_getNode(self, address: str) -> dict[str, Any] | None:
+        return self.role.require_ready().ledger.node_info(check_address(address))
 
-    async def dkb_listNodes(role: str | None = None, model: str | None = None, limit: int = 100) -> list:
+    async def dkb_listNodes(self, role: str | None = None, model: str | None = None,
+                            limit: int = 100) -> list[dict[str, Any]]:
         """Node records, by role or by a model they serve (ADR 0174)."""
-        chain.require_ready()
+        chain = self.role.require_ready()
         if not isinstance(limit, int) or not 1 <= limit <= serving.MAX_LIST_NODES:
             raise InvalidParams(f"limit must be in 1..{serving.MAX_LIST_NODES}")
         if role is not None and not isinstance(role, str) or model is not None and not isinstance(model, str):
             raise InvalidParams("role and model are text")
-        return await chain.read_state(serving.list_nodes, chain.ledger.state, role, model, limit,
-                                      chain.ledger.params.serve_announce_ttl)
+        nodes: list[dict[str, Any]] = await self.role.read_state(
+            serving.list_nodes, chain.ledger.state, role, model, limit, chain.ledger.params.serve_announce_ttl)
+        return nodes
 
-    async def dkb_getServeEscrow(address: str) -> dict:
+    async def dkb_getServeEscrow(self, address: str) -> dict[str, Any]:
         """A client's serving escrow: balance and unlock height (0: locked)."""
-        chain.require_ready()
+        chain = self.role.require_ready()
         return serving.serve_escrow_json(chain.ledger.state, check_address(address))
 
-    async def dkb_getServeDispute(dispute: str) -> dict | None:
+    async def dkb_getServeDispute(self, dispute: str) -> dict[str, Any] | None:
         """A serving dispute: parties, referees and their votes, deadline, status (ADR 0176)."""
-        chain.require_ready()
+        chain = self.role.require_ready()
         return serve_disputes.dispute_json(chain.ledger.state, parse_hex(dispute, "dispute", 32))
 
-    async def dkb_listServeDisputes(referee: str | None = None, limit: int = 100) -> list:
+    async def dkb_listServeDisputes(self, referee: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Open serving disputes, or those awaiting ``referee``'s vote (ADR 0176)."""
-        chain.require_ready()
+        chain = self.role.require_ready()
         if not isinstance(limit, int) or not 1 <= limit <= serve_disputes.MAX_LIST_DISPUTES:
             raise InvalidParams(f"limit must be in 1..{serve_disputes.MAX_LIST_DISPUTES}")
         if referee is not None:
             check_address(referee)
-        return await chain.read_state(serve_disputes.list_open_disputes, chain.ledger.state, referee, limit)
+        disputes: list[dict[str, Any]] = await self.role.read_state(serve_disputes.list_open_disputes,
+                                                                    chain.ledger.state, referee, limit)
+        return disputes
 
-    async def dkb_getTask(task_id: str) -> dict | None:
-        chain.require_ready()
-        return chain.ledger.task_info(parse_hex(task_id, "task_id", 32))
+    async def dkb_getTask(self, task_id: str) -> dict[str, Any] | None:
+        return self.role.require_ready().ledger.task_info(parse_hex(task_id, "task_id", 32))
 
-    async def dkb_listTasks(status: str | None = None, owner: str | None = None, limit: int = 100) -> list:
-        chain.require_ready()
+    async def dkb_listTasks(self, status: str | None = None, owner: str | None = None,
+                            limit: int = 100) -> list[dict[str, Any]]:
+        chain = self.role.require_ready()
         if not 1 <= limit <= MAX_LIST_TASKS:
             raise InvalidParams(f"limit must be in 1..{MAX_LIST_TASKS}")
         if owner is not None:
             check_address(owner)
-        return await chain.read_state(chain.ledger.list_tasks, status, owner, limit)
+        tasks: list[dict[str, Any]] = await self.role.read_state(chain.ledger.list_tasks, status, owner, limit)
+        return tasks
 
-    async def dkb_getSupply() -> dict[str, int]:
-        chain.require_ready()
-        parts = await chain.read_state(supply_breakdown, chain.ledger.state)
+    async def dkb_getSupply(self) -> dict[str, int]:
+        chain = self.role.require_ready()
+        parts: dict[str, int] = await self.role.read_state(supply_breakdown, chain.ledger.state)
         return {**parts, "total": sum(parts.values()), "genesis": chain.genesis.total_supply}
 
-    async def dkb_getParams() -> dict[str, int]:
+    async def dkb_getParams(self) -> dict[str, int]:
         """The chain's parameters (genesis ``params``: stakes, shares, windows), e.g. ``min_serve_stake``."""
-        chain.require_ready()
-        return dataclasses.asdict(chain.ledger.params)
+        return dataclasses.asdict(self.role.require_ready().ledger.params)
 
-    async def dkb_getGenesis() -> dict[str, Any]:
+    async def dkb_getGenesis(self) -> dict[str, Any]:
         """The chain's genesis document (the file form) and its hash: what ``dekube-node provide`` fetches
         and checks against the hash its network description names (docs/adr/0195)."""
-        chain.require_ready()
-        return {"genesis": chain.genesis.to_obj(), "hash": chain.genesis.hash.hex()}
+        genesis = self.role.require_ready().genesis
+        return {"genesis": genesis.to_obj(), "hash": genesis.hash.hex()}
 
-    for fn in (dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
-               dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
-               dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
-               dkb_getServeDispute, dkb_listServeDisputes, dkb_getGenesis):
-        dispatcher.register(fn.__name__, fn)
-    return {fn.__name__: fn for fn in (
-        dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
-        dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake,
-        dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
-        dkb_listServeDisputes, dkb_getGenesis)}
+
+METHODS = tuple(name for name in vars(LedgerMethods) if name.startswith("dkb_"))
