@@ -46,6 +46,7 @@ from bench.offload import offload_figures  # noqa: E402
 from ml.serve import protocol  # noqa: E402
 from ml.serve.client import RemoteGenerator, ServerInfo, local_generate  # noqa: E402
 from ml.serve.device import prepare_device, serving_profile  # noqa: E402
+from ml.serve.handler import ServeHandler  # noqa: E402
 from ml.serve.model import DecoderConfig, random_decoder  # noqa: E402
 from ml.serve.server import BlockServer  # noqa: E402
 from ml.serve.tuner import time_lora_tuning  # noqa: E402
@@ -67,7 +68,7 @@ async def run(args) -> dict:
     for start, end in ranges + [middle]:
         host = Host(Identity.generate())
         server = BlockServer(random_decoder(config, SEED, (start, end), ends=False).to(device), profile=profile)
-        host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED)))
+        host.set_handler(protocol.PROTOCOL, ServeHandler(server, config.model_id(SEED)))
         await host.start()
         hosts.append(host)
         infos.append(ServerInfo(host.peer_id, start, end))

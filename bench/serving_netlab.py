@@ -92,6 +92,7 @@ async def role_relay(args) -> None:
 
 async def role_server(args) -> None:
     from ml.serve import protocol
+    from ml.serve.handler import ServeHandler
     from ml.serve.model import random_decoder
     from ml.serve.server import BlockServer
     from node.p2p.host import Host
@@ -104,7 +105,7 @@ async def role_server(args) -> None:
     start, end = ranges_of(config.layers)[args.index]
     host = Host(identity(f"server{args.index}"), [f"/ip4/{args.ip}/tcp/{PORT}"])
     server = BlockServer(await asyncio.to_thread(random_decoder, config, SEED, (start, end), False))
-    host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, config.model_id(SEED), host=host))
+    host.set_handler(protocol.PROTOCOL, ServeHandler(server, config.model_id(SEED), host=host))
     await host.start()
     client = RelayClient(host)
     client.start()

@@ -40,6 +40,7 @@ from ml.registry.models import CharTransformer  # noqa: E402
 from ml.serve import protocol  # noqa: E402
 from ml.serve.catalog import parse_model  # noqa: E402
 from ml.serve.client import RemoteGenerator, ServerInfo  # noqa: E402
+from ml.serve.handler import ServeHandler  # noqa: E402
 from ml.serve.server import MAX_BATCH, BlockServer  # noqa: E402
 from ml.serve.tuner import RemoteTuner  # noqa: E402
 from node.identity import Identity  # noqa: E402
@@ -119,7 +120,7 @@ async def run(args) -> dict:
         for start, end in zip(bounds, bounds[1:]):
             server = BlockServer(spec.load_part((start, end), ends=False))
             host = Host(Identity.generate())
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, spec.model_id))
+            host.set_handler(protocol.PROTOCOL, ServeHandler(server, spec.model_id))
             await host.start()
             hosts.append(host)
             servers.append(server)

@@ -33,6 +33,7 @@ from ml.serve.balance import choose_blocks, should_move
 from ml.serve.billing import ReceiptBook
 from ml.serve.catalog import ModelSpec
 from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
+from ml.serve.handler import ServeHandler
 from ml.serve.server import BlockServer
 from node.identity import Identity
 from node.ledger.errors import LedgerUnavailable, TxFailed
@@ -155,7 +156,7 @@ class ServingLoop:
             assert self.gateway is not None   # a paid server has a ledger (checked by whoever configures it)
             billing = protocol.Billing(self.identity, await self.gateway.chain_id(), self.settings.price, self.book,
                                        self.settings.credit_tokens)
-        self.host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, self.spec.model_id, billing,
+        self.host.set_handler(protocol.PROTOCOL, ServeHandler(server, self.spec.model_id, billing,
                                                                        self.host))
         self.server, self.blocks = server, blocks
         self.tokens_per_s = await asyncio.to_thread(own_throughput, server)

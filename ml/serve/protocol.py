@@ -46,36 +46,28 @@ reply then carries "server_sig". "receipt" alone sends one (before a close).
 Replies use the request's codec ("f32" bit-exact, "f16", "int8", "int4"). A refused request is answered
 {"type": "error", "error": text} and the stream stays usable; a malformed frame gets the error and
 the stream is closed. Torch work and tensor (de)coding run in worker threads, one compute at a time
-per server. `make_handler` is the server's stream handler; `SpanClient` the client's end.
+per server. `ServeHandler` (ml/serve/handler.py) is the server's stream handler; `SpanClient` the client's end.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ml.serve.billing import BillingError, ClientMeter, DebtBook, PassRecord, ReceiptBook, ServerMeter, StepRecord
-from ml.serve.delta import DeltaBook, check_ids
-from ml.serve.push import PUSH_WAIT_MAX_S, Inbox, Pushed, PushLink, Target, peer_id, step_id
-from ml.serve.server import BlockServer, ServeError, Usage
-from ml.serve.transcript import ZERO, grads_digest, pass_link, setup_digest, step_link, tensor_digest
-from ml.serve.wire import CODECS, Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
-from node.admission import PeerClass
+from ml.serve.billing import BillingError, ClientMeter, DebtBook, PassRecord, ReceiptBook, StepRecord
+from ml.serve.transcript import ZERO, setup_digest, tensor_digest
+from ml.serve.wire import Message, WireError, decode_frame, encode_frame, frame_length, roundtrip
 from node.p2p.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "/dekube/serve/1.0.0"
-IDLE_TIMEOUT_S = 300.0
 READ_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
-MAX_CHUNKS = 4096
-MAX_LINKS = 4              # push links one client stream may have its server hold
 
 
 class RemoteError(RuntimeError):
@@ -104,41 +96,6 @@ async def read_frame(stream, timeout: float) -> Message | None:
     return await asyncio.to_thread(decode_frame, body)
 
 
-def _codec(header: dict) -> str:
-    codec = header.get("codec", "f32")
-    if codec not in CODECS:
-        raise ServeError(f"unknown codec {str(codec)[:20]!r}; known: {list(CODECS)}")
-    return codec
-
-
-def _split_chunks(lengths: object, hidden: torch.Tensor | None) -> list[torch.Tensor]:
-    """A step's tensor "h" (batch, total, width) cut into its chunks (header "chunks": lengths)."""
-    if hidden is None or hidden.dim() != 3:
-        raise ServeError("a step carries hidden states h of shape (batch, length, width)")
-    if (not isinstance(lengths, list) or not 1 <= len(lengths) <= MAX_CHUNKS
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)
-            or sum(lengths) != hidden.shape[1]):
-        raise ServeError(f"chunks must be 1..{MAX_CHUNKS} positive lengths summing to h's length")
-    return list(torch.split(hidden, lengths, dim=1))
-
-
-def _lora(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if "lora_a" not in tensors and "lora_b" not in tensors:
-        return None
-    if "lora_a" not in tensors or "lora_b" not in tensors:
-        raise ServeError("an adapter needs both lora_a and lora_b")
-    return tensors["lora_a"], tensors["lora_b"]
-
-
-def _send_delta(book: DeltaBook, ids: list[int], value: torch.Tensor,
-                codec: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the delta to send for `value`, its base), after recording what the receiver will reconstruct."""
-    base = book.bases(ids, tuple(value.shape[1:]))
-    delta = value - base
-    book.commit(ids, roundtrip(delta, codec))
-    return delta, base
-
-
 @dataclass(frozen=True)
 class Billing:
     """A server's terms: who signs (its Identity), on which chain, at what price per GFLOP."""
@@ -156,271 +113,6 @@ class Payer:
     identity: object
     chain_id: str
     max_price_per_gflop: int
-
-
-def _stream_usage(server: BlockServer, state: dict) -> Usage:
-    """What this stream was served: its stateless passes, closed sessions and its open session."""
-    session = server.sessions.get(state.get("session", ""))
-    extra = session.usage if session is not None else Usage()
-    return Usage(state["usage"].tokens + extra.tokens, state["usage"].flops + extra.flops)
-
-
-def make_handler(server: BlockServer, model_id: str, billing: Billing | None = None, host=None):
-    """The Host stream handler serving `server`'s blocks as model `model_id` (billing its clients
-    with receipts if `billing`; pushing answers to next servers over `host`, if given)."""
-    compute = asyncio.Semaphore(1)
-    inbox = Inbox(connected=lambda peer: host is None or any(not c.closed for c in host.connections(peer)))
-
-    async def run(fn, *args):
-        async with compute:
-            return await asyncio.to_thread(fn, *args)
-
-    def billed(state: dict, step: tuple | None, codec: str, link: bytes | None = None) -> dict:
-        """Reply header fields for billing after a compute (runs in a worker thread); `step`: an inference
-        step's (chunk lengths, all, inputs as decoded, answer) for the transcript (`link`: a pass's)."""
-        meter: ServerMeter | None = state.get("meter")
-        if meter is None:
-            return {}
-        usage = _stream_usage(server, state)
-        if step is not None:
-            lengths, all_outputs, inputs, answer = step
-            session = server.sessions.get(state.get("session", ""))
-            setup = ZERO if session is None else setup_digest(session.lora, session.prompts)
-            link = step_link(server.start, server.end, codec, lengths, all_outputs, tensor_digest(inputs),
-                             tensor_digest(roundtrip(answer, codec)), setup)
-        return {**meter.report(usage.tokens, usage.flops, link), "billing": meter.offer()}
-
-    def pass_billed(state: dict, kind: str, codec: str, tensors: dict[str, torch.Tensor], inputs: torch.Tensor,
-                    answer: torch.Tensor | dict[str, torch.Tensor], ids: list[int] | None = None,
-                    base: torch.Tensor | None = None) -> dict:
-        """`billed` for a tuning pass (worker thread): its link commits to the resolved `inputs`, the
-        decoded grad and setup, and the answer as the client resolves it (ADR 0183; with `ids`, a delta
-        forward's answer is the sum the outputs book stored)."""
-        grad = tensors.get("grad")
-        if isinstance(answer, dict):
-            answer_digest = grads_digest({name: roundtrip(g, codec) for name, g in answer.items()})
-        else:
-            answer_digest = tensor_digest(roundtrip(answer, codec) if ids is None else state["outputs"].stored(ids))
-        link = pass_link(kind, server.start, server.end, codec, tensor_digest(inputs),
-                         ZERO if grad is None else tensor_digest(grad), answer_digest,
-                         setup_digest(_lora(tensors), tensors.get("prompts")),
-                         ZERO if base is None else tensor_digest(base))
-        return billed(state, None, codec, link)
-
-    def guard(state: dict, hidden: torch.Tensor | None) -> None:
-        if state.get("meter") is not None and hidden is not None and hidden.dim() >= 2:
-            state["meter"].guard(_stream_usage(server, state).tokens, hidden.shape[0] * hidden.shape[1])
-
-    own_peer = str(getattr(host, "peer_id", ""))
-
-    def link_to(state: dict, target: Target) -> PushLink:
-        links: dict[str, PushLink] = state["links"]
-        if target.peer not in links and len(links) >= MAX_LINKS:
-            for old in links.values():
-                old.close()
-            links.clear()
-        return links.setdefault(target.peer, PushLink(host, target, PROTOCOL))
-
-    def start_push(state: dict, target: Target, step: int, out: torch.Tensor | None, codec: str) -> None:
-        """Send `out` (as the reply to the client encodes it) to the next server, without waiting; None:
-        tell it this step has no answer to push (it then asks the client at once)."""
-        link = link_to(state, target)
-
-        async def push() -> None:
-            header = {"type": "push", "session": target.session, "step": step, "codec": codec}
-            if out is None:
-                frame = encode_frame(header | {"none": True})
-            else:
-                frame = await asyncio.to_thread(encode_frame, header | {"chunks": [out.shape[1]]}, {"h": out}, codec)
-            try:
-                ack = await link.send(frame, read_frame)
-            except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError, WireError) as exc:
-                log.info("push of step %d to %s failed: %r", step, target.peer[:16], exc)
-                return
-            if ack.get("type") != "pushed":
-                log.info("push of step %d refused by %s: %s", step, target.peer[:16], str(ack.get("error"))[:200])
-
-        task = asyncio.ensure_future(push())
-        state["pushes"].add(task)
-        task.add_done_callback(state["pushes"].discard)
-
-    async def pushed_input(header: dict, session_id: str, step: int, codec: str) -> torch.Tensor | None:
-        """The input pushed for a "push" step, if it came in time and matches the request."""
-        wait = header.get("wait_s", 5.0)
-        if type(wait) not in (int, float) or not 0 <= wait <= PUSH_WAIT_MAX_S:
-            raise ServeError(f"wait_s is 0..{PUSH_WAIT_MAX_S:g} seconds")
-        pushed = await inbox.take(session_id, step, float(wait))
-        if pushed is None or list(pushed.chunks) != header.get("chunks") or pushed.codec != codec:
-            return None
-        return pushed.hidden
-
-    async def answer(msg: Message, state: dict, peer: str) -> bytes:
-        kind, header, tensors = msg.header.get("type"), msg.header, msg.tensors
-        extra: dict = {}
-        if "receipt" in header:
-            if state.get("meter") is None:
-                raise ServeError("this server does not bill")
-            extra["server_sig"] = await asyncio.to_thread(state["meter"].accept, header["receipt"],
-                                                          header.get("client_sig"))
-            if state.get("session"):
-                server.mark_paid(state["session"])   # a paid session holds a reserved slot (ADR 0186)
-        if kind == "receipt":
-            return encode_frame({"type": "receipt", **extra})
-        if kind == "info":
-            return encode_frame({"type": "info", "model": model_id, "start": server.start, "end": server.end,
-                                 "width": server.config.width, "layers": server.config.layers,
-                                 "profile": server.profile, "price": billing.price_per_gflop if billing else 0,
-                                 **extra})
-        if kind == "open":
-            if state.get("session"):
-                raise ServeError("this stream already has a session")
-            session_id = secrets.token_hex(8)
-            await asyncio.to_thread(server.open_session, session_id, header.get("max_length"),  # type: ignore[arg-type]
-                                    header.get("batch", 1), _lora(tensors), peer, tensors.get("prompts"),  # it checks
-                                    state["ip"], state["class"])
-            state["session"] = session_id
-            offer = {"billing": state["meter"].offer()} if state.get("meter") else {}
-            return encode_frame({"type": "opened", "session": session_id, "profile": server.profile, **offer, **extra})
-        if kind == "route":
-            if not state.get("session"):
-                raise ServeError("open a session first")
-            sender = header.get("push_from")
-            inbox.route(state["session"], None if sender is None else peer_id(sender, "push_from"))
-            can_push = False
-            if "push_to" in header and host is not None:
-                try:
-                    await link_to(state, Target.parse(header["push_to"], own_peer)).open()
-                    can_push = True
-                except (TimeoutError, OSError, ProtocolError) as exc:
-                    log.info("cannot reach %s to push: %r", str(header["push_to"].get("peer"))[:16], exc)
-            return encode_frame({"type": "routed", "push": can_push, **extra})
-        if kind == "close":
-            inbox.drop(state.get("session", ""))
-            usage = server.close_session(state.pop("session", "")) or Usage()
-            state["usage"].tokens += usage.tokens
-            state["usage"].flops += usage.flops
-            return encode_frame({"type": "closed", "usage": usage.as_dict(), **extra})
-        codec = _codec(header)
-        if kind == "push":
-            target_session = str(header.get("session", ""))
-            session = server.sessions.get(target_session)
-            if session is None:
-                raise ServeError("a push names a session this server holds")
-            pushed_step = step_id(header.get("step"))
-            pushed = None
-            if header.get("none") is not True:
-                _split_chunks(header.get("chunks"), tensors.get("h"))
-                pushed = Pushed(tuple(header["chunks"]), codec, tensors["h"])
-            inbox.put(target_session, peer, pushed_step, pushed, session.batch, server.config.width)
-            state["pushed_into"].add(target_session)
-            return encode_frame({"type": "pushed", "step": pushed_step})
-        if kind == "step":
-            if not state.get("session"):
-                raise ServeError("open a session first")
-            step = step_id(header["step"]) if "step" in header else None
-            target = Target.parse(header["push_to"], own_peer) if "push_to" in header else None
-            hidden, digest = tensors.get("h"), None
-            if header.get("push") is True:
-                if step is None or hidden is not None:
-                    raise ServeError("a pushed step has a step id and no h")
-                hidden = await pushed_input(header, state["session"], step, codec)
-                if hidden is None:
-                    if target is not None and host is not None:   # the next server need not wait for us
-                        start_push(state, target, step, None, codec)
-                    return encode_frame({"type": "need_input", "step": step, **extra})
-                digest = (await asyncio.to_thread(tensor_digest, hidden)).hex()
-            elif step is not None:
-                inbox.settle(state["session"], step)
-            chunks = _split_chunks(header.get("chunks"), hidden)
-            guard(state, hidden)
-            all_outputs = header.get("all") is True
-            out = await run(server.step, state["session"], chunks, all_outputs)
-            if target is not None and step is not None and host is not None and not all_outputs:
-                start_push(state, target, step, out, codec)
-            session = server.sessions.get(state["session"])
-            step_usage = session.usage.as_dict() if session is not None else {}
-            extra |= await asyncio.to_thread(billed, state, (header["chunks"], all_outputs, hidden, out), codec)
-            if digest is not None:
-                extra["input"] = digest
-            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": step_usage, **extra}, {"h": out},
-                                           codec)
-        if kind == "forward":
-            if "h" not in tensors:
-                raise ServeError("forward needs tensor h")
-            inputs, ids = tensors["h"], None
-            if "ids" in header:   # h is a delta against the stored inputs of these examples
-                ids = check_ids(header["ids"], inputs.shape[0])
-                inputs = await asyncio.to_thread(state["inputs"].commit, ids, inputs)
-            guard(state, inputs)
-            out = await run(server.forward, inputs, tensors.get("prompts"), _lora(tensors), state["usage"])
-            base = None
-            if ids is not None:
-                out, base = await asyncio.to_thread(_send_delta, state["outputs"], ids, out, codec)
-            if state.get("meter") is not None:
-                extra |= await asyncio.to_thread(pass_billed, state, "forward", codec, tensors, inputs, out, ids,
-                                                 base)
-            return await asyncio.to_thread(encode_frame, {"type": "hidden", "usage": state["usage"].as_dict(),
-                                                          **extra}, {"h": out}, codec)
-        if kind == "backward":
-            if "grad" not in tensors:
-                raise ServeError("backward needs tensor grad")
-            if "h" in tensors:
-                inputs = tensors["h"]
-            elif "ids" in header:
-                inputs = await asyncio.to_thread(state["inputs"].stored,
-                                                 check_ids(header["ids"], tensors["grad"].shape[0]))
-            else:
-                raise ServeError("backward needs tensor h, or ids of a delta forward")
-            guard(state, tensors["grad"])
-            grads = await run(server.backward, inputs, tensors["grad"], tensors.get("prompts"),
-                              _lora(tensors), state["usage"])
-            if state.get("meter") is not None:
-                extra |= await asyncio.to_thread(pass_billed, state, "backward", codec, tensors, inputs, grads)
-            return await asyncio.to_thread(encode_frame, {"type": "grads", "usage": state["usage"].as_dict(),
-                                                          **extra}, grads, codec)
-        raise ServeError(f"unknown request type {str(kind)[:20]!r}")
-
-    async def handle(stream) -> None:
-        remote = getattr(getattr(stream, "connection", None), "remote_addr", None)
-        peer = str(getattr(stream, "remote_peer", ""))
-        state: dict = {"usage": Usage(), "inputs": DeltaBook(), "outputs": DeltaBook(), "links": {}, "pushes": set(),
-                       "pushed_into": set(), "ip": remote.parts[0][1] if remote is not None else "",
-                       "class": host.peer_class(peer) if host is not None else PeerClass.UNKNOWN}
-        if billing is not None:
-            state["meter"] = ServerMeter(billing.identity, billing.chain_id, model_id,
-                                         str(getattr(stream, "remote_peer", "")), billing.price_per_gflop,
-                                         billing.book, billing.credit_tokens, billing.debts)
-        try:
-            while True:
-                try:
-                    msg = await read_frame(stream, IDLE_TIMEOUT_S)
-                except WireError as exc:
-                    await stream.write(encode_frame({"type": "error", "error": str(exc)[:300]}))
-                    break
-                if msg is None:
-                    break
-                try:
-                    reply = await answer(msg, state, str(getattr(stream, "remote_peer", "")))
-                except (ServeError, WireError, ValueError, RuntimeError) as exc:   # RuntimeError: torch's
-                    reply = encode_frame({"type": "error", "error": str(exc)[:300]})
-                await stream.write(reply)
-            await stream.close()
-        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError):
-            stream.reset()
-        finally:
-            for task in list(state["pushes"]):
-                task.cancel()
-            for link in state["links"].values():
-                link.close()
-            for session_id in state["pushed_into"]:   # a previous server's push stream ended
-                inbox.sender_gone(session_id, str(getattr(stream, "remote_peer", "")))
-            if state.get("session"):
-                inbox.drop(state["session"])
-                server.close_session(state["session"])
-            if state.get("meter") is not None:
-                state["meter"].end()
-
-    return handle
 
 
 def _adapter(lora: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:

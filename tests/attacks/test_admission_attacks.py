@@ -203,6 +203,7 @@ def serving_flood(business: bool):
     """Item 5: 8 throwaway identities x 8 idle sessions fill a block server's 64 (before: a normal
     client got `server is full (64 sessions)` for as long as they stayed). Returns its wait."""
     from ml.serve import protocol
+    from ml.serve.handler import ServeHandler
     from ml.serve.model import DecoderConfig, random_decoder
     from ml.serve.protocol import RemoteError, SpanClient
     from ml.serve.server import BlockServer
@@ -213,7 +214,7 @@ def serving_flood(business: bool):
     async def main():
         server_host, client = Host(Identity.generate()), Host(Identity.generate())
         server = BlockServer(random_decoder(config, 1, (0, 2), ends=False), grace_s=STALE_NEVER)
-        server_host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "m", host=server_host))
+        server_host.set_handler(protocol.PROTOCOL, ServeHandler(server, "m", host=server_host))
         hosts, spans = [], []
         for h in (server_host, client):
             await h.start()

@@ -20,6 +20,7 @@ from ml.serve.billing import (
     receipt_to_json,
 )
 from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
+from ml.serve.handler import ServeHandler
 from ml.serve.model import random_decoder
 from ml.serve.protocol import Billing, Payer, RemoteError, SpanClient, SpanUnavailable
 from ml.serve.server import BlockServer
@@ -46,7 +47,7 @@ class PaidNetwork:
             identity = ident(index + 1)
             host, book = Host(identity), ReceiptBook()
             server = self.server_classes.get(index, BlockServer)(random_build((start, end), False))
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(
+            host.set_handler(protocol.PROTOCOL, ServeHandler(
                 server, "test-model", Billing(identity, CHAIN_ID, PRICE, book, self.credit), host))
             await host.start()
             self.hosts.append(host)

@@ -12,6 +12,7 @@ from ml.serve import protocol
 from ml.serve.adapters import AdapterError, ClientParams
 from ml.serve.client import NoChain, RemoteGenerator, ServerInfo, local_generate, measure, plan_chain
 from ml.serve.delta import DeltaBook, DeltaError, check_ids
+from ml.serve.handler import ServeHandler
 from ml.serve.model import DecoderConfig, ServeDecoder, config_from_state, random_decoder
 from ml.serve.protocol import RemoteError, SpanClient
 from ml.serve.server import BlockServer
@@ -44,7 +45,7 @@ class Network:
         for index, (start, end) in enumerate(self.ranges):
             host = Host(Identity.generate())
             server = self.server_classes.get(index, BlockServer)(self.build((start, end), False))
-            host.set_handler(protocol.PROTOCOL, protocol.make_handler(server, "test-model", host=host))
+            host.set_handler(protocol.PROTOCOL, ServeHandler(server, "test-model", host=host))
             await host.start()
             self.hosts.append(host)
             self.servers.append(ServerInfo(host.peer_id, start, end))

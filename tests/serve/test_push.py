@@ -9,7 +9,7 @@ import torch
 from ml.serve import protocol
 from ml.serve.client import RemoteGenerator, local_generate
 from ml.serve.model import random_decoder
-from ml.serve.push import Inbox, Pushed, Target
+from ml.serve.push import Inbox, Pushed, PushLink, Target
 from ml.serve.server import ServeError
 from ml.serve.transcript import tensor_digest
 from ml.serve.wire import decode_frame, encode_frame
@@ -102,7 +102,7 @@ def test_a_server_that_cannot_reach_the_next_one_leaves_that_hop_to_the_client(m
 def generate_with_pushes_to(monkeypatch, target, change, new, **options):
     """Generate through three servers with every push to span `target`'s server passed through
     `change(frame)` (which may raise: the push is lost): tokens, generator, servers."""
-    original = protocol.PushLink.send
+    original = PushLink.send
     peers: list[str] = []
 
     async def send(self, frame, read_reply):
@@ -110,7 +110,7 @@ def generate_with_pushes_to(monkeypatch, target, change, new, **options):
             frame = change(frame)
         return await original(self, frame, read_reply)
 
-    monkeypatch.setattr(protocol.PushLink, "send", send)
+    monkeypatch.setattr(PushLink, "send", send)
 
     async def scenario():
         async with Network(random_build, THREE) as net:

@@ -4,6 +4,7 @@ import asyncio
 
 from ml.serve import protocol
 from ml.serve.client import RemoteGenerator, ServerInfo, local_generate
+from ml.serve.handler import ServeHandler
 from ml.serve.model import DecoderConfig, random_decoder
 from ml.serve.server import BlockServer
 from node.identity import Identity
@@ -22,7 +23,7 @@ def test_generation_through_a_relayed_server_equals_local():
         relay_host = Host(Identity.generate())
         await relay_host.start()
         direct = Host(Identity.generate())
-        direct.set_handler(protocol.PROTOCOL, protocol.make_handler(
+        direct.set_handler(protocol.PROTOCOL, ServeHandler(
             BlockServer(random_decoder(CONFIG, 3, (0, 2), ends=False)), "m"))
         await direct.start()
         clients = []
@@ -33,7 +34,7 @@ def test_generation_through_a_relayed_server_equals_local():
             client.start()
             clients.append(client)
         user, hidden = clients
-        hidden.host.set_handler(protocol.PROTOCOL, protocol.make_handler(
+        hidden.host.set_handler(protocol.PROTOCOL, ServeHandler(
             BlockServer(random_decoder(CONFIG, 3, (2, 4), ends=False)), "m"))
         service = RelayService(relay_host, Admission({user.host.peer_id, hidden.host.peer_id}))
         service.start()
