@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from cli.assembly import install_product
 from cli.errors import CliError
 from cli.passphrase import take_env_passphrase
 from cli.rpc_env import apply_rpc_default
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     take_env_passphrase()   # out of os.environ before anything can start a subprocess
+    install_product()       # the roles, services and config sections the node is handed (ADR 0201)
     try:
         return args.handler(args)
     except USER_ERRORS as exc:

@@ -16,6 +16,7 @@ import logging
 import os
 from pathlib import Path
 
+from cli.assembly import install_product
 from cli.dev_chain import DEV_HOME, prepare_dev_home
 from cli.errors import CliError
 from cli.genesis import read_genesis
@@ -89,6 +90,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[tuple[str, str], str]:
 
 def run(args: argparse.Namespace, unlock=None) -> int:
     """Start the node; ``unlock`` gives the key's passphrase where the caller already has it (``provide``)."""
+    plugins = install_product()   # the roles, services and config sections node/ is handed (ADR 0201)
     overrides = flag_overrides(args)
     if args.dev:
         if args.genesis is not None:
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace, unlock=None) -> int:
     identity = load_identity(key_path(home), unlock or unlock_passphrase(args))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     apply_compute_profile(config, role_names, os.environ)   # before any role imports torch
-    roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting
+    roles = [role_factory(name, plugins) for name in role_names]  # an unknown role or missing extra: before starting
     from node.runtime import Node, run_node  # aiohttp and the p2p stack: not for --help
 
     return run_node(lambda: Node(config, identity, roles, home=home))

@@ -5,8 +5,11 @@ Precedence (lowest first): schema defaults < ``config.toml`` < environment varia
 < command-line flags. Every value passes the same typed parsing and checks wherever it comes from,
 and every error names its source (file, variable or flag) and the key.
 
-Adding a key is one line in ``SCHEMA`` (section -> key -> ``Key``). Environment variables whose
-prefix is not a known section (e.g. ``DEKUBE_HOME``, ``DEKUBE_SLOW``) are not config and are ignored.
+Adding a key is one line in its section (section -> key -> ``Key``). ``SCHEMA`` holds the node's own
+sections (node, p2p, rpc, ledger, artifacts); each role and service owns its section and defaults
+(consensus/validator/settings.py, relay/settings.py, ml/settings.py), handed in through
+``node.plugins.install`` (``add_sections``; ADR 0201). Environment variables whose prefix is not a
+known section (e.g. ``DEKUBE_HOME``, ``DEKUBE_SLOW``) are not config and are ignored.
 """
 from __future__ import annotations
 
@@ -55,16 +58,6 @@ def check_non_negative(value: int) -> None:
 def check_non_negative_float(value: float) -> None:
     if value < 0:
         raise ValueError("must be >= 0")
-
-
-def check_blocks(value: str) -> None:
-    """A:B (0 <= A < B) or auto:N (N >= 1); the model's block count is checked when serving starts."""
-    kind, _, rest = value.partition(":")
-    if kind == "auto":
-        if not rest.isdigit() or int(rest) < 1:
-            raise ValueError("auto:N needs N >= 1")
-    elif not (kind.isdigit() and rest.isdigit() and int(kind) < int(rest)):
-        raise ValueError("blocks are A:B with A < B, or auto:N")
 
 
 def check_host(value: str) -> None:
@@ -133,16 +126,6 @@ def check_choice(choices: tuple[str, ...]) -> Callable[[str], None]:
             raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
 
     return check
-
-
-FAULT_MODES = ("", "wrong_segments", "lazy", "poison_zero", "poison_noise", "poison_stealth", "copycat",
-               "false_accuser", "rubber_stamp")
-
-
-def check_fault_mode(value: str) -> None:
-    if value in FAULT_MODES or re.fullmatch(r"partial:(0(\.\d+)?|1(\.0+)?)", value):
-        return
-    raise ValueError(f"{value!r} is not one of {', '.join(FAULT_MODES[1:])} or partial:<q> (0 <= q <= 1)")
 
 
 def check_roles(value: list[str]) -> None:
@@ -226,59 +209,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                "without Origin are always accepted", each(check_origin)),
         "cors": Key(bool, False, "send CORS headers (and answer preflights) for allowed_origins"),
     },
-    "consensus": {
-        "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),
-        "genesis_file": Key(str, "genesis.json", "genesis document, relative to the node home"),
-        "timeout_propose": Key(float, 1.0,
-                               "seconds to wait for a proposal in round 0 (+50% per round)", check_positive),
-        "timeout_vote": Key(float, 0.5,
-                            "seconds to wait for more prevotes/precommits in round 0 (+50% per round)", check_positive),
-        "empty_block_wait": Key(float, 0.3,
-                                "seconds a proposer waits for transactions before an empty block", check_positive),
-        "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
-        "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
-        "verify_db": Key(str, "auto",
-                         "start-up check of the chain database: full (read every block), recent (state and the "
-                         "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",
-                         check_choice(("auto", "full", "recent"))),
-    },
     "ledger": {
         "rpc_urls": Key(list, [],
                         "validator JSON-RPC URLs the node's ledger gateway reads from and sends to, with failover; "
                         "unused when this node is a validator (its own ledger); also tried: [relay] ledger_rpc, "
                         "[compute] rpc_url, [relay] receipt_rpc", each(check_rpc_url)),
-    },
-    "relay": {
-        "allow_list": Key(list, [], "peer IDs admitted to reserve and relay without a ledger registration"),
-        "min_stake": Key(int, 0, "stake a ledger-registered peer needs to be admitted by this relay"),
-        "min_client_balance": Key(int, 1, "balance that admits an account with no node record (a task owner's "
-                                          "command-line client) where min_stake is 0; 0 admits none",
-                                  check_non_negative),
-        "stake": Key(int, 100, "stake the relay keeps bonded (bonds the difference at start; the ledger pays "
-                               "receipts only to relays with the chain's min_relay_stake)", check_non_negative),
-        "reservation_ttl": Key(int, 3600, "seconds a reservation and its voucher last", check_positive),
-        "max_reservations_per_ip": Key(int, 16, "reservations held at once by peers behind one IP", check_positive),
-        "max_circuits_per_peer": Key(int, 64, "circuits one peer may have open through this relay", check_positive),
-        "price_per_mib": Key(int, 1, "price per relayed MiB written into usage receipts", check_positive),
-        "receipt_rpc": Key(str, "",
-                           "legacy: one more validator JSON-RPC URL for the node's ledger gateway (see [ledger] "
-                           "rpc_urls)", check_rpc_url),
-        "ledger_rpc": Key(str, "",
-                          "legacy: a validator JSON-RPC URL for the node's ledger gateway, tried before [compute] "
-                          "rpc_url (see [ledger] rpc_urls)", check_rpc_url),
-        "lookup_ttl": Key(float, 10.0, "seconds a ledger admission lookup over JSON-RPC is cached", check_positive),
-        "relays": Key(list, [],
-                      "relays this node reserves on when it needs to (.../tcp/N/p2p/<relay id>); empty: no relay "
-                      "client", each(check_peer_multiaddr)),
-        "reserve": Key(bool, False,
-                       "reserve on [relay] relays even when reachable; false: only when AutoNAT through them says "
-                       "private"),
-        "reservations": Key(int, 2,
-                            "relays reserved on at once (those with the lowest round-trip time)", check_positive),
-        "max_price_per_mib": Key(int, 1,
-                                 "highest price per relayed MiB this node co-signs in usage receipts", check_positive),
-        "hole_punch": Key(bool, True,
-                          "with [relay] relays: upgrade relayed connections to direct ones by DCUtR hole punching"),
     },
     "artifacts": {
         "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
@@ -298,48 +233,24 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "seconds a holder may leave a request unanswered before it is retried or dropped",
                              check_positive),
     },
-    "compute": {
-        "rpc_url": Key(str, "",
-                       "legacy: a validator JSON-RPC URL for the node's ledger gateway (see [ledger] rpc_urls)",
-                       check_rpc_url),
-        "stake": Key(int, 1_000, "stake the compute node keeps bonded (bonds the difference at start)"),
-        "bandwidth_mbps": Key(int, 100, "upload bandwidth declared in the node registration (Mbit/s)"),
-        "poll_interval": Key(float, 0.5,
-                             "seconds before retrying after the ledger failed a look at the tasks (task changes arrive"
-                             " on the tasks subscription)", check_positive),
-        "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
-        "portable_cpu": Key(bool, True,
-                            "train on CPU under the portable CPU profile (ADR 0166: AVX2 kernels, bitwise identical "
-                            "on every x86-64 CPU with AVX2); false: the machine's fastest kernels, and the node "
-                            "offers no CPU profile"),
-        "allreduce_mode": Key(str, "butterfly",
-                              "all-reduce algorithm: butterfly or ring", check_choice(("butterfly", "ring"))),
-        "fault_inject": Key(str, "",
-                            "TESTING ONLY: an adversary mode (docs/adr/0167): worker lazy | partial:<q> | poison_zero"
-                            " | poison_noise | poison_stealth | copycat | wrong_segments,"
-                            " verifier false_accuser | rubber_stamp",
-                            check_fault_mode),
-    },
-    "serve": {
-        "model": Key(str, "",
-                     "with the compute role: serve this model's blocks (random:<L>x<W>[:heads][@seed] or a "
-                     "char-transformer .safetensors path; ADRs 0171-0177); empty: no serving"),
-        "blocks": Key(str, "auto:1",
-                      "blocks to serve: A:B, or auto:N (the N thinnest blocks in the ledger's coverage)",
-                      check_blocks),
-        "price": Key(int, 0, "price per GFLOP billed with co-signed receipts (0: free)", check_non_negative),
-        "credit_tokens": Key(int, 1024, "tokens served ahead of a client's receipt", check_positive),
-        "max_sessions": Key(int, 64, "inference sessions held at once", check_positive),
-        "device": Key(str, "auto", "where the served blocks compute: auto (CUDA when torch sees it, else CPU), cpu or "
-                      "cuda (ADR 0179; cuda without a CUDA device stops the node at start)",
-                      check_choice(("auto", "cpu", "cuda"))),
-        "claim_every": Key(float, 30.0,
-                           "seconds between receipt claims, referee duty and announcement refresh", check_positive),
-        "rebalance_every": Key(float, 0.0,
-                               "seconds between coverage checks moving an idle server to thinner blocks (0: never)",
-                               check_non_negative_float),
-    },
 }
+
+
+_OWNED: dict[str, dict[str, Key]] = {}   # the sections roles and services own, once installed
+
+
+def add_sections(sections: Mapping[str, Mapping[str, Key]]) -> None:
+    """Make the config know `sections` (owned by roles and services); the same section twice must be
+    the same keys."""
+    for name, keys in sections.items():
+        if name in SCHEMA or (name in _OWNED and _OWNED[name] != dict(keys)):
+            raise ValueError(f"config section [{name}] is already defined differently")
+        _OWNED[name] = dict(keys)
+
+
+def schema() -> dict[str, dict[str, Key]]:
+    """Every known section: the node's own, then those added."""
+    return {**SCHEMA, **_OWNED}
 
 
 # ---------------------------------------------------------------- parsing
@@ -376,11 +287,12 @@ def parse_text(section: str, key: str, text: str) -> Any:
 
 
 def _spec(section: str, key: str) -> Key:
-    if section not in SCHEMA:
-        raise KeyError(f"unknown section [{section}] (sections: {', '.join(SCHEMA)})")
-    if key not in SCHEMA[section]:
-        raise KeyError(f"unknown key {key!r} in [{section}] (keys: {', '.join(SCHEMA[section])})")
-    return SCHEMA[section][key]
+    known = schema()
+    if section not in known:
+        raise KeyError(f"unknown section [{section}] (sections: {', '.join(known)})")
+    if key not in known[section]:
+        raise KeyError(f"unknown key {key!r} in [{section}] (keys: {', '.join(known[section])})")
+    return known[section][key]
 
 
 def _validate(section: str, key: str, value: Any, source: str) -> Any:
@@ -437,7 +349,7 @@ class Config:
 
 
 def defaults() -> Config:
-    return Config({s: {k: _copy(spec.default) for k, spec in keys.items()} for s, keys in SCHEMA.items()})
+    return Config({s: {k: _copy(spec.default) for k, spec in keys.items()} for s, keys in schema().items()})
 
 
 def _copy(value: Any) -> Any:
@@ -485,7 +397,7 @@ def _env_target(name: str) -> tuple[str, str] | None:
     if not name.startswith(ENV_PREFIX):
         return None
     rest = name[len(ENV_PREFIX):].lower()
-    for section in SCHEMA:
+    for section in schema():
         if rest.startswith(section + "_"):
             return section, rest[len(section) + 1:]
     return None
@@ -504,8 +416,8 @@ def _read_file(path: Path) -> list[tuple[str, str, Any]]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     items = []
     for section, table in doc.items():
-        if section not in SCHEMA:
-            raise ConfigError(f"{path}: unknown section [{section}] (sections: {', '.join(SCHEMA)})")
+        if section not in schema():
+            raise ConfigError(f"{path}: unknown section [{section}] (sections: {', '.join(schema())})")
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: {section!r} must be a [section] table")
         for key, value in table.items():
@@ -522,7 +434,7 @@ def render_toml(values: Mapping[str, Mapping[str, Any]]) -> str:
     for section, keys in values.items():
         lines.append(f"[{section}]")
         for key, value in keys.items():
-            spec = SCHEMA.get(section, {}).get(key)
+            spec = schema().get(section, {}).get(key)
             if spec is not None:
                 lines.append(f"# {spec.help}")
             lines.append(f"{key} = {toml_value(value)}")

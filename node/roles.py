@@ -1,21 +1,19 @@
-"""How a role plugs into the node, and the registry that maps role names to implementations.
+"""How a role plugs into the node.
 
 A role is built whole (docs/adr/0140): the Node builds it after its own services exist, by calling a
 ``RoleFactory`` with itself, and the role's constructor takes what it needs from the node (config,
 identity, ``ledger``, ``host``, ``rpc``, ``hub``, ``status``, ``metrics``, ``data_dir``) and
 registers its RPC methods, status section, metrics, HTTP routes and pub/sub topics before the node
 serves anything; ``run()`` does the work until cancelled. A ``Role`` subclass is itself a factory
-(``ValidatorRole(node)``). ``ROLE_IMPLEMENTATIONS`` maps each role name to such a factory
-(``"module:factory"``), imported only when the role is started. ``NODE_SERVICES`` does the same for
-the services every node runs whatever its roles (``create_service(name, node)`` builds one after
-the roles; it has an async ``run()``), so node/ names them without importing them. ``BasicRole`` is
-an idle role (it runs no protocol and only reports that it runs) for embedding a Node whose only job
-is its transport, as tests and tools do (``basic_role("relay")`` is its factory).
+(``ValidatorRole(node)``). node/ names no role above it (ADR 0201): the factories by name, and the
+services every node runs whatever its roles, are handed in as ``node.plugins.Plugins`` (the
+product's: cli/assembly.py); ``role_factory(name)`` and ``create_service`` read the installed ones.
+``BasicRole`` is an idle role (it runs no protocol and only reports that it runs) for embedding a
+Node whose only job is its transport, as tests and tools do (``basic_role("relay")`` is its factory).
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,26 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from node.config import ROLE_NAMES
 from node.extras import missing_compute_message, missing_compute_module
+from node.plugins import Plugins, installed
 
 if TYPE_CHECKING:
     from node.runtime import Node
 
 log = logging.getLogger(__name__)
-
-# role name -> "module:factory"
-ROLE_IMPLEMENTATIONS: dict[str, str] = {
-    "validator": "consensus.validator.role:ValidatorRole",
-    "relay": "relay.role:RelayRole",
-    "compute": "ml.compute.role:ComputeRole",
-}
-
-# service name -> "module:factory"; the factory takes the Node and returns an object with async run()
-NODE_SERVICES: dict[str, str] = {
-    "relay_client": "relay.node_client:RelayNodeClient",   # circuits and reservations (ADR 0062)
-    "bandwidth": "node.bandwidth:BandwidthService",         # measured bandwidth and latency (ADR 0158)
-    "serving": "ml.serve.service:ServingService",           # [serve]: a block server beside compute (ADR 0177)
-}
-
 
 class RoleError(Exception):
     """A role name is unknown or its implementation cannot be loaded."""
@@ -104,38 +88,39 @@ def basic_role(name: str) -> RoleFactory:
     return lambda node: BasicRole(node, name)
 
 
-def role_factory(name: str) -> RoleFactory:
-    """The factory of the role called ``name`` from ``ROLE_IMPLEMENTATIONS`` (imports its module)."""
-    if name not in ROLE_NAMES or name not in ROLE_IMPLEMENTATIONS:
-        raise RoleError(f"unknown role {name!r} (roles: {', '.join(ROLE_NAMES)})")
-    target = ROLE_IMPLEMENTATIONS[name]
-    factory = _import(target)
+def role_factory(name: str, plugins: Plugins | None = None) -> RoleFactory:
+    """The factory of the role called ``name`` among ``plugins``' roles (default: the installed ones)."""
+    roles = (plugins or installed()).roles
+    if name not in ROLE_NAMES or name not in roles:
+        known = [role for role in ROLE_NAMES if role in roles]
+        raise RoleError(f"unknown role {name!r} (roles: {', '.join(known) or 'none installed'})")
+    factory = load(roles[name], f"role implementation of {name!r}")
 
     def build(node: Node) -> Role:
         role = factory(node)
         if not isinstance(role, Role) or role.name != name:
-            raise RoleError(f"{target} did not create a Role named {name!r}")
+            raise RoleError(f"the factory of role {name!r} did not create a Role named {name!r}")
         return role
 
     return build
 
 
 def create_role(name: str, node: Node) -> Role:
-    """Build the role called ``name`` from ``ROLE_IMPLEMENTATIONS`` for ``node``."""
+    """Build the installed role called ``name`` for ``node``."""
     return role_factory(name)(node)
 
 
 def create_service(name: str, node: Node) -> Any:
-    """Build the node service called ``name`` from ``NODE_SERVICES``."""
-    return _import(NODE_SERVICES[name])(node)
+    """Build the installed node service called ``name``."""
+    return load(installed().services[name], f"node service {name!r}")(node)
 
 
-def _import(target: str) -> Callable[..., Any]:
-    module_name, _, attr = target.partition(":")
+def load(factory: Callable[[], Callable[..., Any]], what: str) -> Callable[..., Any]:
+    """``factory()`` (which imports a role's module), with a missing optional extra reported as a RoleError."""
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        return factory()
+    except ImportError as exc:
         missing = missing_compute_module(exc)
         if missing:
-            raise RoleError(missing_compute_message(f"role implementation {target}", missing)) from exc
-        raise RoleError(f"cannot load role implementation {target}: {exc}") from exc
+            raise RoleError(missing_compute_message(what, missing)) from exc
+        raise RoleError(f"cannot load {what}: {exc}") from exc

@@ -20,6 +20,7 @@ from typing import Any
 import uvloop
 
 from node.artifacts import ArtifactService
+from node.bandwidth import BandwidthService
 from node.config import Config
 from node.dashboard import Dashboard
 from node.identity import Identity
@@ -29,7 +30,8 @@ from node.node_metrics import register_node_metrics
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
-from node.roles import NODE_SERVICES, Role, RoleFactory, RoleStartError, create_service, role_factory
+from node.plugins import installed
+from node.roles import Role, RoleFactory, RoleStartError, create_service, role_factory
 from node.rpc.dispatcher import Dispatcher
 from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
@@ -52,8 +54,9 @@ def node_version() -> str:
 def ledger_urls(config: Config) -> list[str]:
     """The validators' JSON-RPC URLs the ledger gateway uses, in order: ``[ledger] rpc_urls``, then
     the legacy single-URL keys ``[relay] ledger_rpc``, ``[compute] rpc_url``, ``[relay] receipt_rpc``."""
-    urls = list(config.get("ledger", "rpc_urls"))
-    urls += [config.get(section, key) for section, key in
+    values = config.as_dict()
+    urls = list(values["ledger"]["rpc_urls"])
+    urls += [values.get(section, {}).get(key, "") for section, key in
              (("relay", "ledger_rpc"), ("compute", "rpc_url"), ("relay", "receipt_rpc"))]
     return list(dict.fromkeys(url for url in urls if url))
 
@@ -74,13 +77,13 @@ class Node:
     ``node.status`` (``add_section``), ``node.metrics`` (Registry), ``node.host`` (the p2p Host:
     ``set_handler``, ``open_stream``, ``connect``; listening once ``ready`` is set), ``node.http``,
     ``node.ledger`` (the one ledger gateway: reads, ``send``, ``record``, ``subscribe``; ADR 0100),
-    ``node.services`` (``NODE_SERVICES`` built for this node), ``node.relay_client`` (relayed
-    addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``), ``node.artifacts`` (the
-    ArtifactService: ``add_file``, ``fetch``, ``path``; store under ``<data_dir>/artifacts``).
+    ``node.services`` (the bandwidth service and the installed ``node.plugins`` services),
+    ``node.relay_client`` (relayed addresses: ``learn_peer(peer_id)``, ``client.relayed_addrs``),
+    ``node.artifacts`` (the ArtifactService: ``add_file``, ``fetch``, ``path``; store under ``<data_dir>/artifacts``).
 
     ``data_dir`` defaults to ``<home>/data`` (None without a home).
-    ``roles`` are role names (``ROLE_IMPLEMENTATIONS``) or ``RoleFactory``s; the node builds each
-    role once its own services exist (docs/adr/0140), in order, then the ``NODE_SERVICES``.
+    ``roles`` are role names (of the installed ``node.plugins``) or ``RoleFactory``s; the node builds each
+    role once its own services exist (docs/adr/0140), in order, then the services.
     ``node.roles`` holds the built roles; ``node.role(name)`` finds one.
     """
 
@@ -127,7 +130,8 @@ class Node:
         self.metrics.gauge("dekube_node_info", "Constant 1, labelled with this node's identity.",
                            ["peer_id", "version", "roles"]) \
             .set(1, peer_id=self.peer_id, version=self.version, roles=",".join(r.name for r in self.roles))
-        self.services = {name: create_service(name, self) for name in NODE_SERVICES}
+        self.services = {"bandwidth": BandwidthService(self)}
+        self.services |= {name: create_service(name, self) for name in installed().services}
 
     def role(self, name: str) -> Role:
         """The role called ``name`` that this node runs (KeyError if none)."""

@@ -25,8 +25,9 @@ from node.roles import Role, RoleError
 
 from .ledger_access import StakeLookup
 from .reachability import AutoNATServer
-from .service import Admission, RelayLimits, RelayService, Submit
+from .service import Admission, RelayService, Submit
 from .service import StakeLookup as StakeLookupFn
+from .settings import limits as relay_limits
 
 if TYPE_CHECKING:
     from node.ledger import LedgerGateway
@@ -75,10 +76,7 @@ class RelayRole(Role):
             stake_of = StakeLookup(self.ledger, 0 if self.ledger.is_local else settings["lookup_ttl"],
                                    min_client_balance=settings["min_client_balance"])
         admission = Admission(set(settings["allow_list"]), settings["min_stake"], stake_of)
-        limits = RelayLimits(reservation_ttl=settings["reservation_ttl"],
-                             max_reservations_per_ip=settings["max_reservations_per_ip"],
-                             max_circuits_per_peer=settings["max_circuits_per_peer"],
-                             price_per_mib=settings["price_per_mib"])
+        limits = relay_limits(settings)
         chain_id = node.config["consensus"]["chain_id"]
         if submit is None and self.ledger is not None:
             submit = receipt_sender(self.ledger)

@@ -32,7 +32,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     "import cli.main; cli.main.build_parser()",
     "import consensus.validator",
     "import relay.role",
-    "from node.roles import role_factory; role_factory('validator'); role_factory('relay')",
+    "from cli.assembly import PRODUCT; from node.roles import role_factory; "
+    "role_factory('validator', PRODUCT); role_factory('relay', PRODUCT)",
     "from ml.compute.task_spec import submit_payload; from ml.train.spec import TrainSpec; TrainSpec(codec='int8+lz4')",
 ])
 def test_import_leaves_out_torch_numpy_sklearn(statement):
@@ -49,17 +50,19 @@ def test_the_blocker_does_block():
 
 def test_help_and_validator_role_work_without_the_compute_extra():
     result = run_python(BLOCK_COMPUTE + "from cli.main import main\n"
+                        "from cli.assembly import PRODUCT\n"
                         "from node.roles import role_factory\n"
                         "from consensus.validator.role import ValidatorRole\n"
-                        "assert role_factory('validator') is not None and ValidatorRole.name == 'validator'\n"
+                        "assert role_factory('validator', PRODUCT) is not None and ValidatorRole.name == 'validator'\n"
                         "main(['--help'])")
     assert result.returncode == 0, result.stderr
     assert "dekube-node" in result.stdout
 
 
 def test_compute_role_without_torch_names_the_extra():
-    result = run_python(BLOCK_COMPUTE + "from node.roles import RoleError, role_factory\n"
-                        "try:\n    role_factory('compute')\nexcept RoleError as exc:\n    print(exc)\n")
+    result = run_python(BLOCK_COMPUTE + "from cli.assembly import PRODUCT\n"
+                        "from node.roles import RoleError, role_factory\n"
+                        "try:\n    role_factory('compute', PRODUCT)\nexcept RoleError as exc:\n    print(exc)\n")
     assert result.returncode == 0, result.stderr
     assert "pip install 'dekube[compute]'" in result.stdout
     assert "torch" in result.stdout

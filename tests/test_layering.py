@@ -2,7 +2,10 @@
 
 Each module's imports are read with ``ast`` (module-level, function-level and ``TYPE_CHECKING``
 imports alike, relative ones resolved, plus ``importlib.import_module("...")`` with a literal name),
-so a lazy import inside a function breaks the contract as surely as one at the top of a file.
+so a lazy import inside a function breaks the contract as surely as one at the top of a file. A
+string that is a dotted module path of the product, optionally with ``:attribute`` (what a loader
+resolves, e.g. ``"consensus.tx:signed_tx_bytes"``), counts as an import of it too: node/ gets the
+roles, services and encoders above it handed in (node.plugins, ADR 0201), never names them.
 
 The layers, lowest first: ``node`` (runtime, transport, RPC) < ``consensus`` (the ledger) and
 ``relay`` (circuit relays) < ``ml`` (compute) < ``cli`` and ``devtools`` (may import anything).
@@ -13,6 +16,7 @@ package imports ``cli`` or ``devtools``.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +24,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("node", "consensus", "relay", "ml", "cli", "devtools")
+# "package.module[.more][:attribute]": a module named by a string, for a loader to import
+MODULE_STRING = re.compile(r"((?:" + "|".join(TOP_LEVEL) + r")(?:\.[A-Za-z_]\w*)+)(?::[A-Za-z_]\w*)?")
 
 # package -> top-level packages it must not import
 FORBIDDEN = {
@@ -69,7 +75,11 @@ def imports_of(path: Path, root: Path) -> list[Import]:
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str) and _is_dynamic_import(node.func)):
             found.append(Import(rel, node.lineno, node.args[0].value))
-    return sorted(found, key=lambda imp: imp.line)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            named = MODULE_STRING.fullmatch(node.value)
+            if named:
+                found.append(Import(rel, node.lineno, named.group(1)))
+    return sorted(dict.fromkeys(found), key=lambda imp: imp.line)
 
 
 def _is_dynamic_import(func: ast.expr) -> bool:
@@ -162,3 +172,19 @@ def test_relay_may_use_only_the_ledgers_data_formats(fake_repo: Path):
         "    from devtools.testnet import Testnet\n")
     assert [i.name for i in violations(fake_repo)] == [
         "consensus.rpcclient", "consensus.validator.ValidatorRole", "devtools.testnet.Testnet"]
+
+
+def test_a_module_named_by_a_string_is_an_import(fake_repo: Path):
+    """The back door of "module:factory" tables (ADR 0201): a string naming a higher layer's module is
+    caught like an import of it; prose and plain role names are not module paths."""
+    (fake_repo / "node" / "roles.py").write_text(
+        'IMPLEMENTATIONS = {"validator": "consensus.validator.role:ValidatorRole",\n'
+        '                   "serving": "ml.serve.service:ServingService"}\n'
+        'ENCODER = "consensus.tx:signed_tx_bytes"\n'
+        'NAMES = ("validator", "relay", "compute")\n'
+        'OWN = "node.p2p.host"\n'
+        'PROSE = "see consensus.tx for the encoding"\n')
+    names = [(i.line, i.name) for i in imports_of(fake_repo / "node" / "roles.py", fake_repo)]
+    assert names == [(1, "consensus.validator.role"), (2, "ml.serve.service"), (3, "consensus.tx"),
+                     (5, "node.p2p.host")]
+    assert [i.name for i in violations(fake_repo)] == ["consensus.validator.role", "ml.serve.service", "consensus.tx"]

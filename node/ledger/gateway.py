@@ -2,27 +2,27 @@
 
 Reads go to the node's own validator when it runs one (``attach_local``, handed in by the
 validator role at setup), else to the configured validators' JSON-RPC with failover
-(``ValidatorPool``). Transactions are signed by the node's key with the injected ``encode``
-callable (default ``TX_ENCODER``, a "module:function" string, so node/ imports no consensus code)
-and sent by this one sender: nonces come from a local ``NonceBook`` synced once from the
-``pending`` count; up to ``max_in_flight`` transactions are pipelined (the mempool's nonce window),
-no lock is held across a receipt wait; a nonce error resyncs the book and resubmits (at most
-``NONCE_RETRIES`` times). ``send`` returns the receipt or raises TxFailed / LedgerUnavailable.
-Receipts arrive on the ``txs`` topic (this node's own transactions, subscribed from the first
-send on), with a slow read as the fallback. ``subscribe(topic)`` streams ledger events (``tasks``,
-``newHeads``) with RESYNC marks.
+(``ValidatorPool``). Transactions are signed by the node's key with the ``TxEncoding`` handed in
+(default: the installed ``node.plugins``' one, the ledger's encoder and ``DEFAULT_FEE``; node/
+names no consensus code, ADR 0201) and sent by this one sender: nonces come from a local
+``NonceBook`` synced once from the ``pending`` count; up to ``max_in_flight`` transactions are
+pipelined (the mempool's nonce window), no lock is held across a receipt wait; a nonce error
+resyncs the book and resubmits (at most ``NONCE_RETRIES`` times). ``send`` returns the receipt or
+raises TxFailed / LedgerUnavailable. Receipts arrive on the ``txs`` topic (this node's own
+transactions, subscribed from the first send on), with a slow read as the fallback.
+``subscribe(topic)`` streams ledger events (``tasks``, ``newHeads``) with RESYNC marks.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from node.identity import Identity
+from node.plugins import TxEncoding, installed
 from node.rpc.errors import RpcError
 from node.rpc.pubsub import Hub
 
@@ -34,7 +34,6 @@ from .record import RecordPublisher
 
 log = logging.getLogger(__name__)
 
-TX_ENCODER = "consensus.tx:signed_tx_bytes"   # (identity, chain_id, nonce, type, payload, fee) -> wire bytes
 TXS_TOPIC = "txs"
 MAX_IN_FLIGHT = 16         # the mempool's default nonce window (max_nonce_ahead)
 NONCE_RETRIES = 2
@@ -54,27 +53,18 @@ class LocalLedger(Protocol):
         """Answer a ``dkb_*`` JSON-RPC method in-process; raises ``node.rpc.errors.RpcError``."""
 
 METHOD_NOT_FOUND = -32601  # JSON-RPC 2.0
-DEFAULT_FEE = 1  # consensus.tx.DEFAULT_FEE, the genesis fee floor (a test checks)
-
-Encoder = Callable[[Identity, str, int, str, dict, int], bytes]
-
-
-def load_encoder(target: str = TX_ENCODER) -> Encoder:
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 class LedgerGateway:
     def __init__(self, identity: Identity, urls: list[str], *, hub: Hub | None = None,
-                 encode: Encoder | None = None, fee: int = DEFAULT_FEE, timeout: float = 10.0,
+                 tx: TxEncoding | None = None, timeout: float = 10.0,
                  max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.identity = identity
         self.peer_id = identity.peer_id
         self.pool = ValidatorPool(urls, timeout)
         self.hub = hub
-        self.fee = fee
+        self.tx = tx
         self.local: LocalLedger | None = None
-        self._encode = encode
         self._chain_id: str | None = None
         self._nonces = NonceBook()
         self._nonce_sync = asyncio.Lock()
@@ -178,11 +168,13 @@ class LedgerGateway:
 
     async def _submit(self, tx_type: str, payload: dict) -> tuple[str, asyncio.Future]:
         chain_id = await self.chain_id()
-        encode = self._encode = self._encode or load_encoder()
+        tx = self.tx = self.tx or installed().tx
+        if tx is None:
+            raise TxFailed(tx_type, "no transaction encoding installed (node.plugins)", "no_encoding")
         for attempt in range(NONCE_RETRIES + 1):
             nonce = await self._take_nonce()
             try:
-                raw = encode(self.identity, chain_id, nonce, tx_type, payload, self.fee)
+                raw = tx.encode(self.identity, chain_id, nonce, tx_type, payload, tx.fee)
             except ValueError as exc:
                 self._nonces.give_back(nonce)
                 raise TxFailed(tx_type, str(exc), "bad_payload") from None

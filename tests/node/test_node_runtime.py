@@ -5,8 +5,9 @@ import aiohttp
 import pytest
 from node_harness import local_config
 
-from node import roles as role_registry
+from node import plugins
 from node.identity import Identity
+from node.plugins import Plugins
 from node.roles import BasicRole, Role, RoleError, basic_role, create_role, role_factory
 from node.runtime import Node
 
@@ -104,25 +105,30 @@ def test_role_registry(monkeypatch):
         return Node(local_config(), Identity.generate(), [basic_role("relay")])
 
     node = fresh()
-    validator = create_role("validator", node)
+    validator = create_role("validator", node)   # the installed (product) plugins, tests/conftest.py
     assert validator.name == "validator" and not isinstance(validator, BasicRole) and validator.node is node
     with pytest.raises(RoleError, match="unknown role 'miner'"):
         role_factory("miner")
-    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "compute", f"{__name__}:CountingRole")
-    assert isinstance(create_role("compute", fresh()), CountingRole)
-    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", f"{__name__}:CountingRole")
+    counting = Plugins(roles={"compute": lambda: CountingRole, "relay": lambda: CountingRole})
+    assert isinstance(role_factory("compute", counting)(fresh()), CountingRole)
     with pytest.raises(RoleError, match="did not create a Role named 'relay'"):
-        create_role("relay", fresh())
-    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "relay", "no.such.module:Relay")
+        role_factory("relay", counting)(fresh())
+
+    def missing():
+        import no.such.module  # noqa: F401
+
     with pytest.raises(RoleError, match="cannot load role implementation"):
-        role_factory("relay")
+        role_factory("relay", Plugins(roles={"relay": missing}))
+    with pytest.raises(RoleError, match="unknown role 'relay' \\(roles: none installed\\)"):
+        role_factory("relay", Plugins())
 
 
 def test_node_builds_roles_by_name(monkeypatch):
-    monkeypatch.setitem(role_registry.ROLE_IMPLEMENTATIONS, "compute", f"{__name__}:CountingRole")
+    monkeypatch.setattr(plugins, "_installed", Plugins(roles={"compute": lambda: CountingRole}))
     node = Node(local_config(), Identity.generate(), ["compute", basic_role("relay")])
     assert [type(r) for r in node.roles] == [CountingRole, BasicRole]
     assert node.role("relay").node is node and "relay" in node.status._sections
+    assert set(node.services) == {"bandwidth"}   # no services installed: only the node's own
     with pytest.raises(KeyError):
         node.role("validator")
 

@@ -5,6 +5,7 @@ validator URL, and the ``tasks`` and ``txs`` topics reaching a subscriber."""
 import asyncio
 import hashlib
 
+import pytest
 from ledger_testnet import CHAIN, LedgerTestnet, eventually, node_config
 
 from consensus.state.tasks import task_id_for
@@ -152,12 +153,35 @@ def test_the_tasks_topic_delivers_a_created_event_and_the_txs_topic_a_receipt(tm
 
 
 def test_the_gateways_ledger_constants_are_the_ledgers():
-    from consensus.tx import DEFAULT_FEE, MAX_CPU_CORES, ROLES
-    from node.ledger.gateway import DEFAULT_FEE as GATEWAY_FEE
+    from cli.assembly import PRODUCT
+    from consensus.tx import DEFAULT_FEE, MAX_CPU_CORES, ROLES, signed_tx_bytes
     from node.ledger.record import LEDGER_ROLES
     from node.ledger.record import MAX_CPU_CORES as RECORD_MAX_CORES
+    from node.plugins import installed
     assert LEDGER_ROLES == ROLES
-    assert (GATEWAY_FEE, RECORD_MAX_CORES) == (DEFAULT_FEE, MAX_CPU_CORES)
+    assert RECORD_MAX_CORES == MAX_CPU_CORES
+    assert installed() is PRODUCT   # the gateway signs with the ledger's encoder and pays its DEFAULT_FEE
+    assert PRODUCT.tx is not None and (PRODUCT.tx.encode, PRODUCT.tx.fee) == (signed_tx_bytes, DEFAULT_FEE)
+
+
+def test_a_gateway_without_a_transaction_encoding_refuses_to_send(monkeypatch):
+    """node/ names no encoder (ADR 0201): with none handed in or installed, a send fails saying so."""
+    import node.ledger.gateway as gateway_module
+    from node.ledger.errors import TxFailed
+    from node.plugins import Plugins
+
+    monkeypatch.setattr(gateway_module, "installed", Plugins)   # nothing installed
+
+    async def main():
+        gateway = LedgerGateway(Identity.generate(), ["http://127.0.0.1:9"])
+        gateway._chain_id = "dekube-local"
+        try:
+            with pytest.raises(TxFailed, match="no transaction encoding installed"):
+                await gateway.send("transfer", {"to": "x", "amount": 1})
+        finally:
+            await gateway.close()
+
+    asyncio.run(main())
 
 
 def test_a_subscription_reconnects_to_another_validator_and_says_resync(tmp_path):

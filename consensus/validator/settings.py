@@ -1,0 +1,24 @@
+"""The validator role's config section, ``[consensus]``, with its defaults (ADR 0201: each role owns its
+section; cli/assembly.py hands it to the node's config)."""
+from __future__ import annotations
+
+from node.config import Key, check_choice, check_positive
+
+SECTIONS: dict[str, dict[str, Key]] = {
+    "consensus": {
+        "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),
+        "genesis_file": Key(str, "genesis.json", "genesis document, relative to the node home"),
+        "timeout_propose": Key(float, 1.0,
+                               "seconds to wait for a proposal in round 0 (+50% per round)", check_positive),
+        "timeout_vote": Key(float, 0.5,
+                            "seconds to wait for more prevotes/precommits in round 0 (+50% per round)", check_positive),
+        "empty_block_wait": Key(float, 0.3,
+                                "seconds a proposer waits for transactions before an empty block", check_positive),
+        "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
+        "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
+        "verify_db": Key(str, "auto",
+                         "start-up check of the chain database: full (read every block), recent (state and the "
+                         "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",
+                         check_choice(("auto", "full", "recent"))),
+    },
+}
