@@ -44,3 +44,21 @@ def test_relay_role_serves_allow_listed_peers_only():
 def test_bad_allow_list_is_a_clear_error():
     with pytest.raises(RoleError, match="invalid peer IDs"):
         Node(node_config(["not-a-peer"]), Identity.generate(), [RelayRole])
+
+
+def test_the_relay_section_sets_every_limit_and_the_circuit_limit():
+    """[relay]'s limits default to RelayLimits (one place) and the circuit Limit is configurable (ADR 0201)."""
+    from node.config import defaults
+    from relay.messages import Limit
+    from relay.policy import RelayLimits
+    from relay.settings import limits
+
+    assert limits(defaults()["relay"]) == RelayLimits()
+    overrides = {("rpc", "enabled"): "false", ("p2p", "listen"): "/ip4/127.0.0.1/tcp/0",
+                 ("relay", "circuit_limit_seconds"): "120", ("relay", "circuit_limit_bytes"): "1048576",
+                 ("relay", "max_circuits"): "7", ("relay", "receipt_interval_bytes"): "4096"}
+    role = Node(load_config(None, overrides=overrides), Identity.generate(), [RelayRole]).role("relay")
+    got = role.service.limits
+    assert (got.circuit_limit, got.max_circuits, got.receipt_interval_bytes) == (Limit(120, 1 << 20), 7, 4096)
+    only_data = load_config(None, overrides={("relay", "circuit_limit_bytes"): "65536"})
+    assert limits(only_data["relay"]).circuit_limit == Limit(duration=None, data=65536)
