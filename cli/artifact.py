@@ -25,7 +25,7 @@ from node.keystore import load_identity
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("artifact", help="add, list and fetch content-addressed artifacts")
     actions = parser.add_subparsers(dest="artifact_command", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="add a file to the node's artifact store and print its id")

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from cli.errors import CliError
 from cli.home import key_path
@@ -28,7 +29,7 @@ DEFAULT_FILE = Path("genesis.json")
 DEFAULT_STAKE = 1_000_000
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("genesis", help="make or inspect the genesis file of a network")
     actions = parser.add_subparsers(dest="genesis_command", required=True, metavar="ACTION")
     new = actions.add_parser("new", help="write a genesis with no validators yet")
@@ -76,7 +77,7 @@ def write_genesis(path: Path, genesis: Genesis, *, overwrite: bool = True) -> No
     os.replace(tmp, path)
 
 
-def _replace(genesis: Genesis, **changes) -> Genesis:
+def _replace(genesis: Genesis, **changes: Any) -> Genesis:
     try:
         return dataclasses.replace(genesis, **changes)
     except GenesisError as exc:

@@ -14,7 +14,7 @@ from node.identity import Identity
 from node.keystore import save_identity
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("init", help="create config.toml and a node key in the home directory")
     add_home_argument(parser)
     parser.add_argument("--role", help="roles to write into the config, e.g. validator,relay")

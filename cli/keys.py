@@ -14,7 +14,7 @@ from node.identity import Identity
 from node.keystore import load_identity, save_identity
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("keys", help="manage the node key")
     actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     new = actions.add_parser("new", help="create a new node key (refuses to replace one without --force)")

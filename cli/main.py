@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from cli.assembly import install_product
 from cli.errors import CliError
@@ -40,10 +41,12 @@ USER_ERRORS = (CliError, ConfigError, KeystoreError, MissingExtra, RoleError)
 class VersionAction(argparse.Action):
     """``--version``: looks the version up only when asked (package metadata is slow to read)."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, default: Any = argparse.SUPPRESS,
+                 help: str | None = None) -> None:
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         from node.runtime import node_version
 
         print(f"dekube-node {node_version()}")
@@ -66,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     take_env_passphrase()   # out of os.environ before anything can start a subprocess
     install_product()       # the roles, services and config sections the node is handed (ADR 0201)
     try:
-        return args.handler(args)
+        status: int = args.handler(args)
+        return status
     except USER_ERRORS as exc:
         print(f"dekube-node: error: {exc}", file=sys.stderr)
         return 1

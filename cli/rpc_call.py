@@ -2,12 +2,14 @@
 turned into one-line ``CliError``s (the node unreachable, or the node's error answer)."""
 from __future__ import annotations
 
+from typing import Any
+
 from cli.errors import CliError
 from node.ledger import jsonrpc
 from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 
-def rpc_call(url: str, method: str, *params, name_url: bool = False):
+def rpc_call(url: str, method: str, *params: Any, name_url: bool = False) -> Any:
     """``method(*params)`` at ``url``; ``name_url``: the errors say which URL (a network's RPC the user
     did not type, e.g. a bootstrap peer's)."""
     try:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 from cli.assembly import install_product
 from cli.dev_chain import DEV_HOME, prepare_dev_home
@@ -24,7 +26,7 @@ from cli.home import HOME_ENV, add_home_argument, config_path, key_path, resolve
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from consensus.genesis import Genesis
 from ml.profiles import apply_portable_cpu_env
-from node.config import load_config
+from node.config import Config, load_config
 from node.keystore import load_identity
 from node.logs import setup_logging
 from node.roles import role_factory
@@ -45,7 +47,7 @@ FLAGS = {
 _LIST_FLAGS = {"--listen", "--bootstrap"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("start", help="run the node")
     add_home_argument(parser)
     for flag, (section, key, text) in FLAGS.items():
@@ -88,7 +90,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[tuple[str, str], str]:
     return overrides
 
 
-def run(args: argparse.Namespace, unlock=None) -> int:
+def run(args: argparse.Namespace, unlock: Any = None) -> int:
     """Start the node; ``unlock`` gives the key's passphrase where the caller already has it (``provide``)."""
     plugins = install_product()   # the roles, services and config sections node/ is handed (ADR 0201)
     overrides = flag_overrides(args)
@@ -124,7 +126,7 @@ def run(args: argparse.Namespace, unlock=None) -> int:
     return run_node(lambda: Node(config, identity, roles, home=home))
 
 
-def apply_compute_profile(config, role_names: list[str], environ) -> bool:
+def apply_compute_profile(config: Config, role_names: list[str], environ: MutableMapping[str, str]) -> bool:
     """A node that computes trains under the portable CPU profile (docs/adr/0166) unless its operator set
     ``[compute] portable_cpu = false``: the profile's kernel settings go into ``environ`` here, before
     the compute role imports torch (torch, MKL and oneDNN read them when they load). True if applied."""

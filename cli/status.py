@@ -15,7 +15,7 @@ from node.config import load_config
 TIMEOUT_S = 5.0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("status", help="show a running node's /status")
     add_home_argument(parser)
     parser.add_argument("--url", help="node HTTP address, e.g. http://127.0.0.1:8645 (default: from the config)")
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def node_url(args: argparse.Namespace) -> str:
     if args.url:
-        return args.url.rstrip("/")
+        return str(args.url).rstrip("/")
     config = load_config(config_path(resolve_home(args)), env=os.environ)
     host = config.get("rpc", "host")
     if host in ("0.0.0.0", "::"):

@@ -23,6 +23,7 @@ import platform
 import re
 import sys
 from collections.abc import MutableMapping
+from types import ModuleType
 
 PROFILE_ID_MAX = 96        # characters in a profile id (the ledger's bound)
 MAX_PROFILES = 8           # profile ids in a node record's hardware["profiles"]
@@ -106,7 +107,7 @@ def portable_env_applied(environ: MutableMapping[str, str] | None = None) -> boo
     return all(environ.get(name) == value for name, value in PORTABLE_CPU_ENV.items())
 
 
-def configure_portable_torch(torch) -> None:
+def configure_portable_torch(torch: ModuleType) -> None:
     """In a process running the portable CPU profile, keep torch's fp32 ops off oneDNN: its AVX2
     kernels still size their blocking (and so their summation order) by the CPU's cache sizes, while
     ATen's own kernels (GELU, and convolutions as im2col plus MKL's COMPATIBLE sgemm) depend only on
@@ -115,7 +116,7 @@ def configure_portable_torch(torch) -> None:
         torch.backends.mkldnn.enabled = False
 
 
-def _portable_cpu_active(torch) -> bool:
+def _portable_cpu_active(torch: ModuleType) -> bool:
     """This process computes as the portable CPU profile says: an x86-64 CPU, ATen's kernels at
     AVX2 (not AVX-512, not the scalar fallback of a CPU without AVX2), the library settings in place."""
     if platform.machine().lower() not in _X86_64:
@@ -125,7 +126,7 @@ def _portable_cpu_active(torch) -> bool:
     return portable_env_applied()
 
 
-def _cuda_profiles(torch) -> list[str]:
+def _cuda_profiles(torch: ModuleType) -> list[str]:
     try:
         if not torch.cuda.is_available() or not torch.version.cuda:
             return []

@@ -19,7 +19,7 @@ class DeadlinePolicy:
     first_frame_grace_s: float = 5.0  # extra time for a member's first frame of a round (late start)
     smoothing: float = 0.2            # weight of a new gap in the moving average
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.floor_s <= self.ceiling_s or self.initial_s <= 0 or self.multiplier <= 0:
             raise ValueError("deadline policy needs 0 < floor <= ceiling, initial > 0, multiplier > 0")
 
@@ -27,7 +27,7 @@ class DeadlinePolicy:
 class StallEstimator:
     """Tracks the moving average of inter-frame gaps and turns it into a stall timeout."""
 
-    def __init__(self, policy: DeadlinePolicy):
+    def __init__(self, policy: DeadlinePolicy) -> None:
         self.policy = policy
         self._avg_gap: float | None = None
 

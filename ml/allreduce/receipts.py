@@ -35,7 +35,7 @@ def chunk_ranges(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, stop)) for s in range(start, stop, chunk)]
 
 
-def feed(hasher, payload: Payload) -> None:
+def feed(hasher: hashlib._Hash, payload: Payload) -> None:
     """Hash `payload` as it goes on the wire (a (header, body) tuple is sent concatenated)."""
     for part in payload if isinstance(payload, tuple) else (payload,):
         hasher.update(part)

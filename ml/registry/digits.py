@@ -47,7 +47,8 @@ class DigitsDataset:
     def steps_per_epoch(self, world: int, batch_size: int) -> int:
         return max(1, (self.num_train // world) // batch_size)
 
-    def train_batch(self, step: int, rank: int, world: int, batch_size: int, seed: int):
+    def train_batch(self, step: int, rank: int, world: int, batch_size: int,
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch worker `rank` trains on at `step`: a slice of its shard of the epoch's permutation."""
         per_epoch = self.steps_per_epoch(world, batch_size)
         epoch, index = divmod(step, per_epoch)

@@ -49,7 +49,8 @@ class ClientParams:
                 raise AdapterError(f"prompts must be input (P, {width}) and deep ({layers}, P, {width})")
         return self
 
-    def for_span(self, start: int, end: int, batch: int = 1):
+    def for_span(self, start: int, end: int,
+                 batch: int = 1) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
         """(deep prompts (blocks, batch, P, width) | None, LoRA (A, B) | None) for blocks start..end."""
         deep = None
         if self.deep_prompts is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ REFRESH_BLOCKS = 100
 
 
 def served_range(model: str, start: int, end: int, tokens_per_s: float, profile: str, price: int,
-                 height: int | None = None) -> dict:
+                 height: int | None = None) -> dict[str, Any]:
     """One `hardware.serving` entry (the ledger bounds each field); `height`: the chain height now."""
     if not 0 <= start < end:
         raise ValueError("a served range needs start < end")
@@ -60,7 +61,7 @@ class Announced:
     price: int
 
 
-def announced_servers(nodes: list, model: str, layers: int, exclude: str = "") -> list[Announced]:
+def announced_servers(nodes: list[Any], model: str, layers: int, exclude: str = "") -> list[Announced]:
     """The ranges of `model` announced in `nodes` (dkb_listNodes records), within 0..layers, skipping
     `exclude` (this node) and anything malformed."""
     out = []

@@ -60,7 +60,8 @@ class ModelSpec:
 def _shakespeare_vocab() -> str:
     from ml.registry import get_dataset
 
-    return get_dataset("shakespeare").vocab
+    vocab: str = get_dataset("shakespeare").vocab
+    return vocab
 
 
 def parse_model(text: str, heads: int = 4) -> ModelSpec:

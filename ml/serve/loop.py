@@ -32,7 +32,8 @@ from ml.serve.announce import (
 from ml.serve.balance import choose_blocks, should_move
 from ml.serve.billing import ReceiptBook
 from ml.serve.catalog import ModelSpec
-from ml.serve.dispute import BUNDLE_PROTOCOL, Inbox, make_bundle_handler, referee_duty
+from ml.serve.dispute import make_bundle_handler, referee_duty
+from ml.serve.evidence import BUNDLE_PROTOCOL, Inbox
 from ml.serve.handler import ServeHandler
 from ml.serve.server import BlockServer
 from node.identity import Identity

@@ -14,7 +14,7 @@ The claim on chain is the step claim's (ADR 0176): the link alone says it is a p
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -63,7 +63,8 @@ def encode_pass_bundle(model: str, record: PassRecord) -> bytes:
     return encode_frame(header, dict(record.sent), "f32")
 
 
-def pass_bundle_output(header: dict, tensors: dict[str, torch.Tensor], claim: Claim, blocks: ServeDecoder) -> bytes:
+def pass_bundle_output(header: dict[str, Any], tensors: dict[str, torch.Tensor], claim: Claim,
+                       blocks: ServeDecoder) -> bytes:
     """A referee's output for a pass bundle (blocking: torch): the bundle must be for the claim's model
     and blocks, its tensors must hash to the claim's link and its answer be the claim's; then the pass
     is recomputed (`recompute_pass`) and the digest of the honest answer returned. Raises ValueError

@@ -181,7 +181,7 @@ class PushLink:
                 with contextlib.suppress(ValueError, ProtocolError):   # not a multiaddr, or another peer's
                     host.peerbook.add_addrs(target.peer, [addr])
 
-    async def open(self):
+    async def open(self) -> Any:
         """The link's stream, opened now if it is not yet."""
         if self._stream is None:
             self._stream = await asyncio.wait_for(self.host.open_stream(self.peer, self.protocol), PUSH_TIMEOUT_S)

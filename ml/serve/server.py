@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,7 +49,7 @@ class Usage:
     tokens: int = 0
     flops: int = 0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int]:
         return {"tokens": self.tokens, "flops": self.flops}
 
 
@@ -73,8 +74,9 @@ class Session:
 class BlockServer:
     def __init__(self, model: ServeDecoder, *, max_sessions: int = MAX_SESSIONS,
                  max_sessions_per_owner: int = MAX_SESSIONS_PER_OWNER, max_cache_bytes: int = MAX_CACHE_BYTES,
-                 ttl_s: float = SESSION_TTL_S, clock=time.monotonic, lie_after: int | None = None,
-                 profile: str = "", grace_s: float = SESSION_GRACE_S, unknown_sessions: int | None = None):
+                 ttl_s: float = SESSION_TTL_S, clock: Callable[[], float] = time.monotonic,
+                 lie_after: int | None = None, profile: str = "", grace_s: float = SESSION_GRACE_S,
+                 unknown_sessions: int | None = None) -> None:
         if model.start == model.end:
             raise ValueError("a block server needs at least one block")
         model.eval()
