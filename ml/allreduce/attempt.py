@@ -8,7 +8,7 @@ the group (group.py) turns those into a VIEW and a new attempt. Heavy tensor wor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,14 +78,15 @@ class AttemptContext:
             raise PlanMismatch(sender, theirs)
 
 
-async def run_all(coros: list[Awaitable[None]]) -> None:
+async def run_all(coros: Sequence[Awaitable[None]]) -> None:
     """Run coroutines concurrently; on the first failure cancel the rest and re-raise it."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()
+            error = task.exception()
+            if error is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()

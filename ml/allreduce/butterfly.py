@@ -71,7 +71,8 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
     plan = ctx.plan
     others = [m for m in plan.members if m != ctx.me]
     chunks = plan.chunks(shard)
-    arrivals = {m: [] for m in others}  # (arrival time, bytes) of each part, to measure upload rates
+    # (arrival time, bytes) of each part, to measure upload rates
+    arrivals: dict[str, list[tuple[float, int]]] = {m: [] for m in others}
     hashers = {m: hashlib.sha256() for m in others}  # each sender's parts, for its receipt
     for c, (a, b) in enumerate(chunks):
         payloads = {}

@@ -144,11 +144,10 @@ class Inbox:
         for rounds in self._last_alive.values():  # one earlier round is enough to show a sender behind
             for old in [r for r in rounds if r < round_id - 1]:
                 del rounds[old]
-        for store in (self._frames, self._signals):
-            for key in [k for k in store if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
-                item = store.pop(key)
-                if store is self._signals:
-                    self._resolve(item)
+        for key in [k for k in self._frames if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
+            del self._frames[key]
+        for key in [k for k in self._signals if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
+            self._resolve(self._signals.pop(key))
         for key in [k for k in self._waiters if (k[0], k[1]) < (round_id, attempt)]:
             self._resolve(self._waiters.pop(key))
 

@@ -35,7 +35,7 @@ class PeerLinks:
         self._transport = transport
         self._protocol = protocol
         self._on_broken = on_broken
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.PriorityQueue] = {}
         self._writers: set[asyncio.Task] = set()
         self._abandoned: dict[int, set[int]] = {}  # round -> attempts whose data frames are skipped
         self._close_grace_s = 1.0
