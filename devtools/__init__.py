@@ -9,4 +9,10 @@ failover tests and the netlab bench drive over relayed circuits; ``netlab``, the
 labs (an emulated internet with NAT routers, a shaped star, link cuts) that benchmarks, devtools
 and tests share; ``perturb``, fault runs over a devnet. Product packages (node, consensus,
 relay, ml) never import from here; only the CLI, tests, benchmarks and scripts do (docs/adr/0130).
+Every tool here builds or configures product nodes, so importing the package installs the product's
+plugins (cli/assembly.py: roles, services, config sections, transaction encoding; ADR 0201), as the
+CLI's entry does.
 """
+from cli.assembly import install_product
+
+install_product()

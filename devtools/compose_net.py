@@ -22,7 +22,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cli.assembly import install_product
 from devtools.devnet import COMPUTE_STAKE, FAST_TASK_PARAMS
 from devtools.testnet import MANIFEST, Testnet
 from node.config import load_config
@@ -174,7 +173,6 @@ def run_client(root: Path, steps: int, price: int, timeout: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    install_product()   # the product's roles, services and config sections (ADR 0201)
     parser = argparse.ArgumentParser(prog="python -m devtools.compose_net", description=__doc__.splitlines()[0])
     actions = parser.add_subparsers(dest="command", required=True)
     init = actions.add_parser("init", help="write the homes (once)")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cli.assembly import install_product
 from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
 from node.config import load_config
 from node.identity import Identity
@@ -57,7 +56,6 @@ class ArtifactAgent:
 
 
 def main() -> None:
-    install_product()   # the product's roles, services and config sections (ADR 0201)
     parser = agent_parser()
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--relays", default="", help="comma-separated relay multiaddrs")

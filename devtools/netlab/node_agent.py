@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import torch
 
-from cli.assembly import install_product
 from devtools.netlab.commands import agent_parser, run_agent, serve_commands
 from ml.allreduce import AllReduceGroup
 from ml.compute.host_transport import HostTransport
@@ -158,7 +157,6 @@ class NodeAgent:
 
 
 def main() -> None:
-    install_product()   # the product's roles, services and config sections (ADR 0201)
     parser = agent_parser()
     parser.add_argument("--relays", required=True, help="comma-separated relay multiaddrs")
     parser.add_argument("--no-hole-punch", action="store_true")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-from cli.assembly import install_product
 from devtools.netlab.commands import agent_parser, run_agent, run_node_agent
 from ml.compute import progress_protocol
 from ml.compute.job_board import JobBoard
@@ -68,7 +67,6 @@ class ProgressAgent:
 
 
 def main() -> None:
-    install_product()   # the product's roles, services and config sections (ADR 0201)
     parser = agent_parser()
     parser.add_argument("--relays", default="")
     run_agent(ProgressAgent(parser.parse_args()))

@@ -48,13 +48,14 @@ class AttemptContext:
     started: float                 # loop time the attempt began
     stall_s: float                 # stall timeout for this attempt
     grace_s: float                 # extra wait for a member's first frame
-    first_meta: dict               # meta sent with each first chunk (plan digest, shapes, members)
+    first_meta: dict[str, Any]     # meta sent with each first chunk (plan digest, shapes, members)
     agreed_rates: dict[str, float] = field(default_factory=dict)  # upload rates measured this attempt
     encoded: bytes | memoryview = b""  # all-gather: this peer's encoded contribution (flat is its decoding)
     piece_bytes: int = 0               # all-gather: frame size the encodings are cut into
     received: dict[str, Receipt] = field(default_factory=dict)  # sender -> what this peer got from it
 
-    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple, meta: dict | None = None) -> Frame:
+    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple[Any, ...],
+              meta: dict[str, Any] | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)
 
     async def take(self, kind: Kind, slot: int, chunk: int, sender: str, first: bool,
@@ -63,7 +64,7 @@ class AttemptContext:
         key = (self.round_id, self.attempt, kind, slot, chunk, sender)
         return await self.inbox.take(key, since, self.stall_s * stall_factor)
 
-    def check_first_meta(self, sender: str, meta: dict) -> None:
+    def check_first_meta(self, sender: str, meta: dict[str, Any]) -> None:
         """Validate the meta of a member's first chunk: same tensor shapes, same plan."""
         if meta.get("shape") != self.first_meta["shape"]:
             raise PeerFailure(sender, "wrong-shape contribution (tensor layout differs)", bad_data=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 import torch
 
@@ -56,7 +57,7 @@ async def _receive_results(ctx: AttemptContext, shard: int, reducer: str) -> Non
         await ctx.offload(decode_into, ctx.codec, frame.payload, ctx.out[a:b], reducer, "result")
 
 
-def _parse_rates(ctx: AttemptContext, meta: dict) -> dict[str, float]:
+def _parse_rates(ctx: AttemptContext, meta: dict[str, Any]) -> dict[str, float]:
     """The upload-rate table reducer 0 sends with its last result chunk (junk entries dropped)."""
     rates = meta.get("rates")
     table = {}
@@ -67,7 +68,7 @@ def _parse_rates(ctx: AttemptContext, meta: dict) -> dict[str, float]:
     return table
 
 
-async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.Future]) -> None:
+async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.Future[Any]]) -> None:
     plan = ctx.plan
     others = [m for m in plan.members if m != ctx.me]
     chunks = plan.chunks(shard)
@@ -94,13 +95,14 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
         ctx.received[sender] = Receipt(sender, hasher.hexdigest(), start, stop, plan.chunk_numel)
 
 
-async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.Future], member: str) -> None:
+async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.Future[Any]],
+                        member: str) -> None:
     for c, result in enumerate(results):
         encoded, meta = await result
         await ctx.links.send(member, ctx.frame(Kind.RESULT, shard, c, encoded, meta))
 
 
-def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]]) -> dict:
+def _rates_meta(ctx: AttemptContext, arrivals: dict[str, list[tuple[float, int]]]) -> dict[str, Any]:
     """Each member's upload rate as reducer 0 saw its parts arrive (bytes after the first part over
     the time from first to last), clamped to 1/4..4x the median so one odd reading cannot starve a
     reducer, and readings within RATE_DEAD_BAND of the median taken as the median: concurrent TCP
@@ -127,7 +129,7 @@ def _settle_rate(rate: float, median: float) -> float:
 
 
 def _reduce_chunk(ctx: AttemptContext, payloads: dict[str, bytes], a: int, b: int,
-                  hashers: dict) -> tuple[Payload, torch.Tensor]:
+                  hashers: dict[str, Any]) -> tuple[Payload, torch.Tensor]:
     """Hash each sender's part into its receipt; sum in sorted member order (our own part
     unquantized), divide, encode once; runs in a worker thread."""
     for sender, payload in payloads.items():

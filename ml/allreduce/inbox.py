@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from .deadlines import StallEstimator
 from .wire import Frame, Kind
@@ -46,8 +47,8 @@ class Inbox:
     def __init__(self, estimator: StallEstimator):
         self.estimator = estimator
         self._frames: dict[Key, Frame] = {}
-        self._waiters: dict[Key, asyncio.Future] = {}
-        self._signals: dict[tuple, asyncio.Future] = {}
+        self._waiters: dict[Key, asyncio.Future[Frame]] = {}
+        self._signals: dict[tuple[int, int | None, Kind], asyncio.Future[Any]] = {}
         self._last_seen: dict[str, tuple[float, int, int]] = {}  # last data frame: gap estimates
         self._last_alive: dict[str, dict[int, float]] = {}  # sender -> round -> last frame of any kind
         self._faults: dict[str, tuple[int, str, bool]] = {}  # sender -> (round, reason, bad data)
@@ -92,7 +93,7 @@ class Inbox:
         entry = self._faults.get(sender)
         return entry[1] if entry is not None and entry[0] >= round_id else None
 
-    def signal(self, round_id: int, attempt: int | None, kind: Kind) -> asyncio.Future:
+    def signal(self, round_id: int, attempt: int | None, kind: Kind) -> asyncio.Future[Any]:
         """A future done once any frame of this kind (and attempt; None: any) arrived for the round."""
         key = (round_id, attempt, kind)
         fut = self._signals.get(key)
@@ -146,12 +147,12 @@ class Inbox:
                 del rounds[old]
         for key in [k for k in self._frames if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
             del self._frames[key]
-        for key in [k for k in self._signals if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
-            self._resolve(self._signals.pop(key))
+        for signal in [k for k in self._signals if (k[0], k[1] if k[1] is not None else attempt) < (round_id, attempt)]:
+            self._resolve(self._signals.pop(signal))
         for key in [k for k in self._waiters if (k[0], k[1]) < (round_id, attempt)]:
             self._resolve(self._waiters.pop(key))
 
     @staticmethod
-    def _resolve(fut: asyncio.Future | None) -> None:
+    def _resolve(fut: asyncio.Future[Any] | None) -> None:
         if fut is not None and not fut.done():
             fut.set_result(None)

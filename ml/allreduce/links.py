@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from .transport import Stream, Transport
 from .uplink import UplinkTurn
@@ -28,6 +29,7 @@ TURN_BYTES = 256 << 10  # the most one turn on the uplink writes (a large frame 
 # order within a peer's queue: earlier rounds and attempts first; within one, control frames
 # (PING, VIEW), then contribution parts (they unblock the reducers), then results
 _RANK = {Kind.PART: 1, Kind.RESULT: 2, Kind.COMMITTED: 2}
+Entry = tuple[int, int, int, int, Frame]   # (round, attempt, rank, sequence, frame): the queue's order
 
 
 class PeerLinks:
@@ -35,8 +37,8 @@ class PeerLinks:
         self._transport = transport
         self._protocol = protocol
         self._on_broken = on_broken
-        self._queues: dict[str, asyncio.PriorityQueue] = {}
-        self._writers: set[asyncio.Task] = set()
+        self._queues: dict[str, asyncio.PriorityQueue[Entry]] = {}
+        self._writers: set[asyncio.Task[None]] = set()
         self._abandoned: dict[int, set[int]] = {}  # round -> attempts whose data frames are skipped
         self._close_grace_s = 1.0
         self.bytes_sent = 0
@@ -52,14 +54,14 @@ class PeerLinks:
     def is_abandoned(self, frame: Frame) -> bool:
         return frame.kind in DATA_KINDS and frame.attempt in self._abandoned.get(frame.round_id, ())
 
-    def _queue(self, peer: str) -> asyncio.PriorityQueue:
+    def _queue(self, peer: str) -> asyncio.PriorityQueue[Entry]:
         queue = self._queues.get(peer)
         if queue is None:
             queue = self._queues[peer] = asyncio.PriorityQueue(QUEUE_FRAMES)
             self._writers.add(asyncio.create_task(self._write_loop(peer, queue)))
         return queue
 
-    def _entry(self, frame: Frame) -> tuple:
+    def _entry(self, frame: Frame) -> Entry:
         self._seq += 1
         return (frame.round_id, frame.attempt, _RANK.get(frame.kind, 0), self._seq, frame)
 
@@ -93,7 +95,7 @@ class PeerLinks:
         self._writers.clear()
         self._queues.clear()
 
-    async def _write_loop(self, peer: str, queue: asyncio.Queue) -> None:
+    async def _write_loop(self, peer: str, queue: asyncio.Queue[Entry]) -> None:
         stream = None
         try:
             while True:
@@ -127,12 +129,12 @@ class PeerLinks:
                     await asyncio.wait_for(stream.close(), self._close_grace_s)
 
 
-async def _write_all(stream: Stream, buffers: list) -> None:
+async def _write_all(stream: Stream, buffers: list[Any]) -> None:
     for buf in buffers:
         await stream.write(buf)
 
 
-def _pieces(buffers: list, limit: int) -> list[list]:
+def _pieces(buffers: list[Any], limit: int) -> list[list[memoryview]]:
     """The frame's buffers regrouped into pieces of at most `limit` bytes (views, no copies)."""
     pieces, piece, size = [], [], 0
     for buf in buffers:

@@ -134,6 +134,7 @@ def test_compute_node_start_applies_the_profile_before_torch_loads():
     """What ``dekube-node start --role compute`` does, in a fresh process whose user preset AVX-512:
     the settings go in before the compute role's import loads torch, so the process offers the profile."""
     code = ("import os, sys; from cli.start import apply_compute_profile; from node.config import load_config\n"
+            "from cli.assembly import install_product; install_product()\n"
             "config = load_config(None, env={}, overrides={('node', 'roles'): 'compute'})\n"
             "assert 'torch' not in sys.modules\n"
             "assert apply_compute_profile(config, config.get('node', 'roles'), os.environ)\n"
