@@ -13,8 +13,10 @@ signed receipts to can claim them: the others cannot charge its escrow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from consensus.genesis import Params
+from node.ledger.gateway import LedgerGateway
 
 DEFAULT_MIN_SERVE_STAKE = Params().min_serve_stake
 
@@ -44,7 +46,7 @@ def stake_plan(peer_id: str, free: int, bonded: int, min_stake: int, fee: int) -
         f"--wait) and start again (it bonds the rest itself)"))
 
 
-async def min_serve_stake(gateway) -> int:
+async def min_serve_stake(gateway: LedgerGateway) -> int:
     """The chain's ``min_serve_stake`` (the genesis default from a validator without dkb_getParams)."""
     from node.ledger.errors import LedgerUnavailable
 
@@ -56,7 +58,7 @@ async def min_serve_stake(gateway) -> int:
     return int(params["min_serve_stake"])
 
 
-async def ensure_claimable(gateway, peer_id: str) -> int:
+async def ensure_claimable(gateway: LedgerGateway, peer_id: str) -> int:
     """Bond what `peer_id` lacks of ``min_serve_stake`` (the amount bonded now, 0 if none was needed), or
     raise NotClaimable with the reason."""
     from node.ledger.errors import LedgerUnavailable, TxFailed
@@ -74,7 +76,7 @@ async def ensure_claimable(gateway, peer_id: str) -> int:
     return plan.bond
 
 
-async def claimable_servers(gateway, servers: set[str]) -> dict[str, str]:
+async def claimable_servers(gateway: LedgerGateway, servers: set[str]) -> dict[str, str]:
     """For each server that cannot claim its receipts, why (not a registered compute node, or too little
     bonded); servers missing from the answer can claim."""
     needed = await min_serve_stake(gateway)
@@ -89,11 +91,11 @@ async def claimable_servers(gateway, servers: set[str]) -> dict[str, str]:
     return why
 
 
-def paid_report(signed: list[dict], unclaimable: dict[str, str]) -> dict:
+def paid_report(signed: list[dict[str, Any]], unclaimable: dict[str, str]) -> dict[str, Any]:
     """What a client is told it paid: the amounts of its co-signed receipts (`signed`, cumulative per
     session) to servers that can claim them ("paid"), and, apart, those to servers that cannot
     ("unclaimable": server -> {"amount", "why"}; the ledger will not charge them)."""
-    out: dict = {"paid": 0}
+    out: dict[str, Any] = {"paid": 0}
     for receipt in signed:
         server, amount = receipt["server"], int(receipt["amount"])
         if server in unclaimable:

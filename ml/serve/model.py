@@ -74,7 +74,7 @@ LARGE = {"width": 768, "layers": 12, "heads": 12, "context": 512, "vocab_size": 
 class KVCache:
     """Keys and values of one block for one session, preallocated to `max_length` positions."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, max_length: int, dtype=torch.float32,
+    def __init__(self, batch: int, heads: int, head_dim: int, max_length: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         self.keys = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros(batch, heads, max_length, head_dim, dtype=dtype, device=device)
@@ -125,7 +125,8 @@ class CausalSelfAttention(registry.CausalSelfAttention):
         else:
             mask = torch.ones(length, past + length, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+        out: torch.Tensor = self.out(y.transpose(1, 2).reshape(batch, length, width))
+        return out
 
 
 class DecoderBlock(registry.TransformerBlock):
@@ -139,7 +140,8 @@ class DecoderBlock(registry.TransformerBlock):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cache, lora)
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class ServeDecoder(nn.Module):
@@ -170,10 +172,12 @@ class ServeDecoder(nn.Module):
         length = tokens.shape[1]
         if offset + length > self.config.context:
             raise ValueError(f"position {offset + length} exceeds the model's context of {self.config.context}")
-        return self.embed(tokens.to(self.position.device)) + self.position[offset:offset + length]
+        hidden: torch.Tensor = self.embed(tokens.to(self.position.device)) + self.position[offset:offset + length]
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(hidden))
+        logits: torch.Tensor = self.head(self.norm(hidden))
+        return logits
 
     # ---- blocks
     def new_caches(self, batch: int, max_length: int) -> list[KVCache]:

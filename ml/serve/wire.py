@@ -23,6 +23,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ class WireError(ValueError):
 
 @dataclass
 class Message:
-    header: dict
+    header: dict[str, Any]
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     nbytes: int = 0   # the frame's size on the wire
 
@@ -106,7 +107,7 @@ def roundtrip(tensor: torch.Tensor, codec: str) -> torch.Tensor:
     return decode_tensor(encode_tensor(tensor, codec), codec, tuple(tensor.shape))
 
 
-def encode_frame(header: dict, tensors: dict[str, torch.Tensor] | None = None, codec: str = "f32") -> bytes:
+def encode_frame(header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, codec: str = "f32") -> bytes:
     """One frame: `header` (without "tensors") plus `tensors`, all in `codec`."""
     tensors = tensors or {}
     if len(tensors) > MAX_TENSORS:
@@ -129,7 +130,7 @@ def encode_frame(header: dict, tensors: dict[str, torch.Tensor] | None = None, c
 
 def frame_length(prefix: bytes) -> int:
     """The body length announced by a frame's 4-byte prefix (checked against MAX_FRAME)."""
-    (length,) = LENGTH.unpack(prefix)
+    length: int = LENGTH.unpack(prefix)[0]
     if length > MAX_FRAME:
         raise WireError(f"frame of {length} bytes exceeds {MAX_FRAME}")
     if length < LENGTH.size:
@@ -172,7 +173,7 @@ def decode_frame(body: bytes) -> Message:
     metas = header.pop("tensors", [])
     if not isinstance(metas, list) or len(metas) > MAX_TENSORS:
         raise WireError(f"tensors must be a list of at most {MAX_TENSORS}")
-    checked: list = []
+    checked: list[Any] = []
     seen: set[str] = set()
     for meta in metas:
         name, codec, shape, nbytes = _check_meta(meta, seen)

@@ -131,6 +131,14 @@ class LedgerGateway:
             raise LedgerUnavailable(f"{method}: this node has no ledger (set [ledger] rpc_urls)")
         return await self.pool.call(method, *params)
 
+    @property
+    def fee(self) -> int:
+        """What each transaction pays (the encoding's fee); LedgerUnavailable without an encoding."""
+        tx = self.tx or installed().tx
+        if tx is None:
+            raise LedgerUnavailable("no transaction encoding installed (node.plugins)")
+        return tx.fee
+
     async def chain_id(self) -> str:
         if self._chain_id is None:
             self._chain_id = await self.call("dkb_chainId")
