@@ -188,3 +188,29 @@ def test_a_node_outside_the_committee_follows_the_chain(tmp_path):
             await asyncio.wait_for(task, 10)
 
     asyncio.run(run_node(home, body))
+
+
+def test_prepare_returns_the_whole_chain_state_and_nothing_is_read_before(tmp_path):
+    """ValidatorRole.prepare() opens the chain once and returns it complete (ADR 0201); before it, the
+    chain and the ledger methods answer "still loading" instead of failing on a field left None."""
+    from consensus.validator.role import ChainState
+    from node.rpc.errors import ResourceUnavailable
+
+    home = make_home(tmp_path)
+
+    async def main():
+        role = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole], home=home).role("validator")
+        with pytest.raises(ResourceUnavailable, match="still loading"):
+            _ = role.chain
+        with pytest.raises(ResourceUnavailable, match="still loading"):
+            await role.call("dkb_blockNumber")
+        try:
+            chain = await role.prepare()
+            assert isinstance(chain, ChainState) and role.chain is chain
+            assert (chain.genesis.chain_id, chain.ledger.height, chain.prev_committee) == (CHAIN, 0, None)
+            assert set(chain.committee.peer_ids) == {VALIDATOR.peer_id, PARTNER.peer_id}
+            assert role.ledger is chain.ledger and role.store is chain.store and role.mempool is chain.mempool
+        finally:
+            await asyncio.get_running_loop().run_in_executor(role._worker, role._close)
+
+    asyncio.run(main())
