@@ -1,23 +1,25 @@
 """Audit slots (docs/adr/0168): drawn verifiers, answers with evidence, disputes, referees, verdicts.
 
 When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; a slot
-names one segment of that worker (drawn uniformly, with replacement), a 32-byte salt and one verifier
-drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second verifier with
-probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed (and, for redraws
+names one segment of that worker's commitment (drawn uniformly, with replacement, among the segments
+it covers: a worker that left a task cut into epochs committed fewer, ADR 0203), a 32-byte salt and
+one verifier drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second
+verifier with probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed (and, for redraws
 and referees, the hash of the block that makes them) so every replica draws the same.
 
 A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
 its deadline is redrawn, up to ``audit_redraws`` times a seat) -> all answers equal and ``match`` ->
 ``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
-``guilty``); answers that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by
-its deadline; the (match, evidence) most votes agree on, leading every other value strictly and cast
-by a majority of a full panel, is the verdict (``guilty`` iff its match is false); a tie, or too few
-votes, draws a larger panel (``referee_rounds`` panels at most, ADR 0188), after which the slot is
-``undecided``. No answer after every redraw -> ``unaudited``. A worker is paid only for its slots
-that ended ``ok`` (ADR 0188: never paid unaudited or undecided); ``settle`` turns the resolved slots
-into who is guilty, who is paid from the verifier pool and whose answer or referee vote the verdict
-contradicts (slashed at finalize). Deadlines are block times (ms) from
-consensus/state/deadlines.py (docs/adr/0187).
+``guilty``; unless the worker left the crew of a task cut into epochs and every answer says it is
+unreachable: ``unaudited``, consensus/state/epochs.py); answers that differ, or a dispute ->
+``referees`` drawn, each sends ``referee_vote`` by its deadline; the (match, evidence) most votes agree
+on, leading every other value strictly and cast by a majority of a full panel, is the verdict
+(``guilty`` iff its match is false); a tie, or too few votes, draws a larger panel (``referee_rounds``
+panels at most, ADR 0188), after which the slot is ``undecided``. No answer after every redraw ->
+``unaudited``. A worker is paid only for its slots that ended ``ok`` (ADR 0188: never paid unaudited or
+undecided); ``settle`` turns the resolved slots into who is guilty, who is paid from the verifier pool
+and whose answer or referee vote the verdict contradicts (slashed at finalize). Deadlines are block
+times (ms) from consensus/state/deadlines.py (docs/adr/0187).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.genesis import Params
-from consensus.state import deadlines
+from consensus.state import deadlines, epochs
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import TASK, LedgerState
@@ -121,7 +123,7 @@ def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
     task.slots = []
     deadline = deadlines.answer_deadline(params, ctx, task)
     for worker in sorted(task.commits):
-        segments = task.segments or task.commits[worker][2]
+        segments = task.commits[worker][2]
         excluded = {task.owner, worker}
         for _ in range(params.audits_per_worker):
             index = len(task.slots)
@@ -203,6 +205,9 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
         slot["verdict"] = {"match": match, "evidence": evidence}
         if match:
             slot["outcome"] = OK
+            _resolved(state, task_id, slot)
+        elif epochs.left_unreachable(task, slot["worker"], slot["salt"], match, evidence):
+            slot["outcome"] = UNAUDITED
             _resolved(state, task_id, slot)
         else:
             slot["dispute_deadline"] = deadlines.dispute_deadline(params, ctx)

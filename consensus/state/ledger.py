@@ -37,6 +37,7 @@ HANDLERS = {
     "cancel_task": tasks.apply_cancel_task,
     "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
+    "commit_epoch": tasks.apply_commit_epoch,
     "audit_result": audits.apply_audit_result,
     "dispute": audits.apply_dispute,
     "referee_vote": audits.apply_referee_vote,
