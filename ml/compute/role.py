@@ -39,6 +39,7 @@ from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.dashboard_view import payouts_to, slashes_of
 from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
+from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
@@ -595,7 +596,11 @@ class ComputeRole(Role):
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
-            summary = await train_to_end(trainer)
+            async def keep(records: dict) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
+                await asyncio.to_thread(self._save_result, key, records)
+                self._leaves.pop(key, None)
+            committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
+            summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
             records, leaf_worker = trainer.recorder.records, me
