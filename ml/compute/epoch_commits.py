@@ -6,7 +6,8 @@ EPOCH_TARGET_S of the declared work each (an epoch is a few minutes; a short tas
 of an epoch (every epoch but the last, which the task's commit_result ends), it keeps them (so the
 node serves them to verifiers, from disk after a restart too) and sends ``commit_epoch``: the Merkle
 root of its segment records so far, their count and the digest of its state at the epoch end (the
-last record's ``state_out``). Hashing runs off the event loop.
+last record's ``state_out``). Hashing runs off the event loop. `crew_exit` tells a worker that the
+ledger takes no more commitments from it (the crew stopped, or it missed an epoch), so it stops training.
 """
 from __future__ import annotations
 
@@ -106,3 +107,19 @@ class EpochCommitter:
                              "segments_root": progress.segments_root.hex(), "epoch": epoch})
             await self.send("commit_epoch", progress.payload(self.task_id))
             self.committed.append(progress)
+
+
+def crew_exit(task: dict, worker: str) -> str:
+    """Why the ledger takes no more commitments from ``worker`` on a task still open for them: the crew
+    stopped (the task ended at its last closed epoch), or ``worker`` missed an epoch that closed; "" when
+    it is still in the crew (or the task has no epochs)."""
+    progress = task.get("epochs")
+    if not isinstance(progress, dict) or not progress:
+        return ""
+    if "stopped" in progress:
+        return f"the crew stopped in epoch {int(progress['stopped']) + 1}: the task ended at its last closed epoch"
+    mine = (progress.get("commits") or {}).get(worker) or []
+    current = int(progress.get("current", 0))
+    if len(mine) < current:
+        return f"this worker left the crew: epoch {len(mine) + 1} closed without its commitment"
+    return ""

@@ -39,7 +39,7 @@ from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.dashboard_view import payouts_to, slashes_of
 from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
-from ml.compute.epoch_commits import EpochCommitter
+from ml.compute.epoch_commits import EpochCommitter, crew_exit
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
@@ -423,6 +423,8 @@ class ComputeRole(Role):
                     self._due_at(self._finalize_at[key])
                 elif status in LEDGER_FINAL and job is not None and job["state"] not in ENDED:
                     self._stop_job(key, task)
+                elif crew_exit(task, me) and job is not None and job["state"] not in ENDED:   # ADR 0203
+                    self._stop_job(key, {**task, "status": "closed to this worker", "reason": crew_exit(task, me)})
             if status in AUDITABLE and (self.config["audit"] or me in task["workers"]):
                 for duty in duties_for(task, me, now + 1):
                     if duty.key not in self._duties_started:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ml.compute.epoch_commits import EpochCommitter, epoch_layout, epochs_for
+from ml.compute.epoch_commits import EpochCommitter, crew_exit, epoch_layout, epochs_for
 from ml.compute.segment_record import SegmentRecord, StepHashes, leaves, root
 from ml.compute.task_spec import InvalidTask
 
@@ -126,3 +126,12 @@ def test_a_task_without_epochs_commits_nothing_on_the_way():
 
     committer = EpochCommitter(task_doc(1, 4), TASK_ID, WORKER, Recorder(), send, keep)
     assert asyncio.run(committer.alongside(training())) == {"ok": 1} and sent == []
+
+
+def test_a_worker_knows_when_the_ledger_takes_no_more_of_its_commitments():
+    commits = {"a": [[1], [2]], "b": [[1]]}
+    running = {"epochs": {"current": 2, "commits": commits}}
+    assert crew_exit(running, "a") == ""
+    assert "left the crew: epoch 2 closed" in crew_exit(running, "b")
+    assert "crew stopped in epoch 3" in crew_exit({"epochs": {**running["epochs"], "stopped": 2}}, "a")
+    assert crew_exit({"epochs": {}}, "a") == "" and crew_exit({}, "a") == ""
