@@ -420,6 +420,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         raise TxError(TxCode.BAD_STATE, "this worker already committed a result; it cannot reject the task")
     if tx.sender in task.rejections:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already rejected the task")
+    if epochs.entries(task, tx.sender):
+        raise TxError(TxCode.BAD_STATE, "this worker already committed progress; it cannot reject the task")
     if deadlines.passed(task.commit_deadline, ctx):
         raise TxError(TxCode.BAD_STATE, f"the commit deadline (block time {task.commit_deadline} ms) has passed")
     task.rejections[tx.sender] = p["reason"]
@@ -427,6 +429,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.events.append({"type": "worker_rejected", "task_id": task_id, "worker": tx.sender, "reason": p["reason"]})
     if len(task.rejections) >= commit_quorum(len(task.workers)):
         _end_rejected(state, params, task_id, task)
+    elif epochs.before_last(task) and epochs.all_committed(task):
+        _close_epoch(state, params, ctx, task_id, task)   # the rest of the crew had committed the epoch
     else:
         _close_if_all_answered(state, params, ctx, task_id, task)
 

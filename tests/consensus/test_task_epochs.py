@@ -245,3 +245,13 @@ def test_a_restarted_replica_closes_epochs_and_stops_the_task_with_the_same_app_
         assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
     assert replica.state.tasks[task_id] == task and task.epochs["stopped"] == 1
     assert replica.full_state_hash() == chain.ledger.full_state_hash()
+
+
+def test_a_rejection_after_the_others_committed_closes_the_epoch_and_progress_cannot_be_rejected(chain):
+    task_id = submit(chain)
+    task = chain.ledger.state.tasks[task_id]
+    all_commit_epoch(chain, task_id, 0, workers=(W1, W2))
+    assert task.epochs["current"] == 0                      # W3 may still commit
+    assert chain.run(W1, "reject_task", {"task_id": task_id, "reason": "late"}).code == TxCode.BAD_STATE
+    assert chain.run(W3, "reject_task", {"task_id": task_id, "reason": "dry run failed"}).code == TxCode.OK
+    assert task.epochs["current"] == 1                      # nobody left to wait for
