@@ -459,7 +459,10 @@ def _end_rejected(state: LedgerState, params: Params, task_id: bytes, task: Task
 
 def leading_result(task: Task, excluded: frozenset[str] | set[str] = frozenset()) -> bytes:
     """The result_hash the most committers (those not in ``excluded``) agree on; ties go to the
-    hash committed first, then the smaller hash. b"" while nobody committed."""
+    hash committed first, then the smaller hash. b"" while nobody committed, and for a task whose crew
+    stopped (its commitments are epoch states, not trained weights: ADR 0203)."""
+    if "stopped" in task.epochs:
+        return b""
     votes: dict[bytes, list[int]] = {}
     furthest = max((segments for worker, (_, _, segments, _) in task.commits.items() if worker not in excluded),
                    default=0)
