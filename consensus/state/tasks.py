@@ -148,6 +148,9 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
         elif epochs.closed(task):
             state.events.append({**epochs.stop(task), "task_id": task_id})
             _open_audit_window(state, params, ctx, task_id, task)
+        elif epochs.count(task) > 1:   # no epoch closed: a lone result run ahead is not a crew's work
+            task.commits = {}
+            settle(state, params, task_id, task)
         elif not task.commits:
             settle(state, params, task_id, task)
 

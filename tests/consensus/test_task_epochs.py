@@ -256,3 +256,12 @@ def test_a_rejection_after_the_others_committed_closes_the_epoch_and_progress_ca
     assert chain.run(W1, "reject_task", {"task_id": task_id, "reason": "late"}).code == TxCode.BAD_STATE
     assert chain.run(W3, "reject_task", {"task_id": task_id, "reason": "dry run failed"}).code == TxCode.OK
     assert task.epochs["current"] == 1                      # nobody left to wait for
+
+
+def test_a_lone_worker_that_runs_ahead_of_a_crew_that_never_closed_an_epoch_is_not_paid(chain):
+    task_id = submit(chain, epochs=2)
+    task = chain.ledger.state.tasks[task_id]
+    assert commit_epoch(chain, W1, task_id, 0, segments=3).code == TxCode.OK
+    assert commit_result(chain, W1, task_id).code == TxCode.OK      # ahead of epoch 0's close
+    run_until(chain, lambda: task.status != TaskStatus.RUNNING)
+    assert task.status == TaskStatus.EXPIRED and task.payouts == {OWNER.peer_id: PRICE}
