@@ -29,7 +29,8 @@ class Chain:
                  block_ms=1000):
         self.chain_id = chain_id
         self.block_ms = block_ms
-        self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
+        self.proposer_identity = ident(validators[0]) if validators else ident(999)
+        self.proposer = self.proposer_identity.peer_id
         if balances is None:
             balances = {ident(i).peer_id: balance for i in range(1, 10)}
         self.params = params or Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
@@ -49,7 +50,7 @@ class Chain:
         led = self.ledger
         block = build_block(self.chain_id, led.height + 1, led.state.last_block_time_ms + self.block_ms,
                             led.last_block_hash,
-                            led.app_hash, self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs],
+                            led.app_hash, self.proposer_identity, led.beacon, [t if isinstance(t, bytes) else t.raw for t in txs],
                             evidence, last_commit)
         result = led.apply_block(block)
         led.check_invariants()

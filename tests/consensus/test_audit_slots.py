@@ -220,7 +220,7 @@ def test_the_draw_is_the_same_on_a_reloaded_replica():
     from consensus.block import build_block
     led = replica
     block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                        chain.proposer, [block_tx.raw], ())
+                        chain.proposer_identity, led.beacon, [block_tx.raw], ())
     assert replica.apply_block(block).app_hash == first.app_hash
     assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
     reloaded = LedgerState.load(chain.ledger.storage_items())

@@ -129,7 +129,7 @@ def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_ap
     for _ in range(GRACE + 1):
         led = chain.ledger
         block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                            chain.proposer, [], ())
+                            chain.proposer_identity, led.beacon, [], ())
         results = [led.apply_block(block), replica.apply_block(block)]
         assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
         if any(event["type"] == "audit_window_opened" for event in results[0].events):
