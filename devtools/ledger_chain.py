@@ -50,7 +50,8 @@ class Chain:
         led = self.ledger
         block = build_block(self.chain_id, led.height + 1, led.state.last_block_time_ms + self.block_ms,
                             led.last_block_hash,
-                            led.app_hash, self.proposer_identity, led.beacon, [t if isinstance(t, bytes) else t.raw for t in txs],
+                            led.app_hash, self.proposer_identity, led.beacon,
+                            [t if isinstance(t, bytes) else t.raw for t in txs],
                             evidence, last_commit)
         result = led.apply_block(block)
         led.check_invariants()

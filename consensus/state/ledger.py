@@ -19,7 +19,7 @@ from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
+from consensus.state import accounts, answers, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -38,7 +38,8 @@ HANDLERS = {
     "cancel_task": tasks.apply_cancel_task,
     "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
-    "audit_result": audits.apply_audit_result,
+    "audit_commit": answers.apply_audit_commit,
+    "audit_result": answers.apply_audit_result,
     "dispute": audits.apply_dispute,
     "referee_vote": audits.apply_referee_vote,
     "finalize": tasks.apply_finalize,

@@ -133,7 +133,8 @@ def test_block_that_does_not_extend_the_chain_is_refused(field, value, error):
 def test_tampered_tx_list_fails_root_check():
     chain = Chain()
     led = chain.ledger
-    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer_identity, led.beacon, [chain.tx(A, "bond", {"amount": 1}).raw])
+    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer_identity, led.beacon,
+                        [chain.tx(A, "bond", {"amount": 1}).raw])
     tampered = type(block)(block.header, (chain.tx(B, "bond", {"amount": 1}).raw,))
     with pytest.raises(BlockError, match="txs_root"):
         led.apply_block(tampered)
