@@ -108,7 +108,7 @@ def dispute(chain, worker, task_id, slot):
 def answer_rest_honestly(chain, task_id, task):
     for slot in task.slots:
         for v in slot["verifiers"]:
-            if slot["outcome"] == "pending" and v["answer"] is None:
+            if slot["outcome"] == "pending" and v.get("commitment") is None:
                 assert answer_slot(chain, task_id, slot["slot"], v["verifier"]).code == TxCode.OK
 
 
