@@ -1,11 +1,13 @@
 """Verifier answers are committed, then revealed (docs/adr/0202): a second verifier cannot copy the
 first, a commitment never revealed is treated like silence (redrawn) and slashed, honest verifiers are
-paid as before."""
+paid as before; what the node's SealedAnswers commits to is what the ledger accepts as its reveal."""
 from test_audit_slots import OWNER, POOL, answer_rest_honestly, committed_task, make_chain, slashed
 from test_ledger_kit import HONEST_EVIDENCE, identity_of, run_scheduled_draws
 
 from consensus.state.answers import answer_commitment
 from consensus.txcodes import TxCode
+from ml.compute.sealed_answers import SealedAnswers
+from ml.compute.verification_flow import Judgement
 
 REVEAL_S = 5
 
@@ -61,3 +63,22 @@ def test_a_commitment_never_revealed_is_redrawn_and_slashed():
     assert slashed(chain, withholder) == bonded * 1000 // 10_000
     replacement = slot["verifiers"][1]["verifier"]
     assert slashed(chain, replacement) == 0 and task.payouts.get(replacement, 0) >= POOL // len(task.slots)
+
+
+def test_the_sealed_answer_is_what_the_ledger_accepts_as_the_reveal():
+    chain = make_chain(audit_double_bps=10_000)
+    task_id, task, _ = committed_task(chain)
+    slot = task.slots[0]
+    first, second = (identity_of(v["verifier"]) for v in slot["verifiers"])
+    sealed = {who.peer_id: SealedAnswers(who) for who in (first, second)}
+    honest = Judgement(True, HONEST_EVIDENCE, 0, "replayed")
+    for who in (first, second):
+        chain.ok(who, "audit_commit", sealed[who.peer_id].commit_payload(task_id, 0, honest))
+    assert slot["reveal_deadline"] > 0
+    forged = sealed[second.peer_id].reveal_payload(task_id, 0, Judgement(False, HONEST_EVIDENCE, 1, "changed mind"))
+    assert chain.run(second, "audit_result", forged).code == TxCode.BAD_PAYLOAD
+    for who in (first, second):
+        chain.ok(who, "audit_result", sealed[who.peer_id].reveal_payload(task_id, 0, honest))
+    assert slot["outcome"] == "ok"
+    restarted = SealedAnswers(first)                             # a restart derives the same blinding
+    assert restarted.blinding(task_id, 0) == sealed[first.peer_id].blinding(task_id, 0)

@@ -10,6 +10,7 @@ draws the same, so grinding adds nothing to what an honest proposer's chain give
 import copy
 
 from test_audit_slots import OWNER, SEGMENTS, W1, W2, commit, make_chain, submit
+from test_ledger_kit import answer_slot
 
 TRIES = 40
 FAKED = {1, 2, 3}          # the cheater computed only segment 0
@@ -63,7 +64,6 @@ def test_grinding_the_dispute_block_does_not_change_the_referee_panel():
     task = base.ledger.state.tasks[task_id]
     slot = next(s for s in task.slots if s["worker"] == W2.peer_id)
     verifier = slot["verifiers"][0]["verifier"]
-    from test_ledger_kit import answer_slot
     answer_slot(base, task_id, slot["slot"], verifier, match=False, step=1)   # the cheater was caught
     _draws_done(base, task_id)
     dispute = [base.tx(W2, "dispute", {"task_id": task_id, "slot": slot["slot"]})]
