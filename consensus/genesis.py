@@ -91,7 +91,7 @@ class Params:
     # Draws nobody can steer (ADR 0202): every draw (audit slots, redraws, referees) uses the random beacon of
     # the block beacon_delay blocks after the act that triggers it; verifiers commit to their answers, then
     # reveal them within audit_reveal_s once every verifier of the slot has committed.
-    beacon_delay: int = 2
+    beacon_delay: int = 4                # >= committee_size: the blocks in between have every member as proposer
     audit_reveal_s: int = 120
 
     def validate(self) -> None:

@@ -34,7 +34,7 @@ def params(**overrides):
     base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
             "min_fee": 0, "audits_per_worker": 2,
             "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3,
-            "stake_cover_bps": 0}
+            "stake_cover_bps": 0, "beacon_delay": 2}
     return Params(**{**base, **overrides})
 
 
