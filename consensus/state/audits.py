@@ -1,13 +1,16 @@
 """Audit slots (docs/adr/0168): drawn verifiers, answers with evidence, disputes, referees, verdicts.
 
-When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; a slot
-names one segment of that worker (drawn uniformly, with replacement), a 32-byte salt and one verifier
-drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second verifier with
-probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed (and, for redraws
-and referees, the hash of the block that makes them) so every replica draws the same.
+When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; ``beacon_delay``
+blocks later (ADR 0202) a slot gets one segment of that worker (drawn uniformly, with replacement), a
+32-byte salt and one verifier drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a
+second verifier with probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed and
+the random beacon (consensus/beacon.py) of the block that runs it, which is always ``beacon_delay`` blocks
+after the act that called for it: nobody knew it when that act became final, and every replica draws the
+same.
 
-A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
-its deadline is redrawn, up to ``audit_redraws`` times a seat) -> all answers equal and ``match`` ->
+A slot moves: answering (its verifiers commit to their answers with ``audit_commit`` by their deadlines; a
+verifier silent at its deadline is redrawn, up to ``audit_redraws`` times a seat; then every committed
+answer is revealed with ``audit_result``, consensus/state/answers.py) -> all answers equal and ``match`` ->
 ``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
 ``guilty``); answers that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by
 its deadline; the (match, evidence) most votes agree on, leading every other value strictly and cast
