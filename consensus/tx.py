@@ -420,8 +420,9 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
                       "segments": uint(1, 2**32)},
     "commit_epoch": {"task_id": TASK_ID, "epoch": uint(0, MAX_TASK_SEGMENTS), "segments_root": HASH32,
                      "state_digest": HASH32, "segments": uint(1, MAX_TASK_SEGMENTS)},   # progress (ADR 0203)
+    "audit_commit": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "commitment": HASH32},
     "audit_result": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean,
-                     "evidence": HASH32, "step": uint(0, 2**32)},
+                     "evidence": HASH32, "step": uint(0, 2**32), "blinding": HASH32},
     "dispute": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT)},
     "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
     "finalize": {"task_id": TASK_ID},

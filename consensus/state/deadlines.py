@@ -79,6 +79,12 @@ def answer_deadline(params: Params, ctx: BlockContext, task: Task) -> int:
     return ctx.time_ms + work_span_ms(params, replay_ms(task), params.audit_answer_s)
 
 
+def reveal_deadline(params: Params, ctx: BlockContext) -> int:
+    """The last block time for a slot's verifiers to reveal the answers they committed to, for reveals
+    opened in block ``ctx`` (ADR 0202)."""
+    return ctx.time_ms + params.audit_reveal_s * 1000
+
+
 def dispute_deadline(params: Params, ctx: BlockContext) -> int:
     """The last block time for an audited worker to dispute a mismatch found in block ``ctx``."""
     return ctx.time_ms + params.dispute_s * 1000

@@ -174,12 +174,11 @@ def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
 def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
     task.status = TaskStatus.COMMITTED
     task.window_end = deadlines.window_end(params, ctx)
-    task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + task_id).digest()
     state.touch(TASK, task_id)
     absent = [worker for worker in task.workers if worker not in task.commits]
     epochs.include_departed(task)
     state.events.append({"type": "audit_window_opened", "task_id": task_id, "absent": absent})
-    audits.draw_slots(state, params, ctx, task_id, task)
+    audits.open_slots(state, params, ctx, task_id, task)
 
 
 # ---- assignment ------------------------------------------------------------------------------

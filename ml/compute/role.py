@@ -38,12 +38,13 @@ from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.dashboard_view import payouts_to, slashes_of
-from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
 from ml.compute.epoch_commits import EpochCommitter, crew_exit
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
 from ml.compute.progress_history import record_point
+from ml.compute.sealed_answers import SealedAnswers
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
@@ -107,6 +108,7 @@ class ComputeRole(Role):
         self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
         self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
         self._judging = asyncio.Lock()
+        self.sealed = SealedAnswers(node.identity)   # audit answers committed, then revealed (ADR 0202)
         self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> block time it was first looked at
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> block time of the next finalize attempt
@@ -698,15 +700,18 @@ class ComputeRole(Role):
                             key, duty.segment, duty.slot)
                 return
             async with self._judging:   # one replay at a time: they compete for the same cores
-                judgement = await self._judge(duty, task)
+                judgement = self.sealed.recall(duty) or await self._judge(duty, task)
             if judgement is None:
+                return
+            if duty.kind == REVEAL:
+                await self.ledger.send("audit_result", self.sealed.reveal_payload(task_id, duty.slot, judgement))
                 return
             if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
                 log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
                 self._duties_started.discard(duty.key)
                 return
             if duty.kind == AUDIT:
-                await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
+                await self.ledger.send("audit_commit", self.sealed.commit_payload(task_id, duty.slot, judgement))
                 self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
             else:
                 await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))
@@ -777,7 +782,7 @@ def ledger_time(tasks: list[dict]) -> int:
 def _slot_deadlines(slot: dict) -> list[int]:
     """The block times at which a pending slot moves on (answers, dispute, referee votes due)."""
     out = [v["deadline"] for v in slot.get("verifiers") or [] if isinstance(v.get("deadline"), int)]
-    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline") if slot.get(name)]
+    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline", "reveal_deadline") if slot.get(name)]
     return [d + 1 for d in out]
 
 
