@@ -5,7 +5,7 @@ middle is caught at that epoch's deadline and the task pays its closed epochs an
 the epoch layout fixed at submit is checked at every commitment. Every test here fails on the code
 before ADR 0203 (no ``epochs`` field, no ``commit_epoch`` transaction)."""
 import pytest
-from test_ledger_kit import CHAIN, Chain, answer_all_slots, answer_slot, ident
+from test_ledger_kit import CHAIN, Chain, answer_all_slots, answer_slot, ident, run_scheduled_draws
 
 from consensus.block import build_block
 from consensus.genesis import Params
@@ -113,6 +113,7 @@ def test_each_epoch_closes_when_the_crew_committed_it_with_its_own_deadline(chai
     for worker in (W1, W2, W3):
         assert commit_result(chain, worker, task_id).code == TxCode.OK
     assert task.status == TaskStatus.COMMITTED
+    run_scheduled_draws(chain, task_id)   # draws wait for a later beacon (ADR 0202)
     assert all(0 <= slot["segment"] < SEGMENTS for slot in task.slots)
     answer_all_slots(chain, task_id)
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
@@ -137,6 +138,7 @@ def test_a_worker_that_leaves_in_epoch_2_is_paid_for_epoch_1_only(chain):
     assert commit_result(chain, W2, task_id).code == TxCode.OK
     assert task.status == TaskStatus.COMMITTED      # nobody left to wait for: the leaver is no blocker
     assert task.commits[W3.peer_id][2] == 2          # held to its epoch-1 commitment
+    run_scheduled_draws(chain, task_id)   # draws wait for a later beacon (ADR 0202)
     w3_slots = [slot for slot in task.slots if slot["worker"] == W3.peer_id]
     assert w3_slots and all(slot["segment"] < 2 for slot in w3_slots)   # audits draw from what it committed
     answer_all_slots(chain, task_id)
@@ -162,6 +164,7 @@ def test_a_crew_that_stops_is_caught_within_one_epoch_pays_closed_epochs_and_ref
     assert task.status == TaskStatus.COMMITTED and task.epochs["stopped"] == 1
     assert "stopped committing in epoch 2 of 3" in task.reason
     assert {w: c[2] for w, c in task.commits.items()} == {w.peer_id: 2 for w in (W1, W2, W3)}
+    run_scheduled_draws(chain, task_id)   # draws wait for a later beacon (ADR 0202)
     assert all(slot["segment"] < 2 for slot in task.slots)
     answer_all_slots(chain, task_id)
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
@@ -206,6 +209,7 @@ def test_a_leaver_its_verifiers_cannot_reach_is_unaudited_not_slashed(chain):
     commit_result(chain, W1, task_id)
     commit_result(chain, W2, task_id)
     bonded = chain.ledger.state.stakes[W3.peer_id].bonded
+    run_scheduled_draws(chain, task_id)   # draws wait for a later beacon (ADR 0202)
     for slot in task.slots:
         if slot["worker"] == W3.peer_id:   # the leaver's node is gone: every judge says "unreachable"
             answer_slot(chain, task_id, slot["slot"], slot["verifiers"][0]["verifier"], match=False,
@@ -215,7 +219,9 @@ def test_a_leaver_its_verifiers_cannot_reach_is_unaudited_not_slashed(chain):
             answer_slot(chain, task_id, slot["slot"], slot["verifiers"][0]["verifier"])
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     assert task.status == TaskStatus.PAID
-    assert W3.peer_id not in task.payouts and chain.ledger.state.stakes[W3.peer_id].bonded == bonded
+    # no worker pay (its audits are unaudited); only what it earned where the draw made it a verifier
+    assert task.payouts.get(W3.peer_id, 0) == expected_payouts(task, {}).get(W3.peer_id, 0)
+    assert chain.ledger.state.stakes[W3.peer_id].bonded == bonded
 
 
 def test_a_full_committer_that_is_unreachable_is_still_disputable(chain):
@@ -225,6 +231,7 @@ def test_a_full_committer_that_is_unreachable_is_still_disputable(chain):
     all_commit_epoch(chain, task_id, 1)
     for worker in (W1, W2, W3):
         commit_result(chain, worker, task_id)
+    run_scheduled_draws(chain, task_id)   # draws wait for a later beacon (ADR 0202)
     slot = task.slots[0]
     answer_slot(chain, task_id, 0, slot["verifiers"][0]["verifier"], match=False,
                 evidence=unavailable_evidence(slot["salt"]), step=1)
@@ -241,7 +248,7 @@ def test_a_restarted_replica_closes_epochs_and_stops_the_task_with_the_same_app_
     while task.status == TaskStatus.RUNNING:
         led = chain.ledger
         block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                            chain.proposer, [], ())
+                            chain.proposer_identity, led.beacon, [], ())
         results = [led.apply_block(block), replica.apply_block(block)]
         assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
     assert replica.state.tasks[task_id] == task and task.epochs["stopped"] == 1
