@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--device", choices=("cpu", "cuda", "any"), help="where workers train (default cpu)")
     submit.add_argument("--profile", metavar="ID",
                         help="execution profile the workers and verifiers must run (default: the portable CPU "
-                             "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
+                             "profile for cpu; for cuda/any the one the most compute nodes on the ledger run, "
+                             "named before payment; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
     submit.add_argument("--tokenizer", choices=("byte", "char"),

@@ -30,6 +30,7 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import key_path, resolve_home
 from cli.passphrase import unlock_passphrase
+from cli.task_crew import ledger_profile
 from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
@@ -131,14 +132,17 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
 
 def task_profile(args: argparse.Namespace) -> str:
     """The execution profile the task names (docs/adr/0166, 0188): ``--profile``, else the portable CPU
-    profile for a CPU task; a cuda or any task must name one (the ledger refuses a task without)."""
+    profile for a CPU task, and for a cuda or any task the profile the most compute nodes on the ledger
+    run (cli.task_crew), said before anything is paid."""
     device = getattr(args, "device", None) or "cpu"
     chosen = getattr(args, "profile", None)
     if chosen is None:
         profile = default_profile(device)
         if not profile:
-            raise CliError(f"--device {device} needs --profile ID (the GPU class, e.g. a node's `dekube-node "
-                           "status` profiles): every task names the one profile its crew runs (ADR 0188)")
+            profile, found = ledger_profile(args.rpc, device, args.workers)
+            if not args.json:
+                print(f"profile {profile}: run by {found} compute node(s) on the ledger, the most for --device "
+                      f"{device} (--profile ID names another)")
         return profile
     try:
         check_profile_id(chosen)
