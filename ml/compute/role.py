@@ -37,7 +37,7 @@ from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
-from ml.compute.dashboard_view import payouts_to, slashes_of
+from ml.compute.dashboard_view import history, payouts_to, slashes_of
 from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
@@ -184,6 +184,7 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
+        section.update(history(tasks, me), slashed=int(stake.get("slashed") or 0))
         return section
 
     async def _rpc_status(self) -> dict:

@@ -3,10 +3,11 @@ pause switch on one page (docs/adr/0195). Like the explorer, a static page (``st
 other sites) but served only to loopback clients, whatever address the server binds.
 
 ``GET /dashboard/data`` answers what ``Dashboard.sections`` produce (the node adds ``node``, the compute
-role ``compute``). ``POST /dashboard/pause`` (``{"paused": true|false}``) calls ``Dashboard.pause``; it
-needs the per-start token the page carries (``X-Dekube-Token``), which a page of another site cannot
-read, and it refuses a request whose ``Origin`` is not this server's own or whose ``Sec-Fetch-Site``
-says cross-site, so a web page cannot press the switch.
+role ``compute``) and the log tail (``log``, node/dashboard/logtail.py). ``POST /dashboard/pause``
+(``{"paused": true|false}``) calls ``Dashboard.pause``; it needs the per-start token the page carries
+(``X-Dekube-Token``), which a page of another site cannot read, and it refuses a request whose
+``Origin`` is not this server's own or whose ``Sec-Fetch-Site`` says cross-site, so a web page cannot
+press the switch.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.dashboard.logtail import LogTail
 from node.rpc.limits import same_origin
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -38,6 +40,7 @@ class Dashboard:
         self.token = secrets.token_urlsafe(24)
         self.sections: dict[str, Callable[[], Awaitable[dict]]] = {}
         self.pause: Callable[[bool], dict] | None = None
+        self.log = LogTail()
 
     async def data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -46,6 +49,7 @@ class Dashboard:
                 out[name] = await section()
             except Exception as exc:   # one part failing (the ledger unreachable) still shows the others
                 out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        out["log"] = self.log.tail()
         return out
 
 
@@ -113,6 +117,14 @@ def add_routes(app: web.Application, dashboard: Dashboard) -> None:
             return _refuse(400, 'expected {"paused": true|false}')
         return web.json_response(dashboard.pause(body["paused"]))
 
+    async def attach(_app: web.Application) -> None:
+        dashboard.log.attach()
+
+    async def detach(_app: web.Application) -> None:
+        dashboard.log.detach()
+
+    app.on_startup.append(attach)
+    app.on_cleanup.append(detach)
     app.router.add_get("/", index)
     app.router.add_get("/dashboard/data", data)
     app.router.add_post("/dashboard/pause", pause)

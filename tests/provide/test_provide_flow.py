@@ -131,13 +131,11 @@ def test_bonding_without_a_terminal_needs_yes(monkeypatch):
     import argparse
     import io
 
-    from cli.provide import confirm, required_stake
+    from cli.provide import confirm
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     with pytest.raises(CliError, match="pass --yes"):
         confirm(argparse.Namespace(yes=False), "bond?")
     assert confirm(argparse.Namespace(yes=True), "bond?") is True
-    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 250}, None) == 250
-    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 100}, 1000) == 1000
 
 
 def test_an_encrypted_key_is_asked_once(tmp_path, monkeypatch):
@@ -148,11 +146,11 @@ def test_an_encrypted_key_is_asked_once(tmp_path, monkeypatch):
     save_identity(tmp_path / "node_key.json", Identity.generate(), passphrase=b"once")
     asks = []
 
-    def ask(args):
+    def ask(args, key_file=None):
         def get():
             asks.append(1)
             return b"once"
         return get
     monkeypatch.setattr(provide, "unlock_passphrase", ask)
-    identity, unlock, new = provide.ensure_key(tmp_path, argparse.Namespace())
+    identity, unlock, new = provide.ensure_key(tmp_path, argparse.Namespace(keyring=False))
     assert not new and unlock() == b"once" and unlock() == b"once" and len(asks) == 1

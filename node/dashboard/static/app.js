@@ -22,11 +22,32 @@ function rows(id, list, cells) {
     const tr = document.createElement("tr");
     for (const value of cells(item)) {
       const td = document.createElement("td");
-      td.textContent = String(value);
+      if (value instanceof Node) td.append(value); else td.textContent = String(value);
       tr.append(td);
     }
     body.append(tr);
   }
+}
+
+function link(href, text) {   // same-origin paths only (the explorer on this node)
+  const a = document.createElement("a");
+  if (typeof href === "string" && href.startsWith("/")) a.href = href;
+  a.textContent = text;
+  return a;
+}
+
+function curve(points) {   // cumulative earnings as an SVG polyline (no outside assets)
+  const svg = document.getElementById("earnings-curve");
+  svg.replaceChildren();
+  if (!points.length) return;
+  const ns = "http://www.w3.org/2000/svg";
+  const w = 600, h = 120, top = points[points.length - 1].total || 1;
+  const line = document.createElementNS(ns, "polyline");
+  const xs = points.length > 1 ? points.length - 1 : 1;
+  line.setAttribute("points", [[0, 0], ...points.map((p, i) => [i + 1, p.total])].map(([i, t]) =>
+    (i * (w - 10) / (xs + 1) + 5).toFixed(1) + "," + (h - 5 - t * (h - 10) / top).toFixed(1)).join(" "));
+  line.setAttribute("class", "series");
+  svg.append(line);
 }
 
 function show(data) {
@@ -49,10 +70,15 @@ function show(data) {
   fill("task", task ? [["task", task.task_id], ["state", task.state],
     ["progress", task.step + " / " + task.steps], ["loss", task.loss], ["eta (s)", task.eta_s]] : [["task", "none"]]);
   const wallet = compute.wallet || {};
-  fill("earnings", [["free balance", wallet.balance], ["bonded", wallet.bonded], ["unbonding", wallet.unbonding],
+  fill("earnings", [["free balance", wallet.balance], ["bonded", wallet.bonded], ["unbonding", wallet.unbonding], ["slashed", compute.slashed],
     ["paid in listed tasks", (compute.payouts || []).reduce((sum, p) => sum + p.amount, 0)]]);
   rows("payouts", compute.payouts || [], (p) => [p.task_id.slice(0, 16), p.status, p.amount]);
-  rows("slashes", compute.slashes || [], (s) => [s.task_id.slice(0, 16), s.reason]);
+  rows("slashes", compute.slashes || [], (s) => [s.task_id.slice(0, 16), s.reason, link(s.evidence, "explorer")]);
+  rows("audits", compute.audits || [], (a) => [a.task_id.slice(0, 16), a.slot, a.role, a.outcome]);
+  rows("owned", compute.owned || [], (t) => [t.task_id.slice(0, 16), t.status, t.workers, t.fetch || "—"]);
+  curve(compute.earnings || []);
+  document.getElementById("log").textContent = (data.log || []).map((l) =>
+    l.time + " " + l.level + " " + l.logger + ": " + l.message).join("\n");
   paused = Boolean(compute.paused);
   const button = document.getElementById("pause");
   button.textContent = paused ? "Resume taking tasks" : "Pause (take no new task)";
