@@ -42,6 +42,7 @@ from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
+from ml.compute.limits import LimitsControl
 from ml.compute.progress_history import record_point
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
@@ -126,6 +127,8 @@ class ComputeRole(Role):
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
         node.dashboard.sections["compute"] = self.dashboard_section
         node.dashboard.pause = self.set_paused
+        self.limits = LimitsControl(self.config)   # hours, longest task, GPUs lent (docs/adr/0198)
+        node.dashboard.sections["limits"], node.dashboard.limits = self.limits.section, self.limits.set
         self._register_metrics(node.metrics)
         if node.data_dir is not None:
             self._load_results()
@@ -411,9 +414,10 @@ class ComputeRole(Role):
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
-                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self.paused:
+                refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
+                if status in TRAINING and me not in task["commits"] and not rejected and job is None and refusal:
                     self.board.start(key, workers=task["workers"])   # once: the job now exists
-                    self._spawn(self._reject(key, bytes.fromhex(key), PAUSED_REASON))
+                    self._spawn(self._reject(key, bytes.fromhex(key), refusal))
                 elif status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):

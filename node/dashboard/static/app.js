@@ -2,6 +2,7 @@
 "use strict";
 const token = document.querySelector('meta[name="dekube-token"]').content;
 let paused = null;
+let limitsShown = false;
 
 function fill(id, pairs) {
   const dl = document.getElementById(id);
@@ -79,6 +80,16 @@ function show(data) {
   curve(compute.earnings || []);
   document.getElementById("log").textContent = (data.log || []).map((l) =>
     l.time + " " + l.level + " " + l.logger + ": " + l.message).join("\n");
+  const limits = data.limits || {};
+  fill("limits", [["hours of the day", limits.hours || "any"],
+    ["longest task (s)", limits.max_task_s ? limits.max_task_s : "any"],
+    ["GPUs lent", limits.cuda_devices === -1 ? "all" : limits.cuda_devices]]);
+  if (data.limits && !limitsShown) {   // the form starts from the node's values, then is the user's
+    document.getElementById("limit-hours").value = limits.hours;
+    document.getElementById("limit-max-task").value = limits.max_task_s;
+    document.getElementById("limit-gpus").value = limits.cuda_devices;
+    limitsShown = true;
+  }
   paused = Boolean(compute.paused);
   const button = document.getElementById("pause");
   button.textContent = paused ? "Resume taking tasks" : "Pause (take no new task)";
@@ -98,6 +109,19 @@ async function refresh() {
 document.getElementById("pause").addEventListener("click", async () => {
   await fetch("/dashboard/pause", { method: "POST", headers: { "Content-Type": "application/json",
     "X-Dekube-Token": token }, body: JSON.stringify({ paused: !paused }) });
+  refresh();
+});
+
+document.getElementById("save-limits").addEventListener("click", async () => {
+  const said = document.getElementById("limits-said");
+  const answer = await fetch("/dashboard/limits", { method: "POST", headers: { "Content-Type": "application/json",
+    "X-Dekube-Token": token }, body: JSON.stringify({
+    hours: document.getElementById("limit-hours").value.trim(),
+    max_task_s: Number(document.getElementById("limit-max-task").value || 0),
+    cuda_devices: Number(document.getElementById("limit-gpus").value || -1) }) });
+  const body = await answer.json();
+  said.textContent = answer.ok ? "saved" : body.error;
+  said.className = answer.ok ? "" : "error";
   refresh();
 });
 
