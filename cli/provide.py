@@ -25,6 +25,7 @@ from cli.home import add_home_argument, config_path, key_path, resolve_home
 from cli.networks import Network, bootstrap_addrs, fetch_genesis, resolve
 from cli.passphrase import add_create_arguments, given_elsewhere, new_key_passphrase, unlock_passphrase
 from cli.provide_checks import clock_problem, gpu_problem, port_problem, stake_problem
+from cli.provide_network import measure_now, probe_targets
 from cli.provide_stake import describe, params_from, propose
 from cli.rpc_call import rpc_call
 from cli.start import apply_compute_profile, install_genesis
@@ -51,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="do not keep a typed passphrase in the OS keyring")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="what to lend: cuda (stop if no GPU works), cpu (hide any GPU), auto (default)")
+    parser.add_argument("--no-measure", dest="measure", action="store_false",
+                        help="do not measure bandwidth and reachability against a bootstrap peer before start")
+    parser.add_argument("--no-relay", dest="relay", action="store_false",
+                        help="do not run the relay role even when this machine is reachable from the internet")
     parser.add_argument("--stake", type=int, default=None,
                         help="keep this much bonded (default: enough for the largest recent task of the network)")
     parser.add_argument("--service", action="store_true",
@@ -232,6 +237,17 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path(home) if config_path(home).exists() else None, env={}, overrides=overrides)
     for listen in config.get("p2p", "listen"):
         check(port_problem(listen))
+    if args.measure:
+        targets = probe_targets(list(network.bootstrap), [(v.peer_id, v.listen_addrs) for v in genesis.validators])
+        measured = measure_now(targets, config.get("p2p", "listen")[0])
+        print(f"network: {measured.describe()}", flush=True)
+        if measured.upload_mbps:   # declared in the node's registration until the node measures again
+            overrides[("compute", "bandwidth_mbps")] = str(max(1, round(measured.upload_mbps)))
+        if measured.reachability == "public" and args.relay:
+            overrides[("node", "roles")] = ",".join(dict.fromkeys([*overrides[("node", "roles")].split(","),
+                                                                    "relay"]))
+        config = load_config(config_path(home) if config_path(home).exists() else None, env={},
+                             overrides=overrides)
     if args.device == "cpu":   # the node started below (same process) then sees no CUDA device
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     found = detect_hardware(config)

@@ -66,6 +66,7 @@ def test_page_data_and_pause_switch():
 
             data = await (await session.get("/dashboard/data")).json()
             assert data["node"]["peer_id"] == node.peer_id and data["node"]["peers"] == []
+            assert data["bandwidth"] == {"upload_mbps": None, "download_mbps": None, "median_latency_ms": None}
             section = data["compute"]
             assert section["wallet"] == {"balance": 1234, "bonded": 150, "unbonding": 7}
             assert section["payouts"] == [{"task_id": "aa" * 32, "status": "paid", "amount": 40}]

@@ -54,6 +54,7 @@ function curve(points) {   // cumulative earnings as an SVG polyline (no outside
 function show(data) {
   const node = data.node || {};
   const compute = data.compute || {};
+  const bandwidth = data.bandwidth || {};
   const error = document.getElementById("error");
   const problem = compute.error || compute.last_error || node.error;
   error.hidden = !problem;
@@ -66,6 +67,8 @@ function show(data) {
     ["registered", compute.registered ? "yes" : "not yet"],
     ["taking tasks", compute.paused ? "paused" : "yes"],
     ["hardware", compute.hardware ? (compute.hardware.gpu || "CPU only") : "not detected yet"],
+    ["bandwidth", bandwidth.upload_mbps ? Math.round(bandwidth.upload_mbps) + " Mbit/s up, " +
+      Math.round(bandwidth.download_mbps || 0) + " down" : "not measured yet"],
   ]);
   const task = compute.current_task;
   fill("task", task ? [["task", task.task_id], ["state", task.state],
