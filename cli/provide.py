@@ -24,7 +24,6 @@ from cli.errors import CliError
 from cli.home import add_home_argument, config_path, key_path, resolve_home
 from cli.networks import Network, bootstrap_addrs, fetch_genesis, resolve
 from cli.passphrase import add_create_arguments, given_elsewhere, new_key_passphrase, unlock_passphrase
-from cli.provide_checks import clock_problem, gpu_problem, port_problem, stake_problem
 from cli.provide_network import measure_now, probe_targets
 from cli.provide_stake import describe, params_from, propose
 from cli.rpc_call import rpc_call
@@ -32,6 +31,7 @@ from cli.start import apply_compute_profile, install_genesis
 from cli.wallet import wait_receipt
 from consensus.genesis import Genesis
 from consensus.tx import DEFAULT_FEE, build_tx
+from ml.compute.provider_checks import clock_problem, gpu_problem, port_problem, stake_problem
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import load_identity, save_identity
@@ -241,8 +241,6 @@ def run(args: argparse.Namespace) -> int:
         targets = probe_targets(list(network.bootstrap), [(v.peer_id, v.listen_addrs) for v in genesis.validators])
         measured = measure_now(targets, config.get("p2p", "listen")[0])
         print(f"network: {measured.describe()}", flush=True)
-        if measured.upload_mbps:   # declared in the node's registration until the node measures again
-            overrides[("compute", "bandwidth_mbps")] = str(max(1, round(measured.upload_mbps)))
         if measured.reachability == "public" and args.relay:
             overrides[("node", "roles")] = ",".join(dict.fromkeys([*overrides[("node", "roles")].split(","),
                                                                     "relay"]))

@@ -44,6 +44,7 @@ from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
 from ml.compute.limits import LimitsControl
 from ml.compute.progress_history import record_point
+from ml.compute.provider_checks import problems as provider_problems
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
@@ -187,7 +188,8 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
-        section.update(history(tasks, me), slashed=int(stake.get("slashed") or 0))
+        section.update(history(tasks, me), slashed=int(stake.get("slashed") or 0),
+                       problems=await provider_problems(self.ledger, int(stake["bonded"]), tasks))
         return section
 
     async def _rpc_status(self) -> dict:

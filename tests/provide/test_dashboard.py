@@ -3,6 +3,7 @@ assets, the data it shows (peers, wallet, payouts, slashes, the current task), t
 cross-site and without the page's token and honoured from loopback, the page refused to other hosts, and
 a paused compute node taking no new task."""
 import asyncio
+import time
 
 from aiohttp.test_utils import make_mocked_request
 
@@ -28,6 +29,10 @@ class DashboardLedger:
     async def call(self, method, *params):
         if method == "dkb_getStake":
             return {"bonded": 150, "unbonding": [[90, 7]], "slashed": 15}
+        if method == "dkb_getBlockByNumber":
+            return {"height": 40, "time_ms": int(time.time() * 1000) - 120_000}   # this clock: 2 min ahead
+        if method == "dkb_getParams":
+            return {"min_worker_stake": 100, "min_verifier_stake": 100}
         if method == "dkb_listTasks":
             return [
                 {"task_id": "aa" * 32, "status": "paid", "payouts": {self.me: 40, OTHER: 5}, "slots": [],
@@ -73,6 +78,8 @@ def test_page_data_and_pause_switch():
             [slash] = section["slashes"]
             assert slash["task_id"] == "cc" * 32 and "segment 3 did not replay" in slash["reason"]
             assert section["paused"] is False and section["ledger_reachable"] is True
+            [clock] = section["problems"]
+            assert clock.startswith("this machine's clock is 120 s ahead of") and "timedatectl" in clock
             assert slash["evidence"] == f"/explorer/#task/{'cc' * 32}" and section["slashed"] == 15
             assert section["audits"] == [{"task_id": "cc" * 32, "slot": 0, "role": "audited", "outcome": "guilty",
                                           "evidence": slash["evidence"]}]

@@ -1,14 +1,16 @@
-"""The provider dashboard in headless Chromium (Playwright driving Debian's chromium; docs/adr/0195,
-0198), as a provider would use it: the node joins (registered), a task arrives and shows its progress,
-its payout appears in the earnings and the curve, the pause button pauses and resumes the node, the
-limits form sets the node's limits, a slash shows its reason and a link to the explorer's evidence, the
-log tail shows what the node did, all with no console error under the page's CSP. A page of another
-origin cannot press a button even knowing the token. Screenshots of each step go under
-$DEKUBE_ARTIFACTS (default tests/provide/artifacts/), the CI artifact folder. The ledger is scripted
-(tests/provide/test_provide_flow.py runs the real join against a dev chain)."""
+"""The provider dashboard in headless Chromium (Playwright, Debian's chromium; ADRs 0195, 0198), as a
+provider would use it: the node joins (registered), a task arrives and shows its progress, its payout
+appears in the earnings and the curve, the pause button pauses and resumes the node, the limits form
+sets the node's limits, a slash shows its reason and a link to the explorer's evidence, a stake too
+small for the network's tasks is said with what to do, the log tail shows what the node did, all with
+no console error under the page's CSP. A page of another origin cannot press a button even knowing the
+token. Screenshots of each step go under $DEKUBE_ARTIFACTS (default tests/provide/artifacts/), the CI
+artifact folder. The ledger is scripted (tests/provide/test_provide_flow.py runs the real join against
+a dev chain)."""
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,10 @@ class ScriptedLedger:
         paid = self.stage in ("paid", "slashed")
         if method == "dkb_getStake":
             return {"bonded": 28_330, "unbonding": [], "slashed": 2_833 if self.stage == "slashed" else 0}
+        if method == "dkb_getBlockByNumber":
+            return {"height": 40, "time_ms": int(time.time() * 1000)}
+        if method == "dkb_getParams":
+            return {"min_worker_stake": 100, "min_verifier_stake": 100}
         if method == "dkb_listTasks":
             tasks = []
             if self.stage != "joined":
@@ -48,6 +54,7 @@ class ScriptedLedger:
                                          "verifiers": [], "referees": []}] if paid else []})
             if self.stage == "slashed":
                 tasks.append({"task_id": SLASHED, "status": "paid", "assigned_height": 9, "workers": [self.me],
+                              "price": 1_000_000, "spec": {"workers": 1},
                               "payouts": {OTHER: 50}, "slots": [
                                   {"slot": 0, "worker": self.me, "segment": 3, "outcome": "guilty",
                                    "verdict": {"match": False, "evidence": "dd" * 32},
@@ -157,6 +164,7 @@ def test_a_provider_uses_the_dashboard_in_chromium(browser, provider):  # noqa: 
     shows(page, "#slashes", "segment 3 did not replay")
     assert page.get_attribute("#slashes a", "href") == f"/explorer/#task/{SLASHED}"
     shows(page, "#earnings", "2833")    # slashed total
+    shows(page, "#problems", "too little stake for the network's tasks")   # a big task came by: bond more
     shows(page, "#log", "compute paused from the dashboard")
     snap(page, "5-slashed")
     assert errors == []

@@ -60,6 +60,12 @@ function show(data) {
   error.hidden = !problem;
   error.textContent = problem || "";
   document.getElementById("peer").textContent = node.peer_id || "";
+  const problems = document.getElementById("problems");
+  problems.replaceChildren(...(compute.problems || []).map((text) => {
+    const li = document.createElement("li");
+    li.textContent = text;
+    return li;
+  }));
   const peers = node.peers || [];
   fill("status", [
     ["connected peers", peers.length + " (" + peers.filter((p) => p.relayed).length + " relayed)"],
