@@ -56,6 +56,9 @@ def test_provide_against_a_dev_chain(tmp_path):
         joined = cli(*base, "--network", str(network), "--service", env=env).stdout
         assert f"kept the key in {home / 'node_key.json'}: address {address}" in joined
         assert re.search(r"bonded 100 in block \d+", joined) and f"wrote {home / 'config.toml'}" in joined
+        # the stake explained under the 10x-pay rule; bandwidth measured against the dev validator before start
+        assert "a stake of 100 (the chain's floor is 100) is drawn for tasks paying up to 10 per worker" in joined
+        assert re.search(r"network: bandwidth to \S+: \d+ Mbit/s up, \d+ Mbit/s down; reachability unknown", joined)
         config = load_config(home / "config.toml", env={})
         assert config.get("node", "roles") == ["compute"] and config.get("compute", "stake") == 100
         assert config.get("ledger", "rpc_urls") == [f"http://127.0.0.1:{http}"]
