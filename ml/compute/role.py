@@ -188,8 +188,9 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
-        section.update(history(tasks, me), slashed=int(stake.get("slashed") or 0),
-                       problems=await provider_problems(self.ledger, int(stake["bonded"]), tasks))
+        section["slashed"] = int(stake.get("slashed") or 0)
+        section["problems"] = await provider_problems(self.ledger, int(stake["bonded"]), tasks)
+        section.update(history(tasks, me))   # earnings over time, audits, owned tasks (docs/adr/0198)
         return section
 
     async def _rpc_status(self) -> dict:
