@@ -209,7 +209,9 @@ def write_service(home: Path) -> list[str]:
              f"  systemctl --user enable --now {UNIT_NAME}",
              f"  journalctl --user -u {UNIT_NAME} -f"]
     if not (home / "passphrase").exists():
-        lines.append(f"  (an encrypted key needs its passphrase in {home / 'passphrase'}, mode 0600, first line)")
+        lines.append("  (the unit unlocks the key with the passphrase in the OS keyring of your session)"
+                     if keyring_store.load(key_path(home)) is not None else
+                     f"  (an encrypted key needs its passphrase in {home / 'passphrase'}, mode 0600, first line)")
     return lines
 
 

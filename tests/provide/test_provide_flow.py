@@ -104,6 +104,8 @@ def wait_registered(port, proc, timeout=90.0):
 
 def test_the_shipped_networks_name_the_local_chain(tmp_path, monkeypatch):
     local = known_networks()["local"]
+    assert {k: v for k, v in known_networks()["dev"].items() if k != "description"} == \
+        {k: v for k, v in local.items() if k != "description"}   # `provide --network dev` as in the README
     assert local["rpc"] == ["http://127.0.0.1:8645"] and local["genesis_file"].endswith(".dekube-dev/genesis.json")
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(CliError, match="start --dev"):
