@@ -205,10 +205,14 @@ def required_worker_stake(params: Params, task: Task) -> int:
     m audited segments covers ``stake_cover_bps``/10^4 times its pay, sigma·S·m >= cover·w, so
     S >= cover·w / (m·sigma) (10x the pay at the defaults); never below ``min_worker_stake``. Without
     audits or slashing (a parameter at 0) only the minimum applies."""
+    return stake_for_pay(params, worker_share(params, task.price, task.spec["workers"]))
+
+
+def stake_for_pay(params: Params, pay: int) -> int:
+    """The bonded stake a worker paid ``pay`` by one task needs (see ``required_worker_stake``)."""
     m, sigma, cover = params.audits_per_worker, params.slash_mismatch_bps, params.stake_cover_bps
     if not (m and sigma and cover):
         return params.min_worker_stake
-    pay = worker_share(params, task.price, task.spec["workers"])
     return max(params.min_worker_stake, -(-cover * pay // (m * sigma)))
 
 

@@ -37,13 +37,15 @@ from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
-from ml.compute.dashboard_view import payouts_to, slashes_of
+from ml.compute.dashboard_view import history, payouts_to, slashes_of
 from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
 from ml.compute.epoch_commits import EpochCommitter, crew_exit
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
+from ml.compute.limits import LimitsControl
 from ml.compute.progress_history import record_point
+from ml.compute.provider_checks import problems as provider_problems
 from ml.compute.sealed_answers import SealedAnswers
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
@@ -129,6 +131,8 @@ class ComputeRole(Role):
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
         node.dashboard.sections["compute"] = self.dashboard_section
         node.dashboard.pause = self.set_paused
+        self.limits = LimitsControl(self.config)   # hours, longest task, GPUs lent (docs/adr/0198)
+        node.dashboard.sections["limits"], node.dashboard.limits = self.limits.section, self.limits.set
         self._register_metrics(node.metrics)
         if node.data_dir is not None:
             self._load_results()
@@ -187,6 +191,9 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
+        section["slashed"] = int(stake.get("slashed") or 0)
+        section["problems"] = await provider_problems(self.ledger, int(stake["bonded"]), tasks)
+        section.update(history(tasks, me))   # earnings over time, audits, owned tasks (docs/adr/0198)
         return section
 
     async def _rpc_status(self) -> dict:
@@ -413,9 +420,10 @@ class ComputeRole(Role):
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
-                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self.paused:
+                refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
+                if status in TRAINING and me not in task["commits"] and not rejected and job is None and refusal:
                     self.board.start(key, workers=task["workers"])   # once: the job now exists
-                    self._spawn(self._reject(key, bytes.fromhex(key), PAUSED_REASON))
+                    self._spawn(self._reject(key, bytes.fromhex(key), refusal))
                 elif status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
