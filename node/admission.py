@@ -193,14 +193,26 @@ class PeerClasses:
     a peer is in the highest class any of its tags gives."""
 
     _tags: dict[str, tuple[PeerClass, frozenset[str]]] = field(default_factory=dict)
+    version: int = 0   # bumped by every change (for caches derived from the tags)
 
     def set_tag(self, tag: str, cls: PeerClass, peer_ids: Iterable[str]) -> None:
         """Make exactly ``peer_ids`` hold ``tag`` (class ``cls``); no peers drops the tag."""
         peers = frozenset(peer_ids)
+        before = self._tags.get(tag)
         if peers:
             self._tags[tag] = (cls, peers)
         else:
             self._tags.pop(tag, None)
+        if self._tags.get(tag) != before:
+            self.version += 1
 
     def class_of(self, peer_id: str) -> PeerClass:
         return max((cls for cls, peers in self._tags.values() if peer_id in peers), default=PeerClass.UNKNOWN)
+
+    def tagged(self) -> dict[str, PeerClass]:
+        """Every tagged peer with its class (for matching sockets to known addresses)."""
+        out: dict[str, PeerClass] = {}
+        for cls, peers in self._tags.values():
+            for peer_id in peers:
+                out[peer_id] = max(cls, out.get(peer_id, PeerClass.UNKNOWN))
+        return out
