@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from consensus.state import serve_disputes, serving
+from consensus.state import serve_disputes, serving, staking
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 MAX_RAW_TX_HEX = 2 * 64 * 1024
 MAX_LIST_TASKS = 1000
+MAX_LIST_STAKES = 10_000
 
 
 def parse_hex(value: str, name: str, length: int | None = None, max_chars: int = MAX_RAW_TX_HEX) -> bytes:
@@ -142,6 +143,20 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
         chain.require_ready()
         return chain.ledger.stake_info(check_address(address))
 
+    async def dkb_listStakes(min_bonded: int | None = None, limit: int = MAX_LIST_STAKES) -> dict[str, Any]:
+        """Unjailed nodes with at least ``min_bonded`` bonded (default: the least bond any role needs),
+        highest first: what nodes tag as ``STAKED`` for admission (node/staked.py, ADR 0197)."""
+        chain.require_ready()
+        if min_bonded is None:
+            min_bonded = staking.min_role_stake(chain.ledger.params)
+        if type(min_bonded) is not int or min_bonded < 1:
+            raise InvalidParams("min_bonded must be a positive integer")
+        if type(limit) is not int or not 1 <= limit <= MAX_LIST_STAKES:
+            raise InvalidParams(f"limit must be in 1..{MAX_LIST_STAKES}")
+        stakes = await chain.read_state(staking.staked_peers, chain.ledger.state, min_bonded, limit)
+        return {"height": chain.ledger.height, "min_bonded": min_bonded,
+                "stakes": [{"peer_id": peer_id, "bonded": bonded} for peer_id, bonded in stakes]}
+
     async def dkb_getNode(address: str) -> dict | None:
         chain.require_ready()
         return chain.ledger.node_info(check_address(address))
@@ -206,10 +221,10 @@ def register_methods(dispatcher, chain: ValidatorRole) -> dict[str, Any]:
     for fn in (dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
                dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators,
                dkb_getStake, dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow,
-               dkb_getServeDispute, dkb_listServeDisputes, dkb_getGenesis):
+               dkb_getServeDispute, dkb_listServeDisputes, dkb_getGenesis, dkb_listStakes):
         dispatcher.register(fn.__name__, fn)
     return {fn.__name__: fn for fn in (
         dkb_getParams, dkb_getSupply, dkb_chainId, dkb_blockNumber, dkb_getBalance, dkb_getTransactionCount,
         dkb_sendRawTransaction, dkb_getTransactionReceipt, dkb_getBlockByNumber, dkb_getValidators, dkb_getStake,
         dkb_getNode, dkb_getTask, dkb_listTasks, dkb_listNodes, dkb_getServeEscrow, dkb_getServeDispute,
-        dkb_listServeDisputes, dkb_getGenesis)}
+        dkb_listServeDisputes, dkb_getGenesis, dkb_listStakes)}
