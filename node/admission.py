@@ -21,10 +21,22 @@ unknown newcomer, is unknown too and is *over-represented* (its prefix or its pe
 more slots than the newcomer's will) or *stale* (inactive for more than ``grace`` seconds: longer than
 an honest holder waits between requests, or than an honest handshake takes). Of those the victim is
 the lowest class, most-represented prefix (its own prefix when that prefix is at its cap), then
-most-represented peer, then the one longest inactive. A newcomer is refused only when nothing can be
-evicted: idle slots held from a few addresses make room for honest peers instead of keeping them
-out, and a young honest holder is not evicted by an attacker reconnecting from as many addresses as
-it has (each eviction ends a stale or over-represented holder, so reconnecting cannot churn forever).
+most-represented peer, then the one longest inactive.
+
+A flood spread over more prefixes than the unknown share, reconnecting fast enough that every slot
+stays younger than ``grace``, is neither over-represented nor stale (docs/adr/0197). So each pool also
+counts its recent unknown *admissions* per prefix (each worth 1, halving every ``churn_half_life``;
+refused tries do not count, so an honest peer's retries cost it nothing): an unknown holder whose
+prefix has been admitted ``CHURN_MARGIN`` (1.5) more times than the newcomer's is evictable too, and of
+equal prefixes the one admitted most goes first. A holder's own admission counts 1, so a young holder
+from a quiet prefix is never evicted this way, while a prefix that keeps reconnecting loses its young
+slots to newcomers from quiet prefixes. (Keeping every slot younger than a 2 s grace in a 56-slot
+pool takes 28 admissions/s; staying under the margin then takes about 1,300 /24s.)
+
+A newcomer is refused only when nothing can be evicted: idle slots held from a few addresses make room
+for honest peers instead of keeping them out, and a young honest holder is not evicted by an attacker
+reconnecting from as many addresses as it has (each eviction ends a stale, over-represented or churning
+holder, so reconnecting cannot churn forever).
 
 ``Pool.admit`` returns a ``Decision``; the caller closes what ``Decision.evict`` names (the pool has
 already forgotten them) and calls ``release`` when its holder ends, ``touch`` on activity and
@@ -37,6 +49,9 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+CHURN_MARGIN = 1.5           # recent admissions by which a holder's prefix must exceed the newcomer's (its own is 1)
+MAX_CHURN_PREFIXES = 4096    # prefixes whose tries a pool remembers
 
 
 class PeerClass(IntEnum):
@@ -66,6 +81,7 @@ class PoolLimits:
     unknown_pool: int          # of ``total``, what unknown peers share; the rest is reserved
     per_prefix: int            # unknown slots from one address prefix
     grace: float = 0.0         # seconds inactive before an unknown holder is stale (evictable by anyone)
+    churn_half_life: float = 30.0  # seconds over which a prefix's count of recent unknown admissions halves
     ipv4_prefix: int = 24
     ipv6_prefix: int = 48
 
@@ -98,6 +114,7 @@ class Pool:
     limits: PoolLimits
     clock: Callable[[], float]
     _holders: dict[Hashable, Holder] = field(default_factory=dict)
+    _churn: dict[str, tuple[float, float]] = field(default_factory=dict)   # prefix -> (tries, as of time)
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -139,6 +156,8 @@ class Pool:
             return Decision(False, reason=f"full: {len(self._holders)} slots, none idle and evictable")
         if victim is not None:
             del self._holders[victim]
+        if cls == PeerClass.UNKNOWN:
+            self._count_admission(prefix)
         self._holders[key] = Holder(key, peer, prefix, cls, self.clock())
         return Decision(True, () if victim is None else (victim,))
 
@@ -147,6 +166,8 @@ class Pool:
         by_prefix = Counter(h.prefix for h in self._holders.values() if h.cls == PeerClass.UNKNOWN)
         by_peer = Counter(h.peer for h in self._holders.values() if h.cls == PeerClass.UNKNOWN)
         now = self.clock()
+        churn = {h.prefix: self._admissions(h.prefix, now) for h in candidates}
+        mine = self._admissions(prefix, now)
 
         def evictable(h: Holder) -> bool:
             if h.busy:
@@ -154,12 +175,26 @@ class Pool:
             if h.cls < cls:
                 return True
             return (by_prefix[h.prefix] > by_prefix[prefix] + 1 or by_peer[h.peer] > by_peer[peer] + 1
-                    or now - h.last_active > self.limits.grace)
+                    or churn[h.prefix] > mine + CHURN_MARGIN or now - h.last_active > self.limits.grace)
 
         eligible = [h for h in candidates if evictable(h)]
         if not eligible:
             return None
-        return min(eligible, key=lambda h: (h.cls, -by_prefix[h.prefix], -by_peer[h.peer], h.last_active)).key
+        return min(eligible, key=lambda h: (h.cls, -by_prefix[h.prefix], -round(churn[h.prefix]),
+                                            -by_peer[h.peer], h.last_active)).key
+
+    def _admissions(self, prefix: str, now: float) -> float:
+        """``prefix``'s recent unknown admissions, each worth 1 when made and halving every ``churn_half_life``."""
+        count, when = self._churn.get(prefix, (0.0, now))
+        return count * 0.5 ** ((now - when) / self.limits.churn_half_life)
+
+    def _count_admission(self, prefix: str) -> None:
+        now = self.clock()
+        self._churn[prefix] = (self._admissions(prefix, now) + 1.0, now)
+        if len(self._churn) > MAX_CHURN_PREFIXES:   # forget the quietest half (bounded memory)
+            ranked = sorted(self._churn, key=lambda p: self._admissions(p, now))
+            for quiet in ranked[:len(ranked) // 2]:
+                del self._churn[quiet]
 
     def release(self, key: Hashable) -> bool:
         """Forget ``key``; False if it held no slot (already evicted or released)."""
@@ -193,14 +228,26 @@ class PeerClasses:
     a peer is in the highest class any of its tags gives."""
 
     _tags: dict[str, tuple[PeerClass, frozenset[str]]] = field(default_factory=dict)
+    version: int = 0   # bumped by every change (for caches derived from the tags)
 
     def set_tag(self, tag: str, cls: PeerClass, peer_ids: Iterable[str]) -> None:
         """Make exactly ``peer_ids`` hold ``tag`` (class ``cls``); no peers drops the tag."""
         peers = frozenset(peer_ids)
+        before = self._tags.get(tag)
         if peers:
             self._tags[tag] = (cls, peers)
         else:
             self._tags.pop(tag, None)
+        if self._tags.get(tag) != before:
+            self.version += 1
 
     def class_of(self, peer_id: str) -> PeerClass:
         return max((cls for cls, peers in self._tags.values() if peer_id in peers), default=PeerClass.UNKNOWN)
+
+    def tagged(self) -> dict[str, PeerClass]:
+        """Every tagged peer with its class (for matching sockets to known addresses)."""
+        out: dict[str, PeerClass] = {}
+        for cls, peers in self._tags.values():
+            for peer_id in peers:
+                out[peer_id] = max(cls, out.get(peer_id, PeerClass.UNKNOWN))
+        return out

@@ -37,6 +37,7 @@ from node.rpc.limits import HttpPolicy
 from node.rpc.pubsub import Hub
 from node.rpc.server import BUILTIN_PATHS, HttpServer, JsonGet
 from node.rpc.status import StatusBoard
+from node.staked import follow_stakes
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class Node:
                     for role in self.roles:
                         tasks.create_task(self._run_role(role), name=f"role-{role.name}")
                     tasks.create_task(self.ledger.run(), name="ledger-gateway")
+                    tasks.create_task(follow_stakes(self.host.classes, self.ledger, self.peer_id), name="staked-peers")
                     for name, service in self.services.items():
                         tasks.create_task(service.run(), name=name)
             except* _StopRequested:

@@ -1,4 +1,4 @@
-"""The relay client as a node service, whatever the node's roles (``node.roles.NODE_SERVICES``
+"""The relay client as a node service, whatever the node's roles (installed through ``node.plugins``; cli/assembly.py
 names it; the runtime builds and starts it; ADR 0062).
 
 Every node dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) for its

@@ -5,14 +5,17 @@ ADR 0158 measures it, but the record is signed by the node itself and no other n
 reaches the chain yet), so placement counts at most `UNVERIFIED_BANDWIDTH_CAP_MBPS` of it: a figure
 above that buys nothing, a missing one counts as 0.
 
-Rejection (`reject_payouts`, `penalize_lone_rejection`, `barred_workers`): a rejection is
+Rejection (`reject_payouts`, `lone_rejecters`, `outvoted_rejecters`, `recent_bars`): a rejection is
 *corroborated* when at least `CORROBORATING_REJECTERS` workers of the crew rejected and they are a
 strict majority; only then is ``reject_fee`` kept from the escrow, split among those rejecters. A
 lone rejection (a crew of one, or the only rejecter of a crew it cannot outvote) returns the whole
 escrow less relay claims to the owner, costs the rejecter `REPUTATION_LONE_REJECTION`, and bars it
 for `REJECT_COOLDOWN_BLOCKS` from that owner's tasks; `MAX_LONE_REJECTIONS` lone rejections within
-the window bar it from every task. The bars are derived from the rejected tasks themselves (worker,
-owner, assignment height), so they need no stored table.
+the window bar it from every task. A rejecter *outvoted* by a crew that went on to train the task and
+was paid (ADR 0197) is charged the same: the settlement's no-show penalty (`REPUTATION_NO_SHOW`, equal
+to `REPUTATION_LONE_REJECTION`) and the same bars, its rejection counting as a lone one. The bars are
+derived from the ended tasks themselves (status, worker, owner, assignment height), so they need no
+stored table.
 """
 from __future__ import annotations
 
@@ -54,6 +57,18 @@ def lone_rejecters(task: Task) -> list[str]:
     return [] if corroborated(task) else sorted(task.rejections)
 
 
+def outvoted_rejecters(task: Task) -> list[str]:
+    """The rejecters of a task the rest of its crew trained and was paid for: the task was trainable."""
+    return sorted(task.rejections) if task.status == TaskStatus.PAID else []
+
+
+def griefing_rejecters(task: Task) -> list[str]:
+    """The rejecters of an ended task whose rejection counts against them (lone or outvoted)."""
+    if task.status == TaskStatus.REJECTED:
+        return lone_rejecters(task)
+    return outvoted_rejecters(task)
+
+
 class Bars:
     """Who may not be given whose task at one height (`recent_bars`)."""
 
@@ -68,16 +83,16 @@ class Bars:
 
 
 def recent_bars(state: LedgerState, height: int) -> Bars:
-    """The bars at ``height``: a worker with a lone rejection of an owner's task assigned within the
-    cooldown window is barred from that owner's tasks; one with `MAX_LONE_REJECTIONS` such rejections
-    (of anyone's tasks) from every task."""
+    """The bars at ``height``: a worker with a lone or outvoted rejection of an owner's task assigned
+    within the cooldown window is barred from that owner's tasks; one with `MAX_LONE_REJECTIONS` such
+    rejections (of anyone's tasks) from every task."""
     since = height - REJECT_COOLDOWN_BLOCKS
     bars = Bars()
     counts: dict[str, int] = {}
     for task in state.tasks.values():
-        if task.status != TaskStatus.REJECTED or task.assigned_height <= since:
+        if not task.rejections or task.assigned_height <= since:
             continue
-        for worker in lone_rejecters(task):
+        for worker in griefing_rejecters(task):
             bars.by_owner.setdefault(task.owner, set()).add(worker)
             counts[worker] = counts.get(worker, 0) + 1
             if counts[worker] >= MAX_LONE_REJECTIONS:

@@ -135,6 +135,21 @@ def validator_candidates(state: LedgerState, params: Params) -> list[tuple[str, 
     return out
 
 
+def min_role_stake(params: Params) -> int:
+    """The least bond any role needs to be paid: what makes a node "staked" for admission (ADR 0197)."""
+    return min(params.min_validator_stake, params.min_worker_stake, params.min_verifier_stake,
+               params.min_relay_stake, params.min_serve_stake)
+
+
+def staked_peers(state: LedgerState, minimum: int, limit: int) -> list[tuple[str, int]]:
+    """``(peer_id, bonded)`` of unjailed nodes with at least ``minimum`` bonded, highest stake first
+    (ties by peer ID), at most ``limit``: the peers other nodes admit as ``STAKED`` (node/staked.py)."""
+    out = [(peer_id, stake.bonded) for peer_id, stake in state.stakes.items()
+           if stake.bonded >= minimum and not stake.jailed_until]
+    out.sort(key=lambda item: (-item[1], item[0]))
+    return out[:limit]
+
+
 def elect_committee(state: LedgerState, params: Params, start_height: int) -> None:
     """Elect the committee for heights from ``start_height``; an election with no eligible
     validator keeps the sitting committee (the chain would halt otherwise)."""

@@ -362,7 +362,7 @@ class ValidatorRole(Role):
             txs = chain.mempool.reap(budget, min(params.max_block_txs, self.settings["max_block_txs"]))
         block_time = max(now_ms(), ledger.state.last_block_time_ms, chain.genesis.genesis_time_ms)
         block = build_block(chain.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
-                            self.peer_id, txs, evidence, chain.last_certificate)
+                            self.node.identity, ledger.beacon, txs, evidence, chain.last_certificate)
         raw = block.encode()
         self._remember(raw, block)
         return raw

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from consensus.state import serve_disputes, serving
+from consensus.state import serve_disputes, serving, staking
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
@@ -31,6 +31,7 @@ T = TypeVar("T")
 
 MAX_RAW_TX_HEX = 2 * 64 * 1024
 MAX_LIST_TASKS = 1000
+MAX_LIST_STAKES = 10_000
 
 
 def parse_hex(value: str, name: str, length: int | None = None, max_chars: int = MAX_RAW_TX_HEX) -> bytes:
@@ -157,6 +158,20 @@ class LedgerMethods:
 
     async def dkb_getNode(self, address: str) -> dict[str, Any] | None:
         return self.role.require_ready().ledger.node_info(check_address(address))
+
+    async def dkb_listStakes(self, min_bonded: int | None = None, limit: int = MAX_LIST_STAKES) -> dict[str, Any]:
+        """Unjailed nodes with at least ``min_bonded`` bonded (default: the least bond any role needs),
+        highest first: what nodes tag as ``STAKED`` for admission (node/staked.py, ADR 0197)."""
+        chain = self.role.require_ready()
+        if min_bonded is None:
+            min_bonded = staking.min_role_stake(chain.ledger.params)
+        if type(min_bonded) is not int or min_bonded < 1:
+            raise InvalidParams("min_bonded must be a positive integer")
+        if type(limit) is not int or not 1 <= limit <= MAX_LIST_STAKES:
+            raise InvalidParams(f"limit must be in 1..{MAX_LIST_STAKES}")
+        stakes = await self.role.read_state(staking.staked_peers, chain.ledger.state, min_bonded, limit)
+        return {"height": chain.ledger.height, "min_bonded": min_bonded,
+                "stakes": [{"peer_id": peer_id, "bonded": bonded} for peer_id, bonded in stakes]}
 
     async def dkb_listNodes(self, role: str | None = None, model: str | None = None,
                             limit: int = 100) -> list[dict[str, Any]]:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("kill", "pause", "restart", "disconnect", "disk_full",
-         "handshake_flood", "websocket_flood", "artifact_squat")   # the last three: devtools/perturb/attacks.py
+KINDS = ("kill", "pause", "restart", "disconnect", "disk_full",   # then the attacks (devtools/perturb/attacks.py)
+         "handshake_flood", "websocket_flood", "artifact_squat", "pt2_bomb")
 ROLES = ("validator", "relay", "compute")
 MODES = ("auto", "netns", "loopback")
 

@@ -1,6 +1,6 @@
 """Serving inside the node (ADR 0177): the `[serve]` section runs a block server beside the compute role.
 
-A node service (`NODE_SERVICES["serving"]`) built for every node; it stays idle unless `[serve] model`
+A node service ("serving" in cli/assembly.py's plugins) built for every node; it stays idle unless `[serve] model`
 is set, and then needs the compute role (whose stake the ledger requires of paid servers and
 referees). Once the node is ready it loads the blocks (`[serve] blocks`: A:B, or auto:N chosen from
 the ledger's coverage), serves `/dekube/serve/1.0.0` on the node's own Host (billing at `[serve]

@@ -62,6 +62,8 @@ __all__ = ["CircuitDialer", "Connection", "DialError", "Handler", "Host", "HostS
 YAMUX_PROTOCOL = "/yamux/1.0.0"
 _ADDRESS_FAMILY = {"ip4": socket.AF_INET, "dns4": socket.AF_INET, "ip6": socket.AF_INET6, "dns6": socket.AF_INET6}
 log = logging.getLogger(__name__)
+IP_CLASS_CACHE_S = 1.0       # how long the address -> class map of known peers is reused
+KNOWN_ADDRS_PER_PEER = 4     # direct addresses of a tagged (non-committee) peer that give its class
 
 Handler = Callable[["HostStream"], Awaitable[None]]
 CircuitDialer = Callable[[Multiaddr, bool], Awaitable[Connection]]
@@ -112,6 +114,7 @@ class Host:
         self._pending = pending_pool(self.limits, time.monotonic)
         self._protector = Protector()
         self.classes = PeerClasses()  # staked peers, a task's crew...: tagged by the roles that know them
+        self._ip_class_cache: tuple[float, int, dict[str, PeerClass]] | None = None
         self._circuit_dialer: CircuitDialer | None = None
         self._extra_addrs: Callable[[], Sequence[str]] | None = None
         self._running = False
@@ -211,12 +214,29 @@ class Host:
         return PeerClass.COMMITTEE if self.is_protected(peer_id) else self.classes.class_of(peer_id)
 
     def _ip_class(self, ip: str) -> PeerClass:
-        """An inbound socket's class before its peer is known: COMMITTEE from a protected peer's address."""
+        """An inbound socket's class before its peer is known: COMMITTEE from a protected peer's address,
+        else the class of a tagged peer (staked, business) with that address among its first
+        ``KNOWN_ADDRS_PER_PEER`` direct ones in the peer book (a staked peer naming many addresses
+        cannot lend its class to a flood from them)."""
+        cache = self._ip_class_cache
+        if (cache is None or cache[1] != self.classes.version
+                or time.monotonic() - cache[0] > IP_CLASS_CACHE_S):
+            cache = self._ip_class_cache = (time.monotonic(), self.classes.version, self._known_ips())
+        return cache[2].get(ip, PeerClass.UNKNOWN)
+
+    def _known_ips(self) -> dict[str, PeerClass]:
+        tagged = self.classes.tagged()
         for peer_id in self._protector.peers():
-            if any(not addr.is_relayed and addr.parts[0] in (("ip4", ip), ("ip6", ip))
-                   for addr in self.peerbook.addrs(peer_id)):
-                return PeerClass.COMMITTEE
-        return PeerClass.UNKNOWN
+            tagged[peer_id] = PeerClass.COMMITTEE
+        out: dict[str, PeerClass] = {}
+        for peer_id, cls in tagged.items():
+            direct = [addr for addr in self.peerbook.addrs(peer_id)
+                      if not addr.is_relayed and addr.parts[0][0] in ("ip4", "ip6")]
+            limit = None if cls == PeerClass.COMMITTEE else KNOWN_ADDRS_PER_PEER
+            for addr in direct[:limit]:
+                ip = addr.parts[0][1]
+                out[ip] = max(cls, out.get(ip, PeerClass.UNKNOWN))
+        return out
 
     def _count(self, direction: str) -> int:
         return sum(1 for c in self._connections if c.direction == direction)
@@ -497,7 +517,7 @@ class Host:
             return self._count("outbound") < self.limits.max_outbound_connections
         while self._count("inbound") >= self.limits.max_inbound_connections:
             victim = pick_victim((c for c in self._connections if c.direction == "inbound"),
-                                 self._protector.is_protected)
+                                 self._protector.is_protected, self.classes.class_of)
             if victim is None:  # every inbound peer is protected
                 return False
             log.debug("inbound connection limit: evicting %s", victim.remote_peer)

@@ -87,9 +87,11 @@ class EvictionCandidate(Protocol):
 C = TypeVar("C", bound=EvictionCandidate)
 
 
-def pick_victim(candidates: Iterable[C], is_protected: Callable[[str], bool]) -> C | None:
-    """The connection to evict for a new one: unprotected, idle before busy, longest inactive first."""
+def pick_victim(candidates: Iterable[C], is_protected: Callable[[str], bool],
+                class_of: Callable[[str], int] = lambda _peer: 0) -> C | None:
+    """The connection to evict for a new one: unprotected, lowest admission class first (unknown before
+    staked or business, ADR 0197), idle before busy, longest inactive first."""
     eligible = [c for c in candidates if not is_protected(c.remote_peer)]
     if not eligible:
         return None
-    return min(eligible, key=lambda c: (c.num_streams > 0, c.last_active))
+    return min(eligible, key=lambda c: (class_of(c.remote_peer), c.num_streams > 0, c.last_active))

@@ -99,3 +99,45 @@ def test_repeated_lone_rejections_bar_the_node_from_every_owner_for_the_cooldown
     height = chain.ledger.state.height
     bars = rejections.recent_bars(chain.ledger.state, height + rejections.REJECT_COOLDOWN_BLOCKS + 10)
     assert bars.allowed(OWNER.peer_id, [ATTACKER.peer_id]) == [ATTACKER.peer_id]   # the cooldown ends
+
+
+def test_a_rejecter_outvoted_by_a_crew_that_is_paid_is_charged_like_a_lone_rejecter():
+    """Item 3 of the hardening leftovers (ADR 0197): the attacker sits in a 3-worker crew, rejects, the
+    two honest workers commit and are paid. Before, the rejecter was only a no-show (-5) and was given
+    the same owner's next task at once; now its rejection counts as a lone one: barred from that owner."""
+    from consensus.state.tasks import REPUTATION_NO_SHOW
+
+    chain = Chain(params=Params(task_min_s=50, task_slack_s=0, audit_window_s=2, min_fee=0, task_assign_s=5,
+                                reject_fee=REJECT_FEE, audits_per_worker=0, stake_cover_bps=0),
+                  balances={ident(i).peer_id: 1_000_000 for i in range(1, 7)})
+    spare = ident(6)
+    for who, bond in ((H1, 3000), (H2, 3000), (ATTACKER, 3000), (spare, 500)):
+        chain.ok(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                        "hardware": hardware(100)})
+        chain.ok(who, "bond", {"amount": bond})
+    crew = {"workers": 3, "price": PRICE}
+
+    def submit_crew():
+        nonce = chain.ledger.nonce(OWNER.peer_id)
+        assert chain.run(OWNER, "submit_task", {**SPEC, **crew}).code == TxCode.OK
+        task_id = task_id_for(OWNER.peer_id, nonce)
+        return task_id, chain.ledger.state.tasks[task_id]
+
+    task_id, first = submit_crew()
+    assert sorted(first.workers) == sorted(p.peer_id for p in (H1, H2, ATTACKER))
+    assert chain.run(ATTACKER, "reject_task", {"task_id": task_id, "reason": "Untrainable"}).code == TxCode.OK
+    for who in (H1, H2):
+        assert chain.run(who, "commit_result", {"task_id": task_id, "segments_root": b"\x11" * 32,
+                                                "result_hash": b"\x22" * 32, "segments": 1}).code == TxCode.OK
+    chain.empty_blocks(3)
+    chain.ok(OTHER_OWNER, "finalize", {"task_id": task_id})
+    assert first.status == TaskStatus.PAID and ATTACKER.peer_id not in first.payouts
+    reputation = chain.ledger.node_info(ATTACKER.peer_id)["reputation"]
+    assert reputation == REPUTATION_NO_SHOW == rejections.REPUTATION_LONE_REJECTION
+    _, second = submit_crew()
+    assert second.status == TaskStatus.ASSIGNED
+    assert ATTACKER.peer_id not in second.workers, "the outvoted rejecter got the same owner's next task"
+    assert spare.peer_id in second.workers
+    assert rejections.outvoted_rejecters(first) == [ATTACKER.peer_id]
+    bars = rejections.recent_bars(chain.ledger.state, chain.ledger.state.height)
+    assert bars.allowed(OTHER_OWNER.peer_id, [ATTACKER.peer_id]) == [ATTACKER.peer_id]   # other owners: as before

@@ -137,8 +137,11 @@ def test_young_holders_are_evicted_only_when_over_represented():
     p.admit("b", "b", "10.0.1.1")
     p.admit("c", "c", "10.0.2.1")
     assert p.admit("h", "h", "10.0.3.1").evict == ("a1",)   # a holds 2 > 0 + 1
-    # now every peer holds one: a reconnecting attacker cannot evict the young honest holder
-    d = p.admit("x", "x", "10.0.4.1")
+    # now every peer holds one; a's prefix was admitted twice recently (ADR 0197), so a newcomer from a
+    # quiet prefix takes its slot, never the young honest holder's (its prefix only admitted itself)
+    assert p.admit("x", "x", "10.0.4.1").evict == ("a2",)
+    # every prefix has admitted just its holder: a reconnecting attacker cannot evict the young honest holder
+    d = p.admit("y", "y", "10.0.5.1")
     assert not d.admitted and "h" in p
 
 
@@ -157,3 +160,27 @@ def test_stale_holders_make_room_and_reconnecting_cannot_churn_forever():
             break
         evicted += 1
     assert evicted == 4 and "h" in p                       # only the three stale ones were left to take
+
+
+def test_a_prefix_that_keeps_being_admitted_loses_its_young_slots_to_a_quiet_one():
+    """ADR 0197: recent admissions per prefix, halving every ``churn_half_life``; bounded memory."""
+    import node.admission as admission
+
+    now = [0.0]
+    p = Pool(PoolLimits(total=2, per_peer=1, unknown_pool=2, per_prefix=2, grace=100.0, churn_half_life=10.0),
+             lambda: now[0])
+    for i in range(3):                                   # 10.0.0.0/24 reconnects: admitted 3 times
+        p.release(("f", i - 1))
+        assert p.admit(("f", i), f"f{i}", "10.0.0.1").admitted
+    assert p.admit("q", "q", "10.0.1.1").admitted        # a free slot
+    assert p.admit("h", "h", "10.0.2.1").evict == (("f", 2),)   # 3 > 0 + 1.5: the churning prefix goes
+    assert not p.admit("z", "z", "10.0.3.1").admitted    # the others admitted only their holder: kept
+    now[0] = 30.0                                        # three half-lives: 3 admissions count as 0.375
+    p.release("h")
+    assert p.admit(("f", 3), "f3", "10.0.0.1").admitted
+    assert not p.admit("w", "w", "10.0.4.1").admitted    # 1.375 is not 1.5 more than 0
+    p.release("q")
+    for i in range(admission.MAX_CHURN_PREFIXES + 10):     # one admission from each of many prefixes
+        p.release(("m", i - 1))
+        assert p.admit(("m", i), f"m{i}", f"11.{i // 256}.{i % 256}.1").admitted
+    assert admission.MAX_CHURN_PREFIXES // 2 <= len(p._churn) <= admission.MAX_CHURN_PREFIXES

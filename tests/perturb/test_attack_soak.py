@@ -16,6 +16,7 @@ from devtools.perturb.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "devtools/perturb/manifests/attacks.toml"
+BOMB_MANIFEST = REPO / "devtools/perturb/manifests/attacks-bomb.toml"   # needs a compute node (torch)
 
 
 class FakeNet:
@@ -62,8 +63,23 @@ def test_flood_sources_are_distinct_loopback_addresses_apart_from_the_watchers()
     assert attacks.sources(SimpleNamespace(spec=SimpleNamespace(host="10.9.0.2")), 3) == [None] * 3
 
 
-def test_the_attacks_manifest_names_every_attack():
-    assert set(load_manifest(MANIFEST).kinds) == set(attacks.ATTACKS)
+def test_the_attacks_manifests_name_every_attack():
+    assert set(load_manifest(MANIFEST).kinds) | set(load_manifest(BOMB_MANIFEST).kinds) == set(attacks.ATTACKS)
+    assert load_manifest(BOMB_MANIFEST).kinds["pt2_bomb"].targets == ("compute",)
+
+
+def test_the_bomb_is_refused_by_the_archive_parser_at_once(tmp_path):
+    """The soak's bomb is the issue's: the shape expression parser refuses it before torch reads it."""
+    import time
+
+    from devtools.perturb.bomb_attack import BOMB_EXPR, bomb_archive
+    from ml.train.model_archive import ArchiveRefused, load_archive
+
+    bomb = bomb_archive(tmp_path / "bomb.pt2")
+    started = time.monotonic()
+    with pytest.raises(ArchiveRefused, match=BOMB_EXPR.replace("*", r"\*")):
+        load_archive(bomb)
+    assert time.monotonic() - started < 1.0
 
 
 @pytest.mark.slow
@@ -74,5 +90,16 @@ def test_attack_soak_commits_throughout_and_health_answers():
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["violations"] == [], "\n".join(result["violations"] + done.stderr.splitlines()[-30:])
-    assert result["by_kind"] == {kind: 1 for kind in attacks.ATTACKS}
+    assert result["by_kind"] == {kind: 1 for kind in attacks.ATTACKS if kind != "pt2_bomb"}
     assert result["blocks"] > 20
+
+
+@pytest.mark.slow
+def test_pt2_bomb_soak_commits_throughout_and_the_compute_node_answers():
+    """The bomb case alone (a compute node in the soak): ``DEKUBE_SLOW=1 pytest ... -k pt2_bomb``."""
+    done = subprocess.run([sys.executable, "-m", "devtools.perturb", "--manifest", str(BOMB_MANIFEST), "--seed", "2",
+                           "--keep-going"], cwd=REPO, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["violations"] == [], "\n".join(result["violations"] + done.stderr.splitlines()[-30:])
+    assert result["by_kind"] == {"pt2_bomb": 1}

@@ -364,15 +364,19 @@ def test_session_limits_are_enforced():
     # full: a newcomer evicts an idle session of the client holding the most (ADR 0186)
     server.open_session("d", 8, owner="third")
     assert sorted(server.sessions) == ["b", "c", "d"]
-    with pytest.raises(ValueError, match="full"):   # one each now, none stale: refused
-        server.open_session("e", 8, owner="fourth")
+    # one each now, none stale; but the first client was admitted twice recently (ADR 0197), so a
+    # newcomer takes its session; then every holder was admitted once: the next one is refused
+    server.open_session("e", 8, owner="fourth")
+    assert sorted(server.sessions) == ["c", "d", "e"]
+    with pytest.raises(ValueError, match="full"):
+        server.open_session("f", 8, owner="fifth")
     with pytest.raises(ValueError, match="cannot take"):
-        server.step("b", [torch.zeros(1, 9, CONFIG.width)])
-    out = server.step("b", [torch.zeros(1, 5, CONFIG.width), torch.zeros(1, 1, CONFIG.width)])
-    assert out.shape == (1, 1, CONFIG.width) and server.sessions["b"].usage.tokens == 6
-    assert server.sessions["b"].usage.flops > 0
+        server.step("c", [torch.zeros(1, 9, CONFIG.width)])
+    out = server.step("c", [torch.zeros(1, 5, CONFIG.width), torch.zeros(1, 1, CONFIG.width)])
+    assert out.shape == (1, 1, CONFIG.width) and server.sessions["c"].usage.tokens == 6
+    assert server.sessions["c"].usage.flops > 0
     clock[0] = 11.0
-    assert sorted(server.expire()) == ["b", "c", "d"] and not server.sessions
+    assert sorted(server.expire()) == ["c", "d", "e"] and not server.sessions
 
 
 def test_a_refused_open_is_a_remote_error():
