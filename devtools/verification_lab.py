@@ -12,6 +12,7 @@ devnet runs are too slow for.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import tempfile
 import time
@@ -37,6 +38,10 @@ STAKE = 1_000
 PRICE = 300          # pays each worker 85: its 1,000 bonded covers 10x that (ADR 0188)
 MAX_BLOCKS = 400
 LAB_PARAMS = dict(min_fee=0, task_min_s=40, task_slack_s=0, audit_window_s=4, audit_answer_s=6, dispute_s=4)
+# Worker modes the lab plays itself (the rest are ml/train/faults.py modes the trainer plays): a copycat
+# serves rank 0's records; a withholder trains honestly but serves no record until one of its slots is
+# disputed (issue 24 item 3); framers record false receipts from every non-framer co-worker (ADR 0167).
+LAB_MODES = ("copycat", "withhold", "frame")
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     stakes_before = {p.peer_id: chain.ledger.state.stakes[p.peer_id].bonded for p in parties}
 
     trainers, sink = build_recorded(spec, WORKERS, {r: by_peer[p].mode for r, p in enumerate(ranked)
-                                                    if by_peer[p].mode not in ("", "copycat")}, fault_seed=seed,
+                                                    if by_peer[p].mode not in ("", *LAB_MODES)}, fault_seed=seed,
                                   names=ranked)
     cpu0 = time.process_time()
     asyncio.run(run_trainers(trainers))
@@ -119,7 +124,10 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         source = 0 if by_peer[peer].mode == "copycat" and rank != 0 else rank
         recorder = trainers[source].recorder
         assert recorder is not None   # build_recorded attached one to every trainer
-        served[peer] = (ranked[source], recorder.records)
+        records = recorder.records
+        if by_peer[peer].mode == "frame":
+            records = _framed(records, {p for p in ranked if by_peer[p].mode != "frame"})
+        served[peer] = (ranked[source], records)
     for rank, peer in enumerate(ranked):
         leaf_worker, records = served[peer]
         weights = artifact_id_of_bytes(trainers[rank].weights_bytes())
@@ -131,6 +139,8 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     folder = Path(tmp.name)
 
     async def record(worker: str, index: int) -> SegmentAnswer:
+        if by_peer[worker].mode == "withhold" and not _disputed(chain.ledger.task_info(task_id), worker):
+            raise OSError("withheld")
         leaf_worker, records = served[worker]
         leaf_list = leaves(task_id, leaf_worker, records)
         return SegmentAnswer(records[index], proof(leaf_list, index), len(records))
@@ -195,6 +205,21 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         {k: v for k, v in (doc.get("payouts") or {}).items()}, job_cpu, audit_cpu,
         spec.steps * WORKERS, replayed,
         [s["outcome"] for s in slots], _faked_fraction(trainers, spec), ranked)
+
+
+def _framed(records: list, victims: set[str]) -> list:
+    """`records` with every receipt from a victim replaced by a digest of bytes it never sent."""
+    def lie(receipt):
+        if receipt.sender not in victims:
+            return receipt
+        return dataclasses.replace(receipt, digest=hashlib.sha256(b"framed" + receipt.digest.encode()).hexdigest())
+    return [dataclasses.replace(r, received=tuple(tuple(lie(x) for x in step) for step in r.received))
+            for r in records]
+
+
+def _disputed(doc: dict, worker: str) -> bool:
+    """Whether one of `worker`'s slots is disputed (the withholder serves the referees)."""
+    return any(s["worker"] == worker and (s.get("dispute") or s.get("referees")) for s in doc.get("slots") or [])
 
 
 def _faked_fraction(trainers, spec: TrainSpec) -> float:
