@@ -69,6 +69,7 @@ class RunResult:
     outcomes: list[str]
     faked_fraction: float = 0.0        # partial cheater: the fraction of its segments it faked
     workers: list[str] = field(default_factory=list)
+    verifiers: list[str] = field(default_factory=list)
 
     @property
     def honest_slashed(self) -> list[str]:
@@ -204,7 +205,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         sorted(p for p in stakes_before if stakes_after[p] < stakes_before[p]), contradicted, drawn,
         {k: v for k, v in (doc.get("payouts") or {}).items()}, job_cpu, audit_cpu,
         spec.steps * WORKERS, replayed,
-        [s["outcome"] for s in slots], _faked_fraction(trainers, spec), ranked)
+        [s["outcome"] for s in slots], _faked_fraction(trainers, spec), ranked, [v.peer_id for v in verifiers])
 
 
 def _framed(records: list, victims: set[str]) -> list:
