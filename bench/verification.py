@@ -61,7 +61,7 @@ def summarize(name: str, results: list[RunResult], params: Params) -> dict:
     doc: dict = {"runs": len(results), "caught": caught,
            "slashed": sum(bool(r.adversaries) and set(r.adversaries) <= set(r.slashed) for r in results),
            "honest_slashed": sum(len(r.honest_slashed) for r in results),
-           "cheater_paid": sum(_cheater_paid(r, adversary_is_worker) for r in results),
+           "cheater_paid": sum(r.cheater_paid(adversary_is_worker) for r in results),
            "innocent_workers_unpaid": sum(_innocent_unpaid(r) for r in results)}
     if name.startswith("partial_q"):
         q, m = float(name[len("partial_q"):]), params.audits_per_worker
@@ -71,17 +71,6 @@ def summarize(name: str, results: list[RunResult], params: Params) -> dict:
     if not adversary_is_worker:
         doc["adversary_drawn"] = sum(r.drawn_adversary_verifier for r in results)
     return doc
-
-
-def _cheater_paid(r: RunResult, adversary_is_worker: bool) -> bool:
-    """An adversary paid for its work: a worker paid more than any verifier earned for judging (workers
-    judge too); an adversarial verifier paid and not slashed."""
-    if not adversary_is_worker:
-        return any(r.paid.get(a, 0) > 0 and a not in r.slashed for a in r.adversaries)
-    if r.scenario.startswith("partial_q") and not r.faked_fraction:
-        return False   # it faked nothing this run: its pay is earned
-    judging = max([r.paid.get(v, 0) for v in r.verifiers], default=0)
-    return any(r.paid.get(a, 0) > judging for a in r.adversaries)
 
 
 def _innocent_unpaid(r: RunResult) -> int:
