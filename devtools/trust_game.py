@@ -235,11 +235,11 @@ def _outcome(game: Game, cheaters: set[str]) -> Outcome:
     payouts = chain.ledger.state.tasks[game.task_id].payouts
     honest = [p.peer_id for p in [*WORKERS, *VERIFIERS] if p.peer_id not in cheaters | game.colluders]
     worker_ids = {w.peer_id for w in WORKERS}
-    # workers also audit and referee: a worker's pay for its work is what exceeds any judge's earnings
-    judging = max([payouts.get(v.peer_id, 0) for v in VERIFIERS], default=0)
+    # workers also earn a little for judging: a cheating worker is paid when it gets half an honest one's pay
+    share = min([payouts.get(w, 0) for w in worker_ids - cheaters], default=0) // 2
     return Outcome(caught=all(_slashed(chain, c) > 0 for c in cheaters),
                    honest_slashed=[p for p in honest if _slashed(chain, p) > 0],
-                   cheater_paid=any(payouts.get(c, 0) > (0 if c not in worker_ids else judging) for c in cheaters))
+                   cheater_paid=any(payouts.get(c, 0) > (0 if c not in worker_ids else share) for c in cheaters))
 
 
 def grinding_proposer(seed: int, grinder: bool = True) -> Outcome:

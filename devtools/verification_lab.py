@@ -76,14 +76,16 @@ class RunResult:
         return [p for p in self.slashed if p not in self.adversaries]
 
     def cheater_paid(self, adversary_is_worker: bool = True) -> bool:
-        """An adversary paid for its work: a worker paid more than any verifier earned for judging
-        (workers judge too), unless a partial cheater faked nothing this run; a verifier paid, not slashed."""
+        """An adversary paid for its work: a worker paid at least half an honest co-worker's pay (workers
+        also earn a little for judging), unless a partial cheater faked nothing this run; a verifier paid
+        and not slashed."""
         if not adversary_is_worker:
             return any(self.paid.get(a, 0) > 0 and a not in self.slashed for a in self.adversaries)
         if self.scenario.startswith("partial_q") and not self.faked_fraction:
             return False
-        judging = max([self.paid.get(v, 0) for v in self.verifiers], default=0)
-        return any(self.paid.get(a, 0) > judging for a in self.adversaries)
+        honest = [self.paid.get(w, 0) for w in self.workers if w not in self.adversaries]
+        share = min(honest, default=0) // 2
+        return any(self.paid.get(a, 0) > max(share, 0) for a in self.adversaries)
 
 
 class Party:
