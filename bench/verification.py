@@ -43,7 +43,8 @@ BIG = 20_000   # bonded stake of an adversarial verifier: drawn for most slots, 
 def scenarios(partial: tuple[float, ...]) -> list[Scenario]:
     out = [Scenario("honest"), Scenario("lazy", {1: "lazy"}), Scenario("poison_zero", {0: "poison_zero"}),
            Scenario("poison_noise", {2: "poison_noise"}), Scenario("poison_stealth", {1: "poison_stealth"}),
-           Scenario("copycat", {1: "copycat"})]
+           Scenario("copycat", {1: "copycat"}), Scenario("withholder", {1: "withhold"}),
+           Scenario("framers", {0: "frame", 1: "frame"})]
     out += [Scenario(f"partial_q{q:g}", {1: f"partial:{q:g}"}) for q in partial]
     out += [Scenario("false_accuser", verifier_faults={0: "false_accuser"}, verifier_stakes={0: BIG}),
             Scenario("rubber_stamp", verifier_faults={0: "rubber_stamp"}, verifier_stakes={0: BIG})]
