@@ -52,6 +52,11 @@ def check_non_negative(value: int) -> None:
         raise ValueError(f"must not be negative, got {value}")
 
 
+def check_retain_blocks(value: int) -> None:
+    if value != 0 and value < 100:
+        raise ValueError("must be 0 (keep every block) or at least 100")
+
+
 def check_non_negative_float(value: float) -> None:
     if value < 0:
         raise ValueError("must be >= 0")
@@ -237,6 +242,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                 "seconds a proposer waits for transactions before an empty block", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
+        "retain_blocks": Key(int, 0,
+                             "blocks (with their certificates) kept; older ones are pruned and the RPC answers "
+                             "'pruned' for them; 0 keeps every block (peers block-syncing from genesis need one "
+                             "node that keeps them); at least 100 otherwise; docs/adr/0199", check_retain_blocks),
         "verify_db": Key(str, "auto",
                          "start-up check of the chain database: full (read every block), recent (state and the "
                          "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",

@@ -189,7 +189,7 @@ class ValidatorRole(Role):
         except StorageError as exc:
             storage.close()
             raise database_error(path, exc) from None
-        self.store = ChainStore(storage)
+        self.store = ChainStore(storage, retain_blocks=self.settings["retain_blocks"])
         try:
             self.ledger = storage.load_ledger()
             self.signer = SignerGuard.restore(self.node.identity, storage.load_signer_state())
@@ -384,7 +384,7 @@ class ValidatorRole(Role):
         with self._pool_lock:  # txs this node already decoded and checked are neither decoded nor verified again
             known = self.mempool.known_txs
         result = self.ledger.apply_block(block, executor=self._verify_pool, known_txs=known)
-        self.store.storage.commit_block(block, result)
+        self.store.commit(block, result)
         with self._pool_lock:
             self.mempool.update(r.tx_hash for r in result.receipts)
         receipts = tx_events(result, block.txs, known) if want_txs else []
@@ -521,9 +521,16 @@ class ValidatorRole(Role):
         }
 
     def block_json(self, height: int, full: bool = False) -> dict | None:
-        """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates)."""
+        """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates); None if
+        there is no such block yet; ResourceNotFound naming the first kept block if it was pruned."""
         block = self.store.block(height)
         if block is None:
+            storage = self.store.storage
+            if storage.is_pruned(height):
+                raise ResourceNotFound(
+                    f"block {height} is pruned: this node keeps blocks {storage.base}..{storage.height} "
+                    f"([consensus] retain_blocks = {self.store.retain_blocks})",
+                    data={"pruned": True, "first_block": storage.base})
             return None
         doc = block.header.to_json()
         if full:

@@ -7,7 +7,7 @@ same code for everything above the key-value layer. A ``KV`` offers ``get``, ``w
 ``last_key(prefix)``, ``delete_range(start, end, sync)``, ``is_empty()`` and ``close()``.
 
 One database, key prefixes:
-    M/<name>               meta: format, chain_id, genesis_hash, height
+    M/<name>               meta: format, chain_id, genesis_hash, height, base (first stored block; 1 if absent)
     B/<height u64>         block bytes            H/<block hash>   height u64
     R/<tx hash>            the receipt (an executed one is never replaced by a later copy's)
     S/<state key>          ledger state (consensus.state.store keys)
@@ -17,6 +17,9 @@ One database, key prefixes:
 A committed block, its receipts, its state changes and the new height go in ONE
 WriteBatch written with sync, so after a crash (kill -9 at any instant) the database is
 at the previous or the new height, never between. WAL and signer writes are synced too.
+Pruning (``prune_ops``) deletes the oldest blocks, their hash index and WAL records and moves
+``base`` up in that same batch, so a crash leaves either the old or the new retained range;
+``block_by_height`` of a height below ``base`` is None and ``is_pruned`` says why.
 Opening a database of another chain, or one that is damaged, raises a clear StorageError.
 """
 from __future__ import annotations
@@ -134,6 +137,7 @@ class Storage:
         self.genesis = genesis
         self._kv = kv
         self.height = self._meta_int(b"height")
+        self.base = self._meta_int(b"base") if self._get(_META + b"base") is not None else 1
         last_wal = self._last_key(_WAL)
         self._wal_seq = int.from_bytes(last_wal[10:18], "big") + 1 if last_wal else 0
 
@@ -209,7 +213,7 @@ class Storage:
 
     def check_integrity(self) -> None:
         """Read every key (RocksDB verifies block checksums) and check that no block is missing."""
-        expected = 1
+        expected = self.base
         for key, _ in self._scan(b""):
             if key.startswith(_BLOCK):
                 if int.from_bytes(key[2:], "big") != expected:
@@ -229,7 +233,7 @@ class Storage:
         for prefix in (_META, _STATE, _WAL, _SIGNER):
             for _ in self._scan(prefix):
                 pass
-        for height in range(max(1, self.height - recent_blocks + 1), self.height + 1):
+        for height in range(max(self.base, self.height - recent_blocks + 1), self.height + 1):
             if self.block_by_height(height) is None:
                 raise CorruptDatabase(f"{self.path}: block {height} is missing")
 
@@ -284,8 +288,10 @@ class Storage:
 
     # ---- blocks and state -----------------------------------------------------------------------
 
-    def commit_block(self, block: Block, result: BlockResult) -> None:
-        """Atomically and durably store ``block``, its receipts and its state changes."""
+    def commit_block(self, block: Block, result: BlockResult,
+                     extra_ops: list[tuple[bytes, bytes | None]] | None = None) -> None:
+        """Atomically and durably store ``block``, its receipts and its state changes, with
+        ``extra_ops`` (e.g. ``prune_ops``, ``wal_entries`` deletions) in the same batch."""
         if block.height != self.height + 1:
             raise StorageError(f"commit of height {block.height} on top of height {self.height}")
         if result.block_hash != block.hash:
@@ -304,8 +310,12 @@ class Storage:
             ops.append((_RECEIPT + receipt.tx_hash, encode(receipt.to_obj())))
         ops += [(_STATE + key, value) for key, value in result.changes]
         ops.append((_META + b"height", encode(block.height)))
+        ops += extra_ops or []
         self._kv.write(ops, sync=True)
         self.height = block.height
+        for key, value in extra_ops or []:
+            if key == _META + b"base" and value is not None:
+                self.base = decode(value)
 
     def load_ledger(self) -> Ledger:
         """The ledger state as of the last committed block."""
@@ -325,6 +335,36 @@ class Storage:
         except BlockError as exc:
             raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
 
+    def is_pruned(self, height: int) -> bool:
+        """Was block ``height`` stored once and deleted by pruning (``base`` is the first kept)."""
+        return 1 <= height < self.base
+
+    def prune_ops(self, below: int, wal_below: int, limit: int) -> list[tuple[bytes, bytes | None]]:
+        """The deletions that prune blocks (and their hash index) below ``below`` and WAL records
+        of heights below ``wal_below``, at most ``limit`` blocks and ``limit`` WAL records per call
+        (a node that turns pruning on catches up over several commits), with the new ``base``:
+        for ``commit_block``'s batch. Empty when there is nothing to prune."""
+        ops: list[tuple[bytes, bytes | None]] = []
+        if wal_below <= 0 and below <= self.base:
+            return ops
+        new_base = min(below, self.base + limit, self.height + 1)
+        for height in range(self.base, new_base):
+            raw = self._get(_BLOCK + _u64(height))
+            if raw is not None:
+                try:
+                    ops.append((_BLOCK_HASH + Block.decode(raw, MAX_BLOCK_BYTES_ON_DISK).hash, None))
+                except BlockError as exc:
+                    raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
+                ops.append((_BLOCK + _u64(height), None))
+        wal_end = _WAL + _u64(max(0, wal_below))
+        for count, (key, _) in enumerate(self._scan(_WAL)):
+            if key >= wal_end or count >= limit:
+                break
+            ops.append((key, None))
+        if new_base > self.base:
+            ops.append((_META + b"base", encode(new_base)))
+        return ops
+
     def block_by_hash(self, block_hash: bytes) -> Block | None:
         height = self._get(_BLOCK_HASH + block_hash)
         return None if height is None else self.block_by_height(int.from_bytes(height, "big"))
@@ -342,7 +382,12 @@ class Storage:
 
     def wal_records(self, height: int) -> list[bytes]:
         """The records appended for ``height``, in append order."""
-        return [value for _, value in self._scan(_WAL + _u64(height))]
+        return [value for _, value in self.wal_entries(height)]
+
+    def wal_entries(self, height: int) -> list[tuple[bytes, bytes]]:
+        """The (key, record) pairs appended for ``height``, in append order (a key, paired with
+        None, deletes its record in ``commit_block``'s ``extra_ops``)."""
+        return list(self._scan(_WAL + _u64(height)))
 
     def wal_prune(self, below_height: int) -> None:
         """Forget WAL records of heights below ``below_height`` (after those blocks committed)."""

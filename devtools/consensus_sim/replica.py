@@ -57,7 +57,7 @@ class Replica:
         self.kv.reopen()
         self.kv.before_write = None
         storage = Storage.create(f"sim-node-{self.index}", self.kv, self.genesis)
-        self.store = ChainStore(storage)
+        self.store = ChainStore(storage, retain_blocks=self.sim.cfg.retain_blocks)
         self.ledger = storage.load_ledger()
         signer = SignerGuard.restore(self.identity, storage.load_signer_state())
         height = self.ledger.height
@@ -150,7 +150,7 @@ class Replica:
         block = Block.decode(commit.value, MAX_PROPOSAL_VALUE_BYTES)
         self.store.save_certificate(block.height, commit.certificate)
         result = self.ledger.apply_block(block, known_txs=self.mempool.known_txs)
-        self.store.storage.commit_block(block, result)
+        self.store.commit(block, result)
         self.mempool.update(r.tx_hash for r in result.receipts)
         next_committee = self.store.committee_for(block.height + 1, self.ledger)
         self.sim.checker.on_commit(self, block, commit, result)

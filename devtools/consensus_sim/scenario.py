@@ -67,6 +67,7 @@ class SimConfig:
     wan: WanConfig | None = None           # inter-region latencies instead of max_delay (wan.py, ADR 0193)
     timeouts: TimeoutConfig = TIMEOUTS
     empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
+    retain_blocks: int = 0                 # [consensus] retain_blocks: blocks each replica keeps (0: all)
 
 
 @dataclass
@@ -296,7 +297,8 @@ class Simulation:
         for replica in self.replicas:
             await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         self.spawn(self._inject_faults())
-        self.spawn(self._submit_transactions())
+        if cfg.tx_rate:   # 0: an idle chain (storage growth of empty blocks)
+            self.spawn(self._submit_transactions())
         if self.game is not None:
             self.spawn(self._play_game())
         await self.clock.sleep(cfg.fault_time)

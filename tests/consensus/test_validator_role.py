@@ -36,12 +36,12 @@ def make_home(tmp_path, chain_id=CHAIN, balance=10**6):
     return tmp_path
 
 
-def config(identity):
+def config(identity, extra=None):
     port = PORTS.get(identity.peer_id, 0)
     return load_config(None, env={}, overrides={
         ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}",
         ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
-        ("consensus", "timeout_propose"): "0.5"})
+        ("consensus", "timeout_propose"): "0.5", **(extra or {})})
 
 
 async def rpc(session, method, *params):
@@ -52,8 +52,8 @@ async def rpc(session, method, *params):
     return doc["result"]
 
 
-async def run_node(home, body):
-    node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole], home=home)
+async def run_node(home, body, extra=None):
+    node = Node(config(VALIDATOR, extra), VALIDATOR, [ValidatorRole], home=home)
     role = node.role("validator")
     partner = Node(config(PARTNER), PARTNER, [ValidatorRole], home=home / "partner")
     tasks = [asyncio.create_task(n.run()) for n in (node, partner)]
@@ -129,6 +129,44 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
         return (await rpc(session, "dkb_getBlockByNumber", height))["hash"]
 
     assert asyncio.run(run_node(home, second_run)) == block_hash
+
+
+@pytest.mark.slow   # ~20 s: 110 blocks past the smallest retention the config allows
+def test_a_pruning_validator_answers_pruned_for_old_blocks_and_restarts(tmp_path):
+    home = make_home(tmp_path)
+    retain = {("consensus", "retain_blocks"): "100", ("consensus", "empty_block_wait"): "0.01"}
+
+    async def first_run(node, role, session):
+        async def past_retention():
+            return await rpc(session, "dkb_blockNumber") >= 110
+        await wait_for(past_retention, timeout=60)
+        storage = role.store.storage
+        assert storage.base > 1 and storage.height - storage.base + 1 <= 100 + 1
+        async with session.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "dkb_getBlockByNumber",
+                                           "params": [1]}) as r:
+            error = (await r.json())["error"]
+        assert "block 1 is pruned" in error["message"] and "retain_blocks = 100" in error["message"]
+        assert error["data"]["pruned"] is True and error["data"]["first_block"] > 1
+        async with session.get("/block", params={"height": "1"}) as r:
+            assert r.status == 404 and "pruned" in (await r.text())
+        kept = await rpc(session, "dkb_getBlockByNumber", storage.base)
+        assert kept["height"] == storage.base and kept["commit"]
+        return storage.base
+
+    base = asyncio.run(run_node(home, first_run, retain))
+
+    async def second_run(node, role, session):
+        storage = role.store.storage
+        assert storage.base >= base and storage.is_pruned(base - 1)
+        first = await rpc(session, "dkb_blockNumber")
+
+        async def advanced():
+            return await rpc(session, "dkb_blockNumber") > first + 2
+        await wait_for(advanced)
+        assert (await rpc(session, "dkb_getBlockByNumber", first))["commit"]
+        return storage.base
+
+    assert asyncio.run(run_node(home, second_run, retain)) >= base
 
 
 def start_fails(home):
