@@ -9,7 +9,9 @@ height of each epoch. A certificate is stored once: block ``h + 1`` carries the 
 record of ``h - 1`` in the batch that stores block ``h``; only the tip's certificate is a record.
 With ``retain_blocks`` set, ``commit`` also prunes blocks older than the last ``retain_blocks``
 and WAL records below them (never the committee records of the tip's epoch), a bounded number
-per commit, in that same batch (docs/adr/0199).
+per commit, in that same batch (docs/adr/0199). At snapshot heights (consensus/state/snapshot.py)
+``commit`` stores the state's chunks too and drops all but the last ``KEEP_SNAPSHOTS``; blocks
+from the oldest kept snapshot's next block on are never pruned, so peers can state-sync from it.
 
 The committee of heights ``E+1 .. E+L`` (``L`` = epoch length) is the top-K bonded validators of
 the state after block ``E``; a node restarted mid-epoch reads it back from the WAL (the state
@@ -33,6 +35,7 @@ from consensus.validator.storage import CorruptDatabase, Storage
 CERTIFICATE_TAG = b"C"
 COMMITTEE_TAG = b"S"
 PRUNE_PER_COMMIT = 256   # blocks (and WAL records) pruned at most per commit
+KEEP_SNAPSHOTS = 2       # state snapshots kept (with the blocks from the oldest one's next block)
 
 
 def epoch_start(height: int, epoch_length: int) -> int:
@@ -59,8 +62,19 @@ class ChainStore:
         ops: list[tuple[bytes, bytes | None]] = [
             (key, None) for key, record in self.storage.wal_entries(block.height - 1)
             if record[:1] == CERTIFICATE_TAG and block.last_commit]
+        if result.snapshot is not None:
+            manifest, chunks = result.snapshot
+            ops += self.storage.snapshot_ops(manifest, chunks)
+            kept = self.storage.snapshot_heights() + [manifest.height]
+            for old in kept[:-KEEP_SNAPSHOTS]:
+                ops += self.storage.drop_snapshot_ops(old)
+            kept = kept[-KEEP_SNAPSHOTS:]
+        else:
+            kept = self.storage.snapshot_heights()
         if self.retain_blocks:
             below = block.height - self.retain_blocks + 1
+            if kept:   # a snapshot is served with its next block (whose header commits it)
+                below = min(below, kept[0] + 1)
             wal_below = min(below, epoch_start(block.height, self.params.epoch_length) + 1)
             ops += self.storage.prune_ops(below, wal_below, PRUNE_PER_COMMIT)
         self.storage.commit_block(block, result, ops)

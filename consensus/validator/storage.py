@@ -13,6 +13,7 @@ One database, key prefixes:
     S/<state key>          ledger state (consensus.state.store keys)
     W/<height u64><seq u64> consensus write-ahead log records (opaque bytes)
     V/signer               signer (double-sign guard) state (opaque bytes)
+    N/<height u64>         state snapshot manifest   K/<height u64><index u32>  its chunks (docs/adr/0199)
 
 A committed block, its receipts, its state changes and the new height go in ONE
 WriteBatch written with sync, so after a crash (kill -9 at any instant) the database is
@@ -34,11 +35,13 @@ from consensus.block import Block, BlockError
 from consensus.encoding import EncodingError, decode, encode
 from consensus.genesis import Genesis
 from consensus.state.ledger import BlockResult, Ledger, TxReceipt
-from consensus.state.store import LedgerState
+from consensus.state.snapshot import Manifest, SnapshotError
+from consensus.state.store import APP_HASH_KEY, LedgerState
 
 FORMAT = 1
 _META = b"M/"
 _BLOCK, _BLOCK_HASH, _RECEIPT, _STATE, _WAL, _SIGNER = b"B/", b"H/", b"R/", b"S/", b"W/", b"V/signer"
+_MANIFEST, _CHUNK = b"N/", b"K/"
 MAX_BLOCK_BYTES_ON_DISK = 64 * 1024 * 1024
 
 
@@ -208,7 +211,7 @@ class Storage:
         state_height = self._get(_STATE + b"meta/height")
         if state_height is None or decode(state_height) != self.height:
             raise CorruptDatabase(f"{self.path}: state height does not match block height {self.height}")
-        if self.height and self.block_by_height(self.height) is None:
+        if self.height >= self.base and self.block_by_height(self.height) is None:
             raise CorruptDatabase(f"{self.path}: block {self.height} is missing")
 
     def check_integrity(self) -> None:
@@ -372,6 +375,54 @@ class Storage:
     def receipt(self, tx_hash: bytes) -> TxReceipt | None:
         raw = self._get(_RECEIPT + tx_hash)
         return None if raw is None else TxReceipt.from_obj(decode(raw))
+
+    # ---- state snapshots ----------------------------------------------------------------------
+
+    def snapshot_heights(self) -> list[int]:
+        """Heights of the stored state snapshots, oldest first."""
+        return [int.from_bytes(key[2:], "big") for key, _ in self._scan(_MANIFEST)]
+
+    def snapshot_manifest(self, height: int) -> Manifest | None:
+        raw = self._get(_MANIFEST + _u64(height))
+        if raw is None:
+            return None
+        try:
+            return Manifest.decode(raw)
+        except SnapshotError as exc:
+            raise CorruptDatabase(f"{self.path}: snapshot manifest {height} unreadable: {exc}") from None
+
+    def snapshot_chunk(self, height: int, index: int) -> bytes | None:
+        if not 0 <= index < 2**32:
+            return None
+        return self._get(_CHUNK + _u64(height) + index.to_bytes(4, "big"))
+
+    @staticmethod
+    def snapshot_ops(manifest: Manifest, chunks: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """The writes that store a snapshot (for ``commit_block``'s batch)."""
+        prefix = _CHUNK + _u64(manifest.height)
+        ops: list[tuple[bytes, bytes | None]] = [
+            (prefix + i.to_bytes(4, "big"), chunk) for i, chunk in enumerate(chunks)]
+        ops.append((_MANIFEST + _u64(manifest.height), manifest.encode()))
+        return ops
+
+    def drop_snapshot_ops(self, height: int) -> list[tuple[bytes, bytes | None]]:
+        manifest = self.snapshot_manifest(height)
+        count = len(manifest.chunk_hashes) if manifest is not None else 0
+        prefix = _CHUNK + _u64(height)
+        ops: list[tuple[bytes, bytes | None]] = [(prefix + i.to_bytes(4, "big"), None) for i in range(count)]
+        return ops + [(_MANIFEST + _u64(height), None)]
+
+    def restore_state(self, items: list[tuple[bytes, bytes]], app_hash: bytes, height: int) -> None:
+        """Replace the ledger state by a verified snapshot's ``items`` at ``height`` (a node that
+        state-syncs, right after creation): no block is stored below ``height + 1`` (``base``)."""
+        if self.height != 0:
+            raise StorageError(f"state sync needs an empty chain database, this one is at height {self.height}")
+        ops: list[tuple[bytes, bytes | None]] = [(key, None) for key, _ in self._scan(_STATE)]
+        ops += [(_STATE + key, value) for key, value in items]
+        ops += [(_STATE + APP_HASH_KEY, encode(app_hash)), (_META + b"height", encode(height)),
+                (_META + b"base", encode(height + 1))]
+        self._kv.write(ops, sync=True)
+        self.height, self.base = height, height + 1
 
     # ---- consensus write-ahead log --------------------------------------------------------------
 

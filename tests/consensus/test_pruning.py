@@ -79,16 +79,17 @@ def test_pruning_keeps_the_last_blocks_the_epoch_committee_and_a_consistent_data
         grow(store, 1)
         hashes[store.storage.height] = store.block(store.storage.height).hash
     storage = store.storage
-    assert (storage.base, storage.height) == (10, 14)
-    for height in range(1, 10):
+    # the last 5 would be 10..14; the older kept snapshot (8; epochs of 4) keeps its next block, 9
+    assert (storage.base, storage.height) == (9, 14) and storage.snapshot_heights() == [8, 12]
+    for height in range(1, 9):
         assert storage.block_by_height(height) is None and storage.is_pruned(height)
         assert storage.block_by_hash(hashes[height]) is None and store.stored_commit(height) is None
-    for height in range(10, 15):
+    for height in range(9, 15):
         assert storage.block_by_hash(hashes[height]).height == height and store.stored_commit(height) is not None
     assert not storage.is_pruned(15) and not storage.is_pruned(0)
     storage.check_integrity()
     # WAL: nothing below the kept range except what the tip's epoch needs (its committee, at 13)
-    assert all(h >= 10 for h in range(0, 15) if storage.wal_records(h))
+    assert all(h >= 9 for h in range(0, 15) if storage.wal_records(h))
     assert store.committee_for(14, ledger).start_height == 13
 
 
@@ -102,10 +103,10 @@ def test_turning_pruning_on_for_a_long_chain_prunes_a_bounded_amount_per_commit(
     try:
         grow(store, 1)
         assert store.storage.base == 5                         # 4 of the 19 prunable blocks
-        grow(store, 4)
-        assert store.storage.base == 21                        # still catching up, 4 a commit
+        grow(store, 3)
+        assert store.storage.base == 17                        # still catching up, 4 a commit
         grow(store, 1)
-        assert store.storage.base == 25                        # caught up: the last 2 of 26 kept
+        assert store.storage.base == 21                        # caught up: from the snapshot at 20's next block
     finally:
         chainstore.PRUNE_PER_COMMIT = limit
     store.storage.check_integrity()
@@ -116,7 +117,7 @@ def test_a_crash_in_the_pruning_commit_leaves_the_old_range():
     store = ChainStore(Storage.create("mem", kv, GENESIS), retain_blocks=3)
     store.committee_for(1, store.storage.load_ledger())
     grow(store, 6)
-    assert (store.storage.base, store.storage.height) == (4, 6)
+    assert (store.storage.base, store.storage.height) == (4, 6)     # last 3 (the snapshot at 4 needs 5)
 
     def crash(ops):
         if any(key == b"M/base" for key, _ in ops):
@@ -145,12 +146,12 @@ def test_pruned_rocksdb_reopens_and_keeps_going(tmp_path):
 
     reopened = ChainStore(Storage.open(path, GENESIS), retain_blocks=4)
     storage = reopened.storage
-    assert (storage.base, storage.height) == (8, 11)
+    assert (storage.base, storage.height) == (5, 11)          # snapshots 4 and 8 kept, with block 5 on
     storage.verify(None)
     storage.verify(2)
     assert reopened.certificate_bytes(11) == tip_cert
     assert reopened.committee_for(12, storage.load_ledger()).start_height == 9
     ledger = grow(reopened, 3)
-    assert (storage.base, storage.height, ledger.height) == (11, 14, 14)
+    assert (storage.base, storage.height, ledger.height) == (9, 14, 14)
     assert encode_certificate(decode_certificate(reopened.certificate_bytes(13))) == reopened.block(14).last_commit
     storage.close()
