@@ -68,6 +68,7 @@ class SimConfig:
     timeouts: TimeoutConfig = TIMEOUTS
     empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
     retain_blocks: int = 0                 # [consensus] retain_blocks: blocks each replica keeps (0: all)
+    wiped: int | None = None               # this replica loses its disk at the heal, rejoins by state sync
 
 
 @dataclass
@@ -307,7 +308,11 @@ class Simulation:
         self.net.heal()
         for replica in self.replicas:
             replica.crash_at_write = None
-            if not replica.up:
+            if replica.index == cfg.wiped:
+                replica.crash()
+                others = [r for r in self.replicas if r.up and r.index != cfg.wiped]
+                await replica.boot(cfg.timeouts, replica.index in self.byzantine, sync_from=others)
+            elif not replica.up:
                 self.faults["restart"] += 1
                 await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         heal_time = self.loop.time()
