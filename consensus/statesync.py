@@ -12,8 +12,8 @@ header carries ``app_hash(S)``, the commitment to the whole state. The joining n
    format); a source that sends a bad chunk, an oversized one, or answers for another height is
    dropped with the reason and the chunk is asked of the next source;
 4. loads the state, checks it is the state after block ``S`` (height, last block hash) and that
-   its own committee for ``S + 1`` certifies block ``S + 1`` (more than two thirds), stores it
-   (``Storage.restore_state``) and executes block ``S + 1``;
+   its own committee for ``S + 1`` certifies block ``S + 1`` (more than two thirds), executes
+   block ``S + 1`` and stores both in one batch (``Storage.commit_restored``);
 
 then ``replay_blocks`` (or the node's block sync) applies the blocks after ``S + 1``, each
 certificate checked against the committee of its height. A ``SnapshotSource`` is what a peer
@@ -32,7 +32,7 @@ from consensus.state.ledger import Ledger
 from consensus.state.snapshot import Manifest, SnapshotError, check_chunk
 from consensus.state.store import LedgerState
 from consensus.tendermint import Commit
-from consensus.validator.chainstore import ChainStore
+from consensus.validator.chainstore import CERTIFICATE_TAG, ChainStore, encode_certificate
 
 MAX_OFFERS = 16   # snapshot heights read from one source
 
@@ -179,12 +179,15 @@ def _restore(store: ChainStore, manifest: Manifest, chunks: list[bytes], block: 
     ledger = Ledger(genesis, state)
     if ledger.height != manifest.height or ledger.last_block_hash != block.header.prev_hash:
         raise StateSyncError(f"the snapshot's state is at height {ledger.height}, not after block {manifest.height}")
-    store.storage.restore_state(items, manifest.app_hash, manifest.height)
-    committee = store.committee_for(manifest.height + 1, ledger)
+    committee = store.committee_for(manifest.height + 1, ledger)   # records the epoch's committee
     if not committee.verify_commit(genesis.chain_id, manifest.height + 1, value_id(anchor.value), anchor.certificate):
         raise StateSyncError(f"block {manifest.height + 1} is not certified by the snapshot's own committee")
-    store.save_certificate(block.height, anchor.certificate)
-    store.commit(block, ledger.apply_block(block))
+    try:
+        result = ledger.apply_block(block)
+    except BlockError as exc:
+        raise StateSyncError(f"block {block.height} does not apply to the snapshot: {exc}") from None
+    store.storage.commit_restored(items, manifest.app_hash, block, result,
+                                  CERTIFICATE_TAG + encode_certificate(anchor.certificate))
     return ledger
 
 

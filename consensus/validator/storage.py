@@ -292,14 +292,16 @@ class Storage:
     # ---- blocks and state -----------------------------------------------------------------------
 
     def commit_block(self, block: Block, result: BlockResult,
-                     extra_ops: list[tuple[bytes, bytes | None]] | None = None) -> None:
+                     extra_ops: list[tuple[bytes, bytes | None]] | None = None,
+                     first_ops: list[tuple[bytes, bytes | None]] | None = None) -> None:
         """Atomically and durably store ``block``, its receipts and its state changes, with
-        ``extra_ops`` (e.g. ``prune_ops``, ``wal_entries`` deletions) in the same batch."""
+        ``extra_ops`` (e.g. ``prune_ops``, ``wal_entries`` deletions) in the same batch, after
+        ``first_ops`` (a restored state, which the block's changes then update)."""
         if block.height != self.height + 1:
             raise StorageError(f"commit of height {block.height} on top of height {self.height}")
         if result.block_hash != block.hash:
             raise StorageError("the execution result is not for this block")
-        ops: list[tuple[bytes, bytes | None]] = []
+        ops: list[tuple[bytes, bytes | None]] = list(first_ops or [])
         height_key = _u64(block.height)
         ops.append((_BLOCK + height_key, block.encode()))
         ops.append((_BLOCK_HASH + block.hash, height_key))
@@ -412,17 +414,26 @@ class Storage:
         ops: list[tuple[bytes, bytes | None]] = [(prefix + i.to_bytes(4, "big"), None) for i in range(count)]
         return ops + [(_MANIFEST + _u64(height), None)]
 
-    def restore_state(self, items: list[tuple[bytes, bytes]], app_hash: bytes, height: int) -> None:
-        """Replace the ledger state by a verified snapshot's ``items`` at ``height`` (a node that
-        state-syncs, right after creation): no block is stored below ``height + 1`` (``base``)."""
+    def commit_restored(self, items: list[tuple[bytes, bytes]], app_hash: bytes, block: Block,
+                        result: BlockResult, certificate_record: bytes) -> None:
+        """State sync's one write: replace the genesis state by a verified snapshot's ``items``
+        (the state after block ``block.height - 1``, ``app_hash``) and commit ``block`` on top,
+        with its certificate record, in ONE synced batch; no block is stored below it (``base``).
+        A crash leaves the empty database or the restored one, never a state without its block."""
         if self.height != 0:
             raise StorageError(f"state sync needs an empty chain database, this one is at height {self.height}")
         ops: list[tuple[bytes, bytes | None]] = [(key, None) for key, _ in self._scan(_STATE)]
         ops += [(_STATE + key, value) for key, value in items]
-        ops += [(_STATE + APP_HASH_KEY, encode(app_hash)), (_META + b"height", encode(height)),
-                (_META + b"base", encode(height + 1))]
-        self._kv.write(ops, sync=True)
-        self.height, self.base = height, height + 1
+        ops.append((_STATE + APP_HASH_KEY, encode(app_hash)))
+        self.height = block.height - 1
+        try:
+            self.commit_block(block, result, [
+                (_WAL + _u64(block.height) + _u64(self._wal_seq), bytes(certificate_record)),
+                (_META + b"base", encode(block.height))], first_ops=ops)
+        except BaseException:
+            self.height = 0
+            raise
+        self._wal_seq += 1
 
     # ---- consensus write-ahead log --------------------------------------------------------------
 

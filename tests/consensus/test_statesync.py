@@ -89,6 +89,9 @@ def test_a_new_node_state_syncs_then_replays_and_matches_a_full_replay():
     ledger, report = state_sync(store, trusted, [StoreSource("honest", source)])
     assert (report.snapshot_height, report.height, report.rejected) == (28, 29, {})
     assert report.chunks > 3                       # bounded chunks, each checked
+    stored = Storage.create("joiner", store.storage._kv, GENESIS).load_ledger()   # what a restart reads
+    assert stored.height == 29 and stored.full_state_hash() == ledger.full_state_hash()
+    assert stored.app_hash == ledger.app_hash == source.block(30).header.app_hash
     assert replay_blocks(store, ledger, StoreSource("honest", source), 30) == 30
     assert ledger.app_hash == source_ledger.app_hash
     assert ledger.full_state_hash() == source_ledger.full_state_hash()
@@ -133,6 +136,28 @@ def test_a_wrong_height_and_a_forged_chain_are_refused():
     with pytest.raises(StateSyncError, match="no usable snapshot.*forged.*trusted committee"):
         state_sync(alone, trusted, [StoreSource("forged", forged), BadChunk("bad-hash", forged)])
     assert alone.storage.height == 0          # nothing was written
+
+
+def test_a_crash_at_the_restore_leaves_an_empty_database_that_syncs_again():
+    source, source_ledger = build_chain(10)
+    kv = MemoryKV()
+    store = ChainStore(Storage.create("joiner", kv, GENESIS))
+    trusted = store.committee_for(1, store.storage.load_ledger())
+
+    def crash(ops):   # at the write of the anchor block: the restored state must not be left without it
+        if any(key.startswith(b"B/") for key, _ in ops):
+            raise OSError("power loss")
+    kv.before_write = crash
+    with pytest.raises(OSError):
+        state_sync(store, trusted, [StoreSource("honest", source)])
+    kv.before_write = None
+    kv.crash()
+    kv.reopen()
+    again = ChainStore(Storage.create("joiner", kv, GENESIS))
+    assert (again.storage.height, again.storage.base) == (0, 1) and again.storage.load_ledger().height == 0
+    ledger, report = state_sync(again, trusted, [StoreSource("honest", source)])
+    assert report.height == 9 and replay_blocks(again, ledger, StoreSource("honest", source), 10) == 10
+    assert ledger.app_hash == source_ledger.app_hash
 
 
 def test_only_an_empty_database_is_restored():
