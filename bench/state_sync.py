@@ -6,7 +6,7 @@ memory, then joins it twice with a new node on RocksDB in a temporary directory:
 every block from genesis (certificate checked per block, as block sync does), and by state sync
 from the last snapshot (chunks checked against the certified app hash) plus the blocks after it.
 Prints one JSON object: ``{"chain_blocks", "state_mb", "chunks", "snapshot_height", "join_s",
-"block_sync_join_s", ...}``. Usage: ``python bench/state_sync.py [--blocks 2000] [--accounts 5000]``.
+"block_sync_join_s", ...}``. Usage: ``python bench/state_sync.py [--blocks 1000] [--accounts 5000]``.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def join(genesis: Genesis, source: ChainStore, by_snapshot: bool) -> tuple[float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--blocks", type=int, default=2000)
+    parser.add_argument("--blocks", type=int, default=1000)
     parser.add_argument("--validators", type=int, default=4)
     parser.add_argument("--accounts", type=int, default=5000)
     parser.add_argument("--txs", type=int, default=2, help="transfers per block")
