@@ -246,6 +246,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "blocks (with their certificates) kept; older ones are pruned and the RPC answers "
                              "'pruned' for them; 0 keeps every block (peers block-syncing from genesis need one "
                              "node that keeps them); at least 100 otherwise; docs/adr/0199", check_retain_blocks),
+        "state_sync": Key(bool, True,
+                          "a node outside the committee with an empty chain database starts from the committee's "
+                          "latest state snapshot (checked against the genesis committee) instead of block 1; "
+                          "docs/adr/0199"),
         "verify_db": Key(str, "auto",
                          "start-up check of the chain database: full (read every block), recent (state and the "
                          "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",

@@ -14,9 +14,11 @@ stay in-process (docs/adr/0100). All ledger and mempool mutations happen in that
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
-for blocks and applies those with valid certificates. A proposer with no ready transaction
-(``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it proposes, so an idle
-chain makes a few empty blocks a second instead of spinning.
+for blocks and applies those with valid certificates; one that starts with an empty database first
+restores the committee's latest state snapshot (``/dekube/snapshots/1.0.0``, served by every
+validator; docs/adr/0199) when there is one, so it replays only the blocks after it. A proposer
+with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
+proposes, so an idle chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_even
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
+from consensus.statesync import StateSyncError, state_sync
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.tx import decode_tx
 from consensus.txcodes import TxCode, TxError
@@ -53,6 +56,7 @@ from consensus.validator.chainstore import (
 from consensus.validator.mempool import Mempool
 from consensus.validator.metrics import ConsensusMetrics
 from consensus.validator.rpc_methods import parse_height, register_methods
+from consensus.validator.snapshot_wire import RemoteSource, SnapshotServer
 from consensus.validator.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role, RoleStartError
@@ -66,6 +70,7 @@ log = logging.getLogger(__name__)
 NEW_HEADS = "newHeads"
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
+STATE_SYNC_TIMEOUT = 5.0   # seconds per snapshot request to one peer
 
 
 # start-up check of the chain database (docs/adr/0142): every key up to this size, else the recent blocks
@@ -107,6 +112,7 @@ class ValidatorRole(Role):
         self.mempool: Mempool | None = None
         self.driver: ConsensusDriver | None = None
         self.gossip: TxGossip | None = None
+        self._snapshots: SnapshotServer | None = None
         self.committee: ValidatorSet | None = None
         self.ready = asyncio.Event()
         self._prev_committee: ValidatorSet | None = None
@@ -139,6 +145,10 @@ class ValidatorRole(Role):
             if self.store is None:  # the node awaits prepare() first; a test may call run() alone
                 await loop.run_in_executor(self._worker, self._open)
             self._add_genesis_addresses()
+            self._snapshots = SnapshotServer(self.node.host, self.store)
+            self._snapshots.start()
+            if self.settings["state_sync"] and self.ledger.height == 0 and self.peer_id not in self.committee:
+                await self._state_sync()
             self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers,
                                    members=self._is_member)
             await self.gossip.start()
@@ -151,6 +161,8 @@ class ValidatorRole(Role):
             finally:
                 follower.cancel()
         finally:
+            if self._snapshots is not None:
+                self._snapshots.stop()
             if self.gossip is not None:
                 await self.gossip.stop()
             if self.driver is not None:
@@ -253,6 +265,34 @@ class ValidatorRole(Role):
             get_block=self._stored_commit, on_evidence=self._on_evidence, on_failure=self._fail,
             members=self._is_member)
         await self.driver.start(self.ledger.height + 1, self.committee)
+
+    async def _state_sync(self) -> None:
+        """A node outside the committee with an empty database starts from the committee's latest
+        state snapshot (checked against the genesis committee's signatures, docs/adr/0199); with no
+        usable snapshot it block-syncs from height 1."""
+        loop = asyncio.get_running_loop()
+        sources = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
+                   for p in self.committee.peer_ids if p != self.peer_id]
+        started = time.monotonic()
+        try:
+            ledger, report = await loop.run_in_executor(self._worker, state_sync, self.store, self.committee, sources)
+        except StateSyncError as exc:
+            log.info("no state sync, block sync from height 1: %s", exc)
+            return
+        await loop.run_in_executor(self._worker, self._adopt, ledger)
+        log.info("state synced", extra={"height": report.height, "chunks": report.chunks,
+                                        "mib": round(report.state_bytes / 2**20, 2), "rejected": report.rejected,
+                                        "seconds": round(time.monotonic() - started, 3)})
+
+    def _adopt(self, ledger: Ledger) -> None:
+        """Worker thread: run from a ledger state sync restored."""
+        height = ledger.height
+        self.ledger = ledger
+        self.committee = self.store.committee_for(height + 1, ledger)
+        self._prev_committee = self.store.committee_for(height, ledger)
+        self._last_value_id = value_id(self.store.block(height).encode())
+        self._last_certificate = self.store.certificate_bytes(height) or b""
+        self.mempool = Mempool(ledger, max_txs=self.settings["mempool_max_txs"])
 
     def _fail(self, exc: BaseException) -> None:
         """A storage or execution failure: stop the node rather than diverge from the chain."""

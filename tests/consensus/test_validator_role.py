@@ -24,12 +24,12 @@ CHAIN = "role-test"
 PORTS = {}
 
 
-def make_home(tmp_path, chain_id=CHAIN, balance=10**6):
+def make_home(tmp_path, chain_id=CHAIN, balance=10**6, params=None):
     if not PORTS:
         PORTS.update(zip((VALIDATOR.peer_id, PARTNER.peer_id), free_ports(2)))
     validators = tuple(GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{PORTS[ident.peer_id]}",))
                        for ident in (VALIDATOR, PARTNER))
-    genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, Params(committee_size=2))
+    genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, params or Params(committee_size=2))
     for name in ("", "partner", "follower"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "genesis.json").write_text(genesis.to_json())
@@ -167,6 +167,34 @@ def test_a_pruning_validator_answers_pruned_for_old_blocks_and_restarts(tmp_path
         return storage.base
 
     assert asyncio.run(run_node(home, second_run, retain)) >= base
+
+
+def test_a_new_node_joins_by_state_sync_from_the_validators(tmp_path):
+    home = make_home(tmp_path, params=Params(committee_size=2, epoch_length=4))
+
+    async def body(node, role, session):
+        async def grown():
+            return role.ledger.height >= 10
+        await wait_for(grown, timeout=20)
+        follower = Node(config(FOLLOWER), FOLLOWER, [ValidatorRole], home=home / "follower")
+        joined = follower.role("validator")
+        task = asyncio.create_task(follower.run())
+        try:
+            await asyncio.wait_for(joined.ready.wait(), 20)
+            storage = joined.store.storage
+            assert storage.base > 4 and storage.block_by_height(1) is None   # restored, not replayed
+
+            async def caught_up():
+                return joined.ledger.height >= role.ledger.height - 1 and joined.ledger.height > storage.base + 2
+            await wait_for(caught_up, timeout=20)
+            height = joined.ledger.height - 1
+            assert joined.store.block(height).hash == role.store.block(height).hash
+            assert joined.ledger.balance(USER.peer_id) == role.ledger.balance(USER.peer_id)
+        finally:
+            follower.request_stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(run_node(home, body))
 
 
 def start_fails(home):
