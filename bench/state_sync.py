@@ -51,7 +51,7 @@ def build(args) -> tuple[Genesis, ChainStore]:
             nonces[sender.peer_id] = nonce + 1
             txs.append(build_tx(sender, genesis.chain_id, nonce, "transfer", {"to": to.peer_id, "amount": 1}).raw)
         block = build_block(genesis.chain_id, height, height, ledger.last_block_hash, ledger.app_hash,
-                            validators[0].peer_id, txs, (), cert)
+                            validators[0], ledger.beacon, txs, (), cert)
         vid = value_id(block.encode())
         cert = store.save_certificate(height, [
             sign_vote(v, genesis.chain_id, Vote(VoteType.PRECOMMIT, height, 0, vid, v.peer_id)) for v in validators])

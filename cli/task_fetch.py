@@ -95,6 +95,10 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     if task is None:
         raise CliError(f"no task {task_id}")
     result = task.get("result") or ""
+    stopped = (task.get("epochs") or {}).get("stopped")
+    if not result and isinstance(stopped, int):
+        raise CliError(f"task {task_id} stopped in epoch {stopped + 1} (its crew stopped committing; docs/adr/0203): "
+                       "it has no trained weights on the ledger, only its closed epochs' state digests")
     if not result and task["status"] in FINAL:
         raise CliError(f"task {task_id} ended {task['status']} without a result: no worker whose weights were "
                        "paid for (an audit mismatch, a rejection, or no commitment)")

@@ -4,7 +4,8 @@ The ledger draws the parties of every audit slot (docs/adr/0168): the verifiers 
 worker's segment, the worker that may dispute a mismatch, the referees that settle a dispute. This
 module is the pure part of the node's side: given a `dkb_getTask` document, this node's peer id and the
 ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
-the node still has to send (an audit answer, a dispute, a referee vote), with nothing done twice and
+the node still has to send (an audit answer's commitment, then its reveal once the slot's reveal window
+opens, docs/adr/0202; a dispute; a referee vote), with nothing done twice and
 nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-AUDIT, DISPUTE, REFEREE = "audit", "dispute", "referee"
+AUDIT, REVEAL, DISPUTE, REFEREE = "audit", "reveal", "dispute", "referee"   # audit: commit the answer
 PENDING = "pending"     # a slot still being decided (consensus/state/audits.py)
 
 
 @dataclass(frozen=True)
 class Duty:
-    kind: str          # audit | dispute | referee
+    kind: str          # audit (commit the answer) | reveal (open it) | dispute | referee
     task_id: str       # hex
     slot: int
     worker: str        # the audited worker
@@ -62,10 +63,15 @@ def duties_for(task: dict, me: str, now_ms: int) -> list[Duty]:
         duty = functools.partial(_duty, task_id, index, worker, segment, salt)
 
         verifiers = [v for v in slot.get("verifiers") or [] if isinstance(v, dict)]
+        reveal_deadline = _deadline(slot, "reveal_deadline")
         for entry in verifiers:
+            if entry.get("verifier") != me or entry.get("answer") is not None or entry.get("unrevealed"):
+                continue
             deadline = _deadline(entry, "deadline")
-            if entry.get("verifier") == me and entry.get("answer") is None and _open(deadline, now_ms):
+            if entry.get("commitment") is None and not reveal_deadline and _open(deadline, now_ms):
                 out.append(duty(AUDIT, deadline))
+            elif entry.get("commitment") is not None and reveal_deadline and now_ms <= reveal_deadline:
+                out.append(duty(REVEAL, reveal_deadline))
         # the ledger opens a dispute window (dispute_deadline) once the slot's verifiers agree on a mismatch
         dispute_deadline = _deadline(slot, "dispute_deadline")
         if (worker == me and dispute_deadline and not slot.get("dispute") and not slot.get("referees")

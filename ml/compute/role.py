@@ -37,12 +37,16 @@ from consensus.tx import HARDWARE, MAX_CPU_CORES
 from ml import hardware
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.commitment import Commitment
-from ml.compute.dashboard_view import payouts_to, slashes_of
-from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
+from ml.compute.dashboard_view import history, payouts_to, slashes_of
+from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
+from ml.compute.epoch_commits import EpochCommitter, crew_exit
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import JobBoard
+from ml.compute.limits import LimitsControl
 from ml.compute.progress_history import record_point
+from ml.compute.provider_checks import problems as provider_problems
+from ml.compute.sealed_answers import SealedAnswers
 from ml.compute.segment_record import BadRecord, SegmentRecord, leaves, proof, root
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
@@ -106,6 +110,7 @@ class ComputeRole(Role):
         self.audits: dict[str, list[dict]] = {}  # task id hex -> audit answers and referee votes we sent
         self._duties_started: set[tuple[str, str, int]] = set()   # Duty.key of those sent or under way
         self._judging = asyncio.Lock()
+        self.sealed = SealedAnswers(node.identity)   # audit answers committed, then revealed (ADR 0202)
         self._first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> block time it was first looked at
         self._ready_groups: set[bytes] = set()
         self._finalize_at: dict[str, int] = {}   # task id hex -> block time of the next finalize attempt
@@ -126,6 +131,8 @@ class ComputeRole(Role):
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
         node.dashboard.sections["compute"] = self.dashboard_section
         node.dashboard.pause = self.set_paused
+        self.limits = LimitsControl(self.config)   # hours, longest task, GPUs lent (docs/adr/0198)
+        node.dashboard.sections["limits"], node.dashboard.limits = self.limits.section, self.limits.set
         self._register_metrics(node.metrics)
         if node.data_dir is not None:
             self._load_results()
@@ -184,6 +191,9 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
+        section["slashed"] = int(stake.get("slashed") or 0)
+        section["problems"] = await provider_problems(self.ledger, int(stake["bonded"]), tasks)
+        section.update(history(tasks, me))   # earnings over time, audits, owned tasks (docs/adr/0198)
         return section
 
     async def _rpc_status(self) -> dict:
@@ -410,9 +420,10 @@ class ComputeRole(Role):
             if me in task["workers"]:
                 job = self.jobs.get(key)
                 rejected = me in (task.get("rejections") or {})
-                if status in TRAINING and me not in task["commits"] and not rejected and job is None and self.paused:
+                refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
+                if status in TRAINING and me not in task["commits"] and not rejected and job is None and refusal:
                     self.board.start(key, workers=task["workers"])   # once: the job now exists
-                    self._spawn(self._reject(key, bytes.fromhex(key), PAUSED_REASON))
+                    self._spawn(self._reject(key, bytes.fromhex(key), refusal))
                 elif status in TRAINING and me not in task["commits"] and not rejected and job is None and self._idle():
                     self._busy = self._spawn(self._run_job(task))
                 elif status in TRAINING and (rejected or job is not None and job["state"] in ENDED):
@@ -422,6 +433,8 @@ class ComputeRole(Role):
                     self._due_at(self._finalize_at[key])
                 elif status in LEDGER_FINAL and job is not None and job["state"] not in ENDED:
                     self._stop_job(key, task)
+                elif crew_exit(task, me) and job is not None and job["state"] not in ENDED:   # ADR 0203
+                    self._stop_job(key, {**task, "status": "closed to this worker", "reason": crew_exit(task, me)})
             if status in AUDITABLE and (self.config["audit"] or me in task["workers"]):
                 for duty in duties_for(task, me, now + 1):
                     if duty.key not in self._duties_started:
@@ -595,7 +608,11 @@ class ComputeRole(Role):
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
-            summary = await train_to_end(trainer)
+            async def keep(records: dict) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
+                await asyncio.to_thread(self._save_result, key, records)
+                self._leaves.pop(key, None)
+            committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
+            summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
             records, leaf_worker = trainer.recorder.records, me
@@ -691,15 +708,18 @@ class ComputeRole(Role):
                             key, duty.segment, duty.slot)
                 return
             async with self._judging:   # one replay at a time: they compete for the same cores
-                judgement = await self._judge(duty, task)
+                judgement = self.sealed.recall(duty) or await self._judge(duty, task)
             if judgement is None:
+                return
+            if duty.kind == REVEAL:
+                await self.ledger.send("audit_result", self.sealed.reveal_payload(task_id, duty.slot, judgement))
                 return
             if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
                 log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
                 self._duties_started.discard(duty.key)
                 return
             if duty.kind == AUDIT:
-                await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
+                await self.ledger.send("audit_commit", self.sealed.commit_payload(task_id, duty.slot, judgement))
                 self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
             else:
                 await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))
@@ -770,7 +790,7 @@ def ledger_time(tasks: list[dict]) -> int:
 def _slot_deadlines(slot: dict) -> list[int]:
     """The block times at which a pending slot moves on (answers, dispute, referee votes due)."""
     out = [v["deadline"] for v in slot.get("verifiers") or [] if isinstance(v.get("deadline"), int)]
-    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline") if slot.get(name)]
+    out += [slot[name] + 1 for name in ("dispute_deadline", "referee_deadline", "reveal_deadline") if slot.get(name)]
     return [d + 1 for d in out]
 
 

@@ -37,7 +37,7 @@ def commit_next(store, ledger, last_cert):
     """Commit the next block as a validator does: certificate saved first, the block carrying the
     previous block's certificate; returns this block's certificate (encoded)."""
     block = build_block(GENESIS.chain_id, ledger.height + 1, ledger.height + 1, ledger.last_block_hash,
-                        ledger.app_hash, VALS[0].peer_id, (), (), last_cert)
+                        ledger.app_hash, VALS[0], ledger.beacon, (), (), last_cert)
     cert = store.save_certificate(block.height, precommits(block.height, block.encode()))
     store.commit(block, ledger.apply_block(block))
     store.committee_for(block.height + 1, ledger)
