@@ -199,6 +199,24 @@ class HolePuncher:
         tcp = await self._punch(dial.addrs)
         return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
 
+    async def peer_punch(self, peer: str, first: float, timeout: float) -> Connection | None:
+        """The direct connection a punch *started by ``peer``* gives (the DCUtR spec's roles: the
+        inbound side of the relayed connection sends CONNECT): None if the peer started none
+        within ``first`` seconds, or its punch did not end on a connection within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        started = time.monotonic() + first
+        while not self.busy(peer):
+            conn = self.direct.get(peer)
+            if conn is not None and not conn.closed:
+                return conn
+            if time.monotonic() >= started:
+                return None
+            await asyncio.sleep(0.02)
+        while self.busy(peer) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        conn = self.direct.get(peer)
+        return conn if conn is not None and not conn.closed else None
+
     # ---- responder
     async def serve(self, stream) -> None:
         """The ``/libp2p/dcutr`` handler: answer CONNECT, punch on SYNC."""
