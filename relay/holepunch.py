@@ -206,16 +206,27 @@ class HolePuncher:
         deadline = time.monotonic() + timeout
         started = time.monotonic() + first
         while not self.busy(peer):
-            conn = self.direct.get(peer)
-            if conn is not None and not conn.closed:
+            conn = self._direct_now(peer)
+            if conn is not None:
                 return conn
             if time.monotonic() >= started:
                 return None
             await asyncio.sleep(0.02)
-        while self.busy(peer) and time.monotonic() < deadline:
+        while self.busy(peer) and self._direct_now(peer) is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        return self._direct_now(peer)
+
+    def _direct_now(self, peer: str) -> Connection | None:
+        """A live direct connection to ``peer``: punched, or dialed by the peer (reversal)."""
         conn = self.direct.get(peer)
-        return conn if conn is not None and not conn.closed else None
+        if conn is not None and not conn.closed:
+            return conn
+        return next((c for c in self.host.connections(peer)
+                     if not c.bulk and not c.closed and not c.relayed), None)
+
+    def reversing(self, peer: str):
+        """Mark a connection reversal to ``peer`` as a hole punch in progress (``busy``)."""
+        return self._exchange_with(peer)
 
     # ---- responder
     async def serve(self, stream) -> None:

@@ -16,14 +16,12 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
-from node.p2p.multiaddr import Multiaddr
-from node.p2p.secure_conn import TcpConnection
 
 from .client import RelayClient
 from .holepunch import EXCHANGE_TIMEOUT, HolePuncher
 from .holepunch_inbound import retire_relayed
+from .reversal import dial_direct
 
 DIRECT_TIMEOUT = 3.0
 RETIRE_AFTER = 5.0
@@ -39,33 +37,12 @@ class PeerPath:
     upgrading: asyncio.Task | None = None  # a punch still going on (returns the direct connection or None)
 
 
-async def _dial_direct(host: Host, peer_id: str, addrs, timeout: float) -> Connection | None:
-    """A live direct connection to ``peer_id``, or a new one to the first of ``addrs`` that answers
-    (dialed here because ``Host.connect`` would reuse a relayed shared connection)."""
-    for conn in host.connections(peer_id):
-        if not conn.bulk and not conn.closed and conn.remote_addr is not None:
-            return conn
-    loop = asyncio.get_running_loop()
-    for addr in addrs:
-        addr = Multiaddr.parse(addr)
-        if addr.is_relayed:
-            continue
-        try:
-            ip, port = addr.tcp_endpoint()
-            async with asyncio.timeout(timeout):
-                _transport, tcp = await loop.create_connection(TcpConnection, ip, port)
-            return await host.upgrade(tcp, is_initiator=True, expected_peer=peer_id)
-        except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-            log.debug("direct dial %s failed: %s", addr, exc)
-    return None
-
-
 async def dial_peer(host: Host, client: RelayClient, puncher: HolePuncher | None, peer_id: str,
                     direct_addrs, circuit_addrs, *, direct_timeout: float = DIRECT_TIMEOUT,
                     retire_after: float = RETIRE_AFTER, punch_wait: float | None = None) -> PeerPath:
     """Reach ``peer_id``: directly, by a punched connection, or relayed. Raises DialError when no
     relay reaches it either."""
-    conn = await _dial_direct(host, peer_id, direct_addrs, direct_timeout)
+    conn = await dial_direct(host, peer_id, direct_addrs, direct_timeout)
     if conn is not None:
         return PeerPath(conn, "direct")
     if not circuit_addrs:

@@ -361,3 +361,45 @@ def test_the_inbound_side_sends_connect_and_the_dialer_waits_for_it():
             await asyncio.gather(watcher, return_exceptions=True)
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_reachable_dialer_is_dialed_back_directly_before_any_punch():
+    """Connection reversal: A listens on an address B can reach; B dials it on A's inbound relayed
+    connection and both end direct, though no punch could work here (both offer a dead mapping;
+    before, this stayed relayed)."""
+    from node.identity import Identity
+    from node.p2p.host import Host
+    from relay.client import RelayClient
+
+    async def main():
+        host = Host(Identity.generate(), ["/ip4/127.0.0.1/tcp/0"])
+        await host.start()
+        a = RelayClient(host)
+        a.start()
+        b = await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id})
+        relay_addr = relay.host.listen_addrs[0]
+        punchers = []
+        for endpoint in (a, b):
+            puncher = HolePuncher(endpoint.host, punch_window=1.0)
+            puncher.start()
+            await puncher.connect_public(relay_addr)
+            puncher.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # no punch works
+            punchers.append(puncher)
+        pa, pb = punchers
+        await b.reserve(relay_addr)
+        watcher = asyncio.create_task(upgrade_inbound(pb, b, retire_after=0.1, reverse_private=True))
+        await asyncio.sleep(0)
+        try:
+            relayed = await a.dial(b.relayed_addrs)
+            path = await upgrade_relayed(pa, relayed, retire_after=0.1, punch_wait=10)
+            assert path.kind == "punched" and a.pipe_for(path.conn) is None
+            at_b = [c for c in b.host.connections(a.host.peer_id) if not c.closed and b.pipe_for(c) is None]
+            listen = Multiaddr.parse(a.host.listen_addrs[0]).without_peer_id()
+            assert [str(c.remote_addr) for c in at_b] == [str(listen)]
+            assert pa.direct == {} and pb.direct == {}  # no punch made it
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
