@@ -12,7 +12,9 @@ go-libp2p). The new connection is registered with the Host like any other; the r
 open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric NAT)
 its side's SYNs leave from an unpredicted port: they still land on the other side's listener if
 that side's NAT filters by address at most (full cone, restricted cone; ADR 0194); otherwise
-every SYN misses and ``direct_connect`` returns None: the peers stay relayed.
+every SYN misses and ``direct_connect`` returns None: the peers stay relayed, unless the NAT
+allocates ports sequentially: CONNECT then offers the ports its next flows will take as well
+(``offer_addrs``, ``relay/port_prediction.py``; ADR 0204).
 
 The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
 itself and hands them to ``Host.upgrade``.
@@ -32,7 +34,8 @@ from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.secure_conn import TcpConnection
 
-from .dcutr import DCUTR_PROTOCOL, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def _family(addr: Multiaddr) -> int:
 
 class HolePuncher:
     def __init__(self, host: Host, punch_port: int = 0, *, attempts: int = ATTEMPTS,
-                 punch_window: float = PUNCH_WINDOW) -> None:
+                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS) -> None:
         self.host = host
         self.port = punch_port
         self.attempts = attempts
@@ -71,6 +74,8 @@ class HolePuncher:
         self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
         self._public: dict[str, Connection] = {}   # connections made from the punch port
+        self._public_addr: dict[str, Multiaddr] = {}  # and the addresses they were made to
+        self.predict = predict                      # ports predicted for a port-rewriting NAT (0: off)
         self._punched = asyncio.Event()
         self._listening = asyncio.Lock()
         self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
@@ -107,6 +112,7 @@ class HolePuncher:
         self.host.peerbook.add_addrs(peer, [addr])
         conn = await self.host.upgrade(tcp, is_initiator=True, expected_peer=peer)
         self._public[peer] = conn
+        self._public_addr[peer] = addr
         observed = await self._observed_addr(conn)
         if observed is not None:
             self.observed[peer] = observed
@@ -153,6 +159,22 @@ class HolePuncher:
                 out.append(addr)
         return out
 
+    async def offer_addrs(self) -> list[Multiaddr]:
+        """What CONNECT offers: ``own_addrs``, and where the NAT rewrote the punch port, the ports
+        its next flows will take, from a fresh mapping probe (``relay/port_prediction.py``)."""
+        out = self.own_addrs()
+        if not self.predict:
+            return out
+        for peer, observed in list(self.observed.items()):
+            relay = self._public_addr.get(peer)
+            if relay is None or observed not in out or not rewrites_ports(observed, self.port):
+                continue
+            fresh = await fresh_mapping(self.host, relay)
+            if fresh is not None:
+                out += [a for a in predicted_addrs(fresh, self.predict) if a not in out]
+            break  # one probe per exchange
+        return out[:MAX_OBS_ADDRS]
+
     # ---- initiator
     async def direct_connect(self, relayed: Connection) -> Connection | None:
         """Try to replace ``relayed`` by a direct connection to the same peer; None if every attempt
@@ -174,7 +196,7 @@ class HolePuncher:
         return None
 
     async def _initiate(self, relayed: Connection) -> Connection:
-        core = DcutrInitiator(self.own_addrs())
+        core = DcutrInitiator(await self.offer_addrs())
         if not core.own_addrs:
             raise DcutrError("no observed address yet: call connect_public first")
         stream = await relayed.open_stream(DCUTR_PROTOCOL)
@@ -235,7 +257,7 @@ class HolePuncher:
             await self._respond(stream)
 
     async def _respond(self, stream) -> None:
-        core = DcutrResponder(self.own_addrs())
+        core = DcutrResponder(await self.offer_addrs())
         dial = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT):
