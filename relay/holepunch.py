@@ -34,6 +34,7 @@ from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.secure_conn import TcpConnection
 
+from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
 
@@ -159,21 +160,27 @@ class HolePuncher:
                 out.append(addr)
         return out
 
-    async def offer_addrs(self) -> list[Multiaddr]:
-        """What CONNECT offers: ``own_addrs``, and where the NAT rewrote the punch port, the ports
-        its next flows will take, from a fresh mapping probe (``relay/port_prediction.py``)."""
+    async def offer(self) -> tuple[list[Multiaddr], bool]:
+        """What CONNECT offers, and whether our NAT maps each flow to a random port. ``own_addrs``;
+        where the NAT rewrote the punch port, two fresh mapping probes tell a sequential NAT (the
+        second port follows the first: its next ports are offered too, ``relay/port_prediction.py``)
+        from a random one (birthday probing instead, ``relay/birthday.py``)."""
         out = self.own_addrs()
         if not self.predict:
-            return out
+            return out, False
         for peer, observed in list(self.observed.items()):
             relay = self._public_addr.get(peer)
             if relay is None or observed not in out or not rewrites_ports(observed, self.port):
                 continue
-            fresh = await fresh_mapping(self.host, relay)
-            if fresh is not None:
-                out += [a for a in predicted_addrs(fresh, self.predict) if a not in out]
-            break  # one probe per exchange
-        return out[:MAX_OBS_ADDRS]
+            first = await fresh_mapping(self.host, relay)
+            second = await fresh_mapping(self.host, relay) if first is not None else None
+            if first is None or second is None:
+                return out, False
+            if second.tcp_endpoint()[1] != first.tcp_endpoint()[1] + 1:
+                return out, True
+            out += [a for a in predicted_addrs(second, self.predict) if a not in out]
+            return out[:MAX_OBS_ADDRS], False  # one relay probed per exchange
+        return out, False
 
     # ---- initiator
     async def direct_connect(self, relayed: Connection) -> Connection | None:
@@ -196,7 +203,8 @@ class HolePuncher:
         return None
 
     async def _initiate(self, relayed: Connection) -> Connection:
-        core = DcutrInitiator(await self.offer_addrs())
+        offer, own_random = await self.offer()
+        core = DcutrInitiator(offer, own_random)
         if not core.own_addrs:
             raise DcutrError("no observed address yet: call connect_public first")
         stream = await relayed.open_stream(DCUTR_PROTOCOL)
@@ -218,7 +226,7 @@ class HolePuncher:
             stream.reset()
             raise
         await asyncio.sleep(max(0.0, dial.at - time.monotonic()))
-        tcp = await self._punch(dial.addrs)
+        tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random))
         return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
 
     async def peer_punch(self, peer: str, first: float, timeout: float) -> Connection | None:
@@ -257,7 +265,8 @@ class HolePuncher:
             await self._respond(stream)
 
     async def _respond(self, stream) -> None:
-        core = DcutrResponder(await self.offer_addrs())
+        offer, own_random = await self.offer()
+        core = DcutrResponder(offer, own_random)
         dial = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT):
@@ -277,7 +286,7 @@ class HolePuncher:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await stream.close()
         try:
-            tcp = await self._punch(dial.addrs)
+            tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random))
             conn = await self.host.upgrade(tcp, is_initiator=False)
         except _PUNCH_ERRORS as exc:
             log.info("hole punch from %s failed: %s", stream.remote_peer, exc)
@@ -303,16 +312,19 @@ class HolePuncher:
         return None
 
     # ---- the punch itself
-    async def _punch(self, addrs) -> TcpConnection:
+    async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False)) -> TcpConnection:
         """Dial every address from the punch port until one connects, and accept on it too, within
-        the punch window; the first connected socket wins, the rest are closed."""
+        the punch window (plus birthday probing where one side's NAT is random: ``birthday`` is
+        (ours, the peer's)); the first connected socket wins, the rest are closed."""
         async with self._listening:  # one listener at a time, so a SYN cannot land on another punch's
-            return await self._punch_once(addrs)
+            return await self._punch_once(addrs, birthday)
 
-    async def _punch_once(self, addrs) -> TcpConnection:
+    async def _punch_once(self, addrs, birthday: tuple[bool, bool]) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
         listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
+        tasks += [asyncio.ensure_future(dial) for dial in birthday_dials(
+            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1], deadline=deadline)]
         try:
             listener = _bound_socket(socket.AF_INET, self.port)
             listener.listen(8)
