@@ -94,5 +94,5 @@ def test_the_random_ports_flag_travels_in_dekube_field_3_and_is_absent_by_defaul
     addr = Multiaddr.parse("/ip4/203.0.113.7/tcp/4001")
     plain = encode_holepunch(HolePunch(HolePunchType.CONNECT, (addr,)))
     flagged = encode_holepunch(HolePunch(HolePunchType.CONNECT, (addr,), random_ports=True))
-    assert flagged == plain[:1] + bytes([plain[1] + 2]) + plain[2:] + b"\x18\x01"  # spec bytes + field 3
+    assert flagged == bytes([plain[0] + 2]) + plain[1:] + b"\x18\x01"  # the spec bytes, then field 3
     assert decode_holepunch(flagged[1:]).random_ports and not decode_holepunch(plain[1:]).random_ports
