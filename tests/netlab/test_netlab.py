@@ -103,10 +103,12 @@ def test_the_dialed_peer_punches_on_its_own(net):
     poll(lambda: "direct" in net["a"].call("paths", peer=g.peer_id), 20, 0.1, "G's punch")
 
 
-def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
+def test_a_symmetric_nat_is_punched_by_birthday_probing_or_stays_relayed(net):
+    """A random symmetric NAT against a port-restricted one: birthday probing joins them with a
+    chance (~64% per attempt, ADR 0204; before, always relayed); either way the data flows."""
     out = punch(net["a"], net["c"], net["relay2"])
     assert out["observed"]["c"] != f"/ip4/{net.lab.homes[2].wan_ip}/tcp/{net['c'].punch_port}"  # port remapped
-    assert not out["conn"]["direct"] and out["conn"]["relay"] == net["relay2"].peer_id
+    assert out["conn"]["direct"] or out["conn"]["relay"] == net["relay2"].peer_id
     assert rate_Mbps(net["a"], net["c"], out["conn"]["conn"], 8) > 0
 
 
@@ -121,7 +123,8 @@ def test_dial_policy_direct_then_punched_then_relayed(net):
         path = net["a"].call("dial_peer", peer=net[target].peer_id, direct=net[target].addrs, circuits=circuits)
         kinds[target] = path["kind"]
         assert rate_Mbps(net["a"], net[target], path["conn"], 4) > 0
-    assert kinds == {"pub": "direct", "b": "punched", "c": "relayed"}
+    assert kinds["pub"] == "direct" and kinds["b"] == "punched"
+    assert kinds["c"] in ("punched", "relayed")  # symmetric NAT: birthday probing, by chance (ADR 0204)
 
 
 def test_reservations_go_to_the_nearest_relays_and_move_when_one_dies(net):
