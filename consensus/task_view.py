@@ -1,0 +1,270 @@
+"""Typed views of a task as the ledger shows it (``dkb_getTask``, ``dkb_listTasks``), for the readers
+above consensus (ml/compute, cli/): `TaskStatus`, `SlotOutcome`, the frozen records `TaskView`,
+`AuditSlot` (with its `VerifierSeat`, `RefereeSeat` and `Answer`) and `Commit`, and the one decoder
+from the JSON form, `TaskView.from_json`. The ledger writes that form (``consensus.state.ledger
+.task_json``: the `Task` record's fields, bytes as hex, plus ``task_id``, the current ``result`` and
+``block_time_ms``); nothing above consensus reads a task or slot by string key.
+
+The decoder takes what a validator answered, so it checks every field's type and raises
+`TaskDocError` (a ValueError) with the field's name; a field the document leaves out gets the value
+the ledger gives a record that predates it (records from before ADR 0151, 0168 and 0187 lack some).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from consensus.state.records import SlotOutcome, TaskStatus
+
+__all__ = ["Answer", "AuditSlot", "Commit", "RefereeSeat", "SlotOutcome", "TaskDocError", "TaskStatus",
+           "TaskView", "VerifierSeat", "decode_tasks"]
+
+
+class TaskDocError(ValueError):
+    """A task document that does not have the ledger's shape."""
+
+
+def _get(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any, where: str) -> Any:
+    value = doc.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise TaskDocError(f"{where}.{name}: expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise TaskDocError(f"{where}.{name}: expected {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _int(doc: Mapping[str, Any], name: str, where: str) -> int:
+    value: int = _get(doc, name, int, 0, where)
+    return value
+
+
+def _str(doc: Mapping[str, Any], name: str, where: str, default: str = "") -> str:
+    value: str = _get(doc, name, str, default, where)
+    return value
+
+
+def _mapping(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
+    value: dict[str, Any] = _get(doc, name, dict, {}, where)
+    return value
+
+
+def _list(doc: Mapping[str, Any], name: str, where: str) -> list[Any]:
+    value: list[Any] = _get(doc, name, list, [], where)
+    return value
+
+
+def _entries(doc: Mapping[str, Any], name: str, where: str) -> list[Mapping[str, Any]]:
+    items = _list(doc, name, where)
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise TaskDocError(f"{where}.{name}[{index}]: expected an object, got {type(item).__name__}")
+    return items
+
+
+def _str_map(doc: Mapping[str, Any], name: str, kind: type, where: str) -> dict[str, Any]:
+    out = _mapping(doc, name, where)
+    for key, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TaskDocError(f"{where}.{name}[{key!r}]: expected {kind.__name__}")
+    return dict(out)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A verifier's answer or a referee's vote (or a slot's verdict): does the segment replay to the
+    committed hash, and the evidence (hex) behind it; ``step``: a mismatching answer's first bad step."""
+
+    match: bool
+    evidence: str
+    step: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Answer | None:
+        if doc is None:
+            return None
+        if not isinstance(doc, Mapping):
+            raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
+        return cls(bool(_get(doc, "match", bool, False, where)), _str(doc, "evidence", where), _int(doc, "step", where))
+
+    @property
+    def key(self) -> tuple[bool, str]:
+        """What answers are compared by (the step only explains a mismatch)."""
+        return self.match, self.evidence
+
+
+@dataclass(frozen=True)
+class VerifierSeat:
+    """One drawn verifier of a slot, its answer deadline (block time, ms) and its answer."""
+
+    verifier: str
+    deadline: int
+    answer: Answer | None
+    redraw: bool = False
+
+
+@dataclass(frozen=True)
+class RefereeSeat:
+    """One drawn referee of a contested slot, the panel it sits on and its vote."""
+
+    referee: str
+    vote: Answer | None
+    panel: int = 0
+    deadline: int = 0   # its own deadline when the ledger gives one; else the slot's referee_deadline
+
+
+@dataclass(frozen=True)
+class AuditSlot:
+    """One audit slot of a task (docs/adr/0168): the audited worker's segment, the salt, the drawn
+    verifiers and referees, the dispute window and the outcome (`SlotOutcome`)."""
+
+    slot: int
+    worker: str
+    segment: int
+    salt: bytes
+    verifiers: tuple[VerifierSeat, ...] = ()
+    dispute_deadline: int = 0
+    disputed: bool = False
+    referees: tuple[RefereeSeat, ...] = ()
+    referee_deadline: int = 0
+    verdict: Answer | None = None
+    outcome: str = SlotOutcome.PENDING
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> AuditSlot:
+        try:
+            salt = bytes.fromhex(_str(doc, "salt", where))
+        except ValueError as exc:
+            raise TaskDocError(f"{where}.salt: not hex") from exc
+        verifiers = tuple(VerifierSeat(_str(v, "verifier", f"{where}.verifiers"), _int(v, "deadline", f"{where}.verifiers"),
+                                       Answer.from_json(v.get("answer"), f"{where}.verifiers.answer"),
+                                       bool(_get(v, "redraw", bool, False, f"{where}.verifiers")))
+                          for v in _entries(doc, "verifiers", where))
+        referees = tuple(RefereeSeat(_str(r, "referee", f"{where}.referees"),
+                                     Answer.from_json(r.get("vote"), f"{where}.referees.vote"),
+                                     _int(r, "panel", f"{where}.referees"), _int(r, "deadline", f"{where}.referees"))
+                         for r in _entries(doc, "referees", where))
+        dispute = doc.get("dispute")
+        return cls(slot=_int(doc, "slot", where), worker=_str(doc, "worker", where), segment=_int(doc, "segment", where),
+                   salt=salt, verifiers=verifiers, dispute_deadline=_int(doc, "dispute_deadline", where),
+                   disputed=bool(dispute), referees=referees, referee_deadline=_int(doc, "referee_deadline", where),
+                   verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
+                   outcome=_str(doc, "outcome", where, SlotOutcome.PENDING))
+
+    @property
+    def pending(self) -> bool:
+        return self.outcome == SlotOutcome.PENDING
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        """Its verifiers and referees."""
+        return tuple(v.verifier for v in self.verifiers) + tuple(r.referee for r in self.referees)
+
+    def deadlines(self) -> list[int]:
+        """The block times at which a pending slot moves on: one past each deadline (answers, dispute,
+        referee votes) it has."""
+        out = [v.deadline for v in self.verifiers]
+        out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline) if deadline]
+        return [d + 1 for d in out]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A worker's commitment: the root of its segment records, its result (weights artifact id), the
+    number of segments, the height it was committed at."""
+
+    segments_root: str
+    result: str
+    segments: int
+    height: int
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Commit:
+        if (not isinstance(doc, list) or len(doc) < 4 or not all(isinstance(x, str) for x in doc[:2])
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in doc[2:4])):
+            raise TaskDocError(f"{where}: expected [segments_root, result, segments, height]")
+        return cls(doc[0], doc[1], doc[2], doc[3])
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A training task as the ledger shows it (see consensus/state/records.py ``Task`` for each field)."""
+
+    task_id: str
+    status: str
+    owner: str = ""
+    seq: int = 0
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    price: int = 0
+    escrow: int = 0
+    created_height: int = 0
+    assigned_height: int = 0
+    commit_deadline: int = 0
+    workers: tuple[str, ...] = ()
+    commits: Mapping[str, Commit] = field(default_factory=dict)
+    window_end: int = 0
+    relay_claims: Mapping[str, int] = field(default_factory=dict)
+    payouts: Mapping[str, int] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+    device: str = "cpu"
+    rejections: Mapping[str, str] = field(default_factory=dict)
+    reason: str = ""
+    result: str = ""
+    profile: str = ""
+    segments: int = 0
+    slots: tuple[AuditSlot, ...] = ()
+    assign_deadline: int = 0
+    block_time_ms: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any) -> TaskView:
+        """The one decoder: a ``dkb_getTask`` document (or a ``dkb_listTasks`` entry) as a TaskView."""
+        if not isinstance(doc, Mapping):
+            raise TaskDocError(f"task: expected an object, got {type(doc).__name__}")
+        where = "task"
+        workers = _list(doc, "workers", where)
+        sources = _list(doc, "sources", where)
+        for name, items in (("workers", workers), ("sources", sources)):
+            if not all(isinstance(x, str) for x in items):
+                raise TaskDocError(f"task.{name}: expected a list of strings")
+        commits = {worker: Commit.from_json(value, f"task.commits[{worker!r}]")
+                   for worker, value in _mapping(doc, "commits", where).items()}
+        slots = tuple(AuditSlot.from_json(slot, f"task.slots[{i}]") for i, slot in enumerate(_entries(doc, "slots", where)))
+        return cls(task_id=_str(doc, "task_id", where), status=_str(doc, "status", where), owner=_str(doc, "owner", where),
+                   seq=_int(doc, "seq", where), spec=dict(_mapping(doc, "spec", where)), price=_int(doc, "price", where),
+                   escrow=_int(doc, "escrow", where), created_height=_int(doc, "created_height", where),
+                   assigned_height=_int(doc, "assigned_height", where),
+                   commit_deadline=_int(doc, "commit_deadline", where), workers=tuple(workers), commits=commits,
+                   window_end=_int(doc, "window_end", where), relay_claims=_str_map(doc, "relay_claims", int, where),
+                   payouts=_str_map(doc, "payouts", int, where), sources=tuple(sources),
+                   device=_str(doc, "device", where, "cpu"), rejections=_str_map(doc, "rejections", str, where),
+                   reason=_str(doc, "reason", where), result=_str(doc, "result", where),
+                   profile=_str(doc, "profile", where), segments=_int(doc, "segments", where), slots=slots,
+                   assign_deadline=_int(doc, "assign_deadline", where), block_time_ms=_int(doc, "block_time_ms", where))
+
+    @property
+    def task_bytes(self) -> bytes:
+        """The task id as bytes (what transactions carry)."""
+        return bytes.fromhex(self.task_id)
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        """The verifiers and referees drawn for its slots."""
+        return tuple(p for slot in self.slots for p in slot.parties)
+
+    def spec_field(self, name: str, default: Any = None) -> Any:
+        """One field of the task's spec (the spec is the owner's; its fields are read by ml.compute.task_spec)."""
+        return self.spec.get(name, default)
+
+
+def decode_tasks(docs: Any) -> list[TaskView]:
+    """A ``dkb_listTasks`` answer as TaskViews (TaskDocError when it is not a list of tasks)."""
+    if not isinstance(docs, list):
+        raise TaskDocError(f"tasks: expected a list, got {type(docs).__name__}")
+    return [TaskView.from_json(doc) for doc in docs]
