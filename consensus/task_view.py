@@ -142,17 +142,19 @@ class AuditSlot:
             salt = bytes.fromhex(_str(doc, "salt", where))
         except ValueError as exc:
             raise TaskDocError(f"{where}.salt: not hex") from exc
-        verifiers = tuple(VerifierSeat(_str(v, "verifier", f"{where}.verifiers"), _int(v, "deadline", f"{where}.verifiers"),
-                                       Answer.from_json(v.get("answer"), f"{where}.verifiers.answer"),
-                                       bool(_get(v, "redraw", bool, False, f"{where}.verifiers")))
+        seat = f"{where}.verifiers"
+        verifiers = tuple(VerifierSeat(_str(v, "verifier", seat), _int(v, "deadline", seat),
+                                       Answer.from_json(v.get("answer"), f"{seat}.answer"),
+                                       bool(_get(v, "redraw", bool, False, seat)))
                           for v in _entries(doc, "verifiers", where))
         referees = tuple(RefereeSeat(_str(r, "referee", f"{where}.referees"),
                                      Answer.from_json(r.get("vote"), f"{where}.referees.vote"),
                                      _int(r, "panel", f"{where}.referees"), _int(r, "deadline", f"{where}.referees"))
                          for r in _entries(doc, "referees", where))
         dispute = doc.get("dispute")
-        return cls(slot=_int(doc, "slot", where), worker=_str(doc, "worker", where), segment=_int(doc, "segment", where),
-                   salt=salt, verifiers=verifiers, dispute_deadline=_int(doc, "dispute_deadline", where),
+        return cls(slot=_int(doc, "slot", where), worker=_str(doc, "worker", where),
+                   segment=_int(doc, "segment", where), salt=salt, verifiers=verifiers,
+                   dispute_deadline=_int(doc, "dispute_deadline", where),
                    disputed=bool(dispute), referees=referees, referee_deadline=_int(doc, "referee_deadline", where),
                    verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
                    outcome=_str(doc, "outcome", where, SlotOutcome.PENDING))
@@ -235,9 +237,11 @@ class TaskView:
                 raise TaskDocError(f"task.{name}: expected a list of strings")
         commits = {worker: Commit.from_json(value, f"task.commits[{worker!r}]")
                    for worker, value in _mapping(doc, "commits", where).items()}
-        slots = tuple(AuditSlot.from_json(slot, f"task.slots[{i}]") for i, slot in enumerate(_entries(doc, "slots", where)))
-        return cls(task_id=_str(doc, "task_id", where), status=_str(doc, "status", where), owner=_str(doc, "owner", where),
-                   seq=_int(doc, "seq", where), spec=dict(_mapping(doc, "spec", where)), price=_int(doc, "price", where),
+        slots = tuple(AuditSlot.from_json(slot, f"task.slots[{i}]")
+                      for i, slot in enumerate(_entries(doc, "slots", where)))
+        return cls(task_id=_str(doc, "task_id", where), status=_str(doc, "status", where),
+                   owner=_str(doc, "owner", where), seq=_int(doc, "seq", where),
+                   spec=dict(_mapping(doc, "spec", where)), price=_int(doc, "price", where),
                    escrow=_int(doc, "escrow", where), created_height=_int(doc, "created_height", where),
                    assigned_height=_int(doc, "assigned_height", where),
                    commit_deadline=_int(doc, "commit_deadline", where), workers=tuple(workers), commits=commits,
