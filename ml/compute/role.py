@@ -68,7 +68,7 @@ class ComputeRole(Role):
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
-        self.ledger: LedgerGateway = node.ledger
+        self._ledger: LedgerGateway = node.ledger
         self.config = node.config["compute"]
         self.board = JobBoard()
         self.jobs: dict[str, dict[str, Any]] = self.board.jobs  # task id hex -> progress/state of our share
@@ -80,7 +80,7 @@ class ComputeRole(Role):
         self._heads_wanted = asyncio.Event()     # set while _due_ms is: follow newHeads
         folder = None if node.data_dir is None else node.data_dir / "compute"
         self.transport = HostTransport(node.host)
-        self.membership = Membership(node, self.ledger, self.config, self.name, folder)
+        self.membership = Membership(node, self._ledger, self.config, self.name, folder)
         self.store = ResultStore(folder, node.peer_id)
         self.finalizer = Finalizer(self.ledger)
         self.fetch = PeerFetch(node, self.ledger, self.board, self.membership.meter)
@@ -102,12 +102,31 @@ class ComputeRole(Role):
         self.store.load()
 
     @property
+    def ledger(self) -> LedgerGateway:
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, ledger: LedgerGateway) -> None:
+        """Another ledger gateway (tests give a fake one) for the role and every piece."""
+        self._ledger = ledger
+        for piece in (self.membership, self.finalizer, self.fetch, self.training, self.verification):
+            piece.ledger = ledger
+
+    @property
     def registered(self) -> bool:
         return self.membership.registered
+
+    @registered.setter
+    def registered(self, value: bool) -> None:
+        self.membership.registered = value
 
     @property
     def hardware(self) -> dict[str, Any] | None:
         return self.membership.hardware
+
+    @hardware.setter
+    def hardware(self, value: dict[str, Any] | None) -> None:
+        self.membership.hardware = value
 
     def _set_error(self, message: str) -> None:
         self.last_error = message

@@ -6,8 +6,9 @@ import asyncio
 
 from aiohttp.test_utils import make_mocked_request
 
-from ml.compute import role as role_module
+from consensus.task_view import TaskView
 from ml.compute.dashboard_view import payouts_to, slashes_of
+from ml.compute.training import PAUSED_REASON
 from node.dashboard import TOKEN_HEADER, is_loopback
 from node.identity import Identity
 from tests.compute.test_worker_flow import fake_list, make_role, task_doc
@@ -124,7 +125,7 @@ def test_a_paused_node_takes_no_new_task(tmp_path):
     async def run_job(t):
         started.append(t)
 
-    role._run_job = run_job
+    role.training.run_job = run_job
     role.set_paused(True)
 
     async def tick():
@@ -137,14 +138,14 @@ def test_a_paused_node_takes_no_new_task(tmp_path):
     asyncio.run(tick())
     assert started == []
     assert role.ledger.sent == [("reject_task", {"task_id": bytes.fromhex(task["task_id"]),
-                                                 "reason": role_module.PAUSED_REASON})]
+                                                 "reason": PAUSED_REASON})]
     asyncio.run(tick())                            # once: the job is there now
     assert len(role.ledger.sent) == 1 and started == []
     # resumed: a new task is taken again
     role.set_paused(False)
     fresh = {**task, "task_id": "22" * 32}
     asyncio.run(tick_on(role, fresh))
-    assert [t["task_id"] for t in started] == ["22" * 32]
+    assert [t.task_id for t in started] == ["22" * 32]
 
 
 async def tick_on(role, task):
@@ -156,14 +157,14 @@ async def tick_on(role, task):
 def test_payouts_and_slashes_from_task_records():
     me = Identity.generate().peer_id
     verdict = {"match": True, "evidence": ""}
-    tasks = [
+    tasks = [TaskView.from_json(doc) for doc in [
         {"task_id": "01" * 32, "status": "paid", "payouts": {me: 9}, "slots": [
             {"slot": 1, "worker": OTHER, "outcome": "ok", "verdict": verdict, "referees": [],
              "verifiers": [{"verifier": me, "answer": {"match": False, "evidence": "ee" * 32}}]}]},
         {"task_id": "02" * 32, "status": "rejected", "payouts": {me: 2}, "slots": []},
         {"task_id": "03" * 32, "status": "committed", "payouts": {me: 5}, "slots": [
             {"slot": 0, "worker": me, "outcome": "pending", "verdict": None}]},
-    ]
+    ]]
     assert payouts_to(tasks, me) == [{"task_id": "01" * 32, "status": "paid", "amount": 9},
                                      {"task_id": "02" * 32, "status": "rejected", "amount": 2}]
     [slash] = slashes_of(tasks, me)
