@@ -20,7 +20,7 @@ from pathlib import Path
 
 from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
-from consensus.task_view import SlotOutcome, TaskStatus, TaskView
+from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 from devtools.ledger_chain import Chain, ident
 from ml.compute.duties import AUDIT, DISPUTE, duties_for
 from ml.compute.segment_record import leaves, proof, root
@@ -103,7 +103,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     task_id = task_id_for(owner.peer_id, nonce)
     chain.block()
     doc = chain.ledger.task_info(task_id)
-    ranked = sorted(TaskView.from_json(doc).workers)
+    ranked = sorted(TaskInfo.from_json(doc).workers)
     by_peer = {p.peer_id: p for p in parties}
     for rank, peer in enumerate(ranked):
         by_peer[peer].mode = scenario.worker_faults.get(rank, "")
@@ -143,11 +143,11 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         return path
 
     sources = Sources(record, artifact, {})
-    train_spec = train_spec_for_task(dict(TaskView.from_json(doc).spec))
+    train_spec = train_spec_for_task(dict(TaskInfo.from_json(doc).spec))
     audit_cpu, replayed, done = 0.0, 0, set()
     try:
         for _ in range(MAX_BLOCKS):
-            task = TaskView.from_json(chain.ledger.task_info(task_id))
+            task = TaskInfo.from_json(chain.ledger.task_info(task_id))
             if task.status in (TaskStatus.PAID, TaskStatus.FAILED):   # failed: every worker found guilty (ADR 0187)
                 break
             next_time = chain.ledger.state.last_block_time_ms + chain.block_ms   # deadlines are block times
@@ -176,7 +176,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             for receipt in result.receipts:
                 if receipt.code != 0:
                     raise AssertionError(f"lab tx failed: {receipt}")
-            if TaskView.from_json(chain.ledger.task_info(task_id)).status in TaskStatus.AUDITABLE:
+            if TaskInfo.from_json(chain.ledger.task_info(task_id)).status in TaskStatus.AUDITABLE:
                 chain.block([chain.tx(owner.identity, "finalize", {"task_id": task_id})])
         else:
             raise AssertionError(f"task not settled after {MAX_BLOCKS} blocks: {chain.ledger.task_info(task_id)}")
@@ -184,7 +184,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         tmp.cleanup()
     doc = chain.ledger.task_info(task_id)
     stakes_after = {p.peer_id: chain.ledger.state.stakes[p.peer_id].bonded for p in parties}
-    final = TaskView.from_json(doc)
+    final = TaskInfo.from_json(doc)
     slots = final.slots
     guilty = sorted({s.worker for s in slots if s.outcome == SlotOutcome.GUILTY})
     contradicted = sorted(set(doc.get("contradicted") or []))

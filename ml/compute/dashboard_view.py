@@ -1,16 +1,16 @@
 """The compute role's part of the provider dashboard (node/dashboard, docs/adr/0195): from the ledger's
 task records, what this node was paid per task and where it was slashed and why. Pure functions of
-``dkb_listTasks`` answers, decoded as `consensus.task_view.TaskView`."""
+``dkb_listTasks`` answers, decoded as `consensus.task_info.TaskInfo`."""
 from __future__ import annotations
 
 from typing import Any
 
-from consensus.task_view import SlotOutcome, TaskStatus, TaskView
+from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 
 ENDED = (TaskStatus.PAID, TaskStatus.REJECTED)
 
 
-def payouts_to(tasks: list[TaskView], me: str) -> list[dict[str, Any]]:
+def payouts_to(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "status", "amount"}] for the ended tasks that paid ``me`` something."""
     out = []
     for task in tasks:
@@ -20,7 +20,7 @@ def payouts_to(tasks: list[TaskView], me: str) -> list[dict[str, Any]]:
     return out
 
 
-def slashes_of(tasks: list[TaskView], me: str) -> list[dict[str, Any]]:
+def slashes_of(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "slot", "reason"}]: audit slots decided against ``me``, as a worker whose segment did not
     replay to its committed hash, or as a verifier or referee whose answer the verdict contradicts."""
     out: list[dict[str, Any]] = []

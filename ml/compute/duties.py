@@ -2,7 +2,7 @@
 
 The ledger draws the parties of every audit slot (docs/adr/0168): the verifiers that must replay a
 worker's segment, the worker that may dispute a mismatch, the referees that settle a dispute. This
-module is the pure part of the node's side: given a task (`consensus.task_view.TaskView`), this node's
+module is the pure part of the node's side: given a task (`consensus.task_info.TaskInfo`), this node's
 peer id and the ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
 the node still has to send (an audit answer, a dispute, a referee vote), with nothing done twice and
 nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consensus.task_view import AuditSlot, TaskView
+from consensus.task_info import AuditSlot, TaskInfo
 
 AUDIT, DISPUTE, REFEREE = "audit", "dispute", "referee"
 
@@ -52,6 +52,6 @@ def _slot_duties(task_id: str, slot: AuditSlot, me: str, now_ms: int) -> list[Du
     return out
 
 
-def duties_for(task: TaskView, me: str, now_ms: int) -> list[Duty]:
+def duties_for(task: TaskInfo, me: str, now_ms: int) -> list[Duty]:
     """The verification messages `me` still owes `task` at block time `now_ms`, in slot order."""
     return [duty for slot in task.slots if slot.pending for duty in _slot_duties(task.task_id, slot, me, now_ms)]

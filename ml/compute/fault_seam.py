@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute import segments_protocol
 from ml.compute.segment_record import SegmentRecord
 from ml.compute.verification_flow import VERIFIER_FAULTS
@@ -58,7 +58,7 @@ class FaultInjection:
         key, deadline = task_id.hex(), time.monotonic() + COPYCAT_WAIT_S
         while time.monotonic() < deadline:
             doc = await self._get_task(key)
-            task = TaskView.from_json(doc) if doc is not None else None
+            task = TaskInfo.from_json(doc) if doc is not None else None
             others = sorted(w for w in (task.commits if task is not None else {}) if w != me)
             if task is not None and others:
                 victim, count = others[0], task.commits[others[0]].segments

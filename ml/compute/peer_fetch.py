@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute.job_board import JobBoard
 from ml.compute.task_inputs import fetch_inputs, source_peers
 from ml.train.inputs import artifact_ids
@@ -41,7 +41,7 @@ class PeerFetch:
         except (ValueError, ProtocolError) as exc:
             log.warning("bad addresses for %s: %s", peer, exc)
 
-    async def task_inputs(self, key: str | None, task: TaskView, spec: Any, peers: list[str]) -> dict[str, Path]:
+    async def task_inputs(self, key: str | None, task: TaskInfo, spec: Any, peers: list[str]) -> dict[str, Path]:
         """The task's input artifacts as local files, fetched (when not held) from the task's sources
         and `peers`; with `key`, the fetch's progress goes on that job."""
         ids = artifact_ids(spec)

@@ -28,7 +28,7 @@ bandwidth), `Training` (ml/compute/training.py: our share of an assigned task), 
 (ml/compute/results.py: committed results served to verifiers, finalize), with `PeerFetch`
 (ml/compute/peer_fetch.py) for peers' addresses and task inputs and `FaultInjection`
 (ml/compute/fault_seam.py) the one seam for the test-only adversary modes. Tasks are read as
-`consensus.task_view.TaskView`.
+`consensus.task_info.TaskInfo`.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from consensus.task_view import TaskDocError, TaskStatus, TaskView
+from consensus.task_info import TaskDocError, TaskInfo, TaskStatus
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
 from ml.compute.dashboard_view import payouts_to, slashes_of
 from ml.compute.fault_seam import FaultInjection
@@ -247,12 +247,12 @@ class ComputeRole(Role):
                 await stream.aclose()
 
     @staticmethod
-    def _decode(docs: Any) -> list[TaskView]:
-        """A dkb_listTasks answer as TaskViews; a task the decoder refuses is logged and left out."""
+    def _decode(docs: Any) -> list[TaskInfo]:
+        """A dkb_listTasks answer as TaskInfos; a task the decoder refuses is logged and left out."""
         out = []
         for doc in docs if isinstance(docs, list) else []:
             try:
-                out.append(TaskView.from_json(doc))
+                out.append(TaskInfo.from_json(doc))
             except TaskDocError as exc:
                 log.warning("compute: ignoring a malformed task from the ledger: %s", exc)
         return out
@@ -280,7 +280,7 @@ class ComputeRole(Role):
         # reserved artifact upload slots and serving capacity for them (node/admission.py)
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 
-    async def _look_as_worker(self, task: TaskView, me: str, now: int) -> None:
+    async def _look_as_worker(self, task: TaskInfo, me: str, now: int) -> None:
         """Train, reject (paused), finalize or stop our share of a task we are a worker of."""
         key, status = task.task_id, task.status
         job = self.jobs.get(key)
@@ -299,7 +299,7 @@ class ComputeRole(Role):
         elif status in TaskStatus.FINAL and job is not None and not self.training.ended(key):
             self.training.stop_job(task)
 
-    async def _look_at_audits(self, task: TaskView, now: int) -> None:
+    async def _look_at_audits(self, task: TaskInfo, now: int) -> None:
         """Finalize a task whose audit slots are settled (or whose window closed); else wake at the next
         block time one of its pending slots moves at."""
         key = task.task_id
@@ -322,7 +322,7 @@ class ComputeRole(Role):
         return task
 
 
-def ledger_time(tasks: list[TaskView]) -> int:
+def ledger_time(tasks: list[TaskInfo]) -> int:
     """The ledger's time as its task documents carry it (``block_time_ms``: the last block's time, which
     task deadlines are measured against, docs/adr/0187); 0 when none says."""
     return max((t.block_time_ms for t in tasks), default=0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.train.spec import InvalidSpec, TrainSpec
 
 MODEL_ALIASES = {"mlp": "digits-mlp", "transformer": "char-transformer"}
@@ -55,7 +55,7 @@ def submit_payload(spec: TrainSpec, workers: int, price: int, profile: str = "")
     return payload
 
 
-def declared_segments(task: TaskView) -> int | None:
+def declared_segments(task: TaskInfo) -> int | None:
     """The segment count a ledger task declares (`segments`, on the task, 0 when it declares none; or in
     its spec map), or None for a task from before segment counts (docs/adr/0167)."""
     value = task.segments or task.spec_field("segments")
@@ -66,7 +66,7 @@ def declared_segments(task: TaskView) -> int | None:
     return value
 
 
-def check_segments(task: TaskView, spec: TrainSpec) -> None:
+def check_segments(task: TaskInfo, spec: TrainSpec) -> None:
     """InvalidTask when the task's declared segment count differs from its spec's (a worker committing
     to the declared count would commit to segments the spec does not have)."""
     declared = declared_segments(task)

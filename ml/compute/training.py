@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from consensus.task_view import TaskStatus, TaskView
+from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.executor import make_group, prepare_trainer
@@ -83,7 +83,7 @@ class Training:
     def idle(self) -> bool:
         return self.busy is None or self.busy.done()
 
-    def start(self, task: TaskView) -> None:
+    def start(self, task: TaskInfo) -> None:
         self.busy = self.spawn(self.run_job(task))
 
     def notify(self, key: str | None) -> None:
@@ -103,7 +103,7 @@ class Training:
                           participants=progress.participants,
                           **({"metrics": progress.metrics} if progress.metrics else {}))
 
-    async def run_job(self, task: TaskView) -> None:
+    async def run_job(self, task: TaskInfo) -> None:
         key, me, workers = task.task_id, self.node.peer_id, list(task.workers)
         task_id = task.task_bytes
         self.board.start(key, workers=workers)
@@ -182,7 +182,7 @@ class Training:
         except (TxFailed, LedgerUnavailable) as exc:
             with contextlib.suppress(LedgerUnavailable):  # the others' rejections may have ended it already
                 doc = await self.ledger.call("dkb_getTask", key)
-                if doc is not None and TaskView.from_json(doc).status == TaskStatus.REJECTED:
+                if doc is not None and TaskInfo.from_json(doc).status == TaskStatus.REJECTED:
                     self.board.update(key, state=JobState.REJECTED, finished_at=time.time())
                     self.tasks_done.inc(outcome=JobState.REJECTED)
                     log.warning("task %s rejected by the other workers: %s", key, reason)
@@ -191,7 +191,7 @@ class Training:
             self.tasks_done.inc(outcome=JobState.FAILED)
             log.warning("task %s is untrainable (%s) and reject_task failed: %s", key, reason, exc)
 
-    def stop_job(self, task: TaskView) -> None:
+    def stop_job(self, task: TaskInfo) -> None:
         """Stop our training job for a task the ledger has ended (it can take no commitment any more)."""
         if self.busy is not None and not self.busy.done():
             self.busy.cancel()
@@ -208,7 +208,7 @@ class Training:
         job = self.board.jobs.get(key)
         return job is not None and job["state"] in TERMINAL
 
-    def device_for(self, task: TaskView, spec: Any) -> str:
+    def device_for(self, task: TaskInfo, spec: Any) -> str:
         """The device to train on: the one the ledger assigned the task to (`device`: cpu or cuda),
         else the spec's; "any" takes CUDA when this node has it. Untrainable when CUDA is wanted
         and this node has none."""
@@ -249,7 +249,7 @@ class Training:
                 changed.clear()
                 try:
                     doc = await self.ledger.call("dkb_getTask", key)
-                    if doc is None or TaskView.from_json(doc).status not in TaskStatus.OPEN_FOR_COMMITS:
+                    if doc is None or TaskInfo.from_json(doc).status not in TaskStatus.OPEN_FOR_COMMITS:
                         break
                 except LedgerUnavailable:
                     pass

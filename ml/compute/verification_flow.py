@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
 from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
@@ -73,7 +73,7 @@ def unavailable_evidence(salt: bytes) -> bytes:
     return hashlib.sha256(salt + b"dekube/unavailable").digest()
 
 
-async def _checked_record(task: TaskView, worker: str, segment: int, sources: Sources) -> SegmentRecord:
+async def _checked_record(task: TaskInfo, worker: str, segment: int, sources: Sources) -> SegmentRecord:
     commit = task.commits[worker]
     try:
         answer = await sources.record(worker, segment)
@@ -83,7 +83,7 @@ async def _checked_record(task: TaskView, worker: str, segment: int, sources: So
     return answer.record
 
 
-async def _co_worker_records(task: TaskView, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
+async def _co_worker_records(task: TaskInfo, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
     """The records of `segment` of the other committed workers that can be had (verified under their roots)."""
     out = {}
     for other in sorted(task.commits):
@@ -105,7 +105,7 @@ def _majority_averages(own: SegmentRecord, others: dict[str, SegmentRecord]) -> 
     return list(best) if count * 2 > len(lists) else None
 
 
-async def judge_slot(task: TaskView, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
                      sources: Sources) -> Judgement:
     """Replay `worker`'s `segment` of `task` and judge it."""
     workers = sorted(task.workers)
@@ -140,7 +140,7 @@ async def judge_slot(task: TaskView, spec: TrainSpec, worker: str, segment: int,
     return Judgement(True, replay.evidence, 0, "replayed hashes match")
 
 
-async def judge_as(mode: str, task: TaskView, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+async def judge_as(mode: str, task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
                    sources: Sources) -> Judgement:
     """`judge_slot`, or the answer of an adversarial verifier mode (tests and benchmark only)."""
     if mode == "false_accuser":

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute import segments_protocol
 from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
 from ml.compute.fault_seam import FaultInjection
@@ -49,14 +49,14 @@ class VerificationDuties:
         self.audits_sent = node.metrics.counter("dekube_compute_audits_total", "Audit results submitted, by verdict.",
                                                 ["verdict"])
 
-    def start_owed(self, task: TaskView, now_ms: int) -> None:
+    def start_owed(self, task: TaskInfo, now_ms: int) -> None:
         """Start every duty this node owes `task` at block time `now_ms` and has not started yet."""
         for duty in duties_for(task, self.node.peer_id, now_ms):
             if duty.key not in self.started:
                 self.started.add(duty.key)
                 self.spawn(self.perform(duty, task))
 
-    async def perform(self, duty: Duty, task: TaskView) -> None:
+    async def perform(self, duty: Duty, task: TaskInfo) -> None:
         """Send what `duty` asks of this node; a failure is logged and the duty retried at the next
         look (while its deadline allows)."""
         key, task_id = duty.task_id, bytes.fromhex(duty.task_id)
@@ -102,11 +102,11 @@ class VerificationDuties:
         if not duty.deadline:
             return False
         doc = await self.ledger.call("dkb_getTask", duty.task_id)
-        now = TaskView.from_json(doc).block_time_ms if doc is not None else 0
+        now = TaskInfo.from_json(doc).block_time_ms if doc is not None else 0
         window = max(1, duty.deadline - self.first_seen.setdefault(duty.key, now))
         return now < duty.deadline - window * UNAVAILABLE_FRACTION
 
-    async def judge(self, duty: Duty, task: TaskView) -> Judgement | None:
+    async def judge(self, duty: Duty, task: TaskInfo) -> Judgement | None:
         """Replay the slot's segment (or answer as the configured adversary, in tests)."""
         device = await self.replay_device(task)
         if device is None:
@@ -140,7 +140,7 @@ class VerificationDuties:
         return await judge_as(self.faults.verifier_mode, task, spec, duty.worker, duty.segment, duty.salt,
                               Sources(record, artifact, files))
 
-    async def replay_device(self, task: TaskView) -> str | None:
+    async def replay_device(self, task: TaskInfo) -> str | None:
         """The device to replay `task` on (the one its workers trained on), or None when this node
         cannot reproduce their bits: a CUDA task needs CUDA here and the same GPU model as every
         committed worker (docs/adr/0150)."""

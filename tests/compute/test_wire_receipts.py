@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.allreduce.payloads import encode_local
 from ml.allreduce.receipts import chunk_ranges, expected_part_digest, payload_digest
 from ml.codecs import get_codec
@@ -34,7 +34,7 @@ def judge_all(spec, records, sink, tmp_path, segment=1):
             (tmp_path / artifact).write_bytes(data)
     by_worker = dict(zip(PEERS, records))
     leaf_lists = {w: leaves(TASK, w, r) for w, r in by_worker.items()}
-    task = TaskView.from_json({"task_id": TASK.hex(), "workers": PEERS,
+    task = TaskInfo.from_json({"task_id": TASK.hex(), "workers": PEERS,
                                "commits": {w: [root(leaf_lists[w]).hex(), "00" * 32, len(leaf_lists[w]), 1]
                                            for w in PEERS}})
 

@@ -3,7 +3,7 @@ differs from its spec's is rejected; committed records are served with Merkle pr
 /dekube/task-segments/2 from the results file, also after a restart."""
 import asyncio
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute.segment_record import SegmentRecord, StepHashes, leaves, root
 from ml.compute.segments_protocol import check_answer
 from node.identity import Identity
@@ -17,7 +17,7 @@ KEY = "22" * 32
 def test_a_task_declaring_another_segment_count_is_rejected(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role, segments=3)   # the spec has 4 steps in segments of 10: one segment
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "declares 3 segments, its spec has 1" in payload["reason"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from consensus.tx import HARDWARE, OptionalField
 from ml.compute import membership as membership_module
 from ml.compute import peer_fetch as fetch_module
@@ -83,7 +83,7 @@ def task_doc(role, **extra):
 
 
 def on_device(device):
-    return TaskView.from_json({"task_id": "11" * 32, "status": "assigned", "device": device})
+    return TaskInfo.from_json({"task_id": "11" * 32, "status": "assigned", "device": device})
 
 
 def untrainable(spec, files, world):
@@ -95,7 +95,7 @@ def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatc
     monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(artifact, holders)] = role.node.artifacts.fetches
     assert artifact == ART and holders == [OWNER, *sorted([W2, W3])]   # the owner's sources first, then co-workers
     assert role.node.host.peerbook.addrs(OWNER) and role.node.host.peerbook.addrs(W2)
@@ -111,7 +111,7 @@ def test_a_rejected_job_is_not_started_again(tmp_path, monkeypatch):
     monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     started = []
     role.training.run_job = lambda t: started.append(t)
 
@@ -141,7 +141,7 @@ def test_invalid_task_is_rejected_with_the_reason(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role)
     task["spec"]["hyperparams"] = {"no_such_field": 1}
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "unknown hyper-parameter" in payload["reason"]
     assert role.jobs[task["task_id"]]["state"] == "rejected"
@@ -150,7 +150,7 @@ def test_invalid_task_is_rejected_with_the_reason(tmp_path):
 def test_cuda_task_on_a_node_without_cuda_is_rejected(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role, device="cuda")
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "needs a CUDA device" in payload["reason"]
 
@@ -180,7 +180,7 @@ def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatc
 
     role.ledger.send, role.ledger.call = refuse, still_assigned
     task = task_doc(role)
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     job = role.jobs[task["task_id"]]
     assert job["state"] == "failed" and "reject_task failed" in job["error"]
 
@@ -198,7 +198,7 @@ def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monk
 
     role.ledger.send, role.ledger.call = refuse, rejected
     task = task_doc(role, sources=[])
-    asyncio.run(role.training.run_job(TaskView.from_json(task)))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     assert role.jobs[task["task_id"]]["state"] == "rejected"
 
 
@@ -324,7 +324,7 @@ def test_replay_device_cpu_or_the_same_gpu_model_only(tmp_path):
     cuda_task = {"device": "cuda", "commits": {W2: COMMIT, W3: COMMIT}}
 
     async def device(task):
-        return await role.verification.replay_device(TaskView.from_json(task))
+        return await role.verification.replay_device(TaskInfo.from_json(task))
 
     assert asyncio.run(device({"device": "cpu", "commits": {W2: COMMIT}})) == "cpu"
     assert asyncio.run(device({"commits": {}})) == "cpu"

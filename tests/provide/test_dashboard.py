@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp.test_utils import make_mocked_request
 
-from consensus.task_view import TaskView
+from consensus.task_info import TaskInfo
 from ml.compute.dashboard_view import payouts_to, slashes_of
 from ml.compute.training import PAUSED_REASON
 from node.dashboard import TOKEN_HEADER, is_loopback
@@ -157,7 +157,7 @@ async def tick_on(role, task):
 def test_payouts_and_slashes_from_task_records():
     me = Identity.generate().peer_id
     verdict = {"match": True, "evidence": ""}
-    tasks = [TaskView.from_json(doc) for doc in [
+    tasks = [TaskInfo.from_json(doc) for doc in [
         {"task_id": "01" * 32, "status": "paid", "payouts": {me: 9}, "slots": [
             {"slot": 1, "worker": OTHER, "outcome": "ok", "verdict": verdict, "referees": [],
              "verifiers": [{"verifier": me, "answer": {"match": False, "evidence": "ee" * 32}}]}]},

@@ -1,7 +1,7 @@
-"""Typed views of a task as the ledger shows it (``dkb_getTask``, ``dkb_listTasks``), for the readers
-above consensus (ml/compute, cli/): `TaskStatus`, `SlotOutcome`, the frozen records `TaskView`,
+"""Typed records of a task as the ledger shows it (``dkb_getTask``, ``dkb_listTasks``), for the readers
+above consensus (ml/compute, cli/): `TaskStatus`, `SlotOutcome`, the frozen records `TaskInfo`,
 `AuditSlot` (with its `VerifierSeat`, `RefereeSeat` and `Answer`) and `Commit`, and the one decoder
-from the JSON form, `TaskView.from_json`. The ledger writes that form (``consensus.state.ledger
+from the JSON form, `TaskInfo.from_json`. The ledger writes that form (``consensus.state.ledger
 .task_json``: the `Task` record's fields, bytes as hex, plus ``task_id``, the current ``result`` and
 ``block_time_ms``); nothing above consensus reads a task or slot by string key.
 
@@ -18,7 +18,7 @@ from typing import Any
 from consensus.state.records import SlotOutcome, TaskStatus
 
 __all__ = ["Answer", "AuditSlot", "Commit", "RefereeSeat", "SlotOutcome", "TaskDocError", "TaskStatus",
-           "TaskView", "VerifierSeat", "decode_tasks"]
+           "TaskInfo", "VerifierSeat", "decode_tasks"]
 
 
 class TaskDocError(ValueError):
@@ -195,7 +195,7 @@ class Commit:
 
 
 @dataclass(frozen=True)
-class TaskView:
+class TaskInfo:
     """A training task as the ledger shows it (see consensus/state/records.py ``Task`` for each field)."""
 
     task_id: str
@@ -223,10 +223,11 @@ class TaskView:
     slots: tuple[AuditSlot, ...] = ()
     assign_deadline: int = 0
     block_time_ms: int = 0
+    doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)   # the JSON it came from
 
     @classmethod
-    def from_json(cls, doc: Any) -> TaskView:
-        """The one decoder: a ``dkb_getTask`` document (or a ``dkb_listTasks`` entry) as a TaskView."""
+    def from_json(cls, doc: Any) -> TaskInfo:
+        """The one decoder: a ``dkb_getTask`` document (or a ``dkb_listTasks`` entry) as a TaskInfo."""
         if not isinstance(doc, Mapping):
             raise TaskDocError(f"task: expected an object, got {type(doc).__name__}")
         where = "task"
@@ -250,7 +251,8 @@ class TaskView:
                    device=_str(doc, "device", where, "cpu"), rejections=_str_map(doc, "rejections", str, where),
                    reason=_str(doc, "reason", where), result=_str(doc, "result", where),
                    profile=_str(doc, "profile", where), segments=_int(doc, "segments", where), slots=slots,
-                   assign_deadline=_int(doc, "assign_deadline", where), block_time_ms=_int(doc, "block_time_ms", where))
+                   assign_deadline=_int(doc, "assign_deadline", where), block_time_ms=_int(doc, "block_time_ms", where),
+                   doc=doc)
 
     @property
     def task_bytes(self) -> bytes:
@@ -267,8 +269,8 @@ class TaskView:
         return self.spec.get(name, default)
 
 
-def decode_tasks(docs: Any) -> list[TaskView]:
-    """A ``dkb_listTasks`` answer as TaskViews (TaskDocError when it is not a list of tasks)."""
+def decode_tasks(docs: Any) -> list[TaskInfo]:
+    """A ``dkb_listTasks`` answer as TaskInfos (TaskDocError when it is not a list of tasks)."""
     if not isinstance(docs, list):
         raise TaskDocError(f"tasks: expected a list, got {type(docs).__name__}")
-    return [TaskView.from_json(doc) for doc in docs]
+    return [TaskInfo.from_json(doc) for doc in docs]
