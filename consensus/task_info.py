@@ -131,6 +131,7 @@ class AuditSlot:
     verifiers: tuple[VerifierSeat, ...] = ()
     dispute_deadline: int = 0
     disputed: bool = False
+    dispute_height: int = 0   # the height the worker disputed at
     referees: tuple[RefereeSeat, ...] = ()
     referee_deadline: int = 0
     verdict: Answer | None = None
@@ -152,10 +153,14 @@ class AuditSlot:
                                      _int(r, "panel", f"{where}.referees"), _int(r, "deadline", f"{where}.referees"))
                          for r in _entries(doc, "referees", where))
         dispute = doc.get("dispute")
+        if dispute is not None and not isinstance(dispute, Mapping):
+            raise TaskDocError(f"{where}.dispute: expected an object, got {type(dispute).__name__}")
         return cls(slot=_int(doc, "slot", where), worker=_str(doc, "worker", where),
                    segment=_int(doc, "segment", where), salt=salt, verifiers=verifiers,
                    dispute_deadline=_int(doc, "dispute_deadline", where),
-                   disputed=bool(dispute), referees=referees, referee_deadline=_int(doc, "referee_deadline", where),
+                   disputed=bool(dispute),
+                   dispute_height=_int(dispute, "height", f"{where}.dispute") if dispute else 0,
+                   referees=referees, referee_deadline=_int(doc, "referee_deadline", where),
                    verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
                    outcome=_str(doc, "outcome", where, SlotOutcome.PENDING))
 
