@@ -106,9 +106,10 @@ def test_every_other_meaning_is_still_there():
 def test_the_check_finds_what_it_looks_for(tmp_path):
     (tmp_path / "ml").mkdir()
     (tmp_path / "cli").mkdir()
-    (tmp_path / "ml" / "a.py").write_text('"""doc: "paid" here is prose."""\n'
-                                         'def f(task, slots, job):\n'
-                                         '    return task["status"], slots[0].get("outcome"), job["state"], "pending"\n')
+    (tmp_path / "ml" / "a.py").write_text(
+        '"""doc: "paid" here is prose."""\n'
+        'def f(task, slots, job):\n'
+        '    return task["status"], slots[0].get("outcome"), job["state"], "pending"\n')
     (tmp_path / "cli" / "b.py").write_text('def g(self):\n    return self.task.get("reason")\n')
     found = violations(tmp_path)
     assert [f.split(": ", 1)[1] for f in found] == [
