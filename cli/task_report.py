@@ -8,6 +8,7 @@ expired or failed)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from cli.errors import CliError
 from cli.payout_lines import payout_lines
@@ -97,7 +98,7 @@ def slot_lines(task: TaskInfo) -> list[str]:
     return lines
 
 
-def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict | None = None) -> int:
+def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict[str, Any] | None = None) -> int:
     status = task.status
     code = 1 if status in FAILED else 0
     if as_json:

@@ -35,8 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Coroutine
+from typing import TYPE_CHECKING, Any, cast
 
 from consensus.task_info import TaskDocError, TaskInfo, TaskStatus
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
@@ -201,11 +201,11 @@ class ComputeRole(Role):
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
         finally:
-            for task in watchers:
-                task.cancel()
-            for task in [self.training.busy, *self._background]:
-                if task is not None:
-                    task.cancel()
+            for watcher in watchers:
+                watcher.cancel()
+            for running in [self.training.busy, *self._background]:
+                if running is not None:
+                    running.cancel()
             await self.transport.close()
 
     # ---- what wakes the main loop
@@ -230,7 +230,7 @@ class ComputeRole(Role):
         something is due (an idle node gets no message per block)."""
         while True:
             await self._heads_wanted.wait()
-            stream = self.ledger.subscribe("newHeads")
+            stream = cast("AsyncGenerator[Any, None]", self.ledger.subscribe("newHeads"))
             try:
                 async for head in stream:
                     due = self._due_ms
