@@ -76,7 +76,7 @@ def main() -> None:
         for start in range(0, len(raws), args.block_txs):
             txs = raws[start:start + args.block_txs]
             block = build_block(CHAIN, ledger.height + 1, ledger.height, ledger.last_block_hash, ledger.app_hash,
-                                validator.peer_id, txs)
+                                validator, ledger.beacon, txs)
             t = time.perf_counter()
             result = ledger.apply_block(block, executor=executor, known_txs=known)
             t2 = time.perf_counter()

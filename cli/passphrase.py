@@ -1,4 +1,6 @@
-"""Where the CLI gets a key passphrase: ``--passphrase-file``, ``$DEKUBE_KEY_PASSPHRASE`` or a prompt.
+"""Where the CLI gets a key passphrase: ``--passphrase-file``, ``$DEKUBE_KEY_PASSPHRASE``, the OS keyring
+(where the caller names the key file and ``dekube-node provide`` stored it there: cli/keyring_store.py) or
+a prompt.
 
 Unlocking asks only when the key file is encrypted (the keystore calls the function it is given).
 Creating a key encrypts it unless ``--insecure-unencrypted-key`` says this is a throwaway dev key;
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from cli import keyring_store
 from cli.errors import CliError
 
 PASSPHRASE_ENV = "DEKUBE_KEY_PASSPHRASE"
@@ -65,12 +68,21 @@ def _given(args: argparse.Namespace) -> bytes | None:
     return _env_secret
 
 
-def unlock_passphrase(args: argparse.Namespace) -> Callable[[], bytes]:
-    """A function giving the passphrase of an existing key (called only if the key is encrypted)."""
+def given_elsewhere(args: argparse.Namespace) -> bool:
+    """Whether a passphrase comes from ``--passphrase-file`` or the environment (no prompt, no keyring)."""
+    return _given(args) is not None
+
+
+def unlock_passphrase(args: argparse.Namespace, key_file: Path | None = None) -> Callable[[], bytes]:
+    """A function giving the passphrase of an existing key (called only if the key is encrypted); with
+    ``key_file``, the OS keyring's entry for it comes before the prompt."""
     def get() -> bytes:
         given = _given(args)
         if given is not None:
             return given
+        stored = keyring_store.load(key_file) if key_file is not None else None
+        if stored is not None:
+            return stored
         if not sys.stdin.isatty():
             raise CliError(f"the key file is encrypted: give its passphrase with --passphrase-file FILE "
                            f"or ${PASSPHRASE_ENV} (no terminal to prompt on)")

@@ -15,17 +15,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from cli import keyring_store
 from cli.errors import CliError
 from cli.home import add_home_argument, config_path, key_path, resolve_home
 from cli.networks import Network, bootstrap_addrs, fetch_genesis, resolve
-from cli.passphrase import add_create_arguments, new_key_passphrase, unlock_passphrase
+from cli.passphrase import add_create_arguments, given_elsewhere, new_key_passphrase, unlock_passphrase
+from cli.provide_network import measure_now, probe_targets
+from cli.provide_stake import describe, params_from, propose
 from cli.rpc_call import rpc_call
 from cli.start import apply_compute_profile, install_genesis
 from cli.wallet import wait_receipt
 from consensus.genesis import Genesis
 from consensus.tx import DEFAULT_FEE, build_tx
+from ml.compute.provider_checks import clock_problem, gpu_problem, port_problem, stake_problem
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import load_identity, save_identity
@@ -42,6 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_home_argument(parser)
     add_create_arguments(parser)
     parser.add_argument("--yes", action="store_true", help="bond without asking")
+    parser.add_argument("--no-keyring", dest="keyring", action="store_false",
+                        help="do not keep a typed passphrase in the OS keyring")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="what to lend: cuda (stop if no GPU works), cpu (hide any GPU), auto (default)")
+    parser.add_argument("--no-measure", dest="measure", action="store_false",
+                        help="do not measure bandwidth and reachability against a bootstrap peer before start")
+    parser.add_argument("--no-relay", dest="relay", action="store_false",
+                        help="do not run the relay role even when this machine is reachable from the internet")
+    parser.add_argument("--stake", type=int, default=None,
+                        help="keep this much bonded (default: enough for the largest recent task of the network)")
     parser.add_argument("--service", action="store_true",
                         help="also write a systemd user unit and print the systemctl --user commands")
     parser.add_argument("--no-start", dest="start", action="store_false",
@@ -58,30 +74,40 @@ def _rpc(url: str, method: str, *params):
     return rpc_call(url, method, *params, name_url=True)
 
 
-def ensure_key(home: Path, args: argparse.Namespace) -> tuple[Identity, object, bool]:
-    """The home's identity (made with a new key if there is none), an unlock function, and whether it is new."""
+def ensure_key(home: Path, args: argparse.Namespace) -> tuple[Identity, Callable[[], bytes], bool]:
+    """The home's identity (made with a new key if there is none), an unlock function, and whether it is
+    new. A passphrase typed at the prompt is kept in the OS keyring where there is one (not with
+    ``--no-keyring``), so that later starts ask nothing."""
     key_file = key_path(home)
+    prompted = not given_elsewhere(args)
     if key_file.exists():
-        ask = unlock_passphrase(args)
+        ask = unlock_passphrase(args, key_file)
         asked: list[bytes] = []
 
         def unlock() -> bytes:   # asked once: the node's start reuses it
             if not asked:
                 asked.append(ask())
             return asked[0]
-        return load_identity(key_file, unlock), unlock, False
+        identity = load_identity(key_file, unlock)
+        if asked and prompted and args.keyring and keyring_store.load(key_file) != asked[0]:
+            remember(key_file, asked[0])
+        return identity, unlock, False
     passphrase = new_key_passphrase(args)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     identity = Identity.generate()
     save_identity(key_file, identity, passphrase=passphrase)
-    return identity, (lambda: passphrase), True
+    if passphrase is not None and prompted and args.keyring:
+        remember(key_file, passphrase)
+    return identity, (lambda: passphrase or b""), True
 
 
-def required_stake(params: dict, configured: int | None) -> int:
-    """What the compute role keeps bonded: the chain's floor for workers and verifiers, or more if the
-    home's config already asks for more."""
-    floor = max(int(params.get("min_worker_stake", 0)), int(params.get("min_verifier_stake", 0)))
-    return max(floor, configured or 0)
+def remember(key_file: Path, passphrase: bytes) -> None:
+    if keyring_store.store(key_file, passphrase):
+        print(f"kept the key's passphrase in the OS keyring ({type(keyring_store.backend()).__name__}): "
+              "later starts ask nothing", flush=True)
+    else:
+        print("no OS keyring here: later starts ask for the passphrase (or give --passphrase-file FILE)",
+              flush=True)
 
 
 def config_overrides(home: Path, network: Network, genesis: Genesis, rpc_url: str, stake: int,
@@ -183,7 +209,9 @@ def write_service(home: Path) -> list[str]:
              f"  systemctl --user enable --now {UNIT_NAME}",
              f"  journalctl --user -u {UNIT_NAME} -f"]
     if not (home / "passphrase").exists():
-        lines.append(f"  (an encrypted key needs its passphrase in {home / 'passphrase'}, mode 0600, first line)")
+        lines.append("  (the unit unlocks the key with the passphrase in the OS keyring of your session)"
+                     if keyring_store.load(key_path(home)) is not None else
+                     f"  (an encrypted key needs its passphrase in {home / 'passphrase'}, mode 0600, first line)")
     return lines
 
 
@@ -196,14 +224,35 @@ def run(args: argparse.Namespace) -> int:
     genesis_target = home / load_config(config_path(home) if config_path(home).exists() else None,
                                         env={}).get("consensus", "genesis_file")
     install_genesis_check(genesis, genesis_target)
+    check(clock_problem(int(_rpc(url, "dkb_getBlockByNumber", "latest", False)["time_ms"]), int(time.time() * 1000)))
     identity, unlock, new_key = ensure_key(home, args)
     print(f"{'made' if new_key else 'kept'} the key in {key_path(home)}: address {identity.peer_id}", flush=True)
     configured = (load_config(config_path(home), env={}).get("compute", "stake")
                   if config_path(home).exists() else None)
-    stake = required_stake(_rpc(url, "dkb_getParams"), configured)
+    params = params_from(_rpc(url, "dkb_getParams"))
+    recent = _rpc(url, "dkb_listTasks", None, None, 100)
+    plan = propose(params, recent, configured, args.stake)
+    stake = plan.stake
+    check(stake_problem(stake, plan.floor))
+    print(f"stake: {describe(plan, params, len(recent))}", flush=True)
     overrides = config_overrides(home, network, genesis, url, stake, args)
     config = load_config(config_path(home) if config_path(home).exists() else None, env={}, overrides=overrides)
-    print(f"hardware: {describe_hardware(detect_hardware(config))}", flush=True)
+    for listen in config.get("p2p", "listen"):
+        check(port_problem(listen))
+    if args.measure:
+        targets = probe_targets(list(network.bootstrap), [(v.peer_id, v.listen_addrs) for v in genesis.validators])
+        measured = measure_now(targets, config.get("p2p", "listen")[0])
+        print(f"network: {measured.describe()}", flush=True)
+        if measured.reachability == "public" and args.relay:
+            overrides[("node", "roles")] = ",".join(dict.fromkeys([*overrides[("node", "roles")].split(","),
+                                                                    "relay"]))
+        config = load_config(config_path(home) if config_path(home).exists() else None, env={},
+                             overrides=overrides)
+    if args.device == "cpu":   # the node started below (same process) then sees no CUDA device
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    found = detect_hardware(config)
+    print(f"hardware: {describe_hardware(found)}", flush=True)
+    check(gpu_problem(args.device, found))
     bonded = int(_rpc(url, "dkb_getStake", identity.peer_id)["bonded"])
     free = int(_rpc(url, "dkb_getBalance", identity.peer_id))
     missing = max(0, stake - bonded)
@@ -236,6 +285,11 @@ def run(args: argparse.Namespace) -> int:
 
     # the same path as 'dekube-node start --home HOME'
     return start(build_parser().parse_args(["start", "--home", str(home)]), unlock=unlock)
+
+
+def check(problem: str | None) -> None:
+    if problem is not None:
+        raise CliError(problem)
 
 
 def install_genesis_check(genesis: Genesis, target: Path) -> None:

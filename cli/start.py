@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, unlock=None) -> int:
         raise CliError(f"the validator role needs the chain's genesis and {genesis_file} is missing: pass "
                        "--genesis FILE to join a network, make one with 'dekube-node genesis new', "
                        "or run 'dekube-node start --dev' for a local dev chain")
-    identity = load_identity(key_path(home), unlock or unlock_passphrase(args))
+    identity = load_identity(key_path(home), unlock or unlock_passphrase(args, key_path(home)))
     setup_logging(config.get("node", "log_format"), config.get("node", "log_level"))
     apply_compute_profile(config, role_names, os.environ)   # before any role imports torch
     roles = [role_factory(name) for name in role_names]  # an unknown role or missing extra: before starting

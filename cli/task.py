@@ -25,6 +25,7 @@ from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.payout_lines import payout_lines
 from cli.rpc_call import rpc_call
 from cli.safe_text import echo
+from cli.task_epochs import epoch_lines
 from cli.task_report import FAILED, deadline_lines, decode_task, slot_lines
 from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import SYNC_MODES, model_name
@@ -63,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--device", choices=("cpu", "cuda", "any"), help="where workers train (default cpu)")
     submit.add_argument("--profile", metavar="ID",
                         help="execution profile the workers and verifiers must run (default: the portable CPU "
-                             "profile for cpu, the ledger's choice for cuda/any; docs/adr/0166)")
+                             "profile for cpu; for cuda/any the one the most compute nodes on the ledger run, "
+                             "named before payment; docs/adr/0166)")
     submit.add_argument("--init", choices=("archive", "seed"),
                         help="initial weights: the .pt2 archive's (fine-tuning) or drawn from --seed")
     submit.add_argument("--tokenizer", choices=("byte", "char"),
@@ -79,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--expected-s", type=_positive_seconds, metavar="S",
                         help="the job's expected duration in seconds (default: steps x the dry run's step time); "
                              "the ledger's commit deadline is derived from it (docs/adr/0187)")
+    submit.add_argument("--epochs", type=int, metavar="N",
+                        help="cut the task into N epochs, each committed, audited and paid on its own (must divide "
+                             "its segments; default: epochs of at least 3 minutes of the expected work, docs/adr/0203)")
     add_p2p_arguments(submit)
     watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
     watch.add_argument("task_id", help="task id (hex)")
@@ -223,7 +228,7 @@ def run_show(args: argparse.Namespace) -> int:
         if name not in doc or name == "reason" and not value:   # fields an older validator does not show
             continue
         echo(f"{name + ':':12}{json.dumps(value) if isinstance(value, (dict, list)) else value}")
-    for line in deadline_lines(task) + slot_lines(task):
+    for line in deadline_lines(task) + epoch_lines(task) + slot_lines(task):
         echo(line)
     if task.payouts:
         print("payouts by kind:")

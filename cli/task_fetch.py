@@ -97,6 +97,10 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
         raise CliError(f"no task {task_id}")
     task = decode_task(doc)
     result = task.result
+    stopped = task.epochs.stopped if task.epochs is not None else None
+    if not result and stopped is not None:
+        raise CliError(f"task {task_id} stopped in epoch {stopped + 1} (its crew stopped committing; docs/adr/0203): "
+                       "it has no trained weights on the ledger, only its closed epochs' state digests")
     if not result and task.status in FINAL:
         raise CliError(f"task {task_id} ended {task.status} without a result: no worker whose weights were "
                        "paid for (an audit mismatch, a rejection, or no commitment)")

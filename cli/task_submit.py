@@ -30,11 +30,13 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.home import key_path, resolve_home
 from cli.passphrase import unlock_passphrase
+from cli.task_crew import ledger_profile
 from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
 from consensus.task_info import TaskInfo, TaskStatus
+from ml.compute.epoch_commits import epochs_for
 from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
 from ml.profiles import ProfileError, check_profile_id, default_profile
 from ml.train.spec import InvalidSpec, TrainSpec
@@ -80,13 +82,17 @@ def expected_seconds(step_seconds: float, steps: int) -> int:
     return max(1, math.ceil(step_seconds * steps))
 
 
-def commit_window_text(expected_s: int | None) -> str:
+def commit_window_text(expected_s: int | None, epochs: int = 1) -> str:
     """What the workers get to commit under the default genesis limits (consensus/genesis.py)."""
     from consensus.genesis import Params
     from consensus.state.deadlines import commit_span_ms
 
-    span = commit_span_ms(Params(), expected_s or 0) // 1000
     basis = f"expected {expected_s} s of work" if expected_s else "no expected duration declared: the chain's minimum"
+    if epochs > 1:
+        span = commit_span_ms(Params(), (expected_s or 0) // epochs) // 1000
+        return (f"cut into {epochs} epochs: workers must commit each epoch within about {span} s of the previous "
+                f"one ({basis}; the chain's limits apply); each epoch is audited and paid to who worked it")
+    span = commit_span_ms(Params(), expected_s or 0) // 1000
     return f"workers must commit within about {span} s of assignment ({basis}; the chain's limits apply)"
 
 
@@ -127,14 +133,17 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
 
 def task_profile(args: argparse.Namespace) -> str:
     """The execution profile the task names (docs/adr/0166, 0188): ``--profile``, else the portable CPU
-    profile for a CPU task; a cuda or any task must name one (the ledger refuses a task without)."""
+    profile for a CPU task, and for a cuda or any task the profile the most compute nodes on the ledger
+    run (cli.task_crew), said before anything is paid."""
     device = getattr(args, "device", None) or "cpu"
     chosen = getattr(args, "profile", None)
     if chosen is None:
         profile = default_profile(device)
         if not profile:
-            raise CliError(f"--device {device} needs --profile ID (the GPU class, e.g. a node's `dekube-node "
-                           "status` profiles): every task names the one profile its crew runs (ADR 0188)")
+            profile, found = ledger_profile(args.rpc, device, args.workers)
+            if not args.json:
+                print(f"profile {profile}: run by {found} compute node(s) on the ledger, the most for --device "
+                      f"{device} (--profile ID names another)")
         return profile
     try:
         check_profile_id(chosen)
@@ -156,8 +165,11 @@ def run_submit(args: argparse.Namespace) -> int:
         payload["device"] = args.device
     if args.expected_s is not None:
         payload["expected_s"] = args.expected_s
+    epochs = args.epochs if getattr(args, "epochs", None) else epochs_for(args.expected_s, payload["segments"])
+    if epochs > 1:
+        payload["epochs"] = epochs
     if not args.json:
-        print(commit_window_text(args.expected_s))
+        print(commit_window_text(args.expected_s, epochs))
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     args.submitted_task = None
     try:

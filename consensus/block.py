@@ -2,7 +2,8 @@
 
 The header commits to chain_id, height, time, the previous block's hash, the Merkle root of
 the transactions and of the evidence, the proposer, the hash of the (opaque) last commit
-certificate, and ``app_hash``: the app hash of the state AFTER the previous block (as
+certificate, the proposer's beacon proof (an RFC 9381 VRF proof, consensus/beacon.py, docs/adr/0202)
+and ``app_hash``: the app hash of the state AFTER the previous block (as
 CometBFT does), so a proposer need not execute its own block before proposing it, and each
 block attests to the result of its parent. The block hash is sha256 of the encoded header. The Merkle
 roots are node.merkle's RFC 6962 tree (ADR 0190).
@@ -14,7 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from consensus import beacon
 from consensus.encoding import EncodingError, decode, encode
+from consensus.vrf import PROOF_BYTES as BEACON_PROOF_BYTES
+from node.identity import Identity
 from node.merkle import merkle_root
 
 HEADER_DOMAIN = b"dekube/block-header/v1\x00"
@@ -37,15 +41,16 @@ class BlockHeader:
     app_hash: bytes         # state after the previous block (after genesis at height 1)
     proposer: str
     last_commit_hash: bytes
+    beacon_proof: bytes     # the proposer's VRF proof over the previous beacon (checked by the ledger)
 
     def to_obj(self) -> list[Any]:
         return [self.chain_id, self.height, self.time_ms, self.prev_hash, self.txs_root,
-                self.evidence_root, self.app_hash, self.proposer, self.last_commit_hash]
+                self.evidence_root, self.app_hash, self.proposer, self.last_commit_hash, self.beacon_proof]
 
     @classmethod
     def from_obj(cls, obj: Any) -> BlockHeader:
-        if type(obj) is not list or len(obj) != 9:
-            raise BlockError("a header is a list of 9 fields")
+        if type(obj) is not list or len(obj) != 10:
+            raise BlockError("a header is a list of 10 fields")
         header = cls(*obj)
         header.check_types()
         return header
@@ -63,6 +68,8 @@ class BlockHeader:
             value = getattr(self, name)
             if type(value) is not bytes or len(value) != HASH_BYTES:
                 raise BlockError(f"{name} must be 32 bytes")
+        if type(self.beacon_proof) is not bytes or len(self.beacon_proof) != BEACON_PROOF_BYTES:
+            raise BlockError(f"beacon_proof must be {BEACON_PROOF_BYTES} bytes")
 
     @property
     def hash(self) -> bytes:
@@ -78,6 +85,7 @@ class BlockHeader:
             "prev_hash": self.prev_hash.hex(), "txs_root": self.txs_root.hex(),
             "evidence_root": self.evidence_root.hex(), "app_hash": self.app_hash.hex(),
             "proposer": self.proposer, "last_commit_hash": self.last_commit_hash.hex(),
+            "beacon_proof": self.beacon_proof.hex(),
             "hash": self.hash.hex(),
         }
 
@@ -128,11 +136,13 @@ class Block:
 
 
 def build_block(chain_id: str, height: int, time_ms: int, prev_hash: bytes, app_hash: bytes,
-                proposer: str, txs: Iterable[bytes], evidence: Iterable[bytes] = (),
+                proposer: Identity, prev_beacon: bytes, txs: Iterable[bytes], evidence: Iterable[bytes] = (),
                 last_commit: bytes = b"") -> Block:
-    """Assemble a block from raw transactions (e.g. ``Mempool.reap``) and evidence bytes."""
+    """Assemble and beacon-sign a block from raw transactions (e.g. ``Mempool.reap``) and evidence
+    bytes; ``prev_beacon``: the beacon after the previous block (``Ledger.beacon``)."""
     txs, evidence = tuple(txs), tuple(evidence)
     header = BlockHeader(chain_id, height, time_ms, prev_hash, merkle_root(txs), merkle_root(evidence),
-                         app_hash, proposer, hashlib.sha256(last_commit).digest())
+                         app_hash, proposer.peer_id, hashlib.sha256(last_commit).digest(),
+                         beacon.prove(proposer, chain_id, height, prev_beacon))
     header.check_types()
     return Block(header, txs, evidence, last_commit)

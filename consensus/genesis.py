@@ -88,6 +88,11 @@ class Params:
     audit_redraws: int = 3
     referee_rounds: int = 3
     stake_cover_bps: int = 20_000
+    # Draws nobody can steer (ADR 0202): every draw (audit slots, redraws, referees) uses the random beacon of
+    # the block beacon_delay blocks after the act that triggers it; verifiers commit to their answers, then
+    # reveal them within audit_reveal_s once every verifier of the slot has committed.
+    beacon_delay: int = 4                # >= committee_size: the blocks in between have every member as proposer
+    audit_reveal_s: int = 120
 
     def validate(self) -> None:
         for f in fields(self):
@@ -111,7 +116,7 @@ class Params:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
         for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
                      "serve_dispute_window", "task_min_s", "audit_answer_s", "dispute_s", "task_assign_s",
-                     "referee_rounds"):
+                     "referee_rounds", "beacon_delay", "audit_reveal_s"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
         if self.deadline_factor_pct < 100:
@@ -121,6 +126,8 @@ class Params:
         if self.audit_redraws > MAX_AUDIT_REDRAWS or self.referee_rounds > MAX_REFEREE_ROUNDS:
             raise GenesisError(f"audit_redraws is at most {MAX_AUDIT_REDRAWS}, referee_rounds at most "
                                f"{MAX_REFEREE_ROUNDS}")
+        if self.beacon_delay > MAX_BEACON_DELAY:
+            raise GenesisError(f"beacon_delay is at most {MAX_BEACON_DELAY}")
         window, name = longest_window(self)
         if self.unbonding_period <= window:
             raise GenesisError(f"unbonding_period ({self.unbonding_period}) must exceed the longest window a "
@@ -145,11 +152,13 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "referees", "slash_false_audit_bps", "min_serve_stake", "serve_unlock_blocks", "serve_dispute_bond",
                   "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
-                  "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps")
+                  "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps",
+                  "beacon_delay", "audit_reveal_s")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_AUDIT_REDRAWS = 8
 MAX_REFEREE_ROUNDS = 4
+MAX_BEACON_DELAY = 16
 MAX_REFEREES = 15
 
 

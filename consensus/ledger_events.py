@@ -4,8 +4,10 @@ machine events) and the ``txs`` topic (each transaction's receipt, keyed by its 
 ``task_events`` maps the ledger's block events (consensus/state/tasks.py) to JSON payloads
 ``{"event", "task_id", "height", ...}`` with events named after the task lifecycle: created,
 assigned (with the device and profile), committed (a worker's result), audit_window_opened (status
-committed), then per audit slot (docs/adr/0168) audit_assigned {slot, worker, segment, verifiers, salt,
-deadline} (again with ``redraw`` for a silent verifier's replacement), audit_answered, disputed,
+committed), audit_draw_scheduled {height[, slot, kind]} (draws wait for a later beacon, ADR 0202), then per
+audit slot (docs/adr/0168) audit_assigned {slot, worker, segment, verifiers, salt, deadline} (again with
+``redraw`` for a silent verifier's replacement), audit_committed {slot, verifier} (a sealed answer),
+audit_reveal_open {slot, deadline}, audit_answered (a revealed answer), audit_unrevealed, disputed,
 referees_drawn {slot, referees, deadline}, referee_voted, slot_resolved {slot, worker, outcome,
 verdict}; finalized (paid, with the result and who was slashed), cancelled, rejection (one worker's reject_task
 and reason), rejected (a majority rejected: the reasons and payouts), expired (never assigned: the
@@ -30,7 +32,11 @@ TASK_EVENT_NAMES = {
     "result_committed": "committed",
     "audit_window_opened": "audit_window_opened",
     "audit_assigned": "audit_assigned",
+    "audit_draw_scheduled": "audit_draw_scheduled",
+    "audit_committed": "audit_committed",
+    "audit_reveal_open": "audit_reveal_open",
     "audit_answered": "audit_answered",
+    "audit_unrevealed": "audit_unrevealed",
     "slot_disputed": "disputed",
     "referees_drawn": "referees_drawn",
     "referee_voted": "referee_voted",

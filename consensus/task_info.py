@@ -1,13 +1,15 @@
 """Typed records of a task as the ledger shows it (``dkb_getTask``, ``dkb_listTasks``), for the readers
 above consensus (ml/compute, cli/): `TaskStatus`, `SlotOutcome`, the frozen records `TaskInfo`,
-`AuditSlot` (with its `VerifierSeat`, `RefereeSeat` and `Answer`) and `Commit`, and the one decoder
+`AuditSlot` (with its `VerifierSeat`, `RefereeSeat`, `Answer` and `PendingDraw`), `Commit` and
+`EpochProgress` (with its `EpochCommit`), and the one decoder
 from the JSON form, `TaskInfo.from_json`. The ledger writes that form (``consensus.state.ledger
 .task_json``: the `Task` record's fields, bytes as hex, plus ``task_id``, the current ``result`` and
 ``block_time_ms``); nothing above consensus reads a task or slot by string key.
 
 The decoder takes what a validator answered, so it checks every field's type and raises
 `TaskDocError` (a ValueError) with the field's name; a field the document leaves out gets the value
-the ledger gives a record that predates it (records from before ADR 0151, 0168 and 0187 lack some).
+the ledger gives a record that predates it (records from before ADR 0151, 0168, 0187, 0202 and 0203 lack
+some).
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from typing import Any
 
 from consensus.state.records import SlotOutcome, TaskStatus
 
-__all__ = ["Answer", "AuditSlot", "Commit", "RefereeSeat", "SlotOutcome", "TaskDocError", "TaskStatus",
-           "TaskInfo", "VerifierSeat", "decode_tasks"]
+__all__ = ["Answer", "AuditSlot", "Commit", "EpochCommit", "EpochProgress", "PendingDraw", "RefereeSeat",
+           "SlotOutcome", "TaskDocError", "TaskStatus", "TaskInfo", "VerifierSeat", "decode_tasks"]
 
 
 class TaskDocError(ValueError):
@@ -57,6 +59,11 @@ def _mapping(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
 
 def _list(doc: Mapping[str, Any], name: str, where: str) -> list[Any]:
     value: list[Any] = _get(doc, name, list, [], where)
+    return value
+
+
+def _bool(doc: Mapping[str, Any], name: str, where: str) -> bool:
+    value: bool = _get(doc, name, bool, False, where)
     return value
 
 
@@ -101,12 +108,49 @@ class Answer:
 
 @dataclass(frozen=True)
 class VerifierSeat:
-    """One drawn verifier of a slot, its answer deadline (block time, ms) and its answer."""
+    """One drawn verifier of a slot, its answer deadline (block time, ms) and its answer (docs/adr/0202:
+    ``commitment``, hex, the sealed answer it sent first; ``answer`` once revealed; ``unrevealed``: the
+    reveal window closed without it; ``replaced``: a redraw was scheduled for it, silent or unrevealed)."""
 
     verifier: str
     deadline: int
     answer: Answer | None
     redraw: bool = False
+    commitment: str | None = None
+    unrevealed: bool = False
+    replaced: bool = False
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> VerifierSeat:
+        commitment = doc.get("commitment")
+        if commitment is not None and not isinstance(commitment, str):
+            raise TaskDocError(f"{where}.commitment: expected str, got {type(commitment).__name__}")
+        return cls(_str(doc, "verifier", where), _int(doc, "deadline", where),
+                   Answer.from_json(doc.get("answer"), f"{where}.answer"), _bool(doc, "redraw", where),
+                   commitment, _bool(doc, "unrevealed", where), _bool(doc, "replaced", where))
+
+    @property
+    def sealed(self) -> bool:
+        """Whether it committed to an answer it may still reveal (consensus/state/audits.py ``sealed``)."""
+        return self.commitment is not None and not self.unrevealed
+
+
+@dataclass(frozen=True)
+class PendingDraw:
+    """A draw the ledger runs for a slot at the end of block ``at`` from that block's beacon (docs/adr/0202):
+    ``kind`` open (the slot's segment, salt and verifiers), redraw or referee, ``count`` parties."""
+
+    kind: str
+    at: int
+    count: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> PendingDraw | None:
+        if doc is None:
+            return None
+        if not isinstance(doc, Mapping):
+            raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
+        return cls(_str(doc, "kind", where), _int(doc, "at", where), _int(doc, "count", where))
 
 
 @dataclass(frozen=True)
@@ -136,6 +180,8 @@ class AuditSlot:
     referee_deadline: int = 0
     verdict: Answer | None = None
     outcome: str = SlotOutcome.PENDING
+    reveal_deadline: int = 0   # while the reveals of the committed answers are open (docs/adr/0202)
+    draw: PendingDraw | None = None   # a draw scheduled for a later block's beacon (docs/adr/0202)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> AuditSlot:
@@ -144,10 +190,7 @@ class AuditSlot:
         except ValueError as exc:
             raise TaskDocError(f"{where}.salt: not hex") from exc
         seat = f"{where}.verifiers"
-        verifiers = tuple(VerifierSeat(_str(v, "verifier", seat), _int(v, "deadline", seat),
-                                       Answer.from_json(v.get("answer"), f"{seat}.answer"),
-                                       bool(_get(v, "redraw", bool, False, seat)))
-                          for v in _entries(doc, "verifiers", where))
+        verifiers = tuple(VerifierSeat.from_json(v, seat) for v in _entries(doc, "verifiers", where))
         referees = tuple(RefereeSeat(_str(r, "referee", f"{where}.referees"),
                                      Answer.from_json(r.get("vote"), f"{where}.referees.vote"),
                                      _int(r, "panel", f"{where}.referees"), _int(r, "deadline", f"{where}.referees"))
@@ -162,7 +205,9 @@ class AuditSlot:
                    dispute_height=_int(dispute, "height", f"{where}.dispute") if dispute else 0,
                    referees=referees, referee_deadline=_int(doc, "referee_deadline", where),
                    verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
-                   outcome=_str(doc, "outcome", where, SlotOutcome.PENDING))
+                   outcome=_str(doc, "outcome", where, SlotOutcome.PENDING),
+                   reveal_deadline=_int(doc, "reveal_deadline", where),
+                   draw=PendingDraw.from_json(doc.get("draw"), f"{where}.draw"))
 
     @property
     def pending(self) -> bool:
@@ -175,9 +220,10 @@ class AuditSlot:
 
     def deadlines(self) -> list[int]:
         """The block times at which a pending slot moves on: one past each deadline (answers, dispute,
-        referee votes) it has."""
+        referee votes, reveals) it has."""
         out = [v.deadline for v in self.verifiers]
-        out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline) if deadline]
+        out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline, self.reveal_deadline)
+                if deadline]
         return [d + 1 for d in out]
 
 
@@ -197,6 +243,50 @@ class Commit:
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in doc[2:4])):
             raise TaskDocError(f"{where}: expected [segments_root, result, segments, height]")
         return cls(doc[0], doc[1], doc[2], doc[3])
+
+
+@dataclass(frozen=True)
+class EpochCommit:
+    """A worker's progress commitment at the end of one epoch (docs/adr/0203): the root of its segment
+    records so far, the digest of its state at the epoch end (both hex), their count, the height."""
+
+    segments_root: str
+    state_digest: str
+    segments: int
+    height: int
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> EpochCommit:
+        if (not isinstance(doc, list) or len(doc) < 4 or not all(isinstance(x, str) for x in doc[:2])
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in doc[2:4])):
+            raise TaskDocError(f"{where}: expected [segments_root, state_digest, segments, height]")
+        return cls(doc[0], doc[1], doc[2], doc[3])
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """The progress of a task cut into epochs (docs/adr/0203, consensus/state/epochs.py): the open epoch
+    (``current``, from 0), each worker's progress commitments in epoch order, and ``stopped``: the epoch
+    the crew stopped committing in (None while it has not)."""
+
+    current: int = 0
+    commits: Mapping[str, tuple[EpochCommit, ...]] = field(default_factory=dict)
+    stopped: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
+        commits = {}
+        for worker, entries in _mapping(doc, "commits", where).items():
+            if not isinstance(entries, list):
+                raise TaskDocError(f"{where}.commits[{worker!r}]: expected a list, got {type(entries).__name__}")
+            commits[worker] = tuple(EpochCommit.from_json(entry, f"{where}.commits[{worker!r}][{i}]")
+                                    for i, entry in enumerate(entries))
+        stopped: int | None = _get(doc, "stopped", int, None, where)
+        return cls(_int(doc, "current", where), commits, stopped)
+
+    def of(self, worker: str) -> tuple[EpochCommit, ...]:
+        """``worker``'s progress commitments, in epoch order."""
+        return self.commits.get(worker, ())
 
 
 @dataclass(frozen=True)
@@ -227,6 +317,7 @@ class TaskInfo:
     segments: int = 0
     slots: tuple[AuditSlot, ...] = ()
     assign_deadline: int = 0
+    epochs: EpochProgress | None = None   # a task cut into epochs (docs/adr/0203); None for one without
     block_time_ms: int = 0
     doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)   # the JSON it came from
 
@@ -245,6 +336,7 @@ class TaskInfo:
                    for worker, value in _mapping(doc, "commits", where).items()}
         slots = tuple(AuditSlot.from_json(slot, f"task.slots[{i}]")
                       for i, slot in enumerate(_entries(doc, "slots", where)))
+        progress = _mapping(doc, "epochs", where)
         return cls(task_id=_str(doc, "task_id", where), status=_str(doc, "status", where),
                    owner=_str(doc, "owner", where), seq=_int(doc, "seq", where),
                    spec=dict(_mapping(doc, "spec", where)), price=_int(doc, "price", where),
@@ -256,7 +348,9 @@ class TaskInfo:
                    device=_str(doc, "device", where, "cpu"), rejections=_str_map(doc, "rejections", str, where),
                    reason=_str(doc, "reason", where), result=_str(doc, "result", where),
                    profile=_str(doc, "profile", where), segments=_int(doc, "segments", where), slots=slots,
-                   assign_deadline=_int(doc, "assign_deadline", where), block_time_ms=_int(doc, "block_time_ms", where),
+                   assign_deadline=_int(doc, "assign_deadline", where),
+                   epochs=EpochProgress.from_json(progress, "task.epochs") if progress else None,
+                   block_time_ms=_int(doc, "block_time_ms", where),
                    doc=doc)
 
     @property

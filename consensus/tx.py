@@ -412,13 +412,17 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "profile": profile_id(min_len=1),             # the one execution profile of its crew (ADR 0188)
         "segments": uint(1, MAX_TASK_SEGMENTS),        # the spec's fixed segment count, checked at commit
         "expected_s": OptionalField(uint(1, MAX_EXPECTED_S)),    # the work's duration (dry run; ADR 0187)
+        "epochs": OptionalField(uint(1, MAX_TASK_SEGMENTS)),    # epochs the segments are cut into (ADR 0203)
     },
     "cancel_task": {"task_id": TASK_ID},
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
                       "segments": uint(1, 2**32)},
+    "commit_epoch": {"task_id": TASK_ID, "epoch": uint(0, MAX_TASK_SEGMENTS), "segments_root": HASH32,
+                     "state_digest": HASH32, "segments": uint(1, MAX_TASK_SEGMENTS)},   # progress (ADR 0203)
+    "audit_commit": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "commitment": HASH32},
     "audit_result": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean,
-                     "evidence": HASH32, "step": uint(0, 2**32)},
+                     "evidence": HASH32, "step": uint(0, 2**32), "blinding": HASH32},
     "dispute": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT)},
     "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
     "finalize": {"task_id": TASK_ID},

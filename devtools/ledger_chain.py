@@ -3,8 +3,12 @@
 in-process verification lab (devtools/verification_lab.py) drive the real state machine with it."""
 from __future__ import annotations
 
+import hashlib
+
 from consensus.block import build_block
 from consensus.genesis import Genesis, GenesisValidator, Params
+from consensus.state.answers import answer_commitment
+from consensus.state.audits import sealed
 from consensus.state.ledger import Ledger
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode
@@ -29,7 +33,8 @@ class Chain:
                  block_ms=1000):
         self.chain_id = chain_id
         self.block_ms = block_ms
-        self.proposer = ident(validators[0]).peer_id if validators else ident(999).peer_id
+        self.proposer_identity = ident(validators[0]) if validators else ident(999)
+        self.proposer = self.proposer_identity.peer_id
         if balances is None:
             balances = {ident(i).peer_id: balance for i in range(1, 10)}
         self.params = params or Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
@@ -38,6 +43,7 @@ class Chain:
                                tuple(GenesisValidator(ident(v).peer_id, 10_000) for v in validators), self.params)
         self.ledger = Ledger.from_genesis(self.genesis)
         self.nonces: dict[str, int] = {}
+        self.sealed: dict[tuple[bytes, int, str], tuple[Identity, dict]] = {}   # answers committed, to reveal
 
     def tx(self, who: Identity, tx_type: str, payload: dict, fee: int = 0, nonce: int | None = None):
         if nonce is None:
@@ -49,7 +55,8 @@ class Chain:
         led = self.ledger
         block = build_block(self.chain_id, led.height + 1, led.state.last_block_time_ms + self.block_ms,
                             led.last_block_hash,
-                            led.app_hash, self.proposer, [t if isinstance(t, bytes) else t.raw for t in txs],
+                            led.app_hash, self.proposer_identity, led.beacon,
+                            [t if isinstance(t, bytes) else t.raw for t in txs],
                             evidence, last_commit)
         result = led.apply_block(block)
         led.check_invariants()
@@ -69,3 +76,37 @@ class Chain:
     def empty_blocks(self, n: int):
         for _ in range(n):
             self.block()
+
+    # ---- verifier answers: committed, then revealed (ADR 0202) ----------------------------------
+
+    def seal(self, who: Identity, task_id: bytes, slot: int, match: bool, evidence: bytes, step: int):
+        """``who``'s audit_commit for its answer (remembered for ``reveals``)."""
+        blinding = hashlib.sha256(b"lab-blinding" + who.seed + task_id + slot.to_bytes(4, "big")).digest()
+        answer = {"task_id": task_id, "slot": slot, "match": match, "evidence": evidence, "step": step,
+                  "blinding": blinding}
+        self.sealed[(task_id, slot, who.peer_id)] = (who, answer)
+        commitment = answer_commitment(task_id, slot, who.peer_id, match, evidence, step, blinding)
+        return self.tx(who, "audit_commit", {"task_id": task_id, "slot": slot, "commitment": commitment})
+
+    def reveals(self, task_id: bytes):
+        """The audit_result (reveal) of every answer sealed by ``seal`` whose slot's reveal window is open."""
+        task = self.ledger.state.tasks[task_id]
+        out = []
+        for slot in task.slots:
+            if slot["outcome"] != "pending" or not slot.get("reveal_deadline"):
+                continue
+            for v in slot["verifiers"]:
+                held = self.sealed.get((task_id, slot["slot"], v["verifier"]))
+                if held is not None and sealed(v) and v["answer"] is None:
+                    out.append(self.tx(held[0], "audit_result", held[1]))
+        return out
+
+    def reveal_all(self, task_id: bytes):
+        """Reveal, in one block, every sealed answer whose reveal window is open; the block's result."""
+        txs = self.reveals(task_id)
+        result = self.block(txs) if txs else None
+        if result is not None:
+            failed = [r for r in result.receipts if r.code != TxCode.OK]
+            if failed:
+                raise AssertionError(f"reveal failed: {failed}")
+        return result

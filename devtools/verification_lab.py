@@ -22,7 +22,7 @@ from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
 from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 from devtools.ledger_chain import Chain, ident
-from ml.compute.duties import AUDIT, DISPUTE, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, REVEAL, duties_for
 from ml.compute.segment_record import leaves, proof, root
 from ml.compute.segments_protocol import SegmentAnswer
 from ml.compute.task_spec import submit_payload, train_spec_for_task
@@ -154,7 +154,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             txs = []
             for party in parties:
                 for duty in duties_for(task, party.peer_id, next_time):
-                    if (party.peer_id, duty.key) in done:
+                    if (party.peer_id, duty.key) in done or duty.kind == REVEAL:   # reveals: chain.reveals
                         continue
                     done.add((party.peer_id, duty.key))
                     if duty.kind == DISPUTE:
@@ -167,12 +167,12 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
                     audit_cpu += time.process_time() - cpu0
                     if not mode:
                         replayed += train_spec.steps_in_segment(duty.segment)
-                    if duty.kind == AUDIT:
-                        tx_type, payload = "audit_result", judgement.audit_payload(task_id, duty.slot)
+                    if duty.kind == AUDIT:   # committed now, revealed once the slot's reveals open (ADR 0202)
+                        txs.append(chain.seal(party.identity, task_id, duty.slot, judgement.match,
+                                              judgement.evidence, judgement.step))
                     else:
-                        tx_type, payload = "referee_vote", judgement.vote_payload(task_id, duty.slot)
-                    txs.append(chain.tx(party.identity, tx_type, payload))
-            result = chain.block(txs)
+                        txs.append(chain.tx(party.identity, "referee_vote", judgement.vote_payload(task_id, duty.slot)))
+            result = chain.block(txs + chain.reveals(task_id))
             for receipt in result.receipts:
                 if receipt.code != 0:
                     raise AssertionError(f"lab tx failed: {receipt}")

@@ -145,8 +145,9 @@ def local_profiles() -> list[str]:
 
 
 def default_profile(device: str) -> str:
-    """The profile a task for ``device`` names when its owner names none: the portable CPU profile
-    for "cpu"; "" for "cuda" and "any" (the ledger picks the class most candidates share)."""
+    """The profile a task for ``device`` names when its owner names none, known without the ledger: the
+    portable CPU profile for "cpu"; "" for "cuda" and "any" (`task submit` names the profile the most
+    compute nodes on the ledger run: cli/task_crew.py)."""
     if device == "cpu":
         return portable_cpu_profile(torch_release())
     if device in ("cuda", "any"):

@@ -248,9 +248,14 @@ class BandwidthService:
         self.last_error: str | None = None
         self.host.set_handler(PROTOCOL, make_probe_handler(self.meter, self.admission))
         node.status.add_section("bandwidth", self.status)
+        node.dashboard.sections["bandwidth"] = self._dashboard   # the provider page's status (docs/adr/0198)
 
     def status(self) -> dict:
         return {**self.meter.figures(), "probing": self._probing.is_set(), "last_error": self.last_error}
+
+    async def _dashboard(self) -> dict:
+        figures = self.meter.figures()
+        return {key: figures[key] for key in ("upload_mbps", "download_mbps", "median_latency_ms")}
 
     def start_probing(self) -> None:
         """Measure connected peers now and every PROBE_INTERVAL_S (a role that publishes figures asks)."""

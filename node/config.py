@@ -308,6 +308,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "seconds before retrying after the ledger failed a look at the tasks (task changes arrive"
                              " on the tasks subscription)", check_positive),
         "audit": Key(bool, True, "replay and audit other workers' results (as a verifier) when idle"),
+        "hours": Key(str, "", "local hours when new tasks are taken, e.g. 22-7; empty: any (ADR 0198)"),
+        "max_task_s": Key(int, 0, "the longest task taken, by its declared duration in seconds; 0: any",
+                          check_non_negative),
+        "cuda_devices": Key(int, -1, "CUDA devices lent: -1 all, 0 none (CPU tasks only)"),
         "portable_cpu": Key(bool, True,
                             "train on CPU under the portable CPU profile (ADR 0166: AVX2 kernels, bitwise identical "
                             "on every x86-64 CPU with AVX2); false: the machine's fastest kernels, and the node "

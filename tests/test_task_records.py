@@ -149,6 +149,32 @@ def test_the_decoder_reads_the_ledgers_own_document():
     assert info.spec_field("model") == "digits-mlp" and info.doc["task_id"] == task_id.hex()
 
 
+def test_the_decoder_reads_sealed_answers_pending_draws_and_epochs():
+    """The keys ADR 0202 (commitment, unrevealed, replaced, reveal_deadline, draw) and ADR 0203 (epochs)
+    added to the ledger's document."""
+    task_id, record = _ledger_task()
+    slot = record.slots[0]
+    slot["verifiers"][0].update(commitment=b"\xcc" * 32, unrevealed=True, replaced=True)
+    slot["verifiers"].append({"verifier": "v2", "deadline": 70, "commitment": b"\xdd" * 32, "answer": None,
+                              "redraw": True})
+    slot["reveal_deadline"] = 90
+    record.slots.append({**slot, "slot": 1, "verifiers": [], "salt": b"", "referees": [], "dispute": None,
+                         "dispute_deadline": 0, "referee_deadline": 0, "reveal_deadline": 0,
+                         "draw": {"kind": "open", "at": 14, "count": 0}})
+    record.epochs = {"current": 1, "commits": {"w1": [[b"\x01" * 32, b"\x03" * 32, 1, 7]]}, "stopped": 1}
+    info = TaskInfo.from_json(task_json(task_id, record, 1234))
+    first, drawing = info.slots
+    assert first.verifiers[0].commitment == "cc" * 32 and first.verifiers[0].unrevealed
+    assert first.verifiers[0].replaced and not first.verifiers[0].sealed
+    assert first.verifiers[1].sealed and first.verifiers[1].redraw and not first.verifiers[1].replaced
+    assert first.reveal_deadline == 90 and first.draw is None and first.deadlines() == [51, 71, 62, 82, 92]
+    assert drawing.draw is not None and (drawing.draw.kind, drawing.draw.at) == ("open", 14) and drawing.salt == b""
+    assert info.epochs is not None and info.epochs.current == 1 and info.epochs.stopped == 1
+    [progress] = info.epochs.of("w1")
+    assert progress.state_digest == "03" * 32 and progress.segments == 1 and info.epochs.of("w2") == ()
+    assert TaskInfo.from_json(task_json(task_id, _ledger_task()[1], 1)).epochs is None   # a task without epochs
+
+
 def test_an_old_record_decodes_with_the_ledgers_defaults():
     info = TaskInfo.from_json({"task_id": "aa", "status": TaskStatus.PAID})
     assert info.slots == () and info.segments == 0 and info.device == "cpu" and info.commits == {}
@@ -167,6 +193,16 @@ def test_an_old_record_decodes_with_the_ledgers_defaults():
     ({"slots": [{"slot": "x"}]}, "task.slots[0].slot"),
     ({"slots": [{"verifiers": [{"answer": "yes"}]}]}, "task.slots[0].verifiers.answer"),
     ({"slots": [{"dispute": 5}]}, "task.slots[0].dispute"),
+    ({"slots": [{"verifiers": [{"commitment": 5}]}]}, "task.slots[0].verifiers.commitment"),
+    ({"slots": [{"verifiers": [{"unrevealed": "yes"}]}]}, "task.slots[0].verifiers.unrevealed"),
+    ({"slots": [{"reveal_deadline": "soon"}]}, "task.slots[0].reveal_deadline"),
+    ({"slots": [{"draw": ["open"]}]}, "task.slots[0].draw"),
+    ({"slots": [{"draw": {"kind": "open", "at": "x"}}]}, "task.slots[0].draw.at"),
+    ({"epochs": []}, "task.epochs"),
+    ({"epochs": {"current": True}}, "task.epochs.current"),
+    ({"epochs": {"stopped": False}}, "task.epochs.stopped"),
+    ({"epochs": {"commits": {"w1": "x"}}}, "task.epochs.commits['w1']"),
+    ({"epochs": {"commits": {"w1": [["aa", "bb", 1]]}}}, "task.epochs.commits['w1'][0]"),
 ])
 def test_a_malformed_document_is_refused_with_the_field(doc, field):
     with pytest.raises(TaskDocError) as caught:

@@ -1,23 +1,27 @@
 """Audit slots (docs/adr/0168): drawn verifiers, answers with evidence, disputes, referees, verdicts.
 
-When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; a slot
-names one segment of that worker (drawn uniformly, with replacement), a 32-byte salt and one verifier
-drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second verifier with
-probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed (and, for redraws
-and referees, the hash of the block that makes them) so every replica draws the same.
+When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; ``beacon_delay``
+blocks later (ADR 0202) a slot gets one segment of that worker's commitment (drawn uniformly, with
+replacement, among the segments it covers: a worker that left a task cut into epochs committed fewer, ADR
+0203), a 32-byte salt and one verifier drawn stake-weighted among the eligible ones (``eligible_verifiers``),
+plus a second verifier with probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed
+and the random beacon (consensus/beacon.py) of the block that runs it, which is always ``beacon_delay`` blocks
+after the act that called for it: nobody knew it when that act became final, and every replica draws the same.
 
-A slot moves: answering (its verifiers send ``audit_result`` by their deadlines; a verifier silent at
-its deadline is redrawn, up to ``audit_redraws`` times a seat) -> all answers equal and ``match`` ->
+A slot moves: answering (its verifiers commit to their answers with ``audit_commit`` by their deadlines; a
+verifier silent at its deadline is redrawn, up to ``audit_redraws`` times a seat; then every committed
+answer is revealed with ``audit_result``, consensus/state/answers.py) -> all answers equal and ``match`` ->
 ``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
-``guilty``); answers that differ, or a dispute -> ``referees`` drawn, each sends ``referee_vote`` by
-its deadline; the (match, evidence) most votes agree on, leading every other value strictly and cast
-by a majority of a full panel, is the verdict (``guilty`` iff its match is false); a tie, or too few
-votes, draws a larger panel (``referee_rounds`` panels at most, ADR 0188), after which the slot is
-``undecided``. No answer after every redraw -> ``unaudited``. A worker is paid only for its slots
-that ended ``ok`` (ADR 0188: never paid unaudited or undecided); ``settle`` turns the resolved slots
-into who is guilty, who is paid from the verifier pool and whose answer or referee vote the verdict
-contradicts (slashed at finalize). Deadlines are block times (ms) from
-consensus/state/deadlines.py (docs/adr/0187).
+``guilty``; unless the worker left the crew of a task cut into epochs and every answer says it is
+unreachable: ``unaudited``, consensus/state/epochs.py); answers that differ, or a dispute ->
+``referees`` drawn, each sends ``referee_vote`` by its deadline; the (match, evidence) most votes agree
+on, leading every other value strictly and cast by a majority of a full panel, is the verdict
+(``guilty`` iff its match is false); a tie, or too few votes, draws a larger panel (``referee_rounds``
+panels at most, ADR 0188), after which the slot is ``undecided``. No answer after every redraw ->
+``unaudited``. A worker is paid only for its slots that ended ``ok`` (ADR 0188: never paid unaudited or
+undecided); ``settle`` turns the resolved slots into who is guilty, who is paid from the verifier pool
+and whose answer or referee vote the verdict contradicts (slashed at finalize). Deadlines are block
+times (ms) from consensus/state/deadlines.py (docs/adr/0187).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.genesis import Params
-from consensus.state import deadlines
+from consensus.state import deadlines, epochs
 from consensus.state.context import BlockContext
 from consensus.state.records import SlotOutcome, Task, TaskStatus
 from consensus.state.store import TASK, LedgerState
@@ -35,6 +39,7 @@ from consensus.txcodes import TxCode, TxError
 
 PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = (SlotOutcome.PENDING, SlotOutcome.OK, SlotOutcome.GUILTY,
                                              SlotOutcome.UNAUDITED, SlotOutcome.UNDECIDED)
+OPEN, REDRAW, REFEREE = "open", "redraw", "referee"    # what a scheduled draw picks (ADR 0202)
 VERIFIER_ROLES = frozenset({"compute", "verifier"})
 
 Slot = dict[str, Any]
@@ -101,7 +106,7 @@ def _material(task: Task, label: bytes, index: int, extra: bytes = b"") -> bytes
 
 
 def _verifier_entry(peer_id: str, deadline: int, redraw: bool = False) -> dict[str, Any]:
-    return {"verifier": peer_id, "deadline": deadline, "answer": None, "redraw": redraw}
+    return {"verifier": peer_id, "deadline": deadline, "commitment": None, "answer": None, "redraw": redraw}
 
 
 def can_audit_every_worker(state: LedgerState, params: Params, profile: str, owner: str,
@@ -114,44 +119,75 @@ def can_audit_every_worker(state: LedgerState, params: Params, profile: str, own
     return all(any(v != worker for v in verifiers) for worker in workers)
 
 
-# ---- drawing the slots when the commit phase closes ------------------------------------------
+# ---- slots open when the commit phase closes; every draw waits for a later beacon -------------
 
-def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
-    """Draw ``audits_per_worker`` slots for each committed worker (in worker order) from the task's
-    audit seed; a slot without any eligible verifier is ``unaudited`` at once."""
+def open_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    """Open ``audits_per_worker`` slots for each committed worker (in worker order); their segment, salt
+    and verifiers are drawn ``beacon_delay`` blocks later, from a beacon nobody knew when the
+    commitments became final (ADR 0202)."""
     task.slots = []
-    deadline = deadlines.answer_deadline(params, ctx, task)
+    at = ctx.height + params.beacon_delay
     for worker in sorted(task.commits):
-        segments = task.segments or task.commits[worker][2]
-        excluded = {task.owner, worker}
         for _ in range(params.audits_per_worker):
-            index = len(task.slots)
-            pool = eligible_verifiers(state, params, task.profile, excluded)
-            first = draw_weighted(_material(task, b"verifier", index), pool)
-            verifiers = []
-            if first is not None:
-                verifiers.append(_verifier_entry(first, deadline))
-                if draw_number(_material(task, b"double", index), 10_000) < params.audit_double_bps:
-                    second = draw_weighted(_material(task, b"second", index),
-                                           [entry for entry in pool if entry[0] != first])
-                    if second is not None:
-                        verifiers.append(_verifier_entry(second, deadline))
-            slot: Slot = {
-                "slot": index, "worker": worker,
-                "segment": draw_number(_material(task, b"segment", index), segments),
-                "salt": hashlib.sha256(_material(task, b"salt", index)).digest(),
-                "verifiers": verifiers, "dispute_deadline": 0, "dispute": None,
-                "referees": [], "referee_deadline": 0, "verdict": None,
-                "outcome": PENDING if verifiers else UNAUDITED,
-            }
-            task.slots.append(slot)
-            state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": index, "worker": worker,
-                                 "segment": slot["segment"], "verifiers": [v["verifier"] for v in verifiers],
-                                 "salt": slot["salt"], "deadline": deadline})
-            if not verifiers:
-                _resolved(state, task_id, slot)
+            task.slots.append({
+                "slot": len(task.slots), "worker": worker, "segment": 0, "salt": b"", "verifiers": [],
+                "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0, "verdict": None,
+                "outcome": PENDING, "reveal_deadline": 0, "draw": {"kind": OPEN, "at": at, "count": 0},
+            })
+    if task.slots:
+        state.events.append({"type": "audit_draw_scheduled", "task_id": task_id, "height": at})
     refresh_status(task)
     state.touch(TASK, task_id)
+
+
+def _schedule(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot, kind: str,
+              count: int) -> None:
+    """Draw ``count`` parties of ``kind`` (redraw, referee) for ``slot`` at the end of the block
+    ``beacon_delay`` blocks from now."""
+    slot["draw"] = {"kind": kind, "at": ctx.height + params.beacon_delay, "count": count}
+    state.events.append({"type": "audit_draw_scheduled", "task_id": task_id, "slot": slot["slot"], "kind": kind,
+                         "height": slot["draw"]["at"]})
+
+
+def _run_draw(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot) -> bool:
+    """The slot's scheduled draw, from this block's beacon."""
+    draw = slot.pop("draw")
+    if draw["kind"] == OPEN:
+        _draw_open(state, params, ctx, task_id, task, slot)
+    elif draw["kind"] == REDRAW:
+        _draw_replacements(state, params, ctx, task_id, task, slot, draw["count"])
+    elif not _add_referees(state, params, ctx, task_id, task, slot, draw["count"]):
+        slot["outcome"] = UNDECIDED
+        _resolved(state, task_id, slot)
+    return True
+
+
+def _draw_open(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot) -> None:
+    """A slot's segment (uniform), salt and verifier (stake-weighted), plus a second verifier with
+    probability ``audit_double_bps``; ``unaudited`` at once without any eligible verifier."""
+    if not task.audit_seed:
+        task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.beacon + task_id).digest()
+    index, worker = slot["slot"], slot["worker"]
+    segments = task.commits[worker][2]
+    deadline = deadlines.answer_deadline(params, ctx, task)
+    pool = eligible_verifiers(state, params, task.profile, {task.owner, worker})
+    first = draw_weighted(_material(task, b"verifier", index), pool)
+    verifiers = []
+    if first is not None:
+        verifiers.append(_verifier_entry(first, deadline))
+        if draw_number(_material(task, b"double", index), 10_000) < params.audit_double_bps:
+            second = draw_weighted(_material(task, b"second", index), [entry for entry in pool if entry[0] != first])
+            if second is not None:
+                verifiers.append(_verifier_entry(second, deadline))
+    slot["segment"] = draw_number(_material(task, b"segment", index), segments)
+    slot["salt"] = hashlib.sha256(_material(task, b"salt", index)).digest()
+    slot["verifiers"] = verifiers
+    state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": index, "worker": worker,
+                         "segment": slot["segment"], "verifiers": [v["verifier"] for v in verifiers],
+                         "salt": slot["salt"], "deadline": deadline})
+    if not verifiers:
+        slot["outcome"] = UNAUDITED
+        _resolved(state, task_id, slot)
 
 
 # ---- moving slots along -----------------------------------------------------------------------
@@ -159,7 +195,7 @@ def draw_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
 def advance_task(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
                  closing: bool) -> None:
     """Advance every pending slot; ``closing``: at the end of the block (deadlines at this block's time
-    have passed, silent verifiers are redrawn)."""
+    have passed, scheduled draws run)."""
     changed = False
     for slot in task.slots:
         if slot["outcome"] == PENDING:
@@ -176,10 +212,12 @@ def _expired(deadline: int, ctx: BlockContext, closing: bool) -> bool:
 def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot,
              closing: bool) -> bool:
     """One step of ``slot``'s state machine; True when it changed."""
+    if slot.get("draw"):
+        return closing and ctx.height >= slot["draw"]["at"] and _run_draw(state, params, ctx, task_id, task, slot)
     if slot["referees"]:
         votes = [entry["vote"] for entry in slot["referees"]]
         if all(vote is not None for vote in votes) or _expired(slot["referee_deadline"], ctx, closing):
-            _decide_by_referees(state, params, ctx, task_id, task, slot)
+            _decide_by_referees(state, params, ctx, task_id, slot)
             return True
         return False
     if slot["dispute_deadline"]:
@@ -188,22 +226,69 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
             _resolved(state, task_id, slot)
             return True
         return False
-    changed = False
-    if closing:
-        changed = _redraw_silent(state, params, ctx, task_id, task, slot)
-    if any(v["answer"] is None and not _expired(v["deadline"], ctx, closing) for v in slot["verifiers"]):
-        return changed
-    answers = {(v["answer"]["match"], v["answer"]["evidence"]) for v in slot["verifiers"] if v["answer"]}
-    if not answers:
+    if not slot.get("reveal_deadline"):
+        return _close_commitments(state, params, ctx, task_id, slot, closing)
+    return _close_reveals(state, params, ctx, task_id, task, slot, closing)
+
+
+def sealed(entry: dict[str, Any]) -> bool:
+    """Whether a verifier entry committed to an answer it may still reveal."""
+    return entry.get("commitment") is not None and not entry.get("unrevealed")
+
+
+def _close_commitments(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot,
+                       closing: bool) -> bool:
+    """Once no verifier may still commit: redraw the silent ones (while ``redraws_left``), else open the
+    reveals (nobody has revealed anything before every seat is committed or given up, so nobody can
+    copy), else, without any commitment, ``unaudited``."""
+    verifiers = slot["verifiers"]
+    if any(v.get("commitment") is None and not _expired(v["deadline"], ctx, closing) for v in verifiers):
+        return False
+    silent = [v for v in verifiers if v.get("commitment") is None and not v.get("replaced")]
+    if silent and redraws_left(params, slot) > 0:
+        _replace(state, params, ctx, task_id, slot, silent)
+    elif any(sealed(v) for v in verifiers):
+        slot["reveal_deadline"] = deadlines.reveal_deadline(params, ctx)
+        state.events.append({"type": "audit_reveal_open", "task_id": task_id, "slot": slot["slot"],
+                             "deadline": slot["reveal_deadline"]})
+    else:
         slot["outcome"] = UNAUDITED
         _resolved(state, task_id, slot)
+    return True
+
+
+def _close_reveals(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                   slot: Slot, closing: bool) -> bool:
+    """Once every committed verifier revealed, or the reveal deadline passed: a commitment never revealed
+    is marked (slashed at finalize like a false answer); the revealed answers decide as before; with
+    none revealed the withholders are replaced like silent verifiers (ADR 0202)."""
+    committed = [v for v in slot["verifiers"] if sealed(v)]
+    if any(v["answer"] is None for v in committed) and not _expired(slot["reveal_deadline"], ctx, closing):
+        return False
+    withheld = [v for v in committed if v["answer"] is None]
+    for v in withheld:
+        v["unrevealed"] = True
+        state.events.append({"type": "audit_unrevealed", "task_id": task_id, "slot": slot["slot"],
+                             "verifier": v["verifier"]})
+    slot["reveal_deadline"] = 0
+    answers = {(v["answer"]["match"], v["answer"]["evidence"]) for v in slot["verifiers"] if v["answer"]}
+    if not answers:
+        if withheld and redraws_left(params, slot) > 0:
+            _replace(state, params, ctx, task_id, slot, withheld)
+        else:
+            slot["outcome"] = UNAUDITED
+            _resolved(state, task_id, slot)
     elif len(answers) > 1:
-        _draw_referees(state, params, ctx, task_id, task, slot)
+        slot["verdict"] = None
+        _schedule(state, params, ctx, task_id, slot, REFEREE, params.referees)
     else:
         match, evidence = next(iter(answers))
         slot["verdict"] = {"match": match, "evidence": evidence}
         if match:
             slot["outcome"] = OK
+            _resolved(state, task_id, slot)
+        elif epochs.left_unreachable(task, slot["worker"], slot["salt"], match, evidence):
+            slot["outcome"] = UNAUDITED
             _resolved(state, task_id, slot)
         else:
             slot["dispute_deadline"] = deadlines.dispute_deadline(params, ctx)
@@ -217,34 +302,28 @@ def redraws_left(params: Params, slot: Slot) -> int:
     return seats * params.audit_redraws - sum(1 for v in slot["verifiers"] if v["redraw"])
 
 
-def _redraw_silent(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
-                   slot: Slot) -> bool:
-    """Replace each verifier whose deadline passes in this block and who did not answer, while
+def _replace(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot,
+             gone: list[dict[str, Any]]) -> None:
+    """Schedule replacements for the verifiers in ``gone`` (silent, or never revealed), while
     ``redraws_left``."""
-    silent = [v for v in slot["verifiers"] if v["answer"] is None
-              and deadlines.passed_in_block(v["deadline"], state.last_block_time_ms, ctx)]
-    count = min(len(silent), redraws_left(params, slot))
-    if count <= 0:
-        return False
+    count = min(len(gone), redraws_left(params, slot))
+    for v in gone[:count]:
+        v["replaced"] = True
+    _schedule(state, params, ctx, task_id, slot, REDRAW, count)
+
+
+def _draw_replacements(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                       slot: Slot, count: int) -> None:
     excluded = {task.owner, slot["worker"], *(v["verifier"] for v in slot["verifiers"])}
     pool = eligible_verifiers(state, params, task.profile, excluded)
     deadline = deadlines.answer_deadline(params, ctx, task)
-    drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.block_hash), pool, count)
+    drawn = draw_distinct(_material(task, b"redraw", slot["slot"], ctx.beacon), pool, count)
     for peer_id in drawn:
         slot["verifiers"].append(_verifier_entry(peer_id, deadline, redraw=True))
     if drawn:
         state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": slot["slot"],
                              "worker": slot["worker"], "segment": slot["segment"], "verifiers": drawn,
                              "salt": slot["salt"], "deadline": deadline, "redraw": True})
-    return True
-
-
-def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
-                   slot: Slot) -> None:
-    slot["verdict"] = None
-    if not _add_referees(state, params, ctx, task_id, task, slot, params.referees):
-        slot["outcome"] = UNDECIDED
-        _resolved(state, task_id, slot)
 
 
 def _add_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, slot: Slot,
@@ -256,7 +335,7 @@ def _add_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id
     pool = eligible_verifiers(state, params, task.profile, excluded)
     panel = referee_panels(slot)
     label = b"referee" if not panel else b"referee" + panel.to_bytes(1, "big")
-    chosen = draw_distinct(_material(task, label, slot["slot"], ctx.block_hash), pool, count)
+    chosen = draw_distinct(_material(task, label, slot["slot"], ctx.beacon), pool, count)
     if not chosen:
         return False
     slot["referees"] += [{"referee": peer_id, "vote": None, "panel": panel} for peer_id in chosen]
@@ -289,8 +368,7 @@ def referee_verdict(params: Params, slot: Slot) -> tuple[bool, bytes] | None:
     return None
 
 
-def _decide_by_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
-                        slot: Slot) -> None:
+def _decide_by_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot) -> None:
     """The referee verdict decides the slot; without one (a tie, too few votes, a short panel) a larger
     panel joins (the panel so far plus one more referee each time) until ``referee_rounds`` panels
     were drawn or nobody is left to draw; then the slot is ``undecided``: nobody slashed and the worker
@@ -300,8 +378,8 @@ def _decide_by_referees(state: LedgerState, params: Params, ctx: BlockContext, t
         match, evidence = verdict
         slot["verdict"] = {"match": match, "evidence": evidence}
         slot["outcome"] = OK if match else GUILTY
-    elif referee_panels(slot) < params.referee_rounds and _add_referees(
-            state, params, ctx, task_id, task, slot, len(slot["referees"]) + 1):
+    elif referee_panels(slot) < params.referee_rounds:
+        _schedule(state, params, ctx, task_id, slot, REFEREE, len(slot["referees"]) + 1)
         return
     else:
         slot["outcome"] = UNDECIDED
@@ -319,13 +397,18 @@ def refresh_status(task: Task) -> None:
     if not task.slots:
         return   # no audits (audits_per_worker 0): committed until the window ends
     contested = any(slot["outcome"] in (GUILTY, UNDECIDED) or slot["dispute_deadline"] or slot["referees"]
-                    for slot in task.slots)
+                    or referees_pending(slot) for slot in task.slots)
     if contested:
         task.status = TaskStatus.DISPUTED
     elif all(slot["outcome"] != PENDING for slot in task.slots):
         task.status = TaskStatus.VERIFIED
     else:
         task.status = TaskStatus.COMMITTED
+
+
+def referees_pending(slot: Slot) -> bool:
+    """Whether ``slot`` waits for its (next) referee panel to be drawn."""
+    return (slot.get("draw") or {}).get("kind") == REFEREE
 
 
 def pending_slots(task: Task) -> list[int]:
@@ -338,7 +421,8 @@ def guilty_workers(task: Task) -> set[str]:
 
 # ---- transactions ----------------------------------------------------------------------------
 
-def _slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
+def slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
+    """The task and the pending audit slot a transaction names; else TxError."""
     p = tx.payload
     task = state.tasks.get(p["task_id"])
     if task is None:
@@ -353,42 +437,22 @@ def _slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
     return task, slot
 
 
-def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """A drawn verifier's answer: match, its evidence (sha256 over the salt and the gradients it
-    recomputed) and the first divergent step (0 with a match), before its deadline."""
-    p = tx.payload
-    task, slot = _slot_of(state, tx)
-    if p["match"] and p["step"]:
-        raise TxError(TxCode.BAD_PAYLOAD, "step is the first divergent step: 0 when the segment matches")
-    entry = next((v for v in slot["verifiers"] if v["verifier"] == tx.sender), None)
-    if entry is None:
-        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a drawn verifier of slot {p['slot']}")
-    if entry["answer"] is not None:
-        raise TxError(TxCode.ALREADY_KNOWN, "this verifier already answered this slot")
-    if _expired(entry["deadline"], ctx, False) or slot["dispute_deadline"] or slot["referees"]:
-        raise TxError(TxCode.BAD_STATE, f"the answer deadline (block time {entry['deadline']} ms) has passed")
-    entry["answer"] = {"match": p["match"], "evidence": p["evidence"], "step": p["step"]}
-    state.touch(TASK, p["task_id"])
-    state.events.append({"type": "audit_answered", "task_id": p["task_id"], "slot": p["slot"],
-                         "verifier": tx.sender, "match": p["match"], "evidence": p["evidence"], "step": p["step"]})
-    advance_task(state, params, ctx, p["task_id"], task, closing=False)
-
-
 def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     """The audited worker contests a mismatch within ``dispute_s``: referees are drawn."""
     p = tx.payload
-    task, slot = _slot_of(state, tx)
+    task, slot = slot_of(state, tx)
     if tx.sender != slot["worker"]:
         raise TxError(TxCode.UNAUTHORIZED, "only the audited worker can dispute its slot")
-    if slot["dispute"] is not None or slot["referees"]:
+    if slot["dispute"] is not None or slot["referees"] or referees_pending(slot):
         raise TxError(TxCode.ALREADY_KNOWN, "this slot is already before referees")
     if not slot["dispute_deadline"]:
         raise TxError(TxCode.BAD_STATE, "a worker can dispute only a mismatch its verifiers agreed on")
     if _expired(slot["dispute_deadline"], ctx, False):
         raise TxError(TxCode.BAD_STATE, f"the dispute deadline (block time {slot['dispute_deadline']} ms) has passed")
     slot["dispute"] = {"height": ctx.height}
+    slot["verdict"] = None
     state.events.append({"type": "slot_disputed", "task_id": p["task_id"], "slot": p["slot"], "worker": tx.sender})
-    _draw_referees(state, params, ctx, p["task_id"], task, slot)
+    _schedule(state, params, ctx, p["task_id"], slot, REFEREE, params.referees)
     refresh_status(task)
     state.touch(TASK, p["task_id"])
 
@@ -396,7 +460,7 @@ def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx)
 def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     """A drawn referee's (match, evidence) for a contested slot, before the referee deadline."""
     p = tx.payload
-    task, slot = _slot_of(state, tx)
+    task, slot = slot_of(state, tx)
     entry = next((r for r in slot["referees"] if r["referee"] == tx.sender), None)
     if entry is None:
         raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {p['slot']}")
@@ -419,7 +483,7 @@ class Settlement:
 
     guilty: set[str] = field(default_factory=set)
     shares: dict[str, int] = field(default_factory=dict)
-    false_answers: list[str] = field(default_factory=list)   # one entry per contradicted answer or vote
+    false_answers: list[str] = field(default_factory=list)   # per contradicted answer or vote, or withheld reveal
     unsettled: dict[str, int] = field(default_factory=dict)   # worker -> its slots not ended ok or guilty
 
     def paid_share(self, task: Task, worker: str, share: int) -> int:
@@ -449,6 +513,8 @@ def settle(task: Task, verifier_pool: int) -> Settlement:
         payees = []
         for v in slot["verifiers"]:
             answer = v["answer"]
+            if v.get("unrevealed"):
+                out.false_answers.append(v["verifier"])   # committed, then withheld (ADR 0202)
             if answer is None:
                 continue
             if (answer["match"], answer["evidence"]) == key:

@@ -11,3 +11,4 @@ class BlockContext:
     proposer: str
     block_hash: bytes
     prev_block_hash: bytes
+    beacon: bytes = b""    # this block's random beacon (consensus/beacon.py): the draws' randomness, ADR 0202

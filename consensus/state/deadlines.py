@@ -6,7 +6,8 @@ time in milliseconds (BFT time: the proposer's clock, at least the previous bloc
 chain's block rate, which follows its load, cannot cut off real work. A span is the expected duration
 of the work times ``deadline_factor_pct`` plus a slack: for the commit the whole task (the spec's
 ``expected_s``, which the submitter's dry run measured), for an answer or a referee vote one
-segment's replay (the expected duration over the task's segments). Pure functions of the params, the
+segment's replay (the expected duration over the task's segments). A task cut into epochs (docs/adr/0203)
+gets the span of one epoch's work per epoch, renewed at each epoch's close. Pure functions of the params, the
 task and the block: every replica computes the same deadlines.
 """
 from __future__ import annotations
@@ -45,14 +46,26 @@ def check_expected(params: Params, expected_s: int) -> None:
                                           f"this chain allows at most task_max_s {params.task_max_s} s")
 
 
+def epoch_count(task: Task) -> int:
+    """How many epochs the task's spec cuts it into (1: a task without epochs)."""
+    return int(task.spec.get("epochs", 1))
+
+
+def task_span_ms(params: Params, task: Task) -> int:
+    """The commit span of the task, or, for a task cut into epochs, of one epoch: its share of the
+    declared work, with the same factor, slack and bounds (docs/adr/0203)."""
+    return commit_span_ms(params, expected_ms(task) // epoch_count(task) // 1000)
+
+
 def commit_deadline(params: Params, ctx: BlockContext, task: Task) -> int:
-    """The last block time that accepts a commitment, for a task assigned in block ``ctx``."""
-    return ctx.time_ms + commit_span_ms(params, expected_ms(task) // 1000)
+    """The last block time that accepts a commitment (of the task, or of its open epoch), for a task
+    assigned (or an epoch opened) in block ``ctx``."""
+    return ctx.time_ms + task_span_ms(params, task)
 
 
 def commit_grace_ms(params: Params, task: Task) -> int:
-    """How long the other workers still get once a quorum has committed."""
-    return max(MIN_GRACE_MS, commit_span_ms(params, expected_ms(task) // 1000) // COMMIT_GRACE_FRACTION)
+    """How long the other workers still get once a quorum has committed (the task, or its epoch)."""
+    return max(MIN_GRACE_MS, task_span_ms(params, task) // COMMIT_GRACE_FRACTION)
 
 
 def replay_ms(task: Task) -> int:
@@ -64,6 +77,12 @@ def replay_ms(task: Task) -> int:
 def answer_deadline(params: Params, ctx: BlockContext, task: Task) -> int:
     """The last block time for a verifier drawn in block ``ctx`` to answer (or a referee to vote)."""
     return ctx.time_ms + work_span_ms(params, replay_ms(task), params.audit_answer_s)
+
+
+def reveal_deadline(params: Params, ctx: BlockContext) -> int:
+    """The last block time for a slot's verifiers to reveal the answers they committed to, for reveals
+    opened in block ``ctx`` (ADR 0202)."""
+    return ctx.time_ms + params.audit_reveal_s * 1000
 
 
 def dispute_deadline(params: Params, ctx: BlockContext) -> int:

@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from consensus import beacon
 from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
-from consensus.state import accounts, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
+from consensus.state import accounts, answers, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
@@ -37,7 +38,9 @@ HANDLERS = {
     "cancel_task": tasks.apply_cancel_task,
     "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
-    "audit_result": audits.apply_audit_result,
+    "commit_epoch": tasks.apply_commit_epoch,
+    "audit_commit": answers.apply_audit_commit,
+    "audit_result": answers.apply_audit_result,
     "dispute": audits.apply_dispute,
     "referee_vote": audits.apply_referee_vote,
     "finalize": tasks.apply_finalize,
@@ -132,6 +135,7 @@ class Ledger:
             state.nodes[v.peer_id] = NodeRecord(["validator"], list(v.listen_addrs), [], {})
             state.touch(NODE, v.peer_id)
         staking.elect_committee(state, genesis.params, 1)
+        state.beacon = beacon.genesis_beacon(genesis.hash)
         state.touch_meta()
         state.take_changes()
         state.app_hash = genesis_app_hash(genesis.hash, full_state_hash(state.items()))
@@ -151,6 +155,11 @@ class Ledger:
     @property
     def last_block_hash(self) -> bytes:
         return self.state.last_block_hash
+
+    @property
+    def beacon(self) -> bytes:
+        """The random beacon after the last block: the next proposer's VRF input (ADR 0202)."""
+        return self.state.beacon
 
     def storage_items(self) -> list[tuple[bytes, bytes]]:
         """The whole state as stored key/values (app hash included), e.g. for genesis."""
@@ -172,8 +181,9 @@ class Ledger:
 
     # ---- blocks -----------------------------------------------------------------------------
 
-    def validate_block(self, block: Block) -> None:
-        """Raise BlockError unless ``block`` extends this ledger's chain (header, roots, limits)."""
+    def validate_block(self, block: Block) -> bytes:
+        """Raise BlockError unless ``block`` extends this ledger's chain (header, roots, limits, the
+        proposer's beacon proof); return the block's beacon."""
         h = block.header
         if h.chain_id != self.chain_id:
             raise BlockError(f"block is for chain {h.chain_id!r}, not {self.chain_id!r}")
@@ -186,23 +196,28 @@ class Ledger:
         floor = max(self.state.last_block_time_ms, self.genesis.genesis_time_ms)
         if h.time_ms < floor:
             raise BlockError(f"block time {h.time_ms} is before the previous block's {floor}")
-        if public_key_for(h.proposer) is None:
+        proposer_key = public_key_for(h.proposer)
+        if proposer_key is None:
             raise BlockError("proposer is not a valid ed25519 peer ID")
         if len(block.txs) > self.params.max_block_txs:
             raise BlockError(f"{len(block.txs)} txs exceeds max_block_txs {self.params.max_block_txs}")
         if sum(map(len, block.txs)) + sum(map(len, block.evidence)) > self.params.max_block_bytes:
             raise BlockError("block exceeds max_block_bytes")
         block.check_roots()
+        try:
+            return beacon.verify(proposer_key, self.chain_id, h.height, self.state.beacon, h.beacon_proof)
+        except beacon.BeaconError as exc:
+            raise BlockError(str(exc)) from None
 
     def apply_block(self, block: Block, executor: Executor | None = None,
                     known_txs: Mapping[bytes, Tx] | None = None) -> BlockResult:
         """Validate and execute ``block``. ``known_txs``: tx hash -> Tx already decoded and
         signature-checked by this node (the mempool's ``known_txs``), so neither decoding nor
         verification is repeated for them; ``executor``: threads for the remaining signature checks."""
-        self.validate_block(block)
+        block_beacon = self.validate_block(block)
         state, params = self.state, self.params
         h = block.header
-        ctx = BlockContext(h.height, h.time_ms, h.proposer, block.hash, h.prev_hash)
+        ctx = BlockContext(h.height, h.time_ms, h.proposer, block.hash, h.prev_hash, block_beacon)
         state.events = []
         staking.release_matured_unbonding(state, ctx.height)
         liveness.record_proposer_slots(state, params, ctx, block.last_commit)
@@ -240,6 +255,7 @@ class Ledger:
         state.height = ctx.height
         state.last_block_hash = block.hash
         state.last_block_time_ms = h.time_ms
+        state.beacon = block_beacon
         state.touch_meta()
         changes = state.take_changes()
         state.app_hash = next_app_hash(h.app_hash, ctx.height, changes)

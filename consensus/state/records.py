@@ -157,16 +157,22 @@ class Task(Record):
     ``segments``: the spec's declared segment count (0: not declared); ``slots``: the audit slots
     drawn when the commit phase closed (consensus/state/audits.py, docs/adr/0168). ``audits`` and
     ``disputes`` belong to the free-for-all audits before ADR 0168 and stay empty.
+    ``epochs``: the progress of a task cut into epochs (the spec's ``epochs`` > 1, docs/adr/0203,
+    consensus/state/epochs.py): ``{"current": the open epoch, "commits": worker -> [[segments_root,
+    state_digest, segments, height], ...] one per epoch, and, once the crew stopped committing,
+    "stopped": the epoch it stopped in}``;
+    {} for a task without epochs.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
                           "window_end", "relay_claims", "audit_seed", "payouts",
                           "sources", "device", "rejections", "reason", "result",
-                          "profile", "segments", "slots", "assign_deadline")
+                          "profile", "segments", "slots", "assign_deadline", "epochs")
     V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
     V2_FIELDS = 22   # ... and before profile..slots (ADR 0168) the first 22: encoded so while those are unset
     V3_FIELDS = 25   # ... and before assign_deadline (ADR 0187) the first 25: encoded so while it is 0
+    V4_FIELDS = 26   # ... and before epochs (ADR 0203) the first 26: encoded so while it is empty
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
                  sources: list | None = None, device: str = "cpu"):
@@ -196,11 +202,14 @@ class Task(Record):
         self.segments = 0
         self.slots = []
         self.assign_deadline = 0
+        self.epochs = {}
 
     def to_obj(self) -> list:
         obj = super().to_obj()
-        if self.assign_deadline:
+        if self.epochs:
             return obj
+        if self.assign_deadline:
+            return obj[:self.V4_FIELDS]
         return obj[:self.V3_FIELDS] if self.profile or self.segments or self.slots else obj[:self.V2_FIELDS]
 
     @classmethod
@@ -211,6 +220,8 @@ class Task(Record):
             obj = [*obj, "", 0, []]
         if len(obj) == cls.V3_FIELDS:   # a record from before ADR 0187
             obj = [*obj, 0]
+        if len(obj) == cls.V4_FIELDS:   # a record from before ADR 0203
+            obj = [*obj, {}]
         return super().from_obj(obj)
 
 

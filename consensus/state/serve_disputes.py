@@ -110,7 +110,7 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
         raise TxError(TxCode.BAD_STATE, f"too late: the session was last claimed at height {channel.claimed_height}, "
                                         f"its disputes closed at {closes} (serve_dispute_window), now {ctx.height}")
     pool = eligible_referees(state, params, receipt["model"], p["profile"], p["start"], p["end"], {client, server})
-    material = b"dekube/serve-referees\x00" + ident + ctx.block_hash
+    material = b"dekube/serve-referees\x00" + ident + ctx.beacon   # not the block hash: no time grinding (ADR 0202)
     chosen = draw_distinct(material, pool, params.referees)
     if not chosen:
         raise TxError(TxCode.NOT_FOUND, "no eligible referee serves that model, profile and range")

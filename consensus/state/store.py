@@ -29,7 +29,7 @@ _PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
 _RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
                  SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel, SERVE_DISPUTE: ServeDispute}
 _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
-                "committee_start")
+                "committee_start", "beacon")
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
 
 
@@ -56,6 +56,7 @@ class LedgerState:
         self.app_hash = b""
         self.last_block_hash = b""
         self.last_block_time_ms = 0
+        self.beacon = b""                          # the random beacon after the last block (docs/adr/0202)
         self.committee: list[list] = []           # [[peer_id, power], ...] deciding heights >= committee_start
         self.committee_start = 1
         self.burned = 0

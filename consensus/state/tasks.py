@@ -9,7 +9,9 @@ assigned | running --(reject_task by a strict majority of the workers)--> reject
 without paying a worker never reads ``paid``: its ``reason`` says what happened. Deadlines are block
 times derived from the task's declared work (consensus/state/deadlines.py, docs/adr/0187). See
 docs/adr/0023 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker
-does not hold a task open), 0151 for rejection and expiry, 0152 for devices, sources and the result.
+does not hold a task open), 0151 for rejection and expiry, 0152 for devices, sources and the result,
+0203 for a task cut into epochs (commit_epoch, per-epoch deadlines, a stop at the last closed epoch and
+pay per epoch a worker covers: consensus/state/epochs.py).
 
 Handlers check every condition before they change anything, so a failing payload leaves
 the state untouched (the ante step has already taken the fee and nonce).
@@ -19,7 +21,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audits, deadlines, rejections
+from consensus.state import audits, deadlines, epochs, rejections
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -72,6 +74,7 @@ def check_task_profile(payload: dict) -> None:
 def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     p = tx.payload
     check_task_profile(p)
+    epochs.check_layout(p)
     if "expected_s" in p:
         deadlines.check_expected(params, p["expected_s"])
     debit(state, tx.sender, p["price"])
@@ -82,6 +85,8 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     spec["device"] = p.get("device", DEFAULT_DEVICE)
     if "expected_s" in p:
         spec["expected_s"] = p["expected_s"]
+    if p.get("epochs", 1) > 1:
+        spec["epochs"] = p["epochs"]
     task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
                                        sources=list(p.get("sources", [])), device=spec["device"])
     task.profile = p["profile"]
@@ -135,20 +140,45 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
     for task_id, task in state.tasks.items():
         if task.status not in TaskStatus.OPEN_FOR_COMMITS or not deadlines.passed(task.commit_deadline, ctx, True):
             continue
-        if task.commits and len(task.commits) >= commit_quorum(len(task.workers)):
+        quorum = commit_quorum(len(task.workers))
+        if epochs.before_last(task) and len(epochs.committed(task, epochs.current(task))) >= quorum:
+            _close_epoch(state, params, ctx, task_id, task)
+        elif not epochs.before_last(task) and task.commits and len(task.commits) >= quorum:
             _open_audit_window(state, params, ctx, task_id, task)
+        elif epochs.closed(task):
+            state.events.append({**epochs.stop(task), "task_id": task_id})
+            _open_audit_window(state, params, ctx, task_id, task)
+        elif epochs.count(task) > 1:   # no epoch closed: a lone result run ahead is not a crew's work
+            task.commits = {}
+            settle(state, params, task_id, task)
         elif not task.commits:
             settle(state, params, task_id, task)
+
+
+def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    """Close the open epoch (a quorum committed it); the next opens with its own deadline, brought
+    forward to the grace when a quorum already committed it (or the result), and the commit phase
+    closes at once when nobody is left to wait for."""
+    state.events.append({**epochs.close(ctx, task, deadlines.task_span_ms(params, task)), "task_id": task_id})
+    state.touch(TASK, task_id)
+    quorum = commit_quorum(len(task.workers))
+    ahead = len(epochs.committed(task, epochs.current(task))) if epochs.before_last(task) else len(task.commits)
+    if ahead >= quorum:
+        task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
+    if epochs.before_last(task) and epochs.all_committed(task):
+        _close_epoch(state, params, ctx, task_id, task)
+    else:
+        _close_if_all_answered(state, params, ctx, task_id, task)
 
 
 def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
     task.status = TaskStatus.COMMITTED
     task.window_end = deadlines.window_end(params, ctx)
-    task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.block_hash + task_id).digest()
     state.touch(TASK, task_id)
     absent = [worker for worker in task.workers if worker not in task.commits]
+    epochs.include_departed(task)
     state.events.append({"type": "audit_window_opened", "task_id": task_id, "absent": absent})
-    audits.draw_slots(state, params, ctx, task_id, task)
+    audits.open_slots(state, params, ctx, task_id, task)
 
 
 # ---- assignment ------------------------------------------------------------------------------
@@ -175,10 +205,14 @@ def required_worker_stake(params: Params, task: Task) -> int:
     m audited segments covers ``stake_cover_bps``/10^4 times its pay, sigma·S·m >= cover·w, so
     S >= cover·w / (m·sigma) (10x the pay at the defaults); never below ``min_worker_stake``. Without
     audits or slashing (a parameter at 0) only the minimum applies."""
+    return stake_for_pay(params, worker_share(params, task.price, task.spec["workers"]))
+
+
+def stake_for_pay(params: Params, pay: int) -> int:
+    """The bonded stake a worker paid ``pay`` by one task needs (see ``required_worker_stake``)."""
     m, sigma, cover = params.audits_per_worker, params.slash_mismatch_bps, params.stake_cover_bps
     if not (m and sigma and cover):
         return params.min_worker_stake
-    pay = worker_share(params, task.price, task.spec["workers"])
     return max(params.min_worker_stake, -(-cover * pay // (m * sigma)))
 
 
@@ -249,6 +283,7 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
         task.status = TaskStatus.ASSIGNED
         task.assigned_height = ctx.height
         task.commit_deadline = deadlines.commit_deadline(params, ctx, task)
+        epochs.start(task)
         del state.open_tasks[task_id]
         state.touch(TASK, task_id)
         state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device,
@@ -323,6 +358,7 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     if task.segments and p["segments"] != task.segments:
         raise TxError(TxCode.BAD_PAYLOAD, f"the task declares {task.segments} segments, the commitment has "
                                           f"{p['segments']}")
+    epochs.check_result(task, tx.sender)
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
     task.status = TaskStatus.RUNNING
     if len(task.commits) == commit_quorum(len(task.workers)):
@@ -335,11 +371,43 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
 
 def _close_if_all_answered(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes,
                            task: Task) -> None:
-    """Open the audit window at once when every worker has committed or rejected and the committers
-    are a quorum (nobody is left to wait for)."""
-    if (len(task.commits) + len(task.rejections) == len(task.workers)
+    """Open the audit window at once when every worker has committed, rejected or left the crew (in the
+    last epoch) and the committers are a quorum (nobody is left to wait for)."""
+    if epochs.before_last(task):
+        return
+    if (len(task.commits) + len(task.rejections) + len(epochs.departed(task)) == len(task.workers)
             and len(task.commits) >= commit_quorum(len(task.workers))):
         _open_audit_window(state, params, ctx, task_id, task)
+
+
+def apply_commit_epoch(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A member's progress commitment at the end of an epoch (docs/adr/0203): the root of its segment
+    records so far, their count (the epoch layout's) and its state digest, before the open epoch's
+    deadline. The epoch closes at once when the whole crew committed it; a quorum brings its deadline
+    forward to the grace."""
+    p = tx.payload
+    task = get_task(state, p["task_id"])
+    if tx.sender not in task.workers:
+        raise TxError(TxCode.UNAUTHORIZED, "sender is not a worker of this task")
+    _require_status(task, TaskStatus.OPEN_FOR_COMMITS, "commit an epoch of")
+    if tx.sender in task.rejections:
+        raise TxError(TxCode.BAD_STATE, "this worker rejected the task; it cannot commit progress")
+    epochs.check_commit(task, tx.sender, p)
+    if deadlines.passed(task.commit_deadline, ctx):
+        raise TxError(TxCode.BAD_STATE, f"the deadline of epoch {epochs.current(task)} (block time "
+                                        f"{task.commit_deadline} ms) has passed")
+    epochs.record(task, tx.sender, p, ctx.height)
+    task.status = TaskStatus.RUNNING
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "epoch_committed", "task_id": p["task_id"], "worker": tx.sender,
+                         "epoch": p["epoch"], "state": p["state_digest"]})
+    if p["epoch"] != epochs.current(task):
+        return
+    done = len(epochs.committed(task, p["epoch"]))
+    if epochs.all_committed(task):
+        _close_epoch(state, params, ctx, p["task_id"], task)
+    elif done == commit_quorum(len(task.workers)):
+        task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
 
 
 def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
@@ -358,6 +426,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         raise TxError(TxCode.BAD_STATE, "this worker already committed a result; it cannot reject the task")
     if tx.sender in task.rejections:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already rejected the task")
+    if epochs.entries(task, tx.sender):
+        raise TxError(TxCode.BAD_STATE, "this worker already committed progress; it cannot reject the task")
     if deadlines.passed(task.commit_deadline, ctx):
         raise TxError(TxCode.BAD_STATE, f"the commit deadline (block time {task.commit_deadline} ms) has passed")
     task.rejections[tx.sender] = p["reason"]
@@ -365,6 +435,8 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.events.append({"type": "worker_rejected", "task_id": task_id, "worker": tx.sender, "reason": p["reason"]})
     if len(task.rejections) >= commit_quorum(len(task.workers)):
         _end_rejected(state, params, task_id, task)
+    elif epochs.before_last(task) and epochs.all_committed(task):
+        _close_epoch(state, params, ctx, task_id, task)   # the rest of the crew had committed the epoch
     else:
         _close_if_all_answered(state, params, ctx, task_id, task)
 
@@ -393,10 +465,15 @@ def _end_rejected(state: LedgerState, params: Params, task_id: bytes, task: Task
 
 def leading_result(task: Task, excluded: frozenset[str] | set[str] = frozenset()) -> bytes:
     """The result_hash the most committers (those not in ``excluded``) agree on; ties go to the
-    hash committed first, then the smaller hash. b"" while nobody committed."""
+    hash committed first, then the smaller hash. b"" while nobody committed, and for a task whose crew
+    stopped (its commitments are epoch states, not trained weights: ADR 0203)."""
+    if "stopped" in task.epochs:
+        return b""
     votes: dict[bytes, list[int]] = {}
-    for worker, (_, result_hash, _, height) in task.commits.items():
-        if worker in excluded:
+    furthest = max((segments for worker, (_, _, segments, _) in task.commits.items() if worker not in excluded),
+                   default=0)
+    for worker, (_, result_hash, segments, height) in task.commits.items():
+        if worker in excluded or segments < furthest:   # a worker that left the crew committed less
             continue
         count_first = votes.setdefault(result_hash, [0, height])
         count_first[0] += 1
@@ -469,7 +546,7 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
             slash(state, worker, params.slash_mismatch_bps)
             delta = REPUTATION_SLASHED
         else:
-            earned = settlement.paid_share(task, worker, share)
+            earned = epochs.pay_for_epochs(task, worker, settlement.paid_share(task, worker, share))
             pay(worker, earned)
             if earned:
                 paid_workers.append(worker)

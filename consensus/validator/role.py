@@ -313,7 +313,7 @@ class ValidatorRole(Role):
             txs = self.mempool.reap(budget, min(params.max_block_txs, self.settings["max_block_txs"]))
         block_time = max(now_ms(), ledger.state.last_block_time_ms, self.genesis.genesis_time_ms)
         block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
-                            self.peer_id, txs, evidence, self._last_certificate)
+                            self.node.identity, ledger.beacon, txs, evidence, self._last_certificate)
         raw = block.encode()
         self._remember(raw, block)
         return raw

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from consensus.genesis import Params
+from consensus.state.answers import answer_commitment
+from consensus.state.audits import sealed
 from consensus.state.records import TaskStatus
 from consensus.state.store import LedgerState
 from consensus.state.tasks import task_id_for
@@ -162,11 +164,17 @@ class DisputeGame:
         else:
             for entry in slot["verifiers"]:
                 verdict = self._verdict_of(entry["verifier"], slot)
-                if (entry["answer"] is None and entry["deadline"] > now_ms and verdict is not None
-                        and entry["verifier"] in self.by_id):
-                    out.append((self.by_id[entry["verifier"]].identity, "audit_result",
-                                {**base, "match": verdict[0], "evidence": verdict[1],
-                                 "step": 0 if verdict[0] else 1}))
+                if verdict is None or entry["verifier"] not in self.by_id or entry["answer"] is not None:
+                    continue
+                identity = self.by_id[entry["verifier"]].identity
+                answer = {**base, "match": verdict[0], "evidence": verdict[1], "step": 0 if verdict[0] else 1,
+                          "blinding": hashlib.sha256(identity.seed + self.task_id + bytes([slot["slot"]])).digest()}
+                if entry.get("commitment") is None and entry["deadline"] > now_ms and not slot.get("reveal_deadline"):
+                    out.append((identity, "audit_commit", {**base, "commitment": answer_commitment(
+                        self.task_id, slot["slot"], identity.peer_id, answer["match"], answer["evidence"],
+                        answer["step"], answer["blinding"])}))
+                elif sealed(entry) and slot.get("reveal_deadline", 0) > now_ms:   # answers are committed first
+                    out.append((identity, "audit_result", answer))
         return out
 
     # ---- invariants ----------------------------------------------------------------------------

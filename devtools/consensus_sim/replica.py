@@ -127,7 +127,7 @@ class Replica:
         txs = self.mempool.reap(budget, min(params.max_block_txs, MAX_BLOCK_TXS))
         block_time = max(self.sim.now_ms(), ledger.state.last_block_time_ms, self.genesis.genesis_time_ms)
         block = build_block(self.genesis.chain_id, height, block_time, ledger.last_block_hash, ledger.app_hash,
-                            self.peer_id, txs, evidence, self.last_certificate)
+                            self.identity, ledger.beacon, txs, evidence, self.last_certificate)
         return block.encode()
 
     def _block_proposer(self, value: bytes) -> str | None:

@@ -396,9 +396,9 @@ def _block() -> Loaded:
 
     def seeds() -> list[bytes]:
         alice, _ = _identities()
-        block = build_block(CHAIN, 7, 1_700_000_000_000, b"\x01" * 32, b"\x02" * 32, alice.peer_id,
+        block = build_block(CHAIN, 7, 1_700_000_000_000, b"\x01" * 32, b"\x02" * 32, alice, b"\x03" * 32,
                             [_signed_tx(1), _signed_tx(2)], [b"evidence"], b"commit")
-        empty = build_block(CHAIN, 1, 0, b"", b"\x00" * 32, alice.peer_id, [])
+        empty = build_block(CHAIN, 1, 0, b"", b"\x00" * 32, alice, b"\x03" * 32, [])
         return [block.encode(), empty.encode()]
 
     return Loaded(run, (BlockError,), seeds)

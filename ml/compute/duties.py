@@ -4,7 +4,8 @@ The ledger draws the parties of every audit slot (docs/adr/0168): the verifiers 
 worker's segment, the worker that may dispute a mismatch, the referees that settle a dispute. This
 module is the pure part of the node's side: given a task (`consensus.task_info.TaskInfo`), this node's
 peer id and the ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
-the node still has to send (an audit answer, a dispute, a referee vote), with nothing done twice and
+the node still has to send (an audit answer's commitment, then its reveal once the slot's reveal window
+opens, docs/adr/0202; a dispute; a referee vote), with nothing done twice and
 nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
@@ -13,12 +14,12 @@ from dataclasses import dataclass
 
 from consensus.task_info import AuditSlot, TaskInfo
 
-AUDIT, DISPUTE, REFEREE = "audit", "dispute", "referee"
+AUDIT, REVEAL, DISPUTE, REFEREE = "audit", "reveal", "dispute", "referee"   # audit: commit the answer
 
 
 @dataclass(frozen=True)
 class Duty:
-    kind: str          # audit | dispute | referee
+    kind: str          # audit (commit the answer) | reveal (open it) | dispute | referee
     task_id: str       # hex
     slot: int
     worker: str        # the audited worker
@@ -39,8 +40,14 @@ def _slot_duties(task_id: str, slot: AuditSlot, me: str, now_ms: int) -> list[Du
     def duty(kind: str, deadline: int) -> Duty:
         return Duty(kind, task_id, slot.slot, slot.worker, slot.segment, slot.salt, deadline)
 
-    out = [duty(AUDIT, v.deadline) for v in slot.verifiers
-           if v.verifier == me and v.answer is None and _open(v.deadline, now_ms)]
+    out = []
+    for v in slot.verifiers:
+        if v.verifier != me or v.answer is not None or v.unrevealed:
+            continue
+        if v.commitment is None and not slot.reveal_deadline and _open(v.deadline, now_ms):
+            out.append(duty(AUDIT, v.deadline))
+        elif v.commitment is not None and slot.reveal_deadline and now_ms <= slot.reveal_deadline:
+            out.append(duty(REVEAL, slot.reveal_deadline))
     # the ledger opens a dispute window (dispute_deadline) once the slot's verifiers agree on a mismatch
     if (slot.worker == me and slot.dispute_deadline and not slot.disputed and not slot.referees
             and now_ms <= slot.dispute_deadline):

@@ -34,18 +34,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from consensus.task_info import TaskDocError, TaskInfo, TaskStatus
 from ml.compute import progress_protocol, ready_protocol, segments_protocol
-from ml.compute.dashboard_view import payouts_to, slashes_of
+from ml.compute.dashboard_view import history, payouts_to, slashes_of
+from ml.compute.epoch_commits import crew_exit
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.host_transport import HostTransport
 from ml.compute.job_board import TERMINAL, JobBoard
+from ml.compute.limits import LimitsControl
 from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
+from ml.compute.provider_checks import problems as provider_problems
 from ml.compute.results import Finalizer, ResultStore
 from ml.compute.training import PAUSED_REASON, Training
 from ml.compute.verifying import VerificationDuties
@@ -99,6 +103,8 @@ class ComputeRole(Role):
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
         node.dashboard.sections["compute"] = self.dashboard_section
         node.dashboard.pause = self.set_paused
+        self.limits = LimitsControl(self.config)   # hours, longest task, GPUs lent (docs/adr/0198)
+        node.dashboard.sections["limits"], node.dashboard.limits = self.limits.section, self.limits.set
         self.store.load()
 
     @property
@@ -159,6 +165,9 @@ class ComputeRole(Role):
                              "unbonding": sum(int(a) for _, a in stake.get("unbonding") or [])}
         section["payouts"] = payouts_to(tasks, me)
         section["slashes"] = slashes_of(tasks, me)
+        section["slashed"] = int(stake.get("slashed") or 0)
+        section["problems"] = await provider_problems(self.ledger, int(stake["bonded"]), tasks)
+        section.update(history(tasks, me))   # earnings over time, audits, owned tasks (docs/adr/0198)
         return section
 
     async def _rpc_status(self) -> dict[str, Any]:
@@ -281,14 +290,16 @@ class ComputeRole(Role):
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 
     async def _look_as_worker(self, task: TaskInfo, me: str, now: int) -> None:
-        """Train, reject (paused), finalize or stop our share of a task we are a worker of."""
+        """Train, reject (paused, or outside the provider's limits), finalize or stop our share of a task we
+        are a worker of (stopped too once the ledger takes no more commitments from us, docs/adr/0203)."""
         key, status = task.task_id, task.status
         job = self.jobs.get(key)
         rejected = me in task.rejections
         open_to_us = status in TaskStatus.OPEN_FOR_COMMITS and me not in task.commits and not rejected and job is None
-        if open_to_us and self.paused:
+        refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
+        if open_to_us and refusal:
             self.board.start(key, workers=list(task.workers))   # once: the job now exists
-            self._spawn(self.training.reject(key, task.task_bytes, PAUSED_REASON))
+            self._spawn(self.training.reject(key, task.task_bytes, refusal))
         elif open_to_us and self.training.idle():
             self.training.start(task)
         elif status in TaskStatus.OPEN_FOR_COMMITS and (rejected or self.training.ended(key)):
@@ -298,6 +309,9 @@ class ComputeRole(Role):
             self._due_at(self.finalizer.next_attempt(key, 0))
         elif status in TaskStatus.FINAL and job is not None and not self.training.ended(key):
             self.training.stop_job(task)
+        elif crew_exit(task, me) and job is not None and not self.training.ended(key):   # ADR 0203
+            self.training.stop_job(dataclasses.replace(task, status="closed to this worker",
+                                                       reason=crew_exit(task, me)))
 
     async def _look_at_audits(self, task: TaskInfo, now: int) -> None:
         """Finalize a task whose audit slots are settled (or whose window closed); else wake at the next

@@ -2,9 +2,10 @@
 rejected with its reason, reject_task), fetch the inputs, dry-run one step, start the all-reduce group
 with the co-workers, wait for them at the ready barrier, train to the end, keep the final weights as an
 artifact (served from then on, docs/adr/0157), save the segment records and commit the result
-(commit_result). The group keeps serving until every worker committed (or LINGER_S). A job whose task
-the ledger ended meanwhile is stopped. Progress goes on the job board (`/status`, dkb_taskProgress,
-the progress protocol)."""
+(commit_result); a task cut into epochs gets a progress commitment per epoch while it trains
+(ml/compute/epoch_commits.py, docs/adr/0203). The group keeps serving until every worker committed (or
+LINGER_S). A job whose task the ledger ended meanwhile is stopped. Progress goes on the job board
+(`/status`, dkb_taskProgress, the progress protocol)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ from typing import Any
 from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
+from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.job_board import TERMINAL, JobBoard, JobState
@@ -135,7 +137,12 @@ class Training:
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
-            summary = await train_to_end(trainer)
+
+            async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
+                await asyncio.to_thread(self.results.save, key, records)
+                self.results.leaves.pop(key, None)
+            committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
+            summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
             if trainer.recorder is None:

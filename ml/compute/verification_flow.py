@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from consensus.state.epochs import unavailable_evidence  # the ledger recognizes it (ADR 0203)
 from consensus.task_info import TaskInfo
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
@@ -66,11 +67,6 @@ class Judgement:
 
     def vote_payload(self, task_id: bytes, slot: int) -> dict:
         return {"task_id": task_id, "slot": slot, "match": self.match, "evidence": self.evidence}
-
-
-def unavailable_evidence(salt: bytes) -> bytes:
-    """The evidence of a judge that could not get the worker's record or state files."""
-    return hashlib.sha256(salt + b"dekube/unavailable").digest()
 
 
 async def _checked_record(task: TaskInfo, worker: str, segment: int, sources: Sources) -> SegmentRecord:

@@ -1,8 +1,9 @@
 """This node's verification duties (docs/adr/0168, 0175): for each task it is party to, the audit
 answers, disputes and referee votes it still owes (ml/compute/duties.py), each performed once (retried
 at a later look when it failed and its deadline allows): judge the slot by replaying the worker's
-segment (ml/compute/verification_flow.py; one replay at a time), then send audit_result, referee_vote
-or dispute. A judge that cannot get the worker's record or state files tries again until the last
+segment (ml/compute/verification_flow.py; one replay at a time), then send audit_commit (the answer
+sealed; revealed with audit_result once the slot's reveals open, ml/compute/sealed_answers.py, docs/adr/0202),
+referee_vote or dispute. A judge that cannot get the worker's record or state files tries again until the last
 UNAVAILABLE_FRACTION of its answer window before it answers "unavailable"."""
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from typing import Any
 
 from consensus.task_info import TaskInfo
 from ml.compute import segments_protocol
-from ml.compute.duties import AUDIT, DISPUTE, Duty, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
+from ml.compute.sealed_answers import SealedAnswers
 from ml.compute.task_spec import train_spec_for_task
 from ml.compute.verification_flow import Judgement, Sources, judge_as, unavailable_evidence
 from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
@@ -46,6 +48,7 @@ class VerificationDuties:
         self.started: set[tuple[str, str, int]] = set()      # Duty.key of those sent or under way
         self.first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> block time it was first looked at
         self._judging = asyncio.Lock()
+        self.sealed = SealedAnswers(node.identity)   # audit answers committed, then revealed (ADR 0202)
         self.audits_sent = node.metrics.counter("dekube_compute_audits_total", "Audit results submitted, by verdict.",
                                                 ["verdict"])
 
@@ -67,15 +70,18 @@ class VerificationDuties:
                             key, duty.segment, duty.slot)
                 return
             async with self._judging:   # one replay at a time: they compete for the same cores
-                judgement = await self.judge(duty, task)
+                judgement = self.sealed.recall(duty) or await self.judge(duty, task)
             if judgement is None:
+                return
+            if duty.kind == REVEAL:
+                await self.ledger.send("audit_result", self.sealed.reveal_payload(task_id, duty.slot, judgement))
                 return
             if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
                 log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
                 self.started.discard(duty.key)
                 return
             if duty.kind == AUDIT:
-                await self.ledger.send("audit_result", judgement.audit_payload(task_id, duty.slot))
+                await self.ledger.send("audit_commit", self.sealed.commit_payload(task_id, duty.slot, judgement))
                 self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
             else:
                 await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))

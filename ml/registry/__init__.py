@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from ml.global_rng import GENERATORS
 from ml.registry.digits import DigitsDataset
 from ml.registry.models import CharTransformer, DigitsMLP
 from ml.registry.shakespeare import ShakespeareDataset
@@ -48,7 +49,7 @@ def build_model(name: str, dataset, seed: int) -> torch.nn.Module:
         factory = MODELS[name]
     except KeyError:
         raise UnknownName(f"unknown model {name!r}; known: {sorted(MODELS)}") from None
-    with torch.random.fork_rng(devices=[]):
+    with GENERATORS, torch.random.fork_rng(devices=[]):   # no other thread reseeds it meanwhile (ADR 0196)
         torch.manual_seed(seed)
         return factory(dataset)
 

@@ -1,7 +1,8 @@
 """Registry models: an MLP for digits and a small causal char-level transformer for Shakespeare.
 
 No dropout or other hidden randomness: a forward/backward pass is a pure function of parameters and
-batch, which keeps CPU training bit-reproducible.
+batch, which keeps CPU training bit-reproducible; each class says so (`draws_randomness = False`), so
+their training steps run without holding torch's generators (docs/adr/0196).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 
 class DigitsMLP(nn.Module):
     """64 -> hidden -> ... -> 10 with ReLU."""
+
+    draws_randomness = False   # its steps need no seeded generator (ml.train.op_randomness.draws_randomness)
 
     def __init__(self, inputs: int = 64, hidden: tuple[int, ...] = (128, 64), classes: int = 10):
         super().__init__()
@@ -57,6 +60,8 @@ class TransformerBlock(nn.Module):
 
 class CharTransformer(nn.Module):
     """Decoder-only transformer over characters: (batch, length) token ids -> (batch, length, vocab)."""
+
+    draws_randomness = False
 
     def __init__(self, vocab_size: int, context: int = 128, width: int = 128, layers: int = 2,
                  heads: int = 4):

@@ -5,8 +5,11 @@ draw from torch's default generator. `step_randomness(seed, rank, step, device)`
 (CPU, and the task's CUDA device) for one training step from the task's seed, the worker's rank and
 the step, inside `torch.random.fork_rng`, so the draws are a function of the task alone: a verifier
 replaying the step (the same trainer code, ml/compute/segment_replay.py) draws the same masks, and
-nothing outside the step sees its generator move. A model without random operators computes exactly
-what it did before.
+nothing outside the step sees its generator move. The generators are process-wide, so the seeded
+block holds `ml.global_rng.GENERATORS` throughout (docs/adr/0196): without it a second worker or a
+verifier computing in another thread of the process reseeds the generator between this step's seeding
+and its draws. A module without random operators (`draws_randomness`) need not be seeded, and its
+steps then run in parallel with other threads'.
 
 An exported graph has no eval mode (`GraphModule.eval()` raises), so `switchable_randomness` replaces
 each random operator node of a trainable module by a call that runs the operator unchanged while
@@ -22,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ml.global_rng import GENERATORS
 from ml.registry.sharding import derive_seed
 from ml.train.op_policy import RANDOM_ATEN_OPS
 
@@ -48,10 +52,10 @@ def evaluating() -> Iterator[None]:
 @contextlib.contextmanager
 def seeded(*parts: object, device: str = "cpu") -> Iterator[None]:
     """torch's default generators (CPU, and the current CUDA device for a cuda `device`) seeded from
-    `parts` for the block, restored after it."""
+    `parts` for the block, restored after it; no other thread seeds or draws from them meanwhile."""
     cuda = torch.device(device).type == "cuda"
     devices = [torch.cuda.current_device()] if cuda else []
-    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+    with GENERATORS, torch.random.fork_rng(devices=devices, device_type="cuda"):
         seed = derive_seed("op-randomness", *parts)
         torch.random.default_generator.manual_seed(seed)
         if cuda:
@@ -68,6 +72,21 @@ def eval_randomness(seed: int, device: str = "cpu"):
     """A fixed generator state for held-out evaluation (random operators other than dropout, such as a
     model's own torch.rand noise, give the same metrics on every worker)."""
     return seeded("eval", seed, device=device)
+
+
+def _is_random_call(target: object) -> bool:
+    return (isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
+            and target._schema.name.split("::")[-1] in RANDOM_ATEN_OPS) or is_switchable_call(target)
+
+
+def draws_randomness(module: torch.nn.Module) -> bool:
+    """Whether running `module` may draw from torch's default generators: a graph module (an archive's)
+    when one of its graphs calls a random operator; any other module unless its class says it does
+    not (`draws_randomness = False`, as the registry's models do)."""
+    if not isinstance(module, torch.fx.GraphModule):
+        return bool(getattr(module, "draws_randomness", True))
+    return any(node.op == "call_function" and _is_random_call(node.target)
+               for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
 
 
 def _off_argument(op: torch._ops.OpOverload) -> tuple[int, str, Any] | None:
@@ -93,16 +112,18 @@ def _switchable(op: torch._ops.OpOverload, index: int, name: str, off: Any) -> C
 
 
 _SWITCHABLE: dict[torch._ops.OpOverload, Callable] = {}
+_SWITCHABLE_MADE = threading.Lock()   # one switchable form per operator, even when trainers load in parallel
 
 
 def switchable(op: torch._ops.OpOverload) -> Callable | None:
     """The switchable form of random operator `op` (None when it has no off switch, e.g. rand)."""
-    if op not in _SWITCHABLE:
-        found = _off_argument(op)
-        if found is None:
-            return None
-        _SWITCHABLE[op] = _switchable(op, *found)
-    return _SWITCHABLE[op]
+    with _SWITCHABLE_MADE:
+        if op not in _SWITCHABLE:
+            found = _off_argument(op)
+            if found is None:
+                return None
+            _SWITCHABLE[op] = _switchable(op, *found)
+        return _SWITCHABLE[op]
 
 
 def is_switchable_call(target: object) -> bool:
@@ -115,8 +136,7 @@ def switchable_randomness(module: torch.fx.GraphModule) -> int:
     replaced = 0
     for node in module.graph.nodes:
         target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
-                and target.namespace == "aten" and target._schema.name.split("::")[-1] in RANDOM_ATEN_OPS:
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and _is_random_call(target):
             call = switchable(target)
             if call is not None:
                 node.target = call

@@ -4,6 +4,7 @@ never on the event loop.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 
 from ml.train.averaging import Averager
 from ml.train.inputs import build_inputs
-from ml.train.op_randomness import step_randomness
+from ml.train.op_randomness import draws_randomness, step_randomness
 from ml.train.progress import ProgressFeed, TrainProgress
 from ml.train.reproducibility import configure_determinism, hash_state, in_compute_thread
 from ml.train.spec import TrainSpec
@@ -51,6 +52,7 @@ class TrainerBase:
         if hasattr(self.dataset, "check_world"):
             self.dataset.check_world(world)
         self.params = list(self.model.parameters())
+        self.draws = draws_randomness(self.model)   # random operators: steps seeded, one thread at a time
         self.inner = make_optimizer(spec, self.params)
         self.step = 0
         self.bytes_sent = 0
@@ -84,7 +86,9 @@ class TrainerBase:
         """Forward/backward on (x, y); random operators draw from step `step`'s seeded generator."""
         for p in self.params:
             p.grad = None
-        with step_randomness(self.spec.seed, self.rank, step, self.device):
+        seeded = step_randomness(self.spec.seed, self.rank, step, self.device) if self.draws \
+            else contextlib.nullcontext()
+        with seeded:
             loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
             loss.backward()
         return float(loss.detach())

@@ -3,10 +3,12 @@ pause switch on one page (docs/adr/0195). Like the explorer, a static page (``st
 other sites) but served only to loopback clients, whatever address the server binds.
 
 ``GET /dashboard/data`` answers what ``Dashboard.sections`` produce (the node adds ``node``, the compute
-role ``compute``). ``POST /dashboard/pause`` (``{"paused": true|false}``) calls ``Dashboard.pause``; it
-needs the per-start token the page carries (``X-Dekube-Token``), which a page of another site cannot
-read, and it refuses a request whose ``Origin`` is not this server's own or whose ``Sec-Fetch-Site``
-says cross-site, so a web page cannot press the switch.
+role ``compute``) and the log tail (``log``, node/dashboard/logtail.py). ``POST /dashboard/pause``
+(``{"paused": true|false}``) calls ``Dashboard.pause``; it needs the per-start token the page carries
+(``X-Dekube-Token``), which a page of another site cannot read, and it refuses a request whose
+``Origin`` is not this server's own or whose ``Sec-Fetch-Site`` says cross-site, so a web page cannot
+press the switch. ``POST /dashboard/limits`` (some of ``{"hours", "max_task_s", "cuda_devices"}``) sets
+the compute role's limits (ml/compute/limits.py) under the same checks.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.dashboard.logtail import LogTail
 from node.rpc.limits import same_origin
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -38,6 +41,8 @@ class Dashboard:
         self.token = secrets.token_urlsafe(24)
         self.sections: dict[str, Callable[[], Awaitable[dict]]] = {}
         self.pause: Callable[[bool], dict] | None = None
+        self.limits: Callable[[Any], dict] | None = None   # POST /dashboard/limits: ValueError if invalid
+        self.log = LogTail()
 
     async def data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -46,6 +51,7 @@ class Dashboard:
                 out[name] = await section()
             except Exception as exc:   # one part failing (the ledger unreachable) still shows the others
                 out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        out["log"] = self.log.tail()
         return out
 
 
@@ -71,7 +77,8 @@ def cross_site(request: web.BaseRequest) -> str | None:
 
 
 def add_routes(app: web.Application, dashboard: Dashboard) -> None:
-    """GET / (the page), /dashboard/app.js, /dashboard/style.css, /dashboard/data; POST /dashboard/pause."""
+    """GET / (the page), /dashboard/app.js, /dashboard/style.css, /dashboard/data; POST /dashboard/pause and
+    /dashboard/limits."""
     page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     assets = {"app.js": ((STATIC_DIR / "app.js").read_bytes(), "application/javascript"),
               "style.css": ((STATIC_DIR / "style.css").read_bytes(), "text/css")}
@@ -94,7 +101,9 @@ def add_routes(app: web.Application, dashboard: Dashboard) -> None:
             return _refuse(403, "the dashboard is served to this machine only")
         return web.json_response(await dashboard.data(), headers={"Cache-Control": "no-store"})
 
-    async def pause(request: web.Request) -> web.Response:
+    async def control(request: web.Request, name: str, action: Callable[[Any], dict] | None,
+                      wanted: Callable[[Any], bool], shape: str) -> web.Response:
+        """A state-changing request of the page: loopback, same origin, the page's token, a small JSON body."""
         if not is_loopback(request):
             return _refuse(403, "the dashboard is served to this machine only")
         why = cross_site(request)
@@ -102,18 +111,44 @@ def add_routes(app: web.Application, dashboard: Dashboard) -> None:
             return _refuse(403, why)
         if not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), dashboard.token):
             return _refuse(403, f"missing or wrong {TOKEN_HEADER} (the dashboard page carries it)")
-        if dashboard.pause is None:
-            return _refuse(404, "this node runs no compute role: nothing to pause")
+        if action is None:
+            return _refuse(404, f"this node runs no compute role: no {name}")
         raw = await request.content.read(MAX_BODY_BYTES + 1)
         try:
             body = json.loads(raw) if len(raw) <= MAX_BODY_BYTES else None
         except ValueError:
             body = None
-        if not isinstance(body, dict) or not isinstance(body.get("paused"), bool):
-            return _refuse(400, 'expected {"paused": true|false}')
-        return web.json_response(dashboard.pause(body["paused"]))
+        if not wanted(body):
+            return _refuse(400, f"expected {shape}")
+        try:
+            return web.json_response(action(body))
+        except ValueError as exc:   # a limit out of range: said, nothing changed
+            return _refuse(400, str(exc))
 
+    async def pause(request: web.Request) -> web.Response:
+        switch = dashboard.pause
+
+        def press(body: dict) -> dict:
+            assert switch is not None
+            return switch(body["paused"])
+        return await control(request, "pause switch", None if switch is None else press,
+                             lambda body: isinstance(body, dict) and isinstance(body.get("paused"), bool),
+                             '{"paused": true|false}')
+
+    async def limits(request: web.Request) -> web.Response:
+        return await control(request, "limits", dashboard.limits, lambda body: isinstance(body, dict),
+                             '{"hours": "22-7", "max_task_s": N, "cuda_devices": N} (any of them)')
+
+    async def attach(_app: web.Application) -> None:
+        dashboard.log.attach()
+
+    async def detach(_app: web.Application) -> None:
+        dashboard.log.detach()
+
+    app.on_startup.append(attach)
+    app.on_cleanup.append(detach)
     app.router.add_get("/", index)
     app.router.add_get("/dashboard/data", data)
     app.router.add_post("/dashboard/pause", pause)
+    app.router.add_post("/dashboard/limits", limits)
     app.router.add_get("/dashboard/{name}", asset)

@@ -156,7 +156,8 @@ def test_the_ledger_commits_nothing_from_an_empty_account_even_without_a_fee_flo
             for _ in range(100) for tx_type, payload in (("cancel_task", TASK), ("register_node", GOOD_RECORD))]
     honest = build_tx(rich, genesis.chain_id, 0, "transfer", {"to": proposer.peer_id, "amount": 1}, 0)
     txs = [t.raw for t in spam] + [honest.raw]
-    block = build_block(genesis.chain_id, 1, 1000, ledger.last_block_hash, ledger.app_hash, proposer.peer_id, txs, [])
+    block = build_block(genesis.chain_id, 1, 1000, ledger.last_block_hash, ledger.app_hash, proposer,
+                        ledger.beacon, txs, [])
     accounts_before = len(ledger.state.accounts)
     result = ledger.apply_block(block)
     assert [r.code for r in result.receipts[:-1]] == [TxCode.INSUFFICIENT_FUNDS] * len(spam)

@@ -47,7 +47,7 @@ def validator_home(tmp_path: Path, blocks: int = 90) -> Path:
             txs = [chain.tx(ident(1 + i % 5), "transfer", {"to": ident(6).peer_id, "amount": 3}) for i in range(20)]
             led = chain.ledger
             block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash,
-                                chain.proposer, [tx.raw for tx in txs])
+                                chain.proposer_identity, led.beacon, [tx.raw for tx in txs])
             chain.nonces.clear()
             storage.commit_block(block, led.apply_block(block))
     db = Rdict(path, Options(raw_mode=True))  # move everything from the memtable and log into table files

@@ -114,3 +114,15 @@ def test_no_result_yet_and_unservable_result_are_clear_errors(tmp_path):
 
     run(scenario())
     assert not (tmp_path / "b" / "weights.safetensors").exists()
+
+
+def test_a_stopped_task_says_it_has_no_weights_to_fetch(tmp_path):
+    """A task whose crew stopped (docs/adr/0203) was paid for its closed epochs but has no weights result."""
+    stopped = {**task_with("", "w", "x"), "status": "paid", "epochs": {"current": 1, "commits": {}, "stopped": 1}}
+
+    async def scenario():
+        async with client_node(Identity.generate(), listen=LOOPBACK) as owner:
+            with pytest.raises(CliError, match="stopped in epoch 2 .* no trained weights"):
+                await fetch_result(ScriptedLedger(stopped, {}), owner, TASK_ID, tmp_path / "a")
+
+    run(scenario())

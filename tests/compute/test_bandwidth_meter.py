@@ -1,6 +1,7 @@
 """node.bandwidth: the meter's figures, when a figure is worth a new record, probe admission and
 framing, and a probe between two real Hosts."""
 import asyncio
+import types
 
 import pytest
 
@@ -134,6 +135,7 @@ def test_service_probes_connected_peers_once_asked(monkeypatch):
         def __init__(self, host):
             self.host, self.sections = host, {}
             self.status = self
+            self.dashboard = types.SimpleNamespace(sections={})
 
         def add_section(self, name, fn):
             self.sections[name] = fn

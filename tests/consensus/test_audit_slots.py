@@ -2,7 +2,7 @@
 when the commit phase closes, answers with evidence, redraws, disputes, referees, and who is paid
 or slashed at finalize."""
 import pytest
-from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_slot, ident, identity_of
+from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_slot, ident, identity_of, run_scheduled_draws
 
 from consensus.encoding import decode, encode
 from consensus.genesis import Genesis, GenesisError, GenesisValidator, Params, hashed_params
@@ -26,7 +26,7 @@ SPEC = {"model": "mlp", "dataset": "digits", "hyperparams": {"steps": 40}, "work
         "codec": "int8", "price": PRICE}
 WORKER_SHARE = (PRICE - 500 - 1000) // 2
 POOL = 500
-ANSWER_BLOCKS = 12
+ANSWER_BLOCKS = 30
 
 
 def params(**overrides):
@@ -34,7 +34,7 @@ def params(**overrides):
     base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
             "min_fee": 0, "audits_per_worker": 2,
             "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3,
-            "stake_cover_bps": 0}
+            "stake_cover_bps": 0, "beacon_delay": 2}
     return Params(**{**base, **overrides})
 
 
@@ -70,12 +70,21 @@ def commit(chain, who, task_id, segments=SEGMENTS):
 
 
 def committed_task(chain, **extra):
-    """A task both workers committed to: its slots are drawn."""
+    """A task both workers committed to: its slots are drawn (``beacon_delay`` blocks after the commit
+    phase closed, ADR 0202); the result of the block that drew them."""
     task_id = submit(chain, **extra)
     commit(chain, W1, task_id)
-    result = chain.block([chain.tx(W2, "commit_result", {"task_id": task_id, "segments_root": b"\x11" * 32,
-                                                          "result_hash": b"\x22" * 32, "segments": SEGMENTS})])
-    return task_id, chain.ledger.state.tasks[task_id], result
+    chain.block([chain.tx(W2, "commit_result", {"task_id": task_id, "segments_root": b"\x11" * 32,
+                                                "result_hash": b"\x22" * 32, "segments": SEGMENTS})])
+    return task_id, chain.ledger.state.tasks[task_id], run_draws(chain)
+
+
+def run_draws(chain):
+    """The blocks until the scheduled draws ran; the last one's result."""
+    result = None
+    for _ in range(chain.params.beacon_delay):
+        result = chain.block()
+    return result
 
 
 def slots_of(task, worker):
@@ -83,14 +92,23 @@ def slots_of(task, worker):
 
 
 def vote(chain, task_id, slot, referee, match=True, evidence=HONEST_EVIDENCE):
-    return chain.run(identity_of(referee), "referee_vote", {"task_id": task_id, "slot": slot, "match": match,
-                                                            "evidence": evidence})
+    """``referee``'s vote, then the blocks until a larger panel it calls for is drawn; the vote's receipt."""
+    receipt = chain.run(identity_of(referee), "referee_vote", {"task_id": task_id, "slot": slot, "match": match,
+                                                               "evidence": evidence})
+    run_scheduled_draws(chain, task_id)
+    return receipt
+
+
+def dispute(chain, worker, task_id, slot):
+    """``worker`` disputes ``slot``; its referees are drawn beacon_delay blocks later (ADR 0202)."""
+    chain.ok(worker, "dispute", {"task_id": task_id, "slot": slot})
+    run_scheduled_draws(chain, task_id)
 
 
 def answer_rest_honestly(chain, task_id, task):
     for slot in task.slots:
         for v in slot["verifiers"]:
-            if slot["outcome"] == "pending" and v["answer"] is None:
+            if slot["outcome"] == "pending" and v.get("commitment") is None:
                 assert answer_slot(chain, task_id, slot["slot"], v["verifier"]).code == TxCode.OK
 
 
@@ -125,12 +143,15 @@ def test_node_profiles_are_checked(profiles):
 
 
 def test_audit_payloads_are_checked():
-    base = {"task_id": b"\x01" * 32, "slot": 0, "match": False, "evidence": b"\x02" * 32, "step": 7}
+    base = {"task_id": b"\x01" * 32, "slot": 0, "match": False, "evidence": b"\x02" * 32, "step": 7,
+            "blinding": b"\x03" * 32}
     build_tx(W1, CHAIN, 0, "audit_result", base)
-    build_tx(W1, CHAIN, 0, "referee_vote", {k: v for k, v in base.items() if k != "step"})
+    build_tx(W1, CHAIN, 0, "audit_commit", {"task_id": b"\x01" * 32, "slot": 0, "commitment": b"\x04" * 32})
+    build_tx(W1, CHAIN, 0, "referee_vote", {k: v for k, v in base.items() if k not in ("step", "blinding")})
     build_tx(W1, CHAIN, 0, "dispute", {"task_id": b"\x01" * 32, "slot": 3})
     for bad in ({**base, "evidence": b"\x02" * 31}, {**base, "slot": -1}, {**base, "match": 1},
-                {k: v for k, v in base.items() if k != "step"}, {**base, "worker": W2.peer_id}):
+                {k: v for k, v in base.items() if k != "step"}, {**base, "worker": W2.peer_id},
+                {**base, "blinding": b"\x03" * 31}):
         with pytest.raises(TxError):
             build_tx(W1, CHAIN, 0, "audit_result", bad)
     with pytest.raises(TxError):
@@ -220,7 +241,7 @@ def test_the_draw_is_the_same_on_a_reloaded_replica():
     from consensus.block import build_block
     led = replica
     block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                        chain.proposer, [block_tx.raw], ())
+                        chain.proposer_identity, led.beacon, [block_tx.raw], ())
     assert replica.apply_block(block).app_hash == first.app_hash
     assert replica.state.tasks[task_id] == chain.ledger.state.tasks[task_id]
     reloaded = LedgerState.load(chain.ledger.storage_items())
@@ -248,7 +269,7 @@ def test_matching_answers_verify_and_pay_workers_and_verifiers():
 
 
 def test_an_undisputed_mismatch_slashes_the_worker_and_pays_its_innocent_co_worker():
-    chain = make_chain()
+    chain = make_chain(dispute_s=60)
     task_id, task, _ = committed_task(chain)
     cheat = slots_of(task, W2)
     for slot in cheat:
@@ -258,7 +279,7 @@ def test_an_undisputed_mismatch_slashes_the_worker_and_pays_its_innocent_co_work
     assert task.status == TaskStatus.DISPUTED
     answer_rest_honestly(chain, task_id, task)
     assert chain.run(OWNER, "finalize", {"task_id": task_id}).code == TxCode.BAD_STATE   # dispute window open
-    chain.empty_blocks(3)
+    chain.empty_blocks(60)
     assert {slot["outcome"] for slot in cheat} == {"guilty"}
     stake = chain.ledger.stake_info(W2.peer_id)["bonded"]
     chain.ok(OWNER, "finalize", {"task_id": task_id})
@@ -276,13 +297,14 @@ def test_a_false_accusation_is_disputed_and_the_accuser_slashed():
     accuser = slot["verifiers"][0]["verifier"]
     assert answer_slot(chain, task_id, slot["slot"], accuser, match=False, evidence=FAKE, step=2).code == TxCode.OK
     assert chain.run(W2, "dispute", {"task_id": task_id, "slot": slot["slot"]}).code == TxCode.UNAUTHORIZED
-    result = chain.block([chain.tx(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})])
-    assert result.receipts[0].code == TxCode.OK
+    disputed = chain.block([chain.tx(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})])
+    assert disputed.receipts[0].code == TxCode.OK and slot["referees"] == []    # drawn from a later beacon
+    result = run_scheduled_draws(chain, task_id)
     referees = [r["referee"] for r in slot["referees"]]
     assert len(referees) == 3 and not {OWNER.peer_id, W1.peer_id, accuser} & set(referees)
     [drawn] = [e for e in task_events(result) if e["event"] == "referees_drawn"]
     assert drawn["referees"] == referees and drawn["deadline"] == 1000 * (result.height + ANSWER_BLOCKS)
-    assert any(e["event"] == "disputed" and e["slot"] == slot["slot"] for e in task_events(result))
+    assert any(e["event"] == "disputed" and e["slot"] == slot["slot"] for e in task_events(disputed))
     assert chain.run(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]}).code == TxCode.ALREADY_KNOWN
     for referee in referees:
         assert vote(chain, task_id, slot["slot"], referee).code == TxCode.OK
@@ -332,9 +354,9 @@ def test_a_silent_slot_is_redrawn_to_the_bound_then_unaudited_and_unpaid():
     assert redraws and redraws[0]["redraw"] is True and redraws[0]["verifiers"] == [slot["verifiers"][1]["verifier"]]
     late = answer_slot(chain, task_id, slot["slot"], silent)
     assert late.code == TxCode.BAD_STATE and "deadline" in late.log
-    chain.empty_blocks(ANSWER_BLOCKS)                       # the replacement is silent too: redrawn again
+    chain.empty_blocks(ANSWER_BLOCKS + 2)                   # the replacement is silent too: redrawn again
     assert slot["outcome"] == "pending" and len(slot["verifiers"]) == 3
-    chain.empty_blocks(ANSWER_BLOCKS)                       # ... and its replacement: the bound is reached
+    chain.empty_blocks(ANSWER_BLOCKS + 2)                   # ... and its replacement: the bound is reached
     assert slot["outcome"] == "unaudited" and len(slot["verifiers"]) == 3
     chain.ok(OWNER, "finalize", {"task_id": task_id})
     worker = slot["worker"]
@@ -350,7 +372,7 @@ def test_a_split_referee_panel_draws_a_larger_one_then_leaves_the_slot_undecided
     slot = slots_of(task, W2)[0]
     verifier = slot["verifiers"][0]["verifier"]
     answer_slot(chain, task_id, slot["slot"], verifier, match=False)
-    chain.ok(W2, "dispute", {"task_id": task_id, "slot": slot["slot"]})
+    dispute(chain, W2, task_id, slot["slot"])
     first = [r["referee"] for r in slot["referees"]]
     votes = [(True, HONEST_EVIDENCE), (False, HONEST_EVIDENCE), (False, FAKE)]
     for referee, (match, evidence) in zip(first, votes):
@@ -375,15 +397,15 @@ def test_one_vote_of_a_silent_panel_is_no_verdict_a_larger_panel_decides():
     task_id, task, _ = committed_task(chain)
     slot = slots_of(task, W2)[0]
     answer_slot(chain, task_id, slot["slot"], slot["verifiers"][0]["verifier"], match=False)
-    chain.ok(W2, "dispute", {"task_id": task_id, "slot": slot["slot"]})
+    dispute(chain, W2, task_id, slot["slot"])
     first = slot["referees"][0]["referee"]
     vote(chain, task_id, slot["slot"], first, False)
-    chain.empty_blocks(ANSWER_BLOCKS)
+    chain.empty_blocks(ANSWER_BLOCKS + 3)
     assert slot["outcome"] == "pending" and len(slot["referees"]) > 3      # one vote of three: a larger panel
     assert len(slot["referees"]) == 6                                       # the 3 left of the pool
     for entry in slot["referees"][3:]:                                       # 4 of 6: a majority
         vote(chain, task_id, slot["slot"], entry["referee"], False)
-    chain.empty_blocks(ANSWER_BLOCKS)
+    chain.empty_blocks(ANSWER_BLOCKS + 3)
     assert slot["outcome"] == "guilty"
     late = vote(chain, task_id, slot["slot"], slot["referees"][1]["referee"])
     assert late.code == TxCode.BAD_STATE
@@ -395,7 +417,7 @@ def test_referees_on_the_losing_side_are_slashed_like_verifiers():
     slot = slots_of(task, W1)[0]
     accuser = slot["verifiers"][0]["verifier"]
     answer_slot(chain, task_id, slot["slot"], accuser, match=False, evidence=FAKE, step=2)
-    chain.ok(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})
+    dispute(chain, W1, task_id, slot["slot"])
     honest, colluder = [r["referee"] for r in slot["referees"][:2]], slot["referees"][2]["referee"]
     for referee in honest:
         vote(chain, task_id, slot["slot"], referee)
@@ -416,8 +438,12 @@ def test_who_may_send_what():
     slot = task.slots[0]
     verifier = slot["verifiers"][0]["verifier"]
     outsider = next(v for v in VERIFIERS if v.peer_id != verifier)
-    payload = {"task_id": task_id, "slot": 0, "match": True, "evidence": HONEST_EVIDENCE, "step": 0}
+    payload = {"task_id": task_id, "slot": 0, "match": True, "evidence": HONEST_EVIDENCE, "step": 0,
+               "blinding": b"\x05" * 32}
     assert chain.run(outsider, "audit_result", payload).code == TxCode.UNAUTHORIZED
+    assert chain.run(outsider, "audit_commit", {"task_id": task_id, "slot": 0, "commitment": b"\x06" * 32}).code \
+        == TxCode.UNAUTHORIZED
+    assert chain.run(identity_of(verifier), "audit_result", payload).code == TxCode.BAD_STATE   # commit first
     assert chain.run(identity_of(verifier), "audit_result", {**payload, "step": 3}).code == TxCode.BAD_PAYLOAD
     assert chain.run(identity_of(verifier), "audit_result", {**payload, "slot": 99}).code == TxCode.BAD_PAYLOAD
     assert chain.run(identity_of(verifier), "audit_result", {**payload, "task_id": b"\x00" * 32}).code \
@@ -435,6 +461,7 @@ def test_a_slot_without_any_eligible_verifier_is_unaudited_at_once():
     chain.ok(VERIFIERS[0], "unbond", {"amount": 1000})      # W1 and W2 can still verify each other
     chain.ok(W1, "unbond", {"amount": 3000})                # ... until W1 leaves: nobody can audit W2
     commit(chain, W2, task_id)
+    run_scheduled_draws(chain, task_id)
     task = chain.ledger.state.tasks[task_id]
     assert {slot["outcome"] for slot in slots_of(task, W2)} == {"unaudited"}
     assert all(slot["verifiers"] == [] for slot in slots_of(task, W2))
@@ -468,8 +495,11 @@ def test_a_task_record_without_the_new_fields_keeps_its_bytes():
     t.segments = 4
     assert len(decode(t.encode())) == Task.V3_FIELDS and Task.decode(t.encode()).segments == 4
     t.assign_deadline = 5_000                                 # ADR 0187: the whole record once it is set
-    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()) == t
+    assert len(decode(t.encode())) == Task.V4_FIELDS and Task.decode(t.encode()) == t
     assert Task.decode(encode(decode(t.encode())[:Task.V3_FIELDS])).assign_deadline == 0
+    t.epochs = {"current": 1, "commits": {}}                  # ADR 0203: the whole record once it is set
+    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()) == t
+    assert Task.decode(encode(decode(t.encode())[:Task.V4_FIELDS])).epochs == {}
     old = Task.decode(encode(decode(Task(OWNER.peer_id, 1, {}, 5, 3).encode())[:Task.V1_FIELDS]))
     assert old.profile == "" and old.segments == 0 and old.slots == []
 

@@ -42,7 +42,7 @@ def test_epoch_start():
 
 def commit_next(store, ledger, txs=()):
     block = build_block(GENESIS.chain_id, ledger.height + 1, ledger.height + 1, ledger.last_block_hash,
-                        ledger.app_hash, VALS[0].peer_id, txs)
+                        ledger.app_hash, VALS[0], ledger.beacon, txs)
     store.save_certificate(block.height, precommits(block.height, block.encode()))
     result = ledger.apply_block(block)
     store.storage.commit_block(block, result)

@@ -116,14 +116,14 @@ def test_register_node_and_validator_candidates():
     ("prev_hash", b"\x01" * 32, "prev_hash"),
     ("app_hash", b"\x02" * 32, "app_hash"),
     ("time_ms", 999, "before the previous"),
-    ("proposer", "nobody", "proposer"),
+    ("prev_beacon", b"\x07" * 32, "beacon proof"),
 ])
 def test_block_that_does_not_extend_the_chain_is_refused(field, value, error):
     chain = Chain()
     chain.empty_blocks(1)
     led = chain.ledger
     args = dict(chain_id=CHAIN, height=2, time_ms=2000, prev_hash=led.last_block_hash, app_hash=led.app_hash,
-                proposer=chain.proposer, txs=[])
+                proposer=chain.proposer_identity, prev_beacon=led.beacon, txs=[])
     args[field] = value
     with pytest.raises(BlockError, match=error):
         led.apply_block(build_block(**args))
@@ -133,7 +133,8 @@ def test_block_that_does_not_extend_the_chain_is_refused(field, value, error):
 def test_tampered_tx_list_fails_root_check():
     chain = Chain()
     led = chain.ledger
-    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer, [chain.tx(A, "bond", {"amount": 1}).raw])
+    block = build_block(CHAIN, 1, 1, b"", led.app_hash, chain.proposer_identity, led.beacon,
+                        [chain.tx(A, "bond", {"amount": 1}).raw])
     tampered = type(block)(block.header, (chain.tx(B, "bond", {"amount": 1}).raw,))
     with pytest.raises(BlockError, match="txs_root"):
         led.apply_block(tampered)
@@ -163,7 +164,7 @@ def test_block_result_lists_sorted_changes_with_app_hash_last():
 def test_block_encoding_round_trip_and_hash():
     chain = Chain()
     led = chain.ledger
-    block = build_block(CHAIN, 1, 5, b"", led.app_hash, chain.proposer,
+    block = build_block(CHAIN, 1, 5, b"", led.app_hash, chain.proposer_identity, led.beacon,
                         [chain.tx(A, "bond", {"amount": 1}).raw], [b"ev"], b"commit-cert")
     again = Block.decode(block.encode(), max_bytes=10**6)
     assert again == block and again.hash == block.hash
@@ -198,7 +199,7 @@ def test_threaded_signature_checks_match_inline_ones():
     one = inline.block(raws)
     with ThreadPoolExecutor(2) as pool:
         led = threaded.ledger
-        block = build_block(CHAIN, 1, 1000, b"", led.app_hash, threaded.proposer, raws)
+        block = build_block(CHAIN, 1, 1000, b"", led.app_hash, threaded.proposer_identity, led.beacon, raws)
         two = led.apply_block(block, executor=pool)
     assert [r.code for r in one.receipts] == [r.code for r in two.receipts]
     assert one.receipts[VERIFY_CHUNK + 3].code == TxCode.BAD_SIGNATURE

@@ -38,19 +38,30 @@ def identity_of(peer_id: str) -> Identity:
 
 
 def answer_slot(chain, task_id: bytes, slot: int, verifier: str, match=True, evidence=HONEST_EVIDENCE, step=0):
-    """``verifier`` (a peer ID) sends audit_result for ``slot``; returns the receipt."""
-    return chain.run(identity_of(verifier), "audit_result", {"task_id": task_id, "slot": slot, "match": match,
-                                                             "evidence": evidence, "step": step})
+    """``verifier`` (a peer ID) commits its answer for ``slot`` (audit_commit); every sealed answer whose
+    slot then opens its reveals is revealed in the next block (ADR 0202). Returns the commit's receipt."""
+    receipt = chain.block([chain.seal(identity_of(verifier), task_id, slot, match, evidence, step)]).receipts[0]
+    chain.reveal_all(task_id)
+    run_scheduled_draws(chain, task_id)
+    return receipt
+
+
+def run_scheduled_draws(chain, task_id: bytes):
+    """Empty blocks until no slot of the task waits for a draw (they wait beacon_delay blocks, ADR 0202);
+    the last block's result (None when nothing waited)."""
+    result = None
+    while any(slot.get("draw") for slot in chain.ledger.state.tasks[task_id].slots):
+        result = chain.block()
+    return result
 
 
 def answer_all_slots(chain, task_id: bytes, match=True, evidence=HONEST_EVIDENCE):
-    """Every drawn verifier of every pending slot answers (match, evidence), in one block."""
+    """Every drawn verifier of every pending slot commits (match, evidence) in one block, then reveals in
+    the next; returns the reveals' block result."""
     task = chain.ledger.state.tasks[task_id]
-    txs = [chain.tx(identity_of(v["verifier"]), "audit_result",
-                    {"task_id": task_id, "slot": slot["slot"], "match": match, "evidence": evidence,
-                     "step": 0 if match else 1})
+    txs = [chain.seal(identity_of(v["verifier"]), task_id, slot["slot"], match, evidence, 0 if match else 1)
            for slot in task.slots if slot["outcome"] == "pending"
-           for v in slot["verifiers"] if v["answer"] is None]
+           for v in slot["verifiers"] if v.get("commitment") is None]
     result = chain.block(txs)
     assert all(r.code == TxCode.OK for r in result.receipts), result.receipts
-    return result
+    return chain.reveal_all(task_id) or result

@@ -134,7 +134,7 @@ def test_known_txs_skip_decoding_and_match_a_full_execution():
     raws = [t.raw for t in txs] + [b"junk", transfer(D, 5).raw]
     one = fresh.block(raws)
     led = pooled.ledger
-    block = build_block(CHAIN, 1, 1000, b"", led.app_hash, pooled.proposer, raws)
+    block = build_block(CHAIN, 1, 1000, b"", led.app_hash, pooled.proposer_identity, led.beacon, raws)
     two = led.apply_block(block, known_txs=pool.known_txs)
     assert [(r.tx_hash, r.code) for r in one.receipts] == [(r.tx_hash, r.code) for r in two.receipts]
     assert one.app_hash == two.app_hash

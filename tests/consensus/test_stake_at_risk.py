@@ -18,7 +18,7 @@ from test_audit_slots import (
     slots_of,
     submit,
 )
-from test_ledger_kit import answer_slot, ident
+from test_ledger_kit import answer_slot, ident, run_scheduled_draws
 
 from consensus.genesis import Genesis, GenesisError, GenesisValidator, Params
 from consensus.state.records import TaskStatus
@@ -41,6 +41,7 @@ def test_a_poisoner_that_unbonds_before_committing_is_still_slashed():
         chain.ok(who, "commit_result", {"task_id": task_id, "segments_root": b"\x11" * 32,
                                         "result_hash": b"\x22" * 32, "segments": SEGMENTS})
     task = chain.ledger.state.tasks[task_id]
+    run_scheduled_draws(chain, task_id)
     for slot in slots_of(task, W2):
         for v in slot["verifiers"]:
             answer_slot(chain, task_id, slot["slot"], v["verifier"], match=False, step=1)
@@ -65,6 +66,7 @@ def test_a_false_accuser_that_unbonds_after_answering_is_still_slashed():
         else (W1 if accuser == W1.peer_id else W2)
     answer_slot(chain, task_id, slot["slot"], accuser, match=False, step=2, evidence=b"\xf0" * 32)
     chain.ok(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})
+    run_scheduled_draws(chain, task_id)
     bonded = chain.ledger.stake_info(accuser)["bonded"]
     answer = {"task_id": task_id, "slot": slot["slot"], "match": True, "evidence": b"\xe0" * 32}
     unbond = chain.tx(accuser_id, "unbond", {"amount": bonded})     # leaves as the referees vote

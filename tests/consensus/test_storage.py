@@ -30,8 +30,8 @@ def grow(chain, storage, blocks, txs_per_block=5):
         txs = [chain.tx(ident(1 + i % 5), "transfer", {"to": ident(6).peer_id, "amount": 3})
                for i in range(txs_per_block)]
         led = chain.ledger
-        block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash, chain.proposer,
-                            [tx.raw for tx in txs])
+        block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash,
+                            chain.proposer_identity, led.beacon, [tx.raw for tx in txs])
         result = led.apply_block(block)
         chain.nonces.clear()
         storage.commit_block(block, result)
@@ -146,7 +146,8 @@ while True:
     led = chain.ledger
     height = led.height + 1
     txs = [chain.tx(ident(1 + i % 5), "transfer", {"to": ident(6).peer_id, "amount": 1}).raw for i in range(10)]
-    block = build_block(CHAIN, height, height, led.last_block_hash, led.app_hash, chain.proposer, txs)
+    block = build_block(CHAIN, height, height, led.last_block_hash, led.app_hash, chain.proposer_identity,
+                        led.beacon, txs)
     storage.wal_append(height, b"prevote-%d" % height)
     storage.save_signer_state(b"signed-%d" % height)
     result = led.apply_block(block)
@@ -209,7 +210,7 @@ def test_replayed_transaction_does_not_hide_the_executed_receipt(tmp_path):
         for txs in ([ahead.raw], [tx.raw, tx.raw], [tx.raw]):  # gap first, then a duplicate, then a replay
             led = chain.ledger
             block = build_block(CHAIN, led.height + 1, led.height, led.last_block_hash, led.app_hash,
-                                chain.proposer, txs)
+                                chain.proposer_identity, led.beacon, txs)
             storage.commit_block(block, led.apply_block(block))
         receipt = storage.receipt(tx.hash)
         assert (receipt.height, receipt.index, receipt.code, receipt.executed) == (2, 0, 0, True)

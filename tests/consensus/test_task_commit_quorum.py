@@ -2,7 +2,7 @@
 once a majority committed and the grace has passed; the absent worker is not paid (its share goes
 back to the owner), supply is conserved, and replicas (and a reloaded state) agree on every step."""
 import pytest
-from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ident
+from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ident, run_scheduled_draws
 
 from consensus.block import build_block
 from consensus.genesis import Params
@@ -49,7 +49,7 @@ def commit(chain, who, task_id):
 
 def audit(chain, task_id, slot=0, match=True):
     return chain.run(VERIFIER, "audit_result", {"task_id": task_id, "slot": slot, "match": match,
-                                                "evidence": HONEST_EVIDENCE, "step": 0})
+                                                "evidence": HONEST_EVIDENCE, "step": 0, "blinding": b"\x00" * 32})
 
 
 def test_quorum_is_a_strict_majority_and_grace_follows_the_timeout(chain):
@@ -71,13 +71,15 @@ def test_absent_worker_does_not_hold_the_task_open_and_is_not_paid(chain):
     chain.empty_blocks(task.commit_deadline // 1000 - chain.ledger.height - 1)
     assert task.status == TaskStatus.RUNNING       # the last worker may still commit in the next block
     result = chain.block()                          # the deadline block: the phase closes at its end
-    assert task.status == TaskStatus.COMMITTED and len(task.audit_seed) == 32
+    assert task.status == TaskStatus.COMMITTED and task.audit_seed == b""   # drawn from a later beacon (ADR 0202)
     assert task.window_end == 1000 * (chain.ledger.height + chain.params.audit_window_s)
     assert {"type": "audit_window_opened", "task_id": task_id, "absent": [W3.peer_id]} in result.events
     assert commit(chain, W3, task_id).code == TxCode.BAD_STATE
     assert [slot["worker"] for slot in task.slots] == sorted([W1.peer_id, W2.peer_id])   # committers only
     assert audit(chain, task_id, slot=2).code == TxCode.BAD_PAYLOAD   # no third slot
     assert task.status == TaskStatus.COMMITTED
+    run_scheduled_draws(chain, task_id)
+    assert len(task.audit_seed) == 32 and all(slot["verifiers"] for slot in task.slots)
     answer_all_slots(chain, task_id)
     assert task.status == TaskStatus.VERIFIED       # every committer matched; the absent one is no blocker
 
@@ -129,7 +131,7 @@ def test_a_restarted_replica_closes_the_phase_at_the_same_block_with_the_same_ap
     for _ in range(GRACE + 1):
         led = chain.ledger
         block = build_block(CHAIN, led.height + 1, 1000 * (led.height + 1), led.last_block_hash, led.app_hash,
-                            chain.proposer, [], ())
+                            chain.proposer_identity, led.beacon, [], ())
         results = [led.apply_block(block), replica.apply_block(block)]
         assert results[0].app_hash == results[1].app_hash and results[0].events == results[1].events
         if any(event["type"] == "audit_window_opened" for event in results[0].events):

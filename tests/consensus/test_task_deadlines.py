@@ -3,7 +3,7 @@ with the block times under the test's control: a job longer than 200 blocks on a
 than an idle local one is still paid; a task nobody committed to ends ``expired`` with its reason (the
 owner refunded, never ``paid``); one whose every committer was found guilty ends ``failed``."""
 import pytest
-from test_ledger_kit import Chain, answer_all_slots, ident
+from test_ledger_kit import Chain, answer_all_slots, ident, run_scheduled_draws
 
 from consensus.genesis import Genesis, GenesisError, Params, hashed_params
 from consensus.ledger_events import task_events
@@ -125,6 +125,7 @@ def test_a_task_whose_every_committer_is_guilty_fails_with_a_reason():
     task = chain.ledger.state.tasks[task_id]
     chain.block(commit_txs(chain, task_id, (W1, W2, W3)))
     assert task.status == TaskStatus.COMMITTED
+    run_scheduled_draws(chain, task_id)                      # slots drawn beacon_delay blocks later (ADR 0202)
     answer_all_slots(chain, task_id, match=False, evidence=b"\x0b" * 32)
     run_for(chain, 7)                                        # nobody disputes: every slot guilty
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})

@@ -1,7 +1,7 @@
 """Issue 10 on the ledger: reject_task, expiry of unassigned tasks, device-aware assignment, task
 sources, and the task's result (ADRs 0151, 0152)."""
 import pytest
-from test_ledger_kit import CHAIN, Chain, answer_slot, ident
+from test_ledger_kit import CHAIN, Chain, answer_slot, ident, run_scheduled_draws
 
 from consensus.encoding import decode, encode
 from consensus.genesis import Genesis, GenesisValidator, Params, hashed_params
@@ -386,6 +386,7 @@ def test_result_excludes_slashed_committers():
     commit(chain, by_id[first], task_id, B)                  # first to commit: leads a 1-1 tie
     commit(chain, by_id[second], task_id, A)
     assert chain.ledger.task_info(task_id)["result"] == B.hex()
+    run_scheduled_draws(chain, task_id)                      # slots drawn beacon_delay blocks later (ADR 0202)
     [slot_of_first] = [slot for slot in t.slots if slot["worker"] == first]
     [verifier] = slot_of_first["verifiers"]
     assert answer_slot(chain, task_id, slot_of_first["slot"], verifier["verifier"], match=False, step=3).code \

@@ -1,6 +1,7 @@
 """Dropout through the audit path: a model with dropout (exported in train mode, as the README shows)
 trains on workers whose per-segment records a verifier replays bit for bit (ml.compute.segment_replay,
-docs/adr/0185: the generator is seeded per step from the task, the worker and the step), while a
+docs/adr/0185: the generator is seeded per step from the task, the worker and the step, and held by
+one thread at a time, docs/adr/0196: the two workers here train in threads of one process), while a
 replay whose dropout masks come from another seed differs at the first step."""
 from __future__ import annotations
 
@@ -38,9 +39,6 @@ def recorded(tmp_path_factory):
     return spec, files, [t.recorder.records for t in trainers], sink
 
 
-@pytest.mark.xfail(strict=False, reason="open bug: flaky since the merges of 2026-11-28; some runs' replay "
-                   "diverges at step 1 (gradient): state outside the task's seed reaches the dropout draws or "
-                   "the replay; see the session 5 stop note")
 def test_a_verifier_replays_every_segment_of_a_dropout_model(recorded):
     spec, files, records, sink = recorded
     for rank in range(WORLD):

@@ -3,11 +3,12 @@ assets, the data it shows (peers, wallet, payouts, slashes, the current task), t
 cross-site and without the page's token and honoured from loopback, the page refused to other hosts, and
 a paused compute node taking no new task."""
 import asyncio
+import time
 
 from aiohttp.test_utils import make_mocked_request
 
 from consensus.task_info import TaskInfo
-from ml.compute.dashboard_view import payouts_to, slashes_of
+from ml.compute.dashboard_view import earnings_over_time, owned_by, payouts_to, slashes_of
 from ml.compute.training import PAUSED_REASON
 from node.dashboard import TOKEN_HEADER, is_loopback
 from node.identity import Identity
@@ -28,11 +29,17 @@ class DashboardLedger:
 
     async def call(self, method, *params):
         if method == "dkb_getStake":
-            return {"bonded": 150, "unbonding": [[90, 7]]}
+            return {"bonded": 150, "unbonding": [[90, 7]], "slashed": 15}
+        if method == "dkb_getBlockByNumber":
+            return {"height": 40, "time_ms": int(time.time() * 1000) - 120_000}   # this clock: 2 min ahead
+        if method == "dkb_getParams":
+            return {"min_worker_stake": 100, "min_verifier_stake": 100}
         if method == "dkb_listTasks":
             return [
-                {"task_id": "aa" * 32, "status": "paid", "payouts": {self.me: 40, OTHER: 5}, "slots": []},
-                {"task_id": "bb" * 32, "status": "running", "payouts": {}, "slots": []},
+                {"task_id": "aa" * 32, "status": "paid", "payouts": {self.me: 40, OTHER: 5}, "slots": [],
+                 "assigned_height": 12},
+                {"task_id": "bb" * 32, "status": "running", "payouts": {}, "slots": [], "owner": self.me,
+                 "workers": [OTHER]},
                 {"task_id": "cc" * 32, "status": "paid", "payouts": {OTHER: 50}, "slots": [
                     {"slot": 0, "worker": self.me, "segment": 3, "outcome": "guilty",
                      "verdict": {"match": False, "evidence": "dd" * 32}, "verifiers": [], "referees": []}]},
@@ -65,12 +72,20 @@ def test_page_data_and_pause_switch():
 
             data = await (await session.get("/dashboard/data")).json()
             assert data["node"]["peer_id"] == node.peer_id and data["node"]["peers"] == []
+            assert data["bandwidth"] == {"upload_mbps": None, "download_mbps": None, "median_latency_ms": None}
             section = data["compute"]
             assert section["wallet"] == {"balance": 1234, "bonded": 150, "unbonding": 7}
             assert section["payouts"] == [{"task_id": "aa" * 32, "status": "paid", "amount": 40}]
             [slash] = section["slashes"]
             assert slash["task_id"] == "cc" * 32 and "segment 3 did not replay" in slash["reason"]
             assert section["paused"] is False and section["ledger_reachable"] is True
+            [clock] = section["problems"]
+            assert clock.startswith("this machine's clock is 120 s ahead of") and "timedatectl" in clock
+            assert slash["evidence"] == f"/explorer/#task/{'cc' * 32}" and section["slashed"] == 15
+            assert section["audits"] == [{"task_id": "cc" * 32, "slot": 0, "role": "audited", "outcome": "guilty",
+                                          "evidence": slash["evidence"]}]
+            assert section["earnings"] == [{"task_id": "aa" * 32, "height": 12, "amount": 40, "total": 40}]
+            assert section["owned"] == [{"task_id": "bb" * 32, "status": "running", "workers": 1, "fetch": ""}]
 
             token = {TOKEN_HEADER: node.dashboard.token}
             for headers in ({**token, "Origin": "https://evil.example"},
@@ -87,6 +102,8 @@ def test_page_data_and_pause_switch():
             assert done.status == 200 and (await done.json()) == {"paused": True} and compute.paused is True
             data = await (await session.get("/dashboard/data")).json()
             assert data["compute"]["paused"] is True
+            assert any(line["message"] == "compute paused from the dashboard" and line["level"] == "WARNING"
+                       for line in data["log"])   # the log tail
             await session.post("/dashboard/pause", json={"paused": False}, headers=token)
             assert compute.paused is False
 
@@ -170,3 +187,27 @@ def test_payouts_and_slashes_from_task_records():
     [slash] = slashes_of(tasks, me)
     assert slash["task_id"] == "01" * 32 and slash["reason"].startswith("as verifier: answered match=False")
     assert slashes_of(tasks, OTHER) == []
+
+
+def test_earnings_over_time_and_owned_tasks():
+    me = Identity.generate().peer_id
+    tasks = [TaskInfo.from_json(doc) for doc in [
+        {"task_id": "01" * 32, "status": "paid", "assigned_height": 9, "payouts": {me: 5}},
+        {"task_id": "02" * 32, "status": "paid", "assigned_height": 3, "payouts": {me: 7}, "owner": me,
+         "workers": [OTHER, me]},
+        {"task_id": "03" * 32, "status": "running", "assigned_height": 1, "payouts": {me: 100}}]]
+    assert [(e["height"], e["total"]) for e in earnings_over_time(tasks, me)] == [(3, 7), (9, 12)]
+    [owned] = owned_by(tasks, me)
+    assert owned["workers"] == 2 and owned["fetch"] == f"dekube-node task fetch {'02' * 32} --out weights-02020202"
+
+
+def test_the_log_tail_is_bounded():
+    import logging
+
+    from node.dashboard.logtail import MAX_LINE_CHARS, MAX_LINES, LogTail
+    tail = LogTail()
+    for i in range(MAX_LINES + 20):
+        tail.emit(logging.LogRecord("x", logging.INFO, "f", 1, "line %d " + "y" * MAX_LINE_CHARS, (i,), None))
+    tail.emit(logging.LogRecord("x", logging.INFO, "f", 1, "bad %d %d", ("one",), None))
+    assert len(tail.lines) == MAX_LINES and tail.tail(1)[0]["message"] == "bad %d %d"
+    assert all(len(line["message"]) <= MAX_LINE_CHARS for line in tail.lines)

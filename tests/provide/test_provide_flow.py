@@ -56,6 +56,9 @@ def test_provide_against_a_dev_chain(tmp_path):
         joined = cli(*base, "--network", str(network), "--service", env=env).stdout
         assert f"kept the key in {home / 'node_key.json'}: address {address}" in joined
         assert re.search(r"bonded 100 in block \d+", joined) and f"wrote {home / 'config.toml'}" in joined
+        # the stake explained under the 10x-pay rule; bandwidth measured against the dev validator before start
+        assert "a stake of 100 (the chain's floor is 100) is drawn for tasks paying up to 10 per worker" in joined
+        assert re.search(r"network: bandwidth to \S+: \d+ Mbit/s up, \d+ Mbit/s down; reachability unknown", joined)
         config = load_config(home / "config.toml", env={})
         assert config.get("node", "roles") == ["compute"] and config.get("compute", "stake") == 100
         assert config.get("ledger", "rpc_urls") == [f"http://127.0.0.1:{http}"]
@@ -101,6 +104,8 @@ def wait_registered(port, proc, timeout=90.0):
 
 def test_the_shipped_networks_name_the_local_chain(tmp_path, monkeypatch):
     local = known_networks()["local"]
+    assert {k: v for k, v in known_networks()["dev"].items() if k != "description"} == \
+        {k: v for k, v in local.items() if k != "description"}   # `provide --network dev` as in the README
     assert local["rpc"] == ["http://127.0.0.1:8645"] and local["genesis_file"].endswith(".dekube-dev/genesis.json")
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(CliError, match="start --dev"):
@@ -131,13 +136,11 @@ def test_bonding_without_a_terminal_needs_yes(monkeypatch):
     import argparse
     import io
 
-    from cli.provide import confirm, required_stake
+    from cli.provide import confirm
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     with pytest.raises(CliError, match="pass --yes"):
         confirm(argparse.Namespace(yes=False), "bond?")
     assert confirm(argparse.Namespace(yes=True), "bond?") is True
-    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 250}, None) == 250
-    assert required_stake({"min_worker_stake": 100, "min_verifier_stake": 100}, 1000) == 1000
 
 
 def test_an_encrypted_key_is_asked_once(tmp_path, monkeypatch):
@@ -148,11 +151,11 @@ def test_an_encrypted_key_is_asked_once(tmp_path, monkeypatch):
     save_identity(tmp_path / "node_key.json", Identity.generate(), passphrase=b"once")
     asks = []
 
-    def ask(args):
+    def ask(args, key_file=None):
         def get():
             asks.append(1)
             return b"once"
         return get
     monkeypatch.setattr(provide, "unlock_passphrase", ask)
-    identity, unlock, new = provide.ensure_key(tmp_path, argparse.Namespace())
+    identity, unlock, new = provide.ensure_key(tmp_path, argparse.Namespace(keyring=False))
     assert not new and unlock() == b"once" and unlock() == b"once" and len(asks) == 1

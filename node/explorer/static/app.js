@@ -459,6 +459,15 @@ function dueText(task, deadline) {
   return deadline >= now ? `in ${durationText(deadline - now)}` : `passed ${durationText(now - deadline)} ago`;
 }
 
+// A task cut into epochs (docs/adr/0203): its closed epochs of the total, or the one its crew stopped in.
+function epochText(task) {
+  const total = (task.spec || {}).epochs;
+  const progress = task.epochs || {};
+  if (!(total > 1) || typeof progress.current !== "number") return "";
+  if (typeof progress.stopped === "number") return ` · stopped in epoch ${progress.stopped + 1}/${total}`;
+  return ` · epochs ${progress.current}/${total} closed`;
+}
+
 const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],
   ["audit slots", null], ["audited", null], ["paid", null]];
 
@@ -473,7 +482,7 @@ function timeline(task) {
     paid: ["paid", "finalized"].includes(task.status)};
   const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
     name + (field && task[field] ? ` @${task[field]}` : "")
-      + (name === "committed" ? ` (${commits}/${(task.workers || []).length})` : "")
+      + (name === "committed" ? ` (${commits}/${(task.workers || []).length})${epochText(task)}` : "")
       + (name === "committed" && ["assigned", "running"].includes(task.status) && task.commit_deadline
         ? ` · due ${dueText(task, task.commit_deadline)}` : "")
       + (name === "audit slots" && slots.length ? ` (${slots.length})` : "")

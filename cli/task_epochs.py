@@ -1,0 +1,29 @@
+"""`task show` lines for a task cut into epochs (docs/adr/0203): how many epochs closed, the open one
+and its deadline, and each worker's progress commitments (who left the crew after which epoch)."""
+from __future__ import annotations
+
+from cli.task_report import OPEN_FOR_COMMITS, deadline_text, short
+from consensus.task_info import TaskInfo
+
+
+def epoch_lines(task: TaskInfo) -> list[str]:
+    """Nothing for a task without epochs; epochs are counted from 1 here (0 on the ledger)."""
+    progress, total = task.epochs, task.spec_field("epochs", 1)
+    if not isinstance(total, int) or total <= 1 or progress is None:
+        return []
+    current = progress.current
+    if progress.stopped is not None:
+        head = f"epochs:     stopped in epoch {progress.stopped + 1} of {total}; {current} closed"
+    elif task.status in OPEN_FOR_COMMITS:
+        head = (f"epochs:     {current} of {total} closed; epoch {current + 1} open, commit by "
+                f"{deadline_text(task, task.commit_deadline)}")
+    else:
+        head = f"epochs:     {total} of {total} ended" if current == total - 1 else f"epochs:     {current} closed"
+    lines = [head]
+    for worker in task.workers:
+        mine = progress.of(worker)
+        done = len(mine) + (1 if worker in task.commits and len(mine) == total - 1 else 0)
+        left = " (left the crew)" if len(mine) < current and worker not in task.rejections else ""
+        state = f", state {mine[-1].state_digest[:12]}" if mine else ""
+        lines.append(f"  {short(worker)}  {min(done, total)} of {total} epochs committed{state}{left}")
+    return lines

@@ -1,0 +1,199 @@
+"""Epochs of a long task and their progress commitments (docs/adr/0203).
+
+A task whose spec declares ``epochs`` = E > 1 (its ``segments`` a multiple of E and its ``expected_s``
+declared: the layout is fixed at submit, ``check_layout``) is cut into E epochs of segments / E
+segments each. At the end of each epoch but the last, every member of the crew sends ``commit_epoch``:
+the Merkle root of its segment records so far, their count (checked against the layout) and the
+digest of its state at the epoch end; the last epoch ends with the task's ``commit_result``.
+
+Each epoch has its own deadline (``deadlines.task_span_ms`` of one epoch's work, from the close of the
+previous one), so a crew that stops committing is caught within one epoch. An epoch closes when every
+member still in the crew committed it, or at its deadline once a quorum of the task's workers did (the
+quorum grace of ADR 0081 applies per epoch); a member that did not commit a closed epoch has left the
+crew ("departed"). A deadline that passes below quorum stops the task at its last closed epoch
+(``stop``). When the commit phase closes, each worker's commitment is its latest one within the closed
+epochs (``include_departed``): audits draw from the segments it covers, and it is paid for the epochs
+it covers (``pay_for_epochs``), the rest of the escrow back to the owner. A worker with such a partial
+commitment whose verifiers all find it unreachable (``left_unreachable``) ends that slot unaudited:
+unpaid, not slashed (an honest worker that crashed is not a cheater; ADR 0188 never pays unaudited).
+Pure functions of the task and the block; the handlers live in consensus/state/tasks.py.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from consensus.state import deadlines
+from consensus.state.context import BlockContext
+from consensus.state.records import Task
+from consensus.txcodes import TxCode, TxError
+
+UNAVAILABLE_DOMAIN = b"dekube/unavailable"
+
+
+def check_layout(payload: dict[str, Any]) -> None:
+    """Refuse a submit whose epoch layout the ledger could not hold commitments to: ``epochs`` must
+    divide ``segments`` (an epoch ends at a segment boundary) and a task of several epochs must declare
+    its ``expected_s`` (each epoch's deadline is derived from it)."""
+    epochs = payload.get("epochs", 1)
+    if epochs > 1 and payload["segments"] % epochs:
+        raise TxError(TxCode.BAD_PAYLOAD, f"{epochs} epochs do not divide the task's {payload['segments']} segments")
+    if epochs > 1 and "expected_s" not in payload:
+        raise TxError(TxCode.BAD_PAYLOAD, "a task of several epochs must declare expected_s (each epoch's deadline "
+                                          "is derived from it)")
+
+
+def count(task: Task) -> int:
+    return deadlines.epoch_count(task)
+
+
+def segments_per_epoch(task: Task) -> int:
+    return task.segments // count(task)
+
+
+def start(task: Task) -> None:
+    """At assignment: epoch 0 opens (its deadline is the task's commit_deadline)."""
+    if count(task) > 1:
+        task.epochs = {"current": 0, "commits": {}}
+
+
+def current(task: Task) -> int:
+    """The open epoch (0 for a task without epochs)."""
+    return int(task.epochs.get("current", 0))
+
+
+def entries(task: Task, worker: str) -> list:
+    """``worker``'s epoch commitments, [segments_root, state_digest, segments, height] each, in order."""
+    return list(task.epochs.get("commits", {}).get(worker, []))
+
+
+def in_crew(task: Task, worker: str) -> bool:
+    """Whether ``worker`` still belongs to the crew: it did not reject the task and committed every
+    closed epoch."""
+    return worker not in task.rejections and len(entries(task, worker)) >= current(task)
+
+
+def departed(task: Task) -> set[str]:
+    """The workers that left the crew: they missed a closed epoch."""
+    return {worker for worker in task.workers if worker not in task.rejections and not in_crew(task, worker)}
+
+
+def committed(task: Task, epoch: int) -> list[str]:
+    """The workers that committed ``epoch``."""
+    return sorted(worker for worker in task.workers if len(entries(task, worker)) > epoch)
+
+
+def before_last(task: Task) -> bool:
+    """Whether the open epoch is one that ends with ``commit_epoch`` (not the task's last)."""
+    return current(task) < count(task) - 1
+
+
+def check_commit(task: Task, worker: str, payload: dict[str, Any]) -> None:
+    """Refuse a progress commitment that is not ``worker``'s next epoch, or whose segment count is not
+    the epoch layout's (fixed by the spec: issue 24, item 2)."""
+    if count(task) <= 1:
+        raise TxError(TxCode.BAD_STATE, "this task is not cut into epochs; commit its result")
+    epoch, mine = payload["epoch"], len(entries(task, worker))
+    if epoch >= count(task) - 1:
+        raise TxError(TxCode.BAD_PAYLOAD, f"epoch {epoch} is not a progress epoch: the task has {count(task)} "
+                                          "epochs and the last one ends with commit_result")
+    if not in_crew(task, worker):
+        raise TxError(TxCode.BAD_STATE, f"this worker left the crew: it did not commit epoch {mine}, which closed")
+    if epoch < mine:
+        raise TxError(TxCode.ALREADY_KNOWN, f"this worker already committed epoch {epoch}")
+    if epoch > mine:
+        raise TxError(TxCode.BAD_STATE, f"this worker must commit epoch {mine} first")
+    expected = (epoch + 1) * segments_per_epoch(task)
+    if payload["segments"] != expected:
+        raise TxError(TxCode.BAD_PAYLOAD, f"epoch {epoch} ends after segment {expected} of the task's layout "
+                                          f"({count(task)} epochs of {segments_per_epoch(task)}); the commitment "
+                                          f"has {payload['segments']}")
+
+
+def check_result(task: Task, worker: str) -> None:
+    """Refuse a task result from a worker that left the crew or skipped a progress epoch."""
+    if count(task) <= 1:
+        return
+    if not in_crew(task, worker):
+        raise TxError(TxCode.BAD_STATE, "this worker left the crew: it missed a closed epoch")
+    if len(entries(task, worker)) != count(task) - 1:
+        raise TxError(TxCode.BAD_STATE, f"this worker must commit epoch {len(entries(task, worker))} first")
+
+
+def record(task: Task, worker: str, payload: dict[str, Any], height: int) -> None:
+    task.epochs.setdefault("commits", {}).setdefault(worker, []).append(
+        [payload["segments_root"], payload["state_digest"], payload["segments"], height])
+
+
+def all_committed(task: Task) -> bool:
+    """Whether every member of the crew committed the open epoch (it can close at once)."""
+    crew = [worker for worker in task.workers if in_crew(task, worker)]
+    return bool(crew) and all(len(entries(task, worker)) > current(task) for worker in crew)
+
+
+def close(ctx: BlockContext, task: Task, span_ms: int) -> dict[str, Any]:
+    """Close the open epoch (a quorum committed it): the next one opens with a deadline ``span_ms``
+    from this block; the event says who committed and who left the crew."""
+    epoch = current(task)
+    crew = [worker for worker in task.workers if in_crew(task, worker)]
+    done = committed(task, epoch)
+    task.epochs["current"] = epoch + 1
+    task.commit_deadline = ctx.time_ms + span_ms
+    return {"type": "epoch_closed", "epoch": epoch, "committed": done,
+            "departed": sorted(set(crew) - set(done)), "deadline": task.commit_deadline}
+
+
+def closed(task: Task) -> int:
+    """How many epochs have closed."""
+    return current(task)
+
+
+def stop(task: Task) -> dict[str, Any]:
+    """The crew stopped committing in the open epoch: the task ends at its last closed epoch. Each worker
+    that committed something is held to its latest commitment within the closed epochs (audited and paid
+    for those); the event and ``reason`` say where it stopped."""
+    epoch, last = current(task), closed(task)
+    task.epochs["stopped"] = epoch
+    task.commits = {}
+    for worker in task.workers:
+        mine = entries(task, worker)
+        if mine:
+            task.commits[worker] = list(mine[min(len(mine), last) - 1])
+    task.reason = (f"the crew stopped committing in epoch {epoch + 1} of {count(task)}: the {last} closed "
+                   f"epoch{'s' if last != 1 else ''} are audited and paid, the rest refunded to the owner")
+    return {"type": "task_stopped", "epoch": epoch, "closed": last, "reason": task.reason}
+
+
+def include_departed(task: Task) -> None:
+    """When the commit phase closes, the workers that left the crew after committing some epochs are
+    held to their latest epoch commitment (audited and paid for what it covers)."""
+    for worker in sorted(departed(task)):
+        mine = entries(task, worker)
+        if mine and worker not in task.commits:
+            task.commits[worker] = list(mine[-1])
+
+
+def paid_epochs(task: Task, worker: str) -> int:
+    """How many epochs ``worker``'s commitment covers (the task's count for a full result)."""
+    if count(task) <= 1:
+        return 1
+    return min(count(task), task.commits[worker][2] // segments_per_epoch(task))
+
+
+def pay_for_epochs(task: Task, worker: str, amount: int) -> int:
+    """The part of ``amount`` (a worker's audited share) its epochs earn: amount x covered / epochs."""
+    return amount * paid_epochs(task, worker) // count(task)
+
+
+def unavailable_evidence(salt: bytes) -> bytes:
+    """What every honest judge answers (with match false) when it cannot get a worker's record or state:
+    sha256(salt || "dekube/unavailable")."""
+    return hashlib.sha256(salt + UNAVAILABLE_DOMAIN).digest()
+
+
+def left_unreachable(task: Task, worker: str, salt: bytes, match: bool, evidence: bytes) -> bool:
+    """Whether the verifiers' agreed answer for a slot of ``worker`` is "unreachable" and the worker's
+    commitment is partial (it left the crew, or the task stopped): the slot ends unaudited."""
+    commit = task.commits.get(worker)
+    return (not match and commit is not None and bool(task.segments) and commit[2] < task.segments
+            and evidence == unavailable_evidence(salt))

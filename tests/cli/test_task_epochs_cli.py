@@ -1,0 +1,39 @@
+"""``task submit`` cuts a long task into epochs of a few minutes of its expected work (or ``--epochs``) and
+says so; ``task show`` shows the epoch progress: epochs closed, the open one and its deadline, and each
+worker's progress commitments, a worker that left the crew marked (docs/adr/0203)."""
+from cli.main import main
+from cli.task_epochs import epoch_lines
+from consensus.task_info import TaskInfo
+from ml.compute.epoch_commits import epochs_for
+
+
+def submit(key, *argv):
+    return main(["task", "submit", "--rpc", "http://127.0.0.1:9", "--key", str(key), "--price", "100",
+                 "--model", "mlp", "--dataset", "digits", "--steps", "200", "--skip-dry-run", *argv])
+
+
+def test_a_long_task_is_cut_into_epochs_and_a_short_one_is_not(key, sent, capsys):
+    assert submit(key, "--expected-s", "3600") == 0
+    segments = sent[-1]["segments"]
+    assert segments > 1 and sent[-1]["epochs"] == epochs_for(3600, segments) > 1
+    assert f"cut into {sent[-1]['epochs']} epochs" in capsys.readouterr().out
+    assert submit(key, "--expected-s", "60") == 0
+    assert "epochs" not in sent[-1]
+    assert submit(key, "--expected-s", "60", "--epochs", "2") == 0
+    assert sent[-1]["epochs"] == 2
+
+
+def test_task_show_tells_the_epoch_progress():
+    workers = ["12D3KooWAlpha" + "a" * 20, "12D3KooWBravo" + "b" * 20, "12D3KooWCharlie" + "c" * 20]
+    first, second = ["11" * 32, "33" * 32, 2, 5], ["11" * 32, "44" * 32, 4, 9]
+    task = {"status": "running", "spec": {"epochs": 3}, "workers": workers, "commits": {}, "rejections": {},
+            "commit_deadline": 70_000, "block_time_ms": 10_000,
+            "epochs": {"current": 2, "commits": {workers[0]: [first, second], workers[1]: [first, second],
+                                                 workers[2]: [first]}}}
+    lines = epoch_lines(TaskInfo.from_json(task))
+    assert lines[0] == "epochs:     2 of 3 closed; epoch 3 open, commit by in 1m00s"
+    assert lines[1].endswith("2 of 3 epochs committed, state 444444444444")
+    assert lines[3].endswith("1 of 3 epochs committed, state 333333333333 (left the crew)")
+    stopped = {**task, "status": "committed", "epochs": {**task["epochs"], "stopped": 2}}
+    assert epoch_lines(TaskInfo.from_json(stopped))[0] == "epochs:     stopped in epoch 3 of 3; 2 closed"
+    assert epoch_lines(TaskInfo.from_json({"spec": {}, "epochs": {}})) == []
