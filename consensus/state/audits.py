@@ -32,12 +32,13 @@ from typing import Any
 from consensus.genesis import Params
 from consensus.state import deadlines, epochs
 from consensus.state.context import BlockContext
-from consensus.state.records import Task, TaskStatus
+from consensus.state.records import SlotOutcome, Task, TaskStatus
 from consensus.state.store import TASK, LedgerState
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
 
-PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = "pending", "ok", "guilty", "unaudited", "undecided"
+PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = (SlotOutcome.PENDING, SlotOutcome.OK, SlotOutcome.GUILTY,
+                                             SlotOutcome.UNAUDITED, SlotOutcome.UNDECIDED)
 OPEN, REDRAW, REFEREE = "open", "redraw", "referee"    # what a scheduled draw picks (ADR 0202)
 VERIFIER_ROLES = frozenset({"compute", "verifier"})
 
