@@ -21,6 +21,8 @@ from test_ledger_kit import HONEST_EVIDENCE, answer_slot, identity_of, run_sched
 
 from consensus.ledger_events import task_events
 from consensus.state.epochs import unavailable_evidence
+from consensus.state.ledger import Ledger
+from consensus.state.store import LedgerState
 from consensus.tx import build_tx
 from consensus.txcodes import TxCode, TxError
 from node.merkle import audit_path, merkle_root
@@ -191,3 +193,15 @@ def test_availability_response_payloads_are_checked(payload):
     with pytest.raises(TxError) as err:
         build_tx(W1, "dekube-test", 0, "availability_response", {"task_id": b"\x00" * 32, "slot": 0, **payload})
     assert err.value.code == TxCode.BAD_PAYLOAD
+
+
+def test_a_challenged_and_reasked_slot_reloads_with_the_same_state():
+    chain = make_chain(dispute_s=30)
+    task_id, task = committed_task(chain)
+    slot = slots_of(task, W1)[0]
+    unavailable(chain, task_id, slot)
+    assert Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items())).state.tasks[task_id] == task
+    assert respond(chain, W1, task_id, slot).code == TxCode.OK
+    replica = Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items()))
+    assert replica.state.tasks[task_id] == task and replica.app_hash == chain.ledger.app_hash
+    assert replica.state.tasks[task_id].slots[slot["slot"]]["verifiers"][0]["set_aside"]
