@@ -22,6 +22,7 @@ from consensus.encoding import encode
 from consensus.genesis import Genesis
 from consensus.state import accounts, answers, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
+from consensus.state.availability import apply_availability_response
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
 from consensus.state.records import NodeRecord, Task
@@ -45,6 +46,7 @@ HANDLERS = {
     "audit_result": answers.apply_audit_result,
     "dispute": audits.apply_dispute,
     "referee_vote": audits.apply_referee_vote,
+    "availability_response": apply_availability_response,
     "finalize": tasks.apply_finalize,
     "relay_receipt": relay.apply_relay_receipt,
     "serve_deposit": serving.apply_serve_deposit,
