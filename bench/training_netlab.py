@@ -26,21 +26,15 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devtools.netlab.lab import Lab, unavailable  # noqa: E402
-from devtools.netlab.net import PORT, Net  # noqa: E402
+from devtools.netlab.lab import unavailable  # noqa: E402
 from devtools.netlab.nodes import Node  # noqa: E402
-from devtools.netlab.scenarios import poll  # noqa: E402
+from devtools.netlab.train_net import HOME_NATS, WORKERS, settle, start_crew, train  # noqa: E402
 from ml.train.recipes import recipe  # noqa: E402
 
-TRAIN_AGENT = "devtools.netlab.train_agent"
-WORKERS = ("a", "b", "c", "d")            # homes 1-4 (names the relays admit)
-HOME_NATS = ["eim", "eim", "symmetric", "eim"]
-SETTLE_S = 10.0                           # a failed punch costs ~8 s before the pair settles on the relay
 NOT_BUILT = "crew changes (issue 23 item 3) are not built: no worker joins or replaces one mid-run yet"
 
 
@@ -51,50 +45,10 @@ def plan(args) -> list[tuple[str, str, dict]]:
             ("streaming-int4", "shakespeare-streaming", outer)]
 
 
-def start_crew(args) -> tuple[Net, list[Node]]:
-    lab = Lab(home_rate_mbit=args.mbit).build(["relay1", "relay2"], HOME_NATS, args.delays_ms)
-    net = Net(lab)
-    try:
-        net.start_relay("relay1", "relay1")
-        net.start_relay("relay2", "relay2")
-        relays = ",".join(net[r].addr for r in ("relay1", "relay2"))
-
-        def start(i: int) -> Node:
-            home = lab.homes[i]
-            return Node.start(WORKERS[i], home.ns, f"/ip4/{home.ip}/tcp/{PORT}", "--relays", relays, agent=TRAIN_AGENT)
-
-        with ThreadPoolExecutor(len(WORKERS)) as pool:
-            crew = list(pool.map(start, range(len(WORKERS))))
-        net.nodes.update({node.name: node for node in crew})
-        return net, crew
-    except BaseException:
-        net.close()
-        raise
-
-
-def settle(crew: list[Node], circuits: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Connect every pair and let hole punching finish before training: a punch that succeeds retires
-    the relayed connection, and a bulk stream on it then resets mid-round (the member is excluded).
-    Returns each pair's connection kinds once every pair holds one kind only."""
-    for node in crew:
-        for other in crew:
-            if other is not node:
-                node.call("echo", peer=other.peer_id, circuits=circuits[other.peer_id], timeout=30)
-    time.sleep(SETTLE_S)
-
-    def kinds() -> dict[str, list[str]] | None:
-        found = {f"{n.name}-{o.name}": sorted(set(n.call("paths", peer=o.peer_id))) for n in crew for o in crew
-                 if n.name < o.name}
-        return found if all(len(k) == 1 for k in found.values()) else None
-    return poll(kinds, 30, 1.0, "one connection kind per pair")
-
-
-def train(crew: list[Node], circuits: dict[str, list[str]], label: str, recipe_name: str, overrides: dict,
-          timeout: float) -> dict:
+def run(crew: list[Node], circuits: dict[str, list[str]], label: str, recipe_name: str, overrides: dict,
+        timeout: float) -> dict:
     spec = recipe(recipe_name, **overrides, report_every=overrides["steps"])
-    calls = [node.call_async("train", peers={p: c for p, c in circuits.items() if p != node.peer_id},
-                             spec=spec.to_dict()) for node in crew]
-    runs = [call.result(timeout) for call in calls]
+    runs = train(crew, circuits, spec.to_dict(), timeout)
     slowest = max(runs, key=lambda r: r["wall_s"])
     result = {"label": label, "mode": spec.mode, "codec": spec.codec, "steps": spec.steps,
               "inner_steps": spec.inner_steps if spec.outer_mode else None,
@@ -110,9 +64,9 @@ def train(crew: list[Node], circuits: dict[str, list[str]], label: str, recipe_n
 def summarize(results: dict[str, dict], args) -> dict:
     dp = results["data-parallel-fp32"]
 
-    def against_dp(run: dict) -> dict:
-        return {"bytes_vs_dp": round(dp["bytes_per_worker"] / run["bytes_per_worker"], 1),
-                "loss_gap": round((run["loss"] - dp["loss"]) / dp["loss"], 4), "utilization": run["utilization"]}
+    def against_dp(other: dict) -> dict:
+        return {"bytes_vs_dp": round(dp["bytes_per_worker"] / other["bytes_per_worker"], 1),
+                "loss_gap": round((other["loss"] - dp["loss"]) / dp["loss"], 4), "utilization": other["utilization"]}
 
     streaming = results["streaming-int4"]
     return {"workers": len(WORKERS), "nats": HOME_NATS, "link_mbit": args.mbit, "delays_ms": args.delays_ms,
@@ -149,12 +103,11 @@ def main() -> None:
     if why:
         sys.exit(f"the netlab cannot be built here: {why}")
     started = time.monotonic()
-    net, crew = start_crew(args)
+    net, crew = start_crew(len(WORKERS), args.mbit, args.delays_ms)
     try:
-        circuits = {node.peer_id: node.call("relayed_addrs") for node in crew}
-        paths = settle(crew, circuits)
+        circuits, paths = settle(crew)
         print(json.dumps({"paths": paths}), flush=True)
-        results = {label: train(crew, circuits, label, name, overrides, args.timeout)
+        results = {label: run(crew, circuits, label, name, overrides, args.timeout)
                    for label, name, overrides in plan(args)}
     finally:
         net.close()
