@@ -6,8 +6,9 @@ endpoint-independent NAT routers with `--rate` Mbit/s tbf caps both ways and del
 50 and 30 ms each way: homes 1-3 hold the model's three ranges, home 4 a spare for the middle range.
 Each server is a process in its home (`--role server`): a Host listening on its private address, a
 relay reservation and a hole puncher that upgrades inbound relayed connections after
-`relay.node_punch.INBOUND_DEFER_S`, as nodes do (at once, it races the client's own punch on the
-same ports). The client (`--role client`) reaches every server through the relay and hole punching
+`relay.node_punch.INBOUND_DEFER_S`, as nodes do (at once: the DCUtR spec's roles; the client's
+dial waits for that punch before starting its own, ADR 0204). The client (`--role client`)
+reaches every server through the relay and hole punching
 (`relay.holepunch_dial.dial_peer`; which path each got is reported, `punched (by the server)` when
 the server's punch won, and `direct_at_generation`), then measures, with the same numbers as bench/serving.py:
 tokens_per_s (128 tokens after a 64-token prompt, bit-exact mode, servers pushing each step's answer to
@@ -115,9 +116,8 @@ async def role_server(args) -> None:
     puncher.start()
     await puncher.connect_public(args.relay)
     await client.reserve(args.relay)
-    # as a node does (relay/node_punch.py): an inbound relayed connection is left INBOUND_DEFER_S to the
-    # dialer's own punch; punching it at once starts a second DCUtR in the other direction that races
-    # the dialer's on the same punch ports (the dialer's SYNs then fail with EADDRNOTAVAIL)
+    # as a node does (relay/node_punch.py): the inbound side of a circuit starts DCUtR (the spec's
+    # roles); the dialer waits for it rather than racing it on the same punch ports (ADR 0204)
     inbound = asyncio.ensure_future(upgrade_inbound(puncher, client, defer=INBOUND_DEFER_S))
     print("READY " + json.dumps({"peer_id": host.peer_id, "circuits": client.relayed_addrs, "start": start,
                                  "end": end}), flush=True)

@@ -8,24 +8,21 @@ its total and role only, so a line never claims a split the chain did not make."
 from __future__ import annotations
 
 from consensus.genesis import Params
+from consensus.task_info import AuditSlot, SlotOutcome, TaskInfo, TaskStatus
 
-PAID_OUTCOMES = ("ok", "guilty")
+
+def _payees(slot: AuditSlot) -> list[tuple[str, str]]:
+    """(peer, "verifier"|"referee") of a decided slot whose answer or vote agrees with its verdict."""
+    if slot.outcome not in SlotOutcome.PAID or slot.verdict is None:
+        return []
+    key = slot.verdict.key
+    payees = [(v.verifier, "verifier") for v in slot.verifiers if v.answer and v.answer.key == key]
+    return payees + [(r.referee, "referee") for r in slot.referees if r.vote and r.vote.key == key]
 
 
-def _pool_shares(task: dict, pool: int) -> list[tuple[str, str, int]]:
+def _pool_shares(task: TaskInfo, pool: int) -> list[tuple[str, str, int]]:
     """(peer, "verifier"|"referee", amount): the verifier pool over the decided slots, as audits.settle."""
-    by_slot = []
-    for slot in task.get("slots") or []:
-        verdict = slot.get("verdict")
-        if slot.get("outcome") not in PAID_OUTCOMES or not verdict:
-            continue
-        key = (verdict.get("match"), verdict.get("evidence"))
-        payees = [(v["verifier"], "verifier") for v in slot.get("verifiers") or []
-                  if v.get("answer") and (v["answer"].get("match"), v["answer"].get("evidence")) == key]
-        payees += [(r["referee"], "referee") for r in slot.get("referees") or []
-                   if r.get("vote") and (r["vote"].get("match"), r["vote"].get("evidence")) == key]
-        if payees:
-            by_slot.append(payees)
+    by_slot = [payees for payees in map(_payees, task.slots) if payees]
     out = []
     for payees in by_slot:
         per_slot = pool // len(by_slot)
@@ -33,65 +30,63 @@ def _pool_shares(task: dict, pool: int) -> list[tuple[str, str, int]]:
     return out
 
 
-def payout_parts(task: dict, params: Params | None = None) -> dict[str, list[tuple[str, int]]]:
-    """peer -> [(kind, amount), ...] adding up to ``task["payouts"][peer]``; a peer the derivation does
+def payout_parts(task: TaskInfo, params: Params | None = None) -> dict[str, list[tuple[str, int]]]:
+    """peer -> [(kind, amount), ...] adding up to ``task.payouts[peer]``; a peer the derivation does
     not explain gets [(its role, total)]."""
     params = params or Params()
-    payouts = task.get("payouts") or {}
-    owner, price, workers = task.get("owner"), int(task.get("price") or 0), task.get("workers") or []
+    price, workers = task.price, task.workers
     parts: dict[str, list[tuple[str, int]]] = {}
 
     def add(peer: str, kind: str, amount: int) -> None:
         if amount:
             parts.setdefault(peer, []).append((kind, amount))
 
-    if task.get("status") == "paid" and workers:
+    if task.status == TaskStatus.PAID and workers:
         pool = price * params.verifier_share_bps // 10_000
         relay_budget = price * params.relay_share_bps // 10_000
         share = (price - pool - relay_budget) // len(workers)
-        guilty = {s.get("worker") for s in task.get("slots") or [] if s.get("outcome") == "guilty"}
+        guilty = {s.worker for s in task.slots if s.outcome == SlotOutcome.GUILTY}
         for worker in workers:
-            if worker in (task.get("commits") or {}) and worker not in guilty:
+            if worker in task.commits and worker not in guilty:
                 add(worker, "worker", share)
         for peer, kind, amount in _pool_shares(task, pool):
             add(peer, kind, amount)
-    elif task.get("status") == "rejected":
-        rejecters = sorted(task.get("rejections") or {})
-        claims = sum((task.get("relay_claims") or {}).values())
+    elif task.status == TaskStatus.REJECTED:
+        rejecters = sorted(task.rejections)
+        claims = sum(task.relay_claims.values())
         fee = min(params.reject_fee, max(0, price - claims))
         for worker in rejecters:
             add(worker, "reject fee", fee // len(rejecters))
-    for relay, amount in sorted((task.get("relay_claims") or {}).items()):
-        if task.get("status") in ("paid", "rejected"):
+    for relay, amount in sorted(task.relay_claims.items()):
+        if task.status in (TaskStatus.PAID, TaskStatus.REJECTED):
             add(relay, "relay", amount)
     explained = {}
-    for peer, total in payouts.items():
+    for peer, total in task.payouts.items():
         mine = parts.get(peer, [])
-        if peer == owner:
+        if peer == task.owner:
             rest = total - sum(a for _, a in mine)
             mine = mine + [("refund", rest)] if rest > 0 else mine
         explained[peer] = mine if sum(a for _, a in mine) == total else [(role_of(task, peer), total)]
     return explained
 
 
-def role_of(task: dict, peer: str) -> str:
+def role_of(task: TaskInfo, peer: str) -> str:
     """What `peer` is to `task` (owner, worker, verifier, referee, else relay)."""
-    if peer == task["owner"]:
+    if peer == task.owner:
         return "owner"
-    if peer in task["workers"]:
+    if peer in task.workers:
         return "worker"
-    slots = task.get("slots") or []
-    if any(v.get("verifier") == peer for slot in slots for v in slot.get("verifiers") or []):
+    if any(v.verifier == peer for slot in task.slots for v in slot.verifiers):
         return "verifier"
-    if any(r.get("referee") == peer for slot in slots for r in slot.get("referees") or []):
+    if any(r.referee == peer for slot in task.slots for r in slot.referees):
         return "referee"
     return "relay"
 
 
-def payout_lines(task: dict, params: Params | None = None) -> list[str]:
+def payout_lines(task: TaskInfo, params: Params | None = None) -> list[str]:
     """One line per peer and kind, largest totals first, e.g. ``  12D3..  verifier  45``."""
     parts = payout_parts(task, params)
-    totals = task.get("payouts") or {}
+    totals = task.payouts
     lines = []
     for peer in sorted(parts, key=lambda p: -totals[p]):
         for kind, amount in parts[peer]:

@@ -6,9 +6,11 @@ is never drawn for a task paying more than a tenth of it. Pure functions of ``dk
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from consensus.genesis import Params
 from consensus.state.tasks import stake_for_pay, worker_share
+from consensus.task_info import TaskDocError, TaskInfo
 
 
 @dataclass(frozen=True)
@@ -31,21 +33,22 @@ def params_from(answer: dict) -> Params:
     return Params(**{f.name: int(answer[f.name]) for f in fields(Params) if f.name in answer})
 
 
-def recent_pays(params: Params, tasks: list[dict]) -> list[int]:
-    """What each worker of each listed task is (or was) paid."""
+def recent_pays(params: Params, docs: list[Any]) -> list[int]:
+    """What each worker of each listed task (``dkb_listTasks`` entries; a malformed one is skipped) is (or
+    was) paid."""
     pays = []
-    for task in tasks:
+    for doc in docs:
         try:
-            workers = int((task.get("spec") or {}).get("workers") or 0)
-            price = int(task.get("price") or 0)
-        except (TypeError, ValueError):
+            task = TaskInfo.from_json(doc)
+        except TaskDocError:
             continue
-        if workers > 0 and price > 0:
-            pays.append(worker_share(params, price, workers))
+        workers = task.spec_field("workers")
+        if isinstance(workers, int) and workers > 0 and task.price > 0:
+            pays.append(worker_share(params, task.price, workers))
     return sorted(pays)
 
 
-def propose(params: Params, tasks: list[dict], configured: int | None, asked: int | None) -> StakePlan:
+def propose(params: Params, tasks: list[Any], configured: int | None, asked: int | None) -> StakePlan:
     """``asked`` (``--stake``) if given, else the largest of the chain's floor, the home's configured
     stake and the stake the largest recent task asks of its workers."""
     floor = max(params.min_worker_stake, params.min_verifier_stake)

@@ -26,7 +26,7 @@ from cli.payout_lines import payout_lines
 from cli.rpc_call import rpc_call
 from cli.safe_text import echo
 from cli.task_epochs import epoch_lines
-from cli.task_report import FAILED, deadline_lines, slot_lines
+from cli.task_report import FAILED, deadline_lines, decode_task, slot_lines
 from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
@@ -34,6 +34,9 @@ from node.extras import require_compute
 from node.keystore import load_identity
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
+# what ``task show`` prints of the ledger's document, in this order (the document's own JSON form)
+SHOWN_FIELDS = ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
+                "segments", "workers", "rejections", "commits", "payouts", "result")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -213,20 +216,21 @@ def _run_cancel(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    task = _rpc(args.rpc, "dkb_getTask", args.task_id)
-    if task is None:
+    doc = _rpc(args.rpc, "dkb_getTask", args.task_id)
+    if doc is None:
         raise CliError(f"no task {args.task_id}")
     if args.json:
-        print(json.dumps(task))
+        print(json.dumps(doc))
         return 0
-    for name in ("task_id", "status", "reason", "owner", "price", "escrow", "spec", "device", "profile", "sources",
-                 "segments", "workers", "rejections", "commits", "payouts", "result"):
-        if name not in task or name == "reason" and not task[name]:   # fields an older validator does not show
+    task = decode_task(doc)
+    for name in SHOWN_FIELDS:
+        value = doc.get(name)
+        if name not in doc or name == "reason" and not value:   # fields an older validator does not show
             continue
-        echo(f"{name + ':':12}{json.dumps(task[name]) if isinstance(task[name], (dict, list)) else task[name]}")
+        echo(f"{name + ':':12}{json.dumps(value) if isinstance(value, (dict, list)) else value}")
     for line in deadline_lines(task) + epoch_lines(task) + slot_lines(task):
         echo(line)
-    if task.get("payouts"):
+    if task.payouts:
         print("payouts by kind:")
         for line in payout_lines(task):
             echo(line)
@@ -236,17 +240,17 @@ def run_show(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= 1000:
         raise CliError("--limit must be in 1..1000")
-    tasks = _rpc(args.rpc, "dkb_listTasks", args.status, args.owner, args.limit)
+    docs = _rpc(args.rpc, "dkb_listTasks", args.status, args.owner, args.limit)
     if args.json:
-        print(json.dumps(tasks))
+        print(json.dumps(docs))
         return 0
-    if not tasks:
+    if not docs:
         print("no tasks")
-    for task in tasks:
-        spec = task["spec"]
-        reason = f"  ({task['reason']})" if task.get("reason") and task["status"] in FAILED else ""
-        echo(f"{task['task_id']}  {task['status']:9}  {spec['model']}/{spec['dataset']} {spec['codec']} "
-             f"x{spec['workers']}  price {task['price']}{reason}")
+    for task in map(decode_task, docs):
+        spec = task.spec
+        reason = f"  ({task.reason})" if task.reason and task.status in FAILED else ""
+        echo(f"{task.task_id}  {task.status:9}  {spec.get('model')}/{spec.get('dataset')} {spec.get('codec')} "
+             f"x{spec.get('workers')}  price {task.price}{reason}")
     return 0
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from cli.errors import CliError
 from cli.task_follow import learn_addresses
 from cli.task_ledger import FINAL, call
+from cli.task_report import decode_task
+from consensus.task_info import TaskInfo
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +30,10 @@ WEIGHTS_FILE = "weights.safetensors"
 METRICS_FILE = "metrics.json"
 
 
-def result_holders(task: dict, result: str) -> list[str]:
-    """Workers whose commitment names ``result`` (commits: worker -> [segments_root, result_hash, ..])."""
-    holders = [worker for worker, commit in (task.get("commits") or {}).items()
-               if isinstance(commit, list) and len(commit) > 1 and commit[1] == result]
-    return holders or list(task.get("commits") or {}) or list(task.get("workers") or [])
+def result_holders(task: TaskInfo, result: str) -> list[str]:
+    """Workers whose commitment names ``result``; else every committer, else every worker."""
+    holders = [worker for worker, commit in task.commits.items() if commit.result == result]
+    return holders or list(task.commits) or list(task.workers)
 
 
 # registry model -> (its class in ml.registry, the dataset that sizes it by default); a test keeps this in
@@ -40,13 +41,13 @@ def result_holders(task: dict, result: str) -> list[str]:
 REGISTRY_CLASSES = {"digits-mlp": ("DigitsMLP", "digits"), "char-transformer": ("CharTransformer", "shakespeare")}
 
 
-def load_hint(task: dict, out: Path, model_path: Path | None = None) -> str:
+def load_hint(task: TaskInfo, out: Path, model_path: Path | None = None) -> str:
     """The one line that loads the fetched weights into the owner's model: for a .pt2 task after
     loading the archive that was submitted (``model_path`` when known); for a registry model after
     building its class (ml.registry.build_model, sized by the task's dataset)."""
     weights = out / WEIGHTS_FILE
     line = f'model.load_state_dict(safetensors.torch.load_file("{weights}"))'
-    spec = task.get("spec") or {}
+    spec = task.spec
     if spec.get("model") == "pt2":
         return f'model = torch.export.load("{model_path or "YOUR_MODEL.pt2"}").module(); {line}'
     if spec.get("model") in REGISTRY_CLASSES:
@@ -91,20 +92,21 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     """Downloads and checks the task's weights into ``out``; returns what was written."""
     from node.artifacts import ArtifactError, artifact_id_of_file
 
-    task = await call(pool, "dkb_getTask", task_id)
-    if task is None:
+    doc = await call(pool, "dkb_getTask", task_id)
+    if doc is None:
         raise CliError(f"no task {task_id}")
-    result = task.get("result") or ""
-    stopped = (task.get("epochs") or {}).get("stopped")
-    if not result and isinstance(stopped, int):
+    task = decode_task(doc)
+    result = task.result
+    stopped = task.epochs.stopped if task.epochs is not None else None
+    if not result and stopped is not None:
         raise CliError(f"task {task_id} stopped in epoch {stopped + 1} (its crew stopped committing; docs/adr/0203): "
                        "it has no trained weights on the ledger, only its closed epochs' state digests")
-    if not result and task["status"] in FINAL:
-        raise CliError(f"task {task_id} ended {task['status']} without a result: no worker whose weights were "
+    if not result and task.status in FINAL:
+        raise CliError(f"task {task_id} ended {task.status} without a result: no worker whose weights were "
                        "paid for (an audit mismatch, a rejection, or no commitment)")
     if not result:
-        raise CliError(f"task {task_id} has no result on the ledger yet (status {task['status']}"
-                       + (f": {task['reason']}" if task.get("reason") else "") + ")")
+        raise CliError(f"task {task_id} has no result on the ledger yet (status {task.status}"
+                       + (f": {task.reason}" if task.reason else "") + ")")
     holders = await learn_addresses(pool, node, result_holders(task, result))
     if not holders:
         raise CliError(f"no worker holding {result} has registered addresses")
@@ -120,11 +122,11 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     weights = out / WEIGHTS_FILE
     await asyncio.to_thread(shutil.copyfile, path, weights)
     metrics = await worker_metrics(node, holders, task_id)
-    doc = {"task_id": task_id, "result": result, "status": task["status"], "spec": task.get("spec"),
-           "workers": task.get("workers"), **({"final": metrics} if metrics else {}),
-           "history": metrics.get("history", [])}
+    written = {"task_id": task_id, "result": result, "status": task.status, "spec": dict(task.spec),
+               "workers": list(task.workers), **({"final": metrics} if metrics else {}),
+               "history": metrics.get("history", [])}
     with contextlib.suppress(KeyError):
-        doc["final"].pop("history")
-    (out / METRICS_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        written["final"].pop("history")
+    (out / METRICS_FILE).write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     return {"weights": str(weights), "metrics": str(out / METRICS_FILE), "result": result,
             "final_metrics": metrics.get("metrics", {}), "load": load_hint(task, out, model_path)}

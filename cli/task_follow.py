@@ -17,12 +17,14 @@ from collections.abc import Callable
 from cli.errors import CliError
 from cli.task_ledger import FINAL, call, task_states
 from cli.task_view import TaskView, short
+from consensus.task_info import TaskInfo
+from ml.compute.job_board import JobState
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0
-# a worker's job states (ml/compute/role.py) once it has fetched the task's files
-HOLDING_STATES = ("dry run", "waiting for workers", "training", "committing", "committed")
+# a worker's job states (ml/compute/training.py) once it has fetched the task's files
+HOLDING_STATES = ("dry run", "waiting for workers", "training", "committing", JobState.COMMITTED)
 
 
 async def learn_addresses(pool, node, peers: list[str]) -> list[str]:
@@ -64,7 +66,7 @@ async def follow_worker(node, peer: str, task_id: str, view: TaskView, held: Cal
 
 
 async def follow_task(pool, task_id: str, view: TaskView, *, node=None, timeout: float = 600.0,
-                      on_held: Callable[[str], None] | None = None) -> dict:
+                      on_held: Callable[[str], None] | None = None) -> TaskInfo:
     followers: dict[str, asyncio.Task] = {}
     held_by: list[str] = []
 
@@ -79,14 +81,14 @@ async def follow_task(pool, task_id: str, view: TaskView, *, node=None, timeout:
         async with asyncio.timeout(timeout):
             async for task in task_states(pool, task_id):
                 view.status(task)
-                if task is None or node is None or task["status"] in FINAL:
+                if task is None or node is None or task.status in FINAL:
                     continue
-                new = [w for w in task.get("workers") or [] if w not in followers]
+                new = [w for w in task.workers if w not in followers]
                 for peer in await learn_addresses(pool, node, new) if new else []:
                     followers[peer] = asyncio.create_task(follow_worker(node, peer, task_id, view, held),
                                                           name=f"progress-{short(peer)}")
     except TimeoutError:
-        status = task["status"] if task else "not in a block"
+        status = task.status if task else "not in a block"
         raise CliError(f"task {task_id} still {status} after {timeout:g} s (it goes on; follow it with "
                        f"`dekube-node task watch {task_id}`)") from None
     finally:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from cli.errors import CliError
 from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC
 from consensus.state.tasks import task_id_for
+from consensus.task_info import TaskInfo, TaskStatus
 from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity
 from node.ledger import RESYNC, LedgerUnavailable
@@ -22,7 +23,7 @@ from node.ledger.errors import RpcAnswerError
 from node.ledger.events import websocket_stream
 from node.ledger.jsonrpc import ValidatorPool
 
-FINAL = ("paid", "cancelled", "rejected", "expired", "failed")   # the ledger has settled the task
+FINAL = TaskStatus.FINAL   # the ledger has settled the task
 
 
 @contextlib.asynccontextmanager
@@ -119,14 +120,18 @@ def task_id_of(owner: str, nonce: int) -> str:
     return task_id_for(owner, nonce).hex()
 
 
-async def task_states(pool: ValidatorPool, task_id: str) -> AsyncIterator[dict | None]:
-    """The task as dkb_getTask returns it, each time it may have changed (``tasks`` events), until final."""
+async def task_states(pool: ValidatorPool, task_id: str) -> AsyncIterator[TaskInfo | None]:
+    """The task as dkb_getTask returns it (None: not in a block yet), each time it may have changed (``tasks``
+    events), until final."""
+    from cli.task_report import decode_task
+
     stream = websocket_stream(pool, TASKS_TOPIC, [])
     async with contextlib.aclosing(stream):
         async for event in stream:
             if event is not RESYNC and (not isinstance(event, dict) or event.get("task_id") != task_id):
                 continue
-            task = await call(pool, "dkb_getTask", task_id)
+            doc = await call(pool, "dkb_getTask", task_id)
+            task = None if doc is None else decode_task(doc)
             yield task
-            if task is not None and task["status"] in FINAL:
+            if task is not None and task.status in FINAL:
                 return

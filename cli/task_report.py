@@ -8,12 +8,23 @@ expired or failed)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from cli.errors import CliError
 from cli.payout_lines import payout_lines
 from cli.safe_text import echo
+from consensus.task_info import Answer, TaskDocError, TaskInfo, TaskStatus
 
-FAILED = ("rejected", "expired", "failed")
-OPEN_FOR_COMMITS = ("assigned", "running")
+FAILED = (TaskStatus.REJECTED, TaskStatus.EXPIRED, TaskStatus.FAILED)
+OPEN_FOR_COMMITS = TaskStatus.OPEN_FOR_COMMITS
+
+
+def decode_task(doc: object) -> TaskInfo:
+    """A task document from the ledger as a TaskInfo; a CliError saying what is wrong when it is malformed."""
+    try:
+        return TaskInfo.from_json(doc)
+    except TaskDocError as exc:
+        raise CliError(f"the ledger answered a malformed task: {exc}") from None
 
 
 def short(peer: str) -> str:
@@ -30,89 +41,83 @@ def duration_text(ms: int) -> str:
     return f"{seconds}s"
 
 
-def deadline_text(task: dict, deadline: object) -> str:
+def deadline_text(task: TaskInfo, deadline: int) -> str:
     """A deadline (block time, ms) as "in 4m05s" or "passed 12s ago" from the ledger's time; the block
     time itself when the document does not carry the ledger's time."""
-    now = task.get("block_time_ms")
-    if not isinstance(deadline, int) or isinstance(deadline, bool):
+    now = task.block_time_ms
+    if not deadline:
         return "no deadline"
-    if not isinstance(now, int) or not now:
+    if not now:
         return f"at block time {deadline} ms"
     return f"in {duration_text(deadline - now)}" if deadline >= now else f"passed {duration_text(now - deadline)} ago"
 
 
-def deadline_lines(task: dict) -> list[str]:
+def deadline_lines(task: TaskInfo) -> list[str]:
     """The task's running deadline, if any: the commit deadline while its workers may commit, the
     audit window's end while it is committed or disputed."""
-    status = task.get("status")
-    if status in OPEN_FOR_COMMITS and task.get("commit_deadline"):
-        expected = (task.get("spec") or {}).get("expected_s")
+    if task.status in OPEN_FOR_COMMITS and task.commit_deadline:
+        expected = task.spec_field("expected_s")
         work = f" (expected work {duration_text(expected * 1000)})" if isinstance(expected, int) else ""
-        return [f"commit by:  {deadline_text(task, task['commit_deadline'])}{work}"]
-    if status in ("committed", "disputed") and task.get("window_end"):
-        return [f"audits end: {deadline_text(task, task['window_end'])} at the earliest"]
+        return [f"commit by:  {deadline_text(task, task.commit_deadline)}{work}"]
+    if task.status in (TaskStatus.COMMITTED, TaskStatus.DISPUTED) and task.window_end:
+        return [f"audits end: {deadline_text(task, task.window_end)} at the earliest"]
     return []
 
 
-def answer_text(answer: dict | None) -> str:
+def answer_text(answer: Answer | None) -> str:
     """A verifier's answer or a referee's vote: match / MISMATCH (at step s) and its evidence."""
     if answer is None:
         return "no answer yet"
-    text = "match" if answer.get("match") else "MISMATCH"
-    if not answer.get("match") and answer.get("step"):
-        text += f" from step {answer['step']}"
-    return f"{text}, evidence {str(answer.get('evidence', ''))[:16]}.."
+    text = "match" if answer.match else "MISMATCH"
+    if not answer.match and answer.step:
+        text += f" from step {answer.step}"
+    return f"{text}, evidence {answer.evidence[:16]}.."
 
 
-def slot_lines(task: dict) -> list[str]:
+def slot_lines(task: TaskInfo) -> list[str]:
     """One line per audit slot (worker, segment, outcome), then one per verifier, the dispute and
     one per referee."""
-    slots = task.get("slots") or []
-    if not slots:
+    if not task.slots:
         return []
-    lines = [f"audit slots ({len(slots)}, profile {task.get('profile') or 'any'}):"]
-    for slot in slots:
-        lines.append(f"  slot {slot['slot']}  {slot['outcome']:9}  segment {slot['segment']} "
-                     f"of {short(slot['worker'])}")
-        for v in slot.get("verifiers") or []:
-            answer = v.get("answer")
-            text = "silent (no answer by its deadline)" if answer is None and slot["outcome"] != "pending" \
-                else answer_text(answer)
-            lines.append(f"      verifier {short(v['verifier'])}  {text}"
-                         f"{'  [redrawn]' if v.get('redraw') else ''}  (due {deadline_text(task, v.get('deadline'))})")
-        if slot.get("dispute"):
-            lines.append(f"      disputed by the worker at height {slot['dispute'].get('height')}")
-        elif slot.get("dispute_deadline") and slot["outcome"] == "pending":
-            lines.append(f"      the worker may dispute: due {deadline_text(task, slot['dispute_deadline'])}")
-        for r in slot.get("referees") or []:
-            vote = r.get("vote")
-            lines.append(f"      referee  {short(r['referee'])}  "
-                         f"{answer_text(vote) if vote is not None else 'no vote'}"
-                         f"  (due {deadline_text(task, slot.get('referee_deadline'))})")
+    lines = [f"audit slots ({len(task.slots)}, profile {task.profile or 'any'}):"]
+    for slot in task.slots:
+        lines.append(f"  slot {slot.slot}  {slot.outcome:9}  segment {slot.segment} of {short(slot.worker)}")
+        for v in slot.verifiers:
+            text = "silent (no answer by its deadline)" if v.answer is None and not slot.pending \
+                else answer_text(v.answer)
+            lines.append(f"      verifier {short(v.verifier)}  {text}"
+                         f"{'  [redrawn]' if v.redraw else ''}  (due {deadline_text(task, v.deadline)})")
+        if slot.disputed:
+            lines.append(f"      disputed by the worker at height {slot.dispute_height}")
+        elif slot.dispute_deadline and slot.pending:
+            lines.append(f"      the worker may dispute: due {deadline_text(task, slot.dispute_deadline)}")
+        for r in slot.referees:
+            lines.append(f"      referee  {short(r.referee)}  "
+                         f"{answer_text(r.vote) if r.vote is not None else 'no vote'}"
+                         f"  (due {deadline_text(task, slot.referee_deadline)})")
     return lines
 
 
-def report_final(task: dict, *, as_json: bool = False, extra: dict | None = None) -> int:
-    status = task["status"]
+def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict[str, Any] | None = None) -> int:
+    status = task.status
     code = 1 if status in FAILED else 0
     if as_json:
-        print(json.dumps({**task, **(extra or {})}))
+        print(json.dumps({**task.doc, **(extra or {})}))
         return code
-    if status in FAILED or status == "cancelled":
-        echo(f"task {task['task_id']} {status}" + (f": {task['reason']}" if task.get("reason") else ""))
-        for worker, reason in (task.get("rejections") or {}).items():
+    if status in FAILED or status == TaskStatus.CANCELLED:
+        echo(f"task {task.task_id} {status}" + (f": {task.reason}" if task.reason else ""))
+        for worker, reason in task.rejections.items():
             echo(f"  rejected by worker {worker}: {reason}")
     for line in slot_lines(task):
         echo(line)
-    payouts = task.get("payouts") or {}
-    if payouts:
-        echo(f"payouts of task {task['task_id']} (price {task['price']}):")
+    if task.payouts:
+        echo(f"payouts of task {task.task_id} (price {task.price}):")
     for line in payout_lines(task):
         echo(line)
-    if status == "paid":
-        for worker in task["workers"]:
-            if worker not in payouts:
+    if status == TaskStatus.PAID:
+        for worker in task.workers:
+            if worker not in task.payouts:
                 echo(f"  {worker}  {'worker':10} 0 (not paid: no commitment, or an audit slot found it guilty)")
-    if task.get("result"):
-        echo(f"result (weights artifact): {task['result']}")
+    if task.result:
+        echo(f"result (weights artifact): {task.result}")
     return code

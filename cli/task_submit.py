@@ -35,6 +35,7 @@ from cli.task_inputs import TaskInputs, task_inputs
 from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
+from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_commits import epochs_for
 from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
 from ml.profiles import ProfileError, check_profile_id, default_profile
@@ -260,8 +261,9 @@ async def wait_relayed(node, wanted: bool, timeout: float = RELAY_WAIT_S) -> Non
         await asyncio.sleep(0.2)
 
 
-def spec_value(task: dict, name: str) -> str:
-    return ((task.get("spec") or {}).get("hyperparams") or {}).get(name, "")
+def spec_value(task: TaskInfo, name: str) -> str:
+    hyperparams = task.spec_field("hyperparams")
+    return str(hyperparams.get(name, "")) if isinstance(hyperparams, dict) else ""
 
 
 async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: TaskInputs) -> int:
@@ -290,7 +292,7 @@ async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: Tas
             return 0
     task = await following
     extra = {}
-    if args.out is not None and task["status"] == "paid":
+    if args.out is not None and task.status == TaskStatus.PAID:
         model_path = inputs.files.get(spec_value(task, "model_artifact"))
         fetched = await fetch_result(pool, node, task_id, Path(args.out), say=view.note, model_path=model_path)
         extra["fetched"] = fetched

@@ -15,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from cli.safe_text import safe
 from cli.task_report import deadline_text
+from consensus.task_info import TaskInfo, TaskStatus
+from ml.compute.job_board import JobState
 
 
 def short(peer: str) -> str:
@@ -58,9 +60,9 @@ class TaskView:
         else:
             self.console.print(f"  {stamp}  {text}", markup=False)
 
-    def status(self, task: dict | None) -> None:
+    def status(self, task: TaskInfo | None) -> None:
         """A line when the task's status changed (with the workers once assigned, the reason once ended)."""
-        status = None if task is None else task["status"]
+        status = None if task is None else task.status
         if status == self.last_status:
             return
         self.last_status = status
@@ -68,14 +70,14 @@ class TaskView:
             self.note("pending (not in a block yet)")
             return
         text = str(status)
-        if status == "assigned":
-            text += "  workers " + ", ".join(short(w) for w in task["workers"])
-            if task.get("commit_deadline"):
-                text += f"; commit due {deadline_text(task, task['commit_deadline'])}"
-        if task.get("reason"):
-            text += f": {task['reason']}"
+        if status == TaskStatus.ASSIGNED:
+            text += "  workers " + ", ".join(short(w) for w in task.workers)
+            if task.commit_deadline:
+                text += f"; commit due {deadline_text(task, task.commit_deadline)}"
+        if task.reason:
+            text += f": {task.reason}"
         self.note(text)
-        for worker, reason in (task.get("rejections") or {}).items():
+        for worker, reason in task.rejections.items():
             self.note(f"  rejected by {short(worker)}: {reason}")
 
     # ---- progress
@@ -85,7 +87,7 @@ class TaskView:
         self.reports[worker] = report
         if self.quiet:
             return
-        if report.get("state") in ("rejected", "failed") and previous != report.get("state"):
+        if report.get("state") in (JobState.REJECTED, JobState.FAILED) and previous != report.get("state"):
             why = report.get("reason") or report.get("error") or ""
             self.note(f"worker {short(worker)} {report['state']}" + (f": {why}" if why else ""))
         lead = max(self.reports.values(), key=lambda r: r.get("step") or 0)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from cli.errors import CliError
 from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_identity, send_tx
-from cli.task_report import report_final
+from cli.task_report import decode_task, report_final
 from cli.task_view import TaskView
+from consensus.task_info import TaskStatus
 from node.identity import Identity
 
 
@@ -45,10 +46,11 @@ async def watch(args: argparse.Namespace, task_id: str) -> int:
     from cli.task_follow import follow_task
 
     async with ledger_pool(args.rpc) as pool:
-        task = await call(pool, "dkb_getTask", task_id)
-        if task is None:
+        doc = await call(pool, "dkb_getTask", task_id)
+        if doc is None:
             raise CliError(f"no task {task_id}")
-        if task["status"] not in FINAL:
+        task = decode_task(doc)
+        if task.status not in FINAL:
             view = TaskView(task_id, quiet=args.json)
             if progress_available():
                 from cli.client_node import client_node
@@ -90,18 +92,19 @@ def run_cancel(args: argparse.Namespace, identity: Identity) -> int:
 
 async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> int:
     async with ledger_pool(args.rpc) as pool:
-        task = await call(pool, "dkb_getTask", task_id)
-        if task is None:
+        doc = await call(pool, "dkb_getTask", task_id)
+        if doc is None:
             raise CliError(f"no task {task_id}")
-        if task["owner"] != identity.peer_id:
-            raise CliError(f"task {task_id} belongs to {task['owner']}, not to {identity.peer_id}")
-        if task["status"] != "created":
-            raise CliError(f"task {task_id} is {task['status']}: only a task not assigned yet can be cancelled")
+        task = decode_task(doc)
+        if task.owner != identity.peer_id:
+            raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
+        if task.status != TaskStatus.CREATED:
+            raise CliError(f"task {task_id} is {task.status}: only a task not assigned yet can be cancelled")
         tx_hash, _, receipt = await send_tx(pool, identity, "cancel_task", {"task_id": bytes.fromhex(task_id)},
                                             fee=args.fee)
-        task = await call(pool, "dkb_getTask", task_id)
+        cancelled = await call(pool, "dkb_getTask", task_id)
     if args.json:
-        print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": task}))
+        print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": cancelled}))
     else:
-        print(f"task {task_id} cancelled in block {receipt['height']}; {task['price']} tokens back to the owner")
+        print(f"task {task_id} cancelled in block {receipt['height']}; {task.price} tokens back to the owner")
     return 0

@@ -247,6 +247,18 @@ def text_list(max_items: int, max_len: int, allowed: frozenset[str] | None = Non
     return check
 
 
+def blob_list(max_items: int, length: int) -> Check:
+    """A list of at most ``max_items`` byte strings of ``length`` bytes each (a Merkle audit path)."""
+    item_check = blob(length)
+
+    def check(value: Any, path: str) -> None:
+        if type(value) is not list or len(value) > max_items:
+            _fail(path, f"must be a list of at most {max_items} items")
+        for i, item in enumerate(value):
+            item_check(item, f"{path}[{i}]")
+    return check
+
+
 PROFILE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._/+-")
 MAX_PROFILE_CHARS = 96
 MAX_NODE_PROFILES = 8
@@ -381,6 +393,7 @@ MAX_TASK_SOURCES = 8             # owner multiaddrs a task names for fetching it
 MAX_REASON_CHARS = 500           # reject_task's reason
 MAX_TASK_SEGMENTS = 2**20        # submit_task's declared segment count
 MAX_EXPECTED_S = 366 * 86_400    # submit_task's expected duration in seconds (the chain's task_max_s bounds it)
+MAX_MERKLE_PATH = 32            # audit path of one of at most 2**32 leaves (commit_result's segments)
 MAX_AUDIT_SLOT = 2**16           # audit slot indexes (workers x audits_per_worker stays far below)
 HYPERPARAMS = params_map(max_items=48, max_key=32, max_text=512, max_bytes=4096)
 RELAY_RECEIPT: Schema = {
@@ -425,6 +438,9 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
                      "evidence": HASH32, "step": uint(0, 2**32), "blinding": HASH32},
     "dispute": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT)},
     "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
+    "availability_response": {  # a challenged worker's leaf and audit path of the audited segment (ADR 0207)
+        "task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "leaf": HASH32, "path": blob_list(MAX_MERKLE_PATH, 32),
+    },
     "finalize": {"task_id": TASK_ID},
     "relay_receipt": {"receipt": fields(RELAY_RECEIPT), "src_sig": blob(64), "dst_sig": blob(64)},
     "serve_deposit": {"amount": uint(1)},

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
+from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 from devtools.ledger_chain import Chain, ident
 from ml.compute.duties import AUDIT, DISPUTE, REVEAL, duties_for
 from ml.compute.segment_record import leaves, proof, root
@@ -120,7 +121,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     task_id = task_id_for(owner.peer_id, nonce)
     chain.block()
     doc = chain.ledger.task_info(task_id)
-    ranked = sorted(doc["workers"])
+    ranked = sorted(TaskInfo.from_json(doc).workers)
     by_peer = {p.peer_id: p for p in parties}
     for rank, peer in enumerate(ranked):
         by_peer[peer].mode = scenario.worker_faults.get(rank, "")
@@ -165,17 +166,17 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         return path
 
     sources = Sources(record, artifact, {})
-    train_spec = train_spec_for_task(doc["spec"])
+    train_spec = train_spec_for_task(dict(TaskInfo.from_json(doc).spec))
     audit_cpu, replayed, done = 0.0, 0, set()
     try:
         for _ in range(MAX_BLOCKS):
-            doc = chain.ledger.task_info(task_id)
-            if doc["status"] in ("paid", "failed"):   # failed: every worker found guilty (ADR 0187)
+            task = TaskInfo.from_json(chain.ledger.task_info(task_id))
+            if task.status in (TaskStatus.PAID, TaskStatus.FAILED):   # failed: every worker found guilty (ADR 0187)
                 break
             next_time = chain.ledger.state.last_block_time_ms + chain.block_ms   # deadlines are block times
             txs = []
             for party in parties:
-                for duty in duties_for(doc, party.peer_id, next_time):
+                for duty in duties_for(task, party.peer_id, next_time):
                     if (party.peer_id, duty.key) in done or duty.kind == REVEAL:   # reveals: chain.reveals
                         continue
                     done.add((party.peer_id, duty.key))
@@ -184,7 +185,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
                         continue
                     mode = party.mode if party.mode in ("false_accuser", "rubber_stamp") else ""
                     cpu0 = time.process_time()
-                    judgement = asyncio.run(judge_as(mode, doc, train_spec, duty.worker, duty.segment, duty.salt,
+                    judgement = asyncio.run(judge_as(mode, task, train_spec, duty.worker, duty.segment, duty.salt,
                                                      sources))
                     audit_cpu += time.process_time() - cpu0
                     if not mode:
@@ -198,7 +199,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             for receipt in result.receipts:
                 if receipt.code != 0:
                     raise AssertionError(f"lab tx failed: {receipt}")
-            if chain.ledger.task_info(task_id)["status"] in ("verified", "committed", "disputed"):
+            if TaskInfo.from_json(chain.ledger.task_info(task_id)).status in TaskStatus.AUDITABLE:
                 chain.block([chain.tx(owner.identity, "finalize", {"task_id": task_id})])
         else:
             raise AssertionError(f"task not settled after {MAX_BLOCKS} blocks: {chain.ledger.task_info(task_id)}")
@@ -206,18 +207,19 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         tmp.cleanup()
     doc = chain.ledger.task_info(task_id)
     stakes_after = {p.peer_id: chain.ledger.state.stakes[p.peer_id].bonded for p in parties}
-    slots = doc.get("slots") or []
-    guilty = sorted({s["worker"] for s in slots if s["outcome"] == "guilty"})
+    final = TaskInfo.from_json(doc)
+    slots = final.slots
+    guilty = sorted({s.worker for s in slots if s.outcome == SlotOutcome.GUILTY})
     contradicted = sorted(set(doc.get("contradicted") or []))
     adversaries = sorted(p.peer_id for p in parties if p.mode)
     adversary_verifiers = {p.peer_id for p in verifiers if p.mode}
-    drawn = any(v["verifier"] in adversary_verifiers for s in slots for v in s["verifiers"])
+    drawn = any(v.verifier in adversary_verifiers for s in slots for v in s.verifiers)
     return RunResult(
         scenario.name, seed, adversaries, guilty,
         sorted(p for p in stakes_before if stakes_after[p] < stakes_before[p]), contradicted, drawn,
-        {k: v for k, v in (doc.get("payouts") or {}).items()}, job_cpu, audit_cpu,
+        dict(final.payouts), job_cpu, audit_cpu,
         spec.steps * WORKERS, replayed,
-        [s["outcome"] for s in slots], _faked_fraction(trainers, spec), ranked, [v.peer_id for v in verifiers])
+        [s.outcome for s in slots], _faked_fraction(trainers, spec), ranked, [v.peer_id for v in verifiers])
 
 
 def _framed(records: list, victims: set[str]) -> list:

@@ -41,11 +41,16 @@ class HolePunchType(IntEnum):
 class HolePunch:
     type: HolePunchType
     obs_addrs: tuple[Multiaddr, ...] = ()
+    # dekube's field 3 (other implementations ignore it): "my NAT maps each flow to a random port",
+    # which asks the peer for birthday probing (relay/birthday.py; ADR 0204)
+    random_ports: bool = False
 
 
 def encode_holepunch(msg: HolePunch) -> bytes:
     """The length-prefixed wire form."""
     body = field_varint(1, int(msg.type)) + b"".join(field_bytes(2, a.to_bytes()) for a in msg.obs_addrs)
+    if msg.random_ports:
+        body += field_varint(3, 1)
     if len(body) > MAX_MESSAGE_BYTES:
         raise DcutrError(f"dcutr message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
     return encode_uvarint(len(body)) + body
@@ -61,6 +66,7 @@ def decode_holepunch(body: bytes) -> HolePunch:
     except ProtobufError as exc:
         raise DcutrError(f"malformed dcutr message: {exc}") from exc
     msg_type = None
+    random_ports = False
     addrs: list[Multiaddr] = []
     raw_count = 0
     for number, wire_type, value in fields:
@@ -81,9 +87,11 @@ def decode_holepunch(body: bytes) -> HolePunch:
                 addrs.append(Multiaddr.from_bytes(value))
             except MultiaddrError:
                 continue
+        elif number == 3 and wire_type == WIRE_VARINT:
+            random_ports = value == 1
     if msg_type is None:
         raise DcutrError("dcutr message lacks a type")
-    return HolePunch(msg_type, tuple(addrs))
+    return HolePunch(msg_type, tuple(addrs), random_ports)
 
 
 class FrameReader:
@@ -138,13 +146,15 @@ class Dial:
     addrs: tuple[Multiaddr, ...]
     at: float           # monotonic time to start dialing
     rtt: float | None   # measured round trip (initiator only)
+    remote_random: bool = False  # the peer's NAT maps each flow to a random port
 
 
 class DcutrInitiator:
     """One initiator exchange: CONNECT ->, <- CONNECT, SYNC -> and dial after RTT/2."""
 
-    def __init__(self, own_addrs) -> None:
+    def __init__(self, own_addrs, random_ports: bool = False) -> None:
         self.own_addrs = dialable(own_addrs)
+        self.random_ports = random_ports
         self._reader = FrameReader()
         self._sent_at: float | None = None
         self.done = False
@@ -153,7 +163,7 @@ class DcutrInitiator:
         if self._sent_at is not None:
             raise DcutrError("exchange already started")
         self._sent_at = now
-        return Send(encode_holepunch(HolePunch(HolePunchType.CONNECT, self.own_addrs)))
+        return Send(encode_holepunch(HolePunch(HolePunchType.CONNECT, self.own_addrs, self.random_ports)))
 
     def receive(self, data: bytes, now: float) -> list[Send | Dial]:
         if self._sent_at is None:
@@ -171,17 +181,19 @@ class DcutrInitiator:
             rtt = max(0.0, now - self._sent_at)
             self.done = True
             events.append(Send(encode_holepunch(HolePunch(HolePunchType.SYNC))))
-            events.append(Dial(addrs, now + rtt / 2, rtt))
+            events.append(Dial(addrs, now + rtt / 2, rtt, msg.random_ports))
         return events
 
 
 class DcutrResponder:
     """One responder exchange: <- CONNECT, CONNECT ->, <- SYNC and dial at once."""
 
-    def __init__(self, own_addrs) -> None:
+    def __init__(self, own_addrs, random_ports: bool = False) -> None:
         self.own_addrs = dialable(own_addrs)
+        self.random_ports = random_ports
         self._reader = FrameReader()
         self._remote_addrs: tuple[Multiaddr, ...] | None = None
+        self._remote_random = False
         self.done = False
 
     def receive(self, data: bytes, now: float) -> list[Send | Dial]:
@@ -199,10 +211,12 @@ class DcutrResponder:
                 if not self.own_addrs:
                     raise DcutrError("we have no dialable addresses to offer")
                 self._remote_addrs = addrs
-                events.append(Send(encode_holepunch(HolePunch(HolePunchType.CONNECT, self.own_addrs))))
+                self._remote_random = msg.random_ports
+                events.append(Send(encode_holepunch(HolePunch(HolePunchType.CONNECT, self.own_addrs,
+                                                              self.random_ports))))
             else:
                 if msg.type != HolePunchType.SYNC:
                     raise DcutrError(f"expected SYNC, got {msg.type.name}")
                 self.done = True
-                events.append(Dial(self._remote_addrs, now, None))
+                events.append(Dial(self._remote_addrs, now, None, self._remote_random))
         return events

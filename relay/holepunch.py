@@ -12,7 +12,9 @@ go-libp2p). The new connection is registered with the Host like any other; the r
 open for the caller to retire. Where a NAT maps every connection to a fresh port (symmetric NAT)
 its side's SYNs leave from an unpredicted port: they still land on the other side's listener if
 that side's NAT filters by address at most (full cone, restricted cone; ADR 0194); otherwise
-every SYN misses and ``direct_connect`` returns None: the peers stay relayed.
+every SYN misses and ``direct_connect`` returns None: the peers stay relayed, unless the NAT
+allocates ports sequentially: CONNECT then offers the ports its next flows will take as well
+(``offer_addrs``, ``relay/port_prediction.py``; ADR 0204).
 
 The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
 itself and hands them to ``Host.upgrade``.
@@ -32,7 +34,9 @@ from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.secure_conn import TcpConnection
 
-from .dcutr import DCUTR_PROTOCOL, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+from .birthday import birthday_dials
+from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ def _family(addr: Multiaddr) -> int:
 
 class HolePuncher:
     def __init__(self, host: Host, punch_port: int = 0, *, attempts: int = ATTEMPTS,
-                 punch_window: float = PUNCH_WINDOW) -> None:
+                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS) -> None:
         self.host = host
         self.port = punch_port
         self.attempts = attempts
@@ -71,6 +75,8 @@ class HolePuncher:
         self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
         self._public: dict[str, Connection] = {}   # connections made from the punch port
+        self._public_addr: dict[str, Multiaddr] = {}  # and the addresses they were made to
+        self.predict = predict                      # ports predicted for a port-rewriting NAT (0: off)
         self._punched = asyncio.Event()
         self._listening = asyncio.Lock()
         self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
@@ -107,6 +113,7 @@ class HolePuncher:
         self.host.peerbook.add_addrs(peer, [addr])
         conn = await self.host.upgrade(tcp, is_initiator=True, expected_peer=peer)
         self._public[peer] = conn
+        self._public_addr[peer] = addr
         observed = await self._observed_addr(conn)
         if observed is not None:
             self.observed[peer] = observed
@@ -153,6 +160,28 @@ class HolePuncher:
                 out.append(addr)
         return out
 
+    async def offer(self) -> tuple[list[Multiaddr], bool]:
+        """What CONNECT offers, and whether our NAT maps each flow to a random port. ``own_addrs``;
+        where the NAT rewrote the punch port, two fresh mapping probes tell a sequential NAT (the
+        second port follows the first: its next ports are offered too, ``relay/port_prediction.py``)
+        from a random one (birthday probing instead, ``relay/birthday.py``)."""
+        out = self.own_addrs()
+        if not self.predict:
+            return out, False
+        for peer, observed in list(self.observed.items()):
+            relay = self._public_addr.get(peer)
+            if relay is None or observed not in out or not rewrites_ports(observed, self.port):
+                continue
+            first = await fresh_mapping(self.host, relay)
+            second = await fresh_mapping(self.host, relay) if first is not None else None
+            if first is None or second is None:
+                return out, False
+            if second.tcp_endpoint()[1] != first.tcp_endpoint()[1] + 1:
+                return out, True
+            out += [a for a in predicted_addrs(second, self.predict) if a not in out]
+            return out[:MAX_OBS_ADDRS], False  # one relay probed per exchange
+        return out, False
+
     # ---- initiator
     async def direct_connect(self, relayed: Connection) -> Connection | None:
         """Try to replace ``relayed`` by a direct connection to the same peer; None if every attempt
@@ -174,7 +203,8 @@ class HolePuncher:
         return None
 
     async def _initiate(self, relayed: Connection) -> Connection:
-        core = DcutrInitiator(self.own_addrs())
+        offer, own_random = await self.offer()
+        core = DcutrInitiator(offer, own_random)
         if not core.own_addrs:
             raise DcutrError("no observed address yet: call connect_public first")
         stream = await relayed.open_stream(DCUTR_PROTOCOL)
@@ -196,8 +226,37 @@ class HolePuncher:
             stream.reset()
             raise
         await asyncio.sleep(max(0.0, dial.at - time.monotonic()))
-        tcp = await self._punch(dial.addrs)
+        tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random))
         return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
+
+    async def peer_punch(self, peer: str, first: float, timeout: float) -> Connection | None:
+        """The direct connection a punch *started by ``peer``* gives (the DCUtR spec's roles: the
+        inbound side of the relayed connection sends CONNECT): None if the peer started none
+        within ``first`` seconds, or its punch did not end on a connection within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        started = time.monotonic() + first
+        while not self.busy(peer):
+            conn = self._direct_now(peer)
+            if conn is not None:
+                return conn
+            if time.monotonic() >= started:
+                return None
+            await asyncio.sleep(0.02)
+        while self.busy(peer) and self._direct_now(peer) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self._direct_now(peer)
+
+    def _direct_now(self, peer: str) -> Connection | None:
+        """A live direct connection to ``peer``: punched, or dialed by the peer (reversal)."""
+        conn = self.direct.get(peer)
+        if conn is not None and not conn.closed:
+            return conn
+        return next((c for c in self.host.connections(peer)
+                     if not c.bulk and not c.closed and not c.relayed), None)
+
+    def reversing(self, peer: str):
+        """Mark a connection reversal to ``peer`` as a hole punch in progress (``busy``)."""
+        return self._exchange_with(peer)
 
     # ---- responder
     async def serve(self, stream) -> None:
@@ -206,7 +265,8 @@ class HolePuncher:
             await self._respond(stream)
 
     async def _respond(self, stream) -> None:
-        core = DcutrResponder(self.own_addrs())
+        offer, own_random = await self.offer()
+        core = DcutrResponder(offer, own_random)
         dial = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT):
@@ -226,7 +286,7 @@ class HolePuncher:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await stream.close()
         try:
-            tcp = await self._punch(dial.addrs)
+            tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random))
             conn = await self.host.upgrade(tcp, is_initiator=False)
         except _PUNCH_ERRORS as exc:
             log.info("hole punch from %s failed: %s", stream.remote_peer, exc)
@@ -252,16 +312,19 @@ class HolePuncher:
         return None
 
     # ---- the punch itself
-    async def _punch(self, addrs) -> TcpConnection:
+    async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False)) -> TcpConnection:
         """Dial every address from the punch port until one connects, and accept on it too, within
-        the punch window; the first connected socket wins, the rest are closed."""
+        the punch window (plus birthday probing where one side's NAT is random: ``birthday`` is
+        (ours, the peer's)); the first connected socket wins, the rest are closed."""
         async with self._listening:  # one listener at a time, so a SYN cannot land on another punch's
-            return await self._punch_once(addrs)
+            return await self._punch_once(addrs, birthday)
 
-    async def _punch_once(self, addrs) -> TcpConnection:
+    async def _punch_once(self, addrs, birthday: tuple[bool, bool]) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
         listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
+        tasks += [asyncio.ensure_future(dial) for dial in birthday_dials(
+            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1], deadline=deadline)]
         try:
             listener = _bound_socket(socket.AF_INET, self.port)
             listener.listen(8)

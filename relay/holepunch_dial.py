@@ -16,17 +16,16 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
-from node.p2p.multiaddr import Multiaddr
-from node.p2p.secure_conn import TcpConnection
 
 from .client import RelayClient
-from .holepunch import HolePuncher
+from .holepunch import EXCHANGE_TIMEOUT, HolePuncher
 from .holepunch_inbound import retire_relayed
+from .reversal import dial_direct
 
 DIRECT_TIMEOUT = 3.0
 RETIRE_AFTER = 5.0
+PEER_FIRST_S = 1.0   # how long the dialer waits for the dialed peer's DCUtR CONNECT before sending its own
 log = logging.getLogger(__name__)
 
 
@@ -38,33 +37,12 @@ class PeerPath:
     upgrading: asyncio.Task | None = None  # a punch still going on (returns the direct connection or None)
 
 
-async def _dial_direct(host: Host, peer_id: str, addrs, timeout: float) -> Connection | None:
-    """A live direct connection to ``peer_id``, or a new one to the first of ``addrs`` that answers
-    (dialed here because ``Host.connect`` would reuse a relayed shared connection)."""
-    for conn in host.connections(peer_id):
-        if not conn.bulk and not conn.closed and conn.remote_addr is not None:
-            return conn
-    loop = asyncio.get_running_loop()
-    for addr in addrs:
-        addr = Multiaddr.parse(addr)
-        if addr.is_relayed:
-            continue
-        try:
-            ip, port = addr.tcp_endpoint()
-            async with asyncio.timeout(timeout):
-                _transport, tcp = await loop.create_connection(TcpConnection, ip, port)
-            return await host.upgrade(tcp, is_initiator=True, expected_peer=peer_id)
-        except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-            log.debug("direct dial %s failed: %s", addr, exc)
-    return None
-
-
 async def dial_peer(host: Host, client: RelayClient, puncher: HolePuncher | None, peer_id: str,
                     direct_addrs, circuit_addrs, *, direct_timeout: float = DIRECT_TIMEOUT,
                     retire_after: float = RETIRE_AFTER, punch_wait: float | None = None) -> PeerPath:
     """Reach ``peer_id``: directly, by a punched connection, or relayed. Raises DialError when no
     relay reaches it either."""
-    conn = await _dial_direct(host, peer_id, direct_addrs, direct_timeout)
+    conn = await dial_direct(host, peer_id, direct_addrs, direct_timeout)
     if conn is not None:
         return PeerPath(conn, "direct")
     if not circuit_addrs:
@@ -74,11 +52,14 @@ async def dial_peer(host: Host, client: RelayClient, puncher: HolePuncher | None
 
 
 async def upgrade_relayed(puncher: HolePuncher | None, relayed: Connection, *, retire_after: float = RETIRE_AFTER,
-                          punch_wait: float | None = None) -> PeerPath:
-    """Hole punch ``relayed`` (waiting at most ``punch_wait`` seconds, None: until it ends)."""
-    if puncher is None or not puncher.own_addrs() or puncher.busy(relayed.remote_peer):
+                          punch_wait: float | None = None, peer_first: float = PEER_FIRST_S) -> PeerPath:
+    """Hole punch ``relayed`` (waiting at most ``punch_wait`` seconds, None: until it ends). As the
+    DCUtR spec has it, the peer (the inbound side of the circuit) starts the exchange: we wait
+    ``peer_first`` seconds for its CONNECT and start it ourselves only if none came (a peer that
+    does not punch, ADR 0204)."""
+    if puncher is None or not puncher.own_addrs():
         return PeerPath(relayed, "relayed")
-    punch = asyncio.ensure_future(puncher.direct_connect(relayed))
+    punch = asyncio.ensure_future(_punch(puncher, relayed, peer_first))
     done, _ = await asyncio.wait({punch}, timeout=punch_wait)
     if not done:
         return PeerPath(relayed, "relayed", upgrading=asyncio.ensure_future(_finish(punch, relayed, retire_after)))
@@ -86,6 +67,14 @@ async def upgrade_relayed(puncher: HolePuncher | None, relayed: Connection, *, r
     if direct is None:
         return PeerPath(relayed, "relayed")
     return PeerPath(direct, "punched", asyncio.ensure_future(retire_relayed(relayed, retire_after)))
+
+
+async def _punch(puncher: HolePuncher, relayed: Connection, peer_first: float) -> Connection | None:
+    peer = relayed.remote_peer
+    direct = await puncher.peer_punch(peer, peer_first, puncher.attempts * (EXCHANGE_TIMEOUT + puncher.punch_window))
+    if direct is not None or puncher.busy(peer) or relayed.closed:
+        return direct
+    return await puncher.direct_connect(relayed)
 
 
 async def _finish(punch: asyncio.Task, relayed: Connection, retire_after: float) -> Connection | None:

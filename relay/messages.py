@@ -236,7 +236,21 @@ def decode_limit(data: bytes) -> Limit:
     duration = _singular(fields, 1, WIRE_VARINT, "Limit.duration")
     if duration is not None and duration >= 1 << 32:
         raise RelayMessageError("Limit.duration exceeds uint32")
-    return Limit(duration, _singular(fields, 2, WIRE_VARINT, "Limit.data"))
+    return Limit(limit_duration_seconds(duration), _singular(fields, 2, WIRE_VARINT, "Limit.data"))
+
+
+# The spec's Limit.duration is in seconds; js-libp2p (3.x) puts its millisecond setting on the wire
+# unconverted (its 2-minute default arrives as 120000, 33 h read as seconds). No relay grants a
+# circuit longer than a day, so a whole number of thousands above a day is read as milliseconds:
+# the shorter reading is the safe one (the client moves bulk off the circuit sooner). ADR 0204.
+_MS_SUSPECT_ABOVE_S = 24 * 3600
+
+
+def limit_duration_seconds(raw: int | None) -> int | None:
+    """``Limit.duration`` from the wire in seconds, reading js-libp2p's milliseconds (see above)."""
+    if raw is not None and raw > _MS_SUSPECT_ABOVE_S and raw % 1000 == 0:
+        return raw // 1000
+    return raw
 
 
 def _enum(enum_type, value, what: str):

@@ -8,10 +8,11 @@ dialer: the Host has already tried the peer's direct addresses; this dials throu
 runs the DCUtR punch over the relayed connection, waiting up to ``punch_wait`` seconds for it, so
 ``host.open_stream(peer, proto)`` gets the punched connection where both NATs keep ports, and the
 relayed one otherwise (a punch still going on then finishes in the background and, if it works,
-retires the relayed connection). ``run()`` answers inbound relayed connections as the DCUtR
-spec's "B" (``upgrade_inbound``, after ``inbound_defer`` seconds left to a dialer punching
-itself) and reconnects to relays from the punch port when those connections drop. Bulk
-connections stay relayed (each would need a punch of its own).
+retires the relayed connection). As the DCUtR spec says, the inbound side of the circuit sends
+CONNECT: ``run()`` starts the punch on each inbound relayed connection at once (the spec's "B",
+``upgrade_inbound``), and the dialer waits ``upgrade_relayed``'s ``peer_first`` for it before
+punching itself (a peer that does not punch); ``run()`` also reconnects to relays from the punch
+port when those connections drop. Bulk connections stay relayed (each would need a punch of its own).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from .holepunch_dial import upgrade_relayed
 from .holepunch_inbound import upgrade_inbound
 
 PUNCH_WAIT_S = 2.0       # a dial waits this long for the punch before it settles for the relay
-INBOUND_DEFER_S = 2.0    # an inbound relayed connection is punched from our side after this
+INBOUND_DEFER_S = 0.0    # the inbound side of a circuit starts DCUtR at once (the spec's B; ADR 0204)
 RECONNECT_S = 5.0        # how often lost punch-port connections to relays are re-made
 CONNECT_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)

@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.genesis import Params
-from consensus.state import deadlines, epochs
+from consensus.state import availability, deadlines, epochs
 from consensus.state.context import BlockContext
-from consensus.state.records import Task, TaskStatus
+from consensus.state.records import SlotOutcome, Task, TaskStatus
 from consensus.state.store import TASK, LedgerState
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
 
-PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = "pending", "ok", "guilty", "unaudited", "undecided"
+PENDING, OK, GUILTY, UNAUDITED, UNDECIDED = (SlotOutcome.PENDING, SlotOutcome.OK, SlotOutcome.GUILTY,
+                                             SlotOutcome.UNAUDITED, SlotOutcome.UNDECIDED)
 OPEN, REDRAW, REFEREE = "open", "redraw", "referee"    # what a scheduled draw picks (ADR 0202)
 VERIFIER_ROLES = frozenset({"compute", "verifier"})
 
@@ -219,6 +220,12 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
             _decide_by_referees(state, params, ctx, task_id, slot)
             return True
         return False
+    if availability.challenge_open(slot):
+        if _expired(slot["challenge"]["deadline"], ctx, closing):
+            availability.expire_challenge(state, task_id, slot)
+            _resolved(state, task_id, slot)
+            return True
+        return False
     if slot["dispute_deadline"]:
         if _expired(slot["dispute_deadline"], ctx, closing):
             slot["outcome"] = GUILTY
@@ -280,6 +287,11 @@ def _close_reveals(state: LedgerState, params: Params, ctx: BlockContext, task_i
     elif len(answers) > 1:
         slot["verdict"] = None
         _schedule(state, params, ctx, task_id, slot, REFEREE, params.referees)
+    elif _all_unavailable(slot, answers) and not epochs.left_unreachable(task, slot["worker"], slot["salt"],
+                                                                         *next(iter(answers))):
+        slot["verdict"] = None
+        if not availability.open_challenge(state, params, ctx, task_id, slot):
+            _schedule(state, params, ctx, task_id, slot, REFEREE, params.referees)
     else:
         match, evidence = next(iter(answers))
         slot["verdict"] = {"match": match, "evidence": evidence}
@@ -292,6 +304,11 @@ def _close_reveals(state: LedgerState, params: Params, ctx: BlockContext, task_i
         else:
             slot["dispute_deadline"] = deadlines.dispute_deadline(params, ctx)
     return True
+
+
+def _all_unavailable(slot: Slot, answers: set[tuple[bool, bytes]]) -> bool:
+    """Whether the revealed answers all say the worker's data could not be had (ADR 0207)."""
+    return all(availability.is_unavailable(slot, {"match": m, "evidence": e}) for m, e in answers)
 
 
 def redraws_left(params: Params, slot: Slot) -> int:
@@ -392,11 +409,12 @@ def _resolved(state: LedgerState, task_id: bytes, slot: Slot) -> None:
 
 def refresh_status(task: Task) -> None:
     """committed while slots are open without a mismatch; disputed once a slot mismatched, is
-    disputed, refereed, undecided or guilty; verified once every slot resolved without any of that."""
+    disputed, challenged (ADR 0207), refereed, undecided or guilty; verified once every slot resolved
+    without any of that."""
     if not task.slots:
         return   # no audits (audits_per_worker 0): committed until the window ends
     contested = any(slot["outcome"] in (GUILTY, UNDECIDED) or slot["dispute_deadline"] or slot["referees"]
-                    or referees_pending(slot) for slot in task.slots)
+                    or referees_pending(slot) or availability.challenge_open(slot) for slot in task.slots)
     if contested:
         task.status = TaskStatus.DISPUTED
     elif all(slot["outcome"] != PENDING for slot in task.slots):
@@ -518,14 +536,14 @@ def settle(task: Task, verifier_pool: int) -> Settlement:
                 continue
             if (answer["match"], answer["evidence"]) == key:
                 payees.append(v["verifier"])
-            else:
+            elif not availability.is_unavailable(slot, answer):   # "I could not fetch" is never slashed
                 out.false_answers.append(v["verifier"])
         for r in slot["referees"]:
             if r["vote"] is None:
                 continue
             if (r["vote"]["match"], r["vote"]["evidence"]) == key:
                 payees.append(r["referee"])
-            else:
+            elif not availability.is_unavailable(slot, r["vote"]):
                 out.false_answers.append(r["referee"])
         if payees:
             payees_by_slot.append(payees)

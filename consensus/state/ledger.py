@@ -3,8 +3,9 @@
 ``Ledger.apply_block`` runs one committed block: release matured unbonding, apply block
 evidence, then each transaction (ante: signature, nonce, fee -- then the type's handler),
 then assign workers to open tasks and, every ``epoch_length`` blocks, elect the next
-committee; it returns receipts, events, the sorted change set for storage and the new app
-hash. Execution is deterministic: identical blocks on identical
+committee and commit the whole state in the app hash (consensus/state/snapshot.py); it returns
+receipts, events, the sorted change set for storage, the new app hash and, at those heights,
+the state's snapshot chunks. Execution is deterministic: identical blocks on identical
 states give identical results on every replica.
 """
 from __future__ import annotations
@@ -21,9 +22,11 @@ from consensus.encoding import encode
 from consensus.genesis import Genesis
 from consensus.state import accounts, answers, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
 from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
+from consensus.state.availability import apply_availability_response
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
 from consensus.state.records import NodeRecord, Task
+from consensus.state.snapshot import Manifest, is_snapshot_height, make_manifest, split_chunks
 from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
 from consensus.state.supply import check_supply
 from consensus.tx import Tx, decode_tx, public_key_for
@@ -43,6 +46,7 @@ HANDLERS = {
     "audit_result": answers.apply_audit_result,
     "dispute": audits.apply_dispute,
     "referee_vote": audits.apply_referee_vote,
+    "availability_response": apply_availability_response,
     "finalize": tasks.apply_finalize,
     "relay_receipt": relay.apply_relay_receipt,
     "serve_deposit": serving.apply_serve_deposit,
@@ -102,6 +106,7 @@ class BlockResult:
     receipts: list[TxReceipt]
     events: list[dict]
     changes: list[tuple[bytes, bytes | None]] = field(repr=False)  # for Storage.commit_block
+    snapshot: tuple[Manifest, list[bytes]] | None = field(default=None, repr=False)  # at snapshot heights
 
 
 def verify_tx_signatures(txs: list[Tx], executor: Executor | None = None) -> list[bool]:
@@ -259,9 +264,15 @@ class Ledger:
         state.touch_meta()
         changes = state.take_changes()
         state.app_hash = next_app_hash(h.app_hash, ctx.height, changes)
+        snapshot = None
+        if is_snapshot_height(ctx.height, params.epoch_length):   # the app hash commits the whole state
+            chunks = split_chunks(state.items())
+            manifest = make_manifest(ctx.height, state.app_hash, chunks)
+            state.app_hash = manifest.app_hash
+            snapshot = (manifest, chunks)
         changes.append((APP_HASH_KEY, encode(state.app_hash)))
         events, state.events = state.events, []
-        return BlockResult(ctx.height, block.hash, state.app_hash, receipts, events, changes)
+        return BlockResult(ctx.height, block.hash, state.app_hash, receipts, events, changes, snapshot)
 
     def _execute(self, ctx: BlockContext, index: int, tx: Tx, bad_signature: bool) -> TxReceipt:
         if bad_signature:

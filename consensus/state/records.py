@@ -125,6 +125,17 @@ class TaskStatus:
     FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED, FAILED})   # escrow empty, nothing more can happen
 
 
+class SlotOutcome:
+    """Where an audit slot stands (docs/adr/0168, consensus/state/audits.py)."""
+    PENDING = "pending"          # still being decided
+    OK = "ok"                    # the worker's segment replayed to its committed hash
+    GUILTY = "guilty"            # it did not, and the verdict says so
+    UNAUDITED = "unaudited"      # no verifier answered (or none could be drawn)
+    UNDECIDED = "undecided"      # the referees reached no verdict
+
+    PAID = frozenset({OK, GUILTY})   # a verdict the verifiers and referees who agreed with it are paid for
+
+
 class Task(Record):
     """A training task: spec, escrow, lifecycle status, workers, commitments, audits, payouts.
 

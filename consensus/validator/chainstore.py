@@ -1,11 +1,21 @@
-"""What a validator keeps beside blocks and state: commit certificates and epoch committees.
+"""What a validator keeps beside blocks and state: commit certificates and epoch committees, and
+what it prunes.
 
 Both go in the consensus WAL of ``Storage`` (``W/<height>/<seq>`` records, opaque to it):
 ``C`` + certificate (the precommits that committed block ``height``), written (synced) before the
 block itself, so a stored block always has its certificate; ``S`` + committee, written at the first
-height of each epoch. The committee of heights ``E+1 .. E+L`` (``L`` = epoch length) is the top-K
-bonded validators of the state after block ``E``; a node restarted mid-epoch reads it back from the
-WAL (the state of block ``E`` is gone by then), a node replaying blocks computes it at ``E``.
+height of each epoch. A certificate is stored once: block ``h + 1`` carries the certificate of
+``h`` (its ``last_commit``, checked before it was committed), so ``commit`` deletes the ``C``
+record of ``h - 1`` in the batch that stores block ``h``; only the tip's certificate is a record.
+With ``retain_blocks`` set, ``commit`` also prunes blocks older than the last ``retain_blocks``
+and WAL records below them (never the committee records of the tip's epoch), a bounded number
+per commit, in that same batch (docs/adr/0199). At snapshot heights (consensus/state/snapshot.py)
+``commit`` stores the state's chunks too and drops all but the last ``KEEP_SNAPSHOTS``; blocks
+from the oldest kept snapshot's next block on are never pruned, so peers can state-sync from it.
+
+The committee of heights ``E+1 .. E+L`` (``L`` = epoch length) is the top-K bonded validators of
+the state after block ``E``; a node restarted mid-epoch reads it back from the WAL (the state
+of block ``E`` is gone by then), a node replaying blocks computes it at ``E``.
 """
 from __future__ import annotations
 
@@ -24,6 +34,8 @@ from consensus.validator.storage import CorruptDatabase, Storage
 
 CERTIFICATE_TAG = b"C"
 COMMITTEE_TAG = b"S"
+PRUNE_PER_COMMIT = 256   # blocks (and WAL records) pruned at most per commit
+KEEP_SNAPSHOTS = 2       # state snapshots kept (with the blocks from the oldest one's next block)
 
 
 def epoch_start(height: int, epoch_length: int) -> int:
@@ -34,17 +46,45 @@ def epoch_start(height: int, epoch_length: int) -> int:
 class ChainStore:
     """Storage plus certificates and committees; all methods block (run them off the event loop)."""
 
-    def __init__(self, storage: Storage):
+    def __init__(self, storage: Storage, retain_blocks: int = 0):
         self.storage = storage
         self.params = storage.genesis.params
+        self.retain_blocks = retain_blocks   # 0: keep every block
 
     def save_certificate(self, height: int, votes) -> bytes:
         raw = encode_certificate(votes)
         self.storage.wal_append(height, CERTIFICATE_TAG + raw)
         return raw
 
+    def commit(self, block: Block, result) -> None:
+        """Store ``block`` (its certificate saved before): drop the certificate record of the
+        previous height, which ``block.last_commit`` now carries, and prune what retention allows."""
+        ops: list[tuple[bytes, bytes | None]] = [
+            (key, None) for key, record in self.storage.wal_entries(block.height - 1)
+            if record[:1] == CERTIFICATE_TAG and block.last_commit]
+        if result.snapshot is not None:
+            manifest, chunks = result.snapshot
+            ops += self.storage.snapshot_ops(manifest, chunks)
+            kept = self.storage.snapshot_heights() + [manifest.height]
+            for old in kept[:-KEEP_SNAPSHOTS]:
+                ops += self.storage.drop_snapshot_ops(old)
+            kept = kept[-KEEP_SNAPSHOTS:]
+        else:
+            kept = self.storage.snapshot_heights()
+        if self.retain_blocks:
+            below = block.height - self.retain_blocks + 1
+            if kept:   # a snapshot is served with its next block (whose header commits it)
+                below = min(below, kept[0] + 1)
+            wal_below = min(below, epoch_start(block.height, self.params.epoch_length) + 1)
+            ops += self.storage.prune_ops(below, wal_below, PRUNE_PER_COMMIT)
+        self.storage.commit_block(block, result, ops)
+
     def certificate_bytes(self, height: int) -> bytes | None:
-        """The last stored certificate of ``height`` (encoded), or None."""
+        """The certificate of ``height`` (encoded): the next block's ``last_commit``, else the
+        record saved when it committed (the tip's); None if neither is stored."""
+        following = self.storage.block_by_height(height + 1) if height < self.storage.height else None
+        if following is not None and following.last_commit:
+            return following.last_commit
         found = None
         for record in self.storage.wal_records(height):
             if record[:1] == CERTIFICATE_TAG:

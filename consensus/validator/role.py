@@ -14,9 +14,11 @@ stay in-process (docs/adr/0100). All ledger and mempool mutations happen in that
 one worker thread; the event loop only reads (``_pool_lock`` guards its reads of the mempool).
 
 A node whose key is not in the committee follows the chain (full node): it asks committee members
-for blocks and applies those with valid certificates. A proposer with no ready transaction
-(``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it proposes, so an idle
-chain makes a few empty blocks a second instead of spinning.
+for blocks and applies those with valid certificates; one that starts with an empty database first
+restores the committee's latest state snapshot (``/dekube/snapshots/1.0.0``, served by every
+validator; docs/adr/0199) when there is one, so it replays only the blocks after it. A proposer
+with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
+proposes, so an idle chain makes a few empty blocks a second instead of spinning.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_even
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
+from consensus.statesync import SnapshotSource, StateSyncError, state_sync
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.tx import decode_tx
 from consensus.txcodes import TxCode, TxError
@@ -55,6 +58,7 @@ from consensus.validator.chainstore import (
 from consensus.validator.mempool import Mempool
 from consensus.validator.metrics import ConsensusMetrics
 from consensus.validator.rpc_methods import LedgerMethods, parse_height
+from consensus.validator.snapshot_wire import RemoteSource, SnapshotServer
 from consensus.validator.storage import CorruptDatabase, ForeignDatabase, Storage, StorageError
 from node.p2p.multiaddr import Multiaddr
 from node.roles import Role, RoleStartError
@@ -68,6 +72,7 @@ log = logging.getLogger(__name__)
 NEW_HEADS = "newHeads"
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
+STATE_SYNC_TIMEOUT = 5.0   # seconds per snapshot request to one peer
 
 
 # start-up check of the chain database (docs/adr/0142): every key up to this size, else the recent blocks
@@ -122,6 +127,7 @@ class ValidatorRole(Role):
         self._chain: ChainState | None = None       # set by prepare()
         self.driver: ConsensusDriver | None = None
         self.gossip: TxGossip | None = None
+        self._snapshots: SnapshotServer | None = None
         self.ready = asyncio.Event()
         self._blocks: dict[bytes, Block] = {}
         self._evidence: dict[bytes, bytes] = {}
@@ -178,6 +184,10 @@ class ValidatorRole(Role):
             # the node awaits prepare() first; a test may call run() alone
             chain = self._chain if self._chain is not None else await self.prepare()
             self._add_genesis_addresses(chain.genesis)
+            self._snapshots = SnapshotServer(self.node.host, chain.store)
+            self._snapshots.start()
+            if self.settings["state_sync"] and chain.ledger.height == 0 and self.peer_id not in chain.committee:
+                await self._state_sync()
             self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers,
                                    members=self._is_member)
             await self.gossip.start()
@@ -190,6 +200,8 @@ class ValidatorRole(Role):
             finally:
                 follower.cancel()
         finally:
+            if self._snapshots is not None:
+                self._snapshots.stop()
             if self.gossip is not None:
                 await self.gossip.stop()
             if self.driver is not None:
@@ -232,7 +244,7 @@ class ValidatorRole(Role):
         except StorageError as exc:
             storage.close()
             raise database_error(db_path, exc) from None
-        store = ChainStore(storage)
+        store = ChainStore(storage, retain_blocks=self.settings["retain_blocks"])
         try:
             ledger = storage.load_ledger()
             signer = SignerGuard.restore(self.node.identity, storage.load_signer_state())
@@ -298,6 +310,37 @@ class ValidatorRole(Role):
             members=self._is_member)
         await driver.start(chain.ledger.height + 1, chain.committee)
         return driver
+
+    async def _state_sync(self) -> None:
+        """A node outside the committee with an empty database starts from the committee's latest
+        state snapshot (checked against the genesis committee's signatures, docs/adr/0199); with no
+        usable snapshot it block-syncs from height 1."""
+        loop = asyncio.get_running_loop()
+        sources: list[SnapshotSource] = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
+                                         for p in self.committee.peer_ids if p != self.peer_id]
+        started = time.monotonic()
+        try:
+            ledger, report = await loop.run_in_executor(self._worker, state_sync, self.store, self.committee, sources)
+        except StateSyncError as exc:
+            log.info("no state sync, block sync from height 1: %s", exc)
+            return
+        await loop.run_in_executor(self._worker, self._adopt, ledger)
+        log.info("state synced", extra={"height": report.height, "chunks": report.chunks,
+                                        "mib": round(report.state_bytes / 2**20, 2), "rejected": report.rejected,
+                                        "seconds": round(time.monotonic() - started, 3)})
+
+    def _adopt(self, ledger: Ledger) -> None:
+        """Worker thread: run from a ledger state sync restored."""
+        chain, height = self.chain, ledger.height
+        last = chain.store.block(height)
+        if last is None:
+            raise StorageError(f"state sync stored no block {height}")
+        chain.ledger = ledger
+        chain.committee = chain.store.committee_for(height + 1, ledger)
+        chain.prev_committee = chain.store.committee_for(height, ledger)
+        chain.last_value_id = value_id(last.encode())
+        chain.last_certificate = chain.store.certificate_bytes(height) or b""
+        chain.mempool = Mempool(ledger, max_txs=self.settings["mempool_max_txs"])
 
     def _fail(self, exc: BaseException) -> None:
         """A storage or execution failure: stop the node rather than diverge from the chain."""
@@ -438,7 +481,7 @@ class ValidatorRole(Role):
         with self._pool_lock:  # txs this node already decoded and checked are neither decoded nor verified again
             known = mempool.known_txs
         result = ledger.apply_block(block, executor=self._verify_pool, known_txs=known)
-        store.storage.commit_block(block, result)
+        store.commit(block, result)
         with self._pool_lock:
             mempool.update(r.tx_hash for r in result.receipts)
         receipts = tx_events(result, list(block.txs), known) if want_txs else []
@@ -578,10 +621,17 @@ class ValidatorRole(Role):
         }
 
     def block_json(self, height: int, full: bool = False) -> dict | None:
-        """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates)."""
+        """A stored block as JSON (header, tx hashes or decoded txs, evidence, certificates); None if
+        there is no such block yet; ResourceNotFound naming the first kept block if it was pruned."""
         store = self.chain.store
         block = store.block(height)
         if block is None:
+            storage = store.storage
+            if storage.is_pruned(height):
+                raise ResourceNotFound(
+                    f"block {height} is pruned: this node keeps blocks {storage.base}..{storage.height} "
+                    f"([consensus] retain_blocks = {self.store.retain_blocks})",
+                    data={"pruned": True, "first_block": storage.base})
             return None
         doc = block.header.to_json()
         if full:

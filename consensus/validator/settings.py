@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from node.config import Key, check_choice, check_positive
 
+
+def check_retain_blocks(value: int) -> None:
+    if value != 0 and value < 100:
+        raise ValueError("must be 0 (keep every block) or at least 100")
+
+
 SECTIONS: dict[str, dict[str, Key]] = {
     "consensus": {
         "chain_id": Key(str, "dekube-local", "identifier of the chain; signatures cover it"),
@@ -16,6 +22,14 @@ SECTIONS: dict[str, dict[str, Key]] = {
                                 "seconds a proposer waits for transactions before an empty block", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
+        "retain_blocks": Key(int, 0,
+                             "blocks (with their certificates) kept; older ones are pruned and the RPC answers "
+                             "'pruned' for them; 0 keeps every block (peers block-syncing from genesis need one "
+                             "node that keeps them); at least 100 otherwise; docs/adr/0199", check_retain_blocks),
+        "state_sync": Key(bool, True,
+                          "a node outside the committee with an empty chain database starts from the committee's "
+                          "latest state snapshot (checked against the genesis committee) instead of block 1; "
+                          "docs/adr/0199"),
         "verify_db": Key(str, "auto",
                          "start-up check of the chain database: full (read every block), recent (state and the "
                          "last 1000 blocks), auto (full up to 512 MiB, else recent); docs/adr/0142",

@@ -7,16 +7,20 @@ same code for everything above the key-value layer. A ``KV`` offers ``get``, ``w
 ``last_key(prefix)``, ``delete_range(start, end, sync)``, ``is_empty()`` and ``close()``.
 
 One database, key prefixes:
-    M/<name>               meta: format, chain_id, genesis_hash, height
+    M/<name>               meta: format, chain_id, genesis_hash, height, base (first stored block; 1 if absent)
     B/<height u64>         block bytes            H/<block hash>   height u64
     R/<tx hash>            the receipt (an executed one is never replaced by a later copy's)
     S/<state key>          ledger state (consensus.state.store keys)
     W/<height u64><seq u64> consensus write-ahead log records (opaque bytes)
     V/signer               signer (double-sign guard) state (opaque bytes)
+    N/<height u64>         state snapshot manifest   K/<height u64><index u32>  its chunks (docs/adr/0199)
 
 A committed block, its receipts, its state changes and the new height go in ONE
 WriteBatch written with sync, so after a crash (kill -9 at any instant) the database is
 at the previous or the new height, never between. WAL and signer writes are synced too.
+Pruning (``prune_ops``) deletes the oldest blocks, their hash index and WAL records and moves
+``base`` up in that same batch, so a crash leaves either the old or the new retained range;
+``block_by_height`` of a height below ``base`` is None and ``is_pruned`` says why.
 Opening a database of another chain, or one that is damaged, raises a clear StorageError.
 """
 from __future__ import annotations
@@ -31,11 +35,13 @@ from consensus.block import Block, BlockError
 from consensus.encoding import EncodingError, decode, encode
 from consensus.genesis import Genesis
 from consensus.state.ledger import BlockResult, Ledger, TxReceipt
-from consensus.state.store import LedgerState
+from consensus.state.snapshot import Manifest, SnapshotError
+from consensus.state.store import APP_HASH_KEY, LedgerState
 
 FORMAT = 1
 _META = b"M/"
 _BLOCK, _BLOCK_HASH, _RECEIPT, _STATE, _WAL, _SIGNER = b"B/", b"H/", b"R/", b"S/", b"W/", b"V/signer"
+_MANIFEST, _CHUNK = b"N/", b"K/"
 MAX_BLOCK_BYTES_ON_DISK = 64 * 1024 * 1024
 
 
@@ -134,6 +140,7 @@ class Storage:
         self.genesis = genesis
         self._kv = kv
         self.height = self._meta_int(b"height")
+        self.base = self._meta_int(b"base") if self._get(_META + b"base") is not None else 1
         last_wal = self._last_key(_WAL)
         self._wal_seq = int.from_bytes(last_wal[10:18], "big") + 1 if last_wal else 0
 
@@ -204,12 +211,12 @@ class Storage:
         state_height = self._get(_STATE + b"meta/height")
         if state_height is None or decode(state_height) != self.height:
             raise CorruptDatabase(f"{self.path}: state height does not match block height {self.height}")
-        if self.height and self.block_by_height(self.height) is None:
+        if self.height >= self.base and self.block_by_height(self.height) is None:
             raise CorruptDatabase(f"{self.path}: block {self.height} is missing")
 
     def check_integrity(self) -> None:
         """Read every key (RocksDB verifies block checksums) and check that no block is missing."""
-        expected = 1
+        expected = self.base
         for key, _ in self._scan(b""):
             if key.startswith(_BLOCK):
                 if int.from_bytes(key[2:], "big") != expected:
@@ -229,7 +236,7 @@ class Storage:
         for prefix in (_META, _STATE, _WAL, _SIGNER):
             for _ in self._scan(prefix):
                 pass
-        for height in range(max(1, self.height - recent_blocks + 1), self.height + 1):
+        for height in range(max(self.base, self.height - recent_blocks + 1), self.height + 1):
             if self.block_by_height(height) is None:
                 raise CorruptDatabase(f"{self.path}: block {height} is missing")
 
@@ -284,13 +291,17 @@ class Storage:
 
     # ---- blocks and state -----------------------------------------------------------------------
 
-    def commit_block(self, block: Block, result: BlockResult) -> None:
-        """Atomically and durably store ``block``, its receipts and its state changes."""
+    def commit_block(self, block: Block, result: BlockResult,
+                     extra_ops: list[tuple[bytes, bytes | None]] | None = None,
+                     first_ops: list[tuple[bytes, bytes | None]] | None = None) -> None:
+        """Atomically and durably store ``block``, its receipts and its state changes, with
+        ``extra_ops`` (e.g. ``prune_ops``, ``wal_entries`` deletions) in the same batch, after
+        ``first_ops`` (a restored state, which the block's changes then update)."""
         if block.height != self.height + 1:
             raise StorageError(f"commit of height {block.height} on top of height {self.height}")
         if result.block_hash != block.hash:
             raise StorageError("the execution result is not for this block")
-        ops: list[tuple[bytes, bytes | None]] = []
+        ops: list[tuple[bytes, bytes | None]] = list(first_ops or [])
         height_key = _u64(block.height)
         ops.append((_BLOCK + height_key, block.encode()))
         ops.append((_BLOCK_HASH + block.hash, height_key))
@@ -304,8 +315,12 @@ class Storage:
             ops.append((_RECEIPT + receipt.tx_hash, encode(receipt.to_obj())))
         ops += [(_STATE + key, value) for key, value in result.changes]
         ops.append((_META + b"height", encode(block.height)))
+        ops += extra_ops or []
         self._kv.write(ops, sync=True)
         self.height = block.height
+        for key, value in extra_ops or []:
+            if key == _META + b"base" and value is not None:
+                self.base = decode(value)
 
     def load_ledger(self) -> Ledger:
         """The ledger state as of the last committed block."""
@@ -325,6 +340,36 @@ class Storage:
         except BlockError as exc:
             raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
 
+    def is_pruned(self, height: int) -> bool:
+        """Was block ``height`` stored once and deleted by pruning (``base`` is the first kept)."""
+        return 1 <= height < self.base
+
+    def prune_ops(self, below: int, wal_below: int, limit: int) -> list[tuple[bytes, bytes | None]]:
+        """The deletions that prune blocks (and their hash index) below ``below`` and WAL records
+        of heights below ``wal_below``, at most ``limit`` blocks and ``limit`` WAL records per call
+        (a node that turns pruning on catches up over several commits), with the new ``base``:
+        for ``commit_block``'s batch. Empty when there is nothing to prune."""
+        ops: list[tuple[bytes, bytes | None]] = []
+        if wal_below <= 0 and below <= self.base:
+            return ops
+        new_base = min(below, self.base + limit, self.height + 1)
+        for height in range(self.base, new_base):
+            raw = self._get(_BLOCK + _u64(height))
+            if raw is not None:
+                try:
+                    ops.append((_BLOCK_HASH + Block.decode(raw, MAX_BLOCK_BYTES_ON_DISK).hash, None))
+                except BlockError as exc:
+                    raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
+                ops.append((_BLOCK + _u64(height), None))
+        wal_end = _WAL + _u64(max(0, wal_below))
+        for count, (key, _) in enumerate(self._scan(_WAL)):
+            if key >= wal_end or count >= limit:
+                break
+            ops.append((key, None))
+        if new_base > self.base:
+            ops.append((_META + b"base", encode(new_base)))
+        return ops
+
     def block_by_hash(self, block_hash: bytes) -> Block | None:
         height = self._get(_BLOCK_HASH + block_hash)
         return None if height is None else self.block_by_height(int.from_bytes(height, "big"))
@@ -332,6 +377,63 @@ class Storage:
     def receipt(self, tx_hash: bytes) -> TxReceipt | None:
         raw = self._get(_RECEIPT + tx_hash)
         return None if raw is None else TxReceipt.from_obj(decode(raw))
+
+    # ---- state snapshots ----------------------------------------------------------------------
+
+    def snapshot_heights(self) -> list[int]:
+        """Heights of the stored state snapshots, oldest first."""
+        return [int.from_bytes(key[2:], "big") for key, _ in self._scan(_MANIFEST)]
+
+    def snapshot_manifest(self, height: int) -> Manifest | None:
+        raw = self._get(_MANIFEST + _u64(height))
+        if raw is None:
+            return None
+        try:
+            return Manifest.decode(raw)
+        except SnapshotError as exc:
+            raise CorruptDatabase(f"{self.path}: snapshot manifest {height} unreadable: {exc}") from None
+
+    def snapshot_chunk(self, height: int, index: int) -> bytes | None:
+        if not 0 <= index < 2**32:
+            return None
+        return self._get(_CHUNK + _u64(height) + index.to_bytes(4, "big"))
+
+    @staticmethod
+    def snapshot_ops(manifest: Manifest, chunks: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """The writes that store a snapshot (for ``commit_block``'s batch)."""
+        prefix = _CHUNK + _u64(manifest.height)
+        ops: list[tuple[bytes, bytes | None]] = [
+            (prefix + i.to_bytes(4, "big"), chunk) for i, chunk in enumerate(chunks)]
+        ops.append((_MANIFEST + _u64(manifest.height), manifest.encode()))
+        return ops
+
+    def drop_snapshot_ops(self, height: int) -> list[tuple[bytes, bytes | None]]:
+        manifest = self.snapshot_manifest(height)
+        count = len(manifest.chunk_hashes) if manifest is not None else 0
+        prefix = _CHUNK + _u64(height)
+        ops: list[tuple[bytes, bytes | None]] = [(prefix + i.to_bytes(4, "big"), None) for i in range(count)]
+        return ops + [(_MANIFEST + _u64(height), None)]
+
+    def commit_restored(self, items: list[tuple[bytes, bytes]], app_hash: bytes, block: Block,
+                        result: BlockResult, certificate_record: bytes) -> None:
+        """State sync's one write: replace the genesis state by a verified snapshot's ``items``
+        (the state after block ``block.height - 1``, ``app_hash``) and commit ``block`` on top,
+        with its certificate record, in ONE synced batch; no block is stored below it (``base``).
+        A crash leaves the empty database or the restored one, never a state without its block."""
+        if self.height != 0:
+            raise StorageError(f"state sync needs an empty chain database, this one is at height {self.height}")
+        ops: list[tuple[bytes, bytes | None]] = [(key, None) for key, _ in self._scan(_STATE)]
+        ops += [(_STATE + key, value) for key, value in items]
+        ops.append((_STATE + APP_HASH_KEY, encode(app_hash)))
+        self.height = block.height - 1
+        try:
+            self.commit_block(block, result, [
+                (_WAL + _u64(block.height) + _u64(self._wal_seq), bytes(certificate_record)),
+                (_META + b"base", encode(block.height))], first_ops=ops)
+        except BaseException:
+            self.height = 0
+            raise
+        self._wal_seq += 1
 
     # ---- consensus write-ahead log --------------------------------------------------------------
 
@@ -342,7 +444,12 @@ class Storage:
 
     def wal_records(self, height: int) -> list[bytes]:
         """The records appended for ``height``, in append order."""
-        return [value for _, value in self._scan(_WAL + _u64(height))]
+        return [value for _, value in self.wal_entries(height)]
+
+    def wal_entries(self, height: int) -> list[tuple[bytes, bytes]]:
+        """The (key, record) pairs appended for ``height``, in append order (a key, paired with
+        None, deletes its record in ``commit_block``'s ``extra_ops``)."""
+        return list(self._scan(_WAL + _u64(height)))
 
     def wal_prune(self, below_height: int) -> None:
         """Forget WAL records of heights below ``below_height`` (after those blocks committed)."""

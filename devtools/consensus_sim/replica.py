@@ -8,6 +8,7 @@ survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` lo
 commit execution follow ``ValidatorRole._propose``/``_is_valid``/``_on_commit``/``_execute``, run
 inline (the simulation has no threads); with ``SimConfig.empty_block_wait`` set, the next proposer
 paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing).
+A replica can also boot from an empty disk by state sync from the others' stores (docs/adr/0199).
 Each stored commit is reported to the ``Checker``.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from consensus.driver import ConsensusDriver
 from consensus.genesis import Genesis
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, Evidence, value_id
 from consensus.signer import SignerGuard
+from consensus.statesync import StoreSource, state_sync
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.txcodes import TxError
 from consensus.validator.block_check import check_proposed_block
@@ -51,13 +53,27 @@ class Replica:
         self.incarnation = 0
         self.driver: ConsensusDriver | None = None
         self.crash_at_write: int | None = None  # crash before this many more writes (torn crash)
+        self.state_synced_to = 0                 # the height a state sync brought it to (0: none)
 
     # ------------------------------------------------------------------ lifecycle
-    async def boot(self, timeouts: TimeoutConfig, byzantine: bool) -> None:
+    async def boot(self, timeouts: TimeoutConfig, byzantine: bool, sync_from: list[Replica] | None = None) -> None:
+        """Start from the replica's disk; with ``sync_from``, from an empty disk (only the signer
+        state kept) by state sync from those replicas' stores, then block sync by the driver."""
+        if sync_from is not None:
+            self.kv.reopen()
+            signer_state = self.kv.get(b"V/signer")   # the signer state is kept apart from the chain
+            self.kv = MemoryKV()
         self.kv.reopen()
         self.kv.before_write = None
         storage = Storage.create(f"sim-node-{self.index}", self.kv, self.genesis)
-        self.store = ChainStore(storage)
+        self.store = ChainStore(storage, retain_blocks=self.sim.cfg.retain_blocks)
+        if sync_from is not None:
+            if signer_state is not None:
+                storage.save_signer_state(signer_state)
+            trusted = self.store.committee_for(1, storage.load_ledger())
+            _, report = state_sync(self.store, trusted, [StoreSource(f"node-{r.index}", r.store) for r in sync_from])
+            self.sim.record_fault("state_sync", self.index)
+            self.state_synced_to = report.height
         self.ledger = storage.load_ledger()
         signer = SignerGuard.restore(self.identity, storage.load_signer_state())
         height = self.ledger.height
@@ -150,7 +166,7 @@ class Replica:
         block = Block.decode(commit.value, MAX_PROPOSAL_VALUE_BYTES)
         self.store.save_certificate(block.height, commit.certificate)
         result = self.ledger.apply_block(block, known_txs=self.mempool.known_txs)
-        self.store.storage.commit_block(block, result)
+        self.store.commit(block, result)
         self.mempool.update(r.tx_hash for r in result.receipts)
         next_committee = self.store.committee_for(block.height + 1, self.ledger)
         self.sim.checker.on_commit(self, block, commit, result)

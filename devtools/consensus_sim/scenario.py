@@ -67,6 +67,8 @@ class SimConfig:
     wan: WanConfig | None = None           # inter-region latencies instead of max_delay (wan.py, ADR 0193)
     timeouts: TimeoutConfig = TIMEOUTS
     empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
+    retain_blocks: int = 0                 # [consensus] retain_blocks: blocks each replica keeps (0: all)
+    wiped: int | None = None               # this replica loses its disk at the heal, rejoins by state sync
 
 
 @dataclass
@@ -296,7 +298,8 @@ class Simulation:
         for replica in self.replicas:
             await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         self.spawn(self._inject_faults())
-        self.spawn(self._submit_transactions())
+        if cfg.tx_rate:   # 0: an idle chain (storage growth of empty blocks)
+            self.spawn(self._submit_transactions())
         if self.game is not None:
             self.spawn(self._play_game())
         await self.clock.sleep(cfg.fault_time)
@@ -305,7 +308,11 @@ class Simulation:
         self.net.heal()
         for replica in self.replicas:
             replica.crash_at_write = None
-            if not replica.up:
+            if replica.index == cfg.wiped:
+                replica.crash()
+                others = [r for r in self.replicas if r.up and r.index != cfg.wiped]
+                await replica.boot(cfg.timeouts, replica.index in self.byzantine, sync_from=others)
+            elif not replica.up:
                 self.faults["restart"] += 1
                 await replica.boot(cfg.timeouts, replica.index in self.byzantine)
         heal_time = self.loop.time()

@@ -7,7 +7,8 @@ height's first proposal being built to a replica storing the block (every replic
 block rate: heights over the virtual time until the last one's first commit; rounds: the round each
 height was committed in (0 = the first); stored bytes per height: the logical bytes (keys and values,
 before the database's compression and overhead) replica 0 holds beyond a fresh genesis store, per
-height. Everything comes from the seed, so a seed replays exactly.
+height (``tx_rate`` 0: an idle chain; ``retain_blocks``: the replicas prune, so the total stays
+bounded). Everything comes from the seed, so a seed replays exactly.
 """
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def timeouts_for(propose: float, vote: float) -> TimeoutConfig:
 
 def wan_sim_config(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
                    timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, tx_rate: float = 2.0,
-                   bound: float = 600.0, empty_block_wait: float | None = EMPTY_BLOCK_WAIT) -> SimConfig:
+                   bound: float = 600.0, empty_block_wait: float | None = EMPTY_BLOCK_WAIT,
+                   retain_blocks: int = 0) -> SimConfig:
     return SimConfig(seed=seed, validators=validators, fault_time=0.001, drop=0.0, duplicate=0.0, max_delay=0.02,
                      partitions=False, crashes=False, torn_crashes=False, byzantine=False, tx_rate=tx_rate,
                      epoch_length=max(8, heights + 1), liveness_heights=heights, liveness_bound=bound,
-                     wan=wan or WanConfig(), timeouts=timeouts, empty_block_wait=empty_block_wait)
+                     wan=wan or WanConfig(), timeouts=timeouts, empty_block_wait=empty_block_wait,
+                     retain_blocks=retain_blocks)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -54,11 +57,11 @@ def _logical_bytes(kv: MemoryKV) -> int:
 
 def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None = None,
             timeouts: TimeoutConfig = PRODUCTION_TIMEOUTS, empty_block_wait: float | None = EMPTY_BLOCK_WAIT,
-            tx_rate: float = 2.0) -> dict:
+            tx_rate: float = 2.0, retain_blocks: int = 0) -> dict:
     """Run once and return the figures (and ``violations``, empty when safety and liveness held)."""
     started = time.perf_counter()
     sim = Simulation(wan_sim_config(validators, heights, seed, wan, timeouts, tx_rate,
-                                    empty_block_wait=empty_block_wait))
+                                    empty_block_wait=empty_block_wait, retain_blocks=retain_blocks))
     result = sim.run()
     checker = sim.checker
     rounds = [checker.rounds[h] for h in sorted(checker.rounds)]
@@ -80,6 +83,7 @@ def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None 
         "wall_s": round(time.perf_counter() - started, 2),
         "messages": result.network["sent"],
         "stored_bytes_per_height": round(stored / max(1, sim.replicas[0].height)),
+        "stored_bytes": stored,
         "trace": result.trace,
         "violations": result.violations,
     }

@@ -2,7 +2,11 @@
 commit results (Merkle root of per-worker segment records, `segment_record`), audit others' results by
 replay (`segment_replay`: one worker's one segment from its checkpoint), finalize.
 
-`role.ComputeRole` is what `dekube-node start --role compute` runs; `task_spec` maps ledger tasks to
+`role.ComputeRole` is what `dekube-node start --role compute` runs, a composition of `membership`
+(bond, node record, bandwidth), `training` (our share of an assigned task), `verifying` (audits,
+disputes, referee votes), `results` (committed results served to verifiers, finalize), `peer_fetch`
+(peers' addresses, task inputs) and `fault_seam` (the one seam of the test-only adversary modes);
+tasks arrive as `consensus.task_info.TaskInfo`; `task_spec` maps ledger tasks to
 TrainSpecs; `executor` builds a worker's group and trainer; `host_transport` adapts the Host to the
 all-reduce transport; `ready_protocol` and `segments_protocol` are the workers' start barrier and
 the verifiers' record requests (`/dekube/task-segments/2`); `commitment`, `segment_replay`,

@@ -1,10 +1,14 @@
 """The compute role's part of the provider dashboard (node/dashboard, docs/adr/0195): from the ledger's
 task records, what this node was paid per task (and in total over time), where it was slashed and why (with the
 explorer's page of the task as the evidence), the audits it took part in, and the tasks it owns
-(docs/adr/0198). Pure functions of ``dkb_listTasks`` answers."""
+(docs/adr/0198). Pure functions of ``dkb_listTasks`` answers, decoded as `consensus.task_info.TaskInfo`."""
 from __future__ import annotations
 
-ENDED = ("paid", "rejected")
+from typing import Any
+
+from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
+
+ENDED = (TaskStatus.PAID, TaskStatus.REJECTED)
 MAX_ROWS = 50
 
 
@@ -13,53 +17,52 @@ def explorer_link(task_id: str) -> str:
     return f"/explorer/#task/{task_id}"
 
 
-def history(tasks: list[dict], me: str) -> dict:
+def history(tasks: list[TaskInfo], me: str) -> dict[str, list[dict[str, Any]]]:
     """The dashboard's history rows: earnings over time, audits, owned tasks."""
     return {"earnings": earnings_over_time(tasks, me), "audits": audits_of(tasks, me),
             "owned": owned_by(tasks, me)}
 
 
-def payouts_to(tasks: list[dict], me: str) -> list[dict]:
+def payouts_to(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "status", "amount"}] for the ended tasks that paid ``me`` something."""
     out = []
     for task in tasks:
-        amount = int((task.get("payouts") or {}).get(me, 0))
-        if task.get("status") in ENDED and amount:
-            out.append({"task_id": task["task_id"], "status": task["status"], "amount": amount})
+        amount = int(task.payouts.get(me, 0))
+        if task.status in ENDED and amount:
+            out.append({"task_id": task.task_id, "status": task.status, "amount": amount})
     return out
 
 
-def slashes_of(tasks: list[dict], me: str) -> list[dict]:
+def slashes_of(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "slot", "reason"}]: audit slots decided against ``me``, as a worker whose segment did not
     replay to its committed hash, or as a verifier or referee whose answer the verdict contradicts."""
-    out = []
+    out: list[dict[str, Any]] = []
     for task in tasks:
-        for slot in task.get("slots") or []:
-            verdict = slot.get("verdict") or {}
-            decided = (verdict.get("match"), verdict.get("evidence"))
-            if slot.get("worker") == me and slot.get("outcome") == "guilty":
-                out.append({"task_id": task["task_id"], "slot": slot.get("slot"),
-                            "evidence": explorer_link(task["task_id"]),
-                            "reason": f"segment {slot.get('segment')} did not replay to the committed hash "
-                                      f"(evidence {verdict.get('evidence') or 'none'})"})
-            if slot.get("outcome") not in ("ok", "guilty") or not verdict:
+        for slot in task.slots:
+            verdict = slot.verdict
+            if slot.worker == me and slot.outcome == SlotOutcome.GUILTY:
+                out.append({"task_id": task.task_id, "slot": slot.slot,
+                            "evidence": explorer_link(task.task_id),
+                            "reason": f"segment {slot.segment} did not replay to the committed hash "
+                                      f"(evidence {(verdict.evidence if verdict else '') or 'none'})"})
+            if slot.outcome not in SlotOutcome.PAID or verdict is None:
                 continue
-            answers = [(v.get("answer"), "verifier") for v in slot.get("verifiers") or [] if v.get("verifier") == me]
-            answers += [(r.get("vote"), "referee") for r in slot.get("referees") or [] if r.get("referee") == me]
+            answers = [(v.answer, "verifier") for v in slot.verifiers if v.verifier == me]
+            answers += [(r.vote, "referee") for r in slot.referees if r.referee == me]
             for answer, kind in answers:
-                if answer and (answer.get("match"), answer.get("evidence")) != decided:
-                    out.append({"task_id": task["task_id"], "slot": slot.get("slot"),
-                                "evidence": explorer_link(task["task_id"]),
-                                "reason": f"as {kind}: answered match={answer.get('match')}, the verdict was "
-                                          f"match={verdict.get('match')}"})
+                if answer is not None and answer.key != verdict.key:
+                    out.append({"task_id": task.task_id, "slot": slot.slot,
+                                "evidence": explorer_link(task.task_id),
+                                "reason": f"as {kind}: answered match={answer.match}, the verdict was "
+                                          f"match={verdict.match}"})
     return out
 
 
-def earnings_over_time(tasks: list[dict], me: str) -> list[dict]:
+def earnings_over_time(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "height", "amount", "total"}]: payouts to ``me`` in the order the tasks were assigned
     (oldest first), with the running total."""
-    paid = [(int(task.get("assigned_height") or task.get("created_height") or 0), task["task_id"],
-             int((task.get("payouts") or {}).get(me, 0))) for task in tasks if task.get("status") in ENDED]
+    paid = [(task.assigned_height or task.created_height, task.task_id, int(task.payouts.get(me, 0)))
+            for task in tasks if task.status in ENDED]
     out, total = [], 0
     for height, task_id, amount in sorted(p for p in paid if p[2]):
         total += amount
@@ -67,30 +70,30 @@ def earnings_over_time(tasks: list[dict], me: str) -> list[dict]:
     return out[-MAX_ROWS:]
 
 
-def audits_of(tasks: list[dict], me: str) -> list[dict]:
+def audits_of(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "slot", "role", "outcome"}]: audit slots on ``me``'s segments (role "audited") and those
     ``me`` answered or was drawn for as verifier or referee; outcome "pending" until decided."""
     out = []
     for task in tasks:
-        for slot in task.get("slots") or []:
-            roles = (["audited"] if slot.get("worker") == me else []) + \
-                (["verifier"] if any(v.get("verifier") == me for v in slot.get("verifiers") or []) else []) + \
-                (["referee"] if any(r.get("referee") == me for r in slot.get("referees") or []) else [])
+        for slot in task.slots:
+            roles = (["audited"] if slot.worker == me else []) + \
+                (["verifier"] if any(v.verifier == me for v in slot.verifiers) else []) + \
+                (["referee"] if any(r.referee == me for r in slot.referees) else [])
             for role in roles:
-                out.append({"task_id": task["task_id"], "slot": slot.get("slot"), "role": role,
-                            "outcome": slot.get("outcome") or "pending", "evidence": explorer_link(task["task_id"])})
+                out.append({"task_id": task.task_id, "slot": slot.slot, "role": role,
+                            "outcome": slot.outcome or SlotOutcome.PENDING, "evidence": explorer_link(task.task_id)})
     return out[:MAX_ROWS]
 
 
-def owned_by(tasks: list[dict], me: str) -> list[dict]:
+def owned_by(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
     """[{"task_id", "status", "workers", "fetch"}]: tasks ``me`` submitted, with the command that downloads
     the trained weights once the task is paid."""
     out = []
     for task in tasks:
-        if task.get("owner") != me:
+        if task.owner != me:
             continue
-        key = task["task_id"]
-        out.append({"task_id": key, "status": task.get("status"), "workers": len(task.get("workers") or []),
-                    "fetch": f"dekube-node task fetch {key} --out weights-{key[:8]}" if task.get("status") == "paid"
+        key = task.task_id
+        out.append({"task_id": key, "status": task.status, "workers": len(task.workers),
+                    "fetch": f"dekube-node task fetch {key} --out weights-{key[:8]}" if task.status == TaskStatus.PAID
                     else ""})
     return out[:MAX_ROWS]

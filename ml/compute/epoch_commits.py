@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from consensus.task_info import TaskInfo
 from ml.compute.segment_record import SegmentRecord, leaves, root
 from ml.compute.task_spec import InvalidTask, declared_segments
 
@@ -32,11 +33,10 @@ def epochs_for(expected_s: int | None, segments: int, target_s: int = EPOCH_TARG
     return max(e for e in range(1, segments + 1) if segments % e == 0 and (e == 1 or expected_s / e >= target_s))
 
 
-def epoch_layout(task: dict) -> tuple[int, int]:
-    """(epochs, segments per epoch) of a ledger task document; InvalidTask for a layout the ledger would
-    not have accepted."""
-    spec = task.get("spec")
-    epochs = spec.get("epochs", 1) if isinstance(spec, dict) else 1
+def epoch_layout(task: TaskInfo) -> tuple[int, int]:
+    """(epochs, segments per epoch) of a ledger task; InvalidTask for a layout the ledger would not have
+    accepted."""
+    epochs = task.spec_field("epochs", 1)
     segments = declared_segments(task)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise InvalidTask(f"the task declares an invalid epoch count {epochs!r}")
@@ -68,7 +68,7 @@ def progress_at(task_id: bytes, worker: str, records: list[SegmentRecord], epoch
 class EpochCommitter:
     """Sends a worker's commit_epoch for each epoch but the last while it trains."""
 
-    def __init__(self, task: dict, task_id: bytes, worker: str, recorder: Any,
+    def __init__(self, task: TaskInfo, task_id: bytes, worker: str, recorder: Any,
                  send: Callable[[str, dict], Awaitable[Any]], keep: Callable[[dict], Awaitable[None]]):
         self.epochs, self.per_epoch = epoch_layout(task)
         self.task_id, self.worker, self.recorder = task_id, worker, recorder
@@ -109,17 +109,16 @@ class EpochCommitter:
             self.committed.append(progress)
 
 
-def crew_exit(task: dict, worker: str) -> str:
+def crew_exit(task: TaskInfo, worker: str) -> str:
     """Why the ledger takes no more commitments from ``worker`` on a task still open for them: the crew
     stopped (the task ended at its last closed epoch), or ``worker`` missed an epoch that closed; "" when
     it is still in the crew (or the task has no epochs)."""
-    progress = task.get("epochs")
-    if not isinstance(progress, dict) or not progress:
+    progress = task.epochs
+    if progress is None:
         return ""
-    if "stopped" in progress:
-        return f"the crew stopped in epoch {int(progress['stopped']) + 1}: the task ended at its last closed epoch"
-    mine = (progress.get("commits") or {}).get(worker) or []
-    current = int(progress.get("current", 0))
-    if len(mine) < current:
+    if progress.stopped is not None:
+        return f"the crew stopped in epoch {progress.stopped + 1}: the task ended at its last closed epoch"
+    mine = progress.of(worker)
+    if len(mine) < progress.current:
         return f"this worker left the crew: epoch {len(mine) + 1} closed without its commitment"
     return ""

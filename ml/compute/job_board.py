@@ -14,7 +14,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-TERMINAL = ("committed", "failed", "rejected")
+
+class JobState:
+    """Where this node's share of a task stands (the job board's ``state``; not the ledger's TaskStatus)."""
+    REJECTING = "rejecting"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+TERMINAL = (JobState.COMMITTED, JobState.FAILED, JobState.REJECTED)
 MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
 KEEPALIVE_S = 15.0        # and one at least this often, changed or not
 SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",

@@ -10,6 +10,8 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
+from consensus.task_info import TaskInfo
+
 log = logging.getLogger(__name__)
 HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
 
@@ -50,15 +52,14 @@ class Limits:
         if type(self.cuda_devices) is not int or self.cuda_devices < -1:
             raise LimitsError("cuda_devices must be -1 (all), 0 (none) or a count")
 
-    def refusal(self, task: dict, hour: int) -> str | None:
+    def refusal(self, task: TaskInfo, hour: int) -> str | None:
         """Why a task assigned to this node is outside the limits (the rejection's reason), or None."""
         if not within(parse_hours(self.hours), hour):
             return f"outside its provider's hours {self.hours}"
-        spec = task.get("spec") or {}
-        expected = spec.get("expected_s", 0)
+        expected = task.spec_field("expected_s", 0)
         if self.max_task_s and isinstance(expected, int) and expected > self.max_task_s:
             return f"longer than its provider's limit of {self.max_task_s} s"
-        device = task.get("device") or spec.get("device")
+        device = task.device or task.spec_field("device")
         if self.cuda_devices == 0 and device == "cuda":
             return "its provider lends no GPU"
         return None
@@ -80,7 +81,7 @@ class LimitsControl:
         self.current = Limits(str(config.get("hours", "")), int(config.get("max_task_s", 0)),
                               int(config.get("cuda_devices", -1)))
 
-    def refusal(self, task: dict) -> str | None:
+    def refusal(self, task: TaskInfo) -> str | None:
         return self.current.refusal(task, time.localtime().tm_hour)
 
     def set(self, changes: object) -> dict:

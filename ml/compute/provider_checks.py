@@ -15,6 +15,7 @@ from typing import Any
 
 from consensus.genesis import Params
 from consensus.state.tasks import stake_for_pay, worker_share
+from consensus.task_info import TaskInfo
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
 MAX_CLOCK_SKEW_MS = 30_000   # blocks come every second or so: a larger gap is this machine's clock (or a stall)
@@ -71,12 +72,11 @@ def stake_problem(stake: int, floor: int) -> str | None:
             f"never be drawn for a task: bond {floor} or more (dekube-node provide --stake {floor})")
 
 
-def coverage_problem(params: Params, bonded: int, tasks: list[dict]) -> str | None:
+def coverage_problem(params: Params, bonded: int, tasks: list[TaskInfo]) -> str | None:
     """Why ``bonded`` keeps this node from the network's recent tasks (a worker's stake must cover its pay,
     ADR 0188), or None."""
-    pays = [worker_share(params, int(t["price"]), int(t["spec"]["workers"])) for t in tasks
-            if isinstance(t.get("price"), int) and isinstance((t.get("spec") or {}).get("workers"), int)
-            and t["spec"]["workers"] > 0]
+    pays = [worker_share(params, t.price, t.spec_field("workers")) for t in tasks
+            if isinstance(t.spec_field("workers"), int) and t.spec_field("workers") > 0]
     if not pays:
         return None
     needed = stake_for_pay(params, max(pays))
@@ -87,7 +87,7 @@ def coverage_problem(params: Params, bonded: int, tasks: list[dict]) -> str | No
             f"('dekube-node wallet bond {needed - bonded}') or it is drawn only for smaller tasks")
 
 
-async def problems(ledger: Any, bonded: int, tasks: list[dict]) -> list[str]:
+async def problems(ledger: Any, bonded: int, tasks: list[TaskInfo]) -> list[str]:
     """The dashboard's problems of a running compute node: its clock against the latest block, its stake
     against the floor and the recent tasks."""
     block = await ledger.call("dkb_getBlockByNumber", "latest", False)

@@ -37,6 +37,10 @@ class SealedAnswers:
         """The judgement this node committed to for ``duty``'s slot, if it still holds it."""
         return self._kept.get((duty.task_id, duty.slot))
 
+    def forget(self, task_id: str, slot: int) -> None:
+        """Drop the judgement kept for a slot whose verifiers the ledger asked again (ADR 0207)."""
+        self._kept.pop((task_id, slot), None)
+
     def commit_payload(self, task_id: bytes, slot: int, judgement: Judgement) -> dict:
         """The ``audit_commit`` payload for ``judgement`` (kept for the reveal)."""
         self._kept[(task_id.hex(), slot)] = judgement

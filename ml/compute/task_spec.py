@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 
+from consensus.task_info import TaskInfo
 from ml.train.spec import InvalidSpec, TrainSpec
 
 MODEL_ALIASES = {"mlp": "digits-mlp", "transformer": "char-transformer"}
@@ -54,12 +55,10 @@ def submit_payload(spec: TrainSpec, workers: int, price: int, profile: str = "")
     return payload
 
 
-def declared_segments(task: dict) -> int | None:
-    """The segment count a ledger task declares (`segments`, on the task or in its spec map), or None
-    for a task from before segment counts (docs/adr/0167)."""
-    value = task.get("segments")
-    if value is None and isinstance(task.get("spec"), dict):
-        value = task["spec"].get("segments")
+def declared_segments(task: TaskInfo) -> int | None:
+    """The segment count a ledger task declares (`segments`, on the task, 0 when it declares none; or in
+    its spec map), or None for a task from before segment counts (docs/adr/0167)."""
+    value = task.segments or task.spec_field("segments")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -67,7 +66,7 @@ def declared_segments(task: dict) -> int | None:
     return value
 
 
-def check_segments(task: dict, spec: TrainSpec) -> None:
+def check_segments(task: TaskInfo, spec: TrainSpec) -> None:
     """InvalidTask when the task's declared segment count differs from its spec's (a worker committing
     to the declared count would commit to segments the spec does not have)."""
     declared = declared_segments(task)

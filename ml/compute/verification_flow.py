@@ -14,7 +14,8 @@ co-workers recorded receiving from it must not be, by a strict majority of them,
 honest contribution puts on the wire (ml/compute/wire_evidence.py; a worker that commits the honest
 contribution but sends another one). The evidence is the replay's in every case.
 
-Adversarial verifier modes exist for the benchmark and the tests only (`[compute] fault_inject`):
+Adversarial verifier modes exist for the benchmark and the tests only (`[compute] fault_inject`, read
+through ml/compute/fault_seam.py):
 `false_accuser` answers mismatch without replaying, `rubber_stamp` answers match with evidence made
 from the published record (it cannot make the real evidence without computing).
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consensus.state.epochs import unavailable_evidence  # the ledger recognizes it (ADR 0203)
+from consensus.task_info import TaskInfo
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
 from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
@@ -67,20 +69,20 @@ class Judgement:
         return {"task_id": task_id, "slot": slot, "match": self.match, "evidence": self.evidence}
 
 
-async def _checked_record(task: dict, worker: str, segment: int, sources: Sources) -> SegmentRecord:
-    root_hex, _result, segments, *_ = task["commits"][worker]
+async def _checked_record(task: TaskInfo, worker: str, segment: int, sources: Sources) -> SegmentRecord:
+    commit = task.commits[worker]
     try:
         answer = await sources.record(worker, segment)
-        check_answer(answer, bytes.fromhex(task["task_id"]), worker, bytes.fromhex(root_hex), segments)
+        check_answer(answer, task.task_bytes, worker, bytes.fromhex(commit.segments_root), commit.segments)
     except (SegmentsError, BadRecord, OSError) as exc:
         raise Unavailable(f"record of segment {segment} from {worker[:16]}: {exc}") from None
     return answer.record
 
 
-async def _co_worker_records(task: dict, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
+async def _co_worker_records(task: TaskInfo, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
     """The records of `segment` of the other committed workers that can be had (verified under their roots)."""
     out = {}
-    for other in sorted(task["commits"]):
+    for other in sorted(task.commits):
         if other == worker:
             continue
         try:
@@ -99,15 +101,15 @@ def _majority_averages(own: SegmentRecord, others: dict[str, SegmentRecord]) -> 
     return list(best) if count * 2 > len(lists) else None
 
 
-async def judge_slot(task: dict, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
                      sources: Sources) -> Judgement:
-    """Replay `worker`'s `segment` of `task` (a dkb_getTask document) and judge it."""
-    workers = sorted(task["workers"])
-    if worker not in workers or worker not in task["commits"]:
+    """Replay `worker`'s `segment` of `task` and judge it."""
+    workers = sorted(task.workers)
+    if worker not in workers or worker not in task.commits:
         raise ValueError(f"{worker} is not a committed worker of the task")
     try:
         record = await _checked_record(task, worker, segment, sources)
-        holders = [worker, *sorted(w for w in task["commits"] if w != worker)]
+        holders = [worker, *sorted(w for w in task.commits if w != worker)]
         checkpoint = await sources.artifact(record.checkpoint, [worker])
         averages = await sources.artifact(record.averages, holders)
     except Unavailable as exc:
@@ -134,7 +136,7 @@ async def judge_slot(task: dict, spec: TrainSpec, worker: str, segment: int, sal
     return Judgement(True, replay.evidence, 0, "replayed hashes match")
 
 
-async def judge_as(mode: str, task: dict, spec: TrainSpec, worker: str, segment: int, salt: bytes,
+async def judge_as(mode: str, task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
                    sources: Sources) -> Judgement:
     """`judge_slot`, or the answer of an adversarial verifier mode (tests and benchmark only)."""
     if mode == "false_accuser":

@@ -477,11 +477,27 @@ class Host:
             await asyncio.sleep(0.1)
 
     async def ping(self, peer_id: str) -> float:
+        """One ping round trip. A ping caught on a connection retired under it (a relayed one closed
+        or replaced once a hole punch gave a direct one) is sent again, once, on the new shared
+        connection (issue 25)."""
         stream = await self.open_stream(peer_id, PING_PROTOCOL)
+        try:
+            return await self._ping_on(stream)
+        except (ProtocolError, ConnectionError):
+            conn = stream.connection
+            if not conn.closed and self._shared.get(peer_id) in (None, conn):
+                raise
+            if conn.closed:
+                self._forget(conn)
+        return await self._ping_on(await self.open_stream(peer_id, PING_PROTOCOL))
+
+    @staticmethod
+    async def _ping_on(stream: HostStream) -> float:
         try:
             return await ping_once(stream)
         finally:
-            await stream.close()
+            with contextlib.suppress(ProtocolError, ConnectionError):
+                await stream.close()
 
     # ---- connection registry and stream dispatch
     async def _register(self, secure: SecureConn, direction: str, bulk: bool,
@@ -499,7 +515,10 @@ class Host:
         self._connections.add(conn)
         if not bulk:
             current = self._shared.get(peer_id)
-            if current is None or current.closed:
+            # a direct connection takes new streams from a relayed one (the DCUtR spec: "all new
+            # streams should be opened in the direct connection"), so none starts on a circuit
+            # about to be retired
+            if current is None or current.closed or (current.relayed and not conn.relayed):
                 self._shared[peer_id] = conn
         await conn.muxed.start()
         if secure.is_closed:  # lost during the upgrade: its lost-callbacks already ran

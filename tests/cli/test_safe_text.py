@@ -9,6 +9,7 @@ from cli.main import main
 from cli.safe_text import safe
 from cli.task_report import report_final
 from cli.task_view import TaskView
+from consensus.task_info import TaskInfo
 from node.ledger import jsonrpc
 
 OWNER, W1 = "12D3KooW" + "a" * 44, "12D3KooW" + "b" * 44
@@ -47,12 +48,12 @@ def test_task_list_and_show_escape_chain_text(stub_rpc, capsys):
 
 
 def test_final_report_and_live_view_escape_reasons(capsys):
-    assert report_final(TASK) == 1
+    assert report_final(TaskInfo.from_json(TASK)) == 1
     out = capsys.readouterr().out
     assert_clean(out)
     assert "no\\x1b[5m" in out
     view = TaskView(TASK["task_id"])
-    view.status(TASK)
+    view.status(TaskInfo.from_json(TASK))
     view.report(W1, {"state": "failed", "error": "boom\x1b]2;x\x07", "step": 1})
     out = capsys.readouterr().out
     assert_clean(out)

@@ -3,6 +3,7 @@ says so; ``task show`` shows the epoch progress: epochs closed, the open one and
 worker's progress commitments, a worker that left the crew marked (docs/adr/0203)."""
 from cli.main import main
 from cli.task_epochs import epoch_lines
+from consensus.task_info import TaskInfo
 from ml.compute.epoch_commits import epochs_for
 
 
@@ -29,10 +30,10 @@ def test_task_show_tells_the_epoch_progress():
             "commit_deadline": 70_000, "block_time_ms": 10_000,
             "epochs": {"current": 2, "commits": {workers[0]: [first, second], workers[1]: [first, second],
                                                  workers[2]: [first]}}}
-    lines = epoch_lines(task)
+    lines = epoch_lines(TaskInfo.from_json(task))
     assert lines[0] == "epochs:     2 of 3 closed; epoch 3 open, commit by in 1m00s"
     assert lines[1].endswith("2 of 3 epochs committed, state 444444444444")
     assert lines[3].endswith("1 of 3 epochs committed, state 333333333333 (left the crew)")
     stopped = {**task, "status": "committed", "epochs": {**task["epochs"], "stopped": 2}}
-    assert epoch_lines(stopped)[0] == "epochs:     stopped in epoch 3 of 3; 2 closed"
-    assert epoch_lines({"spec": {}, "epochs": {}}) == []
+    assert epoch_lines(TaskInfo.from_json(stopped))[0] == "epochs:     stopped in epoch 3 of 3; 2 closed"
+    assert epoch_lines(TaskInfo.from_json({"spec": {}, "epochs": {}})) == []

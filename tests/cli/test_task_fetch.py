@@ -10,6 +10,7 @@ import pytest
 from cli.client_node import client_node
 from cli.errors import CliError
 from cli.task_fetch import REGISTRY_CLASSES, fetch_result, load_hint, result_holders
+from consensus.task_info import TaskInfo
 from node.identity import Identity
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -39,13 +40,13 @@ def task_with(result: str, holder: str, other: str) -> dict:
 
 def test_result_holders_are_the_committers_of_the_result():
     task = task_with("ef" * 32, "A", "B")
-    assert result_holders(task, "ef" * 32) == ["A"]
-    assert result_holders({"workers": ["A"], "commits": {}}, "ef" * 32) == ["A"]
+    assert result_holders(TaskInfo.from_json(task), "ef" * 32) == ["A"]
+    assert result_holders(TaskInfo.from_json({"workers": ["A"], "commits": {}}), "ef" * 32) == ["A"]
 
 
 def test_load_hint_for_an_archive_and_a_registry_model(tmp_path):
-    assert load_hint({"spec": {"model": "pt2"}}, tmp_path).startswith('model = torch.export.load("')
-    hint = load_hint({"spec": {"model": "mystery"}}, tmp_path)
+    assert load_hint(TaskInfo.from_json({"spec": {"model": "pt2"}}), tmp_path).startswith('model = torch.export.load("')
+    hint = load_hint(TaskInfo.from_json({"spec": {"model": "mystery"}}), tmp_path)
     assert hint == f'model.load_state_dict(safetensors.torch.load_file("{tmp_path}/weights.safetensors"))'
 
 
@@ -60,7 +61,7 @@ def test_load_hint_for_a_registry_model_builds_its_class(tmp_path, model, datase
     trained = build_model(model, get_dataset(dataset), 7)
     safetensors.torch.save_file({k: v.contiguous() for k, v in trained.state_dict().items()},
                                 str(tmp_path / "weights.safetensors"))
-    hint = load_hint({"spec": {"model": model, "dataset": dataset}}, tmp_path)
+    hint = load_hint(TaskInfo.from_json({"spec": {"model": model, "dataset": dataset}}), tmp_path)
     assert f"ml.registry.{type(trained).__name__}" in hint
     code, _, load = hint.partition("  # ")
     scope: dict = {}

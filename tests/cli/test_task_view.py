@@ -5,6 +5,7 @@ import io
 from rich.console import Console
 
 from cli.task_view import TaskView, eval_text
+from consensus.task_info import TaskInfo
 
 
 def view() -> tuple[TaskView, io.StringIO]:
@@ -15,11 +16,11 @@ def view() -> tuple[TaskView, io.StringIO]:
 def test_status_lines_once_per_change_with_workers_and_reasons():
     shown, buffer = view()
     shown.status(None)
-    shown.status({"status": "created"})
-    shown.status({"status": "created"})
-    shown.status({"status": "assigned", "workers": ["12D3KooW" + "a" * 44, "12D3KooW" + "b" * 44]})
-    shown.status({"status": "rejected", "reason": "2 of 3 workers rejected it",
-                  "rejections": {"w1": "the model cannot run on the dataset's batches"}})
+    shown.status(TaskInfo.from_json({"status": "created"}))
+    shown.status(TaskInfo.from_json({"status": "created"}))
+    shown.status(TaskInfo.from_json({"status": "assigned", "workers": ["12D3KooW" + "a" * 44, "12D3KooW" + "b" * 44]}))
+    shown.status(TaskInfo.from_json({"status": "rejected", "reason": "2 of 3 workers rejected it",
+                  "rejections": {"w1": "the model cannot run on the dataset's batches"}}))
     lines = buffer.getvalue().splitlines()
     assert [line.split("  ", 2)[2].split()[0].rstrip(":") for line in lines[:4]] == [
         "pending", "created", "assigned", "rejected"]
@@ -47,7 +48,7 @@ def test_progress_lines_follow_the_leading_worker():
 def test_quiet_view_prints_nothing():
     buffer = io.StringIO()
     shown = TaskView("ab" * 32, quiet=True, console=Console(file=buffer))
-    shown.status({"status": "created"})
+    shown.status(TaskInfo.from_json({"status": "created"}))
     shown.report("w", {"state": "training", "step": 3, "steps": 5, "loss": 1.0})
     assert buffer.getvalue() == ""
     assert eval_text({"loss": 0.5, "accuracy": 90}) == "accuracy 90  loss 0.5"

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from consensus.task_info import TaskInfo
 from ml.compute.epoch_commits import EpochCommitter, crew_exit, epoch_layout, epochs_for
 from ml.compute.segment_record import SegmentRecord, StepHashes, leaves, root
 from ml.compute.task_spec import InvalidTask
@@ -24,8 +25,8 @@ class Recorder:
         self.records: list[SegmentRecord] = []
 
 
-def task_doc(epochs: int, segments: int) -> dict:
-    return {"segments": segments, "spec": {"epochs": epochs} if epochs > 1 else {}}
+def task_doc(epochs: int, segments: int) -> TaskInfo:
+    return TaskInfo.from_json({"segments": segments, "spec": {"epochs": epochs} if epochs > 1 else {}})
 
 
 def test_an_epoch_is_a_few_minutes_of_the_declared_work():
@@ -41,7 +42,7 @@ def test_the_layout_comes_from_the_ledger_task_and_bad_ones_are_refused():
     with pytest.raises(InvalidTask):
         epoch_layout(task_doc(5, 12))
     with pytest.raises(InvalidTask):
-        epoch_layout({"segments": 12, "spec": {"epochs": True}})
+        epoch_layout(TaskInfo.from_json({"segments": 12, "spec": {"epochs": True}}))
 
 
 def test_the_committer_sends_each_epoch_as_training_reaches_it():
@@ -129,9 +130,10 @@ def test_a_task_without_epochs_commits_nothing_on_the_way():
 
 
 def test_a_worker_knows_when_the_ledger_takes_no_more_of_its_commitments():
-    commits = {"a": [[1], [2]], "b": [[1]]}
-    running = {"epochs": {"current": 2, "commits": commits}}
+    first, second = ["11" * 32, "33" * 32, 2, 5], ["11" * 32, "44" * 32, 4, 9]
+    progress = {"current": 2, "commits": {"a": [first, second], "b": [first]}}
+    running = TaskInfo.from_json({"epochs": progress})
     assert crew_exit(running, "a") == ""
     assert "left the crew: epoch 2 closed" in crew_exit(running, "b")
-    assert "crew stopped in epoch 3" in crew_exit({"epochs": {**running["epochs"], "stopped": 2}}, "a")
-    assert crew_exit({"epochs": {}}, "a") == "" and crew_exit({}, "a") == ""
+    assert "crew stopped in epoch 3" in crew_exit(TaskInfo.from_json({"epochs": {**progress, "stopped": 2}}), "a")
+    assert crew_exit(TaskInfo.from_json({"epochs": {}}), "a") == "" and crew_exit(TaskInfo.from_json({}), "a") == ""

@@ -9,6 +9,7 @@ import struct
 import pytest
 import torch
 
+from consensus.task_info import TaskDocError, TaskInfo
 from ml.compute import segments_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.segment_record import (
@@ -58,11 +59,18 @@ def test_segment_count_follows_the_spec():
     assert TrainSpec(steps=31, segment_steps=10).steps_in_segment(3) == 1
     assert TrainSpec(mode="diloco", steps=40, inner_steps=10).segment_count == 4
     assert submit_payload(DP, workers=3, price=5)["segments"] == 3
-    check_segments({"spec": {"segments": 3}}, DP)
-    check_segments({"spec": {}}, DP)   # a task from before segment counts
-    for bad in (2, 4, 0, True, "3"):
+    check_segments(TaskInfo.from_json({"spec": {"segments": 3}}), DP)
+    check_segments(TaskInfo.from_json({"spec": {}}), DP)   # a task from before segment counts
+    check_segments(TaskInfo.from_json({"segments": 0, "spec": {}}), DP)   # the ledger's 0: none declared
+    check_segments(TaskInfo.from_json({"segments": 3, "spec": {}}), DP)
+    for bad in (2, 4):
         with pytest.raises(InvalidTask):
-            check_segments({"segments": bad, "spec": {}}, DP)
+            check_segments(TaskInfo.from_json({"segments": bad, "spec": {}}), DP)
+    with pytest.raises(InvalidTask):
+        check_segments(TaskInfo.from_json({"spec": {"segments": 0}}), DP)
+    for bad in (True, "3"):   # not a count at all: the decoder refuses the task
+        with pytest.raises(TaskDocError):
+            TaskInfo.from_json({"segments": bad, "spec": {}})
 
 
 def test_honest_data_parallel_segments_all_replay(honest_dp):
@@ -355,8 +363,8 @@ def test_judge_slot_audits_one_slot_over_hosts(honest_dp, tmp_path):
             return await segments_protocol.fetch_record(client, peer, TASK, index, timeout_s=2)
 
         def task(segments_root):
-            return {"task_id": TASK.hex(), "workers": ordered,
-                    "commits": {w: [segments_root.hex(), "00" * 32, 3, 1] for w in ordered}}
+            return TaskInfo.from_json({"task_id": TASK.hex(), "workers": ordered,
+                                       "commits": {w: [segments_root.hex(), "00" * 32, 3, 1] for w in ordered}})
 
         try:
             server.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(lookup))

@@ -5,6 +5,7 @@ co-workers are paid."""
 import pytest
 
 from consensus.genesis import Params
+from consensus.task_info import TaskDocError, TaskInfo
 from devtools.verification_lab import LAB_PARAMS, Scenario, lab_spec, run_task
 from ml.compute.duties import AUDIT, DISPUTE, REFEREE, duties_for
 
@@ -56,17 +57,22 @@ def test_duties_follow_the_slot_state():
                           {"verifier": "v2", "deadline": 10,
                            "answer": {"match": False, "evidence": "00" * 32, "step": 0}}],
             "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0}
-    task = {"task_id": "11" * 32, "slots": [slot]}
+    doc = {"task_id": "11" * 32, "slots": [slot]}
+    task = TaskInfo.from_json(doc)
     assert [d.kind for d in duties_for(task, "v1", 5)] == [AUDIT]
     assert duties_for(task, "v1", 11) == []                    # past its deadline
     assert duties_for(task, "v2", 5) == [] and duties_for(task, "w", 5) == []   # no dispute window yet
     slot["dispute_deadline"] = 20
+    task = TaskInfo.from_json(doc)
     assert [d.kind for d in duties_for(task, "w", 20)] == [DISPUTE]
     slot["dispute"] = {"height": 15}
     slot["referees"] = [{"referee": "r", "vote": None}]
     slot["referee_deadline"] = 30
+    task = TaskInfo.from_json(doc)
     assert duties_for(task, "w", 16) == []
     assert [(d.kind, d.segment, d.salt) for d in duties_for(task, "r", 16)] == [(REFEREE, 2, bytes.fromhex("ab" * 32))]
     slot["outcome"] = "guilty"
-    assert duties_for(task, "r", 16) == []
-    assert duties_for({"slots": [{"slot": "x"}, None, {"salt": "zz"}]}, "r", 1) == []   # malformed slots skipped
+    assert duties_for(TaskInfo.from_json(doc), "r", 16) == []
+    for bad in ({"slot": "x"}, None, {"salt": "zz"}):   # a malformed slot: the decoder refuses the task
+        with pytest.raises(TaskDocError):
+            TaskInfo.from_json({"slots": [bad]})

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from consensus.task_info import TaskInfo
 from ml.allreduce.payloads import encode_local
 from ml.allreduce.receipts import chunk_ranges, expected_part_digest, payload_digest
 from ml.codecs import get_codec
@@ -33,8 +34,9 @@ def judge_all(spec, records, sink, tmp_path, segment=1):
             (tmp_path / artifact).write_bytes(data)
     by_worker = dict(zip(PEERS, records))
     leaf_lists = {w: leaves(TASK, w, r) for w, r in by_worker.items()}
-    task = {"task_id": TASK.hex(), "workers": PEERS,
-            "commits": {w: [root(leaf_lists[w]).hex(), "00" * 32, len(leaf_lists[w]), 1] for w in PEERS}}
+    task = TaskInfo.from_json({"task_id": TASK.hex(), "workers": PEERS,
+                               "commits": {w: [root(leaf_lists[w]).hex(), "00" * 32, len(leaf_lists[w]), 1]
+                                           for w in PEERS}})
 
     async def record(worker, index):
         return SegmentAnswer(by_worker[worker][index], proof(leaf_lists[worker], index), len(leaf_lists[worker]))

@@ -3,6 +3,7 @@ differs from its spec's is rejected; committed records are served with Merkle pr
 /dekube/task-segments/2 from the results file, also after a restart."""
 import asyncio
 
+from consensus.task_info import TaskInfo
 from ml.compute.segment_record import SegmentRecord, StepHashes, leaves, root
 from ml.compute.segments_protocol import check_answer
 from node.identity import Identity
@@ -16,7 +17,7 @@ KEY = "22" * 32
 def test_a_task_declaring_another_segment_count_is_rejected(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role, segments=3)   # the spec has 4 steps in segments of 10: one segment
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "declares 3 segments, its spec has 1" in payload["reason"]
 
@@ -33,14 +34,14 @@ def test_records_are_served_with_proofs_after_a_restart(tmp_path):
     records = _records(5)
     task_id = bytes.fromhex(KEY)
     committed = root(leaves(task_id, node.peer_id, records))
-    role._save_result(KEY, {"records": [r.to_obj() for r in records], "leaf_worker": node.peer_id,
-                            "segments_root": committed.hex(), "params_hash": "00" * 32, "weights": "11" * 32})
+    role.store.save(KEY, {"records": [r.to_obj() for r in records], "leaf_worker": node.peer_id,
+                      "segments_root": committed.hex(), "params_hash": "00" * 32, "weights": "11" * 32})
     restarted = Node(local_config(), identity, ["compute"], data_dir=tmp_path).role("compute")
     for index in range(5):
-        answer = restarted._record_for(task_id, index)
+        answer = restarted.store.record_for(task_id, index)
         assert answer.record == records[index]
         check_answer(answer, task_id, node.peer_id, committed, 5)
-    assert restarted._record_for(task_id, 5) is None and restarted._record_for(bytes(32), 0) is None
+    assert restarted.store.record_for(task_id, 5) is None and restarted.store.record_for(bytes(32), 0) is None
 
 
 def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
@@ -67,7 +68,8 @@ def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
 
     monkeypatch.setattr(segments_protocol, "fetch_record", fake_fetch)
     monkeypatch.setattr(role.ledger, "call", call)
-    copied, leaf_worker = asyncio.run(role._copy_records(task_id, role.node.peer_id))
+    role.faults.mode = "copycat"   # the seam tests and devtools set through [compute] fault_inject
+    copied, leaf_worker = asyncio.run(role.faults.committed_records(task_id, role.node.peer_id, []))
     assert copied == records and leaf_worker == victim and fetched == [(victim, 0), (victim, 1), (victim, 2)]
     # its commitment is the victim's root, which no record proves under the copycat's own id
     assert root(leaves(task_id, leaf_worker, copied)) == root(victim_leaves)

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from consensus.task_info import TaskInfo
 from consensus.tx import HARDWARE, OptionalField
-from ml.compute import role as role_module
-from ml.compute.role import READY_TIMEOUT_S, hardware_record, ready_timeout
+from ml.compute import membership as membership_module
+from ml.compute import peer_fetch as fetch_module
+from ml.compute import training as training_module
+from ml.compute.membership import hardware_record
 from ml.compute.task_inputs import fetch_inputs, source_peers
+from ml.compute.training import READY_TIMEOUT_S, ready_timeout
 from ml.train.dry_run import Untrainable
 from node.artifacts.quota import StoreQuota
 from node.bandwidth import BandwidthMeter
@@ -20,6 +24,7 @@ from tests.node.node_harness import local_config
 ART = "ab" * 32
 OWNER, W2, W3 = (Identity.generate().peer_id for _ in range(3))
 SOURCE = f"/ip4/198.51.100.7/tcp/4001/p2p/{OWNER}"
+COMMIT = ["00" * 32, ART, 3, 5]   # [segments_root, result, segments, height]
 
 
 class FakeLedger:
@@ -77,16 +82,20 @@ def task_doc(role, **extra):
                      "hyperparams": {"steps": 4}}, **extra}
 
 
+def on_device(device):
+    return TaskInfo.from_json({"task_id": "11" * 32, "status": "assigned", "device": device})
+
+
 def untrainable(spec, files, world):
     raise Untrainable("the model cannot run on the dataset's batches: shape mismatch")
 
 
 def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(role_module, "artifact_ids", lambda spec: [ART])
-    monkeypatch.setattr(role_module, "dry_run", untrainable)
+    monkeypatch.setattr(fetch_module, "artifact_ids", lambda spec: [ART])
+    monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(artifact, holders)] = role.node.artifacts.fetches
     assert artifact == ART and holders == [OWNER, *sorted([W2, W3])]   # the owner's sources first, then co-workers
     assert role.node.host.peerbook.addrs(OWNER) and role.node.host.peerbook.addrs(W2)
@@ -99,12 +108,12 @@ def test_inputs_fetched_then_untrainable_task_rejected_once(tmp_path, monkeypatc
 
 
 def test_a_rejected_job_is_not_started_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(role_module, "dry_run", untrainable)
+    monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
     task = task_doc(role)
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     started = []
-    role._run_job = lambda t: started.append(t)
+    role.training.run_job = lambda t: started.append(t)
 
     async def tick():
         role.ledger.call = fake_list(task)
@@ -132,7 +141,7 @@ def test_invalid_task_is_rejected_with_the_reason(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role)
     task["spec"]["hyperparams"] = {"no_such_field": 1}
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "unknown hyper-parameter" in payload["reason"]
     assert role.jobs[task["task_id"]]["state"] == "rejected"
@@ -141,7 +150,7 @@ def test_invalid_task_is_rejected_with_the_reason(tmp_path):
 def test_cuda_task_on_a_node_without_cuda_is_rejected(tmp_path):
     role = make_role(tmp_path)
     task = task_doc(role, device="cuda")
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     [(tx, payload)] = role.ledger.sent
     assert tx == "reject_task" and "needs a CUDA device" in payload["reason"]
 
@@ -149,18 +158,18 @@ def test_cuda_task_on_a_node_without_cuda_is_rejected(tmp_path):
 def test_device_choice(tmp_path):
     role = make_role(tmp_path)
     spec = object()
-    assert role._device_for({"device": "cpu"}, spec) == "cpu"
-    assert role._device_for({"device": "any"}, spec) == "cpu"
+    assert role.training.device_for(on_device("cpu"), spec) == "cpu"
+    assert role.training.device_for(on_device("any"), spec) == "cpu"
     role.hardware["cuda_devices"] = 1
-    assert role._device_for({"device": "any"}, spec) == "cuda"
-    assert role._device_for({"device": "cuda"}, spec) == "cuda"
+    assert role.training.device_for(on_device("any"), spec) == "cuda"
+    assert role.training.device_for(on_device("cuda"), spec) == "cuda"
     with pytest.raises(Untrainable, match="unknown device"):
-        role._device_for({"device": "tpu"}, spec)
+        role.training.device_for(on_device("tpu"), spec)
 
 
 def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatch):
     from node.ledger import TxFailed
-    monkeypatch.setattr(role_module, "dry_run", untrainable)
+    monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
 
     async def refuse(tx_type, payload, wait_s=None):
@@ -171,14 +180,14 @@ def test_reject_that_the_ledger_refuses_leaves_a_failed_job(tmp_path, monkeypatc
 
     role.ledger.send, role.ledger.call = refuse, still_assigned
     task = task_doc(role)
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     job = role.jobs[task["task_id"]]
     assert job["state"] == "failed" and "reject_task failed" in job["error"]
 
 
 def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monkeypatch):
     from node.ledger import TxFailed
-    monkeypatch.setattr(role_module, "dry_run", untrainable)
+    monkeypatch.setattr(training_module, "dry_run", untrainable)
     role = make_role(tmp_path)
 
     async def refuse(tx_type, payload, wait_s=None):
@@ -189,7 +198,7 @@ def test_reject_after_the_others_ended_the_task_is_a_rejected_job(tmp_path, monk
 
     role.ledger.send, role.ledger.call = refuse, rejected
     task = task_doc(role, sources=[])
-    asyncio.run(role._run_job(task))
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
     assert role.jobs[task["task_id"]]["state"] == "rejected"
 
 
@@ -271,16 +280,16 @@ class FakeBandwidth:
 
 def test_measured_bandwidth_replaces_the_configured_guess_and_is_republished_on_change(tmp_path, monkeypatch):
     for name, value in (("FIRST_BANDWIDTH_CHECK_S", 0.0), ("BANDWIDTH_CHECK_S", 0.01), ("REPUBLISH_MIN_S", 0.0)):
-        monkeypatch.setattr(role_module, name, value)
+        monkeypatch.setattr(membership_module, name, value)
     role = make_role(tmp_path)
     role.ledger.record = FakeRecord()
     service = FakeBandwidth()
     role.node.services = {"bandwidth": service}
     role.registered = True
-    role._contribute_record(100)                       # the join: the configured guess
+    role.membership.contribute_record(100)                       # the join: the configured guess
 
     async def scenario():
-        follow = asyncio.create_task(role._follow_bandwidth())
+        follow = asyncio.create_task(role.membership.follow_bandwidth())
         await asyncio.sleep(0.05)
         published = [c["hardware"]["bandwidth_mbps"] for c in role.ledger.record.contributions]
         service.meter.record_rate("up", 90.0)          # first measurement: published even though close
@@ -312,12 +321,12 @@ def test_replay_device_cpu_or_the_same_gpu_model_only(tmp_path):
     role = make_role(tmp_path)
     gpu = "NVIDIA H100 80GB HBM3"
     role.ledger.nodes = {W2: {"hardware": {"gpu": gpu}}, W3: {"hardware": {"gpu": gpu}}}
-    cuda_task = {"device": "cuda", "commits": {W2: [], W3: []}}
+    cuda_task = {"device": "cuda", "commits": {W2: COMMIT, W3: COMMIT}}
 
     async def device(task):
-        return await role._replay_device(task)
+        return await role.verification.replay_device(TaskInfo.from_json(task))
 
-    assert asyncio.run(device({"device": "cpu", "commits": {W2: []}})) == "cpu"
+    assert asyncio.run(device({"device": "cpu", "commits": {W2: COMMIT}})) == "cpu"
     assert asyncio.run(device({"commits": {}})) == "cpu"
     assert asyncio.run(device(cuda_task)) is None                     # no CUDA here
     role.hardware.update(gpu=gpu, cuda_devices=1)
@@ -338,9 +347,10 @@ def test_join_registers_the_detected_gpu_and_survives_a_broken_driver(tmp_path, 
         return True
 
     role.ledger.bonded, role.ledger.record.sync = bonded, sync
-    monkeypatch.setattr(role_module.hardware, "detect", lambda: {"gpu": "NVIDIA H100 80GB HBM3", "gpu_mem_mb": 81079,
-                                                                  "gpu_tflops": 51.4, "cuda_devices": 1})
-    asyncio.run(role._join())
+    monkeypatch.setattr(membership_module.hardware, "detect",
+                        lambda: {"gpu": "NVIDIA H100 80GB HBM3", "gpu_mem_mb": 81079, "gpu_tflops": 51.4,
+                                 "cuda_devices": 1})
+    asyncio.run(role.membership.join())
     record = role.ledger.record.contributions[-1]["hardware"]
     assert record["gpu"] == "NVIDIA H100 80GB HBM3" and record["gpu_mem_mb"] == 81079 and role.registered
 
@@ -348,14 +358,14 @@ def test_join_registers_the_detected_gpu_and_survives_a_broken_driver(tmp_path, 
         raise RuntimeError("CUDA driver initialization failed")
 
     role.hardware, role.registered = None, False
-    monkeypatch.setattr(role_module.hardware, "detect", broken)
-    asyncio.run(role._join())
+    monkeypatch.setattr(membership_module.hardware, "detect", broken)
+    asyncio.run(role.membership.join())
     assert role.registered and role.ledger.record.contributions[-1]["hardware"]["gpu"] == ""
 
 
 def test_measured_bandwidth_survives_a_restart(tmp_path, monkeypatch):
     for name, value in (("FIRST_BANDWIDTH_CHECK_S", 0.0), ("BANDWIDTH_CHECK_S", 0.01)):
-        monkeypatch.setattr(role_module, name, value)
+        monkeypatch.setattr(membership_module, name, value)
     home = tmp_path / "home"
 
     def role_at_home():
@@ -371,16 +381,16 @@ def test_measured_bandwidth_survives_a_restart(tmp_path, monkeypatch):
     service.meter.record_rate("up", 42.0)
 
     async def follow_briefly():
-        follow = asyncio.create_task(role._follow_bandwidth())
+        follow = asyncio.create_task(role.membership.follow_bandwidth())
         await asyncio.sleep(0.1)
         follow.cancel()
 
     asyncio.run(follow_briefly())
     assert role.ledger.record.contributions[-1]["hardware"]["bandwidth_mbps"] == 42
     restarted = role_at_home()
-    assert restarted._saved_bandwidth() == 42 and restarted.results == {}
+    assert restarted.membership.saved_bandwidth() == 42 and restarted.store.results == {}
     (home / "data" / "compute" / "bandwidth.json").write_text('{"link_mbps": true}')
-    assert restarted._saved_bandwidth() is None
+    assert restarted.membership.saved_bandwidth() is None
 
 
 def test_a_job_whose_task_the_ledger_ended_is_stopped(tmp_path):
@@ -391,15 +401,15 @@ def test_a_job_whose_task_the_ledger_ended_is_stopped(tmp_path):
 
     async def scenario():
         training = asyncio.get_running_loop().create_future()   # a job that would run for ever
-        role._busy = asyncio.ensure_future(training)
+        role.training.busy = asyncio.ensure_future(training)
         role.board.start(task["task_id"], workers=task["workers"])
         role.board.update(task["task_id"], state="training")
         await tick_with(role, {**task, "status": "assigned", "block_time_ms": 5_000})
-        assert not role._busy.done()                            # still open on the ledger: go on
+        assert not role.training.busy.done()                            # still open on the ledger: go on
         await tick_with(role, {**task, "status": "expired", "block_time_ms": 700_000,
                                "reason": "no worker committed a result by the commit deadline"})
         await asyncio.sleep(0)
-        return role._busy
+        return role.training.busy
 
     busy = asyncio.run(scenario())
     assert busy.cancelled()

@@ -1,8 +1,8 @@
 """The trust bench's adversaries at a tiny size (bench/verification.py, docs/adr/0208): the ledger
 adversaries of devtools/trust_game.py and the lab's withholder and framers, each asserted against the
-bench's targets (caught, honest slashed 0, cheater paid 0). The two holes still open on main (issue 24
-items 3 and 6) are strict xfails: closing one makes its test pass, and strict xfail then asks to drop
-the mark."""
+bench's targets (caught, honest slashed 0, cheater paid 0). The withholder (issue 24 item 3) meets them
+since the availability challenge (ADR 0207); the framers (item 6) are still a strict xfail: closing
+that hole makes its test pass, and strict xfail then asks to drop the mark."""
 import pytest
 
 from devtools.trust_game import GAMES, grinding_proposer
@@ -39,8 +39,6 @@ def test_a_proposer_holding_every_slot_can_time_a_referee_draw():
 SPEC = lab_spec(steps=40, segment_steps=10)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 24 item 3: withholding slashes the honest verifiers (open on main)")
 def test_a_withholder_is_not_paid_and_harms_nobody():
     result = run_task(Scenario("withholder", {1: "withhold"}), 1, SPEC)
     assert result.honest_slashed == []

@@ -24,24 +24,24 @@ CHAIN = "role-test"
 PORTS = {}
 
 
-def make_home(tmp_path, chain_id=CHAIN, balance=10**6):
+def make_home(tmp_path, chain_id=CHAIN, balance=10**6, params=None):
     if not PORTS:
         PORTS.update(zip((VALIDATOR.peer_id, PARTNER.peer_id), free_ports(2)))
     validators = tuple(GenesisValidator(ident.peer_id, 10_000, (f"/ip4/127.0.0.1/tcp/{PORTS[ident.peer_id]}",))
                        for ident in (VALIDATOR, PARTNER))
-    genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, Params(committee_size=2))
+    genesis = Genesis(chain_id, 0, {USER.peer_id: balance}, validators, params or Params(committee_size=2))
     for name in ("", "partner", "follower"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "genesis.json").write_text(genesis.to_json())
     return tmp_path
 
 
-def config(identity):
+def config(identity, extra=None):
     port = PORTS.get(identity.peer_id, 0)
     return load_config(None, env={}, overrides={
         ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}",
         ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
-        ("consensus", "timeout_propose"): "0.5"})
+        ("consensus", "timeout_propose"): "0.5", **(extra or {})})
 
 
 async def rpc(session, method, *params):
@@ -52,8 +52,8 @@ async def rpc(session, method, *params):
     return doc["result"]
 
 
-async def run_node(home, body):
-    node = Node(config(VALIDATOR), VALIDATOR, [ValidatorRole], home=home)
+async def run_node(home, body, extra=None):
+    node = Node(config(VALIDATOR, extra), VALIDATOR, [ValidatorRole], home=home)
     role = node.role("validator")
     partner = Node(config(PARTNER), PARTNER, [ValidatorRole], home=home / "partner")
     tasks = [asyncio.create_task(n.run()) for n in (node, partner)]
@@ -129,6 +129,72 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
         return (await rpc(session, "dkb_getBlockByNumber", height))["hash"]
 
     assert asyncio.run(run_node(home, second_run)) == block_hash
+
+
+@pytest.mark.slow   # ~20 s: 110 blocks past the smallest retention the config allows
+def test_a_pruning_validator_answers_pruned_for_old_blocks_and_restarts(tmp_path):
+    home = make_home(tmp_path)
+    retain = {("consensus", "retain_blocks"): "100", ("consensus", "empty_block_wait"): "0.01"}
+
+    async def first_run(node, role, session):
+        async def past_retention():
+            return await rpc(session, "dkb_blockNumber") >= 110
+        await wait_for(past_retention, timeout=60)
+        storage = role.store.storage
+        assert storage.base > 1 and storage.height - storage.base + 1 <= 100 + 1
+        async with session.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "dkb_getBlockByNumber",
+                                           "params": [1]}) as r:
+            error = (await r.json())["error"]
+        assert "block 1 is pruned" in error["message"] and "retain_blocks = 100" in error["message"]
+        assert error["data"]["pruned"] is True and error["data"]["first_block"] > 1
+        async with session.get("/block", params={"height": "1"}) as r:
+            assert r.status == 404 and "pruned" in (await r.text())
+        kept = await rpc(session, "dkb_getBlockByNumber", storage.base)
+        assert kept["height"] == storage.base and kept["commit"]
+        return storage.base
+
+    base = asyncio.run(run_node(home, first_run, retain))
+
+    async def second_run(node, role, session):
+        storage = role.store.storage
+        assert storage.base >= base and storage.is_pruned(base - 1)
+        first = await rpc(session, "dkb_blockNumber")
+
+        async def advanced():
+            return await rpc(session, "dkb_blockNumber") > first + 2
+        await wait_for(advanced)
+        assert (await rpc(session, "dkb_getBlockByNumber", first))["commit"]
+        return storage.base
+
+    assert asyncio.run(run_node(home, second_run, retain)) >= base
+
+
+def test_a_new_node_joins_by_state_sync_from_the_validators(tmp_path):
+    home = make_home(tmp_path, params=Params(committee_size=2, epoch_length=4))
+
+    async def body(node, role, session):
+        async def grown():
+            return role.ledger.height >= 10
+        await wait_for(grown, timeout=20)
+        follower = Node(config(FOLLOWER), FOLLOWER, [ValidatorRole], home=home / "follower")
+        joined = follower.role("validator")
+        task = asyncio.create_task(follower.run())
+        try:
+            await asyncio.wait_for(joined.ready.wait(), 20)
+            storage = joined.store.storage
+            assert storage.base > 4 and storage.block_by_height(1) is None   # restored, not replayed
+
+            async def caught_up():
+                return joined.ledger.height >= role.ledger.height - 1 and joined.ledger.height > storage.base + 2
+            await wait_for(caught_up, timeout=20)
+            height = joined.ledger.height - 1
+            assert joined.store.block(height).hash == role.store.block(height).hash
+            assert joined.ledger.balance(USER.peer_id) == role.ledger.balance(USER.peer_id)
+        finally:
+            follower.request_stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(run_node(home, body))
 
 
 def start_fails(home):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import ml.compute.role as role_module
+import ml.compute.membership as membership_module
 from ml.profiles import (
     MAX_PROFILES,
     PORTABLE_CPU_ENV,
@@ -122,11 +122,11 @@ def test_onednn_is_turned_off_only_under_the_portable_profile(monkeypatch):
 
 
 def test_hardware_record_publishes_at_most_eight_profiles(monkeypatch):
-    monkeypatch.setattr(role_module, "HARDWARE", {**role_module.HARDWARE, "profiles": None})
+    monkeypatch.setattr(membership_module, "HARDWARE", {**membership_module.HARDWARE, "profiles": None})
     ids = [f"cpu-x86-64-avx2/torch-2.{i}.0" for i in range(12)]
-    record = role_module.hardware_record({"profiles": ids}, 100)
+    record = membership_module.hardware_record({"profiles": ids}, 100)
     assert record["profiles"] == ids[:MAX_PROFILES]
-    assert role_module.hardware_record({}, 100)["profiles"] == []
+    assert membership_module.hardware_record({}, 100)["profiles"] == []
 
 
 @needs_avx2

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ml.compute import role as role_module
+from consensus.task_info import TaskInfo
+from ml.compute import training as training_module
 from ml.train.dry_run import Untrainable, dry_run
 from ml.train.spec import TrainSpec
 from tests.ml.byo import DigitsCNN, artifact_id, export
@@ -96,12 +97,12 @@ def worker_job(tmp_path: Path, model: Path | None, data: Path, within_s: float) 
         done = asyncio.Event()
         beat = asyncio.ensure_future(heartbeat(done))
         try:
-            await asyncio.wait_for(role._run_job(task), within_s)
+            await asyncio.wait_for(role.training.run_job(TaskInfo.from_json(task)), within_s)
         finally:
             done.set()
             await beat
 
-    assert role_module.dry_run is dry_run
+    assert training_module.dry_run is dry_run
     asyncio.run(run())
     job = role.board.snapshot(task["task_id"])
     assert job["state"] == "rejected", job

@@ -3,7 +3,11 @@
 Every pair in which neither side maps endpoint-dependently ends on a punched direct connection; a
 pair with one symmetric side ends direct when the other side's NAT lets the symmetric side's SYN
 in from an unpredicted port (full cone, restricted: filtering by address at most) and both sides
-listen on their punch ports; the rest stay relayed (no port prediction yet).
+listen on their punch ports; a sequential symmetric side also reaches a port-restricted or CGNAT
+side, by offering the ports its NAT will map next (port prediction, ADR 0204); a random symmetric
+side meets a port-restricted or CGNAT side by birthday probing, by chance; two symmetric sides of
+different kinds, or two random ones, stay relayed; two sequential ones end direct or not depending
+on how their counters meet.
 """
 from __future__ import annotations
 
@@ -15,12 +19,20 @@ from devtools.netlab.nat_matrix import MATRIX_KINDS, run_matrix
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
 
-def expected_direct(pair: str) -> bool:
+def expected_direct(pair: str) -> bool | None:
+    """True/False where the outcome is determined; None for two sequential symmetric sides (both
+    predict: direct when the two counters' next ports meet, which the order of flows decides)."""
     kinds = pair.split("/")
+    if kinds == ["symmetric-seq", "symmetric-seq"]:
+        return None
+    if "symmetric" in kinds and ({"port-restricted", "cgnat"} & set(kinds)):
+        return None  # birthday probing: ~64% per attempt (256 sockets x 256 probed ports)
     symmetric = [k for k in kinds if k.startswith("symmetric")]
     if len(symmetric) != 1:
         return not symmetric
     other = kinds[1] if kinds[0] in symmetric else kinds[0]
+    if symmetric[0] == "symmetric-seq":
+        return True  # its next ports are predicted: the other side's SYNs open its filter towards them
     return other in ("full-cone", "restricted")
 
 
@@ -31,6 +43,7 @@ def test_pairs_end_direct_wherever_one_side_can_accept_the_other():
     out = run_matrix(MATRIX_KINDS)
     assert out["pairs"] == len(MATRIX_KINDS) * (len(MATRIX_KINDS) + 1) // 2
     for pair, result in out["by_pair"].items():
-        assert result["direct"] == expected_direct(pair), (pair, out)
-    assert out["direct_fraction"] == round(14 / 21, 3)
+        if expected_direct(pair) is not None:
+            assert result["direct"] == expected_direct(pair), (pair, out)
+    assert out["direct_fraction"] >= round(16 / 21, 3)
     assert out["median_time_to_direct_s"] < 3.0

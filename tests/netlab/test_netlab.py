@@ -2,7 +2,7 @@
 
 NAT'd homes reach each other through a relay and move 256 MiB intact, with receipts matching the
 bytes moved; a killed relay's transfer completes through the second relay; hole punching upgrades
-to a direct connection between endpoint-independent NATs and stays relayed with a symmetric NAT;
+to a direct connection between endpoint-independent NATs and, with a symmetric NAT, by chance;
 reservations and circuits are refused without registration or reservation; AutoNAT tells a public
 host from a NAT'd one; real Nodes reach each other by relayed address and end up punched or relayed.
 """
@@ -103,10 +103,12 @@ def test_the_dialed_peer_punches_on_its_own(net):
     poll(lambda: "direct" in net["a"].call("paths", peer=g.peer_id), 20, 0.1, "G's punch")
 
 
-def test_hole_punch_stays_relayed_with_a_symmetric_nat(net):
+def test_a_symmetric_nat_is_punched_by_birthday_probing_or_stays_relayed(net):
+    """A random symmetric NAT against a port-restricted one: birthday probing joins them with a
+    chance (~64% per attempt, ADR 0204; before, always relayed); either way the data flows."""
     out = punch(net["a"], net["c"], net["relay2"])
     assert out["observed"]["c"] != f"/ip4/{net.lab.homes[2].wan_ip}/tcp/{net['c'].punch_port}"  # port remapped
-    assert not out["conn"]["direct"] and out["conn"]["relay"] == net["relay2"].peer_id
+    assert out["conn"]["direct"] or out["conn"]["relay"] == net["relay2"].peer_id
     assert rate_Mbps(net["a"], net["c"], out["conn"]["conn"], 8) > 0
 
 
@@ -121,7 +123,8 @@ def test_dial_policy_direct_then_punched_then_relayed(net):
         path = net["a"].call("dial_peer", peer=net[target].peer_id, direct=net[target].addrs, circuits=circuits)
         kinds[target] = path["kind"]
         assert rate_Mbps(net["a"], net[target], path["conn"], 4) > 0
-    assert kinds == {"pub": "direct", "b": "punched", "c": "relayed"}
+    assert kinds["pub"] == "direct" and kinds["b"] == "punched"
+    assert kinds["c"] in ("punched", "relayed")  # symmetric NAT: birthday probing, by chance (ADR 0204)
 
 
 def test_reservations_go_to_the_nearest_relays_and_move_when_one_dies(net):
@@ -162,7 +165,7 @@ def test_real_nodes_open_streams_by_relayed_address_punched_or_relayed(net):
     """Three real Nodes (relay client service, hole punching on) in homes 1, 2 (port-keeping NATs)
     and 3 (symmetric NAT) reserve on both relays. ``host.open_stream`` from home 1 to home 2, knowing
     only the target's relayed addresses, ends on a punched direct connection (the relayed one is
-    retired); to home 3 it stays relayed and works."""
+    retired); to home 3 (symmetric NAT) it works, relayed or punched by birthday probing."""
     started = time.monotonic()
     relays = [net["relay1"].addr, net["relay2"].addr]
     with ThreadPoolExecutor(3) as pool:
@@ -175,11 +178,12 @@ def test_real_nodes_open_streams_by_relayed_address_punched_or_relayed(net):
     assert na.call("echo", peer=nb.peer_id, circuits=[])["path"] == "direct"
     bulk = na.call("bulk_echo", peer=nb.peer_id, timeout=30)  # never via the punch-port-only mapping
     assert bulk["seconds"] < 8, bulk  # a dial to the punched mapping would first wait out a timeout
+    # home 3's symmetric NAT: relayed, or direct when birthday probing meets it (by chance, ADR 0204)
     relayed = na.call("echo", peer=nc.peer_id, circuits=nc.call("relayed_addrs"), timeout=30)
-    assert relayed["path"] == "relayed"
+    assert relayed["path"] in ("relayed", "direct")
     status = na.call("hole_punch")
-    assert status["dials_punched"] == 1 and status["dials_relayed"] == 1 and nb.peer_id in status["direct_peers"]
-    assert na.call("echo", peer=nc.peer_id, circuits=[])["path"] == "relayed"
+    assert status["dials_punched"] + status["dials_relayed"] == 2 and nb.peer_id in status["direct_peers"]
+    assert na.call("echo", peer=nc.peer_id, circuits=[])["path"] in ("relayed", "direct")
     assert time.monotonic() - started < 60
 
 
@@ -194,7 +198,7 @@ def home_nodes(net):
 
 def test_nated_nodes_average_tensors_over_their_bulk_connections(net):
     """The all-reduce among three NAT'd Nodes that know each other only by relayed addresses
-    (home 3 behind a symmetric NAT: its links stay relayed): fp32 is bitwise the sorted-order mean
+    (home 3 behind a symmetric NAT: its links relayed or punched by chance): fp32 is bitwise the sorted-order mean
     on every member, int8 agrees bitwise among them and is close to it, nobody is excluded."""
     nodes = home_nodes(net)
     circuits = {node.peer_id: node.call("relayed_addrs") for node in nodes}
@@ -217,4 +221,4 @@ def test_nated_nodes_average_tensors_over_their_bulk_connections(net):
         else:  # the int8 mean's norm is within its quantization error of the exact one
             assert abs(results[0]["norm"] - float(exact.norm())) < 0.02 * float(exact.norm())
     paths = {node.name: results[i]["paths"] for i, node in enumerate(nodes)}
-    assert paths["na"][net["nc"].peer_id] and set(paths["na"][net["nc"].peer_id]) == {"relayed"}, paths
+    assert paths["na"][net["nc"].peer_id], paths  # relayed, or direct by birthday probing (ADR 0204)

@@ -7,8 +7,9 @@ import time
 
 from aiohttp.test_utils import make_mocked_request
 
-from ml.compute import role as role_module
+from consensus.task_info import TaskInfo
 from ml.compute.dashboard_view import earnings_over_time, owned_by, payouts_to, slashes_of
+from ml.compute.training import PAUSED_REASON
 from node.dashboard import TOKEN_HEADER, is_loopback
 from node.identity import Identity
 from tests.compute.test_worker_flow import fake_list, make_role, task_doc
@@ -141,7 +142,7 @@ def test_a_paused_node_takes_no_new_task(tmp_path):
     async def run_job(t):
         started.append(t)
 
-    role._run_job = run_job
+    role.training.run_job = run_job
     role.set_paused(True)
 
     async def tick():
@@ -154,14 +155,14 @@ def test_a_paused_node_takes_no_new_task(tmp_path):
     asyncio.run(tick())
     assert started == []
     assert role.ledger.sent == [("reject_task", {"task_id": bytes.fromhex(task["task_id"]),
-                                                 "reason": role_module.PAUSED_REASON})]
+                                                 "reason": PAUSED_REASON})]
     asyncio.run(tick())                            # once: the job is there now
     assert len(role.ledger.sent) == 1 and started == []
     # resumed: a new task is taken again
     role.set_paused(False)
     fresh = {**task, "task_id": "22" * 32}
     asyncio.run(tick_on(role, fresh))
-    assert [t["task_id"] for t in started] == ["22" * 32]
+    assert [t.task_id for t in started] == ["22" * 32]
 
 
 async def tick_on(role, task):
@@ -173,14 +174,14 @@ async def tick_on(role, task):
 def test_payouts_and_slashes_from_task_records():
     me = Identity.generate().peer_id
     verdict = {"match": True, "evidence": ""}
-    tasks = [
+    tasks = [TaskInfo.from_json(doc) for doc in [
         {"task_id": "01" * 32, "status": "paid", "payouts": {me: 9}, "slots": [
             {"slot": 1, "worker": OTHER, "outcome": "ok", "verdict": verdict, "referees": [],
              "verifiers": [{"verifier": me, "answer": {"match": False, "evidence": "ee" * 32}}]}]},
         {"task_id": "02" * 32, "status": "rejected", "payouts": {me: 2}, "slots": []},
         {"task_id": "03" * 32, "status": "committed", "payouts": {me: 5}, "slots": [
             {"slot": 0, "worker": me, "outcome": "pending", "verdict": None}]},
-    ]
+    ]]
     assert payouts_to(tasks, me) == [{"task_id": "01" * 32, "status": "paid", "amount": 9},
                                      {"task_id": "02" * 32, "status": "rejected", "amount": 2}]
     [slash] = slashes_of(tasks, me)
@@ -190,10 +191,11 @@ def test_payouts_and_slashes_from_task_records():
 
 def test_earnings_over_time_and_owned_tasks():
     me = Identity.generate().peer_id
-    tasks = [{"task_id": "01" * 32, "status": "paid", "assigned_height": 9, "payouts": {me: 5}},
-             {"task_id": "02" * 32, "status": "paid", "assigned_height": 3, "payouts": {me: 7}, "owner": me,
-              "workers": [OTHER, me]},
-             {"task_id": "03" * 32, "status": "running", "assigned_height": 1, "payouts": {me: 100}}]
+    tasks = [TaskInfo.from_json(doc) for doc in [
+        {"task_id": "01" * 32, "status": "paid", "assigned_height": 9, "payouts": {me: 5}},
+        {"task_id": "02" * 32, "status": "paid", "assigned_height": 3, "payouts": {me: 7}, "owner": me,
+         "workers": [OTHER, me]},
+        {"task_id": "03" * 32, "status": "running", "assigned_height": 1, "payouts": {me: 100}}]]
     assert [(e["height"], e["total"]) for e in earnings_over_time(tasks, me)] == [(3, 7), (9, 12)]
     [owned] = owned_by(tasks, me)
     assert owned["workers"] == 2 and owned["fetch"] == f"dekube-node task fetch {'02' * 32} --out weights-02020202"

@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from consensus.task_info import TaskInfo
 from ml.compute.limits import Limits, LimitsError, within
 from node.dashboard import TOKEN_HEADER
 from tests.compute.test_worker_flow import fake_list, make_role, task_doc
@@ -14,13 +15,15 @@ from tests.node.node_harness import running_node
 def test_hours_across_midnight_and_refusals():
     night = Limits(hours="22-7")
     assert [h for h in range(24) if within((22, 7), h)] == [0, 1, 2, 3, 4, 5, 6, 22, 23]
-    assert night.refusal({}, 23) is None and night.refusal({}, 12) == "outside its provider's hours 22-7"
+    assert night.refusal(TaskInfo.from_json({}), 23) is None
+    assert night.refusal(TaskInfo.from_json({}), 12) == "outside its provider's hours 22-7"
     short = Limits(max_task_s=600)
-    assert short.refusal({"spec": {"expected_s": 600}}, 0) is None
-    assert "limit of 600 s" in short.refusal({"spec": {"expected_s": 601}}, 0)
+    assert short.refusal(TaskInfo.from_json({"spec": {"expected_s": 600}}), 0) is None
+    assert "limit of 600 s" in short.refusal(TaskInfo.from_json({"spec": {"expected_s": 601}}), 0)
     cpu_only = Limits(cuda_devices=0)
-    assert cpu_only.refusal({"device": "cuda"}, 0) == "its provider lends no GPU"
-    assert cpu_only.refusal({"device": "cpu"}, 0) is None and Limits().refusal({"device": "cuda"}, 0) is None
+    cuda, cpu = TaskInfo.from_json({"device": "cuda"}), TaskInfo.from_json({"device": "cpu"})
+    assert cpu_only.refusal(cuda, 0) == "its provider lends no GPU"
+    assert cpu_only.refusal(cpu, 0) is None and Limits().refusal(cuda, 0) is None
     for bad in ({"hours": "25-3"}, {"hours": "7-7"}, {"hours": 5}, {"max_task_s": -1}, {"cuda_devices": -2},
                 {"nope": 1}, {}, [1]):
         with pytest.raises(LimitsError):
@@ -35,7 +38,7 @@ def test_a_task_outside_the_limits_is_rejected_with_the_reason(tmp_path):
     async def run_job(t):
         started.append(t)
 
-    role._run_job = run_job
+    role.training.run_job = run_job
     role.limits.set({"cuda_devices": 0})
 
     async def tick():

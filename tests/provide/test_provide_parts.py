@@ -16,6 +16,7 @@ from cli.provide_stake import describe, params_from, propose
 from consensus.genesis import Params
 from consensus.state.records import Task
 from consensus.state.tasks import required_worker_stake
+from consensus.task_info import TaskInfo
 from ml.compute.provider_checks import clock_problem, coverage_problem, gpu_problem, port_problem, stake_problem
 
 GENESIS_PARAMS = {"min_worker_stake": 100, "min_verifier_stake": 100, "stake_cover_bps": 20_000,
@@ -149,7 +150,7 @@ def test_params_from_an_rpc_answer_keeps_defaults():
 
 def test_a_stake_too_small_for_the_recent_tasks_is_said():
     params = params_from(GENESIS_PARAMS)
-    recent = [task(10_000, 3), {"task_id": "x", "price": "junk"}]
+    recent = [TaskInfo.from_json(task(10_000, 3)), TaskInfo.from_json({"task_id": "x"})]   # no workers: no pay
     assert coverage_problem(params, 28_330, recent) is None and coverage_problem(params, 0, []) is None
     said = coverage_problem(params, 1_000, recent)
     assert "pays 2833 per worker and needs 28330 bonded, this node has 1000: bond 27330 more" in said

@@ -33,7 +33,7 @@ from relay.dcutr import (
     encode_holepunch,
 )
 from relay.holepunch import HolePuncher
-from relay.holepunch_dial import dial_peer
+from relay.holepunch_dial import dial_peer, upgrade_relayed
 from relay.holepunch_inbound import upgrade_inbound
 
 A1 = Multiaddr.parse("/ip4/10.0.0.1/tcp/4001")
@@ -184,6 +184,7 @@ def test_the_initiator_accepts_a_punch_from_a_responder_whose_mapping_was_mispre
     async def main():
         a, b, relay, relayed, (pa, pb) = await _relayed_pair()
         pb.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # nothing listens there
+        pb.predict = 0  # no mapping probes: loopback's ephemeral ports would read as a random NAT
         pa.attempts = 1
         try:
             direct = await pa.direct_connect(relayed)
@@ -281,6 +282,123 @@ def test_the_inbound_side_starts_the_punch_on_its_own():
                     break
                 await asyncio.sleep(0.05)
             assert relayed.closed
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+# ---------------------------------------------------------------- the switch to the direct connection
+def test_new_streams_take_the_punched_connection_not_the_relayed_one():
+    """Once a punch gives a direct connection, the Host opens new streams on it, never on the
+    relayed one about to be retired (the spec: "all new streams should be opened in the direct
+    connection"); before, the relayed connection stayed shared until it closed."""
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        b.host.set_handler(SINK_PROTOCOL, Sink())
+        try:
+            assert (await a.host.open_stream(b.host.peer_id, SINK_PROTOCOL)).connection is relayed
+            direct = await pa.direct_connect(relayed)
+            assert direct is not None and not relayed.closed
+            stream = await a.host.open_stream(b.host.peer_id, SINK_PROTOCOL)
+            assert stream.connection is direct
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_ping_caught_on_the_retired_relayed_connection_is_retried_on_the_direct_one():
+    """The peer punches and closes the relayed connection while our ping waits on it (js-libp2p
+    does so after DCUtR): Host.ping answers over the direct connection instead of failing."""
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        from node.p2p.ping import PROTOCOL_ID as PING
+        from node.p2p.ping import serve_ping
+
+        async def ping_then_switch(stream):
+            if b.pipe_for(stream.connection) is None:
+                await serve_ping(stream)
+                return
+            assert await pb.direct_connect(stream.connection) is not None  # b punches, then retires
+            await stream.connection.close()
+
+        b.host.set_handler(PING, ping_then_switch)
+        try:
+            assert await a.host.ping(b.host.peer_id) >= 0
+            assert relayed.closed
+            direct = [c for c in a.host.connections(b.host.peer_id) if not c.closed]
+            assert direct and a.pipe_for(direct[0]) is None
+        finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_the_inbound_side_sends_connect_and_the_dialer_waits_for_it():
+    """DCUtR roles as the spec says: the inbound side of the circuit (B) opens the dcutr stream and
+    is the noise initiator; the dialer (A) answers and does not start a punch of its own (before,
+    the dialer initiated at once and B's punch was a second one, or deferred)."""
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        watcher = asyncio.create_task(upgrade_inbound(pb, b, retire_after=0.1))
+        await asyncio.sleep(0)
+        await relayed.close()
+        started = []
+        original = pa.direct_connect
+
+        async def counted(conn):
+            started.append(conn)
+            return await original(conn)
+
+        pa.direct_connect = counted
+        try:
+            relayed = await a.dial(b.relayed_addrs)
+            path = await upgrade_relayed(pa, relayed, retire_after=0.1)
+            assert path.kind == "punched" and a.pipe_for(path.conn) is None
+            assert path.conn.direction == "inbound"  # b dialed as the DCUtR (and noise) initiator
+            assert started == []                    # a never sent CONNECT
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_reachable_dialer_is_dialed_back_directly_before_any_punch():
+    """Connection reversal: A listens on an address B can reach; B dials it on A's inbound relayed
+    connection and both end direct, though no punch could work here (both offer a dead mapping;
+    before, this stayed relayed)."""
+    from node.identity import Identity
+    from node.p2p.host import Host
+    from relay.client import RelayClient
+
+    async def main():
+        host = Host(Identity.generate(), ["/ip4/127.0.0.1/tcp/0"])
+        await host.start()
+        a = RelayClient(host)
+        a.start()
+        b = await start_endpoint()
+        relay = await start_relay({a.host.peer_id, b.host.peer_id})
+        relay_addr = relay.host.listen_addrs[0]
+        punchers = []
+        for endpoint in (a, b):
+            puncher = HolePuncher(endpoint.host, punch_window=1.0)
+            puncher.start()
+            await puncher.connect_public(relay_addr)
+            puncher.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # no punch works
+            punchers.append(puncher)
+        pa, pb = punchers
+        await b.reserve(relay_addr)
+        watcher = asyncio.create_task(upgrade_inbound(pb, b, retire_after=0.1, reverse_private=True))
+        await asyncio.sleep(0)
+        try:
+            relayed = await a.dial(b.relayed_addrs)
+            path = await upgrade_relayed(pa, relayed, retire_after=0.1, punch_wait=10)
+            assert path.kind == "punched" and a.pipe_for(path.conn) is None
+            at_b = [c for c in b.host.connections(a.host.peer_id) if not c.closed and b.pipe_for(c) is None]
+            listen = Multiaddr.parse(a.host.listen_addrs[0]).without_peer_id()
+            assert [str(c.remote_addr) for c in at_b] == [str(listen)]
+            assert pa.direct == {} and pb.direct == {}  # no punch made it
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

@@ -141,3 +141,18 @@ def test_js_default_limit_bytes():
     body = encode_hop(HopMessage(HopType.STATUS, limit=Limit(120, 131072), status=Status.OK))
     assert body == bytes([0x08, 0x02, 0x22, 0x06, 0x08, 0x78, 0x10, 0x80, 0x80, 0x08, 0x28, 0x64])
     assert decode_hop(body).limit == Limit(120, 131072)
+
+
+@pytest.mark.parametrize("wire, seconds", [
+    (120_000, 120),              # js-libp2p's 2-minute default, sent in milliseconds (issue 25)
+    (3_600_000, 3600),           # a js relay configured for an hour
+    (120, 120), (86_400, 86_400),  # spec-conformant seconds, up to a day, unchanged
+    (90_000_001, 90_000_001)])   # not a whole number of milliseconds-seconds: left as seconds
+def test_limit_duration_read_in_seconds_even_from_js_milliseconds(wire, seconds):
+    from node.p2p.limited import is_limited
+
+    body = encode_hop(HopMessage(HopType.STATUS, limit=Limit(wire), status=Status.OK))
+    limit = decode_hop(body).limit
+    assert limit is not None and limit.duration == seconds
+    if wire == 120_000:  # js's default cap is a limited circuit, not a 33-hour one
+        assert is_limited(limit)

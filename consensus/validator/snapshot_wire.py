@@ -1,0 +1,117 @@
+"""State snapshots on the wire: protocol ``/dekube/snapshots/1.0.0`` (docs/adr/0199).
+
+One request per stream: a frame ``encode([kind, height, index])`` with kind ``list`` (the heights
+of the snapshots the node keeps), ``manifest``, ``block`` (block ``height`` with its certificate:
+``[height, round, value, certificate]``) or ``chunk``; the answer is one frame ``encode(value)``,
+``None`` when the node does not have it. ``SnapshotServer`` answers from a ``ChainStore`` (reads
+off the event loop, one request at a time per stream, requests of at most 64 bytes);
+``RemoteSource`` is a ``consensus.statesync.SnapshotSource`` for one peer, called from the worker
+thread that runs ``state_sync`` and bridged to the event loop. A peer that cannot be reached,
+times out or answers junk is reported as having nothing (``None``): ``state_sync`` then asks the
+next peer; what it does send is checked there.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from consensus.certificate import CertificateError, decode_certificate, encode_certificate
+from consensus.encoding import EncodingError, decode, encode
+from consensus.network import MAX_FRAME_BYTES, FrameError, frame, read_frame
+from consensus.state.snapshot import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES
+from consensus.statesync import StoreSource
+from consensus.tendermint import Commit
+from consensus.validator.chainstore import ChainStore
+
+PROTOCOL = "/dekube/snapshots/1.0.0"
+MAX_REQUEST_BYTES = 64
+MAX_ANSWER_BYTES = max(MAX_FRAME_BYTES, MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES) + 1024
+KINDS = ("list", "manifest", "block", "chunk")
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotServer:
+    def __init__(self, host, store: ChainStore) -> None:
+        self.host = host
+        self.source = StoreSource("self", store)
+
+    def start(self) -> None:
+        self.host.set_handler(PROTOCOL, self._handle)
+
+    def stop(self) -> None:
+        self.host.remove_handler(PROTOCOL)
+
+    def answer(self, kind: str, height: int, index: int):
+        if kind == "list":
+            return self.source.snapshots()
+        if kind == "manifest":
+            return self.source.manifest(height)
+        if kind == "chunk":
+            return self.source.chunk(height, index)
+        commit = self.source.block(height)
+        return None if commit is None else [commit.height, commit.round, commit.value,
+                                            encode_certificate(commit.certificate)]
+
+    async def _handle(self, stream) -> None:
+        try:
+            request = decode(await read_frame(stream, MAX_REQUEST_BYTES), MAX_REQUEST_BYTES)
+            if type(request) is not list or len(request) != 3 or request[0] not in KINDS \
+                    or any(type(n) is not int or not 0 <= n < 2**63 for n in request[1:]):
+                return
+            value = await asyncio.get_running_loop().run_in_executor(None, self.answer, *request)
+            await stream.write(frame(encode(value)))
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError, EncodingError) as exc:
+            log.debug("snapshot request dropped: %s", exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+
+class RemoteSource:
+    """A peer's snapshots, for ``state_sync`` running in a worker thread (not on ``loop``)."""
+
+    def __init__(self, host, peer: str, loop: asyncio.AbstractEventLoop, timeout: float = 10.0) -> None:
+        self.host, self.name, self.loop, self.timeout = host, peer, loop, timeout
+
+    async def _request(self, kind: str, height: int, index: int):
+        stream = await asyncio.wait_for(self.host.open_stream(self.name, PROTOCOL), self.timeout)
+        try:
+            await stream.write(frame(encode([kind, height, index])))
+            raw = await asyncio.wait_for(read_frame(stream, MAX_ANSWER_BYTES), self.timeout)
+            return decode(raw, MAX_ANSWER_BYTES)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+    def _call(self, kind: str, height: int = 0, index: int = 0):
+        future = asyncio.run_coroutine_threadsafe(self._request(kind, height, index), self.loop)
+        try:
+            return future.result(self.timeout * 2 + 1)
+        except Exception as exc:  # unreachable, timed out, junk: this peer has nothing for us
+            future.cancel()
+            log.info("snapshot %s request to %s failed: %s", kind, self.name, exc)
+            return None
+
+    def snapshots(self) -> list[int]:
+        heights = self._call("list")
+        return [h for h in heights if type(h) is int] if type(heights) is list else []
+
+    def manifest(self, height: int) -> bytes | None:
+        raw = self._call("manifest", height)
+        return raw if type(raw) is bytes else None
+
+    def block(self, height: int) -> Commit | None:
+        got = self._call("block", height)
+        if type(got) is not list or len(got) != 4 or type(got[0]) is not int or type(got[1]) is not int \
+                or type(got[2]) is not bytes or type(got[3]) is not bytes:
+            return None
+        try:
+            return Commit(got[0], got[1], got[2], decode_certificate(got[3]))
+        except CertificateError:
+            return None
+
+    def chunk(self, height: int, index: int) -> bytes | None:
+        raw = self._call("chunk", height, index)
+        return raw if type(raw) is bytes else None

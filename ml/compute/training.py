@@ -1,0 +1,275 @@
+"""Training this node's share of an assigned task: check the spec (an invalid or untrainable task is
+rejected with its reason, reject_task), fetch the inputs, dry-run one step, start the all-reduce group
+with the co-workers, wait for them at the ready barrier, train to the end, keep the final weights as an
+artifact (served from then on, docs/adr/0157), save the segment records and commit the result
+(commit_result); a task cut into epochs gets a progress commitment per epoch while it trains
+(ml/compute/epoch_commits.py, docs/adr/0203). The group keeps serving until every worker committed (or
+LINGER_S). A job whose task the ledger ended meanwhile is stopped. Progress goes on the job board
+(`/status`, dkb_taskProgress, the progress protocol)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from consensus.task_info import TaskInfo, TaskStatus
+from ml.compute import ready_protocol
+from ml.compute.commitment import Commitment
+from ml.compute.epoch_commits import EpochCommitter
+from ml.compute.executor import make_group, prepare_trainer
+from ml.compute.fault_seam import FaultInjection
+from ml.compute.job_board import TERMINAL, JobBoard, JobState
+from ml.compute.membership import Membership
+from ml.compute.peer_fetch import PeerFetch
+from ml.compute.progress_history import record_point
+from ml.compute.results import ResultStore
+from ml.compute.segment_record import leaves, root
+from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
+from ml.job.participation import departures
+from ml.job.runner import train_to_end
+from ml.train.dry_run import Untrainable, dry_run
+from ml.train.progress import ProgressFeed
+from ml.train.segments import ArtifactSink
+from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
+LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
+CLOSE_POLL_S = 30.0      # while lingering, a look at the task even without an event
+MAX_REASON_CHARS = 500   # reject_task's reason (the ledger's bound)
+PAUSED_REASON = "paused by its provider"
+
+
+class Training:
+    """Runs one training job at a time (the ledger assigns at most `max_tasks_per_worker` each)."""
+
+    def __init__(self, node: Any, ledger: LedgerGateway, config: Any, board: JobBoard, results: ResultStore,
+                 fetch: PeerFetch, membership: Membership, faults: FaultInjection, transport: Any,
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.node = node
+        self.ledger = ledger
+        self.config = config
+        self.board = board
+        self.results = results
+        self.fetch = fetch
+        self.membership = membership
+        self.faults = faults
+        self.transport = transport               # the all-reduce's (HostTransport over the node's Host)
+        self.spawn = spawn
+        self.busy: asyncio.Task[None] | None = None   # the training job in progress
+        self.ready_groups: set[bytes] = set()         # task ids whose group is up (the ready protocol)
+        self.task_changed: dict[str, asyncio.Event] = {}   # task id hex -> set on its next ledger event
+        self._register_metrics(node.metrics)
+
+    def _register_metrics(self, metrics: Any) -> None:
+        jobs = self.board.jobs
+        self.tasks_done = metrics.counter("dekube_compute_tasks_total", "Task shares finished, by outcome.",
+                                          ["outcome"])
+        metrics.gauge("dekube_compute_training_step", "Optimizer steps done in the task being trained.").set_function(
+            lambda: max((j["step"] for j in jobs.values() if j["state"] == "training"), default=0))
+        metrics.counter_function("dekube_compute_allreduce_bytes_sent_total",
+                                 "All-reduce bytes sent by this node's task shares.",
+                                 lambda: sum(j["bytes_sent"] for j in jobs.values()))
+        self.steps = metrics.counter("dekube_compute_steps_total", "Optimizer steps trained, all tasks.")
+        self.round_seconds = metrics.histogram("dekube_compute_allreduce_round_seconds",
+                                               "Seconds per committed all-reduce round.",
+                                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+
+    def idle(self) -> bool:
+        return self.busy is None or self.busy.done()
+
+    def start(self, task: TaskInfo) -> None:
+        self.busy = self.spawn(self.run_job(task))
+
+    def notify(self, key: str | None) -> None:
+        """A ledger event for task `key` (None: events may have been lost, so for every task)."""
+        for changed_key, changed in self.task_changed.items():
+            if key is None or changed_key == key:
+                changed.set()
+
+    def on_progress(self, key: str, progress: Any) -> None:
+        """Count new steps, keep the job's bounded loss/metric history (served by dkb_taskProgress and
+        the progress protocol's first frame) and update the job (which wakes its watchers)."""
+        job = self.board.jobs[key]
+        self.steps.inc(max(0, progress.step - job.get("history_last_step", 0)))
+        job["history_last_step"] = max(progress.step, job.get("history_last_step", 0))
+        record_point(job, progress.step, progress.loss, progress.metrics)
+        self.board.update(key, step=progress.step, loss=progress.loss, bytes_sent=progress.bytes_sent,
+                          participants=progress.participants,
+                          **({"metrics": progress.metrics} if progress.metrics else {}))
+
+    async def run_job(self, task: TaskInfo) -> None:
+        key, me, workers = task.task_id, self.node.peer_id, list(task.workers)
+        task_id = task.task_bytes
+        self.board.start(key, workers=workers)
+        try:
+            spec = train_spec_for_task(dict(task.spec))
+            check_segments(task, spec)
+        except InvalidTask as exc:
+            await self.reject(key, task_id, f"invalid task: {exc}")
+            return
+        others = [w for w in workers if w != me]
+        group: Any = None
+        try:
+            device = self.device_for(task, spec)
+            if getattr(spec, "device", device) != device:
+                spec = dataclasses.replace(spec, device=device)
+            self.board.update(key, spec=spec.to_dict(), steps=spec.steps, device=device)
+            files = await self.fetch.task_inputs(key, task, spec, workers)
+            self.board.update(key, state="dry run")
+            await asyncio.to_thread(dry_run, spec, files, len(workers))
+            await self.fetch.learn_addresses(others)
+            group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"])
+            await group.start()
+            feed = ProgressFeed()
+            feed.subscribe(lambda p: self.on_progress(key, p))
+            group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, workers, feed, files,
+                                              self._sink(), self.faults.trainer_mode)
+            self.ready_groups.add(task_id)
+            self.board.update(key, state="waiting for workers")
+            await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
+            self.board.update(key, state="training")
+
+            async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
+                await asyncio.to_thread(self.results.save, key, records)
+                self.results.leaves.pop(key, None)
+            committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
+            summary = await committer.alongside(train_to_end(trainer))
+            self._record_allreduce_rate(group)
+            weights = await self._keep_weights(trainer)
+            if trainer.recorder is None:
+                raise RuntimeError("the trainer kept no segment records")
+            records, leaf_worker = await self.faults.committed_records(task_id, me, trainer.recorder.records)
+            leaf_list = leaves(task_id, leaf_worker, records)
+            self.results.leaves[key] = leaf_list
+            commitment = Commitment(root(leaf_list), bytes.fromhex(weights), len(records))
+            await asyncio.to_thread(self.results.save, key, {  # a long job's records are megabytes of JSON
+                                    "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
+                                    "segments_root": commitment.segments_root.hex(),
+                                    "params_hash": summary["params_hash"], "weights": weights,
+                                    "short_rounds": summary["short_rounds"],
+                                    "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
+            self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
+                              metrics=summary["metrics"], result=weights,
+                              departures=departures(summary["short_rounds"], workers))
+            receipt = await self.ledger.send("commit_result", commitment.payload(task_id))
+            self.board.update(key, state=JobState.COMMITTED, commit_height=receipt["height"], finished_at=time.time())
+            self.tasks_done.inc(outcome=JobState.COMMITTED)
+            log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
+        except asyncio.CancelledError:
+            raise
+        except Untrainable as exc:
+            await self.reject(key, task_id, f"Untrainable: {exc.reason}")
+        except Exception as exc:  # a failed job must not stop the node; it shows in /status
+            self.board.update(key, state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
+            self.tasks_done.inc(outcome=JobState.FAILED)
+            log.warning("task %s failed: %s", key, exc)
+        finally:
+            if group is not None:
+                self.spawn(self._close_after_peers(task_id, group))
+
+    async def reject(self, key: str, task_id: bytes, reason: str) -> None:
+        """Tell the ledger we cannot train this task (no retry: the job stays "rejected")."""
+        reason = (reason.strip() or "untrainable")[:MAX_REASON_CHARS]
+        self.board.update(key, state=JobState.REJECTING, reason=reason)
+        try:
+            receipt = await self.ledger.send("reject_task", {"task_id": task_id, "reason": reason})
+            self.board.update(key, state=JobState.REJECTED, reject_height=receipt.get("height"),
+                              finished_at=time.time())
+            self.tasks_done.inc(outcome=JobState.REJECTED)
+            log.warning("rejected task %s: %s", key, reason)
+        except (TxFailed, LedgerUnavailable) as exc:
+            with contextlib.suppress(LedgerUnavailable):  # the others' rejections may have ended it already
+                doc = await self.ledger.call("dkb_getTask", key)
+                if doc is not None and TaskInfo.from_json(doc).status == TaskStatus.REJECTED:
+                    self.board.update(key, state=JobState.REJECTED, finished_at=time.time())
+                    self.tasks_done.inc(outcome=JobState.REJECTED)
+                    log.warning("task %s rejected by the other workers: %s", key, reason)
+                    return
+            self.board.update(key, state=JobState.FAILED, error=f"untrainable ({reason}); reject_task failed: {exc}")
+            self.tasks_done.inc(outcome=JobState.FAILED)
+            log.warning("task %s is untrainable (%s) and reject_task failed: %s", key, reason, exc)
+
+    def stop_job(self, task: TaskInfo) -> None:
+        """Stop our training job for a task the ledger has ended (it can take no commitment any more)."""
+        if self.busy is not None and not self.busy.done():
+            self.busy.cancel()
+        # a task its crew rejected (while this node was still checking it) ends "rejected" here too
+        state = JobState.REJECTED if task.status == TaskStatus.REJECTED else JobState.FAILED
+        because = f" ({task.reason})" if task.reason else ""
+        self.board.update(task.task_id, state=state, finished_at=time.time(),
+                          error=f"the ledger ended the task: {task.status}{because}")
+        self.tasks_done.inc(outcome=state)
+        log.warning("stopped task %s: the ledger says it is %s", task.task_id, task.status)
+
+    def ended(self, key: str) -> bool:
+        """Whether our job for `key` reached a terminal state."""
+        job = self.board.jobs.get(key)
+        return job is not None and job["state"] in TERMINAL
+
+    def device_for(self, task: TaskInfo, spec: Any) -> str:
+        """The device to train on: the one the ledger assigned the task to (`device`: cpu or cuda),
+        else the spec's; "any" takes CUDA when this node has it. Untrainable when CUDA is wanted
+        and this node has none."""
+        wanted = str(task.device or getattr(spec, "device", "cpu"))
+        has_cuda = self.membership.has_cuda()
+        if wanted == "any":
+            return "cuda" if has_cuda else "cpu"
+        if wanted not in ("cpu", "cuda"):
+            raise Untrainable(f"unknown device {wanted[:32]!r}")
+        if wanted == "cuda" and not has_cuda:
+            raise Untrainable("the task needs a CUDA device and this node has none")
+        return wanted
+
+    async def _keep_weights(self, trainer: Any) -> str:
+        """Add the trained weights to the node's artifacts (served from then on); their id."""
+        weights_id: str = await self.node.artifacts.add_bytes(await asyncio.to_thread(trainer.weights_bytes))
+        return weights_id
+
+    def _sink(self) -> Any:
+        """Where the trainer puts its checkpoints and averages: the node's artifacts."""
+        sink_type: Any = ArtifactSink   # ml.train.segments is not typed yet
+        return sink_type(self.node.artifacts)
+
+    def _record_allreduce_rate(self, group: Any) -> None:
+        """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""
+        meter = self.membership.meter()
+        rate = group.upload_rates.get(self.node.peer_id, 0.0)
+        if meter is not None and rate > 0:
+            meter.record_rate("up", rate * 8 / 1e6)
+
+    async def _close_after_peers(self, task_id: bytes, group: Any) -> None:
+        """Keep serving the group until every worker committed (or LINGER_S), then close it."""
+        key = task_id.hex()
+        deadline = time.monotonic() + LINGER_S
+        changed = self.task_changed[key] = asyncio.Event()
+        try:
+            while time.monotonic() < deadline:
+                changed.clear()
+                try:
+                    doc = await self.ledger.call("dkb_getTask", key)
+                    if doc is None or TaskInfo.from_json(doc).status not in TaskStatus.OPEN_FOR_COMMITS:
+                        break
+                except LedgerUnavailable:
+                    pass
+                with contextlib.suppress(asyncio.TimeoutError):  # until the task's next event
+                    await asyncio.wait_for(changed.wait(), max(0.0, min(CLOSE_POLL_S, deadline - time.monotonic())))
+        finally:
+            self.task_changed.pop(key, None)
+            self.ready_groups.discard(task_id)
+            await group.close()
+
+
+def ready_timeout(files: dict[str, Path]) -> float:
+    """How long to wait for the co-workers at the start barrier: READY_TIMEOUT_S, plus the time a
+    co-worker on a slow link (READY_MIN_FETCH_RATE) needs to fetch the task's inputs first."""
+    size = sum(path.stat().st_size for path in files.values())
+    return READY_TIMEOUT_S + size / READY_MIN_FETCH_RATE

@@ -1,0 +1,81 @@
+"""Birthday-paradox probing for a punch where exactly one side's NAT maps every flow to a random
+port (a random symmetric NAT; ADR 0204), as Tailscale does it.
+
+The random side ("spray") opens ``SPRAY_SOCKETS`` connections to the peer's punch address, each
+from its own local port, so its NAT holds that many random public ports towards the peer; the
+other side ("probe") dials ``PROBE_PORTS`` random ports of the random side's public IP from its
+punch port, each SYN opening its own NAT's filter towards that port. Any port in both sets joins a
+socket on each side (TCP simultaneous open): with 256 x 256 over ~64,000 ports, about 64% of
+exchanges. Bounded: the socket and port counts, a start spread over ``SPREAD_S`` (the initial SYN
+rate), a redial of a refused socket no sooner than ``RETRY_S`` later, all ending at the punch
+window's deadline or at the first connected socket (the caller cancels the rest). When both sides
+are random, probing is pointless and neither side does it.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from node.p2p.multiaddr import Multiaddr
+
+SPRAY_SOCKETS = 256
+PROBE_PORTS = 256
+SPREAD_S = 0.5
+RETRY_S = 0.25
+PORTS = (1024, 65535)
+
+
+def _socket(family: int, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setblocking(False)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _dial(local_port: int, ip: str, port: int, delay: float, deadline: float) -> socket.socket:
+    """Connect from ``local_port`` (0: one ephemeral port, kept across redials, so the NAT's mapping
+    stays the same flow) to ``ip:port`` until ``deadline``."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(delay)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer from {ip}:{port} in the punch window")
+        sock = _socket(family, local_port)
+        local_port = sock.getsockname()[1]
+        try:
+            async with asyncio.timeout(left):
+                await loop.sock_connect(sock, (ip, port))
+            return sock
+        except ConnectionRefusedError:
+            sock.close()
+            await asyncio.sleep(RETRY_S)
+        except BaseException:
+            sock.close()
+            raise
+
+
+def birthday_dials(addrs: tuple[Multiaddr, ...], punch_port: int, *, own_random: bool, peer_random: bool,
+                   deadline: float, rng: random.Random | None = None,
+                   ) -> list[Coroutine[Any, Any, socket.socket]]:
+    """The extra dials of a punch: spray when our NAT is the random one, probe when the peer's is,
+    nothing when both or neither are. Each returns a connected socket."""
+    if own_random == peer_random or not addrs:
+        return []
+    ip, port = addrs[0].tcp_endpoint()
+    if own_random:
+        return [_dial(0, ip, port, i * SPREAD_S / SPRAY_SOCKETS, deadline) for i in range(SPRAY_SOCKETS)]
+    rng = rng or random.SystemRandom()
+    ports = rng.sample(range(PORTS[0], PORTS[1] + 1), PROBE_PORTS)
+    return [_dial(punch_port, ip, p, i * SPREAD_S / PROBE_PORTS, deadline) for i, p in enumerate(ports)]
