@@ -42,13 +42,29 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cli.errors import CliError
 from node.extras import require_compute
 
+if TYPE_CHECKING:   # imported where used: the serving stack needs torch (require_compute)
+    from ml.serve.adapters import ClientParams
+    from ml.serve.announce import Announced
+    from ml.serve.catalog import ModelSpec
+    from ml.serve.client import RemoteGenerator, ServerInfo
+    from ml.serve.model import DecoderConfig
+    from ml.serve.protocol import Payer
+    from ml.serve.spot_check import SpotCheck
+    from node.identity import Identity
+    from node.ledger.gateway import LedgerGateway
+    from node.p2p.host import Host
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+Named = tuple[str, tuple[int, int]]   # a --server: (multiaddr, blocks)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = subparsers.add_parser("serve", help="serve a range of a decoder's blocks to generating clients")
     serve.add_argument("--model", required=True, help="random:<layers>x<width>[:heads][@seed], random:large, "
                                                       "or a char-transformer .safetensors file")
@@ -143,7 +159,7 @@ def _device(args: argparse.Namespace) -> tuple[str, str]:
     return device, serving_profile(device)
 
 
-def _identity(args: argparse.Namespace):
+def _identity(args: argparse.Namespace) -> Identity:
     from node.identity import Identity
     from node.keystore import load_identity
 
@@ -155,13 +171,14 @@ def _identity(args: argparse.Namespace):
         raise CliError(f"cannot load key {args.key}: {exc}") from None
 
 
-def _gateway(args: argparse.Namespace, identity):
+def _gateway(args: argparse.Namespace, identity: Identity) -> LedgerGateway | None:
     from node.ledger.gateway import LedgerGateway
 
     return LedgerGateway(identity, [args.ledger]) if args.ledger else None
 
 
-async def _ledger_servers(gateway, host, spec, exclude: str = "") -> list:
+async def _ledger_servers(gateway: LedgerGateway, host: Host, spec: ModelSpec, exclude: str = ""
+                          ) -> list[Announced]:
     """The servers of this model the ledger's records announce, their addresses added to `host`."""
     from ml.serve.loop import ledger_servers
     from node.ledger.errors import LedgerUnavailable
@@ -172,7 +189,7 @@ async def _ledger_servers(gateway, host, spec, exclude: str = "") -> list:
         raise CliError(f"cannot list servers on {gateway.url}: {exc}") from None
 
 
-async def _payer(args: argparse.Namespace, gateway, identity):
+async def _payer(args: argparse.Namespace, gateway: LedgerGateway | None, identity: Identity) -> Payer | None:
     from ml.serve.protocol import Payer
 
     if args.max_price <= 0:
@@ -182,7 +199,7 @@ async def _payer(args: argparse.Namespace, gateway, identity):
     return Payer(identity, await gateway.chain_id(), args.max_price)
 
 
-def _spec(text: str, command: str):
+def _spec(text: str, command: str) -> ModelSpec:
     require_compute(f"dekube-node {command}")
     from ml.serve.catalog import ModelSpecError, parse_model
 
@@ -216,7 +233,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(spec, blocks, auto, args, *_device(args)))
 
 
-async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]]:
+async def _coverage(host: Host, spec: ModelSpec, known: list[str]) -> list[tuple[int, int, float]]:
     """(start, end, measured tokens/s) of the known servers of this model that answer."""
     from ml.serve.client import ServerInfo, measure
     from ml.serve.protocol import RemoteError, SpanClient, SpanUnavailable
@@ -243,7 +260,7 @@ async def _coverage(host, spec, known: list[str]) -> list[tuple[int, int, float]
     return coverage
 
 
-async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace,
+async def _serve(spec: ModelSpec, blocks: tuple[int, int] | None, auto: int | None, args: argparse.Namespace,
                  device: str, profile: str) -> int:
     from ml.serve.loop import ServeSettings, ServingLoop, standalone_publisher
     from node.ledger.errors import LedgerUnavailable
@@ -263,12 +280,14 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
     loop = ServingLoop(host, gateway, identity, spec, settings, device, profile, publish)
     try:
         if args.price:   # a paid server the ledger would not pay refuses to start, saying why
+            assert gateway is not None   # run_serve: --price needs --ledger
             await _ensure_claimable(gateway, host.peer_id)
         if blocks is None:   # fill the gap in what the known servers and the ledger's announcements cover
             assert auto is not None   # blocks is None only for --blocks auto:N
             try:
                 ledger_known = await loop.coverage()
             except (LedgerUnavailable, OSError) as exc:
+                assert gateway is not None   # the loop reads the ledger only through it
                 raise CliError(f"cannot list servers on {gateway.url}: {exc}") from None
             blocks = loop.choose(auto, await _coverage(host, spec, args.known) + ledger_known)
         await loop.load(blocks)
@@ -291,7 +310,7 @@ async def _serve(spec, blocks: tuple[int, int] | None, auto: int | None, args: a
         await host.stop()
 
 
-async def _ensure_claimable(gateway, peer_id: str) -> None:
+async def _ensure_claimable(gateway: LedgerGateway, peer_id: str) -> None:
     """Bond what the key lacks of min_serve_stake from its free balance, or raise CliError with why."""
     from ml.serve.claimable import NotClaimable, ensure_claimable
 
@@ -316,7 +335,7 @@ def _parse_server(text: str, layers: int) -> tuple[str, tuple[int, int]]:
         raise CliError(str(exc)) from None
 
 
-def _named_servers(args: argparse.Namespace, spec) -> list:
+def _named_servers(args: argparse.Namespace, spec: ModelSpec) -> list[Named]:
     """The `--server MULTIADDR=A:B` list; an error when there are none and no `--ledger` to find them."""
     servers = [_parse_server(s, spec.config.layers) for s in args.server]
     if not servers and not args.ledger:
@@ -344,7 +363,8 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, device: str, profile: str) -> dict:
+async def _spot_check(spec: ModelSpec, generator: RemoteGenerator, gateway: LedgerGateway | None, host: Host,
+                      args: argparse.Namespace, device: str, profile: str) -> dict[str, Any]:
     """Rerun each span locally (on `device`, in `profile`); the answers of servers in another profile are
     replayed by a second server of theirs (a third one naming the liar when they disagree), or reported
     unchecked (ADR 0179, 0182). With --dispute-bond, dispute on chain every wrong answer a check names a
@@ -369,7 +389,7 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
         remote_entries, remote_checks = await _remote_checks(generator, index, check.unchecked, profile)
         entries += remote_entries
         checks += remote_checks
-    out: dict = {"spot_checks": entries}
+    out: dict[str, Any] = {"spot_checks": entries}
     if not args.dispute_bond:
         return out
     store = BundleStore()
@@ -394,8 +414,8 @@ async def _spot_check(spec, generator, gateway, host, args: argparse.Namespace, 
     return out
 
 
-async def _remote_checks(generator, index: int, unchecked: tuple[str, ...],
-                         profile: str) -> tuple[list[dict], list[tuple]]:
+async def _remote_checks(generator: RemoteGenerator, index: int, unchecked: tuple[str, ...],
+                         profile: str) -> tuple[list[dict[str, Any]], list[tuple[SpotCheck, str]]]:
     """Spot checks of span `index`'s servers in other profiles than this client's, each by a second server
     of that profile (`spot_check_remote`) and, where a third server of that profile holds the span, with
     its opinion, which names the liar when the two disagree (ADR 0182); a disagreement without one names
@@ -406,10 +426,10 @@ async def _remote_checks(generator, index: int, unchecked: tuple[str, ...],
     start, end = generator.spans[index]
     entries, checks, left = [], [], set(unchecked)
 
-    def profile_of(server) -> str:
+    def profile_of(server: ServerInfo) -> str:
         return server.profile or generator.profiles.get(server.peer_id, "")
 
-    def may_replay(server) -> bool:
+    def may_replay(server: ServerInfo) -> bool:
         """Holds the span, is none of the servers checked, not known to compute in another profile."""
         known = profile_of(server)
         return ((server.start, server.end) == (start, end) and server.peer_id not in left | generator.dead
@@ -451,7 +471,7 @@ async def _remote_checks(generator, index: int, unchecked: tuple[str, ...],
     return entries, checks
 
 
-def _load_adapter(path: Path, config):
+def _load_adapter(path: Path, config: DecoderConfig) -> ClientParams:
     from ml.serve.adapters import AdapterError, ClientParams
 
     try:
@@ -460,7 +480,7 @@ def _load_adapter(path: Path, config):
         raise CliError(str(exc)) from None
 
 
-async def _connect_servers(host, servers) -> list:
+async def _connect_servers(host: Host, servers: list[Named]) -> list[ServerInfo]:
     from ml.serve.client import ServerInfo
 
     infos = []
@@ -474,7 +494,8 @@ async def _connect_servers(host, servers) -> list:
     return infos
 
 
-async def _find_servers(host, gateway, spec, servers) -> tuple[list, dict | None]:
+async def _find_servers(host: Host, gateway: LedgerGateway | None, spec: ModelSpec, servers: list[Named]
+                        ) -> tuple[list[ServerInfo], dict[str, float] | None]:
     """The named servers plus those the ledger announces, and (for ledger-found ones) the client's own
     measured tokens/s of each, which the chain is planned by."""
     from ml.serve.client import measure
@@ -489,7 +510,7 @@ async def _find_servers(host, gateway, spec, servers) -> tuple[list, dict | None
 
 
 @contextlib.asynccontextmanager
-async def _client(args: argparse.Namespace):
+async def _client(args: argparse.Namespace) -> AsyncIterator[tuple[Host, LedgerGateway | None, Identity]]:
     """(host, gateway or None, identity) of a short-lived client node: its relay client dials the
     relayed addresses NAT'd servers announce, like ``task fetch`` does (cli/client_node.py)."""
     from cli.client_node import client_node
@@ -504,8 +525,8 @@ async def _client(args: argparse.Namespace):
             await gateway.close()
 
 
-async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, tuned, device: str,
-                    profile: str) -> dict:
+async def _generate(spec: ModelSpec, servers: list[Named], prompt: list[int], args: argparse.Namespace,
+                    tuned: ClientParams | None, device: str, profile: str) -> dict[str, Any]:
     from ml.serve.client import NoChain, RemoteGenerator, local_generate
 
     async with _client(args) as (host, gateway, identity):
@@ -525,7 +546,8 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
                   "profiles": sorted(set(generator.profiles.values()))}   # the servers' (bit-exact within one)
         if args.push:
             result["pushed_steps"], result["push_fallbacks"] = generator.stats.pushed, generator.stats.push_fallbacks
-        if payer is not None:   # "paid" counts only receipts the ledger will pay (ml/serve/claimable.py)
+        if payer is not None and gateway is not None:   # a payer needs the ledger; "paid" counts only receipts
+            # the ledger will pay (ml/serve/claimable.py)
             result |= await _paid(gateway, [m.signed.receipt for m in generator.meters if m.signed])
         if args.check_local:
             whole = await asyncio.to_thread(spec.load_part, None, True, device)
@@ -536,7 +558,7 @@ async def _generate(spec, servers, prompt: list[int], args: argparse.Namespace, 
         return result
 
 
-async def _paid(gateway, receipts: list[dict]) -> dict:
+async def _paid(gateway: LedgerGateway, receipts: list[dict[str, Any]]) -> dict[str, Any]:
     """{"paid"} over the co-signed receipts whose servers can claim them, plus {"unclaimable"} (each
     with why, also said on stderr) for the others."""
     from ml.serve.claimable import claimable_servers, paid_report
@@ -572,7 +594,8 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _tune(spec, servers, tokens: list[int], args: argparse.Namespace, device: str) -> dict:
+async def _tune(spec: ModelSpec, servers: list[Named], tokens: list[int], args: argparse.Namespace,
+                device: str) -> dict[str, Any]:
     import torch
 
     from ml.serve.client import NoChain

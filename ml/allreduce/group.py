@@ -13,9 +13,10 @@ a peer that has not committed adopts it, so peers that saw a reducer die mid-bro
 with the same result as those that got everything. See docs/adr/0033.
 
 Those decisions are made by the sans-I/O `RoundCore` (round_core.py, docs/adr/0115); this module
-is its asyncio driver: it runs each attempt's data flow, sends the VIEWs and waits for them and
-for pushed results, and reports what happened to the core. devtools/allreduce_sim runs the same
-core under a simulated network and clock (docs/adr/0116).
+is its asyncio driver: it carries out the core's actions with its pieces (attempt_runner.py runs an
+attempt's data flow, view_exchange.py sends the VIEWs and waits for them, committed_exchange.py
+pushes and adopts committed results; peer_io.py is what they share) and routes incoming frames.
+devtools/allreduce_sim runs the same core under a simulated network and clock (docs/adr/0116).
 
 `allgather_mean` runs the same rounds over contributions their owners encoded (top-k, sign with
 error feedback): every member gets every encoding and averages their decodings (docs/adr/0091).
@@ -24,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import hashlib
 import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,20 +40,23 @@ from ml.codecs import get_codec
 from ml.codecs.base import Codec, CodecError, all_finite
 
 from .allgather import run_allgather
-from .attempt import AttemptContext, PlanMismatch
+from .attempt import AttemptContext
+from .attempt_runner import AttemptRunner, Contribution
 from .butterfly import run_butterfly
+from .committed_exchange import CommittedExchange
 from .deadlines import DeadlinePolicy, StallEstimator
-from .inbox import Inbox, PeerFailure
+from .inbox import Inbox
 from .links import PeerLinks
+from .peer_io import PeerIO
 from .plan import Plan, make_plan
 from .receipts import Receipt
 from .ring import RING_CODECS, run_ring
 from .round_core import (
+    Action,
     AllReduceError,
     AwaitViews,
     CommitRound,
     Committed,
-    CommittedRounds,
     ExcludedFromRound,
     FailRound,
     RoundCore,
@@ -62,15 +65,8 @@ from .round_core import (
     next_rates,
 )
 from .transport import Stream, Transport
-from .wire import (
-    DEFAULT_MAX_PAYLOAD,
-    Frame,
-    FrameError,
-    Kind,
-    members_from_mask,
-    members_mask,
-    read_frame,
-)
+from .view_exchange import ViewExchange
+from .wire import DEFAULT_MAX_PAYLOAD, Frame, FrameError, Kind, members_mask, read_frame
 
 PROTOCOL = "/dekube/allreduce/1"
 DEFAULT_DEADLINES = DeadlinePolicy()  # frozen, so one shared default is safe
@@ -92,19 +88,6 @@ class AllReduceResult:
         return peer in self.participants
 
 
-@dataclass(frozen=True)
-class _Contribution:
-    """What this peer brings to a round and how its attempts combine it."""
-    flat: torch.Tensor                                   # local values, 1-D float32
-    shapes: list[tuple]
-    algorithm: Callable[[AttemptContext], Awaitable[None]]
-    codec: Codec
-    codec_tag: str                                       # goes into the plan digest
-    fault: str | None = None                             # why this peer cannot contribute
-    encoded: bytes | memoryview = b""                    # all-gather: the encoding of `flat`
-    piece_bytes: int = 0
-
-
 class AllReduceGroup:
     """Averages lists of float32 tensors with the same peers, round after round.
 
@@ -118,7 +101,7 @@ class AllReduceGroup:
     """
 
     def __init__(self, transport: Transport, my_id: str, peers: list[str], *, mode: str = "butterfly",
-                 codec: str = "fp32", non_reducers: set[str] | frozenset = frozenset(),
+                 codec: str = "fp32", non_reducers: set[str] | frozenset[str] = frozenset(),
                  chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DEFAULT_DEADLINES,
                  min_participants: int = 2, max_frame_bytes: int = DEFAULT_MAX_PAYLOAD,
                  protocol: str = PROTOCOL, workers: int = 2, upload_rates: dict[str, float] | None = None):
@@ -143,24 +126,20 @@ class AllReduceGroup:
         self._transport = transport
         self._protocol = protocol
         self._max_frame = max_frame_bytes
-        self._estimator = StallEstimator(deadlines)
         self._policy = deadlines
-        self._inbox = Inbox(self._estimator)
+        estimator = StallEstimator(deadlines)
         self._links = PeerLinks(transport, protocol, self._on_link_broken)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="allreduce")
-        self._peers: list[str] = []
+        self._io = PeerIO(my_id, self._links, Inbox(estimator), estimator,
+                          ThreadPoolExecutor(max_workers=workers, thread_name_prefix="allreduce"), chunk_numel)
+        self._committed = CommittedExchange(self._io)
+        self._views = ViewExchange(self._io, self._committed.adopt)
+        self._runner = AttemptRunner(self._io, deadlines, mode, self._committed.adopt)
         self.set_peers(peers)
         self._rates: dict[str, float] = dict(upload_rates or {})  # replaced by measurements each round
         self._current_round = -1
         self._round_active = False
-        self._committed = CommittedRounds(my_id)
         self._core: RoundCore | None = None  # the current (or last) round's protocol state
-        self._attempt_ctx: AttemptContext | None = None  # the attempt whose data flow runs now
-        self._misplanned: asyncio.Future | None = None  # done (with the error) on a first chunk of another plan
-        self._background: set[asyncio.Task] = set()
         self._started = False
-        self._receipts: tuple[Receipt, ...] = ()  # the last attempt that succeeded here: its receipts
-        self._receipts_attempt = -1
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -174,11 +153,9 @@ class AllReduceGroup:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + linger_s
         await self._links.flush(linger_s)
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._io.cancel_background()
         await self._links.close(grace_s=max(1.0, deadline - loop.time()))
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._io.pool.shutdown(wait=False, cancel_futures=True)
 
     def set_peers(self, peers: list[str]) -> None:
         """Change the membership (joins and leaves) between rounds; includes this peer.
@@ -189,13 +166,13 @@ class AllReduceGroup:
         peers = sorted(set(peers))
         if self.my_id not in peers:
             raise ValueError("the group's peers must include this peer")
-        if self._peers and peers != self._peers:
+        if self._io.peers and peers != self._io.peers:
             self._rates = {}
-        self._peers = peers
+        self._io.peers = peers
 
     @property
     def peers(self) -> list[str]:
-        return list(self._peers)
+        return list(self._io.peers)
 
     @property
     def upload_rates(self) -> dict[str, float]:
@@ -212,10 +189,10 @@ class AllReduceGroup:
         """
         self._check_round(round_id)
         shapes = [tuple(t.shape) for t in tensors]
-        flat = await self._offload(_flatten, tensors)
-        finite = await self._offload(all_finite, flat)
+        flat = await self._io.offload(_flatten, tensors)
+        finite = await self._io.offload(all_finite, flat)
         algorithm = run_ring if self.mode == "ring" else run_butterfly
-        return await self._round(_Contribution(
+        return await self._round(Contribution(
             flat, shapes, algorithm, self._codec, self.codec_name,
             fault=None if finite else "non-finite values (NaN/Inf) in local contribution"), round_id)
 
@@ -234,11 +211,11 @@ class AllReduceGroup:
         self._check_round(round_id)
         shapes = [tuple(s) for s in shapes]
         numel = sum(math.prod(s) for s in shapes)
-        flat, fault = await self._offload(_decode_own, codec, encoded, numel)
+        flat, fault = await self._io.offload(_decode_own, codec, encoded, numel)
         piece = min(4 * self.chunk_numel, self._max_frame)
         # "allgather2": members confirm every contribution before finishing (docs/adr/0141); the plan
         # digest differs from members without the confirmation, which are caught on the first chunk
-        return await self._round(_Contribution(
+        return await self._round(Contribution(
             flat, shapes, run_allgather, codec, f"allgather2:{codec!r}:{piece}", fault=fault,
             encoded=encoded or b"", piece_bytes=piece), round_id)
 
@@ -248,43 +225,43 @@ class AllReduceGroup:
         if round_id <= self._current_round:
             raise ValueError(f"round {round_id} is not after round {self._current_round}")
 
-    async def _round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
+    async def _round(self, contribution: Contribution, round_id: int) -> AllReduceResult:
         started = time.monotonic()
         result = await self._run_round(contribution, round_id)
         if self.round_observer is not None:
             self.round_observer(time.monotonic() - started, result)
         return result
 
-    async def _run_round(self, contribution: _Contribution, round_id: int) -> AllReduceResult:
+    async def _run_round(self, contribution: Contribution, round_id: int) -> AllReduceResult:
         self._current_round = round_id
         self._round_active = True
-        self._inbox.forget_before(round_id)
+        self._io.inbox.forget_before(round_id)
         bytes_before = self._links.bytes_sent
         shape_digest = hashlib.blake2b(json.dumps(contribution.shapes).encode(), digest_size=8).hexdigest()
-        self._receipts, self._receipts_attempt = (), -1
-        core = self._core = RoundCore(self.my_id, self._peers, round_id, shape_digest,
+        self._runner.forget_receipts()
+        core = self._core = RoundCore(self.my_id, self._io.peers, round_id, shape_digest,
                                       min_participants=self.min_participants, fault=contribution.fault)
         try:
             committed = await self._drive(core, contribution)
         except AllReduceError:
-            self._rates = next_rates(self._rates, self._peers, None)
+            self._rates = next_rates(self._rates, self._io.peers, None)
             raise
         finally:
             self._round_active = False
-        self._rates = next_rates(self._rates, self._peers, committed)
+        self._rates = next_rates(self._rates, self._io.peers, committed)
         return AllReduceResult(_unflatten(committed.result, contribution.shapes), committed.participants,
                                round_id, committed.attempt + 1, dict(committed.excluded),
                                self._links.bytes_sent - bytes_before,
-                               self._receipts if committed.attempt == self._receipts_attempt else ())
+                               self._runner.receipts if committed.attempt == self._runner.receipts_attempt else ())
 
-    async def _drive(self, core: RoundCore, contribution: _Contribution) -> Committed:
+    async def _drive(self, core: RoundCore, contribution: Contribution) -> Committed:
         """Carry out the core's actions until it commits the round or fails it."""
-        actions = collections.deque(core.start())
+        actions: collections.deque[Action] = collections.deque(core.start())
         ctx: AttemptContext | None = None
         while True:
             action = actions.popleft()
             if isinstance(action, CommitRound):
-                self._remember(core.round_id, action.committed)
+                self._committed.remember(core.round_id, action.committed)
                 return action.committed
             if isinstance(action, FailRound):
                 raise action.error
@@ -293,267 +270,38 @@ class AllReduceGroup:
                     log.info("round %d attempt %d over %s, excluded %s", core.round_id, action.attempt,
                              list(action.members), core.excluded)
                 ctx = self._context(contribution, list(action.members), core.shape, core.round_id, action.attempt)
-                self._inbox.forget_before(core.round_id, action.attempt)
-                actions.extend(await self._run_attempt(core, ctx, contribution))
+                self._io.inbox.forget_before(core.round_id, action.attempt)
+                actions.extend(await self._runner.run(core, ctx, contribution))
             elif isinstance(action, SendView):
-                # each on its own: a member that stopped reading (SIGSTOP) fills its send queue,
-                # and waiting on it must not keep the VIEW from the others (docs/adr/0093)
-                self._spawn(self._links.send(action.to, self._view_frame(core, action)))
+                self._views.send(core, action)
             elif isinstance(action, AwaitViews):
-                actions.extend(await self._collect_views(core, ctx, action))
+                assert ctx is not None, "the core awaits views only after an attempt"
+                actions.extend(await self._views.collect(core, ctx, action))
 
-    def _context(self, contribution: _Contribution, members, shape_digest, round_id, attempt) -> AttemptContext:
-        flat = contribution.flat
+    def _context(self, contribution: Contribution, members: list[str], shape_digest: str, round_id: int,
+                 attempt: int) -> AttemptContext:
+        flat, peers = contribution.flat, self._io.peers
         plan = self._plan(members, flat.numel(), contribution)
-        stall_s = self._estimator.stall_timeout()  # later attempts: members leave the VIEW wait up to this apart
-        meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, self._peers)}
+        stall_s = self._io.estimator.stall_timeout()  # later attempts: members leave the VIEW wait up to this apart
+        meta = {"plan": plan.digest(), "shape": shape_digest, "m": members_mask(members, peers)}
         return AttemptContext(
-            me=self.my_id, universe=self._peers, plan=plan, round_id=round_id, attempt=attempt,
+            me=self.my_id, universe=peers, plan=plan, round_id=round_id, attempt=attempt,
             flat=flat, out=torch.empty_like(flat), codec=contribution.codec, links=self._links,
-            inbox=self._inbox, offload=self._offload, started=asyncio.get_running_loop().time(),
+            inbox=self._io.inbox, offload=self._io.offload, started=asyncio.get_running_loop().time(),
             stall_s=stall_s,
             grace_s=self._policy.first_frame_grace_s if attempt == 0 else stall_s, first_meta=meta,
             encoded=contribution.encoded, piece_bytes=contribution.piece_bytes)
 
-    def _plan(self, members: list[str], numel: int, contribution: _Contribution) -> Plan:
+    def _plan(self, members: list[str], numel: int, contribution: Contribution) -> Plan:
         if contribution.algorithm is run_allgather:  # no shards: the layout is the members and codec
             return make_plan(members, set(), {}, numel, self.chunk_numel, contribution.codec_tag)
         non_reducers = set() if self.mode == "ring" else set(self.non_reducers)
         return make_plan(members, non_reducers, self._rates, numel, self.chunk_numel, contribution.codec_tag)
 
-    async def _run_attempt(self, core: RoundCore, ctx: AttemptContext, contribution: _Contribution) -> list:
-        """Run the attempt's data flow; the core's actions for how it ended."""
-        if contribution.fault is not None:
-            return self._attempt_failed(core, ctx, {self.my_id: contribution.fault}, None)
-        task = asyncio.ensure_future(contribution.algorithm(ctx))
-        heartbeat = asyncio.ensure_future(self._heartbeat(ctx))
-        view = self._inbox.signal(ctx.round_id, ctx.attempt, Kind.VIEW)
-        pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
-        self._attempt_ctx = ctx
-        self._misplanned = asyncio.get_running_loop().create_future()
-        self._check_first_chunks(ctx)
-        try:
-            # A member's recorded fault (closed connection, junk) fails the attempt when we wait
-            # on that member (Inbox.take), not before: a member that finished the round and left
-            # may still have delivered everything we need from it.
-            await asyncio.wait({task, view, pushed, self._misplanned}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self._attempt_ctx = None
-            heartbeat.cancel()
-            if not task.done():
-                task.cancel()
-            await asyncio.wait({task})  # its outcome is read below; our own cancellation still propagates
-            if task.cancelled() or task.exception() is not None:
-                self._links.abandon(ctx.round_id, ctx.attempt)  # a committed attempt's frames still go out
-        error = task.exception() if not task.cancelled() else None
-        # a VIEW of this attempt or a COMMITTED of this round that is already here is read before
-        # committing: its sender gave up this attempt (docs/adr/0141)
-        if (not task.cancelled() and error is None and not self._inbox.pending(ctx.round_id, ctx.attempt, Kind.VIEW)
-                and not self._inbox.pending(ctx.round_id, None, Kind.COMMITTED)):
-            self._receipts = tuple(ctx.received[m] for m in sorted(ctx.received))
-            self._receipts_attempt = ctx.attempt
-            return core.attempt_succeeded(ctx.out, ctx.agreed_rates)
-        if task.cancelled() and self._misplanned.done():
-            error = self._misplanned.result()
-        if isinstance(error, PeerFailure) and error.bad_data:
-            core.distrust(error.peer)
-        if pushed.done():
-            adopted = await self._adopt(core, ctx)
-            if adopted is not None:
-                return adopted
-        if isinstance(error, PeerFailure):
-            return self._attempt_failed(core, ctx, {error.peer: error.reason}, None)
-        if isinstance(error, PlanMismatch):
-            return self._attempt_failed(core, ctx, {}, error.members)
-        if error is not None:  # a local failure (e.g. our codec): leave the round, tell the others
-            log.error("round %d: local failure in attempt %d: %r", ctx.round_id, ctx.attempt, error)
-            return self._attempt_failed(core, ctx, {self.my_id: f"local failure: {type(error).__name__}: {error}"},
-                                        None)
-        return self._attempt_failed(core, ctx, {}, None)
-
-    def _check_first_chunks(self, ctx: AttemptContext, sender: str | None = None) -> None:
-        """End the running attempt when a member's first chunk of it shows another plan.
-
-        The data flow checks a first chunk when it takes it, but a member that planned over other
-        members sends its chunks under slots this peer may never read (its shard numbers differ),
-        while the PINGs keep both sides alive: without this check such an attempt waited forever
-        (found by devtools/allreduce_sim, docs/adr/0116)."""
-        if self._misplanned.done():
-            return
-        for key in self._inbox.pending(ctx.round_id, ctx.attempt, Kind.PART):
-            if key[4] != 0 or (sender is not None and key[-1] != sender):
-                continue
-            frame = self._inbox.peek(key)
-            if frame is None or "plan" not in frame.meta:
-                continue
-            try:
-                ctx.check_first_meta(key[-1], frame.meta)
-            except (PeerFailure, PlanMismatch) as exc:
-                self._misplanned.set_result(exc)
-                return
-
-    def _attempt_failed(self, core: RoundCore, ctx: AttemptContext, suspects: dict[str, str],
-                        their_members: list[str] | None) -> list:
-        wrong_shapes = self._wrong_shapes_waiting(ctx)
-        for peer in wrong_shapes:
-            core.distrust(peer)
-        suspects = {**wrong_shapes, **suspects}
-        log.info("%s: round %d attempt %d failed for me, suspects %s", self.my_id, ctx.round_id, ctx.attempt, suspects)
-        return core.attempt_failed(suspects, their_members)
-
-    async def _heartbeat(self, ctx: AttemptContext) -> None:
-        """PING every member a few times per stall timeout: a member may have no data for us for a
-        while (a reducer waiting on a slow contributor), and silence must mean a stall."""
-        ping = Frame(Kind.PING, ctx.round_id, ctx.attempt, 0, 0)
-        interval = max(0.05, self._policy.floor_s / 4)
-        others = [m for m in ctx.plan.members if m != self.my_id]
-        while True:
-            for member in others:
-                self._links.send_nowait(member, ping)
-            await asyncio.sleep(interval)
-
-    def _wrong_shapes_waiting(self, ctx: AttemptContext) -> dict[str, str]:
-        """Members whose first chunk of this failed attempt, not yet checked, has other shapes.
-
-        An attempt can be cut short (by another member's VIEW) before this peer checked every
-        first chunk; accusing wrong-shape members anyway keeps them from outvoting honest ones.
-        """
-        wrong = {}
-        for key in self._inbox.pending(ctx.round_id, ctx.attempt, Kind.PART):
-            # first chunks carry the meta: of every shard (butterfly), of ring step 0 only
-            if key[4] == 0 and (self.mode == "butterfly" or key[3] == 0):
-                frame = self._inbox.pop(key)
-                if frame.meta.get("shape") != ctx.first_meta["shape"]:
-                    wrong[key[-1]] = "wrong-shape contribution (tensor layout differs)"
-        return wrong
-
-    def _remember(self, round_id: int, committed: Committed) -> None:
-        self._committed.remember(round_id, committed)
-        # members that gave up on this round before we committed get the result now
-        for key in self._inbox.pending(round_id, None, Kind.VIEW) + self._inbox.pending(round_id, None, Kind.PART):
-            if CommittedRounds.asks_for_result(committed, key[2] == Kind.VIEW, key[2] == Kind.PART, key[1]):
-                self._push_committed(round_id, key[-1])
-
-    # -- the VIEW exchange after a failed attempt (how views become one member set: round_core) --
-
-    def _view_frame(self, core: RoundCore, view: SendView) -> Frame:
-        index = {p: i for i, p in enumerate(self._peers)}
-        meta = {"alive": members_mask(list(view.alive), self._peers), "shape": core.shape,
-                "why": {str(index[p]): r[:200] for p, r in view.why.items()}}
-        return Frame(Kind.VIEW, core.round_id, view.attempt, 0, 0, meta)
-
-    async def _collect_views(self, core: RoundCore, ctx: AttemptContext, wait: AwaitViews) -> list:
-        """Report each member's VIEW (or its absence) to the core, or adopt a commit pushed to us
-        meanwhile; the core's actions."""
-        actions: list = []
-        waits = {asyncio.ensure_future(self._take_view(ctx, m)): m for m in wait.members}
-        pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
-        try:
-            while waits:
-                done, _ = await asyncio.wait({*waits, pushed}, return_when=asyncio.FIRST_COMPLETED)
-                if pushed.done():
-                    adopted = await self._adopt(core, ctx)
-                    if adopted is not None:
-                        return adopted
-                    pushed = self._inbox.signal(ctx.round_id, None, Kind.COMMITTED)
-                for task in done:
-                    if task not in waits:
-                        continue
-                    member = waits.pop(task)
-                    try:
-                        actions += core.view_received(member, wait.attempt, task.result())
-                    except PeerFailure as exc:
-                        actions += core.view_missing(member, wait.attempt, exc.reason)
-        finally:
-            for task in waits:
-                task.cancel()
-        return actions
-
-    async def _take_view(self, ctx: AttemptContext, member: str) -> tuple[set[str], dict[str, str], str]:
-        loop = asyncio.get_running_loop()
-        frame = await self._inbox.take((ctx.round_id, ctx.attempt, Kind.VIEW, 0, 0, member),
-                                       loop.time(), self._estimator.stall_timeout())
-        try:
-            alive = set(members_from_mask(frame.meta.get("alive"), self._peers))
-        except FrameError as exc:
-            raise PeerFailure(member, f"malformed view: {exc}") from None
-        why = frame.meta.get("why") if isinstance(frame.meta.get("why"), dict) else {}
-        reasons = {self._peers[int(i)]: str(r)[:200] for i, r in why.items()
-                   if isinstance(i, str) and i.isdigit() and int(i) < len(self._peers)}
-        return alive, reasons, str(frame.meta.get("shape"))
-
-    # -- committed results: push to stragglers, adopt when pushed ---------------------------
-
-    def _push_committed(self, round_id: int, peer: str) -> None:
-        committed = self._committed.claim_push(round_id, peer)
-        if committed is not None:
-            self._spawn(self._send_committed(round_id, committed, peer))
-
-    def _spawn(self, coro) -> None:
-        """Run a send in the background (cancelled by close())."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _send_committed(self, round_id: int, committed: Committed, peer: str) -> None:
-        flat = committed.result
-        starts = range(0, flat.numel(), self.chunk_numel)
-        index = {p: i for i, p in enumerate(self._peers)}
-        meta = {"attempt": committed.attempt, "m": members_mask(list(committed.participants), self._peers),
-                "why": {str(index[p]): r for p, r in committed.excluded.items() if p in index},
-                "numel": flat.numel(), "chunks": len(starts),
-                "rates": {str(index[p]): r for p, r in committed.rates.items() if p in index}}
-        for c, start in enumerate(starts):
-            payload = await self._offload(_raw_bytes, flat[start:start + self.chunk_numel])
-            await self._links.send(peer, Frame(Kind.COMMITTED, round_id, 0, 0, c, meta if c == 0 else {},
-                                               payload))
-
-    async def _adopt(self, core: RoundCore, ctx: AttemptContext) -> list | None:
-        """Take a result another member committed for this round (the core's actions), or None if
-        none is usable; the core refuses members caught sending bad data (docs/adr/0092)."""
-        for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):
-            sender = key[-1]
-            if key[4] != 0 or not core.may_adopt(sender):
-                continue
-            first = self._inbox.pop(key)
-            try:
-                committed = await self._receive_committed(ctx, sender, first)
-            except (PeerFailure, FrameError, ValueError, KeyError) as exc:
-                log.warning("round %d: unusable committed result from %s: %s", ctx.round_id, sender, exc)
-                core.distrust(sender)
-                continue
-            return core.adopted(sender, committed)
-        for key in self._inbox.pending(ctx.round_id, None, Kind.COMMITTED):  # all from refused senders
-            self._inbox.pop(key)
-        self._inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
-        return None
-
-    async def _receive_committed(self, ctx: AttemptContext, sender: str, first: Frame) -> Committed:
-        meta = first.meta
-        numel = ctx.flat.numel()
-        chunks = math.ceil(numel / self.chunk_numel)
-        if meta.get("numel") != numel or meta.get("chunks") != chunks or not isinstance(meta.get("attempt"), int):
-            raise ValueError("committed result of another layout")
-        participants = tuple(members_from_mask(meta.get("m"), self._peers))
-        why = meta.get("why") if isinstance(meta.get("why"), dict) else {}
-        excluded = {self._peers[int(i)]: str(r) for i, r in why.items() if i.isdigit() and int(i) < len(self._peers)}
-        rates_meta = meta.get("rates") if isinstance(meta.get("rates"), dict) else {}
-        rates = {self._peers[int(i)]: float(r) for i, r in rates_meta.items()
-                 if i.isdigit() and int(i) < len(self._peers) and isinstance(r, (int, float)) and r > 0}
-        out = torch.empty_like(ctx.flat)
-        loop = asyncio.get_running_loop()
-        for c in range(chunks):
-            frame = first if c == 0 else await self._inbox.take(
-                (ctx.round_id, 0, Kind.COMMITTED, 0, c, sender), loop.time(), self._estimator.stall_timeout())
-            start = c * self.chunk_numel
-            stop = min(start + self.chunk_numel, numel)
-            out[start:stop] = await self._offload(_from_raw, frame.payload, stop - start, sender)
-        return Committed(meta["attempt"], participants, excluded, out, rates)
-
     # -- incoming streams ------------------------------------------------------------------
 
     async def _on_stream(self, stream: Stream, remote: str) -> None:
-        if remote not in self._peers:
+        if remote not in self._io.peers:
             stream.reset()
             return
         while True:
@@ -561,11 +309,11 @@ class AllReduceGroup:
                 frame = await read_frame(stream, self._max_frame)
             except asyncio.IncompleteReadError as exc:
                 if exc.partial or self._round_active:
-                    self._inbox.record_fault(remote, self._fault_round(), "connection closed")
+                    self._io.inbox.record_fault(remote, self._fault_round(), "connection closed")
                 return
             except (FrameError, ConnectionError) as exc:
-                self._inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}",
-                                         bad_data=isinstance(exc, FrameError))
+                self._io.inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}",
+                                            bad_data=isinstance(exc, FrameError))
                 stream.reset()
                 return
             self._on_frame(remote, frame)
@@ -574,20 +322,11 @@ class AllReduceGroup:
         core = self._core
         if (frame.kind == Kind.COMMITTED and core is not None and frame.round_id == core.round_id
                 and sender in core.distrusted):
-            return  # refused (see _adopt); dropped here so it cannot keep waking the round
-        committed = self._committed.get(frame.round_id)
-        if committed is not None:
-            self._inbox.note_alive(sender, frame.round_id)  # still finishing a round we are past
-            if CommittedRounds.asks_for_result(committed, frame.kind == Kind.VIEW, frame.kind == Kind.PART,
-                                               frame.attempt):
-                self._push_committed(frame.round_id, sender)
-            if frame.kind != Kind.COMMITTED:
-                return
-        self._inbox.put(sender, frame)
-        ctx = self._attempt_ctx
-        if (ctx is not None and frame.kind == Kind.PART and frame.chunk == 0
-                and (frame.round_id, frame.attempt) == (ctx.round_id, ctx.attempt)):
-            self._check_first_chunks(ctx, sender)
+            return  # refused (see CommittedExchange.adopt); dropped here so it cannot keep waking the round
+        if self._committed.answer(sender, frame):
+            return
+        self._io.inbox.put(sender, frame)
+        self._runner.on_frame(sender, frame)
 
     def _fault_round(self) -> int:
         """The round a fault seen now counts against: the running one, else the next."""
@@ -595,10 +334,7 @@ class AllReduceGroup:
 
     def _on_link_broken(self, peer: str, reason: str) -> None:
         if self._round_active:
-            self._inbox.record_fault(peer, self._current_round, reason)
-
-    async def _offload(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+            self._io.inbox.record_fault(peer, self._current_round, reason)
 
 
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -613,9 +349,9 @@ def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
 
 
-def _unflatten(flat: torch.Tensor, shapes: list[tuple]) -> list[torch.Tensor]:
+def _unflatten(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
     sizes = [math.prod(s) for s in shapes]
-    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes)]
+    return [piece.view(shape) for piece, shape in zip(torch.split(flat, sizes), shapes)]
 
 
 def _decode_own(codec: Codec, encoded: bytes | None, numel: int) -> tuple[torch.Tensor, str | None]:
@@ -628,16 +364,3 @@ def _decode_own(codec: Codec, encoded: bytes | None, numel: int) -> tuple[torch.
         return codec.decode(encoded, numel), None
     except (CodecError, ValueError) as exc:
         return torch.zeros(numel), f"local contribution does not decode: {exc}"
-
-
-def _raw_bytes(values: torch.Tensor) -> bytes:
-    return values.contiguous().numpy().tobytes()
-
-
-def _from_raw(payload: bytes, numel: int, sender: str) -> torch.Tensor:
-    if len(payload) != numel * 4:
-        raise PeerFailure(sender, f"committed chunk of {len(payload)} bytes, expected {numel * 4}")
-    values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
-    if not all_finite(values):
-        raise PeerFailure(sender, "non-finite values in committed result")
-    return values

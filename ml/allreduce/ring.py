@@ -11,6 +11,8 @@ codecs belong to the butterfly. The ring splits shards by the group's configured
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,15 +21,16 @@ from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_
 from .wire import Kind
 
 RING_CODECS = ("fp32", "fp16", "bf16")
+SlotFuture = Callable[[int, int], "asyncio.Future[Any]"]   # (slot, chunk) -> its payload when ready
 
 
 async def run_ring(ctx: AttemptContext) -> None:
     members = ctx.plan.members
     n = len(members)
     i = members.index(ctx.me)
-    ready: dict[tuple[int, int], asyncio.Future] = {}
+    ready: dict[tuple[int, int], asyncio.Future[Any]] = {}
 
-    def slot_future(slot: int, chunk: int) -> asyncio.Future:
+    def slot_future(slot: int, chunk: int) -> asyncio.Future[Any]:
         key = (slot, chunk)
         if key not in ready:
             ready[key] = asyncio.get_running_loop().create_future()
@@ -43,7 +46,7 @@ def _send_shard(i: int, n: int, slot: int) -> int:
     return (i - slot) % n if slot < n - 1 else (i + 1 - (slot - (n - 1))) % n
 
 
-async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_future) -> None:
+async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_future: SlotFuture) -> None:
     for slot in range(2 * (n - 1)):
         shard = _send_shard(i, n, slot)
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):
@@ -55,7 +58,7 @@ async def _sender(ctx: AttemptContext, i: int, n: int, successor: str, slot_futu
                                                       slot, c, payload, meta))
 
 
-async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_future) -> None:
+async def _receiver(ctx: AttemptContext, i: int, n: int, predecessor: str, slot_future: SlotFuture) -> None:
     for step in range(n - 1):  # reduce-scatter
         shard = (i - step - 1) % n
         for c, (a, b) in enumerate(ctx.plan.chunks(shard)):

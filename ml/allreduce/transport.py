@@ -88,9 +88,9 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
         self._lost: BaseException | None = None  # why the connection was lost (None: not, or cleanly)
         self._connection_lost = False
         self._reading_paused = False
-        self._read_waiter: asyncio.Future | None = None
+        self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
-        self._drain_waiters: deque[asyncio.Future] = deque()
+        self._drain_waiters: deque[asyncio.Future[None]] = deque()
         self.closed = loop.create_future()
 
     # -- event loop callbacks -------------------------------------------------------------
@@ -314,14 +314,15 @@ class TcpTransport:
         self.addresses: dict[str, tuple[str, int]] = dict(addresses or {})
         self._handlers: dict[str, StreamHandler] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._streams: set[TcpStream] = set()
 
     @property
     def listen_address(self) -> tuple[str, int]:
         if self._server is None:
             raise RuntimeError("transport not started")
-        return self._server.sockets[0].getsockname()[:2]
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()

@@ -12,6 +12,10 @@ import enum
 import json
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .transport import Stream
 
 VERSION = 1
 HEADER = struct.Struct(">BBQIIIII")
@@ -39,8 +43,8 @@ class Frame:
     attempt: int
     slot: int
     chunk: int
-    meta: dict = field(default_factory=dict)
-    payload: bytes | memoryview | tuple = b""  # received: bytes; outgoing: also byte views, in parts
+    meta: dict[str, Any] = field(default_factory=dict)
+    payload: bytes | memoryview | tuple[Any, ...] = b""  # received: bytes; outgoing: also byte views, in parts
     received_at: float = 0.0  # loop time the frame arrived (set by the inbox)
 
 
@@ -55,7 +59,7 @@ class Header:
     payload_len: int
 
 
-def payload_parts(payload: bytes | memoryview | tuple) -> list[bytes | memoryview]:
+def payload_parts(payload: bytes | memoryview | tuple[Any, ...]) -> list[bytes | memoryview]:
     """A payload as its non-empty byte buffers (one-byte items, so len() is the size)."""
     parts = payload if isinstance(payload, tuple) else (payload,)
     return [p for p in parts if len(p)]
@@ -72,7 +76,7 @@ def encode_frame(frame: Frame) -> list[bytes | memoryview]:
     return [header + meta, *parts]
 
 
-def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
+def parse_header(data: bytes | memoryview, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
     if len(data) != HEADER_SIZE:
         raise FrameError(f"header is {len(data)} bytes, expected {HEADER_SIZE}")
     version, kind, round_id, attempt, slot, chunk, meta_len, payload_len = HEADER.unpack(data)
@@ -89,11 +93,11 @@ def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
     return Header(kind, round_id, attempt, slot, chunk, meta_len, payload_len)
 
 
-def parse_meta(data: bytes) -> dict:
+def parse_meta(data: bytes | memoryview) -> dict[str, Any]:
     if not data:
         return {}
     try:
-        meta = json.loads(data)
+        meta = json.loads(bytes(data))   # a bytes object as is; the transports return meta as bytes
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError(f"undecodable meta: {exc}") from None
     except RecursionError:  # "[[[[..." within MAX_META_BYTES
@@ -103,7 +107,7 @@ def parse_meta(data: bytes) -> dict:
     return meta
 
 
-async def read_frame(stream, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
+async def read_frame(stream: Stream, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
     """Read one frame; IncompleteReadError at a clean end of stream, FrameError on bad input."""
     header = parse_header(await stream.readexactly(HEADER_SIZE), max_payload)
     meta = parse_meta(await stream.readexactly(header.meta_len)) if header.meta_len else {}
@@ -117,7 +121,7 @@ def members_mask(members: list[str], universe: list[str]) -> list[int]:
     return sorted(index[m] for m in members)
 
 
-def members_from_mask(mask, universe: list[str]) -> list[str]:
+def members_from_mask(mask: object, universe: list[str]) -> list[str]:
     """Inverse of `members_mask`; FrameError for anything that is not a list of valid indices."""
     if not isinstance(mask, list) or not all(isinstance(i, int) and 0 <= i < len(universe) for i in mask):
         raise FrameError("bad member list in meta")

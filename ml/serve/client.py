@@ -30,14 +30,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ml.serve.adapters import ClientParams
-from ml.serve.billing import ClientMeter, max_flops_per_token, spot_evidence
+from ml.serve.billing import ClientMeter, max_flops_per_token
 from ml.serve.model import ServeDecoder
 from ml.serve.protocol import Payer, PushMismatch, RemoteError, SpanClient, SpanUnavailable
-from ml.serve.transcript import tensor_digest
+from ml.serve.spot_check import SpotCheck, SpotChecker
 from ml.serve.wire import Message
 from ml.serve.wire import roundtrip as wire_roundtrip
 
@@ -68,7 +69,7 @@ def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] | frozense
             return 0.0
         return 1.0 / speed[peer_id] if speed[peer_id] > 0 else float("inf")
 
-    def rank(path: list[ServerInfo]) -> tuple:
+    def rank(path: list[ServerInfo]) -> tuple[float, int, list[int]]:
         return sum(hop_time(s.peer_id) for s in path), len(path), [order[id(s)] for s in path]
 
     best: dict[int, list[ServerInfo]] = {start: []}
@@ -84,7 +85,7 @@ def plan_chain(servers: list[ServerInfo], layers: int, dead: set[str] | frozense
     return best[layers]
 
 
-async def measure(host, servers: list[ServerInfo], width: int, tokens: int = 8) -> dict[str, float]:
+async def measure(host: Any, servers: list[ServerInfo], width: int, tokens: int = 8) -> dict[str, float]:
     """Tokens per second each server answers for a stateless forward of `tokens` positions
     (latency included): the client's own measurement, not the server's claim."""
     speed = {}
@@ -128,7 +129,10 @@ def local_generate(model: ServeDecoder, prompt: list[int], max_new_tokens: int,
     return out
 
 
-def _to(span_args: tuple, device: torch.device) -> tuple:
+SpanArgs = tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]   # (deep prompts, LoRA)
+
+
+def _to(span_args: SpanArgs, device: torch.device) -> SpanArgs:
     """A span's (deep prompts, LoRA) from `ClientParams.for_span` on `device`."""
     deep, lora = span_args
     return (None if deep is None else deep.to(device),
@@ -157,22 +161,11 @@ class GenerationStats:
         self.bytes_received += client.bytes_received
 
 
-@dataclass(frozen=True)
-class SpotCheck:
-    span: int
-    blocks: tuple[int, int]
-    ok: bool
-    first_bad_step: int | None     # the first chunk whose answer differs
-    culprit: str | None            # the server that gave it
-    evidence: dict | None = None   # the culprit's countersigned receipt covering the wrong answer (billing.py)
-    unchecked: tuple[str, ...] = ()   # servers in another profile than the checker's: not compared
-
-
 PUSH_WAIT_S = 5.0   # how long a server waits for a pushed input before the client sends it itself
 
 
 class RemoteGenerator:
-    def __init__(self, host, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
+    def __init__(self, host: Any, ends: ServeDecoder, servers: list[ServerInfo], codec: str = "f32",
                  speed: dict[str, float] | None = None, tuned: ClientParams | None = None,
                  payer: Payer | None = None, push: bool = False, push_wait_s: float = PUSH_WAIT_S):
         if not ends.has_ends:
@@ -185,7 +178,7 @@ class RemoteGenerator:
         self.spans: list[tuple[int, int]] = []
         self.history: list[list[torch.Tensor]] = []                 # per span: the chunks sent, in order
         self.outputs: list[list[tuple[str, torch.Tensor | None]]] = []   # per span: (server, answer) per chunk
-        self._max_length = 0
+        self.max_length = 0                                         # positions the sessions were opened for
         self.payer = payer                                          # set: sign usage receipts (ADR 0174)
         self.meters: list[ClientMeter] = []                         # every billed stream, for evidence
         self.profiles: dict[str, str] = {}                          # peer id -> its profile (ADR 0179)
@@ -201,22 +194,11 @@ class RemoteGenerator:
         self.meters.append(meter)
         return meter
 
-    def _evidence(self, peer_id: str, answer: torch.Tensor) -> dict | None:
-        """The culprit's countersigned receipt covering `answer`, if it signed one."""
-        digest = tensor_digest(answer)
-        for meter in self.meters:
-            if meter.offer is None or meter.offer["server"] != peer_id:
-                continue
-            for index, step in enumerate(meter.steps):
-                if step.answer == digest:
-                    return spot_evidence(meter, index)
-        return None
-
     async def _open(self, server: ServerInfo) -> SpanClient:
         client = SpanClient(self.host, server.peer_id, server.start, server.end, meter=self._meter(server))
         deep, lora = self.tuned.for_span(server.start, server.end)
         try:
-            await client.open(self._max_length, lora=lora, codec=self.codec, prompts=deep)
+            await client.open(self.max_length, lora=lora, codec=self.codec, prompts=deep)
         except RemoteError:
             client.abort()
             raise
@@ -226,7 +208,7 @@ class RemoteGenerator:
     async def start(self, max_length: int) -> None:
         """Open a session on each server of the best chain; a server that cannot be opened is marked
         dead and the chain planned again."""
-        self._max_length = max_length
+        self.max_length = max_length
         while True:
             plan = plan_chain(self.servers, self.ends.config.layers, self.dead, self.speed)
             opened: list[SpanClient] = []
@@ -326,7 +308,7 @@ class RemoteGenerator:
         self.stats.steps += 1
         return hidden.to(self.ends.device)
 
-    def _target(self, index: int) -> dict:
+    def _target(self, index: int) -> dict[str, Any]:
         """Span `index`'s server as a push target: peer, session and the addresses the client knows."""
         client = self.chain[index]
         addrs = [str(addr) for addr in self.host.peerbook.addrs(client.peer_id)][:8]
@@ -445,49 +427,19 @@ class RemoteGenerator:
             self.stats.add_traffic(client)
         self.chain = []   # history and outputs stay for spot checks
 
-    def _foreign(self, index: int, profile: str | None) -> tuple[str, ...]:
-        """The servers that answered span `index` in another profile than `profile` (None: all alike)."""
-        if profile is None:
-            return ()
-        return tuple(sorted({peer for peer, answer in self.outputs[index]
-                             if answer is not None and self.profiles.get(peer, "") != profile}))
-
     def spot_check(self, index: int, part: ServeDecoder, profile: str | None = None) -> SpotCheck:
-        """Rerun span `index`'s recorded chunks through `part` (the client's own copy of those blocks,
-        on its device) and compare every answer the servers gave, bit for bit after the wire codec: an
-        honest server in the same profile matches exactly in every codec. With `profile` (the one
-        `part` computes in), only the answers of servers in that profile are compared (the others are
-        listed in `unchecked`); without it, every server is taken to be in the checker's profile."""
-        start, end = self.spans[index]
-        foreign = self._foreign(index, profile)
-        expected_answers = self._local_answers(index, part)
-        for step, (expected, (peer_id, answer)) in enumerate(zip(expected_answers, self.outputs[index])):
-            if answer is not None and peer_id not in foreign and not torch.equal(expected, answer):
-                return SpotCheck(index, (start, end), False, step, peer_id, self._evidence(peer_id, answer), foreign)
-        return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
+        """Span `index`'s recorded answers against `part`'s, the client's own copy of its blocks
+        (blocking: torch): `SpotChecker.local`."""
+        return SpotChecker(self).local(index, part, profile)
 
-    def _local_answers(self, index: int, part: ServeDecoder) -> list[torch.Tensor]:
-        """`part`'s answers to span `index`'s recorded chunks, after the wire codec, on the CPU
-        (blocking: torch)."""
-        start, end = self.spans[index]
-        if (part.start, part.end) != (start, end):
-            raise ValueError(f"span {index} is blocks {start}:{end}, the part holds {part.start}:{part.end}")
-        caches = part.new_caches(1, self._max_length)
-        deep, lora = self.tuned.for_span(start, end)
-        if deep is not None:
-            deep = wire_roundtrip(deep, self.codec)
-        if lora is not None:
-            lora = (wire_roundtrip(lora[0], self.codec), wire_roundtrip(lora[1], self.codec))
-        deep, lora = _to((deep, lora), part.device)
-        answers = []
-        with torch.no_grad():
-            for step, chunk in enumerate(self.history[index]):
-                received = wire_roundtrip(chunk, self.codec).to(part.device)      # what the server decoded
-                out = part.run_blocks(received, caches, prompts=deep if step == 0 else None, lora=lora)
-                answers.append(wire_roundtrip(out.cpu(), self.codec))
-        return answers
+    async def spot_check_remote(self, index: int, referee: ServerInfo,
+                                third: ServerInfo | ServeDecoder | None = None,
+                                same_profile: bool = False) -> SpotCheck:
+        """Span `index`'s recorded answers against `referee`'s replay of its chunks, `third` naming the
+        liar when they differ: `SpotChecker.remote`."""
+        return await SpotChecker(self).remote(index, referee, third, same_profile)
 
-    async def _replay_on(self, index: int, server: ServerInfo) -> tuple[list[torch.Tensor], ClientMeter | None]:
+    async def replay_span(self, index: int, server: ServerInfo) -> tuple[list[torch.Tensor], ClientMeter | None]:
         """`server`'s answers to span `index`'s recorded chunks replayed in a fresh session, and the meter
         of that stream (its countersigned receipt covers the replay: evidence if the server lied)."""
         client = await self._open(server)
@@ -496,41 +448,3 @@ class RemoteGenerator:
         finally:
             await client.close()
         return answers, client.meter
-
-    async def spot_check_remote(self, index: int, referee: ServerInfo,
-                                third: ServerInfo | ServeDecoder | None = None,
-                                same_profile: bool = False) -> SpotCheck:
-        """Ask `referee` (another server with span `index`'s blocks, in the same profile) to replay the
-        span's recorded chunks in a fresh session and compare each of its answers with the recorded
-        ones, bit for bit. Two answers that differ do not say who lied: `third` does (ADR 0178), the
-        client's own copy of the blocks (a local recompute) or a third server with them (another
-        replay). At the first differing step, the one of the two it agrees with is honest and the
-        other is the culprit, with evidence (its countersigned receipt covering the wrong answer: the
-        original step's, or the referee's replay) to dispute. Without a third opinion, or when it
-        agrees with neither, the check fails naming no culprit: there is nobody to dispute. With
-        `same_profile`, only the answers of servers in the referee's profile are compared (ADR 0179)."""
-        start, end = self.spans[index]
-        for other in (referee, third):
-            if isinstance(other, ServerInfo) and (other.start, other.end) != (start, end):
-                raise ValueError(f"span {index} is blocks {start}:{end}, {other.peer_id[:12]} holds "
-                                 f"{other.start}:{other.end}")
-        answers, referee_meter = await self._replay_on(index, referee)
-        foreign = self._foreign(index, self.profiles.get(referee.peer_id, "") if same_profile else None)
-        step = next((i for i, ((peer, recorded), replayed) in enumerate(zip(self.outputs[index], answers))
-                     if recorded is not None and peer not in foreign and not torch.equal(recorded, replayed)), None)
-        if step is None:
-            return SpotCheck(index, (start, end), True, None, None, unchecked=foreign)
-        server, recorded = self.outputs[index][step]
-        assert recorded is not None
-        if isinstance(third, ServerInfo):
-            opinion = (await self._replay_on(index, third))[0][step]
-        elif third is not None:
-            opinion = (await asyncio.to_thread(self._local_answers, index, third))[step]
-        else:
-            return SpotCheck(index, (start, end), False, step, None, unchecked=foreign)
-        if torch.equal(opinion, answers[step]):       # the referee was right: the span's server lied
-            return SpotCheck(index, (start, end), False, step, server, self._evidence(server, recorded), foreign)
-        if torch.equal(opinion, recorded):            # the span's server was right: the referee lied
-            evidence = spot_evidence(referee_meter, 0) if referee_meter is not None else None
-            return SpotCheck(index, (start, end), False, step, referee.peer_id, evidence, foreign)
-        return SpotCheck(index, (start, end), False, step, None, unchecked=foreign)

@@ -203,7 +203,7 @@ class ServeHandler:
         can_push = False
         if "push_to" in header and self.host is not None:
             try:
-                await self._link_to(state, Target.parse(header["push_to"], self.own_peer)).open()
+                await _link_to(self.host, state, Target.parse(header["push_to"], self.own_peer)).open()
                 can_push = True
             except (TimeoutError, OSError, ProtocolError) as exc:
                 log.info("cannot reach %s to push: %r", str(header["push_to"].get("peer"))[:16], exc)
@@ -247,7 +247,7 @@ class ServeHandler:
             hidden = await self._pushed_input(header, state.session, step, codec)
             if hidden is None:
                 if target is not None and self.host is not None:   # the next server need not wait for us
-                    self._start_push(state, target, step, None, codec)
+                    _start_push(self.host, state, target, step, None, codec)
                 return encode_frame({"type": "need_input", "step": step, **extra})
             digest = (await asyncio.to_thread(tensor_digest, hidden)).hex()
         elif step is not None:
@@ -258,7 +258,7 @@ class ServeHandler:
         all_outputs = header.get("all") is True
         out = await self._run(self.server.step, state.session, chunks, all_outputs)
         if target is not None and step is not None and self.host is not None and not all_outputs:
-            self._start_push(state, target, step, out, codec)
+            _start_push(self.host, state, target, step, out, codec)
         session = self.server.sessions.get(state.session)
         step_usage = session.usage.as_dict() if session is not None else {}
         extra |= await asyncio.to_thread(self._billed, state, (header["chunks"], all_outputs, hidden, out), codec)
@@ -354,38 +354,6 @@ class ServeHandler:
                          ZERO if base is None else tensor_digest(base))
         return self._billed(state, None, codec, link)
 
-    def _link_to(self, state: StreamState, target: Target) -> PushLink:
-        links = state.links
-        if target.peer not in links and len(links) >= MAX_LINKS:
-            for old in links.values():
-                old.close()
-            links.clear()
-        return links.setdefault(target.peer, PushLink(self.host, target, PROTOCOL))
-
-    def _start_push(self, state: StreamState, target: Target, step: int, out: torch.Tensor | None,
-                    codec: str) -> None:
-        """Send `out` (as the reply to the client encodes it) to the next server, without waiting; None:
-        tell it this step has no answer to push (it then asks the client at once)."""
-        link = self._link_to(state, target)
-
-        async def push() -> None:
-            header = {"type": "push", "session": target.session, "step": step, "codec": codec}
-            if out is None:
-                frame = encode_frame(header | {"none": True})
-            else:
-                frame = await asyncio.to_thread(encode_frame, header | {"chunks": [out.shape[1]]}, {"h": out}, codec)
-            try:
-                ack = await link.send(frame, read_frame)
-            except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError, WireError) as exc:
-                log.info("push of step %d to %s failed: %r", step, target.peer[:16], exc)
-                return
-            if ack.get("type") != "pushed":
-                log.info("push of step %d refused by %s: %s", step, target.peer[:16], str(ack.get("error"))[:200])
-
-        task = asyncio.ensure_future(push())
-        state.pushes.add(task)
-        task.add_done_callback(state.pushes.discard)
-
     async def _pushed_input(self, header: dict[str, Any], session_id: str, step: int,
                             codec: str) -> torch.Tensor | None:
         """The input pushed for a "push" step, if it came in time and matches the request."""
@@ -396,3 +364,38 @@ class ServeHandler:
         if pushed is None or list(pushed.chunks) != header.get("chunks") or pushed.codec != codec:
             return None
         return pushed.hidden
+
+
+def _link_to(host: Any, state: StreamState, target: Target) -> PushLink:
+    """The stream's push link to `target` (at most MAX_LINKS held: past that, all are closed)."""
+    links = state.links
+    if target.peer not in links and len(links) >= MAX_LINKS:
+        for old in links.values():
+            old.close()
+        links.clear()
+    return links.setdefault(target.peer, PushLink(host, target, PROTOCOL))
+
+
+def _start_push(host: Any, state: StreamState, target: Target, step: int, out: torch.Tensor | None,
+                codec: str) -> None:
+    """Send `out` (as the reply to the client encodes it) to the next server, without waiting; None:
+    tell it this step has no answer to push (it then asks the client at once)."""
+    link = _link_to(host, state, target)
+
+    async def push() -> None:
+        header = {"type": "push", "session": target.session, "step": step, "codec": codec}
+        if out is None:
+            frame = encode_frame(header | {"none": True})
+        else:
+            frame = await asyncio.to_thread(encode_frame, header | {"chunks": [out.shape[1]]}, {"h": out}, codec)
+        try:
+            ack = await link.send(frame, read_frame)
+        except (TimeoutError, asyncio.IncompleteReadError, OSError, ProtocolError, WireError) as exc:
+            log.info("push of step %d to %s failed: %r", step, target.peer[:16], exc)
+            return
+        if ack.get("type") != "pushed":
+            log.info("push of step %d refused by %s: %s", step, target.peer[:16], str(ack.get("error"))[:200])
+
+    task = asyncio.ensure_future(push())
+    state.pushes.add(task)
+    task.add_done_callback(state.pushes.discard)

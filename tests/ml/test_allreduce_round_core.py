@@ -141,8 +141,9 @@ def test_group_ends_an_attempt_on_a_first_chunk_of_another_plan_in_any_slot():
     import torch
 
     from ml.allreduce.attempt import PlanMismatch
+    from ml.allreduce.attempt_runner import Contribution
     from ml.allreduce.butterfly import run_butterfly
-    from ml.allreduce.group import AllReduceGroup, _Contribution
+    from ml.allreduce.group import AllReduceGroup
     from ml.allreduce.wire import Frame, Kind, members_mask
 
     class NoTransport:
@@ -154,17 +155,17 @@ def test_group_ends_an_attempt_on_a_first_chunk_of_another_plan_in_any_slot():
 
     async def scenario():
         group = AllReduceGroup(NoTransport(), "a", PEERS, chunk_numel=256)
-        contribution = _Contribution(torch.zeros(1024), [(1024,)], run_butterfly, group._codec, "fp32")
+        contribution = Contribution(torch.zeros(1024), [(1024,)], run_butterfly, group._codec, "fp32")
         ctx = group._context(contribution, PEERS, "shape", 3, 1)
-        group._attempt_ctx = ctx
-        group._misplanned = asyncio.get_running_loop().create_future()
+        group._runner.ctx = ctx
+        group._runner.misplanned = asyncio.get_running_loop().create_future()
         theirs = {"plan": "another", "shape": "shape", "m": members_mask(["a", "b", "c"], PEERS)}
         group._on_frame("b", Frame(Kind.PART, 3, 1, 2, 1, {}, b"x"))   # not a first chunk: ignored
         group._on_frame("b", Frame(Kind.PART, 3, 0, 2, 0, theirs, b"x"))  # an earlier attempt: ignored
-        assert not group._misplanned.done()
+        assert not group._runner.misplanned.done()
         group._on_frame("b", Frame(Kind.PART, 3, 1, 2, 0, theirs, b"x"))  # slot 2: not a's shard
-        error = group._misplanned.result()
+        error = group._runner.misplanned.result()
         assert isinstance(error, PlanMismatch) and error.peer == "b" and error.members == ["a", "b", "c"]
-        group._pool.shutdown()
+        group._io.pool.shutdown()
 
     asyncio.run(scenario())
