@@ -22,24 +22,13 @@ from typing import Any
 
 from node.p2p.multiaddr import Multiaddr
 
+from .punch_io import bound_socket
+
 SPRAY_SOCKETS = 256
 PROBE_PORTS = 256
 SPREAD_S = 0.5
 RETRY_S = 0.25
 PORTS = (1024, 65535)
-
-
-def _socket(family: int, port: int) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setblocking(False)
-        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 async def _dial(local_port: int, ip: str, port: int, delay: float, deadline: float) -> socket.socket:
@@ -52,7 +41,7 @@ async def _dial(local_port: int, ip: str, port: int, delay: float, deadline: flo
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"no answer from {ip}:{port} in the punch window")
-        sock = _socket(family, local_port)
+        sock = bound_socket(family, local_port)
         local_port = sock.getsockname()[1]
         try:
             async with asyncio.timeout(left):

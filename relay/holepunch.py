@@ -29,14 +29,13 @@ import time
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
-from node.p2p.identify import MAX_IDENTIFY_BYTES, decode_identify
-from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.secure_conn import TcpConnection
 
 from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
+from .punch_io import bound_socket, observed_addr
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +45,6 @@ REFUSED_RETRY_S = 0.02    # pause after an immediate refusal (RST) before dialin
 ATTEMPTS = 3              # exchanges per direct_connect (the spec's retry count)
 _PUNCH_ERRORS = (DcutrError, ProtocolError, ConnectionError, TimeoutError, OSError, DialError,
                  asyncio.IncompleteReadError)
-
-
-def _bound_socket(family: int, port: int) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setblocking(False)
-        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _family(addr: Multiaddr) -> int:
@@ -84,7 +70,7 @@ class HolePuncher:
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
         if self.port == 0:
-            probe = _bound_socket(socket.AF_INET, 0)
+            probe = bound_socket(socket.AF_INET, 0)
             self.port = probe.getsockname()[1]
             probe.close()
         self.host.set_handler(DCUTR_PROTOCOL, self.serve)
@@ -101,7 +87,7 @@ class HolePuncher:
         if live is not None and not live.closed:  # one connection per peer from the punch port
             return self.observed.get(peer)
         ip, port = addr.tcp_endpoint()
-        sock = _bound_socket(_family(addr), self.port)
+        sock = bound_socket(_family(addr), self.port)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.host.limits.handshake_timeout):
@@ -121,15 +107,7 @@ class HolePuncher:
 
     async def _observed_addr(self, conn: Connection) -> Multiaddr | None:
         async with asyncio.timeout(self.host.limits.identify_timeout):
-            stream = await conn.open_stream(IDENTIFY_PROTOCOL)
-            data = b""
-            while chunk := await stream.read():
-                data += chunk
-                if len(data) > MAX_IDENTIFY_BYTES:
-                    stream.reset()
-                    raise ProtocolError("identify response too large")
-            await stream.close()
-        return decode_identify(data).observed_addr
+            return await observed_addr(conn)
 
     def connected_public(self, peer: str) -> bool:
         """Whether a connection from the punch port to the public peer ``peer`` is open."""
@@ -326,7 +304,7 @@ class HolePuncher:
         tasks += [asyncio.ensure_future(dial) for dial in birthday_dials(
             tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1], deadline=deadline)]
         try:
-            listener = _bound_socket(socket.AF_INET, self.port)
+            listener = bound_socket(socket.AF_INET, self.port)
             listener.listen(8)
             expected = {addr.tcp_endpoint()[0] for addr in addrs}
             tasks.append(asyncio.ensure_future(self._accept_from(listener, expected, deadline)))
@@ -370,7 +348,7 @@ class HolePuncher:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no answer from {addr} in the punch window")
-            sock = _bound_socket(_family(addr), self.port)
+            sock = bound_socket(_family(addr), self.port)
             try:
                 async with asyncio.timeout(left):
                     await loop.sock_connect(sock, (ip, port))

@@ -19,10 +19,10 @@ import socket
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Host
-from node.p2p.identify import MAX_IDENTIFY_BYTES, decode_identify
-from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 from node.p2p.secure_conn import TcpConnection
+
+from .punch_io import observed_addr
 
 PREDICT_PORTS = 8
 PROBE_TIMEOUT_S = 2.0
@@ -56,14 +56,7 @@ async def fresh_mapping(host: Host, relay: Multiaddr) -> Multiaddr | None:
             loop = asyncio.get_running_loop()
             _transport, tcp = await loop.create_connection(TcpConnection, ip, port, family=family)
             conn = await host.upgrade(tcp, is_initiator=True, expected_peer=peer, bulk=True)
-            stream = await conn.open_stream(IDENTIFY_PROTOCOL)
-            data = b""
-            while chunk := await stream.read():
-                data += chunk
-                if len(data) > MAX_IDENTIFY_BYTES:
-                    stream.reset()
-                    raise ProtocolError("identify response too large")
-            return decode_identify(data).observed_addr
+            return await observed_addr(conn)
     except (ConnectionError, ProtocolError, TimeoutError, OSError, MultiaddrError) as exc:
         log.debug("mapping probe to %s failed: %s", relay, exc)
         return None

@@ -1,0 +1,39 @@
+"""Socket and identify helpers shared by the hole-punch strategies (holepunch, port prediction,
+birthday probing): a reusable bound TCP socket and the observed address a peer's identify names."""
+from __future__ import annotations
+
+import socket
+
+from node.p2p.errors import ProtocolError
+from node.p2p.host import Connection
+from node.p2p.identify import MAX_IDENTIFY_BYTES, decode_identify
+from node.p2p.identify import PROTOCOL_ID as IDENTIFY_PROTOCOL
+from node.p2p.multiaddr import Multiaddr
+
+
+def bound_socket(family: int, port: int) -> socket.socket:
+    """A non-blocking TCP socket bound to ``port`` on every address, shareable with other sockets on
+    that port (SO_REUSEADDR and SO_REUSEPORT), as simultaneous open needs."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setblocking(False)
+        sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def observed_addr(conn: Connection) -> Multiaddr | None:
+    """The address ``conn``'s peer says it sees us at (identify), read with a size bound."""
+    stream = await conn.open_stream(IDENTIFY_PROTOCOL)
+    data = b""
+    while chunk := await stream.read():
+        data += chunk
+        if len(data) > MAX_IDENTIFY_BYTES:
+            stream.reset()
+            raise ProtocolError("identify response too large")
+    await stream.close()
+    return decode_identify(data).observed_addr
