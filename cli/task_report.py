@@ -87,6 +87,9 @@ def slot_lines(task: TaskInfo) -> list[str]:
                 else answer_text(v.answer)
             lines.append(f"      verifier {short(v.verifier)}  {text}"
                          f"{'  [redrawn]' if v.redraw else ''}  (due {deadline_text(task, v.deadline)})")
+        if slot.challenge_deadline and slot.pending:   # docs/adr/0207
+            lines.append(f"      challenged: the worker must show its record, due "
+                         f"{deadline_text(task, slot.challenge_deadline)}")
         if slot.disputed:
             lines.append(f"      disputed by the worker at height {slot.dispute_height}")
         elif slot.dispute_deadline and slot.pending:

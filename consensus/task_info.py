@@ -8,7 +8,7 @@ from the JSON form, `TaskInfo.from_json`. The ledger writes that form (``consens
 
 The decoder takes what a validator answered, so it checks every field's type and raises
 `TaskDocError` (a ValueError) with the field's name; a field the document leaves out gets the value
-the ledger gives a record that predates it (records from before ADR 0151, 0168, 0187, 0202 and 0203 lack
+the ledger gives a record that predates it (records from before ADR 0151, 0168, 0187, 0202, 0203 and 0207 lack
 some).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from consensus.state.records import SlotOutcome, TaskStatus
 
-__all__ = ["Answer", "AuditSlot", "Commit", "EpochCommit", "EpochProgress", "PendingDraw", "RefereeSeat",
+__all__ = ["Answer", "AuditSlot", "Challenge", "Commit", "EpochCommit", "EpochProgress", "PendingDraw", "RefereeSeat",
            "SlotOutcome", "TaskDocError", "TaskStatus", "TaskInfo", "VerifierSeat", "decode_tasks"]
 
 
@@ -91,6 +91,7 @@ class Answer:
     match: bool
     evidence: str
     step: int = 0
+    withheld: bool = False   # a verdict: the worker let an availability challenge expire (docs/adr/0207)
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Answer | None:
@@ -98,7 +99,8 @@ class Answer:
             return None
         if not isinstance(doc, Mapping):
             raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
-        return cls(bool(_get(doc, "match", bool, False, where)), _str(doc, "evidence", where), _int(doc, "step", where))
+        return cls(bool(_get(doc, "match", bool, False, where)), _str(doc, "evidence", where), _int(doc, "step", where),
+                   _bool(doc, "withheld", where))
 
     @property
     def key(self) -> tuple[bool, str]:
@@ -119,15 +121,27 @@ class VerifierSeat:
     commitment: str | None = None
     unrevealed: bool = False
     replaced: bool = False
+    set_aside: tuple[Answer, ...] = ()   # its earlier answers, set aside when it was asked again (docs/adr/0207)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> VerifierSeat:
         commitment = doc.get("commitment")
         if commitment is not None and not isinstance(commitment, str):
             raise TaskDocError(f"{where}.commitment: expected str, got {type(commitment).__name__}")
+        set_aside = []
+        for i, earlier in enumerate(_list(doc, "set_aside", where)):
+            answer = Answer.from_json(earlier, f"{where}.set_aside[{i}]")
+            if answer is None:
+                raise TaskDocError(f"{where}.set_aside[{i}]: expected an object, got null")
+            set_aside.append(answer)
         return cls(_str(doc, "verifier", where), _int(doc, "deadline", where),
                    Answer.from_json(doc.get("answer"), f"{where}.answer"), _bool(doc, "redraw", where),
-                   commitment, _bool(doc, "unrevealed", where), _bool(doc, "replaced", where))
+                   commitment, _bool(doc, "unrevealed", where), _bool(doc, "replaced", where), tuple(set_aside))
+
+    @property
+    def rounds(self) -> int:
+        """How many times the ledger asked it again (docs/adr/0207)."""
+        return len(self.set_aside)
 
     @property
     def sealed(self) -> bool:
@@ -151,6 +165,27 @@ class PendingDraw:
         if not isinstance(doc, Mapping):
             raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
         return cls(_str(doc, "kind", where), _int(doc, "at", where), _int(doc, "count", where))
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """A slot's availability challenge (docs/adr/0207): ``deadline`` (block time, ms) while the worker
+    must answer it (0 when none is open) and how many the worker has answered."""
+
+    deadline: int = 0
+    responses: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Challenge | None:
+        if doc is None:
+            return None
+        if not isinstance(doc, Mapping):
+            raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
+        return cls(_int(doc, "deadline", where), _int(doc, "responses", where))
+
+    @property
+    def open(self) -> bool:
+        return self.deadline > 0
 
 
 @dataclass(frozen=True)
@@ -182,6 +217,7 @@ class AuditSlot:
     outcome: str = SlotOutcome.PENDING
     reveal_deadline: int = 0   # while the reveals of the committed answers are open (docs/adr/0202)
     draw: PendingDraw | None = None   # a draw scheduled for a later block's beacon (docs/adr/0202)
+    challenge: Challenge | None = None   # an availability challenge, open or answered (docs/adr/0207)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> AuditSlot:
@@ -207,7 +243,8 @@ class AuditSlot:
                    verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
                    outcome=_str(doc, "outcome", where, SlotOutcome.PENDING),
                    reveal_deadline=_int(doc, "reveal_deadline", where),
-                   draw=PendingDraw.from_json(doc.get("draw"), f"{where}.draw"))
+                   draw=PendingDraw.from_json(doc.get("draw"), f"{where}.draw"),
+                   challenge=Challenge.from_json(doc.get("challenge"), f"{where}.challenge"))
 
     @property
     def pending(self) -> bool:
@@ -218,12 +255,17 @@ class AuditSlot:
         """Its verifiers and referees."""
         return tuple(v.verifier for v in self.verifiers) + tuple(r.referee for r in self.referees)
 
+    @property
+    def challenge_deadline(self) -> int:
+        """The deadline of its open availability challenge (0 when none is open)."""
+        return self.challenge.deadline if self.challenge else 0
+
     def deadlines(self) -> list[int]:
         """The block times at which a pending slot moves on: one past each deadline (answers, dispute,
-        referee votes, reveals) it has."""
+        referee votes, reveals, an availability challenge) it has."""
         out = [v.deadline for v in self.verifiers]
-        out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline, self.reveal_deadline)
-                if deadline]
+        out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline, self.reveal_deadline,
+                                              self.challenge_deadline) if deadline]
         return [d + 1 for d in out]
 
 

@@ -180,6 +180,21 @@ def test_an_old_record_decodes_with_the_ledgers_defaults():
     assert info.slots == () and info.segments == 0 and info.device == "cpu" and info.commits == {}
 
 
+def test_the_decoder_reads_an_availability_challenge():
+    doc = {"slots": [{"slot": 2, "challenge": {"deadline": 9000, "responses": 1}, "dispute_deadline": 500,
+                      "verifiers": [{"verifier": "v1", "deadline": 100,
+                                     "set_aside": [{"match": False, "evidence": "aa"}]}],
+                      "verdict": {"match": False, "evidence": "aa", "withheld": True}}]}
+    [slot] = TaskInfo.from_json(doc).slots
+    assert slot.challenge is not None and slot.challenge.open and slot.challenge.responses == 1
+    assert slot.challenge_deadline == 9000 and 9001 + 1 in slot.deadlines()
+    assert slot.verifiers[0].set_aside[0].key == (False, "aa") and slot.verifiers[0].rounds == 1
+    assert slot.verdict is not None and slot.verdict.withheld
+    closed = TaskInfo.from_json({"slots": [{"challenge": {"deadline": 0, "responses": 1}}]}).slots[0]
+    assert closed.challenge is not None and not closed.challenge.open and closed.challenge_deadline == 0
+    assert TaskInfo.from_json({"slots": [{}]}).slots[0].challenge is None
+
+
 @pytest.mark.parametrize("doc, field", [
     ([], "task"),
     ({"status": 3}, "task.status"),
@@ -198,6 +213,13 @@ def test_an_old_record_decodes_with_the_ledgers_defaults():
     ({"slots": [{"reveal_deadline": "soon"}]}, "task.slots[0].reveal_deadline"),
     ({"slots": [{"draw": ["open"]}]}, "task.slots[0].draw"),
     ({"slots": [{"draw": {"kind": "open", "at": "x"}}]}, "task.slots[0].draw.at"),
+    ({"slots": [{"challenge": "x"}]}, "task.slots[0].challenge"),
+    ({"slots": [{"challenge": {"deadline": True}}]}, "task.slots[0].challenge.deadline"),
+    ({"slots": [{"challenge": {"deadline": 5, "responses": "1"}}]}, "task.slots[0].challenge.responses"),
+    ({"slots": [{"verifiers": [{"set_aside": {}}]}]}, "task.slots[0].verifiers.set_aside"),
+    ({"slots": [{"verifiers": [{"set_aside": [None]}]}]}, "task.slots[0].verifiers.set_aside[0]"),
+    ({"slots": [{"verifiers": [{"set_aside": ["no"]}]}]}, "task.slots[0].verifiers.set_aside[0]"),
+    ({"slots": [{"verdict": {"match": False, "withheld": "yes"}}]}, "task.slots[0].verdict.withheld"),
     ({"epochs": []}, "task.epochs"),
     ({"epochs": {"current": True}}, "task.epochs.current"),
     ({"epochs": {"stopped": False}}, "task.epochs.stopped"),

@@ -17,7 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ml.compute.duties import AUDIT, PENDING, REVEAL
+from consensus.task_info import SlotOutcome, TaskInfo
+from ml.compute.duties import AUDIT, REVEAL
 from ml.compute.segment_record import leaf
 from ml.compute.segments_protocol import SegmentAnswer
 from node.ledger import LedgerUnavailable, TxFailed
@@ -36,22 +37,11 @@ class Challenge:
     deadline: int     # last block time (ms) at which the response counts
 
 
-def challenges_for(task: dict, me: str, now_ms: int) -> list[Challenge]:
-    """The open availability challenges on ``me``'s slots of ``task`` (a ``dkb_getTask`` document) at
-    block time ``now_ms``, in slot order."""
-    out = []
-    for slot in task.get("slots") or []:
-        if not isinstance(slot, dict) or slot.get("outcome") not in (None, PENDING) or slot.get("worker") != me:
-            continue
-        challenge = slot.get("challenge")
-        deadline = challenge.get("deadline") if isinstance(challenge, dict) else None
-        if type(deadline) is not int or not deadline or now_ms > deadline:
-            continue
-        try:
-            out.append(Challenge(str(task["task_id"]), int(slot["slot"]), int(slot["segment"]), deadline))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out
+def challenges_for(task: TaskInfo, me: str, now_ms: int) -> list[Challenge]:
+    """The open availability challenges on ``me``'s slots of ``task`` at block time ``now_ms``, in slot order."""
+    return [Challenge(task.task_id, slot.slot, slot.segment, slot.challenge_deadline) for slot in task.slots
+            if slot.outcome == SlotOutcome.PENDING and slot.worker == me and slot.challenge_deadline
+            and now_ms <= slot.challenge_deadline]
 
 
 def response_payload(task_id: bytes, slot: int, leaf_worker: str, answer: SegmentAnswer) -> dict:
@@ -61,7 +51,7 @@ def response_payload(task_id: bytes, slot: int, leaf_worker: str, answer: Segmen
             "path": list(answer.proof)}
 
 
-async def answer_challenges(task: dict, me: str, now_ms: int, leaf_worker: str,
+async def answer_challenges(task: TaskInfo, me: str, now_ms: int, leaf_worker: str,
                             record_for: Callable[[bytes, int], SegmentAnswer | None],
                             send: Callable[[str, dict], Awaitable[object]], answered: set[tuple[str, int]]) -> int:
     """Send a response to each open challenge on our slots of ``task`` not in ``answered`` (task hex,
@@ -98,22 +88,18 @@ class Reasks:
     def __init__(self) -> None:
         self._rounds: dict[tuple[str, int], int] = {}
 
-    def forget(self, task: dict, me: str) -> list[tuple[str, int]]:
+    def forget(self, task: TaskInfo, me: str) -> list[tuple[str, int]]:
         """(task hex, slot) of each slot where ``me`` was asked again since the last call: the node drops
         the duty keys ``keys(...)`` and the sealed judgement it kept for them."""
         out = []
-        task_id = str(task.get("task_id", ""))
-        for slot in task.get("slots") or []:
-            if not isinstance(slot, dict) or type(slot.get("slot")) is not int:
-                continue
-            for entry in slot.get("verifiers") or []:
-                if not isinstance(entry, dict) or entry.get("verifier") != me:
+        for slot in task.slots:
+            for seat in slot.verifiers:
+                if seat.verifier != me:
                     continue
-                rounds = len(entry.get("set_aside") or [])
-                key = (task_id, slot["slot"])
-                if rounds > self._rounds.get(key, 0):
+                key = (task.task_id, slot.slot)
+                if seat.rounds > self._rounds.get(key, 0):
                     self._rounds.pop(key, None)
-                    self._rounds[key] = rounds
+                    self._rounds[key] = seat.rounds
                     out.append(key)
         while len(self._rounds) > MAX_TRACKED:
             del self._rounds[next(iter(self._rounds))]

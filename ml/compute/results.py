@@ -49,6 +49,11 @@ class ResultStore:
         tmp.write_text(json.dumps(result))
         os.replace(tmp, self.folder / f"{key}.json")
 
+    def leaf_worker(self, key: str) -> str:
+        """The peer ID the leaves of our result for task `key` (hex) were made with."""
+        leaf_worker = (self.results.get(key) or {}).get("leaf_worker")
+        return leaf_worker if isinstance(leaf_worker, str) and leaf_worker else self.me
+
     def record_for(self, task_id: bytes, index: int) -> segments_protocol.SegmentAnswer | None:
         """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
         key = task_id.hex()

@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from consensus.task_info import TaskDocError, TaskInfo, TaskStatus
-from ml.compute import progress_protocol, ready_protocol, segments_protocol
+from ml.compute import availability_duty, progress_protocol, ready_protocol, segments_protocol
 from ml.compute.dashboard_view import history, payouts_to, slashes_of
 from ml.compute.epoch_commits import crew_exit
 from ml.compute.fault_seam import FaultInjection
@@ -86,6 +86,7 @@ class ComputeRole(Role):
         self.transport = HostTransport(node.host)
         self.membership = Membership(node, self._ledger, self.config, self.name, folder)
         self.store = ResultStore(folder, node.peer_id)
+        self._challenges_answered: set[tuple[str, int]] = set()   # (task hex, slot) answered (ADR 0207)
         self.finalizer = Finalizer(self.ledger)
         self.fetch = PeerFetch(node, self.ledger, self.board, self.membership.meter)
         self.faults = FaultInjection(self.config["fault_inject"], lambda key: self.ledger.call("dkb_getTask", key),
@@ -294,6 +295,8 @@ class ComputeRole(Role):
         are a worker of (stopped too once the ledger takes no more commitments from us, docs/adr/0203)."""
         key, status = task.task_id, task.status
         job = self.jobs.get(key)
+        if me in task.commits and availability_duty.challenges_for(task, me, now + 1):   # ADR 0207
+            self._spawn(self._answer_challenges(task, me, now + 1))
         rejected = me in task.rejections
         open_to_us = status in TaskStatus.OPEN_FOR_COMMITS and me not in task.commits and not rejected and job is None
         refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
@@ -312,6 +315,11 @@ class ComputeRole(Role):
         elif crew_exit(task, me) and job is not None and not self.training.ended(key):   # ADR 0203
             self.training.stop_job(dataclasses.replace(task, status="closed to this worker",
                                                        reason=crew_exit(task, me)))
+
+    async def _answer_challenges(self, task: TaskInfo, me: str, now: int) -> None:
+        """Answer the availability challenges on our slots of `task` with the records we serve (ADR 0207)."""
+        await availability_duty.answer_challenges(task, me, now, self.store.leaf_worker(task.task_id),
+                                                  self.store.record_for, self.ledger.send, self._challenges_answered)
 
     async def _look_at_audits(self, task: TaskInfo, now: int) -> None:
         """Finalize a task whose audit slots are settled (or whose window closed); else wake at the next

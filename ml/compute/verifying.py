@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus.task_info import TaskInfo
-from ml.compute import segments_protocol
+from ml.compute import availability_duty, segments_protocol
 from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.membership import Membership
@@ -49,11 +49,18 @@ class VerificationDuties:
         self.first_seen: dict[tuple[str, str, int], int] = {}   # Duty.key -> block time it was first looked at
         self._judging = asyncio.Lock()
         self.sealed = SealedAnswers(node.identity)   # audit answers committed, then revealed (ADR 0202)
+        self.reasks = availability_duty.Reasks()      # slots the ledger asked us again (ADR 0207)
         self.audits_sent = node.metrics.counter("dekube_compute_audits_total", "Audit results submitted, by verdict.",
                                                 ["verdict"])
 
     def start_owed(self, task: TaskInfo, now_ms: int) -> None:
-        """Start every duty this node owes `task` at block time `now_ms` and has not started yet."""
+        """Start every duty this node owes `task` at block time `now_ms` and has not started yet; a slot
+        the ledger asked us again after an availability response (docs/adr/0207) is judged afresh."""
+        for task_hex, slot_index in self.reasks.forget(task, self.node.peer_id):
+            for duty_key in availability_duty.keys(task_hex, slot_index):
+                self.started.discard(duty_key)
+                self.first_seen.pop(duty_key, None)
+            self.sealed.forget(task_hex, slot_index)
         for duty in duties_for(task, self.node.peer_id, now_ms):
             if duty.key not in self.started:
                 self.started.add(duty.key)

@@ -110,3 +110,15 @@ def test_deadlines_are_told_from_the_ledgers_time_and_failed_endings_exit_1(caps
     failed = {**expired, "status": "failed", "reason": "every committed result (2) was found wrong"}
     assert report_final(TaskInfo.from_json(failed)) == 1
     assert "failed: every committed result" in capsys.readouterr().out
+
+
+def test_a_challenged_slot_says_the_worker_must_show_its_record():
+    doc = task()
+    slot = doc["slots"][1]
+    slot.update(outcome="pending", dispute=None, referees=[], verdict=None, challenge={"deadline": 100_000,
+                                                                                       "responses": 0})
+    lines = slot_lines(TaskInfo.from_json(doc))
+    assert [line.strip() for line in lines if "challenged" in line] == [
+        "challenged: the worker must show its record, due in 40s"]
+    slot["challenge"] = {"deadline": 0, "responses": 1}   # answered: no longer shown
+    assert not any("challenged" in line for line in slot_lines(TaskInfo.from_json(doc)))

@@ -7,6 +7,7 @@ from consensus.genesis import Params
 from consensus.state.epochs import unavailable_evidence
 from consensus.state.ledger import task_json
 from consensus.state.tasks import task_id_for
+from consensus.task_info import TaskInfo
 from consensus.txcodes import TxCode
 from devtools.ledger_chain import Chain, ident
 from ml.compute.availability_duty import Reasks, answer_challenges, challenges_for, keys
@@ -60,7 +61,7 @@ def _chain_with_a_challenge():
 
 
 def _doc(chain, task_id, task):
-    return task_json(task_id, task, 1000 * chain.ledger.height)
+    return TaskInfo.from_json(task_json(task_id, task, 1000 * chain.ledger.height))
 
 
 def _record_for(served):
@@ -80,7 +81,7 @@ def _sender(chain, who):
 def test_the_worker_answers_its_challenge_and_its_verifier_judges_afresh():
     chain, task_id, task, slot, verifier, served = _chain_with_a_challenge()
     doc = _doc(chain, task_id, task)
-    now = doc["block_time_ms"]
+    now = doc.block_time_ms
     [challenge] = challenges_for(doc, W1.peer_id, now)
     assert (challenge.slot, challenge.segment) == (slot["slot"], slot["segment"])
     assert challenges_for(doc, W2.peer_id, now) == [] and challenges_for(doc, W1.peer_id, challenge.deadline + 1) == []
@@ -107,7 +108,7 @@ def test_the_worker_answers_its_challenge_and_its_verifier_judges_afresh():
 def test_a_refused_response_is_retried_and_a_missing_record_is_not_sent():
     chain, task_id, task, slot, verifier, served = _chain_with_a_challenge()
     doc = _doc(chain, task_id, task)
-    now = doc["block_time_ms"]
+    now = doc.block_time_ms
     answered: set = set()
     # records of another worker do not prove our root: the ledger refuses, the duty stays open
     wrong = _record_for(served[W2.peer_id])
@@ -121,15 +122,16 @@ def test_a_refused_response_is_retried_and_a_missing_record_is_not_sent():
     assert not slot["challenge"]["deadline"]
 
 
-def test_hostile_documents_are_skipped():
-    for slot in [None, {"worker": W1.peer_id, "outcome": "pending", "challenge": {"deadline": True}},
-                 {"worker": W1.peer_id, "outcome": "pending", "challenge": "x"},
-                 {"worker": W1.peer_id, "outcome": "ok", "challenge": {"deadline": 5}, "slot": 0, "segment": 0},
-                 {"worker": W1.peer_id, "outcome": "pending", "challenge": {"deadline": 5}, "slot": "x", "segment": 0}]:
-        assert challenges_for({"task_id": "00", "slots": [slot]}, W1.peer_id, 1) == []
-    hostile = [None, {"slot": "x", "verifiers": [{"verifier": "me", "set_aside": [{}]}]},
-               {"slot": 0, "verifiers": [None, {"verifier": "me"}]}]
-    assert Reasks().forget({"task_id": "00", "slots": hostile}, "me") == []
+def test_closed_settled_and_foreign_challenges_are_not_answered():
+    def task(**slot):
+        return TaskInfo.from_json({"task_id": "00", "slots": [{"slot": 0, "segment": 1, "salt": "", **slot}]})
+    assert challenges_for(task(worker=W1.peer_id, challenge={"deadline": 5}), W1.peer_id, 1) != []
+    for other in [task(worker=W1.peer_id, outcome="ok", challenge={"deadline": 5}),
+                  task(worker=W1.peer_id, challenge={"deadline": 0, "responses": 1}),
+                  task(worker=W2.peer_id, challenge={"deadline": 5}), task(worker=W1.peer_id)]:
+        assert challenges_for(other, W1.peer_id, 1) == []
+    seated = task(worker=W1.peer_id, verifiers=[{"verifier": "me"}, {"verifier": "other", "set_aside": [{}]}])
+    assert Reasks().forget(seated, "me") == []
 
 
 def test_a_reasked_verifier_forgets_its_sealed_judgement():
