@@ -1,8 +1,8 @@
 """The issue's models through the network (DEKUBE_SLOW=1): a user's GRU, nn.MultiheadAttention (LayerNorm,
-Embedding, bool causal mask) and stock nn.TransformerEncoderLayer(dropout=0.0, norm_first=True) models,
-plus one with dropout, exported with a dynamic batch as the README shows, go through `task submit --wait
---out` on a loopback devnet (2 validators, 3 compute nodes: the dry run, the files served to the
-workers, training, audits, payouts, weights fetched), and the fetched weights load with
+Embedding, bool causal mask), stock nn.TransformerEncoderLayer(dropout=0.0, norm_first=True) and a 2-layer
+nn.TransformerEncoder of them, plus a layer with dropout, exported with a dynamic batch as the README shows,
+go through `task submit --wait --out` on a loopback devnet (2 validators, 3 compute nodes: the dry run, the
+files served to the workers, training, audits, payouts, weights fetched), and the fetched weights load with
 load_state_dict(strict=True) into the user's own class. The CLI runs as the user runs it.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tests.models.zoo import ARCHS
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-NETWORK_MODELS = ("gru", "multihead-attention-causal", "transformer-encoder-layer", "transformer-encoder-layer-dropout")
+NETWORK_MODELS = ("gru", "multihead-attention-causal", "transformer-encoder", "transformer-encoder-layer",
+                  "transformer-encoder-layer-dropout")
 STEPS = 6
 
 
