@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import time
 from collections.abc import Coroutine
 from typing import Any
 
 from node.p2p.multiaddr import Multiaddr
 
-from .punch_io import bound_socket
+from .punch_io import connect_until
 
 SPRAY_SOCKETS = 256
 PROBE_PORTS = 256
@@ -33,26 +32,9 @@ PORTS = (1024, 65535)
 
 async def _dial(local_port: int, ip: str, port: int, delay: float, deadline: float) -> socket.socket:
     """Connect from ``local_port`` (0: one ephemeral port, kept across redials, so the NAT's mapping
-    stays the same flow) to ``ip:port`` until ``deadline``."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    loop = asyncio.get_running_loop()
+    stays the same flow) to ``ip:port`` until ``deadline``, starting after ``delay``."""
     await asyncio.sleep(delay)
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer from {ip}:{port} in the punch window")
-        sock = bound_socket(family, local_port)
-        local_port = sock.getsockname()[1]
-        try:
-            async with asyncio.timeout(left):
-                await loop.sock_connect(sock, (ip, port))
-            return sock
-        except ConnectionRefusedError:
-            sock.close()
-            await asyncio.sleep(RETRY_S)
-        except BaseException:
-            sock.close()
-            raise
+    return await connect_until(ip, port, local_port, deadline, RETRY_S)
 
 
 def birthday_dials(addrs: tuple[Multiaddr, ...], punch_port: int, *, own_random: bool, peer_random: bool,

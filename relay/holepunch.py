@@ -35,7 +35,7 @@ from node.p2p.secure_conn import TcpConnection
 from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
-from .punch_io import bound_socket, observed_addr
+from .punch_io import bound_socket, connect_until, observed_addr
 
 log = logging.getLogger(__name__)
 
@@ -343,22 +343,7 @@ class HolePuncher:
 
     async def _dial_until(self, addr: Multiaddr, deadline: float) -> socket.socket:
         ip, port = addr.tcp_endpoint()
-        loop = asyncio.get_running_loop()
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no answer from {addr} in the punch window")
-            sock = bound_socket(_family(addr), self.port)
-            try:
-                async with asyncio.timeout(left):
-                    await loop.sock_connect(sock, (ip, port))
-                return sock
-            except ConnectionRefusedError:
-                sock.close()
-                await asyncio.sleep(REFUSED_RETRY_S)
-            except BaseException:
-                sock.close()
-                raise
+        return await connect_until(ip, port, self.port, deadline, REFUSED_RETRY_S)
 
     @staticmethod
     async def _accept_from(listener: socket.socket, expected_ips: set[str], deadline: float) -> socket.socket:

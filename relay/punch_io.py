@@ -1,8 +1,11 @@
 """Socket and identify helpers shared by the hole-punch strategies (holepunch, port prediction,
-birthday probing): a reusable bound TCP socket and the observed address a peer's identify names."""
+birthday probing): a reusable bound TCP socket, a connect retried until a deadline, and the observed
+address a peer's identify names."""
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection
@@ -24,6 +27,30 @@ def bound_socket(family: int, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+async def connect_until(ip: str, port: int, local_port: int, deadline: float, retry_s: float) -> socket.socket:
+    """Connect from ``local_port`` (0: one ephemeral port, kept across redials so the NAT's mapping
+    stays the same flow) to ``ip:port``, redialling a refused connect after ``retry_s``, until the
+    monotonic ``deadline`` (TimeoutError after it)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    loop = asyncio.get_running_loop()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer from {ip}:{port} in the punch window")
+        sock = bound_socket(family, local_port)
+        local_port = sock.getsockname()[1]
+        try:
+            async with asyncio.timeout(left):
+                await loop.sock_connect(sock, (ip, port))
+            return sock
+        except ConnectionRefusedError:
+            sock.close()
+            await asyncio.sleep(retry_s)
+        except BaseException:
+            sock.close()
+            raise
 
 
 async def observed_addr(conn: Connection) -> Multiaddr | None:
