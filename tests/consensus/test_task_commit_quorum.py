@@ -2,10 +2,9 @@
 once a majority committed and the grace has passed; the absent worker is not paid (its share goes
 back to the owner), supply is conserved, and replicas (and a reloaded state) agree on every step."""
 import pytest
-from test_ledger_kit import CHAIN, HONEST_EVIDENCE, Chain, answer_all_slots, ident, run_scheduled_draws
+from test_ledger_kit import CHAIN, HONEST_EVIDENCE, answer_all_slots, crew_chain, ident, run_scheduled_draws
 
 from consensus.block import build_block
-from consensus.genesis import Params
 from consensus.state.deadlines import commit_grace_ms
 from consensus.state.ledger import Ledger
 from consensus.state.records import Task, TaskStatus
@@ -24,16 +23,7 @@ HARDWARE = {"cpu_cores": 4, "ram_mb": 8000, "gpu": "", "gpu_mem_mb": 0, "bandwid
 
 @pytest.fixture
 def chain():
-    chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0))
-    for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
-        chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
-                                           "hardware": HARDWARE})
-        chain.ok(worker, "bond", {"amount": bond})
-    chain.ok(VERIFIER, "register_node", {"roles": ["verifier"], "listen_addrs": [], "relay_addrs": [],
-                                         "hardware": HARDWARE})
-    chain.ok(VERIFIER, "bond", {"amount": 500})
-    return chain
+    return crew_chain((W1, W2, W3), VERIFIER, HARDWARE)
 
 
 def submit(chain) -> bytes:

@@ -5,7 +5,7 @@ middle is caught at that epoch's deadline and the task pays its closed epochs an
 the epoch layout fixed at submit is checked at every commitment. Every test here fails on the code
 before ADR 0203 (no ``epochs`` field, no ``commit_epoch`` transaction)."""
 import pytest
-from test_ledger_kit import CHAIN, Chain, answer_all_slots, answer_slot, ident, run_scheduled_draws
+from test_ledger_kit import CHAIN, answer_all_slots, answer_slot, crew_chain, ident, run_scheduled_draws
 
 from consensus.block import build_block
 from consensus.genesis import Params
@@ -32,16 +32,7 @@ ROOT, STATE, RESULT = b"\x11" * 32, b"\x33" * 32, b"\x22" * 32
 
 @pytest.fixture
 def chain():
-    chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0))
-    for worker, bond in ((W1, 3000), (W2, 2000), (W3, 1000)):
-        chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
-                                           "hardware": HARDWARE})
-        chain.ok(worker, "bond", {"amount": bond})
-    chain.ok(VERIFIER, "register_node", {"roles": ["verifier"], "listen_addrs": [], "relay_addrs": [],
-                                         "hardware": HARDWARE})
-    chain.ok(VERIFIER, "bond", {"amount": 500})
-    return chain
+    return crew_chain((W1, W2, W3), VERIFIER, HARDWARE)
 
 
 def submit(chain, **changes) -> bytes:
