@@ -239,10 +239,17 @@ def test_a_node_outside_the_committee_follows_the_chain(tmp_path):
             tx = build_tx(USER, CHAIN, 0, "transfer", {"to": FOLLOWER.peer_id, "amount": 50}, 1)
             await rpc(session, "dkb_sendRawTransaction", tx.raw.hex())
 
+            # a fixed target: the leader keeps committing (empty blocks every 0.05 s), so "caught up with
+            # the leader's height right now" is a race a loaded machine can lose for the whole timeout
+            async def committed():
+                return role.ledger.balance(FOLLOWER.peer_id) == 50
+            await wait_for(committed, timeout=15)
+            target = max(role.ledger.height, 2)
+
             async def synced():
-                return follower_role.ledger.height >= role.ledger.height >= 2 and \
+                return follower_role.ledger.height >= target and \
                     follower_role.ledger.balance(FOLLOWER.peer_id) == 50
-            await wait_for(synced, timeout=15)
+            await wait_for(synced, timeout=30)
             height = follower_role.ledger.height
             assert follower_role.store.block(height).hash == role.store.block(height).hash
             assert follower_role.status()["in_committee"] is False

@@ -395,9 +395,18 @@ def test_a_reachable_dialer_is_dialed_back_directly_before_any_punch():
             relayed = await a.dial(b.relayed_addrs)
             path = await upgrade_relayed(pa, relayed, retire_after=0.1, punch_wait=10)
             assert path.kind == "punched" and a.pipe_for(path.conn) is None
-            at_b = [c for c in b.host.connections(a.host.peer_id) if not c.closed and b.pipe_for(c) is None]
             listen = Multiaddr.parse(a.host.listen_addrs[0]).without_peer_id()
-            assert [str(c.remote_addr) for c in at_b] == [str(listen)]
+
+            def direct_at_b():
+                return [str(c.remote_addr) for c in b.host.connections(a.host.peer_id)
+                        if not c.closed and b.pipe_for(c) is None]
+            # A (the responder of B's reversal dial) can finish its upgrade before B, the dialer, has
+            # its muxer's answer and registers the connection: give B a bounded moment to catch up
+            for _ in range(100):
+                if direct_at_b():
+                    break
+                await asyncio.sleep(0.05)
+            assert direct_at_b() == [str(listen)]
             assert pa.direct == {} and pb.direct == {}  # no punch made it
         finally:
             watcher.cancel()
