@@ -184,9 +184,11 @@ def test_a_new_node_joins_by_state_sync_from_the_validators(tmp_path):
             storage = joined.store.storage
             assert storage.base > 4 and storage.block_by_height(1) is None   # restored, not replayed
 
+            target = role.ledger.height   # fixed: the validators keep committing while we wait
+
             async def caught_up():
-                return joined.ledger.height >= role.ledger.height - 1 and joined.ledger.height > storage.base + 2
-            await wait_for(caught_up, timeout=20)
+                return joined.ledger.height >= target and joined.ledger.height > storage.base + 2
+            await wait_for(caught_up, timeout=30)
             height = joined.ledger.height - 1
             assert joined.store.block(height).hash == role.store.block(height).hash
             assert joined.ledger.balance(USER.peer_id) == role.ledger.balance(USER.peer_id)
