@@ -93,11 +93,12 @@ class Testnet:
     def create(cls, root: Path | str, validators: int = 4, *, chain_id: str = "dekube-testnet",
                balances: dict[str, int] | None = None, params: dict[str, Any] | None = None,
                settings: dict[str, str] | None = None, stake: int = DEFAULT_STAKE, base_port: int = 0,
-               host: str = "127.0.0.1") -> Testnet:
+               host: str = "127.0.0.1", hosts: list[str] | None = None) -> Testnet:
         """Write genesis, faucet key and validator homes. ``balances``: extra funded accounts;
         ``params``: genesis params overrides; ``settings``: config overrides "section.key" -> text;
         ``base_port``: node I listens on base_port + 2I (p2p) and base_port + 2I + 1 (RPC); 0: free ports
-        (free on 127.0.0.1); ``host``: the IPv4 address every validator listens on."""
+        (free on 127.0.0.1); ``host``: the IPv4 address every validator listens on; ``hosts``: one address per
+        validator instead (each in a namespace of its own, e.g. ``WanLab``'s hosts; needs ``base_port``)."""
         root = Path(root).expanduser()
         if (root / MANIFEST).exists():
             raise TestnetError(f"{root} already holds a testnet (use it, or remove the directory)")
@@ -106,10 +107,13 @@ class Testnet:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         idents = [Identity.generate() for _ in range(validators)]
         faucet = Identity.generate()
+        if hosts is not None and (len(hosts) != validators or not base_port):
+            raise TestnetError("hosts needs one address per validator and a base port")
         if base_port and not 1024 <= base_port <= 65535 - 2 * validators:
             raise TestnetError(f"base port {base_port} leaves no room for {2 * validators} ports")
         ports = list(range(base_port, base_port + 2 * validators)) if base_port else free_ports(2 * validators)
-        nodes = [NodeSpec(f"v{i}", root / f"v{i}", ident.peer_id, ports[2 * i], ports[2 * i + 1], host)
+        nodes = [NodeSpec(f"v{i}", root / f"v{i}", ident.peer_id, ports[2 * i], ports[2 * i + 1],
+                          hosts[i] if hosts is not None else host)
                  for i, ident in enumerate(idents)]
         funded = {faucet.peer_id: DEFAULT_FAUCET, **{n.peer_id: 10**9 for n in nodes}, **(balances or {})}
         genesis = Genesis(chain_id, int(time.time() * 1000), funded,
@@ -124,9 +128,9 @@ class Testnet:
             (node.home / "genesis.json").write_text(genesis_text)
             overrides = {
                 ("node", "roles"): "validator",
-                ("p2p", "listen"): f"/ip4/{host}/tcp/{node.p2p_port}",
+                ("p2p", "listen"): f"/ip4/{node.host}/tcp/{node.p2p_port}",
                 ("p2p", "bootstrap"): ",".join(o.p2p_addr for o in nodes if o is not node),
-                ("rpc", "host"): host,
+                ("rpc", "host"): node.host,
                 ("rpc", "port"): str(node.rpc_port),
                 ("consensus", "chain_id"): chain_id,
             }
@@ -181,14 +185,16 @@ class Testnet:
     def is_running(self, node: NodeSpec) -> bool:
         return self.pid(node) is not None
 
-    def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
+    def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None, netns: str | None = None) -> int:
+        """Start ``node``'s process (in network namespace ``netns`` where given); its pid."""
         if self.is_running(node):
             return self.pid(node)
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                **(extra_env or {})}
         with open(node.log_file, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "cli.main", "start", "--home", str(node.home)],
+            wrap = ["ip", "netns", "exec", netns] if netns else []
+            proc = subprocess.Popen([*wrap, sys.executable, "-m", "cli.main", "start", "--home", str(node.home)],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=str(REPO_ROOT), start_new_session=True)
         self._procs[node.name] = proc
