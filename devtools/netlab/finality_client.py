@@ -5,18 +5,24 @@ follows ``newHeads`` on every validator in ``urls`` for ``seconds`` while it sen
 transfers a second from the faucet key, then prints one JSON object. Finality of a commit is the
 time a validator announces the block minus the block's ``time_ms`` (the proposer's clock when it
 built the proposal: one machine, one clock), the simulator's measure (proposal built to replica
-stored, every replica's commit counted); the announcement reaches the client over a zero-delay link.
+stored, every replica's commit counted); the announcement reaches the client over a zero-delay link. A transfer's
+latency (``tx_p50_ms``, what a user waits, with any round a crashed proposer costs) runs from its POST
+to v0's announcement of the block holding it.
 Block rate comes from the heights v0 announced; rounds per height from v0's
-``dekube_consensus_rounds_per_height`` histogram. The clock starts once every validator answers; the
-first ``warmup_s`` seconds after that are not counted.
+``dekube_consensus_rounds_per_height`` histogram over the measured window. The clock starts once every
+validator answers; the first ``warmup_s`` seconds after that are not counted; then the processes in
+``crash_pids`` are SIGKILLed (a crashed validator for the whole measured window).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -30,7 +36,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def follow(session: aiohttp.ClientSession, index: int, url: str, heads: list[tuple[int, int, float, int]],
-                 stop: asyncio.Event, connected: asyncio.Semaphore) -> None:
+                 stop: asyncio.Event, connected: asyncio.Semaphore,
+                 on_block: Callable[[int, float], Awaitable[None]] | None = None) -> None:
     """Append (validator, height, announced at, block time ms) for every head ``url`` announces
     (connecting as soon as the validator answers: they may still be starting)."""
     for _attempt in range(300):
@@ -57,25 +64,35 @@ async def follow(session: aiohttp.ClientSession, index: int, url: str, heads: li
             head = (json.loads(msg.data).get("params") or {}).get("result")
             if head and "time_ms" in head:
                 heads.append((index, int(head["height"]), now, int(head["time_ms"])))
+                if index == 0 and head.get("txs") and on_block is not None:
+                    await on_block(int(head["height"]), now)
 
 
-async def send_transfers(session: aiohttp.ClientSession, spec: dict, stop: asyncio.Event) -> int:
+async def send_transfers(session: aiohttp.ClientSession, spec: dict, stop: asyncio.Event,
+                         submitted: dict[str, float]) -> int:
+    """Transfers at ``tx_rate`` round-robin over the validators (a dead one is skipped: the same nonce
+    goes to the next); ``submitted`` maps each accepted transfer's hash to when it was posted."""
     faucet = load_identity(spec["faucet_key"])
-    urls, rate, sent = spec["urls"], float(spec["tx_rate"]), 0
+    urls, rate, sent, attempt = spec["urls"], float(spec["tx_rate"]), 0, 0
     while rate > 0 and not stop.is_set():
         tx = build_tx(faucet, spec["chain_id"], sent, "transfer", {"to": faucet.peer_id, "amount": 1}, 1)
         body = {"jsonrpc": "2.0", "id": sent, "method": "dkb_sendRawTransaction", "params": [tx.raw.hex()]}
+        posted = time.time()
+        attempt += 1
         try:
-            async with session.post(urls[sent % len(urls)] + "/", json=body) as response:
+            async with session.post(urls[attempt % len(urls)] + "/", json=body) as response:
                 accepted = "error" not in await response.json()
         except (aiohttp.ClientError, OSError, ValueError):
             accepted = False
-        sent += accepted   # a refused transfer is sent again with the same nonce
+        if accepted:
+            submitted[tx.hash.hex()] = posted
+            sent += 1
         await asyncio.sleep(1.0 / rate)
     return sent
 
 
-async def rounds_per_height(session: aiohttp.ClientSession, url: str) -> float | None:
+async def rounds_histogram(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    """(sum, count) of ``url``'s ``dekube_consensus_rounds_per_height`` histogram."""
     async with session.get(url + "/metrics") as response:
         text = await response.text()
     values = {}
@@ -83,8 +100,8 @@ async def rounds_per_height(session: aiohttp.ClientSession, url: str) -> float |
         for name in ("dekube_consensus_rounds_per_height_sum", "dekube_consensus_rounds_per_height_count"):
             if line.startswith(name + " "):
                 values[name] = float(line.split()[1])
-    count = values.get("dekube_consensus_rounds_per_height_count")
-    return round(values["dekube_consensus_rounds_per_height_sum"] / count, 3) if count else None
+    return (values.get("dekube_consensus_rounds_per_height_sum", 0.0),
+            values.get("dekube_consensus_rounds_per_height_count", 0.0))
 
 
 async def measure(spec: dict) -> dict:
@@ -92,19 +109,36 @@ async def measure(spec: dict) -> dict:
     stop = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         connected = asyncio.Semaphore(0)
-        followers = [asyncio.create_task(follow(session, i, url, heads, stop, connected))
+        submitted: dict[str, float] = {}
+        committed: dict[str, float] = {}
+
+        async def on_block(height: int, at: float) -> None:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "dkb_getBlockByNumber", "params": [height, False]}
+            async with session.post(spec["urls"][0] + "/", json=body) as response:
+                block = (await response.json()).get("result") or {}
+            for tx_hash in block.get("transactions", []):
+                committed.setdefault(tx_hash, at)
+
+        followers = [asyncio.create_task(follow(session, i, url, heads, stop, connected, on_block if i == 0 else None))
                      for i, url in enumerate(spec["urls"])]
         for _ in spec["urls"]:   # every validator answers (or the run fails below: no heads)
             await asyncio.wait_for(connected.acquire(), 120)
-        sender = asyncio.create_task(send_transfers(session, spec, stop))
+        sender = asyncio.create_task(send_transfers(session, spec, stop, submitted))
         started = time.time()
-        await asyncio.sleep(float(spec.get("warmup_s", 0)) + float(spec["seconds"]))
+        await asyncio.sleep(float(spec.get("warmup_s", 0)))
+        rounds_before = await rounds_histogram(session, spec["urls"][0])
+        for pid in spec.get("crash_pids", []):
+            os.kill(int(pid), signal.SIGKILL)   # same machine, same pid namespace: a validator crashes
+        await asyncio.sleep(float(spec["seconds"]))
         stop.set()
         sent = await sender
         await asyncio.gather(*followers, return_exceptions=True)
-        rounds = await rounds_per_height(session, spec["urls"][0])
+        rounds_after = await rounds_histogram(session, spec["urls"][0])
     counted = [h for h in heads if h[2] >= started + float(spec.get("warmup_s", 0))]
     finality = [at - time_ms / 1000.0 for _i, _h, at, time_ms in counted]
+    count = rounds_after[1] - rounds_before[1]
+    measured_from = started + float(spec.get("warmup_s", 0))
+    tx_latency = [committed[h] - at for h, at in submitted.items() if at >= measured_from and h in committed]
     v0 = sorted((at, height) for i, height, at, _t in counted if i == 0)
     span = v0[-1][0] - v0[0][0] if len(v0) > 1 else 0.0
     return {
@@ -115,8 +149,11 @@ async def measure(spec: dict) -> dict:
         "finality_p95_ms": round(1000 * percentile(finality, 0.95), 1) if finality else None,
         "finality_p99_ms": round(1000 * percentile(finality, 0.99), 1) if finality else None,
         "blocks_per_min": round(60 * (len(v0) - 1) / span, 1) if span else 0.0,
-        "rounds_mean": rounds,
+        "rounds_mean": round((rounds_after[0] - rounds_before[0]) / count, 3) if count else None,
         "transfers_sent": sent,
+        "transfers_committed": len(tx_latency),
+        "tx_p50_ms": round(1000 * statistics.median(tx_latency), 1) if tx_latency else None,
+        "tx_p99_ms": round(1000 * percentile(tx_latency, 0.99), 1) if tx_latency else None,
     }
 
 

@@ -18,27 +18,38 @@ from devtools.testnet import REPO_ROOT, Testnet
 BASE_PORT = 26600
 
 
-def delay_matrix(validators: int) -> list[list[float]]:
-    """One-way ms between validators (round-robin regions, RTT / 2) plus a last row and column of
-    zeros: the measuring client."""
+def delay_matrix(validators: int, slow_ms: float = 0.0) -> list[list[float]]:
+    """One-way ms between validators (round-robin regions, RTT / 2; ``slow_ms`` more on every link of
+    a third of them, ``slow_third``) plus a last row and column of zeros: the measuring client."""
     regions = [REGIONS[i % len(REGIONS)] for i in range(validators)]
-    rows = [[0.0 if i == j else rtt_ms(a, b) / 2 for j, b in enumerate(regions)] + [0.0]
+    slow = slow_third(validators)
+    rows = [[0.0 if i == j else rtt_ms(a, b) / 2 + (slow_ms if i in slow or j in slow else 0.0)
+             for j, b in enumerate(regions)] + [0.0]
             for i, a in enumerate(regions)]
     return rows + [[0.0] * (validators + 1)]
 
 
-def run_processes(validators: int, seconds: float, warmup: float, tx_rate: float) -> dict:
-    lab = WanLab().build_wan(delay_matrix(validators))
+def slow_third(validators: int) -> set[int]:
+    """Every third validator from index 2 (equal stake: a third of the stake, never v0 or v1)."""
+    return set(range(2, validators, 3))
+
+
+def run_processes(validators: int, seconds: float, warmup: float, tx_rate: float, *,
+                  crash: int = 0, slow_ms: float = 0.0) -> dict:
+    """The client's figures; ``crash`` validators (v1, v2, ...) SIGKILLed when the measured window
+    starts; ``slow_ms`` added to every link of a third of the validators (``slow_third``)."""
+    if crash and not 0 <= crash < validators - 1:
+        raise ValueError("crash leaves v0 (the reference) and at least one other validator")
+    lab = WanLab().build_wan(delay_matrix(validators, slow_ms))
     try:
         with tempfile.TemporaryDirectory(prefix="dkwan") as root:
             testnet = Testnet.create(root, validators, chain_id="wan-processes", base_port=BASE_PORT,
                                      hosts=lab.hosts[:validators])
             try:
-                for i, node in enumerate(testnet.nodes):
-                    testnet.start_node(node, netns=lab.ns(i))
+                pids = [testnet.start_node(node, netns=lab.ns(i)) for i, node in enumerate(testnet.nodes)]
                 spec = {"urls": [n.rpc_url for n in testnet.nodes], "chain_id": testnet.chain_id,
                         "faucet_key": str(testnet.faucet_key), "seconds": seconds, "warmup_s": warmup,
-                        "tx_rate": tx_rate}
+                        "tx_rate": tx_rate, "crash_pids": pids[1:1 + crash]}
                 client = subprocess.run(
                     ["ip", "netns", "exec", lab.ns(validators), sys.executable, "-m", "devtools.netlab.finality_client",
                      json.dumps(spec)], capture_output=True, text=True, cwd=str(REPO_ROOT),
