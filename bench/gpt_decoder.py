@@ -33,7 +33,7 @@ from safetensors.torch import save_file  # noqa: E402
 from devtools.gpt_decoder import BIG, export_archive  # noqa: E402
 from ml.train.simulation import build_simulated, run_trainers  # noqa: E402
 from ml.train.spec import TrainSpec  # noqa: E402
-from tests.ml.byo import artifact_id, files_of  # noqa: E402
+from node.artifacts.merkle import artifact_id_of_file  # noqa: E402
 
 
 def tokens(path: Path, vocab: int, n: int, seed: int) -> Path:
@@ -62,9 +62,10 @@ def main() -> None:
         del user
         train = tokens(root / "train.safetensors", config.vocab, 64 * config.context, 0)
         held_out = tokens(root / "eval.safetensors", config.vocab, config.context + 4, 1)   # 4 windows
-        files = files_of(root / "gpt.pt2", train, held_out)
-        spec = TrainSpec(model="pt2", dataset="file", model_artifact=artifact_id(root / "gpt.pt2"),
-                         dataset_artifact=artifact_id(train), eval_artifact=artifact_id(held_out),
+        ids = {path: artifact_id_of_file(path) for path in (root / "gpt.pt2", train, held_out)}
+        files = {artifact: path for path, artifact in ids.items()}
+        spec = TrainSpec(model="pt2", dataset="file", model_artifact=ids[root / "gpt.pt2"],
+                         dataset_artifact=ids[train], eval_artifact=ids[held_out],
                          mode="streaming-diloco", codec=args.codec, optimizer="adamw", lr=3e-4, steps=args.steps,
                          inner_steps=args.inner_steps, fragments=2, overlap_steps=1, batch_size=args.batch,
                          report_every=args.steps, seed=1)

@@ -188,3 +188,12 @@ def test_a_module_named_by_a_string_is_an_import(fake_repo: Path):
     assert names == [(1, "consensus.validator.role"), (2, "ml.serve.service"), (3, "consensus.tx"),
                      (5, "node.p2p.host")]
     assert [i.name for i in violations(fake_repo)] == ["consensus.validator.role", "ml.serve.service", "consensus.tx"]
+
+
+def test_bench_devtools_and_scripts_never_import_the_tests():
+    """Benchmarks and tools import the product (issue 20: "not bench -> tests"); a helper both need
+    lives in the product or in devtools, never in tests/."""
+    found = [f"{imp.path}:{imp.line} imports {imp.name}"
+             for folder in ("bench", "devtools", "scripts") for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+             for imp in imports_of(path, REPO_ROOT) if imp.name.split(".")[0] == "tests"]
+    assert not found, "\n".join(found)
