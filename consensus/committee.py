@@ -13,7 +13,10 @@ the heights and rounds asked for).
 """
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from consensus.messages import Vote, VoteType, verify_vote
 from node.identity import b58decode, is_valid_peer_id
@@ -48,6 +51,16 @@ class ValidatorSet:
         self.start_height = start_height
         self._priorities = [0] * len(self._order)
         self._schedule: list[int] = []
+        self._schedule_lock = threading.Lock()   # shared instances (``of``) are read from the executor too
+
+    @classmethod
+    def of(cls, items: Iterable[Iterable[Any]], start_height: int = 0) -> ValidatorSet:
+        """The set of ``(peer_id, power)`` pairs ``items``, shared with earlier calls for the same
+        pairs and start: the ledger rebuilds its committee from state several times a block, and a
+        fresh set pays the peer-ID sort and the proposer schedule from its start again (at 100
+        validators, milliseconds a block per node). A ValidatorSet is immutable but for that lazily
+        grown schedule, which is a function of the set alone."""
+        return _shared_set(tuple((pid, power) for pid, power in items), start_height)
 
     @classmethod
     def elect(cls, stakes: Mapping[str, int], max_validators: int, start_height: int = 0) -> ValidatorSet:
@@ -126,8 +139,10 @@ class ValidatorSet:
         step = height - self.start_height + round_
         if step < 0:
             raise CommitteeError(f"height {height} is before this set's start {self.start_height}")
-        while len(self._schedule) <= step:
-            self._schedule.append(self._next_proposer())
+        if len(self._schedule) <= step:
+            with self._schedule_lock:
+                while len(self._schedule) <= step:
+                    self._schedule.append(self._next_proposer())
         return self._order[self._schedule[step]]
 
     def _next_proposer(self) -> int:
@@ -148,3 +163,8 @@ class ValidatorSet:
                 best = i
         prio[best] -= total
         return best
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_set(items: tuple[tuple[str, int], ...], start_height: int) -> ValidatorSet:
+    return ValidatorSet(items, start_height)

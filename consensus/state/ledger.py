@@ -332,7 +332,7 @@ class Ledger:
 
     def committee(self) -> ValidatorSet:
         """The committee that decides the next height (re-elected every epoch_length blocks)."""
-        return ValidatorSet(self.state.committee, start_height=self.state.committee_start)
+        return ValidatorSet.of(self.state.committee, start_height=self.state.committee_start)
 
     def check_invariants(self) -> None:
         """Raise SupplyInvariantError if tokens were created or destroyed."""

@@ -32,7 +32,7 @@ def record_proposer_slots(state: LedgerState, params: Params, ctx: BlockContext,
     if not votes:
         return
     decided = votes[0].round
-    committee = ValidatorSet([(peer_id, power) for peer_id, power in state.committee], state.committee_start)
+    committee = ValidatorSet.of(state.committee, state.committee_start)
     missed_rounds = range(min(decided, MAX_ROUNDS_COUNTED))
     for r in missed_rounds:
         _missed(state, params, ctx, committee.proposer(previous, r))

@@ -115,7 +115,7 @@ class ChainStore:
     def _decode_committee(self, raw: bytes, start_height: int) -> ValidatorSet:
         try:
             items = decode(raw)
-            return ValidatorSet([(pid, power) for pid, power in items], start_height)
+            return ValidatorSet.of(items, start_height)
         except (EncodingError, ValueError, TypeError) as exc:
             raise CorruptDatabase(f"{self.storage.path}: stored committee unreadable: {exc}") from None
 

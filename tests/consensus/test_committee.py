@@ -72,3 +72,19 @@ def test_heavy_validator_does_not_starve_others():
     vs = ValidatorSet({IDS[0]: 1000, IDS[1]: 1})
     window = [vs.proposer(h, 0) for h in range(1001)]
     assert window.count(IDS[1]) == 1
+
+
+def test_a_shared_set_is_built_once_and_proposes_as_a_fresh_one_from_any_thread():
+    from concurrent.futures import ThreadPoolExecutor
+
+    members = [[Identity.generate().peer_id, power] for power in (5, 3, 3, 2, 1, 1, 1)]
+    shared = ValidatorSet.of(members, 10)
+    assert ValidatorSet.of([list(m) for m in members], 10) is shared     # the ledger's lists, re-read
+    assert ValidatorSet.of(members, 11) is not shared
+    fresh = ValidatorSet(members, 10)
+    expected = [fresh.proposer(h, r) for h in range(10, 400) for r in range(3)]
+    with ThreadPoolExecutor(4) as pool:   # the loop and the executor both ask a shared set
+        got = list(pool.map(lambda hr: shared.proposer(*hr), [(h, r) for h in range(10, 400) for r in range(3)]))
+    assert got == expected
+    with pytest.raises(CommitteeError, match="power"):
+        ValidatorSet.of([[members[0][0], "5"]], 1)   # still checked: a corrupt stored committee is refused
