@@ -34,20 +34,22 @@ from devtools.netlab.lab import unavailable  # noqa: E402
 from devtools.netlab.nodes import Node  # noqa: E402
 from devtools.netlab.train_net import HOME_NATS, WORKERS, settle, start_crew, train  # noqa: E402
 from ml.train.recipes import recipe  # noqa: E402
+from ml.train.spec import InvalidSpec, TrainSpec  # noqa: E402
 
 NOT_BUILT = "crew changes (issue 23 item 3) are not built: no worker joins or replaces one mid-run yet"
 
 
-def plan(args) -> list[tuple[str, str, dict]]:
+def plan(args) -> list[tuple[str, TrainSpec]]:
+    """Every mode's spec, built (and so checked) before the lab starts: a bad ``--inner-steps`` fails
+    at once, not after the data-parallel run."""
     outer = {"steps": args.steps, "warmup_steps": args.warmup, "inner_steps": args.inner_steps}
-    return [("data-parallel-fp32", "shakespeare-data-parallel", {"steps": args.steps}),
-            ("diloco-int8", "shakespeare-diloco", outer),
-            ("streaming-int4", "shakespeare-streaming", outer)]
+    modes = [("data-parallel-fp32", "shakespeare-data-parallel", {"steps": args.steps}),
+             ("diloco-int8", "shakespeare-diloco", outer),
+             ("streaming-int4", "shakespeare-streaming", outer)]
+    return [(label, recipe(name, **overrides, report_every=args.steps)) for label, name, overrides in modes]
 
 
-def run(crew: list[Node], circuits: dict[str, list[str]], label: str, recipe_name: str, overrides: dict,
-        timeout: float) -> dict:
-    spec = recipe(recipe_name, **overrides, report_every=overrides["steps"])
+def run(crew: list[Node], circuits: dict[str, list[str]], label: str, spec: TrainSpec, timeout: float) -> dict:
     runs = train(crew, circuits, spec.to_dict(), timeout)
     slowest = max(runs, key=lambda r: r["wall_s"])
     result = {"label": label, "mode": spec.mode, "codec": spec.codec, "steps": spec.steps,
@@ -99,6 +101,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.short:
         args.steps, args.inner_steps, args.warmup = 60, 30, 30
+    try:
+        modes = plan(args)
+    except InvalidSpec as exc:
+        sys.exit(f"bad arguments: {exc}")
     why = unavailable()
     if why:
         sys.exit(f"the netlab cannot be built here: {why}")
@@ -107,8 +113,7 @@ def main() -> None:
     try:
         circuits, paths = settle(crew)
         print(json.dumps({"paths": paths}), flush=True)
-        results = {label: run(crew, circuits, label, name, overrides, args.timeout)
-                   for label, name, overrides in plan(args)}
+        results = {label: run(crew, circuits, label, spec, args.timeout) for label, spec in modes}
     finally:
         net.close()
     print(json.dumps({**summarize(results, args), "paths": paths,
