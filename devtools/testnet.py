@@ -86,6 +86,7 @@ class Testnet:
         self.root = root
         self.chain_id = chain_id
         self.nodes = nodes
+        self.launchers: dict[str, tuple[str, ...]] = {}   # node name -> command its process starts under
         self._procs: dict[str, subprocess.Popen] = {}
 
     # ------------------------------------------------------------------ creation
@@ -185,16 +186,17 @@ class Testnet:
     def is_running(self, node: NodeSpec) -> bool:
         return self.pid(node) is not None
 
-    def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None, netns: str | None = None) -> int:
-        """Start ``node``'s process (in network namespace ``netns`` where given); its pid."""
+    def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
+        """Start ``node``'s process (under its ``launchers`` entry, e.g. ``ip netns exec NS``); its pid."""
         if self.is_running(node):
             return self.pid(node)
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                **(extra_env or {})}
         with open(node.log_file, "ab") as log:
-            wrap = ["ip", "netns", "exec", netns] if netns else []
-            proc = subprocess.Popen([*wrap, sys.executable, "-m", "cli.main", "start", "--home", str(node.home)],
+            argv = [*self.launchers.get(node.name, ()), sys.executable, "-m", "cli.main", "start", "--home",
+                    str(node.home)]
+            proc = subprocess.Popen(argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=str(REPO_ROOT), start_new_session=True)
         self._procs[node.name] = proc

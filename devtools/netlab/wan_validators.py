@@ -46,7 +46,9 @@ def run_processes(validators: int, seconds: float, warmup: float, tx_rate: float
             testnet = Testnet.create(root, validators, chain_id="wan-processes", base_port=BASE_PORT,
                                      hosts=lab.hosts[:validators])
             try:
-                pids = [testnet.start_node(node, netns=lab.ns(i)) for i, node in enumerate(testnet.nodes)]
+                testnet.launchers = {node.name: ("ip", "netns", "exec", lab.ns(i))
+                                     for i, node in enumerate(testnet.nodes)}
+                pids = [testnet.start_node(node) for node in testnet.nodes]
                 spec = {"urls": [n.rpc_url for n in testnet.nodes], "chain_id": testnet.chain_id,
                         "faucet_key": str(testnet.faucet_key), "seconds": seconds, "warmup_s": warmup,
                         "tx_rate": tx_rate, "crash_pids": pids[1:1 + crash]}

@@ -10,11 +10,9 @@ firewall table and mounts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from consensus.genesis import Genesis, GenesisValidator, Params
 from devtools.devnet import COMPUTE_FUNDS, quiet_ports
 from devtools.netlab.isolation import LoopbackFirewall, NetnsLab
 from devtools.perturb.manifest import Manifest
-from devtools.testnet import DEFAULT_FAUCET, DEFAULT_STAKE, FAUCET_KEY, MANIFEST, REPO_ROOT, NodeSpec, Testnet
+from devtools.testnet import DEFAULT_FAUCET, DEFAULT_STAKE, FAUCET_KEY, MANIFEST, NodeSpec, Testnet
 from node.config import load_config
 from node.identity import Identity
 from node.keystore import KEY_FILE_NAME, save_identity
@@ -52,21 +50,6 @@ class LaunchingTestnet(Testnet):
     def __init__(self, root: Path, chain_id: str, nodes: list[NodeSpec], launchers: dict[str, tuple[str, ...]]):
         super().__init__(root, chain_id, nodes)
         self.launchers = launchers
-
-    def start_node(self, node: NodeSpec, extra_env: dict[str, str] | None = None) -> int:
-        running = self.pid(node)
-        if running is not None:
-            return running
-        env = {**os.environ,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-               **(extra_env or {})}
-        argv = [*self.launchers.get(node.name, ()), sys.executable, "-m", "cli.main", "start", "--home", str(node.home)]
-        with open(node.log_file, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=str(REPO_ROOT), start_new_session=True)
-        self._procs[node.name] = proc
-        node.pid_file.write_text(f"{proc.pid}\n")
-        return proc.pid
 
     def exit_code(self, node: NodeSpec) -> int | None:
         proc = self._procs.get(node.name)
