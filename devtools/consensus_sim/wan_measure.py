@@ -46,7 +46,7 @@ def wan_sim_config(validators: int, heights: int, seed: int = 1, wan: WanConfig 
                      retain_blocks=retain_blocks)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -74,8 +74,8 @@ def measure(validators: int, heights: int, seed: int = 1, wan: WanConfig | None 
         "validators": validators,
         "heights": min(result.heights),
         "finality_p50_ms": round(1000 * statistics.median(checker.finality), 1) if checker.finality else None,
-        "finality_p95_ms": round(1000 * _percentile(checker.finality, 0.95), 1) if checker.finality else None,
-        "finality_p99_ms": round(1000 * _percentile(checker.finality, 0.99), 1) if checker.finality else None,
+        "finality_p95_ms": round(1000 * percentile(checker.finality, 0.95), 1) if checker.finality else None,
+        "finality_p99_ms": round(1000 * percentile(checker.finality, 0.99), 1) if checker.finality else None,
         "blocks_per_min": round(60 * last / span, 1) if span else 0.0,
         "rounds_mean": round(1 + statistics.fmean(rounds), 3) if rounds else None,
         "rounds_max": 1 + max(rounds) if rounds else None,

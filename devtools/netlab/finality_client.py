@@ -25,14 +25,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.tx import build_tx
+from devtools.consensus_sim.wan_measure import percentile  # the simulator's, for a like-for-like figure
 from node.keystore import load_identity
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def follow(session: aiohttp.ClientSession, index: int, url: str, heads: list[tuple[int, int, float, int]],
@@ -95,11 +92,8 @@ async def rounds_histogram(session: aiohttp.ClientSession, url: str) -> tuple[fl
     """(sum, count) of ``url``'s ``dekube_consensus_rounds_per_height`` histogram."""
     async with session.get(url + "/metrics") as response:
         text = await response.text()
-    values = {}
-    for line in text.splitlines():
-        for name in ("dekube_consensus_rounds_per_height_sum", "dekube_consensus_rounds_per_height_count"):
-            if line.startswith(name + " "):
-                values[name] = float(line.split()[1])
+    values = {sample.name: sample.value for family in text_string_to_metric_families(text)
+              if family.name == "dekube_consensus_rounds_per_height" for sample in family.samples}
     return (values.get("dekube_consensus_rounds_per_height_sum", 0.0),
             values.get("dekube_consensus_rounds_per_height_count", 0.0))
 
