@@ -28,9 +28,9 @@ from cli.provide_network import measure_now, probe_targets
 from cli.provide_stake import describe, params_from, propose
 from cli.rpc_call import rpc_call
 from cli.start import apply_compute_profile, install_genesis
-from cli.wallet import wait_receipt
+from cli.tx_sender import send_tx_blocking
 from consensus.genesis import Genesis
-from consensus.tx import DEFAULT_FEE, build_tx
+from consensus.tx import DEFAULT_FEE
 from ml.compute.provider_checks import clock_problem, gpu_problem, port_problem, stake_problem
 from node.config import load_config
 from node.identity import Identity
@@ -174,12 +174,8 @@ def confirm(args: argparse.Namespace, question: str) -> bool:
 
 
 def bond(url: str, identity: Identity, amount: int, fee: int) -> dict:
-    chain_id = _rpc(url, "dkb_chainId")
-    nonce = _rpc(url, "dkb_getTransactionCount", identity.peer_id, "pending")
-    tx = build_tx(identity, chain_id, nonce, "bond", {"amount": amount}, fee)
-    receipt = wait_receipt(url, _rpc(url, "dkb_sendRawTransaction", tx.raw.hex()), 60.0)
-    if receipt["code"] != 0:
-        raise CliError(f"the bond failed in block {receipt['height']}: {receipt['status']} {receipt['log']}".strip())
+    receipt = send_tx_blocking(url, identity, "bond", {"amount": amount}, fee=fee).receipt
+    assert receipt is not None
     return receipt
 
 

@@ -256,7 +256,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_local(args: argparse.Namespace) -> int:
     require_compute("dekube-node task run")
-    from ml.compute.local_job import LocalJobFailed, run_local_nodes  # imports torch
+    from ml.compute.local_job import JobFailed, run_local_job  # imports torch
 
     spec = spec_from_args(args)
 
@@ -270,14 +270,14 @@ def run_local(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        results = asyncio.run(run_local_nodes(spec, args.workers, mode=args.mode, timeout=args.timeout,
-                                              on_event=show))
-    except LocalJobFailed as exc:
+        results = asyncio.run(run_local_job(spec, args.workers, mode=args.mode, timeout=args.timeout,
+                                            on_event=show))
+    except JobFailed as exc:
         raise CliError(str(exc)) from None
     summary = {"workers": args.workers, "spec": spec.to_dict(), "seconds": round(time.monotonic() - started, 2),
                "params_hashes": sorted({r["params_hash"] for r in results}),
                "metrics": results[0]["metrics"], "bytes_sent": [r["bytes_sent"] for r in results],
-               "peer_ids": [r["peer_id"] for r in results],
+               "peer_ids": [r["peer"] for r in results],
                "departures": results[0].get("departures", [])}
     if args.json:
         print(json.dumps(summary))

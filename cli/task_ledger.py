@@ -1,22 +1,22 @@
-"""The ledger as the task commands see it, asynchronously: one validator pool, transactions sent and
-confirmed through the ``txs`` topic, and a task's lifecycle through the ``tasks`` topic.
+"""The ledger as the task commands see it, asynchronously: one validator pool, the client node's
+identity (funded by one transfer, sent by ``cli.tx_sender``), and a task's lifecycle through the
+``tasks`` topic.
 
-Nothing here polls: a transaction's receipt and a task's status changes arrive as websocket
-notifications (``node.ledger.events``), and the state is read once per notification about the
-task (and once after each (re)subscription, when events may have been missed).
+A task's status changes arrive as websocket notifications (``node.ledger.events``), and the state
+is read once per notification about the task (and once after each (re)subscription, when events
+may have been missed).
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 
 from cli.errors import CliError
-from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC
+from cli.tx_sender import send_tx
+from consensus.ledger_events import TASKS_TOPIC
 from consensus.state.tasks import task_id_for
 from consensus.task_info import TaskInfo, TaskStatus
-from consensus.tx import DEFAULT_FEE, build_tx
 from node.identity import Identity
 from node.ledger import RESYNC, LedgerUnavailable
 from node.ledger.errors import RpcAnswerError
@@ -44,39 +44,6 @@ async def call(pool: ValidatorPool, method: str, *params):
         raise CliError(f"{method}: {exc}") from None
 
 
-async def send_tx(pool: ValidatorPool, identity: Identity, tx_type: str, payload: dict, *, fee: int = DEFAULT_FEE,
-                  timeout: float = 60.0) -> tuple[str, int, dict]:
-    """Signs and sends one transaction, waits for its receipt (``txs`` topic): (tx hash, nonce, receipt).
-    A transaction that executes with an error raises CliError with the ledger's reason."""
-    chain_id = await call(pool, "dkb_chainId")
-    nonce = await call(pool, "dkb_getTransactionCount", identity.peer_id, "pending")
-    tx = build_tx(identity, chain_id, nonce, tx_type, payload, fee)
-    tx_hash = tx.hash.hex()
-    stream = websocket_stream(pool, TXS_TOPIC, [identity.peer_id])
-    try:
-        async with contextlib.aclosing(stream), asyncio.timeout(timeout):
-            sent = False
-            async for note in stream:
-                if note is RESYNC:
-                    if not sent:   # subscribed: the receipt cannot be missed any more
-                        await call(pool, "dkb_sendRawTransaction", tx.raw.hex())
-                        sent = True
-                        continue
-                    receipt = await call(pool, "dkb_getTransactionReceipt", tx_hash)
-                elif isinstance(note, dict) and note.get("tx_hash") == tx_hash:
-                    receipt = note
-                else:
-                    continue
-                if receipt is not None:
-                    break
-    except TimeoutError:
-        raise CliError(f"{tx_type} {tx_hash}: no receipt after {timeout:g} s (still pending?)") from None
-    if receipt["code"] != 0:
-        raise CliError(f"{tx_type} refused by the ledger in block {receipt['height']}: {receipt['status']} "
-                       f"{receipt.get('log', '')}".strip())
-    return tx_hash, nonce, receipt
-
-
 CLIENT_FUNDS = 10   # a derived client account is topped up to this: above relays' min_client_balance
 
 
@@ -101,7 +68,7 @@ async def client_identity(args, pool: ValidatorPool, owner: Identity | None = No
     client = derived_client_identity(owner)
     balance = await call(pool, "dkb_getBalance", client.peer_id)
     if balance < CLIENT_FUNDS:
-        await send_tx(pool, owner, "transfer", {"to": client.peer_id, "amount": CLIENT_FUNDS - balance})
+        await send_tx(pool.urls, owner, "transfer", {"to": client.peer_id, "amount": CLIENT_FUNDS - balance})
     return client
 
 

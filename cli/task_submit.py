@@ -32,9 +32,10 @@ from cli.home import key_path, resolve_home
 from cli.passphrase import unlock_passphrase
 from cli.task_crew import ledger_profile
 from cli.task_inputs import TaskInputs, task_inputs
-from cli.task_ledger import client_identity, ledger_pool, send_tx, task_id_of
+from cli.task_ledger import client_identity, ledger_pool, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
+from cli.tx_sender import send_tx
 from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_commits import epochs_for
 from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
@@ -185,8 +186,8 @@ def run_submit(args: argparse.Namespace) -> int:
 async def submit(args: argparse.Namespace, identity, payload: dict, inputs: TaskInputs) -> int:
     async with ledger_pool(args.rpc) as pool:
         if not inputs.has_files and not args.wait:
-            _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
-            return announce(args, identity, task_id_of(identity.peer_id, nonce), done=True)
+            sent = await send_tx(pool.urls, identity, "submit_task", payload, fee=args.fee)
+            return announce(args, identity, task_id_of(identity.peer_id, sent.nonce), done=True)
         from cli.client_node import client_node
 
         client = await client_identity(args, pool, identity)
@@ -194,8 +195,8 @@ async def submit(args: argparse.Namespace, identity, payload: dict, inputs: Task
             if inputs.has_files:
                 await wait_relayed(node, bool(args.relay))
                 payload = {**payload, "sources": await serve_files(node, inputs, args.rpc)}
-            _, nonce, _ = await send_tx(pool, identity, "submit_task", payload, fee=args.fee)
-            task_id = args.submitted_task = task_id_of(identity.peer_id, nonce)
+            sent = await send_tx(pool.urls, identity, "submit_task", payload, fee=args.fee)
+            task_id = args.submitted_task = task_id_of(identity.peer_id, sent.nonce)
             announce(args, identity, task_id, done=False)
             return await follow(args, pool, node, task_id, inputs)
 

@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 from cli.errors import CliError
-from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_identity, send_tx
+from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_identity
 from cli.task_report import decode_task, report_final
 from cli.task_view import TaskView
+from cli.tx_sender import send_tx
 from consensus.task_info import TaskStatus
 from node.identity import Identity
 
@@ -100,8 +101,9 @@ async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> 
             raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
         if task.status != TaskStatus.CREATED:
             raise CliError(f"task {task_id} is {task.status}: only a task not assigned yet can be cancelled")
-        tx_hash, _, receipt = await send_tx(pool, identity, "cancel_task", {"task_id": bytes.fromhex(task_id)},
-                                            fee=args.fee)
+        sent = await send_tx(pool.urls, identity, "cancel_task", {"task_id": bytes.fromhex(task_id)}, fee=args.fee)
+        tx_hash, receipt = sent.tx_hash, sent.receipt
+        assert receipt is not None   # waited for
         cancelled = await call(pool, "dkb_getTask", task_id)
     if args.json:
         print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": cancelled}))

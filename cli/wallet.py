@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from cli.errors import CliError
@@ -16,11 +15,10 @@ from cli.home import add_home_argument, key_path, resolve_home
 from cli.passphrase import add_unlock_argument, unlock_passphrase
 from cli.rpc_call import rpc_call
 from cli.safe_text import echo
-from consensus.tx import DEFAULT_FEE, build_tx
+from cli.tx_sender import send_tx_blocking
+from consensus.tx import DEFAULT_FEE
 from node.identity import Identity, is_valid_peer_id
 from node.keystore import load_identity
-from node.ledger import jsonrpc
-from node.ledger.errors import LedgerUnavailable, RpcAnswerError
 
 DEFAULT_RPC = "http://127.0.0.1:8645"
 
@@ -148,34 +146,10 @@ def _positive(amount: int) -> int:
 
 
 def _submit(args: argparse.Namespace, tx_type: str, payload: dict) -> int:
-    if args.fee < 0:
-        raise CliError("fee must not be negative")
     identity = _identity(args)
-    chain_id = _rpc(args, "dkb_chainId")
-    nonce = _rpc(args, "dkb_getTransactionCount", identity.peer_id, "pending")
-    tx = build_tx(identity, chain_id, nonce, tx_type, payload, args.fee)
-    tx_hash = _rpc(args, "dkb_sendRawTransaction", tx.raw.hex())
-    doc = {"tx_hash": tx_hash, "from": identity.peer_id, "nonce": nonce, "type": tx_type}
-    if args.wait:
-        receipt = wait_receipt(args.rpc, tx_hash, args.timeout)
-        doc.update(height=receipt["height"], status=receipt["status"])
-        if receipt["code"] != 0:
-            _print(args, doc)
-            raise CliError(f"transaction {tx_hash} failed in block {receipt['height']}: "
-                           f"{receipt['status']} {receipt['log']}".strip())
+    sent = send_tx_blocking(args.rpc, identity, tx_type, payload, fee=args.fee, timeout=args.timeout, wait=args.wait)
+    doc = {"tx_hash": sent.tx_hash, "from": identity.peer_id, "nonce": sent.nonce, "type": tx_type}
+    if sent.receipt is not None:
+        doc.update(height=sent.receipt["height"], status=sent.receipt["status"])
     _print(args, doc)
     return 0
-
-
-def wait_receipt(url: str, tx_hash: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            receipt = jsonrpc.call(url, "dkb_getTransactionReceipt", tx_hash)
-        except (LedgerUnavailable, RpcAnswerError) as exc:
-            raise CliError(f"waiting for {tx_hash}: {exc}") from None
-        if receipt is not None:
-            return receipt
-        if time.monotonic() > deadline:
-            raise CliError(f"no receipt for {tx_hash} after {timeout:g} s (still pending?)")
-        time.sleep(0.1)

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from consensus.clock import Clock, LoopClock
 from consensus.committee import ValidatorSet
@@ -218,6 +219,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
     def receive(self, peer: str | None, payload: bytes) -> None:
         """One payload from ``peer``; raises ``MessageError`` (the network closes that stream)."""
         kind = payload[0] if payload else None
+        event: tuple[str, str | None, Any]
         if kind in (VOTE_TAG, PROPOSAL_TAG):
             event = ("message", peer, decode_message(payload))
         elif kind == SYNC_REQUEST_TAG:
@@ -375,6 +377,8 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
         if block.height != core.height or core.decided:
             return
         validators = core.validators
+        if validators is None:   # no height started yet: nothing to apply a block to
+            return
         ok = await self.clock.offload(
             validators.verify_commit, core.chain_id, block.height, value_id(block.value), block.certificate)
         if not ok or block.height != core.height or core.decided:

@@ -68,7 +68,7 @@ def _json(value: Any) -> Any:
 def task_events(result: BlockResult) -> list[dict]:
     out = []
     for event in result.events:
-        name = TASK_EVENT_NAMES.get(event.get("type"))
+        name = TASK_EVENT_NAMES.get(str(event.get("type")))
         if name is None:
             continue
         fields = {k: _json(v) for k, v in event.items() if k != "type"}

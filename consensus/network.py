@@ -98,14 +98,17 @@ class HostNetwork:
 
     async def _handle_stream(self, stream) -> None:
         peer = getattr(stream, "remote_peer", None)
+        admits, deliver = self.admits, self._deliver
+        if deliver is None:   # the handler is set by start(), after _deliver
+            return
         try:
             while True:
                 payload = await read_frame(stream)
-                if self.admits is not None and not self.admits(peer, payload):
+                if admits is not None and not admits(peer, payload):
                     self.refused_frames += 1
                     log.info("closing consensus stream from %s: not a committee member", peer)
                     return
-                self._deliver(peer, payload)
+                deliver(peer, payload)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         except MessageError as exc:

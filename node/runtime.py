@@ -212,7 +212,7 @@ class Node:
         while True:
             for addr in self.config.get("p2p", "bootstrap"):
                 peer = Multiaddr.parse(addr).peer_id
-                if peer == self.peer_id or self.host.is_connected(peer):
+                if peer == self.peer_id or (peer is not None and self.host.is_connected(peer)):
                     continue   # a shared bootstrap list names this node too
                 try:
                     await self.host.connect(addr)

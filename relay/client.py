@@ -223,11 +223,12 @@ class RelayClient:
         with contextlib.suppress(ConnectionError, ProtocolError, OSError):
             await conn.close()
 
-    def _mark_failed(self, relay: str) -> None:
-        self._failed[relay] = time.monotonic()
+    def _mark_failed(self, relay: str | None) -> None:
+        if relay is not None:   # a relay address without /p2p/ cannot be told apart from others
+            self._failed[relay] = time.monotonic()
 
-    def _recently_failed(self, relay: str) -> bool:
-        failed_at = self._failed.get(relay)
+    def _recently_failed(self, relay: str | None) -> bool:
+        failed_at = None if relay is None else self._failed.get(relay)
         return failed_at is not None and time.monotonic() - failed_at < FAILED_RELAY_PENALTY_S
 
     # ---- dialing through relays

@@ -71,14 +71,14 @@ def decode_holepunch(body: bytes) -> HolePunch:
     raw_count = 0
     for number, wire_type, value in fields:
         if number == 1:
-            if wire_type != WIRE_VARINT:
+            if wire_type != WIRE_VARINT or not isinstance(value, int):
                 raise DcutrError("dcutr type must be a varint")
             try:
                 msg_type = HolePunchType(value)
             except ValueError:
                 raise DcutrError(f"unknown dcutr message type {value}") from None
         elif number == 2:
-            if wire_type != WIRE_LEN:
+            if wire_type != WIRE_LEN or not isinstance(value, bytes):
                 raise DcutrError("dcutr ObsAddrs must be bytes")
             raw_count += 1
             if raw_count > MAX_OBS_ADDRS:
@@ -102,7 +102,7 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
-        bodies = []
+        bodies: list[bytes] = []
         while True:
             try:
                 head = decode_uvarint(self._buffer)

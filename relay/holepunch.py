@@ -326,7 +326,7 @@ class HolePuncher:
         return tcp
 
     @staticmethod
-    async def _first_socket(tasks: list[asyncio.Future], deadline: float) -> socket.socket:
+    async def _first_socket(tasks: list[asyncio.Task[socket.socket]], deadline: float) -> socket.socket:
         pending = set(tasks)
         errors = []
         while pending:

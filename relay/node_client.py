@@ -141,10 +141,12 @@ class RelayNodeClient:
 
     async def _publish(self, relay_addrs: list[str]) -> bool:
         """Make the ledger record carry ``relay_addrs``; False (and ``last_error``) on failure."""
-        self.ledger.record.contribute("relay_client", roles={r.name for r in self.node.roles},
-                                      listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
+        ledger = self.ledger
+        assert ledger is not None   # called only with a ledger (run, _keep_published)
+        ledger.record.contribute("relay_client", roles={r.name for r in self.node.roles},
+                                 listen_addrs=self.node.host.listen_addrs, relay_addrs=relay_addrs)
         try:
-            sent = await self.ledger.record.sync()
+            sent = await ledger.record.sync()
         except Exception as exc:  # a ledger that is down, refuses or answers junk must not stop the node
             self.last_error = f"publishing the node record: {type(exc).__name__}: {exc}"
             log.warning("%s", self.last_error)

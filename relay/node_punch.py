@@ -60,7 +60,7 @@ class NodeHolePunching:
         await self._connect_relays()
 
     async def _connect_relays(self) -> None:
-        missing = [r for r in self.relays if not self.puncher.connected_public(r.peer_id)]
+        missing = [r for r in self.relays if r.peer_id is None or not self.puncher.connected_public(r.peer_id)]
         results = await asyncio.gather(*(self._connect_public(r) for r in missing), return_exceptions=True)
         for relay, result in zip(missing, results):
             if isinstance(result, BaseException):

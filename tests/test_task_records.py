@@ -35,8 +35,7 @@ OTHER_MEANINGS = {
     ("ml/compute/job_board.py", "rejected"),
     ("ml/serve/claimable.py", "paid"),            # serving receipts the ledger will pay
     ("cli/serve.py", "ok"),                      # a serving check's result
-    ("cli/wallet.py", "pending"), ("cli/task_ledger.py", "pending"),   # the block tag of
-    ("cli/provide.py", "pending"),                                    # dkb_getTransactionCount
+    ("cli/wallet.py", "pending"),                # the block tag of dkb_getTransactionCount
     ("cli/testnet.py", "running"),                # a local process's state
     ("cli/dev_chain.py", "created"),              # "created dev chain ..." (a message)
 }

@@ -49,6 +49,8 @@ def debit(state: LedgerState, peer_id: str, amount: int) -> None:
     balance = acct.balance if acct else 0
     if balance < amount:
         raise TxError(TxCode.INSUFFICIENT_FUNDS, f"balance {balance} < {amount}")
+    if acct is None:   # nothing to take (amount 0) from an account that does not exist
+        return
     acct.balance -= amount
     state.touch(ACCOUNT, peer_id)
 

@@ -252,6 +252,8 @@ class Ledger:
         bad = {tx.hash for tx, ok in zip(to_verify, verify_tx_signatures(to_verify, executor)) if not ok}
         for index, tx in decoded:
             receipts[index] = self._execute(ctx, index, tx, tx.hash in bad)
+        done = [receipt for receipt in receipts if receipt is not None]
+        assert len(done) == len(receipts)   # every index is decoded or refused above
 
         tasks.end_block(state, params, ctx)
         serve_disputes.advance_disputes(state, params, ctx)
@@ -272,7 +274,7 @@ class Ledger:
             snapshot = (manifest, chunks)
         changes.append((APP_HASH_KEY, encode(state.app_hash)))
         events, state.events = state.events, []
-        return BlockResult(ctx.height, block.hash, state.app_hash, receipts, events, changes, snapshot)
+        return BlockResult(ctx.height, block.hash, state.app_hash, done, events, changes, snapshot)
 
     def _execute(self, ctx: BlockContext, index: int, tx: Tx, bad_signature: bool) -> TxReceipt:
         if bad_signature:

@@ -6,6 +6,8 @@ order fixed by ``FIELDS``) and ``from_obj()``. Storage keys are ``PREFIX + id``.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from consensus.encoding import decode, encode
 
 
@@ -185,24 +187,24 @@ class Task(Record):
         self.created_height = created_height
         self.assigned_height = 0
         self.commit_deadline = 0
-        self.workers = []
-        self.commits = {}
-        self.audits = []
-        self.disputes = []
+        self.workers: list[str] = []
+        self.commits: dict[str, Any] = {}
+        self.audits: list[Any] = []
+        self.disputes: list[Any] = []
         self.window_end = 0
-        self.relay_claims = {}
+        self.relay_claims: dict[str, Any] = {}
         self.audit_seed = b""
-        self.payouts = {}
+        self.payouts: dict[str, int] = {}
         self.sources = sources if sources is not None else []
         self.device = device
-        self.rejections = {}
+        self.rejections: dict[str, Any] = {}
         self.reason = ""
         self.result = b""
         self.profile = ""
         self.segments = 0
-        self.slots = []
+        self.slots: list[Any] = []
         self.assign_deadline = 0
-        self.epochs = {}
+        self.epochs: dict[str, Any] = {}
 
     def to_obj(self) -> list:
         obj = super().to_obj()

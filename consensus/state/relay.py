@@ -28,6 +28,7 @@ def channel_id(receipt: dict) -> bytes:
 
 def apply_relay_receipt(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     receipt, src_sig, dst_sig = tx.payload["receipt"], tx.payload["src_sig"], tx.payload["dst_sig"]
+    src_key, dst_key = public_key_for(receipt["src"]), public_key_for(receipt["dst"])
     relay, src, dst, payer = receipt["relay"], receipt["src"], receipt["dst"], receipt["payer"]
     if tx.sender != relay:
         raise TxError(TxCode.UNAUTHORIZED, "only the relay named in a receipt can submit it")
@@ -42,8 +43,8 @@ def apply_relay_receipt(state: LedgerState, params: Params, ctx: BlockContext, t
     if src == dst or relay in (src, dst):
         raise TxError(TxCode.BAD_PAYLOAD, "a receipt needs two distinct endpoints other than the relay")
     message = relay_receipt_signing_bytes(tx.chain_id, receipt)
-    if not (verify_signature(public_key_for(src), message, src_sig)
-            and verify_signature(public_key_for(dst), message, dst_sig)):
+    if src_key is None or dst_key is None or not (verify_signature(src_key, message, src_sig)
+                                                  and verify_signature(dst_key, message, dst_sig)):
         raise TxError(TxCode.BAD_SIGNATURE, "receipt is not signed by both endpoints")
     chan_id = channel_id(receipt)
     channel = state.channels.get(chan_id) or RelayChannel()

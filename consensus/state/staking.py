@@ -37,6 +37,8 @@ def apply_unbond(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) 
     bonded = stake.bonded if stake else 0
     if bonded < amount:
         raise TxError(TxCode.INSUFFICIENT_FUNDS, f"bonded stake {bonded} < {amount}")
+    if stake is None:   # amounts are positive (the decoder's check): only a bonded sender gets here
+        raise TxError(TxCode.INSUFFICIENT_FUNDS, "no bonded stake")
     release = ctx.height + params.unbonding_period
     stake.bonded -= amount
     stake.unbonding.append([release, amount])

@@ -9,6 +9,8 @@ the state (and its derived indexes) from those pairs.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from consensus.encoding import decode, encode
 from consensus.state.records import (
     Account,
@@ -26,7 +28,7 @@ ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "
 SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE = "sesc", "schan", "sdisp"
 _TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE)
 _PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
-_RECORD_TYPES = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
+_RECORD_TYPES: dict[str, Any] = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
                  SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel, SERVE_DISPUTE: ServeDispute}
 _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
                 "committee_start", "beacon")
@@ -105,7 +107,7 @@ class LedgerState:
 
     def take_changes(self) -> list[tuple[bytes, bytes | None]]:
         """Encoded changes since the last call, sorted by key; clears the dirty set."""
-        changes = []
+        changes: list[tuple[bytes, bytes | None]] = []
         for table, ident in self._dirty:
             key = _PREFIX[table] + _id_bytes(ident)
             record = self.table(table).get(ident)

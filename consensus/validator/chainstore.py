@@ -95,7 +95,7 @@ class ChainStore:
         """Block ``height`` with its certificate, for peers that sync; None if either is missing."""
         block = self.storage.block_by_height(height)
         cert = self.certificate_bytes(height) if block is not None else None
-        if cert is None:
+        if block is None or cert is None:
             return None
         votes = decode_certificate(cert)
         return Commit(height, votes[0].round if votes else 0, block.encode(), votes)

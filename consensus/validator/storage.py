@@ -196,7 +196,7 @@ class Storage:
     def _check_identity(kv: KV, path: str, genesis: Genesis) -> None:
         chain_id = kv.get(_META + b"chain_id")
         if chain_id != genesis.chain_id.encode():
-            raise ForeignDatabase(f"{path} holds chain {chain_id.decode(errors='replace')!r}, "
+            raise ForeignDatabase(f"{path} holds chain {(chain_id or b'').decode(errors='replace')!r}, "
                                   f"not {genesis.chain_id!r}")
         stored_hash = kv.get(_META + b"genesis_hash")
         if stored_hash != genesis.hash:

@@ -27,7 +27,7 @@ from .attempt import AttemptContext, run_all
 from .inbox import PeerFailure
 from .payloads import decode_into
 from .receipts import Receipt
-from .wire import Kind
+from .wire import Kind, received_bytes
 
 
 async def run_allgather(ctx: AttemptContext) -> None:
@@ -75,9 +75,9 @@ async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[
         raise PeerFailure(sender, f"oversized or malformed contribution: {total!r} bytes (at most {limit})",
                           bad_data=True)
     count = pieces(total, ctx.piece_bytes)
-    received = [first.payload]
+    received = [received_bytes(first)]
     for c in range(1, count):
-        received.append((await ctx.take(Kind.PART, 0, c, sender, first=False)).payload)
+        received.append(received_bytes(await ctx.take(Kind.PART, 0, c, sender, first=False)))
     sizes = [len(p) for p in received]
     expected = [min(ctx.piece_bytes, total - c * ctx.piece_bytes) for c in range(count)]
     if sizes != expected:

@@ -54,7 +54,7 @@ class AttemptContext:
     piece_bytes: int = 0               # all-gather: frame size the encodings are cut into
     received: dict[str, Receipt] = field(default_factory=dict)  # sender -> what this peer got from it
 
-    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | tuple[Any, ...],
+    def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | memoryview | tuple[Any, ...],
               meta: dict[str, Any] | None = None) -> Frame:
         return Frame(kind, self.round_id, self.attempt, slot, chunk, meta or {}, payload)
 

@@ -14,6 +14,7 @@ Sums run in the members' sorted order, so the bits equal the plain reference sum
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ml.codecs.base import (
@@ -34,7 +35,7 @@ from .inbox import PeerFailure
 
 Payload = bytes | memoryview | tuple
 _FP32_ID = CODEC_IDS["fp32"]
-_FP32_WIRE = "<f4"
+_FP32_WIRE = np.dtype("<f4")
 
 
 def is_fp32(codec: Codec) -> bool:
@@ -91,14 +92,23 @@ def decode_into(codec: Codec, payload: bytes, out: torch.Tensor, sender: str, wh
         raise PeerFailure(sender, f"non-finite values (NaN/Inf) in {what}", bad_data=True)
 
 
+def _term_values(codec: Codec, term: torch.Tensor | bytes, numel: int, member: str, what: str, *,
+                 mine: bool) -> torch.Tensor:
+    """One term of a sum as values: our own tensor as it is, a received payload decoded."""
+    if mine:
+        assert isinstance(term, torch.Tensor)
+        return term
+    assert not isinstance(term, torch.Tensor)
+    return received_view(codec, term, numel, member, what)
+
+
 def sum_in_order(codec: Codec, terms: list[tuple[str, torch.Tensor | bytes]], me: str, what: str,
                  numel: int) -> torch.Tensor:
     """The sum of `terms` ((member, finite local tensor or received payload), in summation order)
     as a new tensor. PeerFailure names a member whose term is malformed or not finite; an fp32
     sum of finite terms that overflows raises CodecError (a local failure; other codecs raise it
     when encoding the mean)."""
-    views = [term if member == me else received_view(codec, term, numel, member, what)
-             for member, term in terms]
+    views = [_term_values(codec, term, numel, member, what, mine=member == me) for member, term in terms]
     first, rest = views[0], views[1:]
     if not rest:
         acc = first.clone()

@@ -21,7 +21,7 @@ import socket
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -95,8 +95,8 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
 
     # -- event loop callbacks -------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)   # a TCP connection's (uvloop's is not a subclass)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -104,6 +104,11 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
             set_unsent_lowat(sock)
         if self._on_connected is not None:
             self._on_connected(self)
+
+    def _connected(self) -> asyncio.Transport:
+        """The connection's transport (set by connection_made before any other callback)."""
+        assert self.transport is not None
+        return self.transport
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         # never an empty buffer (the loop would kill the connection): once the target is full,
@@ -121,7 +126,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
         self._unread += memoryview(self._scratch)[:nbytes]
         if len(self._unread) > READ_BUFFER_BYTES and not self._reading_paused:
             self._reading_paused = True
-            self.transport.pause_reading()
+            self._connected().pause_reading()
         self._wake_reader()
 
     def eof_received(self) -> bool:
@@ -159,7 +164,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
     def _resume_reading(self) -> None:
         self._reading_paused = False
         if not self._connection_lost:
-            self.transport.resume_reading()
+            self._connected().resume_reading()
 
     def _resume_reading_if_drained(self) -> None:
         if self._reading_paused and len(self._unread) <= READ_BUFFER_BYTES // 2:
@@ -206,7 +211,7 @@ class _InPlaceProtocol(asyncio.BufferedProtocol):
                 await self._wait_for_bytes()
                 self._raise_if_lost()
             return self._take(n)
-        target = memoryview(np.empty(n, np.uint8))  # every byte is overwritten: no need to zero it
+        target = memoryview(np.empty(n, np.uint8).data)  # every byte is overwritten: no need to zero it
         have = min(n, len(self._unread))  # bytes that arrived before this read
         target[:have] = memoryview(self._unread)[:have]
         del self._unread[:have]
@@ -254,7 +259,7 @@ class TcpStream:
 
     def __init__(self, protocol: _InPlaceProtocol):
         self._protocol = protocol
-        self._transport = protocol.transport
+        self._transport = protocol._connected()
 
     async def read(self, n: int) -> bytes:
         return await self._protocol.read(n)
@@ -299,7 +304,7 @@ async def _read_hello(stream: TcpStream) -> tuple[str, str]:
         (length,) = struct.unpack(">B", await stream.readexactly(1))
         if length == 0:
             raise TransportError("empty hello field")
-        fields.append((await stream.readexactly(length)).decode("utf-8"))
+        fields.append(bytes(await stream.readexactly(length)).decode("utf-8"))
     return fields[0], fields[1]
 
 

@@ -59,6 +59,12 @@ class Header:
     payload_len: int
 
 
+def received_bytes(frame: Frame) -> bytes | memoryview:
+    """The payload of a frame read from the wire (one buffer: never the tuple an outgoing frame may hold)."""
+    assert not isinstance(frame.payload, tuple)
+    return frame.payload
+
+
 def payload_parts(payload: bytes | memoryview | tuple[Any, ...]) -> list[bytes | memoryview]:
     """A payload as its non-empty byte buffers (one-byte items, so len() is the size)."""
     parts = payload if isinstance(payload, tuple) else (payload,)

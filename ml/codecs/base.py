@@ -180,4 +180,4 @@ def view_array(data: bytes | memoryview, dtype: np.dtype, offset: int, count: in
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a CPU tensor (made contiguous), for b"".join to copy once."""
-    return memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().data

@@ -90,6 +90,7 @@ class TopKCodec:
             candidates = _at_least(x, threshold)
             if candidates.numel() >= k or threshold <= 0.0:
                 break
+        assert candidates is not None   # the loop runs at least once
         values = x[candidates].abs_()
         if values.numel() <= k:
             return candidates
@@ -110,6 +111,7 @@ class TopKCodec:
         count = indices.numel()
         values = x[indices].clamp_(-_FP16_MAX, _FP16_MAX).to(torch.float16)
         fmt = _index_format(count, numel)
+        index_part: bytes | memoryview
         if fmt == BITMAP:
             mask = torch.zeros(numel, dtype=torch.bool)
             mask[indices] = True

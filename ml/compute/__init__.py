@@ -11,6 +11,7 @@ TrainSpecs; `executor` builds a worker's group and trainer; `host_transport` ada
 all-reduce transport; `ready_protocol` and `segments_protocol` are the workers' start barrier and
 the verifiers' record requests (`/dekube/task-segments/2`); `commitment`, `segment_replay`,
 `verification_flow` and `duties` verify (audit slots drawn by the ledger); the node's ledger
-gateway (`node.ledger`) talks to validators; `local_job`/`local_worker` run `dekube-node task run`
-(the local devnet of validators plus compute nodes lives in `devtools.devnet`).
+gateway (`node.ledger`) talks to validators; `local_job`/`local_worker` run local jobs of worker
+processes (`dekube-node task run`; the local devnet of validators plus compute nodes lives in
+`devtools.devnet`).
 """

@@ -1,14 +1,11 @@
-"""Running one training job among several processes over the network all-reduce.
+"""One worker's share of a training job over the network all-reduce.
 
 `runner.train_to_end(trainer)` is what a compute node runs (ml.compute.executor builds the group
 and the trainer first); `train_over_group(spec, rank, world, group)` does both for a group the
-caller made (tests, simulations); `run_local_job(spec, world)` starts `world` local worker
-processes (`python -m ml.job.worker`) on 127.0.0.1 and collects their progress and results
-(`dekube-node task run` drives the same processes over the node's p2p stack: ml.compute.local_job).
-A worker that dies mid-job leaves it and the others finish; `participation` holds the record of who
-took part in which round, from which the job reports departures and a verifier replays them.
+caller made (tests, simulations). `participation` holds the record of who took part in which round,
+from which a job reports departures and a verifier replays them. Local jobs of worker processes
+are `ml.compute.local_job`'s.
 """
-from ml.job.local import JobFailed, run_local_job
-from ml.job.runner import train_over_group
+from ml.job.runner import train_over_group, train_to_end
 
-__all__ = ["JobFailed", "run_local_job", "train_over_group"]
+__all__ = ["train_over_group", "train_to_end"]

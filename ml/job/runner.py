@@ -23,8 +23,11 @@ async def train_over_group(spec: TrainSpec, rank: int, world: int, group,
 async def train_to_end(trainer: TrainerBase) -> dict:
     """Run `trainer` (whose averager is a ParticipationLog over a started group) to the end; returns
     its summary. The caller closes the group once its peers are done."""
+    log = trainer.averager
+    if not isinstance(log, ParticipationLog):
+        raise TypeError(f"the trainer's averager is a {type(log).__name__}, not the ParticipationLog a job records")
     metrics = await trainer.run()
     return {"rank": trainer.rank, "metrics": metrics, "steps": trainer.step, "bytes_sent": trainer.bytes_sent,
             "params_hash": trainer.params_hash(), "segment_hashes": list(trainer.segment_hashes),
             "participants": list(trainer.last_participants),
-            "short_rounds": [[round_id, list(peers)] for round_id, peers in trainer.averager.short_rounds]}
+            "short_rounds": [[round_id, list(peers)] for round_id, peers in log.short_rounds]}

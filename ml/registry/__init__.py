@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -16,12 +17,13 @@ from ml.registry.digits import DigitsDataset
 from ml.registry.models import CharTransformer, DigitsMLP
 from ml.registry.shakespeare import ShakespeareDataset
 
-DATASETS: dict[str, Callable[[], object]] = {
+# a dataset is duck-typed (the interface in this docstring): Any, not a Protocol every dataset declares
+DATASETS: dict[str, Callable[[], Any]] = {
     "digits": DigitsDataset,
     "shakespeare": ShakespeareDataset,
 }
 
-MODELS: dict[str, Callable[[object], torch.nn.Module]] = {
+MODELS: dict[str, Callable[[Any], torch.nn.Module]] = {
     "digits-mlp": lambda dataset: DigitsMLP(dataset.num_features, (128, 64), dataset.num_classes),
     "char-transformer": lambda dataset: CharTransformer(dataset.vocab_size, dataset.context, width=64),
 }

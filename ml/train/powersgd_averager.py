@@ -43,16 +43,16 @@ class PowerSGDAverager:
                 self._apply_saved(self._pending)
                 self._pending = None
         states = self._states
-        compressed = [i for i, s in enumerate(states) if s is not None]
+        compressed = [(i, s) for i, s in enumerate(states) if s is not None]
         plain = [i for i, s in enumerate(states) if s is None]
-        p_list = [states[i].p_step(to_matrix(tensors[i].float(), states[i].shape)) for i in compressed]
+        p_list = [s.p_step(to_matrix(tensors[i].float(), s.shape)) for i, s in compressed]
         first = await self.inner.average(p_list + [tensors[i] for i in plain], 2 * round_id)
         p_means = first.tensors[:len(compressed)]
-        q_list = [states[i].q_step(p) for i, p in zip(compressed, p_means)]
+        q_list = [s.q_step(p) for (_, s), p in zip(compressed, p_means)]
         second = await self.inner.average(q_list, 2 * round_id + 1)
-        out: list[torch.Tensor | None] = [None] * len(tensors)
-        for i, q_mean in zip(compressed, second.tensors):
-            approx = states[i].finish(q_mean)
+        out = list(tensors)   # every entry is replaced: each tensor is either compressed or plain
+        for (i, s), q_mean in zip(compressed, second.tensors):
+            approx = s.finish(q_mean)
             out[i] = from_matrix(approx, tensors[i].numel()).view_as(tensors[i])
         for i, mean in zip(plain, first.tensors[len(compressed):]):
             out[i] = mean
@@ -62,9 +62,11 @@ class PowerSGDAverager:
         return Averaged(out, participants, first.bytes_sent + second.bytes_sent)
 
     def _apply_saved(self, saved: list) -> None:
-        if len(saved) != len(self._states):
-            raise ValueError(f"saved PowerSGD state has {len(saved)} tensors, expected {len(self._states)}")
-        for s, entry in zip(self._states, saved):
+        states = self._states
+        assert states is not None   # set up from the first tensors before any saved state applies
+        if len(saved) != len(states):
+            raise ValueError(f"saved PowerSGD state has {len(saved)} tensors, expected {len(states)}")
+        for s, entry in zip(states, saved):
             if (s is None) != (entry is None):
                 raise ValueError("saved PowerSGD state does not match the model's tensors")
             if s is not None:

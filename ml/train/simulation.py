@@ -1,7 +1,7 @@
 """Run one training job with `world` simulated workers in this process (LocalAveragingGroup).
 
 This is what the convergence tests and bench/convergence.py use; real jobs use the same trainers
-over the network all-reduce (see ml/job/).
+over the network all-reduce (see ml/compute/local_job.py).
 """
 from __future__ import annotations
 

@@ -64,6 +64,10 @@ class TrainerBase:
         self._loss_sum = 0.0
         self._loss_count = 0
 
+    async def run(self) -> dict:
+        """Train to the end (or to a stop point the subclass takes); returns the final metrics."""
+        raise NotImplementedError
+
     async def compute(self, func: Callable[..., _T], *args: Any) -> _T:
         """`in_compute_thread(func, *args)`, its duration added to `compute_seconds`."""
         started = time.monotonic()

@@ -9,7 +9,7 @@ sender's nonce book), ``record`` (the merged node record), ``events`` (topic str
 """
 from .errors import LedgerUnavailable, RpcAnswerError, TxFailed
 from .events import RESYNC, TopicRefused
-from .gateway import LedgerGateway, LocalLedger
+from .gateway import LedgerGateway, LocalLedger, SentTx
 from .record import RecordPublisher, merge_record
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "LocalLedger",
     "RecordPublisher",
     "RpcAnswerError",
+    "SentTx",
     "TopicRefused",
     "TxFailed",
     "merge_record",

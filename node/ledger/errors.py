@@ -11,12 +11,15 @@ class LedgerUnavailable(ConnectionError):
 class TxFailed(RuntimeError):
     """A transaction was rejected on submission, executed with a non-zero code, or got no receipt.
 
-    ``code``: the ledger's code name (``"nonce_too_low"``, ``"insufficient_funds"``...) when known."""
+    ``code``: the ledger's code name (``"nonce_too_low"``, ``"insufficient_funds"``...) when known;
+    ``receipt``: the receipt of a transaction that executed with an error (its block's height)."""
 
-    def __init__(self, tx_type: str, detail: str, code: str | int | None = None):
+    def __init__(self, tx_type: str, detail: str, code: str | int | None = None, receipt: dict | None = None):
         super().__init__(f"{tx_type}: {detail}")
         self.tx_type = tx_type
+        self.detail = detail
         self.code = code
+        self.receipt = receipt
 
 
 class RpcAnswerError(Exception):

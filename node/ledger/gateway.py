@@ -8,8 +8,10 @@ names no consensus code, ADR 0201) and sent by this one sender: nonces come from
 ``NonceBook`` synced once from the ``pending`` count; up to ``max_in_flight`` transactions are
 pipelined (the mempool's nonce window), no lock is held across a receipt wait; a nonce error
 resyncs the book and resubmits (at most ``NONCE_RETRIES`` times). ``send`` returns the receipt or
-raises TxFailed / LedgerUnavailable. Receipts arrive on the ``txs`` topic (this node's own
-transactions, subscribed from the first send on), with a slow read as the fallback.
+raises TxFailed / LedgerUnavailable; ``send_tx`` returns a ``SentTx`` (hash, nonce, receipt) and can
+skip the wait. The CLI sends its users' transactions through a gateway too (cli/tx_sender.py).
+Receipts arrive on the ``txs`` topic (this node's own transactions, subscribed from the first send
+on, in ``run``), with a read as the fallback (every 0.25 s while no subscription is live).
 ``subscribe(topic)`` streams ledger events (``tasks``, ``newHeads``) with RESYNC marks.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from node.identity import Identity
@@ -53,6 +56,16 @@ class LocalLedger(Protocol):
         """Answer a ``dkb_*`` JSON-RPC method in-process; raises ``node.rpc.errors.RpcError``."""
 
 METHOD_NOT_FOUND = -32601  # JSON-RPC 2.0
+
+
+@dataclass(frozen=True)
+class SentTx:
+    """A transaction the gateway signed and the ledger accepted: its hash, its nonce and its receipt
+    (None when it was sent without waiting)."""
+
+    tx_hash: str
+    nonce: int
+    receipt: dict | None = None
 
 
 class LedgerGateway:
@@ -157,24 +170,32 @@ class LedgerGateway:
     async def send(self, tx_type: str, payload: dict, wait_s: float = RECEIPT_WAIT_S) -> dict:
         """Sign with the node's key, submit, wait for the receipt; returns it.
         Raises TxFailed (refused, failed in its block, or no receipt in ``wait_s``) or LedgerUnavailable."""
+        receipt = (await self.send_tx(tx_type, payload, wait_s)).receipt
+        assert receipt is not None
+        return receipt
+
+    async def send_tx(self, tx_type: str, payload: dict, wait_s: float = RECEIPT_WAIT_S, *,
+                      wait: bool = True) -> SentTx:
+        """``send``, returning the hash and nonce as well; ``wait=False`` returns once the ledger
+        accepted the transaction into its mempool (no receipt)."""
         self._first_send.set()
         try:
             async with self._window:
-                tx_hash, waiter = await self._submit(tx_type, payload)
+                tx_hash, nonce, waiter = await self._submit(tx_type, payload)
                 try:
-                    receipt = await self._wait_receipt(tx_hash, waiter, wait_s)
+                    receipt = await self._wait_receipt(tx_hash, waiter, wait_s) if wait else None
                 finally:
                     self._receipts.pop(tx_hash, None)
         except (TxFailed, LedgerUnavailable):
             self.counters["failed"] += 1
             raise
-        if receipt["code"] != 0:
+        if receipt is not None and receipt["code"] != 0:
             self.counters["failed"] += 1
-            raise TxFailed(tx_type, f"{receipt['status']} {receipt['log']}".strip(), receipt["status"])
+            raise TxFailed(tx_type, f"{receipt['status']} {receipt['log']}".strip(), receipt["status"], receipt)
         self.counters["sent"] += 1
-        return receipt
+        return SentTx(tx_hash, nonce, receipt)
 
-    async def _submit(self, tx_type: str, payload: dict) -> tuple[str, asyncio.Future]:
+    async def _submit(self, tx_type: str, payload: dict) -> tuple[str, int, asyncio.Future]:
         chain_id = await self.chain_id()
         tx = self.tx = self.tx or installed().tx
         if tx is None:
@@ -199,7 +220,7 @@ class LedgerGateway:
                     continue
                 if exc.tx_code == "ALREADY_KNOWN":
                     self._nonces.accepted(nonce)
-                    return tx_hash, self._receipts.setdefault(tx_hash, waiter)
+                    return tx_hash, nonce, self._receipts.setdefault(tx_hash, waiter)
                 self._nonces.give_back(nonce)
                 raise TxFailed(tx_type, exc.message, (exc.tx_code or "").lower() or exc.code) from None
             except BaseException:
@@ -207,7 +228,7 @@ class LedgerGateway:
                 self._nonces.invalidate(nonce)   # it may or may not have arrived: ask the ledger next time
                 raise
             self._nonces.accepted(nonce)
-            return tx_hash, waiter
+            return tx_hash, nonce, waiter
         raise AssertionError("unreachable")
 
     async def _take_nonce(self) -> int:

@@ -95,6 +95,7 @@ class HttpServer:
         app.on_shutdown.append(self._close_websockets)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
+        assert self._runner.server is not None   # made by setup()
         self.guard.install(self._runner.server)
         self.guard.start()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)

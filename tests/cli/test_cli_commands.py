@@ -154,18 +154,18 @@ def test_keys_passwd_keeps_the_peer_id(tmp_path, capsys, monkeypatch):
 
 
 def test_wallet_unjail_sends_an_unjail_tx(monkeypatch, tmp_path, capsys):
-    import cli.wallet as wallet
+    from node.ledger.jsonrpc import ValidatorPool
 
     home = tmp_path / "h"
     run_cli(capsys, "keys", "new", "--insecure-unencrypted-key", "--home", str(home))
     sent = []
 
-    def fake_rpc(args, method, *params):
+    async def fake_call(pool, method, *params):   # the validator, as the node's one sender reaches it
         if method == "dkb_sendRawTransaction":
             sent.append(params[0])
             return "ab" * 32
         return {"dkb_chainId": "c", "dkb_getTransactionCount": 0}[method]
-    monkeypatch.setattr(wallet, "_rpc", fake_rpc)
+    monkeypatch.setattr(ValidatorPool, "call", fake_call)
     code, _, err = run_cli(capsys, "wallet", "unjail", "--home", str(home))
     assert code == 0, err
     from consensus.tx import decode_tx

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from cli import wallet
 from cli.main import main
 from node.identity import Identity
+from node.ledger import jsonrpc
 
 ADDRESS = Identity.generate().peer_id
 ANSWERS = {"dkb_getBalance": 1_000, "dkb_blockNumber": 42,
@@ -16,7 +16,7 @@ ANSWERS = {"dkb_getBalance": 1_000, "dkb_blockNumber": 42,
 
 @pytest.fixture(autouse=True)
 def stub_rpc(monkeypatch):
-    monkeypatch.setattr(wallet.jsonrpc, "call", lambda url, method, *params: ANSWERS[method])
+    monkeypatch.setattr(jsonrpc, "call", lambda url, method, *params: ANSWERS[method])
 
 
 def test_json_has_free_bonded_unbonding_and_total(capsys):

@@ -1,4 +1,4 @@
-"""The local job driver (`ml.job.local.run_worker_processes`, behind `dekube-node task run`) with
+"""The local job driver (`ml.compute.local_job.run_worker_processes`, behind `dekube-node task run`) with
 scripted worker processes (no torch): a worker that breaks the protocol or dies mid-job leaves the job
 and is reported with the round the survivors' record gives; losing one before training, or all of
 them, fails the job; no process outlives the call."""
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ml.job.local import JobFailed, run_worker_processes
+from ml.compute.local_job import JobFailed, run_worker_processes
 from ml.train.spec import TrainSpec
 
 SPEC = TrainSpec(steps=10, segment_steps=5)

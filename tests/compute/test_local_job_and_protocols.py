@@ -8,7 +8,7 @@ import pytest
 from cli.main import main as cli_main
 from devtools.job_replay import replay_job
 from ml.compute import ready_protocol
-from ml.compute.local_job import run_local_nodes
+from ml.compute.local_job import run_local_job
 from ml.train.spec import TrainSpec
 from node.identity import Identity
 from node.p2p.host import Host
@@ -19,13 +19,13 @@ SPEC = TrainSpec(codec="int8", steps=10, segment_steps=5, batch_size=16)
 @pytest.mark.slow  # ~35 s of process start-up on a loaded 2-core machine; the e2e covers the same path
 def test_local_job_over_p2p_hosts_matches_the_replay_bit_for_bit():
     events = []
-    results = asyncio.run(run_local_nodes(SPEC, 2, timeout=180, on_event=events.append))
+    results = asyncio.run(run_local_job(SPEC, 2, timeout=180, on_event=events.append))
     assert len({r["params_hash"] for r in results}) == 1
     assert all(r["steps"] == SPEC.steps and r["bytes_sent"] > 0 for r in results)
     assert any(e.get("event") == "progress" for e in events)
-    replayed = asyncio.run(replay_job(SPEC, [r["peer_id"] for r in results], last_segment=1))
+    replayed = asyncio.run(replay_job(SPEC, [r["peer"] for r in results], last_segment=1))
     for result in results:
-        assert replayed[result["peer_id"]] == result["segment_hashes"]
+        assert replayed[result["peer"]] == result["segment_hashes"]
 
 
 @pytest.mark.slow  # the same job as above through the CLI

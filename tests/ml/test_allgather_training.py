@@ -11,7 +11,7 @@ from loopback_groups import close_all, ids
 
 from ml.allreduce import DeadlinePolicy
 from ml.allreduce.wire import Kind
-from ml.job import run_local_job
+from ml.compute.local_job import run_local_job
 from ml.train.allreduce_averager import AllGatherAverager, averager_for_group, group_codec
 from ml.train.averaging import LocalAveragingGroup
 from ml.train.recipes import recipe
@@ -122,7 +122,7 @@ def test_a_job_over_worker_processes_ends_bit_for_bit_where_the_simulation_does(
     """So the simulated convergence figures (tests/ml/test_train_convergence.py) hold over the network."""
     spec = recipe("digits-data-parallel", codec=codec, codec_options=options, steps=20, segment_steps=5,
                   report_every=10)
-    results = asyncio.run(run_local_job(spec, world, timeout=300))
+    results = asyncio.run(run_local_job(spec, world, transport="tcp", timeout=300))
     simulated = train_simulated(spec, world)
     assert [r["participants"] for r in results] == [[f"worker-{i}" for i in range(world)]] * world
     assert {r["params_hash"] for r in results} == {simulated.trainers[0].params_hash()}
@@ -133,6 +133,6 @@ def test_a_job_over_worker_processes_ends_bit_for_bit_where_the_simulation_does(
 @pytest.mark.slow
 def test_top_k_job_over_four_processes_converges():
     spec = recipe("digits-data-parallel", codec="topk", codec_options={"ratio": 0.01}, steps=300)
-    results = asyncio.run(run_local_job(spec, 4, timeout=600))
+    results = asyncio.run(run_local_job(spec, 4, transport="tcp", timeout=600))
     assert len({r["params_hash"] for r in results}) == 1
     assert results[0]["metrics"]["accuracy"] > 93

@@ -285,10 +285,10 @@ def test_four_workers_converge_on_digits_with_fewer_bytes_than_diloco_int8():
 def test_a_job_over_worker_processes_ends_with_one_model_on_every_worker():
     """The network all-reduce (int4 in shards) rounds differently from the simulation, so the check is
     that the workers agree and every segment was committed."""
-    from ml.job import run_local_job
+    from ml.compute.local_job import run_local_job
 
     spec = dataclasses.replace(SHORT, report_every=20)
-    results = asyncio.run(run_local_job(spec, 2, timeout=600))
+    results = asyncio.run(run_local_job(spec, 2, transport="tcp", timeout=600))
     assert [r["participants"] for r in results] == [["worker-0", "worker-1"]] * 2
     assert len({r["params_hash"] for r in results}) == 1
     assert all(len(r["segment_hashes"]) == spec.segment_count for r in results)

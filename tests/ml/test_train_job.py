@@ -1,5 +1,6 @@
-"""Training jobs over the real all-reduce among local worker processes (ml/job), including a worker
-SIGKILLed mid-job: the others finish, the departure is reported and the survivors' hashes replay."""
+"""Training jobs over the real all-reduce among local worker processes (ml/compute/local_job.py over
+plain TCP), including a worker SIGKILLed mid-job: the others finish, the departure is reported and
+the survivors' hashes replay."""
 import asyncio
 import os
 import signal
@@ -8,7 +9,8 @@ import pytest
 from loopback_groups import close_all, make_groups
 
 from devtools.job_replay import replay_job
-from ml.job import JobFailed, run_local_job, train_over_group
+from ml.compute.local_job import JobFailed, run_local_job
+from ml.job import train_over_group
 from ml.registry import build_model, get_dataset
 from ml.train.allreduce_averager import group_codec
 from ml.train.recipes import recipe
@@ -18,7 +20,7 @@ from ml.train.spec import TrainSpec
 def test_diloco_int8_job_over_two_processes_ends_with_identical_models():
     spec = recipe("digits-diloco", codec="int8", steps=40, inner_steps=10, report_every=1)
     events = []
-    results = asyncio.run(run_local_job(spec, 2, on_event=events.append, timeout=240))
+    results = asyncio.run(run_local_job(spec, 2, transport="tcp", on_event=events.append, timeout=240))
     assert [r["rank"] for r in results] == [0, 1]
     assert results[0]["params_hash"] == results[1]["params_hash"]
     assert results[0]["participants"] == ["worker-0", "worker-1"]
@@ -34,7 +36,7 @@ def test_diloco_int8_job_over_two_processes_ends_with_identical_models():
 @pytest.mark.slow
 def test_powersgd_data_parallel_job_over_three_processes():
     spec = recipe("digits-data-parallel", codec="powersgd1", steps=200)
-    results = asyncio.run(run_local_job(spec, 3, timeout=400))
+    results = asyncio.run(run_local_job(spec, 3, transport="tcp", timeout=400))
     assert len({r["params_hash"] for r in results}) == 1
     assert results[0]["metrics"]["accuracy"] > 90
 
@@ -53,7 +55,7 @@ def test_a_worker_killed_mid_job_leaves_it_and_the_survivors_finish_replayably()
         elif event["event"] == "progress" and event["rank"] == 2 and event["step"] == 5:
             os.kill(pids["worker-2"], signal.SIGKILL)
 
-    results = asyncio.run(run_local_job(spec, 3, mode="ring", on_event=on_event, timeout=240))
+    results = asyncio.run(run_local_job(spec, 3, transport="tcp", mode="ring", on_event=on_event, timeout=240))
     assert [r["peer"] for r in results] == ["worker-0", "worker-1"]
     assert all(r["steps"] == spec.steps for r in results)
     assert results[0]["params_hash"] == results[1]["params_hash"]
@@ -93,7 +95,7 @@ def test_a_job_that_loses_all_but_one_worker_fails_without_leaving_processes():
 
     reasons = "no worker finished: worker 0 .*; worker 1 exited with -9.*; worker 2 exited with -9"
     with pytest.raises(JobFailed, match=reasons):
-        asyncio.run(run_local_job(spec, 3, mode="ring", on_event=on_event, timeout=120))
+        asyncio.run(run_local_job(spec, 3, transport="tcp", mode="ring", on_event=on_event, timeout=120))
     assert not children_of(os.getpid())
 
 
