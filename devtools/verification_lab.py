@@ -24,6 +24,7 @@ from consensus.state.tasks import task_id_for
 from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 from devtools.ledger_chain import Chain, ident
 from ml.compute.duties import AUDIT, DISPUTE, REVEAL, duties_for
+from ml.compute.executor import task_signer
 from ml.compute.segment_record import leaves, proof, root
 from ml.compute.segments_protocol import SegmentAnswer
 from ml.compute.task_spec import submit_payload, train_spec_for_task
@@ -41,7 +42,8 @@ MAX_BLOCKS = 400
 LAB_PARAMS = dict(min_fee=0, task_min_s=40, task_slack_s=0, audit_window_s=4, audit_answer_s=6, dispute_s=4)
 # Worker modes the lab plays itself (the rest are ml/train/faults.py modes the trainer plays): a copycat
 # serves rank 0's records; a withholder trains honestly but serves no record until one of its slots is
-# disputed (issue 24 item 3); framers record false receipts from every non-framer co-worker (ADR 0167).
+# disputed (issue 24 item 3); framers record false receipts from every non-framer co-worker (ADR 0167),
+# which carry no signature of their sender (ADR 0209).
 LAB_MODES = ("copycat", "withhold", "frame")
 
 
@@ -127,9 +129,10 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
         by_peer[peer].mode = scenario.worker_faults.get(rank, "")
     stakes_before = {p.peer_id: chain.ledger.state.stakes[p.peer_id].bonded for p in parties}
 
+    signers = {p: task_signer(by_peer[p].identity, task_id) for p in ranked}   # signed receipts (ADR 0209)
     trainers, sink = build_recorded(spec, WORKERS, {r: by_peer[p].mode for r, p in enumerate(ranked)
                                                     if by_peer[p].mode not in ("", *LAB_MODES)}, fault_seed=seed,
-                                  names=ranked)
+                                  names=ranked, signers=signers)
     cpu0 = time.process_time()
     asyncio.run(run_trainers(trainers))
     job_cpu = time.process_time() - cpu0
@@ -223,7 +226,8 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
 
 
 def _framed(records: list, victims: set[str]) -> list:
-    """`records` with every receipt from a victim replaced by a digest of bytes it never sent."""
+    """`records` with every receipt from a victim replaced by a digest of bytes it never sent (the victim's
+    signature, of the bytes it did send, stays: a framer cannot sign for the victim)."""
     def lie(receipt):
         if receipt.sender not in victims:
             return receipt

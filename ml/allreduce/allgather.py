@@ -13,6 +13,10 @@ A member holding every contribution confirms it to every other member (an empty 
 like the butterfly's dependency on every reducer's result, a member never commits a mean over a
 member whose contribution some other member did not receive (that member may already have
 given up the attempt and committed a later one without it).
+
+With a signer (docs/adr/0209) the first piece's meta also carries the sender's signature of the
+digest of its whole encoding for that receiver; a contribution whose signature does not verify
+fails the attempt naming its sender.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from .wire import Kind, received_bytes
 async def run_allgather(ctx: AttemptContext) -> None:
     others = [m for m in ctx.plan.members if m != ctx.me]
     decoded = {ctx.me: ctx.flat}
-    jobs = [_send_contribution(ctx, member) for member in others]
+    digest = await ctx.offload(lambda: hashlib.sha256(ctx.encoded).hexdigest()) if ctx.signer is not None else ""
+    jobs = [_send_contribution(ctx, member, digest) for member in others]
     jobs += [_receive_contribution(ctx, member, decoded) for member in others]
     await run_all(jobs)
     # every contribution is here and decodes: confirm it, and wait for everyone's confirmation while
@@ -58,11 +63,13 @@ async def _receive_confirmation(ctx: AttemptContext, sender: str) -> None:
         raise PeerFailure(sender, f"malformed confirmation: {len(frame.payload)} bytes", bad_data=True)
 
 
-async def _send_contribution(ctx: AttemptContext, member: str) -> None:
+async def _send_contribution(ctx: AttemptContext, member: str, digest: str) -> None:
     data = memoryview(ctx.encoded)
     size = ctx.piece_bytes
     for c in range(pieces(len(data), size)):
         meta = {**ctx.first_meta, "bytes": len(data)} if c == 0 else None
+        if meta is not None and ctx.signer is not None:
+            meta["sig"] = ctx.signer.sign(ctx.round_id, member, digest, 0, 0, 0)
         await ctx.links.send(member, ctx.frame(Kind.PART, 0, c, data[c * size:(c + 1) * size], meta))
 
 
@@ -84,11 +91,17 @@ async def _receive_contribution(ctx: AttemptContext, sender: str, decoded: dict[
         raise PeerFailure(sender, f"malformed contribution: pieces of {sizes} bytes, expected {expected}",
                           bad_data=True)
     payload = received[0] if count == 1 else b"".join(received)
+    digest = await ctx.offload(lambda: hashlib.sha256(payload).hexdigest())
+    receipt = Receipt(sender, digest, 0, 0, 0)
+    if ctx.signer is not None:
+        signed = ctx.signer.receipt(ctx.round_id, sender, digest, 0, 0, 0, first.meta.get("sig"))
+        if signed is None:
+            raise PeerFailure(sender, "a contribution without a valid signature of its sender", bad_data=True)
+        receipt = signed
     out = torch.empty_like(ctx.flat)
     await ctx.offload(decode_into, ctx.codec, payload, out, sender, "contribution")
     decoded[sender] = out
-    digest = await ctx.offload(lambda: hashlib.sha256(payload).hexdigest())
-    ctx.received[sender] = Receipt(sender, digest, 0, 0, 0)
+    ctx.received[sender] = receipt
 
 
 def pieces(total: int, piece_bytes: int) -> int:

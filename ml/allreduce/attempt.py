@@ -19,7 +19,7 @@ from ml.codecs.base import Codec
 from .inbox import Inbox, PeerFailure
 from .links import PeerLinks
 from .plan import Plan
-from .receipts import Receipt
+from .receipts import Receipt, WireSigner
 from .wire import Frame, Kind, members_from_mask
 
 
@@ -53,6 +53,7 @@ class AttemptContext:
     encoded: bytes | memoryview = b""  # all-gather: this peer's encoded contribution (flat is its decoding)
     piece_bytes: int = 0               # all-gather: frame size the encodings are cut into
     received: dict[str, Receipt] = field(default_factory=dict)  # sender -> what this peer got from it
+    signer: WireSigner | None = None   # signs what this peer sends, checks what it receives (ADR 0209)
 
     def frame(self, kind: Kind, slot: int, chunk: int, payload: bytes | memoryview | tuple[Any, ...],
               meta: dict[str, Any] | None = None) -> Frame:

@@ -9,6 +9,8 @@ Parts go to all reducers, and results to all members, concurrently (one stream e
 interleave them on the uplink in turns of 256 KiB (links.py, uplink.py, docs/adr/0097). A
 staggered schedule (all of one destination, then the next) measured slower.
 Non-reducers (NAT'd or slow peers) only send parts and receive results.
+With a signer (docs/adr/0209) each member signs the digest of all its parts for a reducer and sends
+the signature in the meta of the last one; a reducer refuses parts whose signature does not verify.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from .attempt import AttemptContext, run_all
+from .inbox import PeerFailure
 from .payloads import Payload, decode_into, encode_local, encode_result, sum_in_order
 from .receipts import Receipt, feed
 from .wire import Kind
@@ -43,10 +46,24 @@ async def run_butterfly(ctx: AttemptContext) -> None:
 async def _send_parts(ctx: AttemptContext, reducer: str) -> None:
     plan = ctx.plan
     shard = plan.shard_of(reducer)
-    for c, (a, b) in enumerate(plan.chunks(shard)):
-        payload = await ctx.offload(encode_local, ctx.codec, ctx.flat[a:b], ctx.me)
+    chunks = plan.chunks(shard)
+    hasher = hashlib.sha256() if ctx.signer is not None else None   # all parts for this reducer, signed
+    for c, (a, b) in enumerate(chunks):
+        payload = await ctx.offload(_encode_part, ctx, a, b, hasher)
         meta = ctx.first_meta if c == 0 else None
+        if hasher is not None and ctx.signer is not None and c == len(chunks) - 1:
+            start, stop = plan.shards[shard]
+            meta = {**(meta or {}), "sig": ctx.signer.sign(ctx.round_id, reducer, hasher.hexdigest(), start, stop,
+                                                           plan.chunk_numel)}
         await ctx.links.send(reducer, ctx.frame(Kind.PART, shard, c, payload, meta))
+
+
+def _encode_part(ctx: AttemptContext, a: int, b: int, hasher: Any) -> Payload:
+    """This member's part [a, b), hashed into `hasher` (if any) as it goes on the wire; in a worker thread."""
+    payload = encode_local(ctx.codec, ctx.flat[a:b], ctx.me)
+    if hasher is not None:
+        feed(hasher, payload)
+    return payload
 
 
 async def _receive_results(ctx: AttemptContext, shard: int, reducer: str) -> None:
@@ -75,6 +92,7 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
     # (arrival time, bytes) of each part, to measure upload rates
     arrivals: dict[str, list[tuple[float, int]]] = {m: [] for m in others}
     hashers = {m: hashlib.sha256() for m in others}  # each sender's parts, for its receipt
+    signatures: dict[str, Any] = {}                    # each sender's signature, with its last part
     for c, (a, b) in enumerate(chunks):
         payloads = {}
         for sender in others:
@@ -82,17 +100,35 @@ async def _reduce_shard(ctx: AttemptContext, shard: int, results: list[asyncio.F
             if c == 0:
                 ctx.check_first_meta(sender, frame.meta)
             payloads[sender] = frame.payload
+            signatures[sender] = frame.meta.get("sig")
             arrivals[sender].append((frame.received_at, len(frame.payload)))
         encoded, mean = await ctx.offload(_reduce_chunk, ctx, payloads, a, b, hashers)
         ctx.out[a:b] = mean
+        if c == len(chunks) - 1:   # every part is hashed: keep the receipts before the last result goes out
+            _keep_receipts(ctx, shard, hashers, signatures)
         meta = None
         if shard == 0 and c == len(chunks) - 1:
             meta = _rates_meta(ctx, arrivals)
             ctx.agreed_rates = _parse_rates(ctx, meta)
         results[c].set_result((encoded, meta))
-    start, stop = plan.shards[shard]
+    if not chunks:
+        _keep_receipts(ctx, shard, hashers, signatures)
+
+
+def _keep_receipts(ctx: AttemptContext, shard: int, hashers: dict[str, Any], signatures: dict[str, Any]) -> None:
+    """Each sender's receipt for this reducer's shard; with a signer, only parts their sender signed (an
+    empty shard carries no parts, so nothing to sign)."""
+    start, stop = ctx.plan.shards[shard]
+    chunk = ctx.plan.chunk_numel
     for sender, hasher in hashers.items():
-        ctx.received[sender] = Receipt(sender, hasher.hexdigest(), start, stop, plan.chunk_numel)
+        digest = hasher.hexdigest()
+        if ctx.signer is None or start == stop:
+            ctx.received[sender] = Receipt(sender, digest, start, stop, chunk)
+            continue
+        receipt = ctx.signer.receipt(ctx.round_id, sender, digest, start, stop, chunk, signatures.get(sender))
+        if receipt is None:
+            raise PeerFailure(sender, "parts without a valid signature of their sender", bad_data=True)
+        ctx.received[sender] = receipt
 
 
 async def _send_results(ctx: AttemptContext, shard: int, results: list[asyncio.Future[Any]],

@@ -49,7 +49,7 @@ from .inbox import Inbox
 from .links import PeerLinks
 from .peer_io import PeerIO
 from .plan import Plan, make_plan
-from .receipts import Receipt
+from .receipts import Receipt, WireSigner
 from .ring import RING_CODECS, run_ring
 from .round_core import (
     Action,
@@ -104,7 +104,8 @@ class AllReduceGroup:
                  codec: str = "fp32", non_reducers: set[str] | frozenset[str] = frozenset(),
                  chunk_numel: int = 1 << 18, deadlines: DeadlinePolicy = DEFAULT_DEADLINES,
                  min_participants: int = 2, max_frame_bytes: int = DEFAULT_MAX_PAYLOAD,
-                 protocol: str = PROTOCOL, workers: int = 2, upload_rates: dict[str, float] | None = None):
+                 protocol: str = PROTOCOL, workers: int = 2, upload_rates: dict[str, float] | None = None,
+                 signer: WireSigner | None = None):
         if mode not in ("butterfly", "ring"):
             raise ValueError(f"mode must be 'butterfly' or 'ring', not {mode!r}")
         if mode == "ring" and codec not in RING_CODECS:
@@ -115,8 +116,11 @@ class AllReduceGroup:
         self._codec = get_codec(codec)
         if self._codec.max_encoded_size(chunk_numel) > max_frame_bytes:
             raise ValueError("chunk_numel encodes to more than max_frame_bytes")
+        if signer is not None and signer.me != my_id:
+            raise ValueError("the wire signer signs for another member")
         self.my_id = my_id
         self.mode = mode
+        self._signer = signer
         self.codec_name = codec
         self.non_reducers = frozenset(non_reducers)
         self.chunk_numel = chunk_numel
@@ -290,7 +294,7 @@ class AllReduceGroup:
             inbox=self._io.inbox, offload=self._io.offload, started=asyncio.get_running_loop().time(),
             stall_s=stall_s,
             grace_s=self._policy.first_frame_grace_s if attempt == 0 else stall_s, first_meta=meta,
-            encoded=contribution.encoded, piece_bytes=contribution.piece_bytes)
+            encoded=contribution.encoded, piece_bytes=contribution.piece_bytes, signer=self._signer)
 
     def _plan(self, members: list[str], numel: int, contribution: Contribution) -> Plan:
         if contribution.algorithm is run_allgather:  # no shards: the layout is the members and codec

@@ -6,7 +6,8 @@ The trainer is built before the start barrier (`prepare_trainer`, in a thread) s
 worker is ready to compute at once when the first round begins. Ranks are positions in the sorted
 worker list (the ledger keeps workers sorted), so every worker and every verifier derives the same
 rank for the same peer. The group uses a protocol id per task, so a
-node can serve two tasks' rounds without mixing them. Torch work runs in threads (the trainers use
+node can serve two tasks' rounds without mixing them, and signs what it sends with the node's key
+(docs/adr/0209). Torch work runs in threads (the trainers use
 `asyncio.to_thread`); only the all-reduce I/O is on the event loop.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ml.allreduce import AllReduceGroup, DeadlinePolicy
+from ml.allreduce.receipts import WireSigner
 from ml.job.participation import ParticipationLog
 from ml.train.allreduce_averager import averager_for_group, group_codec
 from ml.train.faults import MODES as TRAINER_FAULTS
@@ -25,6 +27,7 @@ from ml.train.segments import BlobSink, SegmentRecorder
 from ml.train.simulation import make_trainer
 from ml.train.spec import TrainSpec
 from ml.train.worker import TrainerBase
+from node.identity import Identity, verify_by_peer_id
 
 ALLREDUCE_PROTOCOL = "/dekube/allreduce/1"
 # Wider first deadlines than the all-reduce default: a worker's first round can start seconds after
@@ -38,11 +41,18 @@ def task_protocol(task_id: bytes) -> str:
 
 
 def make_group(spec: TrainSpec, transport, me: str, workers: list[str], task_id: bytes,
-               mode: str = "butterfly") -> AllReduceGroup:
-    """The all-reduce group of `me` among `workers` for one task (not started)."""
+               mode: str = "butterfly", identity: Identity | None = None) -> AllReduceGroup:
+    """The all-reduce group of `me` among `workers` for one task (not started); with `me`'s `identity`,
+    it signs what it sends and takes only signed bytes (docs/adr/0209: the receipts judges count)."""
     return AllReduceGroup(transport, me, sorted(workers), mode=mode, codec=group_codec(spec),
                           deadlines=TASK_DEADLINES, min_participants=min(2, len(workers)),
-                          protocol=task_protocol(task_id))
+                          protocol=task_protocol(task_id),
+                          signer=None if identity is None else task_signer(identity, task_id))
+
+
+def task_signer(identity: Identity, task_id: bytes) -> WireSigner:
+    """`identity`'s signer of what it sends in task `task_id`'s rounds, checking its peers' by peer ID."""
+    return WireSigner(identity.peer_id, task_id, identity.sign, verify_by_peer_id)
 
 
 def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: list[str],

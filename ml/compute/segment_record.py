@@ -9,7 +9,8 @@ segment's `state_in`) and, per step, what this worker RECEIVED from each other s
 averaging round of the step (`received`: `WireReceipt`s, sorted by round then sender; the evidence
 that binds what a sender put on the wire to what it committed, docs/adr/0167). Canonical JSON:
 sorted keys, no spaces, steps as [gradient, codec, average] triples, receipts as
-[round, sender, digest, start, stop, chunk]. `SegmentRecord.from_json` validates hostile input strictly.
+[round, sender, digest, start, stop, chunk], followed by the sender's signature (128 hex digits) when the
+group signs (docs/adr/0209). `SegmentRecord.from_json` validates hostile input strictly.
 
 Leaf = sha256("dekube/segment-leaf" || task id || worker || canonical record); the root is
 `node.merkle.merkle_root` of the leaves (leaf node sha256(0x00 || leaf), inner sha256(0x01 || l || r),
@@ -33,6 +34,7 @@ MAX_RECEIPTS = 1024            # receipts in one step (senders x averaging round
 MAX_SENDER = 256               # characters of a sender id
 MAX_OFFSET = 1 << 48           # round ids, ranges and chunk sizes
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_SIG_HEX = re.compile(r"[0-9a-f]{128}\Z")
 FIELDS = ("averages", "checkpoint", "index", "received", "state_in", "state_out", "steps")
 
 
@@ -56,9 +58,11 @@ class WireReceipt:
     start: int      # butterfly: the range of the sender's flat contribution this worker reduced,
     stop: int       # cut into chunks of `chunk` values; all-gather: 0, 0, 0 (its whole encoding)
     chunk: int
+    signature: str = ""   # the sender's signature of what it sent (hex; ml.allreduce.receipts.receipt_message)
 
     def to_list(self) -> list:
-        return [self.round, self.sender, self.digest, self.start, self.stop, self.chunk]
+        head = [self.round, self.sender, self.digest, self.start, self.stop, self.chunk]
+        return head + [self.signature] if self.signature else head
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,12 @@ def _receipts(step) -> tuple[WireReceipt, ...]:
         raise BadRecord(f"a step's receipts are a list of at most {MAX_RECEIPTS}")
     out = []
     for item in step:
-        if not isinstance(item, list) or len(item) != 6:
-            raise BadRecord("a receipt is [round, sender, digest, start, stop, chunk]")
-        round_id, sender, digest, start, stop, chunk = item
+        if not isinstance(item, list) or len(item) not in (6, 7):
+            raise BadRecord("a receipt is [round, sender, digest, start, stop, chunk] and maybe a signature")
+        round_id, sender, digest, start, stop, chunk = item[:6]
+        signature = item[6] if len(item) == 7 else ""
+        if len(item) == 7 and (not isinstance(signature, str) or not _SIG_HEX.match(signature)):
+            raise BadRecord("a receipt's signature is 128 lowercase hex digits")
         if not all(_offset(v) for v in (round_id, start, stop, chunk)):
             raise BadRecord("receipt round, start, stop and chunk are integers in [0, 2^48)")
         if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER or not sender.isprintable():
@@ -133,7 +140,7 @@ def _receipts(step) -> tuple[WireReceipt, ...]:
         _check_hex(digest, "receipt digest")
         if (chunk == 0 and (start, stop) != (0, 0)) or start > stop:
             raise BadRecord("a receipt range is start <= stop with a chunk size, or 0, 0, 0 (whole encoding)")
-        out.append(WireReceipt(round_id, sender, digest, start, stop, chunk))
+        out.append(WireReceipt(round_id, sender, digest, start, stop, chunk, signature))
     keys = [(r.round, r.sender) for r in out]
     if keys != sorted(set(keys)):
         raise BadRecord("a step's receipts are sorted by (round, sender), one per sender and round")

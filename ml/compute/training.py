@@ -126,7 +126,8 @@ class Training:
             self.board.update(key, state="dry run")
             await asyncio.to_thread(dry_run, spec, files, len(workers))
             await self.fetch.learn_addresses(others)
-            group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"])
+            group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"],
+                               self.node.identity)
             await group.start()
             feed = ProgressFeed()
             feed.subscribe(lambda p: self.on_progress(key, p))

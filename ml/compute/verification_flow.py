@@ -8,11 +8,13 @@ Merkle proof, fetch an artifact from holders, the task's input files), so the co
 and the in-process lab (devtools/verification_lab.py) run the same code. A record that does not
 verify under the worker's committed root, or state files nobody serves, is a mismatch with the
 `unavailable_evidence` of the slot's salt (every honest judge that cannot get them says the same);
-otherwise the verdict is the replay's (ml/compute/segment_replay.py) with two more checks: the averages
-the worker applied must be the ones most of its co-workers recorded for the same segment, and what its
-co-workers recorded receiving from it must not be, by a strict majority of them, other than what its
-honest contribution puts on the wire (ml/compute/wire_evidence.py; a worker that commits the honest
-contribution but sends another one). The evidence is the replay's in every case.
+otherwise the verdict is the replay's (ml/compute/segment_replay.py) with three more checks: every
+receipt in the worker's own record must carry its sender's signature (a made-up receipt is a false
+record, docs/adr/0209), the averages the worker applied must be the ones most of its co-workers
+recorded for the same segment, and no co-worker may hold the worker's signature of bytes other than
+what its honest contribution puts on the wire (ml/compute/wire_evidence.py; a worker that commits the
+honest contribution but sends another one; receipts it did not sign accuse nobody). The evidence is the
+replay's in every case.
 
 Adversarial verifier modes exist for the benchmark and the tests only (`[compute] fault_inject`, read
 through ml/compute/fault_seam.py):
@@ -33,7 +35,7 @@ from consensus.task_info import TaskInfo
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
 from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
-from ml.compute.wire_evidence import claims_about, wire_verdict
+from ml.compute.wire_evidence import claims_about, unsigned_receipt, wire_verdict
 from ml.train.reproducibility import in_compute_thread
 from ml.train.spec import TrainSpec
 
@@ -123,16 +125,20 @@ async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int,
     if not replay.match:
         step, field = replay.first_divergence or (0, "?")
         return Judgement(False, replay.evidence, step, f"{field} differs at step {step} of segment {segment}")
+    forged = unsigned_receipt(task.task_bytes, worker, record)
+    if forged is not None:
+        return Judgement(False, replay.evidence, forged,
+                         f"its record holds a receipt its sender did not sign at step {forged}")
     majority = _majority_averages(record, others)
     own = [s.average for s in record.steps]
     if majority is not None and majority != own:
         step = next(i for i, (a, b) in enumerate(zip(own, majority)) if a != b)
         return Judgement(False, replay.evidence, step,
                          f"the averages it applied differ from its co-workers' at step {step}")
-    sent = wire_verdict(list(replay.wire))
+    sent = wire_verdict(task.task_bytes, list(replay.wire))
     if sent is not None:
         return Judgement(False, replay.evidence, sent,
-                         f"most of its receivers got other bytes than its committed contribution at step {sent}")
+                         f"a receiver holds its signature of bytes other than its contribution at step {sent}")
     return Judgement(True, replay.evidence, 0, "replayed hashes match")
 
 

@@ -1,28 +1,29 @@
-"""Receiver-side evidence (docs/adr/0167, "Receiver-side evidence"): what a worker's co-workers
-recorded receiving from it (`WireReceipt`s in their segment records), checked against the bytes the
-worker's honest contribution makes on the wire, recomputed by the replay with the same pure functions
-the sending code uses (ml.allreduce.receipts).
+"""Receiver-side evidence (docs/adr/0167, "Receiver-side evidence"; signed since docs/adr/0209): what a
+worker's co-workers recorded receiving from it (`WireReceipt`s in their segment records), checked
+against the bytes the worker's honest contribution makes on the wire, recomputed by the replay with the
+same pure functions the sending code uses (ml.allreduce.receipts).
 
 A worker that commits its honest contribution but sends something else (fault `poison_stealth`)
-replays to its committed hashes; its receivers' receipts are what name it. No signatures: the
-judgement is an honest majority of receivers -- a step is a mismatch only where a strict majority of
-the receivers that recorded a round of the worker, and at least two of them, disagree with the
-honest bytes, so one lying receiver cannot frame an honest sender.
+replays to its committed hashes; its receivers' receipts are what name it. Every receipt carries the
+sender's signature of what it sent (the receiver refused bytes without one), so a receipt is proof,
+not testimony: one receipt the worker signed over bytes other than its honest ones names it, and a
+receipt it did not sign names nobody, however many co-workers hold one (no majority of co-workers
+can frame a sender). A record holding a receipt its sender did not sign is itself false: no honest
+receiver of a signing group keeps one (`unsigned_receipt`).
 """
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from ml.allreduce.receipts import expected_part_digest
+from ml.allreduce.receipts import expected_part_digest, receipt_message
 from ml.codecs.base import Codec
 from ml.compute.segment_record import SegmentRecord, WireReceipt
+from node.identity import verify_by_peer_id
 
-MIN_ACCUSERS = 2   # receivers that must disagree (with a strict majority) before a sender is named
 MAX_CLAIM_CHUNKS = 4096   # a receipt cut finer than this is no honest plan's (the group's chunks are 2^18
                           # values): a disagreeing vote, not minutes of re-encoding for the judge
 
@@ -43,8 +44,7 @@ def claims_about(worker: str, records: Mapping[str, SegmentRecord]) -> list[Clai
             continue
         for offset, receipts in enumerate(records[receiver].received):
             # an empty butterfly range (a reducer with no shard of a small tensor) says nothing
-            out += [Claim(receiver, offset, r) for r in receipts
-                    if r.sender == worker and (r.chunk == 0 or r.start < r.stop)]
+            out += [Claim(receiver, offset, r) for r in receipts if r.sender == worker and carries_bytes(r)]
     return out
 
 
@@ -66,14 +66,33 @@ def honest_digest(codec: Codec, flat: torch.Tensor, encoded: bytes | None, recei
         return None
 
 
-def wire_verdict(checked: list[tuple[Claim, bool]]) -> int | None:
-    """The first step offset where a strict majority (and at least MIN_ACCUSERS) of the receivers of
-    one round of the worker recorded bytes other than the honest ones; None if there is none."""
-    rounds: dict[tuple[int, int], list[bool]] = defaultdict(list)
-    for claim, agrees in checked:
-        rounds[(claim.offset, claim.receipt.round)].append(agrees)
-    for (offset, _round), votes in sorted(rounds.items()):
-        against = votes.count(False)
-        if against >= MIN_ACCUSERS and against * 2 > len(votes):
+def carries_bytes(receipt: WireReceipt) -> bool:
+    """Whether `receipt` is of bytes that were sent (an empty butterfly range says nothing)."""
+    return receipt.chunk == 0 or receipt.start < receipt.stop
+
+
+def signed(task_id: bytes, receiver: str, receipt: WireReceipt) -> bool:
+    """Whether `receipt`, kept by `receiver` in task `task_id`, carries its sender's signature of what it names."""
+    if not receipt.signature:
+        return False
+    message = receipt_message(task_id, receipt.round, receipt.sender, receiver, receipt.digest, receipt.start,
+                              receipt.stop, receipt.chunk)
+    return verify_by_peer_id(receipt.sender, message, bytes.fromhex(receipt.signature))
+
+
+def wire_verdict(task_id: bytes, checked: list[tuple[Claim, bool]]) -> int | None:
+    """The first step offset where a receiver holds the worker's signature of bytes other than the honest
+    ones; None if there is none (unsigned claims are not evidence)."""
+    for claim, agrees in sorted(checked, key=lambda item: (item[0].offset, item[0].receiver)):
+        if not agrees and signed(task_id, claim.receiver, claim.receipt):
+            return claim.offset
+    return None
+
+
+def unsigned_receipt(task_id: bytes, worker: str, record: SegmentRecord) -> int | None:
+    """The first step offset where `worker`'s own record holds a receipt of sent bytes that its sender did
+    not sign (a receipt made up by the worker); None if every one is signed."""
+    for offset, receipts in enumerate(record.received):
+        if any(carries_bytes(r) and not signed(task_id, worker, r) for r in receipts):
             return offset
     return None

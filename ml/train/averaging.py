@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from ml.allreduce.receipts import Receipt, WireSigner
 from ml.train.compression import Compressor, flatten, unflatten
 from ml.train.reproducibility import in_compute_thread
 
@@ -47,17 +49,22 @@ class LocalAveragingGroup:
     receipts the network group would give it (ml.allreduce.receipts): for sparse codecs the digest of
     each other member's encoding; for dense ones the digest of the chunks of each other member's
     contribution in the shard this member would reduce in an equal-rate butterfly plan (the simulated
-    mean itself is computed as above, not from those chunks).
+    mean itself is computed as above, not from those chunks). With `signers` (peer id -> its
+    `ml.allreduce.receipts.WireSigner`), each receipt of a non-empty range carries its sender's
+    signature, as a signing network group's does (docs/adr/0209).
     """
 
     def __init__(self, world: int, codec: str = "fp32", codec_options: dict | None = None,
-                 names: list[str] | None = None):
+                 names: list[str] | None = None, signers: Mapping[str, WireSigner] | None = None):
         if world < 1:
             raise ValueError("a group needs at least one member")
         if names is not None and (len(names) != world or sorted(names) != names or len(set(names)) != world):
             raise ValueError("names are the members' distinct peer ids, sorted, one per rank")
+        if signers is not None and (names is None or set(signers) != set(names)):
+            raise ValueError("signers are one per named member")
         self.world = world
         self.names = names
+        self.signers = signers
         self._codec = codec
         self._codec_options = codec_options or {}
         self._rounds: dict[int, dict[int, bytes]] = {}
@@ -87,33 +94,45 @@ class LocalAveragingGroup:
             mean = decoder.decode(decoder.encode(mean), numel)
         return mean
 
-    def _receipts(self, contributions: dict[int, bytes], flats: dict[int, torch.Tensor]) -> list[tuple]:
+    def _receipts(self, round_id: int, contributions: dict[int, bytes], flats: dict[int, torch.Tensor]) -> list[tuple]:
         """Per rank, the receipts of what it received from each other member (see the class doc)."""
         from ml.allreduce.plan import make_plan
-        from ml.allreduce.receipts import Receipt, expected_part_digest
+        from ml.allreduce.receipts import expected_part_digest
         from ml.codecs import get_codec
 
         names = self.names
         if names is None:
             return [()] * self.world
         if not Compressor(self._codec, self._codec_options, error_feedback=False).dense:
-            return [tuple(Receipt(names[s], hashlib.sha256(contributions[s]).hexdigest(), 0, 0, 0)
-                          for s in sorted(contributions) if s != r) for r in range(self.world)]
+            digests = {s: hashlib.sha256(contributions[s]).hexdigest() for s in contributions}
+            return [tuple(self._receipt(round_id, s, r, digests[s], 0, 0, 0) for s in sorted(contributions) if s != r)
+                    for r in range(self.world)]
         numel = flats[0].numel()
         plan = make_plan(names, set(), {}, numel, SIMULATED_CHUNK, self._codec)
         codec = get_codec(self._codec)
         out = []
         for r in range(self.world):
             start, stop = plan.shards[plan.shard_of(names[r])]
-            out.append(tuple(Receipt(names[s], expected_part_digest(codec, flats[s], start, stop, SIMULATED_CHUNK),
-                                     start, stop, SIMULATED_CHUNK) for s in sorted(flats) if s != r))
+            out.append(tuple(self._receipt(round_id, s, r, expected_part_digest(codec, flats[s], start, stop,
+                                                                                SIMULATED_CHUNK),
+                                           start, stop, SIMULATED_CHUNK) for s in sorted(flats) if s != r))
         return out
+
+    def _receipt(self, round_id: int, sender: int, receiver: int, digest: str, start: int, stop: int,
+                 chunk: int) -> Receipt:
+        """The receipt rank `receiver` keeps of rank `sender`'s bytes, signed by the sender if it signs."""
+        assert self.names is not None   # receipts are made for named members only
+        name = self.names[sender]
+        if self.signers is None or (chunk and start == stop):   # an empty range carries no bytes to sign
+            return Receipt(name, digest, start, stop, chunk)
+        signature = self.signers[name].sign(round_id, self.names[receiver], digest, start, stop, chunk)
+        return Receipt(name, digest, start, stop, chunk, bytes.fromhex(signature))
 
     async def _complete(self, round_id: int, numel: int) -> None:
         contributions = self._rounds.pop(round_id)
         flats = self._sent.pop(round_id)
         mean = await in_compute_thread(self._mean, contributions, numel)
-        receipts = await in_compute_thread(self._receipts, contributions, flats)
+        receipts = await in_compute_thread(self._receipts, round_id, contributions, flats)
         self._results.pop(round_id).set_result((mean, receipts))
 
 

@@ -80,7 +80,7 @@ class RecordingAverager:
         known = self.known[1] if encoded is None and self.known is not None and self.known[0] is tensors else None
         digest, kept = await in_compute_thread(_keep_round, encoded, tensors, known, result.tensors)
         self.codec_digests.append(digest)
-        self.receipts += [WireReceipt(round_id, r.sender, r.digest, r.start, r.stop, r.chunk)
+        self.receipts += [WireReceipt(round_id, r.sender, r.digest, r.start, r.stop, r.chunk, r.signature.hex())
                           for r in getattr(result, "received", ())]
         self.rounds.append((round_id, kept, [str(p) for p in result.participants]))
         return result

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ml.allreduce.receipts import WireSigner
 from ml.codecs import powersgd_rank
 from ml.train.averaging import Averager, LocalAveragingGroup
 from ml.train.data_parallel import DataParallelTrainer
@@ -57,18 +58,21 @@ def build_simulated(spec: TrainSpec, world: int, feed: ProgressFeed | None = Non
             for rank in range(world)]
 
 
-def simulated_group(spec: TrainSpec, world: int, names: list[str] | None = None) -> LocalAveragingGroup:
+def simulated_group(spec: TrainSpec, world: int, names: list[str] | None = None,
+                    signers: Mapping[str, WireSigner] | None = None) -> LocalAveragingGroup:
     plain_codec = "fp32" if powersgd_rank(spec.codec) is not None else spec.codec
-    return LocalAveragingGroup(world, plain_codec, spec.codec_options, names)
+    return LocalAveragingGroup(world, plain_codec, spec.codec_options, names, signers)
 
 
 def build_recorded(spec: TrainSpec, world: int, faults: Mapping[int, str] | None = None,
                    files: Mapping[str, Path] | None = None, fault_seed: int | None = 0,
-                   names: list[str] | None = None) -> tuple[list[TrainerBase], MemorySink]:
+                   names: list[str] | None = None, signers: Mapping[str, WireSigner] | None = None
+                   ) -> tuple[list[TrainerBase], MemorySink]:
     """`build_simulated` with every worker keeping per-segment records (checkpoints and averages in
     one MemorySink; `trainer.recorder.records`), and the given ranks running adversary modes. With
-    `names` (the workers' sorted peer ids), the records hold receipts as a network group's would."""
-    group = simulated_group(spec, world, names)
+    `names` (the workers' sorted peer ids), the records hold receipts as a network group's would,
+    signed by their senders with `signers` (docs/adr/0209)."""
+    group = simulated_group(spec, world, names, signers)
     trainers = build_simulated(spec, world, files=files, group=group)
     sink = MemorySink()
     for trainer in trainers:

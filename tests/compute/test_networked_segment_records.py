@@ -1,6 +1,6 @@
 """Records made over the real all-reduce (loopback TCP, the averager stack a compute node trains
 through) replay alone from their checkpoints, for the group's own codec, all-gathered error feedback
-and PowerSGD; a poisoner among them is named alone."""
+and PowerSGD; a poisoner among them is named alone. The workers sign what they send (docs/adr/0209)."""
 import asyncio
 
 import pytest
@@ -10,19 +10,22 @@ from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.segment_replay import replay_segment_blobs
 from ml.train.segments import MemorySink
 from ml.train.spec import TrainSpec
+from node.identity import Identity
 
 TASK = bytes(range(32))
+IDENTITIES = {i.peer_id: i for i in (Identity.from_seed(bytes([n + 1]) * 32) for n in range(4))}
+PEERS = sorted(IDENTITIES)   # workers by rank
 
 
 async def train_over_tcp(spec, world, faults):
-    peers = [f"peer-{i}" for i in range(world)]
+    peers = PEERS[:world]
     transports = [TcpTransport(p) for p in peers]
     groups, sink = [], MemorySink()
     try:
         addresses = {p: await t.start() for p, t in zip(peers, transports)}
         for t in transports:
             t.addresses.update(addresses)
-        groups = [make_group(spec, t, p, peers, TASK) for p, t in zip(peers, transports)]
+        groups = [make_group(spec, t, p, peers, TASK, identity=IDENTITIES[p]) for p, t in zip(peers, transports)]
         for g in groups:
             await g.start()
         trainers = [prepare_trainer(spec, g, p, peers, sink=sink, fault=faults.get(i, ""))

@@ -1,8 +1,8 @@
 """The trust bench's adversaries at a tiny size (bench/verification.py, docs/adr/0208): the ledger
 adversaries of devtools/trust_game.py and the lab's withholder and framers, each asserted against the
 bench's targets (caught, honest slashed 0, cheater paid 0). The withholder (issue 24 item 3) meets them
-since the availability challenge (ADR 0207); the framers (item 6) are still a strict xfail: closing
-that hole makes its test pass, and strict xfail then asks to drop the mark."""
+since the availability challenge (ADR 0207); the framers (item 6) since receipts are signed by their
+senders (ADR 0209): on the code before it, the framed worker was convicted."""
 import pytest
 
 from devtools.trust_game import GAMES, grinding_proposer
@@ -45,9 +45,11 @@ def test_a_withholder_is_not_paid_and_harms_nobody():
     assert not result.cheater_paid()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 24 item 6: two co-workers can frame the third (open on main)")
 def test_two_framers_cannot_convict_the_third_worker():
     result = run_task(Scenario("framers", {0: "frame", 1: "frame"}), 1, SPEC)
     victim = next(w for w in result.workers if w not in result.adversaries)
     assert result.honest_slashed == [] and result.paid.get(victim, 0) > 0
+    assert victim not in result.guilty
+    # the framers pay: their records hold receipts the victim never signed
+    assert set(result.adversaries) <= set(result.guilty) and set(result.adversaries) <= set(result.slashed)
+    assert not result.cheater_paid()
