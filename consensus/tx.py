@@ -247,6 +247,19 @@ def text_list(max_items: int, max_len: int, allowed: frozenset[str] | None = Non
     return check
 
 
+def peer_uint_map(max_items: int, maximum: int) -> Check:
+    """A map of at most ``max_items`` entries from ed25519 peer IDs to integers in [0, ``maximum``]."""
+    value_check = uint(0, maximum)
+
+    def check(value: Any, path: str) -> None:
+        if type(value) is not dict or len(value) > max_items:
+            _fail(path, f"must be a map of at most {max_items} entries")
+        for key, item in value.items():
+            peer_id(key, f"{path} key")
+            value_check(item, f"{path}[{key[:16]}..]")
+    return check
+
+
 def blob_list(max_items: int, length: int) -> Check:
     """A list of at most ``max_items`` byte strings of ``length`` bytes each (a Merkle audit path)."""
     item_check = blob(length)
@@ -379,10 +392,12 @@ def fields(schema: Schema) -> Check:
 TASK_ID = blob(32)
 HASH32 = blob(32)
 MAX_CPU_CORES = 1024
+MAX_BANDWIDTH_MBPS = 10**6   # 1 Tbit/s
+MAX_TASK_WORKERS = 64
 HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numbers believable
     "cpu_cores": uint(0, MAX_CPU_CORES), "ram_mb": uint(0, 2**24),        # 16 TiB
     "gpu": printable(64), "gpu_mem_mb": uint(0, 2**21),                    # 2 TiB
-    "bandwidth_mbps": uint(0, 10**6),                                      # 1 Tbit/s
+    "bandwidth_mbps": uint(0, MAX_BANDWIDTH_MBPS),
     "profiles": OptionalField(profile_list),                               # execution profiles it runs
     "serving": OptionalField(serving_list),                                # model blocks it serves (ADR 0174)
 }
@@ -418,7 +433,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     },
     "submit_task": {
         "model": text(128, min_len=1), "dataset": text(128, min_len=1), "hyperparams": HYPERPARAMS,
-        "workers": uint(1, 64), "sync_mode": text(16, SYNC_MODES), "codec": text(32, min_len=1),
+        "workers": uint(1, MAX_TASK_WORKERS), "sync_mode": text(16, SYNC_MODES), "codec": text(32, min_len=1),
         "price": uint(1),
         "sources": OptionalField(multiaddr_list(MAX_TASK_SOURCES, MAX_ADDR_CHARS)),
         "device": OptionalField(text(8, DEVICES)),
@@ -430,7 +445,9 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "cancel_task": {"task_id": TASK_ID},
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
-                      "segments": uint(1, 2**32)},
+                      "segments": uint(1, 2**32),
+                      # the co-workers' upload rates (Mbit/s) the all-reduce agreed (ADR 0219)
+                      "peer_rates": OptionalField(peer_uint_map(MAX_TASK_WORKERS, MAX_BANDWIDTH_MBPS))},
     "commit_epoch": {"task_id": TASK_ID, "epoch": uint(0, MAX_TASK_SEGMENTS), "segments_root": HASH32,
                      "state_digest": HASH32, "segments": uint(1, MAX_TASK_SEGMENTS)},   # progress (ADR 0203)
     "audit_commit": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "commitment": HASH32},

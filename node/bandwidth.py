@@ -14,13 +14,17 @@ and then sends N bytes, which the asker times. The server admits one
 probe at a time and one per asker per `PROBE_COOLDOWN_S` (`ProbeAdmission`, pure), so nobody can use
 it to make a node send much. `BandwidthService` (a node service) serves the probe and, once a role
 calls `start_probing()`, pings the connected peers and probes two every `PROBE_INTERVAL_S` (every
-`RETRY_PROBE_S` while none could be probed).
+`RETRY_PROBE_S` while none could be probed). Each probe's download leg is the probed peer's upload
+as this node saw it; the service keeps the last one per peer (`peer_uploads`), and `measure_peers`
+probes the peers it has no fresh figure for: what a compute node reports for its co-workers in
+commit_result (docs/adr/0219), so the ledger can rank by bandwidth other nodes measured.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import random
 import struct
 import time
 from collections import deque
@@ -48,6 +52,8 @@ RETRY_PROBE_S = 30.0        # while no probe has succeeded (no peer connected ye
 FIRST_PROBE_S = 2.0
 PEERS_PER_PROBE = 2
 CHUNK = 64 * 1024
+PROBE_ATTEMPTS = 4           # measure_peers: tries per peer while it is busy with another asker's probe
+MEASURE_BUDGET_S = 15.0      # measure_peers: seconds for all its probes (a commit waits for them)
 GO, BUSY = b"\x00", b"\x01"
 REQUEST = struct.Struct(">I")
 ELAPSED = struct.Struct(">Q")
@@ -246,6 +252,7 @@ class BandwidthService:
         self.admission = ProbeAdmission()
         self._probing = asyncio.Event()
         self.last_error: str | None = None
+        self.peer_uploads: dict[str, tuple[float, float]] = {}   # peer -> (its upload in Mbit/s, when)
         self.host.set_handler(PROTOCOL, make_probe_handler(self.meter, self.admission))
         node.status.add_section("bandwidth", self.status)
         node.dashboard.sections["bandwidth"] = self._dashboard   # the provider page's status (docs/adr/0198)
@@ -267,12 +274,43 @@ class BandwidthService:
         measured = False
         for peer in answered[:PEERS_PER_PROBE]:
             try:
-                await probe(self.host, peer, self.meter)
+                await self._probe(peer)
                 self.last_error, measured = None, True
             except ProbeError as exc:
                 self.last_error = str(exc)
                 log.info("bandwidth probe: %s", exc)
         return measured
+
+    async def _probe(self, peer: str) -> None:
+        figures = await probe(self.host, peer, self.meter)
+        if len(self.peer_uploads) >= MAX_PEERS and peer not in self.peer_uploads:   # bounded: drop the oldest
+            del self.peer_uploads[min(self.peer_uploads, key=lambda p: self.peer_uploads[p][1])]
+        self.peer_uploads[peer] = (figures["download_mbps"], time.monotonic())
+
+    async def measure_peers(self, peers: list[str], max_age_s: float = PROBE_INTERVAL_S,
+                            budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
+        """Each of ``peers``' upload (Mbit/s) as this node measured it within ``max_age_s``, probing the
+        connected ones without such a figure within ``budget_s`` seconds in all (a peer busy with another
+        probe is retried after a random pause, up to PROBE_ATTEMPTS times); peers that could not be
+        measured are left out."""
+        deadline = time.monotonic() + budget_s
+        for peer in peers:
+            seen = self.peer_uploads.get(peer)
+            if (seen is not None and time.monotonic() - seen[1] <= max_age_s) or not self.host.is_connected(peer):
+                continue
+            for attempt in range(PROBE_ATTEMPTS):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._probe(peer), left)
+                    break
+                except (ProbeError, TimeoutError) as exc:
+                    log.info("bandwidth probe of %s (try %d): %r", peer, attempt + 1, exc)
+                    await asyncio.sleep(min(random.uniform(0.2, 1.0), max(0.0, deadline - time.monotonic())))
+        now = time.monotonic()
+        return {peer: self.peer_uploads[peer][0] for peer in peers
+                if peer in self.peer_uploads and now - self.peer_uploads[peer][1] <= max_age_s}
 
     async def run(self) -> None:
         await self._probing.wait()

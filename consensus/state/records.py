@@ -94,11 +94,16 @@ class Stake(Record):
 
 
 class NodeRecord(Record):
+    """A registered node: what it published (roles, addresses, hardware), its reputation, and
+    ``measured``: the upload rates co-workers of its paid tasks reported for it, ``[[reporter, Mbit/s,
+    height], ...]`` (docs/adr/0219, consensus/state/bandwidth.py), encoded only when there are some."""
+
     __slots__ = FIELDS = ("roles", "listen_addrs", "relay_addrs", "hardware", "reputation",
-                          "registered_height", "active_tasks")
+                          "registered_height", "active_tasks", "measured")
+    _V1_FIELDS = 7
 
     def __init__(self, roles, listen_addrs, relay_addrs, hardware, reputation=0, registered_height=0,
-                 active_tasks=0):
+                 active_tasks=0, measured=None):
         self.roles = roles
         self.listen_addrs = listen_addrs
         self.relay_addrs = relay_addrs
@@ -106,6 +111,17 @@ class NodeRecord(Record):
         self.reputation = reputation
         self.registered_height = registered_height
         self.active_tasks = active_tasks
+        self.measured: list[list[Any]] = measured if measured is not None else []
+
+    def to_obj(self) -> list:
+        obj = super().to_obj()
+        return obj if self.measured else obj[:self._V1_FIELDS]
+
+    @classmethod
+    def from_obj(cls, obj: list):
+        if len(obj) == cls._V1_FIELDS:
+            obj = [*obj, []]
+        return super().from_obj(obj)
 
 
 class TaskStatus:
@@ -164,17 +180,20 @@ class Task(Record):
     state_digest, segments, height], ...] one per epoch, and, once the crew stopped committing,
     "stopped": the epoch it stopped in}``;
     {} for a task without epochs.
+    ``rate_reports``: reporter -> {co-worker: Mbit/s}, the upload rates each committer's all-reduce
+    agreed for its co-workers (commit_result's ``peer_rates``, docs/adr/0219); {} when none reported.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
                           "window_end", "relay_claims", "audit_seed", "payouts",
                           "sources", "device", "rejections", "reason", "result",
-                          "profile", "segments", "slots", "assign_deadline", "epochs")
+                          "profile", "segments", "slots", "assign_deadline", "epochs", "rate_reports")
     V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
     V2_FIELDS = 22   # ... and before profile..slots (ADR 0168) the first 22: encoded so while those are unset
     V3_FIELDS = 25   # ... and before assign_deadline (ADR 0187) the first 25: encoded so while it is 0
     V4_FIELDS = 26   # ... and before epochs (ADR 0203) the first 26: encoded so while it is empty
+    V5_FIELDS = 27   # ... and before rate_reports (ADR 0219) the first 27: encoded so while it is empty
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
                  sources: list | None = None, device: str = "cpu"):
@@ -205,9 +224,13 @@ class Task(Record):
         self.slots: list[Any] = []
         self.assign_deadline = 0
         self.epochs: dict[str, Any] = {}
+        self.rate_reports: dict[str, dict[str, int]] = {}
 
     def to_obj(self) -> list:
         obj = super().to_obj()
+        if self.rate_reports:
+            return obj
+        obj = obj[:self.V5_FIELDS]
         if self.epochs:
             return obj
         if self.assign_deadline:
@@ -223,6 +246,8 @@ class Task(Record):
         if len(obj) == cls.V3_FIELDS:   # a record from before ADR 0187
             obj = [*obj, 0]
         if len(obj) == cls.V4_FIELDS:   # a record from before ADR 0203
+            obj = [*obj, {}]
+        if len(obj) == cls.V5_FIELDS:   # a record from before ADR 0219
             obj = [*obj, {}]
         return super().from_obj(obj)
 

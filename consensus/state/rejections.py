@@ -1,9 +1,5 @@
-"""Task griefing rules: the bandwidth ranking trusts, and what rejecting a task costs (docs/adr/0192).
-
-Ranking (`ranking_bandwidth`): a node's ``hardware.bandwidth_mbps`` is its own claim (the meter of
-ADR 0158 measures it, but the record is signed by the node itself and no other node's probe receipt
-reaches the chain yet), so placement counts at most `UNVERIFIED_BANDWIDTH_CAP_MBPS` of it: a figure
-above that buys nothing, a missing one counts as 0.
+"""Task griefing rules: what rejecting a task costs (docs/adr/0192). The bandwidth ranking trusts is
+consensus/state/bandwidth.py's (ADR 0219).
 
 Rejection (`reject_payouts`, `lone_rejecters`, `outvoted_rejecters`, `recent_bars`): a rejection is
 *corroborated* when at least `CORROBORATING_REJECTERS` workers of the crew rejected and they are a
@@ -22,19 +18,10 @@ from __future__ import annotations
 from consensus.state.records import Task, TaskStatus
 from consensus.state.store import LedgerState
 
-UNVERIFIED_BANDWIDTH_CAP_MBPS = 100
 CORROBORATING_REJECTERS = 2
 REPUTATION_LONE_REJECTION = -5
 REJECT_COOLDOWN_BLOCKS = 3600
 MAX_LONE_REJECTIONS = 3
-
-
-def ranking_bandwidth(hardware: dict) -> int:
-    """The Mbit/s placement counts for a node: its published figure, capped while unverified."""
-    declared = hardware.get("bandwidth_mbps", 0)
-    if not isinstance(declared, int) or declared < 0:
-        return 0
-    return min(declared, UNVERIFIED_BANDWIDTH_CAP_MBPS)
 
 
 def corroborated(task: Task) -> bool:

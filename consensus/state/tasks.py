@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audits, deadlines, epochs, rejections
+from consensus.state import audits, bandwidth, deadlines, epochs, rejections
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -185,11 +185,11 @@ def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, ta
 
 def worker_weight(state: LedgerState, peer_id: str) -> int:
     """Bonded stake x (100 + reputation) x bandwidth class (bit length of the Mbit/s placement
-    counts, capped while unverified: rejections.ranking_bandwidth, ADR 0192, + 1)."""
+    counts, capped unless co-workers verified it: bandwidth.ranking_bandwidth, ADR 0192 and 0219, + 1)."""
     node = state.nodes[peer_id]
     bonded = state.stakes[peer_id].bonded
-    bandwidth = rejections.ranking_bandwidth(node.hardware)
-    return bonded * (100 + node.reputation) * (bandwidth.bit_length() + 1)
+    bandwidth_mbps = bandwidth.ranking_bandwidth(node)
+    return bonded * (100 + node.reputation) * (bandwidth_mbps.bit_length() + 1)
 
 
 def worker_share(params: Params, price: int, workers: int) -> int:
@@ -359,7 +359,11 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
         raise TxError(TxCode.BAD_PAYLOAD, f"the task declares {task.segments} segments, the commitment has "
                                           f"{p['segments']}")
     epochs.check_result(task, tx.sender)
+    rates = p.get("peer_rates") or {}
+    bandwidth.check_report(task, tx.sender, rates)
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
+    if rates:
+        task.rate_reports[tx.sender] = dict(rates)
     task.status = TaskStatus.RUNNING
     if len(task.commits) == commit_quorum(len(task.workers)):
         task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
@@ -572,6 +576,7 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     slashed = sorted(settlement.guilty | set(settlement.false_answers))
     state.touch(TASK, task_id)
     if paid_workers:
+        bandwidth.record_paid_task(state, task, paid_workers, state.height + 1)
         task.status = TaskStatus.PAID
         task.result = leading_result(task, settlement.guilty)
         state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,

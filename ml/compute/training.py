@@ -2,10 +2,11 @@
 rejected with its reason, reject_task), fetch the inputs, dry-run one step, start the all-reduce group
 with the co-workers, wait for them at the ready barrier, train to the end, keep the final weights as an
 artifact (served from then on, docs/adr/0157), save the segment records and commit the result
-(commit_result); a task cut into epochs gets a progress commitment per epoch while it trains
-(ml/compute/epoch_commits.py, docs/adr/0203). The group keeps serving until every worker committed (or
-LINGER_S). A job whose task the ledger ended meanwhile is stopped. Progress goes on the job board
-(`/status`, dkb_taskProgress, the progress protocol)."""
+(commit_result, with its co-workers' uploads as its probes measured them: docs/adr/0219); a task cut
+into epochs gets a progress commitment per epoch while it trains (ml/compute/epoch_commits.py,
+docs/adr/0203). The group keeps serving until every worker committed (or LINGER_S). A job whose task
+the ledger ended meanwhile is stopped. Progress goes on the job board (`/status`, dkb_taskProgress,
+the progress protocol)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus.task_info import TaskInfo, TaskStatus
+from consensus.tx import MAX_BANDWIDTH_MBPS
 from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.epoch_commits import EpochCommitter
@@ -161,7 +163,8 @@ class Training:
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], workers))
-            receipt = await self.ledger.send("commit_result", commitment.payload(task_id))
+            rates = await self._co_worker_uploads(others)
+            receipt = await self.ledger.send("commit_result", {**commitment.payload(task_id), **rates})
             self.board.update(key, state=JobState.COMMITTED, commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome=JobState.COMMITTED)
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
@@ -239,6 +242,17 @@ class Training:
         """Where the trainer puts its checkpoints and averages: the node's artifacts."""
         sink_type: Any = ArtifactSink   # ml.train.segments is not typed yet
         return sink_type(self.node.artifacts)
+
+    async def _co_worker_uploads(self, co_workers: list[str]) -> dict[str, dict[str, int]]:
+        """commit_result's ``peer_rates``: each co-worker's upload (Mbit/s) as this node's probes measured
+        it (the bandwidth service probes those it has no fresh figure for), which the ledger turns into
+        verified bandwidth once the task is paid (docs/adr/0219); {} when none could be measured."""
+        service = self.membership.bandwidth_service()
+        if service is None or not co_workers:
+            return {}
+        measured = await service.measure_peers(co_workers)
+        rates = {peer: min(MAX_BANDWIDTH_MBPS, int(mbps)) for peer, mbps in sorted(measured.items()) if mbps >= 1}
+        return {"peer_rates": rates} if rates else {}
 
     def _record_allreduce_rate(self, group: Any) -> None:
         """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""

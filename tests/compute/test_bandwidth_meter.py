@@ -169,3 +169,43 @@ def test_service_probes_connected_peers_once_asked(monkeypatch):
     status = asyncio.run(scenario())
     assert status["probing"] and status["upload_mbps"] > 0 and status["download_mbps"] > 0
     assert status["median_latency_ms"] > 0
+
+
+def test_measure_peers_keeps_each_peers_upload_and_waits_out_a_busy_peer(monkeypatch):
+    """What a worker reports for its co-workers in commit_result (ADR 0219): each connected peer's upload as
+    this node's probe saw it; a peer busy with another asker's probe is retried; an unconnected one and
+    one that cannot be measured within the budget are left out, and the call returns within it."""
+    class FakeNode:
+        def __init__(self, host):
+            self.host, self.status = host, types.SimpleNamespace(add_section=lambda name, fn: None)
+            self.dashboard = types.SimpleNamespace(sections={})
+
+    async def scenario():
+        hosts = [Host(Identity.generate()) for _ in range(4)]
+        for host in hosts:
+            await host.start()
+        try:
+            me, busy, quiet, stranger = hosts
+            services = [bandwidth.BandwidthService(FakeNode(host)) for host in hosts]
+            for peer in (busy, quiet):
+                me.peerbook.add_addrs(peer.peer_id, peer.listen_addrs)
+                await me.ping(peer.peer_id)
+            services[1].admission.busy = True                        # busy with someone else's probe...
+            asyncio.get_running_loop().call_later(0.5, services[1].admission.done)   # ...for half a second
+            started = asyncio.get_running_loop().time()
+            measured = await services[0].measure_peers([busy.peer_id, quiet.peer_id, stranger.peer_id], budget_s=10)
+            elapsed = asyncio.get_running_loop().time() - started
+            again = await services[0].measure_peers([busy.peer_id])   # fresh: no second probe
+            services[2].admission.busy = True                        # never free again
+            services[0].peer_uploads.clear()
+            started = asyncio.get_running_loop().time()
+            starved = await services[0].measure_peers([quiet.peer_id], budget_s=1.0)
+            return measured, elapsed, again, starved, asyncio.get_running_loop().time() - started, hosts
+        finally:
+            for host in hosts:
+                await host.stop()
+
+    measured, elapsed, again, starved, starved_s, hosts = asyncio.run(scenario())
+    assert set(measured) == {hosts[1].peer_id, hosts[2].peer_id} and all(v > 1 for v in measured.values())
+    assert 0.4 < elapsed < 10 and again == {hosts[1].peer_id: measured[hosts[1].peer_id]}
+    assert starved == {} and starved_s < 2.5

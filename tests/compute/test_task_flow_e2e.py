@@ -177,6 +177,14 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
         assert after[peer] - before[peer] == expected[peer]
     assert after[owner] - before[owner] == expected[owner] - PRICE
     check_supply(devnet)
+    # each committer reported the upload rates its all-reduce agreed for its co-workers, and the paid task
+    # made them measurements on the co-workers' records (ADR 0219; two reporters: not yet verified)
+    assert set(task["rate_reports"]) == set(workers)
+    for reporter, rates in task["rate_reports"].items():
+        assert set(rates) == set(workers) - {reporter} and all(mbps > 0 for mbps in rates.values()), rates
+    for worker in workers:
+        measured = rpc(devnet, "dkb_getNode", worker)["measured"]
+        assert sorted(reporter for reporter, _, _ in measured) == sorted(set(workers) - {worker})
 
     worker_node = next(n for n in devnet.compute if n.peer_id == workers[0])
     job = http_json(f"{worker_node.rpc_url}/status")["compute"]["jobs"][task_id]
@@ -218,7 +226,8 @@ def test_diloco_task_per_worker_segments_are_audited_and_paid(devnet):
 def placement_weight(net, peer: str) -> int:
     """The ledger's worker_weight of `peer` (stake, reputation, measured bandwidth class) from RPC reads."""
     node, stake = rpc(net, "dkb_getNode", peer), rpc(net, "dkb_getStake", peer)
-    state = SimpleNamespace(nodes={peer: SimpleNamespace(hardware=node["hardware"], reputation=node["reputation"])},
+    state = SimpleNamespace(nodes={peer: SimpleNamespace(hardware=node["hardware"], reputation=node["reputation"],
+                                                         measured=node["measured"])},
                             stakes={peer: SimpleNamespace(bonded=stake["bonded"])})
     return worker_weight(state, peer)
 

@@ -4,8 +4,8 @@ and kept reject_fee from each, at no reputation cost."""
 from test_ledger_kit import Chain, ident
 
 from consensus.genesis import Params
-from consensus.state import rejections
-from consensus.state.records import TaskStatus
+from consensus.state import bandwidth, rejections
+from consensus.state.records import NodeRecord, TaskStatus
 from consensus.state.tasks import task_id_for, worker_weight
 from consensus.txcodes import TxCode
 
@@ -75,12 +75,12 @@ def test_a_lone_rejecter_farming_one_owner_loses_and_the_owner_loses_nothing():
 def test_declared_bandwidth_above_the_cap_buys_no_rank():
     chain = make_chain()
     state = chain.ledger.state
-    cap = rejections.UNVERIFIED_BANDWIDTH_CAP_MBPS
-    assert rejections.ranking_bandwidth(state.nodes[ATTACKER.peer_id].hardware) == cap
+    cap = bandwidth.UNVERIFIED_BANDWIDTH_CAP_MBPS
+    assert bandwidth.ranking_bandwidth(state.nodes[ATTACKER.peer_id]) == cap
     # half the bond, half the weight: 10^6 declared Mbit/s count as much as 100
     assert worker_weight(state, ATTACKER.peer_id) * 2 == worker_weight(state, H1.peer_id)
-    assert rejections.ranking_bandwidth({"bandwidth_mbps": 10}) == 10
-    assert rejections.ranking_bandwidth({}) == 0
+    assert bandwidth.ranking_bandwidth(NodeRecord([], [], [], {"bandwidth_mbps": 10})) == 10
+    assert bandwidth.ranking_bandwidth(NodeRecord([], [], [], {})) == 0
 
 
 def test_repeated_lone_rejections_bar_the_node_from_every_owner_for_the_cooldown():
