@@ -42,6 +42,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "max_task_s": Key(int, 0, "the longest task taken, by its declared duration in seconds; 0: any",
                           check_non_negative),
         "cuda_devices": Key(int, -1, "CUDA devices lent: -1 all, 0 none (CPU tasks only)"),
+        "cpu_cores": Key(int, 0, "CPU cores (torch threads) the node's training uses; 0: all (ADR 0220)",
+                         check_non_negative),
+        "memory_mb": Key(int, 0, "the largest training state (weights, gradients, optimizer moments) a task "
+                                 "may need, in MB; 0: any (ADR 0220)", check_non_negative),
         "portable_cpu": Key(bool, True,
                             "train on CPU under the portable CPU profile (ADR 0166: AVX2 kernels, bitwise identical "
                             "on every x86-64 CPU with AVX2); false: the machine's fastest kernels, and the node "

@@ -91,8 +91,10 @@ class ComputeRole(Role):
         self.fetch = PeerFetch(node, self.ledger, self.board, self.membership.meter)
         self.faults = FaultInjection(self.config["fault_inject"], lambda key: self.ledger.call("dkb_getTask", key),
                                      self.fetch.learn_addresses, node.host)
+        # hours, longest task, GPUs, cores and memory lent (docs/adr/0198, 0220)
+        self.limits = LimitsControl(self.config)
         self.training = Training(node, self.ledger, self.config, self.board, self.store, self.fetch, self.membership,
-                                 self.faults, self.transport, self._spawn)
+                                 self.faults, self.transport, self._spawn, self.limits)
         self.verification = VerificationDuties(node, self.ledger, self.fetch, self.membership, self.faults,
                                                self._spawn, self._set_error)
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(self.store.record_for))
@@ -104,7 +106,6 @@ class ComputeRole(Role):
         node.rpc.register("dkb_taskProgress", self._rpc_task_progress)
         node.dashboard.sections["compute"] = self.dashboard_section
         node.dashboard.pause = self.set_paused
-        self.limits = LimitsControl(self.config)   # hours, longest task, GPUs lent (docs/adr/0198)
         node.dashboard.sections["limits"], node.dashboard.limits = self.limits.section, self.limits.set
         self.store.load()
 

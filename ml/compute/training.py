@@ -26,6 +26,7 @@ from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.job_board import TERMINAL, JobBoard, JobState
+from ml.compute.limits import LimitsControl
 from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
 from ml.compute.progress_history import record_point
@@ -54,8 +55,9 @@ class Training:
 
     def __init__(self, node: Any, ledger: LedgerGateway, config: Any, board: JobBoard, results: ResultStore,
                  fetch: PeerFetch, membership: Membership, faults: FaultInjection, transport: Any,
-                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]], limits: LimitsControl) -> None:
         self.node = node
+        self.limits = limits                     # the provider's (memory is checked after the dry run)
         self.ledger = ledger
         self.config = config
         self.board = board
@@ -126,7 +128,11 @@ class Training:
             self.board.update(key, spec=spec.to_dict(), steps=spec.steps, device=device)
             files = await self.fetch.task_inputs(key, task, spec, workers)
             self.board.update(key, state="dry run")
-            await asyncio.to_thread(dry_run, spec, files, len(workers))
+            tried = await asyncio.to_thread(dry_run, spec, files, len(workers))
+            over = self.limits.memory_refusal(tried["params"])
+            if over is not None:
+                await self.reject(key, task_id, over)
+                return
             await self.fetch.learn_addresses(others)
             group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"],
                                self.node.identity)

@@ -149,10 +149,13 @@ def test_a_provider_uses_the_dashboard_in_chromium(browser, provider):  # noqa: 
 
     page.fill("#limit-hours", "22-7")
     page.fill("#limit-max-task", "3600")
+    page.fill("#limit-memory", "4000")
     page.click("#save-limits")
     shows(page, "#limits-said", "saved")
     shows(page, "#limits", "22-7")
+    shows(page, "#limits", "4000")
     assert compute.limits.current.hours == "22-7" and compute.limits.current.max_task_s == 3600
+    assert compute.limits.current.memory_mb == 4000 and compute.limits.current.cpu_cores == 0
     page.fill("#limit-hours", "99-1")
     page.click("#save-limits")
     shows(page, "#limits-said", "hours must be like 22-7")

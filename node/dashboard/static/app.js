@@ -92,11 +92,15 @@ function show(data) {
   const limits = data.limits || {};
   fill("limits", [["hours of the day", limits.hours || "any"],
     ["longest task (s)", limits.max_task_s ? limits.max_task_s : "any"],
-    ["GPUs lent", limits.cuda_devices === -1 ? "all" : limits.cuda_devices]]);
+    ["GPUs lent", limits.cuda_devices === -1 ? "all" : limits.cuda_devices],
+    ["CPU cores", limits.cpu_cores ? limits.cpu_cores : "all"],
+    ["memory (MB)", limits.memory_mb ? limits.memory_mb : "any"]]);
   if (data.limits && !limitsShown) {   // the form starts from the node's values, then is the user's
     document.getElementById("limit-hours").value = limits.hours;
     document.getElementById("limit-max-task").value = limits.max_task_s;
     document.getElementById("limit-gpus").value = limits.cuda_devices;
+    document.getElementById("limit-cores").value = limits.cpu_cores;
+    document.getElementById("limit-memory").value = limits.memory_mb;
     limitsShown = true;
   }
   paused = Boolean(compute.paused);
@@ -127,7 +131,9 @@ document.getElementById("save-limits").addEventListener("click", async () => {
     "X-Dekube-Token": token }, body: JSON.stringify({
     hours: document.getElementById("limit-hours").value.trim(),
     max_task_s: Number(document.getElementById("limit-max-task").value || 0),
-    cuda_devices: Number(document.getElementById("limit-gpus").value || -1) }) });
+    cuda_devices: Number(document.getElementById("limit-gpus").value || -1),
+    cpu_cores: Number(document.getElementById("limit-cores").value || 0),
+    memory_mb: Number(document.getElementById("limit-memory").value || 0) }) });
   const body = await answer.json();
   said.textContent = answer.ok ? "saved" : body.error;
   said.className = answer.ok ? "" : "error";
