@@ -38,6 +38,7 @@ OTHER_MEANINGS = {
     ("cli/wallet.py", "pending"), ("cli/task_ledger.py", "pending"),   # the block tag of
     ("cli/provide.py", "pending"),                                    # dkb_getTransactionCount
     ("cli/testnet.py", "running"),                # a local process's state
+    ("cli/testnet.py", "stopped"),                # ... (a task's "stopped" is ADR 0211's)
     ("cli/dev_chain.py", "created"),              # "created dev chain ..." (a message)
 }
 
