@@ -48,6 +48,8 @@ TASK_EVENT_NAMES = {
     "slot_resolved": "slot_resolved",
     "task_paid": "finalized",
     "task_cancelled": "cancelled",
+    "task_stop_requested": "stop_requested",
+    "task_stopped": "stopped",
     "worker_rejected": "rejection",
     "task_rejected": "rejected",
     "task_expired": "expired",

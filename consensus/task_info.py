@@ -308,12 +308,14 @@ class EpochCommit:
 @dataclass(frozen=True)
 class EpochProgress:
     """The progress of a task cut into epochs (docs/adr/0203, consensus/state/epochs.py): the open epoch
-    (``current``, from 0), each worker's progress commitments in epoch order, and ``stopped``: the epoch
-    the crew stopped committing in (None while it has not)."""
+    (``current``, from 0), each worker's progress commitments in epoch order, ``stopped``: the epoch
+    the crew stopped committing in (None while it has not), and ``stop_at``: the epoch its owner stops
+    the task after (``stop_task``, docs/adr/0211; None when not asked)."""
 
     current: int = 0
     commits: Mapping[str, tuple[EpochCommit, ...]] = field(default_factory=dict)
     stopped: int | None = None
+    stop_at: int | None = None
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
@@ -324,7 +326,8 @@ class EpochProgress:
             commits[worker] = tuple(EpochCommit.from_json(entry, f"{where}.commits[{worker!r}][{i}]")
                                     for i, entry in enumerate(entries))
         stopped: int | None = _get(doc, "stopped", int, None, where)
-        return cls(_int(doc, "current", where), commits, stopped)
+        stop_at: int | None = _get(doc, "stop_at", int, None, where)
+        return cls(_int(doc, "current", where), commits, stopped, stop_at)
 
     def of(self, worker: str) -> tuple[EpochCommit, ...]:
         """``worker``'s progress commitments, in epoch order."""

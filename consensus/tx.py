@@ -443,6 +443,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "epochs": OptionalField(uint(1, MAX_TASK_SEGMENTS)),    # epochs the segments are cut into (ADR 0203)
     },
     "cancel_task": {"task_id": TASK_ID},
+    "stop_task": {"task_id": TASK_ID},   # the owner ends a running task at the next epoch boundary (ADR 0211)
     "reject_task": {"task_id": TASK_ID, "reason": reason_text(MAX_REASON_CHARS)},
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
                       "segments": uint(1, 2**32),

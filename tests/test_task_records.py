@@ -37,6 +37,7 @@ OTHER_MEANINGS = {
     ("cli/serve.py", "ok"),                      # a serving check's result
     ("cli/wallet.py", "pending"),                # the block tag of dkb_getTransactionCount
     ("cli/testnet.py", "running"),                # a local process's state
+    ("cli/testnet.py", "stopped"),                # ... (a task's "stopped" is ADR 0211's)
     ("cli/dev_chain.py", "created"),              # "created dev chain ..." (a message)
 }
 

@@ -39,6 +39,7 @@ HANDLERS = {
     "register_node": nodes.apply_register_node,
     "submit_task": tasks.apply_submit_task,
     "cancel_task": tasks.apply_cancel_task,
+    "stop_task": tasks.apply_stop_task,
     "reject_task": tasks.apply_reject_task,
     "commit_result": tasks.apply_commit_result,
     "commit_epoch": tasks.apply_commit_epoch,

@@ -132,6 +132,8 @@ class TaskStatus:
     VERIFIED = "verified"        # every audit slot resolved without a mismatch (ADR 0168)
     DISPUTED = "disputed"        # some slot mismatched, is disputed or refereed, or ended guilty or undecided
     PAID = "paid"                # finalized: at least one worker paid, escrow empty
+    STOPPED = "stopped"          # finalized at an epoch boundary before its end (crew or owner stopped it,
+                                 # ADR 0203, 0211): the closed epochs' workers paid, the rest refunded
     CANCELLED = "cancelled"      # refunded before assignment
     REJECTED = "rejected"        # a strict majority of its workers reported it untrainable: refunded less reject_fee
     EXPIRED = "expired"          # not assigned within task_assign_s, or nobody committed by the deadline: refunded
@@ -140,7 +142,7 @@ class TaskStatus:
     OPEN_FOR_COMMITS = frozenset({ASSIGNED, RUNNING})
     AUDITABLE = frozenset({COMMITTED, VERIFIED, DISPUTED})
     ACTIVE = frozenset({ASSIGNED, RUNNING, COMMITTED, VERIFIED, DISPUTED})
-    FINAL = frozenset({PAID, CANCELLED, REJECTED, EXPIRED, FAILED})   # escrow empty, nothing more can happen
+    FINAL = frozenset({PAID, STOPPED, CANCELLED, REJECTED, EXPIRED, FAILED})   # escrow empty, nothing more can happen
 
 
 class SlotOutcome:
@@ -178,7 +180,7 @@ class Task(Record):
     ``epochs``: the progress of a task cut into epochs (the spec's ``epochs`` > 1, docs/adr/0203,
     consensus/state/epochs.py): ``{"current": the open epoch, "commits": worker -> [[segments_root,
     state_digest, segments, height], ...] one per epoch, and, once the crew stopped committing,
-    "stopped": the epoch it stopped in}``;
+    "stopped": the epoch it stopped in; "stop_at": the epoch its owner stops it after (ADR 0211)}``;
     {} for a task without epochs.
     ``rate_reports``: reporter -> {co-worker: Mbit/s}, the upload rates each committer's all-reduce
     agreed for its co-workers (commit_result's ``peer_rates``, docs/adr/0219); {} when none reported.

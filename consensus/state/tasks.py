@@ -5,7 +5,9 @@ created --(end of block: workers assigned)--> assigned --(first commit)--> runni
 consensus/state/audits.py, docs/adr/0168)--> verified | disputed --(finalize)--> paid, or failed when
 no worker earned its share (every committer found guilty); created --(cancel_task)--> cancelled;
 created --(task_assign_timeout)--> expired; assigned --(commit deadline, nobody committed)--> expired;
-assigned | running --(reject_task by a strict majority of the workers)--> rejected. A task that ends
+assigned | running --(reject_task by a strict majority of the workers)--> rejected; a task cut into epochs
+that ends at an epoch boundary before its last epoch (its crew stopped, or its owner's stop_task,
+consensus/state/task_stop.py, docs/adr/0211) settles ``stopped`` instead of ``paid``. A task that ends
 without paying a worker never reads ``paid``: its ``reason`` says what happened. Deadlines are block
 times derived from the task's declared work (consensus/state/deadlines.py, docs/adr/0187). See
 docs/adr/0023 for assignment and payout rules, docs/adr/0081 for the commit quorum (a crashed worker
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audits, bandwidth, deadlines, epochs, rejections
+from consensus.state import audits, bandwidth, deadlines, epochs, rejections, task_stop
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -110,6 +112,15 @@ def apply_cancel_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     state.events.append({"type": "task_cancelled", "task_id": task_id})
 
 
+def apply_stop_task(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """The owner ends a running task at the next epoch boundary (docs/adr/0211)."""
+    task_id = tx.payload["task_id"]
+    task = get_task(state, task_id)
+    task_stop.check_stop(task, tx.sender)
+    state.events.append({**task_stop.request(task), "task_id": task_id})
+    state.touch(TASK, task_id)
+
+
 # ---- end of block (run by every validator after the block's transactions) -----------------
 
 def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -161,6 +172,10 @@ def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
     closes at once when nobody is left to wait for."""
     state.events.append({**epochs.close(ctx, task, deadlines.task_span_ms(params, task)), "task_id": task_id})
     state.touch(TASK, task_id)
+    if task_stop.due(task):   # the owner stops the task at this boundary (docs/adr/0211)
+        state.events.append({**task_stop.stop(task), "task_id": task_id})
+        _open_audit_window(state, params, ctx, task_id, task)
+        return
     quorum = commit_quorum(len(task.workers))
     ahead = len(epochs.committed(task, epochs.current(task))) if epochs.before_last(task) else len(task.commits)
     if ahead >= quorum:
@@ -531,7 +546,8 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     (burnt) and unpaid; a worker that never committed loses reputation; each verifier answer and referee
     vote the slot's verdict contradicts costs ``slash_false_audit_bps``; the verifier pool goes to the
     answers and referee votes that agree with the verdicts; relays' claims are paid; the
-    owner gets the rest. The task ends ``paid`` when a worker was paid, else ``expired`` (nobody
+    owner gets the rest. The task ends ``paid`` when a worker was paid (``stopped`` when it stopped at an
+    epoch boundary before its end, ADR 0211), else ``expired`` (nobody
     committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
     verifier_pool = task.price * params.verifier_share_bps // 10_000
     share = worker_share(params, task.price, len(task.workers))
@@ -575,12 +591,12 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     task.escrow = 0
     slashed = sorted(settlement.guilty | set(settlement.false_answers))
     state.touch(TASK, task_id)
-    if paid_workers:
+    if paid_workers:   # a task that stopped at an epoch boundary says so (docs/adr/0211)
         bandwidth.record_paid_task(state, task, paid_workers, state.height + 1)
-        task.status = TaskStatus.PAID
+        task.status = TaskStatus.STOPPED if "stopped" in task.epochs else TaskStatus.PAID
         task.result = leading_result(task, settlement.guilty)
         state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
-                             "slashed": slashed})
+                             "slashed": slashed, "status": task.status})
         return
     task.status, task.reason = unpaid_outcome(task, settlement.guilty)
     state.events.append({"type": f"task_{task.status}", "task_id": task_id, "reason": task.reason,

@@ -8,7 +8,7 @@ from typing import Any
 
 from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 
-ENDED = (TaskStatus.PAID, TaskStatus.REJECTED)
+ENDED = (TaskStatus.PAID, TaskStatus.STOPPED, TaskStatus.REJECTED)
 MAX_ROWS = 50
 
 
@@ -94,6 +94,7 @@ def owned_by(tasks: list[TaskInfo], me: str) -> list[dict[str, Any]]:
             continue
         key = task.task_id
         out.append({"task_id": key, "status": task.status, "workers": len(task.workers),
-                    "fetch": f"dekube-node task fetch {key} --out weights-{key[:8]}" if task.status == TaskStatus.PAID
+                    "fetch": f"dekube-node task fetch {key} --out weights-{key[:8]}"
+                    if task.status in (TaskStatus.PAID, TaskStatus.STOPPED)
                     else ""})
     return out[:MAX_ROWS]

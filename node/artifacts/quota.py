@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENDED_TASKS = frozenset({"paid", "rejected", "expired", "cancelled"})
+ENDED_TASKS = frozenset({"paid", "stopped", "rejected", "expired", "cancelled", "failed"})
 SOURCE_FIELDS = ("model_artifact", "dataset_artifact", "eval_artifact")
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 
