@@ -58,7 +58,7 @@ def payout_parts(task: TaskInfo, params: Params | None = None) -> dict[str, list
         for worker in rejecters:
             add(worker, "reject fee", fee // len(rejecters))
     for relay, amount in sorted(task.relay_claims.items()):
-        if task.status in (TaskStatus.PAID, TaskStatus.REJECTED):
+        if task.status in (TaskStatus.PAID, TaskStatus.STOPPED, TaskStatus.REJECTED):
             add(relay, "relay", amount)
     explained = {}
     for peer, total in task.payouts.items():

@@ -97,12 +97,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fetch.add_argument("task_id", help="task id (hex)")
     fetch.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="writes DIR/weights.safetensors and DIR/metrics.json")
+    fetch.add_argument("--epoch", type=int, metavar="N",
+                       help="the weights of epoch N's state (a task cut into epochs: any closed epoch)")
     add_follow_arguments(fetch)
     cancel = ledger_action("cancel", "cancel a task not assigned yet (the escrow comes back)", _run_cancel)
     cancel.add_argument("task_id", help="task id (hex)")
     cancel.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
     add_unlock_argument(cancel)
     cancel.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
+    stop = ledger_action("stop", "end a running task at its next epoch boundary (the closed epochs are paid, "
+                                 "the rest refunded; fetch then gets their weights)", _run_stop)
+    stop.add_argument("task_id", help="task id (hex)")
+    stop.add_argument("--key", type=Path, help="key file to sign with instead of <home>/node_key.json")
+    add_unlock_argument(stop)
+    stop.add_argument("--fee", type=int, default=DEFAULT_FEE, help=f"transaction fee (default {DEFAULT_FEE})")
     show = ledger_action("show", "show one task", run_show)
     show.add_argument("task_id", help="task id (hex)")
     listing = ledger_action("list", "list tasks, newest first", run_list)
@@ -213,6 +221,13 @@ def _run_cancel(args: argparse.Namespace) -> int:
 
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     return run_cancel(args, identity)
+
+
+def _run_stop(args: argparse.Namespace) -> int:
+    from cli.task_watch import run_stop
+
+    identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
+    return run_stop(args, identity)
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -7,11 +7,21 @@ NAT'd workers are reached through their relays) go in the client node's peerbook
 service downloads from them all at once (each chunk verified against the id), and the complete
 file is hashed once more before it is written as ``DIR/weights.safetensors``. ``DIR/metrics.json``
 holds the workers' per-step reports (loss, evaluation metric) as one of them serves them.
+
+A task cut into epochs (docs/adr/0203) keeps each closed epoch's state: every worker committed its
+state's digest, and serves the state (a trainer state file, ml/train/state_file.py). ``--epoch N``
+fetches epoch N's state from the workers that committed it (the digest most of them agree on
+first; a worker tells where it serves that state over the progress protocol, `epoch_states`), checks
+the file's sha256 against the digest, parses it with the bounded state-file reader and writes its
+model weights as ``DIR/weights.safetensors``. A task that stopped at an epoch boundary (its owner's
+``task stop`` or its crew, docs/adr/0211) has its last closed epoch's state as its result: plain
+``task fetch`` does the same for that epoch.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import shutil
@@ -88,8 +98,10 @@ async def worker_metrics(node, peers: list[str], task_id: str) -> dict:
     return {}
 
 
-async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_path: Path | None = None) -> dict:
-    """Downloads and checks the task's weights into ``out``; returns what was written."""
+async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_path: Path | None = None,
+                       epoch: int | None = None) -> dict:
+    """Downloads and checks the task's weights into ``out`` (``epoch``: from epoch N's committed state,
+    1-based); returns what was written."""
     from node.artifacts import ArtifactError, artifact_id_of_file
 
     doc = await call(pool, "dkb_getTask", task_id)
@@ -98,9 +110,15 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     task = decode_task(doc)
     result = task.result
     stopped = task.epochs.stopped if task.epochs is not None else None
+    closed = task.epochs.current if task.epochs is not None else 0
+    if epoch is None and stopped is not None and closed:   # its result is the last closed epoch's state
+        epoch = closed
+    if epoch is not None:
+        written = await fetch_epoch_weights(pool, node, task, epoch, out, say)
+        return await _finish(node, task, out, written["result"], written["holders"], model_path, epoch)
     if not result and stopped is not None:
-        raise CliError(f"task {task_id} stopped in epoch {stopped + 1} (its crew stopped committing; docs/adr/0203): "
-                       "it has no trained weights on the ledger, only its closed epochs' state digests")
+        raise CliError(f"task {task_id} stopped in epoch {stopped + 1} before any epoch closed (docs/adr/0203): "
+                       "it has no trained weights on the ledger")
     if not result and task.status in FINAL:
         raise CliError(f"task {task_id} ended {task.status} without a result: no worker whose weights were "
                        "paid for (an audit mismatch, a rejection, or no commitment)")
@@ -119,14 +137,118 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
     if actual != result:
         raise CliError(f"the weights fetched hash to {actual}, not to the ledger's result {result}")
     out.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(shutil.copyfile, path, out / WEIGHTS_FILE)
+    return await _finish(node, task, out, result, holders, model_path)
+
+
+async def _finish(node, task: TaskInfo, out: Path, result: str, holders: list[str], model_path: Path | None,
+                  epoch: int | None = None) -> dict:
+    """metrics.json beside the weights written; what ``task fetch`` reports."""
     weights = out / WEIGHTS_FILE
-    await asyncio.to_thread(shutil.copyfile, path, weights)
-    metrics = await worker_metrics(node, holders, task_id)
-    written = {"task_id": task_id, "result": result, "status": task.status, "spec": dict(task.spec),
+    metrics = await worker_metrics(node, holders, task.task_id)
+    written = {"task_id": task.task_id, "result": result, "status": task.status, "spec": dict(task.spec),
                "workers": list(task.workers), **({"final": metrics} if metrics else {}),
-               "history": metrics.get("history", [])}
+               "history": metrics.get("history", []), **({"epoch": epoch} if epoch is not None else {})}
     with contextlib.suppress(KeyError):
         written["final"].pop("history")
     (out / METRICS_FILE).write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     return {"weights": str(weights), "metrics": str(out / METRICS_FILE), "result": result,
-            "final_metrics": metrics.get("metrics", {}), "load": load_hint(task, out, model_path)}
+            "final_metrics": metrics.get("metrics", {}), "load": load_hint(task, out, model_path),
+            **({"epoch": epoch} if epoch is not None else {})}
+
+
+def epoch_states(task: TaskInfo, epoch: int) -> list[tuple[str, list[str]]]:
+    """Epoch ``epoch``'s (1-based) committed state digests, each with the workers that committed it, the
+    ledger's result first, then the most committed; CliError for an epoch that has not closed."""
+    progress = task.epochs
+    if progress is None:
+        raise CliError(f"task {task.task_id} is not cut into epochs: fetch its result without --epoch")
+    if not 1 <= epoch <= progress.current:
+        closed = progress.current
+        raise CliError(f"epoch {epoch} of task {task.task_id} has not closed ({closed} closed so far)"
+                       if epoch > closed else "epochs count from 1")
+    holders: dict[str, list[str]] = {}
+    for worker in sorted(progress.commits):
+        mine = progress.of(worker)
+        if len(mine) >= epoch:
+            holders.setdefault(mine[epoch - 1].state_digest, []).append(worker)
+    return sorted(holders.items(), key=lambda item: (item[0] != task.result, -len(item[1]), item[0]))
+
+
+def weights_from_state(path: Path) -> bytes:
+    """The model weights (safetensors, names sorted) inside a trainer state file (blocking; the bounded
+    reader of ml/train/state_file.py: nothing is unpickled). CliError when it holds no model."""
+    from safetensors.torch import save
+
+    from ml.train.state_file import BadStateFile, load_state
+
+    try:
+        state = load_state(path.read_bytes())
+    except BadStateFile as exc:
+        raise CliError(f"the epoch's state file is malformed: {exc}") from None
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict) or not model:
+        raise CliError("the epoch's state file holds no model weights")
+    return save({name: tensor.contiguous() for name, tensor in sorted(model.items())})
+
+
+async def epoch_state_artifact(node, peers: list[str], task_id: str, digest: str) -> str | None:
+    """The artifact id under which one of ``peers`` serves the state with sha256 ``digest`` (its job's
+    ``epoch_states``, over the progress protocol); None when none says. Only a pointer: the file fetched
+    is checked against ``digest``."""
+    try:
+        from ml.compute.progress_protocol import follow_progress
+    except ImportError:
+        return None
+    for peer in peers:
+        try:
+            async with asyncio.timeout(METRICS_TIMEOUT_S):
+                async for report in follow_progress(node.host, peer, bytes.fromhex(task_id)):
+                    states = report.get("epoch_states") if isinstance(report, dict) else None
+                    artifact = states.get(digest) if isinstance(states, dict) else None
+                    if isinstance(artifact, str):
+                        return artifact
+                    break   # the first report holds the job's snapshot
+        except Exception as exc:   # that worker is gone or answers junk: ask the next
+            log.info("epoch states from %s: %s: %s", peer, type(exc).__name__, exc)
+    return None
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+async def fetch_epoch_weights(pool, node, task: TaskInfo, epoch: int, out: Path, say) -> dict:
+    """Epoch ``epoch``'s state from a worker that committed it (its sha256 checked against the committed
+    digest); its model weights written to ``out``. {"result": the state digest, "holders": the workers}."""
+    from node.artifacts import ArtifactError
+
+    errors = []
+    for digest, workers in epoch_states(task, epoch):
+        holders = await learn_addresses(pool, node, workers)
+        if not holders:
+            errors.append(f"{digest[:16]}..: no holder with registered addresses")
+            continue
+        artifact = await epoch_state_artifact(node, holders, task.task_id, digest)
+        if artifact is None:
+            errors.append(f"{digest[:16]}..: no holder says where it serves that state")
+            continue
+        say(f"fetching the state of epoch {epoch} ({digest[:16]}..) from {len(holders)} worker(s)")
+        try:
+            path = await node.artifacts.fetch(artifact, holders)
+        except (ArtifactError, ValueError) as exc:
+            errors.append(f"{digest[:16]}..: {exc}")
+            continue
+        if await asyncio.to_thread(sha256_of_file, path) != digest:
+            errors.append(f"{digest[:16]}..: the file served does not hash to the committed digest")
+            continue
+        weights = await asyncio.to_thread(weights_from_state, path)
+        out.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread((out / WEIGHTS_FILE).write_bytes, weights)
+        return {"result": digest, "holders": holders}
+    raise CliError(f"cannot fetch the state of epoch {epoch} of task {task.task_id}: " + ("; ".join(errors) or
+                                                                                      "no worker committed it"))

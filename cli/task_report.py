@@ -107,7 +107,7 @@ def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict[str, Any]
     if as_json:
         print(json.dumps({**task.doc, **(extra or {})}))
         return code
-    if status in FAILED or status == TaskStatus.CANCELLED:
+    if status in FAILED or status in (TaskStatus.CANCELLED, TaskStatus.STOPPED):
         echo(f"task {task.task_id} {status}" + (f": {task.reason}" if task.reason else ""))
         for worker, reason in task.rejections.items():
             echo(f"  rejected by worker {worker}: {reason}")
@@ -117,7 +117,7 @@ def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict[str, Any]
         echo(f"payouts of task {task.task_id} (price {task.price}):")
     for line in payout_lines(task):
         echo(line)
-    if status == TaskStatus.PAID:
+    if status in (TaskStatus.PAID, TaskStatus.STOPPED):
         for worker in task.workers:
             if worker not in task.payouts:
                 echo(f"  {worker}  {'worker':10} 0 (not paid: no commitment, or an audit slot found it guilty)")

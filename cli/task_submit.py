@@ -293,7 +293,7 @@ async def follow(args: argparse.Namespace, pool, node, task_id: str, inputs: Tas
             return 0
     task = await following
     extra = {}
-    if args.out is not None and task.status == TaskStatus.PAID:
+    if args.out is not None and task.status in (TaskStatus.PAID, TaskStatus.STOPPED):
         model_path = inputs.files.get(spec_value(task, "model_artifact"))
         fetched = await fetch_result(pool, node, task_id, Path(args.out), say=view.note, model_path=model_path)
         extra["fetched"] = fetched

@@ -1,9 +1,11 @@
-"""``task watch|wait``, ``task fetch`` and ``task cancel`` on an existing task.
+"""``task watch|wait``, ``task fetch``, ``task cancel`` and ``task stop`` on an existing task.
 
 ``watch`` reads the task once; a task still running is followed live (ledger ``tasks`` events, and
 the workers' progress over p2p from a client node) until it ends, then its payouts or the reason
 it failed are printed. ``fetch`` downloads the trained weights (cli.task_fetch). ``cancel`` sends
-cancel_task and reports the refund (the ledger accepts it while the task is not assigned).
+cancel_task and reports the refund (the ledger accepts it while the task is not assigned). ``stop``
+sends stop_task: a running task cut into epochs ends at the next epoch boundary, its closed epochs
+audited and paid, the rest refunded; ``fetch`` then gets the last closed epoch's weights (docs/adr/0211).
 """
 from __future__ import annotations
 
@@ -77,11 +79,13 @@ async def fetch(args: argparse.Namespace, task_id: str, out: Path) -> int:
     async with ledger_pool(args.rpc) as pool:
         client = await client_identity(args, pool, owner_identity(args))
         async with client_node(client, bootstrap=args.bootstrap or (), relays=args.relay or ()) as node:
-            fetched = await fetch_result(pool, node, task_id, out, say=say)
+            fetched = await fetch_result(pool, node, task_id, out, say=say, epoch=args.epoch)
     if args.json:
         print(json.dumps(fetched))
         return 0
-    print(f"weights: {fetched['weights']} (artifact {fetched['result']}, as the ledger's result)")
+    source = (f"the state of epoch {fetched['epoch']}, artifact {fetched['result']}" if "epoch" in fetched
+              else f"artifact {fetched['result']}, as the ledger's result")
+    print(f"weights: {fetched['weights']} ({source})")
     print(f"metrics: {fetched['metrics']}  final {fetched['final_metrics']}")
     print(f"load them: {fetched['load']}")
     return 0
@@ -109,4 +113,33 @@ async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> 
         print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": cancelled}))
     else:
         print(f"task {task_id} cancelled in block {receipt['height']}; {task.price} tokens back to the owner")
+    return 0
+
+
+def run_stop(args: argparse.Namespace, identity: Identity) -> int:
+    return asyncio.run(stop(args, parse_task_id(args.task_id), identity))
+
+
+async def stop(args: argparse.Namespace, task_id: str, identity: Identity) -> int:
+    """Ask the ledger to end a running task at the next epoch boundary (stop_task, docs/adr/0211)."""
+    async with ledger_pool(args.rpc) as pool:
+        doc = await call(pool, "dkb_getTask", task_id)
+        if doc is None:
+            raise CliError(f"no task {task_id}")
+        task = decode_task(doc)
+        if task.owner != identity.peer_id:
+            raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
+        sent = await send_tx(pool.urls, identity, "stop_task", {"task_id": bytes.fromhex(task_id)}, fee=args.fee)
+        stopping = decode_task(await call(pool, "dkb_getTask", task_id))
+    assert sent.receipt is not None   # waited for
+    progress = stopping.epochs
+    at = progress.stop_at if progress is not None and progress.stop_at is not None else None
+    total = stopping.spec_field("epochs", 0)
+    if args.json:
+        print(json.dumps({"task_id": task_id, "tx_hash": sent.tx_hash, "height": sent.receipt["height"],
+                          "stops_after_epoch": None if at is None else at + 1, "epochs": total}))
+    elif at is not None:
+        print(f"task {task_id} stops at the end of epoch {at + 1} of {total}: its closed epochs are audited and "
+              f"paid, the rest is refunded; then `dekube-node task fetch {task_id} --out DIR` gets that epoch's "
+              "weights")
     return 0

@@ -32,7 +32,8 @@ async def send_tx(urls: Sequence[str], identity: Identity, tx_type: str, payload
             receipt = exc.receipt
             raise CliError(f"{tx_type} {receipt['tx_hash']} refused by the ledger in block {receipt['height']}: "
                            f"{receipt['status']} {receipt.get('log', '')}".strip()) from None
-        raise CliError(f"{tx_type} not accepted: {exc.detail}") from None
+        code = f" ({exc.code.upper()})" if isinstance(exc.code, str) and exc.code else ""   # the ledger's code name
+        raise CliError(f"{tx_type} not accepted{code}: {exc.detail}") from None
     except LedgerUnavailable as exc:
         raise CliError(f"cannot reach the node: {exc}") from None
     finally:

@@ -74,6 +74,7 @@ class EpochCommitter:
         self.task_id, self.worker, self.recorder = task_id, worker, recorder
         self.send, self.keep = send, keep
         self.committed: list[Progress] = []
+        self.on_committed: Callable[[Progress], None] | None = None   # after each epoch's commit_epoch
 
     async def alongside(self, training: Awaitable[dict]) -> dict:
         """Await ``training`` (its summary) while committing each epoch it completes; raises what the
@@ -107,6 +108,8 @@ class EpochCommitter:
                              "segments_root": progress.segments_root.hex(), "epoch": epoch})
             await self.send("commit_epoch", progress.payload(self.task_id))
             self.committed.append(progress)
+            if self.on_committed is not None:
+                self.on_committed(progress)
 
 
 def crew_exit(task: TaskInfo, worker: str) -> str:

@@ -27,7 +27,7 @@ TERMINAL = (JobState.COMMITTED, JobState.FAILED, JobState.REJECTED)
 MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
 KEEPALIVE_S = 15.0        # and one at least this often, changed or not
 SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",
-                   "fetched_bytes", "fetch_total", "result")
+                   "fetched_bytes", "fetch_total", "result", "epoch_states")
 
 
 class JobBoard:

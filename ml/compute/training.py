@@ -151,6 +151,7 @@ class Training:
                 await asyncio.to_thread(self.results.save, key, records)
                 self.results.leaves.pop(key, None)
             committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
+            committer.on_committed = lambda progress: self._show_epoch_state(key, trainer.recorder, progress)
             summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
@@ -248,6 +249,15 @@ class Training:
         """Where the trainer puts its checkpoints and averages: the node's artifacts."""
         sink_type: Any = ArtifactSink   # ml.train.segments is not typed yet
         return sink_type(self.node.artifacts)
+
+    def _show_epoch_state(self, key: str, recorder: Any, progress: Any) -> None:
+        """Where the state an epoch commitment names is served (its artifact id, by its digest): the owner's
+        `task fetch --epoch N` asks for it over the progress protocol and checks the file (docs/adr/0211)."""
+        digest = progress.state_digest.hex()
+        artifact = recorder.state_artifacts.get(digest)
+        if artifact:
+            shown = dict(self.board.jobs.get(key, {}).get("epoch_states") or {})
+            self.board.update(key, epoch_states={**shown, digest: artifact})
 
     async def _co_worker_uploads(self, co_workers: list[str]) -> dict[str, dict[str, int]]:
         """commit_result's ``peer_rates``: each co-worker's upload (Mbit/s) as this node's probes measured

@@ -183,6 +183,7 @@ class SegmentRecorder:
         self._state_in = ""
         self._gradient = ""
         self._carry: tuple[tuple, bytes] | None = None
+        self.state_artifacts: dict[str, str] = {}   # sha256 of a segment's end state -> its artifact id (sink)
 
     def attach(self, trainer) -> None:
         """Wrap the trainer's plain averager and have the trainer report to this recorder."""
@@ -210,7 +211,7 @@ class SegmentRecorder:
             data = await in_compute_thread(_serialize, trainer)
         self._carry = None
         self._state_in = hashlib.sha256(data).hexdigest()
-        self._checkpoint = await self.sink.put(data)
+        self._checkpoint = self.state_artifacts.get(self._state_in) or await self.sink.put(data)
 
     async def gradient(self, tensors: list[torch.Tensor]) -> None:
         """This worker's own contribution for the step, before the codec."""
@@ -241,6 +242,9 @@ class SegmentRecorder:
         if self.sink is None:
             return
         self._carry = (trainer.state_marker(), data)
+        # the end state is the next segment's checkpoint; stored now, an epoch's last state can be fetched
+        # by its digest even when no next segment begins (docs/adr/0211)
+        self.state_artifacts[self.state_out] = await self.sink.put(data)
         averages = await self.sink.put(await in_compute_thread(averages_bytes, rounds))
         self.records.append(SegmentRecord(self._index, self._checkpoint, averages, self._state_in,
                                           tuple(self.steps), self.state_out, tuple(self.received)))

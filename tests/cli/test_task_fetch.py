@@ -3,6 +3,7 @@ weights come from the worker whose commitment names the ledger's result, are has
 written with metrics.json; a task without a result, or whose result no holder can serve, is one
 clear error; the load hint names the user's archive for a .pt2 task."""
 import asyncio
+import hashlib
 import json
 
 import pytest
@@ -11,6 +12,8 @@ from cli.client_node import client_node
 from cli.errors import CliError
 from cli.task_fetch import REGISTRY_CLASSES, fetch_result, load_hint, result_holders
 from consensus.task_info import TaskInfo
+from ml.compute import progress_protocol
+from ml.compute.job_board import JobBoard
 from node.identity import Identity
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -116,13 +119,84 @@ def test_no_result_yet_and_unservable_result_are_clear_errors(tmp_path):
     assert not (tmp_path / "b" / "weights.safetensors").exists()
 
 
-def test_a_stopped_task_says_it_has_no_weights_to_fetch(tmp_path):
-    """A task whose crew stopped (docs/adr/0203) was paid for its closed epochs but has no weights result."""
-    stopped = {**task_with("", "w", "x"), "status": "paid", "epochs": {"current": 1, "commits": {}, "stopped": 1}}
+def test_a_task_stopped_before_any_epoch_closed_has_no_weights_to_fetch(tmp_path):
+    """A task whose crew stopped in its first epoch (docs/adr/0203) has no closed epoch's state."""
+    stopped = {**task_with("", "w", "x"), "status": "expired", "epochs": {"current": 0, "commits": {}, "stopped": 0}}
 
     async def scenario():
         async with client_node(Identity.generate(), listen=LOOPBACK) as owner:
-            with pytest.raises(CliError, match="stopped in epoch 2 .* no trained weights"):
+            with pytest.raises(CliError, match="stopped in epoch 1 before any epoch closed .* no trained weights"):
                 await fetch_result(ScriptedLedger(stopped, {}), owner, TASK_ID, tmp_path / "a")
 
     run(scenario())
+
+
+def trainer_state(seed: int) -> tuple[bytes, dict]:
+    """A digits MLP trainer's full state file (as a worker's sink stores it) and its model's weights."""
+    from ml.registry import build_model, get_dataset
+    from ml.train.state_file import state_bytes
+
+    model = build_model("digits-mlp", get_dataset("digits"), seed)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    return state_bytes({"model": model.state_dict(), "inner": {"state": {}}, "step": 40, "bytes_sent": 9}), weights
+
+
+def epoch_task(current: int, commits: dict, stopped=None, result="", status="running") -> dict:
+    progress = {"current": current, "commits": commits, **({"stopped": stopped} if stopped is not None else {})}
+    return {**task_with(result, *list(commits)[:2]), "status": status, "result": result, "epochs": progress,
+            "spec": {"model": "digits-mlp", "dataset": "digits", "epochs": 4}}
+
+
+def test_fetch_epoch_n_writes_the_model_weights_of_that_epochs_state(tmp_path):
+    """``task fetch --epoch N`` (and a task stopped at an epoch boundary, ADR 0211): the state a worker
+    committed for epoch N, checked against the digest, its model weights written as safetensors."""
+    from safetensors.torch import load_file
+
+    first, first_weights = trainer_state(1)
+    second, second_weights = trainer_state(2)
+
+    async def scenario():
+        async with client_node(Identity.generate(), listen=LOOPBACK) as holder, \
+                client_node(Identity.generate(), listen=LOOPBACK) as owner:
+            served = {hashlib.sha256(data).hexdigest(): await holder.artifacts.add_bytes(data)
+                      for data in (first, second)}
+            one, two = list(served)   # the ledger has the states' sha256; the worker tells their artifact ids
+            board = JobBoard()
+            board.start(TASK_ID, workers=[holder.peer_id])
+            board.update(TASK_ID, state="committed", epoch_states=served)
+            holder.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(board))
+            other = Identity.generate().peer_id   # committed a state nobody serves: tried after the holder's
+            commits = {holder.peer_id: [["00" * 32, one, 2, 5], ["00" * 32, two, 4, 9]],
+                       other: [["00" * 32, "77" * 32, 2, 5]]}
+            nodes = {holder.peer_id: {"listen_addrs": holder.host.listen_addrs, "relay_addrs": []}}
+            running = ScriptedLedger(epoch_task(2, commits), nodes)
+            said = []
+            at_one = await fetch_result(running, owner, TASK_ID, tmp_path / "e1", say=said.append, epoch=1)
+            with pytest.raises(CliError, match="epoch 3 of task .* has not closed .2 closed so far"):
+                await fetch_result(running, owner, TASK_ID, tmp_path / "e3", epoch=3)
+            stopped = ScriptedLedger(epoch_task(2, commits, stopped=2, result=two, status="stopped"), nodes)
+            last = await fetch_result(stopped, owner, TASK_ID, tmp_path / "last")
+            return one, two, at_one, last, said
+
+    one, two, at_one, last, said = run(scenario())
+    assert at_one["result"] == one and at_one["epoch"] == 1 and "the state of epoch 1" in said[0]
+    got = load_file(str(tmp_path / "e1" / "weights.safetensors"))
+    assert set(got) == set(first_weights) and all(got[k].equal(v) for k, v in first_weights.items())
+    assert last["result"] == two and last["epoch"] == 2   # stopped: the last closed epoch's state
+    got = load_file(str(tmp_path / "last" / "weights.safetensors"))
+    assert all(got[k].equal(v) for k, v in second_weights.items())
+    assert json.loads((tmp_path / "last" / "metrics.json").read_text())["epoch"] == 2
+
+
+def test_a_state_file_that_is_not_one_is_refused(tmp_path):
+    from cli.task_fetch import weights_from_state
+    from ml.train.state_file import state_bytes
+
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x00" * 100)
+    with pytest.raises(CliError, match="malformed"):
+        weights_from_state(junk)
+    empty = tmp_path / "empty"
+    empty.write_bytes(state_bytes({"step": 3}))
+    with pytest.raises(CliError, match="no model weights"):
+        weights_from_state(empty)

@@ -50,7 +50,7 @@ def test_send_without_and_with_wait(chain, capsys):
 def test_a_refused_and_a_failed_transaction_say_why(chain, capsys):
     http, url, key = chain
     poor = Identity.generate()
-    with pytest.raises(CliError, match="transfer not accepted: .*balance is 0"):   # refused by the mempool
+    with pytest.raises(CliError, match=r"transfer not accepted \([A-Z_]+\): .*balance is 0"):   # refused by the mempool
         asyncio.run(send_tx([url], poor, "transfer", {"to": poor.peer_id, "amount": 1}))
     dev = load_identity(key)
     # the dev account has no bond: unbonding executes with an error in its block

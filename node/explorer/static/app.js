@@ -479,7 +479,7 @@ function timeline(task) {
   const resolved = slots.filter((s) => s.outcome && s.outcome !== "pending").length;
   const done = {created: true, assigned: !!task.assigned_height, committed: commits > 0,
     "audit slots": slots.length > 0, audited: slots.length > 0 && resolved === slots.length,
-    paid: ["paid", "finalized"].includes(task.status)};
+    paid: ["paid", "stopped", "finalized"].includes(task.status)};
   const items = TIMELINE.map(([name, field]) => el("li", {class: done[name] ? "done" : ""},
     name + (field && task[field] ? ` @${task[field]}` : "")
       + (name === "committed" ? ` (${commits}/${(task.workers || []).length})${epochText(task)}` : "")

@@ -1,0 +1,86 @@
+"""Issue 23 item 2's stop end to end (docs/adr/0211): on a local devnet (1 validator, 3 compute node
+processes) a task cut into 3 epochs is stopped by its owner with `dekube-node task stop` as soon as it is
+assigned; it ends at the boundary the CLI names (after epoch 1, or 2 if the crew was that quick; status
+``stopped``, the reason saying so), the closed epochs are audited and paid, the rest of the escrow goes
+back to the owner, and `task fetch` (and `task fetch --epoch N`) write the model weights of that epoch's
+state, which load into the task's model."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from consensus.state.tasks import task_id_for
+from consensus.tx import build_tx
+from devtools.devnet import ComputeDevnet
+from ml.compute.task_spec import submit_payload
+from ml.profiles import portable_cpu_profile, torch_release
+from ml.train.spec import TrainSpec
+from node.ledger import jsonrpc
+from tests.cli.test_operator_path import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+
+SPEC = TrainSpec(codec="int8", steps=600, segment_steps=20)   # 30 segments: 3 epochs of 10
+PER_EPOCH = 10
+EPOCHS, PRICE, EXPECTED_S = 3, 100_000, 40
+
+
+def rpc(net, method, *params):
+    return jsonrpc.call(net.rpc_url, method, *params)
+
+
+def cli(*args):
+    done = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_owner_stops_a_run_after_epoch_one_and_fetches_its_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    from ml.registry import build_model, get_dataset
+
+    net = ComputeDevnet.create(tmp_path / "devnet", validators=1, compute=3)
+    try:
+        net.up(timeout=120)
+        payload = {**submit_payload(SPEC, 2, PRICE, portable_cpu_profile(torch_release())),
+                   "expected_s": EXPECTED_S, "epochs": EPOCHS}
+        faucet = net.testnet.faucet()
+        nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
+        rpc(net, "dkb_sendRawTransaction",
+            build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload).raw.hex())
+        task_id = task_id_for(faucet.peer_id, nonce).hex()
+        deadline = time.monotonic() + 240
+        while not (task := rpc(net, "dkb_getTask", task_id) or {}).get("workers"):
+            assert time.monotonic() < deadline, task
+            time.sleep(0.1)
+        said = json.loads(cli("task", "stop", task_id, "--rpc", net.rpc_url, "--key", str(net.testnet.faucet_key),
+                              "--json"))
+        last = said["stops_after_epoch"]
+        assert last in (1, 2) and said["epochs"] == EPOCHS, said
+
+        deadline = time.monotonic() + 300
+        while (task := rpc(net, "dkb_getTask", task_id))["status"] not in ("paid", "stopped", "expired", "failed"):
+            assert time.monotonic() < deadline, task
+            time.sleep(0.5)
+        assert task["status"] == "stopped", task
+        assert f"stopped by its owner at the end of epoch {last}" in task["reason"], task
+        assert all(c[2] == PER_EPOCH * last for c in task["commits"].values()), task["commits"]
+        assert all(slot["segment"] < PER_EPOCH * last for slot in task["slots"])
+        assert sum(task["payouts"].values()) == PRICE and task["payouts"][task["owner"]] > PRICE // 2, task["payouts"]
+
+        fetched = json.loads(cli("task", "fetch", task_id, "--out", str(tmp_path / "last"), "--rpc", net.rpc_url,
+                                 "--json"))
+        assert fetched["epoch"] == last and fetched["result"] in {c[1] for c in task["commits"].values()}, fetched
+        again = json.loads(cli("task", "fetch", task_id, "--epoch", str(last), "--out", str(tmp_path / "one"),
+                               "--rpc", net.rpc_url, "--json"))
+        assert again["epoch"] == last
+        model = build_model("digits-mlp", get_dataset("digits"), 0)
+        weights = load_file(str(tmp_path / "last" / "weights.safetensors"))
+        model.load_state_dict(weights)   # strict: every tensor of the task's model, nothing else
+        assert all(weights[k].equal(v) for k, v in load_file(str(tmp_path / "one" / "weights.safetensors")).items())
+    finally:
+        net.down(timeout=5)
