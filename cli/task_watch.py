@@ -19,7 +19,7 @@ from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_ide
 from cli.task_report import decode_task, report_final
 from cli.task_view import TaskView
 from cli.tx_sender import send_tx
-from consensus.task_info import TaskStatus
+from consensus.task_info import TaskInfo, TaskStatus
 from node.identity import Identity
 
 
@@ -95,14 +95,20 @@ def run_cancel(args: argparse.Namespace, identity: Identity) -> int:
     return asyncio.run(cancel(args, parse_task_id(args.task_id), identity))
 
 
+async def owned_task(pool, task_id: str, identity: Identity) -> TaskInfo:
+    """The task, if ``identity`` owns it (CliError otherwise, or when there is no such task)."""
+    doc = await call(pool, "dkb_getTask", task_id)
+    if doc is None:
+        raise CliError(f"no task {task_id}")
+    task = decode_task(doc)
+    if task.owner != identity.peer_id:
+        raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
+    return task
+
+
 async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> int:
     async with ledger_pool(args.rpc) as pool:
-        doc = await call(pool, "dkb_getTask", task_id)
-        if doc is None:
-            raise CliError(f"no task {task_id}")
-        task = decode_task(doc)
-        if task.owner != identity.peer_id:
-            raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
+        task = await owned_task(pool, task_id, identity)
         if task.status != TaskStatus.CREATED:
             raise CliError(f"task {task_id} is {task.status}: only a task not assigned yet can be cancelled")
         sent = await send_tx(pool.urls, identity, "cancel_task", {"task_id": bytes.fromhex(task_id)}, fee=args.fee)
@@ -123,12 +129,7 @@ def run_stop(args: argparse.Namespace, identity: Identity) -> int:
 async def stop(args: argparse.Namespace, task_id: str, identity: Identity) -> int:
     """Ask the ledger to end a running task at the next epoch boundary (stop_task, docs/adr/0211)."""
     async with ledger_pool(args.rpc) as pool:
-        doc = await call(pool, "dkb_getTask", task_id)
-        if doc is None:
-            raise CliError(f"no task {task_id}")
-        task = decode_task(doc)
-        if task.owner != identity.peer_id:
-            raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")
+        await owned_task(pool, task_id, identity)
         sent = await send_tx(pool.urls, identity, "stop_task", {"task_id": bytes.fromhex(task_id)}, fee=args.fee)
         stopping = decode_task(await call(pool, "dkb_getTask", task_id))
     assert sent.receipt is not None   # waited for

@@ -30,21 +30,27 @@ def rpc(net, method, *params):
     return jsonrpc.call(net.rpc_url, method, *params)
 
 
+def submit_epoch_task(net, spec: TrainSpec, workers: int, expected_s: int, epochs: int = EPOCHS) -> str:
+    """The faucet submits ``spec`` cut into ``epochs`` for ``workers``; the task id once it is assigned."""
+    payload = {**submit_payload(spec, workers, PRICE, portable_cpu_profile(torch_release())),
+               "expected_s": expected_s, "epochs": epochs}
+    faucet = net.testnet.faucet()
+    nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
+    rpc(net, "dkb_sendRawTransaction", build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload).raw.hex())
+    task_id = task_id_for(faucet.peer_id, nonce).hex()
+    deadline = time.monotonic() + 120
+    while not (rpc(net, "dkb_getTask", task_id) or {}).get("workers"):
+        assert time.monotonic() < deadline, rpc(net, "dkb_getTask", task_id)
+        time.sleep(0.1)
+    return task_id
+
+
 def test_a_crew_runs_three_epochs_and_a_worker_dies_in_epoch_two(tmp_path):
     net = ComputeDevnet.create(tmp_path / "devnet", validators=1, compute=4)
     try:
         net.up(timeout=120)
-        payload = {**submit_payload(SPEC, 3, PRICE, portable_cpu_profile(torch_release())),
-                   "expected_s": EXPECTED_S, "epochs": EPOCHS}
-        faucet = net.testnet.faucet()
-        nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
-        rpc(net, "dkb_sendRawTransaction",
-            build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload).raw.hex())
-        task_id = task_id_for(faucet.peer_id, nonce).hex()
+        task_id = submit_epoch_task(net, SPEC, 3, EXPECTED_S)
         deadline = time.monotonic() + 120
-        while not (rpc(net, "dkb_getTask", task_id) or {}).get("workers"):
-            assert time.monotonic() < deadline, rpc(net, "dkb_getTask", task_id)
-            time.sleep(0.2)
         workers = rpc(net, "dkb_getTask", task_id)["workers"]
         victim = next(n for n in net.compute if n.peer_id == workers[-1])
         bonded = rpc(net, "dkb_getStake", victim.peer_id)["bonded"]

@@ -11,20 +11,17 @@ import time
 
 import pytest
 
-from consensus.state.tasks import task_id_for
-from consensus.tx import build_tx
 from devtools.devnet import ComputeDevnet
-from ml.compute.task_spec import submit_payload
-from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.spec import TrainSpec
 from node.ledger import jsonrpc
 from tests.cli.test_operator_path import REPO
+from tests.compute.test_task_epochs_e2e import PRICE, submit_epoch_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 SPEC = TrainSpec(codec="int8", steps=600, segment_steps=20)   # 30 segments: 3 epochs of 10
 PER_EPOCH = 10
-EPOCHS, PRICE, EXPECTED_S = 3, 100_000, 40
+EPOCHS, EXPECTED_S = 3, 40
 
 
 def rpc(net, method, *params):
@@ -46,17 +43,7 @@ def test_the_owner_stops_a_run_after_epoch_one_and_fetches_its_weights(tmp_path)
     net = ComputeDevnet.create(tmp_path / "devnet", validators=1, compute=3)
     try:
         net.up(timeout=120)
-        payload = {**submit_payload(SPEC, 2, PRICE, portable_cpu_profile(torch_release())),
-                   "expected_s": EXPECTED_S, "epochs": EPOCHS}
-        faucet = net.testnet.faucet()
-        nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
-        rpc(net, "dkb_sendRawTransaction",
-            build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload).raw.hex())
-        task_id = task_id_for(faucet.peer_id, nonce).hex()
-        deadline = time.monotonic() + 240
-        while not (task := rpc(net, "dkb_getTask", task_id) or {}).get("workers"):
-            assert time.monotonic() < deadline, task
-            time.sleep(0.1)
+        task_id = submit_epoch_task(net, SPEC, 2, EXPECTED_S, EPOCHS)
         said = json.loads(cli("task", "stop", task_id, "--rpc", net.rpc_url, "--key", str(net.testnet.faucet_key),
                               "--json"))
         last = said["stops_after_epoch"]
