@@ -21,6 +21,7 @@ from cli.task_view import TaskView
 from cli.tx_sender import send_tx
 from consensus.task_info import TaskInfo, TaskStatus
 from node.identity import Identity
+from node.ledger.jsonrpc import ValidatorPool
 
 
 def parse_task_id(text: str) -> str:
@@ -95,7 +96,7 @@ def run_cancel(args: argparse.Namespace, identity: Identity) -> int:
     return asyncio.run(cancel(args, parse_task_id(args.task_id), identity))
 
 
-async def owned_task(pool, task_id: str, identity: Identity) -> TaskInfo:
+async def owned_task(pool: ValidatorPool, task_id: str, identity: Identity) -> TaskInfo:
     """The task, if ``identity`` owns it (CliError otherwise, or when there is no such task)."""
     doc = await call(pool, "dkb_getTask", task_id)
     if doc is None:
