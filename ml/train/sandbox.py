@@ -198,14 +198,28 @@ def _load(request: dict) -> str:
             load_file_dataset(request["train"], request["eval"], request["tokenizer"], int(request["context"]))
         return ""
     except MemoryError:
-        return f"loading needs more than {request['memory']} bytes of memory; refused"
-    except (ArchiveRefused, DatasetError) as exc:
-        return str(exc)
+        return _memory_verdict(request)
+    except (ArchiveRefused, DatasetError) as exc:   # the loaders' own refusals, which may wrap an allocation
+        return _memory_verdict(request) if _allocation_failure(str(exc)) else str(exc)
     except Exception as exc:  # torch and numpy raise many types; an allocation failure is a memory limit
         text = str(exc)
-        if "allocate" in text or "bad_alloc" in text:
-            return f"loading needs more than {request['memory']} bytes of memory; refused"
+        if _allocation_failure(text):
+            return _memory_verdict(request)
         return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+# How an allocation refused under RLIMIT_AS shows when it is not a MemoryError: torch's and numpy's
+# messages, and a C function of the deserializer that returned NULL without setting an exception
+# (a failed allocation it did not report); in this child only the limit makes allocations fail.
+_ALLOCATION_FAILURES = ("allocate", "bad_alloc", "returned NULL without setting an exception")
+
+
+def _allocation_failure(text: str) -> bool:
+    return any(marker in text for marker in _ALLOCATION_FAILURES)
+
+
+def _memory_verdict(request: dict) -> str:
+    return f"loading needs more than {request['memory']} bytes of memory; refused"
 
 
 def _child_main(conn, request: dict) -> None:

@@ -203,6 +203,26 @@ def test_a_big_load_is_stopped_by_the_memory_limit(tmp_path, clean):
         check_dataset(str(big), limits=Limits(cpu_s=30, memory=1 << 20, wall_s=60))
 
 
+def test_an_allocation_failure_the_loader_did_not_report_is_the_memory_limit(monkeypatch):
+    """Under RLIMIT_AS a C function of torch's deserializer can fail an allocation without raising
+    MemoryError ("returned NULL without setting an exception", seen in a full run): the child's verdict
+    names the memory limit, and a refusal of another kind keeps its own reason."""
+    from ml.train import model_archive, sandbox
+
+    def failing(reason):
+        def load(path):
+            raise model_archive.ArchiveRefused(reason)
+        return load
+
+    request = {"kind": "archive", "path": "cnn.pt2", "memory": 123}
+    monkeypatch.setattr(model_archive, "load_archive", failing(
+        "cnn.pt2: cannot deserialize the exported program: <function LazyMap.__getitem__ at 0x1> returned NULL "
+        "without setting an exception"))
+    assert sandbox._load(request) == "loading needs more than 123 bytes of memory; refused"
+    monkeypatch.setattr(model_archive, "load_archive", failing("cnn.pt2: operator aten.foo is not allowed"))
+    assert sandbox._load(request) == "cnn.pt2: operator aten.foo is not allowed"
+
+
 def test_a_clean_file_is_checked_once_and_then_loads(clean, monkeypatch):
     model, data = clean
     calls = []
