@@ -159,7 +159,7 @@ async def _finish(node, task: TaskInfo, out: Path, result: str, holders: list[st
 
 def epoch_states(task: TaskInfo, epoch: int) -> list[tuple[str, list[str]]]:
     """Epoch ``epoch``'s (1-based) committed state digests, each with the workers that committed it, the
-    ledger's result first, then the most committed; CliError for an epoch that has not closed."""
+    most committed first; CliError for an epoch that has not closed."""
     progress = task.epochs
     if progress is None:
         raise CliError(f"task {task.task_id} is not cut into epochs: fetch its result without --epoch")
@@ -172,7 +172,7 @@ def epoch_states(task: TaskInfo, epoch: int) -> list[tuple[str, list[str]]]:
         mine = progress.of(worker)
         if len(mine) >= epoch:
             holders.setdefault(mine[epoch - 1].state_digest, []).append(worker)
-    return sorted(holders.items(), key=lambda item: (item[0] != task.result, -len(item[1]), item[0]))
+    return sorted(holders.items(), key=lambda item: (-len(item[1]), item[0]))
 
 
 def weights_from_state(path: Path) -> bytes:

@@ -1,18 +1,17 @@
 """Bandwidth that other nodes verified (docs/adr/0219, issue 22 item 4).
 
 A node publishes its own Mbit/s (``hardware.bandwidth_mbps``, its meter's figure, signed by itself).
-Others check it where it matters, in a task's all-reduce: every round's shard sizes follow upload
-rates the members measured from each other's frames and agreed on (ml/allreduce, ADR 0034). A
-worker's ``commit_result`` may carry them as ``peer_rates`` (co-worker -> Mbit/s); the task keeps
-them (``Task.rate_reports``). When the task settles paid, each report by a paid worker about a paid
-co-worker becomes a *measurement* on the co-worker's node record (``NodeRecord.measured``: the
-latest per reporter, the `MAX_MEASUREMENTS` latest reporters).
+Its co-workers check it: when a worker commits, it reports each co-worker's upload as its own probes
+measured it (node/bandwidth.py, the probe's download leg) in ``commit_result``'s ``peer_rates``
+(co-worker -> Mbit/s); the task keeps them (``Task.rate_reports``). When the task settles paid,
+each report by a paid worker about a paid co-worker becomes a *measurement* on the co-worker's node
+record (``NodeRecord.measured``: the latest per reporter, the `MAX_MEASUREMENTS` latest reporters).
 
 Ranking (`ranking_bandwidth`) counts a claim up to `UNVERIFIED_BANDWIDTH_CAP_MBPS` as before, and
 above it only as far as the median of at least `MIN_MEASUREMENTS` measurements by distinct
 reporters confirms it: ``min(claim, max(cap, median))``. So a liar gains nothing above the cap
-unless most of its last co-workers in paid tasks vouched for it, and an honest node whose all-reduce
-was compute-bound (rates below its link) loses nothing it had unverified. A reporter cannot vouch
+unless most of its last co-workers in paid tasks vouched for it, and an honest node whose co-workers'
+probes were limited by their own links loses nothing it had unverified. A reporter cannot vouch
 for itself or for a peer outside its task, and only a paid task counts (a crew of sybils must pay
 for tasks and be audited ok to move anyone's median).
 """

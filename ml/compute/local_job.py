@@ -29,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ml
-from ml.compute.local_worker import TRANSPORTS
 from ml.job.participation import InconsistentRecord, departure_step, departures
 from ml.train.spec import TrainSpec
 
 REPO_ROOT = Path(ml.__file__).resolve().parent.parent
 MAX_LINE = 1 << 22
 MIN_PARTICIPANTS = 2   # the all-reduce groups of every job (ml.compute.executor.make_group)
+TRANSPORTS = ("p2p", "tcp")   # what the workers talk over (ml.compute.local_worker)
 
 
 class JobFailed(RuntimeError):

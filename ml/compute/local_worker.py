@@ -25,6 +25,7 @@ from ml.allreduce import AllReduceGroup, TcpTransport
 from ml.compute import ready_protocol
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.host_transport import HostTransport
+from ml.compute.local_job import TRANSPORTS
 from ml.job.runner import train_to_end
 from ml.train.progress import ProgressFeed
 from ml.train.spec import TrainSpec
@@ -33,7 +34,6 @@ from node.p2p.host import Host
 
 LOCAL_TASK_ID = bytes(32)
 READY_TIMEOUT_S = 60.0
-TRANSPORTS = ("p2p", "tcp")
 
 
 def emit(event: str, **fields) -> None:

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
+RATES_WAIT_S = 1.0       # the commit waits at most this for co-worker probes still running (taken while training)
 CLOSE_POLL_S = 30.0      # while lingering, a look at the task even without an event
 MAX_REASON_CHARS = 500   # reject_task's reason (the ledger's bound)
 PAUSED_REASON = "paused by its provider"
@@ -121,6 +122,7 @@ class Training:
             return
         others = [w for w in workers if w != me]
         group: Any = None
+        uploads: asyncio.Task[dict[str, dict[str, int]]] | None = None
         try:
             device = self.device_for(task, spec)
             if getattr(spec, "device", device) != device:
@@ -146,6 +148,8 @@ class Training:
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
+            # co-workers' uploads for commit_result (ADR 0219), probed while we train: off the commit's path
+            uploads = asyncio.ensure_future(self._co_worker_uploads(others))
 
             async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
                 await asyncio.to_thread(self.results.save, key, records)
@@ -170,7 +174,7 @@ class Training:
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], workers))
-            rates = await self._co_worker_uploads(others)
+            rates = await measured_in_time(uploads)
             receipt = await self.ledger.send("commit_result", {**commitment.payload(task_id), **rates})
             self.board.update(key, state=JobState.COMMITTED, commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome=JobState.COMMITTED)
@@ -184,6 +188,8 @@ class Training:
             self.tasks_done.inc(outcome=JobState.FAILED)
             log.warning("task %s failed: %s", key, exc)
         finally:
+            if uploads is not None:
+                uploads.cancel()
             if group is not None:
                 self.spawn(self._close_after_peers(task_id, group))
 
@@ -304,3 +310,13 @@ def ready_timeout(files: dict[str, Path]) -> float:
     co-worker on a slow link (READY_MIN_FETCH_RATE) needs to fetch the task's inputs first."""
     size = sum(path.stat().st_size for path in files.values())
     return READY_TIMEOUT_S + size / READY_MIN_FETCH_RATE
+
+
+async def measured_in_time(uploads: asyncio.Task[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """The co-worker measurements probed while training, if they are done within RATES_WAIT_S ({} otherwise,
+    or when probing failed): a slow or unanswering co-worker never holds the commit back."""
+    done, _ = await asyncio.wait({uploads}, timeout=RATES_WAIT_S)
+    if not done or uploads.cancelled() or uploads.exception() is not None:
+        uploads.cancel()
+        return {}
+    return uploads.result()

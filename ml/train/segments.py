@@ -182,7 +182,7 @@ class SegmentRecorder:
         self._checkpoint = ""
         self._state_in = ""
         self._gradient = ""
-        self._carry: tuple[tuple, bytes] | None = None
+        self._carry: tuple[tuple, str] | None = None   # (state marker, digest) of the state the last segment ended in
         self.state_artifacts: dict[str, str] = {}   # sha256 of a segment's end state -> its artifact id (sink)
 
     def attach(self, trainer) -> None:
@@ -204,14 +204,13 @@ class SegmentRecorder:
             self.recording.take_receipts()
         if self.sink is None:
             return
-        marker = trainer.state_marker()
-        if self._carry is not None and self._carry[0] == marker:
-            data = self._carry[1]
+        if self._carry is not None and self._carry[0] == trainer.state_marker():
+            self._state_in = self._carry[1]   # the state the last segment ended in, stored by end()
+            self._checkpoint = self.state_artifacts[self._state_in]
         else:
-            data = await in_compute_thread(_serialize, trainer)
+            data, self._state_in = await in_compute_thread(_state_file, trainer)
+            self._checkpoint = await self.sink.put(data)
         self._carry = None
-        self._state_in = hashlib.sha256(data).hexdigest()
-        self._checkpoint = self.state_artifacts.get(self._state_in) or await self.sink.put(data)
 
     async def gradient(self, tensors: list[torch.Tensor]) -> None:
         """This worker's own contribution for the step, before the codec."""
@@ -236,19 +235,21 @@ class SegmentRecorder:
 
     async def end(self, trainer) -> None:
         """Segment ends: hash the state reached; with a sink, store the averages and keep the record."""
-        data = await in_compute_thread(_serialize, trainer)
-        self.state_out = hashlib.sha256(data).hexdigest()
+        data, state_out = await in_compute_thread(_state_file, trainer)
+        self.state_out = state_out
         rounds = self.recording.take_rounds() if self.recording is not None else []
         if self.sink is None:
             return
-        self._carry = (trainer.state_marker(), data)
         # the end state is the next segment's checkpoint; stored now, an epoch's last state can be fetched
         # by its digest even when no next segment begins (docs/adr/0211)
-        self.state_artifacts[self.state_out] = await self.sink.put(data)
+        self.state_artifacts[state_out] = await self.sink.put(data)
+        self._carry = (trainer.state_marker(), state_out)
         averages = await self.sink.put(await in_compute_thread(averages_bytes, rounds))
         self.records.append(SegmentRecord(self._index, self._checkpoint, averages, self._state_in,
-                                          tuple(self.steps), self.state_out, tuple(self.received)))
+                                          tuple(self.steps), state_out, tuple(self.received)))
 
 
-def _serialize(trainer) -> bytes:
-    return state_bytes(trainer.training_state())
+def _state_file(trainer) -> tuple[bytes, str]:
+    """The trainer's state file and its sha256 (in a compute thread: both cost a pass over the state)."""
+    data = state_bytes(trainer.training_state())
+    return data, hashlib.sha256(data).hexdigest()

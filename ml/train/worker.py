@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,9 +64,9 @@ class TrainerBase:
         self._loss_sum = 0.0
         self._loss_count = 0
 
-    async def run(self) -> dict:
-        """Train to the end (or to a stop point the subclass takes); returns the final metrics."""
-        raise NotImplementedError
+    # each trainer (DataParallelTrainer, OuterTrainer's DiLoCo and streaming DiLoCo) defines it: train
+    # to the end (or to a stop point it takes) and return the final metrics
+    run: Callable[..., Awaitable[dict]]
 
     async def compute(self, func: Callable[..., _T], *args: Any) -> _T:
         """`in_compute_thread(func, *args)`, its duration added to `compute_seconds`."""

@@ -209,3 +209,29 @@ def test_measure_peers_keeps_each_peers_upload_and_waits_out_a_busy_peer(monkeyp
     assert set(measured) == {hosts[1].peer_id, hosts[2].peer_id} and all(v > 1 for v in measured.values())
     assert 0.4 < elapsed < 10 and again == {hosts[1].peer_id: measured[hosts[1].peer_id]}
     assert starved == {} and starved_s < 2.5
+
+
+def test_a_commit_waits_at_most_a_second_for_co_worker_probes(monkeypatch):
+    """The probes a worker starts while training (ADR 0219) never hold its commit back: done ones are used,
+    one still running after RATES_WAIT_S is cancelled and the commit goes without rates, a failed one too."""
+    from ml.compute import training
+
+    monkeypatch.setattr(training, "RATES_WAIT_S", 0.2)
+
+    async def scenario():
+        async def rates(delay, fail=False):
+            await asyncio.sleep(delay)
+            if fail:
+                raise RuntimeError("probe broke")
+            return {"peer_rates": {"p": 400}}
+
+        quick = asyncio.ensure_future(rates(0))
+        slow = asyncio.ensure_future(rates(30))
+        broken = asyncio.ensure_future(rates(0, fail=True))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got = [await training.measured_in_time(task) for task in (quick, slow, broken)]
+        return got, loop.time() - started, slow.cancelled()
+
+    got, elapsed, cancelled = asyncio.run(scenario())
+    assert got == [{"peer_rates": {"p": 400}}, {}, {}] and elapsed < 2 and cancelled
