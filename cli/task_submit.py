@@ -36,6 +36,8 @@ from cli.task_ledger import client_identity, ledger_pool, task_id_of
 from cli.task_report import report_final
 from cli.task_view import TaskView, eval_text, short
 from cli.tx_sender import send_tx
+from consensus.genesis import Params
+from consensus.state.audit_cost import audit_share_bps, audit_surcharge, min_segments, segment_steps_for
 from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_commits import epochs_for
 from ml.compute.task_spec import SYNC_MODES, InvalidTask, submit_payload
@@ -61,6 +63,8 @@ def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
             values[name] = getattr(args, name)
     if getattr(args, "eval", None) is not None and getattr(args, "eval_every", None) is None:
         values["eval_every"] = max(1, args.steps // EVALS_PER_TASK)
+    if "segment_steps" not in values and values["mode"] == "data-parallel":   # audits within budget (ADR 0212)
+        values["segment_steps"] = segment_steps_for(Params(), args.steps)
     if getattr(args, "device", None) == "cuda":   # "any": the ledger's scheduler picks the device class
         values["device"] = "cuda"
     try:
@@ -83,9 +87,21 @@ def expected_seconds(step_seconds: float, steps: int) -> int:
     return max(1, math.ceil(step_seconds * steps))
 
 
+def audit_text(segments: int, price: int) -> str:
+    """What the task's audits cost under the default genesis (docs/adr/0212): the share of the work they
+    replay and, above the chain's budget, the surcharge paid on top of the price."""
+    params = Params()
+    share = audit_share_bps(params, segments)
+    text = f"audits: {segments} segments, verifiers replay about {share / 100:.1f}% of the work"
+    surcharge = audit_surcharge(params, price, segments)
+    if surcharge:
+        text += (f"; above the chain's {params.max_audit_share_bps / 100:.0f}%, so an audit surcharge of "
+                 f"{surcharge} is escrowed on top of the price (at least {min_segments(params)} segments avoid it)")
+    return text
+
+
 def commit_window_text(expected_s: int | None, epochs: int = 1) -> str:
     """What the workers get to commit under the default genesis limits (consensus/genesis.py)."""
-    from consensus.genesis import Params
     from consensus.state.deadlines import commit_span_ms
 
     basis = f"expected {expected_s} s of work" if expected_s else "no expected duration declared: the chain's minimum"
@@ -171,6 +187,7 @@ def run_submit(args: argparse.Namespace) -> int:
         payload["epochs"] = epochs
     if not args.json:
         print(commit_window_text(args.expected_s, epochs))
+        print(audit_text(payload["segments"], args.price))
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     args.submitted_task = None
     try:

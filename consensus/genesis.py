@@ -93,6 +93,10 @@ class Params:
     # reveal them within audit_reveal_s once every verifier of the slot has committed.
     beacon_delay: int = 4                # >= committee_size: the blocks in between have every member as proposer
     audit_reveal_s: int = 120
+    # Audit overhead (ADR 0212): a task's audits replay audits_per_worker x (1 + audit_double_bps/10^4) of
+    # its segments per worker; above max_audit_share_bps of the work, the owner pays the excess on top of
+    # the price (an audit surcharge, to the verifier pool): segments that scale with the job avoid it.
+    max_audit_share_bps: int = 1_000
 
     def validate(self) -> None:
         for f in fields(self):
@@ -110,6 +114,8 @@ class Params:
             raise GenesisError("slash fractions are at most 10000 bps")
         if self.audit_double_bps > 10_000:
             raise GenesisError("audit_double_bps is at most 10000")
+        if not 1 <= self.max_audit_share_bps <= 10_000:
+            raise GenesisError("max_audit_share_bps must be in 1..10000")
         if self.audits_per_worker > MAX_AUDITS_PER_WORKER:
             raise GenesisError(f"audits_per_worker is at most {MAX_AUDITS_PER_WORKER}")
         if not 1 <= self.referees <= MAX_REFEREES:
@@ -153,7 +159,7 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
                   "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps",
-                  "beacon_delay", "audit_reveal_s")
+                  "beacon_delay", "audit_reveal_s", "max_audit_share_bps")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_AUDIT_REDRAWS = 8

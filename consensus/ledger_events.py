@@ -8,7 +8,9 @@ committed), audit_draw_scheduled {height[, slot, kind]} (draws wait for a later 
 audit slot (docs/adr/0168) audit_assigned {slot, worker, segment, verifiers, salt, deadline} (again with
 ``redraw`` for a silent verifier's replacement), audit_committed {slot, verifier} (a sealed answer),
 audit_reveal_open {slot, deadline}, audit_answered (a revealed answer), audit_unrevealed, disputed,
-referees_drawn {slot, referees, deadline}, referee_voted, availability_challenged {slot, worker, segment,
+referees_drawn {slot, referees, deadline}, referee_committed {slot, referee} (a sealed vote),
+referee_reveal_open {slot, deadline}, referee_voted (a revealed vote), referee_unrevealed (ADR 0210),
+availability_challenged {slot, worker, segment,
 deadline}, availability_answered {slot, worker, segment, leaf}, availability_withheld {slot, worker}
 (ADR 0207), slot_resolved {slot, worker, outcome,
 verdict}; finalized (paid, with the result and who was slashed), cancelled, rejection (one worker's reject_task
@@ -41,7 +43,10 @@ TASK_EVENT_NAMES = {
     "audit_unrevealed": "audit_unrevealed",
     "slot_disputed": "disputed",
     "referees_drawn": "referees_drawn",
+    "referee_committed": "referee_committed",
+    "referee_reveal_open": "referee_reveal_open",
     "referee_voted": "referee_voted",
+    "referee_unrevealed": "referee_unrevealed",
     "availability_challenged": "availability_challenged",
     "availability_answered": "availability_answered",
     "availability_withheld": "availability_withheld",

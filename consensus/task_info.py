@@ -190,12 +190,30 @@ class Challenge:
 
 @dataclass(frozen=True)
 class RefereeSeat:
-    """One drawn referee of a contested slot, the panel it sits on and its vote."""
+    """One drawn referee of a contested slot, the panel it sits on and its vote (docs/adr/0210:
+    ``commitment``, hex, the sealed vote it sent first; ``vote`` once revealed; ``unrevealed``: the
+    slot's vote reveal window closed without it)."""
 
     referee: str
     vote: Answer | None
     panel: int = 0
     deadline: int = 0   # its own deadline when the ledger gives one; else the slot's referee_deadline
+    commitment: str | None = None
+    unrevealed: bool = False
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> RefereeSeat:
+        commitment = doc.get("commitment")
+        if commitment is not None and not isinstance(commitment, str):
+            raise TaskDocError(f"{where}.commitment: expected str, got {type(commitment).__name__}")
+        return cls(_str(doc, "referee", where), Answer.from_json(doc.get("vote"), f"{where}.vote"),
+                   _int(doc, "panel", where), _int(doc, "deadline", where), commitment,
+                   _bool(doc, "unrevealed", where))
+
+    @property
+    def sealed(self) -> bool:
+        """Whether it committed to a vote it may still reveal."""
+        return self.commitment is not None and not self.unrevealed
 
 
 @dataclass(frozen=True)
@@ -216,6 +234,7 @@ class AuditSlot:
     verdict: Answer | None = None
     outcome: str = SlotOutcome.PENDING
     reveal_deadline: int = 0   # while the reveals of the committed answers are open (docs/adr/0202)
+    referee_reveal_deadline: int = 0   # while the reveals of the committed referee votes are open (0210)
     draw: PendingDraw | None = None   # a draw scheduled for a later block's beacon (docs/adr/0202)
     challenge: Challenge | None = None   # an availability challenge, open or answered (docs/adr/0207)
 
@@ -227,10 +246,7 @@ class AuditSlot:
             raise TaskDocError(f"{where}.salt: not hex") from exc
         seat = f"{where}.verifiers"
         verifiers = tuple(VerifierSeat.from_json(v, seat) for v in _entries(doc, "verifiers", where))
-        referees = tuple(RefereeSeat(_str(r, "referee", f"{where}.referees"),
-                                     Answer.from_json(r.get("vote"), f"{where}.referees.vote"),
-                                     _int(r, "panel", f"{where}.referees"), _int(r, "deadline", f"{where}.referees"))
-                         for r in _entries(doc, "referees", where))
+        referees = tuple(RefereeSeat.from_json(r, f"{where}.referees") for r in _entries(doc, "referees", where))
         dispute = doc.get("dispute")
         if dispute is not None and not isinstance(dispute, Mapping):
             raise TaskDocError(f"{where}.dispute: expected an object, got {type(dispute).__name__}")
@@ -243,6 +259,7 @@ class AuditSlot:
                    verdict=Answer.from_json(doc.get("verdict"), f"{where}.verdict"),
                    outcome=_str(doc, "outcome", where, SlotOutcome.PENDING),
                    reveal_deadline=_int(doc, "reveal_deadline", where),
+                   referee_reveal_deadline=_int(doc, "referee_reveal_deadline", where),
                    draw=PendingDraw.from_json(doc.get("draw"), f"{where}.draw"),
                    challenge=Challenge.from_json(doc.get("challenge"), f"{where}.challenge"))
 
@@ -265,7 +282,7 @@ class AuditSlot:
         referee votes, reveals, an availability challenge) it has."""
         out = [v.deadline for v in self.verifiers]
         out += [deadline + 1 for deadline in (self.dispute_deadline, self.referee_deadline, self.reveal_deadline,
-                                              self.challenge_deadline) if deadline]
+                                              self.referee_reveal_deadline, self.challenge_deadline) if deadline]
         return [d + 1 for d in out]
 
 

@@ -455,7 +455,9 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "audit_result": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean,
                      "evidence": HASH32, "step": uint(0, 2**32), "blinding": HASH32},
     "dispute": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT)},
-    "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32},
+    "referee_commit": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "commitment": HASH32},   # ADR 0210
+    "referee_vote": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "match": boolean, "evidence": HASH32,
+                     "blinding": HASH32},
     "availability_response": {  # a challenged worker's leaf and audit path of the audited segment (ADR 0207)
         "task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "leaf": HASH32, "path": blob_list(MAX_MERKLE_PATH, 32),
     },

@@ -7,7 +7,7 @@ import hashlib
 
 from consensus.block import build_block
 from consensus.genesis import Genesis, GenesisValidator, Params
-from consensus.state.answers import answer_commitment
+from consensus.state.answers import answer_commitment, vote_commitment
 from consensus.state.audits import sealed
 from consensus.state.ledger import Ledger
 from consensus.tx import build_tx
@@ -88,17 +88,35 @@ class Chain:
         commitment = answer_commitment(task_id, slot, who.peer_id, match, evidence, step, blinding)
         return self.tx(who, "audit_commit", {"task_id": task_id, "slot": slot, "commitment": commitment})
 
+    def seal_vote(self, who: Identity, task_id: bytes, slot: int, match: bool, evidence: bytes):
+        """``who``'s referee_commit for its vote (remembered for ``reveals``, ADR 0210)."""
+        task = self.ledger.state.tasks.get(task_id)
+        entries = task.slots[slot]["referees"] if task is not None and slot < len(task.slots) else []
+        entry: dict = next((r for r in entries if r["referee"] == who.peer_id), {})   # none: the ledger refuses it
+        blinding = hashlib.sha256(b"lab-vote-blinding" + who.seed + task_id + slot.to_bytes(4, "big")).digest()
+        vote = {"task_id": task_id, "slot": slot, "match": match, "evidence": evidence, "blinding": blinding}
+        self.sealed[(task_id, slot, who.peer_id)] = (who, vote)
+        commitment = vote_commitment(task_id, slot, who.peer_id, entry.get("panel", 0), match, evidence, blinding)
+        return self.tx(who, "referee_commit", {"task_id": task_id, "slot": slot, "commitment": commitment})
+
     def reveals(self, task_id: bytes):
-        """The audit_result (reveal) of every answer sealed by ``seal`` whose slot's reveal window is open."""
+        """The audit_result (reveal) of every answer sealed by ``seal``, and the referee_vote of every vote
+        sealed by ``seal_vote``, whose slot's reveal window is open."""
         task = self.ledger.state.tasks[task_id]
         out = []
         for slot in task.slots:
-            if slot["outcome"] != "pending" or not slot.get("reveal_deadline"):
+            if slot["outcome"] != "pending":
                 continue
-            for v in slot["verifiers"]:
-                held = self.sealed.get((task_id, slot["slot"], v["verifier"]))
-                if held is not None and sealed(v) and v["answer"] is None:
-                    out.append(self.tx(held[0], "audit_result", held[1]))
+            if slot.get("reveal_deadline"):
+                for v in slot["verifiers"]:
+                    held = self.sealed.get((task_id, slot["slot"], v["verifier"]))
+                    if held is not None and sealed(v) and v["answer"] is None:
+                        out.append(self.tx(held[0], "audit_result", held[1]))
+            if slot.get("referee_reveal_deadline"):
+                for r in slot["referees"]:
+                    held = self.sealed.get((task_id, slot["slot"], r["referee"]))
+                    if held is not None and sealed(r) and r["vote"] is None:
+                        out.append(self.tx(held[0], "referee_vote", held[1]))
         return out
 
     def reveal_all(self, task_id: bytes):

@@ -40,7 +40,7 @@ COLLUDERS = VERIFIERS[:2]                           # a verifier and a referee o
 def game_params(**overrides) -> Params:
     base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2, "min_fee": 0, "audits_per_worker": 2,
             "audit_double_bps": 5000, "audit_answer_s": 8, "dispute_s": 3, "referees": 3, "stake_cover_bps": 0,
-            "beacon_delay": 2, "audit_reveal_s": 4}
+            "beacon_delay": 2, "audit_reveal_s": 4, "max_audit_share_bps": 10_000}   # payouts without surcharge
     return Params(**{**base, **overrides})
 
 
@@ -194,11 +194,10 @@ def _actions(game: Game) -> list:
         if slot.get("dispute_deadline") and not slot.get("dispute") and not slot.get("referees"):
             txs.append(chain.tx(_identity(slot["worker"]), "dispute", {"task_id": task_id, "slot": slot["slot"]}))
         for r in slot.get("referees") or []:
-            if r.get("vote") is None:
+            if r.get("vote") is None and r.get("commitment") is None and not slot.get("referee_reveal_deadline"):
                 match = game.says(r["referee"], slot)
-                txs.append(chain.tx(_identity(r["referee"]), "referee_vote", {
-                    "task_id": task_id, "slot": slot["slot"], "match": match,
-                    "evidence": MATCH if match else MISMATCH}))
+                txs.append(chain.seal_vote(_identity(r["referee"]), task_id, slot["slot"], match,
+                                           MATCH if match else MISMATCH))
     reveals = [t for t in chain.reveals(task_id)
                if t.sender not in game.copiers]                     # a copier holds nothing it can open
     return txs + reveals

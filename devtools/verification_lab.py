@@ -23,7 +23,7 @@ from consensus.genesis import Params
 from consensus.state.tasks import task_id_for
 from consensus.task_info import SlotOutcome, TaskInfo, TaskStatus
 from devtools.ledger_chain import Chain, ident
-from ml.compute.duties import AUDIT, DISPUTE, REVEAL, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, REFEREE_REVEAL, REVEAL, duties_for
 from ml.compute.executor import task_signer
 from ml.compute.segment_record import leaves, proof, root
 from ml.compute.segments_protocol import SegmentAnswer
@@ -180,7 +180,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
             txs = []
             for party in parties:
                 for duty in duties_for(task, party.peer_id, next_time):
-                    if (party.peer_id, duty.key) in done or duty.kind == REVEAL:   # reveals: chain.reveals
+                    if (party.peer_id, duty.key) in done or duty.kind in (REVEAL, REFEREE_REVEAL):   # chain.reveals
                         continue
                     done.add((party.peer_id, duty.key))
                     if duty.kind == DISPUTE:
@@ -196,8 +196,9 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
                     if duty.kind == AUDIT:   # committed now, revealed once the slot's reveals open (ADR 0202)
                         txs.append(chain.seal(party.identity, task_id, duty.slot, judgement.match,
                                               judgement.evidence, judgement.step))
-                    else:
-                        txs.append(chain.tx(party.identity, "referee_vote", judgement.vote_payload(task_id, duty.slot)))
+                    else:   # a referee's vote: committed now, revealed once the slot's votes open (ADR 0210)
+                        txs.append(chain.seal_vote(party.identity, task_id, duty.slot, judgement.match,
+                                                   judgement.evidence))
             result = chain.block(txs + chain.reveals(task_id))
             for receipt in result.receipts:
                 if receipt.code != 0:

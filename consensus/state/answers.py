@@ -1,4 +1,5 @@
-"""Verifier answers committed, then revealed (docs/adr/0202): nobody can copy an answer it has not seen.
+"""Verifier answers and referee votes committed, then revealed (docs/adr/0202, 0210): nobody can copy a
+judgement it has not seen.
 
 A drawn verifier first sends ``audit_commit`` with ``answer_commitment`` (a hash of its answer, a
 random blinding and its own peer ID) by its answer deadline. Once every verifier of the slot has
@@ -7,6 +8,11 @@ the reveal window opens for ``audit_reveal_s``; each verifier then sends ``audit
 answer and the blinding, which must hash to its commitment. A copied commitment cannot be revealed
 (it binds the first verifier's peer ID and blinding), and no answer is public before every commitment
 is fixed. A commitment never revealed is slashed like a false answer at finalize.
+
+Referees do the same (ADR 0210): ``referee_commit`` by the panel's referee deadline, then, once every
+referee of the slot has committed or the deadline passed, ``referee_vote`` reveals the vote in the
+slot's ``referee_reveal_deadline`` window; a referee's commitment binds its peer ID and the panel it
+sits on, so a late referee cannot copy an earlier one's vote from the mempool.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
 
 _DOMAIN = b"dekube/audit-answer/v1\x00"
+_VOTE_DOMAIN = b"dekube/referee-vote/v1\x00"
 
 
 def answer_commitment(task_id: bytes, slot: int, verifier: str, match: bool, evidence: bytes, step: int,
@@ -29,6 +36,15 @@ def answer_commitment(task_id: bytes, slot: int, verifier: str, match: bool, evi
     who = verifier.encode()
     return hashlib.sha256(_DOMAIN + task_id + slot.to_bytes(4, "big") + len(who).to_bytes(1, "big") + who
                           + (b"\x01" if match else b"\x00") + evidence + step.to_bytes(8, "big")
+                          + blinding).digest()
+
+
+def vote_commitment(task_id: bytes, slot: int, referee: str, panel: int, match: bool, evidence: bytes,
+                    blinding: bytes) -> bytes:
+    """What ``referee_commit`` carries: sha256 over the slot, the referee, its panel, its vote and a blinding."""
+    who = referee.encode()
+    return hashlib.sha256(_VOTE_DOMAIN + task_id + slot.to_bytes(4, "big") + len(who).to_bytes(1, "big") + who
+                          + panel.to_bytes(1, "big") + (b"\x01" if match else b"\x00") + evidence
                           + blinding).digest()
 
 
@@ -78,4 +94,54 @@ def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "audit_answered", "task_id": p["task_id"], "slot": p["slot"],
                          "verifier": tx.sender, "match": p["match"], "evidence": p["evidence"], "step": p["step"]})
+    advance_task(state, params, ctx, p["task_id"], task, closing=False)
+
+
+# ---- referee votes (ADR 0210) ------------------------------------------------------------------
+
+def _referee_entry(slot: dict, sender: str) -> dict:
+    entry = next((r for r in slot["referees"] if r["referee"] == sender), None)
+    if entry is None:
+        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {slot['slot']}")
+    return entry
+
+
+def apply_referee_commit(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A drawn referee's sealed vote, before the referee deadline and before the slot's votes open."""
+    p = tx.payload
+    task, slot = slot_of(state, tx)
+    entry = _referee_entry(slot, tx.sender)
+    if entry.get("commitment") is not None or entry["vote"] is not None or entry.get("unrevealed"):
+        raise TxError(TxCode.ALREADY_KNOWN, "this referee already committed its vote")
+    if slot.get("referee_reveal_deadline") or passed(slot["referee_deadline"], ctx):
+        raise TxError(TxCode.BAD_STATE, f"the referee deadline (block time {slot['referee_deadline']} ms) has passed")
+    entry["commitment"] = p["commitment"]
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "referee_committed", "task_id": p["task_id"], "slot": p["slot"],
+                         "referee": tx.sender})
+    advance_task(state, params, ctx, p["task_id"], task, closing=False)
+
+
+def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
+    """A referee's revealed (match, evidence) and the blinding of its commitment, in the slot's
+    referee reveal window."""
+    p = tx.payload
+    task, slot = slot_of(state, tx)
+    entry = _referee_entry(slot, tx.sender)
+    if entry["vote"] is not None:
+        raise TxError(TxCode.ALREADY_KNOWN, "this referee already voted")
+    if entry.get("commitment") is None or entry.get("unrevealed"):
+        raise TxError(TxCode.BAD_STATE, "this referee has no sealed vote to reveal (referee_commit first)")
+    if not slot.get("referee_reveal_deadline"):
+        raise TxError(TxCode.BAD_STATE, "votes open once every referee of the slot has committed")
+    if passed(slot["referee_reveal_deadline"], ctx):
+        raise TxError(TxCode.BAD_STATE,
+                      f"the vote reveal deadline (block time {slot['referee_reveal_deadline']} ms) has passed")
+    if vote_commitment(p["task_id"], p["slot"], tx.sender, entry.get("panel", 0), p["match"], p["evidence"],
+                       p["blinding"]) != entry["commitment"]:
+        raise TxError(TxCode.BAD_PAYLOAD, "the vote does not match this referee's commitment")
+    entry["vote"] = {"match": p["match"], "evidence": p["evidence"]}
+    state.touch(TASK, p["task_id"])
+    state.events.append({"type": "referee_voted", "task_id": p["task_id"], "slot": p["slot"],
+                         "referee": tx.sender, "match": p["match"], "evidence": p["evidence"]})
     advance_task(state, params, ctx, p["task_id"], task, closing=False)

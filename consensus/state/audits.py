@@ -14,7 +14,8 @@ answer is revealed with ``audit_result``, consensus/state/answers.py) -> all ans
 ``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
 ``guilty``; unless the worker left the crew of a task cut into epochs and every answer says it is
 unreachable: ``unaudited``, consensus/state/epochs.py); answers that differ, or a dispute ->
-``referees`` drawn, each sends ``referee_vote`` by its deadline; the (match, evidence) most votes agree
+``referees`` drawn, each commits its vote with ``referee_commit`` by its deadline and reveals it with
+``referee_vote`` once the votes open (ADR 0210, consensus/state/answers.py); the (match, evidence) most votes agree
 on, leading every other value strictly and cast by a majority of a full panel, is the verdict
 (``guilty`` iff its match is false); a tie, or too few votes, draws a larger panel (``referee_rounds``
 panels at most, ADR 0188), after which the slot is ``undecided``. No answer after every redraw ->
@@ -157,8 +158,12 @@ def _run_draw(state: LedgerState, params: Params, ctx: BlockContext, task_id: by
     elif draw["kind"] == REDRAW:
         _draw_replacements(state, params, ctx, task_id, task, slot, draw["count"])
     elif not _add_referees(state, params, ctx, task_id, task, slot, draw["count"]):
-        slot["outcome"] = UNDECIDED
-        _resolved(state, task_id, slot)
+        verdict = referee_verdict(params, slot) if slot["referees"] else None
+        if verdict is not None:   # nobody left to grow a split panel: its majority decides
+            _decide(state, task_id, slot, verdict)
+        else:
+            slot["outcome"] = UNDECIDED
+            _resolved(state, task_id, slot)
     return True
 
 
@@ -215,11 +220,7 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
     if slot.get("draw"):
         return closing and ctx.height >= slot["draw"]["at"] and _run_draw(state, params, ctx, task_id, task, slot)
     if slot["referees"]:
-        votes = [entry["vote"] for entry in slot["referees"]]
-        if all(vote is not None for vote in votes) or _expired(slot["referee_deadline"], ctx, closing):
-            _decide_by_referees(state, params, ctx, task_id, slot)
-            return True
-        return False
+        return _advance_referees(state, params, ctx, task_id, slot, closing)
     if availability.challenge_open(slot):
         if _expired(slot["challenge"]["deadline"], ctx, closing):
             availability.expire_challenge(state, task_id, slot)
@@ -238,8 +239,37 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
 
 
 def sealed(entry: dict[str, Any]) -> bool:
-    """Whether a verifier entry committed to an answer it may still reveal."""
+    """Whether a verifier (or referee) entry committed to an answer (a vote) it may still reveal."""
     return entry.get("commitment") is not None and not entry.get("unrevealed")
+
+
+def _advance_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot,
+                      closing: bool) -> bool:
+    """The referees' votes, committed then revealed (ADR 0210): once no referee may still commit (all
+    committed or the referee deadline passed) the reveals open for ``audit_reveal_s``; once every sealed
+    vote is revealed or that window closed, a vote never revealed is marked ``unrevealed`` (slashed at
+    finalize, and no vote) and the revealed votes decide."""
+    referees = slot["referees"]
+    if not slot.get("referee_reveal_deadline"):
+        if any(r.get("commitment") is None and r["vote"] is None and not r.get("unrevealed") for r in referees) \
+                and not _expired(slot["referee_deadline"], ctx, closing):
+            return False
+        if any(sealed(r) and r["vote"] is None for r in referees):
+            slot["referee_reveal_deadline"] = deadlines.reveal_deadline(params, ctx)
+            state.events.append({"type": "referee_reveal_open", "task_id": task_id, "slot": slot["slot"],
+                                 "deadline": slot["referee_reveal_deadline"]})
+            return True
+    else:
+        waiting = [r for r in referees if sealed(r) and r["vote"] is None]
+        if waiting and not _expired(slot["referee_reveal_deadline"], ctx, closing):
+            return False
+        for r in waiting:
+            r["unrevealed"] = True
+            state.events.append({"type": "referee_unrevealed", "task_id": task_id, "slot": slot["slot"],
+                                 "referee": r["referee"]})
+        slot["referee_reveal_deadline"] = 0
+    _decide_by_referees(state, params, ctx, task_id, slot)
+    return True
 
 
 def _close_commitments(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot,
@@ -385,20 +415,34 @@ def referee_verdict(params: Params, slot: Slot) -> tuple[bool, bytes] | None:
 
 
 def _decide_by_referees(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot) -> None:
-    """The referee verdict decides the slot; without one (a tie, too few votes, a short panel) a larger
-    panel joins (the panel so far plus one more referee each time) until ``referee_rounds`` panels
-    were drawn or nobody is left to draw; then the slot is ``undecided``: nobody slashed and the worker
-    not paid for it (ADR 0188: a judge's default never pays)."""
+    """The referee verdict decides the slot when no revealed vote dissents from it; without one (a tie, too
+    few votes, a short panel), or against a dissent (ADR 0210), a larger panel joins (the panel so far
+    plus one more referee each time) until ``referee_rounds`` panels were drawn or nobody is left to
+    draw; then the majority verdict decides, and without one the slot is ``undecided``: nobody slashed
+    and the worker not paid for it (ADR 0188: a judge's default never pays)."""
     verdict = referee_verdict(params, slot)
-    if verdict is not None:
-        match, evidence = verdict
-        slot["verdict"] = {"match": match, "evidence": evidence}
-        slot["outcome"] = OK if match else GUILTY
-    elif referee_panels(slot) < params.referee_rounds:
+    last_panel = referee_panels(slot) >= params.referee_rounds
+    if verdict is not None and (last_panel or not dissent(slot, verdict)):
+        _decide(state, task_id, slot, verdict)
+    elif not last_panel:
         _schedule(state, params, ctx, task_id, slot, REFEREE, len(slot["referees"]) + 1)
-        return
     else:
         slot["outcome"] = UNDECIDED
+        _resolved(state, task_id, slot)
+
+
+def dissent(slot: Slot, verdict: tuple[bool, bytes]) -> bool:
+    """Whether a revealed referee vote differs from ``verdict`` (ADR 0210). Honest referees replay the
+    same segment bit for bit, so a split panel holds an adversary; it is not decided by its majority,
+    which a coalition drawn twice onto a small panel could hold, but grows (until ``referee_rounds``)."""
+    return any(r["vote"] is not None and (r["vote"]["match"], r["vote"]["evidence"]) != verdict
+               for r in slot["referees"])
+
+
+def _decide(state: LedgerState, task_id: bytes, slot: Slot, verdict: tuple[bool, bytes]) -> None:
+    match, evidence = verdict
+    slot["verdict"] = {"match": match, "evidence": evidence}
+    slot["outcome"] = OK if match else GUILTY
     _resolved(state, task_id, slot)
 
 
@@ -474,24 +518,6 @@ def apply_dispute(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx)
     state.touch(TASK, p["task_id"])
 
 
-def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
-    """A drawn referee's (match, evidence) for a contested slot, before the referee deadline."""
-    p = tx.payload
-    task, slot = slot_of(state, tx)
-    entry = next((r for r in slot["referees"] if r["referee"] == tx.sender), None)
-    if entry is None:
-        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {p['slot']}")
-    if entry["vote"] is not None:
-        raise TxError(TxCode.ALREADY_KNOWN, "this referee already voted")
-    if _expired(slot["referee_deadline"], ctx, False):
-        raise TxError(TxCode.BAD_STATE, f"the referee deadline (block time {slot['referee_deadline']} ms) has passed")
-    entry["vote"] = {"match": p["match"], "evidence": p["evidence"]}
-    state.touch(TASK, p["task_id"])
-    state.events.append({"type": "referee_voted", "task_id": p["task_id"], "slot": p["slot"],
-                         "referee": tx.sender, "match": p["match"], "evidence": p["evidence"]})
-    advance_task(state, params, ctx, p["task_id"], task, closing=False)
-
-
 # ---- settlement at finalize ------------------------------------------------------------------
 
 @dataclass
@@ -521,6 +547,9 @@ def settle(task: Task, verifier_pool: int) -> Settlement:
     for slot in task.slots:
         if slot["outcome"] in (UNAUDITED, UNDECIDED):
             out.unsettled[slot["worker"]] = out.unsettled.get(slot["worker"], 0) + 1
+        # committed, then withheld (ADR 0202, 0210): slashed whatever the slot's outcome
+        out.false_answers += [v["verifier"] for v in slot["verifiers"] if v.get("unrevealed")]
+        out.false_answers += [r["referee"] for r in slot["referees"] if r.get("unrevealed")]
     payees_by_slot: list[list[str]] = []
     for slot in task.slots:
         verdict = slot["verdict"]
@@ -530,8 +559,6 @@ def settle(task: Task, verifier_pool: int) -> Settlement:
         payees = []
         for v in slot["verifiers"]:
             answer = v["answer"]
-            if v.get("unrevealed"):
-                out.false_answers.append(v["verifier"])   # committed, then withheld (ADR 0202)
             if answer is None:
                 continue
             if (answer["match"], answer["evidence"]) == key:

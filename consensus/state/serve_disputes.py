@@ -8,7 +8,10 @@ that step (``transcript == sha256(prior || link)``), the answer digest, the cont
 bundle (the session's inputs up to that step and the links before it) and a bond of at least
 ``serve_dispute_bond``. The ledger draws ``referees`` servers stake-weighted among the compute nodes
 with ``min_serve_stake`` bonded that announce the same model and profile over a range covering the
-disputed blocks (not the client, not the server). Each fetches the bundle from the client, checks
+disputed blocks (not the client, not the server), at the end of the block ``beacon_delay`` blocks after
+the dispute, from that block's random beacon (ADR 0210: the dispute's own proposer, who may choose to
+include it or not, cannot know the panel; until then ``referees`` is empty and ``deadline`` is the draw
+height; nobody eligible then: undecided, the bond back). Each fetches the bundle from the client, checks
 it against the hash and the link, recomputes the step and sends ``serve_referee_vote`` {dispute,
 valid, output}. When every referee voted, or at the deadline (``audit_answer_blocks`` after the
 draw), the (valid, output) most votes agree on, leading every other strictly, decides:
@@ -109,23 +112,35 @@ def apply_serve_dispute(state: LedgerState, params: Params, ctx: BlockContext, t
     if channel is not None and channel.claimed_height and ctx.height > closes:
         raise TxError(TxCode.BAD_STATE, f"too late: the session was last claimed at height {channel.claimed_height}, "
                                         f"its disputes closed at {closes} (serve_dispute_window), now {ctx.height}")
-    pool = eligible_referees(state, params, receipt["model"], p["profile"], p["start"], p["end"], {client, server})
-    material = b"dekube/serve-referees\x00" + ident + ctx.beacon   # not the block hash: no time grinding (ADR 0202)
-    chosen = draw_distinct(material, pool, params.referees)
-    if not chosen:
+    if not eligible_referees(state, params, receipt["model"], p["profile"], p["start"], p["end"], {client, server}):
         raise TxError(TxCode.NOT_FOUND, "no eligible referee serves that model, profile and range")
     debit(state, client, p["bond"])
-    deadline = ctx.height + params.audit_answer_blocks
+    draw_at = ctx.height + params.beacon_delay   # referees come from a later beacon (ADR 0210)
     state.serve_disputes[ident] = ServeDispute(
         client, server, receipt["session"], receipt["model"], p["profile"], p["start"], p["end"], p["prior"], p["link"],
-        p["answer"], p["inputs"], p["bond"], [[peer_id, None] for peer_id in chosen], deadline, OPEN,
-        list(p.get("addrs", [])))
+        p["answer"], p["inputs"], p["bond"], [], draw_at, OPEN, list(p.get("addrs", [])))
     state.open_serve_disputes.add(ident)
     state.touch(SERVE_DISPUTE, ident)
     state.events.append({"type": "serve_dispute_opened", "dispute": ident, "client": client, "server": server,
                          "model": receipt["model"], "profile": p["profile"], "start": p["start"], "end": p["end"],
                          "prior": p["prior"], "link": p["link"], "answer": p["answer"], "inputs": p["inputs"],
-                         "referees": chosen, "deadline": deadline, "addrs": list(p.get("addrs", []))})
+                         "referees": [], "draw_at": draw_at, "addrs": list(p.get("addrs", []))})
+
+
+def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, ident: bytes, dispute: ServeDispute) -> None:
+    """The dispute's referees, from this block's beacon (``beacon_delay`` blocks after the dispute: nobody
+    knew it when the dispute became final, ADR 0210); nobody eligible left: undecided, the bond back."""
+    pool = eligible_referees(state, params, dispute.model, dispute.profile, dispute.start, dispute.end,
+                             {dispute.client, dispute.server})
+    chosen = draw_distinct(b"dekube/serve-referees\x00" + ident + ctx.beacon, pool, params.referees)
+    if not chosen:
+        _decide(state, params, ident, dispute)
+        return
+    dispute.referees = [[peer_id, None] for peer_id in chosen]
+    dispute.deadline = ctx.height + params.audit_answer_blocks
+    state.touch(SERVE_DISPUTE, ident)
+    state.events.append({"type": "serve_referees_drawn", "dispute": ident, "referees": chosen,
+                         "deadline": dispute.deadline})
 
 
 def apply_serve_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
@@ -147,11 +162,16 @@ def apply_serve_referee_vote(state: LedgerState, params: Params, ctx: BlockConte
 
 
 def advance_disputes(state: LedgerState, params: Params, ctx: BlockContext) -> None:
-    """Decide the open disputes whose vote deadline has passed (end of block)."""
+    """At the end of a block: draw the referees of the disputes whose draw height it is; decide the open
+    disputes whose vote deadline has passed."""
     for ident in sorted(state.open_serve_disputes):
         dispute = state.serve_disputes[ident]
-        if ctx.height >= dispute.deadline:
+        if ctx.height < dispute.deadline:
+            continue
+        if dispute.referees:
             _decide(state, params, ident, dispute)
+        else:
+            _draw_referees(state, params, ctx, ident, dispute)
 
 
 def _decide(state: LedgerState, params: Params, ident: bytes, dispute: ServeDispute) -> None:

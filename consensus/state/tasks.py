@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audits, bandwidth, deadlines, epochs, rejections, task_stop
+from consensus.state import audit_cost, audits, bandwidth, deadlines, epochs, rejections, task_stop
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -79,7 +79,8 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     epochs.check_layout(p)
     if "expected_s" in p:
         deadlines.check_expected(params, p["expected_s"])
-    debit(state, tx.sender, p["price"])
+    surcharge = audit_cost.audit_surcharge(params, p["price"], p["segments"])   # too few segments (ADR 0212)
+    debit(state, tx.sender, p["price"] + surcharge)
     task_id = task_id_for(tx.sender, tx.nonce)
     state.task_seq += 1
     state.touch_meta()
@@ -89,8 +90,11 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         spec["expected_s"] = p["expected_s"]
     if p.get("epochs", 1) > 1:
         spec["epochs"] = p["epochs"]
+    if surcharge:
+        spec["audit_surcharge"] = surcharge
     task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
                                        sources=list(p.get("sources", [])), device=spec["device"])
+    task.escrow += surcharge
     task.profile = p["profile"]
     task.segments = p["segments"]
     task.assign_deadline = ctx.time_ms + params.task_assign_s * 1000
@@ -549,7 +553,7 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     owner gets the rest. The task ends ``paid`` when a worker was paid (``stopped`` when it stopped at an
     epoch boundary before its end, ADR 0211), else ``expired`` (nobody
     committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
-    verifier_pool = task.price * params.verifier_share_bps // 10_000
+    verifier_pool = task.price * params.verifier_share_bps // 10_000 + task.spec.get("audit_surcharge", 0)
     share = worker_share(params, task.price, len(task.workers))
     settlement = audits.settle(task, verifier_pool)
     payouts: dict[str, int] = {}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consensus.genesis import Params
-from consensus.state.answers import answer_commitment
+from consensus.state.answers import answer_commitment, vote_commitment
 from consensus.state.audits import sealed
 from consensus.state.records import TaskStatus
 from consensus.state.store import LedgerState
@@ -153,11 +153,20 @@ class DisputeGame:
         out: list[Move] = []
         base = {"task_id": self.task_id, "slot": slot["slot"]}
         if slot["referees"]:
-            for entry in slot["referees"]:
+            for entry in slot["referees"]:   # votes committed, then revealed (ADR 0210)
                 verdict = self._verdict_of(entry["referee"], slot)
-                if entry["vote"] is None and verdict is not None and entry["referee"] in self.by_id:
-                    out.append((self.by_id[entry["referee"]].identity, "referee_vote",
-                                {**base, "match": verdict[0], "evidence": verdict[1]}))
+                if entry["vote"] is not None or verdict is None or entry["referee"] not in self.by_id:
+                    continue
+                identity = self.by_id[entry["referee"]].identity
+                blinding = hashlib.sha256(b"vote" + identity.seed + self.task_id + bytes([slot["slot"]])).digest()
+                vote = {**base, "match": verdict[0], "evidence": verdict[1], "blinding": blinding}
+                if entry.get("commitment") is None and not slot.get("referee_reveal_deadline") \
+                        and slot["referee_deadline"] > now_ms:
+                    out.append((identity, "referee_commit", {**base, "commitment": vote_commitment(
+                        self.task_id, slot["slot"], identity.peer_id, entry.get("panel", 0), verdict[0], verdict[1],
+                        vote["blinding"])}))
+                elif sealed(entry) and slot.get("referee_reveal_deadline", 0) > now_ms:
+                    out.append((identity, "referee_vote", vote))
         elif slot["dispute_deadline"]:
             if slot["dispute"] is None:   # honest workers dispute a mismatch; the cheater tries its luck
                 out.append((self.by_id[slot["worker"]].identity, "dispute", base))

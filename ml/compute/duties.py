@@ -5,8 +5,8 @@ worker's segment, the worker that may dispute a mismatch, the referees that sett
 module is the pure part of the node's side: given a task (`consensus.task_info.TaskInfo`), this node's
 peer id and the ledger's time (block time in ms: the deadlines are block times, docs/adr/0187), `duties_for` lists what
 the node still has to send (an audit answer's commitment, then its reveal once the slot's reveal window
-opens, docs/adr/0202; a dispute; a referee vote), with nothing done twice and
-nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
+opens, docs/adr/0202; a dispute; a referee vote's commitment, then its reveal, docs/adr/0210), with
+nothing done twice and nothing sent after its deadline. The compute role runs them (ml/compute/verification_flow.py).
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from consensus.task_info import AuditSlot, TaskInfo
 
-AUDIT, REVEAL, DISPUTE, REFEREE = "audit", "reveal", "dispute", "referee"   # audit: commit the answer
+# audit / referee: commit the answer / the vote; reveal / referee_reveal: open it (docs/adr/0202, 0210)
+AUDIT, REVEAL, DISPUTE, REFEREE, REFEREE_REVEAL = "audit", "reveal", "dispute", "referee", "referee_reveal"
 
 
 @dataclass(frozen=True)
 class Duty:
-    kind: str          # audit (commit the answer) | reveal (open it) | dispute | referee
+    kind: str          # audit | reveal | dispute | referee (commit the vote) | referee_reveal (open it)
     task_id: str       # hex
     slot: int
     worker: str        # the audited worker
@@ -53,12 +54,21 @@ def _slot_duties(task_id: str, slot: AuditSlot, me: str, now_ms: int) -> list[Du
             and now_ms <= slot.dispute_deadline):
         out.append(duty(DISPUTE, slot.dispute_deadline))
     for entry in slot.referees:
+        if entry.referee != me or entry.vote is not None or entry.unrevealed:
+            continue
         deadline = entry.deadline or slot.referee_deadline
-        if entry.referee == me and entry.vote is None and _open(deadline, now_ms):
+        if entry.commitment is None and not slot.referee_reveal_deadline and _open(deadline, now_ms):
             out.append(duty(REFEREE, deadline))
+        elif entry.commitment is not None and slot.referee_reveal_deadline and now_ms <= slot.referee_reveal_deadline:
+            out.append(duty(REFEREE_REVEAL, slot.referee_reveal_deadline))
     return out
 
 
 def duties_for(task: TaskInfo, me: str, now_ms: int) -> list[Duty]:
     """The verification messages `me` still owes `task` at block time `now_ms`, in slot order."""
     return [duty for slot in task.slots if slot.pending for duty in _slot_duties(task.task_id, slot, me, now_ms)]
+
+
+def referee_panel(task: TaskInfo, slot: int, me: str) -> int:
+    """The panel ``me`` sits on as a referee of ``slot`` (its vote commitment binds it, docs/adr/0210)."""
+    return next((r.panel for r in task.slots[slot].referees if r.referee == me), 0)

@@ -3,8 +3,9 @@ answers, disputes and referee votes it still owes (ml/compute/duties.py), each p
 at a later look when it failed and its deadline allows): judge the slot by replaying the worker's
 segment (ml/compute/verification_flow.py; one replay at a time), then send audit_commit (the answer
 sealed; revealed with audit_result once the slot's reveals open, ml/compute/sealed_answers.py, docs/adr/0202),
-referee_vote or dispute. A judge that cannot get the worker's record or state files tries again until the last
-UNAVAILABLE_FRACTION of its answer window before it answers "unavailable"."""
+referee_commit (the vote sealed; revealed with referee_vote, docs/adr/0210) or dispute. A judge that
+cannot get the worker's record or state files tries again until the last UNAVAILABLE_FRACTION of its
+answer window before it answers "unavailable"."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,7 @@ from typing import Any
 
 from consensus.task_info import TaskInfo
 from ml.compute import availability_duty, segments_protocol
-from ml.compute.duties import AUDIT, DISPUTE, REVEAL, Duty, duties_for
+from ml.compute.duties import AUDIT, DISPUTE, REFEREE_REVEAL, REVEAL, Duty, duties_for, referee_panel
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
@@ -83,6 +84,9 @@ class VerificationDuties:
             if duty.kind == REVEAL:
                 await self.ledger.send("audit_result", self.sealed.reveal_payload(task_id, duty.slot, judgement))
                 return
+            if duty.kind == REFEREE_REVEAL:
+                await self.ledger.send("referee_vote", self.sealed.vote_reveal_payload(task_id, duty.slot, judgement))
+                return
             if judgement.evidence == unavailable_evidence(duty.salt) and await self._too_early_to_give_up(duty):
                 log.info("%s of task %s slot %d: %s; trying again later", duty.kind, key, duty.slot, judgement.reason)
                 self.started.discard(duty.key)
@@ -90,8 +94,9 @@ class VerificationDuties:
             if duty.kind == AUDIT:
                 await self.ledger.send("audit_commit", self.sealed.commit_payload(task_id, duty.slot, judgement))
                 self.audits_sent.inc(verdict="match" if judgement.match else "mismatch")
-            else:
-                await self.ledger.send("referee_vote", judgement.vote_payload(task_id, duty.slot))
+            else:   # a referee's vote, sealed: revealed once every referee of the slot committed (ADR 0210)
+                await self.ledger.send("referee_commit", self.sealed.vote_commit_payload(
+                    task_id, duty.slot, referee_panel(task, duty.slot, self.node.peer_id), judgement))
             self.audits.setdefault(key, []).append({
                 "kind": duty.kind, "slot": duty.slot, "worker": duty.worker, "segment": duty.segment,
                 "match": judgement.match, "step": judgement.step, "reason": judgement.reason})

@@ -34,7 +34,8 @@ def params(**overrides):
     base = {"task_min_s": 12, "task_slack_s": 0, "audit_window_s": 2,
             "min_fee": 0, "audits_per_worker": 2,
             "audit_double_bps": 0, "audit_answer_s": ANSWER_BLOCKS, "dispute_s": 3, "referees": 3,
-            "stake_cover_bps": 0, "beacon_delay": 2}
+            "stake_cover_bps": 0, "beacon_delay": 2,
+            "max_audit_share_bps": 10_000}   # no audit surcharge here (test_audit_cost.py has it)
     return Params(**{**base, **overrides})
 
 
@@ -92,11 +93,21 @@ def slots_of(task, worker):
 
 
 def vote(chain, task_id, slot, referee, match=True, evidence=HONEST_EVIDENCE):
-    """``referee``'s vote, then the blocks until a larger panel it calls for is drawn; the vote's receipt."""
-    receipt = chain.run(identity_of(referee), "referee_vote", {"task_id": task_id, "slot": slot, "match": match,
-                                                               "evidence": evidence})
+    """``referee``'s sealed vote (referee_commit); every sealed vote whose slot then opens its votes is
+    revealed in the next block (ADR 0210); then the blocks until a larger panel it calls for is drawn.
+    Returns the commit's receipt."""
+    receipt = chain.block([chain.seal_vote(identity_of(referee), task_id, slot, match, evidence)]).receipts[0]
+    chain.reveal_all(task_id)
     run_scheduled_draws(chain, task_id)
     return receipt
+
+
+def close_votes(chain, task_id):
+    """Past the referee deadline: the silent referees' seats close, the sealed votes are revealed (ADR
+    0210) and a larger panel a short vote calls for is drawn."""
+    chain.empty_blocks(ANSWER_BLOCKS + 3)
+    chain.reveal_all(task_id)
+    run_scheduled_draws(chain, task_id)
 
 
 def dispute(chain, worker, task_id, slot):
@@ -147,7 +158,10 @@ def test_audit_payloads_are_checked():
             "blinding": b"\x03" * 32}
     build_tx(W1, CHAIN, 0, "audit_result", base)
     build_tx(W1, CHAIN, 0, "audit_commit", {"task_id": b"\x01" * 32, "slot": 0, "commitment": b"\x04" * 32})
-    build_tx(W1, CHAIN, 0, "referee_vote", {k: v for k, v in base.items() if k not in ("step", "blinding")})
+    build_tx(W1, CHAIN, 0, "referee_vote", {k: v for k, v in base.items() if k != "step"})
+    build_tx(W1, CHAIN, 0, "referee_commit", {"task_id": b"\x01" * 32, "slot": 0, "commitment": b"\x04" * 32})
+    with pytest.raises(TxError):   # a vote is revealed with its blinding (ADR 0210)
+        build_tx(W1, CHAIN, 0, "referee_vote", {k: v for k, v in base.items() if k not in ("step", "blinding")})
     build_tx(W1, CHAIN, 0, "dispute", {"task_id": b"\x01" * 32, "slot": 3})
     for bad in ({**base, "evidence": b"\x02" * 31}, {**base, "slot": -1}, {**base, "match": 1},
                 {k: v for k, v in base.items() if k != "step"}, {**base, "worker": W2.peer_id},
@@ -400,12 +414,12 @@ def test_one_vote_of_a_silent_panel_is_no_verdict_a_larger_panel_decides():
     dispute(chain, W2, task_id, slot["slot"])
     first = slot["referees"][0]["referee"]
     vote(chain, task_id, slot["slot"], first, False)
-    chain.empty_blocks(ANSWER_BLOCKS + 3)
+    close_votes(chain, task_id)
     assert slot["outcome"] == "pending" and len(slot["referees"]) > 3      # one vote of three: a larger panel
     assert len(slot["referees"]) == 6                                       # the 3 left of the pool
     for entry in slot["referees"][3:]:                                       # 4 of 6: a majority
         vote(chain, task_id, slot["slot"], entry["referee"], False)
-    chain.empty_blocks(ANSWER_BLOCKS + 3)
+    close_votes(chain, task_id)
     assert slot["outcome"] == "guilty"
     late = vote(chain, task_id, slot["slot"], slot["referees"][1]["referee"])
     assert late.code == TxCode.BAD_STATE
@@ -421,9 +435,16 @@ def test_referees_on_the_losing_side_are_slashed_like_verifiers():
     honest, colluder = [r["referee"] for r in slot["referees"][:2]], slot["referees"][2]["referee"]
     for referee in honest:
         vote(chain, task_id, slot["slot"], referee)
+    answer_rest_honestly(chain, task_id, task)                     # the other slots, before their deadlines
     vote(chain, task_id, slot["slot"], colluder, False, FAKE)     # sides with the false accuser, loses
+    assert slot["outcome"] == "pending" and len(slot["referees"]) > 3   # a split panel grows (ADR 0210)
+    for _ in range(chain.params.referee_rounds):
+        for entry in [r for r in slot["referees"] if r["vote"] is None and r.get("commitment") is None]:
+            vote(chain, task_id, slot["slot"], entry["referee"])
+        if slot["outcome"] != "pending":
+            break
+        close_votes(chain, task_id)
     assert slot["outcome"] == "ok"
-    answer_rest_honestly(chain, task_id, task)
     bonded = chain.ledger.stake_info(colluder)["bonded"]
     chain.empty_blocks(2)
     chain.ok(OWNER, "finalize", {"task_id": task_id})

@@ -15,7 +15,7 @@ class Chain(LabChain):
 
     def __init__(self, balances=None, validators=(0,), params=None, balance=1_000_000, block_ms=1000):
         params = params or Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                  audits_per_worker=0)
+                                  audits_per_worker=0, max_audit_share_bps=10_000)
         super().__init__(balances, validators, params, balance, chain_id=CHAIN, block_ms=block_ms)
 
 
@@ -72,7 +72,8 @@ def crew_chain(workers, verifier, hardware) -> Chain:
     no stake cover) with ``workers`` registered as compute nodes bonded 3000, 2000, 1000 and ``verifier``
     bonded 500."""
     chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0))
+                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0,
+                                max_audit_share_bps=10_000))
     for worker, bond in zip(workers, (3000, 2000, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                            "hardware": hardware})

@@ -25,7 +25,7 @@ def random_tx(draw, chain, submitted):
     evidence = draw(st.sampled_from([b"\xe0" * 32, b"\xe1" * 32]))
     kind = draw(st.sampled_from(["transfer", "bond", "unbond", "register_node", "submit_task", "cancel_task",
                                  "commit_result", "reject_task", "audit_commit", "audit_result",
-                                 "dispute", "referee_vote",
+                                 "dispute", "referee_commit", "referee_vote",
                                  "finalize", "relay_receipt", "serve_deposit", "serve_unlock", "serve_withdraw",
                                  "serve_receipt"]))
     device = draw(st.sampled_from(["cpu", "cuda", "any"]))
@@ -47,7 +47,9 @@ def random_tx(draw, chain, submitted):
         "audit_commit": {"task_id": task_id, "slot": slot_index, "commitment": evidence},
         "reject_task": {"task_id": task_id, "reason": "untrainable"},
         "dispute": {"task_id": task_id, "slot": slot_index},
-        "referee_vote": {"task_id": task_id, "slot": slot_index, "match": match, "evidence": evidence},
+        "referee_commit": {"task_id": task_id, "slot": slot_index, "commitment": evidence},
+        "referee_vote": {"task_id": task_id, "slot": slot_index, "match": match, "evidence": evidence,
+                         "blinding": evidence},
         "finalize": {"task_id": task_id},
         "serve_deposit": {"amount": amount},
         "serve_unlock": {},
@@ -57,11 +59,13 @@ def random_tx(draw, chain, submitted):
     by_id = {p.peer_id: p for p in PEOPLE}
     if task is not None and task.workers and kind in ("commit_result", "reject_task"):
         who = by_id[draw(st.sampled_from(task.workers))]  # steer toward transactions that succeed
-    if task is not None and task.slots and kind in ("audit_commit", "audit_result", "dispute", "referee_vote"):
+    if task is not None and task.slots and kind in ("audit_commit", "audit_result", "dispute", "referee_commit",
+                                                             "referee_vote"):
         slot = task.slots[slot_index % len(task.slots)]
         payloads[kind]["slot"] = slot["slot"]
         verifiers = [v["verifier"] for v in slot["verifiers"]]
         parties = {"audit_commit": verifiers, "audit_result": verifiers, "dispute": [slot["worker"]],
+                   "referee_commit": [r["referee"] for r in slot["referees"]],
                    "referee_vote": [r["referee"] for r in slot["referees"]]}[kind]
         parties = [peer_id for peer_id in parties if peer_id in by_id]
         if parties:

@@ -75,7 +75,17 @@ def opened(chain: Chain) -> tuple[bytes, list[str]]:
     result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
     assert result.receipts[0].code == TxCode.OK, result.receipts[0]
     event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
-    return event["dispute"], event["referees"]
+    return event["dispute"], drawn(chain)
+
+
+def drawn(chain: Chain) -> list[str]:
+    """The blocks until the dispute's referees are drawn from a later beacon (ADR 0210); their IDs."""
+    for _ in range(chain.params.beacon_delay):
+        result = chain.block()
+        event = next((e for e in result.events if e["type"] == "serve_referees_drawn"), None)
+        if event is not None:
+            return event["referees"]
+    raise AssertionError("no referees drawn")
 
 
 def by_id(peer_id: str):
@@ -93,6 +103,39 @@ def test_referees_serve_the_same_model_profile_and_blocks_and_exclude_the_partie
     assert sorted(referees) == sorted(r.peer_id for r in REFEREES)     # not the server, client, other profile
     record = chain.ledger.state.serve_disputes[ident_]
     assert record.status == "open" and record.bond == 200 and record.deadline == chain.ledger.height + 5
+
+
+def test_referees_are_drawn_from_a_beacon_after_the_dispute():
+    """ADR 0210: the dispute's block only schedules the draw; the panel comes from the beacon of the
+    block beacon_delay later, which nobody knew when the dispute was included; votes before it are refused."""
+    chain = dispute_chain()
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
+    result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
+    event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
+    ident_, filed_at = event["dispute"], chain.ledger.height
+    assert event["referees"] == [] and event["draw_at"] == filed_at + chain.params.beacon_delay
+    assert vote(chain, REFEREES[0].peer_id, ident_, True, ANSWER).code == TxCode.UNAUTHORIZED   # nobody drawn yet
+    referees = drawn(chain)
+    assert chain.ledger.height == filed_at + chain.params.beacon_delay and len(referees) == 3
+    record = chain.ledger.state.serve_disputes[ident_]
+    assert [r[0] for r in record.referees] == referees and record.deadline == chain.ledger.height + 5
+
+
+def test_a_dispute_whose_referees_left_by_the_draw_returns_the_bond():
+    chain = dispute_chain(ttl=5)
+    hw = hardware()
+    hw["serving"][0]["height"] = chain.ledger.height + 1
+    chain.block([chain.tx(who, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
+                                                 "hardware": hw}) for who in REFEREES])
+    chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
+    chain.empty_blocks(2)
+    before = balance(chain, CLIENT)
+    result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
+    assert result.receipts[0].code == TxCode.OK          # the referees' announcements are still fresh
+    ident_ = next(e for e in result.events if e["type"] == "serve_dispute_opened")["dispute"]
+    chain.empty_blocks(chain.params.beacon_delay)         # stale by the draw: nobody to draw
+    record = chain.ledger.state.serve_disputes[ident_]
+    assert record.status == "undecided" and record.referees == [] and balance(chain, CLIENT) == before   # bond back
 
 
 def test_a_majority_recomputing_another_answer_slashes_the_server_and_refunds_the_client():
@@ -169,6 +212,7 @@ def test_bad_claims_and_votes_are_refused():
     result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
     ident_ = next(e for e in result.events if e["type"] == "serve_dispute_opened")["dispute"]
     assert chain.run(CLIENT, "serve_dispute", claim(chain)).code == TxCode.REPLAYED
+    drawn(chain)
     assert vote(chain, SERVER.peer_id, ident_, True, ANSWER).code == TxCode.UNAUTHORIZED
     referee = chain.ledger.state.serve_disputes[ident_].referees[0][0]
     assert vote(chain, referee, ident_, True, ANSWER).code == TxCode.OK
@@ -240,9 +284,8 @@ def test_stale_announcements_are_refused_hidden_and_not_drawn():
     chain.ok(SERVER, "serve_receipt", signed(chain, receipt()))
     assert chain.run(CLIENT, "serve_dispute", claim(chain)).code == TxCode.NOT_FOUND   # no fresh referee
     assert announce(REFEREES[1], chain.ledger.height + 1).code == TxCode.OK           # one refreshes
-    result = chain.block([chain.tx(CLIENT, "serve_dispute", claim(chain))])
-    event = next(e for e in result.events if e["type"] == "serve_dispute_opened")
-    assert event["referees"] == [REFEREES[1].peer_id]
+    assert chain.run(CLIENT, "serve_dispute", claim(chain)).code == TxCode.OK
+    assert drawn(chain) == [REFEREES[1].peer_id]
 
 
 def test_what_rpc_shows_of_disputes():

@@ -68,10 +68,10 @@ def test_a_false_accuser_that_unbonds_after_answering_is_still_slashed():
     chain.ok(W1, "dispute", {"task_id": task_id, "slot": slot["slot"]})
     run_scheduled_draws(chain, task_id)
     bonded = chain.ledger.stake_info(accuser)["bonded"]
-    answer = {"task_id": task_id, "slot": slot["slot"], "match": True, "evidence": b"\xe0" * 32}
     unbond = chain.tx(accuser_id, "unbond", {"amount": bonded})     # leaves as the referees vote
-    chain.block([unbond] + [chain.tx(next(i for i in [*VERIFIERS, W1, W2] if i.peer_id == r["referee"]),
-                                     "referee_vote", answer) for r in slot["referees"]])
+    chain.block([unbond] + [chain.seal_vote(next(i for i in [*VERIFIERS, W1, W2] if i.peer_id == r["referee"]),
+                                            task_id, slot["slot"], True, b"\xe0" * 32) for r in slot["referees"]])
+    chain.reveal_all(task_id)
     assert slot["outcome"] == "ok"
     answer_rest_honestly(chain, task_id, task)
     chain.empty_blocks(SHORT["unbonding_period"] + 2)

@@ -52,7 +52,8 @@ def run_for(chain: Chain, seconds: float) -> int:
 def chain_params(**overrides) -> Params:
     """The genesis defaults (deadlines included), with two verifiers' worth of audits."""
     # stake_cover_bps 0: these workers bond far less than 10x their pay (ADR 0188; not what these tests are about)
-    return Params(**{"min_fee": 0, "audits_per_worker": 1, "audit_double_bps": 0, "stake_cover_bps": 0, **overrides})
+    return Params(**{"min_fee": 0, "audits_per_worker": 1, "audit_double_bps": 0, "stake_cover_bps": 0,
+                     "max_audit_share_bps": 10_000, **overrides})
 
 
 @pytest.mark.parametrize("declared", [{"expected_s": JOB_S}, {}], ids=["expected_s", "legacy-submit"])
