@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--segment-steps", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated scenario names")
-    parser.add_argument("--overhead", default="120:10,600:10,120:2",
+    parser.add_argument("--overhead", default="120:3,600:10,120:10",
                         help="comma-separated steps:segment_steps sizes to measure the audit overhead at")
     parser.add_argument("--overhead-runs", type=int, default=3, help="honest tasks per overhead size")
     parser.add_argument("--devnet", action="store_true", help="also run each adversary once on a process devnet")

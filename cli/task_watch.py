@@ -119,7 +119,8 @@ async def cancel(args: argparse.Namespace, task_id: str, identity: Identity) -> 
     if args.json:
         print(json.dumps({"task_id": task_id, "tx_hash": tx_hash, "height": receipt["height"], "task": cancelled}))
     else:
-        print(f"task {task_id} cancelled in block {receipt['height']}; {task.price} tokens back to the owner")
+        print(f"task {task_id} cancelled in block {receipt['height']}; {task.escrow or task.price} tokens back to "
+              "the owner")   # the escrow: the price and any audit surcharge (docs/adr/0212)
     return 0
 
 

@@ -53,6 +53,7 @@ from consensus.network import (  # noqa: F401  (frame, read_frame, PROTOCOL: re-
     frame,
     read_frame,
 )
+from consensus.signer import Step
 from consensus.tendermint import (
     Broadcast,
     Commit,
@@ -158,6 +159,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
         network: ConsensusNetwork | None = None,
         clock: Clock | None = None,
         members: Callable[[str], bool] | None = None,
+        propose_grace: Callable[[int], float] | None = None,
     ) -> None:
         if network is None:
             if host is None:
@@ -173,6 +175,7 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
         self.get_block = get_block
         self.on_evidence = on_evidence
         self.on_failure = on_failure
+        self.propose_grace = propose_grace   # extra seconds for a height's round-0 proposal (a paced proposer)
         self.gossip_interval = gossip_interval
         self.sync_delay = sync_delay
         self.sync_batch = sync_batch
@@ -279,8 +282,11 @@ proposals (others may only ask for blocks; None: everyone). ``on_evidence(eviden
             elif isinstance(out, ScheduleTimeout):
                 now = self.clock.now()
                 self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+                delay = out.delay
+                if out.step is Step.PROPOSE and out.round == 0 and self.propose_grace is not None:
+                    delay += self.propose_grace(out.height)   # the proposer may wait that long for a transaction
                 self._timers.append(self.clock.call_later(
-                    out.delay, self._fire_timeout, (out.step, out.height, out.round)))
+                    delay, self._fire_timeout, (out.step, out.height, out.round)))
             elif isinstance(out, Commit):
                 pending.extendleft(reversed(await self._commit(out)))
                 await asyncio.sleep(0)   # let queued events (sync requests, timers) run between heights

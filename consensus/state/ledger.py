@@ -129,6 +129,7 @@ class Ledger:
         self.params = genesis.params
         self.chain_id = genesis.chain_id
         self.state = state
+        self._busy: bool | None = None   # work_in_flight after the last block (None: not computed yet)
 
     @classmethod
     def from_genesis(cls, genesis: Genesis) -> Ledger:
@@ -154,6 +155,14 @@ class Ledger:
     @property
     def height(self) -> int:
         return self.state.height
+
+    @property
+    def busy(self) -> bool:
+        """Whether a task or a serving dispute is in flight (``tasks.work_in_flight``), as of the last
+        block: a proposer keeps the fast block pace while one is (docs/adr/0213)."""
+        if self._busy is None:
+            self._busy = tasks.work_in_flight(self.state)
+        return self._busy
 
     @property
     def app_hash(self) -> bytes:
@@ -259,6 +268,7 @@ class Ledger:
 
         tasks.end_block(state, params, ctx)
         serve_disputes.advance_disputes(state, params, ctx)
+        self._busy = tasks.work_in_flight(state)
         if ctx.height % params.epoch_length == 0:
             staking.elect_committee(state, params, ctx.height + 1)
         state.height = ctx.height

@@ -137,6 +137,14 @@ def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     expire_open_tasks(state, params, ctx)
 
 
+def work_in_flight(state: LedgerState) -> bool:
+    """Whether anything on the ledger waits on time or on later blocks: a task not yet final (its
+    deadlines, scheduled draws and answers) or an open serving dispute. An idle chain has none, and its
+    proposers may make blocks at the slow idle pace (docs/adr/0213)."""
+    return bool(state.open_tasks or state.open_serve_disputes
+                or any(task.status in TaskStatus.ACTIVE for task in state.tasks.values()))
+
+
 def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees)."""
     due = sorted((task.seq, task_id) for task_id, task in state.tasks.items()

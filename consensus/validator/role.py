@@ -18,7 +18,9 @@ for blocks and applies those with valid certificates; one that starts with an em
 restores the committee's latest state snapshot (``/dekube/snapshots/1.0.0``, served by every
 validator; docs/adr/0199) when there is one, so it replays only the blocks after it. A proposer
 with no ready transaction (``Mempool.has_ready``) waits up to ``empty_block_wait`` for one before it
-proposes, so an idle chain makes a few empty blocks a second instead of spinning.
+proposes while a task or serving dispute is in flight, and ``idle_block_wait`` when nothing is (an idle
+chain makes an empty block every couple of seconds instead of a few a second; docs/adr/0213); every
+validator adds that wait to its round-0 proposal timeout, and a transaction ends the wait at once.
 """
 from __future__ import annotations
 
@@ -307,7 +309,7 @@ class ValidatorRole(Role):
         self.driver = driver = ConsensusDriver(
             self.node.host, core, peers=self._peers, persist=self._persist_signer, commit=self._on_commit,
             get_block=self._stored_commit, on_evidence=self._on_evidence, on_failure=self._fail,
-            members=self._is_member)
+            members=self._is_member, propose_grace=self._propose_grace)
         await driver.start(chain.ledger.height + 1, chain.committee)
         return driver
 
@@ -487,6 +489,17 @@ class ValidatorRole(Role):
         receipts = tx_events(result, list(block.txs), known) if want_txs else []
         return result, store.committee_for(block.height + 1, ledger), receipts
 
+    def _block_wait(self) -> float:
+        """How long a proposer with nothing ready waits before an empty block: ``empty_block_wait`` while
+        a task or serving dispute is in flight (its deadlines and draws need blocks), ``idle_block_wait``
+        on an idle chain (docs/adr/0213)."""
+        return self.settings["empty_block_wait" if self.chain.ledger.busy else "idle_block_wait"]
+
+    def _propose_grace(self, height: int) -> float:
+        """Extra time every validator gives round 0's proposer of ``height``: the wait it may take for a
+        transaction (none when one is ready here: the proposer has it too, gossip permitting)."""
+        return 0.0 if self.chain.mempool.has_ready() else self._block_wait()
+
     async def _pace(self, next_height: int) -> None:
         """As the next proposer with nothing ready to propose, wait a little for a ready transaction
         (one held behind a nonce gap does not count: it cannot go in a block)."""
@@ -494,7 +507,7 @@ class ValidatorRole(Role):
         if chain.committee.proposer(next_height, 0) != self.peer_id:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings["empty_block_wait"]
+        deadline = loop.time() + self._block_wait()
         while not chain.mempool.has_ready():
             remaining = deadline - loop.time()
             if remaining <= 0:

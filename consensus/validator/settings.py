@@ -19,7 +19,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "timeout_vote": Key(float, 0.5,
                             "seconds to wait for more prevotes/precommits in round 0 (+50% per round)", check_positive),
         "empty_block_wait": Key(float, 0.3,
-                                "seconds a proposer waits for transactions before an empty block", check_positive),
+                                "seconds a proposer waits for transactions before an empty block while a task or "
+                                "serving dispute is in flight (its deadlines and draws need blocks)", check_positive),
+        "idle_block_wait": Key(float, 2.0,
+                               "seconds a proposer waits for transactions before an empty block while nothing is in "
+                               "flight (an idle chain: fewer blocks to store); a transaction still goes in the next "
+                               "block at once; docs/adr/0213", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
         "retain_blocks": Key(int, 0,

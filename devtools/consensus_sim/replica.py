@@ -7,7 +7,8 @@ survives crashes), ``ChainStore`` for certificates and committees, ``Ledger`` lo
 (on the simulated network endpoint and virtual clock). Block building, proposal checks and
 commit execution follow ``ValidatorRole._propose``/``_is_valid``/``_on_commit``/``_execute``, run
 inline (the simulation has no threads); with ``SimConfig.empty_block_wait`` set, the next proposer
-paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing).
+paces as ``ValidatorRole._pace`` does (waits that long for a ready transaction before proposing, or
+``idle_block_wait`` when nothing is in flight, every replica granting round 0's proposer that wait).
 A replica can also boot from an empty disk by state sync from the others' stores (docs/adr/0199).
 Each stored commit is reported to the ``Checker``.
 """
@@ -97,7 +98,8 @@ class Replica:
         self.driver = ConsensusDriver(
             None, core, peers=self._peers, persist=self._persist, commit=self._on_commit,
             get_block=self.store.stored_commit, on_evidence=self._on_evidence,
-            network=endpoint, clock=sim.clock, gossip_interval=sim.gossip_interval, sync_delay=sim.sync_delay)
+            network=endpoint, clock=sim.clock, gossip_interval=sim.gossip_interval, sync_delay=sim.sync_delay,
+            propose_grace=self._propose_grace)
         await self.driver.start(height + 1, self.committee)
 
     def crash(self) -> None:
@@ -178,8 +180,20 @@ class Replica:
         await self._pace(block.height + 1)
         return next_committee
 
+    def _block_wait(self) -> float | None:
+        """``ValidatorRole._block_wait``: the idle pace while nothing is in flight (docs/adr/0213)."""
+        cfg = self.sim.cfg
+        if cfg.idle_block_wait is not None and not self.ledger.busy:
+            return cfg.idle_block_wait
+        return cfg.empty_block_wait
+
+    def _propose_grace(self, height: int) -> float:
+        """``ValidatorRole._propose_grace``: round 0's proposer may wait that long for a transaction."""
+        wait = self._block_wait()
+        return 0.0 if wait is None or self.mempool.has_ready() else wait
+
     async def _pace(self, next_height: int) -> None:
-        wait = self.sim.cfg.empty_block_wait
+        wait = self._block_wait()
         if wait is None or self.committee.proposer(next_height, 0) != self.peer_id:
             return
         clock = self.sim.clock

@@ -67,6 +67,7 @@ class SimConfig:
     wan: WanConfig | None = None           # inter-region latencies instead of max_delay (wan.py, ADR 0193)
     timeouts: TimeoutConfig = TIMEOUTS
     empty_block_wait: float | None = None  # the next proposer's wait for a transaction ([consensus] key)
+    idle_block_wait: float | None = None   # ... when no task or dispute is in flight (None: empty_block_wait)
     retain_blocks: int = 0                 # [consensus] retain_blocks: blocks each replica keeps (0: all)
     wiped: int | None = None               # this replica loses its disk at the heal, rejoins by state sync
 

@@ -37,7 +37,8 @@ GOOD_RECORD = {"roles": ["compute"], "listen_addrs": ["/ip4/127.0.0.1/tcp/4001"]
 def net(tmp_path_factory):
     testnet = Testnet.create(tmp_path_factory.mktemp("attacks") / "net", validators=1,
                              balances={FUNDED.peer_id: 10**6},
-                             settings={"consensus.empty_block_wait": str(EMPTY_BLOCK_WAIT)})
+                             settings={"consensus.empty_block_wait": str(EMPTY_BLOCK_WAIT),
+                                       "consensus.idle_block_wait": str(EMPTY_BLOCK_WAIT)})
     try:
         testnet.up(wait_height=2, timeout=60)
         yield testnet

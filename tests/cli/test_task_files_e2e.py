@@ -106,11 +106,13 @@ def test_cancel_a_task_no_one_can_take(devnet):
     assert submitted.returncode == 0, submitted.stderr
     task_id = json.loads(submitted.stdout.strip().splitlines()[-1])["task_id"]
     balance = jsonrpc.call(devnet.rpc_url, "dkb_getBalance", owner)
+    escrow = 5000 + jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)["spec"].get("audit_surcharge", 0)
+    assert escrow > 5000                  # 5 one-step segments: audits above the budget pay on top (ADR 0212)
     cancelled = cli("task", "cancel", task_id, "--rpc", devnet.rpc_url, "--key", key)
     assert cancelled.returncode == 0, cancelled.stderr
-    assert "cancelled" in cancelled.stdout and "5000 tokens back" in cancelled.stdout
+    assert "cancelled" in cancelled.stdout and f"{escrow} tokens back" in cancelled.stdout
     assert jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)["status"] == "cancelled"
-    assert jsonrpc.call(devnet.rpc_url, "dkb_getBalance", owner) == balance + 5000 - DEFAULT_FEE
+    assert jsonrpc.call(devnet.rpc_url, "dkb_getBalance", owner) == balance + escrow - DEFAULT_FEE
     again = cli("task", "cancel", task_id, "--rpc", devnet.rpc_url, "--key", key)
     assert again.returncode == 1 and "only a task not assigned yet" in again.stderr
 
@@ -146,7 +148,7 @@ def test_a_task_no_one_can_take_expires_with_its_reason(devnet):
     task = jsonrpc.call(devnet.rpc_url, "dkb_getTask", task_id)
     assert task["status"] == "expired" and task["reason"]
     assert f"task {task_id} expired: {task['reason']}" in done.stdout
-    assert task["payouts"] == {task["owner"]: 3000}
+    assert task["payouts"] == {task["owner"]: 3000 + task["spec"].get("audit_surcharge", 0)}   # all of the escrow
 
 
 def test_watch_follows_a_running_task_live_from_its_workers(devnet):

@@ -126,6 +126,7 @@ def expected_payouts(task: dict, paid_workers: list[str]) -> dict[str, int]:
     gets its full share; the verifier pool is split equally over the slots with at least one answer
     (or referee vote) equal to the verdict, a slot's part equally among those; the owner gets the rest."""
     out = {w: WORKER_SHARE for w in paid_workers}
+    pool = VERIFIER_POOL + surcharge(task)   # a task cut into few segments pays its audits on top (ADR 0212)
     payees_by_slot = []
     for slot in task["slots"]:
         verdict = answer_key(slot["verdict"])
@@ -135,9 +136,14 @@ def expected_payouts(task: dict, paid_workers: list[str]) -> dict[str, int]:
             payees_by_slot.append(payees)
     for payees in payees_by_slot:
         for peer in payees:
-            out[peer] = out.get(peer, 0) + VERIFIER_POOL // len(payees_by_slot) // len(payees)
-    out[task["owner"]] = PRICE - sum(out.values())
+            out[peer] = out.get(peer, 0) + pool // len(payees_by_slot) // len(payees)
+    out[task["owner"]] = PRICE + surcharge(task) - sum(out.values())
     return out
+
+
+def surcharge(task: dict) -> int:
+    """The audit surcharge the task escrowed on top of its price (docs/adr/0212; 0 when none)."""
+    return int(task["spec"].get("audit_surcharge", 0))
 
 
 def judges(task: dict) -> set[str]:
@@ -171,11 +177,12 @@ def test_task_is_trained_audited_by_replay_and_paid(devnet):
     check_slots(task, workers)
     expected = expected_payouts(task, workers)
     assert task["payouts"] == expected
-    assert sum(expected.values()) == PRICE and sum(v for p, v in expected.items() if p != owner) > 3 * WORKER_SHARE
+    assert sum(expected.values()) == PRICE + surcharge(task)
+    assert sum(v for p, v in expected.items() if p != owner) > 3 * WORKER_SHARE
     after = balances(devnet)
     for peer in set(expected) - {owner}:
         assert after[peer] - before[peer] == expected[peer]
-    assert after[owner] - before[owner] == expected[owner] - PRICE
+    assert after[owner] - before[owner] == expected[owner] - PRICE - surcharge(task)
     check_supply(devnet)
     # each committer reported the upload rates its all-reduce agreed for its co-workers, and the paid task
     # made them measurements on the co-workers' records (ADR 0219; two reporters: not yet verified)

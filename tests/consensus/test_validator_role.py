@@ -41,7 +41,7 @@ def config(identity, extra=None):
     return load_config(None, env={}, overrides={
         ("rpc", "port"): "0", ("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}",
         ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
-        ("consensus", "timeout_propose"): "0.5", **(extra or {})})
+        ("consensus", "idle_block_wait"): "0.05", ("consensus", "timeout_propose"): "0.5", **(extra or {})})
 
 
 async def rpc(session, method, *params):
@@ -134,7 +134,8 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
 @pytest.mark.slow   # ~20 s: 110 blocks past the smallest retention the config allows
 def test_a_pruning_validator_answers_pruned_for_old_blocks_and_restarts(tmp_path):
     home = make_home(tmp_path)
-    retain = {("consensus", "retain_blocks"): "100", ("consensus", "empty_block_wait"): "0.01"}
+    retain = {("consensus", "retain_blocks"): "100", ("consensus", "empty_block_wait"): "0.01",
+              ("consensus", "idle_block_wait"): "0.01"}
 
     async def first_run(node, role, session):
         async def past_retention():

@@ -31,7 +31,7 @@ def node_config(port: int = 0, rpc: bool = True, extra: dict | None = None, **re
     overrides = {("p2p", "listen"): f"/ip4/127.0.0.1/tcp/{port}", ("rpc", "port"): "0",
                  ("rpc", "enabled"): _as_text(rpc),
                  ("consensus", "chain_id"): CHAIN, ("consensus", "empty_block_wait"): "0.05",
-                 ("consensus", "timeout_propose"): "0.5"}
+                 ("consensus", "idle_block_wait"): "0.05", ("consensus", "timeout_propose"): "0.5"}
     overrides.update({("relay", key): _as_text(value) for key, value in relay.items()})
     overrides.update({name: _as_text(value) for name, value in (extra or {}).items()})
     return load_config(None, env={}, overrides=overrides)

@@ -61,6 +61,19 @@ class ChainGateway:
         return self.chain.ok(self.identity, tx_type, payload).to_json()
 
 
+async def filed(chain: Chain):
+    """Wait for the client's dispute to reach the ledger, then make the blocks until its referees are
+    drawn from a later beacon (ADR 0210); ``(dispute id, record)``."""
+    while not chain.ledger.state.serve_disputes:
+        await asyncio.sleep(0.02)
+    ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+    for _ in range(chain.params.beacon_delay):
+        if record.referees:
+            break
+        chain.block()
+    return ident_, chain.ledger.state.serve_disputes[ident_]
+
+
 def ledger(model: str) -> Chain:
     chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                 min_fee=0, referees=2,
@@ -122,9 +135,7 @@ def test_a_lying_server_is_spot_checked_disputed_refereed_and_slashed(kind):
             # the client files the claim and serves the bundle until the referees decide
             filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, store, evidence, 200,
                                                       wait_s=60, poll_s=0.02))
-            while not chain.ledger.state.serve_disputes:
-                await asyncio.sleep(0.02)
-            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            ident_, record = await filed(chain)
             referees = [peer for peer, _ in record.referees]
             assert sorted(referees) == sorted([ident(3).peer_id, ident(4).peer_id])
             assert record.addrs == [str(addr) for addr in net.client.listen_addrs]
@@ -283,9 +294,7 @@ def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_conv
             stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
             filing = asyncio.create_task(file_dispute(ChainGateway(chain, CLIENT), net.client, BundleStore(),
                                                       await evidence_of_a_new_session(), 200, wait_s=60, poll_s=0.02))
-            while not chain.ledger.state.serve_disputes:
-                await asyncio.sleep(0.02)
-            ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+            ident_, record = await filed(chain)
             assert record.addrs == []                       # nothing a referee could fetch from
             referees = [peer for peer, _ in record.referees]
             held = [inboxes[[h.peer_id for h in net.hosts].index(peer)] for peer in referees]
@@ -309,6 +318,7 @@ def test_a_client_no_referee_can_dial_delivers_its_evidence_and_the_liar_is_conv
             chain.ok(CLIENT, "serve_dispute", {**payload, "addrs": []})
             dispute = next(i for i in chain.ledger.state.open_serve_disputes)
             record = chain.ledger.state.serve_disputes[dispute]
+            chain.empty_blocks(chain.params.beacon_delay)           # its referees, from a later beacon
             referees = [peer for peer, _ in record.referees]
             bystander = next(h for h in net.hosts if h.peer_id not in referees + [LIAR.peer_id])
             first = next(h for h in net.hosts if h.peer_id == referees[0])
@@ -387,9 +397,7 @@ def test_evidence_reaches_referees_only_reachable_through_a_relay():
                 assert check.culprit == LIAR.peer_id and check.evidence is not None
                 filing = asyncio.create_task(file_dispute(RelayedRecords(chain, CLIENT, relayed), net.client,
                                                           BundleStore(), check.evidence, 200, wait_s=60, poll_s=0.02))
-                while not chain.ledger.state.serve_disputes:
-                    await asyncio.sleep(0.02)
-                ((ident_, record),) = chain.ledger.state.serve_disputes.items()
+                ident_, record = await filed(chain)
                 referees = [peer for peer, _ in record.referees]
                 assert record.addrs == [] and set(referees) == set(relayed)
                 for _ in range(500):

@@ -25,7 +25,7 @@ from ml.serve.tuner import RemoteTuner
 from ml.serve.wire import encode_frame
 from tests.serve.test_billing import PaidNetwork, payer
 from tests.serve.test_generation import random_build
-from tests.serve.test_serve_dispute import LIAR, RANGES, ChainGateway, ident, ledger
+from tests.serve.test_serve_dispute import LIAR, RANGES, ChainGateway, filed, ident, ledger
 from tests.serve.test_tune_transcript import LyingForwardServer, LyingTuneServer, tuning_batch
 
 
@@ -56,9 +56,7 @@ def test_a_server_lying_in_a_tuning_pass_is_disputed_refereed_and_slashed(liar, 
             stake_before = chain.ledger.state.stakes[LIAR.peer_id].bonded
             filing = asyncio.create_task(file_dispute(ChainGateway(chain, ident(9)), net.client, store, evidence,
                                                       200, wait_s=60, poll_s=0.02))
-            while not chain.ledger.state.serve_disputes:
-                await asyncio.sleep(0.02)
-            ((dispute, record),) = chain.ledger.state.serve_disputes.items()
+            dispute, record = await filed(chain)
             for peer, _ in record.referees:
                 index = next(i for i, host in enumerate(net.hosts) if host.peer_id == peer)
                 assert await referee_duty(ChainGateway(chain, ident(index + 1)), net.hosts[index],
