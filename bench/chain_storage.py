@@ -5,9 +5,12 @@ Two 4-validator testnets of real `dekube-node start` processes on loopback run a
 with the defaults (``idle_block_wait`` 2 s while nothing is in flight), one with the pace every
 block had before (``idle_block_wait`` = ``empty_block_wait`` = 0.3 s). Each is measured idle for
 ``--seconds`` (no transactions) and then for ``--seconds`` with ``--tx-rate`` transfers a second (the
-finality client of devtools/netlab: a transfer's POST to the block announcement). Disk growth is the
-on-disk size of every validator's RocksDB directory (``data/chain``: SST files, WAL, manifests),
-averaged over the validators, extrapolated to a day. Prints one JSON object.
+finality client of devtools/netlab: a transfer's POST to the block announcement). Growth, averaged
+over the validators and extrapolated to a day, is measured two ways: ``live``, the keys and values
+each validator's RocksDB holds (a read-only view: what stays once compaction has dropped overwritten
+and deleted records, before compression), and ``disk``, the size of its ``data/chain`` directory
+(SST files, the write-ahead log and manifests: over a minute, mostly the WAL of records that
+compaction later drops). Prints one JSON object.
 
     PYTHONPATH=$PWD python3 bench/chain_storage.py --seconds 60
 """
@@ -46,18 +49,36 @@ def chain_bytes(net: Testnet) -> float:
     return sum(disk_bytes(node.home / "data" / "chain") for node in net.nodes) / len(net.nodes)
 
 
+def live_bytes(path: Path) -> int:
+    """The keys and values a database holds (what stays after compaction, before compression), read
+    from a read-only view of the running node's RocksDB."""
+    from rocksdict import AccessType, Options, Rdict
+
+    db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return sum(len(key) + len(value) for key, value in db.items())
+    finally:
+        db.close()
+
+
+def chain_live_bytes(net: Testnet) -> float:
+    return sum(live_bytes(node.home / "data" / "chain") for node in net.nodes) / len(net.nodes)
+
+
 async def phase(net: Testnet, seconds: float, tx_rate: float) -> dict:
     spec = {"urls": [n.rpc_url for n in net.nodes], "faucet_key": str(net.faucet_key), "chain_id": net.chain_id,
             "tx_rate": tx_rate, "seconds": seconds, "warmup_s": 0}
-    before, started = chain_bytes(net), time.monotonic()
+    before, live_before, started = chain_bytes(net), chain_live_bytes(net), time.monotonic()
     heights_before = net.height(net.nodes[0]) or 0
     figures = await measure(spec)
     elapsed = time.monotonic() - started
-    grown = chain_bytes(net) - before
+    grown, live_grown = chain_bytes(net) - before, chain_live_bytes(net) - live_before
     blocks = (net.height(net.nodes[0]) or 0) - heights_before
     return {"seconds": round(elapsed, 1), "blocks": blocks, "blocks_per_min": figures["blocks_per_min"],
+            "live_bytes_per_block": round(live_grown / max(1, blocks)),
+            "live_mb_per_day": round(live_grown / elapsed * 86_400 / 1e6, 1),
             "disk_bytes_per_block": round(grown / max(1, blocks)),
-            "mb_per_day": round(grown / elapsed * 86_400 / 1e6, 1),
+            "disk_mb_per_day": round(grown / elapsed * 86_400 / 1e6, 1),
             "tx_p50_ms": figures["tx_p50_ms"], "tx_p99_ms": figures["tx_p99_ms"],
             "transfers_committed": figures["transfers_committed"]}
 

@@ -52,10 +52,10 @@ async def rpc(session, method, *params):
     return doc["result"]
 
 
-async def run_node(home, body, extra=None):
+async def run_node(home, body, extra=None, partner_extra=None):
     node = Node(config(VALIDATOR, extra), VALIDATOR, [ValidatorRole], home=home)
     role = node.role("validator")
-    partner = Node(config(PARTNER), PARTNER, [ValidatorRole], home=home / "partner")
+    partner = Node(config(PARTNER, partner_extra), PARTNER, [ValidatorRole], home=home / "partner")
     tasks = [asyncio.create_task(n.run()) for n in (node, partner)]
     await asyncio.wait_for(node.ready.wait(), 10)
     await asyncio.wait_for(role.ready.wait(), 10)
@@ -129,6 +129,42 @@ def test_single_validator_commits_transfers_and_restarts(tmp_path):
         return (await rpc(session, "dkb_getBlockByNumber", height))["hash"]
 
     assert asyncio.run(run_node(home, second_run)) == block_hash
+
+
+def test_an_idle_chain_paces_its_blocks_and_a_transfer_ends_the_wait(tmp_path):
+    """docs/adr/0213: with nothing in flight a proposer waits idle_block_wait for a transaction; the
+    other validator grants it that wait (no round change); a transfer goes in the next block at once."""
+    home = make_home(tmp_path)
+    idle = {("consensus", "idle_block_wait"): "1.5", ("consensus", "timeout_propose"): "0.3"}
+
+    async def body(node, role, session):
+        async with session.ws_connect("/ws") as ws:
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "dkb_subscribe", "params": ["newHeads"]})
+            await ws.receive_json(timeout=5)
+            loop = asyncio.get_running_loop()
+            heads = []
+            for _ in range(4):
+                head = (await ws.receive_json(timeout=10))["params"]["result"]
+                heads.append((loop.time(), head))
+            gaps = [b[0] - a[0] for a, b in zip(heads, heads[1:])]
+            assert min(gaps) > 1.2, gaps                                  # idle: one block per ~1.5 s
+            tx = build_tx(USER, CHAIN, 0, "transfer", {"to": VALIDATOR.peer_id, "amount": 5}, 3)
+            sent = loop.time()
+            await rpc(session, "dkb_sendRawTransaction", tx.raw.hex())
+            while True:
+                head = (await ws.receive_json(timeout=10))["params"]["result"]
+                if head["txs"]:
+                    break
+            assert loop.time() - sent < 1.0                               # not held for the idle wait
+        async with session.get("/metrics") as r:
+            text = await r.text()
+        assert "dekube_consensus_rounds_per_height_count" in text
+        sums = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("dekube_consensus_rounds_per_height_")}
+        # every height in its first round: the partner waited for the paced proposer
+        assert sums["dekube_consensus_rounds_per_height_sum"] == sums["dekube_consensus_rounds_per_height_count"]
+
+    asyncio.run(run_node(home, body, idle, idle))
 
 
 @pytest.mark.slow   # ~20 s: 110 blocks past the smallest retention the config allows
