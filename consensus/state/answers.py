@@ -48,10 +48,11 @@ def vote_commitment(task_id: bytes, slot: int, referee: str, panel: int, match: 
                           + blinding).digest()
 
 
-def _entry(slot: dict, sender: str) -> dict:
-    entry = next((v for v in slot["verifiers"] if v["verifier"] == sender), None)
+def _entry(slot: dict, sender: str, seats: str = "verifiers", seat: str = "verifier") -> dict:
+    """The sender's seat among the slot's ``seats`` (verifiers, or referees); else UNAUTHORIZED."""
+    entry = next((v for v in slot[seats] if v[seat] == sender), None)
     if entry is None:
-        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a drawn verifier of slot {slot['slot']}")
+        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a drawn {seat} of slot {slot['slot']}")
     return entry
 
 
@@ -99,18 +100,11 @@ def apply_audit_result(state: LedgerState, params: Params, ctx: BlockContext, tx
 
 # ---- referee votes (ADR 0210) ------------------------------------------------------------------
 
-def _referee_entry(slot: dict, sender: str) -> dict:
-    entry = next((r for r in slot["referees"] if r["referee"] == sender), None)
-    if entry is None:
-        raise TxError(TxCode.UNAUTHORIZED, f"the sender is not a referee of slot {slot['slot']}")
-    return entry
-
-
 def apply_referee_commit(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx) -> None:
     """A drawn referee's sealed vote, before the referee deadline and before the slot's votes open."""
     p = tx.payload
     task, slot = slot_of(state, tx)
-    entry = _referee_entry(slot, tx.sender)
+    entry = _entry(slot, tx.sender, "referees", "referee")
     if entry.get("commitment") is not None or entry["vote"] is not None or entry.get("unrevealed"):
         raise TxError(TxCode.ALREADY_KNOWN, "this referee already committed its vote")
     if slot.get("referee_reveal_deadline") or passed(slot["referee_deadline"], ctx):
@@ -127,7 +121,7 @@ def apply_referee_vote(state: LedgerState, params: Params, ctx: BlockContext, tx
     referee reveal window."""
     p = tx.payload
     task, slot = slot_of(state, tx)
-    entry = _referee_entry(slot, tx.sender)
+    entry = _entry(slot, tx.sender, "referees", "referee")
     if entry["vote"] is not None:
         raise TxError(TxCode.ALREADY_KNOWN, "this referee already voted")
     if entry.get("commitment") is None or entry.get("unrevealed"):

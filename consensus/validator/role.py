@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import logging
 import random
+import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -45,7 +46,7 @@ from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_even
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
-from consensus.statesync import SnapshotSource, StateSyncError, state_sync
+from consensus.statesync import SnapshotSource, StateSyncError, StoreSource, state_sync
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.tx import decode_tx
 from consensus.txcodes import TxCode, TxError
@@ -75,6 +76,23 @@ NEW_HEADS = "newHeads"
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
 STATE_SYNC_TIMEOUT = 5.0   # seconds per snapshot request to one peer
+RECOVERY_PROBES = 5        # committee members asked whether they still keep a restarted node's next block
+LEFT_BEHIND_CHECK_S = 30.0   # a chain that has not moved this long here is checked for having left us behind
+
+
+def left_behind(sources: list[SnapshotSource], next_height: int) -> int | None:
+    """The highest snapshot past ``next_height`` offered by ``sources`` when none of those offering one
+    still serves block ``next_height`` (they pruned it); else None (block sync works, or nobody is ahead).
+    A source that offers no snapshot past it (unreachable, or not ahead) costs one request."""
+    best = 0
+    for source in sources:
+        ahead = [h for h in source.snapshots() if h > next_height]
+        if not ahead:
+            continue
+        if source.block(next_height) is not None:
+            return None
+        best = max(best, *ahead)
+    return best or None
 
 
 # start-up check of the chain database (docs/adr/0142): every key up to this size, else the recent blocks
@@ -190,17 +208,32 @@ class ValidatorRole(Role):
             self._snapshots.start()
             if self.settings["state_sync"] and chain.ledger.height == 0 and self.peer_id not in chain.committee:
                 await self._state_sync()
+            elif self.settings["state_sync"] and chain.ledger.height > 0:
+                await self._recover_if_left_behind()
             self.gossip = TxGossip(self.node.host, self.peer_id, self._peers, self._admit_from_peers,
                                    members=self._is_member)
             await self.gossip.start()
             self.ready.set()  # ledger loaded: queries and submissions are served from here on
-            driver = await self._start_consensus(chain)
-            log.info("validator started", extra={"height": chain.ledger.height, "chain_id": chain.genesis.chain_id})
-            follower = loop.create_task(self._follow(driver))
-            try:
-                await self._fatal
-            finally:
-                follower.cancel()
+            while True:
+                chain = self.chain
+                driver = await self._start_consensus(chain)
+                log.info("validator started", extra={"height": chain.ledger.height,
+                                                     "chain_id": chain.genesis.chain_id})
+                follower = loop.create_task(self._follow(driver))
+                watchdog = loop.create_task(self._watch_progress(driver))
+                try:
+                    waiters: list[asyncio.Future[Any]] = [self._fatal, watchdog]
+                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                    if self._fatal.done():
+                        self._fatal.result()   # raises the failure
+                        return
+                finally:
+                    follower.cancel()
+                    watchdog.cancel()
+                # left behind while running (docs/adr/0214): stop consensus, join from a snapshot, start again
+                await driver.stop()
+                self.driver = None
+                await self._recover_if_left_behind(watchdog.result())
         finally:
             if self._snapshots is not None:
                 self._snapshots.stop()
@@ -330,6 +363,62 @@ class ValidatorRole(Role):
         log.info("state synced", extra={"height": report.height, "chunks": report.chunks,
                                         "mib": round(report.state_bytes / 2**20, 2), "rejected": report.rejected,
                                         "seconds": round(time.monotonic() - started, 3)})
+
+    async def _probe_left_behind(self) -> int | None:
+        """The snapshot to join from when no committee member asked (up to ``RECOVERY_PROBES``) still
+        keeps this node's next block and one offers a snapshot past it; else None."""
+        loop = asyncio.get_running_loop()
+        peers = [p for p in self.committee.peer_ids if p != self.peer_id]
+        sources: list[SnapshotSource] = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
+                                         for p in random.sample(peers, min(RECOVERY_PROBES, len(peers)))]
+        found: int | None = await loop.run_in_executor(self._worker, left_behind, sources,
+                                                       self.chain.ledger.height + 1)
+        return found
+
+    async def _watch_progress(self, driver: ConsensusDriver) -> int:
+        """Return the snapshot to join from once the chain has not moved for ``LEFT_BEHIND_CHECK_S`` and
+        the peers no longer keep our next block (a node cut off for longer than their retention)."""
+        height, since = driver.height, time.monotonic()
+        while True:
+            await asyncio.sleep(FOLLOW_INTERVAL)
+            if driver.height != height:
+                height, since = driver.height, time.monotonic()
+            elif time.monotonic() - since >= LEFT_BEHIND_CHECK_S:
+                snapshot = await self._probe_left_behind()
+                if snapshot is not None:
+                    return snapshot
+                since = time.monotonic()
+
+    async def _recover_if_left_behind(self, snapshot: int | None = None) -> None:
+        """A node that was away longer than its peers keep blocks (``retain_blocks``) cannot block-sync:
+        no peer serves its next block. When the committee members asked all lack it and one offers a
+        snapshot past it, the node sets its database aside and joins from that snapshot (docs/adr/0214).
+        Heights it signed before all lie below the snapshot, so it cannot double-sign."""
+        loop = asyncio.get_running_loop()
+        if snapshot is None:
+            snapshot = await self._probe_left_behind()
+        if snapshot is None:
+            return
+        height = self.chain.ledger.height
+        log.warning("left behind: no peer keeps block %d any more; joining from the snapshot at %d", height + 1,
+                    snapshot, extra={"height": height, "snapshot": snapshot})
+        self._chain = await loop.run_in_executor(self._worker, self._set_aside_and_reopen, height)
+        if self._snapshots is not None:
+            self._snapshots.source = StoreSource("self", self._chain.store)
+        await self._state_sync()
+
+    def _set_aside_and_reopen(self, height: int) -> ChainState:
+        """Worker thread: close the database, move it aside (``chain.left-behind-<height>``, removed once the
+        new one is open), open a fresh one for the genesis."""
+        assert self.node.data_dir is not None
+        self.chain.store.storage.close()
+        path = self.node.data_dir / "chain"
+        aside = path.with_name(f"chain.left-behind-{height}")
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
+        chain = self._open()
+        shutil.rmtree(aside, ignore_errors=True)
+        return chain
 
     def _adopt(self, ledger: Ledger) -> None:
         """Worker thread: run from a ledger state sync restored."""

@@ -27,10 +27,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
                                "block at once; docs/adr/0213", check_positive),
         "max_block_txs": Key(int, 5000, "most transactions this node puts in a block it proposes", check_positive),
         "mempool_max_txs": Key(int, 50000, "most transactions held in the mempool", check_positive),
-        "retain_blocks": Key(int, 0,
+        "retain_blocks": Key(int, 100_000,
                              "blocks (with their certificates) kept; older ones are pruned and the RPC answers "
-                             "'pruned' for them; 0 keeps every block (peers block-syncing from genesis need one "
-                             "node that keeps them); at least 100 otherwise; docs/adr/0199", check_retain_blocks),
+                             "'pruned' for them; a node away longer rejoins from a state snapshot (docs/adr/0214); "
+                             "0 keeps every block (an archive node); at least 100 otherwise; docs/adr/0199",
+                             check_retain_blocks),
         "state_sync": Key(bool, True,
                           "a node outside the committee with an empty chain database starts from the committee's "
                           "latest state snapshot (checked against the genesis committee) instead of block 1; "
