@@ -1,6 +1,7 @@
 """Issue 23, item 1, end to end (docs/adr/0187): on a local devnet (1 validator, 3 compute node processes)
 whose blocks come ten times as fast as the default (``consensus.empty_block_wait`` 0.03 s instead of
-0.3 s) and with a CPU hog running beside it, a task whose training spans far more than 200 blocks is
+0.3 s), whose validator keeps only the last 100 blocks (pruning, docs/adr/0214), and with a CPU hog
+running beside it, a task whose training spans far more than 200 blocks is
 committed, audited and paid. The submitter declares the expected duration the way ``task submit``
 does (its dry run's step time x steps); the ledger's commit deadline is a block time derived from it,
 so the block rate cannot cut the workers off (before, a fixed 200-block deadline did: ``commit_result:
@@ -19,12 +20,15 @@ from ml.profiles import portable_cpu_profile, torch_release
 from ml.train.dry_run import dry_run
 from ml.train.spec import TrainSpec
 from node.ledger import jsonrpc
+from node.ledger.errors import RpcAnswerError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 SPEC = TrainSpec(codec="int8", steps=600, segment_steps=150)
 PRICE = 100_000
-FAST_BLOCKS = {"consensus.empty_block_wait": "0.03"}   # ~10x the default block rate (0.3 s)
+# ~10x the default block rate (0.3 s), and the validator keeps only the last 100 blocks (the smallest
+# retention: docs/adr/0214): the task's audits and payment must not need a block it pruned
+FAST_BLOCKS = {"consensus.empty_block_wait": "0.03", "consensus.retain_blocks": "100"}
 OLD_DEADLINE_BLOCKS = 200
 
 
@@ -65,6 +69,9 @@ def test_a_task_longer_than_200_fast_blocks_is_paid(tmp_path):
         assert sorted(task["commits"]) == sorted(task["workers"])
         assert all(task["payouts"].get(worker, 0) > 0 for worker in task["workers"]), task["payouts"]
         assert task["reason"] == ""
+        # audited and paid while the validator pruned: the blocks of its assignment are long gone
+        with pytest.raises(RpcAnswerError, match="pruned"):
+            rpc(net, "dkb_getBlockByNumber", task["assigned_height"])
     finally:
         stop.set()
         if cpu_hog.is_alive():
