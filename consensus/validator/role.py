@@ -371,8 +371,8 @@ class ValidatorRole(Role):
         peers = [p for p in self.committee.peer_ids if p != self.peer_id]
         sources: list[SnapshotSource] = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
                                          for p in random.sample(peers, min(RECOVERY_PROBES, len(peers)))]
-        found: int | None = await loop.run_in_executor(self._worker, left_behind, sources,
-                                                       self.chain.ledger.height + 1)
+        # network requests only: not on the ledger worker, which must stay free to execute blocks
+        found: int | None = await loop.run_in_executor(None, left_behind, sources, self.chain.ledger.height + 1)
         return found
 
     async def _watch_progress(self, driver: ConsensusDriver) -> int:
@@ -384,7 +384,11 @@ class ValidatorRole(Role):
             if driver.height != height:
                 height, since = driver.height, time.monotonic()
             elif time.monotonic() - since >= LEFT_BEHIND_CHECK_S:
-                snapshot = await self._probe_left_behind()
+                try:
+                    snapshot = await self._probe_left_behind()
+                except Exception as exc:  # a failed probe is no verdict: ask again later
+                    log.warning("checking whether the peers left us behind failed: %s", exc)
+                    snapshot = None
                 if snapshot is not None:
                     return snapshot
                 since = time.monotonic()
