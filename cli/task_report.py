@@ -83,8 +83,7 @@ def slot_lines(task: TaskInfo) -> list[str]:
     for slot in task.slots:
         lines.append(f"  slot {slot.slot}  {slot.outcome:9}  segment {slot.segment} of {short(slot.worker)}")
         for v in slot.verifiers:
-            text = "silent (no answer by its deadline)" if v.answer is None and not slot.pending \
-                else answer_text(v.answer)
+            text = seat_text(v.answer, v.commitment is not None, v.unrevealed, slot.pending)
             lines.append(f"      verifier {short(v.verifier)}  {text}"
                          f"{'  [redrawn]' if v.redraw else ''}  (due {deadline_text(task, v.deadline)})")
         if slot.challenge_deadline and slot.pending:   # docs/adr/0207
@@ -96,9 +95,20 @@ def slot_lines(task: TaskInfo) -> list[str]:
             lines.append(f"      the worker may dispute: due {deadline_text(task, slot.dispute_deadline)}")
         for r in slot.referees:
             lines.append(f"      referee  {short(r.referee)}  "
-                         f"{answer_text(r.vote) if r.vote is not None else 'no vote'}"
+                         f"{seat_text(r.vote, r.commitment is not None, r.unrevealed, slot.pending, 'vote')}"
                          f"  (due {deadline_text(task, slot.referee_deadline)})")
     return lines
+
+
+def seat_text(answer: Answer | None, committed: bool, unrevealed: bool, pending: bool, what: str = "answer") -> str:
+    """A judge's seat: its revealed answer (or vote); else sealed, withheld or silent (docs/adr/0202, 0210)."""
+    if answer is not None:
+        return answer_text(answer)
+    if unrevealed:
+        return f"withheld its sealed {what} (slashed)"
+    if committed:
+        return f"{what} sealed, not revealed yet"
+    return f"silent (no {what} by its deadline)" if not pending else f"no {what} yet"
 
 
 def report_final(task: TaskInfo, *, as_json: bool = False, extra: dict[str, Any] | None = None) -> int:

@@ -52,6 +52,19 @@ def test_pending_slot_shows_open_answers_and_dispute_window():
     assert "no answer yet" in text and "the worker may dispute: due in 40s" in text
 
 
+def test_sealed_and_withheld_judgements_are_told_apart():
+    doc = task()
+    slot = doc["slots"][1]
+    slot.update(outcome="pending", verdict=None)
+    slot["verifiers"][0]["commitment"] = "cd" * 32                  # sealed, reveals not open yet
+    slot["referees"] = [{"referee": R1, "vote": None, "commitment": "ef" * 32, "unrevealed": True},
+                        {"referee": W1, "vote": None, "commitment": "ab" * 32}]
+    text = "\n".join(slot_lines(TaskInfo.from_json(doc)))
+    assert f"verifier {V1[:16]}..  answer sealed, not revealed yet" in text
+    assert f"referee  {R1[:16]}..  withheld its sealed vote (slashed)" in text
+    assert f"referee  {W1[:16]}..  vote sealed, not revealed yet" in text
+
+
 def test_roles_and_the_final_report(capsys):
     doc = task()
     assert [role_of(TaskInfo.from_json(doc), p) for p in (OWNER, W1, V2, R1, "12D3KooWzz")] == \
