@@ -3,8 +3,9 @@
 One request per stream: a frame ``encode([kind, height, index])`` with kind ``list`` (the heights
 of the snapshots the node keeps), ``manifest``, ``block`` (block ``height`` with its certificate:
 ``[height, round, value, certificate]``) or ``chunk``; the answer is one frame ``encode(value)``,
-``None`` when the node does not have it. ``SnapshotServer`` answers from a ``ChainStore`` (reads
-off the event loop, one request at a time per stream, requests of at most 64 bytes);
+``None`` when the node does not have it (or the asking peer is over its byte rate, or has a request in
+flight). ``SnapshotServer`` answers from a ``ChainStore`` (reads on a thread of its own, one request at
+a time per peer, requests of at most 64 bytes);
 ``RemoteSource`` is a ``consensus.statesync.SnapshotSource`` for one peer, called from the worker
 thread that runs ``state_sync`` and bridged to the event loop. A peer that cannot be reached,
 times out or answers junk is reported as having nothing (``None``): ``state_sync`` then asks the
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from consensus.certificate import CertificateError, decode_certificate, encode_certificate
 from consensus.encoding import EncodingError, decode, encode
@@ -32,16 +35,43 @@ KINDS = ("list", "manifest", "block", "chunk")
 log = logging.getLogger(__name__)
 
 
+PEER_BYTES_PER_S = 8 << 20    # what one peer may fetch a second, on average (a joiner's chunks)
+PEER_BURST_BYTES = 16 << 20   # ... and in one burst
+
+
 class SnapshotServer:
-    def __init__(self, host, store: ChainStore) -> None:
+    """Answers snapshot requests from ``store``, one request at a time per peer on a thread of its own
+    (a peer flooding requests waits behind itself, never behind the node's other work), each peer
+    within ``PEER_BYTES_PER_S`` of answers: a peer with no bytes left is told "none" without a read (a
+    joiner then asks the next peer; docs/adr/0199, 0214)."""
+
+    def __init__(self, host, store: ChainStore, rate: float = PEER_BYTES_PER_S,
+                 burst: float = PEER_BURST_BYTES) -> None:
         self.host = host
         self.source = StoreSource("self", store)
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, tuple[float, float]] = {}   # peer -> (bytes available, when)
+        self._busy: set[str] = set()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="snapshots")
 
     def start(self) -> None:
         self.host.set_handler(PROTOCOL, self._handle)
 
     def stop(self) -> None:
         self.host.remove_handler(PROTOCOL)
+        self._reader.shutdown(wait=False)
+
+    def _available(self, peer: str) -> float:
+        """The bytes ``peer`` may still be sent now (negative: it owes that much of the last answer)."""
+        now = time.monotonic()
+        available, when = self._buckets.get(peer, (self.burst, now))
+        return min(self.burst, available + (now - when) * self.rate)
+
+    def _charge(self, peer: str, size: int) -> None:
+        now = time.monotonic()
+        self._buckets[peer] = (self._available(peer) - size, now)
+        if len(self._buckets) > 4096:   # forget peers whose bucket has refilled
+            self._buckets = {p: b for p, b in self._buckets.items() if b[0] + (now - b[1]) * self.rate < self.burst}
 
     def answer(self, kind: str, height: int, index: int):
         if kind == "list":
@@ -55,13 +85,24 @@ class SnapshotServer:
                                             encode_certificate(commit.certificate)]
 
     async def _handle(self, stream) -> None:
+        peer = str(getattr(stream, "remote_peer", "") or "")
         try:
             request = decode(await read_frame(stream, MAX_REQUEST_BYTES), MAX_REQUEST_BYTES)
             if type(request) is not list or len(request) != 3 or request[0] not in KINDS \
                     or any(type(n) is not int or not 0 <= n < 2**63 for n in request[1:]):
                 return
-            value = await asyncio.get_running_loop().run_in_executor(None, self.answer, *request)
-            await stream.write(frame(encode(value)))
+            if peer in self._busy or self._available(peer) <= 0:   # one at a time, within its byte rate
+                log.debug("snapshot %s for %s refused: busy or over %d bytes/s", request[0], peer, self.rate)
+                await stream.write(frame(encode(None)))
+                return
+            self._busy.add(peer)
+            try:
+                value = await asyncio.get_running_loop().run_in_executor(self._reader, self.answer, *request)
+            finally:
+                self._busy.discard(peer)
+            answer = encode(value)
+            self._charge(peer, len(answer))   # a big chunk may overdraw: the peer then waits it off
+            await stream.write(frame(answer))
         except (asyncio.IncompleteReadError, ConnectionError, FrameError, EncodingError) as exc:
             log.debug("snapshot request dropped: %s", exc)
         finally:
