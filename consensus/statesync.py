@@ -96,6 +96,30 @@ def trusted_power(trusted: ValidatorSet, chain_id: str, height: int, vid: bytes,
     return power
 
 
+def left_behind(sources: list[SnapshotSource], trusted: ValidatorSet, chain_id: str, next_height: int) -> int | None:
+    """The snapshot a node whose next block is ``next_height`` should join from, when its peers pruned
+    that block (docs/adr/0214); else None (block sync works, or nobody is ahead). A source that answers
+    no snapshot list (unreachable) costs one request; every other is asked for block ``next_height``, and
+    one that serves it means block sync works. A claimed snapshot counts only when its next block
+    carries a third of ``trusted``'s power, so a peer that lies about heights or withholds blocks cannot
+    make a node set its database aside while the chain has not left it behind."""
+    claims: list[tuple[int, SnapshotSource]] = []
+    for source in sources:
+        heights = source.snapshots()
+        if not heights:
+            continue
+        if source.block(next_height) is not None:
+            return None
+        if max(heights) > next_height:
+            claims.append((max(heights), source))
+    for height, source in sorted(claims, key=lambda claim: -claim[0]):
+        anchor = source.block(height + 1)
+        if anchor is not None and trusted.is_one_third(
+                trusted_power(trusted, chain_id, height + 1, value_id(anchor.value), anchor.certificate)):
+            return height
+    return None
+
+
 def verify_anchor(genesis: Genesis, trusted: ValidatorSet, height: int, manifest_raw: bytes,
                   anchor: Commit) -> tuple[Manifest, Block]:
     """The manifest of the snapshot at ``height`` and block ``height + 1``, if they are the chain's."""

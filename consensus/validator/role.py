@@ -46,7 +46,7 @@ from consensus.ledger_events import TASKS_TOPIC, TXS_TOPIC, task_events, tx_even
 from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, DoubleProposalEvidence, Evidence, value_id
 from consensus.signer import SignerGuard, SignerStateError
 from consensus.state.ledger import BlockResult, Ledger
-from consensus.statesync import SnapshotSource, StateSyncError, StoreSource, state_sync
+from consensus.statesync import SnapshotSource, StateSyncError, StoreSource, left_behind, state_sync
 from consensus.tendermint import Commit, TendermintCore, TimeoutConfig
 from consensus.tx import decode_tx
 from consensus.txcodes import TxCode, TxError
@@ -78,21 +78,6 @@ FOLLOW_INTERVAL = 0.5
 STATE_SYNC_TIMEOUT = 5.0   # seconds per snapshot request to one peer
 RECOVERY_PROBES = 5        # committee members asked whether they still keep a restarted node's next block
 LEFT_BEHIND_CHECK_S = 30.0   # a chain that has not moved this long here is checked for having left us behind
-
-
-def left_behind(sources: list[SnapshotSource], next_height: int) -> int | None:
-    """The highest snapshot past ``next_height`` offered by ``sources`` when none of those offering one
-    still serves block ``next_height`` (they pruned it); else None (block sync works, or nobody is ahead).
-    A source that offers no snapshot past it (unreachable, or not ahead) costs one request."""
-    best = 0
-    for source in sources:
-        ahead = [h for h in source.snapshots() if h > next_height]
-        if not ahead:
-            continue
-        if source.block(next_height) is not None:
-            return None
-        best = max(best, *ahead)
-    return best or None
 
 
 # start-up check of the chain database (docs/adr/0142): every key up to this size, else the recent blocks
@@ -351,8 +336,7 @@ class ValidatorRole(Role):
         state snapshot (checked against the genesis committee's signatures, docs/adr/0199); with no
         usable snapshot it block-syncs from height 1."""
         loop = asyncio.get_running_loop()
-        sources: list[SnapshotSource] = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
-                                         for p in self.committee.peer_ids if p != self.peer_id]
+        sources = self._snapshot_sources([p for p in self.committee.peer_ids if p != self.peer_id])
         started = time.monotonic()
         try:
             ledger, report = await loop.run_in_executor(self._worker, state_sync, self.store, self.committee, sources)
@@ -367,13 +351,17 @@ class ValidatorRole(Role):
     async def _probe_left_behind(self) -> int | None:
         """The snapshot to join from when no committee member asked (up to ``RECOVERY_PROBES``) still
         keeps this node's next block and one offers a snapshot past it; else None."""
-        loop = asyncio.get_running_loop()
         peers = [p for p in self.committee.peer_ids if p != self.peer_id]
-        sources: list[SnapshotSource] = [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT)
-                                         for p in random.sample(peers, min(RECOVERY_PROBES, len(peers)))]
+        sources = self._snapshot_sources(random.sample(peers, min(RECOVERY_PROBES, len(peers))))
         # network requests only: not on the ledger worker, which must stay free to execute blocks
-        found: int | None = await loop.run_in_executor(None, left_behind, sources, self.chain.ledger.height + 1)
+        found: int | None = await asyncio.get_running_loop().run_in_executor(
+            None, left_behind, sources, self.committee, self.chain.genesis.chain_id, self.chain.ledger.height + 1)
         return found
+
+    def _snapshot_sources(self, peers: list[str]) -> list[SnapshotSource]:
+        """``peers`` as snapshot sources, bridged to this event loop for a worker thread."""
+        loop = asyncio.get_running_loop()
+        return [RemoteSource(self.node.host, p, loop, STATE_SYNC_TIMEOUT) for p in peers]
 
     async def _watch_progress(self, driver: ConsensusDriver) -> int:
         """Return the snapshot to join from once the chain has not moved for ``LEFT_BEHIND_CHECK_S`` and

@@ -11,7 +11,7 @@ from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.messages import Vote, VoteType, sign_vote, value_id
 from consensus.state import snapshot
 from consensus.state.snapshot import MAX_CHUNK_BYTES
-from consensus.statesync import StateSyncError, StoreSource, replay_blocks, state_sync
+from consensus.statesync import StateSyncError, StoreSource, left_behind, replay_blocks, state_sync
 from consensus.tx import build_tx
 from consensus.validator.chainstore import ChainStore
 from consensus.validator.memkv import MemoryKV
@@ -165,3 +165,40 @@ def test_only_an_empty_database_is_restored():
     store, trusted = build_chain(2)
     with pytest.raises(Exception, match="empty chain database"):
         state_sync(store, fresh()[1], [StoreSource("honest", source)])
+
+
+class Liar(StoreSource):
+    """A peer that claims a snapshot far ahead and withholds every block (docs/adr/0214)."""
+
+    def snapshots(self):
+        return [10**9]
+
+    def block(self, height):
+        return None
+
+
+class Pruned(StoreSource):
+    """An honest peer that no longer keeps blocks below ``base``."""
+
+    def __init__(self, name, store, base):
+        super().__init__(name, store)
+        self.base = base
+
+    def block(self, height):
+        return super().block(height) if height >= self.base else None
+
+
+def test_a_node_is_left_behind_only_when_a_certified_snapshot_is_past_blocks_nobody_keeps():
+    store, _ = build_chain(13)
+    joiner, trusted = fresh()
+    top = store.storage.snapshot_heights()[-1]
+    # honest peers that pruned block 3: join from their latest snapshot
+    assert left_behind([Pruned("a", store, 10), Pruned("b", store, 10)], trusted, GENESIS.chain_id, 3) == top
+    # a liar alone cannot make a node set its database aside: its claimed snapshot has no certified block
+    assert left_behind([Liar("liar", store)], trusted, GENESIS.chain_id, 3) is None
+    # ... nor beside an honest peer that still serves the node's next block
+    assert left_behind([Liar("liar", store), StoreSource("honest", store)], trusted, GENESIS.chain_id, 3) is None
+    # beside honest peers that pruned it, the liar's claim is skipped for the certified one
+    assert left_behind([Liar("liar", store), Pruned("a", store, 10)], trusted, GENESIS.chain_id, 3) == top
+    # a node at the tip is not behind
+    assert left_behind([Pruned("a", store, 10)], trusted, GENESIS.chain_id, 14) is None
