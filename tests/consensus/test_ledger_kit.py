@@ -46,6 +46,15 @@ def answer_slot(chain, task_id: bytes, slot: int, verifier: str, match=True, evi
     return receipt
 
 
+def run_until(chain, condition, limit=200):
+    """Empty blocks until ``condition()`` holds (at most ``limit``)."""
+    for _ in range(limit):
+        if condition():
+            return
+        chain.block()
+    raise AssertionError("condition not reached")
+
+
 def run_scheduled_draws(chain, task_id: bytes):
     """Empty blocks until no slot of the task waits for a draw (they wait beacon_delay blocks, ADR 0202);
     the last block's result (None when nothing waited)."""

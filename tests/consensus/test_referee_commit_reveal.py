@@ -12,7 +12,7 @@ from test_audit_slots import (
     slashed,
     slots_of,
 )
-from test_ledger_kit import HONEST_EVIDENCE, answer_slot, identity_of, run_scheduled_draws
+from test_ledger_kit import HONEST_EVIDENCE, answer_slot, identity_of, run_scheduled_draws, run_until
 
 from consensus.state.answers import vote_commitment
 from consensus.txcodes import TxCode
@@ -31,15 +31,6 @@ def _disputed(chain):
     dispute(chain, W1, task_id, slot["slot"])
     assert len(slot["referees"]) == 3
     return task_id, task, slot, accuser
-
-
-def _until(chain, condition, blocks=100):
-    """Empty blocks until ``condition()`` holds (at most ``blocks``)."""
-    for _ in range(blocks):
-        if condition():
-            return
-        chain.block()
-    raise AssertionError("condition not reached")
 
 
 def test_a_late_referee_can_neither_see_nor_reveal_an_earlier_vote():
@@ -75,7 +66,7 @@ def test_a_sealed_vote_never_revealed_is_no_vote_and_is_slashed():
     honest, withholder, silent = (identity_of(r["referee"]) for r in slot["referees"])
     chain.block([chain.seal_vote(honest, task_id, slot["slot"], True, HONEST_EVIDENCE),
                  chain.seal_vote(withholder, task_id, slot["slot"], True, HONEST_EVIDENCE)])
-    _until(chain, lambda: slot.get("referee_reveal_deadline"))   # the silent referee's deadline passes
+    run_until(chain, lambda: slot.get("referee_reveal_deadline"))   # the silent referee's deadline passes
     chain.block([chain.tx(honest, "referee_vote", chain.sealed[(task_id, slot["slot"], honest.peer_id)][1])])
     chain.empty_blocks(REVEAL_S + 1)                             # the withholder never reveals
     run_scheduled_draws(chain, task_id)
@@ -89,7 +80,7 @@ def test_a_sealed_vote_never_revealed_is_no_vote_and_is_slashed():
     for entry in slot["referees"]:
         if entry["vote"] is None and not entry.get("unrevealed") and entry["referee"] != silent.peer_id:
             chain.block([chain.seal_vote(identity_of(entry["referee"]), task_id, slot["slot"], True, HONEST_EVIDENCE)])
-    _until(chain, lambda: slot.get("referee_reveal_deadline"))
+    run_until(chain, lambda: slot.get("referee_reveal_deadline"))
     chain.reveal_all(task_id)
     assert slot["outcome"] == "ok"
     bonded = chain.ledger.stake_info(withholder.peer_id)["bonded"]

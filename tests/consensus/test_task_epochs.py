@@ -5,7 +5,7 @@ middle is caught at that epoch's deadline and the task pays its closed epochs an
 the epoch layout fixed at submit is checked at every commitment. Every test here fails on the code
 before ADR 0203 (no ``epochs`` field, no ``commit_epoch`` transaction)."""
 import pytest
-from test_ledger_kit import CHAIN, answer_all_slots, answer_slot, crew_chain, ident, run_scheduled_draws
+from test_ledger_kit import CHAIN, answer_all_slots, answer_slot, crew_chain, ident, run_scheduled_draws, run_until
 
 from consensus.block import build_block
 from consensus.genesis import Params
@@ -58,14 +58,6 @@ def all_commit_epoch(chain, task_id, epoch, workers=(W1, W2, W3)):
                           for w in workers])
     assert all(r.code == TxCode.OK for r in result.receipts), result.receipts
     return result
-
-
-def run_until(chain, condition, limit=200):
-    for _ in range(limit):
-        if condition():
-            return
-        chain.block()
-    raise AssertionError("condition not reached")
 
 
 def block_time_ms(chain) -> int:
