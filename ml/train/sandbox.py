@@ -210,8 +210,10 @@ def _load(request: dict) -> str:
 
 # How an allocation refused under RLIMIT_AS shows when it is not a MemoryError: torch's and numpy's
 # messages, and a C function of the deserializer that returned NULL without setting an exception
-# (a failed allocation it did not report); in this child only the limit makes allocations fail.
-_ALLOCATION_FAILURES = ("allocate", "bad_alloc", "returned NULL without setting an exception")
+# (a failed allocation it did not report; CPython words it two ways, by where the NULL is seen); in
+# this child only the limit makes allocations fail.
+_ALLOCATION_FAILURES = ("allocate", "bad_alloc", "returned NULL without setting an exception",
+                        "error return without exception set")
 
 
 def _allocation_failure(text: str) -> bool:

@@ -52,10 +52,18 @@ def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.Compl
     return done
 
 
+class StillLoading(Exception):
+    """The node answered "the chain is still loading" (it listens before its state sync ends)."""
+
+
 def rpc(port: int, method: str, *params):
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)}).encode()
     with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", body), timeout=5) as r:
-        return json.loads(r.read())["result"]
+        answer = json.loads(r.read())
+    if "error" in answer and "still loading" in answer["error"].get("message", ""):
+        raise StillLoading(answer["error"]["message"])
+    assert "result" in answer, f"{method}: {answer}"
+    return answer["result"]
 
 
 def wait_height(port: int, height: int, proc: subprocess.Popen, timeout: float = 60.0) -> int:
@@ -66,7 +74,7 @@ def wait_height(port: int, height: int, proc: subprocess.Popen, timeout: float =
             h = rpc(port, "dkb_blockNumber")
             if h >= height:
                 return h
-        except OSError:
+        except (OSError, StillLoading):
             pass
         time.sleep(0.3)
     raise AssertionError(f"no height {height} on port {port} within {timeout} s")
