@@ -3,15 +3,17 @@
 A snapshot of height ``S`` (consensus/state/snapshot.py) is anchored by block ``S + 1``, whose
 header carries ``app_hash(S)``, the commitment to the whole state. The joining node:
 
-1. asks its sources which snapshots they hold and takes the highest height offered;
-2. fetches the manifest and block ``S + 1`` with its certificate, and accepts them only if
-   precommits for that block carry more than a third of the power of the committee it trusts
-   (the genesis committee, or one it learnt later: at least one honest member signed, so the
-   block is the chain's) and the manifest's app hash equals the header's;
-3. fetches each chunk, checked against its hash in the manifest (size first, then hash, then
+1. follows the committee hops its sources keep (consensus/committee_hops.py) from the committee
+   it trusts (the genesis committee) to the latest committee they certify, and keeps them to serve;
+2. asks its sources which snapshots they hold and takes the highest height offered;
+3. fetches the manifest and block ``S + 1`` with its certificate, and accepts them only if
+   precommits for that block carry more than a third of the power of the committee reached in 1
+   (at least one honest member signed, so the block is the chain's) and the manifest's app hash
+   equals the header's;
+4. fetches each chunk, checked against its hash in the manifest (size first, then hash, then
    format); a source that sends a bad chunk, an oversized one, or answers for another height is
    dropped with the reason and the chunk is asked of the next source;
-4. loads the state, checks it is the state after block ``S`` (height, last block hash) and that
+5. loads the state, checks it is the state after block ``S`` (height, last block hash) and that
    its own committee for ``S + 1`` certifies block ``S + 1`` (more than two thirds), executes
    block ``S + 1`` and stores both in one batch (``Storage.commit_restored``);
 
@@ -26,8 +28,9 @@ from typing import Protocol
 
 from consensus.block import Block, BlockError
 from consensus.committee import ValidatorSet
+from consensus.committee_hops import MAX_HOPS, HopError, trusted_power, verify_hop
 from consensus.genesis import Genesis
-from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, Vote, VoteType, value_id, verify_vote
+from consensus.messages import MAX_PROPOSAL_VALUE_BYTES, value_id
 from consensus.state.ledger import Ledger
 from consensus.state.snapshot import Manifest, SnapshotError, check_chunk
 from consensus.state.store import LedgerState
@@ -52,6 +55,10 @@ class SnapshotSource(Protocol):
 
     def chunk(self, height: int, index: int) -> bytes | None: ...
 
+    def hops(self) -> list[int]: ...
+
+    def hop(self, height: int) -> bytes | None: ...
+
 
 class StoreSource:
     """What a node serves to joining peers from its ``ChainStore``."""
@@ -72,6 +79,12 @@ class StoreSource:
     def chunk(self, height: int, index: int) -> bytes | None:
         return self.store.storage.snapshot_chunk(height, index)
 
+    def hops(self) -> list[int]:
+        return self.store.storage.committee_hops(0, MAX_HOPS)
+
+    def hop(self, height: int) -> bytes | None:
+        return self.store.storage.committee_hop(height)
+
 
 @dataclass
 class SyncReport:
@@ -80,20 +93,7 @@ class SyncReport:
     chunks: int
     state_bytes: int
     rejected: dict[str, str] = field(default_factory=dict)   # source -> why it was dropped
-
-
-def trusted_power(trusted: ValidatorSet, chain_id: str, height: int, vid: bytes, votes) -> int:
-    """The power of ``trusted`` members with a valid precommit for ``vid`` at ``height`` in ``votes``."""
-    seen: set[str] = set()
-    power = 0
-    for vote in votes:
-        if not isinstance(vote, Vote) or vote.type is not VoteType.PRECOMMIT or vote.height != height \
-                or vote.value_id != vid or vote.validator in seen or vote.validator not in trusted:
-            continue
-        if verify_vote(vote, chain_id):
-            seen.add(vote.validator)
-            power += trusted.power(vote.validator)
-    return power
+    hops: int = 0                    # committee hops followed from the trusted committee
 
 
 def left_behind(sources: list[SnapshotSource], trusted: ValidatorSet, chain_id: str, next_height: int) -> int | None:
@@ -165,11 +165,40 @@ def _fetch_chunks(manifest: Manifest, sources: list[SnapshotSource], rejected: d
     return chunks
 
 
+def follow_hops(genesis: Genesis, trusted: ValidatorSet, sources: list[SnapshotSource],
+                rejected: dict[str, str]) -> tuple[ValidatorSet, list[tuple[int, bytes]]]:
+    """The latest committee the ``sources``' committee hops lead to from ``trusted``, and the hop
+    records followed (oldest first). A source whose record does not verify, or that lists a hop it
+    then does not serve, is dropped (``rejected``); a hop nobody serves verifiably is skipped (the
+    next one is then checked against the committee before it, which must still carry a third)."""
+    listed = {source.name: set(source.hops()[:MAX_HOPS]) for source in sources}
+    heights = sorted({h for hs in listed.values() for h in hs if type(h) is int and h > 0})[:MAX_HOPS]
+    followed: list[tuple[int, bytes]] = []
+    for height in heights:
+        if height < trusted.start_height:
+            continue   # before the committee we trust already
+        for source in sources:
+            if source.name in rejected or height not in listed[source.name]:
+                continue
+            raw = source.hop(height)
+            try:
+                if raw is None:
+                    raise HopError(f"listed committee hop {height} and did not serve it")
+                trusted = verify_hop(genesis.chain_id, genesis.params.epoch_length, trusted, height, raw)
+            except HopError as exc:
+                rejected[source.name] = str(exc)
+                continue
+            followed.append((height, raw))
+            break
+    return trusted, followed
+
+
 def state_sync(store: ChainStore, trusted: ValidatorSet, sources: list[SnapshotSource]) -> tuple[Ledger, SyncReport]:
     """Bring an empty ``store`` to the height after the best snapshot the ``sources`` offer; the
     ledger and a report. Raises StateSyncError naming each source's fault when none works."""
     genesis = store.storage.genesis
     rejected: dict[str, str] = {}
+    trusted, hops = follow_hops(genesis, trusted, sources, rejected)
     offers = sorted({h for s in sources for h in s.snapshots()[-MAX_OFFERS:] if type(h) is int and h > 0},
                     reverse=True)
     for height in offers:
@@ -185,12 +214,13 @@ def state_sync(store: ChainStore, trusted: ValidatorSet, sources: list[SnapshotS
                 rejected[source.name] = str(exc)
                 continue
             chunks = _fetch_chunks(manifest, [source, *sources], rejected)
-            ledger = _restore(store, manifest, chunks, block, anchor)
-            return ledger, SyncReport(ledger.height, height, len(chunks), sum(map(len, chunks)), rejected)
+            ledger = _restore(store, manifest, chunks, block, anchor, hops)
+            return ledger, SyncReport(ledger.height, height, len(chunks), sum(map(len, chunks)), rejected, len(hops))
     raise StateSyncError(f"no usable snapshot among {len(sources)} sources; rejected: {rejected or 'none'}")
 
 
-def _restore(store: ChainStore, manifest: Manifest, chunks: list[bytes], block: Block, anchor) -> Ledger:
+def _restore(store: ChainStore, manifest: Manifest, chunks: list[bytes], block: Block, anchor,
+             hops: list[tuple[int, bytes]]) -> Ledger:
     genesis = store.storage.genesis
     items = [item for index, raw in enumerate(chunks) for item in check_chunk(manifest, index, raw)]
     if any(items[i][0] >= items[i + 1][0] for i in range(len(items) - 1)):
@@ -211,7 +241,8 @@ def _restore(store: ChainStore, manifest: Manifest, chunks: list[bytes], block: 
     except BlockError as exc:
         raise StateSyncError(f"block {block.height} does not apply to the snapshot: {exc}") from None
     store.storage.commit_restored(items, manifest.app_hash, block, result,
-                                  CERTIFICATE_TAG + encode_certificate(anchor.certificate))
+                                  CERTIFICATE_TAG + encode_certificate(anchor.certificate),
+                                  store.restored_hop_ops(hops, result))
     return ledger
 
 

@@ -6,15 +6,19 @@ over the bytes a block changed, so its cost follows the block, not the state siz
 replicas that start from the same genesis have equal app hashes at height h iff they
 applied identical change sets at every height up to h (see docs/adr/0022).
 ``full_state_hash`` hashes the whole state (for audits and tests, not per block).
+``committee_app_hash`` wraps the app hash of the block that elects the next committee (one block
+before an epoch ends) around that committee, so the epoch's last block, which its committee
+certifies, commits to its successor (docs/adr/0216).
 """
 from __future__ import annotations
 
 import hashlib
 
-from consensus.encoding import encode_uvarint
+from consensus.encoding import encode, encode_uvarint
 
 APP_HASH_DOMAIN = b"dekube/apphash/v1\x00"
 STATE_HASH_DOMAIN = b"dekube/statehash/v1\x00"
+COMMITTEE_DOMAIN = b"dekube/committee-apphash/v1\x00"
 
 
 def genesis_app_hash(genesis_hash: bytes, initial_state_hash: bytes) -> bytes:
@@ -44,3 +48,9 @@ def full_state_hash(items: list[tuple[bytes, bytes]]) -> bytes:
     for key, value in items:
         h.update(encode_uvarint(len(key)) + key + encode_uvarint(len(value)) + value)
     return h.digest()
+
+
+def committee_app_hash(chain_part: bytes, committee: list[list], start_height: int) -> bytes:
+    """The app hash of a block that elected ``committee`` (``[[peer_id, power], ...]``) for heights
+    from ``start_height``; ``chain_part`` is its ``next_app_hash``."""
+    return hashlib.sha256(COMMITTEE_DOMAIN + chain_part + encode([start_height, committee])).digest()

@@ -2,10 +2,12 @@
 
 ``Ledger.apply_block`` runs one committed block: release matured unbonding, apply block
 evidence, then each transaction (ante: signature, nonce, fee -- then the type's handler),
-then assign workers to open tasks and, every ``epoch_length`` blocks, elect the next
-committee and commit the whole state in the app hash (consensus/state/snapshot.py); it returns
-receipts, events, the sorted change set for storage, the new app hash and, at those heights,
-the state's snapshot chunks. Execution is deterministic: identical blocks on identical
+then assign workers to open tasks; one block before every ``epoch_length``-th it elects the next
+committee and commits it in the app hash (the epoch's last block, certified by the outgoing
+committee, carries that hash: a joining node follows committee changes from genesis, docs/adr/0216),
+and at the epoch's last block it seats it and commits the whole state in the app hash
+(consensus/state/snapshot.py); it returns receipts, events, the sorted change set for storage, the
+new app hash and, at those heights, the next committee's proof or the state's snapshot chunks. Execution is deterministic: identical blocks on identical
 states give identical results on every replica.
 """
 from __future__ import annotations
@@ -21,12 +23,12 @@ from consensus.committee import ValidatorSet
 from consensus.encoding import encode
 from consensus.genesis import Genesis
 from consensus.state import accounts, answers, audits, liveness, nodes, relay, serve_disputes, serving, staking, tasks
-from consensus.state.apphash import full_state_hash, genesis_app_hash, next_app_hash
+from consensus.state.apphash import committee_app_hash, full_state_hash, genesis_app_hash, next_app_hash
 from consensus.state.availability import apply_availability_response
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
 from consensus.state.records import NodeRecord, Task
-from consensus.state.snapshot import Manifest, is_snapshot_height, make_manifest, split_chunks
+from consensus.state.snapshot import Manifest, is_snapshot_height, make_manifest, split_chunks, state_root
 from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
 from consensus.state.supply import check_supply
 from consensus.tx import Tx, decode_tx, public_key_for
@@ -109,6 +111,9 @@ class BlockResult:
     events: list[dict]
     changes: list[tuple[bytes, bytes | None]] = field(repr=False)  # for Storage.commit_block
     snapshot: tuple[Manifest, list[bytes]] | None = field(default=None, repr=False)  # at snapshot heights
+    # where this block elected a committee other than the sitting one: what a committee hop needs to
+    # check this app hash ([next_app_hash, committee, state root or b""], docs/adr/0216)
+    committee_proof: list | None = field(default=None, repr=False)
 
 
 def verify_tx_signatures(txs: list[Tx], executor: Executor | None = None) -> list[bool]:
@@ -143,6 +148,8 @@ class Ledger:
             state.nodes[v.peer_id] = NodeRecord(["validator"], list(v.listen_addrs), [], {})
             state.touch(NODE, v.peer_id)
         staking.elect_committee(state, genesis.params, 1)
+        if genesis.params.epoch_length == 1:   # height 1 ends the first epoch: its successor is elected now
+            staking.elect_next_committee(state, genesis.params, 2)
         state.beacon = beacon.genesis_beacon(genesis.hash)
         state.touch_meta()
         state.take_changes()
@@ -270,7 +277,10 @@ class Ledger:
         serve_disputes.advance_disputes(state, params, ctx)
         self._busy = tasks.work_in_flight(state)
         if ctx.height % params.epoch_length == 0:
-            staking.elect_committee(state, params, ctx.height + 1)
+            staking.seat_next_committee(state, ctx.height + 1)
+        elects = (ctx.height + 1) % params.epoch_length == 0
+        if elects:
+            staking.elect_next_committee(state, params, ctx.height + 2)
         state.height = ctx.height
         state.last_block_hash = block.hash
         state.last_block_time_ms = h.time_ms
@@ -278,15 +288,23 @@ class Ledger:
         state.touch_meta()
         changes = state.take_changes()
         state.app_hash = next_app_hash(h.app_hash, ctx.height, changes)
+        proof = None
+        if elects:   # the app hash commits the next committee
+            proof = [state.app_hash, state.next_committee, b""]
+            state.app_hash = committee_app_hash(state.app_hash, state.next_committee, ctx.height + 2)
         snapshot = None
         if is_snapshot_height(ctx.height, params.epoch_length):   # the app hash commits the whole state
             chunks = split_chunks(state.items())
             manifest = make_manifest(ctx.height, state.app_hash, chunks)
             state.app_hash = manifest.app_hash
             snapshot = (manifest, chunks)
+            if proof is not None:
+                proof[2] = state_root(list(manifest.chunk_hashes))
+        if proof is not None and proof[1] == state.committee:
+            proof = None   # the committee stays: no hop to record
         changes.append((APP_HASH_KEY, encode(state.app_hash)))
         events, state.events = state.events, []
-        return BlockResult(ctx.height, block.hash, state.app_hash, done, events, changes, snapshot)
+        return BlockResult(ctx.height, block.hash, state.app_hash, done, events, changes, snapshot, proof)
 
     def _execute(self, ctx: BlockContext, index: int, tx: Tx, bad_signature: bool) -> TxReceipt:
         if bad_signature:

@@ -153,12 +153,33 @@ def staked_peers(state: LedgerState, minimum: int, limit: int) -> list[tuple[str
 
 
 def elect_committee(state: LedgerState, params: Params, start_height: int) -> None:
-    """Elect the committee for heights from ``start_height``; an election with no eligible
-    validator keeps the sitting committee (the chain would halt otherwise)."""
+    """Seat, at genesis, the committee for heights from ``start_height``."""
+    state.committee = _elect(state, params, start_height) or state.committee
+    state.committee_start = start_height
+    state.touch_meta()
+
+
+def elect_next_committee(state: LedgerState, params: Params, start_height: int) -> None:
+    """Elect, one block before an epoch ends, the committee for heights from ``start_height``
+    (``next_committee``, seated by ``seat_next_committee`` when the epoch ends). The app hash of this
+    block commits to it, so the outgoing committee certifies its successor in the epoch's last block
+    (docs/adr/0216). An election with no eligible validator re-elects the sitting committee (the
+    chain would halt otherwise)."""
+    state.next_committee = _elect(state, params, start_height) or [list(member) for member in state.committee]
+    state.touch_meta()
+
+
+def seat_next_committee(state: LedgerState, start_height: int) -> None:
+    """At the end of an epoch: the committee elected a block earlier decides from ``start_height``."""
+    if state.next_committee:
+        state.committee, state.next_committee = state.next_committee, []
+        state.committee_start = start_height
+        state.touch_meta()
+
+
+def _elect(state: LedgerState, params: Params, start_height: int) -> list[list]:
     try:
         elected = ValidatorSet.elect(dict(validator_candidates(state, params)), params.committee_size, start_height)
     except CommitteeError:
-        return
-    state.committee = [[peer_id, power] for peer_id, power in elected.items()]
-    state.committee_start = start_height
-    state.touch_meta()
+        return []
+    return [[peer_id, power] for peer_id, power in elected.items()]

@@ -31,7 +31,7 @@ _PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
 _RECORD_TYPES: dict[str, Any] = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
                  SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel, SERVE_DISPUTE: ServeDispute}
 _META_FIELDS = ("height", "last_block_hash", "last_block_time_ms", "burned", "task_seq", "committee",
-                "committee_start", "beacon")
+                "committee_start", "next_committee", "beacon")
 APP_HASH_KEY = _PREFIX[META] + b"app_hash"  # stored beside the state, never part of a change set
 
 
@@ -61,6 +61,7 @@ class LedgerState:
         self.beacon = b""                          # the random beacon after the last block (docs/adr/0202)
         self.committee: list[list] = []           # [[peer_id, power], ...] deciding heights >= committee_start
         self.committee_start = 1
+        self.next_committee: list[list] = []      # elected a block before the epoch ends, seated at its end
         self.burned = 0
         self.task_seq = 0
         # derived indexes (not stored; rebuilt by load)

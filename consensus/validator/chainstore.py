@@ -12,10 +12,13 @@ and WAL records below them (never the committee records of the tip's epoch), a b
 per commit, in that same batch (docs/adr/0199). At snapshot heights (consensus/state/snapshot.py)
 ``commit`` stores the state's chunks too and drops all but the last ``KEEP_SNAPSHOTS``; blocks
 from the oldest kept snapshot's next block on are never pruned, so peers can state-sync from it.
+Where an epoch's committee differs from the one before, ``commit`` keeps a committee hop record
+(consensus/committee_hops.py), never pruned, so a joining node can follow committees from genesis.
 
 The committee of heights ``E+1 .. E+L`` (``L`` = epoch length) is the top-K bonded validators of
-the state after block ``E``; a node restarted mid-epoch reads it back from the WAL (the state
-of block ``E`` is gone by then), a node replaying blocks computes it at ``E``.
+the state after block ``E - 1``, seated by block ``E`` (docs/adr/0216); a node restarted mid-epoch
+reads it back from the WAL (the state of block ``E`` is gone by then), a node replaying blocks
+reads it from the ledger at ``E``.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from consensus.certificate import (  # noqa: F401  (re-exported: the validator's
     encode_certificate,
 )
 from consensus.committee import ValidatorSet
+from consensus.committee_hops import encode_hop
 from consensus.encoding import EncodingError, decode, encode
 from consensus.state.ledger import Ledger
 from consensus.tendermint import Commit
@@ -71,6 +75,7 @@ class ChainStore:
             kept = kept[-KEEP_SNAPSHOTS:]
         else:
             kept = self.storage.snapshot_heights()
+        ops += self._hop_ops(block, result)
         if self.retain_blocks:
             below = block.height - self.retain_blocks + 1
             if kept:   # a snapshot is served with its next block (whose header commits it)
@@ -100,6 +105,29 @@ class ChainStore:
         votes = decode_certificate(cert)
         return Commit(height, votes[0].round if votes else 0, block.encode(), votes)
 
+    def _hop_ops(self, block: Block, result) -> list[tuple[bytes, bytes | None]]:
+        """Keep the committee proof of a block that elected a new committee until the epoch's last
+        block is certified (block ``S + 1`` carries its certificate), then the hop record of ``S``
+        (consensus/committee_hops.py); hop records are never pruned."""
+        ops: list[tuple[bytes, bytes | None]] = []
+        if result.committee_proof is not None:
+            ops += self.storage.hop_proof_ops(block.height, encode(result.committee_proof))
+        last = block.height - 1   # the block whose certificate ``block`` carries
+        if last >= 1 and last % self.params.epoch_length == 0 and block.last_commit:
+            proof = self.storage.hop_proof(last - 1)
+            previous = self.storage.block_by_height(last)
+            if proof is not None and previous is not None:
+                ops += self.storage.hop_ops(last, encode_hop(last, previous.encode(), block.last_commit, decode(proof)))
+                ops += self.storage.hop_proof_ops(last - 1, None)
+        return ops
+
+    def restored_hop_ops(self, hops: list[tuple[int, bytes]], result) -> list[tuple[bytes, bytes | None]]:
+        """State sync's writes of the hop records it followed, and the anchor block's committee proof."""
+        ops = [op for height, record in hops for op in self.storage.hop_ops(height, record)]
+        if result.committee_proof is not None:
+            ops += self.storage.hop_proof_ops(result.height, encode(result.committee_proof))
+        return ops
+
     def committee_for(self, height: int, ledger: Ledger) -> ValidatorSet:
         """The committee of ``height``; ``ledger`` must be at ``height - 1``."""
         start = epoch_start(height, self.params.epoch_length)
@@ -108,7 +136,7 @@ class ChainStore:
                 return self._decode_committee(record[1:], start + 1)
         if ledger.height != start:
             raise CorruptDatabase(f"{self.storage.path}: committee of epoch starting at {start + 1} not stored")
-        committee = ValidatorSet.elect(ledger.validator_stakes(), self.params.committee_size, start_height=start + 1)
+        committee = ledger.committee()   # seated at the end of block ``start`` (elected a block before)
         self.storage.wal_append(start + 1, COMMITTEE_TAG + encode([[pid, power] for pid, power in committee.items()]))
         return committee
 

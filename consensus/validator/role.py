@@ -76,6 +76,7 @@ NEW_HEADS = "newHeads"
 PROPOSAL_BYTES_HEADROOM = 64 * 1024
 FOLLOW_INTERVAL = 0.5
 STATE_SYNC_TIMEOUT = 5.0   # seconds per snapshot request to one peer
+MAX_SYNC_SOURCES = 32       # peers state sync asks at most
 RECOVERY_PROBES = 5        # committee members asked whether they still keep a restarted node's next block
 LEFT_BEHIND_CHECK_S = 30.0   # a chain that has not moved this long here is checked for having left us behind
 
@@ -336,7 +337,9 @@ class ValidatorRole(Role):
         state snapshot (checked against the genesis committee's signatures, docs/adr/0199); with no
         usable snapshot it block-syncs from height 1."""
         loop = asyncio.get_running_loop()
-        sources = self._snapshot_sources([p for p in self.committee.peer_ids if p != self.peer_id])
+        # the committee it knows, then the peers it is connected to (the genesis committee may have left)
+        known = list(self.committee.peer_ids) + [p for p in self.node.peers() if p not in self.committee]
+        sources = self._snapshot_sources([p for p in known if p != self.peer_id][:MAX_SYNC_SOURCES])
         started = time.monotonic()
         try:
             ledger, report = await loop.run_in_executor(self._worker, state_sync, self.store, self.committee, sources)
@@ -344,7 +347,7 @@ class ValidatorRole(Role):
             log.info("no state sync, block sync from height 1: %s", exc)
             return
         await loop.run_in_executor(self._worker, self._adopt, ledger)
-        log.info("state synced", extra={"height": report.height, "chunks": report.chunks,
+        log.info("state synced", extra={"height": report.height, "chunks": report.chunks, "hops": report.hops,
                                         "mib": round(report.state_bytes / 2**20, 2), "rejected": report.rejected,
                                         "seconds": round(time.monotonic() - started, 3)})
 

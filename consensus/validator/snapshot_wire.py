@@ -2,7 +2,9 @@
 
 One request per stream: a frame ``encode([kind, height, index])`` with kind ``list`` (the heights
 of the snapshots the node keeps), ``manifest``, ``block`` (block ``height`` with its certificate:
-``[height, round, value, certificate]``) or ``chunk``; the answer is one frame ``encode(value)``,
+``[height, round, value, certificate]``), ``chunk``, ``hops`` (the heights of the committee hop
+records kept from ``height`` on, a page of ``HOP_LIST_PAGE``) or ``hop`` (one record,
+consensus/committee_hops.py); the answer is one frame ``encode(value)``,
 ``None`` when the node does not have it (or the asking peer is over its byte rate, or has a request in
 flight). ``SnapshotServer`` answers from a ``ChainStore`` (reads on a thread of its own, one request at
 a time per peer, requests of at most 64 bytes);
@@ -20,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from consensus.certificate import CertificateError, decode_certificate, encode_certificate
+from consensus.committee_hops import HOP_LIST_PAGE, MAX_HOP_BYTES, MAX_HOPS
 from consensus.encoding import EncodingError, decode, encode
 from consensus.network import MAX_FRAME_BYTES, FrameError, frame, read_frame
 from consensus.state.snapshot import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES
@@ -29,8 +32,8 @@ from consensus.validator.chainstore import ChainStore
 
 PROTOCOL = "/dekube/snapshots/1.0.0"
 MAX_REQUEST_BYTES = 64
-MAX_ANSWER_BYTES = max(MAX_FRAME_BYTES, MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES) + 1024
-KINDS = ("list", "manifest", "block", "chunk")
+MAX_ANSWER_BYTES = max(MAX_FRAME_BYTES, MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_HOP_BYTES) + 1024
+KINDS = ("list", "manifest", "block", "chunk", "hops", "hop")
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,10 @@ class SnapshotServer:
             return self.source.manifest(height)
         if kind == "chunk":
             return self.source.chunk(height, index)
+        if kind == "hops":
+            return self.source.store.storage.committee_hops(height, HOP_LIST_PAGE)
+        if kind == "hop":
+            return self.source.hop(height)
         commit = self.source.block(height)
         return None if commit is None else [commit.height, commit.round, commit.value,
                                             encode_certificate(commit.certificate)]
@@ -155,4 +162,20 @@ class RemoteSource:
 
     def chunk(self, height: int, index: int) -> bytes | None:
         raw = self._call("chunk", height, index)
+        return raw if type(raw) is bytes else None
+
+    def hops(self) -> list[int]:
+        heights: list[int] = []
+        while len(heights) < MAX_HOPS:
+            page = self._call("hops", heights[-1] + 1 if heights else 0)
+            if type(page) is not list:
+                break
+            page = [h for h in page if type(h) is int and h > (heights[-1] if heights else 0)]
+            heights += sorted(set(page))[:HOP_LIST_PAGE]
+            if len(page) < HOP_LIST_PAGE:
+                break
+        return heights[:MAX_HOPS]
+
+    def hop(self, height: int) -> bytes | None:
+        raw = self._call("hop", height)
         return raw if type(raw) is bytes else None

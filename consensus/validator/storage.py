@@ -42,6 +42,7 @@ FORMAT = 1
 _META = b"M/"
 _BLOCK, _BLOCK_HASH, _RECEIPT, _STATE, _WAL, _SIGNER = b"B/", b"H/", b"R/", b"S/", b"W/", b"V/signer"
 _MANIFEST, _CHUNK = b"N/", b"K/"
+_HOP, _HOP_PROOF = b"J/", b"P/"   # committee hop records, and the proof awaiting its epoch's last block
 MAX_BLOCK_BYTES_ON_DISK = 64 * 1024 * 1024
 
 
@@ -414,8 +415,37 @@ class Storage:
         ops: list[tuple[bytes, bytes | None]] = [(prefix + i.to_bytes(4, "big"), None) for i in range(count)]
         return ops + [(_MANIFEST + _u64(height), None)]
 
+    # ---- committee hops (consensus/committee_hops.py) -------------------------------------------
+
+    def committee_hops(self, from_height: int, limit: int) -> list[int]:
+        """Heights of the kept committee hop records from ``from_height`` on, at most ``limit``."""
+        out: list[int] = []
+        start = _HOP + _u64(from_height)
+        for key, _ in self._scan(_HOP):
+            if key < start:
+                continue
+            if len(out) >= limit:
+                break
+            out.append(int.from_bytes(key[2:], "big"))
+        return out
+
+    def committee_hop(self, height: int) -> bytes | None:
+        return self._get(_HOP + _u64(height)) if 0 <= height < 2**64 else None
+
+    def hop_proof(self, height: int) -> bytes | None:
+        return self._get(_HOP_PROOF + _u64(height)) if 0 <= height < 2**64 else None
+
+    @staticmethod
+    def hop_ops(height: int, record: bytes | None) -> list[tuple[bytes, bytes | None]]:
+        return [(_HOP + _u64(height), record)]
+
+    @staticmethod
+    def hop_proof_ops(height: int, proof: bytes | None) -> list[tuple[bytes, bytes | None]]:
+        return [(_HOP_PROOF + _u64(height), proof)]
+
     def commit_restored(self, items: list[tuple[bytes, bytes]], app_hash: bytes, block: Block,
-                        result: BlockResult, certificate_record: bytes) -> None:
+                        result: BlockResult, certificate_record: bytes,
+                        extra_ops: list[tuple[bytes, bytes | None]] | None = None) -> None:
         """State sync's one write: replace the genesis state by a verified snapshot's ``items``
         (the state after block ``block.height - 1``, ``app_hash``) and commit ``block`` on top,
         with its certificate record, in ONE synced batch; no block is stored below it (``base``).
@@ -429,7 +459,7 @@ class Storage:
         try:
             self.commit_block(block, result, [
                 (_WAL + _u64(block.height) + _u64(self._wal_seq), bytes(certificate_record)),
-                (_META + b"base", encode(block.height))], first_ops=ops)
+                (_META + b"base", encode(block.height)), *(extra_ops or [])], first_ops=ops)
         except BaseException:
             self.height = 0
             raise
