@@ -3,8 +3,9 @@
 ``LedgerState`` holds one dict per table (accounts, stakes, nodes, tasks, relay channels,
 serving escrows and channels, evidence seen, the ended tasks' retention queue and pruned task ids:
 ADR 0215) plus chain scalars. Handlers mutate records and call ``touch``; at the end of a block
-``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed record (sorted), which feed both the app hash and the storage write batch. ``load`` rebuilds
-the state (and its derived indexes) from those pairs.
+``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed record (sorted),
+which feed both the app hash and the storage write batch. ``load`` rebuilds the state (and its derived
+indexes) from those pairs.
 """
 from __future__ import annotations
 
