@@ -82,6 +82,7 @@ def still_needed(task, height: int) -> bool:
 
 def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Queue the tasks that ended in this block; prune what is due (bounded); drop evidence too old to matter."""
+    fresh = state.retention is None   # built from the state as it is now: this block's evidence included
     queues = _queues(state)
     retention_ms = params.ended_task_retention_s * 1000
     if retention_ms:
@@ -89,7 +90,7 @@ def end_block(state: LedgerState, params: Params, ctx: BlockContext) -> None:
             task = state.tasks.get(task_id)
             if task is not None and task.status in TaskStatus.FINAL and task_id not in queues.queued:
                 _enqueue(state, queues, ctx.time_ms + retention_ms, KIND_TASK, task_id, ctx.time_ms)
-    for key in state.touched(EVIDENCE):
+    for key in [] if fresh else state.touched(EVIDENCE):
         if key in state.evidence:
             heapq.heappush(queues.evidence, (state.evidence[key], key))
     _pop_due(state, queues, ctx, retention_ms)

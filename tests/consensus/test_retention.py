@@ -191,6 +191,24 @@ def test_a_rejected_task_the_bars_still_read_is_kept_until_its_cooldown_passed(m
 
 # ---- the per-block bound, and every replica drops the same keys ------------------------------------
 
+def mirror(chain):
+    """A replica restarted from the chain's storage now, applying every later block beside it (its app hash
+    and change set checked equal each time); returns it and the list the chain's block results go in."""
+    replica = Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items()))
+    apply = chain.ledger.apply_block
+    results = []
+
+    def both(block, *args, **kwargs):
+        result = apply(block, *args, **kwargs)
+        mirrored = replica.apply_block(block)
+        assert mirrored.app_hash == result.app_hash and mirrored.changes == result.changes
+        results.append(result)
+        return result
+
+    chain.ledger.apply_block = both
+    return replica, results
+
+
 def test_many_tasks_ending_together_are_pruned_over_several_blocks_identically_on_a_reloaded_replica():
     chain = Chain(params=params(task_assign_s=3))          # no compute node: every task expires unassigned
     count = 2 * retention.PRUNE_PER_BLOCK + 10
@@ -202,19 +220,9 @@ def test_many_tasks_ending_together_are_pruned_over_several_blocks_identically_o
     run_until(chain, lambda: all(state.tasks[t].status == TaskStatus.EXPIRED for t in ids))
     assert len(state.retire) == count
     chain.empty_blocks(2)
-    replica = Ledger(chain.genesis, LedgerState.load(chain.ledger.storage_items()))   # a node restarted here
-    apply = chain.ledger.apply_block
-    pruned_per_block = []
-
-    def both(block, *args, **kwargs):
-        result = apply(block, *args, **kwargs)
-        mirrored = replica.apply_block(block)
-        assert mirrored.app_hash == result.app_hash and mirrored.changes == result.changes
-        pruned_per_block.append(sum(1 for e in result.events if e["type"] == "task_pruned"))
-        return result
-
-    chain.ledger.apply_block = both
+    replica, results = mirror(chain)
     run_until(chain, lambda: not ids & set(state.tasks))
+    pruned_per_block = [sum(1 for e in result.events if e["type"] == "task_pruned") for result in results]
     assert [n for n in pruned_per_block if n] == [retention.PRUNE_PER_BLOCK, retention.PRUNE_PER_BLOCK, 10]
     assert set(state.pruned_tasks) == ids == set(replica.state.pruned_tasks)
     assert replica.state.items() == state.items()
@@ -226,6 +234,7 @@ def test_evidence_is_dropped_once_too_old_to_be_accepted_again_and_older_evidenc
     max_age = 5
     chain = Chain(params=Params(evidence_max_age=max_age, min_fee=0))
     chain.empty_blocks(3)
+    replica, _ = mirror(chain)                             # restarted just before the evidence's block
     assert chain.run(REPORTER, "evidence", {"evidence": double_vote(height=2)}).code == TxCode.OK
     state = chain.ledger.state
     [(key, applied)] = state.evidence.items()
@@ -236,7 +245,7 @@ def test_evidence_is_dropped_once_too_old_to_be_accepted_again_and_older_evidenc
     # the same offence cannot slash again: its evidence is now too old to be accepted
     receipt = chain.run(REPORTER, "evidence", {"evidence": double_vote(height=2)})
     assert receipt.code == TxCode.INVALID_EVIDENCE and "too old" in receipt.log
-    assert state.evidence == {}
+    assert state.evidence == {} == replica.state.evidence
 
 
 # ---- what readers are told -------------------------------------------------------------------------------
