@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from consensus.genesis import Params
 from consensus.state.context import BlockContext
-from consensus.state.records import TaskStatus
+from consensus.state.records import Task, TaskStatus
 from consensus.state.rejections import REJECT_COOLDOWN_BLOCKS
 from consensus.state.store import EVIDENCE, PRUNED, RETIRE, TASK, LedgerState
 
@@ -54,6 +54,7 @@ class Queues:
 
 
 def retire_key(due_ms: int, kind: bytes, task_id: bytes) -> bytes:
+    """A queue key: sorts by due time, then kind, then task id."""
     return due_ms.to_bytes(_DUE_BYTES, "big") + kind + task_id
 
 
@@ -75,7 +76,7 @@ def _enqueue(state: LedgerState, queues: Queues, due_ms: int, kind: bytes, task_
         queues.queued.add(task_id)
 
 
-def still_needed(task, height: int) -> bool:
+def still_needed(task: Task, height: int) -> bool:
     """Whether the ledger still reads this final task: a rejection within the bars' cooldown window."""
     return bool(task.rejections) and task.assigned_height > height - REJECT_COOLDOWN_BLOCKS
 
