@@ -113,6 +113,7 @@ def test_a_paid_task_is_pruned_only_after_the_retention_in_block_time_then_its_i
     # only the tombstone is left, and its entry in the queue
     assert [key.split(b"/")[0] for key in keys_of(task_id, state.items())] == [b"pruned", b"retire"]
     assert chain.ledger.task_info(task_id) is None and chain.ledger.list_tasks() == []
+    assert b"task/" + task_id not in dict(snapshot_items(state))
     loaded = LedgerState.load(snapshot_items(state))       # what a node joining by state sync gets
     assert task_id not in loaded.tasks and loaded.pruned_tasks == {task_id: ended_ms}
     receipt = chain.run(OWNER, "finalize", {"task_id": task_id})
