@@ -27,6 +27,7 @@ from cli.rpc_call import rpc_call
 from cli.safe_text import echo
 from cli.task_epochs import epoch_lines
 from cli.task_report import FAILED, deadline_lines, decode_task, slot_lines
+from consensus.state.retention import unknown_task_message
 from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import SYNC_MODES, model_name
 from ml.train.spec import InvalidSpec, TrainSpec
@@ -233,7 +234,7 @@ def _run_stop(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     doc = _rpc(args.rpc, "dkb_getTask", args.task_id)
     if doc is None:
-        raise CliError(f"no task {args.task_id}")
+        raise CliError(unknown_task_message(args.task_id))
     if args.json:
         print(json.dumps(doc))
         return 0

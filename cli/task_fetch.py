@@ -31,6 +31,7 @@ from cli.errors import CliError
 from cli.task_follow import learn_addresses
 from cli.task_ledger import FINAL, call
 from cli.task_report import decode_task
+from consensus.state.retention import unknown_task_message
 from consensus.task_info import TaskInfo
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ async def fetch_result(pool, node, task_id: str, out: Path, *, say=print, model_
 
     doc = await call(pool, "dkb_getTask", task_id)
     if doc is None:
-        raise CliError(f"no task {task_id}")
+        raise CliError(unknown_task_message(task_id))
     task = decode_task(doc)
     result = task.result
     stopped = task.epochs.stopped if task.epochs is not None else None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from cli.errors import CliError
 from cli.task_ledger import FINAL, call, task_states
 from cli.task_view import TaskView, short
+from consensus.state.retention import unknown_task_message
 from consensus.task_info import TaskInfo
 from ml.compute.job_board import JobState
 
@@ -99,5 +100,5 @@ async def follow_task(pool, task_id: str, view: TaskView, *, node=None, timeout:
                 await follower
         view.close()
     if task is None:
-        raise CliError(f"no task {task_id}")
+        raise CliError(unknown_task_message(task_id))
     return task

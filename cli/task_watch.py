@@ -19,6 +19,7 @@ from cli.task_ledger import FINAL, call, client_identity, ledger_pool, owner_ide
 from cli.task_report import decode_task, report_final
 from cli.task_view import TaskView
 from cli.tx_sender import send_tx
+from consensus.state.retention import unknown_task_message
 from consensus.task_info import TaskInfo, TaskStatus
 from node.identity import Identity
 from node.ledger.jsonrpc import ValidatorPool
@@ -52,7 +53,7 @@ async def watch(args: argparse.Namespace, task_id: str) -> int:
     async with ledger_pool(args.rpc) as pool:
         doc = await call(pool, "dkb_getTask", task_id)
         if doc is None:
-            raise CliError(f"no task {task_id}")
+            raise CliError(unknown_task_message(task_id))
         task = decode_task(doc)
         if task.status not in FINAL:
             view = TaskView(task_id, quiet=args.json)
@@ -100,7 +101,7 @@ async def owned_task(pool: ValidatorPool, task_id: str, identity: Identity) -> T
     """The task, if ``identity`` owns it (CliError otherwise, or when there is no such task)."""
     doc = await call(pool, "dkb_getTask", task_id)
     if doc is None:
-        raise CliError(f"no task {task_id}")
+        raise CliError(unknown_task_message(task_id))
     task = decode_task(doc)
     if task.owner != identity.peer_id:
         raise CliError(f"task {task_id} belongs to {task.owner}, not to {identity.peer_id}")

@@ -97,6 +97,10 @@ class Params:
     # its segments per worker; above max_audit_share_bps of the work, the owner pays the excess on top of
     # the price (an audit surcharge, to the verifier pool): segments that scale with the job avoid it.
     max_audit_share_bps: int = 1_000
+    # Bounded state (ADR 0215): a task that ended (consensus/state/records.py TaskStatus.FINAL) is dropped from
+    # the ledger state this many seconds of block time after its end, once nothing still refers to it; its
+    # id is then remembered as pruned for as long again. 0 keeps every task forever.
+    ended_task_retention_s: int = 7 * 86_400
 
     def validate(self) -> None:
         for f in fields(self):
@@ -132,6 +136,8 @@ class Params:
         if self.audit_redraws > MAX_AUDIT_REDRAWS or self.referee_rounds > MAX_REFEREE_ROUNDS:
             raise GenesisError(f"audit_redraws is at most {MAX_AUDIT_REDRAWS}, referee_rounds at most "
                                f"{MAX_REFEREE_ROUNDS}")
+        if self.ended_task_retention_s > MAX_RETENTION_S:
+            raise GenesisError(f"ended_task_retention_s is at most {MAX_RETENTION_S} (0 keeps ended tasks forever)")
         if self.beacon_delay > MAX_BEACON_DELAY:
             raise GenesisError(f"beacon_delay is at most {MAX_BEACON_DELAY}")
         window, name = longest_window(self)
@@ -159,12 +165,13 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
                   "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps",
-                  "beacon_delay", "audit_reveal_s", "max_audit_share_bps")
+                  "beacon_delay", "audit_reveal_s", "max_audit_share_bps", "ended_task_retention_s")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_AUDIT_REDRAWS = 8
 MAX_REFEREE_ROUNDS = 4
 MAX_BEACON_DELAY = 16
+MAX_RETENTION_S = 100 * 366 * 86_400   # a retention beyond a century is "forever": say 0
 MAX_REFEREES = 15
 
 

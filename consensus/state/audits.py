@@ -34,6 +34,7 @@ from consensus.genesis import Params
 from consensus.state import availability, deadlines, epochs
 from consensus.state.context import BlockContext
 from consensus.state.records import SlotOutcome, Task, TaskStatus
+from consensus.state.retention import missing_task
 from consensus.state.store import TASK, LedgerState
 from consensus.tx import Tx
 from consensus.txcodes import TxCode, TxError
@@ -487,7 +488,7 @@ def slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
     p = tx.payload
     task = state.tasks.get(p["task_id"])
     if task is None:
-        raise TxError(TxCode.NOT_FOUND, f"unknown task {p['task_id'].hex()}")
+        raise TxError(TxCode.NOT_FOUND, missing_task(state, p["task_id"]))
     if task.status not in TaskStatus.AUDITABLE:
         raise TxError(TxCode.BAD_STATE, f"the task is {task.status}: it has no open audit slots")
     if p["slot"] >= len(task.slots):

@@ -28,6 +28,7 @@ from consensus.state.availability import apply_availability_response
 from consensus.state.context import BlockContext
 from consensus.state.evidence import apply_evidence_bytes, apply_evidence_tx
 from consensus.state.records import NodeRecord, Task
+from consensus.state.retention import end_block as retire_ended
 from consensus.state.snapshot import Manifest, is_snapshot_height, make_manifest, split_chunks, state_root
 from consensus.state.store import APP_HASH_KEY, NODE, STAKE, LedgerState
 from consensus.state.supply import check_supply
@@ -275,6 +276,7 @@ class Ledger:
 
         tasks.end_block(state, params, ctx)
         serve_disputes.advance_disputes(state, params, ctx)
+        retire_ended(state, params, ctx)   # ended tasks and old evidence leave the state (ADR 0215)
         self._busy = tasks.work_in_flight(state)
         if ctx.height % params.epoch_length == 0:
             staking.seat_next_committee(state, ctx.height + 1)

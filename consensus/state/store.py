@@ -1,11 +1,11 @@
 """In-memory ledger state with dirty tracking, and its key/value form for storage.
 
 ``LedgerState`` holds one dict per table (accounts, stakes, nodes, tasks, relay channels,
-serving escrows and channels, evidence seen) plus chain scalars. Handlers mutate records and call
-``touch``; at the end of
-a block ``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed
-record (sorted), which feed both the app hash and the storage write batch. ``load`` rebuilds
-the state (and its derived indexes) from those pairs.
+serving escrows and channels, evidence seen, the ended tasks' retention queue and pruned task ids:
+ADR 0215) plus chain scalars. Handlers mutate records and call ``touch``; at the end of a block
+``take_changes`` returns the encoded ``(key, value | None)`` pairs of every changed record (sorted),
+which feed both the app hash and the storage write batch. ``load`` rebuilds the state (and its derived
+indexes) from those pairs.
 """
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from consensus.state.records import (
 
 ACCOUNT, STAKE, NODE, TASK, CHANNEL, EVIDENCE, META = "acct", "stake", "node", "task", "chan", "evid", "meta"
 SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE = "sesc", "schan", "sdisp"
-_TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE)
+RETIRE, PRUNED = "retire", "pruned"   # ended tasks' retention queue and pruned tasks (consensus/state/retention.py)
+_TABLES = (ACCOUNT, STAKE, NODE, TASK, CHANNEL, SERVE_ESCROW, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE, RETIRE, PRUNED)
+_PLAIN = (EVIDENCE, RETIRE, PRUNED)   # tables whose values are plain encoded ints, not records
 _PREFIX = {name: name.encode() + b"/" for name in (*_TABLES, META)}
 _RECORD_TYPES: dict[str, Any] = {ACCOUNT: Account, STAKE: Stake, NODE: NodeRecord, TASK: Task, CHANNEL: RelayChannel,
                  SERVE_ESCROW: ServeEscrow, SERVE_CHANNEL: ServeChannel, SERVE_DISPUTE: ServeDispute}
@@ -40,7 +42,7 @@ def _id_bytes(ident) -> bytes:
 
 
 def _id_from_bytes(table: str, raw: bytes):
-    return raw if table in (TASK, CHANNEL, SERVE_CHANNEL, SERVE_DISPUTE, EVIDENCE) else raw.decode()
+    return raw if table in (TASK, CHANNEL, SERVE_CHANNEL, SERVE_DISPUTE, *_PLAIN) else raw.decode()
 
 
 class LedgerState:
@@ -54,6 +56,8 @@ class LedgerState:
         self.serve_channels: dict[bytes, ServeChannel] = {}
         self.serve_disputes: dict[bytes, ServeDispute] = {}  # dispute id -> fraud claim (ADR 0176)
         self.evidence: dict[bytes, int] = {}       # evidence key -> height it was applied at
+        self.retire: dict[bytes, int] = {}         # due time + kind + task id -> the task's end time (ms)
+        self.pruned_tasks: dict[bytes, int] = {}   # task id -> end time (ms) of a task pruned, for a while
         self.height = 0
         self.app_hash = b""
         self.last_block_hash = b""
@@ -69,10 +73,11 @@ class LedgerState:
         self.open_serve_disputes: set[bytes] = set()   # serving disputes awaiting their referees
         self.unbonding_queue: dict[int, set[str]] = {}  # release height -> peers
         self.events: list[dict] = []               # this block's events (task assigned, paid, ...)
+        self.retention: Any = None                 # retention.py's queues, built on first use
         self._tables = {ACCOUNT: self.accounts, STAKE: self.stakes, NODE: self.nodes, TASK: self.tasks,
                         CHANNEL: self.channels, SERVE_ESCROW: self.serve_escrows,
                         SERVE_CHANNEL: self.serve_channels, SERVE_DISPUTE: self.serve_disputes,
-                        EVIDENCE: self.evidence}
+                        EVIDENCE: self.evidence, RETIRE: self.retire, PRUNED: self.pruned_tasks}
         self._dirty: set[tuple[str, object]] = set()
         self._meta_dirty = False
 
@@ -83,6 +88,10 @@ class LedgerState:
 
     def touch(self, table: str, ident) -> None:
         self._dirty.add((table, ident))
+
+    def touched(self, table: str) -> list:
+        """The ids of ``table`` changed since the last ``take_changes``, sorted."""
+        return sorted(ident for name, ident in self._dirty if name == table)
 
     def touch_meta(self) -> None:
         self._meta_dirty = True
@@ -115,7 +124,7 @@ class LedgerState:
             if record is None or _is_empty(table, record):
                 self.table(table).pop(ident, None)
                 changes.append((key, None))
-            elif table == EVIDENCE:
+            elif table in _PLAIN:
                 changes.append((key, encode(record)))
             else:
                 changes.append((key, record.encode()))
@@ -134,7 +143,7 @@ class LedgerState:
             for ident, record in self.table(table).items():
                 if _is_empty(table, record):
                     continue
-                value = encode(record) if table == EVIDENCE else record.encode()
+                value = encode(record) if table in _PLAIN else record.encode()
                 out.append((_PREFIX[table] + _id_bytes(ident), value))
         for name in _META_FIELDS:
             out.append((_PREFIX[META] + name.encode(), encode(getattr(self, name))))
@@ -153,8 +162,8 @@ class LedgerState:
                 if name != "app_hash" and name not in _META_FIELDS:
                     raise ValueError(f"unknown state meta key {name!r}")
                 setattr(state, name, decode(value))
-            elif table == EVIDENCE:
-                state.evidence[ident] = decode(value)
+            elif table in _PLAIN:
+                state.table(table)[ident] = decode(value)
             else:
                 state.table(table)[_id_from_bytes(table, ident)] = _RECORD_TYPES[table].decode(value)
         for task_id, task in state.tasks.items():

@@ -27,6 +27,7 @@ from consensus.state import audit_cost, audits, bandwidth, deadlines, epochs, re
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
+from consensus.state.retention import missing_task
 from consensus.state.staking import slash
 from consensus.state.store import NODE, TASK, LedgerState
 from consensus.tx import DEFAULT_DEVICE, Tx
@@ -51,7 +52,7 @@ def task_id_for(owner: str, nonce: int) -> bytes:
 def get_task(state: LedgerState, task_id: bytes) -> Task:
     task = state.tasks.get(task_id)
     if task is None:
-        raise TxError(TxCode.NOT_FOUND, f"unknown task {task_id.hex()}")
+        raise TxError(TxCode.NOT_FOUND, missing_task(state, task_id))
     return task
 
 

@@ -17,11 +17,11 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from consensus.state import serve_disputes, serving, staking
+from consensus.state import retention, serve_disputes, serving, staking
 from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxError
 from node.identity import is_valid_peer_id
-from node.rpc.errors import InvalidParams, RpcError
+from node.rpc.errors import RESOURCE_NOT_FOUND, InvalidParams, RpcError
 
 if TYPE_CHECKING:
     from consensus.validator.role import ValidatorRole
@@ -207,7 +207,17 @@ class LedgerMethods:
         return disputes
 
     async def dkb_getTask(self, task_id: str) -> dict[str, Any] | None:
-        return self.role.require_ready().ledger.task_info(parse_hex(task_id, "task_id", 32))
+        """The task (None: the state does not know the id); a task pruned after it ended is an error saying so,
+        with its end time (docs/adr/0215)."""
+        ledger = self.role.require_ready().ledger
+        ident = parse_hex(task_id, "task_id", 32)
+        doc = ledger.task_info(ident)
+        if doc is None:
+            pruned = retention.pruned_info(ledger.state, ledger.params, ident)
+            if pruned is not None:
+                message = pruned.pop("message")
+                raise RpcError(message, data=pruned, code=RESOURCE_NOT_FOUND)
+        return doc
 
     async def dkb_listTasks(self, status: str | None = None, owner: str | None = None,
                             limit: int = 100) -> list[dict[str, Any]]:

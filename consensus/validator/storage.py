@@ -18,13 +18,14 @@ One database, key prefixes:
 A committed block, its receipts, its state changes and the new height go in ONE
 WriteBatch written with sync, so after a crash (kill -9 at any instant) the database is
 at the previous or the new height, never between. WAL and signer writes are synced too.
-Pruning (``prune_ops``) deletes the oldest blocks, their hash index and WAL records and moves
+Pruning (``prune_ops``) deletes the oldest blocks, their hash index, their receipts and WAL records and moves
 ``base`` up in that same batch, so a crash leaves either the old or the new retained range;
 ``block_by_height`` of a height below ``base`` is None and ``is_pruned`` says why.
 Opening a database of another chain, or one that is damaged, raises a clear StorageError.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from typing import Protocol
@@ -358,10 +359,12 @@ class Storage:
             raw = self._get(_BLOCK + _u64(height))
             if raw is not None:
                 try:
-                    ops.append((_BLOCK_HASH + Block.decode(raw, MAX_BLOCK_BYTES_ON_DISK).hash, None))
+                    block = Block.decode(raw, MAX_BLOCK_BYTES_ON_DISK)
                 except BlockError as exc:
                     raise CorruptDatabase(f"{self.path}: block {height} unreadable: {exc}") from None
+                ops.append((_BLOCK_HASH + block.hash, None))
                 ops.append((_BLOCK + _u64(height), None))
+                ops += self._receipt_prune_ops(block)
         wal_end = _WAL + _u64(max(0, wal_below))
         for count, (key, _) in enumerate(self._scan(_WAL)):
             if key >= wal_end or count >= limit:
@@ -369,6 +372,16 @@ class Storage:
             ops.append((key, None))
         if new_base > self.base:
             ops.append((_META + b"base", encode(new_base)))
+        return ops
+
+    def _receipt_prune_ops(self, block: Block) -> list[tuple[bytes, bytes | None]]:
+        """Deletions of the receipts a pruned block's transactions left (docs/adr/0215); a receipt that a
+        later block's executed copy of the same bytes wrote stays with that block."""
+        ops: list[tuple[bytes, bytes | None]] = []
+        for tx_hash in sorted({hashlib.sha256(raw).digest() for raw in block.txs}):
+            receipt = self.receipt(tx_hash)
+            if receipt is not None and receipt.height == block.header.height:
+                ops.append((_RECEIPT + tx_hash, None))
         return ops
 
     def block_by_hash(self, block_hash: bytes) -> Block | None:

@@ -7,6 +7,7 @@ import pytest
 from consensus.block import build_block
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.messages import Vote, VoteType, sign_vote, value_id
+from consensus.tx import build_tx
 from consensus.validator.chainstore import (
     CERTIFICATE_TAG,
     ChainStore,
@@ -33,11 +34,11 @@ def precommits(height, block_raw):
     return [sign_vote(v, GENESIS.chain_id, Vote(VoteType.PRECOMMIT, height, 0, vid, v.peer_id)) for v in VALS]
 
 
-def commit_next(store, ledger, last_cert):
+def commit_next(store, ledger, last_cert, txs=()):
     """Commit the next block as a validator does: certificate saved first, the block carrying the
     previous block's certificate; returns this block's certificate (encoded)."""
     block = build_block(GENESIS.chain_id, ledger.height + 1, ledger.height + 1, ledger.last_block_hash,
-                        ledger.app_hash, VALS[0], ledger.beacon, (), (), last_cert)
+                        ledger.app_hash, VALS[0], ledger.beacon, txs, (), last_cert)
     cert = store.save_certificate(block.height, precommits(block.height, block.encode()))
     store.commit(block, ledger.apply_block(block))
     store.committee_for(block.height + 1, ledger)
@@ -91,6 +92,30 @@ def test_pruning_keeps_the_last_blocks_the_epoch_committee_and_a_consistent_data
     # WAL: nothing below the kept range except what the tip's epoch needs (its committee, at 13)
     assert all(h >= 9 for h in range(0, 15) if storage.wal_records(h))
     assert store.committee_for(14, ledger).start_height == 13
+
+
+def test_pruning_deletes_a_pruned_blocks_receipts_but_not_one_a_later_copy_wrote():
+    store = ChainStore(Storage.create("mem", MemoryKV(), GENESIS), retain_blocks=3)
+    ledger = store.storage.load_ledger()
+    store.committee_for(1, ledger)
+    transfer = [build_tx(USER, GENESIS.chain_id, n, "transfer", {"to": VALS[1].peer_id, "amount": 1}, fee=0)
+                for n in range(3)]
+    cert = commit_next(store, ledger, b"", [transfer[0].raw])              # 1: executed
+    cert = commit_next(store, ledger, cert, [transfer[2].raw])             # 2: a nonce gap, not executed
+    cert = commit_next(store, ledger, cert, [transfer[1].raw, transfer[2].raw])   # 3: both executed
+    storage = store.storage
+
+    def heights():
+        return [None if storage.receipt(tx.hash) is None else storage.receipt(tx.hash).height for tx in transfer]
+
+    assert heights() == [1, 3, 3]
+    cert = commit_next(store, ledger, cert)
+    assert storage.base == 2 and heights() == [None, 3, 3]                 # block 1's receipt went with it
+    cert = commit_next(store, ledger, cert)
+    assert storage.base == 3 and heights() == [None, 3, 3]                 # block 2's copy left block 3's receipt
+    commit_next(store, ledger, cert)
+    assert storage.base == 4 and heights() == [None, None, None]
+    storage.check_integrity()
 
 
 def test_turning_pruning_on_for_a_long_chain_prunes_a_bounded_amount_per_commit():

@@ -22,7 +22,7 @@ const state = {
 let rpcId = 0;
 
 class RpcError extends Error {
-  constructor(error) { super(error.message || "RPC error"); this.code = error.code; }
+  constructor(error) { super(error.message || "RPC error"); this.code = error.code; this.data = error.data; }
 }
 
 async function rpc(method, params = [], url = "/") {
@@ -514,9 +514,20 @@ function slotRow(task, slot) {
 }
 
 async function showTask(taskId, first = true) {
-  const task = await rpc("dkb_getTask", [taskId]);
   const detail = $("detail");
-  if (!task) { detail.replaceChildren(closeButton(), el("p", {}, `no task ${taskId}`)); return; }
+  let task;
+  try {
+    task = await rpc("dkb_getTask", [taskId]);
+  } catch (err) {   // a task pruned after it ended: the node says so (docs/adr/0215)
+    if (!(err instanceof RpcError) || !(err.data && err.data.pruned)) throw err;
+    detail.replaceChildren(closeButton(), el("p", {}, err.message));
+    return;
+  }
+  if (!task) {
+    detail.replaceChildren(closeButton(), el("p", {}, `no task ${taskId} in the chain state: it is not in a block `
+      + "yet, it was never submitted on this chain, or it ended long ago and was pruned (docs/adr/0215)"));
+    return;
+  }
   state.taskWorkers.set(taskId, Array.isArray(task.workers) ? task.workers : []);
   const spec = task.spec || {};
   const payouts = task.payouts || {};
