@@ -1,7 +1,8 @@
 """An upgraded connection to a peer and the negotiated streams on it.
 
-``Connection`` wraps one noise-secured, yamux-multiplexed connection (shared control connection
-or a dedicated bulk one); ``HostStream`` is a yamux stream after multistream negotiation, with
+``Connection`` wraps one noise-secured, yamux-multiplexed connection or one QUIC session (its
+own TLS and streams, node/p2p/quic_transport.py), shared control connection or a dedicated bulk
+one; ``HostStream`` is a yamux or QUIC stream after multistream negotiation, with
 ``protocol``, ``remote_peer`` and ``connection`` added and any bytes read past the negotiation
 served first. The Host creates both; users get them from ``open_stream``/handlers.
 """
@@ -16,6 +17,8 @@ from .limited import LimitedConnectionError, LimitLike, allowed_on_limited, desc
 from .multiaddr import Multiaddr
 from .muxer import MuxedConnection, YamuxStream
 from .negotiate import select_protocol
+from .quic_stream import QuicStream
+from .quic_transport import QuicSession
 from .secure_conn import SecureConn
 from .traffic import Traffic
 
@@ -23,7 +26,7 @@ from .traffic import Traffic
 class HostStream:
     """A negotiated stream: the yamux stream's API plus ``protocol`` and ``remote_peer``."""
 
-    def __init__(self, stream: YamuxStream, connection: Connection) -> None:
+    def __init__(self, stream: YamuxStream | QuicStream, connection: Connection) -> None:
         self._stream = stream
         self.connection = connection
         self.remote_peer = connection.remote_peer
@@ -73,15 +76,17 @@ class HostStream:
 class Connection:
     """One upgraded connection to a peer (shared control connection or a bulk one)."""
 
-    def __init__(self, secure: SecureConn, direction: str, bulk: bool, negotiate_timeout: float,
+    def __init__(self, secure: SecureConn | QuicSession, direction: str, bulk: bool, negotiate_timeout: float,
                  traffic: Traffic | None = None) -> None:
         self.secure = secure
         self.remote_peer = secure.remote_peer
         self.direction = direction  # "inbound" | "outbound"
         self.bulk = bulk
         peer = secure.tcp.peername
-        self.remote_addr = Multiaddr.from_tcp(peer[0], peer[1]) if peer else None
-        self.muxed: MuxedConnection | None = None
+        self.quic = isinstance(secure, QuicSession)  # its own streams: ``muxed`` is the session itself
+        make_addr = Multiaddr.from_quic if self.quic else Multiaddr.from_tcp
+        self.remote_addr = make_addr(peer[0], peer[1]) if peer else None
+        self.muxed: MuxedConnection | QuicSession | None = None
         self._negotiate_timeout = negotiate_timeout
         self.limit: LimitLike | None = None  # a relay's cap on the circuit under us (node/p2p/limited.py)
         self.last_active = time.monotonic()  # when a stream was last opened either way (eviction order)
@@ -135,7 +140,7 @@ class Connection:
     async def ping(self) -> float:
         return await self._muxed().ping()
 
-    def _muxed(self) -> MuxedConnection:
+    def _muxed(self) -> MuxedConnection | QuicSession:
         if self.muxed is None:
             raise ConnectionError("connection not multiplexed yet")
         return self.muxed

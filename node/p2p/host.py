@@ -1,4 +1,4 @@
-"""The Host: listens and dials TCP, upgrades connections and routes streams to handlers.
+"""The Host: listens and dials TCP and QUIC, upgrades connections and routes streams to handlers.
 
 Upgrade: TCP -> multistream ``/noise`` -> noise XX (peer ID checked when dialing) ->
 multistream ``/yamux/1.0.0`` -> ``MuxedConnection``. Each new stream is negotiated with
@@ -7,6 +7,11 @@ multistream and handed to the handler set for its protocol as a ``HostStream`` (
 control traffic (concurrent dials are coalesced); ``open_bulk_connection`` opens a dedicated one
 for bulk data. Identify runs on each new shared connection and fills the peer book. Every task is
 tracked and cancelled on ``stop``; an error on one connection closes only that connection.
+
+QUIC (``/ip4|ip6/.../udp/PORT/quic-v1`` listen addresses, node/p2p/quic_transport.py, ADR 0222)
+needs no upgrade: a verified QUIC session is registered as a Connection whose streams are QUIC
+streams, negotiated with multistream and handed to the same handlers; QUIC dials leave from a QUIC
+listening socket of the same address family when there is one (the port a hole punch opened).
 
 Relayed connections use two public hooks. ``upgrade(pipe, ...)`` secures and registers any
 TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)`` lets ``connect``,
@@ -51,6 +56,8 @@ from .noise import generate_static_keypair
 from .peerbook import PeerBook
 from .ping import PROTOCOL_ID as PING_PROTOCOL
 from .ping import ping_once, serve_ping
+from .quic_stream import QuicStream
+from .quic_transport import QuicEndpoint, QuicSession, QuicTls
 from .resources import Protector, pending_pool, pick_victim
 from .secure_conn import BytePipe, SecureConn, TcpConnection, secure_connection
 from .traffic import Traffic
@@ -68,7 +75,7 @@ KNOWN_ADDRS_PER_PEER = 4     # direct addresses of a tagged (non-committee) peer
 Handler = Callable[["HostStream"], Awaitable[None]]
 CircuitDialer = Callable[[Multiaddr, bool], Awaitable[Connection]]
 # one dial of a race: gets ``reached()`` and yields a secured TCP connection or a registered circuit
-_Attempt = Callable[[Callable[[], None]], Awaitable["SecureConn | Connection"]]
+_Attempt = Callable[[Callable[[], None]], Awaitable["SecureConn | QuicSession | Connection"]]
 
 
 def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[Multiaddr]:
@@ -76,11 +83,11 @@ def advertised_addrs(bound: Sequence[Multiaddr], local_ip: str | None) -> list[M
     local IP that peer reached us on (same address family), or left out when unknown."""
     out = []
     for addr in bound:
-        host, port = addr.tcp_endpoint()
+        host, port = addr.direct_endpoint()
         if host not in ("0.0.0.0", "::"):
             out.append(addr)
         elif local_ip is not None and (":" in local_ip) == (host == "::"):
-            out.append(Multiaddr.from_tcp(local_ip, port))
+            out.append((Multiaddr.from_quic if addr.is_quic else Multiaddr.from_tcp)(local_ip, port))
     return out
 
 
@@ -105,6 +112,9 @@ class Host:
         self._window_tuner = WindowTuner(self.limits.receive_window_budget)
         self._handlers: dict[str, Handler] = {}
         self._servers: list[asyncio.AbstractServer] = []
+        self._quic_tls: QuicTls | None = None            # made on first QUIC use
+        self._quic_listeners: list[QuicEndpoint] = []
+        self._quic_dialers: dict[bool, QuicEndpoint] = {}  # ipv6? -> a dial-only socket
         self._bound_addrs: list[Multiaddr] = []
         self._shared: dict[str, Connection] = {}
         self._connections: set[Connection] = set()
@@ -126,6 +136,9 @@ class Host:
         loop = asyncio.get_running_loop()
         self._running = True
         for addr in self._requested_addrs:
+            if addr.is_quic:
+                await self._listen_quic(addr)
+                continue
             host, port = addr.tcp_endpoint()
             server = await loop.create_server(self._inbound_protocol, host, port, reuse_address=True)
             self._servers.append(server)
@@ -151,6 +164,10 @@ class Host:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
         self._servers.clear()
+        endpoints = self._quic_listeners + list(self._quic_dialers.values())
+        await asyncio.gather(*(e.close() for e in endpoints), return_exceptions=True)
+        self._quic_listeners.clear()
+        self._quic_dialers.clear()
         self._connections.clear()
         self._shared.clear()
 
@@ -250,6 +267,54 @@ class Host:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    # ---- QUIC
+    def _quic(self) -> QuicTls:
+        if self._quic_tls is None:
+            self._quic_tls = QuicTls(self.identity)
+        return self._quic_tls
+
+    async def _listen_quic(self, addr: Multiaddr) -> None:
+        host, port = addr.quic_endpoint()
+        endpoint = await QuicEndpoint.open(
+            host, port, self._quic(), self._on_quic_inbound,
+            handshake_timeout=min(self.limits.handshake_timeout, self.limits.inbound_handshake_timeout),
+            max_pending=self.limits.max_pending_inbound)
+        self._quic_listeners.append(endpoint)
+        bound = endpoint.sockname
+        assert bound is not None
+        self._bound_addrs.append(Multiaddr.from_quic(bound[0], bound[1]))
+
+    def _on_quic_inbound(self, session: QuicSession) -> None:
+        if not self._running:
+            session.abort("host stopping")
+            return
+        async def register() -> None:
+            with contextlib.suppress(DialError):
+                await self._register(session, "inbound", bulk=False)
+        self._spawn(register())
+
+    async def _quic_endpoint_for(self, ip: str) -> QuicEndpoint:
+        """The socket to dial ``ip`` from: a listener of its family that can reach it, else a
+        dial-only socket on an ephemeral port."""
+        ipv6 = ":" in ip
+        loopback = ip.startswith("127.") or ip == "::1"
+        for endpoint in self._quic_listeners:
+            bound = endpoint.sockname
+            if bound is None or (":" in bound[0]) != ipv6:
+                continue
+            if bound[0] in ("0.0.0.0", "::") or (loopback and bound[0] in ("127.0.0.1", "::1")):
+                return endpoint
+        dialer = self._quic_dialers.get(ipv6)
+        if dialer is None or dialer.transport is None:
+            dialer = await QuicEndpoint.open("::" if ipv6 else "0.0.0.0", 0, self._quic())
+            self._quic_dialers[ipv6] = dialer
+        return dialer
+
+    async def _dial_quic(self, peer_id: str, addr: Multiaddr) -> QuicSession:
+        ip, port = addr.quic_endpoint()
+        endpoint = await self._quic_endpoint_for(ip)
+        return await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout)
 
     # ---- inbound
     def _inbound_protocol(self) -> TcpConnection:
@@ -364,6 +429,13 @@ class Host:
         return await self._register(won, "outbound", bulk=bulk)
 
     def _direct_attempt(self, peer_id: str, addr: Multiaddr) -> _Attempt:
+        if addr.is_quic:
+            async def quic_attempt(reached: Callable[[], None]) -> QuicSession:
+                session = await self._dial_quic(peer_id, addr)
+                reached()
+                return session
+            return quic_attempt
+
         async def attempt(reached: Callable[[], None]) -> SecureConn:
             tcp = None
             try:
@@ -382,7 +454,7 @@ class Host:
         return attempt
 
     @staticmethod
-    async def _discard_dialed(surplus: SecureConn | Connection) -> None:
+    async def _discard_dialed(surplus: SecureConn | QuicSession | Connection) -> None:
         """A dial that also succeeded after another address won the race."""
         await surplus.close()
 
@@ -500,7 +572,7 @@ class Host:
                 await stream.close()
 
     # ---- connection registry and stream dispatch
-    async def _register(self, secure: SecureConn, direction: str, bulk: bool,
+    async def _register(self, secure: SecureConn | QuicSession, direction: str, bulk: bool,
                         limit: LimitLike | None = None) -> Connection:
         peer_id = secure.remote_peer
         conn = Connection(secure, direction, bulk, self.limits.negotiate_timeout, self.traffic)
@@ -509,9 +581,13 @@ class Host:
                 or not self._running or not self._make_room(direction)):
             await secure.close()
             raise DialError(f"connection limit reached for {peer_id}")
-        options = {"max_streams": self.limits.max_streams_per_connection, "window_tuner": self._window_tuner,
-                   **self._muxer_options}
-        conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn), **options)
+        if isinstance(secure, QuicSession):  # QUIC streams are the streams: no yamux
+            secure.set_stream_handler(self._stream_handler(conn))
+            conn.muxed = secure
+        else:
+            options = {"max_streams": self.limits.max_streams_per_connection,
+                       "window_tuner": self._window_tuner, **self._muxer_options}
+            conn.muxed = MuxedConnection(secure, direction == "outbound", self._stream_handler(conn), **options)
         self._connections.add(conn)
         if not bulk:
             current = self._shared.get(peer_id)
@@ -554,8 +630,8 @@ class Host:
         if conn.muxed is not None and not conn.muxed.closed:
             self._spawn(conn.close())
 
-    def _stream_handler(self, conn: Connection) -> Callable[[YamuxStream], Awaitable[None]]:
-        async def on_stream(raw_stream: YamuxStream) -> None:
+    def _stream_handler(self, conn: Connection) -> Callable[[YamuxStream | QuicStream], Awaitable[None]]:
+        async def on_stream(raw_stream: YamuxStream | QuicStream) -> None:
             stream = HostStream(raw_stream, conn)
             conn.touch()
             try:

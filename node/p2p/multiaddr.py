@@ -196,3 +196,26 @@ class Multiaddr:
     def from_tcp(cls, host: str, port: int) -> Multiaddr:
         family = "ip6" if ":" in host else "ip4"
         return cls.parse(f"/{family}/{host}/tcp/{port}")
+
+    @property
+    def is_quic(self) -> bool:
+        """A direct ``/ip4|ip6/<ip>/udp/<port>/quic-v1`` address (trailing /p2p allowed)."""
+        parts = self.without_peer_id().parts
+        return (len(parts) == 3 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp"
+                and parts[2][0] == "quic-v1")
+
+    def quic_endpoint(self) -> tuple[str, int]:
+        """(ip, port) of a direct QUIC address."""
+        if not self.is_quic:
+            raise MultiaddrError(f"not a direct QUIC multiaddr: {self}")
+        parts = self.without_peer_id().parts
+        return parts[0][1], int(parts[1][1])
+
+    def direct_endpoint(self) -> tuple[str, int]:
+        """(host, port) of a direct TCP or QUIC address."""
+        return self.quic_endpoint() if self.is_quic else self.tcp_endpoint()
+
+    @classmethod
+    def from_quic(cls, host: str, port: int) -> Multiaddr:
+        family = "ip6" if ":" in host else "ip4"
+        return cls.parse(f"/{family}/{host}/udp/{port}/quic-v1")

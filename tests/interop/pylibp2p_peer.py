@@ -7,6 +7,7 @@ Modes:
   send MADDR MIB              send MIB MiB on the sink protocol (1 MiB writes); print JSON with
                               MBps and the CPU seconds of both sides
   rtt MADDR COUNT             COUNT 1 KiB echo round trips; print JSON with the median in us
+With PYLIBP2P_TRANSPORT=quic it listens (and so dials) on /udp/0/quic-v1 instead of TCP.
 """
 from __future__ import annotations
 
@@ -90,11 +91,14 @@ async def echo_round(stream, mib: int) -> dict:
 
 
 async def run(mode: str, args: list[str]) -> None:
-    host = new_host(key_pair=create_new_key_pair())
+    quic = os.environ.get("PYLIBP2P_TRANSPORT") == "quic"
+    listen = "/ip4/127.0.0.1/udp/0/quic-v1" if quic else "/ip4/127.0.0.1/tcp/0"
+    host = new_host(key_pair=create_new_key_pair(), listen_addrs=[multiaddr.Multiaddr(listen)],
+                    enable_quic=quic)
     host.set_stream_handler(ECHO, echo_handler)
     host.set_stream_handler(SINK, sink_handler)
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
-        addr = next(str(a) for a in host.get_addrs() if "/tcp/" in str(a))
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(listen)]):
+        addr = next(str(a) for a in host.get_addrs() if ("/quic-v1" if quic else "/tcp/") in str(a))
         if "/p2p/" not in addr:
             addr = f"{addr}/p2p/{host.get_id()}"
         print(f"ADDR {addr}", flush=True)
