@@ -92,25 +92,25 @@ def _parse_multiaddr(value: str) -> Multiaddr:
 
 
 def check_listen_multiaddr(value: str) -> None:
-    """An address this node can bind: ``/ip4|ip6|dns*/<host>/tcp/<port>``."""
+    """An address this node can bind: ``/ip4|ip6|dns*/<host>/tcp/<port>`` or ``/ip4|ip6/<ip>/udp/<port>/quic-v1``."""
     try:
-        _parse_multiaddr(value).tcp_endpoint()
+        _parse_multiaddr(value).direct_endpoint()
     except MultiaddrError:
-        raise ValueError(f"bad listen multiaddr {value!r}: "
-                         "need a direct /ip4|ip6|dns/<host>/tcp/<port> address") from None
+        raise ValueError(f"bad listen multiaddr {value!r}: need a direct /ip4|ip6|dns/<host>/tcp/<port> "
+                         "or /ip4|ip6/<ip>/udp/<port>/quic-v1 address") from None
 
 
 def check_peer_multiaddr(value: str) -> None:
-    """A peer to dial: a direct TCP or relayed (/p2p-circuit) address ending in /p2p/<peer id>."""
+    """A peer to dial: a direct TCP or QUIC or a relayed (/p2p-circuit) address ending in /p2p/<peer id>."""
     addr = _parse_multiaddr(value)
     if addr.peer_id is None:
         raise ValueError(f"bad peer multiaddr {value!r}: needs a /p2p/<peer id> suffix")
     if not addr.is_relayed:
         try:
-            addr.tcp_endpoint()
+            addr.direct_endpoint()
         except MultiaddrError:
-            raise ValueError(
-                f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>") from None
+            raise ValueError(f"bad peer multiaddr {value!r}: need /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id> "
+                             "or /ip4|ip6/<ip>/udp/<port>/quic-v1/p2p/<id>") from None
 
 
 def check_rpc_url(value: str) -> None:

@@ -226,7 +226,7 @@ class AutoNATServer:
         remote = stream.connection.remote_addr
         if remote is None:
             return DialResponse(ResponseStatus.E_DIAL_REFUSED, "request came over a relayed connection")
-        candidates = dialback_candidates(request.addrs, remote.tcp_endpoint()[0])
+        candidates = dialback_candidates(request.addrs, remote.direct_endpoint()[0])
         if not candidates:
             return DialResponse(ResponseStatus.E_DIAL_REFUSED, "no address on the requester's observed IP")
         return await dial_back(request.peer_id, candidates)
@@ -266,11 +266,11 @@ async def probe(host: Host, server_addr: str, addrs) -> DialResponse:
 
 
 def candidate_addrs(host: Host, observed: Multiaddr | None) -> list[Multiaddr]:
-    """What to ask a server to dial: our listen addresses, and our listen ports on the IP the
-    server sees us from (a port forward or a public IP the host does not know it has)."""
-    out = [Multiaddr.parse(a).without_peer_id() for a in host.listen_addrs]
+    """What to ask a server to dial: our TCP listen addresses (AutoNAT dials back over TCP only), and
+    their ports on the IP the server sees us from (a port forward or a public IP the host does not know it has)."""
+    out = [a for a in (Multiaddr.parse(x).without_peer_id() for x in host.listen_addrs) if not a.is_quic]
     if observed is not None:
-        ip = observed.tcp_endpoint()[0]
+        ip = observed.direct_endpoint()[0]
         out += [Multiaddr.from_tcp(ip, a.tcp_endpoint()[1]) for a in list(out)]
     return list(dict.fromkeys(a for a in out if a.tcp_endpoint()[0] not in ("0.0.0.0", "::")))
 

@@ -205,7 +205,7 @@ class RelayService:
     async def _reserve(self, stream) -> None:
         peer = stream.remote_peer
         remote = stream.connection.remote_addr  # None: the reservation arrived over a relayed connection
-        ip = None if remote is None else remote.tcp_endpoint()[0]
+        ip = None if remote is None else remote.direct_endpoint()[0]
         stake = None if ip is None else await self.admission.stake_if_needed(peer)
         decision = self.policy.reserve(peer, ip, stake, time.time())
         if not decision.accepted:

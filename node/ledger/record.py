@@ -38,7 +38,7 @@ def dialable(addrs: list[str]) -> list[str]:
     out = []
     for text in addrs:
         addr = Multiaddr.parse(text)
-        if not addr.is_relayed and addr.tcp_endpoint()[0] in ("0.0.0.0", "::"):
+        if not addr.is_relayed and addr.direct_endpoint()[0] in ("0.0.0.0", "::"):
             continue
         if len(text) <= MAX_ADDR_CHARS:
             out.append(text)

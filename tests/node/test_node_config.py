@@ -114,12 +114,14 @@ def test_flag_errors_name_the_key():
 
 
 @pytest.mark.parametrize("addr", ["/ip4/127.0.0.1/tcp/4001", "/ip6/::1/tcp/0", "/dns4/relay.example.org/tcp/4001",
-                                  f"/ip4/10.0.0.1/tcp/4001/p2p/{PEER}"])
+                                  f"/ip4/10.0.0.1/tcp/4001/p2p/{PEER}", "/ip4/0.0.0.0/udp/4001/quic-v1",
+                                  "/ip6/::/udp/0/quic-v1"])
 def test_good_listen_multiaddrs(addr):
     check_listen_multiaddr(addr)
 
 
 @pytest.mark.parametrize("addr", [f"/ip4/10.0.0.1/tcp/4001/p2p/{PEER}", f"/dns/x.org/tcp/1/p2p/{PEER}",
+                                  f"/ip4/10.0.0.1/udp/4001/quic-v1/p2p/{PEER}",
                                   f"/ip4/10.0.0.1/tcp/4001/p2p/{PEER}/p2p-circuit/p2p/{PEER}"])
 def test_good_peer_multiaddrs(addr):
     check_peer_multiaddr(addr)
@@ -132,7 +134,8 @@ def test_good_peer_multiaddrs(addr):
         ("/ip4/1.2.3.4", "need a direct"),
         ("/ip4/1.2.3.4/tcp/99999", "bad multiaddr"),
         ("/ip4/1.2.3.4/tcp/", "bad multiaddr"),
-        ("/ip4/1.2.3.4/udp/1/quic-v1", "need a direct"),
+        ("/ip4/1.2.3.4/udp/1", "need a direct"),
+        ("/dns/x.org/udp/1/quic-v1", "need a direct"),   # QUIC listens on an IP
         ("/ip4/1.2.3.4/tcp/1/p2p/notapeer", "bad multiaddr"),
         ("/ip4/1.2.3.4/tcp/1/p2p", "bad multiaddr"),
         ("/ip4/1.2.3.999/tcp/1", "bad multiaddr"),

@@ -327,3 +327,20 @@ def test_unfinished_handshakes_are_capped_and_expire():
         await a.connect(quic_addr(b))   # slots free again: an honest dialer gets in
         await until(lambda: b.connections(a.peer_id))
     run(body, limits=limits)
+
+
+def test_quic_addresses_in_ledger_records_and_autonat():
+    """A host listening on QUIC too: its addresses go into ledger records (wildcards left out as
+    for TCP), AutoNAT asks for TCP dial-backs only, and an observed QUIC address gives the IP
+    (each of these raised MultiaddrError on a QUIC address before)."""
+    from node.ledger.record import dialable
+    from relay.reachability import candidate_addrs
+
+    async def body(a, b):
+        quic = quic_addr(b).rsplit("/p2p/", 1)[0]
+        assert dialable([quic, "/ip4/0.0.0.0/udp/1/quic-v1", "/ip4/1.2.3.4/tcp/1"]) == [quic, "/ip4/1.2.3.4/tcp/1"]
+        observed = Multiaddr.parse("/ip4/5.6.7.8/udp/999/quic-v1")
+        out = [str(x) for x in candidate_addrs(b, observed)]
+        tcp_port = next(x for x in b.listen_addrs if "/tcp/" in x).split("/")[4]
+        assert out == [f"/ip4/127.0.0.1/tcp/{tcp_port}", f"/ip4/5.6.7.8/tcp/{tcp_port}"]
+    run(body, addrs=(TCP, QUIC))
