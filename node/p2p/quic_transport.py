@@ -136,6 +136,7 @@ class QuicSession:
         self._closed = False
         self._keepalive: asyncio.TimerHandle | None = None
         self._unsignalled = 0   # bytes read since we last sent window updates
+        self._transmit_handle: asyncio.Handle | None = None
 
     # ---- the secured-connection face (what Connection and Host read)
     @property
@@ -226,7 +227,7 @@ class QuicSession:
         if self._closed:
             raise MuxerClosedError("quic connection closed")
         self._quic.send_stream_data(stream_id, data, end_stream=end)
-        self._transmit()
+        self._transmit_soon()
 
     def _reset(self, stream_id: int) -> None:
         if self._closed:
@@ -290,7 +291,7 @@ class QuicSession:
             return
         self._quic.receive_datagram(data, addr, now=self._loop.time())
         self._process_events()
-        self._transmit()
+        self._transmit_soon()   # one flight for all the datagrams this loop iteration delivers
         self._wake_progress()
 
     def _on_timer(self) -> None:
@@ -302,7 +303,14 @@ class QuicSession:
         self._process_events()
         self._transmit()
 
+    def _transmit_soon(self) -> None:
+        if self._transmit_handle is None:
+            self._transmit_handle = self._loop.call_soon(self._transmit)
+
     def _transmit(self) -> None:
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self._transmit_handle = None
         if self._endpoint.transport is None:
             return
         for data, addr in self._quic.datagrams_to_send(now=self._loop.time()):
@@ -407,7 +415,7 @@ class QuicSession:
         if self._closed:
             return
         self._closed = True
-        for handle in (self._timer, self._keepalive):
+        for handle in (self._timer, self._keepalive, self._transmit_handle):
             if handle is not None:
                 handle.cancel()
         self._endpoint._forget(self)

@@ -266,6 +266,25 @@ def test_open_stream_from_peerbook_uses_quic():
     run(body)
 
 
+def test_peerbook_dials_prefer_tcp_and_fall_back_to_quic():
+    """Both known (QUIC listed first): open_stream takes TCP; with TCP gone, QUIC carries it."""
+    async def body(a, b):
+        tcp = Multiaddr.parse(next(x for x in b.listen_addrs if "/tcp/" in x)).without_peer_id()
+        quic = Multiaddr.parse(quic_addr(b)).without_peer_id()
+        a.peerbook.add_addrs(b.peer_id, [quic, tcp])
+        assert a.peerbook.addrs(b.peer_id)[0] == quic
+        stream = await a.open_stream(b.peer_id, ECHO)
+        assert not stream.connection.quic
+        assert await echo_once(stream, b"tcp") == b"tcp"
+        await stream.connection.close()
+        b._servers[0].close()   # TCP stops accepting: the race falls through to QUIC
+        await until(lambda: not a.is_connected(b.peer_id))
+        stream = await a.open_stream(b.peer_id, ECHO)
+        assert stream.connection.quic
+        assert await echo_once(stream, b"quic") == b"quic"
+    run(body, addrs=(TCP, QUIC))
+
+
 def test_junk_datagrams_and_plain_tls_clients_are_ignored():
     async def body(a, b):
         host, port = quic_addr(b).split("/")[2], int(quic_addr(b).split("/")[4])
