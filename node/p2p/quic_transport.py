@@ -164,7 +164,12 @@ class QuicSession:
     def num_streams(self) -> int:
         return len(self._streams)
 
-    async def close(self) -> None:
+    async def close(self, *, drain_timeout: float = 0.0) -> None:
+        """Close the connection; with ``drain_timeout``, open streams get that long to finish first
+        (the muxer's graceful close: QUIC has no GoAway, the Host routes new streams elsewhere)."""
+        deadline = self._loop.time() + drain_timeout
+        while self._streams and not self._closed and self._loop.time() < deadline:
+            await asyncio.sleep(min(0.05, max(0.0, deadline - self._loop.time())))
         if not self._closed:
             self._quic.close(error_code=0, reason_phrase="")
             self._transmit()

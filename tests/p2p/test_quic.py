@@ -222,6 +222,26 @@ def test_receive_buffer_bounded_by_the_window():
     run(body)
 
 
+def test_graceful_close_lets_open_streams_finish():
+    """close(drain_timeout=...) (what retiring a connection calls on its muxer) waits for streams."""
+    async def body(a, b):
+        await a.connect(quic_addr(b))
+        stream = await a.open_stream(b.peer_id, ECHO)
+        session = stream.connection.muxed
+        closing = asyncio.create_task(session.close(drain_timeout=5))
+        await asyncio.sleep(0.2)
+        assert not closing.done() and not session.closed
+        assert await echo_once(stream, b"last words") == b"last words"
+        await asyncio.wait_for(closing, 5)
+        assert session.closed
+        started = asyncio.get_running_loop().time()
+        await a.connect(quic_addr(b))
+        stuck = await a.open_stream(b.peer_id, ECHO)
+        await stuck.connection.muxed.close(drain_timeout=0.3)   # a stream that never ends
+        assert asyncio.get_running_loop().time() - started < 3 and stuck.connection.closed
+    run(body)
+
+
 def test_peer_stopping_closes_the_connection():
     async def body(a, b):
         await a.connect(quic_addr(b))
