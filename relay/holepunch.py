@@ -59,6 +59,7 @@ class HolePuncher:
         self.attempts = attempts
         self.punch_window = punch_window
         self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
+        self.mapped: list[Multiaddr] = []          # where our router forwards to the punch port (ADR 0221)
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
         self._public: dict[str, Connection] = {}   # connections made from the punch port
         self._public_addr: dict[str, Multiaddr] = {}  # and the addresses they were made to
@@ -130,8 +131,9 @@ class HolePuncher:
 
     def own_addrs(self) -> list[Multiaddr]:
         """Our punch port as public peers see it over live connections (what CONNECT offers): a
-        mapping whose connection is gone may have expired in the NAT."""
-        out = []
+        mapping whose connection is gone may have expired in the NAT. A port mapping our router
+        granted for the punch port (``mapped``) comes first: anyone can dial it."""
+        out = list(self.mapped)
         for peer, addr in self.observed.items():
             conn = self._public.get(peer)
             if conn is not None and not conn.closed and addr not in out:
