@@ -6,6 +6,8 @@ Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` b
   ``<p>r<i>``      home i's NAT router: ``eth0`` on the bridge (10.99.0.<100+i>), ``lan`` to the home
   ``<p>h<i>``      home i: ``eth0`` = 192.168.<i>.2/24, default route via the router's 192.168.<i>.1
   ``<p>w<port>``   a delay line between a host (or router) and its bridge port, where asked for
+  ``<p>r<i>`` of an ``upnp`` home: WAN address 11.99.0.<100+i> (miniupnpd forwards only from a
+                   public-looking address; every backbone host has an on-link route to 11.99.0.0/24)
   ``<p>c<i>``      home i's carrier NAT, for the ``cgnat`` kind only: ``eth0`` on the bridge
                    (10.99.0.<100+i>), ``sub`` to the home router, whose WAN is then 100.64.<i>.2/24
 Routers NAT the home's traffic with nftables; which inbound packets pass depends on the NAT kind
@@ -34,6 +36,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import upnp
 from .nat_zoo import KINDS, home_rules
 
 BACKBONE_NET = "10.99.0"
@@ -83,6 +86,13 @@ def shape(ns: str, dev: str, mbit: float, latency: str = TBF_LATENCY) -> None:
         "latency", latency, ns=ns)
 
 
+def _route_other_subnet(ns: str, ip: str) -> None:
+    """An on-link route from a backbone host to the backbone's other subnet (10.99.0.0/24 and the
+    ``upnp`` routers' 11.99.0.0/24 share the bridge)."""
+    other = BACKBONE_NET if ip.startswith(upnp.PUBLIC_NET + ".") else upnp.PUBLIC_NET
+    run("ip", "route", "add", f"{other}.0/24", "dev", "eth0", ns=ns)
+
+
 STALE_LAB = re.compile(r"^dk(\d+)n[a-z]")
 
 
@@ -127,6 +137,7 @@ class Lab:
     homes: list[Home] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
     _processes: list[subprocess.Popen] = field(default_factory=list)
+    _workdirs: list[Path] = field(default_factory=list)
 
     @property
     def backbone(self) -> str:
@@ -171,6 +182,7 @@ class Lab:
         run("ip", "link", "set", port, "up", ns=self.backbone)
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
+        _route_other_subnet(ns, ip)
 
     def _attach_delayed(self, ns: str, port: str, ip: str, delay_ms: float) -> None:
         """``eth0`` in ``ns`` -> a wire namespace (a delay.py process between two veths) -> the bridge."""
@@ -185,6 +197,7 @@ class Lab:
             run("ip", "link", "set", dev, "up", ns=wire)
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
+        _route_other_subnet(ns, ip)
         proc = subprocess.Popen(["ip", "netns", "exec", wire, sys.executable, str(DELAY_LINE), "in0", "out0",
                                  f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._processes.append(proc)
@@ -209,8 +222,11 @@ class Lab:
         that adds that much one-way latency in each direction."""
         if nat not in KINDS:
             raise ValueError(f"unknown NAT flavour {nat!r}")
+        if nat == "upnp" and (why := upnp.unavailable()):
+            raise LabError(why)
         router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
-        wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
+        wan_ip = f"{upnp.PUBLIC_NET if nat == 'upnp' else BACKBONE_NET}.{100 + i}"
+        lan_net = f"192.168.{i}"
         carrier = self._add_ns(self.ns_of(f"c{i}")) if nat == "cgnat" else None
         edge = carrier or router    # the namespace holding the public address
         if delay_ms:
@@ -232,6 +248,10 @@ class Lab:
         run("nft", "-f", "-", ns=router, stdin=home_rules(kind, router_wan, f"{lan_net}.2"))
         for dev in ("eth0", "lan"):
             shape(router, dev, self.home_rate_mbit)
+        if nat == "upnp":
+            proc, workdir = upnp.start(router, lan_net)
+            self._processes.append(proc)
+            self._workdirs.append(workdir)
         record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2", carrier)
         self.homes.append(record)
         return record
@@ -254,6 +274,8 @@ class Lab:
                 proc.wait(10)
         finally:
             self._delete_namespaces()
+            while self._workdirs:
+                shutil.rmtree(self._workdirs.pop(), ignore_errors=True)
 
     def _delete_namespaces(self) -> None:
         while self._namespaces:

@@ -5,7 +5,10 @@
 kind can meet itself), starts a bare agent (``agent.py``: the product's HolePuncher, DCUtR over our
 circuit relay, TCP simultaneous open) in every home, and for each unordered pair of kinds lets the
 first kind's home dial the second's through the relay and punch (``scenarios.punch``). Pairs run
-in parallel where they share no home. Returns ``{"pairs", "direct", "direct_fraction",
+in parallel where they share no home. Agents in ``upnp`` homes run with ``--port-map`` (ADR 0221): they
+map their listen and punch ports on the router and offer the mapped punch port first in DCUtR, so any
+peer's SYN reaches them (``upnp`` is not in ``MATRIX_KINDS``, as it needs miniupnpd: ask for it with
+``kinds``). Returns ``{"pairs", "direct", "direct_fraction",
 "median_time_to_direct_s", "by_pair": {"a/b": {"direct", "seconds"}}}``.
 """
 from __future__ import annotations
@@ -48,7 +51,8 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
 
         def start(i: int) -> Node:
             record = lab.homes[i - 1]
-            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args)
+            port_map = ("--port-map",) if record.nat == "upnp" else ()
+            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args, *port_map)
 
         with ThreadPoolExecutor(4) as pool:
             for i, node in zip(range(1, len(homes) + 1), pool.map(start, range(1, len(homes) + 1))):
