@@ -303,8 +303,11 @@ class HolePuncher:
         deadline = time.monotonic() + self.punch_window
         listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
+        # with a port mapping offered, the peer's SYNs reach our listener through the router: probing
+        # its random ports too would only make competing connections (each side keeping another one)
         tasks += [asyncio.ensure_future(dial) for dial in birthday_dials(
-            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1], deadline=deadline)]
+            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1] and not self.mapped,
+            deadline=deadline)]
         try:
             listener = bound_socket(socket.AF_INET, self.port)
             listener.listen(8)

@@ -94,10 +94,12 @@ def test_a_node_maps_its_listen_port_and_is_dialled_directly():
         agents.append(relay)
         node = Node.start("pmnode", home.ns, f"/ip4/{home.ip}/tcp/{PORT}", "--relays", relay.addr, agent=NODE_AGENT)
         agents.append(node)
-        status = poll(lambda: (s := node.call("port_mapping"))["mappings"].get("listen", {}).get("addr") and s, 20,
-                      0.1, "the node's port mapping")
+        status = poll(lambda: (s := node.call("port_mapping"))["mappings"].get("punch", {}).get("addr") and s, 20,
+                      0.1, "the node's port mappings")
         assert status["mappings"]["listen"]["addr"] == f"/ip4/{home.wan_ip}/tcp/{PORT}"
         assert status["mappings"]["listen"]["protocol"] == "pcp"
+        punch_port = node.call("hole_punch")["punch_port"]
+        assert status["mappings"]["punch"]["addr"] == f"/ip4/{home.wan_ip}/tcp/{punch_port}"
         peer = Node.start("pmpeer2", lab.ns_of("peer"), f"/ip4/{lab.public['peer']}/tcp/{PORT}")
         agents.append(peer)
         assert peer.call("ping", addr=f"/ip4/{home.wan_ip}/tcp/{PORT}/p2p/{node.peer_id}") < 1
