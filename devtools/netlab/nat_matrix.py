@@ -23,6 +23,7 @@ from .nodes import Node, peer_id_of
 from .scenarios import punch
 
 MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat")
+V6_KINDS = ("symmetric+v6", "symmetric-seq+v6", "port-restricted+v6")   # with IPv6 beside (ADR 0224)
 PORT = 4001
 
 
@@ -65,7 +66,8 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
                 outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay), batch))
             for (x, y), out in zip(batch, outs):
                 by_pair[f"{homes[x - 1]}/{homes[y - 1]}"] = {"direct": bool(out["conn"]["direct"]),
-                                                              "seconds": round(out["seconds"], 3)}
+                                                              "seconds": round(out["seconds"], 3),
+                                                              "remote": out["conn"].get("remote")}
     finally:
         for node in [*agents.values(), *([relay] if relay else [])]:
             node.stop()

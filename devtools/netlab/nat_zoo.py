@@ -30,6 +30,10 @@ NAT and filter chains. The kinds (mapping / filtering, and how the rules get the
                      address.
 
 No kind hairpins (a packet from the home to its own public address is not looped back).
+
+A home with IPv6 (the lab's ``+v6`` kinds) is not NATed on it: ``IPV6_FIREWALL`` is its router's
+stateful filter (RFC 6092's recommended home router: what the home sends goes out, replies and related
+ICMPv6 come back, unsolicited inbound is dropped; ICMPv6 neighbour discovery to the router passes).
 """
 from __future__ import annotations
 
@@ -38,6 +42,15 @@ from . import upnp
 KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "cgnat", "upnp")
 SET_TIMEOUT = "120s"
 SEQ_BASE, SEQ_SPAN = 20000, 4096
+IPV6_FIREWALL = """table ip6 firewall {
+    chain forward {
+        type filter hook forward priority 0; policy drop;
+        ct state established,related accept
+        iifname "lan" accept
+        icmpv6 type { destination-unreachable, packet-too-big, time-exceeded, parameter-problem } accept
+    }
+}
+"""
 
 
 def home_rules(kind: str, wan_ip: str, home_ip: str, lan: str = "lan") -> str:
