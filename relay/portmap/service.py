@@ -66,7 +66,12 @@ class PortMapService:
             self.state = "no listen address to map" if port is None else "no default gateway"
             log.info("port mapping: not tried (%s)", self.state)
             return
-        local = await asyncio.to_thread(local_address, gateway)
+        try:
+            local = await asyncio.to_thread(local_address, gateway)
+        except OSError as exc:   # no route to it after all
+            self.state = f"gateway {gateway} unreachable: {exc}"
+            log.info("port mapping: not tried (%s)", self.state)
+            return
         self.state = f"gateway {gateway}"
         self.keepers["listen"] = MappingKeeper(PortMapper(gateway, local, port))
         self.node.host.advertise_extra_addrs(self.advertised, source="port_mapping")

@@ -58,7 +58,10 @@ async def _collect(inbox: _Inbox, send: Callable[[], None], parse: Callable[[byt
 async def udp_exchange(gateway: str, port: int, request: bytes, parse: Callable[[bytes], T], timeout: float) -> T:
     """Send ``request`` to ``gateway:port`` until ``parse`` accepts an answer from it."""
     loop = asyncio.get_running_loop()
-    transport, inbox = await loop.create_datagram_endpoint(lambda: _Inbox(gateway), remote_addr=(gateway, port))
+    try:
+        transport, inbox = await loop.create_datagram_endpoint(lambda: _Inbox(gateway), remote_addr=(gateway, port))
+    except OSError as exc:   # no route to the gateway, no address yet
+        raise PortMapError(f"{gateway}:{port}: {exc}") from None
     try:
         return await _collect(inbox, lambda: transport.sendto(request), parse, timeout, f"{gateway}:{port}")
     finally:
@@ -69,7 +72,11 @@ async def ssdp_search(gateway: str, timeout: float) -> str:
     """The device description URL the gateway announces for an M-SEARCH (sent to the SSDP group
     and to the gateway directly); answers from other hosts are ignored."""
     loop = asyncio.get_running_loop()
-    transport, inbox = await loop.create_datagram_endpoint(lambda: _Inbox(gateway, MAX_SSDP), local_addr=("0.0.0.0", 0))
+    try:
+        transport, inbox = await loop.create_datagram_endpoint(lambda: _Inbox(gateway, MAX_SSDP),
+                                                               local_addr=("0.0.0.0", 0))
+    except OSError as exc:
+        raise PortMapError(f"SSDP: {exc}") from None
     request = m_search()
 
     def send() -> None:
@@ -90,5 +97,5 @@ async def http(method: str, url: str, timeout: float, headers: dict[str, str] | 
             async with session.request(method, url, headers=headers, data=body, allow_redirects=False) as resp:
                 data = await resp.content.read(MAX_XML + 1)
                 return resp.status, data
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
         raise PortMapError(f"UPnP {method} {url[:80]}: {type(exc).__name__}: {exc}") from None
