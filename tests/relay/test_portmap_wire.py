@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay.portmap import igd, natpmp, pcp
 from relay.portmap.errors import PortMapError
@@ -180,3 +182,27 @@ def test_default_gateway_from_proc_net_route():
     assert default_gateway(ROUTES) == "192.168.1.1"
     assert default_gateway(ROUTES.splitlines()[0] + "\n" + ROUTES.splitlines()[1]) is None  # no default route
     assert default_gateway("header\njunk line\neth0 00000000 zz 0003\n") is None
+
+
+# ---- fuzz: whatever a LAN device sends, only PortMapError comes out
+def _only_portmap_errors(parse, data) -> None:
+    try:
+        parse(data)
+    except PortMapError:
+        pass
+
+
+VALID = [natpmp.map_request(1, 2, 3), pcp_answer(), SSDP_OK, DESCRIPTION]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=1200), st.sampled_from(VALID), st.integers(0, 1200), st.binary(max_size=8))
+def test_fuzz_parsers_raise_only_portmap_errors(junk, valid, at, splice):
+    mutated = valid[:at] + splice + valid[at + len(splice):]
+    for data in (junk, mutated):
+        _only_portmap_errors(natpmp.parse_map, data)
+        _only_portmap_errors(natpmp.parse_external_address, data)
+        _only_portmap_errors(lambda d: pcp.parse_map(d, NONCE), data)
+        _only_portmap_errors(lambda d: igd.parse_ssdp(d, "192.168.1.1"), data)
+        _only_portmap_errors(lambda d: igd.find_service(d, "http://192.168.1.1/", "192.168.1.1"), data)
+        _only_portmap_errors(lambda d: igd.parse_soap(200, d, "AddPortMapping"), data)
