@@ -2,4 +2,6 @@
 to its listen port, by PCP (RFC 6887), NAT-PMP (RFC 6886) or UPnP-IGD, and advertises the mapped
 address. Wire formats are sans-I/O (`natpmp`, `pcp`, `igd`); `gateway` finds the router;
 `transport` does the UDP/HTTP exchanges; `mapper` tries the protocols in order within a budget;
-`service` is the node service that maps, advertises, renews and deletes."""
+`keeper` holds one mapping (renewal, deletion); `service` is the node service that maps,
+advertises, renews and deletes, configured by `settings` (``[nat]``); every failure is an
+`errors.PortMapError`."""
