@@ -166,14 +166,16 @@ def _fetch_chunks(manifest: Manifest, sources: list[SnapshotSource], rejected: d
 
 
 def follow_hops(genesis: Genesis, trusted: ValidatorSet, sources: list[SnapshotSource],
-                rejected: dict[str, str]) -> tuple[ValidatorSet, list[tuple[int, bytes]]]:
-    """The latest committee the ``sources``' committee hops lead to from ``trusted``, and the hop
-    records followed (oldest first). A source whose record does not verify, or that lists a hop it
-    then does not serve, is dropped (``rejected``); a hop nobody serves verifiably is skipped (the
-    next one is then checked against the committee before it, which must still carry a third)."""
+                rejected: dict[str, str]) -> tuple[list[ValidatorSet], list[tuple[int, bytes]]]:
+    """The committees the ``sources``' committee hops lead to from ``trusted`` (oldest first, each
+    deciding from its ``start_height``: ``committee_at`` picks one), and the hop records followed.
+    A source whose record does not verify, or that lists a hop it then does not serve, is dropped
+    (``rejected``); a hop nobody serves verifiably is skipped (the next one is then checked against
+    the committee before it, which must still carry a third)."""
     listed = {source.name: set(source.hops()[:MAX_HOPS]) for source in sources}
     heights = sorted({h for hs in listed.values() for h in hs if type(h) is int and h > 0})[:MAX_HOPS]
     followed: list[tuple[int, bytes]] = []
+    committees = [trusted]
     for height in heights:
         if height < trusted.start_height:
             continue   # before the committee we trust already
@@ -189,8 +191,14 @@ def follow_hops(genesis: Genesis, trusted: ValidatorSet, sources: list[SnapshotS
                 rejected[source.name] = str(exc)
                 continue
             followed.append((height, raw))
+            committees.append(trusted)
             break
-    return trusted, followed
+    return committees, followed
+
+
+def committee_at(committees: list[ValidatorSet], height: int) -> ValidatorSet:
+    """The committee of ``height`` among ``committees`` (oldest first, as ``follow_hops`` returns)."""
+    return next((c for c in reversed(committees) if c.start_height <= height), committees[0])
 
 
 def state_sync(store: ChainStore, trusted: ValidatorSet, sources: list[SnapshotSource]) -> tuple[Ledger, SyncReport]:
@@ -198,7 +206,7 @@ def state_sync(store: ChainStore, trusted: ValidatorSet, sources: list[SnapshotS
     ledger and a report. Raises StateSyncError naming each source's fault when none works."""
     genesis = store.storage.genesis
     rejected: dict[str, str] = {}
-    trusted, hops = follow_hops(genesis, trusted, sources, rejected)
+    committees, hops = follow_hops(genesis, trusted, sources, rejected)
     offers = sorted({h for s in sources for h in s.snapshots()[-MAX_OFFERS:] if type(h) is int and h > 0},
                     reverse=True)
     for height in offers:
@@ -209,7 +217,8 @@ def state_sync(store: ChainStore, trusted: ValidatorSet, sources: list[SnapshotS
             if manifest_raw is None or anchor is None:
                 continue   # the tip's snapshot (its next block not decided yet), or dropped since: not hostile
             try:
-                manifest, block = verify_anchor(genesis, trusted, height, manifest_raw, anchor)
+                manifest, block = verify_anchor(genesis, committee_at(committees, height + 1), height,
+                                                manifest_raw, anchor)
             except SnapshotError as exc:
                 rejected[source.name] = str(exc)
                 continue

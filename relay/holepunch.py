@@ -34,6 +34,7 @@ from node.p2p.secure_conn import TcpConnection
 
 from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
+from .ipv6_addrs import global_ipv6
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
 from .punch_io import bound_socket, connect_until, observed_addr
 
@@ -53,12 +54,14 @@ def _family(addr: Multiaddr) -> int:
 
 class HolePuncher:
     def __init__(self, host: Host, punch_port: int = 0, *, attempts: int = ATTEMPTS,
-                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS) -> None:
+                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS, ipv6: bool = True) -> None:
         self.host = host
+        self.ipv6 = ipv6                            # offer our global IPv6 addresses too
         self.port = punch_port
         self.attempts = attempts
         self.punch_window = punch_window
         self.observed: dict[str, Multiaddr] = {}   # public peer -> how it sees our punch port
+        self.mapped: list[Multiaddr] = []          # where our router forwards to the punch port (ADR 0221)
         self.direct: dict[str, Connection] = {}    # peers we punched through to, latest connection
         self._public: dict[str, Connection] = {}   # connections made from the punch port
         self._public_addr: dict[str, Multiaddr] = {}  # and the addresses they were made to
@@ -130,12 +133,17 @@ class HolePuncher:
 
     def own_addrs(self) -> list[Multiaddr]:
         """Our punch port as public peers see it over live connections (what CONNECT offers): a
-        mapping whose connection is gone may have expired in the NAT."""
-        out = []
+        mapping whose connection is gone may have expired in the NAT; and, with ``ipv6``, the punch
+        port on this host's global IPv6 addresses, which no NAT rewrites (relay/ipv6_addrs.py). A
+        port mapping our router granted for the punch port (``mapped``) comes first: anyone can
+        dial it (ADR 0221)."""
+        out = list(self.mapped)
         for peer, addr in self.observed.items():
             conn = self._public.get(peer)
             if conn is not None and not conn.closed and addr not in out:
                 out.append(addr)
+        if self.ipv6 and self.port:
+            out += [Multiaddr.parse(f"/ip6/{ip}/tcp/{self.port}") for ip in global_ipv6()]
         return out
 
     async def offer(self) -> tuple[list[Multiaddr], bool]:
@@ -299,15 +307,21 @@ class HolePuncher:
 
     async def _punch_once(self, addrs, birthday: tuple[bool, bool]) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
-        listener = None
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
+        # with a port mapping offered, the peer's SYNs reach our listener through the router: probing
+        # its random ports too would only make competing connections (each side keeping another one)
         tasks += [asyncio.ensure_future(dial) for dial in birthday_dials(
-            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1], deadline=deadline)]
+            tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1] and not self.mapped,
+            deadline=deadline)]
+        listeners: list[socket.socket] = []
         try:
-            listener = bound_socket(socket.AF_INET, self.port)
-            listener.listen(8)
             expected = {addr.tcp_endpoint()[0] for addr in addrs}
-            tasks.append(asyncio.ensure_future(self._accept_from(listener, expected, deadline)))
+            families = {socket.AF_INET} | {_family(addr) for addr in addrs}
+            for family in sorted(families):
+                listener = bound_socket(family, self.port)
+                listeners.append(listener)
+                listener.listen(8)
+                tasks.append(asyncio.ensure_future(self._accept_from(listener, expected, deadline)))
             sock = await self._first_socket(tasks, deadline)
         finally:
             for task in tasks:
@@ -315,7 +329,7 @@ class HolePuncher:
             for result in await asyncio.gather(*tasks, return_exceptions=True):
                 if isinstance(result, socket.socket):
                     result.close()
-            if listener is not None:
+            for listener in listeners:
                 listener.close()
         loop = asyncio.get_running_loop()
         try:

@@ -12,13 +12,17 @@ retires the relayed connection). As the DCUtR spec says, the inbound side of the
 CONNECT: ``run()`` starts the punch on each inbound relayed connection at once (the spec's "B",
 ``upgrade_inbound``), and the dialer waits ``upgrade_relayed``'s ``peer_first`` for it before
 punching itself (a peer that does not punch); ``run()`` also reconnects to relays from the punch
-port when those connections drop. Bulk connections stay relayed (each would need a punch of its own).
+port when those connections drop, and punches again, with backoff, each peer a dial left relayed
+(``relay/repunch.py``: 30 s after the failure, doubling to 15 min; docs/adr/0225). Bulk connections
+stay relayed (each would need a punch of its own).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import time
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
@@ -28,6 +32,7 @@ from .client import RelayClient
 from .holepunch import HolePuncher
 from .holepunch_dial import upgrade_relayed
 from .holepunch_inbound import upgrade_inbound
+from .repunch import RepunchSchedule
 
 PUNCH_WAIT_S = 2.0       # a dial waits this long for the punch before it settles for the relay
 INBOUND_DEFER_S = 0.0    # the inbound side of a circuit starts DCUtR at once (the spec's B; ADR 0204)
@@ -47,11 +52,15 @@ class NodeHolePunching:
         self.puncher = HolePuncher(host, punch_port)
         self.punched = 0    # dials that ended on a punched connection
         self.relayed = 0    # dials that stayed relayed
+        self.repunched = 0  # relayed peers a later punch reached directly
+        self.repunch = RepunchSchedule()
+        self._relayed_conns: dict[str, Connection] = {}   # peer -> the relayed connection a retry upgrades
         self._background: set[asyncio.Task] = set()
 
     def status(self) -> dict:
         return {"punch_port": self.puncher.port, "observed": [str(a) for a in self.puncher.own_addrs()],
-                "dials_punched": self.punched, "dials_relayed": self.relayed,
+                "dials_punched": self.punched, "dials_relayed": self.relayed, "repunched": self.repunched,
+                "repunch_pending": len(self.repunch),
                 "direct_peers": sorted(p for p, c in self.puncher.direct.items() if not c.closed)}
 
     async def prepare(self) -> None:
@@ -80,23 +89,69 @@ class NodeHolePunching:
         path = await upgrade_relayed(self.puncher, relayed, punch_wait=self.punch_wait)
         for task in (path.retiring, path.upgrading):
             if task is not None:
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._keep(task)
         if path.kind == "punched":
             self.punched += 1
         else:
             self.relayed += 1
+            self._relayed_conns[relayed.remote_peer] = relayed
+            if path.upgrading is None:
+                self.repunch.failed(relayed.remote_peer, time.monotonic())
+            else:   # the punch goes on in the background: schedule a retry only if it fails
+                path.upgrading.add_done_callback(functools.partial(self._punch_ended, relayed.remote_peer))
         if path.conn.closed:
             raise DialError(f"the connection to {relayed.remote_peer} closed during the hole punch")
         return path.conn
 
+    def _keep(self, task: asyncio.Task) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _punch_ended(self, peer: str, task: asyncio.Task) -> None:
+        direct = None if task.cancelled() or task.exception() is not None else task.result()
+        if direct is not None:
+            self.repunch.succeeded(peer)
+        else:
+            self.repunch.failed(peer, time.monotonic())
+
+    def _reached_directly(self, peer: str) -> bool:
+        return any(not c.closed and self.client.pipe_for(c) is None for c in self.host.connections(peer))
+
+    def _repunch_due(self) -> None:
+        """Start a punch for every relayed peer whose retry is due (forget those reached otherwise)."""
+        for peer in self.repunch.due(time.monotonic()):
+            relayed = self._relayed_conns.get(peer)
+            if relayed is None or relayed.closed or self._reached_directly(peer):
+                self.repunch.forget(peer)
+                self._relayed_conns.pop(peer, None)
+                continue
+            self._keep(asyncio.ensure_future(self._repunch_one(peer, relayed)))
+
+    async def _repunch_one(self, peer: str, relayed: Connection) -> None:
+        try:
+            path = await upgrade_relayed(self.puncher, relayed, punch_wait=None)
+        except Exception as exc:  # a failed retry is a failed punch: wait longer, try again
+            log.info("punching %s again failed: %s", peer, exc)
+            path = None
+        if path is not None and path.kind == "punched":
+            if path.retiring is not None:
+                self._keep(path.retiring)
+            self.repunched += 1
+            self.repunch.succeeded(peer)
+            self._relayed_conns.pop(peer, None)
+            log.info("relayed peer %s reached directly by a later punch", peer)
+        else:
+            self.repunch.failed(peer, time.monotonic())
+
     async def run(self) -> None:
-        """Punch inbound relayed connections and keep the punch-port connections; until cancelled."""
+        """Punch inbound relayed connections, keep the punch-port connections and punch relayed peers
+        again when their retry is due; until cancelled."""
         inbound = asyncio.ensure_future(upgrade_inbound(self.puncher, self.client, defer=self.inbound_defer))
         try:
             while True:
                 await asyncio.sleep(RECONNECT_S)
                 await self._connect_relays()
+                self._repunch_due()
         finally:
             inbound.cancel()
             for task in self._background:

@@ -21,6 +21,8 @@ def bound_socket(family: int, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:   # IPv6 only: the IPv4 socket on the same port keeps IPv4
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setblocking(False)
         sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
     except BaseException:

@@ -7,8 +7,9 @@ committee and commits it in the app hash (the epoch's last block, certified by t
 committee, carries that hash: a joining node follows committee changes from genesis, docs/adr/0216),
 and at the epoch's last block it seats it and commits the whole state in the app hash
 (consensus/state/snapshot.py); it returns receipts, events, the sorted change set for storage, the
-new app hash and, at those heights, the next committee's proof or the state's snapshot chunks. Execution is deterministic: identical blocks on identical
-states give identical results on every replica.
+new app hash and, at those heights, the next committee's proof or the state's snapshot chunks.
+Execution is deterministic: identical blocks on identical states give identical results on every
+replica.
 """
 from __future__ import annotations
 

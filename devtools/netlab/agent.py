@@ -1,10 +1,12 @@
 """A dekube node for the netlab, driven line by line over stdin/stdout with JSON commands.
 
 Run inside a namespace: ``python -m devtools.netlab.agent --seed HEX --listen /ip4/A/tcp/P [--relay
---allow ID,ID] [--punch-port N] [--auto-punch]``. Every agent runs a Host with a relay client
+--allow ID,ID] [--punch-port N] [--auto-punch] [--port-map]``. Every agent runs a Host with a relay client
 (reservations, circuits, receipt co-signing), an AutoNAT server, a hole puncher (with
 ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a resumable-transfer receiver;
-``--relay`` adds the circuit relay v2 service admitting the allow-listed peers. It prints
+``--relay`` adds the circuit relay v2 service admitting the allow-listed peers; ``--port-map`` asks the
+home router for mappings of the listen and punch ports (relay/portmap, ADR 0221) before READY, advertises
+the listen port's in identify and offers the punch port's first in DCUtR. It prints
 ``READY {"peer_id": ..., "addrs": [...]}`` and then answers each command line
 ``{"id": n, "op": ..., ...}`` with ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok":
 false, "error": "..."}``; commands run concurrently. It exits when stdin closes. Ops:
@@ -22,6 +24,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   attempts()                         -> resumable-transfer attempts the receiver has started
   cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
+  port_mapping()                     -> {"listen" | "punch": mapped multiaddr or None, "errors": {...}}
 """
 from __future__ import annotations
 
@@ -38,10 +41,14 @@ from devtools.resumable import RESUMABLE_PROTOCOL, ResumableReceiver, send_resum
 from node.identity import Identity
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
+from node.p2p.multiaddr import Multiaddr
 from relay.client import RelayClient, RelayRefused
 from relay.holepunch import HolePuncher
 from relay.holepunch_dial import dial_peer
 from relay.holepunch_inbound import upgrade_inbound
+from relay.portmap.gateway import default_gateway, local_address
+from relay.portmap.keeper import MappingKeeper
+from relay.portmap.mapper import PortMapper
 from relay.reachability import AutoNATServer, assess
 from relay.service import Admission, RelayService
 
@@ -69,6 +76,9 @@ class Agent:
         self.keeper: asyncio.Task | None = None
         self.auto_punch = args.auto_punch
         self.inbound_puncher: asyncio.Task | None = None
+        self.port_map = args.port_map
+        self.keepers: dict[str, MappingKeeper] = {}
+        self.keeping: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self.host.start()
@@ -80,6 +90,27 @@ class Agent:
             self.service.start()
         if self.auto_punch:
             self.inbound_puncher = asyncio.ensure_future(upgrade_inbound(self.puncher, self.client))
+        if self.port_map:
+            await self._map_ports()
+
+    async def _map_ports(self) -> None:
+        """Keep mappings of the listen and punch ports; return once both first attempts ended."""
+        gateway = default_gateway()
+        if gateway is None:
+            return
+        local = local_address(gateway)
+        listen_port = Multiaddr.parse(self.host.listen_addrs[0]).tcp_endpoint()[1]
+
+        def offer(mapping) -> None:
+            self.puncher.mapped = [Multiaddr.parse(mapping.multiaddr)] if mapping else []
+        self.keepers = {"listen": MappingKeeper(PortMapper(gateway, local, listen_port)),
+                        "punch": MappingKeeper(PortMapper(gateway, local, self.puncher.port), offer)}
+        listen = self.keepers["listen"]
+        self.host.advertise_extra_addrs(lambda: [listen.mapping.multiaddr] if listen.mapping else [],
+                                        source="port_mapping")
+        self.keeping = [asyncio.ensure_future(k.run()) for k in self.keepers.values()]
+        while any(k.mapping is None and k.last_error is None for k in self.keepers.values()):
+            await asyncio.sleep(0.02)
 
     # ---- ops
     async def op_reserve(self, relay: str) -> list[str]:
@@ -217,6 +248,10 @@ class Agent:
                                for p in self.service.submitted]
         return out
 
+    async def op_port_mapping(self) -> dict:
+        return {**{name: k.mapping.multiaddr if k.mapping else None for name, k in self.keepers.items()},
+                "errors": {name: k.last_error for name, k in self.keepers.items()}}
+
     async def run(self) -> None:
         await self.start()
         print("READY " + json.dumps({"peer_id": self.host.peer_id, "addrs": self.host.listen_addrs,
@@ -225,6 +260,9 @@ class Agent:
         for task in (self.keeper, self.inbound_puncher):
             if task is not None:
                 task.cancel()
+        for task in self.keeping:   # each deletes its mapping
+            task.cancel()
+        await asyncio.gather(*self.keeping, return_exceptions=True)
         await self.host.stop()
 
 
@@ -236,6 +274,7 @@ def main() -> None:
     parser.add_argument("--punch-attempts", type=int, default=3)
     parser.add_argument("--punch-window", type=float, default=5.0)
     parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
+    parser.add_argument("--port-map", action="store_true", help="map the listen and punch ports on the home router")
     run_agent(Agent(parser.parse_args()))
 
 

@@ -6,11 +6,18 @@ Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` b
   ``<p>r<i>``      home i's NAT router: ``eth0`` on the bridge (10.99.0.<100+i>), ``lan`` to the home
   ``<p>h<i>``      home i: ``eth0`` = 192.168.<i>.2/24, default route via the router's 192.168.<i>.1
   ``<p>w<port>``   a delay line between a host (or router) and its bridge port, where asked for
+  ``<p>r<i>`` of an ``upnp`` home: WAN address 11.99.0.<100+i> (miniupnpd forwards only from a
+                   public-looking address; every backbone host has an on-link route to 11.99.0.0/24)
   ``<p>c<i>``      home i's carrier NAT, for the ``cgnat`` kind only: ``eth0`` on the bridge
                    (10.99.0.<100+i>), ``sub`` to the home router, whose WAN is then 100.64.<i>.2/24
 Routers NAT the home's traffic with nftables; which inbound packets pass depends on the NAT kind
 (``nat_zoo.py``: full cone, restricted, port restricted (alias ``eim``), symmetric with
-sequential or random ports, CGNAT). ``eim`` maps each home port to the same public port for every
+sequential or random ports, CGNAT). A kind with the suffix ``+v6`` (``symmetric+v6``) also gives
+the home a global IPv6 address beside its NATed IPv4 (ADR 0224): the backbone carries
+2001:db8:ff::/64 (public hosts ``::<n>``, routers ``::<100+i>``), home i has 2001:db8:<i>::2/64,
+routed (not NATed) by its router behind a stateful firewall (``nat_zoo.IPV6_FIREWALL``: replies to
+what the home sent pass, unsolicited inbound does not, as RFC 6092 asks of home routers).
+``eim`` maps each home port to the same public port for every
 destination so hole punching works; ``symmetric`` draws a random public port per connection
 (``masquerade fully-random``) so it does not. Home links get ``tc tbf`` caps in both directions
 (upload on the router's WAN port, download on the router's LAN port). A home's WAN link or a
@@ -34,9 +41,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .nat_zoo import KINDS, home_rules
+from . import upnp
+from .nat_zoo import IPV6_FIREWALL, KINDS, home_rules
 
 BACKBONE_NET = "10.99.0"
+BACKBONE_V6 = "2001:db8:ff:"
+V6_SUFFIX = "+v6"
 DELAY_LINE = Path(__file__).resolve().parent / "delay.py"
 TBF_BURST = "256kb"       # at least one GSO segment (64 KiB) per token refill
 TBF_LATENCY = "50ms"
@@ -83,6 +93,13 @@ def shape(ns: str, dev: str, mbit: float, latency: str = TBF_LATENCY) -> None:
         "latency", latency, ns=ns)
 
 
+def _route_other_subnet(ns: str, ip: str) -> None:
+    """An on-link route from a backbone host to the backbone's other subnet (10.99.0.0/24 and the
+    ``upnp`` routers' 11.99.0.0/24 share the bridge)."""
+    other = BACKBONE_NET if ip.startswith(upnp.PUBLIC_NET + ".") else upnp.PUBLIC_NET
+    run("ip", "route", "add", f"{other}.0/24", "dev", "eth0", ns=ns)
+
+
 STALE_LAB = re.compile(r"^dk(\d+)n[a-z]")
 
 
@@ -117,6 +134,7 @@ class Home:
     wan_ip: str         # the router's public address
     ip: str             # the home host's private address
     carrier_ns: str | None = None   # the carrier NAT's namespace (``cgnat`` only)
+    ip6: str | None = None          # the home host's global IPv6 address (kinds ``...+v6`` only)
 
 
 @dataclass
@@ -125,8 +143,10 @@ class Lab:
     home_rate_mbit: float = 1000.0
     public: dict[str, str] = field(default_factory=dict)     # name -> address
     homes: list[Home] = field(default_factory=list)
+    ipv6: bool = False       # the backbone carries IPv6 (set by build when a home kind ends in +v6)
     _namespaces: list[str] = field(default_factory=list)
     _processes: list[subprocess.Popen] = field(default_factory=list)
+    _workdirs: list[Path] = field(default_factory=list)
 
     @property
     def backbone(self) -> str:
@@ -139,6 +159,9 @@ class Lab:
         run("ip", "netns", "add", name)
         self._namespaces.append(name)
         run("ip", "link", "set", "lo", "up", ns=name)
+        if self.ipv6:   # no duplicate address detection: a fresh veth's link-local address is usable at once
+            for scope in ("all", "default"):
+                run("sysctl", "-qw", f"net.ipv6.conf.{scope}.accept_dad=0", ns=name)
         return name
 
     def build(self, public_hosts: list[str], home_nats: list[str], delays_ms: list[float] | None = None) -> Lab:
@@ -148,6 +171,7 @@ class Lab:
         if why:
             raise LabError(why)
         sweep_stale_labs()
+        self.ipv6 = self.ipv6 or any(nat.endswith(V6_SUFFIX) for nat in home_nats)
         atexit.register(self.teardown)
         _exit_on_sigterm()
         try:
@@ -171,6 +195,7 @@ class Lab:
         run("ip", "link", "set", port, "up", ns=self.backbone)
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
+        _route_other_subnet(ns, ip)
 
     def _attach_delayed(self, ns: str, port: str, ip: str, delay_ms: float) -> None:
         """``eth0`` in ``ns`` -> a wire namespace (a delay.py process between two veths) -> the bridge."""
@@ -185,6 +210,7 @@ class Lab:
             run("ip", "link", "set", dev, "up", ns=wire)
         run("ip", "addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
+        _route_other_subnet(ns, ip)
         proc = subprocess.Popen(["ip", "netns", "exec", wire, sys.executable, str(DELAY_LINE), "in0", "out0",
                                  f"{delay_ms:g}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._processes.append(proc)
@@ -202,16 +228,48 @@ class Lab:
         else:
             self._attach(ns, port, ip)
         self.public[name] = ip
+        if self.ipv6:
+            run("ip", "-6", "addr", "add", f"{BACKBONE_V6}:{ip.rsplit('.', 1)[1]}/64", "dev", "eth0", "nodad", ns=ns)
+            for home in self.homes:
+                if home.ip6 is not None:
+                    self._route_v6(ns, home.index)
         return port
+
+    @staticmethod
+    def _route_v6(ns: str, i: int) -> None:
+        """In ``ns`` (on the backbone): home i's IPv6 prefix is reached through its router."""
+        run("ip", "-6", "route", "add", f"2001:db8:{i}::/64", "via", f"{BACKBONE_V6}:{100 + i}", ns=ns)
+
+    def _add_ipv6(self, router: str, home: str, i: int) -> str:
+        """Give home i a global IPv6 address, routed by its router behind a stateful firewall; the
+        backbone's hosts and the other IPv6 routers route its prefix to this router."""
+        address = f"2001:db8:{i}::2"
+        run("ip", "-6", "addr", "add", f"{BACKBONE_V6}:{100 + i}/64", "dev", "eth0", "nodad", ns=router)
+        run("ip", "-6", "addr", "add", f"2001:db8:{i}::1/64", "dev", "lan", "nodad", ns=router)
+        run("ip", "-6", "addr", "add", f"{address}/64", "dev", "eth0", "nodad", ns=home)
+        run("ip", "-6", "route", "add", "default", "via", f"2001:db8:{i}::1", ns=home)
+        run("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", ns=router)
+        run("nft", "-f", "-", ns=router, stdin=IPV6_FIREWALL)
+        for name in self.public:
+            self._route_v6(self.ns_of(name), i)
+        for other in self.homes:
+            if other.ip6 is not None:
+                self._route_v6(other.router_ns, i)
+                self._route_v6(router, other.index)
+        return address
 
     def add_home(self, i: int, nat: str, delay_ms: float = 0.0) -> Home:
         """Home ``i`` behind a ``nat`` router; with ``delay_ms``, its WAN link passes a delay line
         that adds that much one-way latency in each direction."""
-        if nat not in KINDS:
+        flavour = nat.removesuffix(V6_SUFFIX)
+        if flavour not in KINDS:
             raise ValueError(f"unknown NAT flavour {nat!r}")
+        if flavour == "upnp" and (why := upnp.unavailable()):
+            raise LabError(why)
         router, home = self._add_ns(self.ns_of(f"r{i}")), self._add_ns(self.ns_of(f"h{i}"))
-        wan_ip, lan_net = f"{BACKBONE_NET}.{100 + i}", f"192.168.{i}"
-        carrier = self._add_ns(self.ns_of(f"c{i}")) if nat == "cgnat" else None
+        wan_ip = f"{upnp.PUBLIC_NET if flavour == 'upnp' else BACKBONE_NET}.{100 + i}"
+        lan_net = f"192.168.{i}"
+        carrier = self._add_ns(self.ns_of(f"c{i}")) if flavour == "cgnat" else None
         edge = carrier or router    # the namespace holding the public address
         if delay_ms:
             self._attach_delayed(edge, f"r{i}", wan_ip, delay_ms)
@@ -228,11 +286,21 @@ class Lab:
         self._link(router, "lan", f"{lan_net}.1", home, "eth0", f"{lan_net}.2")
         run("ip", "route", "add", "default", "via", f"{lan_net}.1", ns=home)
         run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=router)
-        kind = "port-restricted" if nat == "cgnat" else nat
+        kind = "port-restricted" if flavour == "cgnat" else flavour
         run("nft", "-f", "-", ns=router, stdin=home_rules(kind, router_wan, f"{lan_net}.2"))
         for dev in ("eth0", "lan"):
             shape(router, dev, self.home_rate_mbit)
-        record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2", carrier)
+        if flavour == "upnp":
+            proc, workdir = upnp.start(router, lan_net)
+            self._processes.append(proc)
+            self._workdirs.append(workdir)
+        ip6 = None
+        if nat.endswith(V6_SUFFIX):
+            if carrier is not None or delay_ms:
+                raise ValueError(f"{nat!r}: IPv6 is built for a home router on the backbone (no CGNAT, no delay)")
+            self.ipv6 = True
+            ip6 = self._add_ipv6(router, home, i)
+        record = Home(i, nat, router, home, wan_ip, f"{lan_net}.2", carrier, ip6)
         self.homes.append(record)
         return record
 
@@ -254,6 +322,8 @@ class Lab:
                 proc.wait(10)
         finally:
             self._delete_namespaces()
+            while self._workdirs:
+                shutil.rmtree(self._workdirs.pop(), ignore_errors=True)
 
     def _delete_namespaces(self) -> None:
         while self._namespaces:

@@ -5,7 +5,10 @@
 kind can meet itself), starts a bare agent (``agent.py``: the product's HolePuncher, DCUtR over our
 circuit relay, TCP simultaneous open) in every home, and for each unordered pair of kinds lets the
 first kind's home dial the second's through the relay and punch (``scenarios.punch``). Pairs run
-in parallel where they share no home. Returns ``{"pairs", "direct", "direct_fraction",
+in parallel where they share no home. Agents in ``upnp`` homes run with ``--port-map`` (ADR 0221): they
+map their listen and punch ports on the router and offer the mapped punch port first in DCUtR, so any
+peer's SYN reaches them (``upnp`` is not in ``MATRIX_KINDS``, as it needs miniupnpd: ask for it with
+``kinds``). Returns ``{"pairs", "direct", "direct_fraction",
 "median_time_to_direct_s", "by_pair": {"a/b": {"direct", "seconds"}}}``.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .nodes import Node, peer_id_of
 from .scenarios import punch
 
 MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat")
+V6_KINDS = ("symmetric+v6", "symmetric-seq+v6", "port-restricted+v6")   # with IPv6 beside (ADR 0224)
 PORT = 4001
 
 
@@ -48,7 +52,8 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
 
         def start(i: int) -> Node:
             record = lab.homes[i - 1]
-            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args)
+            port_map = ("--port-map",) if record.nat == "upnp" else ()
+            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args, *port_map)
 
         with ThreadPoolExecutor(4) as pool:
             for i, node in zip(range(1, len(homes) + 1), pool.map(start, range(1, len(homes) + 1))):
@@ -61,7 +66,8 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
                 outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay), batch))
             for (x, y), out in zip(batch, outs):
                 by_pair[f"{homes[x - 1]}/{homes[y - 1]}"] = {"direct": bool(out["conn"]["direct"]),
-                                                              "seconds": round(out["seconds"], 3)}
+                                                              "seconds": round(out["seconds"], 3),
+                                                              "remote": out["conn"].get("remote")}
     finally:
         for node in [*agents.values(), *([relay] if relay else [])]:
             node.stop()

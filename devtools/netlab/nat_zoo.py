@@ -21,18 +21,36 @@ NAT and filter chains. The kinds (mapping / filtering, and how the rules get the
                      destination; conntrack filtering.
 ``symmetric``        endpoint-dependent mapping with random allocation (``masquerade
                      fully-random``); conntrack filtering.
+``upnp``             ``port-restricted`` rules plus a port-mapping router: miniupnpd (``upnp.py``)
+                     answers PCP, NAT-PMP and UPnP-IGD on the LAN and adds the DNAT rules of the
+                     mappings a home asks for to its own ``inet filter`` table (ADR 0221).
 ``cgnat``            two layers: the home router (``port-restricted`` rules, WAN in 100.64.<i>.0/24)
                      behind a carrier NAT (its own namespace, ``port-restricted`` rules too: RFC
                      6888 requires endpoint-independent mapping of a CGN) that holds the public
                      address.
 
 No kind hairpins (a packet from the home to its own public address is not looped back).
+
+A home with IPv6 (the lab's ``+v6`` kinds) is not NATed on it: ``IPV6_FIREWALL`` is its router's
+stateful filter (RFC 6092's recommended home router: what the home sends goes out, replies and related
+ICMPv6 come back, unsolicited inbound is dropped; ICMPv6 neighbour discovery to the router passes).
 """
 from __future__ import annotations
 
-KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "cgnat")
+from . import upnp
+
+KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "cgnat", "upnp")
 SET_TIMEOUT = "120s"
 SEQ_BASE, SEQ_SPAN = 20000, 4096
+IPV6_FIREWALL = """table ip6 firewall {
+    chain forward {
+        type filter hook forward priority 0; policy drop;
+        ct state established,related accept
+        iifname "lan" accept
+        icmpv6 type { destination-unreachable, packet-too-big, time-exceeded, parameter-problem } accept
+    }
+}
+"""
 
 
 def home_rules(kind: str, wan_ip: str, home_ip: str, lan: str = "lan") -> str:
@@ -40,6 +58,8 @@ def home_rules(kind: str, wan_ip: str, home_ip: str, lan: str = "lan") -> str:
     carrier's are ``home_rules("port-restricted", ...)`` with its own ports)."""
     if kind not in KINDS:
         raise ValueError(f"unknown NAT flavour {kind!r} (known: {', '.join(KINDS)})")
+    if kind == "upnp":
+        return home_rules("port-restricted", wan_ip, home_ip, lan) + upnp.RULES
     l4 = "meta l4proto { tcp, udp }"
     sets, prerouting, forward_track = "", "", ""
     if kind == "full-cone":

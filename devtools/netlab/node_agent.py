@@ -11,6 +11,7 @@ reservation. Ops (each ``{"id": n, "op": ..., ...}``, answered ``{"id": n, "ok":
                                 ``host.open_stream`` an echo stream and round-trip 64 KiB over it
   paths(peer)                -> "direct"/"relayed" for each open connection to the peer
   hole_punch()               -> the relay client's hole-punch status
+  port_mapping()             -> the port-mapping service's status (ADR 0221)
   allreduce(peers, codec, numel, round_id, non_reducers)
                              -> {sha256, norm, participants, attempts, bytes_sent, paths}: knowing the
                                 other members only by their relayed addresses (``peers``: id ->
@@ -127,6 +128,9 @@ class NodeAgent:
     async def op_hole_punch(self) -> dict | None:
         punching = self.node.relay_client.punching
         return punching.status() if punching is not None else None
+
+    async def op_port_mapping(self) -> dict:
+        return self.node.services["port_mapping"].status()
 
     async def run(self) -> None:
         node_task = asyncio.ensure_future(self.node.run())

@@ -126,7 +126,7 @@ class Host:
         self.classes = PeerClasses()  # staked peers, a task's crew...: tagged by the roles that know them
         self._ip_class_cache: tuple[float, int, dict[str, PeerClass]] | None = None
         self._circuit_dialer: CircuitDialer | None = None
-        self._extra_addrs: Callable[[], Sequence[str]] | None = None
+        self._extra_addrs: dict[str, Callable[[], Sequence[str]]] = {}   # source -> provider
         self._running = False
         self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
         self.set_handler(PING_PROTOCOL, serve_ping)
@@ -199,14 +199,20 @@ class Host:
         """
         self._circuit_dialer = dialer
 
-    def advertise_extra_addrs(self, provider: Callable[[], Sequence[str]] | None) -> None:
-        """Also advertise ``provider()``'s multiaddrs in identify (e.g. the relayed addresses a
-        NAT'd node holds reservations for), after the bound listen addresses."""
-        self._extra_addrs = provider
+    def advertise_extra_addrs(self, provider: Callable[[], Sequence[str]] | None, *, source: str = "relay") -> None:
+        """Also advertise ``provider()``'s multiaddrs in identify, after the bound listen addresses:
+        one provider per ``source`` (None removes it), e.g. the relayed addresses a NAT'd node holds
+        reservations for ("relay") and the public address its router maps to it ("port_mapping",
+        listed first)."""
+        if provider is None:
+            self._extra_addrs.pop(source, None)
+        else:
+            self._extra_addrs[source] = provider
 
     def extra_addrs(self) -> list[str]:
-        """What ``advertise_extra_addrs``' provider gives now (e.g. the relayed addresses held)."""
-        return list(self._extra_addrs()) if self._extra_addrs is not None else []
+        """What the ``advertise_extra_addrs`` providers give now, port mappings first."""
+        sources = sorted(self._extra_addrs, key=lambda s: s != "port_mapping")
+        return [addr for source in sources for addr in self._extra_addrs[source]()]
 
     def connections(self, peer_id: str | None = None) -> list[Connection]:
         return [c for c in self._connections if peer_id is None or c.remote_peer == peer_id]
@@ -669,7 +675,7 @@ class Host:
     def _identify_info(self, conn: Connection) -> IdentifyInfo:
         local = conn.secure.tcp.sockname
         listen_addrs = advertised_addrs(self._bound_addrs, local[0] if local else None)
-        for addr in self._extra_addrs() if self._extra_addrs is not None else ():
+        for addr in self.extra_addrs():
             with contextlib.suppress(ProtocolError):  # a malformed extra address is left out
                 listen_addrs.append(Multiaddr.parse(addr))
         return IdentifyInfo(public_key=self.identity.public_key_protobuf, listen_addrs=listen_addrs,

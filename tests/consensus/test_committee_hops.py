@@ -9,7 +9,7 @@ from consensus.committee_hops import HopError, verify_hop
 from consensus.encoding import decode, encode
 from consensus.genesis import Genesis, GenesisValidator, Params
 from consensus.messages import Vote, VoteType, sign_vote, value_id
-from consensus.statesync import StateSyncError, StoreSource, follow_hops, replay_blocks, state_sync
+from consensus.statesync import StateSyncError, StoreSource, committee_at, follow_hops, replay_blocks, state_sync
 from consensus.tx import build_tx
 from consensus.validator.chainstore import ChainStore
 from consensus.validator.memkv import MemoryKV
@@ -41,20 +41,23 @@ def by_id(committee):
     return [next(i for i in OLD + NEW + FORGERS if i.peer_id == p) for p in committee.peer_ids]
 
 
-def build_chain(blocks, genesis=GENESIS, joiners=NEW, rotate_at=1):
+def build_chain(blocks, genesis=GENESIS, joiners=NEW, rotate_at=1, rotations=None):
     """A chain whose committee is ``genesis``'s validators until ``joiners`` register and outstake
-    them in block ``rotate_at``; each block certified by its own committee (read from the store)."""
+    them in block ``rotate_at`` (or each ``rotations`` height's joiners, each outstaking the last);
+    each block certified by its own committee (read from the store)."""
     store = ChainStore(Storage.create("source", MemoryKV(), genesis))
     ledger = store.storage.load_ledger()
     cert = b""
+    rotations = rotations or {rotate_at: joiners}
     for height in range(1, blocks + 1):
         committee = store.committee_for(height, ledger)
         txs = []
-        if height == rotate_at:
-            for who in joiners:
+        if height in rotations:
+            bond = 50_000 * (sorted(rotations).index(height) + 1)
+            for who in rotations[height]:
                 txs.append(build_tx(who, genesis.chain_id, 0, "register_node", {
                     "roles": ["validator"], "listen_addrs": [], "relay_addrs": [], "hardware": HARDWARE}).raw)
-                txs.append(build_tx(who, genesis.chain_id, 1, "bond", {"amount": 50_000}).raw)
+                txs.append(build_tx(who, genesis.chain_id, 1, "bond", {"amount": bond}).raw)
         signers = by_id(committee)
         block = build_block(genesis.chain_id, height, height, ledger.last_block_hash, ledger.app_hash,
                             signers[0], ledger.beacon, txs, (), cert)
@@ -101,8 +104,10 @@ def test_a_joiner_trusting_only_genesis_state_syncs_after_the_whole_committee_ch
     assert ledger.height == full.height and ledger.full_state_hash() == full.full_state_hash()
     # the joiner keeps the hop it followed, so it can serve the next joiner
     assert store.storage.committee_hop(EPOCH) == source.storage.committee_hop(EPOCH)
-    committee, followed = follow_hops(GENESIS, trusted, [StoreSource("first joiner", store)], {})
-    assert set(committee.peer_ids) == {v.peer_id for v in NEW} and [h for h, _ in followed] == [EPOCH]
+    committees, followed = follow_hops(GENESIS, trusted, [StoreSource("first joiner", store)], {})
+    assert [h for h, _ in followed] == [EPOCH]
+    assert committee_at(committees, EPOCH) is trusted
+    assert set(committee_at(committees, EPOCH + 1).peer_ids) == {v.peer_id for v in NEW}
 
 
 class NoHops(StoreSource):
@@ -220,3 +225,21 @@ def test_a_remote_hop_list_is_paged_and_bounded_against_a_looping_peer(monkeypat
     monkeypatch.setattr(snapshot_wire, "MAX_HOPS", 2 * HOP_LIST_PAGE)
     monkeypatch.setattr(remote, "_call", honest)
     assert len(remote.hops()) == 2 * HOP_LIST_PAGE
+
+
+class WithoutLatestSnapshot(StoreSource):
+    def manifest(self, height):
+        return None if height == max(self.snapshots()) else super().manifest(height)
+
+
+def test_an_older_snapshot_is_checked_against_the_committee_of_its_own_height():
+    """Two committee changes (at 4 and 8); the joiner restores the snapshot at 4, whose anchor block 5
+    the second committee signed, not the third that the hops lead to."""
+    source, full = build_chain(2 * EPOCH + 3, rotations={1: NEW, EPOCH + 1: FORGERS})
+    assert source.storage.committee_hops(0, 100) == [EPOCH, 2 * EPOCH]
+    assert source.storage.snapshot_heights() == [EPOCH, 2 * EPOCH]
+    store, trusted = fresh()
+    ledger, report = state_sync(store, trusted, [WithoutLatestSnapshot("peer", source)])
+    assert report.snapshot_height == EPOCH and report.hops == 2
+    replay_blocks(store, ledger, StoreSource("peer", source), full.height)
+    assert ledger.full_state_hash() == full.full_state_hash()

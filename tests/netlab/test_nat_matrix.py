@@ -7,12 +7,14 @@ listen on their punch ports; a sequential symmetric side also reaches a port-res
 side, by offering the ports its NAT will map next (port prediction, ADR 0204); a random symmetric
 side meets a port-restricted or CGNAT side by birthday probing, by chance; two symmetric sides of
 different kinds, or two random ones, stay relayed; two sequential ones end direct or not depending
-on how their counters meet.
+on how their counters meet. A ``upnp`` side (its router maps its punch port, ADR 0221) ends direct
+with anyone, a random symmetric side included.
 """
 from __future__ import annotations
 
 import pytest
 
+from devtools.netlab import upnp
 from devtools.netlab.lab import unavailable
 from devtools.netlab.nat_matrix import MATRIX_KINDS, run_matrix
 
@@ -23,6 +25,8 @@ def expected_direct(pair: str) -> bool | None:
     """True/False where the outcome is determined; None for two sequential symmetric sides (both
     predict: direct when the two counters' next ports meet, which the order of flows decides)."""
     kinds = pair.split("/")
+    if "upnp" in kinds:
+        return True  # its router forwards the mapped punch port: any side's SYN gets in (ADR 0221)
     if kinds == ["symmetric-seq", "symmetric-seq"]:
         return None
     if "symmetric" in kinds and ({"port-restricted", "cgnat"} & set(kinds)):
@@ -47,3 +51,12 @@ def test_pairs_end_direct_wherever_one_side_can_accept_the_other():
             assert result["direct"] == expected_direct(pair), (pair, out)
     assert out["direct_fraction"] >= round(16 / 21, 3)
     assert out["median_time_to_direct_s"] < 3.0
+
+
+def test_a_port_mapping_side_ends_direct_even_with_a_random_symmetric_side():
+    why = unavailable() or upnp.unavailable()
+    if why:
+        pytest.skip(why)
+    out = run_matrix(("upnp", "symmetric"))
+    assert out["by_pair"]["upnp/upnp"]["direct"] and out["by_pair"]["upnp/symmetric"]["direct"], out
+    assert not out["by_pair"]["symmetric/symmetric"]["direct"], out

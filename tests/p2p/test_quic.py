@@ -370,9 +370,10 @@ def test_unfinished_handshakes_are_capped_and_expire():
 
 def test_quic_addresses_in_ledger_records_and_autonat():
     """A host listening on QUIC too: its addresses go into ledger records (wildcards left out as
-    for TCP), AutoNAT asks for TCP dial-backs only, and an observed QUIC address gives the IP
-    (each of these raised MultiaddrError on a QUIC address before)."""
+    for TCP), AutoNAT asks for TCP dial-backs only, an observed QUIC address gives the IP, port
+    mapping skips the QUIC listener (each of these raised MultiaddrError on a QUIC address before)."""
     from node.ledger.record import dialable
+    from relay.portmap.service import listen_port
     from relay.reachability import candidate_addrs
 
     async def body(a, b):
@@ -382,4 +383,6 @@ def test_quic_addresses_in_ledger_records_and_autonat():
         out = [str(x) for x in candidate_addrs(b, observed)]
         tcp_port = next(x for x in b.listen_addrs if "/tcp/" in x).split("/")[4]
         assert out == [f"/ip4/127.0.0.1/tcp/{tcp_port}", f"/ip4/5.6.7.8/tcp/{tcp_port}"]
+        # port mapping asks for the TCP listener's port, past a QUIC listener listed first
+        assert listen_port(["/ip4/10.0.0.2/udp/4001/quic-v1", "/ip4/10.0.0.2/tcp/4002"]) == 4002
     run(body, addrs=(TCP, QUIC))

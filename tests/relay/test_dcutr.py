@@ -148,7 +148,7 @@ async def _relayed_pair():
     relay_addr = relay.host.listen_addrs[0]
     punchers = []
     for endpoint in (a, b):
-        puncher = HolePuncher(endpoint.host, punch_window=2.0)
+        puncher = HolePuncher(endpoint.host, punch_window=2.0, ipv6=False)
         puncher.start()
         observed = await puncher.connect_public(relay_addr)
         assert observed == Multiaddr.parse(f"/ip4/127.0.0.1/tcp/{puncher.port}")
@@ -382,7 +382,7 @@ def test_a_reachable_dialer_is_dialed_back_directly_before_any_punch():
         relay_addr = relay.host.listen_addrs[0]
         punchers = []
         for endpoint in (a, b):
-            puncher = HolePuncher(endpoint.host, punch_window=1.0)
+            puncher = HolePuncher(endpoint.host, punch_window=1.0, ipv6=False)
             puncher.start()
             await puncher.connect_public(relay_addr)
             puncher.observed = {relay.host.peer_id: Multiaddr.parse("/ip4/127.0.0.1/tcp/9")}  # no punch works

@@ -25,7 +25,7 @@ def test_a_rewritten_punch_port_offers_the_next_ports_or_asks_for_birthday_probi
     async def main():
         a = await start_endpoint()
         relay = await start_relay({a.host.peer_id})
-        puncher = HolePuncher(a.host)
+        puncher = HolePuncher(a.host, ipv6=False)
         puncher.start()
         try:
             observed = await puncher.connect_public(relay.host.listen_addrs[0])

@@ -11,6 +11,7 @@ from node.identity import Identity
 from node.roles import basic_role
 from node.runtime import Node
 from relay.client import RelayClient
+from relay.repunch import RepunchSchedule
 
 ECHO = "/test/echo/1.0.0"
 
@@ -115,3 +116,31 @@ def test_the_dialed_node_punches_when_the_dialer_does_not():
             await stop_home(b, b_task)
             await stop_all(relay)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_peer_left_relayed_is_punched_again_once_a_punch_can_work():
+    """The first punch cannot work (neither punch port has a live mapping at a relay: nothing to offer),
+    so the dial stays relayed; once the run loop has re-made those connections, the retry the
+    schedule holds (relay/repunch.py) punches through and retires the relayed connection."""
+    async def main():
+        relay, (a, a_task), (b, b_task) = await home_pair()
+        try:
+            punching = a.relay_client.punching
+            punching.repunch = RepunchSchedule(first_s=0.2)
+            for node in (a, b):
+                puncher = node.relay_client.punching.puncher
+                for conn in list(puncher._public.values()):
+                    await conn.close()
+            assert not punching.puncher.own_addrs()
+            assert is_relayed(await round_trip(a, b.peer_id))
+            assert punching.relayed == 1 and b.peer_id in punching.repunch
+            await eventually(lambda: punching.repunched == 1, what="a later punch", timeout=30)
+            assert b.peer_id not in punching.repunch
+            await eventually(lambda: not any(is_relayed(c) and not c.closed for c in a.host.connections(b.peer_id)),
+                             what="relayed connection retired")
+            assert not is_relayed(await round_trip(a, b.peer_id))
+        finally:
+            await stop_home(a, a_task)
+            await stop_home(b, b_task)
+            await stop_all(relay)
+    asyncio.run(asyncio.wait_for(main(), 90))
