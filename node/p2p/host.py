@@ -317,10 +317,15 @@ class Host:
             self._quic_dialers[ipv6] = dialer
         return dialer
 
-    async def _dial_quic(self, peer_id: str, addr: Multiaddr) -> QuicSession:
+    async def _dial_quic(self, peer_id: str, addr: Multiaddr,
+                         reached: Callable[[], None] | None = None) -> QuicSession:
+        """A verified QUIC session: no answer within ``connect_timeout`` fails like a TCP connect
+        (``reached`` once one comes), the whole handshake within ``handshake_timeout``."""
         ip, port = addr.quic_endpoint()
         endpoint = await self._quic_endpoint_for(ip)
-        return await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout)
+        return await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout,
+                                   answer_timeout=min(self.limits.connect_timeout, self.limits.handshake_timeout),
+                                   on_answer=reached)
 
     # ---- inbound
     def _inbound_protocol(self) -> TcpConnection:
@@ -437,9 +442,7 @@ class Host:
     def _direct_attempt(self, peer_id: str, addr: Multiaddr) -> _Attempt:
         if addr.is_quic:
             async def quic_attempt(reached: Callable[[], None]) -> QuicSession:
-                session = await self._dial_quic(peer_id, addr)
-                reached()
-                return session
+                return await self._dial_quic(peer_id, addr, reached)
             return quic_attempt
 
         async def attempt(reached: Callable[[], None]) -> SecureConn:

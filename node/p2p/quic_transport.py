@@ -137,6 +137,7 @@ class QuicSession:
         self._keepalive: asyncio.TimerHandle | None = None
         self._unsignalled = 0   # bytes read since we last sent window updates
         self._transmit_handle: asyncio.Handle | None = None
+        self.answered: asyncio.Future[None] = self._loop.create_future()   # a first datagram came back
 
     # ---- the secured-connection face (what Connection and Host read)
     @property
@@ -177,12 +178,13 @@ class QuicSession:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def abort(self, reason: str) -> None:
-        """Close with the libp2p refusal code (a failed identity check)."""
+    def abort(self, reason: str, error: ProtocolError | None = None) -> None:
+        """Close with the libp2p refusal code; a pending handshake fails with ``error``
+        (default: CertificateError, a failed identity check)."""
         if not self._closed:
             self._quic.close(error_code=ERROR_PEER_REFUSED, reason_phrase=reason[:100])
             self._transmit()
-            self._terminate(CertificateError(reason))
+            self._terminate(error or CertificateError(reason))
 
     # ---- the muxer face
     async def start(self) -> None:
@@ -294,6 +296,8 @@ class QuicSession:
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if self._closed:
             return
+        if not self.answered.done():
+            self.answered.set_result(None)
         self._quic.receive_datagram(data, addr, now=self._loop.time())
         self._process_events()
         self._transmit_soon()   # one flight for all the datagrams this loop iteration delivers
@@ -520,36 +524,44 @@ class QuicEndpoint(asyncio.DatagramProtocol):
 
     def _add(self, session: QuicSession, cids: list[bytes]) -> None:
         self._sessions.add(session)
-        self._pending.add(session)
         for cid in cids:
             self._routes[cid] = session
-        loop = asyncio.get_running_loop()
-        loop.call_later(self._handshake_timeout, self._handshake_deadline, session)
+        if not session.is_initiator:   # a dial keeps its own time
+            self._pending.add(session)
+            asyncio.get_running_loop().call_later(self._handshake_timeout, self._handshake_deadline, session)
 
     def _handshake_deadline(self, session: QuicSession) -> None:
         if not session.handshake.done():
-            session.abort("handshake timeout")
-            if not session.handshake.done():  # terminate set it already, normally
-                session.handshake.set_exception(HandshakeTimeout("quic handshake timeout"))
+            session.abort("handshake timeout", HandshakeTimeout("quic handshake timeout"))
         self._pending.discard(session)
 
-    async def dial(self, addr: tuple[str, int], expected_peer: str | None, timeout: float) -> QuicSession:
-        """A verified session to ``addr`` from this socket; CertificateError when it is not ``expected_peer``."""
+    async def dial(self, addr: tuple[str, int], expected_peer: str | None, timeout: float, *,
+                   answer_timeout: float | None = None, on_answer: Callable[[], None] | None = None) -> QuicSession:
+        """A verified session to ``addr`` from this socket; CertificateError when it is not
+        ``expected_peer``. ``answer_timeout`` bounds the wait for the peer's first datagram (the
+        TCP connect's analogue: a dead address fails fast; ConnectionError), ``on_answer`` is
+        called when it comes; ``timeout`` bounds the whole handshake (HandshakeTimeout)."""
         if self.transport is None:
             raise ConnectionError("quic socket closed")
         quic = _Connection(configuration=self._tls.configuration(is_client=True))
         session = QuicSession(self, quic, addr, is_initiator=True, expected_peer=expected_peer)
         self._add(session, [quic.host_cid])
-        self._pending.discard(session)   # the cap is for inbound handshakes
         session.connect()
         try:
             async with asyncio.timeout(timeout):
+                if answer_timeout is not None:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(session.answered), answer_timeout)
+                    except TimeoutError:
+                        raise ConnectionError(f"no QUIC answer from {addr} within {answer_timeout} s") from None
+                if on_answer is not None:
+                    on_answer()
                 await asyncio.shield(session.handshake)
         except TimeoutError:
-            session.abort("handshake timeout")
+            session.abort("handshake timeout", HandshakeTimeout("quic handshake timeout"))
             raise HandshakeTimeout(f"quic handshake with {addr} took longer than {timeout} s") from None
         except BaseException:
-            session.abort("dial abandoned")
+            session.abort("dial abandoned", HandshakeTimeout("dial abandoned"))
             raise
         return session
 
