@@ -99,6 +99,26 @@ def test_quic_handshake_echo_identify_ping():
     run(body)
 
 
+def test_quic_over_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this environment")
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+
+    async def body(a, b):
+        addr = quic_addr(b)
+        assert addr.startswith("/ip6/::1/udp/")
+        await a.connect(addr)
+        stream = await a.open_stream(b.peer_id, ECHO)
+        assert await echo_once(stream, b"six") == b"six"
+        assert str(stream.connection.remote_addr).startswith("/ip6/::1/udp/")
+    run(body, addrs=("/ip6/::1/udp/0/quic-v1",))
+
+
 def test_wrong_expected_peer_refused():
     async def body(a, b):
         impostor = Identity.generate().peer_id
