@@ -6,23 +6,26 @@ both ways (``relay.transport.StreamPipe``: the count it co-signs the relay's usa
 At its commit a worker reports, per relay, what the circuits it opened carried while it trained the
 task (``commit_result``'s ``relay_bytes``: relay -> bytes); the task keeps each committer's report
 (``Task.relay_bytes``). Every circuit is opened by exactly one worker, so the reports add up to the
-task's relayed bytes with no byte counted twice. A report names only registered relays; it is the
-worker's own count (informational, nothing is paid on it: relays are paid on co-signed receipts).
+task's relayed bytes with no byte counted twice. The task keeps the entries naming registered relays
+other than the reporter and drops the others without failing the commit: the figure is the worker's
+own count, informational (nothing is paid on it: relays are paid on co-signed receipts), and a relay
+whose record changed between the worker's look-up and the block must not cost it its commit.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from consensus.state.store import LedgerState
-from consensus.txcodes import TxCode, TxError
 
 
-def check_report(state: LedgerState, reporter: str, relayed: Mapping[str, int]) -> None:
-    """A committer's ``relay_bytes`` name only registered relays other than itself (BAD_PAYLOAD otherwise)."""
-    for relay in relayed:
+def kept_entries(state: LedgerState, reporter: str, relayed: Mapping[str, int]) -> dict[str, int]:
+    """The entries of a committer's ``relay_bytes`` that name a registered relay other than itself."""
+    kept = {}
+    for relay, count in relayed.items():
         node = state.nodes.get(relay)
-        if relay == reporter or node is None or "relay" not in node.roles:
-            raise TxError(TxCode.BAD_PAYLOAD, f"relay_bytes names {relay[:16]}.., not a registered relay")
+        if relay != reporter and node is not None and "relay" in node.roles:
+            kept[relay] = count
+    return kept
 
 
 def by_relay(reports: Mapping[str, Mapping[str, int]]) -> dict[str, int]:

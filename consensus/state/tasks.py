@@ -389,8 +389,7 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     epochs.check_result(task, tx.sender)
     rates = p.get("peer_rates") or {}
     bandwidth.check_report(task, tx.sender, rates)
-    relayed = p.get("relay_bytes") or {}
-    relay_bytes.check_report(state, tx.sender, relayed)
+    relayed = relay_bytes.kept_entries(state, tx.sender, p.get("relay_bytes") or {})
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
     if rates:
         task.rate_reports[tx.sender] = dict(rates)
