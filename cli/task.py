@@ -26,7 +26,7 @@ from cli.payout_lines import payout_lines
 from cli.rpc_call import rpc_call
 from cli.safe_text import echo
 from cli.task_epochs import epoch_lines
-from cli.task_report import FAILED, deadline_lines, decode_task, slot_lines
+from cli.task_report import FAILED, deadline_lines, decode_task, relay_lines, slot_lines
 from consensus.state.retention import unknown_task_message
 from consensus.tx import DEFAULT_FEE, MAX_EXPECTED_S
 from ml.compute.task_spec import SYNC_MODES, model_name
@@ -244,7 +244,7 @@ def run_show(args: argparse.Namespace) -> int:
         if name not in doc or name == "reason" and not value:   # fields an older validator does not show
             continue
         echo(f"{name + ':':12}{json.dumps(value) if isinstance(value, (dict, list)) else value}")
-    for line in deadline_lines(task) + epoch_lines(task) + slot_lines(task):
+    for line in deadline_lines(task) + epoch_lines(task) + slot_lines(task) + relay_lines(task):
         echo(line)
     if task.payouts:
         print("payouts by kind:")

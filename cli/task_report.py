@@ -1,6 +1,7 @@
 """How a task is told: its audit slots (docs/adr/0168: each committed worker's drawn segments, the
 verifiers' answers, a dispute, the referees' votes, the outcome) and the payouts of a paid task, each
-labelled worker, verifier, referee, relay or refund (cli/payout_lines.py); the reason, the workers'
+labelled worker, verifier, referee, relay or refund (cli/payout_lines.py); the bytes relayed for it per
+relay (docs/adr/0223); the reason, the workers'
 rejections and the refund of a rejected, expired, failed or cancelled one. Deadlines are block times
 (docs/adr/0187), told relative to the ledger's time the document carries (``block_time_ms``).
 ``report_final`` returns the command's exit status (0 paid or cancelled by the owner, 1 rejected,
@@ -62,6 +63,21 @@ def deadline_lines(task: TaskInfo) -> list[str]:
     if task.status in (TaskStatus.COMMITTED, TaskStatus.DISPUTED) and task.window_end:
         return [f"audits end: {deadline_text(task, task.window_end)} at the earliest"]
     return []
+
+
+def mib_text(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def relay_lines(task: TaskInfo) -> list[str]:
+    """The bytes the task's circuits carried through each relay, as its workers reported them at commit
+    (docs/adr/0223); nothing when no worker reported any."""
+    by_relay = task.relayed_by_relay
+    if not by_relay:
+        return []
+    lines = [f"relayed: {mib_text(sum(by_relay.values()))} through relays (the workers' circuit counts at commit)"]
+    lines += [f"  relay {short(relay)}  {mib_text(n)}" for relay, n in by_relay.items()]
+    return lines
 
 
 def answer_text(answer: Answer | None) -> str:

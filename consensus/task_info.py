@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.state.records import SlotOutcome, TaskStatus
+from consensus.state.relay_bytes import by_relay
 
 __all__ = ["Answer", "AuditSlot", "Challenge", "Commit", "EpochCommit", "EpochProgress", "PendingDraw", "RefereeSeat",
            "SlotOutcome", "TaskDocError", "TaskStatus", "TaskInfo", "VerifierSeat", "decode_tasks"]
@@ -380,6 +381,7 @@ class TaskInfo:
     slots: tuple[AuditSlot, ...] = ()
     assign_deadline: int = 0
     epochs: EpochProgress | None = None   # a task cut into epochs (docs/adr/0203); None for one without
+    relay_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)   # worker -> relay -> bytes (ADR 0223)
     block_time_ms: int = 0
     doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)   # the JSON it came from
 
@@ -413,12 +415,19 @@ class TaskInfo:
                    assign_deadline=_int(doc, "assign_deadline", where),
                    epochs=EpochProgress.from_json(progress, "task.epochs") if progress else None,
                    block_time_ms=_int(doc, "block_time_ms", where),
+                   relay_bytes={worker: _str_map(_mapping(doc, "relay_bytes", where), worker, int, "task.relay_bytes")
+                                for worker in _mapping(doc, "relay_bytes", where)},
                    doc=doc)
 
     @property
     def task_bytes(self) -> bytes:
         """The task id as bytes (what transactions carry)."""
         return bytes.fromhex(self.task_id)
+
+    @property
+    def relayed_by_relay(self) -> dict[str, int]:
+        """The bytes the task's circuits carried through each relay, summed over the workers' reports."""
+        return by_relay(self.relay_bytes)
 
     @property
     def parties(self) -> tuple[str, ...]:

@@ -394,6 +394,8 @@ HASH32 = blob(32)
 MAX_CPU_CORES = 1024
 MAX_BANDWIDTH_MBPS = 10**6   # 1 Tbit/s
 MAX_TASK_WORKERS = 64
+MAX_TASK_RELAYS = 16         # relays one worker's task traffic went through (commit_result's relay_bytes)
+MAX_RELAYED_BYTES = 2**53    # 8 PiB: one worker's relayed bytes for one task
 HARDWARE: Schema = {  # declared, not proven: bounds keep records small and numbers believable
     "cpu_cores": uint(0, MAX_CPU_CORES), "ram_mb": uint(0, 2**24),        # 16 TiB
     "gpu": printable(64), "gpu_mem_mb": uint(0, 2**21),                    # 2 TiB
@@ -448,7 +450,9 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
     "commit_result": {"task_id": TASK_ID, "segments_root": HASH32, "result_hash": HASH32,
                       "segments": uint(1, 2**32),
                       # the co-workers' upload rates (Mbit/s) the all-reduce agreed (ADR 0219)
-                      "peer_rates": OptionalField(peer_uint_map(MAX_TASK_WORKERS, MAX_BANDWIDTH_MBPS))},
+                      "peer_rates": OptionalField(peer_uint_map(MAX_TASK_WORKERS, MAX_BANDWIDTH_MBPS)),
+                      # the bytes this worker's task circuits carried, per relay (ADR 0223)
+                      "relay_bytes": OptionalField(peer_uint_map(MAX_TASK_RELAYS, MAX_RELAYED_BYTES))},
     "commit_epoch": {"task_id": TASK_ID, "epoch": uint(0, MAX_TASK_SEGMENTS), "segments_root": HASH32,
                      "state_digest": HASH32, "segments": uint(1, MAX_TASK_SEGMENTS)},   # progress (ADR 0203)
     "audit_commit": {"task_id": TASK_ID, "slot": uint(0, MAX_AUDIT_SLOT), "commitment": HASH32},

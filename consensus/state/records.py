@@ -184,18 +184,22 @@ class Task(Record):
     {} for a task without epochs.
     ``rate_reports``: reporter -> {co-worker: Mbit/s}, the upload rates each committer's all-reduce
     agreed for its co-workers (commit_result's ``peer_rates``, docs/adr/0219); {} when none reported.
+    ``relay_bytes``: reporter -> {relay: bytes}, what the circuits this committer opened for the task's
+    all-reduce carried through each relay (commit_result's ``relay_bytes``, docs/adr/0223); {} when none.
     """
 
     __slots__ = FIELDS = ("owner", "seq", "spec", "price", "escrow", "status", "created_height",
                           "assigned_height", "commit_deadline", "workers", "commits", "audits", "disputes",
                           "window_end", "relay_claims", "audit_seed", "payouts",
                           "sources", "device", "rejections", "reason", "result",
-                          "profile", "segments", "slots", "assign_deadline", "epochs", "rate_reports")
+                          "profile", "segments", "slots", "assign_deadline", "epochs", "rate_reports",
+                          "relay_bytes")
     V1_FIELDS = 17   # records stored before sources..result existed have only the first 17 fields
     V2_FIELDS = 22   # ... and before profile..slots (ADR 0168) the first 22: encoded so while those are unset
     V3_FIELDS = 25   # ... and before assign_deadline (ADR 0187) the first 25: encoded so while it is 0
     V4_FIELDS = 26   # ... and before epochs (ADR 0203) the first 26: encoded so while it is empty
     V5_FIELDS = 27   # ... and before rate_reports (ADR 0219) the first 27: encoded so while it is empty
+    V6_FIELDS = 28   # ... and before relay_bytes (ADR 0223) the first 28: encoded so while it is empty
 
     def __init__(self, owner: str, seq: int, spec: dict, price: int, created_height: int,
                  sources: list | None = None, device: str = "cpu"):
@@ -227,9 +231,13 @@ class Task(Record):
         self.assign_deadline = 0
         self.epochs: dict[str, Any] = {}
         self.rate_reports: dict[str, dict[str, int]] = {}
+        self.relay_bytes: dict[str, dict[str, int]] = {}
 
     def to_obj(self) -> list:
         obj = super().to_obj()
+        if self.relay_bytes:
+            return obj
+        obj = obj[:self.V6_FIELDS]
         if self.rate_reports:
             return obj
         obj = obj[:self.V5_FIELDS]
@@ -250,6 +258,8 @@ class Task(Record):
         if len(obj) == cls.V4_FIELDS:   # a record from before ADR 0203
             obj = [*obj, {}]
         if len(obj) == cls.V5_FIELDS:   # a record from before ADR 0219
+            obj = [*obj, {}]
+        if len(obj) == cls.V6_FIELDS:   # a record from before ADR 0223
             obj = [*obj, {}]
         return super().from_obj(obj)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audit_cost, audits, bandwidth, deadlines, epochs, rejections, task_stop
+from consensus.state import audit_cost, audits, bandwidth, deadlines, epochs, rejections, relay_bytes, task_stop
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -389,9 +389,12 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     epochs.check_result(task, tx.sender)
     rates = p.get("peer_rates") or {}
     bandwidth.check_report(task, tx.sender, rates)
+    relayed = relay_bytes.kept_entries(state, tx.sender, p.get("relay_bytes") or {})
     task.commits[tx.sender] = [p["segments_root"], p["result_hash"], p["segments"], ctx.height]
     if rates:
         task.rate_reports[tx.sender] = dict(rates)
+    if relayed:
+        task.relay_bytes[tx.sender] = dict(relayed)
     task.status = TaskStatus.RUNNING
     if len(task.commits) == commit_quorum(len(task.workers)):
         task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))

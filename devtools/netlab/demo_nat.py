@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from consensus.state.relay_bytes import by_relay as by_relay_of
 from devtools.testnet import REPO_ROOT
 
 from .lab import unavailable
@@ -111,6 +112,10 @@ def main() -> int:
                     return 1
             relayed = {r.name: int(net.metric(r, "dekube_relay_bytes_total")) for r in net.relays}
             print("== relays carried " + ", ".join(f"{n}: {b / 1e6:.2f} MB" for n, b in relayed.items()))
+            names.update({r.peer_id: r.name for r in net.relays})
+            by_relay = by_relay_of(task.get("relay_bytes") or {})   # the workers' counts at commit (ADR 0223)
+            print("== of which the task's all-reduce circuits (the workers' counts at commit): "
+                  + (", ".join(f"{names.get(r, r[:16])}: {b / 1e6:.2f} MB" for r, b in by_relay.items()) or "none"))
             supply = net.rpc("dkb_getSupply")
             conserved = supply["total"] == supply["genesis"]
             print(f"== supply {supply['total']} ({'conserved' if conserved else 'NOT CONSERVED'}); "

@@ -10,7 +10,8 @@ on first use, re-opened when it dies), so consensus and control messages on the 
 never queue behind gradients. A direct bulk connection's socket keeps at most 64 KiB unsent in the
 kernel (TCP_NOTSENT_LOWAT, as `TcpTransport`'s do), so the uplink's turn-taking orders what goes
 out (docs/adr/0097); a relayed one has no socket of its own. Peer addresses come from the Host's
-peer book (the role fills it from the ledger).
+peer book (the role fills it from the ledger). Every bulk connection opened is shown to `relay_meter`,
+which counts what the relayed ones carry per relay for the task being trained (docs/adr/0223).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 
 from ml.allreduce.transport import StreamHandler, TransportError, set_unsent_lowat
+from ml.compute.relay_meter import RelayMeter
 from node.p2p.connection import Connection, HostStream
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Host
@@ -32,6 +34,7 @@ class HostTransport:
         self._bulk_connections: dict[str, Connection] = {}
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._protocols: set[str] = set()
+        self.relay_meter = RelayMeter()
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def on_stream(stream: HostStream) -> None:
@@ -57,6 +60,7 @@ class HostTransport:
             if conn is None or conn.closed:
                 conn = await self.host.open_bulk_connection(peer_id)
                 _limit_unsent(conn)
+                self.relay_meter.opened(conn)
                 self._bulk_connections[peer_id] = conn
             return conn
 

@@ -30,6 +30,7 @@ from ml.compute.limits import LimitsControl
 from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
 from ml.compute.progress_history import record_point
+from ml.compute.relay_meter import commit_report
 from ml.compute.results import ResultStore
 from ml.compute.segment_record import leaves, root
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
@@ -123,6 +124,7 @@ class Training:
         others = [w for w in workers if w != me]
         group: Any = None
         uploads: asyncio.Task[dict[str, dict[str, int]]] | None = None
+        meter = getattr(self.transport, "relay_meter", None)   # relayed bytes of this task (ADR 0223)
         try:
             device = self.device_for(task, spec)
             if getattr(spec, "device", device) != device:
@@ -148,6 +150,8 @@ class Training:
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
             self.board.update(key, state="training")
+            if meter is not None:
+                meter.start(key)
             # co-workers' uploads for commit_result (ADR 0219), probed while we train: off the commit's path
             uploads = asyncio.ensure_future(self._co_worker_uploads(others))
 
@@ -175,7 +179,11 @@ class Training:
                               metrics=summary["metrics"], result=weights,
                               departures=departures(summary["short_rounds"], workers))
             rates = await measured_in_time(uploads)
-            receipt = await self.ledger.send("commit_result", {**commitment.payload(task_id), **rates})
+            counted = meter.take(key) if meter is not None else {}
+            if counted:
+                self.board.update(key, relay_bytes=counted)   # shown in /status and dkb_computeStatus
+            relayed = await self._relay_report(counted)
+            receipt = await self.ledger.send("commit_result", {**commitment.payload(task_id), **rates, **relayed})
             self.board.update(key, state=JobState.COMMITTED, commit_height=receipt["height"], finished_at=time.time())
             self.tasks_done.inc(outcome=JobState.COMMITTED)
             log.info("committed task %s", key, extra={"metrics": summary["metrics"], "weights": weights})
@@ -190,6 +198,8 @@ class Training:
         finally:
             if uploads is not None:
                 uploads.cancel()
+            if meter is not None:
+                meter.take(key)   # a job that ended before its commit closes its span too
             if group is not None:
                 self.spawn(self._close_after_peers(task_id, group))
 
@@ -275,6 +285,22 @@ class Training:
         measured = await service.measure_peers(co_workers)
         rates = {peer: min(MAX_BANDWIDTH_MBPS, int(mbps)) for peer, mbps in sorted(measured.items()) if mbps >= 1}
         return {"peer_rates": rates} if rates else {}
+
+    async def _relay_report(self, relayed: dict[str, int]) -> dict[str, dict[str, int]]:
+        """commit_result's ``relay_bytes`` (docs/adr/0223): what this task's circuits carried per relay,
+        for the relays the ledger knows as relays (a lookup that fails leaves that relay out); {} when
+        nothing went through a relay."""
+        registered = set()
+        for relay in relayed:
+            try:
+                record = await self.ledger.node_info(relay)
+            except Exception as exc:  # the figure is informational: it never holds the commit up
+                log.info("relay %s not looked up for the relay_bytes report: %s", relay[:16], exc)
+                continue
+            if record and "relay" in record.get("roles", ()):
+                registered.add(relay)
+        report = commit_report(relayed, registered)
+        return {"relay_bytes": report} if report else {}
 
     def _record_allreduce_rate(self, group: Any) -> None:
         """This node's upload rate as the all-reduce measured it (bytes/s) into the bandwidth meter."""

@@ -1,6 +1,6 @@
 """cli.task_report: how `task show` / `task wait` tell a task's audit slots and payouts."""
 from cli.payout_lines import payout_lines, role_of
-from cli.task_report import deadline_lines, deadline_text, report_final, slot_lines
+from cli.task_report import deadline_lines, deadline_text, relay_lines, report_final, slot_lines
 from consensus.task_info import TaskInfo
 
 W1, W2, V1, V2, R1, OWNER = ("12D3KooW" + c * 44 for c in "abcdef")
@@ -135,3 +135,11 @@ def test_a_challenged_slot_says_the_worker_must_show_its_record():
         "challenged: the worker must show its record, due in 40s"]
     slot["challenge"] = {"deadline": 0, "responses": 1}   # answered: no longer shown
     assert not any("challenged" in line for line in slot_lines(TaskInfo.from_json(doc)))
+
+
+def test_relay_lines_sum_the_workers_reports_per_relay():
+    doc = {**task(), "relay_bytes": {W1: {R1: 3 << 20, V1: 1 << 19}, W2: {R1: 1 << 20}}}
+    assert relay_lines(TaskInfo.from_json(doc)) == [
+        "relayed: 4.50 MiB through relays (the workers' circuit counts at commit)",
+        f"  relay {V1[:16]}..  0.50 MiB", f"  relay {R1[:16]}..  4.00 MiB"]   # in peer id order
+    assert relay_lines(TaskInfo.from_json(task())) == []

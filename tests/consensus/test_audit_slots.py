@@ -521,9 +521,12 @@ def test_a_task_record_without_the_new_fields_keeps_its_bytes():
     t.epochs = {"current": 1, "commits": {}}                  # ADR 0203: up to epochs once it is set
     assert len(decode(t.encode())) == Task.V5_FIELDS and Task.decode(t.encode()) == t
     assert Task.decode(encode(decode(t.encode())[:Task.V4_FIELDS])).epochs == {}
-    t.rate_reports = {OWNER.peer_id: {}}                      # ADR 0219: the whole record once it is set
-    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()) == t
+    t.rate_reports = {OWNER.peer_id: {}}                      # ADR 0219: up to rate_reports once it is set
+    assert len(decode(t.encode())) == Task.V6_FIELDS and Task.decode(t.encode()) == t
     assert Task.decode(encode(decode(t.encode())[:Task.V5_FIELDS])).rate_reports == {}
+    t.relay_bytes = {OWNER.peer_id: {}}                       # ADR 0223: the whole record once it is set
+    assert len(decode(t.encode())) == len(Task.FIELDS) and Task.decode(t.encode()) == t
+    assert Task.decode(encode(decode(t.encode())[:Task.V6_FIELDS])).relay_bytes == {}
     old = Task.decode(encode(decode(Task(OWNER.peer_id, 1, {}, 5, 3).encode())[:Task.V1_FIELDS]))
     assert old.profile == "" and old.segments == 0 and old.slots == []
 

@@ -55,3 +55,10 @@ def test_nated_compute_nodes_train_verify_and_get_paid(task_net):
     assert supply["total"] == supply["genesis"]
     relayed = sum(net.metric(r, "dekube_relay_bytes_total") for r in net.relays) - relayed_before
     assert relayed > 256 << 10, relayed  # the homes' all-reduce and segment traffic went through relays
+    # relay bytes per task (ADR 0223): each worker's count of the relayed all-reduce circuits it opened,
+    # per registered relay; the relays carried those bytes and more (segments, progress, control)
+    reports = task.get("relay_bytes", {})
+    assert set(reports) <= workers and all(set(r) <= {m.peer_id for m in net.relays} for r in reports.values())
+    reported = sum(n for report in reports.values() for n in report.values())
+    assert reported <= relayed + (16 << 20), (reported, relayed)
+    print(f"relays carried {relayed} bytes in all, {reported} reported for the task's all-reduce: {reports}")

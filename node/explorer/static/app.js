@@ -57,6 +57,22 @@ function fmtBytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
+// the bytes a task's circuits carried through relays, as its workers reported them at commit (docs/adr/0223):
+// per worker, per relay and in all; entries that are not byte counts are left out
+function relayBytesOf(task) {
+  const byWorker = {}, byRelay = {};
+  let total = 0;
+  const reports = task.relay_bytes && typeof task.relay_bytes === "object" ? task.relay_bytes : {};
+  for (const [worker, report] of Object.entries(reports)) {
+    for (const [relay, n] of Object.entries(report && typeof report === "object" ? report : {})) {
+      if (typeof n !== "number" || !Number.isFinite(n) || n < 0) continue;
+      byWorker[worker] = (byWorker[worker] || 0) + n;
+      byRelay[relay] = (byRelay[relay] || 0) + n;
+      total += n;
+    }
+  }
+  return {byWorker, byRelay, total};
+}
 function fmtTime(ms) { return typeof ms === "number" ? new Date(ms).toLocaleTimeString() : "–"; }
 function replaceRows(tbody, rows) { tbody.replaceChildren(...rows); }
 function notice(text) { const n = $("notice"); n.hidden = !text; n.textContent = text || ""; }
@@ -538,9 +554,11 @@ async function showTask(taskId, first = true) {
     return c ? `committed${Array.isArray(c) && typeof c[c.length - 1] === "number" ? ` @${c[c.length - 1]}` : ""}` : "–";
   };
   const outcomesOf = (w) => slots.filter((s) => s.worker === w).map((s) => badge(s.outcome || "pending"));
+  const relayed = relayBytesOf(task);
   const workerRows = (task.workers || []).map((w) => el("tr", {}, el("td", {class: "mono"}, short(w)),
     el("td", {}, commitOf(w)), el("td", {}, outcomesOf(w).length ? outcomesOf(w) : "–"),
-    el("td", {}, fmtInt(payouts[w])), el("td", {}, rejections[w] || "")));
+    el("td", {}, fmtInt(payouts[w])), el("td", {}, w in relayed.byWorker ? fmtBytes(relayed.byWorker[w]) : "–"),
+    el("td", {}, rejections[w] || "")));
   const events = (state.taskEvents.get(taskId) || []).map((e) => el("li", {}, `@${e.height} ${e.event}`));
   let curves = $("task-curves");
   if (first || !curves) {
@@ -557,7 +575,7 @@ async function showTask(taskId, first = true) {
       + (task.result ? ` · result ${short(task.result)}` : "") + (task.reason ? ` · ${task.reason}` : "")),
     timeline(task), events.length ? el("ul", {class: "hint"}, events) : null,
     el("h3", {}, `Workers (${(task.workers || []).length})`),
-    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audit slots", "payout", "rejected"]
+    el("table", {}, el("thead", {}, el("tr", {}, ["worker", "commit", "audit slots", "payout", "relayed", "rejected"]
       .map((h) => el("th", {}, h)))), el("tbody", {id: "task-worker-rows"}, workerRows)),
     el("h3", {}, `Audit slots (${slots.length})` + (task.profile ? ` · profile ${task.profile}` : "")),
     slots.length ? el("table", {}, el("thead", {}, el("tr", {}, ["slot", "worker", "segment", "verifiers",
@@ -567,6 +585,10 @@ async function showTask(taskId, first = true) {
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none yet"),
     el("h3", {}, "Relay claims"), el("p", {class: "mono"}, Object.entries(task.relay_claims || {})
       .map(([p, a]) => `${short(p)}: ${fmtInt(a)}`).join(" · ") || "none"),
+    el("h3", {}, "Relay bytes"), el("p", {class: "mono", id: "task-relay-bytes"}, Object.keys(relayed.byRelay).length
+      ? `${fmtBytes(relayed.total)} through relays (the workers' circuit counts at commit): `
+        + Object.entries(relayed.byRelay).map(([r, n]) => `${short(r)}: ${fmtBytes(n)}`).join(" · ")
+      : "none reported (all direct, or no commit yet)"),
   ].filter((child) => child !== null));
   renderCurves(curves, await pollProgress(taskId), taskId);
 }
