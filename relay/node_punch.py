@@ -94,11 +94,10 @@ class NodeHolePunching:
             self.punched += 1
         else:
             self.relayed += 1
-            self._relayed_conns[relayed.remote_peer] = relayed
             if path.upgrading is None:
-                self.repunch.failed(relayed.remote_peer, time.monotonic())
+                self._punch_failed(relayed)
             else:   # the punch goes on in the background: schedule a retry only if it fails
-                path.upgrading.add_done_callback(functools.partial(self._punch_ended, relayed.remote_peer))
+                path.upgrading.add_done_callback(functools.partial(self._punch_ended, relayed))
         if path.conn.closed:
             raise DialError(f"the connection to {relayed.remote_peer} closed during the hole punch")
         return path.conn
@@ -107,18 +106,24 @@ class NodeHolePunching:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _punch_ended(self, peer: str, task: asyncio.Task) -> None:
+    def _punch_failed(self, relayed: Connection) -> None:
+        """Schedule a retry over ``relayed`` (kept while the schedule holds its peer)."""
+        self._relayed_conns[relayed.remote_peer] = relayed
+        self.repunch.failed(relayed.remote_peer, time.monotonic())
+
+    def _punch_ended(self, relayed: Connection, task: asyncio.Task) -> None:
         direct = None if task.cancelled() or task.exception() is not None else task.result()
-        if direct is not None:
-            self.repunch.succeeded(peer)
-        else:
-            self.repunch.failed(peer, time.monotonic())
+        if direct is None:
+            self._punch_failed(relayed)
 
     def _reached_directly(self, peer: str) -> bool:
         return any(not c.closed and self.client.pipe_for(c) is None for c in self.host.connections(peer))
 
     def _repunch_due(self) -> None:
-        """Start a punch for every relayed peer whose retry is due (forget those reached otherwise)."""
+        """Start a punch for every relayed peer whose retry is due (forget those reached otherwise);
+        drop the relayed connections of peers the schedule no longer holds."""
+        for peer in [p for p in self._relayed_conns if p not in self.repunch]:
+            del self._relayed_conns[peer]
         for peer in self.repunch.due(time.monotonic()):
             relayed = self._relayed_conns.get(peer)
             if relayed is None or relayed.closed or self._reached_directly(peer):
@@ -141,7 +146,7 @@ class NodeHolePunching:
             self._relayed_conns.pop(peer, None)
             log.info("relayed peer %s reached directly by a later punch", peer)
         else:
-            self.repunch.failed(peer, time.monotonic())
+            self._punch_failed(relayed)
 
     async def run(self) -> None:
         """Punch inbound relayed connections, keep the punch-port connections and punch relayed peers

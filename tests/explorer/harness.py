@@ -1,4 +1,5 @@
-"""Helpers for the explorer and metrics tests: a running Node on 127.0.0.1 and a /metrics linter."""
+"""Helpers for the explorer and metrics tests: a running Node on 127.0.0.1, a headless Chromium page
+for the pages' tests against a stubbed JSON-RPC, and a /metrics linter."""
 import contextlib
 import re
 import shutil
@@ -14,6 +15,28 @@ async def running_node(roles=("relay",), **rpc_overrides):
     """A Node with ``roles`` (names, e.g. the real relay role) and an aiohttp session on its HTTP server."""
     async with node_harness.running_node(roles, **rpc_overrides) as pair:
         yield pair
+
+
+@contextlib.contextmanager
+def browser_page():
+    """A page of Debian's headless Chromium through Playwright (``page.errors`` collects the page's
+    errors), or a skip with the reason where either is missing."""
+    import pytest
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page()
+            page.errors = []
+            page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+            yield page
+        finally:
+            browser.close()
+
 
 def lint_metrics(text: str) -> list[str]:
     """Problems in a /metrics page: prometheus_client's parser must accept it; every family has HELP

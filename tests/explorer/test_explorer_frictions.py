@@ -5,10 +5,11 @@ blocks fold into one row, a node listed in the link (`?nodes=`) is named as the 
 reports and flagged when it is not a worker of the task on chain (a crafted link showed an attacker's
 curve as if real), and a listed node the page cannot read is named with the reason (CORS or down)."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.explorer.harness import browser_page
 
 STATIC = Path(__file__).resolve().parents[2] / "node" / "explorer" / "static"
 BASE = "http://explorer.test"
@@ -84,23 +85,11 @@ def handle_evil(route, request):
 
 @pytest.fixture
 def page():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        try:
-            tab = browser.new_page()
-            tab.errors = []
-            tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
-            tab.route(f"{BASE}/**", handle_explorer)
-            tab.route(f"{EVIL}/**", handle_evil)
-            tab.route(f"{DOWN}/**", lambda route, request: route.abort())
-            yield tab
-        finally:
-            browser.close()
+    with browser_page() as tab:
+        tab.route(f"{BASE}/**", handle_explorer)
+        tab.route(f"{EVIL}/**", handle_evil)
+        tab.route(f"{DOWN}/**", lambda route, request: route.abort())
+        yield tab
 
 
 def test_every_registered_node_and_folded_empty_blocks(page):

@@ -3,10 +3,11 @@ item 4): per worker in the workers table and per relay with the total, from ``dk
 ``relay_bytes`` (the workers' reports at commit); a task with none says so. Headless Chromium against a
 stubbed JSON-RPC, as test_explorer_frictions."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.explorer.harness import browser_page
 
 STATIC = Path(__file__).resolve().parents[2] / "node" / "explorer" / "static"
 BASE = "http://explorer.test"
@@ -55,21 +56,9 @@ def handle(route, request):
 
 @pytest.fixture
 def page():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                     args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        try:
-            tab = browser.new_page()
-            tab.errors = []
-            tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
-            tab.route(f"{BASE}/**", handle)
-            yield tab
-        finally:
-            browser.close()
+    with browser_page() as tab:
+        tab.route(f"{BASE}/**", handle)
+        yield tab
 
 
 def show(page, task_id: str) -> None:

@@ -7,43 +7,15 @@ import asyncio
 import hashlib
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 from node.identity import Identity
 from node.p2p.host import Host
+from tests.interop.pylibp2p_process import read_addr, spawn, stop
+from tests.p2p.host_kit import echo_handler
 
-PEER_SCRIPT = Path(__file__).with_name("pylibp2p_peer.py")
 ECHO = "/dekube/echo/1.0.0"
 MIB = 1 << 20
 ECHO_MIB = 64
-
-
-async def spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, str(PEER_SCRIPT), *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-
-async def read_addr(proc) -> str:
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    assert line.startswith(b"ADDR "), line
-    return line.split()[1].decode()
-
-
-async def stop(proc) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    await proc.wait()
-
-
-async def echo_handler(stream) -> None:
-    while True:
-        data = await stream.read()
-        if not data:
-            break
-        await stream.write(data)
-    await stream.close()
 
 
 def test_pylibp2p_dials_us():

@@ -6,46 +6,20 @@ import asyncio
 import hashlib
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from node.identity import Identity
 from node.p2p.host import Host
+from tests.interop.pylibp2p_process import read_addr, spawn, stop
+from tests.p2p.host_kit import echo_handler
 
 pytest.importorskip("libp2p.transport.quic.transport", reason="py-libp2p without its QUIC transport")
 
-PEER_SCRIPT = Path(__file__).with_name("pylibp2p_peer.py")
 ECHO = "/dekube/echo/1.0.0"
 MIB = 1 << 20
 ECHO_MIB = 8
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
-
-
-async def spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, str(PEER_SCRIPT), *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env={**os.environ, "PYLIBP2P_TRANSPORT": "quic"})
-
-
-async def read_addr(proc) -> str:
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    assert line.startswith(b"ADDR ") and b"/quic-v1/" in line, line
-    return line.split()[1].decode()
-
-
-async def stop(proc) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    await proc.wait()
-
-
-async def echo_handler(stream) -> None:
-    while data := await stream.read():
-        await stream.write(data)
-    await stream.close()
 
 
 async def identified(host: Host, peer: str):
@@ -62,9 +36,9 @@ def test_pylibp2p_dials_us_over_quic():
         host = Host(Identity.generate(), [QUIC])
         host.set_handler(ECHO, echo_handler)
         await host.start()
-        proc = await spawn("dial", host.listen_addrs[0], str(ECHO_MIB))
+        proc = await spawn("dial", host.listen_addrs[0], str(ECHO_MIB), transport="quic")
         try:
-            peer_addr = await read_addr(proc)
+            peer_addr = await read_addr(proc, b"/quic-v1/")
             result = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
             assert result["connected"] == host.peer_id
             assert len(result["ping_rtts"]) == 3
@@ -87,9 +61,9 @@ def test_we_dial_pylibp2p_over_quic():
     async def main():
         host = Host(Identity.generate(), [QUIC])
         await host.start()
-        proc = await spawn("listen")
+        proc = await spawn("listen", transport="quic")
         try:
-            addr = await read_addr(proc)
+            addr = await read_addr(proc, b"/quic-v1/")
             peer = await host.connect(addr)
             assert peer == addr.rsplit("/p2p/", 1)[1]
             assert host.connections(peer)[0].quic

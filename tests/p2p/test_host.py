@@ -15,25 +15,9 @@ from node.p2p.multiaddr import Multiaddr
 from node.p2p.multistream import NoCommonProtocol
 from node.p2p.negotiate import select_protocol
 from node.p2p.secure_conn import TcpConnection, secure_connection
+from tests.p2p.host_kit import echo_handler, until
 
 ECHO = "/test/echo/1"
-
-
-async def echo_handler(stream) -> None:
-    while True:
-        data = await stream.read()
-        if not data:
-            break
-        await stream.write(data)
-    await stream.close()
-
-
-async def until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def run(coro_fn, **host_kwargs):

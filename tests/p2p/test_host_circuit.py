@@ -10,18 +10,10 @@ from node.identity import Identity
 from node.p2p.host import DialError, Host
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.secure_conn import TcpConnection
+from tests.p2p.host_kit import echo_handler
 
 ECHO = "/test/echo/1"
 DEAD_TCP = "/ip4/127.0.0.1/tcp/1"  # nothing listens on port 1
-
-
-async def echo_handler(stream) -> None:
-    while True:
-        data = await stream.read()
-        if not data:
-            break
-        await stream.write(data)
-    await stream.close()
 
 
 class PipeDialer:

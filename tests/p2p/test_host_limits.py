@@ -9,14 +9,7 @@ from node.identity import Identity
 from node.p2p.host import Host
 from node.p2p.limits import HostLimits
 from node.p2p.resources import Protector, pending_pool, pick_victim
-
-
-async def until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
+from tests.p2p.host_kit import until
 
 
 def port_of(host):

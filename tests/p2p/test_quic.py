@@ -23,27 +23,11 @@ from node.p2p.limits import HostLimits
 from node.p2p.multiaddr import Multiaddr
 from node.p2p.quic_transport import ALPN, MAX_STREAM_DATA, QuicEndpoint, QuicSession, QuicTls
 from node.p2p.tls_cert import CertificateError
+from tests.p2p.host_kit import echo_handler, until
 
 ECHO = "/test/echo/1"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
 TCP = "/ip4/127.0.0.1/tcp/0"
-
-
-async def echo_handler(stream) -> None:
-    while True:
-        data = await stream.read()
-        if not data:
-            break
-        await stream.write(data)
-    await stream.close()
-
-
-async def until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def quic_addr(host: Host) -> str:
