@@ -121,7 +121,7 @@ def crew_exit(task: TaskInfo, worker: str) -> str:
         return ""
     if progress.stopped is not None:
         return f"the crew stopped in epoch {progress.stopped + 1}: the task ended at its last closed epoch"
-    mine = progress.of(worker)
-    if len(mine) < progress.current:
-        return f"this worker left the crew: epoch {len(mine) + 1} closed without its commitment"
+    reached = progress.first_epoch(worker) + len(progress.of(worker))
+    if reached < progress.current:
+        return f"this worker left the crew: epoch {reached + 1} closed without its commitment"
     return ""
