@@ -362,6 +362,11 @@ class EpochProgress:
         """The first epoch ``worker`` trains (0, or the epoch a joiner enters at)."""
         return self.joined[worker][1] if worker in self.joined else 0
 
+    def commit_of(self, worker: str, epoch: int) -> EpochCommit | None:
+        """``worker``'s progress commitment for ``epoch`` (None when it made none)."""
+        mine, first = self.of(worker), self.first_epoch(worker)
+        return mine[epoch - first] if first <= epoch < first + len(mine) else None
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -463,6 +468,13 @@ class TaskInfo:
     def first_epoch(self, worker: str) -> int:
         """The first epoch ``worker`` trains (0, or a joiner's)."""
         return self.epochs.first_epoch(worker) if self.epochs is not None else 0
+
+    def first_segment(self, worker: str) -> int:
+        """The first segment ``worker`` trained: 0, or its first epoch's first (its records and commitments
+        cover segments from there on)."""
+        first = self.first_epoch(worker)
+        epochs = self.spec.get("epochs", 1)
+        return first * (self.segments // epochs) if first and isinstance(epochs, int) and epochs > 0 else 0
 
     def crew_at(self, epoch: int) -> list[str]:
         """The workers that train ``epoch``, as the ledger knows them now: per seat, the latest worker named
