@@ -4,10 +4,15 @@ side is consensus/state/crew.py).
 A member (`CrewGate`, awaited by the segment recorder before each segment): at the first segment of an
 epoch after its own first, it waits until its commitment of the epoch before is on the ledger, then reads
 which workers the ledger named to enter at this epoch (by then every such joiner is named: the ledger names
-joiners one epoch past the furthest commitment), waits for them to start their group (bounded:
-JOIN_WAIT_S; one that is late stays out, misses the epoch and leaves the crew) and makes the ready ones
-members of the all-reduce group from this segment's first round on. No round of the member is in flight
-then, and every member changes at the same round.
+joiners one epoch past the furthest commitment), makes them members of the all-reduce group from this
+segment's first round on and waits for them to start their group (bounded: JOIN_WAIT_S; a joiner that is
+late is left out of rounds like any member that does not answer, misses the epoch and leaves the crew). No
+round of the member is in flight then, and every member changes at the same round.
+
+Every member's group must hold the same members (the round's member masks are over them): the group of
+epoch e is every worker named to a seat from an epoch not after e, those that left included (they are
+left out of each round as before, ADR 0081). A member reads it after its own commitment of epoch e - 1, a
+joiner after some member's: no worker entering at e or before can be named after either read.
 
 A joiner (`joining_state`): waits until a member committed the epoch before its first, fetches that state
 from every worker that committed the same digest at once, checks its sha256 against the digest and loads
@@ -60,25 +65,25 @@ class CrewGate:
             if not entering:
                 return
             self.group.accept(entering)
+            self.group.set_peers(sorted(set(self.group.peers) | set(entering)))
             ready = await self.ready_among(entering, JOIN_WAIT_S)
             late = sorted(set(entering) - set(ready))
             if late:
-                log.warning("epoch %d: joiners %s not ready after %g s; the crew goes on without them", epoch,
+                log.warning("epoch %d: joiners %s not ready after %g s; rounds go on without them", epoch,
                             [w[:16] for w in late], JOIN_WAIT_S)
-            if ready:
-                self.group.set_peers(sorted(set(self.group.peers) | set(ready)))
-                self.joined[epoch] = ready
-                log.info("epoch %d: %s joined the crew", epoch, [w[:16] for w in ready])
+            self.joined[epoch] = ready
+            log.info("epoch %d: %s joined the crew", epoch, [w[:16] for w in ready])
         finally:
             self.waited_s += time.monotonic() - started
 
 
 async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Callable[[], Awaitable[TaskInfo]],
                         learn_addresses: Callable[[list[str]], Awaitable[None]],
-                        wait_change: Callable[[float], Awaitable[None]]) -> tuple[dict, str]:
-    """The state a joiner entering at ``first_epoch`` starts from, and its digest: a member's committed
-    state of the epoch before, fetched from its holders and checked. Waits for that commitment while the
-    task is open; JoinFailed when the task ended or no holder served a checked file."""
+                        wait_change: Callable[[float], Awaitable[None]]) -> tuple[dict, str, TaskInfo]:
+    """The state a joiner entering at ``first_epoch`` starts from, its digest, and the task as read once a
+    member committed the epoch before (its group, `group_of`, is final then): a member's committed state of
+    that epoch, fetched from its holders and checked. Waits for that commitment while the task is open;
+    JoinFailed when the task ended or no holder served a checked file."""
     epoch = first_epoch - 1
     while True:
         task = await read_task()
@@ -93,10 +98,16 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
         await learn_addresses(holders)
         try:
             path = await fetch_checked(node, holders, task_id, digest)
-            return await asyncio.to_thread(_read_state, path), digest
+            return await asyncio.to_thread(_read_state, path), digest, task
         except (StateUnavailable, BadStateFile) as exc:
             errors.append(str(exc))
     raise JoinFailed(f"no checked state of epoch {epoch + 1} to start from: " + "; ".join(errors))
+
+
+def group_of(task: TaskInfo, epoch: int) -> list[str]:
+    """The members of the all-reduce group of ``epoch``: every worker named to a seat from an epoch not after
+    it (those that left included: each round leaves them out)."""
+    return sorted(w for w in task.workers if task.first_epoch(w) <= epoch)
 
 
 def _read_state(path: Path) -> dict:

@@ -22,7 +22,7 @@ from consensus.task_info import TaskInfo, TaskStatus
 from consensus.tx import MAX_BANDWIDTH_MBPS
 from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
-from ml.compute.crew_changes import CrewGate, joining_state, start_from
+from ml.compute.crew_changes import CrewGate, group_of, joining_state, start_from
 from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
@@ -153,7 +153,7 @@ class Training:
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
             if first:
-                await self._start_from_crew_state(key, task, trainer, spec, first)
+                await self._start_from_crew_state(key, task, trainer, group, spec, first)
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -221,7 +221,8 @@ class Training:
             raise RuntimeError(f"the ledger does not know task {key}")
         return TaskInfo.from_json(doc)
 
-    async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, spec: Any, first: int) -> None:
+    async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, group: Any, spec: Any,
+                                     first: int) -> None:
         """A joiner's trainer starts from the state a member committed for the epoch before its first
         (fetched and checked, ml/compute/crew_changes.py)."""
         self.board.update(key, state="fetching the crew's state")
@@ -232,10 +233,11 @@ class Training:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout)
 
-        state, digest = await joining_state(self.node, key, first, lambda: self._read_task(key),
-                                            self.fetch.learn_addresses, wait_change)
+        state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
+                                                 self.fetch.learn_addresses, wait_change)
         segment = task.first_segment(self.node.peer_id)
         await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)
+        group.set_peers(group_of(now, first))   # the members' group of this epoch, as they will read it
         self.board.update(key, joined_at_epoch=first, joined_from=digest, step=trainer.step)
         log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
 
