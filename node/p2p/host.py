@@ -304,13 +304,9 @@ class Host:
         """The socket to dial ``ip`` from: a listener of its family that can reach it, else a
         dial-only socket on an ephemeral port."""
         ipv6 = ":" in ip
-        loopback = ip.startswith("127.") or ip == "::1"
-        for endpoint in self._quic_listeners:
-            bound = endpoint.sockname
-            if bound is None or (":" in bound[0]) != ipv6:
-                continue
-            if bound[0] in ("0.0.0.0", "::") or (loopback and bound[0] in ("127.0.0.1", "::1")):
-                return endpoint
+        listener = self.quic_listener_for(ip)
+        if listener is not None:
+            return listener
         dialer = self._quic_dialers.get(ipv6)
         if dialer is None or dialer.transport is None:
             dialer = await QuicEndpoint.open("::" if ipv6 else "0.0.0.0", 0, self._quic())
@@ -326,6 +322,31 @@ class Host:
         return await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout,
                                    answer_timeout=min(self.limits.connect_timeout, self.limits.handshake_timeout),
                                    on_answer=reached)
+
+    def quic_listener_for(self, ip: str) -> QuicEndpoint | None:
+        """The listening QUIC socket that dials ``ip`` (the one whose mapping a relay observes and a
+        hole punch reuses), or None when no QUIC listener can reach it."""
+        ipv6 = ":" in ip
+        loopback = ip.startswith("127.") or ip == "::1"
+        for endpoint in self._quic_listeners:
+            bound = endpoint.sockname
+            if bound is None or (":" in bound[0]) != ipv6:
+                continue
+            if bound[0] in ("0.0.0.0", "::") or (loopback and bound[0] in ("127.0.0.1", "::1")):
+                return endpoint
+        return None
+
+    async def dial_quic(self, peer_id: str, addr: Multiaddr, *, answer_timeout: float) -> Connection:
+        """A new QUIC connection to ``peer_id`` at ``addr``, beside any it has (a relay's QUIC observed
+        address, a hole punch's QUIC dial), from the QUIC listener that reaches it: ConnectionError
+        when nothing answers within ``answer_timeout``."""
+        ip, port = addr.quic_endpoint()
+        endpoint = self.quic_listener_for(ip)
+        if endpoint is None:
+            raise DialError(f"no QUIC listener to dial {addr} from")
+        session = await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout,
+                                      answer_timeout=answer_timeout)
+        return await self._register(session, "outbound", bulk=False)
 
     # ---- inbound
     def _inbound_protocol(self) -> TcpConnection:
