@@ -325,14 +325,16 @@ class Host:
 
     def quic_listener_for(self, ip: str) -> QuicEndpoint | None:
         """The listening QUIC socket that dials ``ip`` (the one whose mapping a relay observes and a
-        hole punch reuses), or None when no QUIC listener can reach it."""
+        hole punch reuses), or None when no QUIC listener can reach it: one of its family bound to
+        the wildcard, to loopback for a loopback ``ip``, or to another address for any other."""
         ipv6 = ":" in ip
         loopback = ip.startswith("127.") or ip == "::1"
         for endpoint in self._quic_listeners:
             bound = endpoint.sockname
             if bound is None or (":" in bound[0]) != ipv6:
                 continue
-            if bound[0] in ("0.0.0.0", "::") or (loopback and bound[0] in ("127.0.0.1", "::1")):
+            bound_loopback = bound[0].startswith("127.") or bound[0] == "::1"
+            if bound[0] in ("0.0.0.0", "::") or loopback == bound_loopback:
                 return endpoint
         return None
 
