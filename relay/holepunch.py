@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -75,6 +76,7 @@ class HolePuncher:
         self._punched = asyncio.Event()
         self._listening = asyncio.Lock()
         self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
+        self._upgrades: set[asyncio.Future] = set()  # TCP upgrades left to finish after QUIC won
 
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
@@ -320,8 +322,26 @@ class HolePuncher:
         return await first_success(attempts, "hole punch")
 
     async def _tcp_direct(self, addrs, peer: str, initiator: bool, birthday: tuple[bool, bool]) -> Connection:
+        """The TCP punch and its upgrade. Once a socket connected, the upgrade finishes even if the QUIC
+        punch wins meanwhile: the peer may already have taken this connection, and aborting it here
+        would close the one it chose."""
         tcp = await self._punch(addrs, birthday=birthday)
-        return await self.host.upgrade(tcp, is_initiator=initiator, expected_peer=peer if initiator else None)
+        upgrade = asyncio.ensure_future(
+            self.host.upgrade(tcp, is_initiator=initiator, expected_peer=peer if initiator else None))
+        self._upgrades.add(upgrade)
+        upgrade.add_done_callback(functools.partial(self._upgrade_done, peer))
+        return await asyncio.shield(upgrade)
+
+    def _upgrade_done(self, peer: str, upgrade: asyncio.Future) -> None:
+        self._upgrades.discard(upgrade)
+        if upgrade.cancelled():
+            return
+        if upgrade.exception() is not None:
+            log.debug("hole punch upgrade failed: %s", upgrade.exception())
+        elif upgrade.result().remote_peer != peer:   # a punch that reached someone else
+            closing = asyncio.ensure_future(upgrade.result().close())
+            self._upgrades.add(closing)
+            closing.add_done_callback(self._upgrades.discard)
 
     async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False)) -> TcpConnection:
         """Dial every address from the punch port until one connects, and accept on it too, within

@@ -17,7 +17,7 @@ from node.p2p.multiaddr import Multiaddr
 from node.roles import basic_role
 from node.runtime import Node
 from relay.client import RelayClient
-from relay.dcutr import DcutrInitiator
+from relay.dcutr import DcutrInitiator, Dial
 from relay.holepunch import HolePuncher
 from relay.quic_punch import MAX_PACKETS, RANDOM_BYTES, SPRAY_INTERVAL_S
 from relay.service import Admission, RelayService
@@ -184,3 +184,43 @@ def test_two_nodes_learn_their_quic_mapping_from_the_relay_and_end_on_direct_qui
                 await asyncio.wait_for(task, 10)
             await stop_all(relay)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_tcp_upgrade_under_way_finishes_when_the_quic_punch_wins():
+    """QUIC wins while the punched TCP socket is being secured: the upgrade is not aborted (the peer
+    may already have taken that TCP connection; aborting it would close the one it chose)."""
+    async def main():
+        host = Host(Identity.generate(), LISTEN)
+        puncher = HolePuncher(host, ipv6=False)
+        peer = Identity.generate().peer_id
+        securing, release = asyncio.Event(), asyncio.Event()
+        upgraded = []
+
+        class Conn:
+            remote_peer = peer
+
+        async def punch(addrs, birthday):
+            return object()
+
+        async def upgrade(tcp, **_kwargs):
+            securing.set()
+            await release.wait()
+            upgraded.append(Conn())
+            return upgraded[-1]
+
+        async def quic_accept(addrs, peer_id, deadline):
+            await securing.wait()
+            return "quic"
+        puncher._punch = punch
+        host.upgrade = upgrade
+        puncher.quic.accept = quic_accept
+        dial = Dial((Multiaddr.parse("/ip4/10.0.0.1/tcp/4001"), Multiaddr.parse("/ip4/10.0.0.1/udp/4001/quic-v1")),
+                    0.0, 0.0)
+        assert await puncher._punch_direct(dial, peer, initiator=True, own_random=False) == "quic"
+        release.set()
+        for _ in range(50):
+            if upgraded:
+                break
+            await asyncio.sleep(0.01)
+        assert len(upgraded) == 1 and not puncher._upgrades
+    asyncio.run(asyncio.wait_for(main(), 10))
