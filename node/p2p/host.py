@@ -11,7 +11,9 @@ tracked and cancelled on ``stop``; an error on one connection closes only that c
 QUIC (``/ip4|ip6/.../udp/PORT/quic-v1`` listen addresses, node/p2p/quic_transport.py, ADR 0222)
 needs no upgrade: a verified QUIC session is registered as a Connection whose streams are QUIC
 streams, negotiated with multistream and handed to the same handlers; QUIC dials leave from a QUIC
-listening socket of the same address family when there is one (the port a hole punch opened).
+listening socket of the same address family when there is one (the port a hole punch opened);
+``dial_quic`` makes a new QUIC connection beside any others to the peer (the QUIC hole punch,
+relay/quic_punch.py, ADR 0228).
 
 Relayed connections use two public hooks. ``upgrade(pipe, ...)`` secures and registers any
 TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)`` lets ``connect``,
