@@ -146,7 +146,8 @@ class HolePuncher:
         mapping whose connection is gone may have expired in the NAT; and, with ``ipv6``, the punch
         port on this host's global IPv6 addresses, which no NAT rewrites (relay/ipv6_addrs.py). A
         port mapping our router granted for the punch port (``mapped``) comes first: anyone can
-        dial it (ADR 0221)."""
+        dial it (ADR 0221). Then the QUIC listener's mappings and, with ``ipv6``, its global IPv6
+        addresses (ADR 0228)."""
         out = list(self.mapped)
         for peer, addr in self.observed.items():
             conn = self._public.get(peer)
@@ -155,6 +156,8 @@ class HolePuncher:
         out += [addr for addr in self.quic.own_addrs() if addr not in out]
         if self.ipv6 and self.port:
             out += [Multiaddr.parse(f"/ip6/{ip}/tcp/{self.port}") for ip in global_ipv6()]
+        if self.ipv6:
+            out += [addr for addr in self.quic.ipv6_addrs() if addr not in out]
         return out
 
     async def offer(self) -> tuple[list[Multiaddr], bool]:

@@ -29,6 +29,7 @@ from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
 from node.p2p.multiaddr import Multiaddr
 
+from .ipv6_addrs import global_ipv6
 from .punch_io import observed_addr
 
 ANSWER_S = 0.5          # a QUIC dial without an answer this long is made again (fresh Initials)
@@ -107,6 +108,17 @@ class QuicPunch:
         for peer, addr in self.observed.items():
             if self.connected_public(peer) and addr not in out:
                 out.append(addr)
+        return out
+
+    def ipv6_addrs(self) -> list[Multiaddr]:
+        """Our QUIC listener on this host's global IPv6 addresses, which no NAT rewrites (behind a
+        stateful firewall the punch opens like a port-restricted NAT; ADR 0224)."""
+        out: list[Multiaddr] = []
+        for ip in global_ipv6():
+            endpoint = self.host.quic_listener_for(ip)
+            bound = endpoint.sockname if endpoint is not None else None
+            if bound is not None and bound[0] in ("::", ip):
+                out.append(Multiaddr.from_quic(ip, bound[1]))
         return out
 
     # ---- the punch: client side (the DCUtR responder)

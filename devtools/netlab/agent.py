@@ -4,8 +4,9 @@ Run inside a namespace: ``python -m devtools.netlab.agent --seed HEX --listen /i
 --allow ID,ID] [--punch-port N] [--auto-punch] [--port-map]``. Every agent runs a Host with a relay client
 (reservations, circuits, receipt co-signing), an AutoNAT server, a hole puncher (with
 ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a resumable-transfer receiver;
-``--relay`` adds the circuit relay v2 service admitting the allow-listed peers; ``--quic ADDR`` listens on
-QUIC too (``/ip4/A/udp/P/quic-v1``: DCUtR then punches over QUIC beside TCP, ADR 0228) and ``--no-tcp-punch``
+``--relay`` adds the circuit relay v2 service admitting the allow-listed peers; ``--quic ADDR`` (repeatable)
+listens on QUIC too (``/ip4|ip6/A/udp/P/quic-v1``: DCUtR then punches over QUIC beside TCP, ADR 0228) and
+``--no-tcp-punch``
 leaves the TCP punch out; ``--port-map`` asks the
 home router for mappings of the listen and punch ports (relay/portmap, ADR 0221) before READY, advertises
 the listen port's in identify and offers the punch port's first in DCUtR. It prints
@@ -65,7 +66,7 @@ def pattern(size: int) -> bytes:
 
 class Agent:
     def __init__(self, args) -> None:
-        listen = [args.listen, *([args.quic] if args.quic else [])]
+        listen = [args.listen, *args.quic]
         self.host = Host(Identity.from_seed(bytes.fromhex(args.seed)), listen, limits=LIMITS)
         self.client = RelayClient(self.host)
         self.puncher = HolePuncher(self.host, args.punch_port, attempts=args.punch_attempts,
@@ -279,7 +280,7 @@ def main() -> None:
     parser.add_argument("--punch-window", type=float, default=5.0)
     parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
     parser.add_argument("--port-map", action="store_true", help="map the listen and punch ports on the home router")
-    parser.add_argument("--quic", default="", help="a QUIC listen address: punch over QUIC too")
+    parser.add_argument("--quic", action="append", default=[], help="a QUIC listen address: punch over QUIC too")
     parser.add_argument("--no-tcp-punch", action="store_true", help="punch over QUIC only")
     run_agent(Agent(parser.parse_args()))
 

@@ -4,7 +4,8 @@ One lab, a relay listening on TCP and QUIC, and three pairs of homes: two port-r
 that punch over QUIC only (``--no-tcp-punch``) end on a direct QUIC connection; two
 ``symmetric-tcp`` homes (random TCP mappings, endpoint-independent UDP ones) end direct over QUIC
 with both punches running, while two such homes without QUIC stay relayed (their TCP punch
-cannot work). Each pair's first home dials the second through the relay and punches.
+cannot work). Each pair's first home dials the second through the relay and punches. And two
+random-symmetric homes with IPv6 beside, punching over QUIC only, end direct over QUIC on IPv6.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from devtools.netlab.lab import Lab, unavailable
+from devtools.netlab.nat_matrix import run_matrix
 from devtools.netlab.net import PUNCH
 from devtools.netlab.nodes import Node, peer_id_of
 from devtools.netlab.scenarios import circuits_via
@@ -81,3 +83,16 @@ def test_port_restricted_homes_punching_only_over_quic_end_direct_over_quic(outc
 def test_homes_whose_nat_randomises_tcp_but_not_udp_end_direct_over_quic(outcomes):
     assert outcomes["both"]["direct"] and outcomes["both"]["quic"], outcomes["both"]
     assert not outcomes["tcp-only"]["direct"], outcomes["tcp-only"]   # TCP alone stays relayed
+
+
+def test_random_symmetric_homes_with_ipv6_end_direct_over_quic_on_ipv6():
+    """Their IPv4 NATs map every flow to a random port (no QUIC punch meets both), but each home
+    offers its QUIC listener's global IPv6 address (ADR 0224's stateful firewall, opened by the
+    server side's random datagrams)."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    out = run_matrix(("symmetric+v6",), punch_args=(*PUNCH, "--no-tcp-punch"), quic=True)
+    result = out["by_pair"]["symmetric+v6/symmetric+v6"]
+    assert result["direct"] and result["quic"], out
+    assert result["remote"].startswith("2001:db8:"), out
