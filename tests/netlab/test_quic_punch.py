@@ -9,6 +9,7 @@ random-symmetric homes with IPv6 beside, punching over QUIC only, end direct ove
 """
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -36,7 +37,7 @@ def outcomes():
     if why:
         pytest.skip(why)
     kinds = [kind for kind, _quic, _tcp in PAIRS.values() for _ in range(2)]
-    lab = Lab().build(["relay"], kinds)
+    lab = Lab(prefix=f"dk{os.getpid()}q").build(["relay"], kinds)   # beside the matrix test's own lab
     names = [f"q{i}" for i in range(1, len(kinds) + 1)]
     nodes: list[Node] = []
     try:
