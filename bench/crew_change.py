@@ -98,12 +98,14 @@ def run(args) -> dict:
             stepped = time.monotonic()
             final = wait_for("the task's end", lambda: task() if task()["status"] in FINAL else None, 600, every=0.5)
             stake_kept = jsonrpc.call(net.rpc_url, "dkb_getStake", victim.peer_id)["bonded"]
+            timings = jsonrpc.call(spare.rpc_url, "dkb_taskProgress", task_id).get("join_timings")
             share = worker_share(Params(), PRICE, 3)
             joiner_pay = final["payouts"].get(spare.peer_id, 0)
             recovered = (final["status"] == "paid" and joiner_pay >= share * (args.epochs - first) // args.epochs
                          and victim.peer_id not in final["payouts"])
             return {"kill_recovered": recovered, "join_s": round(stepped - named, 2),
                     "catch_up_s": round(stepped - state_at, 2), "named_after_kill_s": round(named - killed, 2),
+                    "joiner_timings": timings,
                     "epochs": args.epochs, "joined_at_epoch": first + 1, "steps": spec.steps,
                     "status": final["status"], "joiner_paid": joiner_pay, "share": share,
                     "survivors_paid": {w[:16]: final["payouts"].get(w, 0) for w in workers if w != victim.peer_id},

@@ -228,17 +228,21 @@ class Training:
         self.board.update(key, state="fetching the crew's state")
         changed = self.task_changed.setdefault(key, asyncio.Event())
 
-        async def wait_change(timeout: float) -> None:
-            changed.clear()
+        async def wait_change(timeout: float) -> None:   # an event seen since the last look returns at once
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout)
+            changed.clear()
 
+        started = time.monotonic()
         state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
                                                  self.fetch.learn_addresses, wait_change)
+        fetched = time.monotonic()
         segment = task.first_segment(self.node.peer_id)
         await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)
         group.set_peers(group_of(now, first))   # the members' group of this epoch, as they will read it
-        self.board.update(key, joined_at_epoch=first, joined_from=digest, step=trainer.step)
+        self.board.update(key, joined_at_epoch=first, joined_from=digest, step=trainer.step,
+                          join_timings={"state_wait_and_fetch_s": round(fetched - started, 3),
+                                        "load_s": round(time.monotonic() - fetched, 3)})
         log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
 
     def seen(self, task: TaskInfo) -> None:
