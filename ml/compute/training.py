@@ -119,6 +119,7 @@ class Training:
         workers = task.crew_at(first)
         rank, world = task.seat_of(me), task.seats
         task_id = task.task_bytes
+        began = time.monotonic()
         self.board.start(key, workers=workers)
         try:
             spec = train_spec_for_task(dict(task.spec))
@@ -154,6 +155,8 @@ class Training:
                                               self._sink(), self.faults.trainer_mode)
             if first:
                 await self._start_from_crew_state(key, task, trainer, group, spec, first)
+                timings = self.board.jobs[key].get("join_timings", {})
+                self.board.update(key, join_timings={**timings, "ready_after_s": round(time.monotonic() - began, 3)})
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
