@@ -1,9 +1,11 @@
 """Which relay to use: the least loaded one, bounded against relays that understate their load
 (ADR 0227). Sans-I/O: the caller passes the clock, the reports (relay/load.py) and its own counts.
 
-A relay's *effective load* is the utilization it reports (with its circuit count raised to the
-circuits this client itself has through it), floored at ``IDLE``; a relay that never answered, or
-whose report is older than ``REPORT_MAX_AGE_S``, counts as ``UNKNOWN``. Claims below ``IDLE`` buy
+A relay's *effective load* is the utilization it reports (its circuit count raised by the circuits
+this client opened through it since the report, and to at least the circuits this client has through
+it), with a claimed capacity credited up to ``MAX_CREDITED_CIRCUITS`` / ``_RESERVATIONS``, floored
+at ``IDLE``; a relay that never answered, or whose report is older than ``REPORT_MAX_AGE_S``, counts
+as ``UNKNOWN``. Claims below ``IDLE`` buy
 nothing: every relay with room looks alike, so a relay that says "0 load" is as good as an honest
 one at a quarter of its capacity, no better.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from .load import LoadReport
+from .policy import RelayLimits
 
 IDLE = 0.25              # reported loads below this count as this
 UNKNOWN = 0.5            # a relay without a usable report: assumed half full
@@ -34,6 +37,9 @@ MIN_HOLD_S = 600.0       # ...and only after it was held this long
 REPORT_TTL_S = 30.0      # a report older than this is asked for again
 REPORT_MAX_AGE_S = 300.0 # a report older than this is not used
 MAX_KNOWN = 1024         # relays remembered (peers' records may name any number)
+# the most circuits and reservations a relay's claimed capacity is credited with (our relay's default limits)
+MAX_CREDITED_CIRCUITS = RelayLimits().max_circuits
+MAX_CREDITED_RESERVATIONS = RelayLimits().max_reservations
 
 T = TypeVar("T")
 
@@ -42,6 +48,7 @@ T = TypeVar("T")
 class _Known:
     report: LoadReport
     at: float
+    own_then: int   # our open circuits through the relay when it reported
 
 
 class RelayLoads:
@@ -50,8 +57,9 @@ class RelayLoads:
     def __init__(self) -> None:
         self._known: OrderedDict[str, _Known] = OrderedDict()
 
-    def record(self, relay: str, report: LoadReport, now: float) -> None:
-        self._known[relay] = _Known(report, now)
+    def record(self, relay: str, report: LoadReport, now: float, own_circuits: int = 0) -> None:
+        """``report`` came from ``relay`` at ``now``, while we had ``own_circuits`` open through it."""
+        self._known[relay] = _Known(report, now, own_circuits)
         self._known.move_to_end(relay)
         while len(self._known) > MAX_KNOWN:
             self._known.popitem(last=False)
@@ -73,9 +81,11 @@ class RelayLoads:
         if known is None or now - known.at > REPORT_MAX_AGE_S:
             return UNKNOWN
         report = known.report
-        if own_circuits > report.circuits:   # it cannot carry fewer circuits than ours
-            report = replace(report, circuits=own_circuits)
-        return max(IDLE, report.utilization)
+        # ours opened since the report are on top of it; and it cannot carry fewer circuits than ours
+        circuits = max(report.circuits + max(0, own_circuits - known.own_then), own_circuits)
+        credited = replace(report, circuits=circuits, max_circuits=min(report.max_circuits, MAX_CREDITED_CIRCUITS),
+                           max_reservations=min(report.max_reservations, MAX_CREDITED_RESERVATIONS))
+        return max(IDLE, credited.utilization)
 
     def utilization(self, relay: str) -> float | None:
         """The relay's own claim, unbounded by the rules above (for status pages)."""

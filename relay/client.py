@@ -297,7 +297,7 @@ class RelayClient:
             log.debug("relay %s gave no load report: %s", relay, exc)
             self.loads.forget(relay)
             return
-        self.loads.record(relay, report, time.monotonic())
+        self.loads.record(relay, report, time.monotonic(), self.open_circuits().get(relay, 0))
 
     def open_circuits(self) -> dict[str, int]:
         """Our open circuits per relay."""

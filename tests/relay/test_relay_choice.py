@@ -37,10 +37,15 @@ def test_effective_load_is_floored_and_raised_to_our_own_circuits():
     assert loads.effective("liar", 1.0) == choice.IDLE              # "0 load" is worth no more than idle
     assert loads.effective("busy", 1.0) == 0.8
     assert loads.effective("liar", 1.0, own_circuits=60) == 0.6      # it carries at least our 60 circuits
+    assert loads.effective("busy", 1.0, own_circuits=10) == 0.9      # ours opened since its report add up
+    loads.record("busy", report(80, 100), now=0.0, own_circuits=10)
+    assert loads.effective("busy", 1.0, own_circuits=10) == 0.8      # ...those it already counted do not
     assert loads.effective("never-asked", 1.0) == choice.UNKNOWN
     assert loads.effective("busy", choice.REPORT_MAX_AGE_S + 1) == choice.UNKNOWN   # too old to use
     assert loads.stale(["liar", "busy", "never-asked"], choice.REPORT_TTL_S + 1) == ["liar", "busy", "never-asked"]
     assert loads.stale(["liar", "never-asked"], 1.0) == ["never-asked"]
+    loads.record("huge", report(0, 1 << 31, 0, 1 << 31), now=0.0)
+    assert loads.effective("huge", 1.0, own_circuits=choice.MAX_CREDITED_CIRCUITS // 2) == 0.5   # capacity capped
     loads.forget("busy")
     assert loads.effective("busy", 1.0) == choice.UNKNOWN
 
