@@ -4,10 +4,13 @@ less loaded, and a relay claiming no load gets no more than its share."""
 import asyncio
 import time
 
+from ledger_testnet import node_config
 from relay_harness import eventually, start_endpoint, start_relay, stop_all
 
 from node.identity import Identity
 from node.p2p.multiaddr import Multiaddr
+from node.roles import basic_role
+from node.runtime import Node
 from relay import choice
 from relay import client as client_module
 from relay.load import LoadReport, query_load
@@ -217,4 +220,39 @@ def test_a_silent_relay_does_not_hold_up_the_ranking():
             for writer in held:
                 writer.close()
             await stop_all(a)
+    run(main())
+
+
+def test_a_node_reserves_on_the_less_loaded_relay_and_ranks_its_dials():
+    """A home Node wanting one reservation: of two relays the one whose reservations are 3 of 4 full is
+    passed over, ``/status`` shows each relay's load, and the Host ranks relayed dials by load."""
+    home_id = Identity.generate()
+
+    async def main():
+        loaded = await start_relay({home_id.peer_id}, RelayLimits(max_reservations=4))
+        idle = await start_relay({home_id.peer_id}, RelayLimits(max_reservations=4))
+        loaders = []
+        for _ in range(3):
+            other = await start_endpoint()
+            loaded.admission.allow_list.add(other.host.peer_id)
+            await other.reserve(loaded.host.listen_addrs[0])
+            loaders.append(other)
+        config = node_config(relays=[r.host.listen_addrs[0] for r in (loaded, idle)], reserve=True, rpc=False,
+                             reservations=1, hole_punch=False)
+        node = Node(config, home_id, [basic_role("compute")])
+        node.relay_client.ledger = None
+        task = asyncio.create_task(node.run())
+        try:
+            await asyncio.wait_for(node.ready.wait(), 10)
+            await eventually(lambda: node.relay_client.client.reservations)
+            assert list(node.relay_client.client.reservations) == [idle.host.peer_id]
+            status = (await node.status.snapshot())["relay_client"]
+            assert status["relay_load"] == {loaded.host.peer_id: 0.75, idle.host.peer_id: 0.0}
+            target = Identity.generate().peer_id
+            addrs = [Multiaddr.parse(f"{r.host.listen_addrs[0]}/p2p-circuit/p2p/{target}") for r in (loaded, idle)]
+            assert node.host._relay_ranking(addrs) == addrs[::-1]
+        finally:
+            node.request_stop()
+            await asyncio.wait_for(task, 10)
+            await stop_all(*loaders, loaded, idle)
     run(main())
