@@ -10,7 +10,8 @@ devtools/netlab/nat_weights.py), ``weights`` and ``shortfall`` (the pairs that k
 ``python bench/nat_matrix.py [--kinds full-cone,symmetric] [--save run.json]``; ``--from-json
 run1.json [run2.json ...]`` computes the weighted and unweighted figures of saved runs (P(direct) of
 a pair: the fraction of the runs it ended direct) without running the lab; ``--weights
-kind=share,...`` replaces the stated shares.
+kind=share,...`` replaces the stated shares; ``--quic``: the relay and the homes listen on QUIC too
+and DCUtR punches over QUIC beside TCP (ADR 0228).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--save", metavar="FILE", help="also write the run's JSON object to FILE")
     parser.add_argument("--weights", type=parse_shares, default=SHARES, metavar="KIND=SHARE,...",
                         help="the share of each NAT kind (default: the sourced shares, ADR 0223)")
+    parser.add_argument("--quic", action="store_true", help="punch over QUIC beside TCP (ADR 0228)")
     args = parser.parse_args()
     if args.from_json:
         print(json.dumps(summary(load_runs(args.from_json), args.weights), sort_keys=True))
@@ -44,7 +46,7 @@ def main() -> None:
         print(json.dumps({"skipped": why}))
         return
     started = time.monotonic()
-    out = run_matrix(tuple(args.kinds.split(",")))
+    out = run_matrix(tuple(args.kinds.split(",")), quic=args.quic)
     out["seconds"] = round(time.monotonic() - started, 1)
     if set(k for k, share in args.weights.items() if share > 0) <= set(args.kinds.split(",")):
         weighed = summary([out], args.weights)

@@ -1,5 +1,6 @@
 """`task show` lines for a task cut into epochs (docs/adr/0203): how many epochs closed, the open one
-and its deadline, and each worker's progress commitments (who left the crew after which epoch)."""
+and its deadline, and each worker's progress commitments (who left the crew after which epoch, who joined
+it at which, docs/adr/0226)."""
 from __future__ import annotations
 
 from cli.task_report import OPEN_FOR_COMMITS, deadline_text, short
@@ -21,9 +22,12 @@ def epoch_lines(task: TaskInfo) -> list[str]:
         head = f"epochs:     {total} of {total} ended" if current == total - 1 else f"epochs:     {current} closed"
     lines = [head]
     for worker in task.workers:
-        mine = progress.of(worker)
-        done = len(mine) + (1 if worker in task.commits and len(mine) == total - 1 else 0)
-        left = " (left the crew)" if len(mine) < current and worker not in task.rejections else ""
+        mine, first = progress.of(worker), progress.first_epoch(worker)
+        reached = first + len(mine)   # a joiner's commitments start at its first epoch (docs/adr/0226)
+        done = len(mine) + (1 if worker in task.commits and reached == total - 1 else 0)
+        left = " (left the crew)" if reached < current and worker not in task.rejections else ""
+        joined = f" (joined at epoch {first + 1}, seat {task.seat_of(worker) + 1})" if first else ""
         state = f", state {mine[-1].state_digest[:12]}" if mine else ""
-        lines.append(f"  {short(worker)}  {min(done, total)} of {total} epochs committed{state}{left}")
+        lines.append(f"  {short(worker)}  {min(done, total - first)} of {total - first} epochs committed{state}"
+                     f"{joined}{left}")
     return lines

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import shutil
@@ -33,6 +32,7 @@ from cli.task_ledger import FINAL, call
 from cli.task_report import decode_task
 from consensus.state.retention import unknown_task_message
 from consensus.task_info import TaskInfo
+from ml.compute.epoch_states import StateUnavailable, fetch_checked, holders_of
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +168,7 @@ def epoch_states(task: TaskInfo, epoch: int) -> list[tuple[str, list[str]]]:
         closed = progress.current
         raise CliError(f"epoch {epoch} of task {task.task_id} has not closed ({closed} closed so far)"
                        if epoch > closed else "epochs count from 1")
-    holders: dict[str, list[str]] = {}
-    for worker in sorted(progress.commits):
-        mine = progress.of(worker)
-        if len(mine) >= epoch:
-            holders.setdefault(mine[epoch - 1].state_digest, []).append(worker)
-    return sorted(holders.items(), key=lambda item: (-len(item[1]), item[0]))
+    return holders_of(task, epoch - 1)
 
 
 def weights_from_state(path: Path) -> bytes:
@@ -193,40 +188,9 @@ def weights_from_state(path: Path) -> bytes:
     return save({name: tensor.contiguous() for name, tensor in sorted(model.items())})
 
 
-async def epoch_state_artifact(node, peers: list[str], task_id: str, digest: str) -> str | None:
-    """The artifact id under which one of ``peers`` serves the state with sha256 ``digest`` (its job's
-    ``epoch_states``, over the progress protocol); None when none says. Only a pointer: the file fetched
-    is checked against ``digest``."""
-    try:
-        from ml.compute.progress_protocol import follow_progress
-    except ImportError:
-        return None
-    for peer in peers:
-        try:
-            async with asyncio.timeout(METRICS_TIMEOUT_S):
-                async for report in follow_progress(node.host, peer, bytes.fromhex(task_id)):
-                    states = report.get("epoch_states") if isinstance(report, dict) else None
-                    artifact = states.get(digest) if isinstance(states, dict) else None
-                    if isinstance(artifact, str):
-                        return artifact
-                    break   # the first report holds the job's snapshot
-        except Exception as exc:   # that worker is gone or answers junk: ask the next
-            log.info("epoch states from %s: %s: %s", peer, type(exc).__name__, exc)
-    return None
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 async def fetch_epoch_weights(pool, node, task: TaskInfo, epoch: int, out: Path, say) -> dict:
     """Epoch ``epoch``'s state from a worker that committed it (its sha256 checked against the committed
     digest); its model weights written to ``out``. {"result": the state digest, "holders": the workers}."""
-    from node.artifacts import ArtifactError
 
     errors = []
     for digest, workers in epoch_states(task, epoch):
@@ -234,18 +198,11 @@ async def fetch_epoch_weights(pool, node, task: TaskInfo, epoch: int, out: Path,
         if not holders:
             errors.append(f"{digest[:16]}..: no holder with registered addresses")
             continue
-        artifact = await epoch_state_artifact(node, holders, task.task_id, digest)
-        if artifact is None:
-            errors.append(f"{digest[:16]}..: no holder says where it serves that state")
-            continue
         say(f"fetching the state of epoch {epoch} ({digest[:16]}..) from {len(holders)} worker(s)")
         try:
-            path = await node.artifacts.fetch(artifact, holders)
-        except (ArtifactError, ValueError) as exc:
-            errors.append(f"{digest[:16]}..: {exc}")
-            continue
-        if await asyncio.to_thread(sha256_of_file, path) != digest:
-            errors.append(f"{digest[:16]}..: the file served does not hash to the committed digest")
+            path = await fetch_checked(node, holders, task.task_id, digest)
+        except StateUnavailable as exc:
+            errors.append(str(exc))
             continue
         weights = await asyncio.to_thread(weights_from_state, path)
         out.mkdir(parents=True, exist_ok=True)

@@ -334,6 +334,7 @@ class EpochProgress:
     commits: Mapping[str, tuple[EpochCommit, ...]] = field(default_factory=dict)
     stopped: int | None = None
     stop_at: int | None = None
+    joined: Mapping[str, tuple[int, int]] = field(default_factory=dict)   # joiner -> (seat, first epoch)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
@@ -345,11 +346,26 @@ class EpochProgress:
                                     for i, entry in enumerate(entries))
         stopped: int | None = _get(doc, "stopped", int, None, where)
         stop_at: int | None = _get(doc, "stop_at", int, None, where)
-        return cls(_int(doc, "current", where), commits, stopped, stop_at)
+        joined = {}
+        for worker, entry in _get(doc, "joined", dict, {}, where).items():
+            if (not isinstance(entry, list) or len(entry) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry)):
+                raise TaskDocError(f"{where}.joined[{worker!r}]: expected [seat, first epoch]")
+            joined[worker] = (entry[0], entry[1])
+        return cls(_int(doc, "current", where), commits, stopped, stop_at, joined)
 
     def of(self, worker: str) -> tuple[EpochCommit, ...]:
-        """``worker``'s progress commitments, in epoch order."""
+        """``worker``'s progress commitments, in epoch order (from its first epoch)."""
         return self.commits.get(worker, ())
+
+    def first_epoch(self, worker: str) -> int:
+        """The first epoch ``worker`` trains (0, or the epoch a joiner enters at)."""
+        return self.joined[worker][1] if worker in self.joined else 0
+
+    def commit_of(self, worker: str, epoch: int) -> EpochCommit | None:
+        """``worker``'s progress commitment for ``epoch`` (None when it made none)."""
+        mine, first = self.of(worker), self.first_epoch(worker)
+        return mine[epoch - first] if first <= epoch < first + len(mine) else None
 
 
 @dataclass(frozen=True)
@@ -437,6 +453,43 @@ class TaskInfo:
     def spec_field(self, name: str, default: Any = None) -> Any:
         """One field of the task's spec (the spec is the owner's; its fields are read by ml.compute.task_spec)."""
         return self.spec.get(name, default)
+
+    @property
+    def seats(self) -> int:
+        """How many seats (training ranks) the task has: the workers it asked for (docs/adr/0226)."""
+        return int(self.spec.get("workers", len(self.workers)))
+
+    def seat_of(self, worker: str) -> int:
+        """``worker``'s seat, its rank in training: a joiner's is the seat it took, an original worker's its
+        place among the first ``seats`` workers (consensus/state/crew.py)."""
+        joined = self.epochs.joined if self.epochs is not None else {}
+        return joined[worker][0] if worker in joined else list(self.workers[:self.seats]).index(worker)
+
+    def first_epoch(self, worker: str) -> int:
+        """The first epoch ``worker`` trains (0, or a joiner's)."""
+        return self.epochs.first_epoch(worker) if self.epochs is not None else 0
+
+    def first_segment(self, worker: str) -> int:
+        """The first segment ``worker`` trained: 0, or its first epoch's first (its records and commitments
+        cover segments from there on)."""
+        first = self.first_epoch(worker)
+        epochs = self.spec.get("epochs", 1)
+        return first * (self.segments // epochs) if first and isinstance(epochs, int) and epochs > 0 else 0
+
+    def crew_at(self, epoch: int) -> list[str]:
+        """The workers that train ``epoch``, as the ledger knows them now: per seat, the latest worker named
+        to it whose first epoch is not after ``epoch`` and that has not left the crew before it."""
+        progress = self.epochs
+        if progress is None:
+            return sorted(self.workers)
+        crew = []
+        for worker in self.workers:
+            start = progress.first_epoch(worker)
+            reached = start + len(progress.of(worker))
+            left = worker in self.rejections or reached < min(progress.current, epoch)
+            if start <= epoch and not left:
+                crew.append(worker)
+        return sorted(crew)
 
 
 def decode_tasks(docs: Any) -> list[TaskInfo]:

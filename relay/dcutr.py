@@ -5,7 +5,10 @@ varint-length-prefixed protobuf of at most ``MAX_MESSAGE_BYTES``. The initiator 
 wants the direct connection; it runs the security handshake as the client) sends CONNECT with its
 observed addresses and starts a clock; the responder answers CONNECT with its own; the initiator
 takes the round-trip time, sends SYNC and dials RTT/2 later, while the responder dials the moment
-SYNC arrives, so both SYNs cross the NATs at about the same time (TCP simultaneous open).
+SYNC arrives, so both SYNs cross the NATs at about the same time (TCP simultaneous open). For the
+QUIC addresses offered the responder is the QUIC client and the initiator, at RTT/2, sends random
+UDP packets that open its NAT to the client's Initials (the spec's QUIC variant; the driver is
+``relay/quic_punch.py``).
 
 ``DcutrInitiator`` and ``DcutrResponder`` take bytes and a monotonic time and return ``Send``
 (bytes to write) and ``Dial`` (addresses and when to dial them) events; they never touch a socket.
@@ -120,14 +123,15 @@ class FrameReader:
 
 
 def dialable(addrs) -> tuple[Multiaddr, ...]:
-    """The addresses worth punching to: direct TCP over IP (no relay, no wildcard host)."""
+    """The addresses worth punching to: direct TCP or QUIC (``/udp/P/quic-v1``) over IP (no relay, no
+    wildcard host)."""
     out = []
     for addr in addrs:
         addr = Multiaddr.parse(addr)
         if addr.is_relayed or not addr.parts or addr.parts[0][0] not in DIALABLE_PROTOCOLS:
             continue
         try:
-            host, _port = addr.tcp_endpoint()
+            host, _port = addr.direct_endpoint()
         except (ValueError, MultiaddrError):
             continue
         if host in ("0.0.0.0", "::") or addr.without_peer_id() in out:

@@ -17,12 +17,15 @@ allocates ports sequentially: CONNECT then offers the ports its next flows will 
 (``offer_addrs``, ``relay/port_prediction.py``; ADR 0204).
 
 The Host cannot dial from a given local port yet (ADR 0070), so this module opens those sockets
-itself and hands them to ``Host.upgrade``.
+itself and hands them to ``Host.upgrade``. Where both sides listen on QUIC, CONNECT also offers the
+QUIC listener's mapping (``connect_public`` to a relay's ``/quic-v1`` address) and the QUIC punch
+(``relay/quic_punch.py``) runs beside the TCP one: the first direct connection wins (ADR 0228).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -39,6 +42,7 @@ from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, Dc
 from .ipv6_addrs import global_ipv6
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
 from .punch_io import bound_socket, connect_until, observed_addr, readable, speaks
+from .quic_punch import QuicPunch, first_success
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +60,11 @@ def _family(addr: Multiaddr) -> int:
 
 class HolePuncher:
     def __init__(self, host: Host, punch_port: int = 0, *, attempts: int = ATTEMPTS,
-                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS, ipv6: bool = True) -> None:
+                 punch_window: float = PUNCH_WINDOW, predict: int = PREDICT_PORTS, ipv6: bool = True,
+                 tcp: bool = True) -> None:
         self.host = host
+        self.tcp = tcp                              # punch TCP (False: QUIC only)
+        self.quic = QuicPunch(host)                 # the QUIC half, run beside TCP (ADR 0228)
         self.ipv6 = ipv6                            # offer our global IPv6 addresses too
         self.port = punch_port
         self.attempts = attempts
@@ -71,6 +78,7 @@ class HolePuncher:
         self._punched = asyncio.Event()
         self._listening = asyncio.Lock()
         self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
+        self._upgrades: set[asyncio.Future] = set()  # TCP upgrades left to finish after QUIC won
 
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
@@ -88,6 +96,8 @@ class HolePuncher:
         peer = addr.peer_id
         if peer is None:
             raise ValueError(f"multiaddr needs a /p2p/<peer id> suffix: {addr}")
+        if addr.is_quic:   # the QUIC listener's mapping (ADR 0228)
+            return await self.quic.connect_public(addr)
         live = self._public.get(peer)
         if live is not None and not live.closed:  # one connection per peer from the punch port
             return self.observed.get(peer)
@@ -138,14 +148,18 @@ class HolePuncher:
         mapping whose connection is gone may have expired in the NAT; and, with ``ipv6``, the punch
         port on this host's global IPv6 addresses, which no NAT rewrites (relay/ipv6_addrs.py). A
         port mapping our router granted for the punch port (``mapped``) comes first: anyone can
-        dial it (ADR 0221)."""
+        dial it (ADR 0221). Then the QUIC listener's mappings and, with ``ipv6``, its global IPv6
+        addresses (ADR 0228)."""
         out = list(self.mapped)
         for peer, addr in self.observed.items():
             conn = self._public.get(peer)
             if conn is not None and not conn.closed and addr not in out:
                 out.append(addr)
+        out += [addr for addr in self.quic.own_addrs() if addr not in out]
         if self.ipv6 and self.port:
             out += [Multiaddr.parse(f"/ip6/{ip}/tcp/{self.port}") for ip in global_ipv6()]
+        if self.ipv6:
+            out += [addr for addr in self.quic.ipv6_addrs() if addr not in out]
         return out
 
     async def offer(self) -> tuple[list[Multiaddr], bool]:
@@ -214,8 +228,7 @@ class HolePuncher:
             stream.reset()
             raise
         await asyncio.sleep(max(0.0, dial.at - time.monotonic()))
-        tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random))
-        return await self.host.upgrade(tcp, is_initiator=True, expected_peer=relayed.remote_peer)
+        return await self._punch_direct(dial, relayed.remote_peer, initiator=True, own_random=own_random)
 
     async def peer_punch(self, peer: str, first: float, timeout: float) -> Connection | None:
         """The direct connection a punch *started by ``peer``* gives (the DCUtR spec's roles: the
@@ -274,8 +287,7 @@ class HolePuncher:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await stream.close()
         try:
-            tcp = await self._punch(dial.addrs, birthday=(own_random, dial.remote_random), speaker=False)
-            conn = await self.host.upgrade(tcp, is_initiator=False)
+            conn = await self._punch_direct(dial, stream.remote_peer, initiator=False, own_random=own_random)
         except _PUNCH_ERRORS as exc:
             log.info("hole punch from %s failed: %s", stream.remote_peer, exc)
             return
@@ -300,6 +312,42 @@ class HolePuncher:
         return None
 
     # ---- the punch itself
+    async def _punch_direct(self, dial: Dial, peer: str, *, initiator: bool, own_random: bool) -> Connection:
+        """The TCP and the QUIC punch at once (ADR 0228); the first connection wins and the other
+        punch stops. For QUIC the DCUtR initiator is the server, the responder the client (the spec)."""
+        tcp_addrs = tuple(a for a in dial.addrs if not a.is_quic)
+        quic_addrs = tuple(a for a in dial.addrs if a.is_quic)
+        deadline = time.monotonic() + self.punch_window
+        attempts = []
+        if tcp_addrs and self.tcp:
+            attempts.append(self._tcp_direct(tcp_addrs, peer, initiator, (own_random, dial.remote_random)))
+        if quic_addrs:
+            attempts.append(self.quic.accept(quic_addrs, peer, deadline) if initiator
+                            else self.quic.dial(quic_addrs, peer, deadline))
+        return await first_success(attempts, "hole punch")
+
+    async def _tcp_direct(self, addrs, peer: str, initiator: bool, birthday: tuple[bool, bool]) -> Connection:
+        """The TCP punch and its upgrade. Once a socket connected, the upgrade finishes even if the QUIC
+        punch wins meanwhile: the peer may already have taken this connection, and aborting it here
+        would close the one it chose."""
+        tcp = await self._punch(addrs, birthday=birthday, speaker=initiator)   # the noise initiator speaks first
+        upgrade = asyncio.ensure_future(
+            self.host.upgrade(tcp, is_initiator=initiator, expected_peer=peer if initiator else None))
+        self._upgrades.add(upgrade)
+        upgrade.add_done_callback(functools.partial(self._upgrade_done, peer))
+        return await asyncio.shield(upgrade)
+
+    def _upgrade_done(self, peer: str, upgrade: asyncio.Future) -> None:
+        self._upgrades.discard(upgrade)
+        if upgrade.cancelled():
+            return
+        if upgrade.exception() is not None:
+            log.debug("hole punch upgrade failed: %s", upgrade.exception())
+        elif upgrade.result().remote_peer != peer:   # a punch that reached someone else
+            closing = asyncio.ensure_future(upgrade.result().close())
+            self._upgrades.add(closing)
+            closing.add_done_callback(self._upgrades.discard)
+
     async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False), *,
                      speaker: bool = True) -> TcpConnection:
         """Dial every address from the punch port until one connects, and accept on it too, within

@@ -3,9 +3,11 @@
 
 ``prepare()`` picks the punch port and connects to every configured relay from it
 (``HolePuncher.connect_public``) before any reservation, so each relay observes the NAT's mapping
-of that port and the reservation shares that connection. ``dial_circuit`` is the Host's circuit
-dialer: the Host has already tried the peer's direct addresses; this dials through a relay and
-runs the DCUtR punch over the relayed connection, waiting up to ``punch_wait`` seconds for it, so
+of that port and the reservation shares that connection; a relay that listens on QUIC is connected
+over QUIC as well, from the node's QUIC listener, whose mapping a QUIC punch offers (ADR 0228).
+``dial_circuit`` is the Host's circuit dialer: the Host has already tried the peer's direct
+addresses; this dials through a relay and runs the DCUtR punch over the relayed connection,
+waiting up to ``punch_wait`` seconds for it, so
 ``host.open_stream(peer, proto)`` gets the punched connection where both NATs keep ports, and the
 relayed one otherwise (a punch still going on then finishes in the background and, if it works,
 retires the relayed connection). As the DCUtR spec says, the inbound side of the circuit sends
@@ -69,13 +71,31 @@ class NodeHolePunching:
         await self._connect_relays()
 
     async def _connect_relays(self) -> None:
-        missing = [r for r in self.relays if r.peer_id is None or not self.puncher.connected_public(r.peer_id)]
+        missing = [r for r in self.relays if not r.is_quic
+                   and (r.peer_id is None or not self.puncher.connected_public(r.peer_id))]
         results = await asyncio.gather(*(self._connect_public(r) for r in missing), return_exceptions=True)
         for relay, result in zip(missing, results):
             if isinstance(result, BaseException):
                 if not isinstance(result, (ConnectionError, ProtocolError, TimeoutError, OSError, ValueError)):
                     raise result
                 log.info("connecting to relay %s from the punch port failed: %s", relay, result)
+        await self._connect_relays_quic()
+
+    async def _connect_relays_quic(self) -> None:
+        """Connect over QUIC to every relay that listens on QUIC, so it observes our QUIC listener's
+        mapping (what a QUIC punch offers, ADR 0228); failures are logged."""
+        quic = self.puncher.quic
+        for relay in self.relays:
+            peer = relay.peer_id
+            if peer is None or quic.connected_public(peer):
+                continue
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    addrs = [relay] if relay.is_quic else quic.public_addrs(peer)
+                    if addrs:
+                        await quic.connect_public(addrs[0].with_peer_id(peer))
+            except (ConnectionError, ProtocolError, TimeoutError, OSError, ValueError) as exc:
+                log.info("connecting to relay %s over QUIC failed: %s", relay, exc)
 
     async def _connect_public(self, relay: Multiaddr) -> Multiaddr | None:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):

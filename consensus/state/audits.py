@@ -185,7 +185,8 @@ def _draw_open(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
             second = draw_weighted(_material(task, b"second", index), [entry for entry in pool if entry[0] != first])
             if second is not None:
                 verifiers.append(_verifier_entry(second, deadline))
-    slot["segment"] = draw_number(_material(task, b"segment", index), segments)
+    first = epochs.first_segment(task, worker)   # a joiner trained from a later epoch on (ADR 0226)
+    slot["segment"] = first + draw_number(_material(task, b"segment", index), segments - first)
     slot["salt"] = hashlib.sha256(_material(task, b"salt", index)).digest()
     slot["verifiers"] = verifiers
     state.events.append({"type": "audit_assigned", "task_id": task_id, "slot": index, "worker": worker,

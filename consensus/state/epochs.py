@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from consensus.state import deadlines
+from consensus.state import crew, deadlines
 from consensus.state.context import BlockContext
 from consensus.state.records import Task
 from consensus.txcodes import TxCode, TxError
@@ -63,14 +63,27 @@ def current(task: Task) -> int:
 
 
 def entries(task: Task, worker: str) -> list:
-    """``worker``'s epoch commitments, [segments_root, state_digest, segments, height] each, in order."""
+    """``worker``'s epoch commitments, [segments_root, state_digest, segments, height] each, in order
+    (from its first epoch: a joiner's start later, consensus/state/crew.py)."""
     return list(task.epochs.get("commits", {}).get(worker, []))
+
+
+def covered(task: Task, worker: str) -> int:
+    """How many epochs from the task's start ``worker``'s progress commitments reach (a joiner's count
+    from its first epoch)."""
+    return crew.first_epoch(task, worker) + len(entries(task, worker))
+
+
+def first_segment(task: Task, worker: str) -> int:
+    """The first segment ``worker`` trained (0, or a joiner's first epoch's first segment)."""
+    first = crew.first_epoch(task, worker)
+    return first * segments_per_epoch(task) if first else 0
 
 
 def in_crew(task: Task, worker: str) -> bool:
     """Whether ``worker`` still belongs to the crew: it did not reject the task and committed every
-    closed epoch."""
-    return worker not in task.rejections and len(entries(task, worker)) >= current(task)
+    closed epoch (a joiner: every closed epoch from its first)."""
+    return worker not in task.rejections and covered(task, worker) >= current(task)
 
 
 def departed(task: Task) -> set[str]:
@@ -80,7 +93,8 @@ def departed(task: Task) -> set[str]:
 
 def committed(task: Task, epoch: int) -> list[str]:
     """The workers that committed ``epoch``."""
-    return sorted(worker for worker in task.workers if len(entries(task, worker)) > epoch)
+    return sorted(worker for worker in task.workers
+                  if crew.first_epoch(task, worker) <= epoch < covered(task, worker))
 
 
 def before_last(task: Task) -> bool:
@@ -93,12 +107,15 @@ def check_commit(task: Task, worker: str, payload: dict[str, Any]) -> None:
     the epoch layout's (fixed by the spec: issue 24, item 2)."""
     if count(task) <= 1:
         raise TxError(TxCode.BAD_STATE, "this task is not cut into epochs; commit its result")
-    epoch, mine = payload["epoch"], len(entries(task, worker))
+    epoch, mine = payload["epoch"], covered(task, worker)
     if epoch >= count(task) - 1:
         raise TxError(TxCode.BAD_PAYLOAD, f"epoch {epoch} is not a progress epoch: the task has {count(task)} "
                                           "epochs and the last one ends with commit_result")
     if not in_crew(task, worker):
         raise TxError(TxCode.BAD_STATE, f"this worker left the crew: it did not commit epoch {mine}, which closed")
+    if epoch < crew.first_epoch(task, worker):
+        raise TxError(TxCode.BAD_STATE, f"this worker joined the crew at epoch {crew.first_epoch(task, worker)}; "
+                                        f"it has nothing to commit for epoch {epoch}")
     if epoch < mine:
         raise TxError(TxCode.ALREADY_KNOWN, f"this worker already committed epoch {epoch}")
     if epoch > mine:
@@ -116,8 +133,8 @@ def check_result(task: Task, worker: str) -> None:
         return
     if not in_crew(task, worker):
         raise TxError(TxCode.BAD_STATE, "this worker left the crew: it missed a closed epoch")
-    if len(entries(task, worker)) != count(task) - 1:
-        raise TxError(TxCode.BAD_STATE, f"this worker must commit epoch {len(entries(task, worker))} first")
+    if covered(task, worker) != count(task) - 1:
+        raise TxError(TxCode.BAD_STATE, f"this worker must commit epoch {covered(task, worker)} first")
 
 
 def record(task: Task, worker: str, payload: dict[str, Any], height: int) -> None:
@@ -126,21 +143,29 @@ def record(task: Task, worker: str, payload: dict[str, Any], height: int) -> Non
 
 
 def all_committed(task: Task) -> bool:
-    """Whether every member of the crew committed the open epoch (it can close at once)."""
-    crew = [worker for worker in task.workers if in_crew(task, worker)]
-    return bool(crew) and all(len(entries(task, worker)) > current(task) for worker in crew)
+    """Whether every member of the crew committed the open epoch (it can close at once; a joiner whose
+    first epoch is later has nothing to commit in it)."""
+    members = [worker for worker in task.workers if in_crew(task, worker)]
+    return bool(members) and all(covered(task, worker) > current(task) for worker in members)
 
 
 def close(ctx: BlockContext, task: Task, span_ms: int) -> dict[str, Any]:
     """Close the open epoch (a quorum committed it): the next one opens with a deadline ``span_ms``
     from this block; the event says who committed and who left the crew."""
     epoch = current(task)
-    crew = [worker for worker in task.workers if in_crew(task, worker)]
+    members = [worker for worker in task.workers if in_crew(task, worker) and crew.first_epoch(task, worker) <= epoch]
     done = committed(task, epoch)
     task.epochs["current"] = epoch + 1
     task.commit_deadline = ctx.time_ms + span_ms
     return {"type": "epoch_closed", "epoch": epoch, "committed": done,
-            "departed": sorted(set(crew) - set(done)), "deadline": task.commit_deadline}
+            "departed": sorted(set(members) - set(done)), "deadline": task.commit_deadline}
+
+
+def join_epoch(task: Task) -> int:
+    """The epoch a worker named now enters at: one past the furthest any member committed (members
+    commit an epoch while they train the next, so the crew of that one may already be read; ADR 0226)."""
+    reached = max((covered(task, worker) for worker in task.workers if in_crew(task, worker)), default=current(task))
+    return max(current(task), reached) + 1
 
 
 def closed(task: Task) -> int:
@@ -157,8 +182,9 @@ def stop(task: Task) -> dict[str, Any]:
     task.commits = {}
     for worker in task.workers:
         mine = entries(task, worker)
-        if mine:
-            task.commits[worker] = list(mine[min(len(mine), last) - 1])
+        within = min(covered(task, worker), last) - crew.first_epoch(task, worker)
+        if within > 0:
+            task.commits[worker] = list(mine[within - 1])
     task.reason = (f"the crew stopped committing in epoch {epoch + 1} of {count(task)}: the {last} closed "
                    f"epoch{'s' if last != 1 else ''} are audited and paid, the rest refunded to the owner")
     return {"type": "task_stopped", "epoch": epoch, "closed": last, "reason": task.reason}
@@ -174,10 +200,11 @@ def include_departed(task: Task) -> None:
 
 
 def paid_epochs(task: Task, worker: str) -> int:
-    """How many epochs ``worker``'s commitment covers (the task's count for a full result)."""
+    """How many epochs ``worker``'s commitment covers (the task's count for a full result from the start;
+    a joiner's from its first epoch)."""
     if count(task) <= 1:
         return 1
-    return min(count(task), task.commits[worker][2] // segments_per_epoch(task))
+    return min(count(task), task.commits[worker][2] // segments_per_epoch(task)) - crew.first_epoch(task, worker)
 
 
 def pay_for_epochs(task: Task, worker: str, amount: int) -> int:

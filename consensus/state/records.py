@@ -180,7 +180,9 @@ class Task(Record):
     ``epochs``: the progress of a task cut into epochs (the spec's ``epochs`` > 1, docs/adr/0203,
     consensus/state/epochs.py): ``{"current": the open epoch, "commits": worker -> [[segments_root,
     state_digest, segments, height], ...] one per epoch, and, once the crew stopped committing,
-    "stopped": the epoch it stopped in; "stop_at": the epoch its owner stops it after (ADR 0211)}``;
+    "stopped": the epoch it stopped in; "stop_at": the epoch its owner stops it after (ADR 0211);
+    "joined": worker -> [seat, first epoch] for each worker named to a seat its occupant left (ADR 0226,
+    consensus/state/crew.py; joiners follow the original workers in ``workers``)}``;
     {} for a task without epochs.
     ``rate_reports``: reporter -> {co-worker: Mbit/s}, the upload rates each committer's all-reduce
     agreed for its co-workers (commit_result's ``peer_rates``, docs/adr/0219); {} when none reported.

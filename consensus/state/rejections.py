@@ -27,7 +27,7 @@ MAX_LONE_REJECTIONS = 3
 def corroborated(task: Task) -> bool:
     """Whether the task's rejection was agreed by enough of its crew to pay the reject fee."""
     return (len(task.rejections) >= CORROBORATING_REJECTERS
-            and 2 * len(task.rejections) > len(task.workers))
+            and 2 * len(task.rejections) > int(task.spec["workers"]))   # of its seats (joiners cannot reject)
 
 
 def reject_payouts(task: Task, fee: int) -> dict[str, int]:

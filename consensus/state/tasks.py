@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audit_cost, audits, bandwidth, deadlines, epochs, rejections, relay_bytes, task_stop
+from consensus.state import audit_cost, audits, bandwidth, crew, deadlines, epochs, rejections, relay_bytes, task_stop
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
@@ -164,7 +164,7 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
     for task_id, task in state.tasks.items():
         if task.status not in TaskStatus.OPEN_FOR_COMMITS or not deadlines.passed(task.commit_deadline, ctx, True):
             continue
-        quorum = commit_quorum(len(task.workers))
+        quorum = commit_quorum(crew.seats(task))
         if epochs.before_last(task) and len(epochs.committed(task, epochs.current(task))) >= quorum:
             _close_epoch(state, params, ctx, task_id, task)
         elif not epochs.before_last(task) and task.commits and len(task.commits) >= quorum:
@@ -185,11 +185,12 @@ def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
     closes at once when nobody is left to wait for."""
     state.events.append({**epochs.close(ctx, task, deadlines.task_span_ms(params, task)), "task_id": task_id})
     state.touch(TASK, task_id)
+    fill_vacant_seats(state, params, ctx, task_id, task)
     if task_stop.due(task):   # the owner stops the task at this boundary (docs/adr/0211)
         state.events.append({**task_stop.stop(task), "task_id": task_id})
         _open_audit_window(state, params, ctx, task_id, task)
         return
-    quorum = commit_quorum(len(task.workers))
+    quorum = commit_quorum(crew.seats(task))
     ahead = len(epochs.committed(task, epochs.current(task))) if epochs.before_last(task) else len(task.commits)
     if ahead >= quorum:
         task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
@@ -290,22 +291,14 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
     bars = rejections.recent_bars(state, ctx.height)
     for task_id in sorted(state.open_tasks, key=state.open_tasks.__getitem__):
         task = state.tasks[task_id]
-        wanted, profile, stake = task.spec["workers"], task.profile, required_worker_stake(params, task)
-        allowed = bars.allowed(task.owner, [peer_id for peer_id in candidates if peer_id != task.owner])
-        device, pool = device_pool(state, profile, [peer_id for peer_id in allowed
-                                                    if state.stakes[peer_id].bonded >= stake])
+        wanted, profile = task.spec["workers"], task.profile
+        device, pool = _worker_pool(state, params, task_id, task, candidates, weights, bars)
         if len(pool) < wanted:
             continue
-        pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
         chosen = sorted(pool[:wanted])
         if not audits.can_audit_every_worker(state, params, profile, task.owner, chosen):
             continue
-        for peer_id in chosen:
-            node = state.nodes[peer_id]
-            node.active_tasks += 1
-            state.touch(NODE, peer_id)
-            if node.active_tasks >= params.max_tasks_per_worker:
-                candidates.remove(peer_id)
+        _take_slots(state, params, chosen, candidates)
         task.workers = chosen
         task.device = device
         task.status = TaskStatus.ASSIGNED
@@ -316,6 +309,56 @@ def assign_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> 
         state.touch(TASK, task_id)
         state.events.append({"type": "task_assigned", "task_id": task_id, "workers": chosen, "device": device,
                              "profile": profile})
+
+
+def _worker_pool(state: LedgerState, params: Params, task_id: bytes, task: Task, candidates: list[str],
+                 weights: dict[str, int], bars: rejections.Bars) -> tuple[str, list[str]]:
+    """The device class and the candidates able to work on ``task`` (not its owner, not barred by it,
+    bonded for its pay, running its profile), best first: highest weight, ties broken by
+    sha256(task_id, peer_id)."""
+    stake = required_worker_stake(params, task)
+    allowed = bars.allowed(task.owner, [peer_id for peer_id in candidates if peer_id != task.owner])
+    device, pool = device_pool(state, task.profile, [peer_id for peer_id in allowed
+                                                     if state.stakes[peer_id].bonded >= stake])
+    pool.sort(key=lambda pid: (-weights[pid], hashlib.sha256(task_id + pid.encode()).digest()))
+    return device, pool
+
+
+def _take_slots(state: LedgerState, params: Params, chosen: list[str], candidates: list[str]) -> None:
+    """Each chosen worker holds one more task (and leaves ``candidates`` once it holds its maximum)."""
+    for peer_id in chosen:
+        node = state.nodes[peer_id]
+        node.active_tasks += 1
+        state.touch(NODE, peer_id)
+        if node.active_tasks >= params.max_tasks_per_worker and peer_id in candidates:
+            candidates.remove(peer_id)
+
+
+def fill_vacant_seats(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    """When an epoch closes, name a replacement for each seat whose occupant left the crew (docs/adr/0226):
+    the best free candidate the assignment rule would pick (same device, profile and stake; not a worker
+    the task had), entering at ``join_epoch``, if that epoch is not past the task's last."""
+    start = epochs.join_epoch(task)
+    if start >= epochs.count(task) or task_stop.STOP_KEY in task.epochs:
+        return
+    vacant = [seat for seat in range(crew.seats(task))
+              if not epochs.in_crew(task, crew.occupant(task, seat))]
+    if not vacant:
+        return
+    candidates = [peer_id for peer_id in eligible_workers(state, params) if peer_id not in task.workers]
+    weights = {peer_id: worker_weight(state, peer_id) for peer_id in candidates}
+    device, pool = _worker_pool(state, params, task_id, task, candidates, weights,
+                                rejections.recent_bars(state, ctx.height))
+    if device != task.device:
+        return
+    for seat in vacant:
+        pick = next((peer_id for peer_id in pool
+                     if audits.can_audit_every_worker(state, params, task.profile, task.owner, [peer_id])), None)
+        if pick is None:
+            return
+        pool.remove(pick)
+        _take_slots(state, params, [pick], pool)
+        state.events.append({**crew.join(task, pick, seat, start), "task_id": task_id})
 
 
 def expire_open_tasks(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -396,7 +439,7 @@ def apply_commit_result(state: LedgerState, params: Params, ctx: BlockContext, t
     if relayed:
         task.relay_bytes[tx.sender] = dict(relayed)
     task.status = TaskStatus.RUNNING
-    if len(task.commits) == commit_quorum(len(task.workers)):
+    if len(task.commits) == commit_quorum(crew.seats(task)):
         task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
     state.touch(TASK, p["task_id"])
     state.events.append({"type": "result_committed", "task_id": p["task_id"], "worker": tx.sender,
@@ -411,7 +454,7 @@ def _close_if_all_answered(state: LedgerState, params: Params, ctx: BlockContext
     if epochs.before_last(task):
         return
     if (len(task.commits) + len(task.rejections) + len(epochs.departed(task)) == len(task.workers)
-            and len(task.commits) >= commit_quorum(len(task.workers))):
+            and len(task.commits) >= commit_quorum(crew.seats(task))):
         _open_audit_window(state, params, ctx, task_id, task)
 
 
@@ -441,7 +484,7 @@ def apply_commit_epoch(state: LedgerState, params: Params, ctx: BlockContext, tx
     done = len(epochs.committed(task, p["epoch"]))
     if epochs.all_committed(task):
         _close_epoch(state, params, ctx, p["task_id"], task)
-    elif done == commit_quorum(len(task.workers)):
+    elif done == commit_quorum(crew.seats(task)):
         task.commit_deadline = min(task.commit_deadline, ctx.time_ms + deadlines.commit_grace_ms(params, task))
 
 
@@ -463,12 +506,15 @@ def apply_reject_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         raise TxError(TxCode.ALREADY_KNOWN, "this worker already rejected the task")
     if epochs.entries(task, tx.sender):
         raise TxError(TxCode.BAD_STATE, "this worker already committed progress; it cannot reject the task")
+    if crew.is_joiner(task, tx.sender):
+        raise TxError(TxCode.BAD_STATE, "a worker that joined a running crew leaves it by not committing, "
+                                        "not by rejecting the task")
     if deadlines.passed(task.commit_deadline, ctx):
         raise TxError(TxCode.BAD_STATE, f"the commit deadline (block time {task.commit_deadline} ms) has passed")
     task.rejections[tx.sender] = p["reason"]
     state.touch(TASK, task_id)
     state.events.append({"type": "worker_rejected", "task_id": task_id, "worker": tx.sender, "reason": p["reason"]})
-    if len(task.rejections) >= commit_quorum(len(task.workers)):
+    if len(task.rejections) >= commit_quorum(crew.seats(task)):
         _end_rejected(state, params, task_id, task)
     elif epochs.before_last(task) and epochs.all_committed(task):
         _close_epoch(state, params, ctx, task_id, task)   # the rest of the crew had committed the epoch
@@ -566,7 +612,7 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
     epoch boundary before its end, ADR 0211), else ``expired`` (nobody
     committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
     verifier_pool = task.price * params.verifier_share_bps // 10_000 + task.spec.get("audit_surcharge", 0)
-    share = worker_share(params, task.price, len(task.workers))
+    share = worker_share(params, task.price, crew.seats(task))   # per seat (a joiner's is its seat's)
     settlement = audits.settle(task, verifier_pool)
     payouts: dict[str, int] = {}
     paid_workers: list[str] = []

@@ -4,7 +4,10 @@ Run inside a namespace: ``python -m devtools.netlab.agent --seed HEX --listen /i
 --allow ID,ID] [--punch-port N] [--auto-punch] [--port-map]``. Every agent runs a Host with a relay client
 (reservations, circuits, receipt co-signing), an AutoNAT server, a hole puncher (with
 ``--auto-punch`` it starts DCUtR on inbound relayed connections) and a resumable-transfer receiver;
-``--relay`` adds the circuit relay v2 service admitting the allow-listed peers; ``--port-map`` asks the
+``--relay`` adds the circuit relay v2 service admitting the allow-listed peers; ``--quic ADDR`` (repeatable)
+listens on QUIC too (``/ip4|ip6/A/udp/P/quic-v1``: DCUtR then punches over QUIC beside TCP, ADR 0228) and
+``--no-tcp-punch``
+leaves the TCP punch out; ``--port-map`` asks the
 home router for mappings of the listen and punch ports (relay/portmap, ADR 0221) before READY, advertises
 the listen port's in identify and offers the punch port's first in DCUtR. It prints
 ``READY {"peer_id": ..., "addrs": [...]}`` and then answers each command line
@@ -63,10 +66,11 @@ def pattern(size: int) -> bytes:
 
 class Agent:
     def __init__(self, args) -> None:
-        self.host = Host(Identity.from_seed(bytes.fromhex(args.seed)), [args.listen], limits=LIMITS)
+        listen = [args.listen, *args.quic]
+        self.host = Host(Identity.from_seed(bytes.fromhex(args.seed)), listen, limits=LIMITS)
         self.client = RelayClient(self.host)
         self.puncher = HolePuncher(self.host, args.punch_port, attempts=args.punch_attempts,
-                                   punch_window=args.punch_window)
+                                   punch_window=args.punch_window, tcp=not args.no_tcp_punch)
         self.receiver = ResumableReceiver()
         self.service = None
         if args.relay:
@@ -167,7 +171,8 @@ class Agent:
         pipe = self.client.pipe_for(conn)
         peer = conn.secure.tcp.peername
         return {"conn": key, "direct": pipe is None, "relay": pipe.relay_peer if pipe else None,
-                "remote": f"{peer[0]}:{peer[1]}" if peer else None}
+                "remote": f"{peer[0]}:{peer[1]}" if peer else None, "quic": conn.quic,
+                "quic_packets": self.puncher.quic.packets_sent}
 
     async def op_dial_peer(self, peer: str, direct: list[str], circuits: list[str]) -> dict:
         path = await dial_peer(self.host, self.client, self.puncher, peer, direct, circuits, direct_timeout=1.0)
@@ -275,6 +280,8 @@ def main() -> None:
     parser.add_argument("--punch-window", type=float, default=5.0)
     parser.add_argument("--auto-punch", action="store_true", help="start DCUtR on inbound relayed connections")
     parser.add_argument("--port-map", action="store_true", help="map the listen and punch ports on the home router")
+    parser.add_argument("--quic", action="append", default=[], help="a QUIC listen address: punch over QUIC too")
+    parser.add_argument("--no-tcp-punch", action="store_true", help="punch over QUIC only")
     run_agent(Agent(parser.parse_args()))
 
 

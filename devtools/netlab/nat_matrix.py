@@ -8,8 +8,11 @@ first kind's home dial the second's through the relay and punch (``scenarios.pun
 in parallel where they share no home. Agents in ``upnp`` homes run with ``--port-map`` (ADR 0221): they
 map their listen and punch ports on the router and offer the mapped punch port first in DCUtR, so any
 peer's SYN reaches them (``upnp`` is not in ``MATRIX_KINDS``, as it needs miniupnpd: ask for it with
-``kinds``). Returns ``{"pairs", "direct", "direct_fraction",
-"median_time_to_direct_s", "by_pair": {"a/b": {"direct", "seconds"}}}``.
+``kinds``). With ``quic`` the relay and every home listen on QUIC too (a ``+v6`` home on its IPv6
+address as well) and DCUtR punches over QUIC beside TCP (ADR 0228; ``by_pair``'s ``quic`` says
+which the direct connection is). Returns
+``{"pairs", "direct", "direct_fraction", "median_time_to_direct_s", "by_pair": {"a/b": {"direct",
+"seconds", "remote", "quic"}}}``.
 """
 from __future__ import annotations
 
@@ -40,20 +43,28 @@ def pair_rounds(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...] = PUNCH) -> dict:
+def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...] = PUNCH, *,
+               quic: bool = False) -> dict:
     homes = [kind for kind in kinds for _ in range(2)]          # home 2k+1, 2k+2 are kinds[k]
     lab = Lab().build(["relay"], homes)
     agents: dict[int, Node] = {}
     relay = None
     try:
         names = [f"z{i}" for i in range(1, len(homes) + 1)]
+        def quic_listen(ip: str, ip6: str | None = None) -> tuple[str, ...]:
+            if not quic:
+                return ()
+            return ("--quic", f"/ip4/{ip}/udp/{PORT}/quic-v1") + (("--quic", f"/ip6/{ip6}/udp/{PORT}/quic-v1")
+                                                                   if ip6 else ())
         relay = Node.start("zrelay", lab.ns_of("relay"), f"/ip4/{lab.public['relay']}/tcp/{PORT}",
-                           "--relay", "--allow", ",".join(peer_id_of(n) for n in names))
+                           *quic_listen(lab.public["relay"]), "--relay", "--allow",
+                           ",".join(peer_id_of(n) for n in names))
 
         def start(i: int) -> Node:
             record = lab.homes[i - 1]
             port_map = ("--port-map",) if record.nat == "upnp" else ()
-            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}", *punch_args, *port_map)
+            return Node.start(names[i - 1], record.ns, f"/ip4/{record.ip}/tcp/{PORT}",
+                              *quic_listen(record.ip, record.ip6), *punch_args, *port_map)
 
         with ThreadPoolExecutor(4) as pool:
             for i, node in zip(range(1, len(homes) + 1), pool.map(start, range(1, len(homes) + 1))):
@@ -63,11 +74,12 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
         by_pair: dict[str, dict] = {}
         for batch in pair_rounds(pairs):
             with ThreadPoolExecutor(len(batch)) as pool:
-                outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay), batch))
+                outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay, quic=quic), batch))
             for (x, y), out in zip(batch, outs):
                 by_pair[f"{homes[x - 1]}/{homes[y - 1]}"] = {"direct": bool(out["conn"]["direct"]),
                                                               "seconds": round(out["seconds"], 3),
-                                                              "remote": out["conn"].get("remote")}
+                                                              "remote": out["conn"].get("remote"),
+                                                              "quic": bool(out["conn"].get("quic"))}
     finally:
         for node in [*agents.values(), *([relay] if relay else [])]:
             node.stop()

@@ -21,6 +21,9 @@ NAT and filter chains. The kinds (mapping / filtering, and how the rules get the
                      destination; conntrack filtering.
 ``symmetric``        endpoint-dependent mapping with random allocation (``masquerade
                      fully-random``); conntrack filtering.
+``symmetric-tcp``    ``symmetric`` for TCP, ``port-restricted`` for UDP: a router whose UDP mappings
+                     are endpoint-independent (RFC 4787's REQ-1) while its TCP ones are random, so a
+                     TCP punch with another such home fails and a QUIC one works (ADR 0228).
 ``upnp``             ``port-restricted`` rules plus a port-mapping router: miniupnpd (``upnp.py``)
                      answers PCP, NAT-PMP and UPnP-IGD on the LAN and adds the DNAT rules of the
                      mappings a home asks for to its own ``inet filter`` table (ADR 0221).
@@ -39,7 +42,8 @@ from __future__ import annotations
 
 from . import upnp
 
-KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "cgnat", "upnp")
+KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "symmetric-tcp", "cgnat",
+         "upnp")
 SET_TIMEOUT = "120s"
 SEQ_BASE, SEQ_SPAN = 20000, 4096
 IPV6_FIREWALL = """table ip6 firewall {
@@ -77,6 +81,8 @@ def home_rules(kind: str, wan_ip: str, home_ip: str, lan: str = "lan") -> str:
         mapping = f"{l4} snat to {wan_ip} : numgen inc mod {SEQ_SPAN} map {{ {ports} }}; oifname \"eth0\" masquerade"
     elif kind == "symmetric":
         mapping = "masquerade fully-random"
+    elif kind == "symmetric-tcp":
+        mapping = 'meta l4proto tcp masquerade fully-random; oifname "eth0" masquerade'
     else:
         mapping = "masquerade"
     return f"""

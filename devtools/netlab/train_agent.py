@@ -44,7 +44,7 @@ class TrainAgent(NodeAgent):
             self.node.host.peerbook.add_addrs(peer, circuits)
         group = make_group(job, HostTransport(self.node.host), self.node.peer_id, members,
                            hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).digest())
-        trainer = await asyncio.to_thread(prepare_trainer, job, group, self.node.peer_id, members)
+        trainer = await asyncio.to_thread(prepare_trainer, job, group, members.index(self.node.peer_id), len(members))
         await group.start()
         self.prepared = (job, group, trainer)
         return trainer.rank

@@ -138,6 +138,7 @@ class AllReduceGroup:
         self._committed = CommittedExchange(self._io)
         self._views = ViewExchange(self._io, self._committed.adopt)
         self._runner = AttemptRunner(self._io, deadlines, mode, self._committed.adopt)
+        self._accepted: set[str] = set()   # peers whose streams are taken before they are members (joiners)
         self.set_peers(peers)
         self._rates: dict[str, float] = dict(upload_rates or {})  # replaced by measurements each round
         self._current_round = -1
@@ -173,6 +174,11 @@ class AllReduceGroup:
         if self._io.peers and peers != self._io.peers:
             self._rates = {}
         self._io.peers = peers
+
+    def accept(self, peers: list[str]) -> None:
+        """Take streams from ``peers`` before they become members: a worker joining at a round that this
+        peer has not reached yet may already send its frames for it (docs/adr/0226)."""
+        self._accepted.update(peers)
 
     @property
     def peers(self) -> list[str]:
@@ -305,7 +311,7 @@ class AllReduceGroup:
     # -- incoming streams ------------------------------------------------------------------
 
     async def _on_stream(self, stream: Stream, remote: str) -> None:
-        if remote not in self._io.peers:
+        if remote not in self._io.peers and remote not in self._accepted:
             stream.reset()
             return
         while True:

@@ -25,7 +25,7 @@ class Commitment:
         result = bytes.fromhex(weights_id)
         if len(result) != 32:
             raise BadCommitment("the result hash must be 32 bytes")
-        return cls(root(leaves(task_id, worker, records)), result, len(records))
+        return cls(root(leaves(task_id, worker, records)), result, records[-1].index + 1)
 
     def payload(self, task_id: bytes) -> dict:
         """The commit_result transaction payload."""

@@ -61,8 +61,9 @@ class Progress:
 
 
 def progress_at(task_id: bytes, worker: str, records: list[SegmentRecord], epoch: int) -> Progress:
-    """The commitment to ``records`` (a worker's first segments, ending epoch ``epoch``)."""
-    return Progress(epoch, root(leaves(task_id, worker, records)), bytes.fromhex(records[-1].state_out), len(records))
+    """The commitment to ``records`` (a worker's segments from its first, ending epoch ``epoch``)."""
+    return Progress(epoch, root(leaves(task_id, worker, records)), bytes.fromhex(records[-1].state_out),
+                    records[-1].index + 1)
 
 
 class EpochCommitter:
@@ -71,10 +72,22 @@ class EpochCommitter:
     def __init__(self, task: TaskInfo, task_id: bytes, worker: str, recorder: Any,
                  send: Callable[[str, dict], Awaitable[Any]], keep: Callable[[dict], Awaitable[None]]):
         self.epochs, self.per_epoch = epoch_layout(task)
+        self.first = task.first_epoch(worker)   # 0, or the epoch a joiner entered at (docs/adr/0226)
         self.task_id, self.worker, self.recorder = task_id, worker, recorder
         self.send, self.keep = send, keep
         self.committed: list[Progress] = []
         self.on_committed: Callable[[Progress], None] | None = None   # after each epoch's commit_epoch
+        self.failed: BaseException | None = None   # what stopped the committing (a refused commitment)
+        self._changed = asyncio.Event()
+
+    async def wait_committed(self, epoch: int) -> None:
+        """Until this worker's commitment of ``epoch`` is on the ledger; raises what stopped the committing
+        (the ledger refused a commitment: the worker left the crew)."""
+        while not any(progress.epoch == epoch for progress in self.committed):
+            if self.failed is not None:
+                raise RuntimeError(f"epoch {epoch} was not committed: {self.failed}")
+            self._changed.clear()
+            await self._changed.wait()
 
     async def alongside(self, training: Awaitable[dict]) -> dict:
         """Await ``training`` (its summary) while committing each epoch it completes; raises what the
@@ -83,6 +96,7 @@ class EpochCommitter:
             return await training
         finished = asyncio.Event()
         committing = asyncio.ensure_future(self._commit_all(finished))
+        committing.add_done_callback(self._note_end)
         try:
             summary = await training
         except BaseException:
@@ -95,8 +109,8 @@ class EpochCommitter:
         return summary
 
     async def _commit_all(self, finished: asyncio.Event) -> None:
-        for epoch in range(self.epochs - 1):
-            count = (epoch + 1) * self.per_epoch
+        for epoch in range(self.first, self.epochs - 1):
+            count = (epoch + 1 - self.first) * self.per_epoch
             while len(self.recorder.records) < count:
                 if finished.is_set():
                     raise RuntimeError(f"training ended with {len(self.recorder.records)} segment records; "
@@ -108,8 +122,17 @@ class EpochCommitter:
                              "segments_root": progress.segments_root.hex(), "epoch": epoch})
             await self.send("commit_epoch", progress.payload(self.task_id))
             self.committed.append(progress)
+            self._changed.set()
             if self.on_committed is not None:
                 self.on_committed(progress)
+
+
+    def _note_end(self, committing: asyncio.Future) -> None:
+        if not committing.cancelled() and committing.exception() is not None:
+            self.failed = committing.exception()
+        elif self.failed is None:
+            self.failed = RuntimeError("the committing ended")
+        self._changed.set()
 
 
 def crew_exit(task: TaskInfo, worker: str) -> str:
@@ -121,7 +144,7 @@ def crew_exit(task: TaskInfo, worker: str) -> str:
         return ""
     if progress.stopped is not None:
         return f"the crew stopped in epoch {progress.stopped + 1}: the task ended at its last closed epoch"
-    mine = progress.of(worker)
-    if len(mine) < progress.current:
-        return f"this worker left the crew: epoch {len(mine) + 1} closed without its commitment"
+    reached = progress.first_epoch(worker) + len(progress.of(worker))
+    if reached < progress.current:
+        return f"this worker left the crew: epoch {reached + 1} closed without its commitment"
     return ""

@@ -55,17 +55,18 @@ def task_signer(identity: Identity, task_id: bytes) -> WireSigner:
     return WireSigner(identity.peer_id, task_id, identity.sign, verify_by_peer_id)
 
 
-def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, me: str, workers: list[str],
+def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, rank: int, world: int,
                     feed: ProgressFeed | None = None, files: Mapping[str, Path] | None = None,
                     sink: BlobSink | None = None, fault: str = "") -> TrainerBase:
-    """Build `me`'s trainer (loads the dataset, builds the model: seconds on a busy machine, so call it
-    in a thread and before the start barrier, never between the barrier and the first round).
+    """Build the trainer of seat `rank` of `world` (a worker's place among the task's sorted first workers,
+    or the seat a joiner took: consensus/state/crew.py) (loads the dataset, builds the model: seconds on a
+    busy machine, so call it in a thread and before the start barrier, never between the barrier and the
+    first round).
     `files` maps the artifact ids the spec names (ml.train.inputs.artifact_ids) to local paths. With
     a `sink`, the trainer keeps per-segment records (`trainer.recorder.records`) and puts their
     checkpoints and averages into it; `fault` is a testing-only adversary mode (ml.train.faults)."""
-    ordered = sorted(workers)
-    averager = ParticipationLog(averager_for_group(spec, wire_group(group, fault)), len(ordered))
-    trainer = make_trainer(spec, ordered.index(me), len(ordered), averager, feed, files)
+    averager = ParticipationLog(averager_for_group(spec, wire_group(group, fault)), world)
+    trainer = make_trainer(spec, rank, world, averager, feed, files)
     if sink is not None:
         SegmentRecorder(sink).attach(trainer)
     if fault in TRAINER_FAULTS or fault.startswith("partial:"):

@@ -87,7 +87,7 @@ async def work(rank: int, world: int, mode: str, transport_name: str) -> None:
             await group.start()
         feed = ProgressFeed()
         feed.subscribe(lambda progress: emit("progress", **progress.to_dict()))
-        trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, workers, feed)
+        trainer = await asyncio.to_thread(prepare_trainer, spec, group, workers.index(me), len(workers), feed)
         if host is not None:
             ready.add(LOCAL_TASK_ID)
             await ready_protocol.wait_until_ready(host, [p for p in workers if p != me], LOCAL_TASK_ID,

@@ -52,6 +52,16 @@ async def ask_ready(host, peer_id: str, task_id: bytes) -> bool:
         return False
 
 
+async def ready_among(host, peers: list[str], task_id: bytes, timeout: float) -> list[str]:
+    """Those of ``peers`` whose group for ``task_id`` is started by the deadline (asked until all are)."""
+    try:
+        await wait_until_ready(host, peers, task_id, timeout)
+        return sorted(peers)
+    except TaskNotReady as exc:
+        late = exc.args[1] if len(exc.args) > 1 else set()
+        return sorted(set(peers) - set(late))
+
+
 async def wait_until_ready(host, peers: list[str], task_id: bytes, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     waiting = set(peers)
@@ -61,5 +71,5 @@ async def wait_until_ready(host, peers: list[str], task_id: bytes, timeout: floa
         if not waiting:
             return
         if time.monotonic() > deadline:
-            raise TaskNotReady(f"workers not ready after {timeout:g} s: {sorted(waiting)}")
+            raise TaskNotReady(f"workers not ready after {timeout:g} s: {sorted(waiting)}", set(waiting))
         await asyncio.sleep(RETRY_S)

@@ -58,18 +58,21 @@ class ResultStore:
         """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
         key = task_id.hex()
         result = self.results.get(key)
-        if result is None or not isinstance(result.get("records"), list) or not 0 <= index < len(result["records"]):
+        if result is None or not isinstance(result.get("records"), list) or not result["records"]:
             return None
         try:
+            first = SegmentRecord.from_obj(result["records"][0]).index   # 0, or a joiner's first segment
+            if not first <= index < first + len(result["records"]):
+                return None
             if key not in self.leaves:
                 records = [SegmentRecord.from_obj(r) for r in result["records"]]
                 self.leaves[key] = leaves(task_id, result.get("leaf_worker") or self.me, records)
-            record = SegmentRecord.from_obj(result["records"][index])
+            record = SegmentRecord.from_obj(result["records"][index - first])
         except BadRecord as exc:
             log.warning("cannot serve the records of task %s: %s", key, exc)
             return None
         leaf_list = self.leaves[key]
-        return segments_protocol.SegmentAnswer(record, proof(leaf_list, index), len(leaf_list))
+        return segments_protocol.SegmentAnswer(record, proof(leaf_list, index - first), len(leaf_list))
 
 
 class Finalizer:

@@ -296,6 +296,7 @@ class ComputeRole(Role):
         are a worker of (stopped too once the ledger takes no more commitments from us, docs/adr/0203)."""
         key, status = task.task_id, task.status
         job = self.jobs.get(key)
+        self.training.seen(task)   # a joiner named to the crew may send before our round reaches it (ADR 0226)
         if me in task.commits and availability_duty.challenges_for(task, me, now + 1):   # ADR 0207
             self._spawn(self._answer_challenges(task, me, now + 1))
         rejected = me in task.rejections

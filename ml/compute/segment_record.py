@@ -164,8 +164,11 @@ def leaf(task_id: bytes, worker: str, record: SegmentRecord) -> bytes:
 
 
 def leaves(task_id: bytes, worker: str, records: list[SegmentRecord]) -> list[bytes]:
-    if [r.index for r in records] != list(range(len(records))):
-        raise BadRecord("records must be numbered 0, 1, 2, ... in order")
+    """The leaves of a worker's records, numbered from its first segment on (0, or a joiner's first: leaf i
+    is segment first + i, docs/adr/0226)."""
+    first = records[0].index if records else 0
+    if [r.index for r in records] != list(range(first, first + len(records))):
+        raise BadRecord(f"records must be numbered {first}, {first + 1}, ... in order")
     return [leaf(task_id, worker, r) for r in records]
 
 

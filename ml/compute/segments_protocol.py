@@ -87,12 +87,16 @@ def decode_answer(body: bytes, index: int) -> SegmentAnswer:
     return SegmentAnswer(record, path, count)
 
 
-def check_answer(answer: SegmentAnswer, task_id: bytes, worker: str, segments_root: bytes, segments: int) -> None:
-    """BadRecord unless `answer` is `worker`'s record under its committed `segments_root` of `segments`."""
-    if answer.count != segments:
-        raise BadRecord(f"the worker answers with {answer.count} segments, it committed {segments}")
-    if not verify_proof(segments_root, leaf(task_id, worker, answer.record), answer.record.index, answer.count,
-                        answer.proof):
+def check_answer(answer: SegmentAnswer, task_id: bytes, worker: str, segments_root: bytes, segments: int,
+                 first: int = 0) -> None:
+    """BadRecord unless `answer` is `worker`'s record under its committed `segments_root`, which covers its
+    segments `first` (0, or a joiner's first, docs/adr/0226) up to `segments`."""
+    if answer.count != segments - first:
+        raise BadRecord(f"the worker answers with {answer.count} segments, it committed {segments - first}")
+    if not first <= answer.record.index < segments:
+        raise BadRecord(f"segment {answer.record.index} is not one the worker committed ({first} to {segments - 1})")
+    if not verify_proof(segments_root, leaf(task_id, worker, answer.record), answer.record.index - first,
+                        answer.count, answer.proof):
         raise BadRecord("the record's Merkle proof does not lead to the committed segments_root")
 
 

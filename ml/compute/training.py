@@ -22,6 +22,7 @@ from consensus.task_info import TaskInfo, TaskStatus
 from consensus.tx import MAX_BANDWIDTH_MBPS
 from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
+from ml.compute.crew_changes import CrewGate, group_of, joining_state, start_from
 from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
@@ -71,6 +72,7 @@ class Training:
         self.spawn = spawn
         self.busy: asyncio.Task[None] | None = None   # the training job in progress
         self.ready_groups: set[bytes] = set()         # task ids whose group is up (the ready protocol)
+        self.groups: dict[str, Any] = {}              # task id hex -> its all-reduce group, while it serves
         self.task_changed: dict[str, asyncio.Event] = {}   # task id hex -> set on its next ledger event
         self._register_metrics(node.metrics)
 
@@ -112,7 +114,10 @@ class Training:
                           **({"metrics": progress.metrics} if progress.metrics else {}))
 
     async def run_job(self, task: TaskInfo) -> None:
-        key, me, workers = task.task_id, self.node.peer_id, list(task.workers)
+        key, me = task.task_id, self.node.peer_id
+        first = task.first_epoch(me)   # 0, or the epoch this worker joins a running crew at (ADR 0226)
+        workers = task.crew_at(first)
+        rank, world = task.seat_of(me), task.seats
         task_id = task.task_bytes
         self.board.start(key, workers=workers)
         try:
@@ -132,7 +137,7 @@ class Training:
             self.board.update(key, spec=spec.to_dict(), steps=spec.steps, device=device)
             files = await self.fetch.task_inputs(key, task, spec, workers)
             self.board.update(key, state="dry run")
-            tried = await asyncio.to_thread(dry_run, spec, files, len(workers))
+            tried = await asyncio.to_thread(dry_run, spec, files, world)
             over = self.limits.memory_refusal(tried["params"])
             if over is not None:
                 await self.reject(key, task_id, over)
@@ -141,11 +146,14 @@ class Training:
             group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"],
                                self.node.identity)
             await group.start()
+            self.groups[key] = group
             feed = ProgressFeed()
             feed.subscribe(lambda p: self.on_progress(key, p))
             group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
-            trainer = await asyncio.to_thread(prepare_trainer, spec, group, me, workers, feed, files,
+            trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
+            if first:
+                await self._start_from_crew_state(key, task, trainer, group, spec, first)
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -160,6 +168,10 @@ class Training:
                 self.results.leaves.pop(key, None)
             committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
             committer.on_committed = lambda progress: self._show_epoch_state(key, trainer.recorder, progress)
+            if trainer.recorder is not None:   # joiners enter at epoch boundaries (ADR 0226)
+                trainer.recorder.before_segment = CrewGate(
+                    me, first, committer.per_epoch, committer, lambda: self._read_task(key), group,
+                    lambda peers, timeout: ready_protocol.ready_among(self.node.host, peers, task_id, timeout))
             summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
@@ -168,7 +180,7 @@ class Training:
             records, leaf_worker = await self.faults.committed_records(task_id, me, trainer.recorder.records)
             leaf_list = leaves(task_id, leaf_worker, records)
             self.results.leaves[key] = leaf_list
-            commitment = Commitment(root(leaf_list), bytes.fromhex(weights), len(records))
+            commitment = Commitment(root(leaf_list), bytes.fromhex(weights), records[-1].index + 1)
             await asyncio.to_thread(self.results.save, key, {  # a long job's records are megabytes of JSON
                                     "records": [r.to_obj() for r in records], "leaf_worker": leaf_worker,
                                     "segments_root": commitment.segments_root.hex(),
@@ -202,6 +214,39 @@ class Training:
                 meter.take(key)   # a job that ended before its commit closes its span too
             if group is not None:
                 self.spawn(self._close_after_peers(task_id, group))
+
+    async def _read_task(self, key: str) -> TaskInfo:
+        doc = await self.ledger.call("dkb_getTask", key)
+        if doc is None:
+            raise RuntimeError(f"the ledger does not know task {key}")
+        return TaskInfo.from_json(doc)
+
+    async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, group: Any, spec: Any,
+                                     first: int) -> None:
+        """A joiner's trainer starts from the state a member committed for the epoch before its first
+        (fetched and checked, ml/compute/crew_changes.py)."""
+        self.board.update(key, state="fetching the crew's state")
+        changed = self.task_changed.setdefault(key, asyncio.Event())
+
+        async def wait_change(timeout: float) -> None:
+            changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout)
+
+        state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
+                                                 self.fetch.learn_addresses, wait_change)
+        segment = task.first_segment(self.node.peer_id)
+        await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)
+        group.set_peers(group_of(now, first))   # the members' group of this epoch, as they will read it
+        self.board.update(key, joined_at_epoch=first, joined_from=digest, step=trainer.step)
+        log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
+
+    def seen(self, task: TaskInfo) -> None:
+        """The role saw ``task`` on the ledger: a group of ours takes streams from every worker named to it
+        (a joiner may send before this worker reached the round it enters at)."""
+        group = self.groups.get(task.task_id)
+        if group is not None:
+            group.accept(list(task.workers))
 
     async def reject(self, key: str, task_id: bytes, reason: str) -> None:
         """Tell the ledger we cannot train this task (no retry: the job stays "rejected")."""
@@ -328,6 +373,7 @@ class Training:
         finally:
             self.task_changed.pop(key, None)
             self.ready_groups.discard(task_id)
+            self.groups.pop(key, None)
             await group.close()
 
 

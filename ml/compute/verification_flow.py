@@ -32,6 +32,7 @@ from pathlib import Path
 
 from consensus.state.epochs import unavailable_evidence  # the ledger recognizes it (ADR 0203)
 from consensus.task_info import TaskInfo
+from ml.compute.epoch_states import holders_of
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
 from ml.compute.segments_protocol import SegmentAnswer, SegmentsError, check_answer
@@ -75,7 +76,8 @@ async def _checked_record(task: TaskInfo, worker: str, segment: int, sources: So
     commit = task.commits[worker]
     try:
         answer = await sources.record(worker, segment)
-        check_answer(answer, task.task_bytes, worker, bytes.fromhex(commit.segments_root), commit.segments)
+        check_answer(answer, task.task_bytes, worker, bytes.fromhex(commit.segments_root), commit.segments,
+                     task.first_segment(worker))
     except (SegmentsError, BadRecord, OSError) as exc:
         raise Unavailable(f"record of segment {segment} from {worker[:16]}: {exc}") from None
     return answer.record
@@ -85,8 +87,8 @@ async def _co_worker_records(task: TaskInfo, worker: str, segment: int, sources:
     """The records of `segment` of the other committed workers that can be had (verified under their roots)."""
     out = {}
     for other in sorted(task.commits):
-        if other == worker:
-            continue
+        if other == worker or not task.first_segment(other) <= segment < task.commits[other].segments:
+            continue   # it did not train this segment (it joined later or left before, docs/adr/0226)
         try:
             out[other] = await _checked_record(task, other, segment, sources)
         except Unavailable:
@@ -103,11 +105,19 @@ def _majority_averages(own: SegmentRecord, others: dict[str, SegmentRecord]) -> 
     return list(best) if count * 2 > len(lists) else None
 
 
+def _starts_from_crew_state(task: TaskInfo, worker: str, segment: int, record: SegmentRecord) -> bool:
+    """A joiner's first segment must start from a state a member committed for the epoch before (the one
+    it fetched, docs/adr/0226): a joiner cannot bring a state of its own into the crew's run."""
+    first = task.first_epoch(worker)
+    if not first or segment != task.first_segment(worker):
+        return True
+    return record.state_in in {digest for digest, _ in holders_of(task, first - 1)}
+
+
 async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
                      sources: Sources) -> Judgement:
     """Replay `worker`'s `segment` of `task` and judge it."""
-    workers = sorted(task.workers)
-    if worker not in workers or worker not in task.commits:
+    if worker not in task.workers or worker not in task.commits:
         raise ValueError(f"{worker} is not a committed worker of the task")
     try:
         record = await _checked_record(task, worker, segment, sources)
@@ -118,9 +128,12 @@ async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int,
         return Judgement(False, unavailable_evidence(salt), 0, str(exc))
     except Exception as exc:  # an artifact nobody serves (ArtifactError and friends)
         return Judgement(False, unavailable_evidence(salt), 0, f"state files unavailable: {exc}")
+    if not _starts_from_crew_state(task, worker, segment, record):
+        return Judgement(False, hashlib.sha256(salt).digest(), 0,
+                         "a joiner's first segment does not start from a state its crew committed")
     others = await _co_worker_records(task, worker, segment, sources)
     replay: SegmentReplay = await in_compute_thread(
-        replay_segment, spec, workers.index(worker), len(workers), record, checkpoint, averages, sources.files, salt,
+        replay_segment, spec, task.seat_of(worker), task.seats, record, checkpoint, averages, sources.files, salt,
         None, claims_about(worker, others))
     if not replay.match:
         step, field = replay.first_divergence or (0, "?")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -184,6 +185,9 @@ class SegmentRecorder:
         self._gradient = ""
         self._carry: tuple[tuple, str] | None = None   # (state marker, digest) of the state the last segment ended in
         self.state_artifacts: dict[str, str] = {}   # sha256 of a segment's end state -> its artifact id (sink)
+        # awaited at the start of each segment, before its first round (a crew change at an epoch
+        # boundary, ml/compute/crew_changes.py); no round of this worker is in flight then
+        self.before_segment: Callable[[int], Awaitable[None]] | None = None
 
     def attach(self, trainer) -> None:
         """Wrap the trainer's plain averager and have the trainer report to this recorder."""
@@ -197,6 +201,8 @@ class SegmentRecorder:
 
     async def begin(self, trainer, index: int) -> None:
         """Segment `index` starts: store the trainer's full state as its checkpoint."""
+        if self.before_segment is not None:
+            await self.before_segment(index)
         self._index, self.steps, self.received, self.state_out = index, [], [], None
         if self.recording is not None:
             self.recording.take_rounds()

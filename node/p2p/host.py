@@ -11,7 +11,9 @@ tracked and cancelled on ``stop``; an error on one connection closes only that c
 QUIC (``/ip4|ip6/.../udp/PORT/quic-v1`` listen addresses, node/p2p/quic_transport.py, ADR 0222)
 needs no upgrade: a verified QUIC session is registered as a Connection whose streams are QUIC
 streams, negotiated with multistream and handed to the same handlers; QUIC dials leave from a QUIC
-listening socket of the same address family when there is one (the port a hole punch opened).
+listening socket of the same address family when there is one (the port a hole punch opened);
+``dial_quic`` makes a new QUIC connection beside any others to the peer (the QUIC hole punch,
+relay/quic_punch.py, ADR 0228).
 
 Relayed connections use two public hooks. ``upgrade(pipe, ...)`` secures and registers any
 TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)`` lets ``connect``,
@@ -311,13 +313,9 @@ class Host:
         """The socket to dial ``ip`` from: a listener of its family that can reach it, else a
         dial-only socket on an ephemeral port."""
         ipv6 = ":" in ip
-        loopback = ip.startswith("127.") or ip == "::1"
-        for endpoint in self._quic_listeners:
-            bound = endpoint.sockname
-            if bound is None or (":" in bound[0]) != ipv6:
-                continue
-            if bound[0] in ("0.0.0.0", "::") or (loopback and bound[0] in ("127.0.0.1", "::1")):
-                return endpoint
+        listener = self.quic_listener_for(ip)
+        if listener is not None:
+            return listener
         dialer = self._quic_dialers.get(ipv6)
         if dialer is None or dialer.transport is None:
             dialer = await QuicEndpoint.open("::" if ipv6 else "0.0.0.0", 0, self._quic())
@@ -333,6 +331,33 @@ class Host:
         return await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout,
                                    answer_timeout=min(self.limits.connect_timeout, self.limits.handshake_timeout),
                                    on_answer=reached)
+
+    def quic_listener_for(self, ip: str) -> QuicEndpoint | None:
+        """The listening QUIC socket that dials ``ip`` (the one whose mapping a relay observes and a
+        hole punch reuses), or None when no QUIC listener can reach it: one of its family bound to
+        the wildcard, to loopback for a loopback ``ip``, or to another address for any other."""
+        ipv6 = ":" in ip
+        loopback = ip.startswith("127.") or ip == "::1"
+        for endpoint in self._quic_listeners:
+            bound = endpoint.sockname
+            if bound is None or (":" in bound[0]) != ipv6:
+                continue
+            bound_loopback = bound[0].startswith("127.") or bound[0] == "::1"
+            if bound[0] in ("0.0.0.0", "::") or loopback == bound_loopback:
+                return endpoint
+        return None
+
+    async def dial_quic(self, peer_id: str, addr: Multiaddr, *, answer_timeout: float) -> Connection:
+        """A new QUIC connection to ``peer_id`` at ``addr``, beside any it has (a relay's QUIC observed
+        address, a hole punch's QUIC dial), from the QUIC listener that reaches it: ConnectionError
+        when nothing answers within ``answer_timeout``."""
+        ip, port = addr.quic_endpoint()
+        endpoint = self.quic_listener_for(ip)
+        if endpoint is None:
+            raise DialError(f"no QUIC listener to dial {addr} from")
+        session = await endpoint.dial((ip, port), peer_id, self.limits.handshake_timeout,
+                                      answer_timeout=answer_timeout)
+        return await self._register(session, "outbound", bulk=False)
 
     # ---- inbound
     def _inbound_protocol(self) -> TcpConnection:

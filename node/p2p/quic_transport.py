@@ -565,6 +565,17 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             raise
         return session
 
+    @property
+    def listening(self) -> bool:
+        """Whether this socket accepts inbound QUIC (a hole punch's server side needs one)."""
+        return self._server_config is not None and self.transport is not None
+
+    def send_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Send one raw datagram from this socket (the hole punch's NAT-opening packets)."""
+        if self.transport is None:
+            raise ConnectionError("quic socket closed")
+        self.transport.sendto(data, addr)
+
     def _route(self, cid: bytes, session: QuicSession) -> None:
         if not session.closed:
             self._routes[cid] = session

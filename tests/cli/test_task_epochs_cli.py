@@ -37,3 +37,17 @@ def test_task_show_tells_the_epoch_progress():
     stopped = {**task, "status": "committed", "epochs": {**task["epochs"], "stopped": 2}}
     assert epoch_lines(TaskInfo.from_json(stopped))[0] == "epochs:     stopped in epoch 3 of 3; 2 closed"
     assert epoch_lines(TaskInfo.from_json({"spec": {}, "epochs": {}})) == []
+
+
+def test_task_show_tells_who_joined_the_crew_at_which_epoch_and_seat():
+    workers = ["12D3KooWAlpha" + "a" * 20, "12D3KooWBravo" + "b" * 20, "12D3KooWCharlie" + "c" * 20,
+               "12D3KooWDelta" + "d" * 20]
+    first, second, third = ["11" * 32, "33" * 32, 2, 5], ["11" * 32, "44" * 32, 4, 9], ["11" * 32, "55" * 32, 6, 12]
+    task = {"status": "running", "spec": {"epochs": 4, "workers": 3}, "workers": workers, "commits": {},
+            "rejections": {}, "commit_deadline": 70_000, "block_time_ms": 10_000,
+            "epochs": {"current": 3, "joined": {workers[3]: [2, 2]},
+                       "commits": {workers[0]: [first, second, third], workers[1]: [first, second, third],
+                                   workers[2]: [first], workers[3]: [third]}}}
+    lines = epoch_lines(TaskInfo.from_json(task))
+    assert lines[3].endswith("1 of 4 epochs committed, state 333333333333 (left the crew)")
+    assert lines[4].endswith("1 of 2 epochs committed, state 555555555555 (joined at epoch 3, seat 3)")

@@ -28,7 +28,7 @@ async def train_over_tcp(spec, world, faults):
         groups = [make_group(spec, t, p, peers, TASK, identity=IDENTITIES[p]) for p, t in zip(peers, transports)]
         for g in groups:
             await g.start()
-        trainers = [prepare_trainer(spec, g, p, peers, sink=sink, fault=faults.get(i, ""))
+        trainers = [prepare_trainer(spec, g, sorted(peers).index(p), len(peers), sink=sink, fault=faults.get(i, ""))
                     for i, (p, g) in enumerate(zip(peers, groups))]
         await asyncio.gather(*(t.run() for t in trainers))
         return [t.recorder.records for t in trainers], sink

@@ -481,7 +481,9 @@ function epochText(task) {
   const progress = task.epochs || {};
   if (!(total > 1) || typeof progress.current !== "number") return "";
   if (typeof progress.stopped === "number") return ` · stopped in epoch ${progress.stopped + 1}/${total}`;
-  return ` · epochs ${progress.current}/${total} closed`;
+  // workers named to a seat its occupant left (docs/adr/0226): joiner -> [seat, first epoch]
+  const joined = Object.keys(progress.joined || {}).length;
+  return ` · epochs ${progress.current}/${total} closed` + (joined ? ` · ${joined} joined` : "");
 }
 
 const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],

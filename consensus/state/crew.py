@@ -1,0 +1,78 @@
+"""A long task's crew as seats, and the workers that join it at an epoch boundary (docs/adr/0226).
+
+A task asks for ``spec["workers"]`` = W workers; assignment fills W seats with the chosen workers,
+seat i being the i-th of them in sorted order (their rank in training: data shard, leader). A task cut
+into epochs keeps its seats filled: when an epoch closes and a seat's occupant has left the crew (it
+missed the closed epoch, ADR 0203), the ledger names a replacement, who takes the seat (its rank: the
+same data shard, so no example of the epochs it trains is skipped or doubled) from a later epoch on.
+
+Members run ahead of the ledger by up to one epoch (they commit an epoch while training the next), so
+a joiner enters at ``join_epoch``: one epoch past the furthest commitment any member made. A member
+reads the crew of epoch e + 1 only after its own commitment of epoch e is on the ledger, so every
+joiner of that epoch is named before any member reads it, and all members see one crew per epoch.
+
+The joiner starts from a state a member committed for the epoch before its first (it fetches the file
+and checks its sha256 against that ``state_digest``), commits its epochs like any member, is audited on
+the segments it trained and paid for the epochs it covers. ``task.workers`` keeps everyone who held a
+seat (the original W first, in seat order, then the joiners in the order named); ``task.epochs["joined"]``
+maps each joiner to ``[seat, first epoch]``. Pure functions of the task; the handlers live in
+consensus/state/tasks.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from consensus.state.records import Task
+
+JOINED_KEY = "joined"
+
+
+def seats(task: Task) -> int:
+    """How many seats the task has: the workers it asked for."""
+    return int(task.spec["workers"])
+
+
+def joined(task: Task) -> dict[str, list[int]]:
+    """Joiner -> [seat, first epoch]."""
+    return dict(task.epochs.get(JOINED_KEY, {}))
+
+
+def seat_of(workers: Sequence[str], joiners: Mapping[str, Sequence[int]], worker: str) -> int:
+    """``worker``'s seat (its rank in training): a joiner's from ``joiners``, an original worker's its
+    place among the task's first workers (sorted at assignment)."""
+    entry = joiners.get(worker)
+    if entry is not None:
+        return int(entry[0])
+    return list(workers).index(worker)
+
+
+def first_epoch_of(joiners: Mapping[str, Sequence[int]], worker: str) -> int:
+    """The first epoch ``worker`` trains (0 for an original worker)."""
+    entry = joiners.get(worker)
+    return int(entry[1]) if entry is not None else 0
+
+
+def first_epoch(task: Task, worker: str) -> int:
+    return first_epoch_of(task.epochs.get(JOINED_KEY, {}), worker)
+
+
+def is_joiner(task: Task, worker: str) -> bool:
+    return worker in task.epochs.get(JOINED_KEY, {})
+
+
+def occupant(task: Task, seat: int) -> str:
+    """The latest worker named to ``seat``."""
+    latest = task.workers[seat]
+    for worker, (joined_seat, _) in task.epochs.get(JOINED_KEY, {}).items():
+        if joined_seat == seat and task.workers.index(worker) > task.workers.index(latest):
+            latest = worker
+    return latest
+
+
+def join(task: Task, worker: str, seat: int, epoch: int) -> dict[str, Any]:
+    """Name ``worker`` to ``seat`` from ``epoch`` on; the event says who it replaces."""
+    replaced = occupant(task, seat)
+    task.workers.append(worker)
+    task.epochs.setdefault(JOINED_KEY, {})[worker] = [seat, epoch]
+    return {"type": "worker_joined", "worker": worker, "seat": seat, "epoch": epoch, "replaces": replaced}

@@ -1,0 +1,128 @@
+"""A running crew that changes at an epoch boundary, on the workers' side (docs/adr/0226; the ledger's
+side is consensus/state/crew.py).
+
+A member (`CrewGate`, awaited by the segment recorder before each segment): at the first segment of an
+epoch after its own first, it waits until its commitment of the epoch before is on the ledger, then reads
+which workers the ledger named to enter at this epoch (by then every such joiner is named: the ledger names
+joiners one epoch past the furthest commitment), makes them members of the all-reduce group from this
+segment's first round on and waits for them to start their group (bounded: JOIN_WAIT_S; a joiner that is
+late is left out of rounds like any member that does not answer, misses the epoch and leaves the crew). No
+round of the member is in flight then, and every member changes at the same round.
+
+Every member's group must hold the same members (the round's member masks are over them): the group of
+epoch e is every worker named to a seat from an epoch not after e, those that left included (they are
+left out of each round as before, ADR 0081). A member reads it after its own commitment of epoch e - 1, a
+joiner after some member's: no worker entering at e or before can be named after either read.
+
+A joiner (`joining_state`): waits until a member committed the epoch before its first, fetches that state
+from every worker that committed the same digest at once, checks its sha256 against the digest and loads
+it with the bounded state-file reader; its trainer starts from it at the first step of its first epoch,
+in the seat it took (the same rank, so the same data shard).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from consensus.task_info import TaskInfo
+from ml.compute.epoch_states import StateUnavailable, fetch_checked, holders_of
+from ml.train.state_file import BadStateFile, load_state
+
+log = logging.getLogger(__name__)
+
+JOIN_WAIT_S = 120.0   # how long members wait at an epoch boundary for the workers entering there
+STATE_POLL_S = 2.0    # how often a joiner looks for the commitment of the epoch before its first
+
+
+class JoinFailed(RuntimeError):
+    """A joiner could not get a checked state to start from."""
+
+
+class CrewGate:
+    """The member side of a crew change: ``await gate(segment)`` before each segment starts."""
+
+    def __init__(self, me: str, first_epoch: int, per_epoch: int, committer: Any,
+                 read_task: Callable[[], Awaitable[TaskInfo]], group: Any,
+                 ready_among: Callable[[list[str], float], Awaitable[list[str]]]) -> None:
+        self.me, self.first_epoch, self.per_epoch = me, first_epoch, per_epoch
+        self.committer, self.read_task, self.group, self.ready_among = committer, read_task, group, ready_among
+        self.joined: dict[int, list[str]] = {}   # epoch -> the joiners that became members at its start
+        self.waited_s = 0.0                      # time spent at epoch boundaries (counted against utilization)
+
+    async def __call__(self, segment: int) -> None:
+        if self.per_epoch <= 0 or segment % self.per_epoch or segment // self.per_epoch <= self.first_epoch:
+            return
+        epoch = segment // self.per_epoch
+        started = time.monotonic()
+        try:
+            await self.committer.wait_committed(epoch - 1)
+            task = await self.read_task()
+            entering = [w for w in task.workers if task.first_epoch(w) == epoch and w != self.me]
+            if not entering:
+                return
+            self.group.accept(entering)
+            self.group.set_peers(sorted(set(self.group.peers) | set(entering)))
+            ready = await self.ready_among(entering, JOIN_WAIT_S)
+            late = sorted(set(entering) - set(ready))
+            if late:
+                log.warning("epoch %d: joiners %s not ready after %g s; rounds go on without them", epoch,
+                            [w[:16] for w in late], JOIN_WAIT_S)
+            self.joined[epoch] = ready
+            log.info("epoch %d: %s joined the crew", epoch, [w[:16] for w in ready])
+        finally:
+            self.waited_s += time.monotonic() - started
+
+
+async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Callable[[], Awaitable[TaskInfo]],
+                        learn_addresses: Callable[[list[str]], Awaitable[None]],
+                        wait_change: Callable[[float], Awaitable[None]]) -> tuple[dict, str, TaskInfo]:
+    """The state a joiner entering at ``first_epoch`` starts from, its digest, and the task as read once a
+    member committed the epoch before (its group, `group_of`, is final then): a member's committed state of
+    that epoch, fetched from its holders and checked. Waits for that commitment while the task is open;
+    JoinFailed when the task ended or no holder served a checked file."""
+    epoch = first_epoch - 1
+    while True:
+        task = await read_task()
+        if task.status not in ("assigned", "running"):
+            raise JoinFailed(f"the task is {task.status}: there is no crew to join")
+        candidates = holders_of(task, epoch)
+        if candidates:
+            break
+        await wait_change(STATE_POLL_S)
+    errors = []
+    for digest, holders in candidates:
+        await learn_addresses(holders)
+        try:
+            path = await fetch_checked(node, holders, task_id, digest)
+            return await asyncio.to_thread(_read_state, path), digest, task
+        except (StateUnavailable, BadStateFile) as exc:
+            errors.append(str(exc))
+    raise JoinFailed(f"no checked state of epoch {epoch + 1} to start from: " + "; ".join(errors))
+
+
+def group_of(task: TaskInfo, epoch: int) -> list[str]:
+    """The members of the all-reduce group of ``epoch``: every worker named to a seat from an epoch not after
+    it (those that left included: each round leaves them out)."""
+    return sorted(w for w in task.workers if task.first_epoch(w) <= epoch)
+
+
+def _read_state(path: Path) -> dict:
+    state = load_state(path.read_bytes())
+    if not isinstance(state, dict):
+        raise BadStateFile("the state file does not hold a training state")
+    return state
+
+
+def start_from(trainer: Any, state: dict, first_step: int, first_segment: int) -> None:
+    """Load ``state`` into a joiner's ``trainer`` (blocking: call it in a thread) and check it is the state
+    at the start of its first epoch; JoinFailed otherwise."""
+    try:
+        trainer.load_training_state(state)
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
+        raise JoinFailed(f"the committed state does not fit the task's trainer: {exc}") from None
+    if trainer.step != first_step or getattr(trainer, "outer_step", first_segment) != first_segment:
+        raise JoinFailed(f"the committed state is at step {trainer.step}, not at the epoch's first step {first_step}")

@@ -1,0 +1,106 @@
+"""A worker joins a running crew at an epoch boundary (docs/adr/0226) over the real all-reduce (loopback
+TCP, the averager stack a compute node trains through): two members of a three-seat DiLoCo task train the
+first epochs, a joiner takes the empty seat from epoch 2 starting from a member's committed state, the
+members' gate makes it a member from that epoch's first round, and everyone ends with the same weights;
+the joiner's records start at its first segment, from exactly the committed state, and replay."""
+import asyncio
+import hashlib
+from dataclasses import dataclass
+
+from ml.allreduce import TcpTransport
+from ml.compute.crew_changes import CrewGate, start_from
+from ml.compute.executor import make_group, prepare_trainer
+from ml.compute.segment_record import leaves, proof, root, verify_proof
+from ml.compute.segment_replay import replay_segment_blobs
+from ml.train.segments import MemorySink
+from ml.train.spec import TrainSpec
+from ml.train.state_file import load_state
+from node.identity import Identity
+
+TASK = bytes(range(32))
+IDENTITIES = {i.peer_id: i for i in (Identity.from_seed(bytes([n + 1]) * 32) for n in range(3))}
+A, B, D = sorted(IDENTITIES)   # seats 0 and 1 train from the start; D takes seat 2 at epoch 2
+SPEC = TrainSpec(mode="diloco", steps=30, inner_steps=5, seed=4, codec="int8")   # 6 segments
+PER_EPOCH, JOIN_EPOCH = 2, 2
+
+
+class Committed:
+    """The members' commitments are on the ledger at once (the ledger's side has its own tests)."""
+
+    async def wait_committed(self, epoch: int) -> None:
+        return None
+
+
+@dataclass
+class LedgerView:
+    workers: tuple
+
+    def first_epoch(self, worker: str) -> int:
+        return JOIN_EPOCH if worker == D else 0
+
+
+async def run_crew():
+    transports = {p: TcpTransport(p) for p in (A, B, D)}
+    sink, groups = MemorySink(), {}
+    joiner_ready = asyncio.Event()
+    try:
+        addresses = {p: await t.start() for p, t in transports.items()}
+        for t in transports.values():
+            t.addresses.update(addresses)
+        for p in (A, B):
+            groups[p] = make_group(SPEC, transports[p], p, [A, B], TASK, identity=IDENTITIES[p])
+            await groups[p].start()
+        members = {p: prepare_trainer(SPEC, groups[p], seat, 3, sink=sink) for seat, p in enumerate((A, B))}
+
+        async def ready_among(peers, timeout):
+            await asyncio.wait_for(joiner_ready.wait(), timeout)
+            return list(peers)
+
+        async def read_task():
+            return LedgerView((A, B, D))
+
+        gates = {}
+        for p, trainer in members.items():
+            gates[p] = trainer.recorder.before_segment = CrewGate(p, 0, PER_EPOCH, Committed(), read_task,
+                                                                  groups[p], ready_among)
+
+        async def joiner():
+            first_segment = JOIN_EPOCH * PER_EPOCH
+            while len(members[A].recorder.records) < first_segment:   # until A committed epoch 1's end state
+                await asyncio.sleep(0.05)
+            digest = members[A].recorder.records[first_segment - 1].state_out
+            data = sink.blobs[members[A].recorder.state_artifacts[digest]]
+            assert hashlib.sha256(data).hexdigest() == digest
+            groups[D] = make_group(SPEC, transports[D], D, [A, B, D], TASK, identity=IDENTITIES[D])
+            await groups[D].start()
+            trainer = prepare_trainer(SPEC, groups[D], 2, 3, sink=sink)
+            start_from(trainer, load_state(data), SPEC.first_step_of_segment(first_segment), first_segment)
+            joiner_ready.set()
+            await trainer.run()
+            return trainer, digest
+
+        *_, (joined, digest) = await asyncio.gather(*(t.run() for t in members.values()), joiner())
+        return members, joined, digest, sink, gates
+    finally:
+        for g in groups.values():
+            await g.close()
+        for t in transports.values():
+            await t.close()
+
+
+def test_a_joiner_enters_at_an_epoch_boundary_from_the_committed_state_and_the_crew_ends_agreed():
+    members, joined, digest, sink, gates = asyncio.run(run_crew())
+    assert [r.index for r in joined.recorder.records] == [4, 5]
+    assert joined.recorder.records[0].state_in == digest          # exactly the state a member committed
+    assert all(gate.joined == {JOIN_EPOCH: [D]} for gate in gates.values())
+    assert members[A].params_hash() == members[B].params_hash() == joined.params_hash()
+    assert len(members[A].last_participants) == 3                  # the last round had the whole crew
+    for record in joined.recorder.records:
+        got = replay_segment_blobs(SPEC, 2, 3, record, sink.blobs, None, bytes(32))
+        assert got.match, got.first_divergence
+    got = replay_segment_blobs(SPEC, 0, 3, members[A].recorder.records[4], sink.blobs, None, bytes(32))
+    assert got.match, got.first_divergence
+    # the joiner's Merkle leaves start at its first segment: its proofs verify against its root
+    leaf_list = leaves(TASK, D, joined.recorder.records)
+    record = joined.recorder.records[1]
+    assert verify_proof(root(leaf_list), leaf_list[1], record.index - 4, len(leaf_list), proof(leaf_list, 1))
