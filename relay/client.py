@@ -1,11 +1,15 @@
 """The endpoint side of circuit relay v2: reservations, relayed addresses, dialing through relays,
 accepting inbound circuits, and co-signing usage receipts.
 
-``RelayClient.maintain(candidates)`` keeps ``want`` reservations on the relays with the lowest
-measured round-trip time, refreshes each before it expires and replaces a relay at once when its
-connection dies; ``relayed_addrs`` lists ``<relay addr>/p2p-circuit/p2p/<us>`` for the node's ledger
-record. ``dial(target, circuit_addrs)`` connects through the first relay that works, trying relays
-that failed recently last. Inbound circuits are accepted only from relays where we hold a current,
+``RelayClient.maintain(candidates)`` keeps ``want`` reservations on the least loaded relays (their
+load reports, relay/load.py; the lowest measured round-trip time among those equally loaded,
+relay/choice.py), refreshes each before it expires, replaces a relay at once when its connection
+dies, and every ``LOAD_POLL_S`` asks the candidates for their load again and moves a reservation
+when another relay is much less loaded (ADR 0227; the relay left keeps serving inbound circuits
+until that reservation expires); ``relayed_addrs`` lists ``<relay addr>/p2p-circuit/p2p/<us>`` for
+the node's ledger record. ``dial(target, circuit_addrs)`` connects through the first relay that
+works, trying the least loaded first (``rank_circuit_addrs``, also the Host's relay ranking) and
+relays that failed recently last. Inbound circuits are accepted only from relays where we hold a current,
 verified voucher, and the peer authenticated by the end-to-end noise handshake must be the one the
 relay announced. Callbacks registered with ``on_inbound`` get each inbound relayed Connection as it
 comes up (the hole puncher's "B" role starts from there).
@@ -25,6 +29,8 @@ from node.p2p.host import Connection, DialError, Host
 from node.p2p.limited import LimitedConnectionError, describe_limit, is_limited
 from node.p2p.multiaddr import Multiaddr
 
+from . import choice
+from .load import LoadReport, query_load
 from .messages import (
     HOP_PROTOCOL,
     STOP_PROTOCOL,
@@ -57,6 +63,8 @@ DIAL_STAGGER_S = 2.0
 RTT_WINDOW_S = 1.0           # candidates slower than this to answer a ping are not waited for
 MEASURE_TIMEOUT_S = 5.0
 RESERVE_TIMEOUT_S = 10.0         # start the next relay's attempt when one has not succeeded by then
+LOAD_POLL_S = 30.0               # how often maintain() asks the candidate relays for their load
+LOAD_QUERY_TIMEOUT_S = 5.0
 
 
 class RelayRefused(ConnectionError):
@@ -76,12 +84,19 @@ class ActiveReservation:
     addrs: tuple[Multiaddr, ...]
     voucher: bytes | None
     rtt: float = 0.0
+    held_since: float = 0.0   # when this relay first granted the reservation (refreshes keep it)
 
 
 def _close_if_connected(task: asyncio.Task) -> None:
     """Done-callback of a losing dial attempt: close the circuit if it came up after all."""
     if not task.cancelled() and task.exception() is None:
         asyncio.ensure_future(task.result().close())
+
+
+def relay_part(addr: Multiaddr) -> Multiaddr:
+    """``<relay addr>/p2p/R/p2p-circuit[/p2p/T]`` -> ``<relay addr>/p2p/R`` (the address itself if not relayed)."""
+    names = [n for n, _ in addr.parts]
+    return Multiaddr(addr.parts[:names.index("p2p-circuit")]) if "p2p-circuit" in names else addr
 
 
 def split_circuit_addr(addr: str | Multiaddr) -> tuple[Multiaddr, str]:
@@ -109,6 +124,9 @@ class RelayClient:
         self._signer = ReceiptSigner(host.identity, chain_id, self._lookup_circuit, max_price_per_mib)
         self._changed = asyncio.Event()
         self._inbound_callbacks: list[Callable[[Connection], None]] = []
+        self.loads = choice.RelayLoads()
+        self._retiring: dict[str, ActiveReservation] = {}  # left for a less loaded relay, kept until expiry
+        self._load_queries: dict[str, asyncio.Task] = {}
 
     def start(self) -> None:
         self.host.set_handler(STOP_PROTOCOL, self._serve_stop)
@@ -134,6 +152,8 @@ class RelayClient:
         record = ActiveReservation(relay, relay_addr, rsvp.expire, time.time(), rsvp.addrs, rsvp.voucher)
         previous = self.reservations.get(relay)
         record.rtt = previous.rtt if previous else 0.0
+        record.held_since = previous.held_since if previous else record.granted_at
+        self._retiring.pop(relay, None)
         self.reservations[relay] = record
         self._changed.set()
         return record
@@ -162,7 +182,11 @@ class RelayClient:
     async def maintain(self, candidates: list[str]) -> None:
         """Keep ``want`` live reservations among ``candidates`` (relay multiaddrs); runs until cancelled."""
         addrs = [Multiaddr.parse(c) for c in candidates]
+        next_poll = time.monotonic() + LOAD_POLL_S
         while True:
+            for relay, rsvp in list(self._retiring.items()):
+                if rsvp.expire <= time.time():
+                    del self._retiring[relay]
             for relay, rsvp in list(self.reservations.items()):
                 if not self.host.is_connected(relay) or rsvp.expire <= time.time():
                     log.info("relay %s lost; reserving elsewhere", relay)
@@ -177,6 +201,9 @@ class RelayClient:
                         self.reservations.pop(relay, None)
             if len(self.reservations) < self.want:
                 await self._add_reservations(addrs)
+            elif time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + LOAD_POLL_S
+                await self._rebalance(addrs)
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(HEALTH_CHECK_S):
@@ -196,8 +223,12 @@ class RelayClient:
         for task in pending:
             task.cancel()
         measured = [(task.result(), tasks[task]) for task in done if not task.exception()]
-        measured.sort(key=lambda item: (self._recently_failed(item[1].peer_id), item[0]))
-        for rtt, addr in measured:
+        await self.refresh_loads([addr for _, addr in measured], wait=RTT_WINDOW_S)
+        now = time.monotonic()
+        loads = [self.loads.effective(a.peer_id or "", now) for _, a in measured]
+        ranked = choice.rank_for_reservation(measured, loads)
+        ranked.sort(key=lambda item: self._recently_failed(item[1].peer_id))
+        for rtt, addr in ranked:
             if len(self.reservations) >= self.want:
                 return
             try:
@@ -207,6 +238,89 @@ class RelayClient:
                 self._mark_failed(addr.peer_id)
                 continue
             rsvp.rtt = rtt
+
+    async def _rebalance(self, addrs: list[Multiaddr]) -> None:
+        """Ask the candidates for their load and move one reservation if another relay is much less
+        loaded (``choice.move``); the relay left serves inbound circuits until the reservation expires."""
+        candidates = {a.peer_id: a for a in addrs if a.peer_id is not None and a.peer_id != self.host.peer_id}
+        await self.refresh_loads(list(candidates.values()))
+        now, clock = time.monotonic(), time.time()
+        held = {relay: (self.loads.effective(relay, now), rsvp.held_since)
+                for relay, rsvp in self.reservations.items()}
+        spare = {relay: self.loads.effective(relay, now) for relay in candidates
+                 if relay not in self.reservations and self.loads.fresh(relay, now)
+                 and not self._recently_failed(relay)}
+        picked = choice.move(held, spare, clock)
+        if picked is None:
+            return
+        leave, join = picked
+        try:
+            rtt = await self._timed(self._measure(candidates[join]), MEASURE_TIMEOUT_S)
+            rsvp = await self._timed(self.reserve(candidates[join]), RESERVE_TIMEOUT_S)
+        except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+            log.info("moving the reservation on %s to the less loaded %s failed: %s", leave, join, exc)
+            self._mark_failed(join)
+            return
+        rsvp.rtt = rtt
+        log.info("reservation moved from %s to the less loaded %s", leave, join)
+        retired = self.reservations.pop(leave, None)
+        if retired is not None:
+            self._retiring[leave] = retired
+        self._changed.set()
+
+    # ---- relay load
+    async def refresh_loads(self, relay_addrs: list[str] | list[Multiaddr], wait: float | None = None) -> None:
+        """Ask each relay at ``relay_addrs`` (``.../p2p/<relay>``) for its load (at most one query
+        per relay at a time) and wait for the answers, or ``wait`` seconds (the rest come in later);
+        a relay that does not answer in time has an unknown load."""
+        parsed = [Multiaddr.parse(a) for a in relay_addrs]
+        tasks = {self._load_query(a) for a in parsed if a.peer_id is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=wait)
+
+    def _load_query(self, relay_addr: Multiaddr) -> asyncio.Task:
+        relay = relay_addr.peer_id
+        assert relay is not None
+        task = self._load_queries.get(relay)
+        if task is None:
+            task = asyncio.ensure_future(self._ask_load(relay, relay_addr))
+            self._load_queries[relay] = task
+            task.add_done_callback(lambda _: self._load_queries.pop(relay, None))
+        return task
+
+    async def _ask_load(self, relay: str, relay_addr: Multiaddr) -> None:
+        try:
+            async with asyncio.timeout(LOAD_QUERY_TIMEOUT_S):
+                await self.host.connect(str(relay_addr))
+                report: LoadReport = await query_load(self.host, relay)
+        except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+            log.debug("relay %s gave no load report: %s", relay, exc)
+            self.loads.forget(relay)
+            return
+        self.loads.record(relay, report, time.monotonic(), self.open_circuits().get(relay, 0))
+
+    def open_circuits(self) -> dict[str, int]:
+        """Our open circuits per relay."""
+        out: dict[str, int] = {}
+        for count, pipe in self.circuits.values():
+            if not pipe.is_closed:
+                out[count.relay] = out.get(count.relay, 0) + 1
+        return out
+
+    def rank_circuit_addrs(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
+        """Relayed addresses (``<relay>/p2p/R/p2p-circuit[/p2p/T]``) in the order a dial should try them
+        (``choice.rank_relays``: least loaded first, recently failed last). Uses the load reports at
+        hand and asks the relays whose report is stale again in the background."""
+        relay_addrs = [relay_part(a) for a in addrs]
+        relays = [a.peer_id or "" for a in relay_addrs]
+        now = time.monotonic()
+        if len(set(relays)) > 1:
+            stale = set(self.loads.stale(relays, now))
+            for relay_addr in {a.peer_id: a for a in relay_addrs if a.peer_id in stale}.values():
+                self._load_query(relay_addr)
+        own = self.open_circuits()
+        loads = [self.loads.effective(r, now, own.get(r, 0)) for r in relays]
+        return [addrs[i] for i in choice.rank_relays(relays, loads, own, self._recently_failed)]
 
     @staticmethod
     async def _timed(coro, seconds: float):
@@ -241,8 +355,8 @@ class RelayClient:
         vanish costs ``stagger``, not a TCP timeout). The first circuit up wins; the others are
         cancelled or closed. Raises DialError if none works.
         """
-        parsed = [split_circuit_addr(a) for a in circuit_addrs]
-        waiting = sorted(parsed, key=lambda p: self._recently_failed(p[0].peer_id))
+        ranked = self.rank_circuit_addrs([Multiaddr.parse(a) for a in circuit_addrs])
+        waiting = [split_circuit_addr(a) for a in ranked]
         attempts: dict[asyncio.Task, Multiaddr] = {}
         errors = []
         try:
@@ -355,7 +469,7 @@ class RelayClient:
             await stream.close()
 
     def _holds_reservation(self, relay: str) -> bool:
-        rsvp = self.reservations.get(relay)
+        rsvp = self.reservations.get(relay) or self._retiring.get(relay)
         if rsvp is None or rsvp.expire <= time.time():
             return False
         if rsvp.voucher is None:

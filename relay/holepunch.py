@@ -29,6 +29,8 @@ import functools
 import logging
 import socket
 import time
+from collections.abc import Callable
+from typing import cast
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection, DialError, Host
@@ -39,7 +41,7 @@ from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
 from .ipv6_addrs import global_ipv6
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
-from .punch_io import bound_socket, connect_until, observed_addr
+from .punch_io import bound_socket, connect_until, observed_addr, readable, speaks
 from .quic_punch import QuicPunch, first_success
 
 log = logging.getLogger(__name__)
@@ -328,7 +330,7 @@ class HolePuncher:
         """The TCP punch and its upgrade. Once a socket connected, the upgrade finishes even if the QUIC
         punch wins meanwhile: the peer may already have taken this connection, and aborting it here
         would close the one it chose."""
-        tcp = await self._punch(addrs, birthday=birthday)
+        tcp = await self._punch(addrs, birthday=birthday, speaker=initiator)   # the noise initiator speaks first
         upgrade = asyncio.ensure_future(
             self.host.upgrade(tcp, is_initiator=initiator, expected_peer=peer if initiator else None))
         self._upgrades.add(upgrade)
@@ -346,14 +348,18 @@ class HolePuncher:
             self._upgrades.add(closing)
             closing.add_done_callback(self._upgrades.discard)
 
-    async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False)) -> TcpConnection:
+    async def _punch(self, addrs, birthday: tuple[bool, bool] = (False, False), *,
+                     speaker: bool = True) -> TcpConnection:
         """Dial every address from the punch port until one connects, and accept on it too, within
         the punch window (plus birthday probing where one side's NAT is random: ``birthday`` is
-        (ours, the peer's)); the first connected socket wins, the rest are closed."""
+        (ours, the peer's)); the rest are closed. Several sockets may connect (a sprayed side's,
+        a full cone's listener taking them all), and both sides must take the same one: the
+        ``speaker`` (the noise initiator, who writes first) takes the first connected socket, the
+        other side the first on which bytes arrive (``_first_spoken_to``)."""
         async with self._listening:  # one listener at a time, so a SYN cannot land on another punch's
-            return await self._punch_once(addrs, birthday)
+            return await self._punch_once(addrs, birthday, speaker)
 
-    async def _punch_once(self, addrs, birthday: tuple[bool, bool]) -> TcpConnection:
+    async def _punch_once(self, addrs, birthday: tuple[bool, bool], speaker: bool = True) -> TcpConnection:
         deadline = time.monotonic() + self.punch_window
         tasks = [asyncio.ensure_future(self._dial_until(addr, deadline)) for addr in addrs]
         # with a port mapping offered, the peer's SYNs reach our listener through the router: probing
@@ -362,6 +368,7 @@ class HolePuncher:
             tuple(addrs), self.port, own_random=birthday[0], peer_random=birthday[1] and not self.mapped,
             deadline=deadline)]
         listeners: list[socket.socket] = []
+        accepting: dict[asyncio.Task, Callable[[], asyncio.Task]] = {}
         try:
             expected = {addr.tcp_endpoint()[0] for addr in addrs}
             families = {socket.AF_INET} | {_family(addr) for addr in addrs}
@@ -369,8 +376,16 @@ class HolePuncher:
                 listener = bound_socket(family, self.port)
                 listeners.append(listener)
                 listener.listen(8)
-                tasks.append(asyncio.ensure_future(self._accept_from(listener, expected, deadline)))
-            sock = await self._first_socket(tasks, deadline)
+
+                def accept(listener: socket.socket = listener) -> asyncio.Task:
+                    return asyncio.ensure_future(self._accept_from(listener, expected, deadline))
+                task = accept()
+                accepting[task] = accept
+                tasks.append(task)
+            if speaker:
+                sock = await self._first_socket(tasks, deadline)
+            else:
+                sock = await self._first_spoken_to(tasks, accepting, deadline)
         finally:
             for task in tasks:
                 task.cancel()
@@ -402,6 +417,57 @@ class HolePuncher:
                     return task.result()
                 errors.append(repr(task.exception()))
         raise ConnectionError("hole punch found no path: " + ("; ".join(errors) or "timed out"))
+
+    @staticmethod
+    async def _first_spoken_to(tasks: list[asyncio.Task[socket.socket]],
+                               accepting: dict[asyncio.Task, Callable[[], asyncio.Task]],
+                               deadline: float) -> socket.socket:
+        """The first socket, of those ``tasks`` connect (a listener's accept task is started again
+        after each connection, ``accepting``), on which the peer's first bytes arrive; sockets that
+        end first are closed. Raises ConnectionError when none is spoken to by the punch window's
+        end (plus a second for the handshake's first message)."""
+        pending: set[asyncio.Future] = set(tasks)
+        connected: dict[asyncio.Future, socket.socket] = {}
+        errors = []
+        try:
+            while pending or connected:
+                left = max(0.0, deadline - time.monotonic()) + 1.0
+                done, _ = await asyncio.wait(pending | set(connected), timeout=left,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for fut in done:
+                    if fut in connected:
+                        sock = connected.pop(fut)
+                        spoken = speaks(sock)
+                        if spoken:
+                            return sock
+                        if spoken is None:   # woken with nothing to read: wait again
+                            connected[readable(sock)] = sock
+                        else:
+                            sock.close()
+                        continue
+                    task = cast("asyncio.Task[socket.socket]", fut)   # not a readability future: a task
+                    pending.discard(task)
+                    if task.exception() is not None:
+                        errors.append(repr(task.exception()))
+                        continue
+                    tasks.remove(task)   # its socket is ours to close now
+                    sock = task.result()
+                    connected[readable(sock)] = sock
+                    again = accepting.get(task)
+                    if again is not None:
+                        more = again()
+                        accepting[more] = again
+                        tasks.append(more)
+                        pending.add(more)
+        finally:
+            loop = asyncio.get_running_loop()
+            for fut, sock in connected.items():
+                loop.remove_reader(sock.fileno())
+                fut.cancel()
+                sock.close()
+        raise ConnectionError("hole punch: no connected socket was spoken to: " + ("; ".join(errors) or "timed out"))
 
     async def _dial_until(self, addr: Multiaddr, deadline: float) -> socket.socket:
         ip, port = addr.tcp_endpoint()

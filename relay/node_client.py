@@ -2,11 +2,12 @@
 names it; the runtime builds and starts it; ADR 0062).
 
 Every node dials relayed addresses (``.../p2p/R/p2p-circuit/p2p/T``, from the peer book) for its
-Host through this client (the circuit dialer), so ``host.open_stream(peer, proto)`` reaches a
-NAT'd peer; ``learn_peer`` puts a peer's relayed addresses from its ledger record into the peer
-book. A node configured with ``[relay] relays`` also holds reservations on ``[relay]
-reservations`` (2) of them, chosen by round-trip time, refreshed before expiry and replaced when a
-relay dies (``RelayClient.maintain``): always when ``[relay] reserve`` is true, else only while
+Host through this client (the circuit dialer; its relay ranking tries the least loaded relay first),
+so ``host.open_stream(peer, proto)`` reaches a NAT'd peer; ``learn_peer`` puts a peer's relayed
+addresses from its ledger record into the peer book. A node configured with ``[relay] relays`` also
+holds reservations on ``[relay] reservations`` (2) of them, the least loaded (then the nearest by
+round-trip time), refreshed before expiry, replaced when a relay dies and moved when another is much
+less loaded (``RelayClient.maintain``, ADR 0227): always when ``[relay] reserve`` is true, else only while
 AutoNAT through the relays says this node is private (re-assessed every ``REASSESS_S``). Its
 relayed addresses are shown in ``/status`` ("relay_client") and contributed to its ledger record
 (``relay_addrs``) whenever they change; the ledger gateway's record publisher merges them with the
@@ -25,6 +26,8 @@ import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
+
+from node.p2p.multiaddr import Multiaddr
 
 from . import reachability
 from .client import RelayClient
@@ -48,6 +51,7 @@ class RelayNodeClient:
         settings = node.config["relay"]
         self.node = node
         self.relays: list[str] = list(settings["relays"])
+        self._relay_ids = [Multiaddr.parse(r).peer_id or r for r in self.relays]
         self.always_reserve: bool = settings["reserve"]
         self.client = RelayClient(node.host, chain_id=node.config.get("consensus", "chain_id"),
                                   max_price_per_mib=settings["max_price_per_mib"], want=settings["reservations"])
@@ -68,6 +72,7 @@ class RelayNodeClient:
         now = time.time()
         return {
             "relays": self.relays,
+            "relay_load": {relay: self.client.loads.utilization(relay) for relay in self._relay_ids},
             "reserving": self._wants_reservations(),
             "reachability": self.reachability.value if self.reachability is not None else None,
             "reservations": {relay: {"expires_in_s": round(r.expire - now, 1), "rtt_ms": round(r.rtt * 1000, 2)}
@@ -90,6 +95,7 @@ class RelayNodeClient:
             self.node.host.register_circuit_dialer(self.punching.dial_circuit)
         else:
             self.node.host.register_circuit_dialer(lambda maddr, bulk: self.client.dial([str(maddr)], bulk=bulk))
+        self.node.host.register_relay_ranking(self.client.rank_circuit_addrs)
         try:
             if not self.relays:
                 await asyncio.Event().wait()
@@ -106,6 +112,7 @@ class RelayNodeClient:
                     tasks.create_task(self._keep_published())
         finally:
             self.node.host.register_circuit_dialer(None)
+            self.node.host.register_relay_ranking(None)
 
     # ---- reservations
     async def _reserve_when_needed(self) -> None:

@@ -1,6 +1,7 @@
 """Socket and identify helpers shared by the hole-punch strategies (holepunch, port prediction,
-birthday probing): a reusable bound TCP socket, a connect retried until a deadline, and the observed
-address a peer's identify names."""
+birthday probing): a reusable bound TCP socket, a connect retried until a deadline, waiting for a
+connected socket to be readable and telling its first bytes from its end, and the observed address
+a peer's identify names."""
 from __future__ import annotations
 
 import asyncio
@@ -53,6 +54,32 @@ async def connect_until(ip: str, port: int, local_port: int, deadline: float, re
         except BaseException:
             sock.close()
             raise
+
+
+def readable(sock: socket.socket) -> asyncio.Future[None]:
+    """A future done once ``sock`` is readable (data, end of stream or an error); to stop waiting
+    before then, ``loop.remove_reader(sock.fileno())`` before closing the socket."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def ready() -> None:
+        loop.remove_reader(fd)
+        if not done.done():
+            done.set_result(None)
+    loop.add_reader(fd, ready)
+    return done
+
+
+def speaks(sock: socket.socket) -> bool | None:
+    """Whether the readable ``sock`` holds data (left unread): True; False if it ended or failed;
+    None if nothing is there after all."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return False
 
 
 async def observed_addr(conn: Connection) -> Multiaddr | None:

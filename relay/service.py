@@ -1,5 +1,5 @@
 """The relay side of circuit relay v2: serves ``/hop`` (RESERVE, CONNECT), opens ``/stop`` circuits,
-splices the two streams and drives usage receipts.
+splices the two streams and drives usage receipts; it also answers load queries (relay/load.py).
 
 Every admission and resource decision is ``RelayPolicy``'s (relay/policy.py, sans-I/O): this module
 reads and writes the streams, looks up a peer's stake (``Admission``: the allow-list and
@@ -28,6 +28,7 @@ from node.p2p.errors import ProtocolError
 from node.p2p.host import Host, advertised_addrs
 from node.p2p.multiaddr import Multiaddr
 
+from .load import LOAD_PROTOCOL, LoadReport, serve_load
 from .messages import (
     HOP_PROTOCOL,
     STOP_PROTOCOL,
@@ -152,9 +153,11 @@ class RelayService:
 
     def start(self) -> None:
         self.host.set_handler(HOP_PROTOCOL, self.serve_hop)
+        self.host.set_handler(LOAD_PROTOCOL, self._serve_load)
 
     async def stop(self) -> None:
         self.host.remove_handler(HOP_PROTOCOL)
+        self.host.remove_handler(LOAD_PROTOCOL)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -164,6 +167,16 @@ class RelayService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    # ---- load
+    def load_report(self) -> LoadReport:
+        """How full this relay is (relay/load.py): open circuits and live reservations against the limits."""
+        self.policy.tick(time.time())
+        return LoadReport(len(self.circuits), self.limits.max_circuits, len(self.reservations),
+                          self.limits.max_reservations)
+
+    async def _serve_load(self, stream) -> None:
+        await serve_load(stream, self.load_report())
 
     # ---- hop
     async def serve_hop(self, stream) -> None:

@@ -20,7 +20,8 @@ TcpConnection-shaped byte pipe (a circuit stream). ``register_circuit_dialer(fn)
 ``open_stream`` and ``open_bulk_connection`` dial ``.../p2p/RELAY/p2p-circuit/p2p/TARGET``
 addresses: the Host calls ``await fn(maddr, bulk)``, which must return a Connection registered
 through ``upgrade`` (the relay client's ``dial``). Which address is tried when is dial_race.py's
-ranking: direct ones staggered, relayed ones held back while a direct one may still work.
+ranking: direct ones staggered, relayed ones held back while a direct one may still work, and
+tried in the order ``register_relay_ranking(fn)`` gives them (the relay client: least loaded relay first).
 
 Admission (node/p2p/resources.py, ADR 0145, 0186): pending inbound sockets are a scoped pool
 (node/admission.py): capped in all, per source IP and per address prefix, a full pool evicting the
@@ -128,6 +129,7 @@ class Host:
         self.classes = PeerClasses()  # staked peers, a task's crew...: tagged by the roles that know them
         self._ip_class_cache: tuple[float, int, dict[str, PeerClass]] | None = None
         self._circuit_dialer: CircuitDialer | None = None
+        self._relay_ranking: Callable[[list[Multiaddr]], list[Multiaddr]] | None = None
         self._extra_addrs: dict[str, Callable[[], Sequence[str]]] = {}   # source -> provider
         self._running = False
         self.set_handler(IDENTIFY_PROTOCOL, self._serve_identify)
@@ -200,6 +202,11 @@ class Host:
         relay client's is ``lambda maddr, bulk: client.dial([str(maddr)], bulk=bulk)``.
         """
         self._circuit_dialer = dialer
+
+    def register_relay_ranking(self, ranking: Callable[[list[Multiaddr]], list[Multiaddr]] | None) -> None:
+        """Order a dial's relayed addresses with ``ranking(addrs)`` (the relay client's: the least loaded
+        relay first); None: peer book order."""
+        self._relay_ranking = ranking
 
     def advertise_extra_addrs(self, provider: Callable[[], Sequence[str]] | None, *, source: str = "relay") -> None:
         """Also advertise ``provider()``'s multiaddrs in identify, after the bound listen addresses:
@@ -453,6 +460,9 @@ class Host:
             raise DialError(f"per-peer connection limit reached for {peer_id}")
         if peer_id == self.peer_id:
             raise DialError("refusing to dial ourselves")
+        relayed = [a for a in addrs if a.is_relayed]
+        if self._relay_ranking is not None and len(relayed) > 1:
+            addrs = [a for a in addrs if not a.is_relayed] + self._relay_ranking(relayed)
         attempts = [DialAttempt(str(addr), addr.is_relayed, self._direct_attempt(peer_id, addr)
                                 if not addr.is_relayed else self._circuit_attempt(peer_id, addr, bulk),
                                 (ProtocolError, OSError, TimeoutError)) for addr in addrs]

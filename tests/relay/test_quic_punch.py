@@ -199,7 +199,7 @@ def test_a_tcp_upgrade_under_way_finishes_when_the_quic_punch_wins():
         class Conn:
             remote_peer = peer
 
-        async def punch(addrs, birthday):
+        async def punch(addrs, birthday, speaker=True):
             return object()
 
         async def upgrade(tcp, **_kwargs):
