@@ -11,8 +11,8 @@ Prints one line per run and, last, one JSON object: ``utilization`` (streaming's
 time of its slowest worker, training only), ``bytes_vs_dp`` (data-parallel bytes / streaming bytes per
 worker), ``loss_gap`` ((streaming eval loss - data-parallel's) / data-parallel's, at equal steps), the
 same for DiLoCo int8, data-parallel's utilization, and ``join_s``, ``kill_recovered``,
-``long_task_paid`` as null with the reason (crew changes are not built: issue 23 item 3; this bench
-drives trainers, not tasks on a chain).
+``long_task_paid`` as null with the reason (this bench drives trainers, not tasks on a chain: see
+bench/crew_change.py, bench/state_catch_up.py and bench/long_task.py).
 
     sudo python bench/training_netlab.py --short            # 60 steps, H = 30
     sudo python bench/training_netlab.py --steps 240 --inner-steps 30 --warmup 60
@@ -36,7 +36,8 @@ from devtools.netlab.train_net import HOME_NATS, WORKERS, settle, start_crew, tr
 from ml.train.recipes import recipe  # noqa: E402
 from ml.train.spec import InvalidSpec, TrainSpec  # noqa: E402
 
-NOT_BUILT = "crew changes (issue 23 item 3) are not built: no worker joins or replaces one mid-run yet"
+CHAIN_BENCHES = ("this bench drives trainers, not tasks on a chain: a worker killed and replaced on a devnet is "
+             "bench/crew_change.py, a joiner's state catch-up over netlab homes bench/state_catch_up.py")
 
 
 def plan(args) -> list[tuple[str, TrainSpec]]:
@@ -74,8 +75,8 @@ def summarize(results: dict[str, dict], args) -> dict:
     return {"workers": len(WORKERS), "nats": HOME_NATS, "link_mbit": args.mbit, "delays_ms": args.delays_ms,
             "steps": args.steps, "inner_steps": args.inner_steps, "warmup_steps": args.warmup,
             **against_dp(streaming),
-            "join_s": None, "join_s_reason": NOT_BUILT,
-            "kill_recovered": None, "kill_recovered_reason": NOT_BUILT,
+            "join_s": None, "join_s_reason": CHAIN_BENCHES,
+            "kill_recovered": None, "kill_recovered_reason": CHAIN_BENCHES,
             "long_task_paid": None,
             "long_task_paid_reason": "this bench trains on netlab Nodes without a chain; a >= 30 min paid task "
                                      "is not run here",
