@@ -304,7 +304,7 @@ class ComputeRole(Role):
         refusal = PAUSED_REASON if self.paused else self.limits.refusal(task)
         if open_to_us and refusal:
             self.board.start(key, workers=list(task.workers))   # once: the job now exists
-            self._spawn(self.training.reject(key, task.task_bytes, refusal))
+            self._spawn(self.training.reject(key, task.task_bytes, refusal, joiner=bool(task.first_epoch(me))))
         elif open_to_us and self.training.idle():
             self.training.start(task)
         elif status in TaskStatus.OPEN_FOR_COMMITS and (rejected or self.training.ended(key)):

@@ -125,7 +125,7 @@ class Training:
             spec = train_spec_for_task(dict(task.spec))
             check_segments(task, spec)
         except InvalidTask as exc:
-            await self.reject(key, task_id, f"invalid task: {exc}")
+            await self.reject(key, task_id, f"invalid task: {exc}", joiner=bool(first))
             return
         others = [w for w in workers if w != me]
         group: Any = None
@@ -141,7 +141,7 @@ class Training:
             tried = await asyncio.to_thread(dry_run, spec, files, world)
             over = self.limits.memory_refusal(tried["params"])
             if over is not None:
-                await self.reject(key, task_id, over)
+                await self.reject(key, task_id, over, joiner=bool(first))
                 return
             await self.fetch.learn_addresses(others)
             group = make_group(spec, self.transport, me, workers, task_id, self.config["allreduce_mode"],
@@ -205,7 +205,7 @@ class Training:
         except asyncio.CancelledError:
             raise
         except Untrainable as exc:
-            await self.reject(key, task_id, f"Untrainable: {exc.reason}")
+            await self.reject(key, task_id, f"Untrainable: {exc.reason}", joiner=bool(first))
         except Exception as exc:  # a failed job must not stop the node; it shows in /status
             self.board.update(key, state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
             self.tasks_done.inc(outcome=JobState.FAILED)
@@ -255,9 +255,17 @@ class Training:
         if group is not None:
             group.accept(list(task.workers))
 
-    async def reject(self, key: str, task_id: bytes, reason: str) -> None:
-        """Tell the ledger we cannot train this task (no retry: the job stays "rejected")."""
+    async def reject(self, key: str, task_id: bytes, reason: str, joiner: bool = False) -> None:
+        """Tell the ledger we cannot train this task (no retry: the job stays "rejected"). A worker named to
+        a running crew cannot reject it (docs/adr/0226): it stays out, misses its first epoch and its seat
+        goes to another node."""
         reason = (reason.strip() or "untrainable")[:MAX_REASON_CHARS]
+        if joiner:
+            self.board.update(key, state=JobState.FAILED, error=f"not joining the crew: {reason}",
+                              finished_at=time.time())
+            self.tasks_done.inc(outcome=JobState.FAILED)
+            log.warning("not joining task %s: %s", key, reason)
+            return
         self.board.update(key, state=JobState.REJECTING, reason=reason)
         try:
             receipt = await self.ledger.send("reject_task", {"task_id": task_id, "reason": reason})

@@ -155,6 +155,19 @@ def test_cuda_task_on_a_node_without_cuda_is_rejected(tmp_path):
     assert tx == "reject_task" and "needs a CUDA device" in payload["reason"]
 
 
+def test_a_worker_named_to_a_running_crew_that_cannot_train_it_stays_out_without_rejecting(tmp_path):
+    role = make_role(tmp_path)
+    task = task_doc(role, device="cuda")
+    others = [w for w in task["workers"] if w != role.node.peer_id]
+    task["workers"] = [*others, "12D3KooWLeft" + "x" * 40, role.node.peer_id]   # it took the leaver's seat
+    task["spec"]["workers"] = 3
+    task["epochs"] = {"current": 2, "commits": {}, "joined": {role.node.peer_id: [2, 3]}}
+    asyncio.run(role.training.run_job(TaskInfo.from_json(task)))
+    assert role.ledger.sent == []     # a joiner cannot reject the task (docs/adr/0226)
+    job = role.jobs[task["task_id"]]
+    assert job["state"] == "failed" and "not joining the crew" in job["error"] and "CUDA" in job["error"]
+
+
 def test_device_choice(tmp_path):
     role = make_role(tmp_path)
     spec = object()
