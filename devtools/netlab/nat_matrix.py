@@ -25,7 +25,7 @@ from .net import PUNCH
 from .nodes import Node, peer_id_of
 from .scenarios import punch
 
-MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat")
+MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat", "udp-blocked")
 V6_KINDS = ("symmetric+v6", "symmetric-seq+v6", "port-restricted+v6")   # with IPv6 beside (ADR 0224)
 PORT = 4001
 
