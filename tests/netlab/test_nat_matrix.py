@@ -1,4 +1,5 @@
-"""The pairs-direct matrix over the NAT zoo (``nat_matrix.py``, about a minute: slow).
+"""The pairs-direct matrix over the NAT zoo (``nat_matrix.py``; the full one takes about a minute:
+slow; a short one over three kinds, with QUIC, runs by default).
 
 Every pair in which neither side maps endpoint-dependently ends on a punched direct connection; a
 pair with one symmetric side ends direct when the other side's NAT lets the symmetric side's SYN
@@ -19,7 +20,8 @@ from devtools.netlab import upnp
 from devtools.netlab.lab import unavailable
 from devtools.netlab.nat_matrix import MATRIX_KINDS, run_matrix
 
-pytestmark = [pytest.mark.netlab, pytest.mark.slow]
+pytestmark = pytest.mark.netlab
+SHORT_KINDS = ("full-cone", "udp-blocked", "symmetric")
 
 
 def expected_direct(pair: str) -> bool | None:
@@ -41,6 +43,7 @@ def expected_direct(pair: str) -> bool | None:
     return other in ("full-cone", "restricted")
 
 
+@pytest.mark.slow
 def test_pairs_end_direct_wherever_one_side_can_accept_the_other():
     why = unavailable()
     if why:
@@ -54,6 +57,7 @@ def test_pairs_end_direct_wherever_one_side_can_accept_the_other():
     assert out["median_time_to_direct_s"] < 3.0
 
 
+@pytest.mark.slow
 def test_a_port_mapping_side_ends_direct_even_with_a_random_symmetric_side():
     why = unavailable() or upnp.unavailable()
     if why:
@@ -61,3 +65,28 @@ def test_a_port_mapping_side_ends_direct_even_with_a_random_symmetric_side():
     out = run_matrix(("upnp", "symmetric"))
     assert out["by_pair"]["upnp/upnp"]["direct"] and out["by_pair"]["upnp/symmetric"]["direct"], out
     assert not out["by_pair"]["symmetric/symmetric"]["direct"], out
+
+
+def test_short_matrix_direct_where_possible_relayed_bytes_only_where_relayed():
+    """Three kinds with QUIC: every pair with a full-cone side, and two UDP-blocked homes, end direct
+    (the UDP-blocked ones over TCP: QUIC cannot reach them); two random symmetric homes stay relayed;
+    the relay carried the moved bytes of the relayed pair only."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    out = run_matrix(SHORT_KINDS, quic=True)
+    by_pair = out["by_pair"]
+    assert out["pairs"] == 6, out
+    for pair, result in by_pair.items():
+        if expected_direct(pair) is not None:
+            assert result["direct"] == expected_direct(pair), (pair, out)
+        if "udp-blocked" in pair.split("/"):
+            assert not result["quic"], (pair, out)
+        if result["direct"]:
+            assert result["relayed_bytes"] < result["moved_bytes"] // 100, (pair, out)
+        else:
+            assert result["relayed_bytes"] == result["moved_bytes"], (pair, out)
+    assert not by_pair["symmetric/symmetric"]["direct"], out
+    moved = sum(r["moved_bytes"] for r in by_pair.values())
+    assert out["relayed_bytes_fraction"] == round(sum(r["relayed_bytes"] for r in by_pair.values()) / moved, 3)
+    assert 1 / 6 <= out["relayed_bytes_fraction"] <= 2 / 6 + 0.01, out   # udp-blocked/symmetric: birthday
