@@ -3,10 +3,13 @@ homes behind their own NAT, one relay on the backbone), the product's TCP hole p
 our circuit relay) ends direct or stays relayed. Needs root, iproute2 and nftables.
 
 Prints one JSON object as the last line: ``{"pairs", "direct", "direct_fraction",
-"median_time_to_direct_s", "by_pair": {"kind/kind": {"direct", "seconds"}}, "seconds"}``
-(``seconds`` per pair: from the relayed dial to the end of the punch attempt, direct or not), plus
-``direct_fraction_weighted`` (each kind weighted by its share in the wild, ADR 0223:
-devtools/netlab/nat_weights.py), ``weights`` and ``shortfall`` (the pairs that keep it below 1).
+"median_time_to_direct_s", "relayed_bytes_fraction", "by_pair": {"kind/kind": {"direct", "seconds",
+"moved_bytes", "relayed_bytes", ..}}, "seconds"}`` (``seconds`` per pair: from the relayed dial to the
+end of the punch attempt, direct or not; after it each pair moves 1 MiB on the connection it kept and
+the relay's counters give the bytes it carried: ``relayed_bytes_fraction`` is relayed over moved), plus
+``direct_fraction_weighted`` and ``relayed_bytes_fraction_weighted`` (each kind weighted by its share in
+the wild, ADR 0223: devtools/netlab/nat_weights.py), ``weights`` and ``shortfall`` (the pairs that keep
+the direct figure below 1).
 ``python bench/nat_matrix.py [--kinds full-cone,symmetric] [--save run.json]``; ``--from-json
 run1.json [run2.json ...]`` computes the weighted and unweighted figures of saved runs (P(direct) of
 a pair: the fraction of the runs it ended direct) without running the lab; ``--weights
@@ -50,7 +53,8 @@ def main() -> None:
     out["seconds"] = round(time.monotonic() - started, 1)
     if set(k for k, share in args.weights.items() if share > 0) <= set(args.kinds.split(",")):
         weighed = summary([out], args.weights)
-        out.update({k: weighed[k] for k in ("direct_fraction_weighted", "weights", "shortfall")})
+        out.update({k: weighed[k] for k in ("direct_fraction_weighted", "relayed_bytes_fraction_weighted",
+                                            "weights", "shortfall")})
     line = json.dumps(out, sort_keys=True)
     if args.save:
         Path(args.save).write_text(line + "\n")

@@ -27,6 +27,7 @@ false, "error": "..."}``; commands run concurrently. It exits when stdin closes.
   attempts()                         -> resumable-transfer attempts the receiver has started
   cpu()                              -> CPU seconds this agent used so far
   status()                           -> relay counters, co-signed receipts, our circuits' byte counts
+                                        (a relay: also each open circuit's src, dst and bytes)
   port_mapping()                     -> {"listen" | "punch": mapped multiaddr or None, "errors": {...}}
 """
 from __future__ import annotations
@@ -248,6 +249,8 @@ class Agent:
         out: dict[str, Any] = {"circuits": circuits}
         if self.service is not None:
             out["relay"] = self.service.status()
+            out["open_circuits"] = {c.session.hex(): {"src": c.src, "dst": c.dst, "bytes": c.bytes_total}
+                                    for c in self.service.policy.circuits}
             out["receipts"] = [{"session": p["receipt"]["session"].hex(), "bytes": p["receipt"]["bytes_total"],
                                 "src": p["receipt"]["src"], "dst": p["receipt"]["dst"]}
                                for p in self.service.submitted]

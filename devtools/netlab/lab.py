@@ -12,7 +12,7 @@ Layout (every namespace name starts with the lab's unique prefix, ``dk<pid>n`` b
                    (10.99.0.<100+i>), ``sub`` to the home router, whose WAN is then 100.64.<i>.2/24
 Routers NAT the home's traffic with nftables; which inbound packets pass depends on the NAT kind
 (``nat_zoo.py``: full cone, restricted, port restricted (alias ``eim``), symmetric with
-sequential or random ports, CGNAT). A kind with the suffix ``+v6`` (``symmetric+v6``) also gives
+sequential or random ports, CGNAT, UDP blocked, ...). A kind with the suffix ``+v6`` (``symmetric+v6``) also gives
 the home a global IPv6 address beside its NATed IPv4 (ADR 0224): the backbone carries
 2001:db8:ff::/64 (public hosts ``::<n>``, routers ``::<100+i>``), home i has 2001:db8:<i>::2/64,
 routed (not NATed) by its router behind a stateful firewall (``nat_zoo.IPV6_FIREWALL``: replies to

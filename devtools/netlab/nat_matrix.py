@@ -10,9 +10,13 @@ map their listen and punch ports on the router and offer the mapped punch port f
 peer's SYN reaches them (``upnp`` is not in ``MATRIX_KINDS``, as it needs miniupnpd: ask for it with
 ``kinds``). With ``quic`` the relay and every home listen on QUIC too (a ``+v6`` home on its IPv6
 address as well) and DCUtR punches over QUIC beside TCP (ADR 0228; ``by_pair``'s ``quic`` says
-which the direct connection is). Returns
-``{"pairs", "direct", "direct_fraction", "median_time_to_direct_s", "by_pair": {"a/b": {"direct",
-"seconds", "remote", "quic"}}}``.
+which the direct connection is). After its punch each pair moves ``MOVE_MIB`` MiB from the first
+home to the second on the connection the punch left (direct, else relayed), and the relay's own
+counters of the pair's circuits say how many bytes crossed it meanwhile (``relayed_bytes``: payload
+plus Noise/yamux framing, capped at the bytes moved, so a relayed pair counts 1 and a direct one
+about 0). Returns ``{"pairs", "direct", "direct_fraction", "median_time_to_direct_s",
+"relayed_bytes_fraction", "by_pair": {"a/b": {"direct", "seconds", "remote", "quic", "moved_bytes",
+"relayed_bytes"}}}``, ``relayed_bytes_fraction`` being the relayed bytes over all bytes moved.
 """
 from __future__ import annotations
 
@@ -23,11 +27,36 @@ from concurrent.futures import ThreadPoolExecutor
 from .lab import Lab
 from .net import PUNCH
 from .nodes import Node, peer_id_of
-from .scenarios import punch
+from .scenarios import MIB, punch, wait_received
 
-MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat")
+MATRIX_KINDS = ("full-cone", "restricted", "port-restricted", "symmetric-seq", "symmetric", "cgnat", "udp-blocked")
 V6_KINDS = ("symmetric+v6", "symmetric-seq+v6", "port-restricted+v6")   # with IPv6 beside (ADR 0224)
 PORT = 4001
+MOVE_MIB = 1
+
+
+def pair_circuit_bytes(relay: Node, a: Node, b: Node) -> dict[str, int]:
+    """{session: bytes} of the relay's open circuits between ``a`` and ``b`` (either direction)."""
+    circuits = relay.call("status")["open_circuits"]
+    return {s: c["bytes"] for s, c in circuits.items() if {c["src"], c["dst"]} == {a.peer_id, b.peer_id}}
+
+
+def move(sender: Node, receiver: Node, relay: Node, conn: str) -> dict:
+    """Send ``MOVE_MIB`` MiB on the sender's connection ``conn``; the bytes moved and the bytes the
+    relay carried for the pair meanwhile (see the module docstring)."""
+    before = pair_circuit_bytes(relay, sender, receiver)
+    sent = sender.call("send", mib=MOVE_MIB, conn=conn, timeout=120)
+    if wait_received(receiver, sent["id"])["sha256"] != sent["sha256"]:
+        raise AssertionError("data corrupted in transit")
+    after = pair_circuit_bytes(relay, sender, receiver)
+    carried = sum(n - before.get(s, 0) for s, n in after.items())
+    moved = MOVE_MIB * MIB
+    return {"moved_bytes": moved, "relayed_bytes": min(moved, max(0, carried))}
+
+
+def punch_and_move(initiator: Node, responder: Node, relay: Node, quic: bool) -> dict:
+    out = punch(initiator, responder, relay, quic=quic)
+    return {**out, **move(initiator, responder, relay, out["conn"]["conn"])}
 
 
 def pair_rounds(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -74,12 +103,14 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
         by_pair: dict[str, dict] = {}
         for batch in pair_rounds(pairs):
             with ThreadPoolExecutor(len(batch)) as pool:
-                outs = list(pool.map(lambda p: punch(agents[p[0]], agents[p[1]], relay, quic=quic), batch))
+                outs = list(pool.map(lambda p: punch_and_move(agents[p[0]], agents[p[1]], relay, quic), batch))
             for (x, y), out in zip(batch, outs):
                 by_pair[f"{homes[x - 1]}/{homes[y - 1]}"] = {"direct": bool(out["conn"]["direct"]),
                                                               "seconds": round(out["seconds"], 3),
                                                               "remote": out["conn"].get("remote"),
-                                                              "quic": bool(out["conn"].get("quic"))}
+                                                              "quic": bool(out["conn"].get("quic")),
+                                                              "moved_bytes": out["moved_bytes"],
+                                                              "relayed_bytes": out["relayed_bytes"]}
     finally:
         for node in [*agents.values(), *([relay] if relay else [])]:
             node.stop()
@@ -88,4 +119,6 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
     return {"pairs": len(by_pair), "direct": len(direct_times),
             "direct_fraction": round(len(direct_times) / len(by_pair), 3),
             "median_time_to_direct_s": round(statistics.median(direct_times), 3) if direct_times else None,
+            "relayed_bytes_fraction": round(sum(v["relayed_bytes"] for v in by_pair.values())
+                                            / sum(v["moved_bytes"] for v in by_pair.values()), 3),
             "by_pair": by_pair}

@@ -5,9 +5,11 @@
 to a:3478 and b:3478 and learns both mappings (equal: endpoint-independent mapping). Then, with
 the home still listening on that port, a:3478 (contacted address and port), a:3479 (contacted
 address, other port) and ``c`` (never contacted) each send to the mapping seen by a; which of
-them reach the home gives the filtering. Run as a script, this module is the probe's namespace side:
-``reflect PORT..``, ``home PORT HOST:PORT.. WAIT_S`` and ``send FROM_PORT HOST PORT``. Every wait
-is bounded.
+them reach the home gives the filtering. ``tcp_mappings(lab, home, (a, b))`` is the TCP side of the
+mapping test: the home connects from one local port to TCP reflectors on ``a`` and ``b`` and learns
+the two mappings (None where a connection failed). Run as a script, this module is the probe's
+namespace side: ``reflect PORT..``, ``home PORT HOST:PORT.. WAIT_S``, ``send FROM_PORT HOST PORT``,
+``tcp-reflect PORT`` and ``tcp-home PORT HOST:PORT..``. Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -75,6 +77,39 @@ def send(from_port: int, host: str, port: int) -> None:
         time.sleep(0.05)
 
 
+def tcp_reflect(port: int) -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", port))
+    listener.listen(16)
+    print("READY", flush=True)
+    while select.select([listener], [], [], 30.0)[0]:
+        conn, (ip, sport) = listener.accept()
+        with conn:
+            conn.sendall(f"{ip}:{sport}".encode())
+
+
+def tcp_home(port: int, servers: list[str]) -> None:
+    """Connect to each server from local ``port`` (all kept open: one port, distinct flows)."""
+    mappings, socks = [], []
+    for server in servers:
+        host, sport = server.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("0.0.0.0", port))
+        sock.settimeout(3.0)
+        socks.append(sock)
+        try:
+            sock.connect((host, int(sport)))
+            mappings.append(sock.recv(64).decode() or None)
+        except OSError:
+            mappings.append(None)
+    for sock in socks:
+        sock.close()
+    print(json.dumps({"mappings": mappings}), flush=True)
+
+
 def _exec(ns: str, *args: str) -> list[str]:
     return ["ip", "netns", "exec", ns, sys.executable, str(SCRIPT), *args]
 
@@ -115,6 +150,25 @@ def probe(lab: Lab, record: Home, publics: tuple[str, str, str]) -> dict:
             "from_third_party": f"{lab.public[c]}:5000" in knocks}
 
 
+def tcp_mappings(lab: Lab, record: Home, publics: tuple[str, str]) -> list[str | None]:
+    """The home's TCP mappings towards two public hosts, seen from one local port (see the docstring)."""
+    reflectors = [subprocess.Popen(_exec(lab.ns_of(host), "tcp-reflect", str(STUN_PORT)), stdout=subprocess.PIPE,
+                                   text=True) for host in publics]
+    try:
+        for proc in reflectors:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "READY":
+                raise RuntimeError("a TCP reflector did not start")
+        servers = [f"{lab.public[host]}:{STUN_PORT}" for host in publics]
+        out = subprocess.run(_exec(record.ns, "tcp-home", str(HOME_PORT), *servers), capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    finally:
+        for proc in reflectors:
+            proc.kill()
+            proc.wait(5)
+    return json.loads(out.splitlines()[-1])["mappings"]
+
+
 def main(argv: list[str]) -> None:
     mode, args = argv[0], argv[1:]
     if mode == "reflect":
@@ -123,6 +177,10 @@ def main(argv: list[str]) -> None:
         home(int(args[0]), args[1:-1], float(args[-1]))
     elif mode == "send":
         send(int(args[0]), args[1], int(args[2]))
+    elif mode == "tcp-reflect":
+        tcp_reflect(int(args[0]))
+    elif mode == "tcp-home":
+        tcp_home(int(args[0]), args[1:])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -15,7 +15,12 @@ endpoint-independently; the other 18% map per destination (symmetric). No source
 endpoint-independent 82% by filtering, the symmetric 18% by port allocation, or gives the share of
 homes behind a carrier NAT: those splits are even, and the carrier NAT kind (``cgnat``, whose mapping
 RFC 6888 requires to be endpoint-independent) gets no share of its own (its homes are in the
-endpoint-independent classes).
+endpoint-independent classes); nor does ``udp-blocked`` (no source read gives the share of homes whose
+network drops UDP).
+
+``relayed_fractions(runs)``: per pair, the relayed bytes over the bytes moved (the matrix's
+``relayed_bytes`` / ``moved_bytes``, summed over the runs that have them); weighted with the same
+shares as P(direct) (``weighted_direct`` is a share-weighted mean over pairs of any per-pair figure).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ EIM_SHARE = 0.82          # Ford, Srisuresh, Kegel 2005: NATs that support UDP h
 SHARES: dict[str, float] = {
     "full-cone": EIM_SHARE / 3, "restricted": EIM_SHARE / 3, "port-restricted": EIM_SHARE / 3,
     "symmetric-seq": (1 - EIM_SHARE) / 2, "symmetric": (1 - EIM_SHARE) / 2,
-    "cgnat": 0.0,
+    "cgnat": 0.0, "udp-blocked": 0.0,
 }
 
 
@@ -43,6 +48,20 @@ def pair_probabilities(runs: Iterable[Mapping]) -> dict[tuple[str, str], float]:
     if not seen:
         raise ValueError("no matrix pairs in the runs given")
     return {pair: sum(outcomes) / len(outcomes) for pair, outcomes in sorted(seen.items())}
+
+
+def relayed_fractions(runs: Iterable[Mapping]) -> dict[tuple[str, str], float]:
+    """{(kind, kind): relayed bytes / bytes moved}, keys sorted, over the runs' pairs that moved bytes
+    (runs saved before the matrix moved data have none: then {})."""
+    relayed: dict[tuple[str, str], list[int]] = {}
+    for run in runs:
+        for name, outcome in run["by_pair"].items():
+            if outcome.get("moved_bytes"):
+                first, second = sorted(name.split("/"))
+                totals = relayed.setdefault((first, second), [0, 0])
+                totals[0] += int(outcome["relayed_bytes"])
+                totals[1] += int(outcome["moved_bytes"])
+    return {pair: r / moved for pair, (r, moved) in sorted(relayed.items())}
 
 
 def weighted_direct(probabilities: Mapping[tuple[str, str], float], shares: Mapping[str, float]) -> float:
@@ -63,7 +82,8 @@ def weighted_direct(probabilities: Mapping[tuple[str, str], float], shares: Mapp
 
 
 def unweighted_direct(probabilities: Mapping[tuple[str, str], float]) -> float:
-    """The matrix's own figure: the mean over the unordered pairs run."""
+    """The matrix's own figure: the mean over the unordered pairs run (of P(direct), or of any per-pair
+    figure)."""
     return sum(probabilities.values()) / len(probabilities)
 
 
@@ -84,11 +104,16 @@ def shortfall(probabilities: Mapping[tuple[str, str], float], shares: Mapping[st
 def summary(runs: Sequence[Mapping], shares: Mapping[str, float] = SHARES) -> dict:
     """The weighted and unweighted figures of ``runs`` (one or more matrix JSON objects)."""
     probabilities = pair_probabilities(runs)
-    return {"runs": len(runs), "pairs": len(probabilities),
-            "direct_fraction": round(unweighted_direct(probabilities), 3),
-            "direct_fraction_weighted": round(weighted_direct(probabilities, shares), 3),
-            "weights": {kind: round(share, 4) for kind, share in shares.items()},
-            "shortfall": shortfall(probabilities, shares)}
+    out = {"runs": len(runs), "pairs": len(probabilities),
+           "direct_fraction": round(unweighted_direct(probabilities), 3),
+           "direct_fraction_weighted": round(weighted_direct(probabilities, shares), 3),
+           "weights": {kind: round(share, 4) for kind, share in shares.items()},
+           "shortfall": shortfall(probabilities, shares)}
+    relayed = relayed_fractions(runs)
+    if relayed.keys() == probabilities.keys():   # every pair moved bytes in some run
+        out["relayed_bytes_fraction"] = round(unweighted_direct(relayed), 3)
+        out["relayed_bytes_fraction_weighted"] = round(weighted_direct(relayed, shares), 3)
+    return out
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[dict]:

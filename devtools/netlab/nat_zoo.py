@@ -24,6 +24,9 @@ NAT and filter chains. The kinds (mapping / filtering, and how the rules get the
 ``symmetric-tcp``    ``symmetric`` for TCP, ``port-restricted`` for UDP: a router whose UDP mappings
                      are endpoint-independent (RFC 4787's REQ-1) while its TCP ones are random, so a
                      TCP punch with another such home fails and a QUIC one works (ADR 0228).
+``udp-blocked``      ``port-restricted`` for TCP, and every UDP datagram through the router dropped, both
+                     ways (networks that let only TCP out: no QUIC, no UDP punch; TCP punches as
+                     with ``port-restricted``).
 ``upnp``             ``port-restricted`` rules plus a port-mapping router: miniupnpd (``upnp.py``)
                      answers PCP, NAT-PMP and UPnP-IGD on the LAN and adds the DNAT rules of the
                      mappings a home asks for to its own ``inet filter`` table (ADR 0221).
@@ -43,7 +46,7 @@ from __future__ import annotations
 from . import upnp
 
 KINDS = ("full-cone", "restricted", "port-restricted", "eim", "symmetric-seq", "symmetric", "symmetric-tcp", "cgnat",
-         "upnp")
+         "udp-blocked", "upnp")
 SET_TIMEOUT = "120s"
 SEQ_BASE, SEQ_SPAN = 20000, 4096
 IPV6_FIREWALL = """table ip6 firewall {
@@ -66,6 +69,8 @@ def home_rules(kind: str, wan_ip: str, home_ip: str, lan: str = "lan") -> str:
         return home_rules("port-restricted", wan_ip, home_ip, lan) + upnp.RULES
     l4 = "meta l4proto { tcp, udp }"
     sets, prerouting, forward_track = "", "", ""
+    if kind == "udp-blocked":   # first in the forward chain: no UDP flow gets through, either way
+        forward_track = "meta l4proto udp drop;"
     if kind == "full-cone":
         sets = f"set mapped {{ type inet_proto . inet_service; flags timeout; timeout {SET_TIMEOUT}; }}"
         prerouting = f'iifname "eth0" {l4} meta l4proto . th dport @mapped dnat to {home_ip};'

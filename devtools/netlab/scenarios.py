@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .nodes import Node
+from .nodes import AgentError, Node
 
 MIB = 1 << 20
 
@@ -90,13 +90,18 @@ def failover(sender: Node, receiver: Node, relays: list[Node], mib: int, kill_af
 
 def punch(initiator: Node, responder: Node, relay: Node, *, quic: bool = False) -> dict:
     """Both peers learn their punch-port mapping from ``relay`` (with ``quic``, their QUIC listener's
-    too, from the relay's QUIC address: ADR 0228); the initiator dials the responder through it and
-    tries DCUtR. Returns the connect result, the observed addresses and the seconds from the relayed
-    dial to the end of the punch."""
+    too, from the relay's QUIC address: ADR 0228; None for a peer whose QUIC dial fails, as behind a
+    router that drops UDP); the initiator dials the responder through it and tries DCUtR. Returns the
+    connect result, the observed addresses and the seconds from the relayed dial to the end of the
+    punch."""
     observed = {n.name: n.call("connect_public", addr=relay.addr) for n in (initiator, responder)}
     if quic:
         relay_quic = next(a for a in relay.addrs if "/quic-v1" in a)
-        observed.update({f"{n.name}/quic": n.call("connect_public", addr=relay_quic) for n in (initiator, responder)})
+        for n in (initiator, responder):
+            try:
+                observed[f"{n.name}/quic"] = n.call("connect_public", addr=relay_quic)
+            except AgentError:
+                observed[f"{n.name}/quic"] = None
     circuits = circuits_via(responder.call("reserve", relay=relay.addr), relay)
     started = time.monotonic()
     conn = initiator.call("connect", circuits=circuits, punch=True, timeout=60)

@@ -9,6 +9,7 @@ from devtools.netlab.nat_weights import (
     load_runs,
     pair_probabilities,
     parse_shares,
+    relayed_fractions,
     shortfall,
     summary,
     unweighted_direct,
@@ -57,10 +58,24 @@ def test_the_stated_shares_over_a_saved_run(tmp_path):
     saved = tmp_path / "run.json"
     saved.write_text("matrix log line\n" + json.dumps(run(**pairs)) + "\n")
     out = summary(load_runs([saved]))
-    assert out["pairs"] == 21 and out["runs"] == 1
-    assert out["direct_fraction"] == round(20 / 21, 3)
+    assert out["pairs"] == 28 and out["runs"] == 1
+    assert out["direct_fraction"] == round(27 / 28, 3)
+    assert "relayed_bytes_fraction" not in out          # a run that moved no bytes has no such figure
     assert out["direct_fraction_weighted"] == round(1 - SHARES["symmetric"] ** 2, 3)
     assert [row["pair"] for row in out["shortfall"]] == ["symmetric/symmetric"]
     (tmp_path / "bad.json").write_text('{"pairs": 3}\n')
     with pytest.raises(ValueError, match="by_pair"):
         load_runs([tmp_path / "bad.json"])
+
+
+def test_relayed_bytes_are_weighted_like_direct_pairs():
+    runs = [run(a__a=True, a__b=False, b__b=True), run(b__a=True, a__a=True, b__b=True)]
+    moved = {"a/a": (0, 100), "a/b": (100, 100), "b/b": (0, 100)}
+    for name, (relayed, total) in moved.items():
+        runs[0]["by_pair"][name].update(relayed_bytes=relayed, moved_bytes=total)
+    runs[1]["by_pair"]["b/a"].update(relayed_bytes=0, moved_bytes=300)      # direct the second time
+    fractions = relayed_fractions(runs)
+    assert fractions == {("a", "a"): 0.0, ("a", "b"): 0.25, ("b", "b"): 0.0}   # 100 of 400 bytes
+    out = summary(runs, {"a": 0.75, "b": 0.25})
+    assert out["relayed_bytes_fraction"] == round(0.25 / 3, 3)
+    assert out["relayed_bytes_fraction_weighted"] == round(2 * 0.75 * 0.25 * 0.25, 3)
