@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,10 +36,12 @@ class JsPeer:
         self.addr = ""
 
     @classmethod
-    async def start(cls, mode: str, listen_ip: str, *args: str) -> JsPeer:
+    async def start(cls, mode: str, listen_ip: str, *args: str, port: int = 0) -> JsPeer:
+        """``port``: listen there and announce ``listen_ip:port`` (0: any port, not announced)."""
+        env = {**os.environ, "JS_PEER_PORT": str(port)}
         proc = await asyncio.create_subprocess_exec(
             "node", "--import", "./node20.mjs", PEER_SCRIPT.name, mode, listen_ip, *args, cwd=JS_DIR,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         peer = cls(proc)
         [addr] = await peer.expect("ADDR ")
         peer.peer_id = addr.rsplit("/p2p/", 1)[1]

@@ -2,7 +2,9 @@
 // circuit relay v2 (client, and server in "relay" mode) and DCUtR, with the package versions
 // pinned in package.json. It prints one line per event on stdout and takes commands on stdin.
 //
-// Usage: node peer.mjs MODE LISTEN_IP [RELAY_MADDR]
+// Usage: node peer.mjs MODE LISTEN_IP [RELAY_MADDR]; with JS_PEER_PORT set, it listens on that port
+//   and announces LISTEN_IP:port as verified (js-libp2p only announces a public listen address that
+//   something confirmed, and its DCUtR ignores private ones).
 //   relay   a circuit relay v2 server with js-libp2p's default limits (2 min, 128 KiB)
 //   target  reserve on RELAY_MADDR and serve; prints "RESERVED <circuit addr>"
 // Lines out: "ADDR <maddr>", "RESERVED <maddr>", "CONN <id> <direction> <remoteAddr> <limits JSON>",
@@ -28,11 +30,13 @@ const limitsJson = (limits) => JSON.stringify(limits == null
 
 const services = { identify: identify(), ping: ping(), dcutr: dcutr() }
 if (mode === 'relay') services.relay = circuitRelayServer()
-const listen = [`/ip4/${listenIp}/tcp/0`]
+const port = Number(process.env.JS_PEER_PORT ?? 0)
+const listen = [`/ip4/${listenIp}/tcp/${port}`]
+const appendAnnounce = port === 0 ? [] : [`/ip4/${listenIp}/tcp/${port}`]
 if (mode === 'target') listen.push(`${relayAddr}/p2p-circuit`)
 
 const node = await createLibp2p({
-  addresses: { listen },
+  addresses: { listen, appendAnnounce },
   transports: [tcp(), circuitRelayTransport()],
   connectionEncrypters: [noise()],
   streamMuxers: [yamux()],
