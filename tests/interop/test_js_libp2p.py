@@ -135,6 +135,14 @@ def test_js_starts_dcutr_as_the_inbound_side_and_we_switch_to_the_punched_connec
     async def main(ip):
         relay, us, puncher, js = await _punch_setup(ip)
         try:
+            started = []
+            original = puncher.direct_connect
+
+            async def counted(conn):
+                started.append(conn)
+                return await original(conn)
+
+            puncher.direct_connect = counted
             relayed = await us.dial([f"{relay.host.listen_addrs[0]}/p2p-circuit/p2p/{js.peer_id}"])
             upgrade = asyncio.ensure_future(upgrade_relayed(puncher, relayed, retire_after=0.5))
             pings = await _pings_during(us.host, js.peer_id, upgrade)
@@ -143,6 +151,7 @@ def test_js_starts_dcutr_as_the_inbound_side_and_we_switch_to_the_punched_connec
             assert path.conn.remote_peer == js.peer_id and us.pipe_for(path.conn) is None
             assert str(path.conn.remote_addr).startswith(f"/ip4/{ip}/tcp/")
             assert pings >= 1
+            assert started == []  # js's CONNECT came first: we never started an exchange of our own
             await js.expect("CONN ", where=lambda f: "/p2p-circuit" not in f[2] and us.host.peer_id in f[2]
                             or f[2].startswith(f"/ip4/{ip}/"))
             await js.expect("CLOSE ", 10, where=lambda f: "/p2p-circuit" in f[1])  # js retired the circuit
