@@ -145,8 +145,10 @@ def test_js_starts_dcutr_as_the_inbound_side_and_we_switch_to_the_punched_connec
             puncher.direct_connect = counted
             relayed = await us.dial([f"{relay.host.listen_addrs[0]}/p2p-circuit/p2p/{js.peer_id}"])
             upgrade = asyncio.ensure_future(upgrade_relayed(puncher, relayed, retire_after=0.5))
-            pings = await _pings_during(us.host, js.peer_id, upgrade)
-            path = await upgrade
+            retired = asyncio.ensure_future(  # js closes the circuit once its punch connected
+                js.expect("CLOSE ", 15, where=lambda f: "/p2p-circuit" in f[1]))
+            pings = await _pings_during(us.host, js.peer_id, asyncio.gather(upgrade, retired))
+            path, _ = await asyncio.gather(upgrade, retired)
             assert path.kind == "punched", path
             assert path.conn.remote_peer == js.peer_id and us.pipe_for(path.conn) is None
             assert str(path.conn.remote_addr).startswith(f"/ip4/{ip}/tcp/")
@@ -154,7 +156,6 @@ def test_js_starts_dcutr_as_the_inbound_side_and_we_switch_to_the_punched_connec
             assert started == []  # js's CONNECT came first: we never started an exchange of our own
             await js.expect("CONN ", where=lambda f: "/p2p-circuit" not in f[2] and us.host.peer_id in f[2]
                             or f[2].startswith(f"/ip4/{ip}/"))
-            await js.expect("CLOSE ", 10, where=lambda f: "/p2p-circuit" in f[1])  # js retired the circuit
             assert relayed.closed or await asyncio.wait_for(_closed(relayed), 5)
             assert await us.host.ping(js.peer_id) >= 0 and _direct(us, js.peer_id)
         finally:
