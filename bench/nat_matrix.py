@@ -14,7 +14,8 @@ the direct figure below 1).
 run1.json [run2.json ...]`` computes the weighted and unweighted figures of saved runs (P(direct) of
 a pair: the fraction of the runs it ended direct) without running the lab; ``--weights
 kind=share,...`` replaces the stated shares; ``--quic``: the relay and the homes listen on QUIC too
-and DCUtR punches over QUIC beside TCP (ADR 0228).
+and DCUtR punches over QUIC beside TCP (ADR 0228); ``--both-directions``: each pair of different kinds
+is punched from each side too ("b/a" names the dialling kind first).
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def main() -> None:
     parser.add_argument("--weights", type=parse_shares, default=SHARES, metavar="KIND=SHARE,...",
                         help="the share of each NAT kind (default: the sourced shares, ADR 0223)")
     parser.add_argument("--quic", action="store_true", help="punch over QUIC beside TCP (ADR 0228)")
+    parser.add_argument("--both-directions", action="store_true",
+                        help="each pair of different kinds punched from each side (by_pair key: dialler/dialled)")
     args = parser.parse_args()
     if args.from_json:
         print(json.dumps(summary(load_runs(args.from_json), args.weights), sort_keys=True))
@@ -49,7 +52,7 @@ def main() -> None:
         print(json.dumps({"skipped": why}))
         return
     started = time.monotonic()
-    out = run_matrix(tuple(args.kinds.split(",")), quic=args.quic)
+    out = run_matrix(tuple(args.kinds.split(",")), quic=args.quic, both_directions=args.both_directions)
     out["seconds"] = round(time.monotonic() - started, 1)
     if set(k for k, share in args.weights.items() if share > 0) <= set(args.kinds.split(",")):
         weighed = summary([out], args.weights)

@@ -4,7 +4,9 @@
 ``run_matrix(kinds)`` builds a lab with one relay on the backbone and two homes per kind (so a
 kind can meet itself), starts a bare agent (``agent.py``: the product's HolePuncher, DCUtR over our
 circuit relay, TCP simultaneous open) in every home, and for each unordered pair of kinds lets the
-first kind's home dial the second's through the relay and punch (``scenarios.punch``). Pairs run
+first kind's home dial the second's through the relay and punch (``scenarios.punch``); with
+``both_directions`` the second kind's other home also dials the first's other home ("b/a": the first
+kind names the dialling side). Pairs run
 in parallel where they share no home. Agents in ``upnp`` homes run with ``--port-map`` (ADR 0221): they
 map their listen and punch ports on the router and offer the mapped punch port first in DCUtR, so any
 peer's SYN reaches them (``upnp`` is not in ``MATRIX_KINDS``, as it needs miniupnpd: ask for it with
@@ -73,7 +75,7 @@ def pair_rounds(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...] = PUNCH, *,
-               quic: bool = False) -> dict:
+               quic: bool = False, both_directions: bool = False) -> dict:
     homes = [kind for kind in kinds for _ in range(2)]          # home 2k+1, 2k+2 are kinds[k]
     lab = Lab().build(["relay"], homes)
     agents: dict[int, Node] = {}
@@ -100,6 +102,8 @@ def run_matrix(kinds: tuple[str, ...] = MATRIX_KINDS, punch_args: tuple[str, ...
                 agents[i] = node
         pairs = [(2 * a + 1, 2 * b + 1 + (a == b)) for a, b in itertools.combinations_with_replacement(
             range(len(kinds)), 2)]
+        if both_directions:   # the second kind's other home dials the first's: fresh homes, no prior connection
+            pairs += [(2 * b + 2, 2 * a + 2) for a, b in itertools.combinations(range(len(kinds)), 2)]
         by_pair: dict[str, dict] = {}
         for batch in pair_rounds(pairs):
             with ThreadPoolExecutor(len(batch)) as pool:
