@@ -37,7 +37,7 @@ from ml.train.recipes import recipe  # noqa: E402
 from ml.train.spec import InvalidSpec, TrainSpec  # noqa: E402
 
 CHAIN_BENCHES = ("this bench drives trainers, not tasks on a chain: a worker killed and replaced on a devnet is "
-             "bench/crew_change.py, a joiner's state catch-up over netlab homes bench/state_catch_up.py")
+                 "bench/crew_change.py, a joiner's state catch-up over netlab homes bench/state_catch_up.py")
 
 
 def plan(args) -> list[tuple[str, TrainSpec]]:
@@ -79,7 +79,7 @@ def summarize(results: dict[str, dict], args) -> dict:
             "kill_recovered": None, "kill_recovered_reason": CHAIN_BENCHES,
             "long_task_paid": None,
             "long_task_paid_reason": "this bench trains on netlab Nodes without a chain; a >= 30 min paid task "
-                                     "is not run here",
+                                     "is bench/long_task.py",
             "streaming_int4": {**against_dp(streaming), "MB_per_worker": round(streaming["bytes_per_worker"] / 1e6, 3),
                                "bits_per_char": streaming["bits_per_char"]},
             "diloco_int8": {**against_dp(results["diloco-int8"]),
