@@ -161,6 +161,11 @@ def close(ctx: BlockContext, task: Task, span_ms: int) -> dict[str, Any]:
             "departed": sorted(set(members) - set(done)), "deadline": task.commit_deadline}
 
 
+def never_started(task: Task, worker: str) -> bool:
+    """Whether ``worker`` joined the crew at an epoch the task never reached (it stopped before)."""
+    return "stopped" in task.epochs and crew.first_epoch(task, worker) > int(task.epochs["stopped"])
+
+
 def join_epoch(task: Task) -> int:
     """The epoch a worker named now enters at: one past the furthest any member committed (members
     commit an epoch while they train the next, so the crew of that one may already be read; ADR 0226)."""

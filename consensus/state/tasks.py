@@ -622,8 +622,8 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
             payouts[peer_id] = payouts.get(peer_id, 0) + amount
 
     for worker in task.workers:
-        if worker not in task.commits:
-            delta = REPUTATION_NO_SHOW
+        if worker not in task.commits:   # a joiner whose first epoch never opened did not fail to show
+            delta = 0 if epochs.never_started(task, worker) else REPUTATION_NO_SHOW
         elif worker in settlement.guilty:
             slash(state, worker, params.slash_mismatch_bps)
             delta = REPUTATION_SLASHED

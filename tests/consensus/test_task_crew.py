@@ -157,3 +157,21 @@ def test_the_task_doc_gives_each_worker_its_seat_and_the_crew_of_each_epoch(chai
     assert info.first_epoch(SPARE.peer_id) == 2 and info.first_epoch(W1.peer_id) == 0
     assert info.crew_at(1) == sorted([W1.peer_id, W2.peer_id])
     assert info.crew_at(2) == sorted([W1.peer_id, W2.peer_id, SPARE.peer_id])
+
+
+def test_a_joiner_whose_epoch_never_opened_because_the_task_stopped_is_not_a_no_show(chain):
+    task_id = submit(chain, epochs=6)
+    task = chain.ledger.state.tasks[task_id]
+    for worker in (W1, W2):
+        assert commit_epoch(chain, worker, task_id, 0, segments=1).code == TxCode.OK
+    run_until(chain, lambda: task.epochs["current"] == 1)
+    assert task.epochs["joined"][SPARE.peer_id][1] == 2
+    reputation = chain.ledger.state.nodes[SPARE.peer_id].reputation
+    run_until(chain, lambda: task.status not in ("assigned", "running"))   # the crew stops committing
+    assert task.epochs["stopped"] == 1
+    run_scheduled_draws(chain, task_id)
+    answer_all_slots(chain, task_id)
+    chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
+    assert task.status == TaskStatus.STOPPED
+    assert chain.ledger.state.nodes[SPARE.peer_id].reputation == reputation   # it never had an epoch to train
+    assert chain.ledger.state.nodes[SPARE.peer_id].active_tasks == 0
