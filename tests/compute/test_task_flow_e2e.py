@@ -9,6 +9,7 @@ commit grace has passed are audited (replaying the departure) and paid, the abse
 going back to the owner. Payouts are checked against the settlement rule re-derived from the slots;
 balances move by exactly the payouts (fees aside); supply is conserved.
 """
+import hashlib
 import json
 import time
 import urllib.request
@@ -240,9 +241,13 @@ def placement_weight(net, peer: str) -> int:
 
 
 def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
-    # The heaviest compute node (stake, reputation from the paid tasks, measured bandwidth, which a
-    # restart keeps) is among the next task's workers: make it the cheater.
-    cheater = max(devnet.compute, key=lambda n: placement_weight(devnet, n.peer_id))
+    # The node the ledger ranks first for the next task (weight: stake, reputation from the paid tasks,
+    # measured bandwidth, which a restart keeps; ties broken by sha256(task id, peer id), the task id
+    # known from the faucet's next nonce) is among its workers: make it the cheater.
+    faucet = devnet.testnet.faucet()
+    upcoming = task_id_for(faucet.peer_id, rpc(devnet, "dkb_getTransactionCount", faucet.peer_id, "pending"))
+    cheater = min(devnet.compute, key=lambda n: (-placement_weight(devnet, n.peer_id),
+                                                 hashlib.sha256(upcoming + n.peer_id.encode()).digest()))
     devnet.testnet.stop_node(cheater, timeout=5)
     devnet.start_compute(cheater, {"DEKUBE_COMPUTE_FAULT_INJECT": "wrong_segments"})
     time.sleep(1.0)
