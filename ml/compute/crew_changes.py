@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from consensus.task_info import TaskInfo
+from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_states import StateUnavailable, fetch_checked, holders_of
 from ml.train.state_file import BadStateFile, load_state
 
@@ -87,7 +87,7 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
     epoch = first_epoch - 1
     while True:
         task = await read_task()
-        if task.status not in ("assigned", "running"):
+        if task.status not in TaskStatus.OPEN_FOR_COMMITS:
             raise JoinFailed(f"the task is {task.status}: there is no crew to join")
         candidates = holders_of(task, epoch)
         if candidates:
