@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from consensus.state import crew
 from consensus.state.records import SlotOutcome, TaskStatus
 from consensus.state.relay_bytes import by_relay
 
@@ -360,7 +361,7 @@ class EpochProgress:
 
     def first_epoch(self, worker: str) -> int:
         """The first epoch ``worker`` trains (0, or the epoch a joiner enters at)."""
-        return self.joined[worker][1] if worker in self.joined else 0
+        return crew.first_epoch_of(self.joined, worker)
 
     def commit_of(self, worker: str, epoch: int) -> EpochCommit | None:
         """``worker``'s progress commitment for ``epoch`` (None when it made none)."""
@@ -462,8 +463,7 @@ class TaskInfo:
     def seat_of(self, worker: str) -> int:
         """``worker``'s seat, its rank in training: a joiner's is the seat it took, an original worker's its
         place among the first ``seats`` workers (consensus/state/crew.py)."""
-        joined = self.epochs.joined if self.epochs is not None else {}
-        return joined[worker][0] if worker in joined else list(self.workers[:self.seats]).index(worker)
+        return crew.seat_of(self.workers[:self.seats], self.epochs.joined if self.epochs is not None else {}, worker)
 
     def first_epoch(self, worker: str) -> int:
         """The first epoch ``worker`` trains (0, or a joiner's)."""

@@ -33,11 +33,6 @@ def seats(task: Task) -> int:
     return int(task.spec["workers"])
 
 
-def joined(task: Task) -> dict[str, list[int]]:
-    """Joiner -> [seat, first epoch]."""
-    return dict(task.epochs.get(JOINED_KEY, {}))
-
-
 def seat_of(workers: Sequence[str], joiners: Mapping[str, Sequence[int]], worker: str) -> int:
     """``worker``'s seat (its rank in training): a joiner's from ``joiners``, an original worker's its
     place among the task's first workers (sorted at assignment)."""

@@ -20,7 +20,11 @@ RETRY_S = 0.3
 
 
 class TaskNotReady(TimeoutError):
-    """Some workers did not start their group for the task before the deadline."""
+    """Some workers (``waiting``) did not start their group for the task before the deadline."""
+
+    def __init__(self, message: str, waiting: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.waiting = waiting
 
 
 def make_handler(is_ready: Callable[[bytes], bool]):
@@ -58,8 +62,7 @@ async def ready_among(host, peers: list[str], task_id: bytes, timeout: float) ->
         await wait_until_ready(host, peers, task_id, timeout)
         return sorted(peers)
     except TaskNotReady as exc:
-        late = exc.args[1] if len(exc.args) > 1 else set()
-        return sorted(set(peers) - set(late))
+        return sorted(set(peers) - exc.waiting)
 
 
 async def wait_until_ready(host, peers: list[str], task_id: bytes, timeout: float) -> None:
@@ -71,5 +74,5 @@ async def wait_until_ready(host, peers: list[str], task_id: bytes, timeout: floa
         if not waiting:
             return
         if time.monotonic() > deadline:
-            raise TaskNotReady(f"workers not ready after {timeout:g} s: {sorted(waiting)}", set(waiting))
+            raise TaskNotReady(f"workers not ready after {timeout:g} s: {sorted(waiting)}", frozenset(waiting))
         await asyncio.sleep(RETRY_S)

@@ -154,9 +154,7 @@ class Training:
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
             if first:
-                await self._start_from_crew_state(key, task, trainer, group, spec, first)
-                timings = self.board.jobs[key].get("join_timings", {})
-                self.board.update(key, join_timings={**timings, "ready_after_s": round(time.monotonic() - began, 3)})
+                await self._start_from_crew_state(key, task, trainer, group, spec, first, began)
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -225,9 +223,9 @@ class Training:
         return TaskInfo.from_json(doc)
 
     async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, group: Any, spec: Any,
-                                     first: int) -> None:
+                                     first: int, began: float) -> None:
         """A joiner's trainer starts from the state a member committed for the epoch before its first
-        (fetched and checked, ml/compute/crew_changes.py)."""
+        (fetched and checked, ml/compute/crew_changes.py); ``began``: when the job started."""
         self.board.update(key, state="fetching the crew's state")
         changed = self.task_changed.setdefault(key, asyncio.Event())
 
@@ -245,7 +243,8 @@ class Training:
         group.set_peers(group_of(now, first))   # the members' group of this epoch, as they will read it
         self.board.update(key, joined_at_epoch=first, joined_from=digest, step=trainer.step,
                           join_timings={"state_wait_and_fetch_s": round(fetched - started, 3),
-                                        "load_s": round(time.monotonic() - fetched, 3)})
+                                        "load_s": round(time.monotonic() - fetched, 3),
+                                        "ready_after_s": round(time.monotonic() - began, 3)})
         log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
 
     def seen(self, task: TaskInfo) -> None:
