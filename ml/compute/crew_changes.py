@@ -5,9 +5,9 @@ A member (`CrewGate`, awaited by the segment recorder before each segment): at t
 epoch after its own first, it waits until its commitment of the epoch before is on the ledger, then reads
 which workers the ledger named to enter at this epoch (by then every such joiner is named: the ledger names
 joiners one epoch past the furthest commitment), makes them members of the all-reduce group from this
-segment's first round on and waits for them to start their group (bounded: JOIN_WAIT_S; a joiner that is
-late is left out of rounds like any member that does not answer, misses the epoch and leaves the crew). No
-round of the member is in flight then, and every member changes at the same round.
+segment's first round on and waits for them to start their group (bounded: `join_wait_s` of the state's
+size; a joiner that is late is left out of rounds like any member that does not answer, misses the epoch
+and leaves the crew). No round of the member is in flight then, and every member changes at the same round.
 
 Every member's group must hold the same members (the round's member masks are over them): the group of
 epoch e is every worker named to a seat from an epoch not after e, those that left included (they are
@@ -34,7 +34,8 @@ from ml.train.state_file import BadStateFile, load_state
 
 log = logging.getLogger(__name__)
 
-JOIN_WAIT_S = 120.0   # how long members wait at an epoch boundary for the workers entering there
+JOIN_WAIT_S = 120.0   # how long members wait at an epoch boundary for the workers entering there, plus
+JOIN_MIN_FETCH_RATE = 1 << 20   # bytes/s: the time a joiner on a slow link needs to fetch the state
 STATE_POLL_S = 2.0    # how often a joiner looks for the commitment of the epoch before its first
 
 
@@ -47,8 +48,9 @@ class CrewGate:
 
     def __init__(self, me: str, first_epoch: int, per_epoch: int, committer: Any,
                  read_task: Callable[[], Awaitable[TaskInfo]], group: Any,
-                 ready_among: Callable[[list[str], float], Awaitable[list[str]]]) -> None:
+                 ready_among: Callable[[list[str], float], Awaitable[list[str]]], state_bytes: int = 0) -> None:
         self.me, self.first_epoch, self.per_epoch = me, first_epoch, per_epoch
+        self.wait_s = join_wait_s(state_bytes)
         self.committer, self.read_task, self.group, self.ready_among = committer, read_task, group, ready_among
         self.joined: dict[int, list[str]] = {}   # epoch -> the joiners that became members at its start
         self.waited_s = 0.0                      # time spent at epoch boundaries (counted against utilization)
@@ -66,11 +68,11 @@ class CrewGate:
                 return
             self.group.accept(entering)
             self.group.set_peers(sorted(set(self.group.peers) | set(entering)))
-            ready = await self.ready_among(entering, JOIN_WAIT_S)
+            ready = await self.ready_among(entering, self.wait_s)
             late = sorted(set(entering) - set(ready))
             if late:
                 log.warning("epoch %d: joiners %s not ready after %g s; rounds go on without them", epoch,
-                            [w[:16] for w in late], JOIN_WAIT_S)
+                            [w[:16] for w in late], self.wait_s)
             self.joined[epoch] = ready
             log.info("epoch %d: %s joined the crew", epoch, [w[:16] for w in ready])
         finally:
@@ -102,6 +104,12 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
         except (StateUnavailable, BadStateFile) as exc:
             errors.append(str(exc))
     raise JoinFailed(f"no checked state of epoch {epoch + 1} to start from: " + "; ".join(errors))
+
+
+def join_wait_s(state_bytes: int) -> float:
+    """How long members wait for a joiner: JOIN_WAIT_S plus its fetch of a state of ``state_bytes`` at
+    JOIN_MIN_FETCH_RATE (a bigger model waits longer)."""
+    return JOIN_WAIT_S + state_bytes / JOIN_MIN_FETCH_RATE
 
 
 def group_of(task: TaskInfo, epoch: int) -> list[str]:

@@ -172,7 +172,8 @@ class Training:
             if trainer.recorder is not None:   # joiners enter at epoch boundaries (ADR 0226)
                 trainer.recorder.before_segment = CrewGate(
                     me, first, committer.per_epoch, committer, lambda: self._read_task(key), group,
-                    lambda peers, timeout: ready_protocol.ready_among(self.node.host, peers, task_id, timeout))
+                    lambda peers, timeout: ready_protocol.ready_among(self.node.host, peers, task_id, timeout),
+                    state_bytes=3 * sum(p.numel() * p.element_size() for p in trainer.params))   # weights, 2 moments
             summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)

@@ -104,3 +104,27 @@ def test_a_joiner_enters_at_an_epoch_boundary_from_the_committed_state_and_the_c
     leaf_list = leaves(TASK, D, joined.recorder.records)
     record = joined.recorder.records[1]
     assert verify_proof(root(leaf_list), leaf_list[1], record.index - 4, len(leaf_list), proof(leaf_list, 1))
+
+
+def test_members_wait_longer_for_a_joiner_of_a_bigger_state():
+    from ml.compute.crew_changes import JOIN_WAIT_S, join_wait_s
+    assert join_wait_s(0) == JOIN_WAIT_S
+    assert join_wait_s(1 << 30) == JOIN_WAIT_S + 1024   # a GiB at the least fetch rate the wait allows
+
+
+def test_a_joiner_that_brings_a_state_of_its_own_is_judged_a_mismatch():
+    from types import SimpleNamespace
+
+    from consensus.task_info import TaskInfo
+    from ml.compute.verification_flow import _starts_from_crew_state
+    committed = ["11" * 32, "ab" * 32, 4, 9]   # A's epoch-1 commitment: state digest ab..
+    task = TaskInfo.from_json({"task_id": "22" * 32, "status": "running", "workers": [A, B, "12D3KooWLeft", D],
+                               "segments": 6, "spec": {"epochs": 3, "workers": 3},
+                               "epochs": {"current": 2, "joined": {D: [2, 2]},
+                                          "commits": {A: [["11" * 32, "cd" * 32, 2, 5], committed]}}})
+    assert task.first_segment(D) == 4
+    assert _starts_from_crew_state(task, D, 4, SimpleNamespace(state_in="ab" * 32))
+    assert not _starts_from_crew_state(task, D, 4, SimpleNamespace(state_in="ee" * 32))   # its own state
+    assert not _starts_from_crew_state(task, D, 4, SimpleNamespace(state_in="cd" * 32))   # an older epoch's
+    assert _starts_from_crew_state(task, D, 5, SimpleNamespace(state_in="ee" * 32))       # later: replayed
+    assert _starts_from_crew_state(task, A, 4, SimpleNamespace(state_in="ee" * 32))       # not a joiner
