@@ -121,25 +121,47 @@ def can_audit_every_worker(state: LedgerState, params: Params, profile: str, own
     return all(any(v != worker for v in verifiers) for worker in workers)
 
 
-# ---- slots open when the commit phase closes; every draw waits for a later beacon -------------
+# ---- slots open when an epoch closes (or the commit phase); every draw waits for a later beacon ---
 
-def open_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
-    """Open ``audits_per_worker`` slots for each committed worker (in worker order); their segment, salt
-    and verifiers are drawn ``beacon_delay`` blocks later, from a beacon nobody knew when the
-    commitments became final (ADR 0202)."""
-    task.slots = []
+@dataclass(frozen=True)
+class Target:
+    """One commitment to audit: ``worker``'s ``segments_root`` over its segments ``first`` (0, or a
+    joiner's first) up to ``segments``; the slots draw among segments ``low`` .. ``segments`` - 1 (the
+    epoch's, docs/adr/0230)."""
+
+    worker: str
+    segments_root: bytes
+    segments: int
+    first: int
+    low: int
+
+
+def open_slots(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task, epoch: int,
+               targets: list[Target]) -> None:
+    """Open ``audits_per_worker`` slots of ``epoch`` for each target (in worker order), after the task's
+    earlier slots; their segment, salt and verifiers are drawn ``beacon_delay`` blocks later, from a beacon
+    nobody knew when the commitments became final (ADR 0202)."""
     at = ctx.height + params.beacon_delay
-    for worker in sorted(task.commits):
+    opened = 0
+    for target in sorted(targets, key=lambda t: t.worker):
         for _ in range(params.audits_per_worker):
             task.slots.append({
-                "slot": len(task.slots), "worker": worker, "segment": 0, "salt": b"", "verifiers": [],
+                "slot": len(task.slots), "worker": target.worker, "segment": 0, "salt": b"", "verifiers": [],
                 "dispute_deadline": 0, "dispute": None, "referees": [], "referee_deadline": 0, "verdict": None,
                 "outcome": PENDING, "reveal_deadline": 0, "draw": {"kind": OPEN, "at": at, "count": 0},
+                "epoch": epoch, "commit": {"root": target.segments_root, "segments": target.segments,
+                                           "first": target.first, "low": target.low},
             })
-    if task.slots:
-        state.events.append({"type": "audit_draw_scheduled", "task_id": task_id, "height": at})
+            opened += 1
+    if opened:
+        state.events.append({"type": "audit_draw_scheduled", "task_id": task_id, "height": at, "epoch": epoch})
     refresh_status(task)
     state.touch(TASK, task_id)
+
+
+def slot_epoch(slot: Slot) -> int:
+    """The epoch whose work ``slot`` audits (0 for a task without epochs)."""
+    return int(slot.get("epoch", 0))
 
 
 def _schedule(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, slot: Slot, kind: str,
@@ -174,7 +196,7 @@ def _draw_open(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
     if not task.audit_seed:
         task.audit_seed = hashlib.sha256(b"dekube/audit-seed\x00" + ctx.beacon + task_id).digest()
     index, worker = slot["slot"], slot["worker"]
-    segments = task.commits[worker][2]
+    segments, start = slot["commit"]["segments"], slot["commit"]["low"]   # the epoch's segments (ADR 0230)
     deadline = deadlines.answer_deadline(params, ctx, task)
     pool = eligible_verifiers(state, params, task.profile, {task.owner, worker})
     first = draw_weighted(_material(task, b"verifier", index), pool)
@@ -185,7 +207,6 @@ def _draw_open(state: LedgerState, params: Params, ctx: BlockContext, task_id: b
             second = draw_weighted(_material(task, b"second", index), [entry for entry in pool if entry[0] != first])
             if second is not None:
                 verifiers.append(_verifier_entry(second, deadline))
-    start = epochs.first_segment(task, worker)   # a joiner trained from a later epoch on (ADR 0226)
     slot["segment"] = start + draw_number(_material(task, b"segment", index), segments - start)
     slot["salt"] = hashlib.sha256(_material(task, b"salt", index)).digest()
     slot["verifiers"] = verifiers
@@ -224,11 +245,15 @@ def _advance(state: LedgerState, params: Params, ctx: BlockContext, task_id: byt
     if slot["referees"]:
         return _advance_referees(state, params, ctx, task_id, slot, closing)
     if availability.challenge_open(slot):
-        if _expired(slot["challenge"]["deadline"], ctx, closing):
+        if not _expired(slot["challenge"]["deadline"], ctx, closing) or epochs.presence_unknown(task, slot):
+            return False   # an epoch's worker that went silent: wait until it commits again or leaves (ADR 0230)
+        if epochs.left_crew(task, slot["worker"]):   # it crashed or left: its slot ends unaudited (ADR 0203)
+            availability.close_challenge(state, task_id, slot)
+            slot["outcome"] = UNAUDITED
+        else:
             availability.expire_challenge(state, task_id, slot)
-            _resolved(state, task_id, slot)
-            return True
-        return False
+        _resolved(state, task_id, slot)
+        return True
     if slot["dispute_deadline"]:
         if _expired(slot["dispute_deadline"], ctx, closing):
             slot["outcome"] = GUILTY
@@ -319,8 +344,7 @@ def _close_reveals(state: LedgerState, params: Params, ctx: BlockContext, task_i
     elif len(answers) > 1:
         slot["verdict"] = None
         _schedule(state, params, ctx, task_id, slot, REFEREE, params.referees)
-    elif _all_unavailable(slot, answers) and not epochs.left_unreachable(task, slot["worker"], slot["salt"],
-                                                                         *next(iter(answers))):
+    elif _all_unavailable(slot, answers) and not epochs.left_unreachable(task, slot, *next(iter(answers))):
         slot["verdict"] = None
         if not availability.open_challenge(state, params, ctx, task_id, slot):
             _schedule(state, params, ctx, task_id, slot, REFEREE, params.referees)
@@ -330,7 +354,7 @@ def _close_reveals(state: LedgerState, params: Params, ctx: BlockContext, task_i
         if match:
             slot["outcome"] = OK
             _resolved(state, task_id, slot)
-        elif epochs.left_unreachable(task, slot["worker"], slot["salt"], match, evidence):
+        elif epochs.left_unreachable(task, slot, match, evidence):
             slot["outcome"] = UNAUDITED
             _resolved(state, task_id, slot)
         else:
@@ -457,8 +481,8 @@ def refresh_status(task: Task) -> None:
     """committed while slots are open without a mismatch; disputed once a slot mismatched, is
     disputed, challenged (ADR 0207), refereed, undecided or guilty; verified once every slot resolved
     without any of that."""
-    if not task.slots:
-        return   # no audits (audits_per_worker 0): committed until the window ends
+    if not task.slots or task.status in TaskStatus.OPEN_FOR_COMMITS:
+        return   # no audits (audits_per_worker 0), or an epoch's audits while the crew trains on (ADR 0230)
     contested = any(slot["outcome"] in (GUILTY, UNDECIDED) or slot["dispute_deadline"] or slot["referees"]
                     or referees_pending(slot) or availability.challenge_open(slot) for slot in task.slots)
     if contested:
@@ -490,7 +514,8 @@ def slot_of(state: LedgerState, tx: Tx) -> tuple[Task, Slot]:
     task = state.tasks.get(p["task_id"])
     if task is None:
         raise TxError(TxCode.NOT_FOUND, missing_task(state, p["task_id"]))
-    if task.status not in TaskStatus.AUDITABLE:
+    if task.status not in TaskStatus.ACTIVE or (task.status in TaskStatus.OPEN_FOR_COMMITS and not task.slots):
+        # (an epoch's slots open while the crew trains on, docs/adr/0230)
         raise TxError(TxCode.BAD_STATE, f"the task is {task.status}: it has no open audit slots")
     if p["slot"] >= len(task.slots):
         raise TxError(TxCode.BAD_PAYLOAD, f"slot {p['slot']} out of range (the task has {len(task.slots)})")
@@ -531,29 +556,31 @@ class Settlement:
     false_answers: list[str] = field(default_factory=list)   # per contradicted answer or vote, or withheld reveal
     unsettled: dict[str, int] = field(default_factory=dict)   # worker -> its slots not ended ok or guilty
 
-    def paid_share(self, task: Task, worker: str, share: int) -> int:
-        """What an innocent ``worker`` is paid of ``share``: the part its ``ok`` slots cover (ADR 0188:
-        a slot left unaudited or undecided pays its worker nothing; no slots at all, the whole share)."""
-        slots = sum(1 for slot in task.slots if slot["worker"] == worker)
-        if not slots:
+    def paid_share(self, slots: list[Slot], worker: str, share: int) -> int:
+        """What an innocent ``worker`` is paid of ``share`` for the work ``slots`` audit: the part its ``ok``
+        slots cover (ADR 0188: a slot left unaudited or undecided pays its worker nothing; no slots at
+        all, the whole share)."""
+        mine = sum(1 for slot in slots if slot["worker"] == worker)
+        if not mine:
             return share
-        return share * (slots - self.unsettled.get(worker, 0)) // slots
+        return share * (mine - self.unsettled.get(worker, 0)) // mine
 
 
-def settle(task: Task, verifier_pool: int) -> Settlement:
-    """Guilty workers; each worker's slots that ended unaudited or undecided; the verifier pool split
-    equally over the slots with at least one answer that agrees with the verdict, each slot's share
-    equally among those verifiers and majority referees (remainders stay in the escrow, for the
-    owner); every verifier answer and every referee vote unequal to the verdict."""
-    out = Settlement(guilty=guilty_workers(task))
-    for slot in task.slots:
+def settle(slots: list[Slot], verifier_pool: int) -> Settlement:
+    """What resolved ``slots`` (a task's, or one epoch's, docs/adr/0230) decide: guilty workers; each
+    worker's slots that ended unaudited or undecided; ``verifier_pool`` split equally over the slots with
+    at least one answer that agrees with the verdict, each slot's share equally among those verifiers and
+    majority referees (remainders stay in the escrow, for the owner); every verifier answer and every
+    referee vote unequal to the verdict."""
+    out = Settlement(guilty={slot["worker"] for slot in slots if slot["outcome"] == GUILTY})
+    for slot in slots:
         if slot["outcome"] in (UNAUDITED, UNDECIDED):
             out.unsettled[slot["worker"]] = out.unsettled.get(slot["worker"], 0) + 1
         # committed, then withheld (ADR 0202, 0210): slashed whatever the slot's outcome
         out.false_answers += [v["verifier"] for v in slot["verifiers"] if v.get("unrevealed")]
         out.false_answers += [r["referee"] for r in slot["referees"] if r.get("unrevealed")]
     payees_by_slot: list[list[str]] = []
-    for slot in task.slots:
+    for slot in slots:
         verdict = slot["verdict"]
         if slot["outcome"] not in (OK, GUILTY) or verdict is None:
             continue

@@ -9,7 +9,9 @@ is ``challenged``: the worker has ``dispute_s`` (``challenge["deadline"]``) to s
 against the ``segments_root`` it committed, which proves that it still holds its records and is back
 on the network. Then the slot's verifiers are asked again, with new answer deadlines (one silent again
 is redrawn as usual) and their earlier "unavailable" kept aside, neither paid nor slashed. A worker
-that does not respond in time is guilty of withholding: the verdict is the unavailable answer
+that does not respond in time is guilty of withholding (unless it left the crew of a task cut into
+epochs: then the slot waits until the ledger knows, and a worker that commits again is guilty, one that
+left is unaudited, ADR 0230): the verdict is the unavailable answer
 (``withheld``), it is slashed and unpaid like any guilty worker, and the verifiers who said so are
 paid. A worker answers one challenge per slot: if its verifiers again all say unavailable, referees
 are drawn and try to fetch; their verdict decides (unavailable: guilty of withholding). A mix of
@@ -70,6 +72,15 @@ def expire_challenge(state: LedgerState, task_id: bytes, slot: Slot) -> None:
                          "worker": slot["worker"]})
 
 
+def close_challenge(state: LedgerState, task_id: bytes, slot: Slot) -> None:
+    """The challenge deadline passed, but the worker has left the crew of a task cut into epochs (it
+    crashed or was cut off, ADR 0203, 0230): no verdict of withholding; the caller ends the slot
+    unaudited."""
+    slot["challenge"]["deadline"] = 0
+    state.events.append({"type": "availability_unanswered", "task_id": task_id, "slot": slot["slot"],
+                         "worker": slot["worker"], "left_crew": True})
+
+
 def _reask(params: Params, ctx: BlockContext, task: Any, slot: Slot) -> list[str]:
     """Every verifier that revealed an answer is asked again with a new deadline; its earlier answer
     (unavailable) is kept aside. Returns who was asked."""
@@ -95,8 +106,9 @@ def apply_availability_response(state: LedgerState, params: Params, ctx: BlockCo
     if deadlines.passed(slot["challenge"]["deadline"], ctx):
         raise TxError(TxCode.BAD_STATE, f"the challenge deadline (block time {slot['challenge']['deadline']} ms) "
                                         "has passed")
-    segments_root, _, count = task.commits[slot["worker"]][:3]
-    if root_from_path(p["leaf"], slot["segment"], count, p["path"]) != segments_root:
+    commit = slot["commit"]   # the commitment the slot audits: an epoch's, or the result (ADR 0230)
+    if root_from_path(p["leaf"], slot["segment"] - commit["first"], commit["segments"] - commit["first"],
+                      p["path"]) != commit["root"]:
         raise TxError(TxCode.BAD_PAYLOAD, f"the leaf and path do not prove segment {slot['segment']} "
                                           "under the committed segments_root")
     slot["challenge"] = {"deadline": 0, "responses": slot["challenge"]["responses"] + 1}

@@ -25,7 +25,7 @@ from typing import Any
 
 from consensus.state import crew, deadlines
 from consensus.state.context import BlockContext
-from consensus.state.records import Task
+from consensus.state.records import SlotOutcome, Task, TaskStatus
 from consensus.txcodes import TxCode, TxError
 
 UNAVAILABLE_DOMAIN = b"dekube/unavailable"
@@ -81,9 +81,11 @@ def first_segment(task: Task, worker: str) -> int:
 
 
 def in_crew(task: Task, worker: str) -> bool:
-    """Whether ``worker`` still belongs to the crew: it did not reject the task and committed every
-    closed epoch (a joiner: every closed epoch from its first)."""
-    return worker not in task.rejections and covered(task, worker) >= current(task)
+    """Whether ``worker`` still belongs to the crew: it did not reject the task, committed every closed
+    epoch (a joiner: every closed epoch from its first) and no audit found it guilty (ADR 0230: its seat
+    goes to a joiner at the next epoch close)."""
+    return (worker not in task.rejections and covered(task, worker) >= current(task)
+            and not any(slot["worker"] == worker and slot["outcome"] == SlotOutcome.GUILTY for slot in task.slots))
 
 
 def departed(task: Task) -> set[str]:
@@ -197,24 +199,28 @@ def stop(task: Task) -> dict[str, Any]:
 
 def include_departed(task: Task) -> None:
     """When the commit phase closes, the workers that left the crew after committing some epochs are
-    held to their latest epoch commitment (audited and paid for what it covers)."""
+    held to their latest epoch commitment (the task's record of what each did; their epochs were audited
+    and paid as they closed, docs/adr/0230)."""
     for worker in sorted(departed(task)):
         mine = entries(task, worker)
         if mine and worker not in task.commits:
             task.commits[worker] = list(mine[-1])
 
 
-def paid_epochs(task: Task, worker: str) -> int:
-    """How many epochs ``worker``'s commitment covers (the task's count for a full result from the start;
-    a joiner's from its first epoch)."""
-    if count(task) <= 1:
-        return 1
-    return min(count(task), task.commits[worker][2] // segments_per_epoch(task)) - crew.first_epoch(task, worker)
+def epoch_range(task: Task, epoch: int) -> tuple[int, int]:
+    """The segments ``epoch`` covers: [first, end) (the whole task for a task without epochs)."""
+    per = segments_per_epoch(task)
+    return epoch * per, (epoch + 1) * per
 
 
-def pay_for_epochs(task: Task, worker: str, amount: int) -> int:
-    """The part of ``amount`` (a worker's audited share) its epochs earn: amount x covered / epochs."""
-    return amount * paid_epochs(task, worker) // count(task)
+def trained(task: Task, epoch: int) -> dict[str, list]:
+    """Who is held to the work of ``epoch``, each with the commitment that covers it ([segments_root,
+    state or result, segments, height]): for a closed progress epoch the workers that committed it; for
+    the last (or only) epoch the workers whose result covers the whole task (docs/adr/0230)."""
+    if epoch < count(task) - 1:   # only a closed epoch's work counts (a worker may commit ahead of a stop)
+        return {worker: entries(task, worker)[epoch - crew.first_epoch(task, worker)]
+                for worker in committed(task, epoch)} if epoch < closed(task) else {}
+    return {worker: commit for worker, commit in sorted(task.commits.items()) if commit[2] == task.segments}
 
 
 def unavailable_evidence(salt: bytes) -> bytes:
@@ -223,9 +229,30 @@ def unavailable_evidence(salt: bytes) -> bytes:
     return hashlib.sha256(salt + UNAVAILABLE_DOMAIN).digest()
 
 
-def left_unreachable(task: Task, worker: str, salt: bytes, match: bool, evidence: bytes) -> bool:
-    """Whether the verifiers' agreed answer for a slot of ``worker`` is "unreachable" and the worker's
-    commitment is partial (it left the crew, or the task stopped): the slot ends unaudited."""
+def left_crew(task: Task, worker: str) -> bool:
+    """Whether ``worker`` left a task cut into epochs before its end: the crew stopped, it missed a closed
+    epoch (or was found guilty), or the commit phase closed without its result."""
+    if count(task) <= 1:
+        return False
+    if "stopped" in task.epochs:
+        return True
+    if task.status in TaskStatus.OPEN_FOR_COMMITS:
+        return not in_crew(task, worker)
     commit = task.commits.get(worker)
-    return (not match and commit is not None and bool(task.segments) and commit[2] < task.segments
-            and evidence == unavailable_evidence(salt))
+    return commit is None or commit[2] < task.segments
+
+
+def presence_unknown(task: Task, slot: dict[str, Any]) -> bool:
+    """Whether the ledger cannot tell yet if ``slot``'s worker, challenged to show an epoch's record and
+    silent, is withholding or gone: the task still takes commitments, the worker is in the crew and has
+    committed nothing after the audited epoch. A later commitment shows it alive (withholding: guilty);
+    missing an epoch shows it gone (unaudited, ADR 0230)."""
+    if count(task) <= 1 or task.status not in TaskStatus.OPEN_FOR_COMMITS or not in_crew(task, slot["worker"]):
+        return False
+    return covered(task, slot["worker"]) <= int(slot.get("epoch", 0)) + 1 and slot["worker"] not in task.commits
+
+
+def left_unreachable(task: Task, slot: dict[str, Any], match: bool, evidence: bytes) -> bool:
+    """Whether the verifiers' agreed answer for ``slot`` is "unreachable" and its worker left the crew
+    (``left_crew``): the slot ends unaudited (an honest worker that crashed is not a cheater)."""
+    return not match and evidence == unavailable_evidence(slot["salt"]) and left_crew(task, slot["worker"])

@@ -23,12 +23,22 @@ from __future__ import annotations
 import hashlib
 
 from consensus.genesis import Params
-from consensus.state import audit_cost, audits, bandwidth, crew, deadlines, epochs, rejections, relay_bytes, task_stop
+from consensus.state import (
+    audit_cost,
+    audits,
+    bandwidth,
+    crew,
+    deadlines,
+    epoch_pay,
+    epochs,
+    rejections,
+    relay_bytes,
+    task_stop,
+)
 from consensus.state.accounts import debit
 from consensus.state.context import BlockContext
 from consensus.state.records import Task, TaskStatus
 from consensus.state.retention import missing_task
-from consensus.state.staking import slash
 from consensus.state.store import NODE, TASK, LedgerState
 from consensus.tx import DEFAULT_DEVICE, Tx
 from consensus.txcodes import TxCode, TxError
@@ -147,13 +157,16 @@ def work_in_flight(state: LedgerState) -> bool:
 
 
 def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> None:
-    """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees)."""
+    """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees), then
+    pay out each epoch of a running task whose slots are all resolved (docs/adr/0230)."""
     due = sorted((task.seq, task_id) for task_id, task in state.tasks.items()
-                 if task.status in TaskStatus.AUDITABLE and task.slots)
+                 if task.status in TaskStatus.ACTIVE and task.slots)
     for _, task_id in due:
         task = state.tasks[task_id]
         if audits.pending_slots(task):
             audits.advance_task(state, params, ctx, task_id, task, closing=True)
+        while epochs.count(task) > 1 and epoch_pay.releasable(task, len(epoch_pay.released(task))):
+            _release_epoch(state, params, task_id, task, len(epoch_pay.released(task)))
 
 
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:
@@ -183,8 +196,10 @@ def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
     """Close the open epoch (a quorum committed it); the next opens with its own deadline, brought
     forward to the grace when a quorum already committed it (or the result), and the commit phase
     closes at once when nobody is left to wait for."""
+    closing = epochs.current(task)
     state.events.append({**epochs.close(ctx, task, deadlines.task_span_ms(params, task)), "task_id": task_id})
     state.touch(TASK, task_id)
+    _audit_epoch(state, params, ctx, task_id, task, closing)   # audited now, paid once audited (ADR 0230)
     fill_vacant_seats(state, params, ctx, task_id, task)
     if task_stop.due(task):   # the owner stops the task at this boundary (docs/adr/0211)
         state.events.append({**task_stop.stop(task), "task_id": task_id})
@@ -201,13 +216,43 @@ def _close_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
 
 
 def _open_audit_window(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
+    """The commit phase closed: the last epoch's results are audited (a task without epochs is one
+    epoch; a task that stopped at an epoch boundary had every closed epoch audited as it closed)."""
     task.status = TaskStatus.COMMITTED
     task.window_end = deadlines.window_end(params, ctx)
     state.touch(TASK, task_id)
     absent = [worker for worker in task.workers if worker not in task.commits]
     epochs.include_departed(task)
     state.events.append({"type": "audit_window_opened", "task_id": task_id, "absent": absent})
-    audits.open_slots(state, params, ctx, task_id, task)
+    if "stopped" not in task.epochs:
+        _audit_epoch(state, params, ctx, task_id, task, epochs.count(task) - 1)
+    audits.refresh_status(task)
+
+
+def _audit_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                 epoch: int) -> None:
+    """Open the audit slots of ``epoch``: for each worker held to its work, among the epoch's segments,
+    under the commitment that covers them (docs/adr/0230)."""
+    low, _ = epochs.epoch_range(task, epoch) if epochs.count(task) > 1 else (0, 0)
+    targets = [audits.Target(worker, commit[0], commit[2], epochs.first_segment(task, worker),
+                             max(low, epochs.first_segment(task, worker)))
+               for worker, commit in epochs.trained(task, epoch).items()]
+    audits.open_slots(state, params, ctx, task_id, task, epoch, targets)
+
+
+def _release_epoch(state: LedgerState, params: Params, task_id: bytes, task: Task, epoch: int) -> dict[str, int]:
+    """Pay out ``epoch`` (consensus/state/epoch_pay.py); a contradicted verifier answer costs reputation.
+    Returns what each worker earned by it."""
+    share = worker_share(params, task.price, crew.seats(task))
+    settlement, wages = epoch_pay.release(state, params, task_id, task, epoch, share, verifier_pool(params, task))
+    for verifier in settlement.false_answers:
+        _adjust_reputation(state, verifier, REPUTATION_SLASHED)
+    return wages
+
+
+def verifier_pool(params: Params, task: Task) -> int:
+    """What a task's verifiers are paid in all: ``verifier_share_bps`` of its price plus its audit surcharge."""
+    return task.price * params.verifier_share_bps // 10_000 + task.spec.get("audit_surcharge", 0)
 
 
 # ---- assignment ------------------------------------------------------------------------------
@@ -408,7 +453,7 @@ def _refund(state: LedgerState, task: Task, payouts: dict[str, int]) -> None:
         payouts[task.owner] = payouts.get(task.owner, 0) + rest
     for peer_id, amount in sorted(payouts.items()):
         state.credit(peer_id, amount)
-    task.payouts = payouts
+        task.payouts[peer_id] = task.payouts.get(peer_id, 0) + amount   # after any epochs paid out (ADR 0230)
     task.escrow = 0
 
 
@@ -603,66 +648,54 @@ def apply_finalize(state: LedgerState, params: Params, ctx: BlockContext, tx: Tx
 
 
 def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> None:
-    """Every committed worker no slot found guilty is paid its share for the slots that ended ok (a slot
-    unaudited or undecided pays it nothing; ADR 0188); a guilty worker is slashed ``slash_mismatch_bps``
-    (burnt) and unpaid; a worker that never committed loses reputation; each verifier answer and referee
-    vote the slot's verdict contradicts costs ``slash_false_audit_bps``; the verifier pool goes to the
-    answers and referee votes that agree with the verdicts; relays' claims are paid; the
-    owner gets the rest. The task ends ``paid`` when a worker was paid (``stopped`` when it stopped at an
-    epoch boundary before its end, ADR 0211), else ``expired`` (nobody
+    """Pay out every epoch not yet paid (a task without epochs is one epoch; consensus/state/epoch_pay.py,
+    docs/adr/0230): each worker held to an epoch's work and no slot found guilty is paid its seat's part
+    for the slots that ended ok (a slot unaudited or undecided pays it nothing; ADR 0188); a guilty worker
+    is slashed ``slash_mismatch_bps`` (burnt) once and unpaid; each verifier answer and referee vote a
+    verdict contradicts costs ``slash_false_audit_bps``; the verifier pool goes to the answers and referee
+    votes that agree with the verdicts. Then a worker that never committed loses reputation, relays'
+    claims are paid and the owner gets the rest. The task ends ``paid`` when a worker was paid
+    (``stopped`` when it stopped at an epoch boundary before its end, ADR 0211), else ``expired`` (nobody
     committed) or ``failed`` (every committer found guilty), with the reason (ADR 0187)."""
-    verifier_pool = task.price * params.verifier_share_bps // 10_000 + task.spec.get("audit_surcharge", 0)
-    share = worker_share(params, task.price, crew.seats(task))   # per seat (a joiner's is its seat's)
-    settlement = audits.settle(task, verifier_pool)
-    payouts: dict[str, int] = {}
-    paid_workers: list[str] = []
-
-    def pay(peer_id: str, amount: int) -> None:
-        if amount:
-            payouts[peer_id] = payouts.get(peer_id, 0) + amount
-
+    wages = epoch_pay.earned(task)
+    for epoch in range(epochs.count(task)):
+        if epoch not in epoch_pay.released(task):
+            for worker, amount in _release_epoch(state, params, task_id, task, epoch).items():
+                wages[worker] = wages.get(worker, 0) + amount
+    guilty = audits.guilty_workers(task)
     for worker in task.workers:
         if worker not in task.commits:   # a joiner whose first epoch never opened did not fail to show
             delta = 0 if epochs.never_started(task, worker) else REPUTATION_NO_SHOW
-        elif worker in settlement.guilty:
-            slash(state, worker, params.slash_mismatch_bps)
-            delta = REPUTATION_SLASHED
         else:
-            earned = epochs.pay_for_epochs(task, worker, settlement.paid_share(task, worker, share))
-            pay(worker, earned)
-            if earned:
-                paid_workers.append(worker)
-            delta = REPUTATION_PAID
+            delta = REPUTATION_SLASHED if worker in guilty else REPUTATION_PAID
         node = state.nodes.get(worker)
         if node is not None:
             node.active_tasks = max(0, node.active_tasks - 1)
             state.touch(NODE, worker)
         _adjust_reputation(state, worker, delta)
-    for verifier in settlement.false_answers:
-        slash(state, verifier, params.slash_false_audit_bps)
-        _adjust_reputation(state, verifier, REPUTATION_SLASHED)
-    for peer_id, amount in sorted(settlement.shares.items()):
-        pay(peer_id, amount)
+    payouts: dict[str, int] = {}
     for relay, amount in sorted(task.relay_claims.items()):
-        pay(relay, amount)
-    paid_out = sum(payouts.values())
-    pay(task.owner, task.escrow - paid_out)
+        if amount:
+            payouts[relay] = payouts.get(relay, 0) + amount
+    if task.escrow - sum(payouts.values()):
+        payouts[task.owner] = payouts.get(task.owner, 0) + task.escrow - sum(payouts.values())
     for peer_id, amount in sorted(payouts.items()):
         state.credit(peer_id, amount)
-    task.payouts = payouts
+        task.payouts[peer_id] = task.payouts.get(peer_id, 0) + amount
     task.escrow = 0
-    slashed = sorted(settlement.guilty | set(settlement.false_answers))
+    paid_workers = [worker for worker in task.workers if wages.get(worker)]
+    slashed = sorted(guilty | set(audits.settle(task.slots, 0).false_answers))
     state.touch(TASK, task_id)
     if paid_workers:   # a task that stopped at an epoch boundary says so (docs/adr/0211)
         bandwidth.record_paid_task(state, task, paid_workers, state.height + 1)
         task.status = TaskStatus.STOPPED if "stopped" in task.epochs else TaskStatus.PAID
-        task.result = leading_result(task, settlement.guilty)
-        state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(payouts), "result": task.result,
-                             "slashed": slashed, "status": task.status})
+        task.result = leading_result(task, guilty)
+        state.events.append({"type": "task_paid", "task_id": task_id, "payouts": dict(task.payouts),
+                             "result": task.result, "slashed": slashed, "status": task.status})
         return
-    task.status, task.reason = unpaid_outcome(task, settlement.guilty)
+    task.status, task.reason = unpaid_outcome(task, guilty)
     state.events.append({"type": f"task_{task.status}", "task_id": task_id, "reason": task.reason,
-                         "payouts": dict(payouts), "slashed": slashed})
+                         "payouts": dict(task.payouts), "slashed": slashed})
 
 
 def unpaid_outcome(task: Task, guilty: set[str] | None = None) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from test_ledger_kit import CHAIN, answer_all_slots, answer_slot, crew_chain, id
 from consensus.block import build_block
 from consensus.genesis import Params
 from consensus.state.deadlines import commit_span_ms
+from consensus.state.epoch_pay import part
 from consensus.state.epochs import unavailable_evidence
 from consensus.state.ledger import Ledger
 from consensus.state.records import TaskStatus
@@ -69,13 +70,15 @@ def share() -> int:
 
 
 def expected_payouts(task, workers: dict) -> dict:
-    """``workers`` (peer -> pay) plus the verifier pool split over the slots answered in agreement with
-    their verdict (one verifier a slot here), the owner the rest."""
+    """``workers`` (peer -> pay) plus each epoch's part of the verifier pool split over its slots answered in
+    agreement with their verdict (one verifier a slot here), the owner the rest."""
     out = dict(workers)
-    paid_slots = [slot for slot in task.slots if slot["outcome"] in ("ok", "guilty")]
-    for slot in paid_slots:
-        verifier = slot["verifiers"][0]["verifier"]
-        out[verifier] = out.get(verifier, 0) + PRICE * 500 // 10_000 // len(paid_slots)
+    count = task.spec.get("epochs", 1)
+    for epoch in range(count):   # each epoch's part of the pool over its slots (docs/adr/0230)
+        paid_slots = [slot for slot in task.slots if slot["outcome"] in ("ok", "guilty") and slot["epoch"] == epoch]
+        for slot in paid_slots:
+            verifier = slot["verifiers"][0]["verifier"]
+            out[verifier] = out.get(verifier, 0) + part(PRICE * 500 // 10_000, epoch, count) // len(paid_slots)
     out[OWNER.peer_id] = PRICE - sum(out.values())
     return out
 
@@ -109,6 +112,7 @@ def test_each_epoch_closes_when_the_crew_committed_it_with_its_own_deadline(chai
 def test_a_worker_that_leaves_in_epoch_2_is_paid_for_epoch_1_only(chain):
     task_id = submit(chain)
     task = chain.ledger.state.tasks[task_id]
+    before = {w.peer_id: chain.ledger.balance(w.peer_id) for w in (OWNER, W1, W2, W3, VERIFIER)}
     all_commit_epoch(chain, task_id, 0)
     assert commit_epoch(chain, W1, task_id, 1).code == TxCode.OK
     assert commit_epoch(chain, W2, task_id, 1).code == TxCode.OK       # a quorum: the grace starts
@@ -125,7 +129,9 @@ def test_a_worker_that_leaves_in_epoch_2_is_paid_for_epoch_1_only(chain):
     w3_slots = [slot for slot in task.slots if slot["worker"] == W3.peer_id]
     assert w3_slots and all(slot["segment"] < 2 for slot in w3_slots)   # audits draw from what it committed
     answer_all_slots(chain, task_id)
-    before = {w.peer_id: chain.ledger.balance(w.peer_id) for w in (OWNER, W1, W2, W3, VERIFIER)}
+    chain.block()   # epochs 1 and 2 were audited as they closed and are paid out before finalize (ADR 0230)
+    assert task.epochs["released"] == [0, 1] and task.epochs["earned"][W3.peer_id] == share() // EPOCHS
+    assert chain.ledger.balance(W3.peer_id) - before[W3.peer_id] >= share() // EPOCHS
     chain.ok(OUTSIDER, "finalize", {"task_id": task_id})
     assert task.status == TaskStatus.PAID and task.result == RESULT
     expected = expected_payouts(task, {W1.peer_id: share(), W2.peer_id: share(), W3.peer_id: share() // EPOCHS})
