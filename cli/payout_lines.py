@@ -8,6 +8,7 @@ its total and role only, so a line never claims a split the chain did not make."
 from __future__ import annotations
 
 from consensus.genesis import Params
+from consensus.state.epoch_pay import part
 from consensus.task_info import AuditSlot, SlotOutcome, TaskInfo, TaskStatus
 
 
@@ -21,12 +22,16 @@ def _payees(slot: AuditSlot) -> list[tuple[str, str]]:
 
 
 def _pool_shares(task: TaskInfo, pool: int) -> list[tuple[str, str, int]]:
-    """(peer, "verifier"|"referee", amount): the verifier pool over the decided slots, as audits.settle."""
-    by_slot = [payees for payees in map(_payees, task.slots) if payees]
+    """(peer, "verifier"|"referee", amount): each epoch's part of the verifier pool over its decided slots, as
+    consensus/state/epoch_pay.py pays it (a task without epochs is one)."""
+    count = task.spec_field("epochs", 1)
+    count = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
     out = []
-    for payees in by_slot:
-        per_slot = pool // len(by_slot)
-        out += [(peer, kind, per_slot // len(payees)) for peer, kind in payees]
+    for epoch in range(count):
+        by_slot = [payees for payees in map(_payees, [s for s in task.slots if s.epoch == epoch]) if payees]
+        for payees in by_slot:
+            per_slot = part(pool, epoch, count) // len(by_slot)
+            out += [(peer, kind, per_slot // len(payees)) for peer, kind in payees]
     return out
 
 
@@ -41,7 +46,12 @@ def payout_parts(task: TaskInfo, params: Params | None = None) -> dict[str, list
         if amount:
             parts.setdefault(peer, []).append((kind, amount))
 
-    if task.status == TaskStatus.PAID and workers:
+    if task.epochs is not None and task.status in (TaskStatus.PAID, TaskStatus.STOPPED):   # paid per epoch (0230)
+        for worker, amount in sorted(task.epochs.earned.items()):
+            add(worker, "worker", amount)
+        for peer, kind, amount in _pool_shares(task, price * params.verifier_share_bps // 10_000):
+            add(peer, kind, amount)
+    elif task.status == TaskStatus.PAID and workers:
         pool = price * params.verifier_share_bps // 10_000
         relay_budget = price * params.relay_share_bps // 10_000
         share = (price - pool - relay_budget) // len(workers)

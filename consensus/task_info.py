@@ -219,6 +219,29 @@ class RefereeSeat:
 
 
 @dataclass(frozen=True)
+class SlotCommit:
+    """The commitment an audit slot checks (docs/adr/0230): the worker's ``segments_root`` (hex) over its
+    segments ``first`` .. ``segments`` - 1, the slot's segment drawn from ``low`` on (its epoch's)."""
+
+    segments_root: str
+    segments: int
+    first: int = 0
+    low: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> SlotCommit | None:
+        if doc is None:
+            return None
+        if not isinstance(doc, Mapping):
+            raise TaskDocError(f"{where}: expected an object, got {type(doc).__name__}")
+        commit = cls(_str(doc, "root", where), _int(doc, "segments", where), _int(doc, "first", where),
+                     _int(doc, "low", where))
+        if not 0 <= commit.first <= commit.low < commit.segments:
+            raise TaskDocError(f"{where}: expected first <= low < segments")
+        return commit
+
+
+@dataclass(frozen=True)
 class AuditSlot:
     """One audit slot of a task (docs/adr/0168): the audited worker's segment, the salt, the drawn
     verifiers and referees, the dispute window and the outcome (`SlotOutcome`)."""
@@ -239,6 +262,8 @@ class AuditSlot:
     referee_reveal_deadline: int = 0   # while the reveals of the committed referee votes are open (0210)
     draw: PendingDraw | None = None   # a draw scheduled for a later block's beacon (docs/adr/0202)
     challenge: Challenge | None = None   # an availability challenge, open or answered (docs/adr/0207)
+    epoch: int = 0                       # the epoch whose work it audits (docs/adr/0230)
+    commit: SlotCommit | None = None     # the commitment it checks (None from a ledger before ADR 0230)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> AuditSlot:
@@ -263,7 +288,8 @@ class AuditSlot:
                    reveal_deadline=_int(doc, "reveal_deadline", where),
                    referee_reveal_deadline=_int(doc, "referee_reveal_deadline", where),
                    draw=PendingDraw.from_json(doc.get("draw"), f"{where}.draw"),
-                   challenge=Challenge.from_json(doc.get("challenge"), f"{where}.challenge"))
+                   challenge=Challenge.from_json(doc.get("challenge"), f"{where}.challenge"),
+                   epoch=_int(doc, "epoch", where), commit=SlotCommit.from_json(doc.get("commit"), f"{where}.commit"))
 
     @property
     def pending(self) -> bool:
@@ -336,6 +362,8 @@ class EpochProgress:
     stopped: int | None = None
     stop_at: int | None = None
     joined: Mapping[str, tuple[int, int]] = field(default_factory=dict)   # joiner -> (seat, first epoch)
+    released: tuple[int, ...] = ()                      # epochs paid out as audited (docs/adr/0230)
+    earned: Mapping[str, int] = field(default_factory=dict)   # worker -> its pay for those so far
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
@@ -353,7 +381,11 @@ class EpochProgress:
                     or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry)):
                 raise TaskDocError(f"{where}.joined[{worker!r}]: expected [seat, first epoch]")
             joined[worker] = (entry[0], entry[1])
-        return cls(_int(doc, "current", where), commits, stopped, stop_at, joined)
+        released = _get(doc, "released", list, [], where)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in released):
+            raise TaskDocError(f"{where}.released: expected a list of epochs")
+        return cls(_int(doc, "current", where), commits, stopped, stop_at, joined, tuple(released),
+                   _str_map(doc, "earned", int, where))
 
     def of(self, worker: str) -> tuple[EpochCommit, ...]:
         """``worker``'s progress commitments, in epoch order (from its first epoch)."""
@@ -468,6 +500,28 @@ class TaskInfo:
     def first_epoch(self, worker: str) -> int:
         """The first epoch ``worker`` trains (0, or a joiner's)."""
         return self.epochs.first_epoch(worker) if self.epochs is not None else 0
+
+    @property
+    def committers(self) -> list[str]:
+        """Every worker that committed anything: a result, or an epoch's progress (sorted)."""
+        progress = {w for w, entries in self.epochs.commits.items() if entries} if self.epochs is not None else set()
+        return sorted(set(self.commits) | progress)
+
+    def covering(self, worker: str, segment: int) -> SlotCommit | None:
+        """``worker``'s earliest commitment that covers ``segment``: a progress commitment, else its result
+        (None when it committed none that does)."""
+        first = self.first_segment(worker)
+        if segment < first:
+            return None
+        entries = self.epochs.of(worker) if self.epochs is not None else ()
+        for commit in (*entries, self.commits.get(worker)):
+            if commit is not None and segment < commit.segments:
+                return SlotCommit(commit.segments_root, commit.segments, first, first)
+        return None
+
+    def slot_commit(self, slot: AuditSlot) -> SlotCommit | None:
+        """The commitment ``slot`` checks: its own (docs/adr/0230), or, from an older ledger, the worker's result."""
+        return slot.commit or self.covering(slot.worker, slot.segment)
 
     def first_segment(self, worker: str) -> int:
         """The first segment ``worker`` trained: 0, or its first epoch's first (its records and commitments

@@ -155,12 +155,12 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
     tmp = tempfile.TemporaryDirectory(prefix="dekube-lab-")
     folder = Path(tmp.name)
 
-    async def record(worker: str, index: int) -> SegmentAnswer:
+    async def record(worker: str, index: int, segments: int) -> SegmentAnswer:
         if by_peer[worker].mode == "withhold" and not _disputed(chain.ledger.task_info(task_id), worker):
             raise OSError("withheld")
         leaf_worker, records = served[worker]
-        leaf_list = leaves(task_id, leaf_worker, records)
-        return SegmentAnswer(records[index], proof(leaf_list, index), len(records))
+        leaf_list = leaves(task_id, leaf_worker, records)[:segments]   # under the commitment asked (ADR 0230)
+        return SegmentAnswer(records[index], proof(leaf_list, index), len(leaf_list))
 
     async def artifact(artifact_id: str, holders: list[str]) -> Path:
         path = folder / artifact_id
@@ -189,7 +189,7 @@ def run_task(scenario: Scenario, seed: int, spec: TrainSpec, params: Params | No
                     mode = party.mode if party.mode in ("false_accuser", "rubber_stamp") else ""
                     cpu0 = time.process_time()
                     judgement = asyncio.run(judge_as(mode, task, train_spec, duty.worker, duty.segment, duty.salt,
-                                                     sources))
+                                                     sources, task.slot_commit(task.slots[duty.slot])))
                     audit_cpu += time.process_time() - cpu0
                     if not mode:
                         replayed += train_spec.steps_in_segment(duty.segment)

@@ -35,13 +35,15 @@ class Challenge:
     slot: int
     segment: int
     deadline: int     # last block time (ms) at which the response counts
+    segments: int     # the count of the commitment the slot checks (docs/adr/0230)
 
 
 def challenges_for(task: TaskInfo, me: str, now_ms: int) -> list[Challenge]:
     """The open availability challenges on ``me``'s slots of ``task`` at block time ``now_ms``, in slot order."""
-    return [Challenge(task.task_id, slot.slot, slot.segment, slot.challenge_deadline) for slot in task.slots
+    return [Challenge(task.task_id, slot.slot, slot.segment, slot.challenge_deadline, commit.segments)
+            for slot in task.slots
             if slot.outcome == SlotOutcome.PENDING and slot.worker == me and slot.challenge_deadline
-            and now_ms <= slot.challenge_deadline]
+            and now_ms <= slot.challenge_deadline and (commit := task.slot_commit(slot)) is not None]
 
 
 def response_payload(task_id: bytes, slot: int, leaf_worker: str, answer: SegmentAnswer) -> dict:
@@ -52,18 +54,19 @@ def response_payload(task_id: bytes, slot: int, leaf_worker: str, answer: Segmen
 
 
 async def answer_challenges(task: TaskInfo, me: str, now_ms: int, leaf_worker: str,
-                            record_for: Callable[[bytes, int], SegmentAnswer | None],
+                            record_for: Callable[[bytes, int, int], SegmentAnswer | None],
                             send: Callable[[str, dict], Awaitable[object]], answered: set[tuple[str, int]]) -> int:
     """Send a response to each open challenge on our slots of ``task`` not in ``answered`` (task hex,
-    slot; updated here); ``record_for(task_id, segment)`` is the record we serve with its proof. A send
-    that fails is left out of ``answered`` and tried again at the next look. Returns how many were sent."""
+    slot; updated here); ``record_for(task_id, segment, segments)`` is the record we serve with its proof
+    under our commitment of ``segments``. A send that fails is left out of ``answered`` and tried again at
+    the next look. Returns how many were sent."""
     sent = 0
     for challenge in challenges_for(task, me, now_ms):
         key = (challenge.task_id, challenge.slot)
         if key in answered:
             continue
         task_id = bytes.fromhex(challenge.task_id)
-        answer = record_for(task_id, challenge.segment)
+        answer = record_for(task_id, challenge.segment, challenge.segments)
         if answer is None:
             log.error("task %s slot %d: availability challenge on segment %d, but we hold no record of it",
                       challenge.task_id, challenge.slot, challenge.segment)

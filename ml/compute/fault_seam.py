@@ -63,7 +63,8 @@ class FaultInjection:
             if task is not None and others:
                 victim, count = others[0], task.commits[others[0]].segments
                 await self._learn_addresses([victim])
-                answers = [await segments_protocol.fetch_record(self._host, victim, task_id, i) for i in range(count)]
+                answers = [await segments_protocol.fetch_record(self._host, victim, task_id, i, count)
+                           for i in range(count)]
                 return [a.record for a in answers], victim
             await asyncio.sleep(1.0)
         raise RuntimeError("copycat: no other worker committed in time")

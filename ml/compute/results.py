@@ -42,6 +42,7 @@ class ResultStore:
 
     def save(self, key: str, result: dict[str, Any]) -> None:
         self.results[key] = result
+        self.leaves.pop(key, None)   # the records grew (an epoch's were added): the leaves are built again
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -54,15 +55,16 @@ class ResultStore:
         leaf_worker = (self.results.get(key) or {}).get("leaf_worker")
         return leaf_worker if isinstance(leaf_worker, str) and leaf_worker else self.me
 
-    def record_for(self, task_id: bytes, index: int) -> segments_protocol.SegmentAnswer | None:
-        """Our record of segment `index` of a task we committed, with its Merkle proof (v2 protocol)."""
+    def record_for(self, task_id: bytes, index: int, segments: int) -> segments_protocol.SegmentAnswer | None:
+        """Our record of segment `index` of a task we committed, with its Merkle proof under our commitment
+        of `segments` segments (an epoch's covers the records up to it, docs/adr/0230)."""
         key = task_id.hex()
         result = self.results.get(key)
         if result is None or not isinstance(result.get("records"), list) or not result["records"]:
             return None
         try:
             first = SegmentRecord.from_obj(result["records"][0]).index   # 0, or a joiner's first segment
-            if not first <= index < first + len(result["records"]):
+            if not first <= index < segments <= first + len(result["records"]):
                 return None
             if key not in self.leaves:
                 records = [SegmentRecord.from_obj(r) for r in result["records"]]
@@ -71,7 +73,7 @@ class ResultStore:
         except BadRecord as exc:
             log.warning("cannot serve the records of task %s: %s", key, exc)
             return None
-        leaf_list = self.leaves[key]
+        leaf_list = self.leaves[key][:segments - first]
         return segments_protocol.SegmentAnswer(record, proof(leaf_list, index - first), len(leaf_list))
 
 

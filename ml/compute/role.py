@@ -284,9 +284,10 @@ class ComputeRole(Role):
                 business.update(p for p in (*task.workers, *parties, task.owner) if p)
             if me in task.workers:
                 await self._look_as_worker(task, me, now)
-            if task.status in TaskStatus.AUDITABLE and (self.config["audit"] or me in task.workers):
-                self.verification.start_owed(task, now + 1)
-            if task.status in TaskStatus.AUDITABLE and involved:
+            audited = task.status in TaskStatus.AUDITABLE or (task.status in TaskStatus.ACTIVE and task.slots)
+            if audited and (self.config["audit"] or me in task.workers):   # an epoch's audits run beside training
+                self.verification.start_owed(task, now + 1)                 # (docs/adr/0230)
+            if audited and involved:
                 await self._look_at_audits(task, now)
         # reserved artifact upload slots and serving capacity for them (node/admission.py)
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
@@ -297,7 +298,7 @@ class ComputeRole(Role):
         key, status = task.task_id, task.status
         job = self.jobs.get(key)
         self.training.seen(task)   # a joiner named to the crew may send before our round reaches it (ADR 0226)
-        if me in task.commits and availability_duty.challenges_for(task, me, now + 1):   # ADR 0207
+        if availability_duty.challenges_for(task, me, now + 1):   # ADR 0207 (an epoch's slots too, ADR 0230)
             self._spawn(self._answer_challenges(task, me, now + 1))
         rejected = me in task.rejections
         open_to_us = status in TaskStatus.OPEN_FOR_COMMITS and me not in task.commits and not rejected and job is None
@@ -328,6 +329,10 @@ class ComputeRole(Role):
         block time one of its pending slots moves at."""
         key = task.task_id
         pending = [slot for slot in task.slots if slot.pending]
+        if task.status not in TaskStatus.AUDITABLE:   # an epoch's slots while the crew trains: no finalize yet
+            if pending:
+                self._due_at(min([d for slot in pending for d in slot.deadlines()], default=now + 1000))
+            return
         if not pending and (task.status == TaskStatus.VERIFIED or now >= task.window_end):
             self.finalizer.due_now(key)   # due now: no need to wait for the retry time
             await self.finalizer.finalize(key, now)

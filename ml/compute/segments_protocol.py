@@ -1,11 +1,13 @@
 """The verifiers' requests to a worker for what stands behind its commitment.
 
-`/dekube/task-segments/2` (docs/adr/0167): request = the 32-byte task id and a 4-byte big-endian
-segment index; response = a 4-byte big-endian length, then UTF-8 JSON {"record": SegmentRecord,
-"proof": [hex, ...], "count": n} (the record, its Merkle audit path and the worker's leaf count) or
-{"error": text}. Responses over MAX_RESPONSE bytes, malformed ones, or a record for another index
-raise SegmentsError; `check_answer` verifies the proof against the worker's on-chain segments_root
-and segment count. `make_record_handler`/`fetch_record` are the thin stream drivers.
+`/dekube/task-segments/3` (docs/adr/0167, 0230): request = the 32-byte task id, a 4-byte big-endian
+segment index and a 4-byte big-endian segment count: the commitment the proof is asked under (an
+epoch's progress commitment covers the records up to it, the result all of them); response = a 4-byte
+big-endian length, then UTF-8 JSON {"record": SegmentRecord, "proof": [hex, ...], "count": n} (the
+record, its Merkle audit path and the worker's leaf count under that commitment) or {"error": text}.
+Responses over MAX_RESPONSE bytes, malformed ones, or a record for another index raise SegmentsError;
+`check_answer` verifies the proof against the worker's on-chain segments_root and segment count.
+`make_record_handler`/`fetch_record` are the thin stream drivers.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ class SegmentsError(ValueError):
     """A malformed, oversized or negative answer to a segments request."""
 
 
-PROTOCOL = "/dekube/task-segments/2"
-REQUEST_BYTES = TASK_ID_BYTES + 4
+PROTOCOL = "/dekube/task-segments/3"
+REQUEST_BYTES = TASK_ID_BYTES + 8
 MAX_RESPONSE = 8 << 20
 
 
@@ -38,16 +40,20 @@ class SegmentAnswer:
     count: int
 
 
-def encode_request(task_id: bytes, index: int) -> bytes:
-    if len(task_id) != TASK_ID_BYTES or not 0 <= index < MAX_SEGMENTS:
-        raise ValueError("a request names a 32-byte task id and a segment index below 2^20")
-    return task_id + struct.pack(">I", index)
+def encode_request(task_id: bytes, index: int, segments: int) -> bytes:
+    if len(task_id) != TASK_ID_BYTES or not 0 <= index < segments <= MAX_SEGMENTS:
+        raise ValueError("a request names a 32-byte task id, a segment index and a count above it, at most 2^20")
+    return task_id + struct.pack(">II", index, segments)
 
 
-def decode_request(data: bytes) -> tuple[bytes, int]:
+def decode_request(data: bytes) -> tuple[bytes, int, int]:
+    """(task id, segment index, segment count of the commitment asked under)."""
     if len(data) != REQUEST_BYTES:
         raise SegmentsError(f"a segment request is {REQUEST_BYTES} bytes")
-    return data[:TASK_ID_BYTES], struct.unpack(">I", data[TASK_ID_BYTES:])[0]
+    index, segments = struct.unpack(">II", data[TASK_ID_BYTES:])
+    if not index < segments <= MAX_SEGMENTS:
+        raise SegmentsError("a segment request's index must lie below its count, at most 2^20")
+    return data[:TASK_ID_BYTES], index, segments
 
 
 def encode_answer(answer: SegmentAnswer | None, error: str = "") -> bytes:
@@ -100,16 +106,17 @@ def check_answer(answer: SegmentAnswer, task_id: bytes, worker: str, segments_ro
         raise BadRecord("the record's Merkle proof does not lead to the committed segments_root")
 
 
-def make_record_handler(lookup: Callable[[bytes, int], SegmentAnswer | None]):
-    """A Host stream handler for PROTOCOL answering from `lookup(task_id, index)`."""
+def make_record_handler(lookup: Callable[[bytes, int, int], SegmentAnswer | None]):
+    """A Host stream handler for PROTOCOL answering from `lookup(task_id, index, segments)`."""
 
     async def serve_record(stream) -> None:
         try:
-            task_id, index = decode_request(await asyncio.wait_for(stream.readexactly(REQUEST_BYTES), TIMEOUT_S))
+            task_id, index, segments = decode_request(await asyncio.wait_for(stream.readexactly(REQUEST_BYTES),
+                                                                             TIMEOUT_S))
         except (TimeoutError, asyncio.IncompleteReadError, SegmentsError):
             stream.reset()
             return
-        answer = lookup(task_id, index)
+        answer = lookup(task_id, index, segments)
         error = "" if answer is not None else f"no record of segment {index} of task {task_id.hex()}"
         await stream.write(encode_answer(answer, error))
         await stream.close()
@@ -117,9 +124,11 @@ def make_record_handler(lookup: Callable[[bytes, int], SegmentAnswer | None]):
     return serve_record
 
 
-async def fetch_record(host, peer_id: str, task_id: bytes, index: int, timeout_s: float = TIMEOUT_S) -> SegmentAnswer:
-    """Ask `peer_id` for its record of segment `index` of `task_id` (check it with `check_answer`)."""
-    request = encode_request(task_id, index)
+async def fetch_record(host, peer_id: str, task_id: bytes, index: int, segments: int,
+                       timeout_s: float = TIMEOUT_S) -> SegmentAnswer:
+    """Ask `peer_id` for its record of segment `index` of `task_id` under its commitment of `segments`
+    segments (check it with `check_answer`)."""
+    request = encode_request(task_id, index, segments)
 
     async def exchange():
         stream = await host.open_stream(peer_id, PROTOCOL)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consensus.state.epochs import unavailable_evidence  # the ledger recognizes it (ADR 0203)
-from consensus.task_info import TaskInfo
+from consensus.task_info import SlotCommit, TaskInfo
 from ml.compute.epoch_states import holders_of
 from ml.compute.segment_record import BadRecord, SegmentRecord
 from ml.compute.segment_replay import SegmentReplay, replay_segment
@@ -52,7 +52,7 @@ class Unavailable(RuntimeError):
 @dataclass
 class Sources:
     """Where a judge gets what it replays from."""
-    record: Callable[[str, int], Awaitable[SegmentAnswer]]          # (worker, segment) -> answer
+    record: Callable[[str, int, int], Awaitable[SegmentAnswer]]     # (worker, segment, under count) -> answer
     artifact: Callable[[str, list[str]], Awaitable[Path]]           # (artifact id, holders) -> local file
     files: dict[str, Path]                                          # the task's input artifacts
 
@@ -72,25 +72,31 @@ class Judgement:
         return {"task_id": task_id, "slot": slot, "match": self.match, "evidence": self.evidence}
 
 
-async def _checked_record(task: TaskInfo, worker: str, segment: int, sources: Sources) -> SegmentRecord:
-    commit = task.commits[worker]
+async def _checked_record(task: TaskInfo, worker: str, segment: int, commit: SlotCommit | None,
+                          sources: Sources) -> SegmentRecord:
+    """``worker``'s record of ``segment``, checked under ``commit`` (the one the slot audits, or a co-worker's
+    that covers the segment: an epoch's progress commitment or its result, docs/adr/0230)."""
+    if commit is None:
+        raise Unavailable(f"{worker[:16]} committed nothing that covers segment {segment}")
     try:
-        answer = await sources.record(worker, segment)
+        answer = await sources.record(worker, segment, commit.segments)
         check_answer(answer, task.task_bytes, worker, bytes.fromhex(commit.segments_root), commit.segments,
-                     task.first_segment(worker))
+                     commit.first)
     except (SegmentsError, BadRecord, OSError) as exc:
         raise Unavailable(f"record of segment {segment} from {worker[:16]}: {exc}") from None
     return answer.record
 
 
 async def _co_worker_records(task: TaskInfo, worker: str, segment: int, sources: Sources) -> dict[str, SegmentRecord]:
-    """The records of `segment` of the other committed workers that can be had (verified under their roots)."""
+    """The records of `segment` of the other workers that committed it and can be had (verified under the
+    earliest of their commitments that covers it)."""
     out = {}
-    for other in sorted(task.commits):
-        if other == worker or not task.first_segment(other) <= segment < task.commits[other].segments:
+    for other in task.committers:
+        commit = task.covering(other, segment)
+        if other == worker or commit is None:
             continue   # it did not train this segment (it joined later or left before, docs/adr/0226)
         try:
-            out[other] = await _checked_record(task, other, segment, sources)
+            out[other] = await _checked_record(task, other, segment, commit, sources)
         except Unavailable:
             continue
     return out
@@ -115,13 +121,15 @@ def _starts_from_crew_state(task: TaskInfo, worker: str, segment: int, record: S
 
 
 async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
-                     sources: Sources) -> Judgement:
-    """Replay `worker`'s `segment` of `task` and judge it."""
-    if worker not in task.workers or worker not in task.commits:
-        raise ValueError(f"{worker} is not a committed worker of the task")
+                     sources: Sources, commit: SlotCommit | None = None) -> Judgement:
+    """Replay `worker`'s `segment` of `task` and judge it under `commit` (the slot's; by default the
+    earliest of the worker's commitments that covers the segment)."""
+    commit = commit or task.covering(worker, segment)
+    if worker not in task.workers or commit is None:
+        raise ValueError(f"{worker} is not a worker of the task that committed segment {segment}")
     try:
-        record = await _checked_record(task, worker, segment, sources)
-        holders = [worker, *sorted(w for w in task.commits if w != worker)]
+        record = await _checked_record(task, worker, segment, commit, sources)
+        holders = [worker, *(w for w in task.committers if w != worker)]
         checkpoint = await sources.artifact(record.checkpoint, [worker])
         averages = await sources.artifact(record.averages, holders)
     except Unavailable as exc:
@@ -156,15 +164,15 @@ async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int,
 
 
 async def judge_as(mode: str, task: TaskInfo, spec: TrainSpec, worker: str, segment: int, salt: bytes,
-                   sources: Sources) -> Judgement:
+                   sources: Sources, commit: SlotCommit | None = None) -> Judgement:
     """`judge_slot`, or the answer of an adversarial verifier mode (tests and benchmark only)."""
     if mode == "false_accuser":
         return Judgement(False, hashlib.sha256(b"made up" + salt).digest(), 0, "false accusation (fault_inject)")
     if mode == "rubber_stamp":
         try:
-            record = await _checked_record(task, worker, segment, sources)
+            record = await _checked_record(task, worker, segment, commit or task.covering(worker, segment), sources)
             made_up = hashlib.sha256(salt + record.canonical()).digest()
         except Unavailable:
             made_up = hashlib.sha256(salt).digest()
         return Judgement(True, made_up, 0, "rubber stamp (fault_inject)")
-    return await judge_slot(task, spec, worker, segment, salt, sources)
+    return await judge_slot(task, spec, worker, segment, salt, sources, commit)

@@ -134,16 +134,16 @@ class VerificationDuties:
         spec = train_spec_for_task(dict(task.spec))
         if spec.device != device:
             spec = dataclasses.replace(spec, device=device)
-        committed = sorted(task.commits)
+        committed = task.committers
         await self.fetch.learn_addresses(committed)
         files = await self.fetch.task_inputs(None, task, spec, committed)
         task_id = bytes.fromhex(duty.task_id)
 
-        async def record(worker: str, index: int) -> segments_protocol.SegmentAnswer:
+        async def record(worker: str, index: int, segments: int) -> segments_protocol.SegmentAnswer:
             for attempt in range(FETCH_ATTEMPTS):
                 try:
                     answer: segments_protocol.SegmentAnswer = await segments_protocol.fetch_record(
-                        self.node.host, worker, task_id, index)
+                        self.node.host, worker, task_id, index, segments)
                     return answer
                 except segments_protocol.SegmentsError:
                     if attempt == FETCH_ATTEMPTS - 1:
@@ -155,8 +155,10 @@ class VerificationDuties:
             path: Path = await self.node.artifacts.fetch(artifact_id, holders)
             return path
 
+        slot = task.slots[duty.slot] if duty.slot < len(task.slots) else None
+        commit = task.slot_commit(slot) if slot is not None and slot.worker == duty.worker else None
         return await judge_as(self.faults.verifier_mode, task, spec, duty.worker, duty.segment, duty.salt,
-                              Sources(record, artifact, files))
+                              Sources(record, artifact, files), commit)
 
     async def replay_device(self, task: TaskInfo) -> str | None:
         """The device to replay `task` on (the one its workers trained on), or None when this node
@@ -167,7 +169,7 @@ class VerificationDuties:
         mine = self.membership.gpu()
         if not self.membership.has_cuda() or not mine:
             return None
-        for worker in task.commits:
+        for worker in task.committers:
             info = await self.ledger.call("dkb_getNode", worker)
             if not isinstance(info, dict) or (info.get("hardware") or {}).get("gpu") != mine:
                 return None

@@ -65,7 +65,7 @@ def _doc(chain, task_id, task):
 
 
 def _record_for(served):
-    def record_for(task_id, index):
+    def record_for(task_id, index, segments):
         return SegmentAnswer(_records()[index], proof(served, index), len(served))
     return record_for
 
@@ -124,7 +124,9 @@ def test_a_refused_response_is_retried_and_a_missing_record_is_not_sent():
 
 def test_closed_settled_and_foreign_challenges_are_not_answered():
     def task(**slot):
-        return TaskInfo.from_json({"task_id": "00", "slots": [{"slot": 0, "segment": 1, "salt": "", **slot}]})
+        commit = {"root": "00" * 32, "segments": 3, "first": 0, "low": 0}   # the commitment it checks (ADR 0230)
+        return TaskInfo.from_json({"task_id": "00", "slots": [{"slot": 0, "segment": 1, "salt": "", "commit": commit,
+                                                               **slot}]})
     assert challenges_for(task(worker=W1.peer_id, challenge={"deadline": 5}), W1.peer_id, 1) != []
     for other in [task(worker=W1.peer_id, outcome="ok", challenge={"deadline": 5}),
                   task(worker=W1.peer_id, challenge={"deadline": 0, "responses": 1}),

@@ -253,14 +253,14 @@ def test_fault_modes_parse():
             Fault(mode)
 
 
-def test_task_segments_v2_over_hosts(honest_dp):
+def test_task_segments_v3_over_hosts(honest_dp):
     records, _ = honest_dp
     worker = "worker-peer"
     leaf_list = leaves(TASK, worker, records[0])
     committed = root(leaf_list)
 
-    def lookup(task_id, index):
-        if task_id != TASK or index >= len(records[0]):
+    def lookup(task_id, index, segments):
+        if task_id != TASK or index >= len(records[0]) or segments != len(leaf_list):
             return None
         return segments_protocol.SegmentAnswer(records[0][index], proof(leaf_list, index), len(leaf_list))
 
@@ -271,9 +271,9 @@ def test_task_segments_v2_over_hosts(honest_dp):
         try:
             server.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(lookup))
             client.peerbook.add_addrs(server.peer_id, server.listen_addrs)
-            answer = await segments_protocol.fetch_record(client, server.peer_id, TASK, 2)
+            answer = await segments_protocol.fetch_record(client, server.peer_id, TASK, 2, 3)
             with pytest.raises(segments_protocol.SegmentsError, match="no record"):
-                await segments_protocol.fetch_record(client, server.peer_id, TASK, 7)
+                await segments_protocol.fetch_record(client, server.peer_id, TASK, 7, 8)
             return answer
         finally:
             await client.stop()
@@ -291,7 +291,7 @@ def test_task_segments_v2_over_hosts(honest_dp):
         segments_protocol.check_answer(other, TASK, worker, committed, 3)
 
 
-def test_task_segments_v2_rejects_malformed_answers(honest_dp):
+def test_task_segments_v3_rejects_malformed_answers(honest_dp):
     records, _ = honest_dp
     record = records[0][1].to_obj()
     good = {"record": record, "proof": ["ab" * 32], "count": 3}
@@ -306,9 +306,14 @@ def test_task_segments_v2_rejects_malformed_answers(honest_dp):
         segments_protocol.decode_answer(b"\xff", 1)
     with pytest.raises(segments_protocol.SegmentsError):
         segments_protocol.decode_request(TASK)
-    assert segments_protocol.decode_request(TASK + struct.pack(">I", 5)) == (TASK, 5)
+    assert segments_protocol.decode_request(TASK + struct.pack(">II", 5, 6)) == (TASK, 5, 6)
+    for index, count in ((5, 5), (0, 0), (1, (1 << 20) + 1)):   # the index lies below the count, at most 2^20
+        with pytest.raises(segments_protocol.SegmentsError):
+            segments_protocol.decode_request(TASK + struct.pack(">II", index, count))
     with pytest.raises(ValueError):
-        segments_protocol.encode_request(TASK, -1)
+        segments_protocol.encode_request(TASK, -1, 3)
+    with pytest.raises(ValueError):
+        segments_protocol.encode_request(TASK, 3, 3)
 
 
 def test_a_committed_state_that_cannot_be_trained_from_is_a_mismatch(honest_dp):
@@ -356,11 +361,11 @@ def test_judge_slot_audits_one_slot_over_hosts(honest_dp, tmp_path):
         rank = ordered.index(worker)
         leaf_list = leaves(TASK, worker, records[rank])
 
-        def lookup(task_id, index):
+        def lookup(task_id, index, segments):
             return segments_protocol.SegmentAnswer(records[rank][index], proof(leaf_list, index), len(leaf_list))
 
-        async def record(peer, index):
-            return await segments_protocol.fetch_record(client, peer, TASK, index, timeout_s=2)
+        async def record(peer, index, segments):
+            return await segments_protocol.fetch_record(client, peer, TASK, index, segments, timeout_s=2)
 
         def task(segments_root):
             return TaskInfo.from_json({"task_id": TASK.hex(), "workers": ordered,

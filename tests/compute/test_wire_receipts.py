@@ -40,7 +40,7 @@ def judge_all(spec, records, sink, tmp_path, segment=1):
                                "commits": {w: [root(leaf_lists[w]).hex(), "00" * 32, len(leaf_lists[w]), 1]
                                            for w in PEERS}})
 
-    async def record(worker, index):
+    async def record(worker, index, segments):
         return SegmentAnswer(by_worker[worker][index], proof(leaf_lists[worker], index), len(leaf_lists[worker]))
 
     async def artifact(artifact_id, holders):

@@ -38,10 +38,27 @@ def test_records_are_served_with_proofs_after_a_restart(tmp_path):
                       "segments_root": committed.hex(), "params_hash": "00" * 32, "weights": "11" * 32})
     restarted = Node(local_config(), identity, ["compute"], data_dir=tmp_path).role("compute")
     for index in range(5):
-        answer = restarted.store.record_for(task_id, index)
+        answer = restarted.store.record_for(task_id, index, 5)
         assert answer.record == records[index]
         check_answer(answer, task_id, node.peer_id, committed, 5)
-    assert restarted.store.record_for(task_id, 5) is None and restarted.store.record_for(bytes(32), 0) is None
+    assert restarted.store.record_for(task_id, 5, 6) is None and restarted.store.record_for(bytes(32), 0, 1) is None
+
+
+def test_records_are_proved_under_an_epochs_commitment_while_later_ones_are_kept(tmp_path):
+    """An epoch's audit asks for a record under the progress commitment of that epoch (docs/adr/0230): the
+    worker proves it under the root of its records up to there, though it already holds later ones."""
+    identity = Identity.generate()
+    role = Node(local_config(), identity, ["compute"], data_dir=tmp_path).role("compute")
+    records, task_id = _records(6), bytes.fromhex(KEY)
+    epoch_root = root(leaves(task_id, role.node.peer_id, records[:2]))
+    role.store.save(KEY, {"records": [r.to_obj() for r in records[:2]], "leaf_worker": role.node.peer_id})
+    assert role.store.record_for(task_id, 1, 2) is not None   # the leaves are cached from here on
+    role.store.save(KEY, {"records": [r.to_obj() for r in records], "leaf_worker": role.node.peer_id})
+    answer = role.store.record_for(task_id, 1, 2)
+    check_answer(answer, task_id, role.node.peer_id, epoch_root, 2)
+    full = role.store.record_for(task_id, 1, 6)   # the same record under the result's root
+    check_answer(full, task_id, role.node.peer_id, root(leaves(task_id, role.node.peer_id, records)), 6)
+    assert role.store.record_for(task_id, 2, 2) is None and role.store.record_for(task_id, 1, 7) is None
 
 
 def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
@@ -55,7 +72,7 @@ def test_copycat_takes_another_workers_committed_records(tmp_path, monkeypatch):
     victim_leaves = leaves(task_id, victim, records)
     fetched = []
 
-    async def fake_fetch(host, peer, tid, index):
+    async def fake_fetch(host, peer, tid, index, segments):
         fetched.append((peer, index))
         return segments_protocol.SegmentAnswer(records[index], proof(victim_leaves, index), 3)
 
