@@ -87,16 +87,18 @@ def expected_seconds(step_seconds: float, steps: int) -> int:
     return max(1, math.ceil(step_seconds * steps))
 
 
-def audit_text(segments: int, price: int) -> str:
-    """What the task's audits cost under the default genesis (docs/adr/0212): the share of the work they
-    replay and, above the chain's budget, the surcharge paid on top of the price."""
+def audit_text(segments: int, price: int, epochs: int = 1) -> str:
+    """What the task's audits cost under the default genesis (docs/adr/0212, each epoch audited: 0230): the
+    share of the work they replay and, above the chain's budget, the surcharge paid on top of the price."""
     params = Params()
-    share = audit_share_bps(params, segments)
+    share = audit_share_bps(params, segments, epochs)
     text = f"audits: {segments} segments, verifiers replay about {share / 100:.1f}% of the work"
-    surcharge = audit_surcharge(params, price, segments)
+    surcharge = audit_surcharge(params, price, segments, epochs)
     if surcharge:
+        each = " per epoch" if epochs > 1 else ""
         text += (f"; above the chain's {params.max_audit_share_bps / 100:.0f}%, so an audit surcharge of "
-                 f"{surcharge} is escrowed on top of the price (at least {min_segments(params)} segments avoid it)")
+                 f"{surcharge} is escrowed on top of the price (at least {min_segments(params)} segments{each} "
+                 "avoid it)")
     return text
 
 
@@ -182,12 +184,13 @@ def run_submit(args: argparse.Namespace) -> int:
         payload["device"] = args.device
     if args.expected_s is not None:
         payload["expected_s"] = args.expected_s
-    epochs = args.epochs if getattr(args, "epochs", None) else epochs_for(args.expected_s, payload["segments"])
+    epochs = args.epochs if getattr(args, "epochs", None) else epochs_for(args.expected_s, payload["segments"],
+                                                                          min_segments=min_segments(Params()))
     if epochs > 1:
         payload["epochs"] = epochs
     if not args.json:
         print(commit_window_text(args.expected_s, epochs))
-        print(audit_text(payload["segments"], args.price))
+        print(audit_text(payload["segments"], args.price, epochs))
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     args.submitted_task = None
     try:

@@ -1,28 +1,28 @@
 """Audit slots (docs/adr/0168): drawn verifiers, answers with evidence, disputes, referees, verdicts.
 
-When a task's commit phase closes, each committed worker gets ``audits_per_worker`` slots; ``beacon_delay``
-blocks later (ADR 0202) a slot gets one segment of that worker's commitment (drawn uniformly, with
-replacement, among the segments it covers: a worker that left a task cut into epochs committed fewer, ADR
-0203), a 32-byte salt and one verifier drawn stake-weighted among the eligible ones (``eligible_verifiers``),
-plus a second verifier with probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed
-and the random beacon (consensus/beacon.py) of the block that runs it, which is always ``beacon_delay`` blocks
-after the act that called for it: nobody knew it when that act became final, and every replica draws the same.
+When an epoch of a task closes (a task without epochs is one epoch, closed with its commit phase; ADR 0230),
+each worker held to its work gets ``audits_per_worker`` slots (``open_slots``, one ``Target`` each: the
+commitment covering the epoch); ``beacon_delay`` blocks later (ADR 0202) a slot gets one segment of that epoch
+(drawn uniformly, with replacement, among the epoch's segments of the worker's commitment), a 32-byte salt and
+one verifier drawn stake-weighted among the eligible ones (``eligible_verifiers``), plus a second verifier
+with probability ``audit_double_bps``. Every draw is a sha256 of the task's audit seed and the random beacon
+(consensus/beacon.py) of the block that runs it, which is always ``beacon_delay`` blocks after the act that
+called for it: nobody knew it when that act became final, and every replica draws the same.
 
 A slot moves: answering (its verifiers commit to their answers with ``audit_commit`` by their deadlines; a
-verifier silent at its deadline is redrawn, up to ``audit_redraws`` times a seat; then every committed
-answer is revealed with ``audit_result``, consensus/state/answers.py) -> all answers equal and ``match`` ->
-``ok``; all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute ->
-``guilty``; unless the worker left the crew of a task cut into epochs and every answer says it is
-unreachable: ``unaudited``, consensus/state/epochs.py); answers that differ, or a dispute ->
-``referees`` drawn, each commits its vote with ``referee_commit`` by its deadline and reveals it with
-``referee_vote`` once the votes open (ADR 0210, consensus/state/answers.py); the (match, evidence) most votes agree
-on, leading every other value strictly and cast by a majority of a full panel, is the verdict
-(``guilty`` iff its match is false); a tie, or too few votes, draws a larger panel (``referee_rounds``
-panels at most, ADR 0188), after which the slot is ``undecided``. No answer after every redraw ->
-``unaudited``. A worker is paid only for its slots that ended ``ok`` (ADR 0188: never paid unaudited or
-undecided); ``settle`` turns the resolved slots into who is guilty, who is paid from the verifier pool
-and whose answer or referee vote the verdict contradicts (slashed at finalize). Deadlines are block
-times (ms) from consensus/state/deadlines.py (docs/adr/0187).
+verifier silent at its deadline is redrawn, up to ``audit_redraws`` times a seat; then every committed answer
+is revealed with ``audit_result``, consensus/state/answers.py) -> all answers equal and ``match`` -> ``ok``;
+all equal and a mismatch -> the worker may ``dispute`` for ``dispute_s`` (no dispute -> ``guilty``; unless the
+worker left the crew of a task cut into epochs and every answer says it is unreachable: ``unaudited``,
+consensus/state/epochs.py); answers that differ, or a dispute -> ``referees`` drawn, each commits its vote
+with ``referee_commit`` by its deadline and reveals it with ``referee_vote`` once the votes open (ADR 0210,
+consensus/state/answers.py); the (match, evidence) most votes agree on, leading every other value strictly and
+cast by a majority of a full panel, is the verdict (``guilty`` iff its match is false); a tie, or too few
+votes, draws a larger panel (``referee_rounds`` panels at most, ADR 0188), after which the slot is
+``undecided``. No answer after every redraw -> ``unaudited``. A worker is paid only for its slots that ended
+``ok`` (ADR 0188: never paid unaudited or undecided); ``settle`` turns the resolved slots into who is guilty,
+who is paid from the verifier pool and whose answer or referee vote the verdict contradicts (slashed at
+finalize). Deadlines are block times (ms) from consensus/state/deadlines.py (docs/adr/0187).
 """
 from __future__ import annotations
 

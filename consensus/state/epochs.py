@@ -11,11 +11,13 @@ previous one), so a crew that stops committing is caught within one epoch. An ep
 member still in the crew committed it, or at its deadline once a quorum of the task's workers did (the
 quorum grace of ADR 0081 applies per epoch); a member that did not commit a closed epoch has left the
 crew ("departed"). A deadline that passes below quorum stops the task at its last closed epoch
-(``stop``). When the commit phase closes, each worker's commitment is its latest one within the closed
-epochs (``include_departed``): audits draw from the segments it covers, and it is paid for the epochs
-it covers (``pay_for_epochs``), the rest of the escrow back to the owner. A worker with such a partial
-commitment whose verifiers all find it unreachable (``left_unreachable``) ends that slot unaudited:
-unpaid, not slashed (an honest worker that crashed is not a cheater; ADR 0188 never pays unaudited).
+(``stop``). Each epoch is audited as it closes and paid out once audited (docs/adr/0230: ``trained`` says
+who is held to an epoch's work, consensus/state/epoch_pay.py pays it); when the commit phase closes, a
+worker that left is held to its latest commitment within the closed epochs (``include_departed``). A
+worker that left the crew (``left_crew``) whose verifiers all find it unreachable (``left_unreachable``)
+ends that slot unaudited: unpaid, not slashed (an honest worker that crashed is not a cheater; ADR 0188
+never pays unaudited); one still in the crew is challenged (ADR 0207), and a silent one waits until it
+commits again (withholding) or leaves (``presence_unknown``). A worker found guilty leaves the crew.
 Pure functions of the task and the block; the handlers live in consensus/state/tasks.py.
 """
 from __future__ import annotations

@@ -90,7 +90,8 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
     epochs.check_layout(p)
     if "expected_s" in p:
         deadlines.check_expected(params, p["expected_s"])
-    surcharge = audit_cost.audit_surcharge(params, p["price"], p["segments"])   # too few segments (ADR 0212)
+    # too few segments for the audits of each epoch (ADR 0212, 0230)
+    surcharge = audit_cost.audit_surcharge(params, p["price"], p["segments"], p.get("epochs", 1))
     debit(state, tx.sender, p["price"] + surcharge)
     task_id = task_id_for(tx.sender, tx.nonce)
     state.task_seq += 1
@@ -160,7 +161,7 @@ def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> Non
     """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees), then
     pay out each epoch of a running task whose slots are all resolved (docs/adr/0230)."""
     due = sorted((task.seq, task_id) for task_id, task in state.tasks.items()
-                 if task.status in TaskStatus.ACTIVE and task.slots)
+                 if task.status in TaskStatus.ACTIVE and (task.slots or epochs.count(task) > 1))
     for _, task_id in due:
         task = state.tasks[task_id]
         if audits.pending_slots(task):

@@ -25,12 +25,15 @@ EPOCH_TARGET_S = 180    # the least declared work an epoch is cut to (a few minu
 POLL_S = 0.2            # how often the committer looks at the recorder while training runs
 
 
-def epochs_for(expected_s: int | None, segments: int, target_s: int = EPOCH_TARGET_S) -> int:
+def epochs_for(expected_s: int | None, segments: int, target_s: int = EPOCH_TARGET_S, min_segments: int = 1) -> int:
     """The epoch count for a task of ``segments`` expected to take ``expected_s``: the largest divisor of
-    ``segments`` that leaves each epoch at least ``target_s`` of work (1 when nothing is declared)."""
+    ``segments`` that leaves each epoch at least ``target_s`` of work and ``min_segments`` segments (each
+    epoch is audited on its own: fewer segments than the chain's audit budget needs cost a surcharge,
+    docs/adr/0212, 0230); 1 when nothing is declared."""
     if not expected_s or segments < 2:
         return 1
-    return max(e for e in range(1, segments + 1) if segments % e == 0 and (e == 1 or expected_s / e >= target_s))
+    return max(e for e in range(1, segments + 1) if segments % e == 0
+               and (e == 1 or (expected_s / e >= target_s and segments // e >= min_segments)))
 
 
 def epoch_layout(task: TaskInfo) -> tuple[int, int]:

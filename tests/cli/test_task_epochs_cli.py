@@ -2,6 +2,8 @@
 says so; ``task show`` shows the epoch progress: epochs closed, the open one and its deadline, and each
 worker's progress commitments, a worker that left the crew marked (docs/adr/0203)."""
 from cli.main import main
+from consensus.genesis import Params
+from consensus.state.audit_cost import min_segments
 from cli.task_epochs import epoch_lines
 from consensus.task_info import TaskInfo
 from ml.compute.epoch_commits import epochs_for
@@ -13,9 +15,10 @@ def submit(key, *argv):
 
 
 def test_a_long_task_is_cut_into_epochs_and_a_short_one_is_not(key, sent, capsys):
-    assert submit(key, "--expected-s", "3600") == 0
-    segments = sent[-1]["segments"]
-    assert segments > 1 and sent[-1]["epochs"] == epochs_for(3600, segments) > 1
+    assert submit(key, "--expected-s", "3600", "--steps", "20000") == 0
+    segments = sent[-1]["segments"]   # each epoch keeps the segments its own audits need (ADR 0230)
+    assert segments > 1 and sent[-1]["epochs"] == epochs_for(3600, segments, min_segments=min_segments(Params())) > 1
+    assert segments // sent[-1]["epochs"] >= min_segments(Params())
     assert f"cut into {sent[-1]['epochs']} epochs" in capsys.readouterr().out
     assert submit(key, "--expected-s", "60") == 0
     assert "epochs" not in sent[-1]

@@ -34,6 +34,7 @@ def test_an_epoch_is_a_few_minutes_of_the_declared_work():
     assert epochs_for(600, 12) == 3                                        # 200 s each (4 would be 150 s)
     assert epochs_for(3600, 12) == 12 and epochs_for(3600, 7) == 7
     assert epochs_for(1000, 7) == 1                                        # 7 is prime: 7 epochs would be 143 s
+    assert epochs_for(3600, 12, min_segments=4) == 3                       # each epoch's audits need 4 segments
 
 
 def test_the_layout_comes_from_the_ledger_task_and_bad_ones_are_refused():

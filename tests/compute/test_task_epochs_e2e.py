@@ -3,9 +3,10 @@ task cut into 3 epochs is trained by a crew of 3; each worker commits its progre
 root of its segment records so far and its state digest) as its training reaches each epoch's end. A
 worker is SIGKILLed right after committing epoch 1, in epoch 2: the others go on, the epoch closes at its
 deadline without it, the survivors commit the result, and the ledger holds the dead worker to its
-epoch-1 commitment: its audit slots are drawn from the segments that commitment covers, its verifiers
-cannot reach it (unaudited: not slashed, not paid), the survivors are audited and paid their full share,
-and the two epochs the dead worker did not work go back to the owner. Before ADR 0203 there is no
+epoch-1 commitment: its audit slots were drawn from that epoch's segments as it closed (ADR 0230: judged
+ok, or unaudited once its verifiers cannot reach it: not slashed either way), the survivors are audited
+epoch by epoch and paid their full share, and the two epochs the dead worker did not work go back to the
+owner. Before ADR 0203 there is no
 ``epochs`` field nor ``commit_epoch``: the submit itself is refused."""
 import time
 
@@ -73,12 +74,17 @@ def test_a_crew_runs_three_epochs_and_a_worker_dies_in_epoch_two(tmp_path):
         assert task["epochs"]["current"] == EPOCHS - 1 and "stopped" not in task["epochs"]
         assert {w: c[2] for w, c in task["commits"].items()} == {**{w: 12 for w in survivors}, victim.peer_id: 4}
         victim_slots = [s for s in task["slots"] if s["worker"] == victim.peer_id]
-        assert victim_slots and all(s["segment"] < 4 and s["outcome"] == "unaudited" for s in victim_slots)
+        # its epoch-1 slots were drawn as that epoch closed (ADR 0230): judged ok if a verifier fetched its
+        # record before the kill, else unaudited (unreachable and gone); never guilty
+        assert victim_slots and all(s["segment"] < 4 and s["epoch"] == 0 for s in victim_slots)
+        assert all(s["outcome"] in ("ok", "unaudited") for s in victim_slots), victim_slots
         assert all(s["outcome"] == "ok" for s in task["slots"] if s["worker"] != victim.peer_id), task["slots"]
+        assert all({s["epoch"] for s in task["slots"] if s["worker"] == w} == {0, 1, 2} for w in survivors)
+        assert task["epochs"]["released"] == [0, 1, 2]   # each epoch paid out once its slots resolved
         share = worker_share(Params(), PRICE, 3)
         for worker in survivors:   # full share, plus what it earned as a verifier of the others
-            assert task["payouts"][worker] >= share
-        assert victim.peer_id not in task["payouts"]
+            assert task["payouts"][worker] >= share and task["epochs"]["earned"][worker] == share
+        assert task["epochs"].get("earned", {}).get(victim.peer_id, 0) <= share // EPOCHS   # at most epoch 1
         assert rpc(net, "dkb_getStake", victim.peer_id)["bonded"] == bonded     # a crash is not a slash
         assert task["payouts"][task["owner"]] >= share                           # its unworked epochs came back
         supply = rpc(net, "dkb_getSupply")

@@ -21,6 +21,15 @@ def test_the_share_and_the_surcharge_follow_the_segment_count():
     assert audit_surcharge(Params(max_audit_share_bps=10_000), 100_000, 12) == 0
 
 
+def test_each_epoch_is_audited_so_the_share_counts_the_epochs():
+    """Every epoch of a task gets its own slots (docs/adr/0230): 60 segments in 4 epochs are 15 an epoch,
+    like a task of 15 segments; the ledger escrows that surcharge at submit."""
+    params = Params()
+    assert audit_share_bps(params, 60, 4) == audit_share_bps(params, 15) == 2_000
+    assert audit_surcharge(params, 100_000, 60, 4) == 10_000 and audit_surcharge(params, 120, 120, 4) == 0
+    assert "at least 30 segments per epoch" in audit_text(60, 100_000, 4)
+
+
 def test_a_task_with_few_segments_escrows_the_surcharge_and_its_verifiers_get_it():
     chain = make_chain(max_audit_share_bps=1_000)       # m = 2, p = 0, K = 4: 50%, 40 points over
     before = chain.ledger.state.accounts[OWNER.peer_id].balance

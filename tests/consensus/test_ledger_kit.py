@@ -76,12 +76,12 @@ def answer_all_slots(chain, task_id: bytes, match=True, evidence=HONEST_EVIDENCE
     return chain.reveal_all(task_id) or result
 
 
-def crew_chain(workers, verifier, hardware) -> Chain:
-    """A chain of short tasks (12 s minimum, no slack, one audit slot a worker and no second verifier,
-    no stake cover) with ``workers`` registered as compute nodes bonded 3000, 2000, 1000 and ``verifier``
-    bonded 500."""
+def crew_chain(workers, verifier, hardware, audits_per_worker=1) -> Chain:
+    """A chain of short tasks (12 s minimum, no slack, one audit slot a worker unless told and no second
+    verifier, no stake cover) with ``workers`` registered as compute nodes bonded 3000, 2000, 1000 and
+    ``verifier`` bonded 500."""
     chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2, min_fee=0,
-                                audits_per_worker=1, audit_double_bps=0, stake_cover_bps=0,
+                                audits_per_worker=audits_per_worker, audit_double_bps=0, stake_cover_bps=0,
                                 max_audit_share_bps=10_000))
     for worker, bond in zip(workers, (3000, 2000, 1000)):
         chain.ok(worker, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
