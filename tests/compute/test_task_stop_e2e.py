@@ -57,7 +57,8 @@ def test_the_owner_stops_a_run_after_epoch_one_and_fetches_its_weights(tmp_path)
         assert f"stopped by its owner at the end of epoch {last}" in task["reason"], task
         assert all(c[2] == PER_EPOCH * last for c in task["commits"].values()), task["commits"]
         assert all(slot["segment"] < PER_EPOCH * last for slot in task["slots"])
-        assert sum(task["payouts"].values()) == PRICE and task["payouts"][task["owner"]] > PRICE // 2, task["payouts"]
+        escrowed = PRICE + task["spec"].get("audit_surcharge", 0)   # each epoch audited on its own (ADR 0230)
+        assert sum(task["payouts"].values()) == escrowed and task["payouts"][task["owner"]] > PRICE // 2, task["payouts"]
 
         fetched = json.loads(cli("task", "fetch", task_id, "--out", str(tmp_path / "last"), "--rpc", net.rpc_url,
                                  "--json"))
