@@ -262,7 +262,9 @@ def test_worker_committing_wrong_hashes_is_caught_slashed_and_unpaid(devnet):
     expected = expected_payouts(task, honest)   # the cheater may still earn a verifier's share
     assert task["payouts"] == expected
     assert all(task["payouts"][w] >= WORKER_SHARE for w in honest)
-    assert task["payouts"].get(cheater.peer_id, 0) < WORKER_SHARE
+    # no worker pay: only what the draws made it earn as a verifier (with the audit surcharge in the pool, that
+    # can exceed a worker's share, so compare with the verifier-only split, not the share)
+    assert task["payouts"].get(cheater.peer_id, 0) == expected_payouts(task, []).get(cheater.peer_id, 0)
     after = balances(devnet)
     for peer in set(expected) - {task["owner"]}:
         assert after[peer] - before[peer] == expected[peer]
