@@ -1,6 +1,6 @@
 """`task show` lines for a task cut into epochs (docs/adr/0203): how many epochs closed, the open one
-and its deadline, and each worker's progress commitments (who left the crew after which epoch, who joined
-it at which, docs/adr/0226)."""
+and its deadline, the epochs paid out as audited (docs/adr/0230), and each worker's progress commitments and
+pay so far (who left the crew after which epoch, who joined it at which, docs/adr/0226)."""
 from __future__ import annotations
 
 from cli.task_report import OPEN_FOR_COMMITS, deadline_text, short
@@ -21,6 +21,9 @@ def epoch_lines(task: TaskInfo) -> list[str]:
     else:
         head = f"epochs:     {total} of {total} ended" if current == total - 1 else f"epochs:     {current} closed"
     lines = [head]
+    if progress.released:   # each epoch paid out once its audits resolved (docs/adr/0230)
+        lines.append(f"paid out:   epochs 1-{len(progress.released)} of {total} (audited); "
+                     f"{sum(progress.earned.values())} to workers, {task.escrow} still in escrow")
     for worker in task.workers:
         mine, first = progress.of(worker), progress.first_epoch(worker)
         reached = first + len(mine)   # a joiner's commitments start at its first epoch (docs/adr/0226)
@@ -28,6 +31,7 @@ def epoch_lines(task: TaskInfo) -> list[str]:
         left = " (left the crew)" if reached < current and worker not in task.rejections else ""
         joined = f" (joined at epoch {first + 1}, seat {task.seat_of(worker) + 1})" if first else ""
         state = f", state {mine[-1].state_digest[:12]}" if mine else ""
+        earned = f", earned {progress.earned[worker]}" if progress.earned.get(worker) else ""
         lines.append(f"  {short(worker)}  {min(done, total - first)} of {total - first} epochs committed{state}"
-                     f"{joined}{left}")
+                     f"{earned}{joined}{left}")
     return lines

@@ -37,6 +37,11 @@ def test_task_show_tells_the_epoch_progress():
     assert lines[0] == "epochs:     2 of 3 closed; epoch 3 open, commit by in 1m00s"
     assert lines[1].endswith("2 of 3 epochs committed, state 444444444444")
     assert lines[3].endswith("1 of 3 epochs committed, state 333333333333 (left the crew)")
+    paid = {**task, "escrow": 6_000, "epochs": {**task["epochs"], "released": [0, 1],
+                                                "earned": {workers[0]: 1_700, workers[1]: 1_700, workers[2]: 850}}}
+    lines = epoch_lines(TaskInfo.from_json(paid))   # epochs paid out as audited (docs/adr/0230)
+    assert lines[1] == "paid out:   epochs 1-2 of 3 (audited); 4250 to workers, 6000 still in escrow"
+    assert lines[2].endswith("2 of 3 epochs committed, state 444444444444, earned 1700")
     stopped = {**task, "status": "committed", "epochs": {**task["epochs"], "stopped": 2}}
     assert epoch_lines(TaskInfo.from_json(stopped))[0] == "epochs:     stopped in epoch 3 of 3; 2 closed"
     assert epoch_lines(TaskInfo.from_json({"spec": {}, "epochs": {}})) == []

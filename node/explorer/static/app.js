@@ -483,7 +483,10 @@ function epochText(task) {
   if (typeof progress.stopped === "number") return ` · stopped in epoch ${progress.stopped + 1}/${total}`;
   // workers named to a seat its occupant left (docs/adr/0226): joiner -> [seat, first epoch]
   const joined = Object.keys(progress.joined || {}).length;
-  return ` · epochs ${progress.current}/${total} closed` + (joined ? ` · ${joined} joined` : "");
+  // epochs paid out once their audits resolved (docs/adr/0230)
+  const paid = Array.isArray(progress.released) ? progress.released.length : 0;
+  return ` · epochs ${progress.current}/${total} closed` + (paid ? ` · ${paid} paid out` : "")
+    + (joined ? ` · ${joined} joined` : "");
 }
 
 const TIMELINE = [["created", "created_height"], ["assigned", "assigned_height"], ["committed", null],
