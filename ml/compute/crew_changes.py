@@ -10,9 +10,12 @@ size; a joiner that is late is left out of rounds like any member that does not 
 and leaves the crew). No round of the member is in flight then, and every member changes at the same round.
 
 Every member's group must hold the same members (the round's member masks are over them): the group of
-epoch e is every worker named to a seat from an epoch not after e, those that left included (they are
-left out of each round as before, ADR 0081). A member reads it after its own commitment of epoch e - 1, a
-joiner after some member's: no worker entering at e or before can be named after either read.
+epoch e is every worker named to a seat from an epoch not after e, less those that had left the crew when
+epoch e - 2 closed (`group_of`: they missed a closed epoch, which no later read can undo; a worker that
+left after is left out of each round as before, ADR 0081, until the next boundary drops it). A member reads
+it after its own commitment of epoch e - 1 and once epoch e - 2 closed, a joiner after some member's
+commitment of e - 1 and that close: no worker entering at e or before can be named after either read, and
+every reader sees the same closed epochs.
 
 A joiner (`joining_state`): waits until a member committed the epoch before its first, fetches that state
 from every worker that committed the same digest at once, checks its sha256 against the digest and loads
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 JOIN_WAIT_S = 120.0   # how long members wait at an epoch boundary for the workers entering there, plus
 JOIN_MIN_FETCH_RATE = 1 << 20   # bytes/s: the time a joiner on a slow link needs to fetch the state
 STATE_POLL_S = 2.0    # how often a joiner looks for the commitment of the epoch before its first
+CLOSE_POLL_S = 1.0    # how often a member looks for the close of the epoch its group is read from
 
 
 class JoinFailed(RuntimeError):
@@ -53,6 +57,7 @@ class CrewGate:
         self.wait_s = join_wait_s(state_bytes)
         self.committer, self.read_task, self.group, self.ready_among = committer, read_task, group, ready_among
         self.joined: dict[int, list[str]] = {}   # epoch -> the joiners that became members at its start
+        self.left: dict[int, list[str]] = {}     # epoch -> the leavers dropped from the group at its start
         self.waited_s = 0.0                      # time spent at epoch boundaries (counted against utilization)
 
     async def __call__(self, segment: int) -> None:
@@ -63,6 +68,15 @@ class CrewGate:
         try:
             await self.committer.wait_committed(epoch - 1)
             task = await self.read_task()
+            while not group_readable(task, epoch):   # epoch e - 2 closes at the latest at its deadline
+                await asyncio.sleep(CLOSE_POLL_S)
+                task = await self.read_task()
+            members = group_of(task, epoch)
+            gone = sorted(set(self.group.peers) - set(members) - {self.me})
+            if gone:   # they left the crew: no round waits for them any more (their attempts cost a timeout)
+                self.group.set_peers(sorted(set(self.group.peers) - set(gone)))
+                self.left[epoch] = gone
+                log.info("epoch %d: %s left the group (they left the crew)", epoch, [w[:16] for w in gone])
             entering = [w for w in task.workers if task.first_epoch(w) == epoch and w != self.me]
             if not entering:
                 return
@@ -92,7 +106,7 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
         if task.status not in TaskStatus.OPEN_FOR_COMMITS:
             raise JoinFailed(f"the task is {task.status}: there is no crew to join")
         candidates = holders_of(task, epoch)
-        if candidates:
+        if candidates and group_readable(task, first_epoch):
             break
         await wait_change(STATE_POLL_S)
     errors = []
@@ -112,10 +126,21 @@ def join_wait_s(state_bytes: int) -> float:
     return JOIN_WAIT_S + state_bytes / JOIN_MIN_FETCH_RATE
 
 
+def group_readable(task: TaskInfo, epoch: int) -> bool:
+    """Whether ``group_of(task, epoch)`` is final: epoch ``epoch`` - 2 closed (or the task no longer takes
+    commitments)."""
+    return task.epochs is None or task.epochs.current >= epoch - 1 or task.status not in TaskStatus.OPEN_FOR_COMMITS
+
+
 def group_of(task: TaskInfo, epoch: int) -> list[str]:
     """The members of the all-reduce group of ``epoch``: every worker named to a seat from an epoch not after
-    it (those that left included: each round leaves them out)."""
-    return sorted(w for w in task.workers if task.first_epoch(w) <= epoch)
+    it, less those that had left the crew when epoch ``epoch`` - 2 closed: they did not commit it, a fact no
+    later read can change (one that left later is still listed: each round leaves it out)."""
+    def left_by_then(worker: str) -> bool:
+        if epoch < 2 or task.epochs is None:
+            return False
+        return task.first_epoch(worker) + len(task.epochs.of(worker)) < epoch - 1
+    return sorted(w for w in task.workers if task.first_epoch(w) <= epoch and not left_by_then(w))
 
 
 def _read_state(path: Path) -> dict:

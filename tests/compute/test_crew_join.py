@@ -34,6 +34,8 @@ class Committed:
 @dataclass
 class LedgerView:
     workers: tuple
+    epochs: None = None   # no epoch progress to read: nobody left (test_a_leaver_leaves_the_group has some)
+    status: str = "running"
 
     def first_epoch(self, worker: str) -> int:
         return JOIN_EPOCH if worker == D else 0
@@ -128,3 +130,47 @@ def test_a_joiner_that_brings_a_state_of_its_own_is_judged_a_mismatch():
     assert not _starts_from_crew_state(task, D, 4, SimpleNamespace(state_in="cd" * 32))   # an older epoch's
     assert _starts_from_crew_state(task, D, 5, SimpleNamespace(state_in="ee" * 32))       # later: replayed
     assert _starts_from_crew_state(task, A, 4, SimpleNamespace(state_in="ee" * 32))       # not a joiner
+
+
+def _task(current, commits, joined=None):
+    from consensus.task_info import TaskInfo
+    entry = ["11" * 32, "ab" * 32, 1, 1]
+    return TaskInfo.from_json({"task_id": TASK.hex(), "status": "running", "spec": {"epochs": 6, "workers": 3},
+                               "workers": [A, B, D, *(joined or {})], "segments": 6,
+                               "epochs": {"current": current, "joined": joined or {},
+                                          "commits": {w: [entry] * n for w, n in commits.items()}}})
+
+
+def test_a_worker_that_left_by_the_close_of_two_epochs_before_is_out_of_the_group():
+    """The group of epoch e drops the workers that had left when epoch e - 2 closed (a fact every member reads
+    alike); one that left later stays listed (rounds leave it out) until the next boundary (docs/adr/0230
+    review: a dead member no longer costs every round an attempt)."""
+    from ml.compute.crew_changes import group_of, group_readable
+    task = _task(current=3, commits={A: 3, B: 3, D: 1})   # D committed epoch 0 only: it left at epoch 1's close
+    assert group_of(task, 2) == sorted([A, B, D])          # epoch 0 closed with D: still listed at epoch 2
+    assert group_of(task, 3) == sorted([A, B])             # epoch 1 closed without it
+    assert not group_readable(_task(current=1, commits={A: 2, B: 2, D: 1}), 3)   # epoch 1 not closed yet
+    assert group_readable(task, 4) and not group_readable(task, 5)
+
+
+def test_a_member_drops_a_leaver_from_its_group_at_an_epoch_boundary(monkeypatch):
+    reads = [_task(current=1, commits={A: 2, B: 2, D: 1}), _task(current=2, commits={A: 2, B: 2, D: 1})]
+
+    class Group:
+        peers = sorted([A, B, D])
+
+        def set_peers(self, peers):
+            self.peers = sorted(peers)
+
+    async def read_task():
+        return reads.pop(0) if len(reads) > 1 else reads[0]
+
+    async def ready_among(peers, timeout):
+        return list(peers)
+
+    group = Group()
+    gate = CrewGate(A, 0, PER_EPOCH, Committed(), read_task, group, ready_among)
+    import ml.compute.crew_changes as crew_changes
+    monkeypatch.setattr(crew_changes, "CLOSE_POLL_S", 0.01)
+    asyncio.run(gate(3 * PER_EPOCH))   # epoch 3: read once epoch 1 closed (the second read)
+    assert group.peers == sorted([A, B]) and gate.left == {3: [D]} and not reads[1:]
