@@ -2,9 +2,9 @@
 says so; ``task show`` shows the epoch progress: epochs closed, the open one and its deadline, and each
 worker's progress commitments, a worker that left the crew marked (docs/adr/0203)."""
 from cli.main import main
+from cli.task_epochs import epoch_lines
 from consensus.genesis import Params
 from consensus.state.audit_cost import min_segments
-from cli.task_epochs import epoch_lines
 from consensus.task_info import TaskInfo
 from ml.compute.epoch_commits import epochs_for
 

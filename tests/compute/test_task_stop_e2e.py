@@ -58,7 +58,8 @@ def test_the_owner_stops_a_run_after_epoch_one_and_fetches_its_weights(tmp_path)
         assert all(c[2] == PER_EPOCH * last for c in task["commits"].values()), task["commits"]
         assert all(slot["segment"] < PER_EPOCH * last for slot in task["slots"])
         escrowed = PRICE + task["spec"].get("audit_surcharge", 0)   # each epoch audited on its own (ADR 0230)
-        assert sum(task["payouts"].values()) == escrowed and task["payouts"][task["owner"]] > PRICE // 2, task["payouts"]
+        payouts = task["payouts"]
+        assert sum(payouts.values()) == escrowed and payouts[task["owner"]] > PRICE // 2, payouts
 
         fetched = json.loads(cli("task", "fetch", task_id, "--out", str(tmp_path / "last"), "--rpc", net.rpc_url,
                                  "--json"))

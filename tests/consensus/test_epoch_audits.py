@@ -7,7 +7,7 @@ guilty if it commits again and unaudited if it left. Every test here fails on th
 (slots were drawn only when the commit phase closed, and everything was paid at finalize)."""
 import pytest
 from test_ledger_kit import answer_all_slots, answer_slot, crew_chain, run_scheduled_draws, run_until
-from test_task_crew import SPARE, chain  # noqa: F401  (the fixture: a crew of 3 and a spare compute node)
+from test_task_crew import SPARE, spare_chain
 from test_task_epochs import (
     EPOCHS,
     HARDWARE,
@@ -32,6 +32,13 @@ from consensus.state.supply import supply_breakdown
 from consensus.txcodes import TxCode
 
 CREW = (W1, W2, W3)
+
+
+@pytest.fixture
+def chain():
+    return spare_chain()
+
+
 LONG_S = 600   # epochs of 200 s of declared work: no epoch deadline passes while slots are judged
 
 

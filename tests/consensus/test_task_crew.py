@@ -33,6 +33,11 @@ EPOCHS = 3
 
 @pytest.fixture
 def chain():
+    return spare_chain()
+
+
+def spare_chain():
+    """A crew of three and a spare compute node of the lowest weight (not chosen at assignment)."""
     chain = crew_chain((W1, W2, W3), VERIFIER, HARDWARE)
     chain.ok(SPARE, "register_node", {"roles": ["compute"], "listen_addrs": [], "relay_addrs": [],
                                       "hardware": HARDWARE})
