@@ -530,20 +530,31 @@ class TaskInfo:
         epochs = self.spec.get("epochs", 1)
         return first * (self.segments // epochs) if first and isinstance(epochs, int) and epochs > 0 else 0
 
+    def superseded(self, worker: str) -> bool:
+        """Whether ``worker``'s seat went to a new crew from an epoch it had not finished: the crew restarted
+        that epoch without it (docs/adr/0232, consensus/state/crew.py)."""
+        progress = self.epochs
+        if progress is None or worker not in self.workers:
+            return False
+        reached = progress.first_epoch(worker) + len(progress.of(worker))
+        return crew.superseded_in(self.workers, progress.joined, worker, reached)
+
     def crew_at(self, epoch: int) -> list[str]:
         """The workers that train ``epoch``, as the ledger knows them now: per seat, the latest worker named
-        to it whose first epoch is not after ``epoch`` and that has not left the crew before it."""
+        to it whose first epoch is not after ``epoch`` and that has not left the crew before it (nor had its
+        seat given to a new crew at or before ``epoch``, docs/adr/0232)."""
         progress = self.epochs
         if progress is None:
             return sorted(self.workers)
-        crew = []
+        members = []
         for worker in self.workers:
             start = progress.first_epoch(worker)
             reached = start + len(progress.of(worker))
-            left = worker in self.rejections or reached < min(progress.current, epoch)
+            left = (worker in self.rejections or reached < min(progress.current, epoch)
+                    or crew.superseded_in(self.workers, progress.joined, worker, reached, epoch))
             if start <= epoch and not left:
-                crew.append(worker)
-        return sorted(crew)
+                members.append(worker)
+        return sorted(members)
 
 
 def decode_tasks(docs: Any) -> list[TaskInfo]:
