@@ -26,6 +26,7 @@ from ml.compute.crew_changes import CrewGate, group_of, joining_state, start_fro
 from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
+from ml.compute.held_states import HeldStates
 from ml.compute.job_board import TERMINAL, JobBoard, JobState
 from ml.compute.limits import LimitsControl
 from ml.compute.membership import Membership
@@ -74,6 +75,9 @@ class Training:
         self.ready_groups: set[bytes] = set()         # task ids whose group is up (the ready protocol)
         self.groups: dict[str, Any] = {}              # task id hex -> its all-reduce group, while it serves
         self.task_changed: dict[str, asyncio.Event] = {}   # task id hex -> set on its next ledger event
+        # where our committed epoch states are served, kept across restarts (docs/adr/0232)
+        self.held = HeldStates(None if node.data_dir is None else node.data_dir / "compute")
+        self.held.load()
         self._register_metrics(node.metrics)
 
     def _register_metrics(self, metrics: Any) -> None:
@@ -334,6 +338,16 @@ class Training:
         if artifact:
             shown = dict(self.board.jobs.get(key, {}).get("epoch_states") or {})
             self.board.update(key, epoch_states={**shown, digest: artifact})
+            self.held.add(key, digest, artifact)
+
+    def restore(self, task: TaskInfo, me: str) -> dict[str, Any] | None:
+        """The job of a task this worker committed epoch states of before the node restarted (None when it
+        held none): ended, serving those states to joiners and the owner (docs/adr/0232)."""
+        fields = self.held.restored_job(task.task_id, me in task.commits)
+        if fields is None:
+            return None
+        log.info("task %s: serving the epoch states committed before this node restarted", task.task_id)
+        return self.board.start(task.task_id, **fields, finished_at=time.time())
 
     async def _co_worker_uploads(self, co_workers: list[str]) -> dict[str, dict[str, int]]:
         """commit_result's ``peer_rates``: each co-worker's upload (Mbit/s) as this node's probes measured
