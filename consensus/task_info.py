@@ -364,6 +364,7 @@ class EpochProgress:
     joined: Mapping[str, tuple[int, int]] = field(default_factory=dict)   # joiner -> (seat, first epoch)
     released: tuple[int, ...] = ()                      # epochs paid out as audited (docs/adr/0230)
     earned: Mapping[str, int] = field(default_factory=dict)   # worker -> its pay for those so far
+    restarts: int = 0   # times the crew died and the open epoch restarted on a new one (docs/adr/0232)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
@@ -384,8 +385,9 @@ class EpochProgress:
         released = _get(doc, "released", list, [], where)
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in released):
             raise TaskDocError(f"{where}.released: expected a list of epochs")
+        restarts: int = _get(doc, "restarts", int, 0, where)
         return cls(_int(doc, "current", where), commits, stopped, stop_at, joined, tuple(released),
-                   _str_map(doc, "earned", int, where))
+                   _str_map(doc, "earned", int, where), restarts)
 
     def of(self, worker: str) -> tuple[EpochCommit, ...]:
         """``worker``'s progress commitments, in epoch order (from its first epoch)."""

@@ -158,7 +158,10 @@ class Training:
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
             if first:
-                await self._start_from_crew_state(key, task, trainer, group, spec, first, began)
+                # its co-workers as the ledger shows them once the state is there: a restart may have named
+                # a new crew meanwhile (docs/adr/0232)
+                others = await self._start_from_crew_state(key, task, trainer, group, spec, first, began)
+                await self.fetch.learn_addresses(others)
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -228,9 +231,10 @@ class Training:
         return TaskInfo.from_json(doc)
 
     async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, group: Any, spec: Any,
-                                     first: int, began: float) -> None:
+                                     first: int, began: float) -> list[str]:
         """A joiner's trainer starts from the state a member committed for the epoch before its first
-        (fetched and checked, ml/compute/crew_changes.py); ``began``: when the job started."""
+        (fetched and checked, ml/compute/crew_changes.py); ``began``: when the job started. The other
+        workers of its first epoch, as the ledger shows them then."""
         self.board.update(key, state="fetching the crew's state")
         changed = self.task_changed.setdefault(key, asyncio.Event())
 
@@ -251,6 +255,7 @@ class Training:
                                         "load_s": round(time.monotonic() - fetched, 3),
                                         "ready_after_s": round(time.monotonic() - began, 3)})
         log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
+        return [w for w in now.crew_at(first) if w != self.node.peer_id]
 
     def seen(self, task: TaskInfo) -> None:
         """The role saw ``task`` on the ledger: a group of ours takes streams from every worker named to it

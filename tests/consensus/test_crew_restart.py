@@ -25,6 +25,7 @@ from test_task_epochs import (
     submit,
 )
 
+from cli.task_epochs import epoch_lines
 from consensus.block import build_block
 from consensus.genesis import GenesisError, Params, hashed_params
 from consensus.state.ledger import Ledger, task_json
@@ -230,6 +231,10 @@ def test_the_task_doc_shows_the_new_crew_and_tells_the_old_one_it_left(chain):
     assert not any(crew_exit(info, w) for w in ids(SPARES[:3]))
     assert all(info.first_epoch(w) == 1 and info.seat_of(w) == info.seat_of(old)
                for w, old in zip(sorted(ids(SPARES[:3]), key=info.seat_of), sorted(ids(CREW), key=info.seat_of)))
+    lines = epoch_lines(info)   # task show
+    assert "crew restarted 1x" in lines[0] and info.epochs.restarts == 1
+    assert sum("(left the crew)" in line for line in lines) == 3
+    assert sum("(joined at epoch 2" in line for line in lines) == 3
 
 
 def test_a_replica_from_storage_restarts_the_same_crew_with_the_same_app_hash(chain):
