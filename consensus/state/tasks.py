@@ -175,7 +175,9 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
     """Open the audit window, over the committers only, of each running task whose commit deadline
     this block's time reached and that a quorum of its workers committed to; expire each task whose
     deadline passed without any commitment (ADR 0187). A task below quorum with commitments stays
-    open for commits until its deadline, then only finalize applies (ADR 0023)."""
+    open for commits until its deadline, then only finalize applies (ADR 0023). A task cut into epochs
+    stops at its last closed epoch (ADR 0203), unless nobody committed the open one: then it restarts
+    on a new crew when it may (docs/adr/0232)."""
     for task_id, task in state.tasks.items():
         if task.status not in TaskStatus.OPEN_FOR_COMMITS or not deadlines.passed(task.commit_deadline, ctx, True):
             continue

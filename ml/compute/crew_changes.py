@@ -101,13 +101,15 @@ class CrewGate:
 async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Callable[[], Awaitable[TaskInfo]],
                         learn_addresses: Callable[[list[str]], Awaitable[None]],
                         wait_change: Callable[[float], Awaitable[None]],
-                        retry_s: float = HOLDER_RETRY_S) -> tuple[dict, str, TaskInfo]:
+                        retry_s: float = HOLDER_RETRY_S,
+                        on_retry: Callable[[str], None] | None = None) -> tuple[dict, str, TaskInfo]:
     """The state a joiner entering at ``first_epoch`` starts from, its digest, and the task as read once a
     member committed the epoch before (its group, `group_of`, is final then): a member's committed state of
     that epoch, fetched from its holders and checked. Waits for that commitment while the task is open; when
     no holder serves it (a crew that died, docs/adr/0232), asks every holder again each ``retry_s`` (a former
-    member that restarts with its home serves it again) for at most HOLDER_WAIT_S. JoinFailed when the task
-    ended, this worker is no longer in its crew, or no holder served a checked file in that time."""
+    member that restarts with its home serves it again) for at most HOLDER_WAIT_S, telling ``on_retry`` why
+    each time. JoinFailed when the task ended, this worker is no longer in its crew, or no holder served a
+    checked file in that time."""
     epoch = first_epoch - 1
     errors: list[str] = []
     failing_since: float | None = None
@@ -135,6 +137,8 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
                              f"{_tried(errors)}")
         log.info("task %s: no holder of epoch %d's state answers; asking again in %g s", task_id[:16], epoch + 1,
                  retry_s)
+        if on_retry is not None:
+            on_retry(errors[-1])
         await asyncio.sleep(retry_s)
 
 

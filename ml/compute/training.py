@@ -46,6 +46,7 @@ from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+JOINER_WAITS_FOR_HOLDER = "waiting for a holder of the crew's state"   # a joiner's job state (docs/adr/0232)
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 RATES_WAIT_S = 1.0       # the commit waits at most this for co-worker probes still running (taken while training)
@@ -244,8 +245,11 @@ class Training:
             changed.clear()
 
         started = time.monotonic()
+        def no_holder(why: str) -> None:   # every holder of the state is gone for now (docs/adr/0232)
+            self.board.update(key, state=JOINER_WAITS_FOR_HOLDER, holder_error=why)
+
         state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
-                                                 self.fetch.learn_addresses, wait_change)
+                                                 self.fetch.learn_addresses, wait_change, on_retry=no_holder)
         fetched = time.monotonic()
         segment = task.first_segment(self.node.peer_id)
         await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)

@@ -97,11 +97,15 @@ def test_a_joiner_of_a_dead_crew_gets_the_state_once_a_former_member_restarts(tm
             async def no_event(timeout):
                 await asyncio.sleep(0)
 
-            return await joining_state(joiner, TASK_ID, 1, read_task, learn, no_event, retry_s=0.05), len(asked)
+            told = []
+            got = await joining_state(joiner, TASK_ID, 1, read_task, learn, no_event, retry_s=0.05,
+                                      on_retry=told.append)
+            return got, len(asked), told
 
-    (state, got, _), asks = run(scenario())
+    (state, got, _), asks, told = run(scenario())
     assert got == digest and state["step"] == 20 and state["model"]["w"].equal(torch.arange(4.0))
     assert asks == 3   # two rounds found no holder serving it; the third got it
+    assert len(told) == 2 and all("no holder says where it serves that state" in why for why in told)
 
 
 def test_a_joiner_stops_asking_when_its_seat_went_to_another_crew_or_the_wait_ran_out(monkeypatch):
