@@ -8,7 +8,7 @@ cases where it still stops."""
 import dataclasses
 
 import pytest
-from test_ledger_kit import CHAIN, Chain, answer_all_slots, ident, run_scheduled_draws, run_until
+from test_ledger_kit import CHAIN, Chain, answer_all_slots, answer_slot, ident, run_scheduled_draws, run_until
 from test_task_epochs import (
     HARDWARE,
     OWNER,
@@ -28,6 +28,7 @@ from test_task_epochs import (
 from cli.task_epochs import epoch_lines
 from consensus.block import build_block
 from consensus.genesis import GenesisError, Params, hashed_params
+from consensus.state.epochs import unavailable_evidence
 from consensus.state.ledger import Ledger, task_json
 from consensus.state.records import TaskStatus
 from consensus.state.store import LedgerState
@@ -253,3 +254,25 @@ def test_a_replica_from_storage_restarts_the_same_crew_with_the_same_app_hash(ch
     assert task.epochs.get("restarts") == 1 and replica.state.tasks[task_id] == task
     reloaded = LedgerState.load(chain.ledger.storage_items()).tasks[task_id]
     assert reloaded.epochs == task.epochs and reloaded.workers == task.workers
+
+
+def test_a_dead_member_its_verifier_cannot_reach_is_unaudited_once_the_crew_restarted_not_slashed(chain):
+    task_id = submit(chain, expected_s=600)   # epochs of 200 s: the challenge deadline passes within the epoch
+    task = chain.ledger.state.tasks[task_id]
+    all_commit_epoch(chain, task_id, 0)   # epoch 0 is audited as it closes (ADR 0230)
+    run_scheduled_draws(chain, task_id)
+    dead = next(slot for slot in task.slots if slot["worker"] == W1.peer_id)
+    for other in task.slots:
+        if other is not dead:
+            answer_slot(chain, task_id, other["slot"], other["verifiers"][0]["verifier"])
+    answer_slot(chain, task_id, dead["slot"], dead["verifiers"][0]["verifier"], match=False,
+                evidence=unavailable_evidence(dead["salt"]), step=1)
+    bonded = chain.ledger.state.stakes[W1.peer_id].bonded
+    run_until(chain, lambda: chain.ledger.state.last_block_time_ms > dead["challenge"]["deadline"] + 1000)
+    assert dead["outcome"] == "pending"   # silent, and still in the crew: withholding or gone? (ADR 0230)
+    run_until(chain, lambda: task.epochs.get("restarts") == 1, limit=1000)   # the whole crew was gone
+    chain.block()
+    assert task.status in TaskStatus.OPEN_FOR_COMMITS and "stopped" not in task.epochs
+    assert dead["outcome"] == "unaudited" and chain.ledger.state.stakes[W1.peer_id].bonded == bonded
+    assert task.epochs.get("released") == [0] and W1.peer_id not in task.epochs.get("earned", {})
+    assert all(task.epochs["earned"][w] == share() // 3 for w in ids((W2, W3)))   # audited ok: epoch 0 paid
