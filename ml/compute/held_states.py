@@ -59,8 +59,8 @@ class HeldStates:
                     self.tasks[key] = kept
 
     def add(self, key: str, digest: str, artifact: str) -> None:
-        """Remember that ``artifact`` holds the state with sha256 ``digest`` of task ``key`` (written at once:
-        a few kilobytes)."""
+        """Remember that ``artifact`` holds the state with sha256 ``digest`` of task ``key``, written at once
+        (before the commitment that names it is sent: a worker killed right after it still knows)."""
         states = self.tasks.pop(key, {})
         if len(states) < MAX_STATES_PER_TASK:
             states[digest] = artifact

@@ -175,6 +175,11 @@ class Training:
             async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
                 await asyncio.to_thread(self.results.save, key, records)
                 self.results.leaves.pop(key, None)
+                # and where its state is served, on disk before commit_epoch names it (docs/adr/0232)
+                digest = records["records"][-1]["state_out"]
+                artifact = trainer.recorder.state_artifacts.get(digest) if trainer.recorder is not None else None
+                if artifact:
+                    await asyncio.to_thread(self.held.add, key, digest, artifact)
             committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
             committer.on_committed = lambda progress: self._show_epoch_state(key, trainer.recorder, progress)
             if trainer.recorder is not None:   # joiners enter at epoch boundaries (ADR 0226)
@@ -347,7 +352,6 @@ class Training:
         if artifact:
             shown = dict(self.board.jobs.get(key, {}).get("epoch_states") or {})
             self.board.update(key, epoch_states={**shown, digest: artifact})
-            self.held.add(key, digest, artifact)
 
     def restore(self, task: TaskInfo, me: str) -> dict[str, Any] | None:
         """The job of a task this worker committed epoch states of before the node restarted (None when it
