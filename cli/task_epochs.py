@@ -20,6 +20,8 @@ def epoch_lines(task: TaskInfo) -> list[str]:
                 f"{deadline_text(task, task.commit_deadline)}")
     else:
         head = f"epochs:     {total} of {total} ended" if current == total - 1 else f"epochs:     {current} closed"
+    if progress.restarts:
+        head += f" (crew restarted {progress.restarts}x after dying)"
     lines = [head]
     if progress.released:   # each epoch paid out once its audits resolved (docs/adr/0230)
         lines.append(f"paid out:   epochs 1-{len(progress.released)} of {total} (audited); "
@@ -28,7 +30,8 @@ def epoch_lines(task: TaskInfo) -> list[str]:
         mine, first = progress.of(worker), progress.first_epoch(worker)
         reached = first + len(mine)   # a joiner's commitments start at its first epoch (docs/adr/0226)
         done = len(mine) + (1 if worker in task.commits and reached == total - 1 else 0)
-        left = " (left the crew)" if reached < current and worker not in task.rejections else ""
+        gone = reached < current or task.superseded(worker)   # missed a closed epoch, or a restart replaced it
+        left = " (left the crew)" if gone and worker not in task.rejections else ""
         joined = f" (joined at epoch {first + 1}, seat {task.seat_of(worker) + 1})" if first else ""
         state = f", state {mine[-1].state_digest[:12]}" if mine else ""
         earned = f", earned {progress.earned[worker]}" if progress.earned.get(worker) else ""

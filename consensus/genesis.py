@@ -101,6 +101,9 @@ class Params:
     # the ledger state this many seconds of block time after its end, once nothing still refers to it; its
     # id is then remembered as pruned for as long again. 0 keeps every task forever.
     ended_task_retention_s: int = 7 * 86_400
+    # A crew that died (ADR 0232): a task whose open epoch's deadline passes with no commitment at all, after
+    # at least one closed epoch, restarts that epoch on a new crew at most crew_restarts times (0: it stops).
+    crew_restarts: int = 2
 
     def validate(self) -> None:
         for f in fields(self):
@@ -138,6 +141,8 @@ class Params:
                                f"{MAX_REFEREE_ROUNDS}")
         if self.ended_task_retention_s > MAX_RETENTION_S:
             raise GenesisError(f"ended_task_retention_s is at most {MAX_RETENTION_S} (0 keeps ended tasks forever)")
+        if self.crew_restarts > MAX_CREW_RESTARTS:
+            raise GenesisError(f"crew_restarts is at most {MAX_CREW_RESTARTS}")
         if self.beacon_delay > MAX_BEACON_DELAY:
             raise GenesisError(f"beacon_delay is at most {MAX_BEACON_DELAY}")
         window, name = longest_window(self)
@@ -165,7 +170,8 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "slash_serve_bps", "serve_referee_fee", "serve_announce_ttl", "serve_dispute_window",
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
                   "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps",
-                  "beacon_delay", "audit_reveal_s", "max_audit_share_bps", "ended_task_retention_s")
+                  "beacon_delay", "audit_reveal_s", "max_audit_share_bps", "ended_task_retention_s",
+                  "crew_restarts")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_AUDIT_REDRAWS = 8
@@ -173,6 +179,7 @@ MAX_REFEREE_ROUNDS = 4
 MAX_BEACON_DELAY = 16
 MAX_RETENTION_S = 100 * 366 * 86_400   # a retention beyond a century is "forever": say 0
 MAX_REFEREES = 15
+MAX_CREW_RESTARTS = 8   # each restart may hold a task open one more epoch span
 
 
 def hashed_params(params: Params) -> dict[str, int]:

@@ -364,6 +364,7 @@ class EpochProgress:
     joined: Mapping[str, tuple[int, int]] = field(default_factory=dict)   # joiner -> (seat, first epoch)
     released: tuple[int, ...] = ()                      # epochs paid out as audited (docs/adr/0230)
     earned: Mapping[str, int] = field(default_factory=dict)   # worker -> its pay for those so far
+    restarts: int = 0   # times the crew died and the open epoch restarted on a new one (docs/adr/0232)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> EpochProgress:
@@ -384,8 +385,9 @@ class EpochProgress:
         released = _get(doc, "released", list, [], where)
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in released):
             raise TaskDocError(f"{where}.released: expected a list of epochs")
+        restarts: int = _get(doc, "restarts", int, 0, where)
         return cls(_int(doc, "current", where), commits, stopped, stop_at, joined, tuple(released),
-                   _str_map(doc, "earned", int, where))
+                   _str_map(doc, "earned", int, where), restarts)
 
     def of(self, worker: str) -> tuple[EpochCommit, ...]:
         """``worker``'s progress commitments, in epoch order (from its first epoch)."""
@@ -530,20 +532,31 @@ class TaskInfo:
         epochs = self.spec.get("epochs", 1)
         return first * (self.segments // epochs) if first and isinstance(epochs, int) and epochs > 0 else 0
 
+    def superseded(self, worker: str) -> bool:
+        """Whether ``worker``'s seat went to a new crew from an epoch it had not finished: the crew restarted
+        that epoch without it (docs/adr/0232, consensus/state/crew.py)."""
+        progress = self.epochs
+        if progress is None or worker not in self.workers:
+            return False
+        reached = progress.first_epoch(worker) + len(progress.of(worker))
+        return crew.superseded_in(self.workers, progress.joined, worker, reached)
+
     def crew_at(self, epoch: int) -> list[str]:
         """The workers that train ``epoch``, as the ledger knows them now: per seat, the latest worker named
-        to it whose first epoch is not after ``epoch`` and that has not left the crew before it."""
+        to it whose first epoch is not after ``epoch`` and that has not left the crew before it (nor had its
+        seat given to a new crew at or before ``epoch``, docs/adr/0232)."""
         progress = self.epochs
         if progress is None:
             return sorted(self.workers)
-        crew = []
+        members = []
         for worker in self.workers:
             start = progress.first_epoch(worker)
             reached = start + len(progress.of(worker))
-            left = worker in self.rejections or reached < min(progress.current, epoch)
+            left = (worker in self.rejections or reached < min(progress.current, epoch)
+                    or crew.superseded_in(self.workers, progress.joined, worker, reached, epoch))
             if start <= epoch and not left:
-                crew.append(worker)
-        return sorted(crew)
+                members.append(worker)
+        return sorted(members)
 
 
 def decode_tasks(docs: Any) -> list[TaskInfo]:

@@ -15,7 +15,9 @@ The joiner starts from a state a member committed for the epoch before its first
 and checks its sha256 against that ``state_digest``), commits its epochs like any member, is audited on
 the segments it trained and paid for the epochs it covers. ``task.workers`` keeps everyone who held a
 seat (the original W first, in seat order, then the joiners in the order named); ``task.epochs["joined"]``
-maps each joiner to ``[seat, first epoch]``. Pure functions of the task; the handlers live in
+maps each joiner to ``[seat, first epoch]``. A worker whose seat went to a later worker entering at an
+epoch it had not finished is out of the crew (``superseded``): the crew restarted that epoch without it
+(docs/adr/0232, consensus/state/crew_restart.py). Pure functions of the task; the handlers live in
 consensus/state/tasks.py.
 """
 from __future__ import annotations
@@ -63,6 +65,22 @@ def occupant(task: Task, seat: int) -> str:
         if joined_seat == seat and task.workers.index(worker) > task.workers.index(latest):
             latest = worker
     return latest
+
+
+def superseded_in(workers: Sequence[str], joiners: Mapping[str, Sequence[int]], worker: str, reached: int,
+                  epoch: int | None = None) -> bool:
+    """Whether a worker named after ``worker`` took its seat from an epoch ``worker`` had not finished
+    (``reached``: one past the last epoch it committed), and not after ``epoch`` when given: the crew
+    restarted that epoch without it (docs/adr/0232). A replacement of a worker that left the crew enters
+    past the epoch it missed, so this only holds after a restart."""
+    order = list(workers)
+    seat, limit = seat_of(order, joiners, worker), reached if epoch is None else min(reached, epoch)
+    return any(joiners[later][0] == seat and joiners[later][1] <= limit
+               for later in order[order.index(worker) + 1:] if later in joiners)
+
+
+def superseded(task: Task, worker: str, reached: int) -> bool:
+    return superseded_in(task.workers, task.epochs.get(JOINED_KEY, {}), worker, reached)
 
 
 def join(task: Task, worker: str, seat: int, epoch: int) -> dict[str, Any]:

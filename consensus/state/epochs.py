@@ -84,9 +84,11 @@ def first_segment(task: Task, worker: str) -> int:
 
 def in_crew(task: Task, worker: str) -> bool:
     """Whether ``worker`` still belongs to the crew: it did not reject the task, committed every closed
-    epoch (a joiner: every closed epoch from its first) and no audit found it guilty (ADR 0230: its seat
-    goes to a joiner at the next epoch close)."""
-    return (worker not in task.rejections and covered(task, worker) >= current(task)
+    epoch (a joiner: every closed epoch from its first), no audit found it guilty (ADR 0230: its seat
+    goes to a joiner at the next epoch close) and its seat was not given to a new crew from an epoch it
+    had not finished (docs/adr/0232)."""
+    reached = covered(task, worker)
+    return (worker not in task.rejections and reached >= current(task) and not crew.superseded(task, worker, reached)
             and not any(slot["worker"] == worker and slot["outcome"] == SlotOutcome.GUILTY for slot in task.slots))
 
 

@@ -28,6 +28,7 @@ from consensus.state import (
     audits,
     bandwidth,
     crew,
+    crew_restart,
     deadlines,
     epoch_pay,
     epochs,
@@ -174,7 +175,9 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
     """Open the audit window, over the committers only, of each running task whose commit deadline
     this block's time reached and that a quorum of its workers committed to; expire each task whose
     deadline passed without any commitment (ADR 0187). A task below quorum with commitments stays
-    open for commits until its deadline, then only finalize applies (ADR 0023)."""
+    open for commits until its deadline, then only finalize applies (ADR 0023). A task cut into epochs
+    stops at its last closed epoch (ADR 0203), unless nobody committed the open one: then it restarts
+    on a new crew when it may (docs/adr/0232)."""
     for task_id, task in state.tasks.items():
         if task.status not in TaskStatus.OPEN_FOR_COMMITS or not deadlines.passed(task.commit_deadline, ctx, True):
             continue
@@ -184,6 +187,8 @@ def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -
         elif not epochs.before_last(task) and task.commits and len(task.commits) >= quorum:
             _open_audit_window(state, params, ctx, task_id, task)
         elif epochs.closed(task):
+            if _restart_crew(state, params, ctx, task_id, task):   # a new crew (docs/adr/0232)
+                continue
             state.events.append({**epochs.stop(task), "task_id": task_id})
             _open_audit_window(state, params, ctx, task_id, task)
         elif epochs.count(task) > 1:   # no epoch closed: a lone result run ahead is not a crew's work
@@ -389,21 +394,48 @@ def fill_vacant_seats(state: LedgerState, params: Params, ctx: BlockContext, tas
         return
     vacant = [seat for seat in range(crew.seats(task))
               if not epochs.in_crew(task, crew.occupant(task, seat))]
-    if not vacant:
-        return
+    if vacant:
+        _seat_joiners(state, params, task_id, task, vacant, replacements(state, params, ctx, task_id, task,
+                                                                         len(vacant)), start)
+
+
+def _restart_crew(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> bool:
+    """The open epoch's deadline passed with no commitment of it: restart it on a new crew (docs/adr/0232,
+    consensus/state/crew_restart.py) when allowed and a quorum of seats can be filled; False otherwise."""
+    if not crew_restart.allowed(params, task):
+        return False
+    vacant = crew_restart.vacant_seats(task)
+    picks = replacements(state, params, ctx, task_id, task, len(vacant))
+    if len(picks) < commit_quorum(crew.seats(task)):
+        return False
+    state.events.append({**crew_restart.begin(ctx, task, deadlines.task_span_ms(params, task), picks),
+                         "task_id": task_id})
+    _seat_joiners(state, params, task_id, task, vacant, picks, epochs.current(task))
+    state.touch(TASK, task_id)
+    return True
+
+
+def replacements(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task,
+                 wanted: int) -> list[str]:
+    """Up to ``wanted`` free compute nodes for seats of ``task``, best first, as assignment would pick them:
+    same device, profile and stake, not barred by the owner, with an eligible verifier, not a worker the
+    task already had."""
     candidates = [peer_id for peer_id in eligible_workers(state, params) if peer_id not in task.workers]
     weights = {peer_id: worker_weight(state, peer_id) for peer_id in candidates}
     device, pool = _worker_pool(state, params, task_id, task, candidates, weights,
                                 rejections.recent_bars(state, ctx.height))
     if device != task.device:
-        return
-    for seat in vacant:
-        pick = next((peer_id for peer_id in pool
-                     if audits.can_audit_every_worker(state, params, task.profile, task.owner, [peer_id])), None)
-        if pick is None:
-            return
-        pool.remove(pick)
-        _take_slots(state, params, [pick], pool)
+        return []
+    able = (peer_id for peer_id in pool
+            if audits.can_audit_every_worker(state, params, task.profile, task.owner, [peer_id]))
+    return [peer_id for _, peer_id in zip(range(wanted), able)]
+
+
+def _seat_joiners(state: LedgerState, params: Params, task_id: bytes, task: Task, seats: list[int],
+                  picks: list[str], start: int) -> None:
+    """Name each of ``picks`` to the seat in the same place of ``seats`` from epoch ``start`` on."""
+    for seat, pick in zip(seats, picks):
+        _take_slots(state, params, [pick], [])
         state.events.append({**crew.join(task, pick, seat, start), "task_id": task_id})
 
 

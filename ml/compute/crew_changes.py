@@ -18,9 +18,10 @@ commitment of e - 1 and that close: no worker entering at e or before can be nam
 every reader sees the same closed epochs.
 
 A joiner (`joining_state`): waits until a member committed the epoch before its first, fetches that state
-from every worker that committed the same digest at once, checks its sha256 against the digest and loads
-it with the bounded state-file reader; its trainer starts from it at the first step of its first epoch,
-in the seat it took (the same rank, so the same data shard).
+from every worker that committed the same digest at once (asking them again for a while when none answers:
+after a crew died, a former member that restarts serves it again, docs/adr/0232), checks its sha256 against
+the digest and loads it with the bounded state-file reader; its trainer starts from it at the first step
+of its first epoch, in the seat it took (the same rank, so the same data shard).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus.task_info import TaskInfo, TaskStatus
+from ml.compute.epoch_commits import crew_exit
 from ml.compute.epoch_states import StateUnavailable, fetch_checked, holders_of
 from ml.train.state_file import BadStateFile, load_state
 
@@ -41,6 +43,9 @@ JOIN_WAIT_S = 120.0   # how long members wait at an epoch boundary for the worke
 JOIN_MIN_FETCH_RATE = 1 << 20   # bytes/s: the time a joiner on a slow link needs to fetch the state
 STATE_POLL_S = 2.0    # how often a joiner looks for the commitment of the epoch before its first
 CLOSE_POLL_S = 1.0    # how often a member looks for the close of the epoch its group is read from
+HOLDER_RETRY_S = 10.0   # how often a joiner asks the holders again when none serves the state (ADR 0232)
+HOLDER_WAIT_S = 1800.0  # and for how long at most (its first epoch's deadline usually ends it sooner)
+MAX_ERRORS = 4          # the last errors a JoinFailed names
 
 
 class JoinFailed(RuntimeError):
@@ -95,29 +100,50 @@ class CrewGate:
 
 async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Callable[[], Awaitable[TaskInfo]],
                         learn_addresses: Callable[[list[str]], Awaitable[None]],
-                        wait_change: Callable[[float], Awaitable[None]]) -> tuple[dict, str, TaskInfo]:
+                        wait_change: Callable[[float], Awaitable[None]],
+                        retry_s: float = HOLDER_RETRY_S,
+                        on_retry: Callable[[str], None] | None = None) -> tuple[dict, str, TaskInfo]:
     """The state a joiner entering at ``first_epoch`` starts from, its digest, and the task as read once a
     member committed the epoch before (its group, `group_of`, is final then): a member's committed state of
-    that epoch, fetched from its holders and checked. Waits for that commitment while the task is open;
-    JoinFailed when the task ended or no holder served a checked file."""
+    that epoch, fetched from its holders and checked. Waits for that commitment while the task is open; when
+    no holder serves it (a crew that died, docs/adr/0232), asks every holder again each ``retry_s`` (a former
+    member that restarts with its home serves it again) for at most HOLDER_WAIT_S, telling ``on_retry`` why
+    each time. JoinFailed when the task ended, this worker is no longer in its crew, or no holder served a
+    checked file in that time."""
     epoch = first_epoch - 1
+    errors: list[str] = []
+    failing_since: float | None = None
     while True:
         task = await read_task()
         if task.status not in TaskStatus.OPEN_FOR_COMMITS:
-            raise JoinFailed(f"the task is {task.status}: there is no crew to join")
+            raise JoinFailed(f"the task is {task.status}: there is no crew to join{_tried(errors)}")
+        out = crew_exit(task, node.peer_id)
+        if out:
+            raise JoinFailed(f"{out}{_tried(errors)}")
         candidates = holders_of(task, epoch)
-        if candidates and group_readable(task, first_epoch):
-            break
-        await wait_change(STATE_POLL_S)
-    errors = []
-    for digest, holders in candidates:
-        await learn_addresses(holders)
-        try:
-            path = await fetch_checked(node, holders, task_id, digest)
-            return await asyncio.to_thread(_read_state, path), digest, task
-        except (StateUnavailable, BadStateFile) as exc:
-            errors.append(str(exc))
-    raise JoinFailed(f"no checked state of epoch {epoch + 1} to start from: " + "; ".join(errors))
+        if not (candidates and group_readable(task, first_epoch)):
+            await wait_change(STATE_POLL_S)
+            continue
+        for digest, holders in candidates:
+            await learn_addresses(holders)
+            try:
+                path = await fetch_checked(node, holders, task_id, digest)
+                return await asyncio.to_thread(_read_state, path), digest, task
+            except (StateUnavailable, BadStateFile) as exc:
+                errors = [*errors[-(MAX_ERRORS - 1):], str(exc)]
+        failing_since = time.monotonic() if failing_since is None else failing_since
+        if time.monotonic() - failing_since >= HOLDER_WAIT_S:
+            raise JoinFailed(f"no checked state of epoch {epoch + 1} to start from in {HOLDER_WAIT_S:g} s"
+                             f"{_tried(errors)}")
+        log.info("task %s: no holder of epoch %d's state answers; asking again in %g s", task_id[:16], epoch + 1,
+                 retry_s)
+        if on_retry is not None:
+            on_retry(errors[-1])
+        await asyncio.sleep(retry_s)
+
+
+def _tried(errors: list[str]) -> str:
+    return (": " + "; ".join(errors)) if errors else ""
 
 
 def join_wait_s(state_bytes: int) -> float:

@@ -140,8 +140,9 @@ class EpochCommitter:
 
 def crew_exit(task: TaskInfo, worker: str) -> str:
     """Why the ledger takes no more commitments from ``worker`` on a task still open for them: the crew
-    stopped (the task ended at its last closed epoch), or ``worker`` missed an epoch that closed; "" when
-    it is still in the crew (or the task has no epochs)."""
+    stopped (the task ended at its last closed epoch), ``worker`` missed an epoch that closed, or its seat
+    went to a new crew that restarted the epoch it had not committed (docs/adr/0232); "" when it is still
+    in the crew (or the task has no epochs)."""
     progress = task.epochs
     if progress is None:
         return ""
@@ -150,4 +151,7 @@ def crew_exit(task: TaskInfo, worker: str) -> str:
     reached = progress.first_epoch(worker) + len(progress.of(worker))
     if reached < progress.current:
         return f"this worker left the crew: epoch {reached + 1} closed without its commitment"
+    if task.superseded(worker):
+        return (f"this worker left the crew: epoch {reached + 1} passed its deadline without any commitment and "
+                "restarted on a new crew")
     return ""

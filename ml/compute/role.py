@@ -296,7 +296,7 @@ class ComputeRole(Role):
         """Train, reject (paused, or outside the provider's limits), finalize or stop our share of a task we
         are a worker of (stopped too once the ledger takes no more commitments from us, docs/adr/0203)."""
         key, status = task.task_id, task.status
-        job = self.jobs.get(key)
+        job = self.jobs.get(key) or self.training.restore(task, me)   # states kept across a restart (ADR 0232)
         self.training.seen(task)   # a joiner named to the crew may send before our round reaches it (ADR 0226)
         if availability_duty.challenges_for(task, me, now + 1):   # ADR 0207 (an epoch's slots too, ADR 0230)
             self._spawn(self._answer_challenges(task, me, now + 1))

@@ -26,6 +26,7 @@ from ml.compute.crew_changes import CrewGate, group_of, joining_state, start_fro
 from ml.compute.epoch_commits import EpochCommitter
 from ml.compute.executor import make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
+from ml.compute.held_states import HeldStates
 from ml.compute.job_board import TERMINAL, JobBoard, JobState
 from ml.compute.limits import LimitsControl
 from ml.compute.membership import Membership
@@ -45,6 +46,7 @@ from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+JOINER_WAITS_FOR_HOLDER = "waiting for a holder of the crew's state"   # a joiner's job state (docs/adr/0232)
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
 RATES_WAIT_S = 1.0       # the commit waits at most this for co-worker probes still running (taken while training)
@@ -74,6 +76,9 @@ class Training:
         self.ready_groups: set[bytes] = set()         # task ids whose group is up (the ready protocol)
         self.groups: dict[str, Any] = {}              # task id hex -> its all-reduce group, while it serves
         self.task_changed: dict[str, asyncio.Event] = {}   # task id hex -> set on its next ledger event
+        # where our committed epoch states are served, kept across restarts (docs/adr/0232)
+        self.held = HeldStates(None if node.data_dir is None else node.data_dir / "compute")
+        self.held.load()
         self._register_metrics(node.metrics)
 
     def _register_metrics(self, metrics: Any) -> None:
@@ -154,7 +159,10 @@ class Training:
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
             if first:
-                await self._start_from_crew_state(key, task, trainer, group, spec, first, began)
+                # its co-workers as the ledger shows them once the state is there: a restart may have named
+                # a new crew meanwhile (docs/adr/0232)
+                others = await self._start_from_crew_state(key, task, trainer, group, spec, first, began)
+                await self.fetch.learn_addresses(others)
             self.ready_groups.add(task_id)
             self.board.update(key, state="waiting for workers")
             await ready_protocol.wait_until_ready(self.node.host, others, task_id, ready_timeout(files))
@@ -167,6 +175,11 @@ class Training:
             async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
                 await asyncio.to_thread(self.results.save, key, records)
                 self.results.leaves.pop(key, None)
+                # and where its state is served, on disk before commit_epoch names it (docs/adr/0232)
+                digest = records["records"][-1]["state_out"]
+                artifact = trainer.recorder.state_artifacts.get(digest) if trainer.recorder is not None else None
+                if artifact:
+                    await asyncio.to_thread(self.held.add, key, digest, artifact)
             committer = EpochCommitter(task, task_id, me, trainer.recorder, self.ledger.send, keep)
             committer.on_committed = lambda progress: self._show_epoch_state(key, trainer.recorder, progress)
             if trainer.recorder is not None:   # joiners enter at epoch boundaries (ADR 0226)
@@ -224,9 +237,10 @@ class Training:
         return TaskInfo.from_json(doc)
 
     async def _start_from_crew_state(self, key: str, task: TaskInfo, trainer: Any, group: Any, spec: Any,
-                                     first: int, began: float) -> None:
+                                     first: int, began: float) -> list[str]:
         """A joiner's trainer starts from the state a member committed for the epoch before its first
-        (fetched and checked, ml/compute/crew_changes.py); ``began``: when the job started."""
+        (fetched and checked, ml/compute/crew_changes.py); ``began``: when the job started. The other
+        workers of its first epoch, as the ledger shows them then."""
         self.board.update(key, state="fetching the crew's state")
         changed = self.task_changed.setdefault(key, asyncio.Event())
 
@@ -236,8 +250,11 @@ class Training:
             changed.clear()
 
         started = time.monotonic()
+        def no_holder(why: str) -> None:   # every holder of the state is gone for now (docs/adr/0232)
+            self.board.update(key, state=JOINER_WAITS_FOR_HOLDER, holder_error=why)
+
         state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
-                                                 self.fetch.learn_addresses, wait_change)
+                                                 self.fetch.learn_addresses, wait_change, on_retry=no_holder)
         fetched = time.monotonic()
         segment = task.first_segment(self.node.peer_id)
         await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)
@@ -247,6 +264,7 @@ class Training:
                                         "load_s": round(time.monotonic() - fetched, 3),
                                         "ready_after_s": round(time.monotonic() - began, 3)})
         log.info("task %s: joined the crew at epoch %d from state %s", key, first + 1, digest[:16])
+        return [w for w in now.crew_at(first) if w != self.node.peer_id]
 
     def seen(self, task: TaskInfo) -> None:
         """The role saw ``task`` on the ledger: a group of ours takes streams from every worker named to it
@@ -334,6 +352,15 @@ class Training:
         if artifact:
             shown = dict(self.board.jobs.get(key, {}).get("epoch_states") or {})
             self.board.update(key, epoch_states={**shown, digest: artifact})
+
+    def restore(self, task: TaskInfo, me: str) -> dict[str, Any] | None:
+        """The job of a task this worker committed epoch states of before the node restarted (None when it
+        held none): ended, serving those states to joiners and the owner (docs/adr/0232)."""
+        fields = self.held.restored_job(task.task_id, me in task.commits)
+        if fields is None:
+            return None
+        log.info("task %s: serving the epoch states committed before this node restarted", task.task_id)
+        return self.board.start(task.task_id, **fields, finished_at=time.time())
 
     async def _co_worker_uploads(self, co_workers: list[str]) -> dict[str, dict[str, int]]:
         """commit_result's ``peer_rates``: each co-worker's upload (Mbit/s) as this node's probes measured
