@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from consensus.state.crew import superseded_in
 from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_commits import crew_exit
 from ml.compute.epoch_states import StateUnavailable, fetch_checked, holders_of
@@ -160,13 +161,19 @@ def group_readable(task: TaskInfo, epoch: int) -> bool:
 
 def group_of(task: TaskInfo, epoch: int) -> list[str]:
     """The members of the all-reduce group of ``epoch``: every worker named to a seat from an epoch not after
-    it, less those that had left the crew when epoch ``epoch`` - 2 closed: they did not commit it, a fact no
-    later read can change (one that left later is still listed: each round leaves it out)."""
-    def left_by_then(worker: str) -> bool:
-        if epoch < 2 or task.epochs is None:
-            return False
-        return task.first_epoch(worker) + len(task.epochs.of(worker)) < epoch - 1
-    return sorted(w for w in task.workers if task.first_epoch(w) <= epoch and not left_by_then(w))
+    it, less those that had left the crew when epoch ``epoch`` - 2 closed (they did not commit it, a fact no
+    later read can change; one that left later is still listed: each round leaves it out) and those whose
+    seat a restarted crew took at an epoch not after ``epoch`` (docs/adr/0232: whoever reads that group
+    reads it after the restart)."""
+    progress = task.epochs
+    if progress is None:
+        return sorted(task.workers)
+
+    def out(worker: str) -> bool:
+        reached = progress.first_epoch(worker) + len(progress.of(worker))
+        return (epoch >= 2 and reached < epoch - 1) or superseded_in(task.workers, progress.joined, worker, reached,
+                                                                   epoch)
+    return sorted(w for w in task.workers if progress.first_epoch(w) <= epoch and not out(w))
 
 
 def _read_state(path: Path) -> dict:

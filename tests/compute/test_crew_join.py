@@ -151,6 +151,9 @@ def test_a_worker_that_left_by_the_close_of_two_epochs_before_is_out_of_the_grou
     assert group_of(task, 3) == sorted([A, B])             # epoch 1 closed without it
     assert not group_readable(_task(current=1, commits={A: 2, B: 2, D: 1}), 3)   # epoch 1 not closed yet
     assert group_readable(task, 4) and not group_readable(task, 5)
+    spare = "12D3KooWSpare" + "e" * 20
+    restarted = _task(current=2, commits={A: 2, B: 2, D: 2}, joined={spare: [2, 2]})   # D's seat restarted at 2
+    assert group_of(restarted, 2) == sorted([A, B, spare]) and group_of(restarted, 1) == sorted([A, B, D])
 
 
 def test_a_member_drops_a_leaver_from_its_group_at_an_epoch_boundary(monkeypatch):
