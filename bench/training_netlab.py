@@ -41,8 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devtools.netlab.lab import unavailable  # noqa: E402
-from devtools.netlab.nodes import Node  # noqa: E402
-from devtools.netlab.train_net import HOME_NATS, WORKERS, settle, start_crew, train  # noqa: E402
+from devtools.netlab.nodes import AgentError, Node  # noqa: E402
+from devtools.netlab.train_net import HOME_NATS, WORKERS, paths, settle, start_crew, train  # noqa: E402
 from ml.train.recipes import recipe  # noqa: E402
 from ml.train.spec import InvalidSpec, TrainSpec  # noqa: E402
 
@@ -163,14 +163,22 @@ def main() -> None:
     started = time.monotonic()
     net, crew = start_crew(len(WORKERS), args.mbit, args.delays_ms)
     try:
-        circuits, paths = settle(crew)
-        print(json.dumps({"paths": paths}), flush=True)
-        results = {label: run(crew, circuits, label, spec, args.timeout) for label, spec in modes}
+        circuits, settled = settle(crew)
+        print(json.dumps({"paths": settled}), flush=True)
+        results, failed = {}, {}
+        for label, spec in modes:   # a run that fails (with the pairs' paths after it) spares the others
+            try:
+                results[label] = run(crew, circuits, label, spec, args.timeout)
+            except AgentError as exc:
+                failed[label] = {"error": str(exc), "paths_after": paths(crew)}
+                print(json.dumps({"label": label, **failed[label]}), flush=True)
     finally:
         net.close()
     if set(MODES) <= set(results):
-        print(json.dumps({**summarize(results, args), "paths": paths,
+        print(json.dumps({**summarize(results, args), "paths": settled, "failed": failed,
                           "bench_seconds": round(time.monotonic() - started, 1)}))
+    elif failed:
+        sys.exit(f"failed: {sorted(failed)}")
 
 
 if __name__ == "__main__":
