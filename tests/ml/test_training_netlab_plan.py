@@ -66,3 +66,38 @@ def test_summary_gives_both_gaps_and_the_least_utilization():
                                          "overlap_steps": 5, "mix": 0.5, "codec": "int4"}
     assert summary["data_parallel_fp32_reference"]["lr"] == 0.016
     assert summary["diloco_int8"]["loss_gap"] == 0.1
+
+
+def test_a_failed_mode_is_reported_with_the_paths_after_it_and_the_others_still_run(monkeypatch, capsys):
+    import json
+    import sys
+
+    import bench.training_netlab as bench
+    from devtools.netlab.nodes import AgentError
+
+    class FakeNet:
+        closed = False
+
+        def close(self):
+            FakeNet.closed = True
+
+    ran = []
+
+    def fake_run(crew, circuits, label, spec, timeout):
+        ran.append(label)
+        if label == "data-parallel-fp32":
+            raise AgentError("a: ExcludedFromRound: excluded from round 40: link failed: StreamResetError")
+        return {"label": label}
+
+    monkeypatch.setattr(bench, "unavailable", lambda: None)
+    monkeypatch.setattr(bench, "start_crew", lambda *a: (FakeNet(), []))
+    monkeypatch.setattr(bench, "settle", lambda crew: ({}, {"a-c": ["relayed"]}))
+    monkeypatch.setattr(bench, "paths", lambda crew: {"a-c": ["direct"]})
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["training_netlab.py", "--short"])
+    with pytest.raises(SystemExit, match="failed: \\['data-parallel-fp32'\\]"):
+        bench.main()
+    assert ran == ["data-parallel-fp32", "diloco-int8", "streaming-int4"] and FakeNet.closed
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {"label": "data-parallel-fp32", "error": "a: ExcludedFromRound: excluded from round 40: link failed: "
+            "StreamResetError", "paths_after": {"a-c": ["direct"]}} in lines
