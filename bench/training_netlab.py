@@ -16,7 +16,7 @@ bench drives trainers, not tasks on a chain: see bench/crew_change.py, bench/sta
 
     sudo python bench/training_netlab.py --short            # 60 steps, H = 30
     sudo python bench/training_netlab.py --steps 240 --inner-steps 30 --warmup 60
-    sudo python bench/training_netlab.py --steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 5 \
+    sudo python bench/training_netlab.py --steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 10 \
         --lr 0.016 --outer-lr 1.0 --dp-reference-lr 0.016      # the targets (docs/BENCHMARKS.md)
 
 ``--lr``, ``--outer-lr``, ``--outer-momentum``, ``--fragments``, ``--overlap``, ``--mix``, ``--codec`` set

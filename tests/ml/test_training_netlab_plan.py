@@ -9,7 +9,7 @@ import pytest
 from bench.training_netlab import REFERENCE, parse_args, plan, summarize
 from ml.train.spec import InvalidSpec
 
-WINNING = ("--steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 5 --lr 0.016 --outer-lr 1.0 "
+WINNING = ("--steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 10 --lr 0.016 --outer-lr 1.0 "
            "--dp-reference-lr 0.016").split()
 
 
@@ -22,7 +22,7 @@ def test_flags_set_the_outer_modes_and_leave_data_parallel_on_its_recipe():
     assert (diloco.codec, diloco.lr, diloco.outer_lr, diloco.inner_steps, diloco.warmup_steps) == (
         "int8", 0.016, 1.0, 100, 0)
     assert (streaming.codec, streaming.fragments, streaming.overlap_steps, streaming.lr, streaming.outer_lr) == (
-        "int4", 2, 5, 0.016, 1.0)
+        "int4", 2, 10, 0.016, 1.0)
 
 
 def test_short_still_plans_the_three_recipes():
@@ -63,7 +63,7 @@ def test_summary_gives_both_gaps_and_the_least_utilization():
     assert summary["loss_gap_vs_dp_reference"] == pytest.approx(0.1222, abs=1e-4)
     assert summary["utilization_least"] == 0.9
     assert summary["streaming_spec"] == {"lr": 0.016, "outer_lr": 1.0, "outer_momentum": 0.9, "fragments": 2,
-                                         "overlap_steps": 5, "mix": 0.5, "codec": "int4"}
+                                         "overlap_steps": 10, "mix": 0.5, "codec": "int4"}
     assert summary["data_parallel_fp32_reference"]["lr"] == 0.016
     assert summary["diloco_int8"]["loss_gap"] == 0.1
 
