@@ -53,10 +53,15 @@ def settle(crew: list[Node]) -> tuple[dict[str, list[str]], dict[str, list[str]]
     time.sleep(SETTLE_S)
 
     def kinds() -> dict[str, list[str]] | None:
-        found = {f"{n.name}-{o.name}": sorted(set(n.call("paths", peer=o.peer_id))) for n in crew for o in crew
-                 if n.name < o.name}
+        found = paths(crew)
         return found if all(len(k) == 1 for k in found.values()) else None
     return circuits, poll(kinds, 30, 1.0, "one connection kind per pair")
+
+
+def paths(crew: list[Node]) -> dict[str, list[str]]:
+    """Each pair's connection kinds now ("direct", "relayed"; both while a punch retires the relay)."""
+    return {f"{n.name}-{o.name}": sorted(set(n.call("paths", peer=o.peer_id))) for n in crew for o in crew
+            if n.name < o.name}
 
 
 def train(crew: list[Node], circuits: dict[str, list[str]], spec: dict, timeout: float) -> list[dict]:
