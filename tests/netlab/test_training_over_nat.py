@@ -29,9 +29,12 @@ def crew():
         net.close()
 
 
-def test_pairs_with_the_symmetric_home_stay_relayed(crew):
+def test_every_pair_of_the_crew_has_a_path_and_the_eim_pair_is_direct(crew):
+    """The pairs with the symmetric home punch direct or stay relayed depending on the mappings the NAT
+    hands out (birthday probing, QUIC; bench/nat_matrix.py measures which): the crew trains either way."""
     _, _, paths = crew
-    assert paths == {"a-b": ["direct"], "a-c": ["relayed"], "b-c": ["relayed"]}
+    assert set(paths) == {"a-b", "a-c", "b-c"} and paths["a-b"] == ["direct"]
+    assert all(path and set(path) <= {"direct", "relayed"} for path in paths.values()), paths
 
 
 @pytest.mark.parametrize("spec", [
