@@ -160,7 +160,8 @@ def work_in_flight(state: LedgerState) -> bool:
 
 def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> None:
     """Run the deadlines of every task with open audit slots (redraws, dispute windows, referees), then
-    pay out each epoch of a running task whose slots are all resolved (docs/adr/0230)."""
+    pay out each epoch of a running task whose slots are all resolved, and give the seat of a member found
+    guilty to a joiner at once (docs/adr/0230; it enters one past the furthest commitment, as at a close)."""
     due = sorted((task.seq, task_id) for task_id, task in state.tasks.items()
                  if task.status in TaskStatus.ACTIVE and (task.slots or epochs.count(task) > 1))
     for _, task_id in due:
@@ -169,6 +170,8 @@ def advance_audits(state: LedgerState, params: Params, ctx: BlockContext) -> Non
             audits.advance_task(state, params, ctx, task_id, task, closing=True)
         while epochs.count(task) > 1 and epoch_pay.releasable(task, len(epoch_pay.released(task))):
             _release_epoch(state, params, task_id, task, len(epoch_pay.released(task)))
+        if epochs.count(task) > 1 and task.status in TaskStatus.OPEN_FOR_COMMITS and audits.guilty_workers(task):
+            fill_vacant_seats(state, params, ctx, task_id, task)   # a guilty member's seat, without waiting
 
 
 def close_commit_phases(state: LedgerState, params: Params, ctx: BlockContext) -> None:

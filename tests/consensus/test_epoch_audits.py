@@ -103,12 +103,15 @@ def test_a_worker_found_guilty_in_an_epoch_is_slashed_at_once_paid_nothing_more_
     slashed = chain.ledger.state.stakes[W1.peer_id].bonded
     assert slashed < bonded and task.epochs["slashed"] == [W1.peer_id]
     assert W1.peer_id not in task.epochs["earned"] and W2.peer_id in task.epochs["earned"]
+    # its seat goes to the spare at once, one past the furthest commitment (epoch 0): from epoch 2 on
+    assert task.epochs["joined"] == {SPARE.peer_id: [task.workers.index(W1.peer_id), 2]}
+    assert task.epochs["current"] == 1
     assert commit_epoch(chain, W1, task_id, 1, segments=2).code == TxCode.BAD_STATE   # out of the crew
     for worker in (W2, W3):
         assert commit_epoch(chain, worker, task_id, 1, segments=2).code == TxCode.OK   # closes without it
-    assert task.epochs["joined"] == {SPARE.peer_id: [task.workers.index(W1.peer_id), 3]}
+    assert task.epochs["current"] == 2
     for epoch in (2, 3, 4):
-        for worker in ((W2, W3) if epoch < 3 else (W2, W3, SPARE)):
+        for worker in (W2, W3, SPARE):
             assert commit_epoch(chain, worker, task_id, epoch, segments=epoch + 1).code == TxCode.OK
     for worker in (W2, W3, SPARE):
         assert commit_result(chain, worker, task_id).code == TxCode.OK
@@ -118,7 +121,7 @@ def test_a_worker_found_guilty_in_an_epoch_is_slashed_at_once_paid_nothing_more_
     assert task.status == TaskStatus.PAID
     assert chain.ledger.state.stakes[W1.peer_id].bonded == slashed   # slashed once
     assert task.epochs["slashed"] == [W1.peer_id] and W1.peer_id not in task.epochs["earned"]
-    assert task.epochs["earned"][SPARE.peer_id] == sum(part(share(), e, 6) for e in (3, 4, 5))
+    assert task.epochs["earned"][SPARE.peer_id] == sum(part(share(), e, 6) for e in (2, 3, 4, 5))
     assert total(chain) == supply
 
 
