@@ -534,8 +534,8 @@ def _close_if_all_answered(state: LedgerState, params: Params, ctx: BlockContext
     last epoch) and the committers are a quorum (nobody is left to wait for)."""
     if epochs.before_last(task):
         return
-    if (len(task.commits) + len(task.rejections) + len(epochs.departed(task)) == len(task.workers)
-            and len(task.commits) >= commit_quorum(crew.seats(task))):
+    answered = set(task.commits) | set(task.rejections) | epochs.departed(task)   # a guilty committer is both
+    if answered >= set(task.workers) and len(task.commits) >= commit_quorum(crew.seats(task)):
         _open_audit_window(state, params, ctx, task_id, task)
 
 
