@@ -46,13 +46,13 @@ def payout_parts(task: TaskInfo, params: Params | None = None) -> dict[str, list
         if amount:
             parts.setdefault(peer, []).append((kind, amount))
 
+    pool = price * params.verifier_share_bps // 10_000
     if task.epochs is not None and task.status in (TaskStatus.PAID, TaskStatus.STOPPED):   # paid per epoch (0230)
         for worker, amount in sorted(task.epochs.earned.items()):
             add(worker, "worker", amount)
-        for peer, kind, amount in _pool_shares(task, price * params.verifier_share_bps // 10_000):
+        for peer, kind, amount in _pool_shares(task, pool):
             add(peer, kind, amount)
     elif task.status == TaskStatus.PAID and workers:
-        pool = price * params.verifier_share_bps // 10_000
         relay_budget = price * params.relay_share_bps // 10_000
         share = (price - pool - relay_budget) // len(workers)
         guilty = {s.worker for s in task.slots if s.outcome == SlotOutcome.GUILTY}

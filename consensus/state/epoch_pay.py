@@ -84,8 +84,9 @@ def release(state: LedgerState, params: Params, task_id: bytes, task: Task, epoc
     task.escrow -= sum(payouts.values())
     if count > 1:   # a task without epochs is released once, at finalize
         task.epochs.setdefault(RELEASED, []).append(epoch)
+        so_far = task.epochs.setdefault(EARNED, {})
         for worker, amount in wages.items():
-            task.epochs.setdefault(EARNED, {})[worker] = task.epochs.get(EARNED, {}).get(worker, 0) + amount
+            so_far[worker] = so_far.get(worker, 0) + amount
         state.events.append({"type": "epoch_paid", "task_id": task_id, "epoch": epoch, "payouts": payouts,
                              "slashed": sorted(settlement.guilty | set(settlement.false_answers))})
     state.touch(TASK, task_id)

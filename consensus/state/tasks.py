@@ -709,16 +709,7 @@ def settle(state: LedgerState, params: Params, task_id: bytes, task: Task) -> No
             node.active_tasks = max(0, node.active_tasks - 1)
             state.touch(NODE, worker)
         _adjust_reputation(state, worker, delta)
-    payouts: dict[str, int] = {}
-    for relay, amount in sorted(task.relay_claims.items()):
-        if amount:
-            payouts[relay] = payouts.get(relay, 0) + amount
-    if task.escrow - sum(payouts.values()):
-        payouts[task.owner] = payouts.get(task.owner, 0) + task.escrow - sum(payouts.values())
-    for peer_id, amount in sorted(payouts.items()):
-        state.credit(peer_id, amount)
-        task.payouts[peer_id] = task.payouts.get(peer_id, 0) + amount
-    task.escrow = 0
+    _refund(state, task, dict(task.relay_claims))   # the relays' claims, the rest to the owner
     paid_workers = [worker for worker in task.workers if wages.get(worker)]
     slashed = sorted(guilty | set(audits.settle(task.slots, 0).false_answers))
     state.touch(TASK, task_id)
