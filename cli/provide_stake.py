@@ -42,7 +42,7 @@ def recent_pays(params: Params, docs: list[Any]) -> list[int]:
             task = TaskInfo.from_json(doc)
         except TaskDocError:
             continue
-        workers = task.spec_field("workers")
+        workers = task.spec_field("max_workers", task.spec_field("workers"))   # the seats its price pays
         if isinstance(workers, int) and workers > 0 and task.price > 0:
             pays.append(worker_share(params, task.price, workers))
     return sorted(pays)

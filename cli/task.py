@@ -85,6 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--epochs", type=int, metavar="N",
                         help="cut the task into N epochs, each committed, audited and paid on its own (must divide "
                              "its segments; default: epochs of at least 3 minutes of the expected work, docs/adr/0203)")
+    submit.add_argument("--max-workers", type=int, metavar="N",
+                        help="let the crew grow to N workers: free compute nodes join at epoch boundaries; the price "
+                             "pays N seats, and what seats nobody takes is refunded (docs/adr/0234)")
     add_p2p_arguments(submit)
     watch = ledger_action("watch", "follow a task live (progress from its workers) until it ends", _run_watch)
     watch.add_argument("task_id", help="task id (hex)")

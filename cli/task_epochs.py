@@ -1,6 +1,7 @@
 """`task show` lines for a task cut into epochs (docs/adr/0203): how many epochs closed, the open one
 and its deadline, the epochs paid out as audited (docs/adr/0230), and each worker's progress commitments and
-pay so far (who left the crew after which epoch, who joined it at which, docs/adr/0226)."""
+pay so far (who left the crew after which epoch, who joined it at which, docs/adr/0226), and the seats of
+a crew that may grow (docs/adr/0234)."""
 from __future__ import annotations
 
 from cli.task_report import OPEN_FOR_COMMITS, deadline_text, short
@@ -23,6 +24,9 @@ def epoch_lines(task: TaskInfo) -> list[str]:
     if progress.restarts:
         head += f" (crew restarted {progress.restarts}x after dying)"
     lines = [head]
+    if task.max_seats > task.seats:   # a crew that may grow at epoch boundaries (docs/adr/0234)
+        lines.append(f"seats:      {task.world_at(current)} open of up to {task.max_seats} "
+                     f"({task.seats} asked; more join at epoch boundaries while free workers exist)")
     if progress.released:   # each epoch paid out once its audits resolved (docs/adr/0230)
         lines.append(f"paid out:   epochs 1-{len(progress.released)} of {total} (audited); "
                      f"{sum(progress.earned.values())} to workers, {task.escrow} still in escrow")

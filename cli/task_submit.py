@@ -56,6 +56,8 @@ EVALS_PER_TASK = 5   # with --eval and no --eval-every: held-out metrics this ma
 def build_spec(args: argparse.Namespace, inputs: TaskInputs) -> TrainSpec:
     if not 1 <= args.workers <= 64:
         raise CliError("--workers must be in 1..64")
+    if getattr(args, "max_workers", None) is not None and not args.workers <= args.max_workers <= 64:
+        raise CliError(f"--max-workers must be in {args.workers}..64 (at least --workers)")
     values = {**inputs.values, "codec": args.codec, "steps": args.steps,
               "mode": SYNC_MODES[args.sync]}
     for name in SPEC_OPTIONS:
@@ -136,7 +138,7 @@ def prepare(args: argparse.Namespace) -> tuple[TrainSpec, TaskInputs]:
         return spec, inputs
     try:
         result = dry_run(dataclasses.replace(spec, device="cpu") if spec.device != "cpu" else spec,
-                         dict(inputs.files))
+                         dict(inputs.files), getattr(args, "max_workers", None) or args.workers)   # as many shards
     except Untrainable as exc:
         raise CliError(f"dry run: the task cannot be trained: {exc}") from None
     except Exception as exc:   # anything else one local step raises: the workers would fail the same way
@@ -188,9 +190,17 @@ def run_submit(args: argparse.Namespace) -> int:
                                                                           min_segments=min_segments(Params()))
     if epochs > 1:
         payload["epochs"] = epochs
+    if getattr(args, "max_workers", None) and args.max_workers > args.workers:
+        if epochs <= 1:
+            raise CliError("--max-workers: workers join at epoch boundaries, and this task is one epoch "
+                           "(give --epochs N, or a longer --expected-s)")
+        payload["max_workers"] = args.max_workers
     if not args.json:
         print(commit_window_text(args.expected_s, epochs))
         print(audit_text(payload["segments"], args.price, epochs))
+        if "max_workers" in payload:
+            print(f"the crew may grow from {args.workers} to {payload['max_workers']} workers at epoch boundaries; "
+                  f"the price pays {payload['max_workers']} seats and what nobody trains is refunded")
     identity = load_identity(args.key or key_path(resolve_home(args)), unlock_passphrase(args))
     args.submitted_task = None
     try:

@@ -494,6 +494,31 @@ class TaskInfo:
         """How many seats (training ranks) the task has: the workers it asked for (docs/adr/0226)."""
         return int(self.spec.get("workers", len(self.workers)))
 
+    @property
+    def max_seats(self) -> int:
+        """How many seats the crew may grow to (``max_workers``; the seats asked for when not given)."""
+        most = self.spec.get("max_workers")
+        return most if isinstance(most, int) and most > self.seats else self.seats
+
+    def world_at(self, epoch: int) -> int:
+        """The training world of ``epoch``: the seats open by then (an extra seat opens when its first
+        worker enters; docs/adr/0234)."""
+        return crew.world_at(self.seats, self.epochs.joined if self.epochs is not None else {}, epoch)
+
+    def shards_from(self, epoch: int) -> int:
+        """The first segment of the epoch since which ``epoch``'s world holds: where its data shards start
+        (0 while the crew never grew)."""
+        since = crew.world_since(self.seats, self.epochs.joined if self.epochs is not None else {}, epoch)
+        return since * self._per_epoch()
+
+    def epoch_of(self, segment: int) -> int:
+        """The epoch ``segment`` belongs to (0 for a task without epochs)."""
+        return segment // self._per_epoch() if self._per_epoch() else 0
+
+    def _per_epoch(self) -> int:
+        epochs = self.spec.get("epochs", 1)
+        return self.segments // epochs if isinstance(epochs, int) and epochs > 0 else self.segments
+
     def seat_of(self, worker: str) -> int:
         """``worker``'s seat, its rank in training: a joiner's is the seat it took, an original worker's its
         place among the first ``seats`` workers (consensus/state/crew.py)."""
@@ -528,9 +553,7 @@ class TaskInfo:
     def first_segment(self, worker: str) -> int:
         """The first segment ``worker`` trained: 0, or its first epoch's first (its records and commitments
         cover segments from there on)."""
-        first = self.first_epoch(worker)
-        epochs = self.spec.get("epochs", 1)
-        return first * (self.segments // epochs) if first and isinstance(epochs, int) and epochs > 0 else 0
+        return self.first_epoch(worker) * self._per_epoch()
 
     def superseded(self, worker: str) -> bool:
         """Whether ``worker``'s seat went to a new crew from an epoch it had not finished: the crew restarted

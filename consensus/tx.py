@@ -443,6 +443,7 @@ PAYLOAD_SCHEMAS: dict[str, Schema] = {
         "segments": uint(1, MAX_TASK_SEGMENTS),        # the spec's fixed segment count, checked at commit
         "expected_s": OptionalField(uint(1, MAX_EXPECTED_S)),    # the work's duration (dry run; ADR 0187)
         "epochs": OptionalField(uint(1, MAX_TASK_SEGMENTS)),    # epochs the segments are cut into (ADR 0203)
+        "max_workers": OptionalField(uint(1, MAX_TASK_WORKERS)),   # seats the crew may grow to (ADR 0234)
     },
     "cancel_task": {"task_id": TASK_ID},
     "stop_task": {"task_id": TASK_ID},   # the owner ends a running task at the next epoch boundary (ADR 0211)

@@ -15,7 +15,15 @@ The joiner starts from a state a member committed for the epoch before its first
 and checks its sha256 against that ``state_digest``), commits its epochs like any member, is audited on
 the segments it trained and paid for the epochs it covers. ``task.workers`` keeps everyone who held a
 seat (the original W first, in seat order, then the joiners in the order named); ``task.epochs["joined"]``
-maps each joiner to ``[seat, first epoch]``. A worker whose seat went to a later worker entering at an
+maps each joiner to ``[seat, first epoch]``.
+
+An owner may let the crew grow (``spec["max_workers"]`` = M > W, docs/adr/0234): at each epoch close the
+ledger also opens new seats W, W + 1, ... up to M for free candidates, named like replacements. The price
+pays M seats (each seat's share is 1/M of the workers' part); a seat that never opens, or the epochs before
+it opens, stay in the escrow for the owner. The training world of epoch e (``world_at``) is the number of
+seats open by then, and the data is re-cut into that many shards from the epoch the world reached its size
+(``world_since``): every shard of a world is disjoint, so no example is doubled within a pass. A worker
+whose seat went to a later worker entering at an
 epoch it had not finished is out of the crew (``superseded``): the crew restarted that epoch without it
 (docs/adr/0232, consensus/state/crew_restart.py). Pure functions of the task; the handlers live in
 consensus/state/tasks.py.
@@ -31,8 +39,38 @@ JOINED_KEY = "joined"
 
 
 def seats(task: Task) -> int:
-    """How many seats the task has: the workers it asked for."""
+    """How many seats the task asked for (W, what its quorums count)."""
     return int(task.spec["workers"])
+
+
+def max_seats(task: Task) -> int:
+    """How many seats the task may grow to (M >= W: its price pays that many, docs/adr/0234)."""
+    return int(task.spec.get("max_workers", task.spec["workers"]))
+
+
+def open_seats(task: Task) -> int:
+    """How many seats are open now: the W first, and the extra seats named so far."""
+    return world_at(seats(task), task.epochs.get(JOINED_KEY, {}), None)
+
+
+def _openings(asked: int, joiners: Mapping[str, Sequence[int]]) -> dict[int, int]:
+    """Each extra seat (>= ``asked``) and the epoch its first occupant entered at."""
+    opened: dict[int, int] = {}
+    for seat, first in joiners.values():
+        if int(seat) >= asked:
+            opened[int(seat)] = min(int(first), opened.get(int(seat), int(first)))
+    return opened
+
+
+def world_at(asked: int, joiners: Mapping[str, Sequence[int]], epoch: int | None) -> int:
+    """The training world of ``epoch`` (every seat named so far when None): the ``asked`` seats and each
+    extra seat whose first occupant enters at an epoch not after it."""
+    return asked + sum(1 for first in _openings(asked, joiners).values() if epoch is None or first <= epoch)
+
+
+def world_since(asked: int, joiners: Mapping[str, Sequence[int]], epoch: int) -> int:
+    """The first epoch whose world is that of ``epoch`` (the world only grows): where its data shards start."""
+    return max((first for first in _openings(asked, joiners).values() if first <= epoch), default=0)
 
 
 def seat_of(workers: Sequence[str], joiners: Mapping[str, Sequence[int]], worker: str) -> int:
@@ -58,11 +96,11 @@ def is_joiner(task: Task, worker: str) -> bool:
     return worker in task.epochs.get(JOINED_KEY, {})
 
 
-def occupant(task: Task, seat: int) -> str:
-    """The latest worker named to ``seat``."""
-    latest = task.workers[seat]
+def occupant(task: Task, seat: int) -> str | None:
+    """The latest worker named to ``seat`` (None for an extra seat not opened yet)."""
+    latest = task.workers[seat] if seat < seats(task) else None
     for worker, (joined_seat, _) in task.epochs.get(JOINED_KEY, {}).items():
-        if joined_seat == seat and task.workers.index(worker) > task.workers.index(latest):
+        if joined_seat == seat and (latest is None or task.workers.index(worker) > task.workers.index(latest)):
             latest = worker
     return latest
 
@@ -84,7 +122,7 @@ def superseded(task: Task, worker: str, reached: int) -> bool:
 
 
 def join(task: Task, worker: str, seat: int, epoch: int) -> dict[str, Any]:
-    """Name ``worker`` to ``seat`` from ``epoch`` on; the event says who it replaces."""
+    """Name ``worker`` to ``seat`` from ``epoch`` on; the event says who it replaces (None: a new seat)."""
     replaced = occupant(task, seat)
     task.workers.append(worker)
     task.epochs.setdefault(JOINED_KEY, {})[worker] = [seat, epoch]

@@ -47,7 +47,8 @@ def vacant_seats(task: Task) -> list[int]:
     """The seats whose occupant was to train the open epoch: none of them committed it. A seat held by a
     joiner whose first epoch is later keeps it."""
     epoch = epochs.current(task)
-    return [seat for seat in range(crew.seats(task)) if crew.first_epoch(task, crew.occupant(task, seat)) <= epoch]
+    return [seat for seat in range(crew.open_seats(task))
+            if crew.first_epoch(task, str(crew.occupant(task, seat))) <= epoch]
 
 
 def begin(ctx: BlockContext, task: Task, span_ms: int, joiners: list[str]) -> dict[str, Any]:

@@ -35,11 +35,18 @@ UNAVAILABLE_DOMAIN = b"dekube/unavailable"
 
 def check_layout(payload: dict[str, Any]) -> None:
     """Refuse a submit whose epoch layout the ledger could not hold commitments to: ``epochs`` must
-    divide ``segments`` (an epoch ends at a segment boundary) and a task of several epochs must declare
-    its ``expected_s`` (each epoch's deadline is derived from it)."""
+    divide ``segments`` (an epoch ends at a segment boundary), a task of several epochs must declare
+    its ``expected_s`` (each epoch's deadline is derived from it), and a crew may grow past its
+    ``workers`` (up to ``max_workers``) only at epoch boundaries (docs/adr/0234)."""
     epochs = payload.get("epochs", 1)
     if epochs > 1 and payload["segments"] % epochs:
         raise TxError(TxCode.BAD_PAYLOAD, f"{epochs} epochs do not divide the task's {payload['segments']} segments")
+    most = payload.get("max_workers", payload["workers"])
+    if most < payload["workers"]:
+        raise TxError(TxCode.BAD_PAYLOAD, f"max_workers {most} is below the {payload['workers']} workers asked for")
+    if most > payload["workers"] and epochs <= 1:
+        raise TxError(TxCode.BAD_PAYLOAD, "extra workers join at epoch boundaries: a task that may grow past its "
+                                          "workers must be cut into epochs")
     if epochs > 1 and "expected_s" not in payload:
         raise TxError(TxCode.BAD_PAYLOAD, "a task of several epochs must declare expected_s (each epoch's deadline "
                                           "is derived from it)")

@@ -103,6 +103,8 @@ def apply_submit_task(state: LedgerState, params: Params, ctx: BlockContext, tx:
         spec["expected_s"] = p["expected_s"]
     if p.get("epochs", 1) > 1:
         spec["epochs"] = p["epochs"]
+    if p.get("max_workers", p["workers"]) > p["workers"]:
+        spec["max_workers"] = p["max_workers"]   # the crew may grow to it (docs/adr/0234)
     if surcharge:
         spec["audit_surcharge"] = surcharge
     task = state.tasks[task_id] = Task(tx.sender, state.task_seq, spec, p["price"], ctx.height,
@@ -252,7 +254,7 @@ def _audit_epoch(state: LedgerState, params: Params, ctx: BlockContext, task_id:
 def _release_epoch(state: LedgerState, params: Params, task_id: bytes, task: Task, epoch: int) -> dict[str, int]:
     """Pay out ``epoch`` (consensus/state/epoch_pay.py); a contradicted verifier answer costs reputation.
     Returns what each worker earned by it."""
-    share = worker_share(params, task.price, crew.seats(task))
+    share = worker_share(params, task.price, crew.max_seats(task))
     settlement, wages = epoch_pay.release(state, params, task_id, task, epoch, share, verifier_pool(params, task))
     for verifier in settlement.false_answers:
         _adjust_reputation(state, verifier, REPUTATION_SLASHED)
@@ -288,7 +290,7 @@ def required_worker_stake(params: Params, task: Task) -> int:
     m audited segments covers ``stake_cover_bps``/10^4 times its pay, sigma·S·m >= cover·w, so
     S >= cover·w / (m·sigma) (10x the pay at the defaults); never below ``min_worker_stake``. Without
     audits or slashing (a parameter at 0) only the minimum applies."""
-    return stake_for_pay(params, worker_share(params, task.price, task.spec["workers"]))
+    return stake_for_pay(params, worker_share(params, task.price, crew.max_seats(task)))
 
 
 def stake_for_pay(params: Params, pay: int) -> int:
@@ -391,15 +393,17 @@ def _take_slots(state: LedgerState, params: Params, chosen: list[str], candidate
 def fill_vacant_seats(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> None:
     """When an epoch closes, name a replacement for each seat whose occupant left the crew (docs/adr/0226):
     the best free candidate the assignment rule would pick (same device, profile and stake; not a worker
-    the task had), entering at ``join_epoch``, if that epoch is not past the task's last."""
+    the task had), entering at ``join_epoch``, if that epoch is not past the task's last; then open extra
+    seats up to the task's ``max_workers`` for the candidates left (docs/adr/0234)."""
     start = epochs.join_epoch(task)
     if start >= epochs.count(task) or task_stop.STOP_KEY in task.epochs:
         return
-    vacant = [seat for seat in range(crew.seats(task))
-              if not epochs.in_crew(task, crew.occupant(task, seat))]
-    if vacant:
-        _seat_joiners(state, params, task_id, task, vacant, replacements(state, params, ctx, task_id, task,
-                                                                         len(vacant)), start)
+    opened = crew.open_seats(task)
+    vacant = [seat for seat in range(opened) if not epochs.in_crew(task, str(crew.occupant(task, seat)))]
+    wanted = [*vacant, *range(opened, crew.max_seats(task))]
+    if wanted:
+        _seat_joiners(state, params, task_id, task, wanted, replacements(state, params, ctx, task_id, task,
+                                                                         len(wanted)), start)
 
 
 def _restart_crew(state: LedgerState, params: Params, ctx: BlockContext, task_id: bytes, task: Task) -> bool:

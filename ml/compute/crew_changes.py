@@ -22,6 +22,10 @@ from every worker that committed the same digest at once (asking them again for 
 after a crew died, a former member that restarts serves it again, docs/adr/0232), checks its sha256 against
 the digest and loads it with the bounded state-file reader; its trainer starts from it at the first step
 of its first epoch, in the seat it took (the same rank, so the same data shard).
+
+A crew allowed to grow (docs/adr/0234) opens extra seats at epoch boundaries: their workers enter like
+replacements, and at that boundary every member cuts the data into as many shards as there are seats now
+(`reshard`), the same cut the auditors replay.
 """
 from __future__ import annotations
 
@@ -58,8 +62,10 @@ class CrewGate:
 
     def __init__(self, me: str, first_epoch: int, per_epoch: int, committer: Any,
                  read_task: Callable[[], Awaitable[TaskInfo]], group: Any,
-                 ready_among: Callable[[list[str], float], Awaitable[list[str]]], state_bytes: int = 0) -> None:
+                 ready_among: Callable[[list[str], float], Awaitable[list[str]]], state_bytes: int = 0,
+                 reshard: Callable[[int, int], None] | None = None, world: int = 0) -> None:
         self.me, self.first_epoch, self.per_epoch = me, first_epoch, per_epoch
+        self.reshard, self.world = reshard, world   # the crew grew: (world, its first segment) (ADR 0234)
         self.wait_s = join_wait_s(state_bytes)
         self.committer, self.read_task, self.group, self.ready_among = committer, read_task, group, ready_among
         self.joined: dict[int, list[str]] = {}   # epoch -> the joiners that became members at its start
@@ -83,6 +89,11 @@ class CrewGate:
                 self.group.set_peers(sorted(set(self.group.peers) - set(gone)))
                 self.left[epoch] = gone
                 log.info("epoch %d: %s left the group (they left the crew)", epoch, [w[:16] for w in gone])
+            world = task.world_at(epoch)
+            if self.reshard is not None and world != self.world:   # extra seats open here: data cut anew
+                self.reshard(world, task.shards_from(epoch))
+                log.info("epoch %d: the crew grew to %d seats; the data is cut into %d shards", epoch, world, world)
+                self.world = world
             entering = [w for w in task.workers if task.first_epoch(w) == epoch and w != self.me]
             if not entering:
                 return

@@ -72,3 +72,11 @@ def prepare_trainer(spec: TrainSpec, group: AllReduceGroup, rank: int, world: in
     if fault in TRAINER_FAULTS or fault.startswith("partial:"):
         install_fault(trainer, fault)
     return trainer
+
+
+def grow_crew(trainer: TrainerBase, world: int, from_step: int) -> None:
+    """The crew grew to ``world`` seats at the epoch starting at ``from_step`` (docs/adr/0234): the data
+    is cut into that many shards from there, and rounds of that many workers are full rounds."""
+    trainer.reshard(world, from_step)
+    if isinstance(trainer.averager, ParticipationLog):
+        trainer.averager.workers = world

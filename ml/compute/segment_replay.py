@@ -104,9 +104,10 @@ class CommittedAverages:
 
 def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, checkpoint_path: Path | str,
                    averages_path: Path | str, files: Mapping[str, Path] | None, salt: bytes,
-                   until_step: int | None = None, claims: Sequence[Claim] = ()) -> SegmentReplay:
-    """Replay worker `rank` of `world` (its rank among the sorted workers) over segment `record.index`
-    of `spec` from the committed checkpoint and averages files; compare every hash of `record`.
+                   until_step: int | None = None, claims: Sequence[Claim] = (), shards_from: int = 0) -> SegmentReplay:
+    """Replay worker `rank` of `world` (its seat; the data cut into `world` shards from step `shards_from`
+    on, docs/adr/0234) over segment `record.index` of `spec` from the committed checkpoint and averages
+    files; compare every hash of `record`.
     `claims`: receipts its co-workers recorded from it (ml.compute.wire_evidence), each checked against
     the honest contribution of its round (`SegmentReplay.wire`).
 
@@ -143,6 +144,8 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
     del data
     committed = CommittedAverages(spec, rounds, claims)
     trainer = make_trainer(spec, rank, world, with_codec_layer(spec, committed), files=files)
+    if shards_from:
+        trainer.reshard(world, shards_from)
     recorder = SegmentRecorder(sink=None, evidence=evidence)
     recorder.attach(trainer)
     try:
@@ -158,7 +161,7 @@ def replay_segment(spec: TrainSpec, rank: int, world: int, record: SegmentRecord
 
 def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: SegmentRecord, blobs: Mapping[str, bytes],
                          files: Mapping[str, Path] | None, salt: bytes, until_step: int | None = None,
-                         claims: Sequence[Claim] = ()) -> SegmentReplay:
+                         claims: Sequence[Claim] = (), shards_from: int = 0) -> SegmentReplay:
     """`replay_segment` with the checkpoint and averages taken from `blobs` (artifact id -> bytes, e.g.
     a simulation's MemorySink); a blob that is missing is a mismatch."""
     with tempfile.TemporaryDirectory(prefix="dekube-replay-") as folder:
@@ -167,7 +170,8 @@ def replay_segment_blobs(spec: TrainSpec, rank: int, world: int, record: Segment
             path = Path(folder) / name
             path.write_bytes(blobs.get(name, b""))
             paths.append(path)
-        return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step, claims)
+        return replay_segment(spec, rank, world, record, paths[0], paths[1], files, salt, until_step, claims,
+                              shards_from)
 
 
 async def _replay(trainer, recorder: SegmentRecorder, record: SegmentRecord, last: int) -> tuple[int, str] | None:

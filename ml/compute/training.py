@@ -24,7 +24,7 @@ from ml.compute import ready_protocol
 from ml.compute.commitment import Commitment
 from ml.compute.crew_changes import CrewGate, group_of, joining_state, start_from
 from ml.compute.epoch_commits import EpochCommitter
-from ml.compute.executor import make_group, prepare_trainer
+from ml.compute.executor import grow_crew, make_group, prepare_trainer
 from ml.compute.fault_seam import FaultInjection
 from ml.compute.held_states import HeldStates
 from ml.compute.job_board import TERMINAL, JobBoard, JobState
@@ -36,7 +36,7 @@ from ml.compute.relay_meter import commit_report
 from ml.compute.results import ResultStore
 from ml.compute.segment_record import leaves, root
 from ml.compute.task_spec import InvalidTask, check_segments, train_spec_for_task
-from ml.job.participation import departures
+from ml.job.participation import InconsistentRecord, departures
 from ml.job.runner import train_to_end
 from ml.train.dry_run import Untrainable, dry_run
 from ml.train.progress import ProgressFeed
@@ -122,7 +122,7 @@ class Training:
         key, me = task.task_id, self.node.peer_id
         first = task.first_epoch(me)   # 0, or the epoch this worker joins a running crew at (ADR 0226)
         workers = task.crew_at(first)
-        rank, world = task.seat_of(me), task.seats
+        rank, world = task.seat_of(me), task.world_at(first)   # the seats open at its first epoch (ADR 0234)
         task_id = task.task_bytes
         began = time.monotonic()
         self.board.start(key, workers=workers)
@@ -158,6 +158,8 @@ class Training:
             group.round_observer = lambda seconds, result: self.round_seconds.observe(seconds)
             trainer = await asyncio.to_thread(prepare_trainer, spec, group, rank, world, feed, files,
                                               self._sink(), self.faults.trainer_mode)
+            if task.shards_from(first):   # the crew grew before this worker's first epoch
+                grow_crew(trainer, world, spec.first_step_of_segment(task.shards_from(first)))
             if first:
                 # its co-workers as the ledger shows them once the state is there: a restart may have named
                 # a new crew meanwhile (docs/adr/0232)
@@ -186,7 +188,9 @@ class Training:
                 trainer.recorder.before_segment = CrewGate(
                     me, first, committer.per_epoch, committer, lambda: self._read_task(key), group,
                     lambda peers, timeout: ready_protocol.ready_among(self.node.host, peers, task_id, timeout),
-                    state_bytes=3 * sum(p.numel() * p.element_size() for p in trainer.params))   # weights, 2 moments
+                    state_bytes=3 * sum(p.numel() * p.element_size() for p in trainer.params),   # weights, 2 moments
+                    reshard=lambda size, segment: grow_crew(trainer, size, spec.first_step_of_segment(segment)),
+                    world=world)
             summary = await committer.alongside(train_to_end(trainer))
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
@@ -204,7 +208,7 @@ class Training:
                                     "metrics": summary["metrics"], "bytes_sent": summary["bytes_sent"]})
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
-                              departures=departures(summary["short_rounds"], workers))
+                              departures=_departures(summary["short_rounds"], workers))
             rates = await measured_in_time(uploads)
             counted = meter.take(key) if meter is not None else {}
             if counted:
@@ -434,3 +438,12 @@ async def measured_in_time(uploads: asyncio.Task[dict[str, dict[str, int]]]) -> 
         uploads.cancel()
         return {}
     return uploads.result()
+
+
+def _departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
+    """Who left the rounds, and from which (shown in /status). A crew that changed (a joiner, an extra seat)
+    lists workers the first epoch's crew lacks: its record shows no departures rather than failing the job."""
+    try:
+        return departures(short_rounds, workers)
+    except InconsistentRecord:
+        return {}

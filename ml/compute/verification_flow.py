@@ -140,9 +140,10 @@ async def judge_slot(task: TaskInfo, spec: TrainSpec, worker: str, segment: int,
         return Judgement(False, hashlib.sha256(salt).digest(), 0,
                          "a joiner's first segment does not start from a state its crew committed")
     others = await _co_worker_records(task, worker, segment, sources)
+    epoch = task.epoch_of(segment)   # its world: the seats open then, cut from where it began (ADR 0234)
     replay: SegmentReplay = await in_compute_thread(
-        replay_segment, spec, task.seat_of(worker), task.seats, record, checkpoint, averages, sources.files, salt,
-        None, claims_about(worker, others))
+        replay_segment, spec, task.seat_of(worker), task.world_at(epoch), record, checkpoint, averages,
+        sources.files, salt, None, claims_about(worker, others), spec.first_step_of_segment(task.shards_from(epoch)))
     if not replay.match:
         step, field = replay.first_divergence or (0, "?")
         return Judgement(False, replay.evidence, step, f"{field} differs at step {step} of segment {segment}")

@@ -45,8 +45,7 @@ class OuterTrainer(TrainerBase):
 
     def _union_gradients(self, step: int) -> float:
         """Forward/backward on every worker's batch for `step` at once (the leader's warm start)."""
-        batches = [self.dataset.train_batch(step, rank, self.world, self.spec.batch_size, self.spec.seed)
-                   for rank in range(self.world)]
+        batches = [self.batch_of(step, rank) for rank in range(self.world)]
         return self._backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), step)
 
     async def outer_round(self) -> float | None:

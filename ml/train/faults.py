@@ -69,8 +69,7 @@ class Fault:
                 for p, g in zip(trainer.params, grads):
                     p.grad = g.clone()
                 return loss
-            loss = trainer._backward(*trainer.dataset.train_batch(
-                step, trainer.rank, trainer.world, trainer.spec.batch_size, trainer.spec.seed), step)
+            loss = trainer._backward(*trainer.batch_of(step, trainer.rank), step)
             self._previous = ([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                                for p in trainer.params], loss)
             return loss

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ml.registry.sharding import derive_seed
 from ml.train.averaging import Averager
 from ml.train.inputs import build_inputs
 from ml.train.op_randomness import draws_randomness, step_randomness
@@ -43,6 +44,7 @@ class TrainerBase:
         self.spec = spec
         self.rank = rank
         self.world = world
+        self.shards_from = 0   # the step since which the data is cut into `world` shards (docs/adr/0234)
         self.averager = averager
         self.feed = feed or ProgressFeed()
         inputs = build_inputs(spec, files)
@@ -83,8 +85,25 @@ class TrainerBase:
             faked = self.fault.gradients(self, step)
             if faked is not None:
                 return faked
-        x, y = self.dataset.train_batch(step, self.rank, self.world, self.spec.batch_size, self.spec.seed)
+        x, y = self.batch_of(step, self.rank)
         return self._backward(x, y, step)
+
+    def batch_of(self, step: int, rank: int):
+        """Worker ``rank``'s batch at ``step``: its shard of `world`. Once the crew grew (``reshard``) the
+        data is cut anew from ``shards_from``: steps count from there and the permutations are seeded by
+        it, so every shard of one world is disjoint from the others (a pure function for replays)."""
+        since = self.shards_from
+        seed = derive_seed("reshard", self.spec.seed, since) if since else self.spec.seed
+        return self.dataset.train_batch(step - since, rank, self.world, self.spec.batch_size, seed)
+
+    def reshard(self, world: int, from_step: int) -> None:
+        """Train on shard `rank` of `world` from `from_step` on: the crew grew to `world` seats at the epoch
+        starting there (docs/adr/0234). ValueError when the dataset cannot be cut that many ways."""
+        if not 0 <= self.rank < world or from_step < 0:
+            raise ValueError(f"rank {self.rank} outside world of {world}, or a negative step {from_step}")
+        if hasattr(self.dataset, "check_world"):
+            self.dataset.check_world(world)
+        self.world, self.shards_from = world, from_step
 
     def _backward(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
         """Forward/backward on (x, y); random operators draw from step `step`'s seeded generator."""

@@ -59,3 +59,23 @@ def test_task_show_tells_who_joined_the_crew_at_which_epoch_and_seat():
     lines = epoch_lines(TaskInfo.from_json(task))
     assert lines[3].endswith("1 of 4 epochs committed, state 333333333333 (left the crew)")
     assert lines[4].endswith("1 of 2 epochs committed, state 555555555555 (joined at epoch 3, seat 3)")
+
+
+def test_a_crew_that_may_grow_is_submitted_with_max_workers_and_shown_with_its_seats(key, sent, capsys):
+    assert submit(key, "--expected-s", "60", "--epochs", "2", "--max-workers", "5") == 0
+    assert sent[-1]["max_workers"] == 5 and sent[-1]["workers"] == 3
+    assert "may grow from 3 to 5 workers" in capsys.readouterr().out
+    sent_before = len(sent)
+    assert submit(key, "--expected-s", "60", "--max-workers", "5") != 0   # one epoch: nobody could join
+    assert submit(key, "--expected-s", "60", "--epochs", "2", "--max-workers", "2") != 0
+    assert len(sent) == sent_before
+    workers = ["12D3KooWAlpha" + "a" * 20, "12D3KooWBravo" + "b" * 20, "12D3KooWCharlie" + "c" * 20,
+               "12D3KooWDelta" + "d" * 20]
+    first = ["11" * 32, "33" * 32, 2, 5]
+    task = {"status": "running", "spec": {"epochs": 4, "workers": 3, "max_workers": 5}, "workers": workers,
+            "commits": {}, "rejections": {}, "commit_deadline": 70_000, "block_time_ms": 10_000,
+            "epochs": {"current": 2, "joined": {workers[3]: [3, 2]},
+                       "commits": {w: [first, first] for w in workers[:3]}}}
+    lines = epoch_lines(TaskInfo.from_json(task))
+    assert lines[1].startswith("seats:      4 open of up to 5 (3 asked")
+    assert lines[-1].endswith("(joined at epoch 3, seat 4)")
