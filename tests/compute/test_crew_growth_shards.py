@@ -13,7 +13,7 @@ from ml.compute.crew_changes import CrewGate
 from ml.compute.executor import grow_crew
 from ml.compute.segment_replay import replay_segment_blobs
 from ml.job.participation import ParticipationLog
-from ml.train.simulation import build_recorded, build_simulated, run_trainers
+from ml.train.simulation import build_recorded, build_simulated
 from ml.train.spec import TrainSpec
 
 SALT = b"\x02" * 32

@@ -31,10 +31,12 @@ def rpc(net, method, *params):
     return jsonrpc.call(net.rpc_url, method, *params)
 
 
-def submit_epoch_task(net, spec: TrainSpec, workers: int, expected_s: int, epochs: int = EPOCHS) -> str:
-    """The faucet submits ``spec`` cut into ``epochs`` for ``workers``; the task id once it is assigned."""
+def submit_epoch_task(net, spec: TrainSpec, workers: int, expected_s: int, epochs: int = EPOCHS,
+                      **extra) -> str:
+    """The faucet submits ``spec`` cut into ``epochs`` for ``workers`` (and ``extra`` payload fields); the
+    task id once it is assigned."""
     payload = {**submit_payload(spec, workers, PRICE, portable_cpu_profile(torch_release())),
-               "expected_s": expected_s, "epochs": epochs}
+               "expected_s": expected_s, "epochs": epochs, **extra}
     faucet = net.testnet.faucet()
     nonce = rpc(net, "dkb_getTransactionCount", faucet.peer_id, "pending")
     rpc(net, "dkb_sendRawTransaction", build_tx(faucet, net.testnet.chain_id, nonce, "submit_task", payload).raw.hex())
