@@ -29,6 +29,7 @@ from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
 log = logging.getLogger(__name__)
 
 FETCH_ATTEMPTS = 3
+FAILED_RETRY_S = 5.0   # a duty that raised is started again after this (not at the next look: every block)
 UNAVAILABLE_FRACTION = 0.25  # a judge answers "unavailable" only in the last quarter of its answer window
 
 
@@ -107,11 +108,17 @@ class VerificationDuties:
         except (TxFailed, LedgerUnavailable) as exc:
             log.warning("%s of task %s slot %d not applied: %s", duty.kind, key, duty.slot, exc)
             self.started.discard(duty.key)
-        except Exception as exc:  # a failed replay must not stop the node; retried at the next look
+        except Exception as exc:  # a failed replay must not stop the node; retried at a later look
             message = f"{duty.kind} of {key} slot {duty.slot}: {type(exc).__name__}: {exc}"
-            log.warning("%s", message)
+            log.warning("%s; trying again in %g s", message, FAILED_RETRY_S)
             self.on_error(message)
-            self.started.discard(duty.key)
+            self.spawn(self._retry_later(duty.key))
+
+    async def _retry_later(self, duty_key: tuple[str, str, int]) -> None:
+        """Let a duty that failed be started again after FAILED_RETRY_S (not at once: looks come with every
+        block, and a failure that repeats would replay in a loop)."""
+        await asyncio.sleep(FAILED_RETRY_S)
+        self.started.discard(duty_key)
 
     async def _too_early_to_give_up(self, duty: Duty) -> bool:
         """Whether a judge that could not get the worker's record or state files should try again

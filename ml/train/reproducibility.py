@@ -16,6 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
+# torch imports these lazily: use_deterministic_algorithms the inductor's config, an optimizer's constructor
+# dynamo. Their first imports in two threads at once (a node's first training job beside its first audit
+# replay) break each other ("partially initialized module torch._inductor.utils") for the life of the
+# process, so they are imported here, once, by whichever thread imports this module first.
+import torch._dynamo  # noqa: F401  (imported for its side effect)
+import torch._inductor.config  # noqa: F401
 
 from ml.profiles import configure_portable_torch
 
