@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
+
 # torch imports these lazily: use_deterministic_algorithms the inductor's config, an optimizer's constructor
 # dynamo. Their first imports in two threads at once (a node's first training job beside its first audit
 # replay) break each other ("partially initialized module torch._inductor.utils") for the life of the
