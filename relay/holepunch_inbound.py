@@ -8,7 +8,10 @@ a LAN or loopback) and otherwise runs ``puncher.direct_connect`` on the connecti
 peer already has a direct connection or a punch with it is under way (one at a time per peer).
 When either works the relayed connection is retired
 (``retire_relayed``: no new streams, open ones get ``retire_after`` seconds to finish), so the
-Host's shared connection to the peer becomes the direct one.
+Host's shared connection to the peer becomes the direct one. The relayed connection may be one of
+the peer's bulk connections (this side cannot tell): its all-reduce link moves to a new connection
+on the GoAway and ends the old stream, which takes a frame, a dial and the bytes in flight over the
+relay; ``RETIRE_AFTER_S`` leaves room for that on a slow home link (docs/adr/0233).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from .client import RelayClient
 from .holepunch import HolePuncher
 from .reversal import reverse
 
-RETIRE_AFTER_S = 5.0
+RETIRE_AFTER_S = 30.0   # the most open streams get; a retire ends as soon as they have finished
 log = logging.getLogger(__name__)
 
 

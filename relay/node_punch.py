@@ -16,7 +16,9 @@ CONNECT: ``run()`` starts the punch on each inbound relayed connection at once (
 punching itself (a peer that does not punch); ``run()`` also reconnects to relays from the punch
 port when those connections drop, and punches again, with backoff, each peer a dial left relayed
 (``relay/repunch.py``: 30 s after the failure, doubling to 15 min; docs/adr/0225). Bulk connections
-stay relayed (each would need a punch of its own).
+are not punched by the dialer (each would need a punch of its own); the dialed side, which cannot tell
+them from shared ones, may punch around one and retire it: the all-reduce link on it moves to a new
+connection (docs/adr/0233).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -139,6 +140,7 @@ class AllReduceGroup:
         self._views = ViewExchange(self._io, self._committed.adopt)
         self._runner = AttemptRunner(self._io, deadlines, mode, self._committed.adopt)
         self._accepted: set[str] = set()   # peers whose streams are taken before they are members (joiners)
+        self._incoming: collections.Counter[str] = collections.Counter()  # streams being read, by sender
         self.set_peers(peers)
         self._rates: dict[str, float] = dict(upload_rates or {})  # replaced by measurements each round
         self._current_round = -1
@@ -314,12 +316,28 @@ class AllReduceGroup:
         if remote not in self._io.peers and remote not in self._accepted:
             stream.reset()
             return
+        self._incoming[remote] += 1
+        try:
+            await self._read_stream(stream, remote)
+        finally:
+            self._incoming[remote] -= 1
+            if not self._incoming[remote]:
+                del self._incoming[remote]
+
+    async def _read_stream(self, stream: Stream, remote: str) -> None:
         while True:
             try:
                 frame = await read_frame(stream, self._max_frame)
             except asyncio.IncompleteReadError as exc:
-                if exc.partial or self._round_active:
+                # a stream ended between frames while the peer has opened its next one is a link
+                # moved off a connection going away (links.py); closing our side tells the peer that
+                # every frame on it was read (docs/adr/0233)
+                moved = not exc.partial and self._incoming[remote] > 1
+                if exc.partial or (self._round_active and not moved):
                     self._io.inbox.record_fault(remote, self._fault_round(), "connection closed")
+                if not exc.partial:
+                    with contextlib.suppress(ConnectionError, OSError):
+                        await stream.close()
                 return
             except (FrameError, ConnectionError) as exc:
                 self._io.inbox.record_fault(remote, self._fault_round(), f"bad frame: {exc}",

@@ -8,6 +8,12 @@ RESULT) of an attempt that this peer abandoned are skipped rather than sent; tho
 committed are always sent, even after it moved on to later rounds: slower members still need them
 to finish that attempt (docs/adr/0090). A stream that cannot be opened or written marks the peer
 faulty through `on_broken`.
+
+A stream whose connection is going away (a relayed one retired after a hole punch: it takes no new
+streams and is reset once its drain time is up) is moved between frames, busy or idle: the writer
+opens the next stream (on the peer's current connection), ends the old one and waits until the peer
+has read it to its end (the peer closes its side there) before writing on the new one, so every
+frame arrives once and in order (docs/adr/0233).
 """
 from __future__ import annotations
 
@@ -17,13 +23,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .transport import Stream, Transport
+from .transport import Stream, Transport, going_away
 from .uplink import UplinkTurn
 from .wire import Frame, Kind, encode_frame
 
 QUEUE_FRAMES = 8
 KEEP_ABANDONED_ROUNDS = 4  # abandoned attempts are remembered for this many recent rounds
 OPEN_TIMEOUT_S = 10.0
+MOVE_TIMEOUT_S = 60.0  # the most a moved stream's end may take to be read (its connection's drain ends it first)
 DATA_KINDS = (Kind.PART, Kind.RESULT)
 TURN_BYTES = 256 << 10  # the most one turn on the uplink writes (a large frame takes several turns)
 # order within a peer's queue: earlier rounds and attempts first; within one, control frames
@@ -95,13 +102,15 @@ class PeerLinks:
         self._writers.clear()
         self._queues.clear()
 
-    async def _write_loop(self, peer: str, queue: asyncio.Queue[Entry]) -> None:
+    async def _write_loop(self, peer: str, queue: asyncio.PriorityQueue[Entry]) -> None:
         stream = None
         try:
             while True:
-                frame = (await queue.get())[-1]
+                entry = await _next_entry(queue, stream)  # None: the stream's connection goes away
                 try:
-                    if self.is_abandoned(frame):
+                    if stream is not None and _moving(stream):
+                        stream = await self._move(peer, stream)
+                    if entry is None or self.is_abandoned(frame := entry[-1]):
                         continue
                     if stream is None:
                         stream = await asyncio.wait_for(
@@ -111,7 +120,8 @@ class PeerLinks:
                         await self.uplink.write(functools.partial(_write_all, stream, piece))
                     self.bytes_sent += sum(len(b) for b in buffers)
                 finally:
-                    queue.task_done()
+                    if entry is not None:
+                        queue.task_done()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any stream failure means the link is gone
@@ -127,6 +137,46 @@ class PeerLinks:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(stream.close(), self._close_grace_s)
+
+    async def _move(self, peer: str, old: Stream) -> Stream:
+        """The next stream to ``peer``, once ``old`` (whose connection goes away) was read to its end."""
+        new = await asyncio.wait_for(self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(_end(old), MOVE_TIMEOUT_S)
+        except BaseException:
+            new.reset()
+            raise
+        return new
+
+
+def _moving(stream: Stream) -> bool:
+    event = going_away(stream)
+    return event is not None and event.is_set()
+
+
+async def _next_entry(queue: asyncio.PriorityQueue[Entry], stream: Stream | None) -> Entry | None:
+    """The next queued entry; None if, while none is queued, ``stream``'s connection starts going away."""
+    event = going_away(stream) if stream is not None else None
+    if event is None or not queue.empty():
+        return await queue.get()
+    if event.is_set():
+        return None
+    getter = asyncio.ensure_future(queue.get())
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((getter, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not getter.done():
+            getter.cancel()  # an entry it was about to take stays queued (asyncio.Queue.get)
+    return getter.result() if getter.done() else None
+
+
+async def _end(stream: Stream) -> None:
+    """End our side of ``stream`` and wait for the peer's end: it has read every byte we wrote."""
+    await stream.close()
+    while await stream.read(1 << 16):
+        pass  # the peer writes nothing on an all-reduce link
 
 
 async def _write_all(stream: Stream, buffers: list[Any]) -> None:

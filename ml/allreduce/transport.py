@@ -12,6 +12,11 @@ into the buffer `readexactly` returns (no StreamReader copies, docs/adr/0095). I
 StreamReader/StreamWriter's: a received EOF keeps the connection half-open (this side can still
 write), a clean end of stream is `IncompleteReadError` (with the partial bytes), a lost connection
 is `ConnectionResetError`, and unread bytes beyond `READ_BUFFER_BYTES` pause reading.
+
+A stream may also have `going_away`: an `asyncio.Event` set once the connection under it takes no
+new streams and will close when its streams finish (the Host's streams: a relayed connection retired
+after a hole punch); `links.py` then moves its long-lived stream to a new one (docs/adr/0233).
+`TcpStream` has none: its connection is the stream.
 """
 from __future__ import annotations
 
@@ -57,6 +62,12 @@ class Stream(Protocol):
 
 
 StreamHandler = Callable[[Stream, str], Awaitable[None]]
+
+
+def going_away(stream: Stream) -> asyncio.Event | None:
+    """The stream's `going_away` event, if its transport has one (see the module docstring)."""
+    event = getattr(stream, "going_away", None)
+    return event if isinstance(event, asyncio.Event) else None
 
 
 class Transport(Protocol):

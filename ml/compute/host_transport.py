@@ -6,7 +6,8 @@ protocol)` and handlers called as `handler(stream, remote)`; the Host calls hand
 stream alone (its `remote_peer` is the peer id the noise handshake authenticated).
 
 Outgoing all-reduce streams go over one dedicated bulk connection per peer (noise + yamux, opened
-on first use, re-opened when it dies), so consensus and control messages on the shared connection
+on first use, re-opened when it dies or is being retired: a relayed one the peer punched around,
+docs/adr/0233), so consensus and control messages on the shared connection
 never queue behind gradients. A direct bulk connection's socket keeps at most 64 KiB unsent in the
 kernel (TCP_NOTSENT_LOWAT, as `TcpTransport`'s do), so the uplink's turn-taking orders what goes
 out (docs/adr/0097); a relayed one has no socket of its own. Peer addresses come from the Host's
@@ -57,7 +58,7 @@ class HostTransport:
         lock = self._dial_locks.setdefault(peer_id, asyncio.Lock())
         async with lock:  # concurrent first sends to one peer share one bulk connection
             conn = self._bulk_connections.get(peer_id)
-            if conn is None or conn.closed:
+            if conn is None or conn.closed or _going_away(conn):
                 conn = await self.host.open_bulk_connection(peer_id)
                 _limit_unsent(conn)
                 self.relay_meter.opened(conn)
@@ -73,6 +74,12 @@ class HostTransport:
         for conn in connections:
             with contextlib.suppress(Exception):  # closing a connection that already died
                 await conn.close()
+
+
+def _going_away(conn: Connection) -> bool:
+    """Whether ``conn`` takes no new streams any more (a GoAway: it closes once its streams finish)."""
+    event = conn.going_away
+    return event is not None and event.is_set()
 
 
 def _limit_unsent(conn: Connection) -> None:

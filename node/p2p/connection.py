@@ -72,6 +72,11 @@ class HostStream:
     def reset(self) -> None:
         self._stream.reset()
 
+    @property
+    def going_away(self) -> asyncio.Event | None:
+        """Set once the connection under this stream takes no new streams (it is being retired)."""
+        return self.connection.going_away
+
 
 class Connection:
     """One upgraded connection to a peer (shared control connection or a bulk one)."""
@@ -116,6 +121,12 @@ class Connection:
     @property
     def num_streams(self) -> int:
         return self.muxed.num_streams if self.muxed else 0
+
+    @property
+    def going_away(self) -> asyncio.Event | None:
+        """Set once either side sent GoAway (None before the upgrade): the connection takes no new
+        streams and closes once its streams finish."""
+        return self.muxed.going_away if self.muxed is not None else None
 
     async def open_stream(self, protocol: str | Sequence[str]) -> HostStream:
         """Open a stream and negotiate the first of ``protocol`` the remote supports."""

@@ -334,6 +334,9 @@ class MuxedConnection:
         self._shut_down = False
         self.closed = False
         self.close_reason: str | None = None
+        # set once either side sent GoAway: no new streams, the connection closes once its streams
+        # finish (a retired relayed one); a long-lived stream's owner moves it elsewhere (docs/adr/0233)
+        self.going_away = asyncio.Event()
 
     @property
     def num_streams(self) -> int:
@@ -392,6 +395,7 @@ class MuxedConnection:
         if self.closed:
             return
         self._session.go_away(GO_AWAY_NORMAL)
+        self.going_away.set()
         self._wake_sender()
         if drain_timeout > 0 and self._streams and not self._shut_down:
             self._all_streams_done = asyncio.Event()
@@ -497,6 +501,7 @@ class MuxedConnection:
                     pong.set_result(event.rtt)
             elif type(event) is GoAwayReceived:
                 log.debug("yamux: peer sent GoAway (code %d)", event.code)
+                self.going_away.set()
 
     def _accept_stream(self, stream_id: int) -> None:
         if self._on_stream is None:

@@ -134,6 +134,7 @@ class QuicSession:
         self._pings: dict[int, asyncio.Future[None]] = {}
         self._ping_uid = 0
         self._closed = False
+        self.going_away = asyncio.Event()   # set when a graceful close starts (QUIC has no GoAway to send)
         self._keepalive: asyncio.TimerHandle | None = None
         self._unsignalled = 0   # bytes read since we last sent window updates
         self._transmit_handle: asyncio.Handle | None = None
@@ -169,6 +170,7 @@ class QuicSession:
         """Close the connection; with ``drain_timeout``, open streams get that long to finish first
         (the muxer's graceful close: QUIC has no GoAway, the Host routes new streams elsewhere)."""
         deadline = self._loop.time() + drain_timeout
+        self.going_away.set()
         while self._streams and not self._closed and self._loop.time() < deadline:
             await asyncio.sleep(min(0.05, max(0.0, deadline - self._loop.time())))
         if not self._closed:
