@@ -89,11 +89,11 @@ class CrewGate:
                 self.group.set_peers(sorted(set(self.group.peers) - set(gone)))
                 self.left[epoch] = gone
                 log.info("epoch %d: %s left the group (they left the crew)", epoch, [w[:16] for w in gone])
-            world = task.world_at(epoch)
-            if self.reshard is not None and world != self.world:   # extra seats open here: data cut anew
-                self.reshard(world, task.shards_from(epoch))
-                log.info("epoch %d: the crew grew to %d seats; the data is cut into %d shards", epoch, world, world)
-                self.world = world
+            if self.reshard is not None and task.world_at(epoch) != self.world:   # extra seats open: data cut anew
+                self.world = task.world_at(epoch)
+                self.reshard(self.world, task.shards_from(epoch))
+                log.info("epoch %d: the crew grew to %d seats; the data is cut into as many shards", epoch,
+                         self.world)
             entering = [w for w in task.workers if task.first_epoch(w) == epoch and w != self.me]
             if not entering:
                 return
