@@ -114,14 +114,16 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
                         learn_addresses: Callable[[list[str]], Awaitable[None]],
                         wait_change: Callable[[float], Awaitable[None]],
                         retry_s: float = HOLDER_RETRY_S,
-                        on_retry: Callable[[str], None] | None = None) -> tuple[dict, str, TaskInfo]:
+                        on_retry: Callable[[str], None] | None = None,
+                        held: Callable[[str], str | None] = lambda digest: None) -> tuple[dict, str, TaskInfo]:
     """The state a joiner entering at ``first_epoch`` starts from, its digest, and the task as read once a
     member committed the epoch before (its group, `group_of`, is final then): a member's committed state of
     that epoch, fetched from its holders and checked. Waits for that commitment while the task is open; when
     no holder serves it (a crew that died, docs/adr/0232), asks every holder again each ``retry_s`` (a former
     member that restarts with its home serves it again) for at most HOLDER_WAIT_S, telling ``on_retry`` why
-    each time. JoinFailed when the task ended, this worker is no longer in its crew, or no holder served a
-    checked file in that time."""
+    each time. ``held``: the artifact id of a state this node keeps itself (a verifier's mirror of it,
+    docs/adr/0236). JoinFailed when the task ended, this worker is no longer in its crew, or no holder served
+    a checked file in that time."""
     epoch = first_epoch - 1
     errors: list[str] = []
     failing_since: float | None = None
@@ -139,7 +141,7 @@ async def joining_state(node: Any, task_id: str, first_epoch: int, read_task: Ca
         for digest, holders in candidates:
             await learn_addresses(holders)
             try:
-                path = await fetch_checked(node, holders, task_id, digest)
+                path = await fetch_checked(node, holders, task_id, digest, held(digest))   # ours if mirrored
                 return await asyncio.to_thread(_read_state, path), digest, task
             except (StateUnavailable, BadStateFile) as exc:
                 errors = [*errors[-(MAX_ERRORS - 1):], str(exc)]

@@ -21,9 +21,11 @@ class JobState:
     COMMITTED = "committed"
     FAILED = "failed"
     REJECTED = "rejected"
+    MIRRORING = "mirroring"   # not our share: a verifier's copy of the task's epoch states (docs/adr/0236)
+    MIRRORED = "mirrored"     # that copy, once the task ended
 
 
-TERMINAL = (JobState.COMMITTED, JobState.FAILED, JobState.REJECTED)
+TERMINAL = (JobState.COMMITTED, JobState.FAILED, JobState.REJECTED, JobState.MIRRORED)
 MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
 KEEPALIVE_S = 15.0        # and one at least this often, changed or not
 SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",

@@ -51,6 +51,7 @@ from ml.compute.membership import Membership
 from ml.compute.peer_fetch import PeerFetch
 from ml.compute.provider_checks import problems as provider_problems
 from ml.compute.results import Finalizer, ResultStore
+from ml.compute.state_mirror import StateMirror, mirror_only
 from ml.compute.training import PAUSED_REASON, Training
 from ml.compute.verifying import VerificationDuties
 from node.admission import PeerClass
@@ -97,6 +98,7 @@ class ComputeRole(Role):
                                  self.faults, self.transport, self._spawn, self.limits)
         self.verification = VerificationDuties(node, self.ledger, self.fetch, self.membership, self.faults,
                                                self._spawn, self._set_error)
+        self.mirror = StateMirror(node, self.board, self.fetch.learn_addresses, self._spawn)   # ADR 0236
         node.host.set_handler(segments_protocol.PROTOCOL, segments_protocol.make_record_handler(self.store.record_for))
         node.host.set_handler(ready_protocol.PROTOCOL,
                               ready_protocol.make_handler(self.training.ready_groups.__contains__))
@@ -156,7 +158,8 @@ class ComputeRole(Role):
         me = self.node.peer_id
         current = next(({"task_id": key, **{k: job.get(k) for k in ("state", "step", "steps", "loss")},
                          "eta_s": self.board.snapshot(key)["eta_s"]}
-                        for key, job in self.jobs.items() if job.get("state") not in TERMINAL), None)
+                        for key, job in self.jobs.items()
+                        if job.get("state") not in TERMINAL and not mirror_only(job)), None)
         section: dict[str, Any] = {"paused": self.paused, "registered": self.registered,
                                    "ledger": self.ledger.describe(), "hardware": self.hardware,
                                    "current_task": current, "last_error": self.last_error, "ledger_reachable": False}
@@ -289,6 +292,8 @@ class ComputeRole(Role):
                 self.verification.start_owed(task, now + 1)                 # (docs/adr/0230)
             if audited and involved:
                 await self._look_at_audits(task, now)
+            if me in parties:   # a verifier keeps the epoch's state (ADR 0236)
+                self.mirror.look(task)
         # reserved artifact upload slots and serving capacity for them (node/admission.py)
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 
@@ -296,7 +301,10 @@ class ComputeRole(Role):
         """Train, reject (paused, or outside the provider's limits), finalize or stop our share of a task we
         are a worker of (stopped too once the ledger takes no more commitments from us, docs/adr/0203)."""
         key, status = task.task_id, task.status
-        job = self.jobs.get(key) or self.training.restore(task, me)   # states kept across a restart (ADR 0232)
+        job = self.jobs.get(key)
+        if mirror_only(job):   # we only kept its states as a verifier (ADR 0236): named to its crew now
+            job = None
+        job = job or self.training.restore(task, me)   # states kept across a restart (ADR 0232)
         self.training.seen(task)   # a joiner named to the crew may send before our round reaches it (ADR 0226)
         if availability_duty.challenges_for(task, me, now + 1):   # ADR 0207 (an epoch's slots too, ADR 0230)
             self._spawn(self._answer_challenges(task, me, now + 1))

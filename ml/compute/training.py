@@ -125,7 +125,8 @@ class Training:
         rank, world = task.seat_of(me), task.world_at(first)   # the seats open at its first epoch (ADR 0234)
         task_id = task.task_bytes
         began = time.monotonic()
-        self.board.start(key, workers=workers)
+        mirrored = (self.board.jobs.get(key) or {}).get("epoch_states")   # kept as its verifier (ADR 0236)
+        self.board.start(key, workers=workers, **({"epoch_states": dict(mirrored)} if mirrored else {}))
         try:
             spec = train_spec_for_task(dict(task.spec))
             check_segments(task, spec)
@@ -257,8 +258,10 @@ class Training:
         def no_holder(why: str) -> None:   # every holder of the state is gone for now (docs/adr/0232)
             self.board.update(key, state=JOINER_WAITS_FOR_HOLDER, holder_error=why)
 
+        mirrored = dict(self.board.jobs.get(key, {}).get("epoch_states") or {})   # kept as its verifier (0236)
         state, digest, now = await joining_state(self.node, key, first, lambda: self._read_task(key),
-                                                 self.fetch.learn_addresses, wait_change, on_retry=no_holder)
+                                                 self.fetch.learn_addresses, wait_change, on_retry=no_holder,
+                                                 held=mirrored.get)
         fetched = time.monotonic()
         segment = task.first_segment(self.node.peer_id)
         await asyncio.to_thread(start_from, trainer, state, spec.first_step_of_segment(segment), segment)

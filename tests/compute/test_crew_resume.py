@@ -114,7 +114,7 @@ def test_a_joiner_stops_asking_when_its_seat_went_to_another_crew_or_the_wait_ra
     class Nobody:
         peer_id = "J"
 
-    async def unavailable(node, holders, task_id, digest):
+    async def unavailable(node, holders, task_id, digest, artifact=None):
         calls.append(holders)
         raise crew_changes.StateUnavailable("no holder says where it serves that state")
 
