@@ -5,9 +5,8 @@ member's committed state, every member cuts the data into 4 shards from that epo
 to the end. The auditors replay the new worker's segments with the grown world's cut and find them honest;
 each of the four seats is paid its share of the price over 4 seats for the epochs it trained, the rest goes
 back to the owner. Before ADR 0234 the fourth node never trained (no max_workers)."""
-import time
-
 import pytest
+from test_crew_restart_e2e import ENDED, wait_for
 from test_task_epochs_e2e import PRICE, rpc, submit_epoch_task
 
 from consensus.genesis import Params
@@ -29,14 +28,8 @@ def test_a_free_node_takes_an_extra_seat_and_is_paid_for_the_epochs_it_trained(t
         task_id = submit_epoch_task(net, SPEC, 3, EXPECTED_S, epochs=EPOCHS, max_workers=4)
         workers = rpc(net, "dkb_getTask", task_id)["workers"]
         extra = next(n for n in net.compute if n.peer_id not in workers)
-        deadline, task = time.monotonic() + 480, None
-        while time.monotonic() < deadline:
-            task = rpc(net, "dkb_getTask", task_id)
-            if task["status"] in ("paid", "stopped", "expired", "failed", "rejected"):
-                break
-            time.sleep(0.5)
-        assert task is not None and task["status"] == "paid", {k: task[k] for k in ("status", "reason", "epochs",
-                                                                                   "slots", "commits", "workers")}
+        task = wait_for(net, task_id, lambda t: t["status"] in ENDED, 480)
+        assert task["status"] == "paid", {k: task[k] for k in ("status", "reason", "epochs", "slots", "commits")}
         joined = task["epochs"].get("joined", {})
         assert list(joined) == [extra.peer_id], task["epochs"]
         seat, first = joined[extra.peer_id]
