@@ -443,7 +443,7 @@ async def measured_in_time(uploads: asyncio.Task[dict[str, dict[str, int]]]) -> 
     return uploads.result()
 
 
-def _departures(short_rounds: list, workers: list[str]) -> dict[str, int]:
+def _departures(short_rounds: list[Any], workers: list[str]) -> dict[str, int]:
     """Who left the rounds, and from which (shown in /status). A crew that changed (a joiner, an extra seat)
     lists workers the first epoch's crew lacks: its record shows no departures rather than failing the job."""
     try:
