@@ -35,8 +35,9 @@ class OuterTrainer(TrainerBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Nesterov needs a momentum: outer_momentum 0 (which the spec allows) is plain outer SGD
         self.outer = torch.optim.SGD(self._outer_parameters(), lr=self.spec.outer_lr,
-                                     momentum=self.spec.outer_momentum, nesterov=True)
+                                     momentum=self.spec.outer_momentum, nesterov=self.spec.outer_momentum > 0)
         self.outer_step = 0
         self.leader_rounds = leader_rounds(self.spec)
 

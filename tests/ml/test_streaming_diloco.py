@@ -174,6 +174,18 @@ def test_a_stream_round_steps_the_anchor_and_mixes_a_final_round_copies():
     assert all(torch.equal(p, a) for p, a in zip(trainer.params, trainer.anchor))
 
 
+def test_outer_momentum_zero_is_a_plain_outer_sgd_step():
+    trainer = lone_trainer(dataclasses.replace(SHORT, outer_lr=1.0, outer_momentum=0.0))
+    stream = next(r for r in trainer.rounds if r.kind == STREAM)
+    members = trainer._indices(stream.fragments)
+    anchor = [a.clone() for a in trainer.anchor]
+    average = [torch.full_like(trainer.params[i], 0.02) for i in members]
+    for _ in range(2):   # no momentum carries over from the first step into the second
+        trainer._apply(stream, average, 1)
+    for k, i in enumerate(members):
+        assert torch.allclose(trainer.anchor[i], anchor[i] - 2 * average[k])
+
+
 # -- the overlap -----------------------------------------------------------------------------------------
 
 class SlowAverager:
