@@ -503,17 +503,22 @@ class TaskInfo:
     def world_at(self, epoch: int) -> int:
         """The training world of ``epoch``: the seats open by then (an extra seat opens when its first
         worker enters; docs/adr/0234)."""
-        return crew.world_at(self.seats, self.epochs.joined if self.epochs is not None else {}, epoch)
+        return crew.world_at(self.seats, self._joined, epoch)
 
     def shards_from(self, epoch: int) -> int:
         """The first segment of the epoch since which ``epoch``'s world holds: where its data shards start
         (0 while the crew never grew)."""
-        since = crew.world_since(self.seats, self.epochs.joined if self.epochs is not None else {}, epoch)
+        since = crew.world_since(self.seats, self._joined, epoch)
         return since * self._per_epoch()
 
     def epoch_of(self, segment: int) -> int:
         """The epoch ``segment`` belongs to (0 for a task without epochs)."""
         return segment // self._per_epoch() if self._per_epoch() else 0
+
+    @property
+    def _joined(self) -> Mapping[str, tuple[int, int]]:
+        """Each joiner's [seat, first epoch] (none for a task without epochs)."""
+        return self.epochs.joined if self.epochs is not None else {}
 
     def _per_epoch(self) -> int:
         epochs = self.spec.get("epochs", 1)
@@ -522,7 +527,7 @@ class TaskInfo:
     def seat_of(self, worker: str) -> int:
         """``worker``'s seat, its rank in training: a joiner's is the seat it took, an original worker's its
         place among the first ``seats`` workers (consensus/state/crew.py)."""
-        return crew.seat_of(self.workers[:self.seats], self.epochs.joined if self.epochs is not None else {}, worker)
+        return crew.seat_of(self.workers[:self.seats], self._joined, worker)
 
     def first_epoch(self, worker: str) -> int:
         """The first epoch ``worker`` trains (0, or a joiner's)."""

@@ -96,13 +96,11 @@ def is_joiner(task: Task, worker: str) -> bool:
     return worker in task.epochs.get(JOINED_KEY, {})
 
 
-def occupant(task: Task, seat: int) -> str | None:
-    """The latest worker named to ``seat`` (None for an extra seat not opened yet)."""
-    latest = task.workers[seat] if seat < seats(task) else None
-    for worker, (joined_seat, _) in task.epochs.get(JOINED_KEY, {}).items():
-        if joined_seat == seat and (latest is None or task.workers.index(worker) > task.workers.index(latest)):
-            latest = worker
-    return latest
+def occupant(task: Task, seat: int) -> str:
+    """The latest worker named to ``seat`` (an open one): its last joiner (joiners are appended to
+    ``task.workers`` as they are named), else its original worker."""
+    named = [worker for worker, (joined_seat, _) in task.epochs.get(JOINED_KEY, {}).items() if joined_seat == seat]
+    return max(named, key=task.workers.index) if named else task.workers[seat]
 
 
 def superseded_in(workers: Sequence[str], joiners: Mapping[str, Sequence[int]], worker: str, reached: int,
@@ -123,7 +121,7 @@ def superseded(task: Task, worker: str, reached: int) -> bool:
 
 def join(task: Task, worker: str, seat: int, epoch: int) -> dict[str, Any]:
     """Name ``worker`` to ``seat`` from ``epoch`` on; the event says who it replaces (None: a new seat)."""
-    replaced = occupant(task, seat)
+    replaced = occupant(task, seat) if seat < open_seats(task) else None
     task.workers.append(worker)
     task.epochs.setdefault(JOINED_KEY, {})[worker] = [seat, epoch]
     return {"type": "worker_joined", "worker": worker, "seat": seat, "epoch": epoch, "replaces": replaced}

@@ -48,7 +48,7 @@ def vacant_seats(task: Task) -> list[int]:
     joiner whose first epoch is later keeps it."""
     epoch = epochs.current(task)
     return [seat for seat in range(crew.open_seats(task))
-            if crew.first_epoch(task, str(crew.occupant(task, seat))) <= epoch]
+            if crew.first_epoch(task, crew.occupant(task, seat)) <= epoch]
 
 
 def begin(ctx: BlockContext, task: Task, span_ms: int, joiners: list[str]) -> dict[str, Any]:

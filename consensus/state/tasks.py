@@ -399,7 +399,7 @@ def fill_vacant_seats(state: LedgerState, params: Params, ctx: BlockContext, tas
     if start >= epochs.count(task) or task_stop.STOP_KEY in task.epochs:
         return
     opened = crew.open_seats(task)
-    vacant = [seat for seat in range(opened) if not epochs.in_crew(task, str(crew.occupant(task, seat)))]
+    vacant = [seat for seat in range(opened) if not epochs.in_crew(task, crew.occupant(task, seat))]
     wanted = [*vacant, *range(opened, crew.max_seats(task))]
     if wanted:
         _seat_joiners(state, params, task_id, task, wanted, replacements(state, params, ctx, task_id, task,

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .transport import Stream, Transport, going_away
+from .transport import Stream, Transport, going_away, is_going_away
 from .uplink import UplinkTurn
 from .wire import Frame, Kind, encode_frame
 
@@ -108,7 +108,7 @@ class PeerLinks:
             while True:
                 entry = await _next_entry(queue, stream)  # None: the stream's connection goes away
                 try:
-                    if stream is not None and _moving(stream):
+                    if stream is not None and is_going_away(stream):
                         stream = await self._move(peer, stream)
                     if entry is None or self.is_abandoned(frame := entry[-1]):
                         continue
@@ -147,11 +147,6 @@ class PeerLinks:
             new.reset()
             raise
         return new
-
-
-def _moving(stream: Stream) -> bool:
-    event = going_away(stream)
-    return event is not None and event.is_set()
 
 
 async def _next_entry(queue: asyncio.PriorityQueue[Entry], stream: Stream | None) -> Entry | None:

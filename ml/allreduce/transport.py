@@ -26,7 +26,7 @@ import socket
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -64,10 +64,17 @@ class Stream(Protocol):
 StreamHandler = Callable[[Stream, str], Awaitable[None]]
 
 
-def going_away(stream: Stream) -> asyncio.Event | None:
-    """The stream's `going_away` event, if its transport has one (see the module docstring)."""
+def going_away(stream: Any) -> asyncio.Event | None:
+    """The `going_away` event of a stream (or of the Host connection under it), if its transport has one
+    (see the module docstring)."""
     event = getattr(stream, "going_away", None)
     return event if isinstance(event, asyncio.Event) else None
+
+
+def is_going_away(stream: Any) -> bool:
+    """Whether the connection under ``stream`` (or that connection itself) takes no new streams now."""
+    event = going_away(stream)
+    return event is not None and event.is_set()
 
 
 class Transport(Protocol):

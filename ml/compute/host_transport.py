@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ml.allreduce.transport import StreamHandler, TransportError, set_unsent_lowat
+from ml.allreduce.transport import StreamHandler, TransportError, is_going_away, set_unsent_lowat
 from ml.compute.relay_meter import RelayMeter
 from node.p2p.connection import Connection, HostStream
 from node.p2p.errors import ProtocolError
@@ -58,7 +58,7 @@ class HostTransport:
         lock = self._dial_locks.setdefault(peer_id, asyncio.Lock())
         async with lock:  # concurrent first sends to one peer share one bulk connection
             conn = self._bulk_connections.get(peer_id)
-            if conn is None or conn.closed or _going_away(conn):
+            if conn is None or conn.closed or is_going_away(conn):   # retired: it closes once its streams finish
                 conn = await self.host.open_bulk_connection(peer_id)
                 _limit_unsent(conn)
                 self.relay_meter.opened(conn)
@@ -74,12 +74,6 @@ class HostTransport:
         for conn in connections:
             with contextlib.suppress(Exception):  # closing a connection that already died
                 await conn.close()
-
-
-def _going_away(conn: Connection) -> bool:
-    """Whether ``conn`` takes no new streams any more (a GoAway: it closes once its streams finish)."""
-    event = conn.going_away
-    return event is not None and event.is_set()
 
 
 def _limit_unsent(conn: Connection) -> None:
