@@ -16,8 +16,10 @@ it to make a node send much. `BandwidthService` (a node service) serves the prob
 calls `start_probing()`, pings the connected peers and probes two every `PROBE_INTERVAL_S` (every
 `RETRY_PROBE_S` while none could be probed). Each probe's download leg is the probed peer's upload
 as this node saw it; the service keeps the last one per peer (`peer_uploads`), and `measure_peers`
-probes the peers it has no fresh figure for: what a compute node reports for its co-workers in
-commit_result (docs/adr/0219), so the ledger can rank by bandwidth other nodes measured.
+probes the peers it has no fresh figure for (a probe of a peer this node already has in flight is
+awaited, not asked twice): what a compute node reports for its co-workers in commit_result
+(docs/adr/0219), so the ledger can rank by bandwidth other nodes measured; `uploads_of` reads the
+figures found so far, for a commit that cannot wait for the rest.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ RETRY_PROBE_S = 30.0        # while no probe has succeeded (no peer connected ye
 FIRST_PROBE_S = 2.0
 PEERS_PER_PROBE = 2
 CHUNK = 64 * 1024
-PROBE_ATTEMPTS = 4           # measure_peers: tries per peer while it is busy with another asker's probe
+PROBE_ATTEMPTS = 8           # measure_peers: tries per peer while it is busy with another asker's probe
+RETRY_PAUSE_S = (0.05, 0.4)  # measure_peers: the random pause before the next round of tries
 MEASURE_BUDGET_S = 15.0      # measure_peers: seconds for all its probes (a worker's, while it trains)
 GO, BUSY = b"\x00", b"\x01"
 REQUEST = struct.Struct(">I")
@@ -253,6 +256,7 @@ class BandwidthService:
         self._probing = asyncio.Event()
         self.last_error: str | None = None
         self.peer_uploads: dict[str, tuple[float, float]] = {}   # peer -> (its upload in Mbit/s, when)
+        self._probing_now: dict[str, asyncio.Future[None]] = {}   # peer -> this node's probe of it in flight
         self.host.set_handler(PROTOCOL, make_probe_handler(self.meter, self.admission))
         node.status.add_section("bandwidth", self.status)
         node.dashboard.sections["bandwidth"] = self._dashboard   # the provider page's status (docs/adr/0198)
@@ -282,35 +286,61 @@ class BandwidthService:
         return measured
 
     async def _probe(self, peer: str) -> None:
+        """Probe ``peer`` and keep its upload; a probe of it already in flight from this node (the periodic
+        one, another task's) is awaited rather than asked again: the peer would refuse a second one."""
+        running = self._probing_now.get(peer)
+        if running is None:
+            running = asyncio.ensure_future(self._probe_once(peer))
+            self._probing_now[peer] = running
+            running.add_done_callback(lambda done: self._probe_ended(peer, done))
+        await asyncio.shield(running)
+
+    def _probe_ended(self, peer: str, done: asyncio.Future[None]) -> None:
+        if self._probing_now.get(peer) is done:
+            del self._probing_now[peer]
+        if not done.cancelled():
+            done.exception()   # retrieved: a probe whose askers all gave up is not an unhandled error
+
+    async def _probe_once(self, peer: str) -> None:
         figures = await probe(self.host, peer, self.meter)
         if len(self.peer_uploads) >= MAX_PEERS and peer not in self.peer_uploads:   # bounded: drop the oldest
             del self.peer_uploads[min(self.peer_uploads, key=lambda p: self.peer_uploads[p][1])]
         self.peer_uploads[peer] = (figures["download_mbps"], time.monotonic())
 
-    async def measure_peers(self, peers: list[str], max_age_s: float = PROBE_INTERVAL_S,
-                            budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
-        """Each of ``peers``' upload (Mbit/s) as this node measured it within ``max_age_s``, probing the
-        connected ones without such a figure within ``budget_s`` seconds in all (a peer busy with another
-        probe is retried after a random pause, up to PROBE_ATTEMPTS times); peers that could not be
-        measured are left out."""
-        deadline = time.monotonic() + budget_s
-        for peer in peers:
-            seen = self.peer_uploads.get(peer)
-            if (seen is not None and time.monotonic() - seen[1] <= max_age_s) or not self.host.is_connected(peer):
-                continue
-            for attempt in range(PROBE_ATTEMPTS):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(self._probe(peer), left)
-                    break
-                except (ProbeError, TimeoutError) as exc:
-                    log.info("bandwidth probe of %s (try %d): %r", peer, attempt + 1, exc)
-                    await asyncio.sleep(min(random.uniform(0.2, 1.0), max(0.0, deadline - time.monotonic())))
+    def uploads_of(self, peers: list[str], max_age_s: float = PROBE_INTERVAL_S) -> dict[str, float]:
+        """Each of ``peers``' upload (Mbit/s) as this node measured it within ``max_age_s`` (those without
+        such a figure left out): what `measure_peers` has found so far, also while it still runs."""
         now = time.monotonic()
         return {peer: self.peer_uploads[peer][0] for peer in peers
                 if peer in self.peer_uploads and now - self.peer_uploads[peer][1] <= max_age_s}
+
+    async def measure_peers(self, peers: list[str], max_age_s: float = PROBE_INTERVAL_S,
+                            budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
+        """Each of ``peers``' upload (Mbit/s) as this node measured it within ``max_age_s``, probing the
+        connected ones without such a figure within ``budget_s`` seconds in all: each round tries every
+        peer still unmeasured once, and a peer busy with another asker's probe is tried again in the next
+        round, after a random pause, up to PROBE_ATTEMPTS times; peers that could not be measured are
+        left out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        pending = [peer for peer in dict.fromkeys(peers)
+                   if peer not in self.uploads_of([peer], max_age_s) and self.host.is_connected(peer)]
+        for attempt in range(PROBE_ATTEMPTS):
+            failed = []
+            for peer in pending:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return self.uploads_of(peers, max_age_s)
+                try:
+                    await asyncio.wait_for(self._probe(peer), left)
+                except (ProbeError, TimeoutError) as exc:
+                    log.info("bandwidth probe of %s (try %d): %r", peer, attempt + 1, exc)
+                    failed.append(peer)
+            pending = [peer for peer in failed if peer not in self.uploads_of([peer], max_age_s)]
+            if not pending:
+                break
+            await asyncio.sleep(min(random.uniform(*RETRY_PAUSE_S), max(0.0, deadline - loop.time())))
+        return self.uploads_of(peers, max_age_s)
 
     async def run(self) -> None:
         await self._probing.wait()

@@ -66,6 +66,7 @@ class StateMirror:
         try:
             await self.learn_addresses(committers)
             _, artifact = await fetch_checked_artifact(self.node, committers, key, digest)
+            await self.node.artifacts.retain(artifact)   # not evicted while it may be the task's only copy
         except (StateUnavailable, ConnectionError, OSError) as exc:
             log.info("task %s: epoch %d's state not mirrored yet: %s", key[:16], epoch + 1, exc)
             await asyncio.sleep(RETRY_S)

@@ -41,6 +41,7 @@ from ml.job.runner import train_to_end
 from ml.train.dry_run import Untrainable, dry_run
 from ml.train.progress import ProgressFeed
 from ml.train.segments import ArtifactSink
+from node.bandwidth import MEASURE_BUDGET_S
 from node.ledger import LedgerGateway, LedgerUnavailable, TxFailed
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ READY_TIMEOUT_S = 120.0
 JOINER_WAITS_FOR_HOLDER = "waiting for a holder of the crew's state"   # a joiner's job state (docs/adr/0232)
 READY_MIN_FETCH_RATE = 1 << 20   # bytes/s: co-workers fetching the inputs this slowly are still waited for
 LINGER_S = 60.0          # keep a finished group serving while peers may still finish the last round
-RATES_WAIT_S = 1.0       # the commit waits at most this for co-worker probes still running (taken while training)
+RATES_WAIT_S = 1.0       # the commit waits at least this for co-worker probes still running (taken while training)
 CLOSE_POLL_S = 30.0      # while lingering, a look at the task even without an event
 MAX_REASON_CHARS = 500   # reject_task's reason (the ledger's bound)
 PAUSED_REASON = "paused by its provider"
@@ -135,7 +136,7 @@ class Training:
             return
         others = [w for w in workers if w != me]
         group: Any = None
-        uploads: asyncio.Task[dict[str, dict[str, int]]] | None = None
+        uploads: asyncio.Task[None] | None = None
         meter = getattr(self.transport, "relay_meter", None)   # relayed bytes of this task (ADR 0223)
         try:
             device = self.device_for(task, spec)
@@ -173,7 +174,8 @@ class Training:
             if meter is not None:
                 meter.start(key)
             # co-workers' uploads for commit_result (ADR 0219), probed while we train: off the commit's path
-            uploads = asyncio.ensure_future(self._co_worker_uploads(others))
+            uploads = asyncio.ensure_future(self._probe_co_workers(others))
+            probes_started = time.monotonic()
 
             async def keep(records: dict[str, Any]) -> None:   # an epoch's records, served to its verifiers (ADR 0203)
                 await asyncio.to_thread(self.results.save, key, records)
@@ -210,7 +212,7 @@ class Training:
             self.board.update(key, state="committing", step=summary["steps"], bytes_sent=summary["bytes_sent"],
                               metrics=summary["metrics"], result=weights,
                               departures=_departures(summary["short_rounds"], workers))
-            rates = await measured_in_time(uploads)
+            rates = await self._co_worker_uploads(uploads, others, probes_started)
             counted = meter.take(key) if meter is not None else {}
             if counted:
                 self.board.update(key, relay_bytes=counted)   # shown in /status and dkb_computeStatus
@@ -369,14 +371,25 @@ class Training:
         log.info("task %s: serving the epoch states committed before this node restarted", task.task_id)
         return self.board.start(task.task_id, **fields, finished_at=time.time())
 
-    async def _co_worker_uploads(self, co_workers: list[str]) -> dict[str, dict[str, int]]:
+    async def _probe_co_workers(self, co_workers: list[str]) -> None:
+        """Probe the co-workers' uploads (the bandwidth service probes those it has no fresh figure for),
+        while this worker trains; `_co_worker_uploads` reads what it found at commit."""
+        service = self.membership.bandwidth_service()
+        if service is not None and co_workers:
+            await service.measure_peers(co_workers)
+
+    async def _co_worker_uploads(self, probing: asyncio.Task[None], co_workers: list[str],
+                                 started: float) -> dict[str, dict[str, int]]:
         """commit_result's ``peer_rates``: each co-worker's upload (Mbit/s) as this node's probes measured
-        it (the bandwidth service probes those it has no fresh figure for), which the ledger turns into
-        verified bandwidth once the task is paid (docs/adr/0219); {} when none could be measured."""
+        it, which the ledger turns into verified bandwidth once the task is paid (docs/adr/0219). The commit
+        waits for probes still running until their budget from ``started`` is spent (a job shorter than
+        the probing) or RATES_WAIT_S, whichever is later, then reports the co-workers measured so far;
+        {} when none could be measured."""
+        await measured_in_time(probing, max(RATES_WAIT_S, started + MEASURE_BUDGET_S - time.monotonic()))
         service = self.membership.bandwidth_service()
         if service is None or not co_workers:
             return {}
-        measured = await service.measure_peers(co_workers)
+        measured = service.uploads_of(co_workers)
         rates = {peer: min(MAX_BANDWIDTH_MBPS, int(mbps)) for peer, mbps in sorted(measured.items()) if mbps >= 1}
         return {"peer_rates": rates} if rates else {}
 
@@ -433,14 +446,14 @@ def ready_timeout(files: dict[str, Path]) -> float:
     return READY_TIMEOUT_S + size / READY_MIN_FETCH_RATE
 
 
-async def measured_in_time(uploads: asyncio.Task[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
-    """The co-worker measurements probed while training, if they are done within RATES_WAIT_S ({} otherwise,
-    or when probing failed): a slow or unanswering co-worker never holds the commit back."""
-    done, _ = await asyncio.wait({uploads}, timeout=RATES_WAIT_S)
-    if not done or uploads.cancelled() or uploads.exception() is not None:
-        uploads.cancel()
-        return {}
-    return uploads.result()
+async def measured_in_time(probing: asyncio.Task[None], wait_s: float) -> None:
+    """Let the co-worker probes started while training run at most ``wait_s`` more, then stop them: a slow
+    or unanswering co-worker never holds the commit back longer (a failed probe neither)."""
+    done, _ = await asyncio.wait({probing}, timeout=wait_s)
+    if not done:
+        probing.cancel()
+    elif not probing.cancelled() and probing.exception() is not None:
+        log.info("co-worker probes failed: %r", probing.exception())
 
 
 def _departures(short_rounds: list[Any], workers: list[str]) -> dict[str, int]:

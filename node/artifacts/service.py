@@ -179,6 +179,11 @@ class ArtifactService:
     async def add_bytes(self, data: bytes) -> str:
         return await asyncio.to_thread(self.store.add_bytes, data)
 
+    async def retain(self, artifact: str) -> None:
+        """Keep ``artifact`` (fetched from others) like a result this node made: pinned against eviction for
+        the store's retention (a mirrored epoch state, docs/adr/0236)."""
+        await asyncio.to_thread(self.quota.mark_own, artifact)
+
     def has(self, artifact: str) -> bool:
         return self.store.has(artifact)
 

@@ -2,6 +2,7 @@
 framing, and a probe between two real Hosts."""
 import asyncio
 import types
+import time
 
 import pytest
 
@@ -212,26 +213,102 @@ def test_measure_peers_keeps_each_peers_upload_and_waits_out_a_busy_peer(monkeyp
 
 
 def test_a_commit_waits_at_most_a_second_for_co_worker_probes(monkeypatch):
-    """The probes a worker starts while training (ADR 0219) never hold its commit back: done ones are used,
-    one still running after RATES_WAIT_S is cancelled and the commit goes without rates, a failed one too."""
+    """The probes a worker starts while training (ADR 0219) never hold its commit back past their budget:
+    probing still running after it (or after RATES_WAIT_S once it is spent) is cancelled, and the commit
+    reports the co-workers measured so far; a failed probing task does not fail the commit either."""
     from ml.compute import training
 
     monkeypatch.setattr(training, "RATES_WAIT_S", 0.2)
 
+    class Service:
+        def __init__(self):
+            self.peer_uploads = {}
+
+        def uploads_of(self, peers):
+            return {peer: self.peer_uploads[peer] for peer in peers if peer in self.peer_uploads}
+
+    service = Service()
+    worker = types.SimpleNamespace(membership=types.SimpleNamespace(bandwidth_service=lambda: service))
+
     async def scenario():
-        async def rates(delay, fail=False):
-            await asyncio.sleep(delay)
+        async def probing(delay, fail=False):
+            service.peer_uploads["p"] = 400.7        # the first co-worker measured at once...
+            await asyncio.sleep(delay)               # ...the second one never in time
             if fail:
                 raise RuntimeError("probe broke")
-            return {"peer_rates": {"p": 400}}
+            service.peer_uploads["q"] = 0.5          # under 1 Mbit/s: not reported
 
-        quick = asyncio.ensure_future(rates(0))
-        slow = asyncio.ensure_future(rates(30))
-        broken = asyncio.ensure_future(rates(0, fail=True))
         loop = asyncio.get_running_loop()
+        got = []
         started = loop.time()
-        got = [await training.measured_in_time(task) for task in (quick, slow, broken)]
-        return got, loop.time() - started, slow.cancelled()
+        for delay, fail in ((0, False), (30, False), (0, True)):
+            task = asyncio.ensure_future(probing(delay, fail))
+            got.append(await training.Training._co_worker_uploads(worker, task, ["p", "q", "r"], started - 100))
+            await asyncio.sleep(0)
+            got.append(task.cancelled())
+        return got, loop.time() - started
 
-    got, elapsed, cancelled = asyncio.run(scenario())
-    assert got == [{"peer_rates": {"p": 400}}, {}, {}] and elapsed < 2 and cancelled
+    got, elapsed = asyncio.run(scenario())
+    assert got == [{"peer_rates": {"p": 400}}, False, {"peer_rates": {"p": 400}}, True, {"peer_rates": {"p": 400}}, False]
+    assert elapsed < 2
+
+
+def test_a_job_shorter_than_the_probing_waits_for_it_within_its_budget(monkeypatch):
+    """A job that trains faster than its probes finish (a few seconds of work) still reports its co-workers:
+    the commit waits for the probing until MEASURE_BUDGET_S from its start, not longer."""
+    from ml.compute import training
+
+    monkeypatch.setattr(training, "MEASURE_BUDGET_S", 0.6)
+    service = types.SimpleNamespace(peer_uploads={})
+    service.uploads_of = lambda peers: {p: service.peer_uploads[p] for p in peers if p in service.peer_uploads}
+    worker = types.SimpleNamespace(membership=types.SimpleNamespace(bandwidth_service=lambda: service))
+
+    async def scenario():
+        async def probing(delay):
+            await asyncio.sleep(delay)
+            service.peer_uploads["p"] = 300.0
+
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        in_budget = await training.Training._co_worker_uploads(worker, asyncio.ensure_future(probing(0.4)), ["p"],
+                                                               started)
+        service.peer_uploads.clear()
+        started, begun = time.monotonic(), loop.time()
+        late = await training.Training._co_worker_uploads(worker, asyncio.ensure_future(probing(5)), ["p"], started)
+        return in_budget, late, loop.time() - begun
+
+    in_budget, late, waited = asyncio.run(scenario())
+    assert in_budget == {"peer_rates": {"p": 300}} and late == {}
+    assert 0.5 < waited < 2      # the rest of the budget (RATES_WAIT_S once it is spent), not the probe's 5 s
+
+
+def test_a_probe_in_flight_is_shared_not_asked_twice(monkeypatch):
+    """The periodic probe and a worker's co-worker probes of the same peer meet: the second asker awaits the
+    first probe instead of being refused by the peer (it admits one probe per asker per cooldown)."""
+    class FakeNode:
+        def __init__(self, host):
+            self.host, self.status = host, types.SimpleNamespace(add_section=lambda name, fn: None)
+            self.dashboard = types.SimpleNamespace(sections={})
+
+    async def scenario():
+        me, peer = Host(Identity.generate()), Host(Identity.generate())
+        await me.start()
+        await peer.start()
+        try:
+            mine, theirs = bandwidth.BandwidthService(FakeNode(me)), bandwidth.BandwidthService(FakeNode(peer))
+            me.peerbook.add_addrs(peer.peer_id, peer.listen_addrs)
+            await me.ping(peer.peer_id)
+            periodic = asyncio.ensure_future(mine.probe_peers([peer.peer_id]))
+            for _ in range(1000):                     # its ping answered, its probe under way
+                if mine._probing_now:
+                    break
+                await asyncio.sleep(0.001)
+            measured = await mine.measure_peers([peer.peer_id], budget_s=5)
+            return await periodic, measured, theirs.admission._last, mine._probing_now, peer.peer_id
+        finally:
+            await me.stop()
+            await peer.stop()
+
+    periodic_ok, measured, admitted, in_flight, peer_id = asyncio.run(scenario())
+    assert periodic_ok and set(measured) == {peer_id} and measured[peer_id] > 1
+    assert len(admitted) == 1 and in_flight == {}     # one probe served, none left running

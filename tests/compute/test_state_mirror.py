@@ -71,6 +71,7 @@ def test_a_joiner_gets_the_state_from_a_verifier_once_every_committer_is_gone():
                 await asyncio.wait_for(started[0], 30)
                 assert board.jobs[TASK_ID]["state"] == JobState.MIRRORING
                 kept = board.jobs[TASK_ID]["epoch_states"][digest]
+                assert mirror.artifacts.quota.pinned(kept)   # never evicted for room while the copy may be the last
                 mirror.host.set_handler(progress_protocol.PROTOCOL, progress_protocol.make_handler(board))
             # the holder is gone for good: the joiner asks it first, then the verifier
 
