@@ -1,8 +1,8 @@
 """node.bandwidth: the meter's figures, when a figure is worth a new record, probe admission and
 framing, and a probe between two real Hosts."""
 import asyncio
-import types
 import time
+import types
 
 import pytest
 
