@@ -13,9 +13,13 @@ worker), ``loss_gap`` ((streaming eval loss - data-parallel's) / data-parallel's
 ``utilization_least`` (the least of any worker's), the same for DiLoCo int8, data-parallel's
 utilization, and ``join_s``, ``kill_recovered``, ``long_task_paid`` as null with the reason (this
 bench drives trainers, not tasks on a chain: see bench/crew_change.py, bench/state_catch_up.py and bench/long_task.py).
+With ``--crew-change`` it then runs ``bench/crew_change.py --netlab`` with the same links (a task on a chain
+over NAT'd homes, a worker SIGKILLed after its first epoch and replaced) and reports its ``join_s`` and
+``kill_recovered``.
 
     sudo python bench/training_netlab.py --short            # 60 steps, H = 30
     sudo python bench/training_netlab.py --steps 240 --inner-steps 30 --warmup 60
+    sudo python bench/training_netlab.py --short --crew-change   # with join_s and kill_recovered
     sudo python bench/training_netlab.py --steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 10 \
         --lr 0.016 --outer-lr 1.0 --dp-reference-lr 0.016      # the issue's targets (docs/BENCHMARKS.md)
 
@@ -124,6 +128,19 @@ def summarize(results: dict[str, dict], args) -> dict:
                 "utilization": reference["utilization"]}})}
 
 
+def run_crew_change(args) -> dict:
+    """bench/crew_change.py's netlab run with this bench's links: a task on a chain whose worker is killed
+    after its first epoch and replaced (its lab is built after this bench's is torn down)."""
+    import crew_change
+
+    defaults = argparse.ArgumentParser()
+    crew_change.add_arguments(defaults, netlab=True)
+    result = crew_change.run_netlab(argparse.Namespace(**vars(defaults.parse_args([])), mbit=args.mbit,
+                                                       delays_ms=args.delays_ms))
+    print(json.dumps({"crew_change": result}), flush=True)
+    return result
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="60 steps, H = 30, warmup 30")
@@ -143,6 +160,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--codec", help="streaming's codec (dense: fp32, fp16, bf16, int8, int4)")
     parser.add_argument("--dp-reference-lr", type=float,
                         help="also run data-parallel fp32 at this lr and give the loss gaps against it")
+    parser.add_argument("--crew-change", action="store_true",
+                        help="then a task on a chain in the same kind of lab, a worker killed and replaced: "
+                             "join_s and kill_recovered (bench/crew_change.py --netlab)")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (the summary needs all three)")
     args = parser.parse_args(argv)
@@ -174,8 +194,14 @@ def main() -> None:
                 print(json.dumps({"label": label, **failed[label]}), flush=True)
     finally:
         net.close()
+    crew_change = run_crew_change(args) if args.crew_change else None
     if set(MODES) <= set(results):
-        print(json.dumps({**summarize(results, args), "paths": settled, "failed": failed,
+        summary = summarize(results, args)
+        if crew_change is not None:
+            summary.update(join_s=crew_change["join_s"], kill_recovered=crew_change["kill_recovered"],
+                           crew_change=crew_change)
+            del summary["join_s_reason"], summary["kill_recovered_reason"]
+        print(json.dumps({**summary, "paths": settled, "failed": failed,
                           "bench_seconds": round(time.monotonic() - started, 1)}))
     elif failed:
         sys.exit(f"failed: {sorted(failed)}")

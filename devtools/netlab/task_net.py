@@ -76,26 +76,30 @@ class TaskNet:
 
     @classmethod
     def build(cls, root: Path, compute: int = 4, public: tuple[str, ...] = (), client_homes: int = 0,
-              compute_config: list[dict] | None = None, home_delay_ms: float | None = None) -> TaskNet:
+              compute_config: list[dict] | None = None, home_delay_ms: float | list[float] | None = None,
+              mbit: float | None = None, params: dict | None = None) -> TaskNet:
         """``public``: more public hosts, ``client_homes``: more homes behind endpoint-independent NATs
         (``h5``, ... after the compute nodes' homes), both for clients; ``compute_config``: config
         overrides per compute node ({(section, key): value}, e.g. a ``[serve]`` section);
-        ``home_delay_ms``: a delay line of that many ms each way on every home's WAN link."""
+        ``home_delay_ms``: a delay line of that many ms each way on every home's WAN link (or one per
+        home); ``mbit``: every home's links capped at that rate (``tc tbf``); ``params``: genesis
+        parameters over TASK_PARAMS."""
         nats = HOME_NATS[:compute] + ["eim"] * client_homes
-        delays = None if home_delay_ms is None else [home_delay_ms] * len(nats)
-        lab = Lab().build(["val", "relay1", "relay2", *public], nats, delays)
+        delays = [home_delay_ms] * len(nats) if isinstance(home_delay_ms, (int, float)) else home_delay_ms
+        lab = (Lab() if mbit is None else Lab(home_rate_mbit=mbit)).build(["val", "relay1", "relay2", *public], nats,
+                                                                        delays)
         try:
-            return cls._write(lab, Path(root), compute, compute_config or [{}] * compute)
+            return cls._write(lab, Path(root), compute, compute_config or [{}] * compute, params or {})
         except BaseException:
             lab.teardown()
             raise
 
     @classmethod
-    def _write(cls, lab: Lab, root: Path, compute: int, compute_config: list[dict]) -> TaskNet:
+    def _write(cls, lab: Lab, root: Path, compute: int, compute_config: list[dict], params: dict) -> TaskNet:
         relay_ids = [Identity.generate() for _ in range(2)]
         compute_ids = [Identity.generate() for _ in range(compute)]
         testnet = Testnet.create(root, 2, chain_id="dekube-netlab", host=lab.public["val"],
-                                 base_port=VALIDATOR_BASE_PORT, params=TASK_PARAMS,
+                                 base_port=VALIDATOR_BASE_PORT, params={**TASK_PARAMS, **params},
                                  balances={i.peer_id: FUNDS for i in relay_ids + compute_ids})
         rpc_urls = [v.rpc_url for v in testnet.nodes]
         relays, relay_addrs = [], []
@@ -189,6 +193,25 @@ class TaskNet:
 
     def _cli_command(self, host: str, args) -> list[str]:
         return ["ip", "netns", "exec", self.lab.ns_of(host), sys.executable, "-m", "cli.main", *args]
+
+    def home_rpc(self, member: Member, method: str, *params):
+        """One JSON-RPC call to compute node ``member``'s own RPC, from inside its home (the homes are behind
+        NATs: nobody else reaches it); raises on any failure."""
+        code = ("import json, sys, urllib.request\n"
+                "call = {'jsonrpc': '2.0', 'id': 1, 'method': sys.argv[2], 'params': json.loads(sys.argv[3])}\n"
+                "body = json.dumps(call)\n"
+                "req = urllib.request.Request(sys.argv[1], body.encode(), {'Content-Type': 'application/json'})\n"
+                "print(urllib.request.urlopen(req, timeout=10).read().decode())")
+        home = self.lab.homes[self.compute.index(member)]
+        done = subprocess.run(["ip", "netns", "exec", member.ns, sys.executable, "-c", code,
+                               f"http://{home.ip}:{RPC_PORT}", method, json.dumps(params)],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"{method} at {member.name} failed: {done.stderr[-500:]}")
+        answer = json.loads(done.stdout)
+        if "error" in answer:
+            raise RuntimeError(f"{method} at {member.name}: {answer['error']}")
+        return answer["result"]
 
     def rpc(self, method: str, *params, url: str | None = None):
         """One JSON-RPC call to a validator (or ``url``) from inside the lab; None if unreachable."""
