@@ -316,6 +316,7 @@ class AllReduceGroup:
         if remote not in self._io.peers and remote not in self._accepted:
             stream.reset()
             return
+        self._links.reachable(remote)   # it reached us: our link to it may dial it again (links.py)
         self._incoming[remote] += 1
         try:
             await self._read_stream(stream, remote)

@@ -14,6 +14,12 @@ streams and is reset once its drain time is up) is moved between frames, busy or
 opens the next stream (on the peer's current connection), ends the old one and waits until the peer
 has read it to its end (the peer closes its side there) before writing on the new one, so every
 frame arrives once and in order (docs/adr/0233).
+
+A peer no connection could be made to (`PeerUnreachable`: it died, and every dial to it fails, often
+only after a connect timeout of seconds) is not dialed again for a backoff of `BACKOFF_FIRST_S`, doubling up to
+`BACKOFF_MAX_S`: until then a link to it fails at once, so each round after a member died fails its
+first attempt at once instead of after a dial timeout (docs/adr/0238). A stream opened to it, or one it
+opened to us (`reachable`), ends the backoff.
 """
 from __future__ import annotations
 
@@ -23,13 +29,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .transport import Stream, Transport, going_away, is_going_away
+from .transport import PeerUnreachable, Stream, Transport, going_away, is_going_away
 from .uplink import UplinkTurn
 from .wire import Frame, Kind, encode_frame
 
 QUEUE_FRAMES = 8
 KEEP_ABANDONED_ROUNDS = 4  # abandoned attempts are remembered for this many recent rounds
 OPEN_TIMEOUT_S = 10.0
+BACKOFF_FIRST_S = 2.0    # after a failed open, the peer is not dialed again for this long...
+BACKOFF_MAX_S = 60.0     # ...doubling after each further failed open, up to this
 MOVE_TIMEOUT_S = 60.0  # the most a moved stream's end may take to be read (its connection's drain ends it first)
 DATA_KINDS = (Kind.PART, Kind.RESULT)
 TURN_BYTES = 256 << 10  # the most one turn on the uplink writes (a large frame takes several turns)
@@ -51,6 +59,27 @@ class PeerLinks:
         self.bytes_sent = 0
         self._seq = 0  # queue entries' tie-breaker: FIFO within one rank
         self.uplink = UplinkTurn()
+        self._backoff: dict[str, tuple[float, float, str]] = {}   # peer -> (not before, last delay, why)
+
+    def reachable(self, peer: str) -> None:
+        """``peer`` opened a stream to us: dial it again at once if a link is needed."""
+        self._backoff.pop(peer, None)
+
+    async def _open(self, peer: str) -> Stream:
+        """A stream to ``peer``, or an error: at once while its backoff runs, else the open's own."""
+        now = asyncio.get_running_loop().time()
+        until, delay, why = self._backoff.get(peer, (0.0, 0.0, ""))
+        if now < until:
+            raise ConnectionError(f"not dialed again for {until - now:.1f} s: {why}")
+        try:
+            stream = await asyncio.wait_for(self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
+        except (PeerUnreachable, TimeoutError) as exc:   # not a peer that is up but not serving us yet
+            delay = min(BACKOFF_MAX_S, delay * 2 if delay else BACKOFF_FIRST_S)
+            self._backoff[peer] = (asyncio.get_running_loop().time() + delay, delay,
+                                   f"{type(exc).__name__}: {exc}"[:300])
+            raise
+        self._backoff.pop(peer, None)
+        return stream
 
     def abandon(self, round_id: int, attempt: int) -> None:
         """Skip the data frames of this attempt still queued (it failed or was superseded here)."""
@@ -113,8 +142,7 @@ class PeerLinks:
                     if entry is None or self.is_abandoned(frame := entry[-1]):
                         continue
                     if stream is None:
-                        stream = await asyncio.wait_for(
-                            self._transport.open_stream(peer, self._protocol), OPEN_TIMEOUT_S)
+                        stream = await self._open(peer)
                     buffers = encode_frame(frame)
                     for piece in _pieces(buffers, TURN_BYTES):
                         await self.uplink.write(functools.partial(_write_all, stream, piece))

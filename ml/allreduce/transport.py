@@ -89,6 +89,11 @@ class TransportError(ConnectionError):
     """A stream could not be opened or an incoming stream had a bad hello."""
 
 
+class PeerUnreachable(TransportError):
+    """No connection to the peer could be made (a dial failed): it is gone or cut off, not only busy or
+    not serving the protocol yet. Links back off from such a peer (links.py)."""
+
+
 class _InPlaceProtocol(asyncio.BufferedProtocol):
     """One TCP connection's receive buffer and write back-pressure (the event-loop side of a
     `TcpStream`). A large `readexactly` hands the loop its own result buffer (`_target`); every
@@ -373,7 +378,7 @@ class TcpTransport:
         try:
             _, connection = await asyncio.get_running_loop().create_connection(_InPlaceProtocol, *address)
         except OSError as exc:
-            raise TransportError(f"cannot connect to {peer_id} at {address}: {exc}") from exc
+            raise PeerUnreachable(f"cannot connect to {peer_id} at {address}: {exc}") from exc
         stream = TcpStream(connection)
         await stream.write(_pack_hello(self.my_id, protocol))
         return stream

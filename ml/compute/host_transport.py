@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ml.allreduce.transport import StreamHandler, TransportError, is_going_away, set_unsent_lowat
+from ml.allreduce.transport import PeerUnreachable, StreamHandler, TransportError, is_going_away, set_unsent_lowat
 from ml.compute.relay_meter import RelayMeter
 from node.p2p.connection import Connection, HostStream
 from node.p2p.errors import ProtocolError
@@ -47,6 +47,11 @@ class HostTransport:
     async def open_stream(self, peer_id: str, protocol: str) -> HostStream:
         try:
             conn = await self._bulk_connection(peer_id)
+        except TransportError:
+            raise
+        except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:  # no connection: a failed dial
+            raise PeerUnreachable(f"cannot open {protocol} to {peer_id}: {exc!r}") from exc
+        try:
             return await conn.open_stream(protocol)
         except TransportError:
             raise

@@ -2,6 +2,7 @@
 shards, non-reducers, rate agreement, joins, and exclusion of stalled, garbage, NaN and wrong-shape
 peers."""
 import asyncio
+import re
 import time
 
 import loopback_groups
@@ -18,6 +19,7 @@ from ml.allreduce import (
     TcpTransport,
 )
 from ml.allreduce.plan import make_plan
+from ml.allreduce.transport import PeerUnreachable
 from ml.allreduce.wire import HEADER, VERSION, Frame, Kind, encode_frame
 from ml.codecs.base import CODEC_IDS, pack_header
 
@@ -565,3 +567,98 @@ def test_tcp_stream_reads_small_and_large_pieces_exactly_and_reports_a_cut_read(
         assert got == blobs
 
     run(main())
+
+
+class _DeadPeerTransport:
+    """Wraps a transport: opening a stream to `dead` fails only after `dial_s` (a dial to a host that is
+    gone, which often ends in a connect timeout); counts those dials."""
+
+    def __init__(self, inner, dead, dial_s):
+        self.inner, self.dead, self.dial_s, self.dials = inner, dead, dial_s, 0
+
+    def set_handler(self, protocol, handler):
+        self.inner.set_handler(protocol, handler)
+
+    async def open_stream(self, peer, protocol):
+        if peer == self.dead:
+            self.dials += 1
+            await asyncio.sleep(self.dial_s)
+            raise PeerUnreachable(f"could not dial {peer}: TimeoutError")
+        return await self.inner.open_stream(peer, protocol)
+
+
+def test_rounds_after_a_member_died_do_not_dial_it_again_each_round(monkeypatch):
+    """docs/adr/0238: a member that died stays in the group until the crew changes; each round's first
+    attempt includes it. Its first failed dial starts a backoff, so the next rounds' links to it fail at
+    once (the round goes on over the others after one VIEW exchange) instead of each waiting out a dial."""
+    from ml.allreduce import links
+
+    monkeypatch.setattr(links, "BACKOFF_FIRST_S", 60.0)   # longer than the test: no re-dial in it
+
+    async def main():
+        names = ids(4)
+        transports = await loopback_groups.start_transports(names[:3])
+        wrapped = [_DeadPeerTransport(t, "peer3", dial_s=1.0) for t in transports]
+        groups = [AllReduceGroup(t, name, names, chunk_numel=CHUNK, deadlines=FAST)
+                  for t, name in zip(wrapped, names)]
+        for g in groups:
+            await g.start()
+        xs = contributions(3, 4 * CHUNK, seed=170)
+        seconds, results = [], []
+        try:
+            for round_id in range(4):
+                start = time.monotonic()
+                results.append(await asyncio.gather(*(g.allreduce([x], round_id) for g, x in zip(groups, xs))))
+                seconds.append(time.monotonic() - start)
+        finally:
+            for g in groups:
+                await g.close(linger_s=0.5)
+            for t in transports:
+                await t.close()
+        return results, seconds, [t.dials for t in wrapped]
+
+    results, seconds, dials = run(main(), timeout=60)
+    for round_results in results:
+        for r in round_results:
+            assert r.participants == ("peer0", "peer1", "peer2") and r.attempts == 2, r
+            assert "link failed" in r.excluded["peer3"]
+    assert dials == [1, 1, 1], dials                   # before the backoff: one dial per round each (4)
+    assert seconds[0] >= 1.0 and max(seconds[1:]) < seconds[0], seconds
+
+
+def test_a_failed_open_backs_off_doubling_and_a_stream_from_the_peer_ends_it(monkeypatch):
+    from ml.allreduce import links
+
+    monkeypatch.setattr(links, "BACKOFF_FIRST_S", 0.2)
+    monkeypatch.setattr(links, "BACKOFF_MAX_S", 5.0)
+
+    async def main():
+        opened, broken = [], []
+
+        class Transport:
+            async def open_stream(self, peer, protocol):
+                opened.append(asyncio.get_running_loop().time())
+                raise PeerUnreachable("gone")
+
+        peer_links = links.PeerLinks(Transport(), "/test", lambda peer, reason: broken.append(reason))
+
+        async def send_and_wait(count):
+            await peer_links.send("b", Frame(Kind.PING, 1, 0, 0, 0))
+            while len(broken) < count:
+                await asyncio.sleep(0.005)
+
+        await send_and_wait(1)            # dials: fails, backoff 0.2 s
+        await send_and_wait(2)            # within it: fails at once, no dial
+        assert len(opened) == 1 and "not dialed again" in broken[1]
+        await asyncio.sleep(0.25)
+        await send_and_wait(3)            # backoff over: dials again, fails, backoff 0.4 s (doubled)
+        await send_and_wait(4)
+        left = float(re.search(r"not dialed again for ([0-9.]+) s", broken[3]).group(1))
+        assert len(opened) == 2 and 0.25 < left <= 0.4, broken[3]
+        peer_links.reachable("b")         # it opened a stream to us: dial it at once next time
+        await send_and_wait(5)
+        await peer_links.close()
+        return opened, broken
+
+    opened, broken = run(main(), timeout=10)
+    assert len(opened) == 3 and broken[4] == "link failed: PeerUnreachable: gone"

@@ -49,3 +49,37 @@ def test_butterfly_over_host_bulk_connections_is_exact():
             for h in hosts:
                 await h.stop()
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_peer_that_cannot_be_dialed_is_unreachable_one_not_serving_the_protocol_is_not():
+    """The links' backoff (docs/adr/0238) applies only to a peer no connection reaches: a connected peer whose
+    group has not started yet (the protocol is not served) is tried again at once."""
+    from ml.allreduce.transport import PeerUnreachable, TransportError
+
+    async def main():
+        me, up = Host(Identity.generate()), Host(Identity.generate())
+        await me.start()
+        await up.start()
+        gone = Identity.generate().peer_id
+        try:
+            me.peerbook.add_addrs(up.peer_id, [addr.rsplit("/p2p/", 1)[0] for addr in up.listen_addrs])
+            with socket.socket() as free:   # a port nobody listens on
+                free.bind(("127.0.0.1", 0))
+                port = free.getsockname()[1]
+            me.peerbook.add_addrs(gone, [f"/ip4/127.0.0.1/tcp/{port}"])
+            transport = HostTransport(me)
+            errors = []
+            for peer in (gone, up.peer_id):
+                try:
+                    await transport.open_stream(peer, "/dekube/allreduce/test/not-served")
+                except TransportError as exc:
+                    errors.append(exc)
+            await transport.close()
+            return errors
+        finally:
+            await me.stop()
+            await up.stop()
+
+    unreachable, not_served = asyncio.run(main())
+    assert isinstance(unreachable, PeerUnreachable)
+    assert isinstance(not_served, TransportError) and not isinstance(not_served, PeerUnreachable)
