@@ -41,7 +41,7 @@ from .birthday import birthday_dials
 from .dcutr import DCUTR_PROTOCOL, MAX_OBS_ADDRS, DcutrError, DcutrInitiator, DcutrResponder, Dial, Send
 from .ipv6_addrs import global_ipv6
 from .port_prediction import PREDICT_PORTS, fresh_mapping, predicted_addrs, rewrites_ports
-from .punch_io import bound_socket, connect_until, observed_addr, readable, speaks
+from .punch_io import bound_socket, connect_until, no_path, observed_addr, readable, speaks
 from .quic_punch import QuicPunch, first_success
 
 log = logging.getLogger(__name__)
@@ -416,7 +416,7 @@ class HolePuncher:
                     tasks.remove(task)
                     return task.result()
                 errors.append(repr(task.exception()))
-        raise ConnectionError("hole punch found no path: " + ("; ".join(errors) or "timed out"))
+        raise no_path("hole punch", errors, "timed out")
 
     @staticmethod
     async def _first_spoken_to(tasks: list[asyncio.Task[socket.socket]],

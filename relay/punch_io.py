@@ -1,12 +1,13 @@
 """Socket and identify helpers shared by the hole-punch strategies (holepunch, port prediction,
 birthday probing): a reusable bound TCP socket, a connect retried until a deadline, waiting for a
-connected socket to be readable and telling its first bytes from its end, and the observed address
-a peer's identify names."""
+connected socket to be readable and telling its first bytes from its end, the observed address
+a peer's identify names, and one line for the failures of many tries (`no_path`)."""
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
+from collections import Counter
 
 from node.p2p.errors import ProtocolError
 from node.p2p.host import Connection
@@ -93,3 +94,11 @@ async def observed_addr(conn: Connection) -> Multiaddr | None:
             raise ProtocolError("identify response too large")
     await stream.close()
     return decode_identify(data).observed_addr
+
+
+def no_path(what: str, errors: list[str], nothing: str) -> ConnectionError:
+    """The error of a punch none of whose tries reached the peer: each distinct failure once, with how
+    many tries ended so (a birthday punch makes hundreds of dials, most of them timing out)."""
+    counts = Counter(errors)
+    described = "; ".join(error if n == 1 else f"{error} x{n}" for error, n in counts.items())
+    return ConnectionError(f"{what} found no path: " + (described or nothing))

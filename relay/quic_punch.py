@@ -30,7 +30,7 @@ from node.p2p.host import Connection, DialError, Host
 from node.p2p.multiaddr import Multiaddr
 
 from .ipv6_addrs import global_ipv6
-from .punch_io import observed_addr
+from .punch_io import no_path, observed_addr
 
 ANSWER_S = 0.5          # a QUIC dial without an answer this long is made again (fresh Initials)
 MAX_DIALS = 16          # QUIC dials per offered address and punch
@@ -55,7 +55,7 @@ async def first_success(attempts: Sequence[Awaitable[T]], what: str) -> T:
                 return await next_done
             except PUNCH_ERRORS as exc:
                 errors.append(repr(exc))
-        raise ConnectionError(f"{what} found no path: " + ("; ".join(errors) or "nothing to try"))
+        raise no_path(what, errors, "nothing to try")
     finally:
         for task in tasks:
             task.cancel()
