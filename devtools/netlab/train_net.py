@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .lab import Lab
 from .net import PORT, Net
-from .nodes import Node
+from .nodes import AgentError, Node
 from .scenarios import poll
 
 TRAIN_AGENT = "devtools.netlab.train_agent"
@@ -49,13 +49,26 @@ def settle(crew: list[Node]) -> tuple[dict[str, list[str]], dict[str, list[str]]
     for node in crew:
         for other in crew:
             if other is not node:
-                node.call("echo", peer=other.peer_id, circuits=circuits[other.peer_id], timeout=30)
+                _echo(node, other, circuits[other.peer_id])
     time.sleep(SETTLE_S)
 
     def kinds() -> dict[str, list[str]] | None:
         found = paths(crew)
         return found if all(len(k) == 1 for k in found.values()) else None
     return circuits, poll(kinds, 30, 1.0, "one connection kind per pair")
+
+
+def _echo(node: Node, other: Node, circuits: list[str], tries: int = 3) -> None:
+    """One echo from ``node`` to ``other`` (it connects the pair): tried again when its stream was reset,
+    as it is when a hole punch that succeeds meanwhile retires the relayed connection it went over."""
+    for attempt in range(tries):
+        try:
+            node.call("echo", peer=other.peer_id, circuits=circuits, timeout=30)
+            return
+        except AgentError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0)
 
 
 def paths(crew: list[Node]) -> dict[str, list[str]]:
