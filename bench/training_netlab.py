@@ -131,7 +131,7 @@ def summarize(results: dict[str, dict], args) -> dict:
 def run_crew_change(args) -> dict:
     """bench/crew_change.py's netlab run with this bench's links: a task on a chain whose worker is killed
     after its first epoch and replaced (its lab is built after this bench's is torn down)."""
-    import crew_change
+    from bench import crew_change
 
     defaults = argparse.ArgumentParser()
     crew_change.add_arguments(defaults, netlab=True)
