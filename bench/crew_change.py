@@ -172,6 +172,13 @@ NETLAB_DEFAULTS = {"steps": 480, "segment_steps": 40, "expected_s": 480, "task_m
 # cover that, or the first epoch expires before it is trained
 
 
+def netlab_args(mbit: float, delays_ms: list[float]) -> argparse.Namespace:
+    """The netlab run's arguments: its defaults, with these links."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, netlab=True)
+    return argparse.Namespace(**vars(parser.parse_args([])), mbit=mbit, delays_ms=delays_ms)
+
+
 def add_arguments(parser: argparse.ArgumentParser, netlab: bool = False) -> None:
     defaults = {"steps": 960, "segment_steps": 80, "expected_s": 30, "task_min_s": 12,
                 **(NETLAB_DEFAULTS if netlab else {})}

@@ -133,10 +133,7 @@ def run_crew_change(args) -> dict:
     after its first epoch and replaced (its lab is built after this bench's is torn down)."""
     from bench import crew_change
 
-    defaults = argparse.ArgumentParser()
-    crew_change.add_arguments(defaults, netlab=True)
-    result = crew_change.run_netlab(argparse.Namespace(**vars(defaults.parse_args([])), mbit=args.mbit,
-                                                       delays_ms=args.delays_ms))
+    result = crew_change.run_netlab(crew_change.netlab_args(args.mbit, args.delays_ms))
     print(json.dumps({"crew_change": result}), flush=True)
     return result
 

@@ -323,8 +323,8 @@ class BandwidthService:
         left out."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
-        pending = [peer for peer in dict.fromkeys(peers)
-                   if peer not in self.uploads_of([peer], max_age_s) and self.host.is_connected(peer)]
+        fresh = self.uploads_of(peers, max_age_s)
+        pending = [peer for peer in dict.fromkeys(peers) if peer not in fresh and self.host.is_connected(peer)]
         for attempt in range(PROBE_ATTEMPTS):
             failed = []
             for peer in pending:
@@ -336,7 +336,8 @@ class BandwidthService:
                 except (ProbeError, TimeoutError) as exc:
                     log.info("bandwidth probe of %s (try %d): %r", peer, attempt + 1, exc)
                     failed.append(peer)
-            pending = [peer for peer in failed if peer not in self.uploads_of([peer], max_age_s)]
+            fresh = self.uploads_of(failed, max_age_s)   # a probe another asker here ran meanwhile
+            pending = [peer for peer in failed if peer not in fresh]
             if not pending:
                 break
             await asyncio.sleep(min(random.uniform(*RETRY_PAUSE_S), max(0.0, deadline - loop.time())))

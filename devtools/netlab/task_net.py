@@ -197,29 +197,21 @@ class TaskNet:
     def home_rpc(self, member: Member, method: str, *params):
         """One JSON-RPC call to compute node ``member``'s own RPC, from inside its home (the homes are behind
         NATs: nobody else reaches it); raises on any failure."""
-        code = ("import json, sys, urllib.request\n"
-                "call = {'jsonrpc': '2.0', 'id': 1, 'method': sys.argv[2], 'params': json.loads(sys.argv[3])}\n"
-                "body = json.dumps(call)\n"
-                "req = urllib.request.Request(sys.argv[1], body.encode(), {'Content-Type': 'application/json'})\n"
-                "print(urllib.request.urlopen(req, timeout=10).read().decode())")
         home = self.lab.homes[self.compute.index(member)]
-        done = subprocess.run(["ip", "netns", "exec", member.ns, sys.executable, "-c", code,
-                               f"http://{home.ip}:{RPC_PORT}", method, json.dumps(params)],
-                              capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise RuntimeError(f"{method} at {member.name} failed: {done.stderr[-500:]}")
-        answer = json.loads(done.stdout)
-        if "error" in answer:
-            raise RuntimeError(f"{method} at {member.name}: {answer['error']}")
-        return answer["result"]
+        answer = self._rpc_from(member.ns, f"http://{home.ip}:{RPC_PORT}", method, params)
+        if answer is None:
+            raise RuntimeError(f"{method} at {member.name}: its RPC is unreachable")
+        return answer
 
     def rpc(self, method: str, *params, url: str | None = None):
         """One JSON-RPC call to a validator (or ``url``) from inside the lab; None if unreachable."""
+        return self._rpc_from(self.lab.ns_of("val"), url or self.testnet.nodes[0].rpc_url, method, params)
+
+    def _rpc_from(self, ns: str, url: str, method: str, params: tuple):
         code = ("import json, sys; from node.ledger import jsonrpc; from node.ledger.errors import LedgerUnavailable\n"
                 "try: print(json.dumps(jsonrpc.call(sys.argv[1], sys.argv[2], *json.loads(sys.argv[3]))))\n"
                 "except LedgerUnavailable: print('null')")
-        done = subprocess.run(["ip", "netns", "exec", self.lab.ns_of("val"), sys.executable, "-c", code,
-                               url or self.testnet.nodes[0].rpc_url, method, json.dumps(params)],
+        done = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, url, method, json.dumps(params)],
                               capture_output=True, text=True, env=self._env(), cwd=str(REPO_ROOT), timeout=30)
         if done.returncode != 0:
             raise RuntimeError(f"{method} failed: {done.stderr[-1000:]}")

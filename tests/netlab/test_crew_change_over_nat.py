@@ -5,8 +5,6 @@ trains within 60 s of being named, and the dead worker keeps its bond. Before AD
 each waited out a dial to the dead member and no joiner was named in 300 s (slow: about 8 minutes)."""
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from bench import crew_change
@@ -19,10 +17,7 @@ def test_a_killed_worker_is_replaced_and_the_task_paid_over_nated_homes():
     why = unavailable()
     if why:
         pytest.skip(why)
-    defaults = argparse.ArgumentParser()
-    crew_change.add_arguments(defaults, netlab=True)
-    result = crew_change.run_netlab(argparse.Namespace(**vars(defaults.parse_args([])), mbit=25.0,
-                                                       delays_ms=[20.0, 30.0, 40.0, 50.0]))
+    result = crew_change.run_netlab(crew_change.netlab_args(25.0, [20.0, 30.0, 40.0, 50.0]))
     assert result["kill_recovered"] and result["status"] == "paid", result
     assert result["join_s"] < 60, result
     assert result["victim_bonded_after"] > 0 and result["joiner_paid"] > 0, result
