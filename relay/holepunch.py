@@ -79,6 +79,7 @@ class HolePuncher:
         self._listening = asyncio.Lock()
         self._exchanging: dict[str, int] = {}       # peer -> dcutr exchanges/punches in progress
         self._upgrades: set[asyncio.Future] = set()  # TCP upgrades left to finish after QUIC won
+        self._answering: set[asyncio.Task] = set()    # DCUtR answers (``serve``), each in a task
 
     def start(self) -> None:
         """Register the responder; with port 0, pick the punch port now."""
@@ -261,9 +262,26 @@ class HolePuncher:
 
     # ---- responder
     async def serve(self, stream) -> None:
-        """The ``/libp2p/dcutr`` handler: answer CONNECT, punch on SYNC."""
+        """The ``/libp2p/dcutr`` handler: answer CONNECT, punch on SYNC. The answer runs in a task of
+        the puncher's own: the relayed connection it came on is retired as soon as either side has
+        the direct connection, which cancels the handler, and must not cancel the punch before it
+        has recorded that connection."""
+        answer = asyncio.ensure_future(self._serve(stream))
+        self._answering.add(answer)
+        answer.add_done_callback(self._answering.discard)
+        with self._exchange_with(stream.remote_peer):  # busy from the first byte, not the task's start
+            await asyncio.shield(answer)
+
+    async def _serve(self, stream) -> None:
         with self._exchange_with(stream.remote_peer):
             await self._respond(stream)
+
+    async def close(self) -> None:
+        """Stop the answers and TCP upgrades still running (the node is stopping)."""
+        running = [*self._answering, *self._upgrades]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     async def _respond(self, stream) -> None:
         offer, own_random = await self.offer()

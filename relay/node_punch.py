@@ -185,3 +185,4 @@ class NodeHolePunching:
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(inbound, *self._background, return_exceptions=True)
+                await self.puncher.close()

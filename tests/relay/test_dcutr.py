@@ -20,6 +20,7 @@ from node.p2p.muxer import StreamResetError
 from node.p2p.protobuf import field_bytes, field_varint
 from node.p2p.varint import encode_uvarint
 from relay.dcutr import (
+    DCUTR_PROTOCOL,
     MAX_MESSAGE_BYTES,
     DcutrError,
     DcutrInitiator,
@@ -173,6 +174,36 @@ def test_direct_connect_upgrades_a_relayed_connection_on_loopback():
             data = pattern(4 << 20)
             assert await send_and_check(direct, data) == expected_answer(data)
         finally:
+            await stop_all(a, b, relay)
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_the_responder_punches_and_records_even_when_the_relayed_connection_retires_under_it():
+    """The relayed connection is retired as soon as either side has the direct one, which cancels
+    the responder's stream handler: here the handler is cancelled the moment the exchange ends (the
+    responder closes its DCUtR stream), and the punch must still happen and be recorded."""
+    async def main():
+        a, b, relay, relayed, (pa, pb) = await _relayed_pair()
+        cut = []
+
+        async def serve_then_retire(stream):
+            handler = asyncio.current_task()
+            close = stream.close
+
+            async def close_and_cancel():
+                await close()
+                cut.append(handler.cancel())   # what a retired relayed connection does to its handlers
+            stream.close = close_and_cancel
+            await pb.serve(stream)
+        b.host.set_handler(DCUTR_PROTOCOL, serve_then_retire)
+        try:
+            direct = await pa.direct_connect(relayed)
+            assert direct is not None and direct.remote_peer == b.host.peer_id
+            assert cut == [True]   # one exchange, its handler cancelled
+            recorded = await pb.wait_direct(a.host.peer_id, 5)
+            assert recorded is not None and not recorded.closed
+        finally:
+            await pb.close()
             await stop_all(a, b, relay)
     asyncio.run(asyncio.wait_for(main(), 60))
 
