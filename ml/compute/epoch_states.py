@@ -88,15 +88,18 @@ async def fetch_checked(node, holders: list[str], task_id: str, digest: str, art
 
 
 async def fetch_checked_artifact(node, holders: list[str], task_id: str, digest: str,
-                                 artifact: str | None = None) -> tuple[Path, str]:
-    """``fetch_checked``, and the artifact id the file is kept under in this node's store."""
-    from node.artifacts import ArtifactError
+                                 artifact: str | None = None, max_bytes: int | None = None) -> tuple[Path, str]:
+    """``fetch_checked``, and the artifact id the file is kept under in this node's store. ArtifactTooLarge
+    (nothing downloaded) when the file has more than ``max_bytes``."""
+    from node.artifacts import ArtifactError, ArtifactTooLarge
 
     artifact = artifact or await state_artifact(node.host, holders, task_id, digest)
     if artifact is None:
         raise StateUnavailable(f"{digest[:16]}..: no holder says where it serves that state")
     try:
-        path: Path = await node.artifacts.fetch(artifact, holders)
+        path: Path = await node.artifacts.fetch(artifact, holders, max_bytes=max_bytes)
+    except ArtifactTooLarge:
+        raise
     except (ArtifactError, ValueError) as exc:
         raise StateUnavailable(f"{digest[:16]}..: {exc}") from None
     if await asyncio.to_thread(sha256_of_file, path) != digest:

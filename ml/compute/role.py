@@ -292,8 +292,7 @@ class ComputeRole(Role):
                 self.verification.start_owed(task, now + 1)                 # (docs/adr/0230)
             if audited and involved:
                 await self._look_at_audits(task, now)
-            if me in parties:   # a verifier keeps the epoch's state (ADR 0236)
-                self.mirror.look(task)
+        self.mirror.look_all([task for task in reversed(tasks) if me in task.parties])   # a verifier keeps epoch states
         # reserved artifact upload slots and serving capacity for them (node/admission.py)
         self.node.host.classes.set_tag("compute-business", PeerClass.BUSINESS, business - {me})
 

@@ -8,8 +8,14 @@ staked, and named on the ledger) fetches that epoch's state as soon as the slots
 sha256 against the committed digest, and serves it like a worker does: over the progress protocol, its
 board's ``epoch_states`` (digest -> artifact id) for the task, from its artifact store. `holders_of`
 (ml/compute/epoch_states.py) lists these mirrors after the committers, so a joiner and `task fetch --epoch`
-find the state at a mirror when no committer answers. A verifier keeps the latest `MIRROR_EPOCHS` closed
-epochs of each task it audits, while the task is active.
+find the state at a mirror when no committer answers.
+
+What a verifier keeps is bounded (docs/adr/0240): only the states `owed` names now (the latest `MIRROR_EPOCHS`
+closed epochs of each open task it audits, in the ledger's task list) are pinned against the store's
+eviction, and together they take at most `MIRROR_SHARE` of its artifact quota: a state that would not fit
+is not fetched at all (its manifest says its size first), so no number of tasks, however cheap, crowds out
+the files a verifier's own audits and work need. A state no longer owed (its epoch left the window, or its
+task ended) stays on disk while nothing else needs the room: the owner may still fetch it.
 """
 from __future__ import annotations
 
@@ -21,11 +27,13 @@ from typing import Any
 from consensus.task_info import TaskInfo, TaskStatus
 from ml.compute.epoch_states import StateUnavailable, committed_states, fetch_checked_artifact, mirrors_of
 from ml.compute.job_board import JobBoard, JobState
+from node.artifacts import ArtifactTooLarge
 
 log = logging.getLogger(__name__)
 
 MIRROR_EPOCHS = 2       # the latest closed epochs of a task a verifier keeps
 RETRY_S = 10.0          # a state no committer served yet is asked for again after this
+MIRROR_SHARE = 0.25     # the most of its artifact quota a verifier's pinned mirrors take together
 
 
 def owed(task: TaskInfo, me: str) -> list[tuple[int, str, list[str]]]:
@@ -50,23 +58,57 @@ class StateMirror:
                  spawn: Callable[[Coroutine[Any, Any, None]], Any]) -> None:
         self.node, self.board, self.learn_addresses, self.spawn = node, board, learn_addresses, spawn
         self.started: set[tuple[str, str]] = set()   # (task id hex, digest) kept or being fetched
+        self.kept: dict[tuple[str, str], str] = {}   # (task id hex, digest) -> the artifact it is kept under
+        self.owed_now: dict[str, set[str]] = {}      # task id hex -> the digests `owed` names at the last look
+        self.refused = 0                             # states not kept: the mirrors' share was full
+        self._fetching = asyncio.Lock()              # one fetch at a time, so the share is never overrun
+
+    def look_all(self, tasks: list[TaskInfo]) -> None:
+        """``look`` at each of ``tasks`` (the listed tasks this node audits); a task not among them (it left
+        the ledger's list) has nothing pinned any more."""
+        for task in tasks:
+            self.look(task)
+        listed = {task.task_id for task in tasks}
+        for key in [k for k in self.owed_now if k not in listed]:
+            del self.owed_now[key]
+        self.kept = {k: a for k, a in self.kept.items() if k[0] in listed}
+        self.started = {k for k in self.started if k[0] in listed}
+        self._pin()
 
     def look(self, task: TaskInfo) -> None:
-        """Keep what ``owed`` names; once the task ended, the mirror's job ends too (its files stay for the
-        store's retention: the owner may still fetch an epoch)."""
+        """Keep what ``owed`` names and pin only that; once the task ended, the mirror's job ends too (its
+        files stay while the store has room: the owner may still fetch an epoch)."""
         job = self.board.jobs.get(task.task_id)
         if task.status not in TaskStatus.ACTIVE and mirror_only(job):
             self.board.update(task.task_id, state=JobState.MIRRORED)
-        for epoch, digest, committers in owed(task, self.node.peer_id):
+        now = owed(task, self.node.peer_id)
+        self.owed_now[task.task_id] = {digest for _, digest, _ in now}
+        self._pin()
+        for epoch, digest, committers in now:
             if (task.task_id, digest) not in self.started:
                 self.started.add((task.task_id, digest))
                 self.spawn(self._keep(task.task_id, epoch, digest, committers))
 
+    def pinned(self) -> set[str]:
+        """The artifacts of the mirrored states owed now."""
+        return {artifact for (key, digest), artifact in self.kept.items() if digest in self.owed_now.get(key, ())}
+
+    def _pin(self) -> None:
+        self.node.artifacts.pin_mirrors(self.pinned())
+
     async def _keep(self, key: str, epoch: int, digest: str, committers: list[str]) -> None:
         try:
             await self.learn_addresses(committers)
-            _, artifact = await fetch_checked_artifact(self.node, committers, key, digest)
-            await self.node.artifacts.retain(artifact)   # not evicted while it may be the task's only copy
+            async with self._fetching:
+                room = await self.node.artifacts.room_within(MIRROR_SHARE, self.pinned())
+                _, artifact = await fetch_checked_artifact(self.node, committers, key, digest, max_bytes=room)
+                self.kept[(key, digest)] = artifact
+                self._pin()   # not evicted while it may be the task's only copy
+        except ArtifactTooLarge as exc:   # kept off for good: the task's other holders still serve it
+            self.refused += 1
+            log.warning("task %s: epoch %d's state not mirrored: the mirrors' share of the artifact store "
+                        "([artifacts] quota_mb x %g) is full: %s", key[:16], epoch + 1, MIRROR_SHARE, exc)
+            return
         except (StateUnavailable, ConnectionError, OSError) as exc:
             log.info("task %s: epoch %d's state not mirrored yet: %s", key[:16], epoch + 1, exc)
             await asyncio.sleep(RETRY_S)

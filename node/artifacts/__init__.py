@@ -5,13 +5,13 @@ Files are cut into 1 MiB chunks; the artifact id is a Merkle root over them boun
 ``ArtifactStore`` keeps complete and partial artifacts on disk; ``ArtifactService`` (``node.artifacts``)
 serves them on ``/dekube/artifact/1.0.0`` and fetches from several holders at once.
 """
-from .errors import ArtifactError, CorruptChunk
+from .errors import ArtifactError, ArtifactTooLarge, CorruptChunk
 from .manifest import Manifest, ManifestError
 from .merkle import CHUNK_SIZE, artifact_id, artifact_id_of_bytes, artifact_id_of_file, check_id
 from .protocol import PROTOCOL
 from .service import ArtifactLimits, ArtifactService, FetchReport
 from .store import ArtifactStore
 
-__all__ = ["CHUNK_SIZE", "PROTOCOL", "ArtifactError", "ArtifactLimits", "ArtifactService", "ArtifactStore",
+__all__ = ["CHUNK_SIZE", "PROTOCOL", "ArtifactError", "ArtifactLimits", "ArtifactTooLarge", "ArtifactService", "ArtifactStore",
            "CorruptChunk", "FetchReport", "Manifest", "ManifestError", "artifact_id", "artifact_id_of_bytes",
            "artifact_id_of_file", "check_id"]

@@ -6,5 +6,9 @@ class ArtifactError(Exception):
     """An artifact cannot be added, found or fetched; the message says why."""
 
 
+class ArtifactTooLarge(ArtifactError):
+    """The artifact's manifest names more bytes than the fetch allows (nothing was downloaded)."""
+
+
 class CorruptChunk(ArtifactError):
     """A chunk on disk does not match its leaf hash (the store demoted the artifact to partial)."""

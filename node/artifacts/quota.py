@@ -11,6 +11,8 @@ Pinned:
 - what this node made itself (its results and segment checkpoints, added with ``add_file`` or
   ``add_bytes``; marked in ``own/``) for ``retention_s`` after it was made, so an owner can still
   fetch a result after its task is paid;
+- the epoch states a verifier mirrors (``set_mirror_pins``: the latest closed epochs of the open tasks
+  it audits, ml/compute/state_mirror.py), which take at most a share of the quota;
 - downloads in progress.
 
 When pinned artifacts leave no room, the new artifact is refused (``QuotaFull``, saying how much is
@@ -84,6 +86,7 @@ class StoreQuota:
         self.own_dir = Path(root) / "own"
         self.own_dir.mkdir(parents=True, exist_ok=True)
         self._task_pins: frozenset[str] = frozenset()
+        self._mirror_pins: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self.evicted = 0   # artifacts deleted to make room, since start
 
@@ -92,6 +95,11 @@ class StoreQuota:
         """Replace the pins of open tasks (see ``task_pins``)."""
         with self._lock:
             self._task_pins = frozenset(artifacts)
+
+    def set_mirror_pins(self, artifacts: Iterable[str]) -> None:
+        """Replace the pins of the epoch states this node mirrors (ml/compute/state_mirror.py)."""
+        with self._lock:
+            self._mirror_pins = frozenset(artifacts)
 
     def mark_own(self, artifact: str) -> None:
         """`artifact` was made here now: pinned for ``retention_s``."""
@@ -108,7 +116,7 @@ class StoreQuota:
 
     def pinned(self, artifact: str) -> bool:
         with self._lock:
-            if artifact in self._task_pins:
+            if artifact in self._task_pins or artifact in self._mirror_pins:
                 return True
         return self._own_until(artifact) > self.clock()
 

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from node.admission import Pool, PoolLimits
 from node.p2p.errors import ProtocolError
 from node.p2p.multiaddr import Multiaddr, MultiaddrError
 
-from .errors import ArtifactError
+from .errors import ArtifactError, ArtifactTooLarge
 from .manifest import Manifest, ManifestError, max_manifest_bytes
 from .merkle import check_id
 from .protocol import (
@@ -179,10 +179,15 @@ class ArtifactService:
     async def add_bytes(self, data: bytes) -> str:
         return await asyncio.to_thread(self.store.add_bytes, data)
 
-    async def retain(self, artifact: str) -> None:
-        """Keep ``artifact`` (fetched from others) like a result this node made: pinned against eviction for
-        the store's retention (a mirrored epoch state, docs/adr/0236)."""
-        await asyncio.to_thread(self.quota.mark_own, artifact)
+    def pin_mirrors(self, artifacts: Iterable[str]) -> None:
+        """Pin exactly ``artifacts`` as the epoch states this node mirrors (docs/adr/0236, 0240)."""
+        self.quota.set_mirror_pins(artifacts)
+
+    async def room_within(self, share: float, taken: Iterable[str]) -> int:
+        """Bytes left in ``share`` of the store's quota once the artifacts ``taken`` are counted."""
+        held = await asyncio.to_thread(self.store.held)
+        used = sum(held[artifact][0] for artifact in set(taken) if artifact in held)
+        return max(0, int(self.quota.quota * share) - used)
 
     def has(self, artifact: str) -> bool:
         return self.store.has(artifact)
@@ -276,14 +281,15 @@ class ArtifactService:
                 reading.cancel()
 
     # ---- fetching
-    async def fetch(self, artifact: str, holders: Sequence[str], *, progress: Progress | None = None) -> Path:
+    async def fetch(self, artifact: str, holders: Sequence[str], *, progress: Progress | None = None,
+                    max_bytes: int | None = None) -> Path:
         """Download ``artifact`` from ``holders`` (peer ids in the peer book, or multiaddrs ending in
         /p2p/<id>) into the store; its path. Raises ArtifactError when no holder could serve it
-        (see ``fetch_report`` for why)."""
-        return (await self.fetch_report(artifact, holders, progress=progress)).path
+        (see ``fetch_report`` for why), ArtifactTooLarge when its manifest names more than ``max_bytes``."""
+        return (await self.fetch_report(artifact, holders, progress=progress, max_bytes=max_bytes)).path
 
     async def fetch_report(self, artifact: str, holders: Sequence[str], *,
-                           progress: Progress | None = None) -> FetchReport:
+                           progress: Progress | None = None, max_bytes: int | None = None) -> FetchReport:
         """``fetch``, returning what happened: bytes per holder, holders dropped, liars."""
         try:
             check_id(artifact)
@@ -293,7 +299,7 @@ class ArtifactService:
         lock = self._fetch_locks.setdefault(artifact, asyncio.Lock())
         try:
             async with lock:
-                return await self._fetch(artifact, peers, progress)
+                return await self._fetch(artifact, peers, progress, max_bytes)
         finally:
             if not lock.locked() and self._fetch_locks.get(artifact) is lock:
                 del self._fetch_locks[artifact]
@@ -316,12 +322,14 @@ class ArtifactService:
             peers.append(addr.peer_id)
         return peers
 
-    async def _fetch(self, artifact: str, holders: builtins.list[str], progress: Progress | None) -> FetchReport:
+    async def _fetch(self, artifact: str, holders: builtins.list[str], progress: Progress | None,
+                     max_bytes: int | None) -> FetchReport:
         started = time.monotonic()
         if self.store.has(artifact) and (artifact in self._verified
                                          or await asyncio.to_thread(self.store.verify, artifact)):
             self._verified.add(artifact)
             size = self.store.path(artifact).stat().st_size
+            _check_size(artifact, size, max_bytes)
             if progress is not None:
                 progress(size, size)
             return FetchReport(artifact, self.store.path(artifact), size, resumed_bytes=size)
@@ -329,6 +337,7 @@ class ArtifactService:
         manifest = await asyncio.to_thread(self.store.manifest, artifact)
         if manifest is None:
             manifest = await self._fetch_manifest(artifact, holders, report)
+        _check_size(artifact, manifest.size, max_bytes)
         report.size = manifest.size
         partial = await asyncio.to_thread(self.store.open_partial, manifest)
         try:
@@ -519,3 +528,8 @@ class _Busy(Exception):
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_size(artifact: str, size: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise ArtifactTooLarge(f"artifact {artifact} has {size} bytes; this fetch allows {max_bytes}")

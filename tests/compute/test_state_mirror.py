@@ -89,6 +89,7 @@ def test_a_joiner_gets_the_state_from_a_verifier_once_every_committer_is_gone():
             state, got, _ = await joining_state(joiner, TASK_ID, 1, read_task, learn_all, no_event, retry_s=0.05)
             ended = task_doc(holder.peer_id, joiner.peer_id, digest, mirror.peer_id, status="paid")
             keeper.look(ended)
+            assert not mirror.artifacts.quota.pinned(kept) and mirror.artifacts.has(kept)   # ADR 0240
             return state, got, kept, artifact, board
 
     state, got, kept, artifact, board = asyncio.run(asyncio.wait_for(scenario(), 90))
@@ -98,14 +99,22 @@ def test_a_joiner_gets_the_state_from_a_verifier_once_every_committer_is_gone():
 
 
 def test_a_mirror_keeps_nothing_that_does_not_hash_to_the_committed_digest(monkeypatch):
-    async def junk(node, holders, task_id, digest):
+    async def junk(node, holders, task_id, digest, max_bytes=None):
         raise state_mirror.StateUnavailable("the file served does not hash to the committed digest")
 
     monkeypatch.setattr(state_mirror, "fetch_checked_artifact", junk)
     monkeypatch.setattr(state_mirror, "RETRY_S", 0.01)
 
+    class Artifacts:
+        def pin_mirrors(self, artifacts):
+            self.pinned = set(artifacts)
+
+        async def room_within(self, share, taken):
+            return 1 << 20
+
     class Node:
         peer_id = "V"
+        artifacts = Artifacts()
 
     async def scenario():
         board, started = JobBoard(), []
