@@ -304,7 +304,7 @@ def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
         loop = asyncio.get_running_loop()
 
         async def chatter():
-            for _ in range(40):
+            for _ in range(100):   # 2 s at least
                 inbox.put("x", Frame(Kind.PING, sender_round, 0, 0, 0))
                 await asyncio.sleep(0.02)
             inbox.put("x", Frame(Kind.RESULT, 1, 0, 0, 0))
@@ -320,9 +320,9 @@ def test_a_sender_busy_with_a_later_round_does_not_keep_a_wait_on_it_alive():
         return outcome, loop.time() - start
 
     outcome, seconds = asyncio.run(wait_while(2))
-    assert outcome.startswith("stalled") and 0.25 < seconds < 0.75
+    assert outcome.startswith("stalled") and 0.25 < seconds < 1.5
     outcome, seconds = asyncio.run(wait_while(1))  # its PINGs of round 1 keep it alive
-    assert outcome == "frame" and seconds > 0.7
+    assert outcome == "frame" and seconds > 1.9
     outcome, seconds = asyncio.run(wait_while(0))  # still finishing round 0: on its way to ours
     assert outcome == "frame" and seconds > 0.7
 

