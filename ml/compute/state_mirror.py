@@ -62,6 +62,7 @@ class StateMirror:
         self.owed_now: dict[str, set[str]] = {}      # task id hex -> the digests `owed` names at the last look
         self.refused = 0                             # states not kept: the mirrors' share was full
         self._fetching = asyncio.Lock()              # one fetch at a time, so the share is never overrun
+        self._pinned: set[str] = set()               # what the store was last told to pin
 
     def look_all(self, tasks: list[TaskInfo]) -> None:
         """``look`` at each of ``tasks`` (the listed tasks this node audits); a task not among them (it left
@@ -94,7 +95,10 @@ class StateMirror:
         return {artifact for (key, digest), artifact in self.kept.items() if digest in self.owed_now.get(key, ())}
 
     def _pin(self) -> None:
-        self.node.artifacts.pin_mirrors(self.pinned())
+        pinned = self.pinned()
+        if pinned != self._pinned:
+            self.node.artifacts.pin_mirrors(pinned)
+            self._pinned = pinned
 
     async def _keep(self, key: str, epoch: int, digest: str, committers: list[str]) -> None:
         try:

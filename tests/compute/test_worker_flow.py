@@ -53,6 +53,9 @@ class FakeArtifacts:
     def has(self, artifact):
         return (self.folder / artifact).exists()
 
+    def pin_mirrors(self, artifacts):   # the mirrored epoch states (ml/compute/state_mirror.py)
+        self.quota.set_mirror_pins(artifacts)
+
     def path(self, artifact):
         return self.folder / artifact
 
