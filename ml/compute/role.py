@@ -143,7 +143,8 @@ class ComputeRole(Role):
 
     def status(self) -> dict[str, Any]:
         return {"registered": self.registered, "ledger": self.ledger.describe(), "hardware": self.hardware,
-                "jobs": self.jobs, "audits": self.verification.audits, "last_error": self.last_error}
+                "jobs": self.jobs, "audits": self.verification.audits, "mirrors": self.mirror.status(),
+                "last_error": self.last_error}
 
     def set_paused(self, paused: bool) -> dict[str, bool]:
         """Pause: the job under way finishes, a task assigned from now on is rejected (reason "paused by its

@@ -90,6 +90,10 @@ class StateMirror:
                 self.started.add((task.task_id, digest))
                 self.spawn(self._keep(task.task_id, epoch, digest, committers))
 
+    def status(self) -> dict[str, int]:
+        """For the node's status: the epoch states kept, pinned now, and refused for the share."""
+        return {"kept": len(self.kept), "pinned": len(self._pinned), "refused": self.refused}
+
     def pinned(self) -> set[str]:
         """The artifacts of the mirrored states owed now."""
         return {artifact for (key, digest), artifact in self.kept.items() if digest in self.owed_now.get(key, ())}

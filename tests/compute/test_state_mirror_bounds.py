@@ -70,7 +70,7 @@ def test_cheap_tasks_cannot_fill_a_verifiers_store_with_mirrors():
             held = [a for a in artifacts if mirror.artifacts.has(a)]
             pinned = [a for a in artifacts if mirror.artifacts.quota.pinned(a)]
             honest = await mirror.artifacts.add_bytes(os.urandom(int(2.5 * (1 << 20))))   # its own work's file
-            return held, pinned, keeper.refused, mirror.artifacts.has(honest)
+            return held, pinned, keeper.status()["refused"], mirror.artifacts.has(honest)
 
     held, pinned, refused, honest_kept = asyncio.run(asyncio.wait_for(scenario(), 90))
     fit = int(QUOTA * MIRROR_SHARE) // state_size
