@@ -68,7 +68,7 @@ class Params:
     # Audit slots, disputes and referees (ADRs 0168, 0169).
     audits_per_worker: int = 2           # m: audit slots drawn per committed worker when the commit phase closes
     audit_double_bps: int = 5_000        # chance a slot gets a second verifier (the audit of the auditor)
-    audit_answer_blocks: int = 50        # blocks a serving dispute's referees have to vote (ADR 0176)
+    audit_answer_blocks: int = 50        # legacy (ADR 0241): unused, kept so genesis files keep loading
     dispute_blocks: int = 20             # legacy (ADR 0187): unused, kept so genesis files keep loading
     referees: int = 3                    # referees drawn for a disputed or split slot
     slash_false_audit_bps: int = 1_000   # of bonded+unbonding stake, per answer the resolved outcome contradicts
@@ -93,6 +93,9 @@ class Params:
     # reveal them within audit_reveal_s once every verifier of the slot has committed.
     beacon_delay: int = 4                # >= committee_size: the blocks in between have every member as proposer
     audit_reveal_s: int = 120
+    # A serving dispute's referees vote within serve_referee_s seconds of block time after their draw (ADR 0241:
+    # recomputing a served step is work, and the chain's block rate follows its load).
+    serve_referee_s: int = 300
     # Audit overhead (ADR 0212): a task's audits replay audits_per_worker x (1 + audit_double_bps/10^4) of
     # its segments per worker; above max_audit_share_bps of the work, the owner pays the excess on top of
     # the price (an audit surcharge, to the verifier pool): segments that scale with the job avoid it.
@@ -129,7 +132,7 @@ class Params:
             raise GenesisError(f"referees must be in 1..{MAX_REFEREES}")
         for name in ("audit_answer_blocks", "dispute_blocks", "serve_unlock_blocks", "serve_announce_ttl",
                      "serve_dispute_window", "task_min_s", "audit_answer_s", "dispute_s", "task_assign_s",
-                     "referee_rounds", "beacon_delay", "audit_reveal_s"):
+                     "referee_rounds", "beacon_delay", "audit_reveal_s", "serve_referee_s"):
             if getattr(self, name) == 0:
                 raise GenesisError(f"param {name} must be positive")
         if self.deadline_factor_pct < 100:
@@ -153,13 +156,13 @@ class Params:
 
 def longest_window(params: Params) -> tuple[int, str]:
     """The longest span counted in blocks between an act and the slash it can bring, with its name:
-    double-sign evidence (``evidence_max_age``), a serving dispute after the last claim
-    (``serve_dispute_window``) and its referees' vote (``audit_answer_blocks``). Unbonded stake must
-    outlast each (ADR 0188). A task's audit windows are block times (ADR 0187), not block counts: the
-    parties named in a task that is not final, or in an open dispute, are held until it ends
+    double-sign evidence (``evidence_max_age``) and a serving dispute after the last claim
+    (``serve_dispute_window``). Unbonded stake must outlast each (ADR 0188). A task's audit windows and a
+    serving dispute's referee vote are block times (ADRs 0187, 0241), not block counts: the parties named
+    in a task that is not final, or in an open dispute, are held until it ends
     (consensus/state/obligations.py), however long its windows run."""
     windows = {"evidence_max_age": params.evidence_max_age,
-               "serve_dispute_window (and its referee vote)": params.serve_dispute_window + params.audit_answer_blocks}
+               "serve_dispute_window": params.serve_dispute_window}
     name = max(windows, key=lambda key: windows[key])
     return windows[name], name
 
@@ -171,7 +174,7 @@ POST_V1_PARAMS = ("task_assign_timeout", "reject_fee", "downtime_max_missed", "s
                   "deadline_factor_pct", "task_slack_s", "task_min_s", "task_max_s", "audit_answer_s", "dispute_s",
                   "audit_window_s", "task_assign_s", "audit_redraws", "referee_rounds", "stake_cover_bps",
                   "beacon_delay", "audit_reveal_s", "max_audit_share_bps", "ended_task_retention_s",
-                  "crew_restarts")
+                  "crew_restarts", "serve_referee_s")
 MAX_AUDITS_PER_WORKER = 16
 MAX_DEADLINE_S = 366 * 86_400   # no task deadline beyond a year
 MAX_AUDIT_REDRAWS = 8

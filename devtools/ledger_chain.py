@@ -16,7 +16,7 @@ from node.identity import Identity
 
 # Windows short enough for an unbonding period of 4 blocks (it must outlast every window, ADR 0188): for
 # tests of unbonding itself.
-QUICK_UNBONDING = dict(unbonding_period=4, evidence_max_age=2, serve_dispute_window=2, audit_answer_blocks=1,
+QUICK_UNBONDING = dict(unbonding_period=4, evidence_max_age=2, serve_dispute_window=2, serve_referee_s=1,
                        audit_redraws=0, dispute_blocks=1, referee_rounds=1)
 
 

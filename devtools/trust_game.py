@@ -260,7 +260,7 @@ def grinding_proposer(seed: int, grinder: bool = True) -> Outcome:
 
 def unbonder_worker(seed: int) -> Outcome:
     """A worker that faked every segment unbonds all its stake before committing."""
-    chain = setup(seed, unbonding_period=6, evidence_max_age=5, serve_dispute_window=4, audit_answer_blocks=1,
+    chain = setup(seed, unbonding_period=6, evidence_max_age=5, serve_dispute_window=4, serve_referee_s=1,
                   dispute_blocks=1, referee_rounds=1)
     task_id = submit(chain)
     chain.ok(CHEATER, "unbond", {"amount": chain.ledger.stake_info(CHEATER.peer_id)["bonded"]})
@@ -274,7 +274,7 @@ def unbonder_accuser(seed: int) -> Outcome:
     """A verifier with a large stake accuses every worker it audits and unbonds right after answering."""
     accuser = VERIFIERS[0]
     chain = setup(seed, stakes={accuser.peer_id: 20_000}, unbonding_period=6, evidence_max_age=5,
-                  serve_dispute_window=4, audit_answer_blocks=1, dispute_blocks=1, referee_rounds=1)
+                  serve_dispute_window=4, serve_referee_s=1, dispute_blocks=1, referee_rounds=1)
     task_id = submit(chain)
     game = Game(chain, task_id, accusers={accuser.peer_id})
     chain.block([_commit_tx(chain, w, task_id) for w in WORKERS])

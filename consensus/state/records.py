@@ -307,8 +307,9 @@ class ServeDispute(Record):
     transcript commits to (``prior``: the transcript before the step, ``link``: the step, ``answer``:
     the server's answer digest, ``inputs``: the content hash of the bundle referees recompute from),
     the client's ``bond``, the drawn referees (``[peer_id, vote | None]``, a vote ``[valid, output]``;
-    empty until drawn from a later beacon, ADR 0210), the vote ``deadline`` (the draw's height while
-    ``referees`` is empty), ``status`` (open, guilty, rejected, undecided) and the client's ``addrs``."""
+    empty until drawn from a later beacon, ADR 0210), the vote ``deadline`` (a block time in ms, ADR 0241; the
+    draw's height while ``referees`` is empty), ``status`` (open, guilty, rejected, undecided) and the
+    client's ``addrs``."""
 
     __slots__ = FIELDS = ("client", "server", "session", "model", "profile", "start", "end", "prior", "link",
                           "answer", "inputs", "bond", "referees", "deadline", "status", "addrs")

@@ -13,8 +13,10 @@ the dispute, from that block's random beacon (ADR 0210: the dispute's own propos
 include it or not, cannot know the panel; until then ``referees`` is empty and ``deadline`` is the draw
 height; nobody eligible then: undecided, the bond back). Each fetches the bundle from the client, checks
 it against the hash and the link, recomputes the step and sends ``serve_referee_vote`` {dispute,
-valid, output}. When every referee voted, or at the deadline (``audit_answer_blocks`` after the
-draw), the (valid, output) most votes agree on, leading every other strictly, decides:
+valid, output}. When every referee voted, or at the deadline (``serve_referee_s`` seconds of block time
+after the draw: recomputing a step is work, which a block count of a chain whose block rate follows its
+load cannot bound, ADR 0241), the (valid, output) most votes agree on, leading every other strictly,
+decides:
 
 - valid and output != answer: **guilty**. ``slash_serve_bps`` of the server's stake is slashed; from
   it the client gets back what the session paid the server (at most the slash), each referee that
@@ -35,6 +37,7 @@ import hashlib
 from typing import Any
 
 from consensus.genesis import Params
+from consensus.state import deadlines
 from consensus.state.accounts import debit
 from consensus.state.audits import draw_distinct
 from consensus.state.context import BlockContext
@@ -137,7 +140,7 @@ def _draw_referees(state: LedgerState, params: Params, ctx: BlockContext, ident:
         _decide(state, params, ident, dispute)
         return
     dispute.referees = [[peer_id, None] for peer_id in chosen]
-    dispute.deadline = ctx.height + params.audit_answer_blocks
+    dispute.deadline = ctx.time_ms + params.serve_referee_s * 1000   # a block time from now on (ADR 0241)
     state.touch(SERVE_DISPUTE, ident)
     state.events.append({"type": "serve_referees_drawn", "dispute": ident, "referees": chosen,
                          "deadline": dispute.deadline})
@@ -148,7 +151,7 @@ def apply_serve_referee_vote(state: LedgerState, params: Params, ctx: BlockConte
     dispute = state.serve_disputes.get(ident)
     if dispute is None:
         raise TxError(TxCode.NOT_FOUND, "no such serving dispute")
-    if dispute.status != OPEN or ctx.height > dispute.deadline:
+    if dispute.status != OPEN or (dispute.referees and deadlines.passed(dispute.deadline, ctx)):
         raise TxError(TxCode.BAD_STATE, "the dispute is no longer open for votes")
     entry = next((e for e in dispute.referees if e[0] == tx.sender), None)
     if entry is None:
@@ -166,11 +169,10 @@ def advance_disputes(state: LedgerState, params: Params, ctx: BlockContext) -> N
     disputes whose vote deadline has passed."""
     for ident in sorted(state.open_serve_disputes):
         dispute = state.serve_disputes[ident]
-        if ctx.height < dispute.deadline:
-            continue
-        if dispute.referees:
-            _decide(state, params, ident, dispute)
-        else:
+        if dispute.referees:   # the vote deadline: a block time
+            if deadlines.passed(dispute.deadline, ctx, closing=True):
+                _decide(state, params, ident, dispute)
+        elif ctx.height >= dispute.deadline:   # the draw: a height (the beacon's block)
             _draw_referees(state, params, ctx, ident, dispute)
 
 

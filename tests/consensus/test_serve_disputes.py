@@ -28,7 +28,7 @@ def hardware(profile: str = PROFILE, start: int = 0, end: int = 4) -> dict:
 def dispute_chain(referees=REFEREES, ttl: int = 600, window: int = 1_000) -> Chain:
     chain = Chain(balance=100_000, params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                                   min_fee=0,
-                                                  serve_unlock_blocks=5, referees=3, audit_answer_blocks=5,
+                                                  serve_unlock_blocks=5, referees=3, serve_referee_s=5,
                                                   serve_dispute_bond=100, slash_serve_bps=2_000, serve_referee_fee=10,
                                                   serve_announce_ttl=ttl, serve_dispute_window=window))
     txs = []
@@ -102,7 +102,8 @@ def test_referees_serve_the_same_model_profile_and_blocks_and_exclude_the_partie
     assert ident_ == dispute_id(receipt())
     assert sorted(referees) == sorted(r.peer_id for r in REFEREES)     # not the server, client, other profile
     record = chain.ledger.state.serve_disputes[ident_]
-    assert record.status == "open" and record.bond == 200 and record.deadline == chain.ledger.height + 5
+    assert record.status == "open" and record.bond == 200
+    assert record.deadline == chain.ledger.state.last_block_time_ms + 5000   # serve_referee_s of block time
 
 
 def test_referees_are_drawn_from_a_beacon_after_the_dispute():
@@ -118,7 +119,8 @@ def test_referees_are_drawn_from_a_beacon_after_the_dispute():
     referees = drawn(chain)
     assert chain.ledger.height == filed_at + chain.params.beacon_delay and len(referees) == 3
     record = chain.ledger.state.serve_disputes[ident_]
-    assert [r[0] for r in record.referees] == referees and record.deadline == chain.ledger.height + 5
+    assert [r[0] for r in record.referees] == referees
+    assert record.deadline == chain.ledger.state.last_block_time_ms + 5000
 
 
 def test_a_dispute_whose_referees_left_by_the_draw_returns_the_bond():
@@ -195,6 +197,23 @@ def test_a_tie_or_silence_returns_the_bond():
     assert chain.ledger.state.serve_disputes[ident_].status == "undecided"
     assert balance(chain, CLIENT) == before + 200 and bonded(chain, SERVER) == 500
     assert vote(chain, referees[2], ident_, True, ANSWER).code == TxCode.BAD_STATE   # too late
+
+
+def test_referees_get_their_time_whatever_the_block_rate():
+    """ADR 0241: the vote deadline is serve_referee_s of block time after the draw. At ten blocks a second
+    (10x the default here) a referee that recomputes for 4 s (40 blocks) still votes in time; under the old
+    deadline of 5 blocks the panel closed after half a second, the dispute undecided and the liar free."""
+    chain = dispute_chain()
+    chain.block_ms = 100
+    ident_, referees = opened(chain)
+    wrong = b"\x0c" * 32
+    assert vote(chain, referees[0], ident_, True, wrong).code == TxCode.OK
+    chain.empty_blocks(40)                                               # the others recompute for 4 s
+    assert chain.ledger.state.serve_disputes[ident_].status == "open"
+    assert vote(chain, referees[1], ident_, True, wrong).code == TxCode.OK
+    chain.empty_blocks(15)                                               # the third stays silent past 5 s
+    assert chain.ledger.state.serve_disputes[ident_].status == "guilty"
+    assert vote(chain, referees[2], ident_, True, wrong).code == TxCode.BAD_STATE   # too late
 
 
 def test_bad_claims_and_votes_are_refused():

@@ -27,7 +27,7 @@ from consensus.tx import build_tx
 from consensus.txcodes import TxCode, TxError
 
 # Short windows so that a short unbonding period is valid: the hold, not the period, must catch the unbonder.
-SHORT = dict(evidence_max_age=5, serve_dispute_window=4, audit_answer_blocks=1, dispute_blocks=1, audit_redraws=1,
+SHORT = dict(evidence_max_age=5, serve_dispute_window=4, serve_referee_s=1, dispute_blocks=1, audit_redraws=1,
              referee_rounds=1, unbonding_period=6)
 
 

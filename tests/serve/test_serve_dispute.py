@@ -77,7 +77,7 @@ async def filed(chain: Chain):
 def ledger(model: str) -> Chain:
     chain = Chain(params=Params(task_min_s=12, task_slack_s=0, audit_window_s=2,
                                 min_fee=0, referees=2,
-                                audit_answer_blocks=10, serve_dispute_bond=100, slash_serve_bps=2_000,
+                                serve_referee_s=10, serve_dispute_bond=100, slash_serve_bps=2_000,
                                 serve_referee_fee=10))
     txs = []
     for index, (start, end) in enumerate(RANGES):
