@@ -68,10 +68,9 @@ class StateMirror:
         """``look`` at each of ``tasks`` (the listed tasks this node audits); a task not among them (it left
         the ledger's list) has nothing pinned any more."""
         for task in tasks:
-            self.look(task)
+            self._look(task)
         listed = {task.task_id for task in tasks}
-        for key in [k for k in self.owed_now if k not in listed]:
-            del self.owed_now[key]
+        self.owed_now = {k: digests for k, digests in self.owed_now.items() if k in listed}
         self.kept = {k: a for k, a in self.kept.items() if k[0] in listed}
         self.started = {k for k in self.started if k[0] in listed}
         self._pin()
@@ -79,12 +78,15 @@ class StateMirror:
     def look(self, task: TaskInfo) -> None:
         """Keep what ``owed`` names and pin only that; once the task ended, the mirror's job ends too (its
         files stay while the store has room: the owner may still fetch an epoch)."""
+        self._look(task)
+        self._pin()
+
+    def _look(self, task: TaskInfo) -> None:
         job = self.board.jobs.get(task.task_id)
         if task.status not in TaskStatus.ACTIVE and mirror_only(job):
             self.board.update(task.task_id, state=JobState.MIRRORED)
         now = owed(task, self.node.peer_id)
         self.owed_now[task.task_id] = {digest for _, digest, _ in now}
-        self._pin()
         for epoch, digest, committers in now:
             if (task.task_id, digest) not in self.started:
                 self.started.add((task.task_id, digest))
