@@ -218,8 +218,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "artifacts": {
         "max_size_mb": Key(int, 4096, "largest artifact this node adds, stores or fetches (MiB)", check_positive),
         "quota_mb": Key(int, 65536, "total disk the artifact store may use (MiB, at least max_size_mb): to make "
-                        "room, artifacts no open task of this node needs are deleted, oldest first (mirrored epoch states "
-                        "pinned take at most a quarter of it)", check_positive),
+                        "room, artifacts no open task of this node needs are deleted, oldest first (mirrored epoch "
+                        "states pinned take at most a quarter of it)", check_positive),
         "own_retention_s": Key(float, 7 * 24 * 3600.0,
                                "seconds the artifacts this node made (its results) stay kept after they were made, "
                                "so owners can fetch them", check_positive),

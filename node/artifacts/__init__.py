@@ -12,6 +12,6 @@ from .protocol import PROTOCOL
 from .service import ArtifactLimits, ArtifactService, FetchReport
 from .store import ArtifactStore
 
-__all__ = ["CHUNK_SIZE", "PROTOCOL", "ArtifactError", "ArtifactLimits", "ArtifactTooLarge", "ArtifactService", "ArtifactStore",
-           "CorruptChunk", "FetchReport", "Manifest", "ManifestError", "artifact_id", "artifact_id_of_bytes",
-           "artifact_id_of_file", "check_id"]
+__all__ = ["CHUNK_SIZE", "PROTOCOL", "ArtifactError", "ArtifactLimits", "ArtifactTooLarge", "ArtifactService",
+           "ArtifactStore", "CorruptChunk", "FetchReport", "Manifest", "ManifestError", "artifact_id",
+           "artifact_id_of_bytes", "artifact_id_of_file", "check_id"]

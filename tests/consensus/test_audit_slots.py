@@ -535,8 +535,8 @@ def test_audit_params_keep_old_genesis_hashes_and_are_validated():
     validators = (GenesisValidator(ident(0).peer_id, 10_000),)
     genesis = Genesis("c", 0, {}, validators, Params())
     obj = genesis.to_obj()
-    for name in ("audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks", "referees", "serve_referee_s",
-                 "slash_false_audit_bps", "audit_redraws", "referee_rounds", "stake_cover_bps"):
+    for name in ("audits_per_worker", "audit_double_bps", "audit_answer_blocks", "dispute_blocks", "referees",
+                 "serve_referee_s", "slash_false_audit_bps", "audit_redraws", "referee_rounds", "stake_cover_bps"):
         assert name not in hashed_params(Params())
         del obj["params"][name]
     assert Genesis.from_obj(obj).hash == genesis.hash
