@@ -15,11 +15,14 @@ utilization, and ``join_s``, ``kill_recovered``, ``long_task_paid`` as null with
 bench drives trainers, not tasks on a chain: see bench/crew_change.py, bench/state_catch_up.py and bench/long_task.py).
 With ``--crew-change`` it then runs ``bench/crew_change.py --netlab`` with the same links (a task on a chain
 over NAT'd homes, a worker SIGKILLed after its first epoch and replaced) and reports its ``join_s`` and
-``kill_recovered``.
+``kill_recovered``; with ``--long-task``, ``bench/long_task.py --netlab`` with the same links (a task of
+>= 30 min of compute on a chain: the char transformer in streaming DiLoCo int4 over 3 NAT'd homes, ~36 min)
+and its ``long_task_paid``.
 
     sudo python bench/training_netlab.py --short            # 60 steps, H = 30
     sudo python bench/training_netlab.py --steps 240 --inner-steps 30 --warmup 60
     sudo python bench/training_netlab.py --short --crew-change   # with join_s and kill_recovered
+    sudo python bench/training_netlab.py --short --long-task     # with long_task_paid (~40 min more)
     sudo python bench/training_netlab.py --steps 600 --inner-steps 100 --warmup 0 --fragments 2 --overlap 10 \
         --lr 0.016 --outer-lr 1.0 --dp-reference-lr 0.016      # the issue's targets (docs/BENCHMARKS.md)
 
@@ -115,7 +118,7 @@ def summarize(results: dict[str, dict], args) -> dict:
             "kill_recovered": None, "kill_recovered_reason": CHAIN_BENCHES,
             "long_task_paid": None,
             "long_task_paid_reason": "this bench trains on netlab Nodes without a chain; a >= 30 min paid task "
-                                     "is bench/long_task.py",
+                                     "is --long-task (bench/long_task.py --netlab)",
             "streaming_int4": {**against_dp(streaming), "MB_per_worker": round(streaming["bytes_per_worker"] / 1e6, 3),
                                "bits_per_char": streaming["bits_per_char"]},
             "diloco_int8": {**against_dp(results["diloco-int8"]),
@@ -135,6 +138,15 @@ def run_crew_change(args) -> dict:
 
     result = crew_change.run_netlab(crew_change.netlab_args(args.mbit, args.delays_ms))
     print(json.dumps({"crew_change": result}), flush=True)
+    return result
+
+
+def run_long_task(args) -> dict:
+    """bench/long_task.py's netlab run with this bench's links: a task of >= 30 min of compute on a chain."""
+    from bench import long_task
+
+    result = long_task.run_netlab(long_task.netlab_args(args.mbit, args.delays_ms[:3]))
+    print(json.dumps({"long_task": result}), flush=True)
     return result
 
 
@@ -160,6 +172,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--crew-change", action="store_true",
                         help="then a task on a chain in the same kind of lab, a worker killed and replaced: "
                              "join_s and kill_recovered (bench/crew_change.py --netlab)")
+    parser.add_argument("--long-task", action="store_true",
+                        help="then a task of >= 30 min of compute on a chain over 3 such homes, paid or not: "
+                             "long_task_paid (bench/long_task.py --netlab)")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (the summary needs all three)")
     args = parser.parse_args(argv)
@@ -192,12 +207,16 @@ def main() -> None:
     finally:
         net.close()
     crew_change = run_crew_change(args) if args.crew_change else None
+    long_task = run_long_task(args) if args.long_task else None
     if set(MODES) <= set(results):
         summary = summarize(results, args)
         if crew_change is not None:
             summary.update(join_s=crew_change["join_s"], kill_recovered=crew_change["kill_recovered"],
                            crew_change=crew_change)
             del summary["join_s_reason"], summary["kill_recovered_reason"]
+        if long_task is not None:
+            summary.update(long_task_paid=long_task["long_task_paid"], long_task=long_task)
+            del summary["long_task_paid_reason"]
         print(json.dumps({**summary, "paths": settled, "failed": failed,
                           "bench_seconds": round(time.monotonic() - started, 1)}))
     elif failed:

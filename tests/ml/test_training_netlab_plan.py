@@ -101,3 +101,44 @@ def test_a_failed_mode_is_reported_with_the_paths_after_it_and_the_others_still_
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {"label": "data-parallel-fp32", "error": "a: ExcludedFromRound: excluded from round 40: link failed: "
             "StreamResetError", "paths_after": {"a-c": ["direct"]}} in lines
+
+
+def test_the_long_task_trains_the_streaming_char_transformer_in_whole_epochs_with_room_in_its_deadline():
+    import argparse
+
+    from bench import long_task
+    from ml.train.spec import TrainSpec
+
+    args = long_task.netlab_args(25.0, [20.0, 30.0, 40.0])
+    spec = long_task.task_spec(args)
+    assert isinstance(spec, TrainSpec)
+    assert (spec.model, spec.mode, spec.codec) == ("char-transformer", "streaming-diloco", "int4")
+    assert (spec.inner_steps, spec.fragments, spec.overlap_steps, spec.warmup_steps) == (100, 4, 10, 0)
+    assert spec.segment_count % args.epochs == 0          # every epoch ends on an outer step
+    assert args.min_training_s >= 1800 and args.expected_s >= args.min_training_s
+    devnet = argparse.Namespace(**{**vars(args), "recipe": None})
+    assert long_task.task_spec(devnet).model == "digits-mlp"   # without a recipe: the devnet's digits MLP
+
+
+def test_the_long_task_fills_long_task_paid_in_the_summary(monkeypatch, capsys):
+    import json
+    import sys
+
+    import bench.training_netlab as bench
+
+    class FakeNet:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench, "unavailable", lambda: None)
+    monkeypatch.setattr(bench, "start_crew", lambda *a: (FakeNet(), []))
+    monkeypatch.setattr(bench, "settle", lambda crew: ({}, {}))
+    monkeypatch.setattr(bench, "run", lambda crew, circuits, label, spec, timeout: {"label": label})
+    monkeypatch.setattr(bench, "summarize", lambda results, args: {
+        "long_task_paid": None, "long_task_paid_reason": "no chain", "join_s_reason": "", "kill_recovered_reason": ""})
+    monkeypatch.setattr(bench, "run_long_task", lambda args: {"long_task_paid": False, "status": "expired"})
+    monkeypatch.setattr(sys, "argv", ["training_netlab.py", "--short", "--long-task"])
+    bench.main()
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["long_task_paid"] is False and summary["long_task"]["status"] == "expired"
+    assert "long_task_paid_reason" not in summary
