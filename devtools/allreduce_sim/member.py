@@ -7,7 +7,10 @@ contribution in chunks to every other member (first chunk with the plan/shape me
 while the attempt runs, and averages all contributions in sorted member order. A wait on a member
 fails when it has a recorded fault for the round (closed link, unparsable frame) or when nothing of
 this round or an earlier one came from it for the stall timeout (`inbox.silence_deadline`). A VIEW
-of the current attempt, or a COMMITTED push, ends the attempt, as in group.py.
+of the current attempt, or a COMMITTED push, ends the attempt, as in group.py. A live member that
+cannot go on (left out, or left alone) asks the others for their result as committed_exchange.py's
+`await_result` does (its VIEW again, at growing intervals, until a result is adopted or the wait ends:
+docs/adr/0242).
 """
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ml.allreduce.committed_exchange import FIRST_ASK_S, LAST_ASK_S
 from ml.allreduce.deadlines import DeadlinePolicy, StallEstimator
 from ml.allreduce.inbox import GAP_KINDS, silence_deadline
 from ml.allreduce.round_core import (
     AllReduceError,
+    AwaitResult,
     AwaitViews,
     CommitRound,
     Committed,
@@ -106,6 +111,9 @@ class SimMember:
         self._next_ping = 0.0
         self._awaiting: set[str] = set()
         self._view_since = 0.0
+        # left out of the round: asking for the others' result (AwaitResult)
+        self._asking: AwaitResult | None = None
+        self._next_ask = self._ask_s = self._ask_until = 0.0
 
     @property
     def now(self) -> float:
@@ -177,6 +185,14 @@ class SimMember:
                 meta = {"alive": members_mask(list(action.alive), self.peers), "shape": SHAPE,
                         "why": {str(index[p]): r[:200] for p, r in action.why.items()}}
                 self.send(action.to, Frame(Kind.VIEW, self.current_round, action.attempt, 0, 0, meta))
+            elif isinstance(action, AwaitResult):
+                self.phase = "result"
+                self._asking = action
+                self._ask_s = FIRST_ASK_S
+                self._next_ask = self.now
+                self._ask_until = self.now + self.policy.first_frame_grace_s + 3 * self.estimator.stall_timeout()
+                self.trace(f"{self.me} r{self.current_round} cannot go on ({self.core.shut_out}); asks "
+                           f"{','.join(action.members)}")
             elif isinstance(action, AwaitViews):
                 self.phase = "views"
                 self._awaiting = set(action.members)
@@ -211,6 +227,8 @@ class SimMember:
                 actions = self._step_attempt()
             elif self.phase == "views":
                 actions = self._step_views()
+            elif self.phase == "result":
+                actions = self._step_result()
             else:
                 actions = []
             if not actions:
@@ -311,6 +329,21 @@ class SimMember:
                 actions += self.core.view_missing(member, a, exc.reason)
         return actions
 
+    def _step_result(self) -> list:
+        if self._pending(self.current_round, None, Kind.COMMITTED):
+            adopted = self._adopt()
+            if adopted is not None:
+                return adopted
+        if self.now >= self._ask_until:
+            return self.core.gave_up()
+        if self.now >= self._next_ask:
+            ask = self._asking
+            for member in ask.members:
+                self._apply([SendView(member, ask.attempt, ask.alive, ask.why)])
+            self._next_ask = self.now + self._ask_s
+            self._ask_s = min(2 * self._ask_s, LAST_ASK_S)
+        return []
+
     def _view_deadline(self, member: str) -> float:
         return silence_deadline(self._view_since, self._last_alive.get(member, {}), self.current_round, self._stall_s)
 
@@ -358,6 +391,8 @@ class SimMember:
             times += [deadline for _, deadline in self._flow.waits()]
         elif self.phase == "views":
             times += [self._view_deadline(m) for m in self._awaiting]
+        elif self.phase == "result":
+            times += [self._next_ask, self._ask_until]
         if not times:
             return
         when = max(min(times), self.now)

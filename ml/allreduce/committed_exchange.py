@@ -1,5 +1,6 @@
 """Committed results: pushed to members that are still on a round this peer committed, and
-adopted when another member pushes one (docs/adr/0033, 0092).
+adopted when another member pushes one (docs/adr/0033, 0092), also by a live member the others left
+out of the round, which asks for it (docs/adr/0242).
 
 A committed result goes as raw float32 chunks of `chunk_numel` values, the first with the
 attempt, participants, exclusions and agreed rates; a receiver checks the layout and that every
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -18,10 +20,12 @@ from ml.codecs.base import all_finite
 from .attempt import AttemptContext
 from .inbox import PeerFailure
 from .peer_io import PeerIO
-from .round_core import Action, Committed, CommittedRounds, RoundCore
+from .round_core import Action, AwaitResult, Committed, CommittedRounds, RoundCore, SendView
 from .wire import Frame, FrameError, Kind, members_from_mask, members_mask
 
 log = logging.getLogger(__name__)
+FIRST_ASK_S = 0.25   # a left-out member asks again after this, then twice as long each time,
+LAST_ASK_S = 2.0     # up to this
 
 
 class CommittedExchange:
@@ -89,6 +93,35 @@ class CommittedExchange:
             inbox.pop(key)
         inbox.clear_signal(ctx.round_id, None, Kind.COMMITTED)
         return None
+
+    async def await_result(self, core: RoundCore, ctx: AttemptContext, wait: AwaitResult,
+                           send_view: Callable[[RoundCore, SendView], None], wait_s: float) -> list[Action]:
+        """This live member cannot go on with the round (left out, or alone: a link failed for a moment,
+        docs/adr/0242): ask the others for the result they commit without it, with this member's VIEW of
+        the failed attempt sent again (a VIEW of a round a member committed gets it pushed, `answer`), until a
+        result is adopted (as in `adopt`) or `wait_s` passed: then the core gives up (the round fails)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        log.info("round %d cannot go on here (%s); asking %s for their result", ctx.round_id, core.shut_out,
+                 list(wait.members))
+        ask_s = FIRST_ASK_S
+        while True:
+            for member in wait.members:
+                send_view(core, SendView(member, wait.attempt, wait.alive, wait.why))
+            pushed = self._io.inbox.signal(ctx.round_id, None, Kind.COMMITTED)
+            left = deadline - loop.time()
+            if left > 0:
+                await asyncio.wait({pushed}, timeout=min(ask_s, left))
+            if pushed.done():
+                for member in wait.members:   # a link that failed before may carry the push now
+                    self._io.inbox.forgive_link_fault(member, ctx.round_id)
+                adopted = await self.adopt(core, ctx)
+                if adopted is not None:
+                    return adopted
+            if loop.time() >= deadline:
+                log.warning("round %d: no result from %s within %.1f s", ctx.round_id, list(wait.members), wait_s)
+                return core.gave_up()
+            ask_s = min(2 * ask_s, LAST_ASK_S)
 
     async def _receive(self, ctx: AttemptContext, sender: str, first: Frame) -> Committed:
         io, peers = self._io, self._io.peers

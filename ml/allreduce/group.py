@@ -55,6 +55,7 @@ from .ring import RING_CODECS, run_ring
 from .round_core import (
     Action,
     AllReduceError,
+    AwaitResult,
     AwaitViews,
     CommitRound,
     Committed,
@@ -289,6 +290,11 @@ class AllReduceGroup:
             elif isinstance(action, AwaitViews):
                 assert ctx is not None, "the core awaits views only after an attempt"
                 actions.extend(await self._views.collect(core, ctx, action))
+            elif isinstance(action, AwaitResult):
+                assert ctx is not None, "the core leaves this member out only after an attempt"
+                # as long as the others may take to finish their next attempt without it
+                wait_s = self._policy.first_frame_grace_s + 3 * self._io.estimator.stall_timeout()
+                actions.extend(await self._committed.await_result(core, ctx, action, self._views.send, wait_s))
 
     def _context(self, contribution: Contribution, members: list[str], shape_digest: str, round_id: int,
                  attempt: int) -> AttemptContext:

@@ -89,6 +89,13 @@ class Inbox:
             if key[-1] == sender:
                 self._resolve(self._waiters.pop(key))
 
+    def forgive_link_fault(self, sender: str, round_id: int) -> None:
+        """Forget `sender`'s recorded fault for `round_id` if it was a link's, not bad data: a member
+        that asks for a result after its links failed must be able to read the push (docs/adr/0242)."""
+        entry = self._faults.get(sender)
+        if entry is not None and entry[0] == round_id and not entry[2]:
+            del self._faults[sender]
+
     def fault(self, sender: str, round_id: int) -> str | None:
         entry = self._faults.get(sender)
         return entry[1] if entry is not None and entry[0] >= round_id else None

@@ -9,15 +9,22 @@ simulation) feeds a `RoundCore` events as method calls and carries out the actio
                view_received(...) / view_missing(...)   a member's VIEW arrived / never will
                adopted(committed)            a result another member committed was received intact
                distrust(peer)                `peer` sent bad data this round
+               gave_up()                     no result reached this member while it asked (AwaitResult)
   actions out: StartAttempt(attempt, members)   run the data flow over exactly these members
                SendView(to, ...)                 tell `to` this attempt failed here and who is alive
                AwaitViews(attempt, members)      report each member's VIEW (or its absence)
+               AwaitResult(attempt, members, ...) this live member cannot go on (left out, or its links
+                                                 down): ask `members` for the result they commit (a
+                                                 VIEW of `attempt`, one never run) and adopt it
                CommitRound(committed)            the round's result and participant set
                FailRound(error)                  raise it (too few members, excluded, no agreement)
 
 `CommittedRounds` keeps the last committed rounds and decides when a straggler gets one pushed
 (COMMITTED). The rules are those of docs/adr/0033, 0090, 0092 and 0093; docs/adr/0115 explains the
-split.
+split. A member that cannot go on while it has a valid contribution (the others left it out, or its own
+links failed and it was left alone: a home link that dropped for a moment) is not done: it adopts the
+result the others commit without it and stays in the job (docs/adr/0242); one with a local fault
+(non-finite values) or another tensor layout fails the round.
 """
 from __future__ import annotations
 
@@ -73,6 +80,14 @@ class AwaitViews:
 
 
 @dataclass(frozen=True)
+class AwaitResult:
+    attempt: int                 # asks go as this member's VIEW of this attempt, one no round runs
+    members: tuple[str, ...]     # the members that go on without this one
+    alive: tuple[str, ...]       # that VIEW: who this member saw alive,
+    why: dict[str, str]          # and why it left the others out
+
+
+@dataclass(frozen=True)
 class CommitRound:
     committed: Committed
 
@@ -82,7 +97,7 @@ class FailRound:
     error: AllReduceError
 
 
-Action = StartAttempt | SendView | AwaitViews | CommitRound | FailRound
+Action = StartAttempt | SendView | AwaitViews | AwaitResult | CommitRound | FailRound
 View = tuple[set[str], dict[str, str], str]  # alive, reasons for those left out, shape digest
 
 
@@ -107,6 +122,7 @@ class RoundCore:
         self._views: dict[str, View] = {}
         self._silent: dict[str, str] = {}
         self._awaiting: set[str] = set()
+        self.shut_out: AllReduceError | None = None   # why this live member cannot go on (AwaitResult)
 
     @property
     def max_attempts(self) -> int:
@@ -175,10 +191,17 @@ class RoundCore:
         self._awaiting.clear()
         return self._commit(committed)
 
+    def gave_up(self) -> list[Action]:
+        """No other member's result reached this member in time: the round fails here, as it would have
+        without the wait (ExcludedFromRound, or too few members)."""
+        if self.done or self.shut_out is None:
+            raise RuntimeError("not waiting for a result")
+        return self._fail(self.shut_out)
+
     # -- decisions -------------------------------------------------------------------------
 
     def _check_running(self) -> None:
-        if self.done or self.attempt < 0 or self._awaiting:
+        if self.done or self.attempt < 0 or self._awaiting or self.shut_out is not None:
             raise RuntimeError("no attempt is running")
 
     def _commit(self, committed: Committed) -> list[Action]:
@@ -203,13 +226,36 @@ class RoundCore:
             return self._fail(AllReduceError(
                 f"round {self.round_id}: no agreement after {self.max_attempts} attempts"))
         if self.me not in self.members:
-            return self._fail(ExcludedFromRound(
+            return self._cannot_go_on(ExcludedFromRound(
                 self.round_id, self.excluded.get(self.me, "dropped by the other members")))
         if len(self.members) < self.min_participants:
-            return self._fail(AllReduceError(
+            return self._cannot_go_on(AllReduceError(
                 f"round {self.round_id}: only {len(self.members)} members left "
                 f"(minimum {self.min_participants}); excluded: {self.excluded}"))
         return [StartAttempt(self.attempt, tuple(self.members))]
+
+
+    def _cannot_go_on(self, error: AllReduceError) -> list[Action]:
+        """The round cannot go on here: left out by the others, or (its links down) left with too few.
+        A live member with a valid contribution asks every other peer for a result they may commit
+        without it (docs/adr/0242), and fails with `error` only if none comes (`gave_up`); a member with
+        a local fault, or whose tensor layout is not the majority's, has no use for their result."""
+        others = tuple(p for p in self.peers if p != self.me)
+        if self.fault is not None or not others or self.me not in self._views \
+                or self.shape != common_shape(self._views):
+            return self._fail(error)
+        self.shut_out = error
+        alive, why, _ = self._views[self.me]
+        # a VIEW of attempt `max_attempts` (never run): a member still settling the failed attempt does not
+        # take it for this member's view of it (a view arriving late at some members and not at others
+        # would make their member sets differ), and one that committed the round answers with the result
+        return [AwaitResult(self.max_attempts, others, tuple(sorted(alive)), dict(why))]
+
+
+def common_shape(views: dict[str, View]) -> str:
+    """The tensor layout most views carry (ties: the smallest digest)."""
+    votes = collections.Counter(shape for _, _, shape in views.values())
+    return min(votes, key=lambda shape: (-votes[shape], shape))
 
 
 def settle_views(members: list[str], views: dict[str, View],
@@ -231,10 +277,9 @@ def settle_views(members: list[str], views: dict[str, View],
     for peer, reason in silent.items():  # prefer a reason someone gave over "no view"
         given = [r[peer] for _, r, _ in views.values() if peer in r]
         dropped[peer] = given[0] if given else reason
-    shape_votes = collections.Counter(shape for _, _, shape in views.values())
-    common_shape = min(shape_votes, key=lambda shape: (-shape_votes[shape], shape))
+    majority = common_shape(views)
     for author, (_, _, shape) in views.items():
-        if shape != common_shape and author in trusted:
+        if shape != majority and author in trusted:
             trusted.discard(author)
             dropped[author] = "wrong-shape contribution (tensor layout differs from the majority)"
     for author in sorted(views, key=lambda m: (accused[m], m)):

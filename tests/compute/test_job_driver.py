@@ -126,6 +126,7 @@ def test_a_worker_lost_before_training_fails_the_job():
 
 
 def test_an_impossible_round_record_fails_the_job():
-    # round 4 has peer-1 back after it was missing from round 3: no real run records that
+    # round 4 lists a participant that is not in the job: no real run records that (peer-1 back in
+    # round 4 after it was left out of round 3 is a real run's, docs/adr/0242)
     with pytest.raises(JobFailed, match="impossible round memberships"):
-        run(["finish", "finish", "finish"], record=[[3, ["peer-0", "peer-2"]], [4, ["peer-0", "peer-1", "peer-2"]]])
+        run(["finish", "finish", "finish"], record=[[3, ["peer-0", "peer-2"]], [4, ["peer-0", "peer-9", "peer-2"]]])

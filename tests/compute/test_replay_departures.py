@@ -16,8 +16,10 @@ def test_departures_from_short_round_records():
     assert departures([], WORKERS) == {}
     assert departures([(7, ["peer-a", "peer-b"]), (5, ["peer-a", "peer-b"])], WORKERS) == {"peer-c": 5}
     assert departures([(5, ["peer-a", "peer-b"]), (6, ["peer-a"])], WORKERS) == {"peer-c": 5, "peer-b": 6}
-    for bad in ([(5, ["peer-a", "peer-b"]), (6, ["peer-a", "peer-c"])],   # c back after leaving
-                [(5, ["peer-a", "intruder"])], [("x", [])], [(1,)]):
+    # left out of round 5 and back in 6 (docs/adr/0242): not gone; b leaves for good at 8
+    assert departures([(5, ["peer-a", "peer-b"]), (6, WORKERS), (8, ["peer-a", "peer-c"])], WORKERS) == {"peer-b": 8}
+    assert departures([(5, ["peer-a", "peer-b"]), (6, ["peer-a", "peer-c"])], WORKERS) == {"peer-b": 6}
+    for bad in ([(5, ["peer-a", "intruder"])], [("x", [])], [(1,)]):
         with pytest.raises(InconsistentRecord):
             departures(bad, WORKERS)
 

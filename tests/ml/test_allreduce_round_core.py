@@ -3,6 +3,7 @@ import pytest
 
 from ml.allreduce.round_core import (
     AllReduceError,
+    AwaitResult,
     AwaitViews,
     CommitRound,
     Committed,
@@ -60,31 +61,91 @@ def test_a_plan_mismatch_narrows_this_members_view_to_theirs():
     assert actions[0].alive == ("a", "b", "c")
 
 
-def test_this_member_dropped_by_the_others_is_excluded_with_their_reason():
+def _left_out(core):
+    core.attempt_failed({"c": "stalled"})
+    core.view_received("b", 0, _view("bcd", {"a": "link to a failed"}))
+    core.view_received("c", 0, _view("bcd", {"a": "link to a failed"}))
+    return core.view_received("d", 0, _view("bcd", {"a": "link to a failed"}))
+
+
+def test_a_live_member_the_others_left_out_asks_them_for_their_result_with_its_view_again():
+    """docs/adr/0242: a member with a contribution, dropped by the others (its link failed for a moment),
+    is not done: it asks the members that go on for their result with the VIEW it sent."""
+    core = _core()
+    [wait] = _left_out(core)
+    # to every other peer, as a VIEW of an attempt no round runs (never taken for its view of attempt 0)
+    assert wait == AwaitResult(core.max_attempts, ("b", "c", "d"), ("a", "b", "d"), {"c": "stalled"})
+    assert not core.done and isinstance(core.shut_out, ExcludedFromRound) and core.shut_out.reason == "link to a failed"
+    with pytest.raises(RuntimeError):
+        core.attempt_succeeded("its own")     # it runs no attempt of its own now
+    assert core.view_received("b", 1, _view("bcd")) == []
+
+
+def test_a_left_out_member_adopts_the_others_result_without_its_contribution():
+    core = _core()
+    _left_out(core)
+    theirs = Committed(1, ("b", "c", "d"), {"a": "link to a failed"}, "mean of b, c, d")
+    [commit] = core.adopted("b", theirs)
+    assert isinstance(commit, CommitRound) and core.done and commit.committed.participants == ("b", "c", "d")
+
+
+def test_a_left_out_member_that_gets_no_result_fails_with_the_others_reason():
+    core = _core()
+    _left_out(core)
+    core.distrust("c")
+    assert not core.may_adopt("c") and core.may_adopt("d")
+    [fail] = core.gave_up()
+    assert isinstance(fail, FailRound) and isinstance(fail.error, ExcludedFromRound)
+    assert fail.error.reason == "link to a failed" and core.done
+    with pytest.raises(RuntimeError):
+        core.gave_up()
+
+
+def test_a_member_still_in_the_round_cannot_give_up_on_a_result():
+    with pytest.raises(RuntimeError):
+        _core().gave_up()
+
+
+def test_a_member_with_another_tensor_layout_has_no_use_for_the_others_result():
     core = _core()
     core.attempt_failed({})
-    core.view_received("b", 0, _view("bcd", {"a": "NaN from a"}))
-    core.view_received("c", 0, _view("bcd", {"a": "NaN from a"}))
-    [fail] = core.view_received("d", 0, _view("bcd", {"a": "NaN from a"}))
-    assert isinstance(fail, FailRound) and isinstance(fail.error, ExcludedFromRound)
-    assert fail.error.reason == "NaN from a" and core.done
+    for m in "bcd":
+        actions = core.view_received(m, 0, _view("bcd", {"a": "wrong-shape contribution"}, shape="theirs"))
+    [fail] = actions
+    assert isinstance(fail.error, ExcludedFromRound) and core.done
 
 
 def test_a_local_fault_leaves_the_round():
+    """A member left out for its own fault has nothing the others' result would be the mean without."""
     core = _core(fault="non-finite values")
     core.attempt_failed({"a": core.fault})
     for m in "bcd":
         actions = core.view_received(m, 0, _view("bcd", {"a": "non-finite values"}))
-    assert isinstance(actions[0].error, ExcludedFromRound)
+    assert isinstance(actions[0].error, ExcludedFromRound) and core.shut_out is None
 
 
-def test_too_few_members_fail_the_round():
+def test_too_few_members_fail_the_round_once_no_result_came_from_the_others():
+    """Left with too few (its own links may be what failed), a live member asks the others for a result
+    first (docs/adr/0242); the round fails when none came."""
     core = _core(min_participants=3)
     core.attempt_failed({"c": "x", "d": "y"})
     core.view_received("b", 0, _view("ab"))
     core.view_missing("c", 0, "gone")
-    [fail] = core.view_missing("d", 0, "gone")
+    [wait] = core.view_missing("d", 0, "gone")
+    assert isinstance(wait, AwaitResult) and wait.members == ("b", "c", "d")
+    [fail] = core.gave_up()
     assert type(fail.error) is AllReduceError and "only 2 members left" in str(fail.error)
+
+
+def test_a_member_whose_links_all_failed_adopts_what_the_others_committed_without_it():
+    core = _core()
+    core.attempt_failed({"b": "link failed", "c": "link failed", "d": "link failed"})
+    for m in "bcd":
+        actions = core.view_missing(m, 0, "link failed")
+    [wait] = actions
+    assert isinstance(wait, AwaitResult) and type(core.shut_out) is AllReduceError
+    [commit] = core.adopted("c", Committed(1, ("b", "c", "d"), {"a": "link failed"}, "mean of b, c, d"))
+    assert commit.committed.participants == ("b", "c", "d") and core.done
 
 
 def test_attempts_are_bounded():

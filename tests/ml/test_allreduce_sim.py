@@ -99,3 +99,23 @@ def test_an_attempt_planned_over_other_members_ends_instead_of_waiting_forever()
 def test_allgather_survivors_agree_after_a_frozen_member_wakes(seed):
     report = run_seed(seed, flow="allgather")
     assert report.ok, report.violations
+
+
+def test_live_members_that_cannot_go_on_adopt_the_others_result():
+    """docs/adr/0242: a stalled (SIGSTOPped) member or one whose frames the others rejected cannot go on
+    with the round; alive, it asks the others and adopts what they committed, which the invariants then
+    hold it to (the same result over the same participants as every other committer)."""
+    import re
+
+    asked = adopted = 0
+    for seed in range(40):
+        report = run_seed(seed)
+        assert report.ok, report.violations
+        for i, line in enumerate(report.trace):
+            found = re.search(r" (m\d+) r(\d+) cannot go on", line)
+            if found:
+                asked += 1
+                member, round_id = found.groups()
+                later = [x for x in report.trace[i + 1:] if f" {member} r{round_id} " in x]
+                adopted += any(" adopts from " in x for x in later)
+    assert asked >= 5 and adopted == asked
