@@ -12,6 +12,7 @@ from ml.compute.segment_replay import replay_segment_blobs
 from ml.train.segments import MemorySink
 from ml.train.spec import TrainSpec
 from node.identity import Identity
+from tests.ml.loopback_groups import LinkDropTransport
 
 TASK = bytes(range(32))
 IDENTITIES = {i.peer_id: i for i in (Identity.from_seed(bytes([n + 1]) * 32) for n in range(4))}
@@ -58,34 +59,6 @@ def test_networked_records_replay_and_name_the_poisoner(spec):
                 assert got.first_divergence == (0, "gradient")
 
 
-class _DroppingTransport:
-    """A worker's transport whose writes fail while `cut` is set (a home link that drops for a moment)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.cut = False
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    async def open_stream(self, peer, protocol):
-        return _DroppingStream(await self.inner.open_stream(peer, protocol), self)
-
-
-class _DroppingStream:
-    def __init__(self, inner, owner):
-        self._inner, self._owner = inner, owner
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    async def write(self, data):
-        if self._owner.cut:
-            self._inner.reset()
-            raise ConnectionResetError("the link dropped")
-        await self._inner.write(data)
-
-
 @pytest.mark.parametrize("spec", [
     TrainSpec(steps=12, segment_steps=6, seed=4, codec="int8"),
     TrainSpec(mode="diloco", steps=20, inner_steps=5, seed=4, codec="int8"),
@@ -97,7 +70,7 @@ def test_a_worker_whose_link_drops_for_a_round_stays_in_the_job_and_every_record
     async def main():
         peers = PEERS[:3]
         transports = [TcpTransport(p) for p in peers]
-        dropping = _DroppingTransport(transports[2])
+        dropping = LinkDropTransport(transports[2])
         groups, sink = [], MemorySink()
         try:
             addresses = {p: await t.start() for p, t in zip(peers, transports)}

@@ -37,3 +37,32 @@ async def close_all(groups, transports):
 
 def run(coro, timeout=60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class LinkDropTransport:
+    """Wraps a transport: while `cut` is set, every write on a stream it opened fails and resets the stream
+    (a home link that drops for a moment); the streams opened after it is cleared work."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.cut = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def open_stream(self, peer, protocol):
+        return _DroppingStream(await self.inner.open_stream(peer, protocol), self)
+
+
+class _DroppingStream:
+    def __init__(self, inner, owner):
+        self._inner, self._owner = inner, owner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def write(self, data):
+        if self._owner.cut:
+            self._inner.reset()
+            raise ConnectionResetError("the link dropped")
+        await self._inner.write(data)

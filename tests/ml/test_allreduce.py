@@ -663,41 +663,6 @@ def test_a_failed_open_backs_off_doubling_and_a_stream_from_the_peer_ends_it(mon
     assert len(opened) == 3 and broken[4] == "link failed: PeerUnreachable: gone"
 
 
-class _CutOffTransport:
-    """Wraps a transport: while `cut` is set, every write on a stream it opened fails (a home link that
-    drops for a moment); the streams opened after it is cleared work."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.cut = False
-
-    def set_handler(self, protocol, handler):
-        self.inner.set_handler(protocol, handler)
-
-    async def open_stream(self, peer, protocol):
-        return _CutStream(await self.inner.open_stream(peer, protocol), self)
-
-    async def close(self):
-        await self.inner.close()
-
-
-class _CutStream:
-    def __init__(self, inner, owner):
-        self._inner, self._owner = inner, owner
-
-    async def write(self, data):
-        if self._owner.cut:
-            self._inner.reset()
-            raise ConnectionResetError("the link dropped")
-        await self._inner.write(data)
-
-    async def close(self):
-        await self._inner.close()
-
-    def reset(self):
-        self._inner.reset()
-
-
 @pytest.mark.parametrize("mode", ["butterfly", "ring"])
 def test_a_live_member_left_out_while_its_link_was_down_adopts_the_result_and_stays_in(mode):
     """docs/adr/0242: peer2's uplink drops in round 0, so the others go on without it; it is alive, and
@@ -706,7 +671,7 @@ def test_a_live_member_left_out_while_its_link_was_down_adopts_the_result_and_st
     async def main():
         names = ids(3)
         transports = await loopback_groups.start_transports(names)
-        flaky = _CutOffTransport(transports[2])
+        flaky = loopback_groups.LinkDropTransport(transports[2])
         groups = [AllReduceGroup(t, name, names, mode=mode, chunk_numel=CHUNK, deadlines=FAST)
                   for t, name in zip([*transports[:2], flaky], names)]
         for g in groups:
@@ -746,7 +711,7 @@ def test_a_member_whose_link_stays_down_fails_the_round_once_its_bounded_wait_fo
     async def main():
         names = ids(3)
         transports = await loopback_groups.start_transports(names)
-        flaky = _CutOffTransport(transports[2])
+        flaky = loopback_groups.LinkDropTransport(transports[2])
         groups = [AllReduceGroup(t, name, names, chunk_numel=CHUNK, deadlines=FAST, min_participants=2)
                   for t, name in zip([*transports[:2], flaky], names)]
         for g in groups:
