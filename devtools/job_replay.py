@@ -3,8 +3,9 @@ on loopback TCP, up to a given segment -- as the tests' reference for what netwo
 produce bit for bit (verifiers no longer do this: they replay one worker's segment from its committed
 state, ml/compute/segment_replay.py).
 
-Workers that left the real run (a crash, or excluded from a round: the trainer stops then) are made
-to leave the replay at the same round (`ml.job.participation.departures` of the rounds the workers
+Workers that left the real run (a crash, or a round whose result they could not get: the trainer stops
+then; one left out of a round that took the others' result stayed, docs/adr/0242) are made to leave the
+replay at the same round (`ml.job.participation.departures` of the rounds the workers
 reported as short): their group and transport close, the others' attempt fails at once and is redone
 among the rest, exactly as in the real run, so the survivors' hashes still match.
 """
