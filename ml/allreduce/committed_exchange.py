@@ -24,7 +24,7 @@ from .round_core import Action, AwaitResult, Committed, CommittedRounds, RoundCo
 from .wire import Frame, FrameError, Kind, members_from_mask, members_mask
 
 log = logging.getLogger(__name__)
-FIRST_ASK_S = 0.25   # a left-out member asks again after this, then twice as long each time,
+FIRST_ASK_S = 0.25   # a member that cannot go on asks again after this, then twice as long each time,
 LAST_ASK_S = 2.0     # up to this
 
 
@@ -97,9 +97,10 @@ class CommittedExchange:
     async def await_result(self, core: RoundCore, ctx: AttemptContext, wait: AwaitResult,
                            send_view: Callable[[RoundCore, SendView], None], wait_s: float) -> list[Action]:
         """This live member cannot go on with the round (left out, or alone: a link failed for a moment,
-        docs/adr/0242): ask the others for the result they commit without it, with this member's VIEW of
-        the failed attempt sent again (a VIEW of a round a member committed gets it pushed, `answer`), until a
-        result is adopted (as in `adopt`) or `wait_s` passed: then the core gives up (the round fails)."""
+        docs/adr/0242): ask the others for the result they commit without it, with its VIEW sent again as
+        one of an attempt no round runs (any VIEW of a round a member committed gets it pushed: `answer`,
+        `remember`), until a result is adopted (as in `adopt`) or `wait_s` passed: then the core gives up
+        (the round fails)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         log.info("round %d cannot go on here (%s); asking %s for their result", ctx.round_id, core.shut_out,

@@ -82,7 +82,7 @@ class AwaitViews:
 @dataclass(frozen=True)
 class AwaitResult:
     attempt: int                 # asks go as this member's VIEW of this attempt, one no round runs
-    members: tuple[str, ...]     # the members that go on without this one
+    members: tuple[str, ...]     # who to ask: every other peer (this member's view may be the wrong one)
     alive: tuple[str, ...]       # that VIEW: who this member saw alive,
     why: dict[str, str]          # and why it left the others out
 
@@ -233,7 +233,6 @@ class RoundCore:
                 f"round {self.round_id}: only {len(self.members)} members left "
                 f"(minimum {self.min_participants}); excluded: {self.excluded}"))
         return [StartAttempt(self.attempt, tuple(self.members))]
-
 
     def _cannot_go_on(self, error: AllReduceError) -> list[Action]:
         """The round cannot go on here: left out by the others, or (its links down) left with too few.
