@@ -48,24 +48,29 @@ FINAL = ("paid", "stopped", "expired", "failed", "rejected")
 
 
 @dataclass
-class Crew:
-    """What the bench needs of a network: the ledger, each compute node's own progress, a kill."""
+class Chain:
+    """What submitting a task and following it on the ledger need of a network."""
     call: Callable[..., Any]                     # (method, *params) -> a validator's JSON-RPC answer
-    progress: Callable[[str, str], dict]         # (peer id, task id) -> that node's dkb_taskProgress (raises)
-    kill: Callable[[str], None]                  # SIGKILL the node of a peer id
     faucet: Identity
     chain_id: str
+    transport: str                               # how its nodes reach each other, for the JSON
+
+
+@dataclass
+class Crew(Chain):
+    """What this bench needs besides: each compute node's own progress, a kill."""
+    progress: Callable[[str, str], dict]         # (peer id, task id) -> that node's dkb_taskProgress (raises)
+    kill: Callable[[str], None]                  # SIGKILL the node of a peer id
     compute: list[str]                           # the compute nodes' peer ids
-    transport: str
 
 
-def submit(crew: Crew, spec: TrainSpec, epochs: int, expected_s: int) -> str:
+def submit(chain: Chain, spec: TrainSpec, epochs: int, expected_s: int) -> str:
     payload = {**submit_payload(spec, 3, PRICE, portable_cpu_profile(torch_release())), "expected_s": expected_s,
                "epochs": epochs}
-    nonce = crew.call("dkb_getTransactionCount", crew.faucet.peer_id, "pending")
-    tx = build_tx(crew.faucet, crew.chain_id, nonce, "submit_task", payload)
-    crew.call("dkb_sendRawTransaction", tx.raw.hex())
-    return task_id_for(crew.faucet.peer_id, nonce).hex()
+    nonce = chain.call("dkb_getTransactionCount", chain.faucet.peer_id, "pending")
+    tx = build_tx(chain.faucet, chain.chain_id, nonce, "submit_task", payload)
+    chain.call("dkb_sendRawTransaction", tx.raw.hex())
+    return task_id_for(chain.faucet.peer_id, nonce).hex()
 
 
 def wait_for(what: str, condition, timeout: float, every: float = 0.05):
@@ -137,10 +142,10 @@ def run(args) -> dict:
         try:
             net.up(timeout=120)
             nodes = {n.peer_id: n for n in net.compute}
-            crew = Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params),
-                        lambda peer, task_id: jsonrpc.call(nodes[peer].rpc_url, "dkb_taskProgress", task_id),
-                        lambda peer: net.testnet.kill_node(nodes[peer]), net.testnet.faucet(),
-                        net.testnet.chain_id, list(nodes), "tcp on loopback (devnet processes)")
+            crew = Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
+                        net.testnet.chain_id, "tcp on loopback (devnet processes)",
+                        progress=lambda peer, task_id: jsonrpc.call(nodes[peer].rpc_url, "dkb_taskProgress", task_id),
+                        kill=lambda peer: net.testnet.kill_node(nodes[peer]), compute=list(nodes))
             return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
         finally:
             net.down(timeout=5)
@@ -159,10 +164,11 @@ def run_netlab(args) -> dict:
             TaskNet.running(Path(root) / "net", mbit=args.mbit, home_delay_ms=args.delays_ms,
                             params={"task_min_s": args.task_min_s, "task_slack_s": 6}) as net:
         members = {m.peer_id: m for m in net.compute}
-        crew = Crew(net.rpc, lambda peer, task_id: net.home_rpc(members[peer], "dkb_taskProgress", task_id),
-                    lambda peer: net.kill(members[peer]), net.testnet.faucet(), net.testnet.chain_id,
-                    list(members), f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way "
-                                   f"delays {args.delays_ms} ms, hole punched or relayed")
+        crew = Crew(net.rpc, net.testnet.faucet(), net.testnet.chain_id,
+                    f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way delays "
+                    f"{args.delays_ms} ms, hole punched or relayed",
+                    progress=lambda peer, task_id: net.home_rpc(members[peer], "dkb_taskProgress", task_id),
+                    kill=lambda peer: net.kill(members[peer]), compute=list(members))
         return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
 
 

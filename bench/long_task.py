@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.crew_change import FINAL, PRICE, Crew, submit, wait_for  # noqa: E402
+from bench.crew_change import FINAL, PRICE, Chain, submit, wait_for  # noqa: E402
 from devtools.devnet import ComputeDevnet  # noqa: E402
 from ml.train.recipes import RECIPES, recipe  # noqa: E402
 from ml.train.spec import TrainSpec  # noqa: E402
@@ -49,14 +49,14 @@ def task_spec(args) -> TrainSpec:
                   report_every=100, **overrides)
 
 
-def measure(crew: Crew, args) -> dict:
+def measure(chain: Chain, args) -> dict:
     """Submit the task, wait for its results and its end; the bench's JSON fields."""
     spec = task_spec(args)
 
     def task() -> dict:
-        return crew.call("dkb_getTask", task_id) or {}
+        return chain.call("dkb_getTask", task_id) or {}
 
-    task_id = submit(crew, spec, args.epochs, args.expected_s)
+    task_id = submit(chain, spec, args.epochs, args.expected_s)
     wait_for("assignment", lambda: task().get("workers"), 120)
     assigned = time.monotonic()
     wait_for("every result", lambda: len(task().get("commits", {})) == 3 or task().get("status") in FINAL,
@@ -71,7 +71,7 @@ def measure(crew: Crew, args) -> dict:
             "status": final["status"], "training_s": round(training_s, 1), "steps": spec.steps, "mode": spec.mode,
             "model": spec.model, "codec": spec.codec, "segments": spec.segment_count, "epochs": args.epochs,
             "epochs_closed": final.get("epochs", {}).get("current"), "expected_s": args.expected_s,
-            "slots": outcomes, "payouts": final.get("payouts"), "price": PRICE, "transport": crew.transport}
+            "slots": outcomes, "payouts": final.get("payouts"), "price": PRICE, "transport": chain.transport}
 
 
 def run(args) -> dict:
@@ -81,10 +81,9 @@ def run(args) -> dict:
         net = ComputeDevnet.create(Path(root) / "devnet", validators=1, compute=3)
         try:
             net.up(timeout=120)
-            crew = Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), no_progress, no_kill,
-                        net.testnet.faucet(), net.testnet.chain_id, [n.peer_id for n in net.compute],
-                        "tcp on loopback (devnet processes)")
-            return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
+            chain = Chain(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
+                          net.testnet.chain_id, "tcp on loopback (devnet processes)")
+            return {**measure(chain, args), "bench_seconds": round(time.monotonic() - started, 1)}
         finally:
             net.down(timeout=5)
 
@@ -101,19 +100,10 @@ def run_netlab(args) -> dict:
     delays = args.delays_ms[:3]
     with tempfile.TemporaryDirectory(prefix="dkb-long-lab-") as root, \
             TaskNet.running(Path(root) / "net", compute=3, mbit=args.mbit, home_delay_ms=delays) as net:
-        crew = Crew(net.rpc, no_progress, no_kill, net.testnet.faucet(), net.testnet.chain_id,
-                    [m.peer_id for m in net.compute],
-                    f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way delays "
-                    f"{delays} ms, hole punched or relayed")
-        return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
-
-
-def no_progress(peer: str, task_id: str) -> dict:
-    raise NotImplementedError("this bench reads the ledger only")
-
-
-def no_kill(peer: str) -> None:
-    raise NotImplementedError("this bench kills no worker")
+        chain = Chain(net.rpc, net.testnet.faucet(), net.testnet.chain_id,
+                      f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way delays "
+                      f"{delays} ms, hole punched or relayed")
+        return {**measure(chain, args), "bench_seconds": round(time.monotonic() - started, 1)}
 
 
 NETLAB_DEFAULTS = {"recipe": "shakespeare-streaming", "steps": 24_000, "inner_steps": 100, "fragments": 4,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ml.allreduce.committed_exchange import FIRST_ASK_S, LAST_ASK_S
+from ml.allreduce.committed_exchange import FIRST_ASK_S, LAST_ASK_S, result_wait_s
 from ml.allreduce.deadlines import DeadlinePolicy, StallEstimator
 from ml.allreduce.inbox import GAP_KINDS, silence_deadline
 from ml.allreduce.round_core import (
@@ -190,7 +190,8 @@ class SimMember:
                 self._asking = action
                 self._ask_s = FIRST_ASK_S
                 self._next_ask = self.now
-                self._ask_until = self.now + self.policy.first_frame_grace_s + 3 * self.estimator.stall_timeout()
+                self._ask_until = self.now + result_wait_s(self.policy.first_frame_grace_s,
+                                                           self.estimator.stall_timeout())
                 self.trace(f"{self.me} r{self.current_round} cannot go on ({self.core.shut_out}); asks "
                            f"{','.join(action.members)}")
             elif isinstance(action, AwaitViews):

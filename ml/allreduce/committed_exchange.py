@@ -28,6 +28,12 @@ FIRST_ASK_S = 0.25   # a member that cannot go on asks again after this, then tw
 LAST_ASK_S = 2.0     # up to this
 
 
+def result_wait_s(first_frame_grace_s: float, stall_s: float) -> float:
+    """How long a member that cannot go on asks for the others' result: as long as they may take to
+    finish their next attempt without it (docs/adr/0242)."""
+    return first_frame_grace_s + 3 * stall_s
+
+
 class CommittedExchange:
     def __init__(self, io: PeerIO):
         self._io = io

@@ -44,7 +44,7 @@ from .allgather import run_allgather
 from .attempt import AttemptContext
 from .attempt_runner import AttemptRunner, Contribution
 from .butterfly import run_butterfly
-from .committed_exchange import CommittedExchange
+from .committed_exchange import CommittedExchange, result_wait_s
 from .deadlines import DeadlinePolicy, StallEstimator
 from .inbox import Inbox
 from .links import PeerLinks
@@ -292,8 +292,7 @@ class AllReduceGroup:
                 actions.extend(await self._views.collect(core, ctx, action))
             elif isinstance(action, AwaitResult):
                 assert ctx is not None, "the core leaves this member out only after an attempt"
-                # as long as the others may take to finish their next attempt without it
-                wait_s = self._policy.first_frame_grace_s + 3 * self._io.estimator.stall_timeout()
+                wait_s = result_wait_s(self._policy.first_frame_grace_s, self._io.estimator.stall_timeout())
                 actions.extend(await self._committed.await_result(core, ctx, action, self._views.send, wait_s))
 
     def _context(self, contribution: Contribution, members: list[str], shape_digest: str, round_id: int,
