@@ -29,7 +29,7 @@ TERMINAL = (JobState.COMMITTED, JobState.FAILED, JobState.REJECTED, JobState.MIR
 MIN_INTERVAL_S = 0.25     # watchers get at most ~4 snapshots a second (changes in between coalesce)
 KEEPALIVE_S = 15.0        # and one at least this often, changed or not
 SNAPSHOT_FIELDS = ("state", "step", "steps", "loss", "metrics", "bytes_sent", "eta_s", "error", "reason",
-                   "fetched_bytes", "fetch_total", "result", "epoch_states")
+                   "fetched_bytes", "fetch_total", "result", "epoch_states", "utilization")
 
 
 class JobBoard:
@@ -47,11 +47,23 @@ class JobBoard:
         return self.jobs[key]
 
     def update(self, key: str, **fields: Any) -> None:
-        job = self.jobs[key]
+        job, now = self.jobs[key], self._clock()
         if fields.get("state") == "training" and job.get("state") != "training":
-            job["training_since"] = self._clock()
+            job["training_since"] = now
+        left_training = job.get("state") == "training" and fields.get("state") not in (None, "training")
         job.update(fields)
+        if left_training:
+            job.setdefault("training_until", now)
+        if left_training or "compute_s" in fields:
+            job["utilization"] = utilization(job, now)
         self._touch(key)
+
+    def end_training(self, key: str, compute_s: float) -> None:
+        """The job trained its last step: its compute time, and its training span closed here (what follows,
+        saving and committing the result, is not training)."""
+        job = self.jobs[key]
+        job["training_until"] = self._clock()
+        self.update(key, compute_s=round(compute_s, 3))
 
     def history(self, key: str) -> list[dict]:
         job = self.jobs.get(key)
@@ -104,6 +116,17 @@ class JobBoard:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
         return True
+
+
+def utilization(job: dict, now: float) -> float | None:
+    """The job's compute time over its training wall time (from entering ``training`` until it left it, or
+    now): what share of the time it trained its seat kept the hardware busy, waits for the network and at
+    epoch boundaries counted as idle. None before there is a span or a compute figure."""
+    since, compute_s = job.get("training_since"), job.get("compute_s")
+    if since is None or compute_s is None:
+        return None
+    span = job.get("training_until", now) - since
+    return round(min(1.0, compute_s / span), 4) if span > 0 else None
 
 
 def eta_seconds(job: dict, now: float) -> float | None:

@@ -116,7 +116,7 @@ class Training:
         job["history_last_step"] = max(progress.step, job.get("history_last_step", 0))
         record_point(job, progress.step, progress.loss, progress.metrics)
         self.board.update(key, step=progress.step, loss=progress.loss, bytes_sent=progress.bytes_sent,
-                          participants=progress.participants,
+                          participants=progress.participants, compute_s=progress.compute_s,
                           **({"metrics": progress.metrics} if progress.metrics else {}))
 
     async def run_job(self, task: TaskInfo) -> None:
@@ -195,6 +195,7 @@ class Training:
                     reshard=lambda size, segment: grow_crew(trainer, size, spec.first_step_of_segment(segment)),
                     world=world)
             summary = await committer.alongside(train_to_end(trainer))
+            self.board.end_training(key, trainer.compute_seconds)
             self._record_allreduce_rate(group)
             weights = await self._keep_weights(trainer)
             if trainer.recorder is None:

@@ -19,6 +19,7 @@ class TrainProgress:
     participants: int         # peers in the last averaging round
     outer_step: int | None = None   # DiLoCo outer steps done
     metrics: dict[str, float] = field(default_factory=dict)  # evaluation, when one was run
+    compute_s: float = 0.0    # seconds of training computation so far (utilization = this / training wall time)
 
     def to_dict(self) -> dict:
         return asdict(self)

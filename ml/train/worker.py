@@ -212,4 +212,5 @@ class TrainerBase:
         self._loss_sum, self._loss_count = 0.0, 0
         self.feed.publish(TrainProgress(
             rank=self.rank, step=self.step, loss=loss, bytes_sent=self.bytes_sent,
-            participants=len(self.last_participants), outer_step=outer_step, metrics=metrics or {}))
+            participants=len(self.last_participants), outer_step=outer_step, metrics=metrics or {},
+            compute_s=round(self.compute_seconds, 3)))

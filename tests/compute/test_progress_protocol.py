@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from ml.compute import job_board, progress_protocol
-from ml.compute.job_board import JobBoard, eta_seconds
+from ml.compute.job_board import JobBoard, eta_seconds, utilization
 from ml.compute.progress_history import record_point
 from ml.compute.progress_protocol import (
     FrameDecoder,
@@ -72,6 +72,26 @@ def test_eta_from_the_training_rate():
     assert eta_seconds(job, 120.0) == 60.0
     assert eta_seconds({**job, "step": 0}, 120.0) is None
     assert eta_seconds({**job, "state": "committed"}, 120.0) == 0.0
+
+
+def test_utilization_is_compute_time_over_the_training_span():
+    now = [100.0]
+    board = JobBoard(clock=lambda: now[0])
+    board.start("t", state="waiting for workers")
+    board.update("t", compute_s=1.0)
+    assert board.jobs["t"]["utilization"] is None            # not training yet: no span
+    board.update("t", state="training")
+    now[0] = 110.0
+    board.update("t", step=10, compute_s=9.0)
+    assert board.jobs["t"]["utilization"] == 0.9             # 9 s of compute in 10 s of training
+    assert board.snapshot("t")["utilization"] == 0.9         # watchers over the progress protocol see it
+    now[0] = 120.0
+    board.end_training("t", 18.5)                            # the span closes with the last step...
+    now[0] = 200.0
+    board.update("t", state="committing")                    # ...not when the commit starts
+    board.update("t", state="committed")
+    assert board.jobs["t"]["utilization"] == 0.925
+    assert utilization({"training_since": 5.0, "compute_s": 3.0}, 5.0) is None   # an empty span
 
 
 def test_board_records_history_and_wakes_watchers(monkeypatch):
