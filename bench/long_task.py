@@ -86,9 +86,9 @@ def measure(crew: Crew, args, fetch: Callable[[str, Path], dict]) -> dict:
     outcomes: dict[str, int] = {}
     for slot in final.get("slots", []):
         outcomes[slot["outcome"]] = outcomes.get(slot["outcome"], 0) + 1
-    with tempfile.TemporaryDirectory(prefix="dkb-long-fetch-") as out:
+    with tempfile.TemporaryDirectory(prefix="dkb-long-fetch-") as folder:
         started = time.monotonic()
-        fetched = fetch(task_id, Path(out)) if final["status"] == "paid" else {}
+        fetched = fetch(task_id, Path(folder)) if final["status"] == "paid" else {}
         fetch_s = time.monotonic() - started
     figures = [u["utilization"] for u in usage.values() if u.get("utilization") is not None]
     paid = final["status"] == "paid" and training_s >= args.min_training_s
