@@ -90,6 +90,10 @@ class TaskView:
         if report.get("state") in (JobState.REJECTED, JobState.FAILED) and previous != report.get("state"):
             why = report.get("reason") or report.get("error") or ""
             self.note(f"worker {short(worker)} {report['state']}" + (f": {why}" if why else ""))
+        utilization = report.get("utilization")
+        if report.get("state") == JobState.COMMITTED and previous != JobState.COMMITTED \
+                and isinstance(utilization, (int, float)):
+            self.note(f"worker {short(worker)} committed; it computed {utilization:.1%} of its training time")
         lead = max(self.reports.values(), key=lambda r: r.get("step") or 0)
         steps = lead.get("steps") or None
         step = lead.get("step") or 0

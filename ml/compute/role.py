@@ -157,7 +157,7 @@ class ComputeRole(Role):
 
     async def dashboard_section(self) -> dict[str, Any]:
         me = self.node.peer_id
-        current = next(({"task_id": key, **{k: job.get(k) for k in ("state", "step", "steps", "loss")},
+        current = next(({"task_id": key, **{k: job.get(k) for k in ("state", "step", "steps", "loss", "utilization")},
                          "eta_s": self.board.snapshot(key)["eta_s"]}
                         for key, job in self.jobs.items()
                         if job.get("state") not in TERMINAL and not mirror_only(job)), None)

@@ -62,3 +62,13 @@ def test_a_worker_that_rejects_or_fails_is_said_once_with_its_reason():
     text = buffer.getvalue()
     assert text.count("worker w1 rejected: the loss is NaN after one step") == 1
     assert "worker w2 failed: RuntimeError: boom" in text
+
+
+def test_a_committed_worker_says_once_how_busy_its_hardware_was():
+    shown, buffer = view()
+    shown.report("w1", {"state": "training", "step": 40, "steps": 40, "utilization": 0.9})
+    shown.report("w1", {"state": "committed", "step": 40, "steps": 40, "utilization": 0.9512})
+    shown.report("w1", {"state": "committed", "step": 40, "steps": 40, "utilization": 0.9512})
+    shown.report("w2", {"state": "committed", "step": 40, "steps": 40})   # an older worker: no figure
+    said = [line for line in buffer.getvalue().splitlines() if "computed" in line]
+    assert len(said) == 1 and "worker w1 committed; it computed 95.1% of its training time" in said[0]

@@ -128,6 +128,9 @@ def test_a_provider_uses_the_dashboard_in_chromium(browser, provider):  # noqa: 
     on_loop(loop, lambda: compute.board.update(TASK, state="training", step=4, steps=10, loss=0.75))
     shows(page, "#task", TASK)
     shows(page, "#task", "4 / 10")
+    shows(page, "#task", "busy computing—")   # no compute figure yet
+    on_loop(loop, lambda: compute.board.update(TASK, utilization=0.9512))
+    shows(page, "#task", "busy computing95.1% of its training time")
     snap(page, "2-task-progress")
 
     on_loop(loop, lambda: compute.board.update(TASK, state="committed", step=10))

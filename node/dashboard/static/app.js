@@ -78,7 +78,9 @@ function show(data) {
   ]);
   const task = compute.current_task;
   fill("task", task ? [["task", task.task_id], ["state", task.state],
-    ["progress", task.step + " / " + task.steps], ["loss", task.loss], ["eta (s)", task.eta_s]] : [["task", "none"]]);
+    ["progress", task.step + " / " + task.steps], ["loss", task.loss], ["eta (s)", task.eta_s],
+    ["busy computing", task.utilization == null ? "—" : (100 * task.utilization).toFixed(1) + "% of its training time"]]
+    : [["task", "none"]]);
   const wallet = compute.wallet || {};
   fill("earnings", [["free balance", wallet.balance], ["bonded", wallet.bonded], ["unbonding", wallet.unbonding], ["slashed", compute.slashed],
     ["paid in listed tasks", (compute.payouts || []).reduce((sum, p) => sum + p.amount, 0)]]);
