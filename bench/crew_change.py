@@ -64,11 +64,11 @@ class Crew(Chain):
     compute: list[str]                           # the compute nodes' peer ids
 
 
-def submit(chain: Chain, spec: TrainSpec, epochs: int, expected_s: int, **extra) -> str:
-    """Submit ``spec`` for 3 workers at PRICE, cut into ``epochs``, declaring ``expected_s`` of work (``extra``:
-    more submit_task fields, e.g. the owner's ``sources``); the task id."""
-    payload = {**submit_payload(spec, 3, PRICE, portable_cpu_profile(torch_release())), "expected_s": expected_s,
-               "epochs": epochs, **extra}
+def submit(chain: Chain, spec: TrainSpec, epochs: int, expected_s: int, workers: int = 3, **extra) -> str:
+    """Submit ``spec`` for ``workers`` at PRICE, cut into ``epochs``, declaring ``expected_s`` of work
+    (``extra``: more submit_task fields, e.g. the owner's ``sources``); the task id."""
+    payload = {**submit_payload(spec, workers, PRICE, portable_cpu_profile(torch_release())),
+               "expected_s": expected_s, "epochs": epochs, **extra}
     nonce = chain.call("dkb_getTransactionCount", chain.faucet.peer_id, "pending")
     tx = build_tx(chain.faucet, chain.chain_id, nonce, "submit_task", payload)
     chain.call("dkb_sendRawTransaction", tx.raw.hex())

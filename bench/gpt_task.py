@@ -1,11 +1,11 @@
 """The GPT-style decoder of devtools/gpt_decoder.py as a user's task on the product path (issue 23 item 5):
-a local devnet (1 validator, 3 compute node processes on loopback TCP, sharing this machine's cores), the
-owner's node holding the exported ``.pt2`` and a token file, a task in streaming DiLoCo int4 (two fragments,
-the outer all-reduce overlapped) cut into ``--epochs`` epochs. The workers fetch the inputs from the owner,
-dry-run the archive, train with their all-reduce over TCP, commit each epoch's records and state; the
-ledger's verifiers replay drawn segments; the task is paid epoch by epoch; the owner fetches the weights
-from the workers (checked against the ledger's result), loads them strictly into its own ``GPT`` and
-evaluates them on the held-out tokens.
+a local devnet (1 validator, 3 compute node processes on loopback TCP, sharing this machine's cores;
+``--workers`` of them train), the owner's node holding the exported ``.pt2`` and a token file, a task in
+streaming DiLoCo int4 (two fragments, the outer all-reduce overlapped) cut into ``--epochs`` epochs. The
+workers fetch the inputs from the owner, dry-run the archive, train with their all-reduce over TCP and
+commit each epoch's records and state; the ledger's verifiers replay drawn segments; the task is paid
+epoch by epoch; the owner fetches the weights from the workers (checked against the ledger's result),
+loads them strictly into its own ``GPT`` and evaluates them on the held-out tokens.
 
 ``--config big`` is the ~100M model (12 layers, width 768; ``--context`` tokens per window), ``tiny`` the CI
 size that tests/models/test_gpt_task_e2e.py runs. Prints one JSON object: parameters, archive bytes, the
@@ -13,7 +13,8 @@ status, slots' outcomes, payouts, each worker's utilization and seconds per step
 owner's held-out loss of the initial and the fetched weights, and the wall times.
 
     python bench/gpt_task.py                                   # tiny: about a minute
-    python bench/gpt_task.py --config big --steps 16 --inner-steps 4 --batch 1 --expected-s 900
+    python bench/gpt_task.py --config big --context 64 --workers 2 --steps 16 --inner-steps 4 --batch 1 \
+        --lr 3e-4 --train-windows 64 --expected-s 900          # the ~100M model: 2 workers, the third verifies
 """
 from __future__ import annotations
 
@@ -83,13 +84,14 @@ async def run_task(net: ComputeDevnet, config: GPTConfig, args, root: Path) -> d
         spec = task_spec(ids, args)
         sources = [a if "/p2p/" in a else f"{a}/p2p/{owner.peer_id}" for a in owner.host.listen_addrs
                    if "/0.0.0.0/" not in a]
-        task_id = await asyncio.to_thread(submit, chain, spec, args.epochs, args.expected_s, sources=sources)
+        task_id = await asyncio.to_thread(submit, chain, spec, args.epochs, args.expected_s, args.workers,
+                                          sources=sources)
         submitted = time.monotonic()
 
         async def task() -> dict:
             return await asyncio.to_thread(chain.call, "dkb_getTask", task_id) or {}
         deadline = submitted + args.expected_s * 4 + 900
-        while (doc := await task()).get("status") not in FINAL and len(doc.get("commits", {})) < 3:
+        while (doc := await task()).get("status") not in FINAL and len(doc.get("commits", {})) < args.workers:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no results in time: {doc}")
             await asyncio.sleep(2.0)
@@ -151,6 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--inner-steps", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=3, help="the crew (of 3 compute nodes; the rest verify)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--train-windows", type=int, default=512, help="training windows in the token file")
