@@ -48,6 +48,8 @@ class TaskView:
         self._progress: Progress | None = None
         self._bar: TaskID | None = None
         self._last_line_step = -1
+        self._joiners: set[str] = set()
+        self._paid_epochs: set[int] = set()
 
     # ---- lines
     def note(self, text: str) -> None:
@@ -61,7 +63,10 @@ class TaskView:
             self.console.print(f"  {stamp}  {text}", markup=False)
 
     def status(self, task: TaskInfo | None) -> None:
-        """A line when the task's status changed (with the workers once assigned, the reason once ended)."""
+        """A line when the task's status changed (with the workers once assigned, the reason once ended),
+        and for a task cut into epochs one when a worker joins the crew and one when an epoch is paid."""
+        if task is not None and task.epochs is not None:
+            self._epochs(task)
         status = None if task is None else task.status
         if status == self.last_status:
             return
@@ -79,6 +84,20 @@ class TaskView:
         self.note(text)
         for worker, reason in task.rejections.items():
             self.note(f"  rejected by {short(worker)}: {reason}")
+
+    def _epochs(self, task: TaskInfo) -> None:
+        progress = task.epochs
+        assert progress is not None
+        for worker, (seat, first) in progress.joined.items():
+            if worker not in self._joiners:
+                self._joiners.add(worker)
+                self.note(f"worker {short(worker)} joined the crew at epoch {first} (seat {seat})")
+        count = task.spec.get("epochs", 1)
+        for epoch in progress.released:
+            if epoch not in self._paid_epochs:
+                self._paid_epochs.add(epoch)
+                self.note(f"epoch {epoch + 1} of {count} audited and paid; the workers have earned "
+                          f"{sum(progress.earned.values())} so far")
 
     # ---- progress
     def report(self, worker: str, report: dict) -> None:

@@ -72,3 +72,18 @@ def test_a_committed_worker_says_once_how_busy_its_hardware_was():
     shown.report("w2", {"state": "committed", "step": 40, "steps": 40})   # an older worker: no figure
     said = [line for line in buffer.getvalue().splitlines() if "computed" in line]
     assert len(said) == 1 and "worker w1 committed; it computed 95.1% of its training time" in said[0]
+
+
+def test_a_long_task_says_each_joiner_and_each_paid_epoch_once():
+    shown, buffer = view()
+    doc = {"status": "running", "segments": 4, "spec": {"epochs": 4},
+           "epochs": {"current": 2, "released": [0], "earned": {"a": 100, "b": 100}}}
+    shown.status(TaskInfo.from_json(doc))
+    shown.status(TaskInfo.from_json(doc))
+    doc["epochs"] = {"current": 3, "released": [0, 1], "earned": {"a": 200, "b": 150, "c": 50},
+                     "joined": {"c": [1, 1]}}
+    shown.status(TaskInfo.from_json(doc))
+    lines = buffer.getvalue().splitlines()
+    assert sum("epoch 1 of 4 audited and paid; the workers have earned 200 so far" in line for line in lines) == 1
+    assert sum("epoch 2 of 4 audited and paid; the workers have earned 400 so far" in line for line in lines) == 1
+    assert sum("worker c joined the crew at epoch 1 (seat 1)" in line for line in lines) == 1
