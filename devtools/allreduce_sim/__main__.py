@@ -1,4 +1,5 @@
-"""Command line: `python -m devtools.allreduce_sim --seeds 200 [--first 0] [--bug NAME] [--trace]`."""
+"""Command line: `python -m devtools.allreduce_sim --seeds 200 [--first 0] [--bug NAME] [--outages [--breaks]]
+[--trace]`."""
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bug", choices=sorted(BUGS), help="run a planted bug (the run must then fail)")
     parser.add_argument("--flow", choices=sorted(FLOWS), default="butterfly", help="the attempts' data flow")
     parser.add_argument("--trace", action="store_true", help="print each seed's full trace")
+    parser.add_argument("--outages", action="store_true", help="faults are home links dropping for a while")
+    parser.add_argument("--breaks", action="store_true", help="--outages: a write over a link that is down fails "
+                                                              "and the frame is lost (else TCP holds it)")
     args = parser.parse_args(argv)
     core = BUGS[args.bug] if args.bug else RoundCore
     failed = left_out = 0
     for seed in range(args.first, args.first + args.seeds):
-        report = run_seed(seed, core, args.flow)
+        report = run_seed(seed, core, args.flow, args.outages, args.breaks)
         print(report.summary())
         if args.trace or not report.ok:
             for line in (report.trace if args.trace else []):

@@ -18,9 +18,9 @@ from .member import GARBAGE_MODES
 @dataclass(frozen=True)
 class Fault:
     member: str
-    kind: str          # "kill", "crash", "stall" or "garbage"
-    at: float = 0.0    # kill / stall: simulated time it starts
-    seconds: float = 0.0  # stall: how long
+    kind: str          # "kill", "crash", "stall", "garbage" or "outage"
+    at: float = 0.0    # kill / stall / outage: simulated time it starts
+    seconds: float = 0.0  # stall / outage: how long
     mode: str = ""     # garbage: how its PART frames are corrupted
     from_round: int = 0   # garbage: first round it corrupts
     after_frames: int = 0  # crash: dies right after sending this many RESULT frames
@@ -32,6 +32,8 @@ class Fault:
             return f"crash {self.member} after {self.after_frames} results sent"
         if self.kind == "stall":
             return f"stall {self.member} at {self.at:.3f}s for {self.seconds:.2f}s"
+        if self.kind == "outage":
+            return f"outage {self.member} at {self.at:.3f}s for {self.seconds:.2f}s"
         return f"garbage {self.member} ({self.mode}) from round {self.from_round}"
 
 
@@ -69,3 +71,15 @@ def scenario(seed: int) -> Scenario:
             faults.append(Fault(member, "garbage", mode=rng.choice(GARBAGE_MODES),
                                 from_round=rng.randrange(rounds)))
     return Scenario(seed, members, rounds, numel, chunk, jitter, tuple(faults))
+
+
+def outage_scenario(seed: int) -> Scenario:
+    """Seed ``seed``'s group and network (as ``scenario``), with home links dropping instead: one or two
+    members each lose their links for 0.1-8 s at some time, running on meanwhile (docs/adr/0242)."""
+    base = scenario(seed)
+    rng = random.Random(f"outage-{seed}")
+    span = base.rounds * 0.25
+    down = rng.sample(base.members, rng.randint(1, min(2, len(base.members) - 2)))
+    faults = tuple(Fault(member, "outage", at=rng.uniform(0.0, span), seconds=rng.uniform(0.1, 8.0))
+                   for member in sorted(down))
+    return Scenario(seed, base.members, base.rounds, base.numel, base.chunk, base.max_jitter_s, faults)

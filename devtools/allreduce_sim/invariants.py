@@ -92,6 +92,6 @@ def _clean(sc: Scenario, killed_at: dict[str, float], member: str, round_id: int
             continue
         if f.kind == "garbage" and f.from_round <= round_id:
             return False
-        if f.kind == "stall" and f.at <= end:
+        if f.kind in ("stall", "outage") and f.at <= end:
             return False
     return True

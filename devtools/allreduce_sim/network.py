@@ -7,7 +7,10 @@ unparsable frame resets the stream, losing what is in flight on it) with a per-l
 seeded jitter; a frame is never delivered before one sent earlier on the same link. A killed
 member (at a time, or right after sending its N-th RESULT frame: a reducer dying mid-broadcast)
 stops; its peers see its links close after the frames already in flight; a frozen (SIGSTOP-like)
-member handles nothing until it wakes, then everything queued for it, in order.
+member handles nothing until it wakes, then everything queued for it, in order. A member in an outage
+(its home link down) runs on, but what it sends and what is sent to it meanwhile arrives only after the
+link is back, in order (TCP holds it); with `outage_breaks` such a write breaks the connection instead
+(lost with what is in flight on it; the writer learns at once, the other end once the link is back).
 """
 from __future__ import annotations
 
@@ -64,13 +67,23 @@ class Network:
         self._sent_by: dict[str, int] = {}
         self._epoch: dict[tuple[str, str], int] = {}  # bumped when the receiver resets the stream
         self._backlog: dict[str, list[tuple[str, int, bytes]]] = {}  # frozen member -> deliveries waiting
+        self.outages: dict[str, tuple[float, float]] = {}   # member -> (from, until): its links carry nothing
+        self.outage_breaks = False   # True: a write over a link that is down breaks the connection, else waits
 
     def attach(self, member_id: str, member) -> None:
         self.members[member_id] = member
 
+    def _in_outage(self, *members: str) -> bool:
+        return any(start <= self.scheduler.now < end
+                   for start, end in (self.outages.get(m, (0.0, 0.0)) for m in members))
+
     def _link_time(self, sender: str, receiver: str) -> float:
         key = (sender, receiver)
         when = self.scheduler.now + self.latency[key] + self.rng.uniform(0.0, self.max_jitter_s)
+        for member in (sender, receiver):   # a home link down: TCP holds the frame until it is back
+            start, end = self.outages.get(member, (0.0, 0.0))
+            if start <= self.scheduler.now < end:
+                when = max(when, end + self.latency[key])
         when = max(when, self._last_delivery.get(key, 0.0) + 1e-6)  # per-link FIFO
         self._last_delivery[key] = when
         return when
@@ -81,6 +94,9 @@ class Network:
         if receiver in self.killed:  # the writer's stream fails: the sender learns it shortly
             self.scheduler.at(self.scheduler.now + self.latency[(sender, receiver)],
                               lambda: self._run(sender, lambda m: m.link_broken(receiver)))
+            return
+        if self.outage_breaks and self._in_outage(sender, receiver):
+            self._break(sender, receiver)
             return
         self.frames_sent += 1
         epoch = self._epoch.get((sender, receiver), 0)
@@ -97,6 +113,18 @@ class Network:
     def _deliver(self, member, sender: str, receiver: str, epoch: int, data: bytes) -> None:
         if epoch == self._epoch.get((sender, receiver), 0):  # else its stream was reset meanwhile
             member.deliver(sender, data)
+
+    def _break(self, sender: str, receiver: str) -> None:
+        """A write over a link that is down fails: the connection is gone both ways, with what is in flight
+        on it; the writer learns it at once, the other end when the link is back (its peer's reset)."""
+        for key in ((sender, receiver), (receiver, sender)):
+            self._epoch[key] = self._epoch.get(key, 0) + 1
+        back = max(end for start, end in (self.outages.get(m, (0.0, 0.0)) for m in (sender, receiver))
+                   if start <= self.scheduler.now < end)
+        self.scheduler.at(self.scheduler.now + self.latency[(sender, receiver)],
+                          lambda: self._run(sender, lambda m: m.link_broken(receiver)))
+        self.scheduler.at(back + self.latency[(sender, receiver)],
+                          lambda: self._run(receiver, lambda m: m.link_broken(sender)))
 
     def reset(self, receiver: str, sender: str) -> None:
         """The receiver resets the stream from `sender` (it sent an unparsable frame): what is still

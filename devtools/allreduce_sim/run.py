@@ -10,7 +10,7 @@ import numpy as np
 
 from ml.allreduce.round_core import RoundCore
 
-from .faults import Scenario, scenario
+from .faults import Scenario, outage_scenario, scenario
 from .invariants import check
 from .member import RoundRecord, SimMember
 from .network import Network, Scheduler
@@ -52,12 +52,15 @@ def contribution(seed: int, numel: int):
     return values
 
 
-def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly") -> Report:
-    """Run seed `seed` with members whose round core is `core_factory` and data flow `flow`."""
-    sc = scenario(seed)
+def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly", outages: bool = False,
+             breaks: bool = False) -> Report:
+    """Run seed `seed` with members whose round core is `core_factory` and data flow `flow` (with
+    `outages`, its faults are home links dropping for a while: faults.outage_scenario)."""
+    sc = outage_scenario(seed) if outages else scenario(seed)
     rng = random.Random(f"run-{seed}")
     scheduler = Scheduler()
     net = Network(scheduler, rng, list(sc.members), sc.max_jitter_s)
+    net.outage_breaks = breaks
     trace: list[str] = []
     records: list[RoundRecord] = []
 
@@ -79,6 +82,9 @@ def run_seed(seed: int, core_factory=RoundCore, flow: str = "butterfly") -> Repo
             scheduler.at(fault.at, lambda f=fault: (log(f"FAULT {f.describe()}"), net.kill(f.member)))
         elif fault.kind == "stall":
             scheduler.at(fault.at, lambda f=fault: (log(f"FAULT {f.describe()}"), net.freeze(f.member, f.seconds)))
+        elif fault.kind == "outage":
+            net.outages[fault.member] = (fault.at, fault.at + fault.seconds)
+            scheduler.at(fault.at, lambda f=fault: log(f"FAULT {f.describe()}"))
     for member in sc.members:
         net.timer(member, 0.0, lambda m: m.start_round(0))
     scheduler.run(until=sc.rounds * TIME_LIMIT_PER_ROUND_S)

@@ -119,3 +119,22 @@ def test_live_members_that_cannot_go_on_adopt_the_others_result():
                 later = [x for x in report.trace[i + 1:] if f" {member} r{round_id} " in x]
                 adopted += any(" adopts from " in x for x in later)
     assert asked >= 5 and adopted == asked
+
+
+def test_home_links_that_drop_while_tcp_holds_the_frames_break_no_round():
+    """A member's links down for 0.1-8 s while it runs on (faults.outage_scenario; the frames wait, as TCP
+    holds them): the survivors agree in every round and no round fails for every member."""
+    for seed in range(40):
+        report = run_seed(seed, outages=True)
+        assert report.ok, (report.summary(), report.violations)
+        assert all(f.kind == "outage" for f in report.scenario.faults) and report.scenario.faults
+        committed = {rec.round_id for rec in report.records if rec.committed is not None}
+        assert committed == set(range(report.scenario.rounds)), report.summary()
+
+
+@pytest.mark.xfail(strict=True, reason="open (docs/adr/0244): a member that has every result commits at once; "
+                                       "if its connections then break before its own results reach the others, "
+                                       "they go on without it and commit another result")
+def test_a_member_whose_connections_break_right_after_it_committed_agrees_with_the_others():
+    report = run_seed(178, outages=True, breaks=True)   # m2 commits round 0, then its links break for 0.15 s
+    assert report.ok, report.violations
