@@ -142,3 +142,23 @@ def test_the_long_task_fills_long_task_paid_in_the_summary(monkeypatch, capsys):
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["long_task_paid"] is False and summary["long_task"]["status"] == "expired"
     assert "long_task_paid_reason" not in summary
+
+
+def test_pay_per_contribution_is_judged_from_the_ledgers_wages():
+    from bench import long_task
+    from consensus.genesis import Params
+    from consensus.state.tasks import worker_share
+
+    share = worker_share(Params(), 100_000, 3)
+    churn = {"victim": "v", "joiner": "j", "killed_after_epochs": 3, "joined_at_epoch": 5}
+
+    def final(victim: int, joiner: int, survivor: int) -> dict:
+        return {"workers": ["a", "b", "j"], "epochs": {"earned": {"v": victim, "j": joiner, "a": share, "b": survivor}}}
+    fair = long_task.churn_figures(final(share * 2 // 10, share * 5 // 10, share), churn, 10)
+    assert fair["paid_per_contribution"] and fair["victim_epochs_bound"] == share * 3 // 10
+    assert fair["joiner_epochs_floor"] == share * 5 // 10 and fair["survivors_earned"] == [share, share]
+    assert "victim" not in fair and fair["joined_at_epoch"] == 5
+    assert not long_task.churn_figures(final(share * 6 // 10, share // 2, share), churn, 10)["paid_per_contribution"]
+    assert not long_task.churn_figures(final(share // 10, share // 10, share), churn, 10)["paid_per_contribution"]
+    assert not long_task.churn_figures(final(0, share // 2, share), churn, 10)["paid_per_contribution"]
+    assert not long_task.churn_figures(final(share // 10, share // 2, share // 2), churn, 10)["paid_per_contribution"]
