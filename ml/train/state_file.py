@@ -34,7 +34,7 @@ def _skeleton(value: Any, tensors: dict[str, torch.Tensor], depth: int = 0, stor
         name = f"t{len(tensors)}"
         tensor = value.detach()
         storage = (tensor.device.type, tensor.untyped_storage().data_ptr())
-        # the state's own CPU tensors are written as they are (a copy of a 100M-parameter state is 2.8 GB more
+        # the state's own CPU tensors are written as they are (a copy of a 100M-parameter state is 2.3 GB more
         # at each checkpoint); one that shares its storage with another (tied weights) or lies elsewhere is
         # copied, as the file needs each tensor on its own
         if tensor.device.type != "cpu" or storage in storages or not tensor.is_contiguous():
