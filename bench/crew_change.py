@@ -64,6 +64,25 @@ class Crew(Chain):
     compute: list[str]                           # the compute nodes' peer ids
 
 
+def devnet_crew(net: ComputeDevnet) -> Crew:
+    """A devnet's compute nodes as a Crew (loopback TCP)."""
+    nodes = {n.peer_id: n for n in net.compute}
+    return Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
+                net.testnet.chain_id, "tcp on loopback (devnet processes)",
+                progress=lambda peer, task_id: jsonrpc.call(nodes[peer].rpc_url, "dkb_taskProgress", task_id),
+                kill=lambda peer: net.testnet.kill_node(nodes[peer]), compute=list(nodes))
+
+
+def netlab_crew(net: Any, mbit: float, delays_ms: list[float]) -> Crew:
+    """A devtools.netlab.task_net.TaskNet's compute nodes as a Crew: each behind its NAT, reached from inside."""
+    members = {m.peer_id: m for m in net.compute}
+    return Crew(net.rpc, net.testnet.faucet(), net.testnet.chain_id,
+                f"tcp between NAT'd homes (one symmetric), {mbit:g} Mbit/s tc tbf, one-way delays {delays_ms} ms, "
+                f"hole punched or relayed",
+                progress=lambda peer, task_id: net.home_rpc(members[peer], "dkb_taskProgress", task_id),
+                kill=lambda peer: net.kill(members[peer]), compute=list(members))
+
+
 def submit(chain: Chain, spec: TrainSpec, epochs: int, expected_s: int, workers: int = 3, **extra) -> str:
     """Submit ``spec`` for ``workers`` at PRICE, cut into ``epochs``, declaring ``expected_s`` of work
     (``extra``: more submit_task fields, e.g. the owner's ``sources``); the task id."""
@@ -143,12 +162,7 @@ def run(args) -> dict:
                                    params={"task_min_s": args.task_min_s, "task_slack_s": 6})
         try:
             net.up(timeout=120)
-            nodes = {n.peer_id: n for n in net.compute}
-            crew = Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
-                        net.testnet.chain_id, "tcp on loopback (devnet processes)",
-                        progress=lambda peer, task_id: jsonrpc.call(nodes[peer].rpc_url, "dkb_taskProgress", task_id),
-                        kill=lambda peer: net.testnet.kill_node(nodes[peer]), compute=list(nodes))
-            return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
+            return {**measure(devnet_crew(net), args), "bench_seconds": round(time.monotonic() - started, 1)}
         finally:
             net.down(timeout=5)
 
@@ -165,12 +179,7 @@ def run_netlab(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="dkb-crew-lab-") as root, \
             TaskNet.running(Path(root) / "net", mbit=args.mbit, home_delay_ms=args.delays_ms,
                             params={"task_min_s": args.task_min_s, "task_slack_s": 6}) as net:
-        members = {m.peer_id: m for m in net.compute}
-        crew = Crew(net.rpc, net.testnet.faucet(), net.testnet.chain_id,
-                    f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way delays "
-                    f"{args.delays_ms} ms, hole punched or relayed",
-                    progress=lambda peer, task_id: net.home_rpc(members[peer], "dkb_taskProgress", task_id),
-                    kill=lambda peer: net.kill(members[peer]), compute=list(members))
+        crew = netlab_crew(net, args.mbit, args.delays_ms)
         return {**measure(crew, args), "bench_seconds": round(time.monotonic() - started, 1)}
 
 

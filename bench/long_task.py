@@ -41,13 +41,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.crew_change import FINAL, PRICE, Crew, submit, wait_for  # noqa: E402
+from bench.crew_change import FINAL, PRICE, Crew, devnet_crew, netlab_crew, submit, wait_for  # noqa: E402
 from consensus.genesis import Params  # noqa: E402
 from consensus.state.tasks import worker_share  # noqa: E402
 from devtools.devnet import ComputeDevnet  # noqa: E402
 from ml.train.recipes import RECIPES, recipe  # noqa: E402
 from ml.train.spec import TrainSpec  # noqa: E402
-from node.ledger import jsonrpc  # noqa: E402
 
 
 def task_spec(args) -> TrainSpec:
@@ -166,18 +165,13 @@ def run(args) -> dict:
         net = ComputeDevnet.create(Path(root) / "devnet", validators=1, compute=4 if args.kill_after else 3)
         try:
             net.up(timeout=120)
-            nodes = {n.peer_id: n for n in net.compute}
-            crew = Crew(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
-                        net.testnet.chain_id, "tcp on loopback (devnet processes)",
-                        progress=lambda peer, task_id: jsonrpc.call(nodes[peer].rpc_url, "dkb_taskProgress", task_id),
-                        kill=lambda peer: net.testnet.kill_node(nodes[peer]), compute=list(nodes))
 
             def fetch(task_id: str, out: Path) -> dict:
                 done = subprocess.run([sys.executable, "-m", "cli.main", "task", "fetch", task_id, "--out", str(out),
                                        "--rpc", net.rpc_url, "--key", str(net.testnet.faucet_key), "--json"],
                                       capture_output=True, text=True, timeout=600, check=True, cwd=REPO)
                 return json.loads(done.stdout)
-            return {**measure(crew, args, fetch), "bench_seconds": round(time.monotonic() - started, 1)}
+            return {**measure(devnet_crew(net), args, fetch), "bench_seconds": round(time.monotonic() - started, 1)}
         finally:
             net.down(timeout=5)
 
@@ -195,12 +189,7 @@ def run_netlab(args) -> dict:
     delays = (args.delays_ms * homes)[:homes]
     with tempfile.TemporaryDirectory(prefix="dkb-long-lab-") as root, \
             TaskNet.running(Path(root) / "net", compute=homes, mbit=args.mbit, home_delay_ms=delays) as net:
-        members = {m.peer_id: m for m in net.compute}
-        crew = Crew(net.rpc, net.testnet.faucet(), net.testnet.chain_id,
-                    f"tcp between NAT'd homes (one symmetric), {args.mbit:g} Mbit/s tc tbf, one-way delays "
-                    f"{delays} ms, hole punched or relayed",
-                    progress=lambda peer, task_id: net.home_rpc(members[peer], "dkb_taskProgress", task_id),
-                    kill=lambda peer: net.kill(members[peer]), compute=list(members))
+        crew = netlab_crew(net, args.mbit, delays)
 
         def fetch(task_id: str, out: Path) -> dict:   # from a public host, reaching the homes through the relays
             return json.loads(net.cli("task", "fetch", task_id, "--out", str(out), "--rpc",
