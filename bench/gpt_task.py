@@ -136,7 +136,8 @@ def _usage(net: ComputeDevnet, worker: str, task_id: str) -> dict:
 
 
 def run(args) -> dict:
-    config = replace(CONFIGS[args.config], context=args.context) if args.context else CONFIGS[args.config]
+    sizes = {name: getattr(args, name) for name in ("context", "layers", "width", "heads") if getattr(args, name)}
+    config = replace(CONFIGS[args.config], **sizes)
     with tempfile.TemporaryDirectory(prefix="dkb-gpt-task-") as folder:
         root = Path(folder)
         net = ComputeDevnet.create(root / "devnet", validators=1, compute=3)
@@ -150,6 +151,8 @@ def run(args) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     parser.add_argument("--context", type=int, help="tokens per window (default: the config's)")
+    for size in ("layers", "width", "heads"):
+        parser.add_argument(f"--{size}", type=int, help=f"the decoder's {size} (default: the config's)")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--inner-steps", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
