@@ -94,6 +94,26 @@ def submit(chain: Chain, spec: TrainSpec, epochs: int, expected_s: int, workers:
     return task_id_for(chain.faucet.peer_id, nonce).hex()
 
 
+def seat_usage(crew: Crew, worker: str, task_id: str) -> dict:
+    """A worker's own account of its seat (dkb_taskProgress): utilization, compute seconds, steps, seconds per
+    step over its training span, state; an unreachable worker's error."""
+    try:
+        job = crew.progress(worker, task_id) or {}
+    except Exception as exc:
+        return {"error": str(exc)[:200]}
+    since, until, step = job.get("training_since"), job.get("training_until"), job.get("step")
+    return {**{name: job.get(name) for name in ("utilization", "compute_s", "step", "state")},
+            "step_s": round((until - since) / step, 3) if since and until and step else None}
+
+
+def slot_outcomes(task: dict) -> dict[str, int]:
+    """How many of a task's audit slots ended in each outcome."""
+    outcomes: dict[str, int] = {}
+    for slot in task.get("slots", []):
+        outcomes[slot["outcome"]] = outcomes.get(slot["outcome"], 0) + 1
+    return outcomes
+
+
 def wait_for(what: str, condition, timeout: float, every: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

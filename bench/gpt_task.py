@@ -29,26 +29,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
-from bench.crew_change import FINAL, Chain, submit  # noqa: E402
+from bench.crew_change import FINAL, devnet_crew, seat_usage, slot_outcomes, submit  # noqa: E402
+from bench.gpt_decoder import tokens  # noqa: E402
 from cli.client_node import client_node  # noqa: E402
 from devtools.devnet import ComputeDevnet  # noqa: E402
 from devtools.gpt_decoder import BIG, GPT, TINY, GPTConfig, export_archive  # noqa: E402
 from ml.train.spec import TrainSpec  # noqa: E402
-from node.ledger import jsonrpc  # noqa: E402
 
 CONFIGS = {"tiny": TINY, "big": BIG}
-
-
-def token_file(path: Path, vocab: int, n: int, seed: int) -> Path:
-    """A stream of ``n`` tokens with a pattern to learn (each token 7 past the last, some noise)."""
-    rng = np.random.default_rng(seed)
-    stream = (np.arange(n) * 7 + rng.integers(0, 3, n)) % vocab
-    save_file({"tokens": torch.from_numpy(stream.astype(np.int64))}, str(path))
-    return path
 
 
 def held_out_loss(model: GPT, path: Path, context: int) -> float:
@@ -73,29 +64,28 @@ async def run_task(net: ComputeDevnet, config: GPTConfig, args, root: Path) -> d
     """Export the model, submit it as the owner's task, follow it to its end, fetch and check the weights."""
     started = time.monotonic()
     user = await asyncio.to_thread(export_archive, config, root / "gpt.pt2")
-    initial = {name: value.clone() for name, value in user.state_dict().items()}
-    train = token_file(root / "train.safetensors", config.vocab, args.train_windows * config.context + 1, 0)
-    held_out = token_file(root / "eval.safetensors", config.vocab, 4 * config.context + 1, 1)
-    chain = Chain(lambda method, *params: jsonrpc.call(net.rpc_url, method, *params), net.testnet.faucet(),
-                  net.testnet.chain_id, "tcp on loopback (devnet processes)")
+    train = tokens(root / "train.safetensors", config.vocab, args.train_windows * config.context + 1, 0)
+    held_out = tokens(root / "eval.safetensors", config.vocab, 4 * config.context + 1, 1)
+    initial_loss = await asyncio.to_thread(held_out_loss, user, held_out, config.context)
+    crew = devnet_crew(net)
     async with client_node(net.testnet.faucet(), listen="/ip4/127.0.0.1/tcp/0", data_dir=root / "owner") as owner:
         ids = {name: await owner.artifacts.add_file(path)
                for name, path in (("model", root / "gpt.pt2"), ("train", train), ("eval", held_out))}
         spec = task_spec(ids, args)
         sources = [a if "/p2p/" in a else f"{a}/p2p/{owner.peer_id}" for a in owner.host.listen_addrs
                    if "/0.0.0.0/" not in a]
-        task_id = await asyncio.to_thread(submit, chain, spec, args.epochs, args.expected_s, args.workers,
+        task_id = await asyncio.to_thread(submit, crew, spec, args.epochs, args.expected_s, args.workers,
                                           sources=sources)
         submitted = time.monotonic()
 
         async def task() -> dict:
-            return await asyncio.to_thread(chain.call, "dkb_getTask", task_id) or {}
+            return await asyncio.to_thread(crew.call, "dkb_getTask", task_id) or {}
         deadline = submitted + args.expected_s * 4 + 900
         while (doc := await task()).get("status") not in FINAL and len(doc.get("commits", {})) < args.workers:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no results in time: {doc}")
             await asyncio.sleep(2.0)
-        usage = {w[:16]: await asyncio.to_thread(_usage, net, w, task_id) for w in doc.get("workers", [])}
+        usage = {w[:16]: await asyncio.to_thread(seat_usage, crew, w, task_id) for w in doc.get("workers", [])}
         trained = time.monotonic()
         while (doc := await task()).get("status") not in FINAL:
             if time.monotonic() > deadline + 1800:
@@ -105,34 +95,21 @@ async def run_task(net: ComputeDevnet, config: GPTConfig, args, root: Path) -> d
         fetched_loss = None
         if doc["status"] == "paid":
             for worker in doc["workers"]:
-                info = await asyncio.to_thread(chain.call, "dkb_getNode", worker)
+                info = await asyncio.to_thread(crew.call, "dkb_getNode", worker)
                 owner.host.peerbook.add_addrs(worker, info["listen_addrs"])
             path = await owner.artifacts.fetch(doc["result"], list(doc["commits"]))
             user.load_state_dict(load_file(str(path)), strict=True)   # the owner's own class takes them
             fetched_loss = await asyncio.to_thread(held_out_loss, user, held_out, config.context)
     fetched = time.monotonic()
-    user.load_state_dict(initial)
-    outcomes: dict[str, int] = {}
-    for slot in doc.get("slots", []):
-        outcomes[slot["outcome"]] = outcomes.get(slot["outcome"], 0) + 1
-    return {"config": args.config, "params": sum(v.numel() for v in initial.values()),
+    return {"config": args.config, "params": sum(v.numel() for v in user.state_dict().values()),
             "archive_bytes": (root / "gpt.pt2").stat().st_size, "context": config.context, "status": doc["status"],
             "steps": spec.steps, "outer_steps": spec.outer_steps, "epochs": args.epochs, "mode": spec.mode,
-            "codec": spec.codec, "batch": spec.batch_size, "slots": outcomes, "payouts": doc.get("payouts"),
-            "workers_usage": usage, "eval_loss_initial": round(held_out_loss(user, held_out, config.context), 4),
+            "codec": spec.codec, "batch": spec.batch_size, "slots": slot_outcomes(doc), "payouts": doc.get("payouts"),
+            "workers_usage": usage, "eval_loss_initial": round(initial_loss, 4),
             "eval_loss_fetched": None if fetched_loss is None else round(fetched_loss, 4),
             "train_s": round(trained - submitted, 1), "audit_s": round(ended - trained, 1),
             "fetch_s": round(fetched - ended, 1), "wall_s": round(fetched - started, 1),
-            "transport": chain.transport}
-
-
-def _usage(net: ComputeDevnet, worker: str, task_id: str) -> dict:
-    node = next(n for n in net.compute if n.peer_id == worker)
-    job = jsonrpc.call(node.rpc_url, "dkb_taskProgress", task_id) or {}
-    since, until = job.get("training_since"), job.get("training_until")
-    step_s = (until - since) / job["step"] if since and until and job.get("step") else None
-    return {"utilization": job.get("utilization"), "compute_s": job.get("compute_s"),
-            "step_s": None if step_s is None else round(step_s, 2), "state": job.get("state")}
+            "transport": crew.transport}
 
 
 def run(args) -> dict:

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.crew_change import FINAL, PRICE, Crew, devnet_crew, netlab_crew, submit, wait_for  # noqa: E402
+from bench.crew_change import FINAL, PRICE, Crew, devnet_crew, netlab_crew, seat_usage, slot_outcomes, submit, wait_for  # noqa: E402
 from consensus.genesis import Params  # noqa: E402
 from consensus.state.tasks import worker_share  # noqa: E402
 from devtools.devnet import ComputeDevnet  # noqa: E402
@@ -79,12 +79,9 @@ def measure(crew: Crew, args, fetch: Callable[[str, Path], dict]) -> dict:
              args.expected_s * 4 + 600, every=2.0)
     trained = time.monotonic()
     seats = [w for w in workers if w != victim] + ([churn["joiner"]] if churn else [])
-    usage = {w[:16]: _usage(crew, w, task_id) for w in seats}
+    usage = {w[:16]: seat_usage(crew, w, task_id) for w in seats}
     final = wait_for("the task's end", lambda: task() if task().get("status") in FINAL else None, 1800, every=2.0)
     training_s = trained - assigned
-    outcomes: dict[str, int] = {}
-    for slot in final.get("slots", []):
-        outcomes[slot["outcome"]] = outcomes.get(slot["outcome"], 0) + 1
     with tempfile.TemporaryDirectory(prefix="dkb-long-fetch-") as folder:
         started = time.monotonic()
         fetched = fetch(task_id, Path(folder)) if final["status"] == "paid" else {}
@@ -95,7 +92,7 @@ def measure(crew: Crew, args, fetch: Callable[[str, Path], dict]) -> dict:
            "steps": spec.steps, "mode": spec.mode, "model": spec.model, "codec": spec.codec,
            "segments": spec.segment_count, "epochs": args.epochs,
            "epochs_closed": final.get("epochs", {}).get("current"), "expected_s": args.expected_s,
-           "slots": outcomes, "payouts": final.get("payouts"), "price": PRICE,
+           "slots": slot_outcomes(final), "payouts": final.get("payouts"), "price": PRICE,
            "utilization": min(figures) if figures else None, "workers_usage": usage,
            "fetched": bool(fetched) and fetched.get("result") == final.get("result"),
            "fetch_s": round(fetch_s, 1), "final_metrics": fetched.get("final_metrics"),
@@ -147,15 +144,6 @@ def churn_figures(final: dict, churn: dict, epochs: int) -> dict:
             "victim_earned": by_epochs["victim"][0], "victim_epochs_bound": by_epochs["victim"][1],
             "joiner_earned": by_epochs["joiner"][0], "joiner_epochs_floor": by_epochs["joiner"][1],
             "survivors_earned": [earned.get(w, 0) for w in survivors], "paid_per_contribution": fair}
-
-
-def _usage(crew: Crew, worker: str, task_id: str) -> dict:
-    """A worker's own account of its seat (dkb_taskProgress): utilization, compute and steps."""
-    try:
-        job = crew.progress(worker, task_id) or {}
-    except Exception as exc:
-        return {"error": str(exc)[:200]}
-    return {name: job.get(name) for name in ("utilization", "compute_s", "step", "state")}
 
 
 def run(args) -> dict:
@@ -236,6 +224,9 @@ def main() -> None:
     parser.add_argument("--delays-ms", type=lambda s: [float(x) for x in s.split(",")],
                         default=[20.0, 30.0, 40.0, 50.0], help="--netlab: each home's one-way WAN delay, ms")
     args = parser.parse_args()
+    if args.kill_after and args.kill_after > args.epochs - 2:
+        parser.error(f"--kill-after {args.kill_after}: a spare joins at an epoch boundary after the one the worker "
+                     f"dies in, so it must be at most --epochs - 2 ({args.epochs - 2})")
     print(json.dumps(run_netlab(args) if args.netlab else run(args)))
 
 

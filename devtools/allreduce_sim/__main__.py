@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flow", choices=sorted(FLOWS), default="butterfly", help="the attempts' data flow")
     parser.add_argument("--trace", action="store_true", help="print each seed's full trace")
     parser.add_argument("--outages", action="store_true", help="faults are home links dropping for a while")
-    parser.add_argument("--breaks", action="store_true", help="--outages: a write over a link that is down fails "
-                                                              "and the frame is lost (else TCP holds it)")
+    parser.add_argument("--breaks", action="store_true", help="--outages: a write over a link that is down breaks "
+                                                              "the connection (else TCP holds the frame)")
     args = parser.parse_args(argv)
     core = BUGS[args.bug] if args.bug else RoundCore
     failed = left_out = 0

@@ -75,7 +75,7 @@ def scenario(seed: int) -> Scenario:
 
 def outage_scenario(seed: int) -> Scenario:
     """Seed ``seed``'s group and network (as ``scenario``), with home links dropping instead: one or two
-    members each lose their links for 0.1-8 s at some time, running on meanwhile (docs/adr/0242)."""
+    members each lose their links for 0.1-8 s at some time, running on meanwhile (docs/adr/0244)."""
     base = scenario(seed)
     rng = random.Random(f"outage-{seed}")
     span = base.rounds * 0.25

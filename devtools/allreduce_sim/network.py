@@ -73,17 +73,18 @@ class Network:
     def attach(self, member_id: str, member) -> None:
         self.members[member_id] = member
 
-    def _in_outage(self, *members: str) -> bool:
-        return any(start <= self.scheduler.now < end
-                   for start, end in (self.outages.get(m, (0.0, 0.0)) for m in members))
+    def _link_back(self, sender: str, receiver: str) -> float | None:
+        """When the link between the two is back, if one of their home links is down now (else None)."""
+        ends = [end for start, end in (self.outages.get(m, (0.0, 0.0)) for m in (sender, receiver))
+                if start <= self.scheduler.now < end]
+        return max(ends) if ends else None
 
     def _link_time(self, sender: str, receiver: str) -> float:
         key = (sender, receiver)
         when = self.scheduler.now + self.latency[key] + self.rng.uniform(0.0, self.max_jitter_s)
-        for member in (sender, receiver):   # a home link down: TCP holds the frame until it is back
-            start, end = self.outages.get(member, (0.0, 0.0))
-            if start <= self.scheduler.now < end:
-                when = max(when, end + self.latency[key])
+        back = self._link_back(sender, receiver)
+        if back is not None:   # a home link down: TCP holds the frame until it is back
+            when = max(when, back + self.latency[key])
         when = max(when, self._last_delivery.get(key, 0.0) + 1e-6)  # per-link FIFO
         self._last_delivery[key] = when
         return when
@@ -95,8 +96,9 @@ class Network:
             self.scheduler.at(self.scheduler.now + self.latency[(sender, receiver)],
                               lambda: self._run(sender, lambda m: m.link_broken(receiver)))
             return
-        if self.outage_breaks and self._in_outage(sender, receiver):
-            self._break(sender, receiver)
+        back = self._link_back(sender, receiver) if self.outage_breaks else None
+        if back is not None:
+            self._break(sender, receiver, back)
             return
         self.frames_sent += 1
         epoch = self._epoch.get((sender, receiver), 0)
@@ -114,13 +116,11 @@ class Network:
         if epoch == self._epoch.get((sender, receiver), 0):  # else its stream was reset meanwhile
             member.deliver(sender, data)
 
-    def _break(self, sender: str, receiver: str) -> None:
+    def _break(self, sender: str, receiver: str, back: float) -> None:
         """A write over a link that is down fails: the connection is gone both ways, with what is in flight
-        on it; the writer learns it at once, the other end when the link is back (its peer's reset)."""
+        on it; the writer learns it at once, the other end when the link is back at `back` (its peer's reset)."""
         for key in ((sender, receiver), (receiver, sender)):
             self._epoch[key] = self._epoch.get(key, 0) + 1
-        back = max(end for start, end in (self.outages.get(m, (0.0, 0.0)) for m in (sender, receiver))
-                   if start <= self.scheduler.now < end)
         self.scheduler.at(self.scheduler.now + self.latency[(sender, receiver)],
                           lambda: self._run(sender, lambda m: m.link_broken(receiver)))
         self.scheduler.at(back + self.latency[(sender, receiver)],
